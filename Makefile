@@ -1,0 +1,35 @@
+# ticklab — the two commands a fresh machine needs:  make reproduce   and   make test
+# Both create .venv from requirements.lock when it is missing or older than the lock.
+
+PYTHON ?= python3
+VENV   ?= .venv
+OUT    ?= build
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.ticklab-installed
+
+.PHONY: reproduce test env lock clean
+
+reproduce: $(STAMP)
+	$(BIN)/ticklab report --out $(OUT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+env: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "ticklab needs Python >= 3.10; set PYTHON=/path/to/python3.10+")'
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "'$(PYTHON) -m venv' is unavailable: install python3-venv (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10).
+lock:
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.10 \
+	    --only-binary=:all: --report $(OUT)/lock-report.json -r requirements.in
+	$(BIN)/python -m ticklab.lockfile $(OUT)/lock-report.json requirements.lock
+
+clean:
+	rm -rf $(OUT)

@@ -1,0 +1,100 @@
+"""C4 — ACPI idle "dummy wait" (seed 003): skipping the dummy I/O read after an IOPORT C-state entry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ..published import PublishedClaim, check_derived, load_published
+from . import pending_verdict
+from ..stats import COMPARE_STATISTICS, compare_summaries, format_compare_table
+
+CLAIM = "acpi-idle"
+OUTPUTS = {
+    "figures": ["tbench_summary"],
+    "tables": ["tbench_mmtests", "derived_checks", "perf_profile", "setup"],
+}
+BASELINE = "baseline"
+KERNELS = ["baseline", "baseline + C2 disabled", "baseline + patch"]
+
+
+def load(published_dir: Path | str) -> PublishedClaim:
+    return load_published(published_dir, CLAIM)
+
+
+def summaries(published: PublishedClaim) -> pd.DataFrame:
+    """Wide table of the printed statistics: rows Min..CoefVar, columns the three kernels."""
+    frame = published.table("tbench_mmtests")
+    values = frame[frame["quantity"] == "value"].pivot(index="statistic", columns="kernel", values="value")
+    return values.loc[list(COMPARE_STATISTICS), KERNELS]
+
+
+def mmtests_table(published: PublishedClaim) -> pd.DataFrame:
+    """The compare table rebuilt from the printed statistics; every % is recomputed by ticklab
+    (the document prints only the Min and AMean ones; derived_checks compares those)."""
+    table = format_compare_table(compare_summaries(summaries(published), BASELINE))
+    table.attrs["legend"] += "; values as printed in seed 003, percentages recomputed from them"
+    return table
+
+
+def derived_checks(published: PublishedClaim) -> pd.DataFrame:
+    printed = lambda row_id: published.printed("tbench_mmtests", row_id)  # noqa: E731
+    pdiff = lambda new, base: new * 100 / base - 100  # noqa: E731
+    coefvar = lambda stddev, mean: stddev * 100 / mean  # noqa: E731
+    rows = []
+    for kernel_id, kernel in [("c2_disabled", "C2 disabled"), ("patch", "patch")]:
+        for stat in ("min", "amean"):
+            rows.append(check_derived(
+                f"{ {'min': 'Min', 'amean': 'AMean'}[stat]} % vs baseline, {kernel}",
+                printed(f"{stat}_{kernel_id}_pct"), pdiff,
+                {"new": printed(f"{stat}_{kernel_id}"), "base": printed(f"{stat}_baseline")},
+                "new × 100 / baseline − 100 (mmtests pdiff)",
+            ))
+    for kernel_id, kernel in [("baseline", "baseline"), ("c2_disabled", "C2 disabled"), ("patch", "patch")]:
+        rows.append(check_derived(
+            f"CoefVar, {kernel}", printed(f"coefvar_{kernel_id}"), coefvar,
+            {"stddev": printed(f"stddev_{kernel_id}"), "mean": printed(f"amean_{kernel_id}")},
+            "Stddev × 100 / AMean",
+        ))
+    return pd.DataFrame(rows)
+
+
+def amean_ratio(published: PublishedClaim) -> float:
+    """AMean throughput, patch over baseline (above 1: the patch helps)."""
+    return published.value("tbench_mmtests", "amean_patch") / published.value("tbench_mmtests", "amean_baseline")
+
+
+def profile_table(published: PublishedClaim) -> pd.DataFrame:
+    frame = published.table("perf_profile")
+    return frame[["value_as_printed", "command", "shared_object", "symbol"]].rename(columns={"value_as_printed": "Overhead"})
+
+
+def tbench_summary_figure(published: PublishedClaim):
+    wide = summaries(published)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    colors = {"baseline": "#c44e52", "baseline + C2 disabled": "#8172b2", "baseline + patch": "#55a868"}
+    for i, kernel in enumerate(KERNELS):
+        s = wide[kernel]
+        ax.vlines(i, s["Min"], s["Max"], color=colors[kernel], linewidth=2)
+        ax.errorbar(i + 0.08, s["AMean"], yerr=s["Stddev"], fmt="o", color=colors[kernel], capsize=4, label="AMean ± Stddev" if i == 0 else None)
+        ax.plot(i - 0.08, s["Median"], "D", color="black", label="Median" if i == 0 else None)
+        ax.text(i + 0.12, s["Min"], f"Min {s['Min']:.2f}", fontsize=7, va="center")
+    ax.set_xticks(range(len(KERNELS)), KERNELS)
+    ax.set_ylabel("tbench throughput (MB/s)")
+    ax.set_title("Seed 003: tbench, 128 clients, 2 × 64C/128T Zen3 — Min..Max, Median, AMean ± Stddev (published)", fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+COMPARISON = "dummy wait skipped vs performed: tbench AMean throughput ratio"
+
+
+def published_effect(published: PublishedClaim) -> str:
+    min_ratio = published.value("tbench_mmtests", "min_patch") / published.value("tbench_mmtests", "min_baseline")
+    return f"×{amean_ratio(published):.3f} AMean, ×{min_ratio:.2f} Min (128 clients, 2 × 64C Zen3)"
+
+
+def verdicts(ctx) -> list:
+    return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)

@@ -1,0 +1,89 @@
+"""C3 — HRTICK overhead (seed 002): the hrtimer rework makes the scheduler's HRTICK cheap enough."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ..published import PublishedClaim, check_derived, load_published
+from . import pending_verdict
+
+CLAIM = "hrtick"
+OUTPUTS = {
+    "figures": ["runtime_and_reprogramming"],
+    "tables": ["hackbench", "clockevents", "derived_checks", "setup"],
+}
+
+
+def load(published_dir: Path | str) -> PublishedClaim:
+    return load_published(published_dir, CLAIM)
+
+
+def _as_printed(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    shown = frame[columns + ["metric", "qualifier", "value_as_printed", "value", "unit"]].copy()
+    shown["as printed"] = (shown["qualifier"].replace({"about": "~"}) + shown["value_as_printed"]).str.strip()
+    return shown.drop(columns=["qualifier", "value_as_printed"])
+
+
+def hackbench_table(published: PublishedClaim) -> pd.DataFrame:
+    return _as_printed(published.table("hackbench"), ["system", "hrtick", "series"])
+
+
+def clockevent_table(published: PublishedClaim) -> pd.DataFrame:
+    return _as_printed(published.table("clockevents"), ["hrtick", "series"])
+
+
+def runtime_ratio(published: PublishedClaim) -> float:
+    """hackbench runtime with HRTICK over without (below 1: HRTICK is faster)."""
+    return published.value("hackbench", "runtime_hrtick") / published.value("hackbench", "runtime_no_hrtick")
+
+
+def derived_checks(published: PublishedClaim) -> pd.DataFrame:
+    rows = [
+        check_derived(
+            "hackbench runtime change, HRTICK vs NO HRTICK", published.printed("hackbench", "runtime_change"),
+            lambda off, on: (on - off) / off * 100,
+            {"off": published.printed("hackbench", "runtime_no_hrtick"), "on": published.printed("hackbench", "runtime_hrtick")},
+            "(0.481 − 0.840) / 0.840 × 100",
+        ),
+    ]
+    return pd.DataFrame(rows)
+
+
+def runtime_and_reprogramming_figure(published: PublishedClaim):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    off = published.row("hackbench", "runtime_no_hrtick")
+    on = published.row("hackbench", "runtime_hrtick")
+    left.bar(["NO HRTICK[_DL]", "HRTICK[_DL]"], [off["value"], on["value"]], color=["#8c8c8c", "#4c72b0"])
+    for x, row in enumerate([off, on]):
+        left.text(x, row["value"] + 0.01, row["value_as_printed"], ha="center")
+    left.set_ylabel("hackbench -l$LOOPS -p -s8 runtime (s)")
+    left.set_title(f"112-CPU SKL: {100 * (on['value'] / off['value'] - 1):+.1f}% (printed ~-42%)", fontsize=9)
+    left.set_ylim(0, 1.0)
+
+    before = published.row("clockevents", "reprogram_rate_before")
+    after = published.row("clockevents", "reprogram_rate_after")
+    spurious = published.row("clockevents", "spurious_ratio_after")
+    right.bar(["before series", "after series"], [before["value"], after["value"]], color=["#c44e52", "#55a868"])
+    for x, row in enumerate([before, after]):
+        right.text(x, row["value"] * 1.15, f"~{row['value_as_printed']}", ha="center")
+    right.set_yscale("log")
+    right.set_ylim(10, 10_000)
+    right.set_ylabel("clockevent reprograms per second (log)")
+    right.set_title(f"HRTICK on, hackbench; spurious hrtimer irqs after: ~{spurious['value_as_printed']}", fontsize=9)
+    fig.suptitle("Seed 002: HRTICK with the hrtimer series — published, approximate values (n = 1)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+COMPARISON = "HRTICK on vs off: hackbench -p -s 8 runtime ratio"
+
+
+def published_effect(published: PublishedClaim) -> str:
+    return f"×{runtime_ratio(published):.3f} (112-CPU SKL, series applied); reprograms ~2500/s → ~100/s"
+
+
+def verdicts(ctx) -> list:
+    return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)

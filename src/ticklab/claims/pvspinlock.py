@@ -1,0 +1,74 @@
+"""C2 — pvqspinlock kick-ahead (seed 001): the unlocker also kicks halted vCPUs queued behind the head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ..published import PublishedClaim, load_published
+from . import pending_verdict
+
+CLAIM = "pvspinlock"
+OUTPUTS = {"figures": ["kernel_build_time"], "tables": ["kernel_build_time", "setup"]}
+HOST_LABELS = {"westmere-ex-8s-32c": "Westmere-EX (8 × 4 cores)", "haswell-ex-4s-32c": "Haswell-EX (4 × 8 cores)"}
+
+
+def load(published_dir: Path | str) -> PublishedClaim:
+    return load_published(published_dir, CLAIM)
+
+
+def build_time_table(published: PublishedClaim) -> pd.DataFrame:
+    """The before/after build times as printed, in seconds, and the change (computed by ticklab)."""
+    frame = published.table("kernel_build_time")
+    rows = []
+    for host, label in HOST_LABELS.items():
+        for vcpus in sorted(frame["vcpus"].unique(), key=int):
+            cell = frame[(frame["host"] == host) & (frame["vcpus"] == vcpus)].set_index("patch")
+            before, after = cell.loc["before"], cell.loc["after"]
+            rows.append({
+                "host": label, "guest vCPUs": int(vcpus),
+                "before (as printed)": before["value_as_printed"], "after (as printed)": after["value_as_printed"],
+                "before (s)": before["value"], "after (s)": after["value"],
+                "change (%)": round(100 * (after["value"] / before["value"] - 1), 2),
+                "after / before": round(after["value"] / before["value"], 4),
+            })
+    return pd.DataFrame(rows)
+
+
+def build_time_figure(published: PublishedClaim):
+    table = build_time_table(published)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{r['host'].split(' ')[0]}\n{r['guest vCPUs']} vCPUs" for _, r in table.iterrows()]
+    xs = range(len(table))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], table["before (s)"], width, color="#c44e52", label="before patch")
+    ax.bar([x + width / 2 for x in xs], table["after (s)"], width, color="#55a868", label="after patch (kick-ahead)")
+    for x, (_, row) in zip(xs, table.iterrows()):
+        top = max(row["before (s)"], row["after (s)"])
+        ax.text(x, top + 15, f"{row['change (%)']:+.1f}%", ha="center", fontsize=9)
+        ax.text(x - width / 2, row["before (s)"] / 2, row["before (as printed)"], ha="center", rotation=90, fontsize=7, color="white")
+        ax.text(x + width / 2, row["after (s)"] / 2, row["after (as printed)"], ha="center", rotation=90, fontsize=7, color="white")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("kernel build time in the KVM guest (s)")
+    ax.set_title("Seed 001: kernel build time, hosts with 32 physical CPUs — published, n = 1")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def kick_ahead_ratios(published: PublishedClaim) -> dict[str, float]:
+    """after/before build-time ratio per host and guest size (below 1: kick-ahead is faster)."""
+    table = build_time_table(published)
+    return {f"{r['host']}, {r['guest vCPUs']} vCPUs": r["after (s)"] / r["before (s)"] for _, r in table.iterrows()}
+
+
+COMPARISON = "pv_kick_ahead on vs off: kernel build time ratio (after / before)"
+
+
+def published_effect(published: PublishedClaim) -> str:
+    return "; ".join(f"×{ratio:.3f} ({setup})" for setup, ratio in kick_ahead_ratios(published).items())
+
+
+def verdicts(ctx) -> list:
+    return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)

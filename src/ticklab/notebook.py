@@ -1,0 +1,49 @@
+"""What a claim notebook needs in one call: resolved paths, published data, bundles, an output writer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from IPython.display import Markdown, display
+
+from .claims import claim_info
+from .fresh import BundleRef, describe, find_bundles
+from .outputs import Outputs
+from .paths import repo_root
+from .published import PublishedClaim, load_published
+
+
+def resolve(path: str | Path) -> Path:
+    """Notebook parameters are resolved against the repository root when relative."""
+    path = Path(path)
+    return path if path.is_absolute() else repo_root() / path
+
+
+@dataclass
+class ClaimContext:
+    claim: str
+    data_dir: Path
+    published_dir: Path
+    output_dir: Path
+    published: PublishedClaim
+    bundles: list[BundleRef]
+    out: Outputs
+
+    def fresh_data_summary(self) -> str:
+        return describe(self.bundles, self.data_dir, self.claim)
+
+
+def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, output_dir: str | Path) -> ClaimContext:
+    claim_info(claim)
+    data, published, output = resolve(data_dir), resolve(published_dir), resolve(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    return ClaimContext(
+        claim=claim, data_dir=data, published_dir=published, output_dir=output,
+        published=load_published(published, claim), bundles=find_bundles(data, claim), out=Outputs(output, claim),
+    )
+
+
+def say(text: str) -> None:
+    """Show computed prose as Markdown in the notebook."""
+    display(Markdown(text))

@@ -1,0 +1,246 @@
+"""The published layer: numbers transcribed from the five source documents, with provenance.
+
+Each claim has ``traces/published/<claim>/`` holding CSV tables and a ``provenance.yaml`` that
+quotes, for every row, the line of the source document the value was read from. Published values
+are single observations (n = 1): they are reproduced exactly and compared with fresh data by
+direction and ratio, never tested as samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import pandas as pd
+import yaml
+
+REQUIRED_COLUMNS = ("id", "value", "unit", "value_as_printed", "qualifier")
+
+_DURATION = re.compile(r"(?P<min>\d+)m(?P<sec>\d+(?:\.\d+)?)s")
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "four": 4.0, "half": 0.5}
+
+
+class PublishedDataError(ValueError):
+    """A published table or its provenance is malformed; the message names the file and row."""
+
+
+def parse_printed(text: str) -> float | None:
+    """The number a printed value states: '3m21.9s' -> 201.9, '+1393.05%' -> 1393.05, 'one' -> 1."""
+    duration = _DURATION.search(text)
+    if duration:
+        return int(duration["min"]) * 60 + float(duration["sec"])
+    number = _NUMBER.search(text)
+    if number:
+        return float(number.group())
+    for word, value in _WORDS.items():
+        if re.search(rf"\b{word}\b", text, flags=re.IGNORECASE):
+            return value
+    return None
+
+
+def printed_decimals(text: str) -> int:
+    """Decimal places of the first number printed in ``text`` ('0.840s' -> 3, '~-42%' -> 0)."""
+    number = _NUMBER.search(text)
+    if not number:
+        raise ValueError(f"no number in {text!r}")
+    whole = number.group()
+    return len(whole.split(".")[1]) if "." in whole else 0
+
+
+@dataclass
+class PublishedClaim:
+    claim: str
+    directory: Path
+    source: dict
+    tables: dict[str, pd.DataFrame]
+    not_transcribed: list = field(default_factory=list)
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in self.tables:
+            raise PublishedDataError(
+                f"{self.directory / (name + '.csv')}: no such published table for claim "
+                f"{self.claim!r} (have: {', '.join(sorted(self.tables))})"
+            )
+        return self.tables[name]
+
+    def row(self, table: str, row_id: str) -> pd.Series:
+        frame = self.table(table)
+        match = frame[frame["id"] == row_id]
+        if match.empty:
+            raise PublishedDataError(f"{self.directory / (table + '.csv')}: no row with id {row_id!r}")
+        return match.iloc[0]
+
+    def value(self, table: str, row_id: str) -> float:
+        return float(self.row(table, row_id)["value"])
+
+    def printed(self, table: str, row_id: str) -> str:
+        return str(self.row(table, row_id)["value_as_printed"])
+
+    def files(self, *tables: str) -> list[Path]:
+        """The CSV files behind ``tables`` plus the provenance file: what a figure or table came from."""
+        for name in tables:
+            self.table(name)
+        return [self.directory / f"{name}.csv" for name in tables] + [self.directory / "provenance.yaml"]
+
+    def citation(self) -> str:
+        s = self.source
+        year = f" ({s['year']})" if s.get("year") else ""
+        return f"{s.get('author', '?')}{year}, “{s.get('title', '?')}”, {s.get('venue', '?')}; seeds/{s['file']}"
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as exc:  # pandas raises several parser error types
+        raise PublishedDataError(f"{path}: not a readable CSV ({exc})") from exc
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise PublishedDataError(f"{path}: missing column(s) {', '.join(missing)}")
+    duplicated = frame["id"][frame["id"].duplicated()].tolist()
+    if duplicated:
+        raise PublishedDataError(f"{path}: duplicate id(s) {', '.join(duplicated)}")
+    for index, row in frame.iterrows():
+        where = f"{path}: row {index + 2} (id {row['id']!r})"
+        if not row["value_as_printed"]:
+            raise PublishedDataError(f"{where}: value_as_printed is empty")
+        if row["value"] == "":
+            continue
+        try:
+            value = float(row["value"])
+        except ValueError:
+            raise PublishedDataError(f"{where}: value {row['value']!r} is not a number") from None
+        stated = parse_printed(row["value_as_printed"])
+        if stated is None or not math.isclose(value, stated, rel_tol=1e-12, abs_tol=1e-12):
+            raise PublishedDataError(
+                f"{where}: value {row['value']} does not match what was printed, {row['value_as_printed']!r}"
+            )
+    frame["value"] = pd.to_numeric(frame["value"].replace("", None))
+    return frame
+
+
+def load_published(published_dir: Path | str, claim: str) -> PublishedClaim:
+    """Load and validate every table of one claim; errors name the file and the row at fault."""
+    directory = Path(published_dir) / claim
+    provenance_path = directory / "provenance.yaml"
+    if not provenance_path.is_file():
+        raise PublishedDataError(f"{provenance_path}: missing (no published data for claim {claim!r})")
+    with provenance_path.open(encoding="utf-8") as handle:
+        provenance = yaml.safe_load(handle)
+    if not isinstance(provenance, dict) or "source" not in provenance or "tables" not in provenance:
+        raise PublishedDataError(f"{provenance_path}: needs top-level 'source' and 'tables'")
+
+    listed = set(provenance["tables"])
+    present = {p.name for p in directory.glob("*.csv")}
+    if listed != present:
+        raise PublishedDataError(
+            f"{provenance_path}: tables listed {sorted(listed)} differ from CSV files present {sorted(present)}"
+        )
+
+    tables = {}
+    for filename, meta in provenance["tables"].items():
+        frame = _read_table(directory / filename)
+        rows = (meta or {}).get("rows") or {}
+        ids = set(frame["id"])
+        unquoted = sorted(ids - set(rows))
+        if unquoted:
+            raise PublishedDataError(f"{provenance_path}: {filename} row(s) without a quote: {', '.join(unquoted)}")
+        orphans = sorted(set(rows) - ids)
+        if orphans:
+            raise PublishedDataError(f"{provenance_path}: quotes for rows not in {filename}: {', '.join(orphans)}")
+        frame["quote"] = frame["id"].map(lambda i: rows[i]["quote"])
+        frame["token"] = frame["id"].map(lambda i: rows[i].get("token"))
+        frame.attrs["description"] = (meta or {}).get("description", "")
+        tables[filename.removesuffix(".csv")] = frame
+    return PublishedClaim(
+        claim=claim,
+        directory=directory,
+        source=provenance["source"],
+        tables=tables,
+        not_transcribed=provenance.get("not_transcribed", []),
+    )
+
+
+def verify_against_source(published: PublishedClaim, seeds_dir: Path) -> list[str]:
+    """Problems found checking every quote against the source document (empty list: all good)."""
+    source_path = Path(seeds_dir) / published.source["file"]
+    if not source_path.is_file():
+        return [f"{source_path}: source document not found"]
+    raw = source_path.read_bytes()
+    problems = []
+    expected_sha = published.source.get("sha256")
+    if expected_sha and hashlib.sha256(raw).hexdigest() != expected_sha:
+        problems.append(f"{source_path}: sha256 differs from provenance (a different version of the document)")
+    text = raw.decode("utf-8")
+    for name, frame in published.tables.items():
+        for _, row in frame.iterrows():
+            where = f"{published.directory / (name + '.csv')} id {row['id']!r}"
+            quote = row["quote"]
+            if quote not in text:
+                problems.append(f"{where}: quote not found verbatim in {source_path.name}: {quote!r}")
+            if row["value_as_printed"] not in quote:
+                problems.append(f"{where}: {row['value_as_printed']!r} does not occur in its quote {quote!r}")
+            token = row["token"]
+            if token is not None and not (isinstance(token, float) and math.isnan(token)):
+                words = quote.split()
+                word = words[int(token)].strip("()") if int(token) < len(words) else None
+                if word != row["value_as_printed"]:
+                    problems.append(f"{where}: word {int(token)} of the quote is {word!r}, not {row['value_as_printed']!r}")
+    return problems
+
+
+# --- derived numbers ---------------------------------------------------------------------------
+
+def rounding_bucket(printed: str) -> tuple[float, float]:
+    """Values that print as ``printed`` when rounded to its precision (half-open in practice)."""
+    value, half = parse_printed(printed), 0.5 * 10 ** -printed_decimals(printed)
+    return value - half, value + half
+
+
+def truncation_bucket(printed: str) -> tuple[float, float]:
+    """Values that print as ``printed`` when truncated toward zero to its precision."""
+    value, step = parse_printed(printed), 10 ** -printed_decimals(printed)
+    return (value, value + step) if value >= 0 else (value - step, value)
+
+
+def derived_range(func: Callable[..., float], printed_inputs: Mapping[str, str]) -> tuple[float, float, float]:
+    """Recompute ``func`` from printed inputs: (from the printed values, lowest, highest) over every
+    combination of each input's rounding bucket. Exact for functions monotone in each input,
+    which covers the ratios and percent differences the documents derive."""
+    names = list(printed_inputs)
+    point = func(**{n: parse_printed(printed_inputs[n]) for n in names})
+    corners = [func(**dict(zip(names, combo))) for combo in itertools.product(*(rounding_bucket(printed_inputs[n]) for n in names))]
+    return point, min(corners), max(corners)
+
+
+def _overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def check_derived(label: str, printed: str, func: Callable[..., float], printed_inputs: Mapping[str, str],
+                  formula: str) -> dict:
+    """One row of a derived-number check: is the printed derived value what its printed inputs give?"""
+    point, low, high = derived_range(func, printed_inputs)
+    rounds = _overlaps((low, high), rounding_bucket(printed))
+    truncates = _overlaps((low, high), truncation_bucket(printed))
+    if rounds:
+        finding = "matches (rounded)"
+    elif truncates:
+        finding = "matches only if truncated, not rounded"
+    else:
+        finding = "does not match"
+    return {
+        "quantity": label,
+        "formula": formula,
+        "printed": printed,
+        "recomputed": point,
+        "recomputed_low": low,
+        "recomputed_high": high,
+        "difference": point - parse_printed(printed),
+        "finding": finding,
+    }

@@ -1,0 +1,216 @@
+"""`make reproduce` / `ticklab report`: run every notebook with papermill, each in its own process,
+then check and assemble the output contract of DESIGN.md:
+
+    <out>/notebooks/*.ipynb            executed notebooks
+    <out>/report/index.html            offline report (+ report/notebooks/*.html)
+    <out>/figures/<claim>/<name>.png|.svg, <out>/tables/<claim>/<name>.csv|.md
+    <out>/verdicts.csv, <out>/summary.json
+
+A notebook that errors, times out, or leaves an expected output missing or empty fails the run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import jinja2
+import nbformat
+import pandas as pd
+from nbconvert import HTMLExporter
+
+from .claims import CLAIMS, SUMMARY_NOTEBOOK
+from .paths import notebooks_dir
+from .summary import SUMMARY, collect_verdicts
+
+OWNED_SUBDIRS = ("notebooks", "report", "figures", "tables", "verdicts")
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    claim: str
+    status: str  # ok | failed | timeout | missing outputs
+    duration_s: float
+    outputs: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def expected_outputs(claim: str) -> list[str]:
+    """Files (relative to the output directory) a claim's notebook must leave behind."""
+    if claim == SUMMARY:
+        return ["figures/summary/published_effects.png", "figures/summary/published_effects.svg",
+                "tables/summary/published_effects.csv", "tables/summary/published_effects.md"]
+    declared = CLAIMS[claim].load_module().OUTPUTS
+    files = [f"figures/{claim}/{name}.{ext}" for name in declared["figures"] for ext in ("png", "svg")]
+    files += [f"tables/{claim}/{name}.{ext}" for name in declared["tables"] for ext in ("csv", "md")]
+    files.append(f"verdicts/{claim}.csv")
+    return files
+
+
+def output_problems(output_dir: Path, claim: str) -> list[str]:
+    """Missing or empty expected outputs ('empty success' is a failure)."""
+    problems = []
+    for relative in expected_outputs(claim):
+        path = output_dir / relative
+        if not path.is_file():
+            problems.append(f"{relative}: missing")
+        elif path.stat().st_size == 0:
+            problems.append(f"{relative}: empty file")
+        elif path.suffix == ".csv" and len(pd.read_csv(path)) == 0:
+            problems.append(f"{relative}: header only, no rows")
+    return problems
+
+
+def _failing_cell(executed: Path) -> str | None:
+    """Which cell raised, from the executed notebook papermill wrote."""
+    if not executed.is_file():
+        return None
+    book = nbformat.read(executed, as_version=4)
+    for index, cell in enumerate(book.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                source = cell.source.strip().splitlines()
+                first = source[0] if source else ""
+                return f"cell {index} ({first[:60]!r}): {output.get('ename')}: {output.get('evalue')}"
+    return None
+
+
+def run_notebook(notebook: Path, executed: Path, parameters: dict, *, cell_timeout: int, notebook_timeout: int,
+                 claim: str) -> NotebookResult:
+    command = [sys.executable, "-m", "papermill", str(notebook), str(executed), "-k", "python3",
+               "--execution-timeout", str(cell_timeout), "--no-progress-bar", "--log-level", "WARNING",
+               "-y", json.dumps(parameters)]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=notebook_timeout)
+    except subprocess.TimeoutExpired:
+        return NotebookResult(notebook.name, claim, "timeout", time.monotonic() - start,
+                              error=f"did not finish within {notebook_timeout} s")
+    duration = time.monotonic() - start
+    if proc.returncode != 0:
+        where = _failing_cell(executed)
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        return NotebookResult(notebook.name, claim, "failed", duration, error=where or tail or f"exit {proc.returncode}")
+    return NotebookResult(notebook.name, claim, "ok", duration)
+
+
+def _export_html(executed: Path, target: Path) -> None:
+    exporter = HTMLExporter(template_name="lab", embed_images=True)
+    # The report must read offline: no MathJax or require.js from a CDN.
+    for trait in ("mathjax_url", "require_js_url", "jquery_url", "widget_renderer_url",
+                  "mermaid_js_url", "mermaid_layout_elk_js_url"):
+        setattr(exporter, trait, "")
+    body, _ = exporter.from_filename(str(executed))
+    target.write_text(_strip_remote_scripts(body))
+
+
+def _strip_remote_scripts(page: str) -> str:
+    """Drop <script src=http…> and <link href=http…> tags nbconvert's template may still emit."""
+    page = re.sub(r"<script[^>]+src=\"https?://[^\"]*\"[^>]*>\s*</script>", "", page)
+    page = re.sub(r"<link[^>]+href=\"https?://[^\"]*\"[^>]*>", "", page)
+    return page
+
+
+def _sidecar(path: Path) -> dict:
+    meta = path.with_suffix(".json")
+    return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
+    sections = []
+    for claim in claims:
+        figures = [{"png": f"../figures/{claim}/{p.name}", "svg": f"../figures/{claim}/{p.stem}.svg", **_sidecar(p)}
+                   for p in sorted((output_dir / "figures" / claim).glob("*.png"))]
+        tables = []
+        for path in sorted((output_dir / "tables" / claim).glob("*.csv")):
+            frame = pd.read_csv(path, keep_default_na=False)
+            tables.append({"name": path.stem, "csv": f"../tables/{claim}/{path.name}",
+                           "html": frame.to_html(index=False, classes="data", border=0, escape=True), **_sidecar(path)})
+        title = CLAIMS[claim].title if claim in CLAIMS else "Summary across claims"
+        sections.append({"claim": claim, "title": title, "figures": figures, "tables": tables})
+    return sections
+
+
+def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.DataFrame | None) -> Path:
+    environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab", "templates"),
+                                     autoescape=jinja2.select_autoescape(["html", "j2"]))
+    template = environment.get_template("report.html.j2")
+    claims = [SUMMARY] + list(CLAIMS)
+    page = template.render(
+        results=results,
+        verdicts_html=verdicts.to_html(index=False, classes="data", border=0) if verdicts is not None else None,
+        sections=_claim_sections(output_dir, claims),
+        generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    )
+    index = output_dir / "report" / "index.html"
+    index.write_text(page)
+    return index
+
+
+def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: Path | str,
+               only: list[str] | None = None, cell_timeout: int = 600, notebook_timeout: int = 1800,
+               parameters: dict | None = None, log=print) -> int:
+    """Run the notebooks and assemble the report. Returns the process exit code (0: all good)."""
+    output_dir = Path(output_dir).resolve()
+    order = [CLAIMS[c].notebook for c in CLAIMS] + [SUMMARY_NOTEBOOK]
+    claim_of = {CLAIMS[c].notebook: c for c in CLAIMS} | {SUMMARY_NOTEBOOK: SUMMARY}
+    if only:
+        unknown = [n for n in only if n not in order and n + ".ipynb" not in order]
+        if unknown:
+            log(f"error: unknown notebook(s) {unknown}; notebooks are {order}")
+            return 2
+        wanted = {n if n.endswith(".ipynb") else n + ".ipynb" for n in only}
+        order = [n for n in order if n in wanted]
+    else:
+        # A full run starts clean, so stale outputs can never satisfy the checks.
+        for sub in OWNED_SUBDIRS:
+            shutil.rmtree(output_dir / sub, ignore_errors=True)
+        for stale in ("verdicts.csv", "summary.json"):
+            (output_dir / stale).unlink(missing_ok=True)
+    for sub in ("notebooks", "report/notebooks"):
+        (output_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    params = {"data_dir": str(Path(data_dir).resolve()), "published_dir": str(Path(published_dir).resolve()),
+              "output_dir": str(output_dir), **(parameters or {})}
+    results = []
+    for position, name in enumerate(order, 1):
+        claim = claim_of[name]
+        log(f"[{position}/{len(order)}] {name} …")
+        executed = output_dir / "notebooks" / name
+        result = run_notebook(notebooks_dir() / name, executed, params, cell_timeout=cell_timeout,
+                              notebook_timeout=notebook_timeout, claim=claim)
+        if result.status == "ok":
+            problems = output_problems(output_dir, claim)
+            if problems:
+                result.status, result.error = "missing outputs", "; ".join(problems)
+        result.outputs = [r for r in expected_outputs(claim) if (output_dir / r).is_file()]
+        if executed.is_file():
+            _export_html(executed, output_dir / "report" / "notebooks" / name.replace(".ipynb", ".html"))
+        log(f"    {result.status} in {result.duration_s:.1f} s" + (f": {result.error}" if result.error else ""))
+        results.append(result)
+
+    verdicts = None
+    try:
+        verdicts = collect_verdicts(output_dir)
+        verdicts.to_csv(output_dir / "verdicts.csv", index=False)
+    except FileNotFoundError as exc:
+        log(f"error: {exc}")
+    (output_dir / "summary.json").write_text(json.dumps(
+        {"notebooks": [asdict(r) for r in results],
+         "verdicts": None if verdicts is None else "verdicts.csv"}, indent=2) + "\n")
+    index = write_index(output_dir, results, verdicts)
+
+    failed = [r for r in results if r.status != "ok"]
+    if failed or verdicts is None:
+        for r in failed:
+            log(f"FAILED {r.notebook}: {r.status}: {r.error}")
+        return 1
+    log(f"report: {index}")
+    return 0
+

@@ -1,0 +1,246 @@
+"""Statistics for comparing conditions: effect sizes with CIs, rank tests, multiple-comparison
+correction, and an mmtests-style compare table. Every function takes plain sequences of numbers
+(one value per run) and is deterministic given its seed."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+COMPARE_STATISTICS = ("Min", "Max", "Median", "AMean", "Stddev", "CoefVar")
+
+PCT_DIFF_CONVENTION = (
+    "% = (condition − baseline) / baseline × 100 (mmtests' pdiff): positive means the condition's "
+    "value is larger; whether larger is better depends on the metric"
+)
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+    method: str
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+
+def _sample(values: Sequence[float], name: str, minimum: int = 1) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D sequence of numbers, got shape {array.shape}")
+    if array.size < minimum:
+        raise ValueError(f"{name}: needs at least {minimum} value(s), got {array.size}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name}: contains NaN or infinite values")
+    return array
+
+
+def _median_ratio(treatment: np.ndarray, baseline: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(treatment, axis=axis) / np.median(baseline, axis=axis)
+
+
+def ratio_of_medians(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95,
+                     n_boot: int = 10_000, seed: int = 0) -> Interval:
+    """median(treatment) / median(baseline) with a seeded BCa bootstrap CI (independent samples)."""
+    t = _sample(treatment, "treatment", 2)
+    b = _sample(baseline, "baseline", 2)
+    if np.median(b) == 0:
+        raise ValueError("baseline: median is 0, a ratio of medians is undefined")
+    estimate = float(_median_ratio(t, b))
+    if np.ptp(t) == 0 and np.ptp(b) == 0:
+        return Interval(estimate, estimate, estimate, confidence, "degenerate: both samples constant")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
+        result = stats.bootstrap(
+            (t, b), _median_ratio, vectorized=True, paired=False, confidence_level=confidence,
+            n_resamples=n_boot, method="BCa", rng=np.random.default_rng(seed),
+        )
+    low, high = (float(x) for x in result.confidence_interval)
+    method = "BCa bootstrap"
+    if not (np.isfinite(low) and np.isfinite(high)):
+        # BCa's acceleration is undefined when the jackknife is flat; percentile still is.
+        low, high = (float(x) for x in np.percentile(result.bootstrap_distribution,
+                                                      [50 * (1 - confidence), 50 * (1 + confidence)]))
+        method = "percentile bootstrap (BCa undefined)"
+    return Interval(estimate, low, high, confidence, f"{method}, {n_boot} resamples, seed {seed}")
+
+
+@dataclass(frozen=True)
+class RankTest:
+    statistic: float
+    pvalue: float
+    test: str
+
+
+def mann_whitney(a: Sequence[float], b: Sequence[float]) -> RankTest:
+    """Two-sided Mann-Whitney U test; U is the statistic of ``a``."""
+    x, y = _sample(a, "a"), _sample(b, "b")
+    result = stats.mannwhitneyu(x, y, alternative="two-sided", method="auto")
+    return RankTest(float(result.statistic), float(result.pvalue), "Mann-Whitney U, two-sided")
+
+
+def cliffs_delta(a: Sequence[float], b: Sequence[float]) -> float:
+    """P(a > b) − P(a < b) over all pairs: +1 when every a exceeds every b, −1 the reverse."""
+    x, y = _sample(a, "a"), _sample(b, "b")
+    signs = np.sign(x[:, None] - y[None, :])
+    return float(signs.mean())
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm step-down adjusted p-values (family-wise error), in the input order."""
+    p = np.asarray(pvalues, dtype=float)
+    if p.size == 0:
+        return p
+    if np.any((p < 0) | (p > 1) | ~np.isfinite(p)):
+        raise ValueError("p-values must be finite and within [0, 1]")
+    order = np.argsort(p, kind="stable")
+    m = p.size
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    adjusted = np.empty_like(p)
+    adjusted[order] = np.minimum(stepped, 1.0)
+    return adjusted
+
+
+def median_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Distribution-free CI for the median from order statistics (binomial, p = 1/2).
+
+    Returns [x_(r), x_(n−r+1)] with the largest r whose coverage is at least ``confidence``;
+    when n is too small for that coverage the bounds are NaN and the method says so."""
+    x = np.sort(_sample(values, "values"))
+    n = x.size
+    alpha = 1 - confidence
+    cdf = stats.binom.cdf(np.arange(n + 1), n, 0.5)
+    allowed = np.nonzero(cdf <= alpha / 2)[0]
+    estimate = float(np.median(x))
+    if allowed.size == 0:
+        return Interval(estimate, float("nan"), float("nan"), confidence,
+                        f"order statistics: n = {n} is too small for {confidence:.0%} coverage")
+    r = int(allowed[-1]) + 1  # 1-based rank of the lower bound
+    coverage = 1 - 2 * cdf[r - 1]
+    return Interval(estimate, float(x[r - 1]), float(x[n - r]), confidence,
+                    f"order statistics x({r})..x({n - r + 1}), exact coverage {coverage:.4f}")
+
+
+@dataclass(frozen=True)
+class KSampleTest:
+    statistic: float
+    pvalue: float
+    test: str
+
+
+def anderson_ksamp(samples: Sequence[Sequence[float]], *, n_resamples: int = 9999, seed: int = 0) -> KSampleTest:
+    """k-sample Anderson-Darling test that all samples come from one distribution, with a seeded
+    permutation p-value (scipy's tabulated p-value is floored at 0.001 and capped at 0.25)."""
+    arrays = [_sample(s, f"sample {i}", 2) for i, s in enumerate(samples)]
+    if len(arrays) < 2:
+        raise ValueError("anderson_ksamp needs at least two samples")
+    method = stats.PermutationMethod(n_resamples=n_resamples, rng=np.random.default_rng(seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        result = stats.anderson_ksamp(arrays, method=method)
+    return KSampleTest(float(result.statistic), float(result.pvalue),
+                       f"k-sample Anderson-Darling, permutation p ({n_resamples} resamples, seed {seed})")
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    """Sample standard deviation (n − 1) over the arithmetic mean, in percent (mmtests' CoefVar)."""
+    x = _sample(values, "values", 2)
+    mean = x.mean()
+    if mean == 0:
+        raise ValueError("values: mean is 0, the coefficient of variation is undefined")
+    return float(x.std(ddof=1) / mean * 100)
+
+
+def pct_diff(value: float, baseline: float) -> float:
+    """mmtests' pdiff: value × 100 / baseline − 100."""
+    if baseline == 0:
+        raise ValueError("baseline is 0, a percent difference is undefined")
+    return value * 100 / baseline - 100
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    """The six rows of an mmtests compare table for one condition."""
+    x = _sample(values, "values", 2)
+    return {
+        "Min": float(x.min()),
+        "Max": float(x.max()),
+        "Median": float(np.median(x)),
+        "AMean": float(x.mean()),
+        "Stddev": float(x.std(ddof=1)),
+        "CoefVar": coefficient_of_variation(x),
+    }
+
+
+def compare_summaries(summaries: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Long table (statistic, condition, value, pct_diff) from a wide table whose index holds
+    statistics and whose columns hold conditions (one of them ``baseline``)."""
+    if baseline not in summaries.columns:
+        raise ValueError(f"baseline {baseline!r} is not one of the conditions {list(summaries.columns)}")
+    rows = []
+    for statistic in summaries.index:
+        base = float(summaries.loc[statistic, baseline])
+        for condition in summaries.columns:
+            value = float(summaries.loc[statistic, condition])
+            rows.append({
+                "statistic": statistic,
+                "condition": condition,
+                "value": value,
+                "pct_diff": None if condition == baseline else pct_diff(value, base),
+            })
+    return pd.DataFrame(rows)
+
+
+def compare_table(samples: Mapping[str, Sequence[float]], baseline: str, *, alpha: float = 0.05) -> pd.DataFrame:
+    """mmtests-style comparison of runs per condition against ``baseline``.
+
+    Long table: statistic, condition, value, pct_diff, plus for each non-baseline condition the
+    Mann-Whitney U p-value against the baseline, Holm-adjusted across the conditions compared,
+    and ``significant`` (adjusted p < alpha)."""
+    if baseline not in samples:
+        raise ValueError(f"baseline {baseline!r} is not one of the conditions {list(samples)}")
+    summaries = pd.DataFrame({condition: summarize(values) for condition, values in samples.items()})
+    summaries = summaries.loc[list(COMPARE_STATISTICS)]
+    table = compare_summaries(summaries, baseline)
+    others = [c for c in samples if c != baseline]
+    raw = [mann_whitney(samples[c], samples[baseline]).pvalue for c in others]
+    adjusted = dict(zip(others, holm(raw)))
+    table["p_holm"] = table["condition"].map(adjusted)
+    table["significant"] = table["p_holm"].map(lambda p: None if pd.isna(p) else bool(p < alpha))
+    table.attrs["test"] = f"two-sided Mann-Whitney U vs {baseline}, Holm-adjusted across conditions, alpha = {alpha}"
+    table.attrs["n"] = {c: len(v) for c, v in samples.items()}
+    return table
+
+
+def format_compare_table(table: pd.DataFrame, *, decimals: int = 2) -> pd.DataFrame:
+    """Render a long compare table the way mmtests prints it: 'value (+pct%)' per cell, statistics
+    as rows, conditions as columns, '*' after conditions that differ significantly."""
+    conditions = list(dict.fromkeys(table["condition"]))
+    statistics = list(dict.fromkeys(table["statistic"]))
+    cells = pd.DataFrame(index=statistics, columns=conditions, dtype=object)
+    for _, row in table.iterrows():
+        unit = "%" if row["statistic"] == "CoefVar" else ""
+        text = f"{row['value']:.{decimals}f}{unit}"
+        if row["pct_diff"] is not None and not pd.isna(row["pct_diff"]) and row["statistic"] != "CoefVar":
+            text += f" ({row['pct_diff']:+.{decimals}f}%)"
+        cells.loc[row["statistic"], row["condition"]] = text
+    if "significant" in table.columns:
+        marks = table.drop_duplicates("condition").set_index("condition")["significant"]
+        cells.columns = [f"{c} *" if marks.get(c) else c for c in conditions]
+    legend = PCT_DIFF_CONVENTION
+    if "test" in table.attrs:
+        legend += f"; * = {table.attrs['test']}"
+    cells.attrs["legend"] = legend
+    cells.index.name = "statistic"
+    return cells
