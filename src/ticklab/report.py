@@ -155,7 +155,7 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
 
 def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: Path | str,
                only: list[str] | None = None, cell_timeout: int = 600, notebook_timeout: int = 1800,
-               parameters: dict | None = None, log=print) -> int:
+               parameters: dict | None = None, notebook_dir: Path | None = None, log=print) -> int:
     """Run the notebooks and assemble the report. Returns the process exit code (0: all good)."""
     output_dir = Path(output_dir).resolve()
     order = [CLAIMS[c].notebook for c in CLAIMS] + [SUMMARY_NOTEBOOK]
@@ -183,7 +183,7 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         claim = claim_of[name]
         log(f"[{position}/{len(order)}] {name} …")
         executed = output_dir / "notebooks" / name
-        result = run_notebook(notebooks_dir() / name, executed, params, cell_timeout=cell_timeout,
+        result = run_notebook((notebook_dir or notebooks_dir()) / name, executed, params, cell_timeout=cell_timeout,
                               notebook_timeout=notebook_timeout, claim=claim)
         if result.status == "ok":
             problems = output_problems(output_dir, claim)

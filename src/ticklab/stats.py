@@ -63,6 +63,7 @@ def ratio_of_medians(treatment: Sequence[float], baseline: Sequence[float], *, c
         return Interval(estimate, estimate, estimate, confidence, "degenerate: both samples constant")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
+        warnings.simplefilter("ignore", category=RuntimeWarning)  # flat jackknife: handled below
         result = stats.bootstrap(
             (t, b), _median_ratio, vectorized=True, paired=False, confidence_level=confidence,
             n_resamples=n_boot, method="BCa", rng=np.random.default_rng(seed),

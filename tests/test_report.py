@@ -1,0 +1,171 @@
+"""make reproduce's engine, end to end: notebooks run in their own processes and the output
+contract of DESIGN.md is written and checked."""
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from ticklab import paths
+from ticklab.claims import CLAIMS
+from ticklab.report import expected_outputs, output_problems, run_report
+
+from conftest import CLAIM_IDS, REPO
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+PARAMETERS = {"data_dir", "published_dir", "output_dir", "alpha", "n_boot", "seed"}
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("build")
+    log = []
+    code = run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), log=log.append)
+    assert code == 0, "\n".join(log)
+    return out
+
+
+def test_every_expected_output_is_written_and_not_empty(build):
+    for claim in CLAIM_IDS + ["summary"]:
+        assert output_problems(build, claim) == [], claim
+    for name in ("verdicts.csv", "summary.json", "report/index.html"):
+        assert (build / name).stat().st_size > 0
+    assert sorted(p.name for p in (build / "notebooks").glob("*.ipynb")) == [p.name for p in NOTEBOOKS]
+
+
+def test_verdicts_have_one_honest_row_per_claim(build):
+    verdicts = pd.read_csv(build / "verdicts.csv")
+    assert list(verdicts["claim"]) == CLAIM_IDS
+    # No bundles are committed yet, so nothing may claim to be tested.
+    assert set(verdicts["verdict"]) == {"not testable here"}
+    assert verdicts["reason"].str.contains("no captured bundles").all()
+    hpet = verdicts.set_index("claim").loc["hpet", "published_effect"]
+    assert "×1.127" in hpet and "×2.724" in hpet
+
+
+def test_summary_json_lists_status_duration_and_outputs(build):
+    summary = json.loads((build / "summary.json").read_text())
+    entries = {n["notebook"]: n for n in summary["notebooks"]}
+    assert set(entries) == {p.name for p in NOTEBOOKS}
+    for entry in entries.values():
+        assert entry["status"] == "ok" and entry["duration_s"] > 0
+        assert entry["outputs"] == expected_outputs(entry["claim"])
+
+
+def test_published_tables_are_regenerated_exactly(build):
+    mmtests = pd.read_csv(build / "tables/acpi-idle/tbench_mmtests.csv", index_col=0, dtype=str)
+    assert mmtests.loc["Min", "baseline"] == "2215.06"
+    assert mmtests.loc["Min", "baseline + patch"] == "33016.10 (+1390.53%)"
+    checks = pd.read_csv(build / "tables/acpi-idle/derived_checks.csv")
+    odd = checks[checks["finding"] != "matches (rounded)"]["quantity"].tolist()
+    assert odd == ["AMean % vs baseline, C2 disabled", "AMean % vs baseline, patch"]
+    build_times = pd.read_csv(build / "tables/pvspinlock/kernel_build_time.csv")
+    assert build_times["before (as printed)"].tolist() == ["3m21.9s", "11m20.6s", "2m08.6s", "17m12.8s"]
+
+
+def test_every_figure_and_table_names_existing_sources(build):
+    sidecars = list(build.glob("figures/*/*.json")) + list(build.glob("tables/*/*.json"))
+    assert len(sidecars) >= 20
+    for sidecar in sidecars:
+        meta = json.loads(sidecar.read_text())
+        assert meta["caption"] and meta["sources"], sidecar
+        for source in meta["sources"]:
+            assert (REPO / source).is_file(), (sidecar, source)
+
+
+def test_report_reads_offline_and_its_images_exist(build):
+    pages = [build / "report/index.html", *sorted((build / "report/notebooks").glob("*.html"))]
+    assert len(pages) == 7
+    remote = re.compile(r"""(?:src|href)\s*=\s*["']https?://|import\(\s*["']https?://|@import\s+url\(\s*["']?https?://""")
+    for page in pages:
+        assert not remote.search(page.read_text()), page
+    index = pages[0].read_text()
+    images = re.findall(r'<img src="([^"]+)"', index)
+    assert len(images) >= 7
+    for image in images:
+        assert (build / "report" / image).resolve().stat().st_size > 1000, image
+    assert "not testable here" in index
+
+
+def test_a_failing_notebook_fails_the_run_and_names_the_cell(tmp_path, published_copy):
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    csv.write_text(csv.read_text().replace("646515,jobs/min,646515", "1,jobs/min,646515"))
+    log = []
+    code = run_report(tmp_path / "out", data_dir=paths.traces_dir(), published_dir=published_copy,
+                      only=["01-hpet"], log=log.append)
+    assert code == 1
+    failure = json.loads((tmp_path / "out/summary.json").read_text())["notebooks"][0]
+    assert failure["status"] == "failed"
+    assert re.search(r"cell \d+ .*PublishedDataError: .*aim7_compute\.csv: row 2 \(id 'haswell_tsc'\)", failure["error"])
+    assert any(line.startswith("FAILED 01-hpet.ipynb") for line in log)
+
+
+def test_empty_success_is_a_failure(tmp_path):
+    hollow = nbformat.v4.new_notebook()
+    hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    hollow.cells = [nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]}),
+                    nbformat.v4.new_code_cell("print('did nothing')")]
+    notebook_dir = tmp_path / "notebooks"
+    notebook_dir.mkdir()
+    nbformat.write(hollow, notebook_dir / "03-hrtick.ipynb")
+    log = []
+    code = run_report(tmp_path / "out", data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
+                      only=["03-hrtick"], notebook_dir=notebook_dir, log=log.append)
+    assert code == 1
+    failure = json.loads((tmp_path / "out/summary.json").read_text())["notebooks"][0]
+    assert failure["status"] == "missing outputs"
+    assert "figures/hrtick/runtime_and_reprogramming.png: missing" in failure["error"]
+
+
+def test_output_problems_flags_empty_files_and_header_only_tables(tmp_path):
+    for relative in expected_outputs("nohz"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("a,b\n1,2\n")
+    (tmp_path / "figures/nohz/tick_overhead_vs_hz.svg").write_text("")
+    (tmp_path / "tables/nohz/tick_cost.csv").write_text("a,b\n")
+    assert output_problems(tmp_path, "nohz") == ["figures/nohz/tick_overhead_vs_hz.svg: empty file",
+                                                 "tables/nohz/tick_cost.csv: header only, no rows"]
+
+
+def test_unknown_notebook_is_a_usage_error(tmp_path):
+    log = []
+    assert run_report(tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
+                      only=["07-nope"], log=log.append) == 2
+    assert "unknown notebook" in log[0]
+
+
+def test_papermill_runs_one_notebook_on_its_own(tmp_path):
+    """The README's rerun recipe, from another working directory."""
+    out = tmp_path / "x"
+    proc = subprocess.run([sys.executable, "-m", "papermill", str(REPO / "notebooks/03-hrtick.ipynb"),
+                           str(tmp_path / "out.ipynb"), "-p", "output_dir", str(out), "--no-progress-bar"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert output_problems(out, "hrtick") == []
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_have_literal_parameters_and_no_stored_outputs(notebook):
+    book = nbformat.read(notebook, as_version=4)
+    tagged = [c for c in book.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    assigned = {}
+    for node in ast.parse(tagged[0].source).body:
+        assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant), ast.dump(node)
+        assigned[node.targets[0].id] = node.value.value
+    assert set(assigned) == PARAMETERS
+    for cell in book.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+    assert book.metadata["kernelspec"]["name"] == "python3"
+
+
+def test_every_claim_has_a_notebook():
+    assert {CLAIMS[c].notebook for c in CLAIMS} | {"00-summary.ipynb"} == {p.name for p in NOTEBOOKS}
