@@ -26,7 +26,8 @@ $(STAMP): requirements.lock pyproject.toml
 	@touch $@
 
 # Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10).
-lock:
+lock: $(STAMP)
+	@mkdir -p $(OUT)
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.10 \
 	    --only-binary=:all: --report $(OUT)/lock-report.json -r requirements.in
 	$(BIN)/python -m ticklab.lockfile $(OUT)/lock-report.json requirements.lock

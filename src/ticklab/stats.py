@@ -28,9 +28,6 @@ class Interval:
     confidence: float
     method: str
 
-    def contains(self, value: float) -> bool:
-        return self.low <= value <= self.high
-
     @property
     def half_width(self) -> float:
         return (self.high - self.low) / 2
