@@ -1,0 +1,88 @@
+import json
+import stat
+from datetime import datetime, timezone
+
+import pytest
+
+from ticklab.bundle import BundleError, BundleWriter, load_bundle
+from ticklab.fresh import find_bundles
+
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+
+
+def make_bundle(traces, *, runs=2, seal=True):
+    writer = BundleWriter(traces, "qemu-tcg-x86_64-2c-6.12", "nohz", "ftq", definition={"runs": runs},
+                          host={"kernel": "6.12.0", "nproc": 2}, when=WHEN)
+    for index in range(runs):
+        raw = writer.run_dir(f"run-{index:03d}")
+        (raw / "ftq.dat").write_text(f"# quantum 1000000\n{index} 12345\n")
+        writer.add_run({"run": f"run-{index:03d}", "condition": "hz1000", "order": index, "exit_status": 0},
+                       [{"metric": "work_per_quantum_median", "value": 12345 + index, "unit": "iterations"}])
+    return writer.seal() if seal else writer.path
+
+
+def test_sealed_bundle_loads_with_results_and_read_only_files(tmp_path):
+    path = make_bundle(tmp_path)
+    assert path == tmp_path / "qemu-tcg-x86_64-2c-6.12/nohz/20261121T180000Z-ftq"
+    bundle = load_bundle(path)
+    assert bundle.sealed and len(bundle.manifest["runs"]) == 2
+    assert bundle.results["value"].tolist() == [12345, 12346]
+    assert set(bundle.manifest["files"]) == {"results.csv", "raw/run-000/ftq.dat", "raw/run-001/ftq.dat"}
+    mode = (path / "raw/run-000/ftq.dat").stat().st_mode
+    assert not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    assert [b.path for b in find_bundles(tmp_path, "nohz")] == [path]
+
+
+def _tamper(file):
+    file.chmod(0o644)
+    data = bytearray(file.read_bytes())
+    data[-2] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+def test_one_changed_byte_names_the_file(tmp_path):
+    path = make_bundle(tmp_path)
+    _tamper(path / "raw/run-001/ftq.dat")
+    with pytest.raises(BundleError, match=r"raw/run-001/ftq\.dat: sha256 differs"):
+        load_bundle(path)
+
+
+def test_missing_and_added_files_are_named(tmp_path):
+    path = make_bundle(tmp_path)
+    (path / "raw/run-000/extra.txt").write_text("x")
+    with pytest.raises(BundleError, match=r"raw/run-000/extra\.txt: not listed"):
+        load_bundle(path)
+    (path / "raw/run-000/extra.txt").unlink()
+    (path / "raw/run-000/ftq.dat").unlink()
+    with pytest.raises(BundleError, match=r"raw/run-000/ftq\.dat: listed in the manifest but missing"):
+        load_bundle(path)
+
+
+def test_interrupted_capture_leaves_an_incomplete_bundle_with_finished_runs(tmp_path):
+    path = make_bundle(tmp_path, runs=1, seal=False)
+    with pytest.raises(BundleError, match="incomplete \\(1 run\\(s\\) finished\\)"):
+        load_bundle(path)
+    bundle = load_bundle(path, allow_incomplete=True)
+    assert bundle.manifest["status"] == "incomplete" and len(bundle.results) == 1
+
+
+def test_bundles_are_never_overwritten(tmp_path):
+    make_bundle(tmp_path)
+    with pytest.raises(BundleError, match="exists already"):
+        make_bundle(tmp_path)
+
+
+def test_schema_problems_name_the_manifest(tmp_path):
+    path = make_bundle(tmp_path)
+    manifest = path / "manifest.json"
+    manifest.chmod(0o644)
+    data = json.loads(manifest.read_text())
+    data["schema_version"] = 99
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"manifest\.json: schema version 99"):
+        load_bundle(path)
+    manifest.write_text("{not json")
+    with pytest.raises(BundleError, match=r"manifest\.json: not valid JSON"):
+        load_bundle(path)
+    with pytest.raises(BundleError, match="is not a bundle"):
+        load_bundle(tmp_path)
