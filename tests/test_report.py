@@ -169,3 +169,11 @@ def test_notebooks_have_literal_parameters_and_no_stored_outputs(notebook):
 
 def test_every_claim_has_a_notebook():
     assert {CLAIMS[c].notebook for c in CLAIMS} | {"00-summary.ipynb"} == {p.name for p in NOTEBOOKS}
+
+
+def test_a_partial_run_without_the_summary_succeeds(tmp_path):
+    log = []
+    assert run_report(tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
+                      only=["05-nohz"], log=log.append) == 0, log
+    assert output_problems(tmp_path, "nohz") == []
+    assert not (tmp_path / "verdicts.csv").exists()

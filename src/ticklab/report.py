@@ -196,18 +196,20 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         results.append(result)
 
     verdicts = None
-    try:
-        verdicts = collect_verdicts(output_dir)
-        verdicts.to_csv(output_dir / "verdicts.csv", index=False)
-    except FileNotFoundError as exc:
-        log(f"error: {exc}")
+    aggregate = SUMMARY_NOTEBOOK in order  # a partial run (--only) without the summary aggregates nothing
+    if aggregate:
+        try:
+            verdicts = collect_verdicts(output_dir)
+            verdicts.to_csv(output_dir / "verdicts.csv", index=False)
+        except FileNotFoundError as exc:
+            log(f"error: {exc}")
     (output_dir / "summary.json").write_text(json.dumps(
         {"notebooks": [asdict(r) for r in results],
          "verdicts": None if verdicts is None else "verdicts.csv"}, indent=2) + "\n")
     index = write_index(output_dir, results, verdicts)
 
     failed = [r for r in results if r.status != "ok"]
-    if failed or verdicts is None:
+    if failed or (aggregate and verdicts is None):
         for r in failed:
             log(f"FAILED {r.notebook}: {r.status}: {r.error}")
         return 1
