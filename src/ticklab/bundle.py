@@ -137,8 +137,9 @@ def load_bundle(path: Path | str, *, allow_incomplete: bool = False) -> Bundle:
     if manifest["status"] == "sealed":
         listed = manifest.get("files", {})
         present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name != MANIFEST}
-        for relative in sorted(present - set(listed)):
-            raise BundleError(f"{path / relative}: not listed in the manifest (added after sealing)")
+        added = sorted(present - set(listed))
+        if added:
+            raise BundleError(f"{path / added[0]}: not listed in the manifest (added after sealing)")
         for relative, expected in sorted(listed.items()):
             file = path / relative
             if not file.is_file():

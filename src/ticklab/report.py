@@ -11,7 +11,6 @@ A notebook that errors, times out, or leaves an expected output missing or empty
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -107,14 +106,7 @@ def _export_html(executed: Path, target: Path) -> None:
                   "mermaid_js_url", "mermaid_layout_elk_js_url"):
         setattr(exporter, trait, "")
     body, _ = exporter.from_filename(str(executed))
-    target.write_text(_strip_remote_scripts(body))
-
-
-def _strip_remote_scripts(page: str) -> str:
-    """Drop <script src=http…> and <link href=http…> tags nbconvert's template may still emit."""
-    page = re.sub(r"<script[^>]+src=\"https?://[^\"]*\"[^>]*>\s*</script>", "", page)
-    page = re.sub(r"<link[^>]+href=\"https?://[^\"]*\"[^>]*>", "", page)
-    return page
+    target.write_text(body)
 
 
 def _sidecar(path: Path) -> dict:

@@ -61,6 +61,20 @@ def derived_checks(published: PublishedClaim) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def derived_sentence(checks: pd.DataFrame) -> str:
+    """How many derived numbers match as printed, and what the ones that do not tell us."""
+    odd = checks[checks["finding"] != "matches (rounded)"]
+    text = f"{len(checks) - len(odd)} of {len(checks)} derived numbers match as printed. " + " ".join(
+        f"**{r.quantity}**: printed {r.printed}, recomputed {r.recomputed:.4f} (at least {r.recomputed_low:.4f}) — {r.finding}."
+        for r in odd.itertuples())
+    if len(odd):
+        # printed value = recomputed − difference
+        gap = max(abs(round(r.recomputed, 2) - (r.recomputed - r.difference)) for r in odd.itertuples())
+        text += (" Rounding the printed AMeans cannot give these; truncation to two decimals does. The largest gap "
+                 f"to the rounded value is {gap:.2f} percentage points, which changes no conclusion.")
+    return text
+
+
 def amean_ratio(published: PublishedClaim) -> float:
     """AMean throughput, patch over baseline (above 1: the patch helps)."""
     return published.value("tbench_mmtests", "amean_patch") / published.value("tbench_mmtests", "amean_baseline")

@@ -52,6 +52,13 @@ def derived_checks(published: PublishedClaim) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def derived_sentence(checks: pd.DataFrame) -> str:
+    row = checks.iloc[0]
+    return (f"The inputs give **{row.recomputed:.2f}%** (between {row.recomputed_low:.2f}% and "
+            f"{row.recomputed_high:.2f}% given their printed precision). The article prints \"~{row.printed}\": "
+            f"{row.finding}. Rounded to a whole percent the change is {round(row.recomputed)}%; the \"~\" covers the difference.")
+
+
 def runtime_and_reprogramming_figure(published: PublishedClaim):
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
     off = published.row("hackbench", "runtime_no_hrtick")

@@ -63,6 +63,16 @@ def kick_ahead_ratios(published: PublishedClaim) -> dict[str, float]:
     return {f"{r['host']}, {r['guest vCPUs']} vCPUs": r["after (s)"] / r["before (s)"] for _, r in table.iterrows()}
 
 
+def gain_sentence(table: pd.DataFrame) -> str:
+    """Where kick-ahead helped most and least, from build_time_table."""
+    best = table.loc[table["change (%)"].idxmin()]
+    worst = table.loc[table["change (%)"].idxmax()]
+    return (f"Largest gain: {best['host']}, {best['guest vCPUs']} vCPUs ({best['change (%)']:+.2f}%). "
+            f"Smallest: {worst['host']}, {worst['guest vCPUs']} vCPUs, "
+            f"{worst['after (s)'] - worst['before (s)']:+.1f} s on {worst['before (s)']:g} s "
+            f"({worst['change (%)']:+.2f}%) — the author's \"not so much on Haswell\".")
+
+
 COMPARISON = "pv_kick_ahead on vs off: kernel build time ratio (after / before)"
 
 
