@@ -1,0 +1,313 @@
+"""Every privileged write ticklab makes goes through here, and is put back.
+
+``HostChanges`` is a context manager. Before it changes anything it appends what it is about to
+change, with the value it had, to a journal file (written atomically). It restores every change in
+reverse order when the block ends: normally, on an exception, on SIGINT, or on SIGTERM/SIGHUP
+(turned into :class:`Interrupted`). If the process is killed outright (SIGKILL, power cut), the
+journal remains; the next ``HostChanges`` on the same journal finds that its owner is gone and
+restores what it lists before doing anything else.
+
+With ``dry_run`` nothing is written: each write is printed with the value it would replace.
+
+Paths are relative to ``root`` so tests can run every knob against a fake sysfs tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import facts
+
+JOURNAL_NAME = "host-changes.json"
+CATCH = (signal.SIGTERM, signal.SIGHUP)
+
+
+class HostChangeError(RuntimeError):
+    """A knob could not be read, written or restored; the message names the file."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived; raised so that every ``finally`` and ``with`` block unwinds."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def default_journal() -> Path:
+    state = os.environ.get("TICKLAB_STATE_DIR")
+    return Path(state) / JOURNAL_NAME if state else Path.home() / ".cache" / "ticklab" / JOURNAL_NAME
+
+
+@dataclass
+class Change:
+    kind: str                 # write | sched_feature | mkdir | mount
+    path: str                 # absolute path of the file, directory or mount point
+    before: str | None        # value (or state) found before the change
+    wanted: str | None        # value written
+    during: str | None = None  # read back after writing
+    after: str | None = None   # read back after restoring
+    feature: str | None = None
+    label: str | None = None
+    dry_run: bool = False
+
+    def record(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+
+
+def _process_start(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat: with the pid, it identifies a process across pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _feature_token(features_text: str, feature: str) -> str | None:
+    for token in features_text.split():
+        if token in (feature, f"NO_{feature}"):
+            return token
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().rstrip("\n")
+    except OSError as exc:
+        raise HostChangeError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        with path.open("w") as handle:
+            handle.write(value)
+    except OSError as exc:
+        raise HostChangeError(f"{path}: cannot write {value!r} ({exc.strerror or exc})") from exc
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: {result.stderr.strip()}")
+
+
+def _undo(change: Change) -> str | None:
+    """Put one change back; returns the value read afterwards."""
+    path = Path(change.path)
+    if change.kind == "write":
+        _write(path, change.before)
+        return _read(path)
+    if change.kind == "sched_feature":
+        _write(path, change.before)
+        return _feature_token(_read(path), change.feature)
+    if change.kind == "mkdir":
+        if path.exists():
+            path.rmdir()
+        return "absent"
+    if change.kind == "mount":
+        _run(["umount", str(path)])
+        return "unmounted"
+    raise HostChangeError(f"{path}: unknown change kind {change.kind!r} in journal")
+
+
+class HostChanges:
+    def __init__(self, journal: Path | str | None = None, *, root: Path | str = "/", dry_run: bool = False,
+                 log: Callable[[str], None] = print):
+        self.journal = Path(journal) if journal else default_journal()
+        self.root = Path(root)
+        self.dry_run = dry_run
+        self.log = log
+        self.changes: list[Change] = []
+        self.recovered: list[Change] = []
+        self._previous_handlers: dict[int, object] = {}
+        self._active = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> "HostChanges":
+        if not self.dry_run:
+            self.recovered = recover(self.journal, log=self.log)
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            self._save_journal()
+        self._install_signal_handlers()
+        self._active = True
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            self.restore()
+        finally:
+            self._remove_signal_handlers()
+            self._active = False
+
+    def _install_signal_handlers(self) -> None:
+        def raise_interrupted(signum, _frame):
+            raise Interrupted(signum)
+
+        try:
+            for signum in CATCH:
+                self._previous_handlers[signum] = signal.signal(signum, raise_interrupted)
+        except ValueError:  # not the main thread: the caller must restore explicitly
+            self._previous_handlers.clear()
+
+    def _remove_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def _save_journal(self) -> None:
+        data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "root": str(self.root),
+                "changes": [c.record() for c in self.changes if not c.dry_run]}
+        temporary = self.journal.with_name(self.journal.name + ".tmp")
+        with temporary.open("w") as handle:
+            json.dump(data, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.journal)
+
+    def _begin(self, change: Change) -> bool:
+        """Journal a change before making it; in dry-run print it instead. True if it should be made."""
+        if not self._active:
+            raise HostChangeError("host changes are made only inside 'with HostChanges(...)'")
+        self.changes.append(change)
+        if self.dry_run:
+            change.dry_run = True
+            shown = {"write": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
+                     "sched_feature": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
+                     "mkdir": f"mkdir {change.path}", "mount": f"mount -t {change.wanted} {change.wanted} {change.path}"}
+            self.log(f"dry-run: would {shown[change.kind]}")
+            return False
+        self._save_journal()
+        return True
+
+    # -- knobs -----------------------------------------------------------------------------------
+    def write(self, relative: str, value: str, *, label: str | None = None) -> Change:
+        path = self.root / relative
+        change = Change("write", str(path), _read(path), str(value), label=label)
+        if self._begin(change):
+            _write(path, str(value))
+            change.during = _read(path)
+        return change
+
+    def set_clocksource(self, name: str) -> Change:
+        available = facts.clocksources(self.root)["available"]
+        if name not in available:
+            raise HostChangeError(f"{self.root / facts.CLOCKSOURCE_DIR / 'available_clocksource'}: "
+                                  f"{name!r} is not available (have: {' '.join(available) or 'none'})")
+        change = self.write(f"{facts.CLOCKSOURCE_DIR}/current_clocksource", name, label="clocksource")
+        if not self.dry_run and change.during != name:
+            raise HostChangeError(f"{change.path}: wrote {name!r} but the kernel kept {change.during!r}")
+        return change
+
+    def set_sched_feature(self, feature: str, enabled: bool) -> Change:
+        path = facts.sched_features_path(self.root)
+        if path is None:
+            raise HostChangeError(f"{self.root / facts.SCHED_FEATURES[0]}: missing (is debugfs mounted?)")
+        before = _feature_token(_read(path), feature)
+        if before is None:
+            raise HostChangeError(f"{path}: this kernel has no sched feature {feature}")
+        wanted = feature if enabled else f"NO_{feature}"
+        change = Change("sched_feature", str(path), before, wanted, feature=feature, label=f"sched_feature {feature}")
+        if self._begin(change):
+            _write(path, wanted)
+            change.during = _feature_token(_read(path), feature)
+        return change
+
+    def set_cpuidle_state(self, state: str, disabled: bool, cpus: list[int] | None = None) -> list[Change]:
+        """Disable (or enable) one cpuidle state, named like 'C1' or 'state2', on every online CPU."""
+        cpus = facts.online_cpus(self.root) if cpus is None else cpus
+        changes = []
+        for cpu in cpus:
+            directory = self.root / facts.CPU_DIR / f"cpu{cpu}" / "cpuidle"
+            match = [d for d in directory.glob("state[0-9]*") if d.name == state or facts.read_text(d / "name") == state]
+            if not match:
+                raise HostChangeError(f"{directory}: no cpuidle state {state!r}")
+            relative = str((match[0] / "disable").relative_to(self.root))
+            changes.append(self.write(relative, "1" if disabled else "0", label=f"cpuidle {state} cpu{cpu}"))
+        return changes
+
+    def make_dir(self, relative: str, *, label: str | None = None) -> Change:
+        """Create a directory the kernel backs (a tracefs instance); restoring removes it."""
+        path = self.root / relative
+        if path.exists():
+            raise HostChangeError(f"{path}: exists already; another capture may be using it")
+        change = Change("mkdir", str(path), "absent", "present", label=label)
+        if self._begin(change):
+            try:
+                path.mkdir()
+            except OSError as exc:
+                raise HostChangeError(f"{path}: cannot create ({exc.strerror})") from exc
+            change.during = "present"
+        return change
+
+    def mount(self, fstype: str, relative: str) -> Change:
+        path = self.root / relative
+        change = Change("mount", str(path), "unmounted", fstype, label=f"mount {fstype}")
+        if self._begin(change):
+            _run(["mount", "-t", fstype, fstype, str(path)])
+            change.during = "mounted"
+        return change
+
+    # -- restore ---------------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Undo every change, newest first; signals wait until this is done."""
+        pending = [c for c in self.changes if not c.dry_run and c.after is None]
+        if not pending:
+            if not self.dry_run and self.journal.exists():
+                self.journal.unlink()
+            return
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *CATCH})
+        try:
+            failures = _undo_all(pending, self.log)
+            if failures:
+                self.changes = [c for c in self.changes if c in failures]
+                self._save_journal()
+                raise HostChangeError("could not restore: " + "; ".join(f"{c.path}: {c.after}" for c in failures)
+                                      + f" (still listed in {self.journal})")
+            self.journal.unlink(missing_ok=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def records(self) -> list[dict]:
+        """What changed, for the manifest: before, during and after each knob."""
+        return [c.record() for c in self.changes]
+
+
+def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]:
+    failures = []
+    for change in reversed(changes):
+        try:
+            change.after = _undo(change)
+        except (HostChangeError, OSError) as exc:
+            change.after = f"restore failed: {exc}"
+            failures.append(change)
+            log(f"{change.path}: could not restore {change.before!r}: {exc}")
+    return failures
+
+
+def recover(journal: Path, *, log: Callable[[str], None] = print) -> list[Change]:
+    """Restore what a killed capture left changed, as listed in its journal."""
+    if not journal.exists():
+        return []
+    try:
+        data = json.loads(journal.read_text())
+        changes = [Change(**entry) for entry in data["changes"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise HostChangeError(f"{journal}: unreadable journal of host changes ({exc}); "
+                              "check the knobs it names by hand, then delete it") from exc
+    pid = data.get("pid")
+    if pid and pid != os.getpid() and data.get("pid_start") and _process_start(pid) == data["pid_start"]:
+        raise HostChangeError(f"{journal}: held by a running ticklab process (pid {pid}); wait for it or stop it")
+    if changes:
+        log(f"{journal}: restoring {len(changes)} host change(s) left by an interrupted capture (pid {pid})")
+    failures = _undo_all(changes, log)
+    if failures:
+        raise HostChangeError(f"{journal}: could not restore " + "; ".join(c.path for c in failures))
+    journal.unlink()
+    return changes

@@ -1,0 +1,170 @@
+"""Host facts and host knobs, against a fake sysfs tree (tests/conftest.py: make_fake_host)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ticklab.host import HostChangeError, HostChanges, collect, host_id
+from ticklab.host.facts import parse_cpu_list
+
+from conftest import make_fake_host
+
+CLOCK = "sys/devices/system/clocksource/clocksource0/current_clocksource"
+FEATURES = "sys/kernel/debug/sched/features"
+
+
+def value(root: Path, relative: str) -> str:
+    return (root / relative).read_text().strip()
+
+
+def test_cpu_list_format():
+    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+
+
+def test_facts_of_a_fake_host(fake_host):
+    found = collect(fake_host)
+    assert found["clocksources"] == {"available": ["tsc", "hpet", "acpi_pm"], "current": "tsc"}
+    assert found["cpuidle"]["driver"] == "acpi_idle"
+    assert [s["name"] for s in found["cpuidle"]["states"]] == ["POLL", "C1", "C2"]
+    assert "NO_HRTICK" in found["sched_features"]["features"]
+    assert found["nproc"] == 2
+    assert host_id(found) == "fake-9000-2c-6.12.57-ticklab-vm"
+
+
+def test_neither_facts_nor_host_id_contain_the_hostname(monkeypatch):
+    real = os.uname()
+    fake = os.uname_result((real.sysname, "secret-lab-host-17", real.release, real.version, real.machine))
+    monkeypatch.setattr(os, "uname", lambda: fake)
+    monkeypatch.setattr("socket.gethostname", lambda: "secret-lab-host-17")
+    found = collect("/")
+    assert "secret-lab-host-17" not in json.dumps(found) + host_id(found)
+
+
+def test_no_cpuidle_driver_reads_as_none(tmp_path):
+    root = make_fake_host(tmp_path, idle_states=())
+    assert collect(root)["cpuidle"] == {"driver": None, "governor": None, "states": []}
+
+
+def test_changes_are_restored_on_normal_exit_and_recorded(fake_host, tmp_path):
+    journal = tmp_path / "journal.json"
+    with HostChanges(journal, root=fake_host, log=lambda _: None) as host:
+        host.set_clocksource("hpet")
+        host.set_sched_feature("HRTICK", True)
+        host.set_cpuidle_state("C2", disabled=True)
+        assert value(fake_host, CLOCK) == "hpet"
+        assert value(fake_host, FEATURES) == "HRTICK"
+        assert value(fake_host, "sys/devices/system/cpu/cpu1/cpuidle/state2/disable") == "1"
+        assert json.loads(journal.read_text())["changes"][0]["before"] == "tsc"
+    assert value(fake_host, CLOCK) == "tsc"
+    assert value(fake_host, FEATURES) == "NO_HRTICK"
+    assert value(fake_host, "sys/devices/system/cpu/cpu1/cpuidle/state2/disable") == "0"
+    assert not journal.exists()
+    first = host.records()[0]
+    assert (first["before"], first["wanted"], first["during"], first["after"]) == ("tsc", "hpet", "hpet", "tsc")
+
+
+def test_changes_are_restored_when_the_block_raises(fake_host, tmp_path):
+    with pytest.raises(RuntimeError, match="workload failed"):
+        with HostChanges(tmp_path / "j.json", root=fake_host, log=lambda _: None) as host:
+            host.set_clocksource("acpi_pm")
+            raise RuntimeError("workload failed")
+    assert value(fake_host, CLOCK) == "tsc"
+
+
+def test_repeated_writes_restore_the_first_value(fake_host, tmp_path):
+    with HostChanges(tmp_path / "j.json", root=fake_host, log=lambda _: None) as host:
+        host.set_clocksource("hpet")
+        host.set_clocksource("acpi_pm")
+    assert value(fake_host, CLOCK) == "tsc"
+
+
+def test_dry_run_prints_every_write_and_writes_nothing(fake_host, tmp_path):
+    said = []
+    with HostChanges(tmp_path / "j.json", root=fake_host, dry_run=True, log=said.append) as host:
+        host.set_clocksource("hpet")
+        host.set_sched_feature("HRTICK", True)
+    assert value(fake_host, CLOCK) == "tsc" and value(fake_host, FEATURES).startswith("GENTLE")
+    assert said == [f"dry-run: would write 'hpet' to {fake_host / CLOCK} (now 'tsc')",
+                    f"dry-run: would write 'HRTICK' to {fake_host / FEATURES} (now 'NO_HRTICK')"]
+    assert not (tmp_path / "j.json").exists()
+
+
+def test_bad_knobs_name_the_file(fake_host, tmp_path):
+    with HostChanges(tmp_path / "j.json", root=fake_host, log=lambda _: None) as host:
+        with pytest.raises(HostChangeError, match="available_clocksource: 'kvm-clock' is not available"):
+            host.set_clocksource("kvm-clock")
+        with pytest.raises(HostChangeError, match="features: this kernel has no sched feature TTWU_QUEUE"):
+            host.set_sched_feature("TTWU_QUEUE", True)
+        with pytest.raises(HostChangeError, match="cpuidle: no cpuidle state 'C6'"):
+            host.set_cpuidle_state("C6", disabled=True)
+
+
+def test_changes_outside_the_block_are_refused(fake_host, tmp_path):
+    with pytest.raises(HostChangeError, match="only inside"):
+        HostChanges(tmp_path / "j.json", root=fake_host).set_clocksource("hpet")
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from ticklab.host import HostChanges
+    root, journal = sys.argv[1], sys.argv[2]
+    with HostChanges(journal, root=root, log=lambda _: None) as host:
+        host.set_clocksource("hpet")
+        host.set_sched_feature("HRTICK", True)
+        print("changed", flush=True)
+        time.sleep(60)
+""")
+
+
+def start_holder(root: Path, journal: Path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(root), str(journal)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "changed"
+    assert value(root, CLOCK) == "hpet"
+    return process
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_restores_every_knob(fake_host, tmp_path, signum):
+    journal = tmp_path / "j.json"
+    process = start_holder(fake_host, journal)
+    process.send_signal(signum)
+    process.wait(timeout=30)
+    assert process.returncode != 0
+    assert value(fake_host, CLOCK) == "tsc"
+    assert value(fake_host, FEATURES) == "NO_HRTICK"
+    assert not journal.exists()
+
+
+def test_a_killed_process_is_restored_by_the_next_run(fake_host, tmp_path):
+    journal = tmp_path / "j.json"
+    process = start_holder(fake_host, journal)
+    process.kill()
+    process.wait(timeout=30)
+    assert value(fake_host, CLOCK) == "hpet" and journal.exists()
+    said = []
+    with HostChanges(journal, root=fake_host, log=said.append) as host:
+        assert value(fake_host, CLOCK) == "tsc"
+        assert value(fake_host, FEATURES) == "NO_HRTICK"
+        assert [c.path for c in host.recovered] == [str(fake_host / CLOCK), str(fake_host / FEATURES)]
+    assert "left by an interrupted capture" in said[0]
+
+
+def test_a_journal_held_by_a_live_process_is_not_touched(fake_host, tmp_path):
+    journal = tmp_path / "j.json"
+    process = start_holder(fake_host, journal)
+    try:
+        with pytest.raises(HostChangeError, match=f"held by a running ticklab process \\(pid {process.pid}\\)"):
+            with HostChanges(journal, root=fake_host, log=lambda _: None):
+                pass
+        assert value(fake_host, CLOCK) == "hpet"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert value(fake_host, CLOCK) == "tsc"
