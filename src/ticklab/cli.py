@@ -46,6 +46,50 @@ def _verify_published(args: argparse.Namespace) -> int:
     return status
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main(args.json, root=args.root)
+
+
+def _capture(args: argparse.Namespace) -> int:
+    from .bundle import BundleError
+    from .capture.experiment import ExperimentError
+    from .capture.runner import CaptureOptions, capture
+    from .capture.tracing import TracingError
+    from .host import HostChangeError
+
+    options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id, dry_run=args.dry_run,
+                             backend=args.backend, root=args.root, journal=args.journal, progress=not args.no_progress,
+                             seed=args.seed)
+    try:
+        capture(args.claim, options, experiment_path=args.experiment)
+    except (ExperimentError, BundleError, HostChangeError, TracingError) as exc:
+        print(f"ticklab capture: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(f"ticklab capture: interrupted ({exc or 'SIGINT'}); host knobs restored", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from .ingest import TraceFormatError, read_trace, write_tables
+
+    try:
+        trace = read_trace(args.trace)
+    except TraceFormatError as exc:
+        print(f"ticklab ingest: {exc}", file=sys.stderr)
+        return 2
+    for key, count in trace.counts().items():
+        print(f"{key}: {count} events")
+    print(f"lost events: {trace.total_lost}")
+    if args.out:
+        for path in write_tables(trace, args.out):
+            print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ticklab", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ticklab {__version__}")
@@ -65,6 +109,32 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--published-dir", type=Path, default=published_dir())
     verify.add_argument("--seeds", help="directory of the source documents (default: $TICKLAB_SEEDS or ../shared/seeds)")
     verify.set_defaults(func=_verify_published)
+
+    doctor = sub.add_parser("doctor", help="what this host can run for each claim, and why not")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    doctor.set_defaults(func=_doctor)
+
+    cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
+    cap.add_argument("claim", choices=list(CLAIMS))
+    cap.add_argument("--runs", type=int, help="measured runs per condition (default: the experiment's, >= 10)")
+    cap.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
+    cap.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
+    cap.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
+    cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
+    cap.add_argument("--experiment", type=Path, help="one experiment file instead of every runners/<claim>/*.yaml")
+    cap.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
+                     help="tracing backend (default: trace-cmd where 'trace-cmd record' works, else tracefs)")
+    cap.add_argument("--dry-run", action="store_true", help="print every privileged write, change nothing, run nothing")
+    cap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cap.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
+    cap.set_defaults(func=_capture)
+
+    ingest = sub.add_parser("ingest", help="trace.dat or a tracefs capture -> one Parquet table per event")
+    ingest.add_argument("trace", type=Path, help="a trace.dat, or a bundle run's trace/ directory")
+    ingest.add_argument("--out", type=Path, help="write <system>__<event>.parquet files here")
+    ingest.set_defaults(func=_ingest)
     return parser
 
 

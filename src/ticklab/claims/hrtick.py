@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from ..published import PublishedClaim, check_derived, load_published
@@ -94,3 +95,21 @@ def published_effect(published: PublishedClaim) -> str:
 
 def verdicts(ctx) -> list:
     return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
+
+
+def trace_metrics(trace, values: dict) -> list[dict]:
+    """Per-run metrics from a hackbench trace: hrtimer (re)arming rate and spurious timer interrupts.
+
+    No tracepoint marks a clockevent reprogram itself; ``hrtimer_start_rate_hz`` counts every
+    hrtimer arm, an upper bound on reprograms, and is named for what it counts."""
+    from ..tracemetrics import TIMER_ENTRY, spurious_ratio
+
+    starts = trace.table("timer:hrtimer_start")
+    entries = trace.table(TIMER_ENTRY)
+    stamps = np.concatenate([starts["timestamp"].to_numpy(dtype=np.int64), entries["timestamp"].to_numpy(dtype=np.int64)])
+    span_s = (stamps.max() - stamps.min()) / 1e9 if len(stamps) > 1 else float("nan")
+    return [
+        {"metric": "hrtimer_start_rate_hz", "value": len(starts) / span_s, "unit": "Hz"},
+        {"metric": "local_timer_irq_rate_hz", "value": len(entries) / span_s, "unit": "Hz"},
+        {"metric": "spurious_hrtimer_interrupt_ratio", "value": spurious_ratio(trace), "unit": "fraction"},
+    ]

@@ -92,3 +92,13 @@ def published_effect(published: PublishedClaim) -> str:
 
 def verdicts(ctx) -> list:
     return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
+
+
+def trace_metrics(trace, values: dict) -> list[dict]:
+    """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it."""
+    from ..tracemetrics import timer_interrupt_rows
+
+    cpu = int(values["last_cpu"])
+    stops = trace.table("timer:tick_stop")
+    return [*timer_interrupt_rows(trace, cpu),
+            {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"}]

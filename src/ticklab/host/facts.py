@@ -140,6 +140,16 @@ def tracefs_mount(root: Path) -> Path | None:
     return None
 
 
+def mounts(root: Path) -> dict[str, str]:
+    """Mount point -> filesystem type, from /proc/mounts."""
+    found = {}
+    for line in (read_text(root / "proc/mounts") or "").splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            found[parts[1]] = parts[2]
+    return found
+
+
 def collect(root: Path | str = "/") -> dict:
     """Host facts recorded in every manifest. No hostname, by design."""
     root = Path(root)

@@ -14,8 +14,10 @@ Paths are relative to ``root`` so tests can run every knob against a fake sysfs 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -49,13 +51,14 @@ def default_journal() -> Path:
 class Change:
     kind: str                 # write | sched_feature | mkdir | mount
     path: str                 # absolute path of the file, directory or mount point
-    before: str | None        # value (or state) found before the change
-    wanted: str | None        # value written
+    before: str | None = None  # value (or state) found before the change
+    wanted: str | None = None  # value written (None: another tool writes it; we only put it back)
     during: str | None = None  # read back after writing
     after: str | None = None   # read back after restoring
     feature: str | None = None
     label: str | None = None
     dry_run: bool = False
+    error: str | None = None   # why restoring failed; the change stays in the journal
 
     def record(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
@@ -75,6 +78,17 @@ def _feature_token(features_text: str, feature: str) -> str | None:
         if token in (feature, f"NO_{feature}"):
             return token
     return None
+
+
+def restorable(path: Path, text: str) -> str:
+    """The value to write back for a file whose read form differs from its write form."""
+    if path.name == "trace_clock":
+        found = re.search(r"\[([^\]]+)\]", text)
+        return found.group(1) if found else text
+    if path.name == "buffer_size_kb":
+        found = re.search(r"expanded: (\d+)", text) or re.match(r"\s*(\d+)", text)
+        return found.group(1) if found else text
+    return text
 
 
 def _read(path: Path) -> str:
@@ -102,7 +116,8 @@ def _undo(change: Change) -> str | None:
     """Put one change back; returns the value read afterwards."""
     path = Path(change.path)
     if change.kind == "write":
-        _write(path, change.before)
+        if restorable(path, _read(path)) != change.before:
+            _write(path, change.before)
         return _read(path)
     if change.kind == "sched_feature":
         _write(path, change.before)
@@ -163,7 +178,7 @@ class HostChanges:
 
     def _save_journal(self) -> None:
         data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "root": str(self.root),
-                "changes": [c.record() for c in self.changes if not c.dry_run]}
+                "changes": [c.record() for c in self.changes if not c.dry_run and c.after is None]}
         temporary = self.journal.with_name(self.journal.name + ".tmp")
         with temporary.open("w") as handle:
             json.dump(data, handle, indent=1)
@@ -178,7 +193,8 @@ class HostChanges:
         self.changes.append(change)
         if self.dry_run:
             change.dry_run = True
-            shown = {"write": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
+            shown = {"write": f"write {change.wanted!r} to {change.path} (now {change.before!r})" if change.wanted is not None
+                     else f"let another tool change {change.path} (now {change.before!r}) and put it back",
                      "sched_feature": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
                      "mkdir": f"mkdir {change.path}", "mount": f"mount -t {change.wanted} {change.wanted} {change.path}"}
             self.log(f"dry-run: would {shown[change.kind]}")
@@ -232,6 +248,21 @@ class HostChanges:
             changes.append(self.write(relative, "1" if disabled else "0", label=f"cpuidle {state} cpu{cpu}"))
         return changes
 
+    def guard(self, relative: str, *, label: str | None = None) -> Change:
+        """Record a file another tool (trace-cmd) will change, so that it is put back afterwards."""
+        path = self.root / relative
+        change = Change("write", str(path), restorable(path, _read(path)), None, label=label or "guarded")
+        if self._begin(change):
+            change.during = change.before
+        return change
+
+    def adopt_mount(self, path: str, fstype: str, *, label: str) -> Change:
+        """A mount another tool made (trace-cmd mounts debugfs): recorded so that restoring unmounts it."""
+        change = Change("mount", path, "unmounted", fstype, during="mounted", label=label)
+        if self._begin(change):
+            self._save_journal()
+        return change
+
     def make_dir(self, relative: str, *, label: str | None = None) -> Change:
         """Create a directory the kernel backs (a tracefs instance); restoring removes it."""
         path = self.root / relative
@@ -255,24 +286,36 @@ class HostChanges:
         return change
 
     # -- restore ---------------------------------------------------------------------------------
-    def restore(self) -> None:
-        """Undo every change, newest first; signals wait until this is done."""
-        pending = [c for c in self.changes if not c.dry_run and c.after is None]
+    @contextlib.contextmanager
+    def scope(self):
+        """Changes made inside the block are undone when it ends (e.g. one run's condition)."""
+        mark = len(self.changes)
+        try:
+            yield self
+        finally:
+            self.undo(self.changes[mark:])
+
+    def undo(self, changes: list[Change]) -> None:
+        pending = [c for c in changes if not c.dry_run and c.after is None]
         if not pending:
-            if not self.dry_run and self.journal.exists():
-                self.journal.unlink()
             return
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *CATCH})
         try:
             failures = _undo_all(pending, self.log)
+            self._save_journal()
             if failures:
-                self.changes = [c for c in self.changes if c in failures]
-                self._save_journal()
-                raise HostChangeError("could not restore: " + "; ".join(f"{c.path}: {c.after}" for c in failures)
-                                      + f" (still listed in {self.journal})")
-            self.journal.unlink(missing_ok=True)
+                raise HostChangeError("could not restore: " + "; ".join(f"{c.path}: {c.error}" for c in failures))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def restore(self) -> None:
+        """Undo every change, newest first; signals wait until this is done."""
+        try:
+            self.undo(self.changes)
+        except HostChangeError as exc:
+            raise HostChangeError(f"{exc} (still listed in {self.journal})") from exc
+        if not self.dry_run:
+            self.journal.unlink(missing_ok=True)
 
     def records(self) -> list[dict]:
         """What changed, for the manifest: before, during and after each knob."""
@@ -285,7 +328,7 @@ def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]
         try:
             change.after = _undo(change)
         except (HostChangeError, OSError) as exc:
-            change.after = f"restore failed: {exc}"
+            change.error = str(exc)
             failures.append(change)
             log(f"{change.path}: could not restore {change.before!r}: {exc}")
     return failures

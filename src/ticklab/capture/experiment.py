@@ -1,0 +1,174 @@
+"""Experiment definitions (runners/<claim>/<name>.yaml): conditions, workload, events, runs, timeouts.
+
+An experiment is data. Its ``conditions`` are either a list of named conditions or a ``matrix`` of
+variables; a value may name something only the host knows:
+
+    "@clocksources"      every available clocksource
+    "@threads"           1, 2, 4, ... up to nproc, and nproc
+    "@idle_configs"      "all" (every cpuidle state enabled), then "max=<state>" for each state but the
+                         deepest (the deeper states disabled)
+    {per_cpu: 0.5}       round(0.5 x nproc), at least 1 (scales a count from the source machine)
+
+Variables listed under ``knobs`` are applied to the host before each run (clocksource,
+sched_feature:<NAME>, idle_config); every other variable only fills the workload's argv.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..paths import repo_root
+
+REQUIRED = ("claim", "name", "description", "conditions", "workload")
+KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "notes"}
+KNOB_KINDS = ("clocksource", "idle_config")
+
+
+class ExperimentError(ValueError):
+    """An experiment definition is malformed; the message names the file and the key."""
+
+
+@dataclass
+class Condition:
+    name: str
+    values: dict
+
+    def record(self) -> dict:
+        return {"name": self.name, **self.values}
+
+
+@dataclass
+class Experiment:
+    path: Path
+    claim: str
+    name: str
+    description: str
+    conditions: dict
+    workload: dict
+    runs: int = 10
+    warmup: int = 1
+    timeout_s: float = 600
+    seed: int = 1
+    requires: list[str] = field(default_factory=list)
+    trace: dict | None = None
+    knobs: dict = field(default_factory=dict)
+    profile: dict | None = None
+    notes: str | None = None
+    definition: dict = field(default_factory=dict)
+
+
+def runners_dir() -> Path:
+    return repo_root() / "runners"
+
+
+def experiment_paths(claim: str) -> list[Path]:
+    return sorted((runners_dir() / claim).glob("*.yaml"))
+
+
+def load_experiment(path: Path | str) -> Experiment:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ExperimentError(f"{path}: cannot read ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise ExperimentError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ExperimentError(f"{path}: expected a mapping of experiment keys")
+    missing = [k for k in REQUIRED if k not in data]
+    unknown = sorted(set(data) - KNOWN)
+    if missing:
+        raise ExperimentError(f"{path}: missing key(s) {', '.join(missing)}")
+    if unknown:
+        raise ExperimentError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN))})")
+    if not isinstance(data["workload"], dict) or not isinstance(data["workload"].get("argv"), list):
+        raise ExperimentError(f"{path}: workload.argv must be a list of arguments")
+    for key in ("runs", "warmup", "seed"):
+        if key in data and (not isinstance(data[key], int) or data[key] < (1 if key == "runs" else 0)):
+            raise ExperimentError(f"{path}: {key} must be a {'positive' if key == 'runs' else 'non-negative'} integer")
+    for variable, kind in (data.get("knobs") or {}).items():
+        if kind not in KNOB_KINDS and not str(kind).startswith("sched_feature:"):
+            raise ExperimentError(f"{path}: knobs.{variable}: unknown knob {kind!r} "
+                                  f"(known: {', '.join(KNOB_KINDS)}, sched_feature:<NAME>)")
+    fields = {k: v for k, v in data.items() if k in KNOWN}
+    return Experiment(path=path, definition=data, **fields)
+
+
+def thread_counts(nproc: int) -> list[int]:
+    counts, n = [], 1
+    while n < nproc:
+        counts.append(n)
+        n *= 2
+    return [*counts, nproc]
+
+
+def idle_configs(states: list[dict]) -> list[str]:
+    names = [s["name"] for s in states]
+    return ["all", *[f"max={name}" for name in names[:-1]]] if names else []
+
+
+def resolve_value(value, host: dict, source: str):
+    if isinstance(value, dict) and set(value) == {"per_cpu"}:
+        return max(1, round(float(value["per_cpu"]) * host["nproc"]))
+    if value == "@clocksources":
+        return list(host["clocksources"]["available"])
+    if value == "@threads":
+        return thread_counts(host["nproc"])
+    if value == "@idle_configs":
+        return idle_configs(host["cpuidle"]["states"])
+    if isinstance(value, str) and value.startswith("@"):
+        raise ExperimentError(f"{source}: unknown host value {value!r} (known: @clocksources, @threads, @idle_configs)")
+    return value
+
+
+def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
+    """The experiment's conditions on this host, in definition order."""
+    spec, source = experiment.conditions, f"{experiment.path}: conditions"
+    if isinstance(spec, dict) and "matrix" in spec:
+        axes = {name: resolve_value(values, host, f"{source}.matrix.{name}") for name, values in spec["matrix"].items()}
+        axes = {name: values if isinstance(values, list) else [values] for name, values in axes.items()}
+        empty = [name for name, values in axes.items() if not values]
+        if empty:
+            return []
+        combos = itertools.product(*axes.values())
+        return [Condition(" ".join(f"{k}={v}" for k, v in zip(axes, combo)), dict(zip(axes, combo))) for combo in combos]
+    if isinstance(spec, list):
+        conditions = []
+        for index, item in enumerate(spec):
+            if not isinstance(item, dict) or "name" not in item:
+                raise ExperimentError(f"{source}[{index}]: each condition needs a name")
+            values = {k: resolve_value(v, host, f"{source}[{index}].{k}") for k, v in item.items() if k != "name"}
+            conditions.append(Condition(str(item["name"]), values))
+        return conditions
+    raise ExperimentError(f"{source}: expected a list of conditions or a matrix")
+
+
+@dataclass
+class PlannedRun:
+    run: str
+    order: int
+    condition: Condition
+    warmup: bool
+
+
+def schedule(conditions: list[Condition], runs: int, warmup: int, seed: int) -> list[PlannedRun]:
+    """Warm-ups first (each condition in turn), then every measured run in a seeded random order."""
+    warmups = [(c, True) for _ in range(warmup) for c in conditions]
+    measured = [(c, False) for c in conditions for _ in range(runs)]
+    random.Random(seed).shuffle(measured)
+    return [PlannedRun(f"run-{i + 1:03d}", i, c, w) for i, (c, w) in enumerate([*warmups, *measured])]
+
+
+def fill_argv(argv: list, values: dict, source: str) -> list[str]:
+    filled = []
+    for part in argv:
+        try:
+            filled.append(str(part).format(**values))
+        except KeyError as exc:
+            raise ExperimentError(f"{source}: argv uses {{{exc.args[0]}}}, which no condition or param defines") from exc
+    return filled

@@ -1,0 +1,92 @@
+"""What a host offers an experiment: each requirement is checked by trying, and answers (ok, why)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..host import HostChanges, facts
+from ..host.knobs import HostChangeError
+from ..paths import repo_root
+
+
+def tools_bin() -> Path:
+    return repo_root() / "tools" / "bin"
+
+
+def check_root(host: HostChanges, found: dict) -> tuple[bool, str]:
+    return (True, "running as root") if os.geteuid() == 0 else (False, "not root: knobs and tracing need root")
+
+
+def check_tracefs(host: HostChanges, found: dict) -> tuple[bool, str]:
+    mounted = facts.tracefs_mount(host.root)
+    if mounted:
+        return True, f"tracefs at {mounted}"
+    if (host.root / "sys/kernel/tracing").is_dir():
+        return True, "tracefs not mounted; capture mounts it at /sys/kernel/tracing and unmounts it afterwards"
+    return False, "no tracefs (kernel without CONFIG_TRACING?)"
+
+
+def check_sched_features(host: HostChanges, found: dict, feature: str = "HRTICK") -> tuple[bool, str]:
+    debugfs = host.root / facts.DEBUGFS
+    if facts.sched_features_path(host.root) is None and debugfs.is_dir() and not any(debugfs.iterdir()):
+        if host.dry_run:
+            return False, "debugfs not mounted (a real run mounts it and tries)"
+        try:
+            host.mount("debugfs", facts.DEBUGFS)
+        except HostChangeError as exc:
+            return False, f"cannot mount debugfs: {exc}"
+    state = facts.sched_features(host.root)
+    if state["features"] is None:
+        return False, f"sched features unreadable: {state['error']}"
+    token = next((t for t in state["features"] if t in (feature, f"NO_{feature}")), None)
+    if token is None:
+        return False, f"{state['path']}: no {feature} feature in this kernel"
+    if host.dry_run:
+        return True, f"{state['path']} reads {token}; writability not tried in a dry run"
+    try:
+        host.set_sched_feature(feature, token == feature)  # writes the current value back: a no-op that proves access
+    except HostChangeError as exc:
+        return False, f"sched features not writable: {exc}"
+    return True, f"{state['path']} writable ({token} now)"
+
+
+def check_cpuidle(host: HostChanges, found: dict) -> tuple[bool, str]:
+    idle = found["cpuidle"]
+    if not idle["driver"]:
+        return False, "no cpuidle driver (cpuidle/current_driver: none), so no idle states to configure"
+    if len(idle["states"]) < 2:
+        return False, f"cpuidle driver {idle['driver']} offers {len(idle['states'])} state(s); need two to compare"
+    names = ", ".join(s["name"] for s in idle["states"])
+    return True, f"cpuidle driver {idle['driver']}: {names}"
+
+
+def check_program(name: str) -> tuple[bool, str]:
+    where = shutil.which(name)
+    return (True, where) if where else (False, f"{name} is not installed")
+
+
+def check_tool(name: str) -> tuple[bool, str]:
+    path = tools_bin() / name
+    return (True, str(path)) if os.access(path, os.X_OK) else (False, f"{path} missing: run 'make tools'")
+
+
+def check(requirement: str, host: HostChanges, found: dict) -> tuple[bool, str]:
+    kind, _, argument = requirement.partition(":")
+    if kind == "root":
+        return check_root(host, found)
+    if kind == "tracefs":
+        return check_tracefs(host, found)
+    if kind == "sched_feature":
+        return check_sched_features(host, found, argument or "HRTICK")
+    if kind == "cpuidle_states":
+        return check_cpuidle(host, found)
+    if kind == "program":
+        return check_program(argument)
+    if kind == "tool":
+        return check_tool(argument)
+    if kind == "tracer":
+        tracers = found.get("tracers") or []
+        return (True, f"{argument} tracer available") if argument in tracers else (False, f"no {argument} tracer in this kernel")
+    raise ValueError(f"unknown requirement {requirement!r}")

@@ -1,0 +1,262 @@
+"""Recording tracepoints around a workload: trace-cmd where it works, tracefs directly where not.
+
+Both backends leave a directory ``ingest.read_trace`` reads, and report the events the kernel lost.
+
+* ``trace-cmd``: ``trace-cmd record`` in the background, stopped with SIGINT; writes ``trace.dat``.
+  The global tracefs files it changes are guarded through :class:`HostChanges` and put back.
+* ``tracefs``: a private tracefs instance (``instances/ticklab-<pid>``), so the global tracing state
+  is never touched; a thread reads each CPU's ``trace_pipe_raw`` pages into ``cpu<N>.raw`` and the
+  event formats are copied beside them. Used where ``trace-cmd record`` fails (for example when
+  /proc/sys/kernel/ftrace_enabled cannot be written).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..host import HostChanges, facts
+from ..host.knobs import HostChangeError
+from ..ingest import stats_lost_count
+
+TRACEFS_RELATIVE = "sys/kernel/tracing"
+GUARDED = ("tracing_on", "current_tracer", "buffer_size_kb", "trace_clock")
+
+
+class TracingError(RuntimeError):
+    """Tracing could not be set up; the message says what is missing."""
+
+
+@dataclass
+class TraceResult:
+    backend: str
+    directory: Path
+    lost_events: int
+    lost_per_cpu: dict[int, int] = field(default_factory=dict)
+
+    def record(self) -> dict:
+        return {"backend": self.backend, "directory": self.directory.name, "lost_events": self.lost_events,
+                "lost_per_cpu": {str(k): v for k, v in self.lost_per_cpu.items()}}
+
+
+def ensure_tracefs(host: HostChanges) -> Path:
+    """Where tracefs is, mounting it (through ``host``, so it is unmounted afterwards) if needed."""
+    found = facts.tracefs_mount(host.root)
+    if found:
+        return found
+    if not (host.root / TRACEFS_RELATIVE).is_dir():
+        raise TracingError(f"{host.root / TRACEFS_RELATIVE}: missing; this kernel has no tracefs (CONFIG_TRACING)")
+    host.mount("tracefs", TRACEFS_RELATIVE)
+    return host.root / TRACEFS_RELATIVE
+
+
+def check_events(tracefs: Path, events: list[str]) -> None:
+    missing = [e for e in events if not (tracefs / "events" / e.replace(":", "/") / "format").is_file()]
+    if missing:
+        raise TracingError(f"{tracefs / 'events'}: this kernel has no tracepoint(s) {', '.join(missing)}")
+
+
+_PROBED: dict[str, tuple[bool, str]] = {}
+
+
+def probe_trace_cmd(host: HostChanges) -> tuple[bool, str]:
+    """Does ``trace-cmd record`` actually work here? Tried once per process, not assumed. (works, reason)"""
+    if "result" not in _PROBED:
+        _PROBED["result"] = _probe(host)
+    return _PROBED["result"]
+
+
+def _probe(host: HostChanges) -> tuple[bool, str]:
+    tool = shutil.which("trace-cmd")
+    if tool is None:
+        return False, "trace-cmd is not installed"
+    if os.geteuid() != 0:
+        return False, "trace-cmd record needs root"
+    if host.dry_run:
+        return False, "not tried in a dry run"
+    tracefs = ensure_tracefs(host)  # mounted by us (and unmounted afterwards), not left mounted by trace-cmd
+    for name in GUARDED:
+        host.guard(f"{tracefs.relative_to(host.root)}/{name}", label=f"trace-cmd probe {name}")
+    mounted_before = facts.mounts(host.root)
+    with tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch:
+        output = Path(scratch) / "probe.dat"
+        try:
+            result = subprocess.run([tool, "record", "-e", "sched:sched_switch", "-o", str(output), "true"],
+                                    capture_output=True, text=True, timeout=60, cwd=scratch)
+        except subprocess.TimeoutExpired:
+            return False, "trace-cmd record did not finish within 60 s"
+        finally:
+            for point, fstype in facts.mounts(host.root).items():
+                if point not in mounted_before:
+                    host.adopt_mount(point, fstype, label=f"mounted by trace-cmd ({fstype})")
+        if result.returncode == 0 and output.is_file() and output.stat().st_size > 0:
+            return True, "trace-cmd record works"
+        said = " / ".join(line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip())[-200:]
+        return False, f"trace-cmd record fails here (exit {result.returncode}: {said})"
+
+
+def choose_backend(host: HostChanges, preference: str = "auto") -> tuple[str, str]:
+    """(backend, why): trace-cmd if asked for or if it works, else tracefs."""
+    if preference == "tracefs":
+        return "tracefs", "asked for"
+    works, why = probe_trace_cmd(host)
+    if preference == "trace-cmd":
+        if not works:
+            raise TracingError(why)
+        return "trace-cmd", "asked for"
+    return ("trace-cmd", why) if works else ("tracefs", f"fallback: {why}")
+
+
+class TracefsRecorder:
+    backend = "tracefs"
+
+    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096):
+        self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._files: dict[int, tuple[int, object]] = {}
+        self.result: TraceResult | None = None
+
+    def __enter__(self) -> "TracefsRecorder":
+        tracefs = ensure_tracefs(self.host)
+        check_events(tracefs, self.events)
+        self._mark = len(self.host.changes)
+        try:
+            self._start(tracefs)
+        except BaseException:
+            self.host.undo(self.host.changes[self._mark:])
+            raise
+        return self
+
+    def _start(self, tracefs: Path) -> None:
+        instance = tracefs / "instances" / f"ticklab-{os.getpid()}"
+        relative = str(instance.relative_to(self.host.root))
+        self.instance, self.relative = instance, relative
+        self.host.make_dir(relative, label="tracefs instance")
+        self.host.write(f"{relative}/tracing_on", "0", label="tracing_on")
+        self.host.write(f"{relative}/buffer_size_kb", str(self.buffer_kb), label="buffer_size_kb")
+        for event in self.events:
+            self.host.write(f"{relative}/events/{event.replace(':', '/')}/enable", "1", label=f"event {event}")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tracefs / "events" / "header_page", self.directory / "header_page")
+        shutil.copyfile(tracefs / "events" / "header_event", self.directory / "header_event")
+        for event in self.events:
+            system, name = event.split(":")
+            target = self.directory / "formats" / system / name
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tracefs / "events" / system / name / "format", target / "format")
+        (self.directory / "trace_clock").write_text((instance / "trace_clock").read_text())
+        (self.directory / "page_size").write_text(f"{os.sysconf('SC_PAGE_SIZE')}\n")
+        for cpu_dir in sorted((instance / "per_cpu").glob("cpu[0-9]*")):
+            cpu = int(cpu_dir.name[3:])
+            fd = os.open(cpu_dir / "trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
+            self._files[cpu] = (fd, (self.directory / f"cpu{cpu}.raw").open("wb"))
+        self._thread = threading.Thread(target=self._pump, name="ticklab-tracefs-reader", daemon=True)
+        self._thread.start()
+        self.host.write(f"{relative}/tracing_on", "1", label="tracing_on")
+
+    def _drain_once(self) -> bool:
+        page = os.sysconf("SC_PAGE_SIZE")
+        moved = False
+        for fd, out in self._files.values():
+            while True:
+                try:
+                    chunk = os.read(fd, page)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                out.write(chunk)
+                moved = True
+        return moved
+
+    def _pump(self) -> None:
+        while not self._stop.is_set():
+            if not self._drain_once():
+                self._stop.wait(0.05)
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            if self._thread is not None:
+                self.host.write(f"{self.relative}/tracing_on", "0", label="tracing_on")
+                self._stop.set()
+                self._thread.join()
+                self._drain_once()
+                lost = {}
+                for cpu, (fd, out) in self._files.items():
+                    os.close(fd)
+                    out.close()
+                    stats = (self.instance / "per_cpu" / f"cpu{cpu}" / "stats").read_text()
+                    (self.directory / f"cpu{cpu}.stats").write_text(stats)
+                    lost[cpu] = stats_lost_count(stats)
+                self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost)
+        finally:
+            self.host.undo(self.host.changes[self._mark:])
+
+
+class TraceCmdRecorder:
+    backend = "trace-cmd"
+
+    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096):
+        self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
+        self.process: subprocess.Popen | None = None
+        self.result: TraceResult | None = None
+
+    def __enter__(self) -> "TraceCmdRecorder":
+        tracefs = ensure_tracefs(self.host)
+        check_events(tracefs, self.events)
+        self._mark = len(self.host.changes)
+        relative = str(tracefs.relative_to(self.host.root))
+        for name in GUARDED:
+            self.host.guard(f"{relative}/{name}", label=f"trace-cmd {name}")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.directory / "trace-cmd.log"
+        argv = ["trace-cmd", "record", "-b", str(self.buffer_kb), "-o", str(self.directory / "trace.dat")]
+        for event in self.events:
+            argv += ["-e", event]
+        self.log = self.log_path.open("w")
+        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.directory,
+                                        start_new_session=True)
+        deadline = time.monotonic() + 60
+        while "Hit Ctrl^C" not in self.log_path.read_text():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                self.host.undo(self.host.changes[self._mark:])
+                raise TracingError(f"{self.log_path}: trace-cmd record did not start: {self.log_path.read_text()[-300:]}")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            if self.process and self.process.poll() is None:
+                self.process.send_signal(signal.SIGINT)
+                try:
+                    self.process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            self.log.close()
+            lost = stats_lost_count(self.log_path.read_text())
+            self.result = TraceResult(self.backend, self.directory, lost)
+            if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:
+                raise TracingError(f"{self.log_path}: trace-cmd record exited {self.process.returncode}")
+        finally:
+            self.host.undo(self.host.changes[self._mark:])
+
+
+def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096):
+    cls = {"tracefs": TracefsRecorder, "trace-cmd": TraceCmdRecorder}.get(backend)
+    if cls is None:
+        raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
+    return cls(host, events, directory, buffer_kb=buffer_kb)
+
+
+__all__ = ["HostChangeError", "TraceResult", "TracingError", "choose_backend", "ensure_tracefs", "probe_trace_cmd",
+           "recorder"]

@@ -1,0 +1,131 @@
+"""Running one workload and turning what it printed into tidy metric rows.
+
+Each parser reads the files a run left in its raw directory and returns rows of
+``{"metric", "value", "unit"}``; it raises :class:`WorkloadOutputError` naming the file when the
+output is not what the tool prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+class WorkloadOutputError(ValueError):
+    """A workload's output could not be parsed; the message names the file."""
+
+
+def run_command(argv: list[str], directory: Path, timeout_s: float) -> dict:
+    """Run argv with stdout/stderr into ``directory``; kill its process group on timeout or interrupt."""
+    started = time.time()
+    with (directory / "stdout.txt").open("w") as out, (directory / "stderr.txt").open("w") as err:
+        try:
+            process = subprocess.Popen(argv, stdout=out, stderr=err, cwd=directory, start_new_session=True)
+        except OSError as exc:
+            raise WorkloadOutputError(f"{argv[0]}: cannot start ({exc.strerror})") from exc
+        status = "ok"
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    if status == "ok" and process.returncode != 0:
+        status = "failed"
+    return {"argv": argv, "start": started, "end": time.time(), "exit_status": process.returncode, "status": status}
+
+
+def _header(path: Path) -> tuple[dict, list[str]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise WorkloadOutputError(f"{path}: cannot read ({exc.strerror})") from exc
+    header = {}
+    for line in lines:
+        if line.startswith("# ") and ":" in line:
+            key, _, value = line[2:].partition(":")
+            header[key.strip()] = value.strip()
+    return header, [line for line in lines if line and not line.startswith("#")]
+
+
+def read_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
+    """ftq's header and samples (index, end_ns, count, warmup)."""
+    header, lines = _header(path)
+    if header.get("ftq") != "1":
+        raise WorkloadOutputError(f"{path}: not ftq output (no '# ftq: 1' header)")
+    try:
+        samples = pd.DataFrame(np.array([line.split() for line in lines], dtype=np.int64).reshape(-1, 3),
+                               columns=["index", "end_ns", "count"])
+    except ValueError as exc:
+        raise WorkloadOutputError(f"{path}: sample lines must be 'index end_ns count' ({exc})") from exc
+    warmup = int(header["warmup"])
+    if len(samples) != warmup + int(header["samples"]):
+        raise WorkloadOutputError(f"{path}: {len(samples)} samples, header says {warmup} + {header['samples']}")
+    samples["warmup"] = samples["index"] < warmup
+    return header, samples
+
+
+def parse_ftq(directory: Path) -> list[dict]:
+    _, samples = read_ftq(directory / "ftq.dat")
+    counts = samples.loc[~samples["warmup"], "count"].to_numpy(dtype=float)
+    peak = counts.max()
+    return [
+        {"metric": "ftq_count_mean", "value": counts.mean(), "unit": "work units/quantum"},
+        {"metric": "ftq_count_stddev", "value": counts.std(ddof=1), "unit": "work units/quantum"},
+        {"metric": "ftq_count_min", "value": counts.min(), "unit": "work units/quantum"},
+        {"metric": "ftq_count_max", "value": peak, "unit": "work units/quantum"},
+        {"metric": "ftq_noise_fraction", "value": 1 - counts.mean() / peak, "unit": "fraction"},
+    ]
+
+
+def read_clockbench(path: Path) -> tuple[dict, pd.DataFrame]:
+    header, lines = _header(path)
+    if header.get("clockbench") != "1" or not lines:
+        raise WorkloadOutputError(f"{path}: not clockbench output (no '# clockbench: 1' header or no rows)")
+    names = lines[0].split()
+    try:
+        rows = pd.DataFrame([[float(x) for x in line.split()] for line in lines[1:]], columns=names)
+    except ValueError as exc:
+        raise WorkloadOutputError(f"{path}: rows must have {len(names)} numbers ({exc})") from exc
+    if len(rows) != int(header["threads"]):
+        raise WorkloadOutputError(f"{path}: {len(rows)} thread rows, header says {header['threads']}")
+    return header, rows
+
+
+def parse_clockbench(directory: Path) -> list[dict]:
+    _, rows = read_clockbench(directory / "stdout.txt")
+    return [
+        {"metric": "reads_per_s_total", "value": rows["reads_per_s"].sum(), "unit": "reads/s"},
+        {"metric": "reads_per_s_per_thread", "value": rows["reads_per_s"].mean(), "unit": "reads/s"},
+        {"metric": "read_cost_mean_ns", "value": (rows["cost_mean_ns"] * rows["reads"]).sum() / rows["reads"].sum(), "unit": "ns"},
+        {"metric": "read_cost_p50_ns", "value": rows["cost_p50_ns"].median(), "unit": "ns"},
+        {"metric": "read_cost_p99_ns", "value": rows["cost_p99_ns"].max(), "unit": "ns"},
+    ]
+
+
+def parse_hackbench(directory: Path) -> list[dict]:
+    path = directory / "stdout.txt"
+    found = re.search(r"^Time:\s*([\d.]+)", path.read_text(), re.M)
+    if not found:
+        raise WorkloadOutputError(f"{path}: no 'Time: <seconds>' line from hackbench")
+    return [{"metric": "runtime_s", "value": float(found.group(1)), "unit": "s"}]
+
+
+def parse_tbench(directory: Path) -> list[dict]:
+    path = directory / "stdout.txt"
+    found = re.search(r"^Throughput\s+([\d.]+)\s+MB/sec", path.read_text(), re.M)
+    if not found:
+        raise WorkloadOutputError(f"{path}: no 'Throughput <n> MB/sec' line from tbench")
+    return [{"metric": "throughput_mb_s", "value": float(found.group(1)), "unit": "MB/s"}]
+
+
+PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "hackbench": parse_hackbench, "tbench": parse_tbench}

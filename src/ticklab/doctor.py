@@ -1,0 +1,112 @@
+"""`ticklab doctor`: what this host can run for each claim, and why not. Everything is tried, not assumed.
+
+Anything the checks change (mounting tracefs/debugfs, writing a sched feature back to its own value)
+goes through HostChanges and is put back before doctor returns.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tabulate import tabulate
+
+from .capture import requirements, tracing
+from .capture.experiment import experiment_paths, load_experiment
+from .claims import CLAIMS
+from .host import HostChanges, collect
+
+KVM_GET_API_VERSION = 0xAE00
+
+
+def perf_tracepoints() -> tuple[bool, str]:
+    if shutil.which("perf") is None:
+        return False, "perf is not installed"
+    with tempfile.TemporaryDirectory(prefix="ticklab-perf-") as scratch:
+        output = Path(scratch) / "perf.data"
+        result = subprocess.run(["perf", "record", "-q", "-e", "sched:sched_switch", "-a", "-o", str(output), "--", "sleep", "0.2"],
+                                capture_output=True, text=True, timeout=60, check=False)
+        if result.returncode == 0 and output.is_file():
+            return True, "perf record -e sched:sched_switch -a works"
+        return False, f"perf record fails (exit {result.returncode}: {result.stderr.strip()[-200:]})"
+
+
+def kvm() -> tuple[bool, str]:
+    """Whether /dev/kvm answers; a guest boot test needs a lab kernel (ticklab lab), which is tried there."""
+    if not os.path.exists("/dev/kvm"):
+        return False, "no /dev/kvm"
+    try:
+        with open("/dev/kvm", "rb") as device:
+            version = fcntl.ioctl(device, KVM_GET_API_VERSION)
+    except OSError as exc:
+        return False, f"/dev/kvm does not answer ({exc.strerror})"
+    if shutil.which("qemu-system-x86_64") is None:
+        return False, f"/dev/kvm answers (API {version}) but QEMU is not installed, so no guest boot was tried"
+    return False, (f"/dev/kvm answers (API {version}); whether a guest boots is only known by booting one "
+                   "(the guest lab tries it and falls back to TCG)")
+
+
+def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
+    root = Path(root)
+    with HostChanges(journal, root=root, log=lambda _: None) as host:
+        checks: dict[str, tuple[bool, str]] = {}
+        checks["root"] = requirements.check_root(host, {})
+        try:
+            tracing.ensure_tracefs(host)
+            checks["tracefs"] = (True, f"tracefs at {tracing.facts.tracefs_mount(root)}")
+        except (tracing.TracingError, tracing.HostChangeError) as exc:
+            checks["tracefs"] = (False, str(exc))
+        found = collect(root)
+        works, why = tracing.probe_trace_cmd(host)
+        checks["trace-cmd record"] = (works, why if works else f"{why}; capture falls back to tracefs directly")
+        checks["perf tracepoints"] = perf_tracepoints()
+        sources = found["clocksources"]
+        checks["clocksources"] = (True, f"available: {' '.join(sources['available'])}; current: {sources['current']}")
+        checks["hpet"] = (("hpet" in sources["available"]),
+                          "HPET clocksource available" if "hpet" in sources["available"] else
+                          "no HPET clocksource on this host (available: " + " ".join(sources["available"]) + ")")
+        checks["cpuidle"] = requirements.check_cpuidle(host, found)
+        checks["sched features (HRTICK)"] = requirements.check_sched_features(host, found, "HRTICK")
+        checks["kvm guest"] = kvm()
+        checks["qemu"] = requirements.check_program("qemu-system-x86_64")
+        for program in ("hackbench", "tbench", "tbench_srv", "rtla"):
+            checks[program] = requirements.check_program(program)
+        for tool in ("ftq", "clockbench"):
+            checks[tool] = requirements.check_tool(tool)
+        for tracer in ("osnoise", "timerlat"):
+            checks[f"{tracer} tracer"] = requirements.check(f"tracer:{tracer}", host, found)
+        claims = {}
+        for claim in CLAIMS:
+            experiments = {}
+            for path in experiment_paths(claim):
+                experiment = load_experiment(path)
+                results = {r: requirements.check(r, host, found) for r in experiment.requires}
+                missing = [f"{r}: {why}" for r, (ok, why) in results.items() if not ok]
+                experiments[experiment.name] = {"runs": not missing, "why": "; ".join(missing) or "all requirements met"}
+            if not experiments:
+                experiments["(none)"] = {"runs": False, "why": "no host experiment; this claim needs the guest lab (ticklab lab)"}
+            claims[claim] = experiments
+    return {"host": found, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims}
+
+
+def render(report: dict) -> str:
+    checks = [[name, "yes" if c["ok"] else "no", c["why"]] for name, c in report["checks"].items()]
+    claims = [[claim, name, "yes" if e["runs"] else "no", e["why"]]
+              for claim, experiments in report["claims"].items() for name, e in experiments.items()]
+    host = report["host"]
+    head = (f"host: {host['cpu_model']}, {host['nproc']} CPUs, kernel {host['kernel_release']}, "
+            f"HZ={host['kernel_config']['hz'] or 'unknown'}")
+    return "\n\n".join([head, tabulate(checks, headers=["check", "ok", "why"], tablefmt="simple", maxcolwidths=[None, None, 90]),
+                        tabulate(claims, headers=["claim", "experiment", "runs here", "why"], tablefmt="simple",
+                                 maxcolwidths=[None, None, None, 80])])
+
+
+def main(as_json: bool, root: Path | str = "/") -> int:
+    report = diagnose(root)
+    print(json.dumps(report, indent=2, default=str) if as_json else render(report))
+    return 0
