@@ -7,13 +7,29 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: reproduce test env lock clean
+.PHONY: reproduce test env lock clean tools capture doctor bench
 
 reproduce: $(STAMP)
 	$(BIN)/ticklab report --out $(OUT)
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/python -m pytest -q
+
+# Our C measurement programs (tools/bin/ftq, tools/bin/clockbench).
+tools:
+	$(MAKE) -C tools
+
+# What this host can run, then every claim's host experiments (root; minutes). CLAIMS=... to choose.
+CLAIMS ?= hpet hrtick acpi-idle nohz
+doctor: $(STAMP) tools
+	$(BIN)/ticklab doctor
+
+capture: $(STAMP) tools
+	@for claim in $(CLAIMS); do $(BIN)/ticklab capture $$claim || exit $$?; done
+
+# Ingest speed against 'trace-cmd report' on the same trace (root: records a trace first).
+bench: $(STAMP) tools
+	$(BIN)/python benchmarks/ingest_speed.py
 
 env: $(STAMP)
 
@@ -34,3 +50,4 @@ lock: $(STAMP)
 
 clean:
 	rm -rf $(OUT)
+	$(MAKE) -C tools clean

@@ -9,7 +9,6 @@ If the host cannot run the experiment, the bundle records that, with the reason,
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import shutil
@@ -91,12 +90,9 @@ def _values(experiment: Experiment, condition: Condition, found: dict, run_dir: 
     from ..paths import repo_root
 
     params = dict(experiment.workload.get("params") or {})
-    return {"tools": str(requirements.tools_bin()), "repo": str(repo_root()), "run_dir": str(run_dir),
+    # Workloads run inside their run directory, so "{run_dir}" is "." and manifests hold no local paths.
+    return {"tools": str(requirements.tools_bin()), "repo": str(repo_root()), "run_dir": ".",
             "nproc": found["nproc"], "last_cpu": found["online_cpus"][-1], **params, **condition.values}
-
-
-def _claim_module(claim: str):
-    return importlib.import_module(f"ticklab.claims.{CLAIMS[claim].module}") if claim in CLAIMS else None
 
 
 class Capture:
@@ -219,7 +215,7 @@ class Capture:
             try:
                 results = PARSERS[experiment.workload["tool"]](run_dir)
                 if trace_result is not None and experiment.trace.get("metrics"):
-                    module = _claim_module(experiment.claim)
+                    module = CLAIMS[experiment.claim].load_module()
                     results += module.trace_metrics(read_trace(trace_result.directory), values)
             except (WorkloadOutputError, KeyError, ValueError) as exc:
                 problem = str(exc)
@@ -250,7 +246,7 @@ class Capture:
             argv = fill_argv(self.experiment.workload["argv"], values, f"{self.experiment.path}: workload.argv")
             with host.scope():
                 apply_knobs(host, self.experiment, condition, found)
-                outcome = run_command(["perf", "record", "-g", "-o", str(directory / "perf.data"), "--", *argv],
+                outcome = run_command(["perf", "record", "-g", "-o", "perf.data", "--", *argv],
                                       directory, self.experiment.timeout_s)
             report = subprocess.run(["perf", "report", "--stdio", "--no-children", "--percent-limit", "0.5",
                                      "-i", str(directory / "perf.data")], capture_output=True, text=True, check=False)

@@ -1,0 +1,182 @@
+"""Experiments, scheduling and whole captures against a fake host (knobs in a directory tree)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ticklab.bundle import BundleError, load_bundle
+from ticklab.capture.experiment import (Condition, ExperimentError, expand_conditions, experiment_paths, load_experiment,
+                                        schedule, thread_counts)
+from ticklab.capture.requirements import tools_bin
+from ticklab.capture.runner import CaptureOptions, capture
+from ticklab.claims import CLAIMS
+from ticklab.host import collect
+
+from conftest import REPO
+
+CLOCK = "sys/devices/system/clocksource/clocksource0/current_clocksource"
+needs_tools = pytest.mark.skipif(not (tools_bin() / "clockbench").exists(), reason="tools not built: run 'make tools'")
+
+
+def write_experiment(directory: Path, **overrides) -> Path:
+    definition = {
+        "claim": "hpet", "name": "fake-clock-read", "description": "clock reads on a fake host",
+        "runs": 2, "warmup": 1, "timeout_s": 60, "seed": 7, "requires": [],
+        "conditions": {"matrix": {"clocksource": "@clocksources", "threads": [1]}},
+        "knobs": {"clocksource": "clocksource"},
+        "workload": {"tool": "clockbench", "argv": ["{tools}/clockbench", "-t", "{threads}", "-s", "0.05"]},
+    }
+    definition.update(overrides)
+    path = directory / f"{definition['name']}.yaml"
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    return path
+
+
+def test_every_runner_definition_loads_and_names_its_claim():
+    for claim in CLAIMS:
+        for path in experiment_paths(claim):
+            experiment = load_experiment(path)
+            assert experiment.claim == claim, path
+            assert experiment.runs >= 10, f"{path}: runs per condition must default to >= 10"
+    assert {p.parent.name for c in CLAIMS for p in experiment_paths(c)} == {"hpet", "hrtick", "acpi-idle", "nohz"}
+
+
+def test_malformed_experiments_name_the_file_and_key(tmp_path):
+    path = write_experiment(tmp_path, knobs={"clocksource": "voltage"})
+    with pytest.raises(ExperimentError, match=f"{path}: knobs.clocksource: unknown knob 'voltage'"):
+        load_experiment(path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("claim: hpet\nname: x\n")
+    with pytest.raises(ExperimentError, match="broken.yaml: missing key\\(s\\) description, conditions, workload"):
+        load_experiment(broken)
+    broken.write_text("claim: [unclosed\n")
+    with pytest.raises(ExperimentError, match="broken.yaml: not valid YAML"):
+        load_experiment(broken)
+
+
+def test_host_values_expand_on_a_fake_host(fake_host, tmp_path):
+    found = collect(fake_host)
+    experiment = load_experiment(write_experiment(tmp_path, conditions={"matrix": {
+        "clocksource": "@clocksources", "idle": "@idle_configs", "clients": {"per_cpu": 0.5}}}))
+    conditions = expand_conditions(experiment, found)
+    assert len(conditions) == 3 * 3
+    assert conditions[0] == Condition("clocksource=tsc idle=all clients=1", {"clocksource": "tsc", "idle": "all", "clients": 1})
+    assert {c.values["idle"] for c in conditions} == {"all", "max=POLL", "max=C1"}
+    assert thread_counts(6) == [1, 2, 4, 6] and thread_counts(1) == [1]
+
+
+def test_schedule_warms_up_first_then_interleaves_reproducibly():
+    conditions = [Condition("a", {}), Condition("b", {}), Condition("c", {})]
+    plan = schedule(conditions, runs=10, warmup=1, seed=3)
+    assert [p.warmup for p in plan[:3]] == [True] * 3 and not any(p.warmup for p in plan[3:])
+    assert Counter(p.condition.name for p in plan[3:]) == {"a": 10, "b": 10, "c": 10}
+    measured = [p.condition.name for p in plan[3:]]
+    assert measured != sorted(measured), "conditions must be interleaved, not run in blocks"
+    assert [p.condition.name for p in schedule(conditions, 10, 1, 3)] == [p.condition.name for p in plan]
+    assert [p.condition.name for p in schedule(conditions, 10, 1, 4)] != [p.condition.name for p in plan]
+
+
+@needs_tools
+def test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs(fake_host, tmp_path):
+    path = write_experiment(tmp_path)
+    options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", progress=False)
+    [bundle_path] = capture("hpet", options, experiment_path=path, log=lambda _: None)
+    assert (fake_host / CLOCK).read_text().strip() == "tsc"
+    bundle = load_bundle(bundle_path)
+    assert bundle.sealed and bundle.manifest["host_id"] == "fake-9000-2c-6.12.57-ticklab-vm"
+    assert Counter(bundle.results.query("metric == 'reads_per_s_total'")["condition"]) == {
+        "clocksource=tsc threads=1": 2, "clocksource=hpet threads=1": 2, "clocksource=acpi_pm threads=1": 2}
+    runs = {r["run"]: r for r in bundle.manifest["runs"]}
+    assert sum(r["warmup"] for r in runs.values()) == 3
+    for record in runs.values():
+        [knob] = record["knobs"]
+        assert knob["during"] == record["values"]["clocksource"] and knob["after"] == "tsc"
+    assert bundle.manifest["seed"] == 7 and len(bundle.manifest["order"]) == 9
+
+    target = bundle_path / "raw" / "run-004" / "stdout.txt"
+    target.chmod(0o644)
+    data = bytearray(target.read_bytes())
+    data[10] ^= 1
+    target.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=f"{target}: sha256 differs"):
+        load_bundle(bundle_path)
+
+
+@needs_tools
+def test_an_experiment_the_host_cannot_run_is_recorded_with_its_reason(fake_host, tmp_path):
+    path = write_experiment(tmp_path, requires=["cpuidle_states", "program:no-such-benchmark"])
+    options = CaptureOptions(out=tmp_path / "traces", root=make_idle_less(fake_host), journal=tmp_path / "j.json",
+                             progress=False)
+    [bundle_path] = capture("hpet", options, experiment_path=path, log=lambda _: None)
+    manifest = load_bundle(bundle_path).manifest
+    assert manifest["runs"] == []
+    assert "no cpuidle driver" in manifest["not_testable"] and "no-such-benchmark is not installed" in manifest["not_testable"]
+
+
+def make_idle_less(root: Path) -> Path:
+    (root / "sys/devices/system/cpu/cpuidle/current_driver").write_text("none\n")
+    return root
+
+
+def test_dry_run_prints_each_write_and_changes_nothing(fake_host, tmp_path, capsys):
+    path = write_experiment(tmp_path, warmup=0, runs=1)
+    options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", dry_run=True,
+                             progress=False)
+    assert capture("hpet", options, experiment_path=path) == []
+    said = capsys.readouterr().out
+    assert f"dry-run: would write 'hpet' to {fake_host / CLOCK} (now 'tsc')" in said
+    assert f"dry-run: would write 'acpi_pm' to {fake_host / CLOCK} (now 'tsc')" in said
+    assert not (tmp_path / "traces").exists() and (fake_host / CLOCK).read_text().strip() == "tsc"
+
+
+def start_slow_capture(fake_host: Path, tmp_path: Path) -> subprocess.Popen:
+    path = write_experiment(tmp_path, name="slow", warmup=0, runs=3, conditions=[{"name": "on-hpet", "clocksource": "hpet"}],
+                            workload={"tool": "hackbench", "argv": ["sleep", "60"]})
+    argv = [sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(path), "--root", str(fake_host),
+            "--journal", str(tmp_path / "j.json"), "--out", str(tmp_path / "traces"), "--no-progress"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while (fake_host / CLOCK).read_text().strip() != "hpet":
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the capture never applied its knob"
+        time.sleep(0.05)
+    time.sleep(0.3)  # the workload is running now
+    return process
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bundle(fake_host, tmp_path, signum):
+    process = start_slow_capture(fake_host, tmp_path)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "host knobs restored" in stderr
+    assert (fake_host / CLOCK).read_text().strip() == "tsc"
+    assert not (tmp_path / "j.json").exists()
+    [manifest] = list((tmp_path / "traces").glob("*/hpet/*/manifest.json"))
+    data = json.loads(manifest.read_text())
+    assert data["status"] == "incomplete" and "interrupted" in data
+    with pytest.raises(BundleError, match="incomplete"):
+        load_bundle(manifest.parent)
+
+
+@needs_tools
+def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
+    process = start_slow_capture(fake_host, tmp_path)
+    process.kill()
+    process.communicate(timeout=60)
+    assert (fake_host / CLOCK).read_text().strip() == "hpet"
+    said = []
+    options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", progress=False)
+    capture("hpet", options, experiment_path=write_experiment(tmp_path, runs=1, warmup=0), log=said.append)
+    assert any("left by an interrupted capture" in line for line in said)
+    assert (fake_host / CLOCK).read_text().strip() == "tsc"
+    assert not (tmp_path / "j.json").exists()

@@ -1,0 +1,50 @@
+"""Our C tools: their output is self-describing and parses; bad arguments are refused with a reason."""
+
+import subprocess
+
+import pytest
+
+from ticklab.capture.requirements import tools_bin
+from ticklab.capture.workloads import WorkloadOutputError, parse_clockbench, parse_ftq, read_clockbench, read_ftq
+
+pytestmark = pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'")
+
+
+def test_ftq_writes_its_header_and_one_line_per_sample(tmp_path):
+    subprocess.run([tools_bin() / "ftq", "-q", "100000", "-n", "50", "-w", "5", "-c", "0", "-o", tmp_path / "ftq.dat"], check=True)
+    header, samples = read_ftq(tmp_path / "ftq.dat")
+    assert (header["quantum_ns"], header["frequency_hz"], header["cpu"]) == ("100000", "10000.000000", "0")
+    assert header["clock"] == "CLOCK_MONOTONIC" and header["kernel"] and header["clocksource"]
+    assert len(samples) == 55 and samples["warmup"].sum() == 5
+    # absolute deadlines: quantum i never ends before (i + 1) x quantum
+    assert (samples["end_ns"] >= (samples["index"] + 1) * 100000).all()
+    rows = {r["metric"]: r["value"] for r in parse_ftq(tmp_path)}
+    assert 0 < rows["ftq_count_min"] <= rows["ftq_count_mean"] <= rows["ftq_count_max"]
+
+
+def test_clockbench_reports_every_thread(tmp_path):
+    out = subprocess.run([tools_bin() / "clockbench", "-t", "2", "-s", "0.1", "-H", tmp_path / "h.txt"],
+                         capture_output=True, text=True, check=True).stdout
+    (tmp_path / "stdout.txt").write_text(out)
+    header, rows = read_clockbench(tmp_path / "stdout.txt")
+    assert header["threads"] == "2" and len(rows) == 2 and (rows["reads"] > 0).all()
+    histogram = (tmp_path / "h.txt").read_text().splitlines()
+    assert histogram[0] == "cost_ns count" and sum(int(l.split()[1]) for l in histogram[1:]) > 0
+    metrics = {r["metric"] for r in parse_clockbench(tmp_path)}
+    assert {"reads_per_s_total", "read_cost_p50_ns", "read_cost_p99_ns"} <= metrics
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ftq", "-q", "5"], "ftq: quantum (-q) must be an integer in [1000, 1000000000], got '5'"),
+    (["clockbench", "-t", "0"], "clockbench: threads (-t) must be 1..4096, got '0'"),
+    (["clockbench", "-c", "sundial"], "clockbench: unknown clock 'sundial'"),
+])
+def test_bad_arguments_are_refused(argv, message):
+    result = subprocess.run([tools_bin() / argv[0], *argv[1:]], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_truncated_output_names_the_file(tmp_path):
+    (tmp_path / "ftq.dat").write_text("# ftq: 1\n# samples: 10\n# warmup: 0\n0 100 5\n")
+    with pytest.raises(WorkloadOutputError, match="ftq.dat: 1 samples, header says 0 \\+ 10"):
+        read_ftq(tmp_path / "ftq.dat")
