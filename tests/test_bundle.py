@@ -86,3 +86,21 @@ def test_schema_problems_name_the_manifest(tmp_path):
         load_bundle(path)
     with pytest.raises(BundleError, match="is not a bundle"):
         load_bundle(tmp_path)
+
+
+def test_bundle_health_flags_lost_events_incomplete_and_tampered_bundles(tmp_path):
+    from ticklab.fresh import bundle_health
+
+    writer = BundleWriter(tmp_path, "host-a", "nohz", "ftq", definition={}, host={}, when=WHEN)
+    writer.add_run({"run": "run-001", "condition": "tick-on", "status": "ok",
+                    "trace": {"backend": "tracefs", "lost_events": 5}}, [])
+    writer.seal()
+    make_bundle(tmp_path / "other", seal=False)
+    tampered = make_bundle(tmp_path / "third")
+    _tamper(tampered / "raw/run-001/ftq.dat")
+    health = {row.bundle: row for row in bundle_health(tmp_path, ["nohz"]).itertuples()}
+    [row] = health.values()
+    assert (row.lost_events, row.flag) == (5, "kernel lost 5 trace event(s)")
+    assert bundle_health(tmp_path / "other", ["nohz"]).iloc[0]["flag"] == "incomplete: capture was interrupted"
+    flag = bundle_health(tmp_path / "third", ["nohz"]).iloc[0]["flag"]
+    assert "raw/run-001/ftq.dat: sha256 differs" in flag

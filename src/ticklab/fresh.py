@@ -35,3 +35,43 @@ def describe(bundles: list[BundleRef], data_dir: Path | str, claim: str) -> str:
                 f"this claim's verdict is 'not testable here'.")
     hosts = sorted({b.host_id for b in bundles})
     return f"{len(bundles)} bundle(s) for '{claim}' from {len(hosts)} setup(s): {', '.join(hosts)}."
+
+
+HEALTH_COLUMNS = ["host_id", "claim", "bundle", "status", "measured_runs", "failed_runs", "lost_events", "flag"]
+
+
+def bundle_health(data_dir: Path | str, claims: list[str]) -> "pd.DataFrame":
+    """One row per captured bundle: does it verify, how many runs, and how many trace events the kernel lost.
+
+    ``flag`` is empty for a clean bundle; otherwise it says what a reader must know (tampered,
+    incomplete, failed runs, lost events, not testable)."""
+    import pandas as pd
+
+    from .bundle import BundleError, load_bundle
+
+    rows = []
+    root = Path(data_dir)
+    for claim in claims:
+        for ref in find_bundles(root, claim) if root.is_dir() else []:
+            row = {"host_id": ref.host_id, "claim": claim, "bundle": ref.path.name}
+            try:
+                bundle = load_bundle(ref.path, allow_incomplete=True)
+            except BundleError as exc:
+                rows.append({**row, "status": "unreadable", "measured_runs": 0, "failed_runs": 0, "lost_events": 0,
+                             "flag": str(exc)})
+                continue
+            runs = [r for r in bundle.manifest["runs"] if not r.get("warmup")]
+            failed = [r for r in runs if r.get("status", "ok") != "ok" or r.get("problem")]
+            lost = sum((r.get("trace") or {}).get("lost_events", 0) for r in bundle.manifest["runs"])
+            flags = []
+            if bundle.manifest["status"] != "sealed":
+                flags.append("incomplete: capture was interrupted")
+            if bundle.manifest.get("not_testable"):
+                flags.append("not testable: " + bundle.manifest["not_testable"])
+            if failed:
+                flags.append(f"{len(failed)} run(s) failed")
+            if lost:
+                flags.append(f"kernel lost {lost} trace event(s)")
+            rows.append({**row, "status": bundle.manifest["status"], "measured_runs": len(runs), "failed_runs": len(failed),
+                         "lost_events": lost, "flag": "; ".join(flags)})
+    return pd.DataFrame(rows, columns=HEALTH_COLUMNS)

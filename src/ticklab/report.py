@@ -24,6 +24,7 @@ import pandas as pd
 from nbconvert import HTMLExporter
 
 from .claims import CLAIMS, SUMMARY_NOTEBOOK
+from .fresh import bundle_health
 from .paths import notebooks_dir
 from .summary import SUMMARY, collect_verdicts
 
@@ -129,7 +130,8 @@ def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
     return sections
 
 
-def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.DataFrame | None) -> Path:
+def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.DataFrame | None,
+                bundles: pd.DataFrame | None = None) -> Path:
     environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab", "templates"),
                                      autoescape=jinja2.select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
@@ -138,6 +140,7 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
         results=results,
         verdicts_html=verdicts.to_html(index=False, classes="data", border=0) if verdicts is not None else None,
         sections=_claim_sections(output_dir, claims),
+        bundles=[] if bundles is None else bundles.to_dict("records"),
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     )
     index = output_dir / "report" / "index.html"
@@ -195,10 +198,14 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
             verdicts.to_csv(output_dir / "verdicts.csv", index=False)
         except FileNotFoundError as exc:
             log(f"error: {exc}")
+    bundles = bundle_health(data_dir, list(CLAIMS))
+    for flagged in bundles[bundles["flag"] != ""].itertuples():
+        log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
     (output_dir / "summary.json").write_text(json.dumps(
         {"notebooks": [asdict(r) for r in results],
-         "verdicts": None if verdicts is None else "verdicts.csv"}, indent=2) + "\n")
-    index = write_index(output_dir, results, verdicts)
+         "verdicts": None if verdicts is None else "verdicts.csv",
+         "bundles": bundles.to_dict("records")}, indent=2, default=int) + "\n")
+    index = write_index(output_dir, results, verdicts, bundles)
 
     failed = [r for r in results if r.status != "ok"]
     if failed or (aggregate and verdicts is None):
