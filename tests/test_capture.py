@@ -164,6 +164,7 @@ def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bu
     [manifest] = list((tmp_path / "traces").glob("*/hpet/*/manifest.json"))
     data = json.loads(manifest.read_text())
     assert data["status"] == "incomplete" and "interrupted" in data
+    assert [(k["during"], k["after"]) for k in data["knobs"]] == [("hpet", "tsc")]
     with pytest.raises(BundleError, match="incomplete"):
         load_bundle(manifest.parent)
 

@@ -70,11 +70,11 @@ class BundleWriter:
             "definition": definition, "host_id": host_id, "host": host, "tools": tools or {},
             "ticklab_version": __version__, "started": when.astimezone(timezone.utc).isoformat(), "runs": [],
         }
-        self._flush()
+        self.flush()
         with (self.path / RESULTS).open("w", newline="") as handle:
             csv.writer(handle).writerow(RESULT_COLUMNS)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         _write_json_atomically(self.path / MANIFEST, self.manifest)
 
     def run_dir(self, run: str) -> Path:
@@ -92,14 +92,14 @@ class BundleWriter:
             for row in results:
                 writer.writerow({"run": record["run"], "condition": record["condition"], **row})
         self.manifest["runs"].append(record)
-        self._flush()
+        self.flush()
 
     def seal(self) -> Path:
         files = sorted(p for p in self.path.rglob("*") if p.is_file() and p.name != MANIFEST)
         self.manifest["files"] = {str(p.relative_to(self.path)): _sha256(p) for p in files}
         self.manifest["status"] = "sealed"
         self.manifest["sealed"] = datetime.now(timezone.utc).isoformat()
-        self._flush()
+        self.flush()
         for path in [*files, self.path / MANIFEST]:
             path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return self.path

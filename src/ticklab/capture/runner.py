@@ -95,13 +95,33 @@ def _values(experiment: Experiment, condition: Condition, found: dict, run_dir: 
             "nproc": found["nproc"], "last_cpu": found["online_cpus"][-1], **params, **condition.values}
 
 
+def _shown_path(path: Path) -> str:
+    from ..paths import repo_root
+
+    try:
+        return str(path.resolve().relative_to(repo_root()))
+    except ValueError:
+        return path.name
+
+
 class Capture:
     def __init__(self, experiment: Experiment, options: CaptureOptions, log=print):
         self.experiment, self.options, self.log = experiment, options, log
 
     def run(self) -> Path | None:
+        self.writer = None
+        host = HostChanges(self.options.journal, root=self.options.root, dry_run=self.options.dry_run, log=self.log)
+        try:
+            return self._run(host)
+        except BaseException:
+            if self.writer is not None:  # host is restored by now: record the values read back, then re-raise
+                self.writer.manifest["knobs"] = host.records()
+                self.writer.flush()
+            raise
+
+    def _run(self, host: HostChanges) -> Path | None:
         options, experiment = self.options, self.experiment
-        with HostChanges(options.journal, root=options.root, dry_run=options.dry_run, log=self.log) as host:
+        with host:
             if experiment.trace and not options.dry_run:
                 tracing.ensure_tracefs(host)
             found = collect(options.root)
@@ -121,9 +141,8 @@ class Capture:
             plan = [] if failed else schedule(conditions, runs, warmup, seed)
             if options.dry_run:
                 return self._dry_run(host, plan, found, failed, backend)
-            definition = {**experiment.definition, "path": str(experiment.path.relative_to(experiment.path.parents[2]))
-                          if len(experiment.path.parents) > 2 else str(experiment.path)}
-            writer = BundleWriter(options.out, identity, experiment.claim, experiment.name, definition=definition,
+            definition = {**experiment.definition, "path": _shown_path(experiment.path)}
+            writer = self.writer = BundleWriter(options.out, identity, experiment.claim, experiment.name, definition=definition,
                                   host=found, tools=tool_versions())
             writer.manifest.update({
                 "requirements": {r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()},
@@ -135,25 +154,26 @@ class Capture:
             if failed:
                 writer.manifest["not_testable"] = "; ".join(f"{r}: {why}" for r, why in failed.items())
                 self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest['not_testable']}")
-                writer.manifest["knobs"] = host.records()
-                return writer.seal()
-            try:
-                bar = tqdm(plan, desc=f"{experiment.claim}/{experiment.name}", unit="run", disable=not options.progress,
-                           file=sys.stderr)
-                for planned in bar:
-                    bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
-                    self._one_run(writer, host, planned, found, backend)
-                if experiment.profile:
-                    self._profiles(writer, host, conditions, found)
-            except BaseException as exc:
-                writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
-                writer.manifest["knobs"] = host.records()
-                writer._flush()
-                self.log(f"capture interrupted; {writer.path} is incomplete with {len(writer.manifest['runs'])} finished run(s)")
-                raise
-            writer.manifest["knobs"] = host.records()
+            else:
+                self._run_plan(writer, host, plan, conditions, found, backend)
         writer.manifest["knobs"] = host.records()  # now with the values read back after restoring
         return writer.seal()
+
+    def _run_plan(self, writer: BundleWriter, host: HostChanges, plan, conditions, found: dict, backend) -> None:
+        experiment = self.experiment
+        try:
+            bar = tqdm(plan, desc=f"{experiment.claim}/{experiment.name}", unit="run", disable=not self.options.progress,
+                       file=sys.stderr)
+            for planned in bar:
+                bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
+                self._one_run(writer, host, planned, found, backend)
+            if experiment.profile:
+                self._profiles(writer, host, conditions, found)
+        except BaseException as exc:
+            writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
+            writer.flush()
+            self.log(f"capture interrupted; {writer.path} is incomplete with {len(writer.manifest['runs'])} finished run(s)")
+            raise
 
     def _dry_run(self, host: HostChanges, plan, found: dict, failed: dict, backend) -> None:
         experiment = self.experiment
