@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define BUCKETS 200000 /* 200 us in 1 ns steps; slower reads land in the last bucket */
 
 struct worker {
@@ -121,17 +123,6 @@ static int open_hpet(void)
 	return 0;
 }
 
-static void read_line(const char *path, char *buf, size_t size)
-{
-	FILE *f = fopen(path, "r");
-	snprintf(buf, size, "unknown");
-	if (!f)
-		return;
-	if (fgets(buf, (int)size, f))
-		buf[strcspn(buf, "\n")] = 0;
-	fclose(f);
-}
-
 static void usage(const char *name)
 {
 	fprintf(stderr, "usage: %s [-t threads] [-s seconds] [-c monotonic|realtime|monotonic_raw|boottime|hpet] [-H histogram_file]\n",
@@ -202,7 +193,7 @@ int main(int argc, char **argv)
 	struct utsname uts;
 	char clocksource[64];
 	uname(&uts);
-	read_line("/sys/devices/system/clocksource/clocksource0/current_clocksource", clocksource, sizeof(clocksource));
+	read_first_line(CURRENT_CLOCKSOURCE, clocksource, sizeof(clocksource));
 	printf("# clockbench: 1\n# clock: %s\n# clocksource: %s\n# kernel: %s\n# threads: %d\n# online_cpus: %ld\n"
 	       "# seconds: %.3f\n# resolution_ns: %.3f\n",
 	       clock_name, clocksource, uts.release, threads, online, seconds, hpet_counter ? hpet_period_ns : 1.0);

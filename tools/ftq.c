@@ -23,22 +23,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void read_line(const char *path, char *buf, size_t size)
-{
-	FILE *f = fopen(path, "r");
-	snprintf(buf, size, "unknown");
-	if (!f)
-		return;
-	if (fgets(buf, (int)size, f))
-		buf[strcspn(buf, "\n")] = 0;
-	fclose(f);
 }
 
 static void usage(const char *name)
@@ -135,7 +126,7 @@ int main(int argc, char **argv)
 	struct utsname uts;
 	char clocksource[64];
 	uname(&uts);
-	read_line("/sys/devices/system/clocksource/clocksource0/current_clocksource", clocksource, sizeof(clocksource));
+	read_first_line(CURRENT_CLOCKSOURCE, clocksource, sizeof(clocksource));
 	fprintf(out, "# ftq: 1\n# quantum_ns: %ld\n# frequency_hz: %.6f\n# samples: %ld\n# warmup: %ld\n"
 		"# work_bits: %ld\n# cpu: %ld\n# policy: %s\n# priority: %ld\n# kernel: %s\n# clocksource: %s\n"
 		"# clock: CLOCK_MONOTONIC\n# columns: index end_ns count\n",

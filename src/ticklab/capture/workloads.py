@@ -112,20 +112,20 @@ def parse_clockbench(directory: Path) -> list[dict]:
     ]
 
 
-def parse_hackbench(directory: Path) -> list[dict]:
+def _one_number(directory: Path, pattern: str, expected: str, metric: str, unit: str) -> list[dict]:
     path = directory / "stdout.txt"
-    found = re.search(r"^Time:\s*([\d.]+)", path.read_text(), re.M)
+    found = re.search(pattern, path.read_text(), re.M)
     if not found:
-        raise WorkloadOutputError(f"{path}: no 'Time: <seconds>' line from hackbench")
-    return [{"metric": "runtime_s", "value": float(found.group(1)), "unit": "s"}]
+        raise WorkloadOutputError(f"{path}: no '{expected}' line")
+    return [{"metric": metric, "value": float(found.group(1)), "unit": unit}]
+
+
+def parse_hackbench(directory: Path) -> list[dict]:
+    return _one_number(directory, r"^Time:\s*([\d.]+)", "Time: <seconds>", "runtime_s", "s")
 
 
 def parse_tbench(directory: Path) -> list[dict]:
-    path = directory / "stdout.txt"
-    found = re.search(r"^Throughput\s+([\d.]+)\s+MB/sec", path.read_text(), re.M)
-    if not found:
-        raise WorkloadOutputError(f"{path}: no 'Throughput <n> MB/sec' line from tbench")
-    return [{"metric": "throughput_mb_s", "value": float(found.group(1)), "unit": "MB/s"}]
+    return _one_number(directory, r"^Throughput\s+([\d.]+)\s+MB/sec", "Throughput <n> MB/sec", "throughput_mb_s", "MB/s")
 
 
 PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "hackbench": parse_hackbench, "tbench": parse_tbench}
