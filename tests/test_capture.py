@@ -181,3 +181,31 @@ def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
     assert any("left by an interrupted capture" in line for line in said)
     assert (fake_host / CLOCK).read_text().strip() == "tsc"
     assert not (tmp_path / "j.json").exists()
+
+
+@needs_tools
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
+@pytest.mark.parametrize("claim", ["nohz", "hpet"])
+def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_path):
+    from ticklab.host import facts
+
+    before = (collect("/")["clocksources"], facts.mounts(Path("/")))
+    options = CaptureOptions(runs=1, warmup=0, out=tmp_path, journal=tmp_path / "j.json", progress=False)
+    bundles = capture(claim, options, log=lambda _: None)
+    assert (collect("/")["clocksources"], facts.mounts(Path("/"))) == before
+    for path in bundles:
+        bundle = load_bundle(path)
+        assert bundle.sealed and "hostname" not in json.dumps(bundle.manifest)
+        if bundle.manifest.get("not_testable"):
+            continue
+        assert all(r["status"] == "ok" and not r["problem"] for r in bundle.manifest["runs"]), bundle.manifest["runs"]
+        assert len(bundle.results) > 0
+        if claim == "nohz":
+            [run] = bundle.manifest["runs"]
+            assert run["trace"]["backend"] in ("trace-cmd", "tracefs")
+            rate = bundle.results.query("metric == 'local_timer_irq_rate_hz'")["value"].item()
+            hz = collect("/")["kernel_config"]["hz"]
+            if hz and "nohz_full" not in (collect("/")["cmdline"] or ""):  # a busy CPU takes the periodic tick at HZ
+                assert abs(rate - hz) / hz < 0.1
+            skipped = {e["name"]: e.get("skipped") for e in bundle.manifest["extras"]}
+            assert set(skipped) == {"osnoise", "timerlat"}

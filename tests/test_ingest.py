@@ -143,5 +143,38 @@ def test_a_real_tracefs_capture_matches_trace_cmd_report(tmp_path):
     names = Counter(m.group(1) for m in re.finditer(r"^\s*.+?\[\d+\]\s+\S+:\s+(\w+):", report, re.M))
     assert {f"{k.split(':')[1]}": v for k, v in trace.counts().items()} == dict(names)
     from_dat = read_trace(tmp_path / "trace.dat")
+    assert (tmp_path / "trace.dat").read_bytes()[10:12] == b"7\0"
+    subprocess.run(["trace-cmd", "convert", "-i", str(tmp_path / "trace.dat"), "-o", str(tmp_path / "v6.dat"),
+                    "--file-version", "6"], check=True, capture_output=True)
+    from_v6 = read_trace(tmp_path / "v6.dat")
     for key in trace.counts():
         pd.testing.assert_frame_equal(trace.table(key), from_dat.table(key))
+        pd.testing.assert_frame_equal(trace.table(key), from_v6.table(key))
+    compressed = subprocess.run(["trace-cmd", "convert", "-i", str(tmp_path / "trace.dat"), "-o", str(tmp_path / "z.dat"),
+                                 "--compression", "any"], capture_output=True)
+    if compressed.returncode == 0:
+        with pytest.raises(TraceFormatError, match="z.dat: compressed with"):
+            read_trace(tmp_path / "z.dat")
+
+
+def trace_cmd_record_reason() -> str | None:
+    if can_trace():
+        return can_trace()
+    from ticklab.capture.tracing import probe_trace_cmd
+
+    with HostChanges(Path(os.environ.get("TMPDIR", "/tmp")) / "ticklab-probe-journal.json", log=lambda _: None) as host:
+        works, why = probe_trace_cmd(host)
+    return None if works else why
+
+
+@pytest.mark.skipif(trace_cmd_record_reason() is not None, reason=f"trace-cmd backend: {trace_cmd_record_reason()}")
+def test_the_trace_cmd_backend_records_a_trace_ingest_reads(tmp_path):
+    from ticklab.capture.tracing import recorder
+
+    with HostChanges(tmp_path / "j.json", log=lambda _: None) as host:
+        with recorder("trace-cmd", host, ["sched:sched_switch"], tmp_path / "trace") as recording:
+            subprocess.run(["sh", "-c", "sleep 0.2; true"], check=True)
+    assert recording.result.backend == "trace-cmd"
+    trace = read_trace(tmp_path / "trace")
+    assert len(trace.table("sched:sched_switch")) > 0
+    assert recording.result.lost_events == trace.total_lost

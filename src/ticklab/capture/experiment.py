@@ -9,7 +9,9 @@ variables; a value may name something only the host knows:
                          deepest (the deeper states disabled)
     {per_cpu: 0.5}       round(0.5 x nproc), at least 1 (scales a count from the source machine)
 
-Variables listed under ``knobs`` are applied to the host before each run (clocksource,
+``extras`` are cross-checks run once per condition after the measured runs, each only where its
+own ``requires`` are met (otherwise the manifest says why it was skipped); they never enter
+results.csv. Variables listed under ``knobs`` are applied to the host before each run (clocksource,
 sched_feature:<NAME>, idle_config); every other variable only fills the workload's argv.
 """
 
@@ -25,7 +27,7 @@ import yaml
 from ..paths import repo_root
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
-KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "notes"}
+KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes"}
 KNOB_KINDS = ("clocksource", "idle_config")
 
 
@@ -58,6 +60,7 @@ class Experiment:
     trace: dict | None = None
     knobs: dict = field(default_factory=dict)
     profile: dict | None = None
+    extras: list[dict] = field(default_factory=list)
     notes: str | None = None
     definition: dict = field(default_factory=dict)
 
@@ -95,6 +98,9 @@ def load_experiment(path: Path | str) -> Experiment:
         if kind not in KNOB_KINDS and not str(kind).startswith("sched_feature:"):
             raise ExperimentError(f"{path}: knobs.{variable}: unknown knob {kind!r} "
                                   f"(known: {', '.join(KNOB_KINDS)}, sched_feature:<NAME>)")
+    for index, extra in enumerate(data.get("extras") or []):
+        if not isinstance(extra, dict) or not {"name", "argv"} <= set(extra) or not isinstance(extra["argv"], list):
+            raise ExperimentError(f"{path}: extras[{index}] needs a name and an argv list")
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)
 

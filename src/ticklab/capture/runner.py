@@ -169,6 +169,8 @@ class Capture:
                 self._one_run(writer, host, planned, found, backend)
             if experiment.profile:
                 self._profiles(writer, host, conditions, found)
+            if experiment.extras:
+                self._extras(writer, host, conditions, found)
         except BaseException as exc:
             writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
             writer.flush()
@@ -252,6 +254,25 @@ class Capture:
         if planned.warmup:  # kept in the manifest, excluded from results.csv and so from every analysis
             record["warmup_results"] = results
         writer.add_run(record, [] if planned.warmup else results)
+
+    def _extras(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
+        """Cross-checks (osnoise, timerlat ...): once per condition where the host has what they need."""
+        done = []
+        for extra in self.experiment.extras:
+            checks = {r: requirements.check(r, host, found) for r in extra.get("requires", [])}
+            missing = "; ".join(f"{r}: {why}" for r, (ok, why) in checks.items() if not ok)
+            if missing:
+                done.append({"name": extra["name"], "skipped": missing})
+                continue
+            for index, condition in enumerate(conditions):
+                directory = writer.run_dir(f"extra-{extra['name']}-{index + 1:03d}")
+                values = _values(self.experiment, condition, found, directory)
+                argv = fill_argv(extra["argv"], values, f"{self.experiment.path}: extras.{extra['name']}.argv")
+                with host.scope():
+                    apply_knobs(host, self.experiment, condition, found)
+                    outcome = run_command(argv, directory, self.experiment.timeout_s)
+                done.append({"name": extra["name"], "directory": directory.name, "condition": condition.name, **outcome})
+        writer.manifest["extras"] = done
 
     def _profiles(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
         """One perf profile per condition (outside the measured runs), where perf works."""
