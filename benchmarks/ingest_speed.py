@@ -32,7 +32,7 @@ def record(directory: Path) -> Path:
 
 
 def to_trace_dat(capture: Path, directory: Path) -> Path:
-    with HostChanges(log=lambda _: None) as host:
+    with HostChanges(log=lambda _: None) as host, host.watching_mounts("trace-cmd"):
         ensure_tracefs(host)
         subprocess.run(["trace-cmd", "restore", "-c", "-o", str(directory / "head.dat")], check=True, capture_output=True)
         cpus = sorted(str(p) for p in capture.glob("cpu*.raw"))
@@ -61,7 +61,7 @@ def main() -> int:
         trace_dat = source if source.is_file() else to_trace_dat(source, scratch)
         events = sum(read_trace(trace_dat).counts().values())
         ours = best_of(args.repeat, lambda: read_trace(trace_dat))
-        with open("/dev/null", "w") as null:
+        with open("/dev/null", "w") as null, HostChanges(log=lambda _: None) as host, host.watching_mounts("trace-cmd"):
             theirs = best_of(args.repeat, lambda: subprocess.run(["trace-cmd", "report", "-i", str(trace_dat)],
                                                                   stdout=null, stderr=subprocess.DEVNULL, check=True))
         print(f"trace: {trace_dat.stat().st_size / 1e6:.1f} MB, {events} events")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ticklab.host import HostChanges
+from ticklab.host import HostChanges, facts
 from ticklab.ingest import (MISSED_EVENTS, MISSED_STORED, TraceFormatError, parse_event_format, read_trace,
                             read_trace_dat, stats_lost_count)
 
@@ -119,6 +119,7 @@ def can_trace() -> str | None:
 def test_a_real_tracefs_capture_matches_trace_cmd_report(tmp_path):
     from ticklab.capture.tracing import recorder
 
+    mounts_before = facts.mounts(Path("/"))
     events = ["sched:sched_switch", "timer:hrtimer_expire_entry", "irq_vectors:local_timer_entry"]
     with HostChanges(tmp_path / "j.json", log=lambda _: None) as host:
         with recorder("tracefs", host, events, tmp_path / "trace") as recording:
@@ -131,30 +132,29 @@ def test_a_real_tracefs_capture_matches_trace_cmd_report(tmp_path):
         pytest.skip("trace-cmd not installed: cannot compare with trace-cmd report")
     # trace-cmd restore turns the same per-CPU pages into a trace.dat; both readers must agree with it.
     cpus = sorted(str(p) for p in (tmp_path / "trace").glob("cpu*.raw"))
-    with HostChanges(tmp_path / "j2.json", log=lambda _: None) as host:
+    with HostChanges(tmp_path / "j2.json", log=lambda _: None) as host, host.watching_mounts("trace-cmd"):
         from ticklab.capture.tracing import ensure_tracefs
 
         ensure_tracefs(host)
-        subprocess.run(["trace-cmd", "restore", "-c", "-o", str(tmp_path / "head.dat")], check=True, capture_output=True)
-        subprocess.run(["trace-cmd", "restore", "-i", str(tmp_path / "head.dat"), "-o", str(tmp_path / "trace.dat"), *cpus],
-                       check=True, capture_output=True)
-    report = subprocess.run(["trace-cmd", "report", "-i", str(tmp_path / "trace.dat")], capture_output=True, text=True,
-                            check=True).stdout
+        trace_cmd = lambda *argv: subprocess.run(["trace-cmd", *map(str, argv)], check=True, capture_output=True, text=True)
+        trace_cmd("restore", "-c", "-o", tmp_path / "head.dat")
+        trace_cmd("restore", "-i", tmp_path / "head.dat", "-o", tmp_path / "trace.dat", *cpus)
+        report = trace_cmd("report", "-i", tmp_path / "trace.dat").stdout
+        trace_cmd("convert", "-i", tmp_path / "trace.dat", "-o", tmp_path / "v6.dat", "--file-version", "6")
+        compressed = subprocess.run(["trace-cmd", "convert", "-i", str(tmp_path / "trace.dat"), "-o", str(tmp_path / "z.dat"),
+                                     "--compression", "any"], capture_output=True)
     names = Counter(m.group(1) for m in re.finditer(r"^\s*.+?\[\d+\]\s+\S+:\s+(\w+):", report, re.M))
     assert {f"{k.split(':')[1]}": v for k, v in trace.counts().items()} == dict(names)
     from_dat = read_trace(tmp_path / "trace.dat")
     assert (tmp_path / "trace.dat").read_bytes()[10:12] == b"7\0"
-    subprocess.run(["trace-cmd", "convert", "-i", str(tmp_path / "trace.dat"), "-o", str(tmp_path / "v6.dat"),
-                    "--file-version", "6"], check=True, capture_output=True)
     from_v6 = read_trace(tmp_path / "v6.dat")
     for key in trace.counts():
         pd.testing.assert_frame_equal(trace.table(key), from_dat.table(key))
         pd.testing.assert_frame_equal(trace.table(key), from_v6.table(key))
-    compressed = subprocess.run(["trace-cmd", "convert", "-i", str(tmp_path / "trace.dat"), "-o", str(tmp_path / "z.dat"),
-                                 "--compression", "any"], capture_output=True)
     if compressed.returncode == 0:
         with pytest.raises(TraceFormatError, match="z.dat: compressed with"):
             read_trace(tmp_path / "z.dat")
+    assert facts.mounts(Path("/")) == mounts_before, "trace-cmd's mounts must be put back"
 
 
 def trace_cmd_record_reason() -> str | None:

@@ -122,8 +122,8 @@ class Capture:
     def _run(self, host: HostChanges) -> Path | None:
         options, experiment = self.options, self.experiment
         with host:
-            if experiment.trace and not options.dry_run:
-                tracing.ensure_tracefs(host)
+            if experiment.trace:
+                tracing.ensure_tracefs(host)  # in a dry run this only says it would mount
             found = collect(options.root)
             checks = {r: requirements.check(r, host, found) for r in experiment.requires}
             failed = {r: why for r, (ok, why) in checks.items() if not ok}
@@ -188,16 +188,9 @@ class Capture:
             with host.scope():
                 apply_knobs(host, experiment, planned.condition, found)
                 if experiment.trace:
-                    instance = "sys/kernel/tracing/instances/ticklab-<pid>"
-                    self.log(f"dry-run: would mkdir {host.root / instance} (removed after the run)")
-                    writes = [("buffer_size_kb", experiment.trace.get("buffer_kb", 4096)), "events",
-                              ("tracing_on", 1), ("tracing_on", 0)]
-                    for item in writes:
-                        if item == "events":
-                            for event in experiment.trace["events"]:
-                                self.log(f"dry-run: would write '1' to {host.root / instance}/events/{event.replace(':', '/')}/enable")
-                        else:
-                            self.log(f"dry-run: would write '{item[1]}' to {host.root / instance}/{item[0]}")
+                    for line in tracing.planned_tracefs_writes(host.root, experiment.trace["events"],
+                                                               int(experiment.trace.get("buffer_kb", 4096))):
+                        self.log(f"dry-run: would {line}")
         return None
 
     def _one_run(self, writer: BundleWriter, host: HostChanges, planned, found: dict, backend: str | None) -> None:

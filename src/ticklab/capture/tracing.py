@@ -84,18 +84,13 @@ def _probe(host: HostChanges) -> tuple[bool, str]:
     tracefs = ensure_tracefs(host)  # mounted by us (and unmounted afterwards), not left mounted by trace-cmd
     for name in GUARDED:
         host.guard(f"{tracefs.relative_to(host.root)}/{name}", label=f"trace-cmd probe {name}")
-    mounted_before = facts.mounts(host.root)
-    with tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch, host.watching_mounts("trace-cmd"):
         output = Path(scratch) / "probe.dat"
         try:
             result = subprocess.run([tool, "record", "-e", "sched:sched_switch", "-o", str(output), "true"],
                                     capture_output=True, text=True, timeout=60, cwd=scratch)
         except subprocess.TimeoutExpired:
             return False, "trace-cmd record did not finish within 60 s"
-        finally:
-            for point, fstype in facts.mounts(host.root).items():
-                if point not in mounted_before:
-                    host.adopt_mount(point, fstype, label=f"mounted by trace-cmd ({fstype})")
         if result.returncode == 0 and output.is_file() and output.stat().st_size > 0:
             return True, "trace-cmd record works"
         said = " / ".join(line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip())[-200:]
@@ -112,6 +107,15 @@ def choose_backend(host: HostChanges, preference: str = "auto") -> tuple[str, st
             raise TracingError(why)
         return "trace-cmd", "asked for"
     return ("trace-cmd", why) if works else ("tracefs", f"fallback: {why}")
+
+
+def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int) -> list[str]:
+    """What TracefsRecorder writes, in order, for a dry run (trace-cmd, when used, writes the same kind of files)."""
+    instance = root / TRACEFS_RELATIVE / "instances" / "ticklab-<pid>"
+    return [f"mkdir {instance} (removed after the run)", f"write '0' to {instance}/tracing_on",
+            f"write '{buffer_kb}' to {instance}/buffer_size_kb",
+            *[f"write '1' to {instance}/events/{event.replace(':', '/')}/enable" for event in events],
+            f"write '1' to {instance}/tracing_on", f"write '0' to {instance}/tracing_on"]
 
 
 class TracefsRecorder:
@@ -222,8 +226,9 @@ class TraceCmdRecorder:
         for event in self.events:
             argv += ["-e", event]
         self.log = self.log_path.open("w")
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.directory,
-                                        start_new_session=True)
+        with self.host.watching_mounts("trace-cmd record"):
+            self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.directory,
+                                            start_new_session=True)
         deadline = time.monotonic() + 60
         while "Hit Ctrl^C" not in self.log_path.read_text():
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -127,7 +127,8 @@ def _undo(change: Change) -> str | None:
             path.rmdir()
         return "absent"
     if change.kind == "mount":
-        _run(["umount", str(path)])
+        if str(path) in facts.mounts(Path("/")):  # already gone (unmounted by hand): nothing to undo
+            _run(["umount", str(path)])
         return "unmounted"
     raise HostChangeError(f"{path}: unknown change kind {change.kind!r} in journal")
 
@@ -262,6 +263,18 @@ class HostChanges:
         if self._begin(change):
             self._save_journal()
         return change
+
+    @contextlib.contextmanager
+    def watching_mounts(self, label: str):
+        """Run another tool inside this block; whatever it mounts is unmounted when we restore."""
+        before = facts.mounts(self.root)
+        try:
+            yield
+        finally:
+            ours = {c.path for c in self.changes if c.kind == "mount" and c.after is None}
+            for point, fstype in facts.mounts(self.root).items():
+                if point not in before and point not in ours:
+                    self.adopt_mount(point, fstype, label=f"mounted by {label} ({fstype})")
 
     def make_dir(self, relative: str, *, label: str | None = None) -> Change:
         """Create a directory the kernel backs (a tracefs instance); restoring removes it."""
