@@ -4,10 +4,8 @@ contract of DESIGN.md is written and checked."""
 import ast
 import json
 import re
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import nbformat
 import pandas as pd

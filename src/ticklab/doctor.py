@@ -19,7 +19,7 @@ from tabulate import tabulate
 from .capture import requirements, tracing
 from .capture.experiment import experiment_paths, load_experiment
 from .claims import CLAIMS
-from .host import HostChanges, collect
+from .host import HostChangeError, HostChanges, collect, facts
 
 KVM_GET_API_VERSION = 0xAE00
 
@@ -58,8 +58,8 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
         checks["root"] = requirements.check_root(host, {})
         try:
             tracing.ensure_tracefs(host)
-            checks["tracefs"] = (True, f"tracefs at {tracing.facts.tracefs_mount(root)}")
-        except (tracing.TracingError, tracing.HostChangeError) as exc:
+            checks["tracefs"] = (True, f"tracefs at {facts.tracefs_mount(root)}")
+        except (tracing.TracingError, HostChangeError) as exc:
             checks["tracefs"] = (False, str(exc))
         found = collect(root)
         works, why = tracing.probe_trace_cmd(host)

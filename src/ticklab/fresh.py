@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 
 @dataclass(frozen=True)
 class BundleRef:
@@ -40,13 +42,11 @@ def describe(bundles: list[BundleRef], data_dir: Path | str, claim: str) -> str:
 HEALTH_COLUMNS = ["host_id", "claim", "bundle", "status", "measured_runs", "failed_runs", "lost_events", "flag"]
 
 
-def bundle_health(data_dir: Path | str, claims: list[str]) -> "pd.DataFrame":
+def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
     """One row per captured bundle: does it verify, how many runs, and how many trace events the kernel lost.
 
     ``flag`` is empty for a clean bundle; otherwise it says what a reader must know (tampered,
     incomplete, failed runs, lost events, not testable)."""
-    import pandas as pd
-
     from .bundle import BundleError, load_bundle
 
     rows = []

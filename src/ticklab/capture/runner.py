@@ -9,7 +9,6 @@ If the host cannot run the experiment, the bundle records that, with the reason,
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -25,8 +24,10 @@ from ..bundle import BundleWriter
 from ..claims import CLAIMS
 from ..host import HostChanges, collect, host_id
 from ..ingest import read_trace
+from ..paths import repo_root
 from . import requirements, tracing
-from .experiment import Condition, Experiment, ExperimentError, expand_conditions, fill_argv, load_experiment, schedule
+from .experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths, fill_argv,
+                         load_experiment, schedule)
 from .workloads import PARSERS, WorkloadOutputError, run_command
 
 HOST_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
@@ -47,8 +48,6 @@ class CaptureOptions:
 
 
 def _git_commit() -> str | None:
-    from ..paths import repo_root
-
     try:
         result = subprocess.run(["git", "-C", str(repo_root()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -87,8 +86,6 @@ def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition,
 
 
 def _values(experiment: Experiment, condition: Condition, found: dict, run_dir: Path) -> dict:
-    from ..paths import repo_root
-
     params = dict(experiment.workload.get("params") or {})
     # Workloads run inside their run directory, so "{run_dir}" is "." and manifests hold no local paths.
     return {"tools": str(requirements.tools_bin()), "repo": str(repo_root()), "run_dir": ".",
@@ -96,8 +93,6 @@ def _values(experiment: Experiment, condition: Condition, found: dict, run_dir: 
 
 
 def _shown_path(path: Path) -> str:
-    from ..paths import repo_root
-
     try:
         return str(path.resolve().relative_to(repo_root()))
     except ValueError:
@@ -293,8 +288,6 @@ def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = 
     """Run one experiment (the given file) or every experiment of the claim; the bundles written."""
     if claim not in CLAIMS:
         raise ExperimentError(f"unknown claim {claim!r}; claims are: {', '.join(CLAIMS)}")
-    from .experiment import experiment_paths
-
     paths = [experiment_path] if experiment_path else experiment_paths(claim)
     if not paths:
         raise ExperimentError(f"runners/{claim}/: no experiment definitions (*.yaml)")

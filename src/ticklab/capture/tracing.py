@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..host import HostChanges, facts
-from ..host.knobs import HostChangeError
 from ..ingest import stats_lost_count
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"
@@ -262,6 +261,3 @@ def recorder(backend: str, host: HostChanges, events: list[str], directory: Path
         raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
     return cls(host, events, directory, buffer_kb=buffer_kb)
 
-
-__all__ = ["HostChangeError", "TraceResult", "TracingError", "choose_backend", "ensure_tracefs", "probe_trace_cmd",
-           "recorder"]

@@ -20,7 +20,7 @@ import os
 import re
 import signal
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
