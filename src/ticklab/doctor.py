@@ -19,7 +19,7 @@ from tabulate import tabulate
 from .capture import requirements, tracing
 from .capture.experiment import experiment_paths, load_experiment
 from .claims import CLAIMS
-from .host import HostChangeError, HostChanges, collect, facts
+from .host import HostChangeError, HostChanges, collect
 
 KVM_GET_API_VERSION = 0xAE00
 
@@ -58,7 +58,7 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
         checks["root"] = requirements.check_root(host, {})
         try:
             tracing.ensure_tracefs(host)
-            checks["tracefs"] = (True, f"tracefs at {facts.tracefs_mount(root)}")
+            checks["tracefs"] = requirements.check_tracefs(host, {})
         except (tracing.TracingError, HostChangeError) as exc:
             checks["tracefs"] = (False, str(exc))
         found = collect(root)

@@ -193,10 +193,9 @@ class Capture:
         run_dir = writer.run_dir(planned.run)
         values = _values(experiment, planned.condition, found, run_dir)
         argv = fill_argv(experiment.workload["argv"], values, f"{experiment.path}: workload.argv")
-        mark = len(host.changes)
         trace_result = None
         server = None
-        with host.scope():
+        with host.scope() as scope:
             apply_knobs(host, experiment, planned.condition, found)
             if experiment.workload.get("server"):
                 server_argv = fill_argv(experiment.workload["server"], values, f"{experiment.path}: workload.server")
@@ -232,7 +231,7 @@ class Capture:
         results = [{**row, "value": float(row["value"])} for row in results]
         record = {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
                   "warmup": planned.warmup, "values": planned.condition.values, **outcome,
-                  "knobs": [c.record() for c in host.changes[mark:]],
+                  "knobs": [c.record() for c in scope.changes],
                   "trace": trace_result.record() if trace_result else None, "problem": problem}
         if trace_result and trace_result.lost_events:
             self.log(f"{planned.run}: the kernel lost {trace_result.lost_events} trace event(s)")
@@ -243,6 +242,19 @@ class Capture:
             record["warmup_results"] = results
         writer.add_run(record, [] if planned.warmup else results)
 
+    def _once_per_condition(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict,
+                            prefix: str, argv: list, source: str, wrap: list[str] = ()) -> list[dict]:
+        """Run ``argv`` once for each condition, with its knobs, in raw/<prefix>-NNN; outside results.csv."""
+        done = []
+        for index, condition in enumerate(conditions):
+            directory = writer.run_dir(f"{prefix}-{index + 1:03d}")
+            filled = fill_argv(argv, _values(self.experiment, condition, found, directory), source)
+            with host.scope():
+                apply_knobs(host, self.experiment, condition, found)
+                outcome = run_command([*wrap, *filled], directory, self.experiment.timeout_s)
+            done.append({"directory": directory.name, "condition": condition.name, **outcome})
+        return done
+
     def _extras(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
         """Cross-checks (osnoise, timerlat ...): once per condition where the host has what they need."""
         done = []
@@ -252,14 +264,9 @@ class Capture:
             if missing:
                 done.append({"name": extra["name"], "skipped": missing})
                 continue
-            for index, condition in enumerate(conditions):
-                directory = writer.run_dir(f"extra-{extra['name']}-{index + 1:03d}")
-                values = _values(self.experiment, condition, found, directory)
-                argv = fill_argv(extra["argv"], values, f"{self.experiment.path}: extras.{extra['name']}.argv")
-                with host.scope():
-                    apply_knobs(host, self.experiment, condition, found)
-                    outcome = run_command(argv, directory, self.experiment.timeout_s)
-                done.append({"name": extra["name"], "directory": directory.name, "condition": condition.name, **outcome})
+            runs = self._once_per_condition(writer, host, conditions, found, f"extra-{extra['name']}", extra["argv"],
+                                            f"{self.experiment.path}: extras.{extra['name']}.argv")
+            done += [{"name": extra["name"], **run} for run in runs]
         writer.manifest["extras"] = done
 
     def _profiles(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
@@ -267,20 +274,16 @@ class Capture:
         if shutil.which("perf") is None:
             writer.manifest["profiles"] = "perf is not installed"
             return
-        profiles = []
-        wanted = [c for c in conditions if all(c.values.get(k) == v for k, v in (self.experiment.profile.get("when") or {}).items())]
-        for index, condition in enumerate(wanted):
-            directory = writer.run_dir(f"profile-{index + 1:03d}")
-            values = _values(self.experiment, condition, found, directory)
-            argv = fill_argv(self.experiment.workload["argv"], values, f"{self.experiment.path}: workload.argv")
-            with host.scope():
-                apply_knobs(host, self.experiment, condition, found)
-                outcome = run_command(["perf", "record", "-g", "-o", "perf.data", "--", *argv],
-                                      directory, self.experiment.timeout_s)
+        when = self.experiment.profile.get("when") or {}
+        wanted = [c for c in conditions if all(c.values.get(k) == v for k, v in when.items())]
+        profiles = self._once_per_condition(writer, host, wanted, found, "profile", self.experiment.workload["argv"],
+                                            f"{self.experiment.path}: workload.argv",
+                                            wrap=["perf", "record", "-g", "-o", "perf.data", "--"])
+        for profile in profiles:
+            directory = writer.path / "raw" / profile["directory"]
             report = subprocess.run(["perf", "report", "--stdio", "--no-children", "--percent-limit", "0.5",
                                      "-i", str(directory / "perf.data")], capture_output=True, text=True, check=False)
             (directory / "perf-report.txt").write_text(report.stdout)
-            profiles.append({"directory": directory.name, "condition": condition.name, **outcome})
         writer.manifest["profiles"] = profiles
 
 

@@ -62,6 +62,12 @@ def check_events(tracefs: Path, events: list[str]) -> None:
         raise TracingError(f"{tracefs / 'events'}: this kernel has no tracepoint(s) {', '.join(missing)}")
 
 
+def guard_tracefs(host: HostChanges, tracefs: Path, label: str) -> None:
+    """The global tracefs files trace-cmd changes, recorded so that they are put back."""
+    for name in GUARDED:
+        host.guard(f"{tracefs.relative_to(host.root)}/{name}", label=f"{label} {name}")
+
+
 _PROBED: dict[str, tuple[bool, str]] = {}
 
 
@@ -81,8 +87,7 @@ def _probe(host: HostChanges) -> tuple[bool, str]:
     if host.dry_run:
         return False, "not tried in a dry run"
     tracefs = ensure_tracefs(host)  # mounted by us (and unmounted afterwards), not left mounted by trace-cmd
-    for name in GUARDED:
-        host.guard(f"{tracefs.relative_to(host.root)}/{name}", label=f"trace-cmd probe {name}")
+    guard_tracefs(host, tracefs, "trace-cmd probe")
     with tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch, host.watching_mounts("trace-cmd"):
         output = Path(scratch) / "probe.dat"
         try:
@@ -130,11 +135,11 @@ class TracefsRecorder:
     def __enter__(self) -> "TracefsRecorder":
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
-        self._mark = len(self.host.changes)
+        self._scope = self.host.scope()
         try:
             self._start(tracefs)
         except BaseException:
-            self.host.undo(self.host.changes[self._mark:])
+            self._scope.close()
             raise
         return self
 
@@ -201,7 +206,7 @@ class TracefsRecorder:
                     lost[cpu] = stats_lost_count(stats)
                 self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost)
         finally:
-            self.host.undo(self.host.changes[self._mark:])
+            self._scope.close()
 
 
 class TraceCmdRecorder:
@@ -215,10 +220,8 @@ class TraceCmdRecorder:
     def __enter__(self) -> "TraceCmdRecorder":
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
-        self._mark = len(self.host.changes)
-        relative = str(tracefs.relative_to(self.host.root))
-        for name in GUARDED:
-            self.host.guard(f"{relative}/{name}", label=f"trace-cmd {name}")
+        self._scope = self.host.scope()
+        guard_tracefs(self.host, tracefs, "trace-cmd")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.log_path = self.directory / "trace-cmd.log"
         argv = ["trace-cmd", "record", "-b", str(self.buffer_kb), "-o", str(self.directory / "trace.dat")]
@@ -232,7 +235,7 @@ class TraceCmdRecorder:
         while "Hit Ctrl^C" not in self.log_path.read_text():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.process.kill()
-                self.host.undo(self.host.changes[self._mark:])
+                self._scope.close()
                 raise TracingError(f"{self.log_path}: trace-cmd record did not start: {self.log_path.read_text()[-300:]}")
             time.sleep(0.05)
         return self
@@ -252,7 +255,7 @@ class TraceCmdRecorder:
             if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:
                 raise TracingError(f"{self.log_path}: trace-cmd record exited {self.process.returncode}")
         finally:
-            self.host.undo(self.host.changes[self._mark:])
+            self._scope.close()
 
 
 def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096):

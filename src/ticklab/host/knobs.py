@@ -299,14 +299,9 @@ class HostChanges:
         return change
 
     # -- restore ---------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def scope(self):
-        """Changes made inside the block are undone when it ends (e.g. one run's condition)."""
-        mark = len(self.changes)
-        try:
-            yield self
-        finally:
-            self.undo(self.changes[mark:])
+    def scope(self) -> "Scope":
+        """Changes made from now until the scope closes are undone then (e.g. one run's condition)."""
+        return Scope(self)
 
     def undo(self, changes: list[Change]) -> None:
         pending = [c for c in changes if not c.dry_run and c.after is None]
@@ -333,6 +328,26 @@ class HostChanges:
     def records(self) -> list[dict]:
         """What changed, for the manifest: before, during and after each knob."""
         return [c.record() for c in self.changes]
+
+
+class Scope:
+    """A span of a HostChanges: ``with host.scope() as scope`` (or ``close()``) undoes what was changed in it."""
+
+    def __init__(self, host: HostChanges):
+        self.host, self.mark = host, len(host.changes)
+
+    @property
+    def changes(self) -> list[Change]:
+        return self.host.changes[self.mark:]
+
+    def close(self) -> None:
+        self.host.undo(self.changes)
+
+    def __enter__(self) -> "Scope":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]:
