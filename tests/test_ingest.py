@@ -13,7 +13,8 @@ import pytest
 
 from ticklab.host import HostChanges, facts
 from ticklab.ingest import (MISSED_EVENTS, MISSED_STORED, TraceFormatError, parse_event_format, read_trace,
-                            read_trace_dat, stats_lost_count)
+                            read_trace_dat)
+from ticklab.capture.tracing import stats_lost_count
 
 FORMAT = """name: fake_event
 ID: 42

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .capture.tracing import stats_lost_count
+
 TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 MISSED_EVENTS = 1 << 31
 MISSED_STORED = 1 << 30
@@ -270,11 +272,6 @@ def _assemble(source: str, formats: dict[int, EventFormat], cpu_blobs: dict[int,
                                     np.asarray(all_stamps, dtype=np.uint64), np.asarray(all_cpus, dtype=np.uint16),
                                     np.asarray(all_lengths, dtype=np.int64), source)
     return trace
-
-
-def stats_lost_count(text: str) -> int:
-    """Events lost according to per_cpu/cpuN/stats text (one or several CPUs): 'overrun' plus 'dropped events'."""
-    return sum(int(v) for v in re.findall(r"^\s*(?:overrun|dropped events):\s*(\d+)", text, re.M))
 
 
 # -- ticklab's tracefs directory ---------------------------------------------------------------------

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +25,11 @@ from ..host import HostChanges, collect, host_id
 from ..ingest import read_trace
 from ..paths import repo_root
 from . import requirements, tracing
-from .experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths, fill_argv,
-                         load_experiment, schedule)
-from .workloads import PARSERS, WorkloadOutputError, run_command
+from .execute import apply_knobs, execute_run, run_once, workload_values
+from .experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths, load_experiment,
+                         schedule)
+from .process import WorkloadOutputError
+from .workloads import PARSERS
 
 HOST_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
@@ -66,30 +67,6 @@ def tool_versions() -> dict:
         elif path:
             versions[name] = path
     return versions
-
-
-def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition, found: dict) -> None:
-    for variable, kind in experiment.knobs.items():
-        if variable not in condition.values:
-            continue
-        value = condition.values[variable]
-        if kind == "clocksource":
-            host.set_clocksource(str(value))
-        elif kind.startswith("sched_feature:"):
-            host.set_sched_feature(kind.split(":", 1)[1], str(value).lower() in ("on", "1", "true", "yes"))
-        elif kind == "idle_config":
-            names = [s["name"] for s in found["cpuidle"]["states"]]
-            if value != "all":
-                deepest = str(value).split("=", 1)[1]
-                for name in names[names.index(deepest) + 1:]:
-                    host.set_cpuidle_state(name, disabled=True)
-
-
-def _values(experiment: Experiment, condition: Condition, found: dict, run_dir: Path) -> dict:
-    params = dict(experiment.workload.get("params") or {})
-    # Workloads run inside their run directory, so "{run_dir}" is "." and manifests hold no local paths.
-    return {"tools": str(requirements.tools_bin()), "repo": str(repo_root()), "run_dir": ".",
-            "nproc": found["nproc"], "last_cpu": found["online_cpus"][-1], **params, **condition.values}
 
 
 def _shown_path(path: Path) -> str:
@@ -189,58 +166,10 @@ class Capture:
         return None
 
     def _one_run(self, writer: BundleWriter, host: HostChanges, planned, found: dict, backend: str | None) -> None:
-        experiment = self.experiment
         run_dir = writer.run_dir(planned.run)
-        values = _values(experiment, planned.condition, found, run_dir)
-        argv = fill_argv(experiment.workload["argv"], values, f"{experiment.path}: workload.argv")
-        trace_result = None
-        server = None
-        with host.scope() as scope:
-            apply_knobs(host, experiment, planned.condition, found)
-            if experiment.workload.get("server"):
-                server_argv = fill_argv(experiment.workload["server"], values, f"{experiment.path}: workload.server")
-                server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True)
-                time.sleep(float(experiment.workload.get("server_start_s", 1)))
-            try:
-                if experiment.trace:
-                    trace_dir = run_dir / "trace"
-                    with tracing.recorder(backend, host, experiment.trace["events"], trace_dir,
-                                          buffer_kb=int(experiment.trace.get("buffer_kb", 4096))) as recording:
-                        outcome = run_command(argv, run_dir, experiment.timeout_s)
-                    trace_result = recording.result
-                else:
-                    outcome = run_command(argv, run_dir, experiment.timeout_s)
-            finally:
-                if server is not None:
-                    server.terminate()
-                    try:
-                        server.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        server.kill()
-                        server.wait()
-        results, problem = [], None
-        if outcome["status"] == "ok":
-            try:
-                results = PARSERS[experiment.workload["tool"]](run_dir)
-                if trace_result is not None and experiment.trace.get("metrics"):
-                    module = CLAIMS[experiment.claim].load_module()
-                    results += module.trace_metrics(read_trace(trace_result.directory), values)
-            except (WorkloadOutputError, KeyError, ValueError) as exc:
-                problem = str(exc)
-        results = [{**row, "value": float(row["value"])} for row in results]
-        record = {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
-                  "warmup": planned.warmup, "values": planned.condition.values, **outcome,
-                  "knobs": [c.record() for c in scope.changes],
-                  "trace": trace_result.record() if trace_result else None, "problem": problem}
-        if trace_result and trace_result.lost_events:
-            self.log(f"{planned.run}: the kernel lost {trace_result.lost_events} trace event(s)")
-        if outcome["status"] != "ok" or problem:
-            self.log(f"{planned.run} {planned.condition.name}: {outcome['status']}{' — ' + problem if problem else ''} "
-                     f"(see {run_dir / 'stderr.txt'})")
-        if planned.warmup:  # kept in the manifest, excluded from results.csv and so from every analysis
-            record["warmup_results"] = results
-        writer.add_run(record, [] if planned.warmup else results)
+        record = execute_run(self.experiment, planned, host, found, backend, run_dir)
+        values = workload_values(self.experiment, planned.condition, found)
+        add_run(writer, self.experiment, record, values, self.log)
 
     def _once_per_condition(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict,
                             prefix: str, argv: list, source: str, wrap: list[str] = ()) -> list[dict]:
@@ -248,10 +177,7 @@ class Capture:
         done = []
         for index, condition in enumerate(conditions):
             directory = writer.run_dir(f"{prefix}-{index + 1:03d}")
-            filled = fill_argv(argv, _values(self.experiment, condition, found, directory), source)
-            with host.scope():
-                apply_knobs(host, self.experiment, condition, found)
-                outcome = run_command([*wrap, *filled], directory, self.experiment.timeout_s)
+            outcome = run_once(self.experiment, condition, host, found, argv, source, directory, wrap)
             done.append({"directory": directory.name, "condition": condition.name, **outcome})
         return done
 
@@ -287,6 +213,36 @@ class Capture:
         writer.manifest["profiles"] = profiles
 
 
+def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dict) -> tuple[list[dict], str | None]:
+    """The metric rows of a finished run (workload output, then trace metrics), or why there are none."""
+    if record["status"] != "ok":
+        return [], None
+    try:
+        results = PARSERS[experiment.workload["tool"]](run_dir)
+        if record.get("trace") and experiment.trace.get("metrics"):
+            module = CLAIMS[experiment.claim].load_module()
+            results += module.trace_metrics(read_trace(run_dir / record["trace"]["directory"]), values)
+    except (WorkloadOutputError, KeyError, ValueError) as exc:
+        return [], str(exc)
+    return [{**row, "value": float(row["value"])} for row in results], None
+
+
+def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: dict, log=print) -> None:
+    """Add a finished run to the bundle: its record in the manifest, its results (unless a warm-up) in results.csv."""
+    run_dir = writer.path / "raw" / record["run"]
+    results, problem = run_results(experiment, run_dir, record, values)
+    record = {**record, "problem": record.get("problem") or problem}
+    trace = record.get("trace") or {}
+    if trace.get("lost_events"):
+        log(f"{record['run']}: the kernel lost {trace['lost_events']} trace event(s)")
+    if record["status"] != "ok" or record["problem"]:
+        log(f"{record['run']} {record['condition']}: {record['status']}"
+            f"{' — ' + record['problem'] if record['problem'] else ''} (see {run_dir / 'stderr.txt'})")
+    if record["warmup"]:  # kept in the manifest, excluded from results.csv and so from every analysis
+        record["warmup_results"] = results
+    writer.add_run(record, [] if record["warmup"] else results)
+
+
 def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
     """Run one experiment (the given file) or every experiment of the claim; the bundles written."""
     if claim not in CLAIMS:
@@ -299,6 +255,10 @@ def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = 
         experiment = load_experiment(path)
         if experiment.claim != claim:
             raise ExperimentError(f"{path}: claim is {experiment.claim!r}, not {claim!r}")
+        if experiment.lab is not None:
+            if experiment_path:
+                raise ExperimentError(f"{path}: a lab (guest) experiment; run it with 'ticklab lab run {claim}'")
+            continue
         bundle = Capture(experiment, options, log=log).run()
         if bundle:
             log(f"{bundle}: sealed")

@@ -13,6 +13,7 @@ Both backends leave a directory ``ingest.read_trace`` reads, and report the even
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..host import HostChanges, facts
-from ..ingest import stats_lost_count
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"
 GUARDED = ("tracing_on", "current_tracer", "buffer_size_kb", "trace_clock")
@@ -43,6 +43,11 @@ class TraceResult:
     def record(self) -> dict:
         return {"backend": self.backend, "directory": self.directory.name, "lost_events": self.lost_events,
                 "lost_per_cpu": {str(k): v for k, v in self.lost_per_cpu.items()}}
+
+
+def stats_lost_count(text: str) -> int:
+    """Events lost according to per_cpu/cpuN/stats text (one or several CPUs): 'overrun' plus 'dropped events'."""
+    return sum(int(v) for v in re.findall(r"^\s*(?:overrun|dropped events):\s*(\d+)", text, re.M))
 
 
 def ensure_tracefs(host: HostChanges) -> Path:

@@ -1,4 +1,4 @@
-"""Running one workload and turning what it printed into tidy metric rows.
+"""Turning what a workload printed into tidy metric rows.
 
 Each parser reads the files a run left in its raw directory and returns rows of
 ``{"metric", "value", "unit"}``; it raises :class:`WorkloadOutputError` naming the file when the
@@ -7,41 +7,13 @@ output is not what the tool prints.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-
-class WorkloadOutputError(ValueError):
-    """A workload's output could not be parsed; the message names the file."""
-
-
-def run_command(argv: list[str], directory: Path, timeout_s: float) -> dict:
-    """Run argv with stdout/stderr into ``directory``; kill its process group on timeout or interrupt."""
-    started = time.time()
-    with (directory / "stdout.txt").open("w") as out, (directory / "stderr.txt").open("w") as err:
-        try:
-            process = subprocess.Popen(argv, stdout=out, stderr=err, cwd=directory, start_new_session=True)
-        except OSError as exc:
-            raise WorkloadOutputError(f"{argv[0]}: cannot start ({exc.strerror})") from exc
-        status = "ok"
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-    if status == "ok" and process.returncode != 0:
-        status = "failed"
-    return {"argv": argv, "start": started, "end": time.time(), "exit_status": process.returncode, "status": status}
+from .process import WorkloadOutputError
 
 
 def _header(path: Path) -> tuple[dict, list[str]]:
@@ -112,6 +84,17 @@ def parse_clockbench(directory: Path) -> list[dict]:
     ]
 
 
+def parse_timejobs(directory: Path) -> list[dict]:
+    """timejobs: total jobs/min over all threads (the AIM7-compute stand-in of the hpet guest experiment)."""
+    path = directory / "stdout.txt"
+    header, lines = _header(path)
+    if header.get("timejobs") != "1" or "jobs_per_min" not in header:
+        raise WorkloadOutputError(f"{path}: not timejobs output (no '# timejobs: 1' header or no jobs_per_min)")
+    if len(lines) - 1 != int(header["threads"]):
+        raise WorkloadOutputError(f"{path}: {len(lines) - 1} thread rows, header says {header['threads']}")
+    return [{"metric": "jobs_per_min", "value": float(header["jobs_per_min"]), "unit": "jobs/min"}]
+
+
 def _one_number(directory: Path, pattern: str, expected: str, metric: str, unit: str) -> list[dict]:
     path = directory / "stdout.txt"
     found = re.search(pattern, path.read_text(), re.M)
@@ -128,4 +111,4 @@ def parse_tbench(directory: Path) -> list[dict]:
     return _one_number(directory, r"^Throughput\s+([\d.]+)\s+MB/sec", "Throughput <n> MB/sec", "throughput_mb_s", "MB/s")
 
 
-PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "hackbench": parse_hackbench, "tbench": parse_tbench}
+PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "timejobs": parse_timejobs, "hackbench": parse_hackbench, "tbench": parse_tbench}

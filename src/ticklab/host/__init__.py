@@ -1,6 +1,6 @@
 """The host: facts recorded in manifests, and the one place privileged writes are made and undone."""
 
 from .facts import collect, host_id
-from .knobs import Change, HostChangeError, HostChanges, Interrupted, recover
+from .knobs import Change, HostChangeError, HostChanges, Interrupted, interrupting_signals, recover
 
 __all__ = ["Change", "HostChangeError", "HostChanges", "Interrupted", "collect", "host_id", "recover"]

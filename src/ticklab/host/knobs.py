@@ -42,6 +42,25 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+@contextlib.contextmanager
+def interrupting_signals():
+    """While inside, SIGTERM and SIGHUP raise :class:`Interrupted` (main thread only; elsewhere a no-op)."""
+    def raise_interrupted(signum, _frame):
+        raise Interrupted(signum)
+
+    previous = {}
+    try:
+        for signum in CATCH:
+            previous[signum] = signal.signal(signum, raise_interrupted)
+    except ValueError:  # not the main thread: the caller must restore explicitly
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def default_journal() -> Path:
     state = os.environ.get("TICKLAB_STATE_DIR")
     return Path(state) / JOURNAL_NAME if state else Path.home() / ".cache" / "ticklab" / JOURNAL_NAME
@@ -142,7 +161,6 @@ class HostChanges:
         self.log = log
         self.changes: list[Change] = []
         self.recovered: list[Change] = []
-        self._previous_handlers: dict[int, object] = {}
         self._active = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -151,7 +169,8 @@ class HostChanges:
             self.recovered = recover(self.journal, log=self.log)
             self.journal.parent.mkdir(parents=True, exist_ok=True)
             self._save_journal()
-        self._install_signal_handlers()
+        self._signals = interrupting_signals()
+        self._signals.__enter__()
         self._active = True
         return self
 
@@ -159,23 +178,8 @@ class HostChanges:
         try:
             self.restore()
         finally:
-            self._remove_signal_handlers()
+            self._signals.__exit__(None, None, None)
             self._active = False
-
-    def _install_signal_handlers(self) -> None:
-        def raise_interrupted(signum, _frame):
-            raise Interrupted(signum)
-
-        try:
-            for signum in CATCH:
-                self._previous_handlers[signum] = signal.signal(signum, raise_interrupted)
-        except ValueError:  # not the main thread: the caller must restore explicitly
-            self._previous_handlers.clear()
-
-    def _remove_signal_handlers(self) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers.clear()
 
     def _save_journal(self) -> None:
         data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "root": str(self.root),

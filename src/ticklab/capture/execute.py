@@ -1,0 +1,96 @@
+"""One run of an experiment: its condition's knobs applied, the server started, the trace recorded
+and the workload run, in a run directory.
+
+The same code makes a run on this host (`ticklab capture`) and inside a lab guest (`ticklab lab run`),
+so a run means the same thing in both places. Turning what the run wrote into results is done
+afterwards, on the host (:func:`ticklab.capture.runner.run_results`): the guest image carries no
+pandas.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from ..host import HostChanges
+from ..paths import repo_root
+from . import requirements, tracing
+from .experiment import Condition, Experiment, PlannedRun, fill_argv
+from .process import run_command
+
+# Knobs the lab sets when it boots a guest; inside the guest they are checked, not written.
+BOOT_KNOBS = ("boot_cmdline", "lab_kernel")
+
+
+def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition, found: dict) -> None:
+    for variable, kind in experiment.knobs.items():
+        if variable not in condition.values or kind in BOOT_KNOBS:
+            continue
+        value = condition.values[variable]
+        if kind == "clocksource":
+            host.set_clocksource(str(value))
+        elif kind.startswith("sched_feature:"):
+            host.set_sched_feature(kind.split(":", 1)[1], str(value).lower() in ("on", "1", "true", "yes"))
+        elif kind == "idle_config":
+            names = [s["name"] for s in found["cpuidle"]["states"]]
+            if value != "all":
+                deepest = str(value).split("=", 1)[1]
+                for name in names[names.index(deepest) + 1:]:
+                    host.set_cpuidle_state(name, disabled=True)
+
+
+def workload_values(experiment: Experiment, condition: Condition, found: dict) -> dict:
+    params = dict(experiment.workload.get("params") or {})
+    # Workloads run inside their run directory, so "{run_dir}" is "." and manifests hold no local paths.
+    return {"tools": str(requirements.tools_bin()), "repo": str(repo_root()), "run_dir": ".",
+            "nproc": found["nproc"], "last_cpu": found["online_cpus"][-1], **params, **condition.values}
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, found: dict, backend: str | None,
+                run_dir: Path) -> dict:
+    """Make one planned run in ``run_dir``; its manifest record (without results)."""
+    values = workload_values(experiment, planned.condition, found)
+    argv = fill_argv(experiment.workload["argv"], values, f"{experiment.path}: workload.argv")
+    trace_result = None
+    server = None
+    with host.scope() as scope:
+        apply_knobs(host, experiment, planned.condition, found)
+        if experiment.workload.get("server"):
+            server_argv = fill_argv(experiment.workload["server"], values, f"{experiment.path}: workload.server")
+            server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True)
+            time.sleep(float(experiment.workload.get("server_start_s", 1)))
+        try:
+            if experiment.trace:
+                with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
+                                      buffer_kb=int(experiment.trace.get("buffer_kb", 4096))) as recording:
+                    outcome = run_command(argv, run_dir, experiment.timeout_s)
+                trace_result = recording.result
+            else:
+                outcome = run_command(argv, run_dir, experiment.timeout_s)
+        finally:
+            if server is not None:
+                _stop(server)
+    return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
+            "warmup": planned.warmup, "values": planned.condition.values, **outcome,
+            "knobs": [c.record() for c in scope.changes],
+            "trace": trace_result.record() if trace_result else None}
+
+
+def run_once(experiment: Experiment, condition: Condition, host: HostChanges, found: dict, argv: list, source: str,
+             directory: Path, wrap: list[str] = ()) -> dict:
+    """``argv`` once under ``condition``'s knobs, in ``directory`` (profiles and cross-checks)."""
+    filled = fill_argv(argv, workload_values(experiment, condition, found), source)
+    with host.scope():
+        apply_knobs(host, experiment, condition, found)
+        return run_command([*wrap, *filled], directory, experiment.timeout_s)

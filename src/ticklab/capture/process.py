@@ -1,0 +1,35 @@
+"""Running one workload command in its run directory, killed with its process group on timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+class WorkloadOutputError(ValueError):
+    """A workload's output could not be parsed; the message names the file."""
+
+
+def run_command(argv: list[str], directory: Path, timeout_s: float) -> dict:
+    """Run argv with stdout/stderr into ``directory``; kill its process group on timeout or interrupt."""
+    started = time.time()
+    with (directory / "stdout.txt").open("w") as out, (directory / "stderr.txt").open("w") as err:
+        try:
+            process = subprocess.Popen(argv, stdout=out, stderr=err, cwd=directory, start_new_session=True)
+        except OSError as exc:
+            raise WorkloadOutputError(f"{argv[0]}: cannot start ({exc.strerror})") from exc
+        status = "ok"
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    if status == "ok" and process.returncode != 0:
+        status = "failed"
+    return {"argv": argv, "start": started, "end": time.time(), "exit_status": process.returncode, "status": status}
