@@ -1,0 +1,258 @@
+"""`ticklab lab build-kernel`: Debian's linux-source-6.12 + kernel/patches/6.12 + kernel/configs -> bzImage.
+
+A lab kernel is named by its variant (a fragment in kernel/configs merged over guest-base, e.g.
+``hz1000``) and cached in <cache>/kernels/<variant>-<key>/, where the key hashes the source package
+version, every patch and both fragments: change any of them and the next build is a new kernel.
+Builds happen in a temporary directory and are renamed into place only when complete, so an
+interrupted build never counts as built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..paths import repo_root
+from .cache import LabError, cache_dir, content_key
+
+SOURCE_PACKAGE = "linux-source-6.12"
+SOURCE_TARBALL = Path("/usr/src/linux-source-6.12.tar.xz")
+SOURCE_TOP = "linux-source-6.12"
+BASE_FRAGMENT = "guest-base"
+# Objects a guest kernel build compiles; only the progress bar uses it, and a finished build replaces it.
+EXPECTED_OBJECTS = 1400
+_OBJECT_LINE = re.compile(r"^\s+(CC|AS|AR|LD|OBJCOPY)\s")
+_CONFIG_LINE = re.compile(r"^(CONFIG_\w+)=(.*)$|^# (CONFIG_\w+) is not set$")
+
+
+def kernel_dir() -> Path:
+    return repo_root() / "kernel"
+
+
+def patch_paths() -> list[Path]:
+    return sorted((kernel_dir() / "patches" / "6.12").glob("*.patch"))
+
+
+def variants() -> list[str]:
+    return sorted(p.stem for p in (kernel_dir() / "configs").glob("*.config") if p.stem != BASE_FRAGMENT)
+
+
+def fragment_paths(variant: str) -> list[Path]:
+    if variant not in variants():
+        raise LabError(f"kernel/configs/{variant}.config: no such lab kernel variant (have: {', '.join(variants())})")
+    return [kernel_dir() / "configs" / f"{BASE_FRAGMENT}.config", kernel_dir() / "configs" / f"{variant}.config"]
+
+
+def source_version() -> str:
+    """The installed linux-source-6.12 package version, or a LabError saying how to install it."""
+    try:
+        result = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", SOURCE_PACKAGE], capture_output=True,
+                                text=True, check=False)
+    except OSError:
+        result = None
+    if result is None or result.returncode != 0 or not SOURCE_TARBALL.is_file():
+        raise LabError(f"{SOURCE_TARBALL}: missing; install the kernel source with "
+                       f"'apt-get install {SOURCE_PACKAGE}' (Debian 12 or later)")
+    return result.stdout.strip()
+
+
+def patch_files(patch: Path) -> list[str]:
+    """The files a patch changes (its '+++ b/...' lines)."""
+    return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.M)]
+
+
+def check_patches(source: Path) -> list[tuple[Path, bool, str]]:
+    """``patch --dry-run`` of every patch, in order, against an unpatched tree: (patch, applies, output)."""
+    checked = []
+    for patch in patch_paths():
+        result = subprocess.run(["patch", "-p1", "--dry-run", "--batch", "--forward", "-d", str(source), "-i", str(patch)],
+                                capture_output=True, text=True, check=False)
+        checked.append((patch, result.returncode == 0, (result.stdout + result.stderr).strip()))
+    return checked
+
+
+def fragment_options(paths: list[Path]) -> dict[str, str]:
+    """CONFIG_X -> value ('n' for '# CONFIG_X is not set'), later fragments winning."""
+    wanted = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            match = _CONFIG_LINE.match(line.strip())
+            if match and match.group(1):
+                wanted[match.group(1)] = match.group(2)
+            elif match:
+                wanted[match.group(3)] = "n"
+    return wanted
+
+
+def unmet_options(wanted: dict[str, str], config_text: str) -> list[str]:
+    """Options of the fragments that olddefconfig did not keep (a dependency is missing)."""
+    have = {}
+    for line in config_text.splitlines():
+        match = _CONFIG_LINE.match(line.strip())
+        if match and match.group(1):
+            have[match.group(1)] = match.group(2)
+    return [f"{name}={value} (got {have.get(name, 'n')})" for name, value in wanted.items() if have.get(name, "n") != value]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class LabKernel:
+    variant: str
+    key: str
+    directory: Path
+
+    @property
+    def image(self) -> Path:
+        return self.directory / "bzImage"
+
+    @property
+    def info(self) -> dict:
+        return json.loads((self.directory / "build.json").read_text())
+
+    def record(self) -> dict:
+        info = self.info
+        return {"variant": self.variant, "key": self.key, "release": info["release"], "hz": info.get("hz"),
+                "source": info["source"], "patches": info["patches"], "bzImage_sha256": info["bzImage_sha256"]}
+
+
+def kernel_key(version: str, variant: str) -> str:
+    parts = [("source", version.encode())]
+    parts += [(f"patch/{p.name}", p.read_bytes()) for p in patch_paths()]
+    parts += [(f"config/{p.name}", p.read_bytes()) for p in fragment_paths(variant)]
+    return content_key(parts)
+
+
+def cached_kernel(variant: str) -> LabKernel | None:
+    key = kernel_key(source_version(), variant)
+    directory = cache_dir() / "kernels" / f"{variant}-{key}"
+    return LabKernel(variant, key, directory) if (directory / "build.json").is_file() else None
+
+
+def _run(argv: list[str], log, cwd: Path | None = None) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, check=False)
+    if result.returncode != 0:
+        raise LabError(f"{log.name}: '{' '.join(argv[:3])} ...' exited {result.returncode}")
+
+
+def patched_source(version: str, say=print) -> Path:
+    """The extracted, patched source tree for this package version and patch set (made once)."""
+    key = content_key([("source", version.encode())] + [(p.name, p.read_bytes()) for p in patch_paths()])
+    tree = cache_dir() / "src" / f"{version}-{key}"
+    if (tree / ".ticklab-patched").is_file():
+        return tree
+    staging = tree.with_name(tree.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        say(f"extracting {SOURCE_TARBALL} ...")
+        subprocess.run(["tar", "-xf", str(SOURCE_TARBALL), "-C", str(staging)], check=True)
+        source = staging / SOURCE_TOP
+        for patch in patch_paths():
+            result = subprocess.run(["patch", "-p1", "--batch", "--forward", "-d", str(source), "-i", str(patch)],
+                                    capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise LabError(f"{patch}: does not apply to {SOURCE_PACKAGE} {version}:\n{result.stdout}{result.stderr}")
+            say(f"applied {patch.name}")
+        (source / ".ticklab-patched").write_text("".join(f"{p.name}\n" for p in patch_paths()))
+        source.rename(tree)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tree
+
+
+def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, say=print, force: bool = False) -> LabKernel:
+    """The cached lab kernel of ``variant``, building it first if needed (minutes)."""
+    version = source_version()
+    key = kernel_key(version, variant)
+    final = cache_dir() / "kernels" / f"{variant}-{key}"
+    if (final / "build.json").is_file() and not force:
+        say(f"lab kernel {variant} is cached: {final}")
+        return LabKernel(variant, key, final)
+    source = patched_source(version, say)
+    work = final.with_name(final.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    objects = work / "obj"
+    objects.mkdir(parents=True)
+    jobs = jobs or os.cpu_count() or 1
+    make = ["make", "-C", str(source), f"O={objects}", "ARCH=x86_64"]
+    fragments = fragment_paths(variant)
+    started = time.monotonic()
+    try:
+        with (work / "build.log").open("w") as log:
+            _run([*make, "tinyconfig"], log)
+            _run([str(source / "scripts" / "kconfig" / "merge_config.sh"), "-m", "-O", str(objects),
+                  str(objects / ".config"), *map(str, fragments)], log, cwd=source)
+            _run([*make, "olddefconfig"], log)
+            unmet = unmet_options(fragment_options(fragments), (objects / ".config").read_text())
+            if unmet:
+                raise LabError(f"kernel/configs: options that did not survive olddefconfig (a dependency is off): "
+                               + ", ".join(unmet))
+            count = _compile(make, jobs, log, progress, variant)
+            release = subprocess.run([*make, "-s", "kernelrelease"], capture_output=True, text=True,
+                                     check=True).stdout.strip().splitlines()[-1]
+        shutil.copy2(objects / "arch" / "x86" / "boot" / "bzImage", work / "bzImage")
+        shutil.copy2(objects / ".config", work / "config")
+        hz = re.search(r"^CONFIG_HZ=(\d+)$", (work / "config").read_text(), re.M)
+        info = {
+            "variant": variant, "key": key, "release": release, "hz": int(hz.group(1)) if hz else None,
+            "source": {"package": SOURCE_PACKAGE, "version": version},
+            "patches": [{"name": p.name, "sha256": _sha256(p)} for p in patch_paths()],
+            "fragments": [{"name": p.name, "sha256": _sha256(p)} for p in fragments],
+            "bzImage_sha256": _sha256(work / "bzImage"), "objects": count, "jobs": jobs,
+            "build_seconds": round(time.monotonic() - started, 1), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "compiler": subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+        }
+        (work / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+        shutil.rmtree(objects)
+        if final.exists():
+            shutil.rmtree(final)
+        work.rename(final)
+    except BaseException:
+        shutil.rmtree(objects, ignore_errors=True)  # keep build.log in the .tmp directory for a look, not the objects
+        raise
+    say(f"lab kernel {variant} ({release}, HZ={info['hz']}) built in {info['build_seconds']:.0f} s: {final}")
+    return LabKernel(variant, key, final)
+
+
+def _previous_object_count() -> int:
+    counts = [json.loads(p.read_text()).get("objects", 0) for p in (cache_dir() / "kernels").glob("*/build.json")]
+    return max([c for c in counts if c] or [EXPECTED_OBJECTS])
+
+
+def _compile(make: list[str], jobs: int, log, progress: bool, variant: str) -> int:
+    argv = [*make, f"-j{jobs}", "bzImage"]
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    count = 0
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) as process:
+        try:
+            with tqdm(total=_previous_object_count(), desc=f"build {variant}", unit="obj", disable=not progress,
+                      file=sys.stderr) as bar:
+                for line in process.stdout:
+                    log.write(line)
+                    if _OBJECT_LINE.match(line):
+                        count += 1
+                        bar.update(1)
+            process.wait()
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
+                process.wait()
+    if process.returncode != 0:
+        raise LabError(f"{log.name}: kernel build failed (exit {process.returncode}); the end of the log says why")
+    return count
