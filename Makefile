@@ -7,7 +7,7 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: reproduce test env lock clean tools capture doctor bench
+.PHONY: reproduce test env lock clean tools capture doctor bench lab lab-kernels
 
 reproduce: $(STAMP)
 	$(BIN)/ticklab report --out $(OUT)
@@ -26,6 +26,19 @@ doctor: $(STAMP) tools
 
 capture: $(STAMP) tools
 	@for claim in $(CLAIMS); do $(BIN)/ticklab capture $$claim || exit $$?; done
+
+# The guest lab (root; a kernel build takes about 6 minutes on 2 cores, each guest boot a few seconds under
+# TCG): lab kernels from linux-source-6.12 + kernel/patches, the guest image, then every claim's lab
+# experiments in QEMU guests. LAB_CLAIMS=... to choose, LAB_ARGS="--runs 3" to pass options to 'lab run'.
+LAB_VARIANTS ?= hz1000 hz250
+LAB_CLAIMS ?= nohz hpet hrtick pvspinlock
+LAB_ARGS ?=
+lab-kernels: $(STAMP) tools
+	$(BIN)/ticklab lab build-kernel --variant $(LAB_VARIANTS)
+	$(BIN)/ticklab lab build-image
+
+lab: lab-kernels
+	@for claim in $(LAB_CLAIMS); do $(BIN)/ticklab lab run $$claim $(LAB_ARGS) || exit $$?; done
 
 # Ingest speed against 'trace-cmd report' on the same trace (root: records a trace first).
 bench: $(STAMP) tools

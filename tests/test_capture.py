@@ -46,7 +46,7 @@ def test_every_runner_definition_loads_and_names_its_claim():
             experiment = load_experiment(path)
             assert experiment.claim == claim, path
             assert experiment.runs >= 10, f"{path}: runs per condition must default to >= 10"
-    assert {p.parent.name for c in CLAIMS for p in experiment_paths(c)} == {"hpet", "hrtick", "acpi-idle", "nohz"}
+    assert {p.parent.name for c in CLAIMS for p in experiment_paths(c)} >= {"hpet", "hrtick", "acpi-idle", "nohz"}
 
 
 def test_malformed_experiments_name_the_file_and_key(tmp_path):

@@ -73,6 +73,40 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lab(args: argparse.Namespace) -> int:
+    from .bundle import BundleError
+    from .capture.experiment import ExperimentError
+    from .lab.cache import LabError
+
+    try:
+        if args.lab_command == "build-kernel":
+            from .lab.kernel import build_kernel
+
+            variants = args.variant or [f"hz{args.hz}"]
+            for variant in variants:
+                build_kernel(variant, jobs=args.jobs, progress=not args.no_progress, force=args.force)
+        elif args.lab_command == "build-image":
+            from .lab.image import build_image
+
+            image = build_image(force=args.force)
+            print(f"guest image {image.key}: {image.initramfs}")
+        else:
+            from .lab.run import LabOptions, lab_run
+
+            options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, out=args.out, accel=args.accel,
+                                 smp=args.smp, cmdline=args.cmdline or "", backend=args.backend,
+                                 progress=not args.no_progress, build=not args.no_build)
+            lab_run(args.claim, options, experiment_path=args.experiment)
+    except (LabError, ExperimentError, BundleError) as exc:
+        print(f"ticklab lab {args.lab_command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print(f"ticklab lab {args.lab_command}: interrupted ({exc or 'SIGINT'}); no guest is left running",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from .ingest import TraceFormatError, read_trace, write_tables
 
@@ -130,6 +164,35 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     cap.set_defaults(func=_capture)
+
+    lab = sub.add_parser("lab", help="the guest lab: lab kernels, the guest image, experiments in QEMU guests")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="COMMAND")
+    kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from linux-source-6.12")
+    kernel.add_argument("--hz", type=int, choices=[1000, 250], default=1000, help="tick rate (default 1000)")
+    kernel.add_argument("--variant", nargs="+", help="kernel/configs variant(s) instead of --hz (e.g. hz1000 hz250)")
+    kernel.add_argument("--jobs", type=int, help="parallel compile jobs (default: number of CPUs)")
+    kernel.add_argument("--force", action="store_true", help="rebuild even when cached")
+    kernel.add_argument("--no-progress", action="store_true", help="no progress bar")
+    kernel.set_defaults(func=_lab)
+    image = lab_sub.add_parser("build-image", help="build (or find cached) the guest initramfs")
+    image.add_argument("--force", action="store_true", help="rebuild even when cached")
+    image.set_defaults(func=_lab)
+    lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
+    lab_run.add_argument("claim", choices=list(CLAIMS))
+    lab_run.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
+                         help="KVM only if a test guest boots with it (auto, the default), or force one")
+    lab_run.add_argument("--smp", type=int, help="vCPUs (default: the experiment's)")
+    lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
+    lab_run.add_argument("--runs", type=int, help="measured runs per condition (default: the experiment's)")
+    lab_run.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
+    lab_run.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
+    lab_run.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
+    lab_run.add_argument("--experiment", type=Path, help="one lab experiment file instead of all of the claim's")
+    lab_run.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
+                         help="tracing backend inside the guest (default: trace-cmd where it works)")
+    lab_run.add_argument("--no-build", action="store_true", help="fail instead of building a missing lab kernel")
+    lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab_run.set_defaults(func=_lab)
 
     ingest = sub.add_parser("ingest", help="trace.dat or a tracefs capture -> one Parquet table per event")
     ingest.add_argument("trace", type=Path, help="a trace.dat, or a bundle run's trace/ directory")

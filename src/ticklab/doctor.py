@@ -20,6 +20,9 @@ from .capture import requirements, tracing
 from .capture.experiment import experiment_paths, load_experiment
 from .claims import CLAIMS
 from .host import HostChangeError, HostChanges, collect
+from .lab import kernel as lab_kernel
+from .lab import qemu
+from .lab.cache import LabError
 
 KVM_GET_API_VERSION = 0xAE00
 
@@ -47,8 +50,37 @@ def kvm() -> tuple[bool, str]:
         return False, f"/dev/kvm does not answer ({exc.strerror})"
     if shutil.which("qemu-system-x86_64") is None:
         return False, f"/dev/kvm answers (API {version}) but QEMU is not installed, so no guest boot was tried"
+    probed = qemu.cached_kvm_probe()
+    if probed is not None:
+        return probed
     return False, (f"/dev/kvm answers (API {version}); whether a guest boots is only known by booting one "
-                   "(the guest lab tries it and falls back to TCG)")
+                   "('ticklab lab run' tries it and falls back to TCG)")
+
+
+def lab_checks() -> dict[str, tuple[bool, str]]:
+    """What the guest lab needs: QEMU, the kernel source, built kernels, the image's programs."""
+    checks = {"qemu": requirements.check_program("qemu-system-x86_64")}
+    try:
+        version = lab_kernel.source_version()
+        checks["linux-source-6.12"] = (True, f"{lab_kernel.SOURCE_TARBALL} ({version})")
+        for variant in lab_kernel.variants():
+            found = lab_kernel.cached_kernel(variant)
+            checks[f"lab kernel {variant}"] = ((True, f"built: {found.directory}") if found else
+                                               (False, f"not built yet: ticklab lab build-kernel --variant {variant}"))
+    except LabError as exc:
+        checks["linux-source-6.12"] = (False, str(exc))
+    for program in ("busybox", "cpio"):
+        checks[program] = requirements.check_program(program)
+    return checks
+
+
+def lab_experiment(experiment, checks: dict) -> dict:
+    """Whether a guest experiment can run here: QEMU, the kernel source, and KVM where it insists on it."""
+    missing = [f"{name}: {checks[name][1]}" for name in ("qemu", "linux-source-6.12") if not checks[name][0]]
+    if (experiment.lab or {}).get("accel") == "kvm" and not checks["kvm guest"][0]:
+        missing.append(f"needs KVM: {checks['kvm guest'][1]}")
+    return {"runs": not missing, "why": "; ".join(missing) or "in the guest lab: ticklab lab run "
+            + experiment.claim + (" (KVM)" if checks["kvm guest"][0] else " (TCG)")}
 
 
 def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
@@ -73,10 +105,10 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
         checks["cpuidle"] = requirements.check_cpuidle(host, found)
         checks["sched features (HRTICK)"] = requirements.check_sched_features(host, found, "HRTICK")
         checks["kvm guest"] = kvm()
-        checks["qemu"] = requirements.check_program("qemu-system-x86_64")
+        checks.update(lab_checks())
         for program in ("hackbench", "tbench", "tbench_srv", "rtla"):
             checks[program] = requirements.check_program(program)
-        for tool in ("ftq", "clockbench"):
+        for tool in ("ftq", "clockbench", "timejobs"):
             checks[tool] = requirements.check_tool(tool)
         for tracer in ("osnoise", "timerlat"):
             checks[f"{tracer} tracer"] = requirements.check(f"tracer:{tracer}", host, found)
@@ -85,6 +117,9 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
             experiments = {}
             for path in experiment_paths(claim):
                 experiment = load_experiment(path)
+                if experiment.lab is not None:
+                    experiments[experiment.name] = lab_experiment(experiment, checks)
+                    continue
                 results = {r: requirements.check(r, host, found) for r in experiment.requires}
                 missing = [f"{r}: {why}" for r, (ok, why) in results.items() if not ok]
                 experiments[experiment.name] = {"runs": not missing, "why": "; ".join(missing) or "all requirements met"}

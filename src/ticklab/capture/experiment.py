@@ -13,6 +13,12 @@ variables; a value may name something only the host knows:
 own ``requires`` are met (otherwise the manifest says why it was skipped); they never enter
 results.csv. Variables listed under ``knobs`` are applied to the host before each run (clocksource,
 sched_feature:<NAME>, idle_config); every other variable only fills the workload's argv.
+
+An experiment with a ``lab`` section runs in a lab guest (`ticklab lab run`), not on the host:
+``lab: {kernel: hz1000, smp: 2, memory_mb: 1024, cmdline: "...", accel: any|kvm, boot_timeout_s: 300}``.
+Its conditions may change what the guest boots with, through the knobs ``boot_cmdline`` (kernel
+command-line words), ``lab_kernel`` (a kernel/configs variant) and ``lab_smp`` (vCPUs); every run is
+its own boot, so runs stay interleaved.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ import yaml
 from ..paths import repo_root
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
-KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes"}
-KNOB_KINDS = ("clocksource", "idle_config")
+KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
+         "lab"}
+KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp")
+LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s"}
 
 
 class ExperimentError(ValueError):
@@ -63,6 +71,7 @@ class Experiment:
     extras: list[dict] = field(default_factory=list)
     notes: str | None = None
     definition: dict = field(default_factory=dict)
+    lab: dict | None = None
 
 
 def runners_dir() -> Path:
@@ -101,6 +110,9 @@ def load_experiment(path: Path | str) -> Experiment:
     for index, extra in enumerate(data.get("extras") or []):
         if not isinstance(extra, dict) or not {"name", "argv"} <= set(extra) or not isinstance(extra["argv"], list):
             raise ExperimentError(f"{path}: extras[{index}] needs a name and an argv list")
+    lab = data.get("lab")
+    if lab is not None and (not isinstance(lab, dict) or set(lab) - LAB_KEYS):
+        raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)
 

@@ -13,6 +13,7 @@ Both backends leave a directory ``ingest.read_trace`` reads, and report the even
 from __future__ import annotations
 
 import os
+import pty
 import re
 import shutil
 import signal
@@ -229,21 +230,49 @@ class TraceCmdRecorder:
         guard_tracefs(self.host, tracefs, "trace-cmd")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.log_path = self.directory / "trace-cmd.log"
-        argv = ["trace-cmd", "record", "-b", str(self.buffer_kb), "-o", str(self.directory / "trace.dat")]
+        # uncompressed (trace-cmd 3 compresses v7 files with zstd when it can), so ingest reads every trace.dat
+        argv = ["trace-cmd", "record", "--compression", "none", "-b", str(self.buffer_kb), "-o", str(self.directory / "trace.dat")]
         for event in self.events:
             argv += ["-e", event]
-        self.log = self.log_path.open("w")
+        self.log = self.log_path.open("wb")
+        # trace-cmd block-buffers stdout that is not a terminal, so "Hit Ctrl^C" would only arrive at
+        # exit: give it a pseudo-terminal and copy what it says into trace-cmd.log.
+        terminal, child_side = pty.openpty()
+        self._started = threading.Event()
         with self.host.watching_mounts("trace-cmd record"):
-            self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.directory,
-                                            start_new_session=True)
-        deadline = time.monotonic() + 60
-        while "Hit Ctrl^C" not in self.log_path.read_text():
+            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=child_side, stderr=child_side,
+                                            cwd=self.directory, start_new_session=True)
+        os.close(child_side)
+        self._copier = threading.Thread(target=self._copy_output, args=(terminal,), daemon=True)
+        self._copier.start()
+        deadline = time.monotonic() + 120
+        while not self._started.wait(0.05):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.process.kill()
+                self.process.wait()
+                self._copier.join(5)
+                self.log.close()
                 self._scope.close()
                 raise TracingError(f"{self.log_path}: trace-cmd record did not start: {self.log_path.read_text()[-300:]}")
-            time.sleep(0.05)
         return self
+
+    def _copy_output(self, terminal: int) -> None:
+        seen = b""
+        try:
+            while True:
+                try:
+                    chunk = os.read(terminal, 4096)
+                except OSError:  # EIO: trace-cmd exited and closed the terminal
+                    break
+                if not chunk:
+                    break
+                self.log.write(chunk)
+                self.log.flush()
+                seen = (seen + chunk)[-64:]
+                if b"Hit Ctrl^C" in seen:
+                    self._started.set()
+        finally:
+            os.close(terminal)
 
     def __exit__(self, *exc_info) -> None:
         try:
@@ -254,6 +283,7 @@ class TraceCmdRecorder:
                 except subprocess.TimeoutExpired:
                     self.process.kill()
                     self.process.wait()
+            self._copier.join(30)
             self.log.close()
             lost = stats_lost_count(self.log_path.read_text())
             self.result = TraceResult(self.backend, self.directory, lost)

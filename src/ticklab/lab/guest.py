@@ -1,0 +1,103 @@
+"""The guest side of `ticklab lab run`: ``python3 -m ticklab.lab.guest /mnt/share/job.json``.
+
+Runs inside the lab guest (started by runners/vm/init) and makes exactly one planned run with the
+same code `ticklab capture` uses on a host (:func:`ticklab.capture.execute.execute_run`). The run is
+made in the guest's tmpfs, so tracing never writes through 9p, and then copied to the share with
+result.json: the run's record, the guest's facts, the requirement checks, the tracing backend, and
+whether the booted kernel matches the condition. It imports nothing the image lacks (no pandas).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import traceback
+from pathlib import Path
+
+from ..capture import requirements, tracing
+from ..capture.execute import execute_run, run_once
+from ..capture.experiment import Condition, PlannedRun, load_experiment
+from ..host import HostChanges, collect
+
+WORK = Path("/tmp/ticklab-run")
+
+
+def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | None, found: dict) -> list[str]:
+    """How the booted guest differs from what the condition asked for (empty when it matches)."""
+    problems = []
+    booted = (found.get("cmdline") or "").split()
+    missing = [token for token in expected_cmdline if token not in booted]
+    if missing:
+        problems.append(f"/proc/cmdline lacks {' '.join(missing)}")
+    current = (found.get("clocksources") or {}).get("current")
+    if expected_clocksource and current != expected_clocksource:
+        problems.append(f"clocksource is {current}, the condition asks for {expected_clocksource}")
+    return problems
+
+
+def run_job(job_path: Path, work: Path = WORK) -> dict:
+    job = json.loads(job_path.read_text())
+    share = job_path.parent
+    experiment = load_experiment(share / "experiment.yaml")
+    planned = PlannedRun(job["run"], job["order"], Condition(job["condition"]["name"], job["condition"]["values"]),
+                         job["warmup"])
+    result: dict = {"run": planned.run}
+    run_dir = work / "raw" / planned.run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    host = HostChanges(work / "host-changes.json", log=lambda message: print(message, file=sys.stderr))
+    try:
+        with host:
+            if experiment.trace:
+                tracing.ensure_tracefs(host)
+            found = collect()
+            result["facts"] = found
+            checks = {r: requirements.check(r, host, found) for r in experiment.requires}
+            result["requirements"] = {r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()}
+            failed = {r: why for r, (ok, why) in checks.items() if not ok}
+            if failed:
+                result["not_testable"] = "; ".join(f"{r}: {why}" for r, why in failed.items())
+                return result
+            mismatch = boot_mismatches(job.get("cmdline", []), job.get("clocksource"), found)
+            if job.get("extra"):
+                result["extra"] = _extra(experiment, planned.condition, host, found, job["extra"], run_dir)
+                result["extra"]["boot_mismatch"] = mismatch
+                return result
+            backend, why = tracing.choose_backend(host, job.get("backend", "auto")) if experiment.trace else (None, None)
+            result["tracing"] = {"backend": backend, "why": why}
+            record = execute_run(experiment, planned, host, found, backend, run_dir)
+            record["boot_mismatch"] = mismatch
+            result["record"] = record
+        result["knobs"] = host.records()
+    except Exception:  # reported to the host, which records the run as failed with this text
+        result["error"] = traceback.format_exc()
+    finally:
+        destination = share / "raw" / planned.run
+        if run_dir.is_dir():
+            shutil.copytree(run_dir, destination, dirs_exist_ok=True)
+        (share / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result
+
+
+def _extra(experiment, condition: Condition, host: HostChanges, found: dict, name: str, run_dir: Path) -> dict:
+    """A cross-check (experiment ``extras``) once under ``condition``, or why it was skipped in this guest."""
+    extra = next(e for e in experiment.extras if e["name"] == name)
+    checks = {r: requirements.check(r, host, found) for r in extra.get("requires", [])}
+    missing = "; ".join(f"{r}: {why}" for r, (ok, why) in checks.items() if not ok)
+    if missing:
+        return {"name": name, "condition": condition.name, "skipped": missing}
+    outcome = run_once(experiment, condition, host, found, extra["argv"], f"{experiment.path}: extras.{name}.argv", run_dir)
+    return {"name": name, "condition": condition.name, **outcome}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python3 -m ticklab.lab.guest /mnt/share/job.json", file=sys.stderr)
+        return 2
+    result = run_job(Path(argv[0]))
+    return 1 if "error" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Booting a lab kernel and the guest image under QEMU: the command line, the accelerator, the timeout.
+
+KVM is used only when a test guest really boots with it (a /dev/kvm that exists is not enough: on
+some hosts guests hang or fail under it); otherwise TCG, software emulation, which is slower but
+has a real emulated HPET and runs our kernel and tracing unchanged. The probe's answer is cached
+per host boot and QEMU version. QEMU runs in its own session and is killed, with anything it
+started, when its time is up or the caller is interrupted, so no QEMU process outlives a boot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cache import LabError, cache_dir
+
+QEMU = "qemu-system-x86_64"
+SHARE_TAG = "ticklab"
+BASE_CMDLINE = ["console=ttyS0", "panic=-1", "rdinit=/init"]
+ACCELERATORS = ("auto", "kvm", "tcg")
+KVM_PROBE_TIMEOUT_S = 30  # a lab guest boots in about 4 s under TCG
+
+
+@dataclass
+class Boot:
+    kernel: Path
+    initrd: Path
+    share: Path
+    console: Path
+    cmdline: list[str] = field(default_factory=list)
+    accel: str = "tcg"
+    smp: int = 2
+    memory_mb: int = 1024
+    timeout_s: float = 600
+
+    def full_cmdline(self) -> str:
+        return " ".join([*BASE_CMDLINE, *self.cmdline])
+
+    def argv(self) -> list[str]:
+        for path in (self.kernel, self.initrd, self.share, self.console):
+            if "," in str(path):
+                raise LabError(f"{path}: QEMU options cannot take a path with a comma")
+        return [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-monitor", "none",
+                "-machine", "pc", "-accel", self.accel, "-cpu", "host" if self.accel == "kvm" else "max",
+                "-smp", str(self.smp), "-m", f"{self.memory_mb}M",
+                "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", self.full_cmdline(),
+                "-serial", f"file:{self.console}",
+                "-virtfs", f"local,path={self.share},mount_tag={SHARE_TAG},security_model=none,id=share"]
+
+
+def qemu_version() -> str | None:
+    if shutil.which(QEMU) is None:
+        return None
+    result = subprocess.run([QEMU, "--version"], capture_output=True, text=True, check=False)
+    return result.stdout.splitlines()[0] if result.stdout else None
+
+
+def require_qemu() -> str:
+    version = qemu_version()
+    if version is None:
+        raise LabError(f"{QEMU} is not installed: apt-get install qemu-system-x86")
+    return version
+
+
+def run_boot(boot: Boot) -> dict:
+    """Boot once and wait for the guest to power off; {status: ok|timeout|failed, exit, seconds}."""
+    started = time.monotonic()
+    with (boot.console.with_suffix(".qemu.txt")).open("w") as qemu_log:
+        process = subprocess.Popen(boot.argv(), stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        status = "ok"
+        try:
+            process.wait(timeout=boot.timeout_s)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    if status == "ok" and process.returncode != 0:
+        status = "failed"
+    return {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 2),
+            "accel": boot.accel, "smp": boot.smp, "memory_mb": boot.memory_mb, "cmdline": boot.full_cmdline()}
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def cached_kvm_probe() -> tuple[bool, str] | None:
+    """The KVM probe's answer for this host boot and QEMU version, if a probe ran; else None."""
+    version = qemu_version()
+    try:
+        cached = json.loads((cache_dir() / "kvm-probe.json").read_text())
+        if version and cached.get("identity") == {"boot_id": _boot_id(), "qemu": version}:
+            return cached["ok"], cached["why"]
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
+def probe_kvm(kernel: Path, initrd: Path) -> tuple[bool, str]:
+    """Does a test guest boot under KVM here? (answer, reason); cached per host boot and QEMU version."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False, "/dev/kvm is missing or not accessible"
+    version = require_qemu()
+    cache = cache_dir() / "kvm-probe.json"
+    identity = {"boot_id": _boot_id(), "qemu": version}
+    cached = cached_kvm_probe()
+    if cached is not None:
+        return cached
+    with tempfile.TemporaryDirectory(prefix="ticklab-kvm-probe-") as share:
+        share = Path(share)
+        boot = Boot(kernel, initrd, share, share / "console.log", accel="kvm", smp=1, memory_mb=512,
+                    timeout_s=KVM_PROBE_TIMEOUT_S)
+        outcome = run_boot(boot)
+        booted = (share / "booted").is_file()
+        tail = (share / "console.qemu.txt").read_text()[-200:].strip()
+    if booted:
+        ok, why = True, f"a test guest booted under KVM in {outcome['seconds']:.0f} s"
+    else:
+        ok, why = False, (f"a test guest did not boot under KVM ({outcome['status']}, exit {outcome['exit']}"
+                          f"{': ' + tail if tail else ''}); using TCG")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"identity": identity, "ok": ok, "why": why}, indent=2) + "\n")
+    return ok, why
+
+
+def choose_accelerator(preference: str, kernel: Path, initrd: Path) -> tuple[str, str]:
+    """(accelerator, why) for ``--accel auto|kvm|tcg``."""
+    if preference not in ACCELERATORS:
+        raise LabError(f"--accel {preference!r}: choose one of {', '.join(ACCELERATORS)}")
+    if preference == "tcg":
+        return "tcg", "TCG requested"
+    ok, why = probe_kvm(kernel, initrd)
+    if ok:
+        return "kvm", why
+    if preference == "kvm":
+        raise LabError(f"--accel kvm: {why}")
+    return "tcg", why

@@ -1,0 +1,267 @@
+"""`ticklab lab run <claim>`: an experiment's runs, each in its own boot of a lab guest, into one sealed bundle.
+
+The host plans the runs exactly as `ticklab capture` does (warm-ups, then a seeded shuffle), boots
+the lab kernel of each run's condition with its command line under QEMU, and leaves the job, the
+experiment file and an empty raw directory in a 9p share. Inside, :mod:`ticklab.lab.guest` makes the
+run with the capture code and writes the run back through the share; the host then moves it into the
+bundle, checks that /proc/cmdline and the clocksource match the condition, and parses the results.
+Bundles go to traces/<guest host-id>/<claim>/ where the host-id names the guest, the accelerator,
+the kernel and the physical host. An interrupt kills the guest, removes the share, and leaves the
+bundle ``incomplete`` with the runs it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..bundle import BundleWriter
+from ..capture.execute import workload_values
+from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
+                                  load_experiment, schedule)
+from ..capture.runner import _shown_path, add_run, tool_versions
+from ..host import collect, host_id, interrupting_signals
+from ..paths import traces_dir
+from . import image as guest_image
+from . import kernel as lab_kernel
+from . import qemu
+from .cache import LabError
+
+DEFAULT_LAB = {"kernel": "hz1000", "smp": 2, "memory_mb": 1024, "cmdline": "", "accel": "any", "boot_timeout_s": 300}
+
+
+@dataclass
+class LabOptions:
+    runs: int | None = None
+    warmup: int | None = None
+    seed: int | None = None
+    out: Path | None = None
+    accel: str = "auto"
+    smp: int | None = None
+    cmdline: str = ""
+    backend: str = "auto"
+    progress: bool = True
+    build: bool = True
+
+
+def lab_experiments(claim: str) -> list[Path]:
+    return [p for p in experiment_paths(claim) if load_experiment(p).lab is not None]
+
+
+def _knob(experiment: Experiment, kind: str) -> str | None:
+    return next((variable for variable, k in experiment.knobs.items() if k == kind), None)
+
+
+def boot_settings(experiment: Experiment, condition: Condition, options: LabOptions) -> dict:
+    """What a run of ``condition`` boots with: kernel variant, vCPUs, command-line words, clocksource."""
+    lab = {**DEFAULT_LAB, **experiment.lab}
+    values = condition.values
+    kernel_var, smp_var, cmdline_var = (_knob(experiment, k) for k in ("lab_kernel", "lab_smp", "boot_cmdline"))
+    words = [*str(lab["cmdline"] or "").split(), *(str(values[cmdline_var]).split() if cmdline_var in values else []),
+             *options.cmdline.split()]
+    clocksource = next((w.split("=", 1)[1] for w in reversed(words) if w.startswith("clocksource=")), None)
+    smp = int(values[smp_var]) if smp_var in values else int(options.smp or lab["smp"])
+    return {"kernel": str(values[kernel_var]) if kernel_var in values else str(lab["kernel"]), "smp": smp,
+            "memory_mb": int(lab["memory_mb"]), "cmdline": words, "clocksource": clocksource}
+
+
+def planning_facts(smp: int) -> dict:
+    """What condition expansion may ask of the guest before it has booted (nproc is the vCPU count)."""
+    return {"nproc": smp, "online_cpus": list(range(smp)), "clocksources": {"available": [], "current": None},
+            "cpuidle": {"driver": None, "states": []}}
+
+
+def guest_host_id(accel: str, smp_values: set[int], release: str, physical: dict) -> str:
+    vcpus = "-".join(str(n) for n in sorted(smp_values))
+    identity = f"guest-{accel}-{vcpus}vcpu-{release}-on-{host_id(physical)}".lower()
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in identity)[:100].rstrip("-.")
+
+
+class LabRun:
+    def __init__(self, experiment: Experiment, options: LabOptions, log=print):
+        self.experiment, self.options, self.log = experiment, options, log
+        self.writer: BundleWriter | None = None
+
+    def _prepare(self):
+        experiment, options = self.experiment, self.options
+        runs = options.runs or experiment.runs
+        warmup = experiment.warmup if options.warmup is None else options.warmup
+        seed = experiment.seed if options.seed is None else options.seed
+        lab = {**DEFAULT_LAB, **experiment.lab}
+        conditions = expand_conditions(experiment, planning_facts(int(options.smp or lab["smp"])))
+        if not conditions:
+            raise ExperimentError(f"{experiment.path}: no conditions")
+        settings = {c.name: boot_settings(experiment, c, options) for c in conditions}
+        qemu.require_qemu()
+        build = lab_kernel.build_kernel if options.build else _cached_kernel
+        kernels = {variant: build(variant, progress=options.progress, say=self.log)
+                   for variant in sorted({s["kernel"] for s in settings.values()})}
+        image = guest_image.build_image(say=self.log)
+        first = next(iter(kernels.values()))
+        accel, accel_why = qemu.choose_accelerator(options.accel, first.image, image.initramfs)
+        return runs, warmup, seed, conditions, settings, kernels, image, accel, accel_why
+
+    def run(self) -> Path:
+        experiment, options = self.experiment, self.options
+        runs, warmup, seed, conditions, settings, kernels, image, accel, accel_why = self._prepare()
+        self.kernels, self.image, self.accel = kernels, image, accel
+        physical = collect()
+        releases = sorted({k.info["release"] for k in kernels.values()})
+        identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
+        plan = schedule(conditions, runs, warmup, seed)
+        definition = {**experiment.definition, "path": _shown_path(experiment.path)}
+        writer = self.writer = BundleWriter(options.out or traces_dir(), identity, experiment.claim, experiment.name,
+                                            definition=definition, host={}, tools=tool_versions())
+        writer.manifest.update({
+            "conditions": [c.record() for c in conditions], "seed": seed, "runs_per_condition": runs,
+            "warmup_per_condition": warmup,
+            "order": [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan],
+            "lab": {"accelerator": accel, "why": accel_why, "qemu": qemu.qemu_version(), "physical_host": physical,
+                    "physical_host_id": host_id(physical), "kernels": {v: k.record() for v, k in kernels.items()},
+                    "image": image.record(), "boot": settings},
+        })
+        lab = {**DEFAULT_LAB, **experiment.lab}
+        if lab["accel"] == "kvm" and accel != "kvm":
+            writer.manifest["not_testable"] = f"needs KVM (a guest that really boots under it): {accel_why}"
+            self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest['not_testable']}")
+            return writer.seal()
+        writer.flush()
+        try:
+            with interrupting_signals():
+                bar = tqdm(plan, desc=f"{experiment.claim}/{experiment.name} ({accel})", unit="boot",
+                           disable=not options.progress, file=sys.stderr)
+                testable = True
+                for planned in bar:
+                    bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
+                    testable = self._one_boot(writer, planned, settings[planned.condition.name])
+                    if not testable:
+                        break
+                if testable and experiment.extras:
+                    self._extras(writer, conditions, settings)
+        except BaseException as exc:
+            writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
+            writer.flush()
+            self.log(f"lab run interrupted; {writer.path} is incomplete with {len(writer.manifest['runs'])} finished run(s)")
+            raise
+        return writer.seal()
+
+    def _boot(self, writer: BundleWriter, directory: str, job: dict, setting: dict) -> tuple[dict, dict, Path]:
+        """One guest boot running ``job``; (QEMU outcome, the guest's result.json, raw/<directory> in the bundle)."""
+        experiment = self.experiment
+        lab = {**DEFAULT_LAB, **experiment.lab}
+        with tempfile.TemporaryDirectory(prefix="ticklab-lab-") as share:
+            share = Path(share)
+            (share / "raw").mkdir()
+            shutil.copyfile(experiment.path, share / "experiment.yaml")
+            job = {**job, "run": directory, "backend": self.options.backend, "cmdline": setting["cmdline"],
+                   "clocksource": setting["clocksource"]}
+            (share / "job.json").write_text(json.dumps(job, indent=2) + "\n")
+            boot = qemu.Boot(self.kernels[setting["kernel"]].image, self.image.initramfs, share, share / "console.log",
+                             cmdline=setting["cmdline"], accel=self.accel, smp=setting["smp"],
+                             memory_mb=setting["memory_mb"], timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s)
+            outcome = qemu.run_boot(boot)
+            result = _read_json(share / "result.json")
+            run_dir = writer.run_dir(directory)
+            if (share / "raw" / directory).is_dir():
+                shutil.copytree(share / "raw" / directory, run_dir, dirs_exist_ok=True)
+            for name in ("console.log", "guest.log"):
+                if (share / name).is_file():
+                    shutil.copyfile(share / name, run_dir / name)
+        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": self.kernels[setting["kernel"]].info["release"]}
+        return outcome, result, run_dir
+
+    def _one_boot(self, writer: BundleWriter, planned, setting: dict) -> bool:
+        """Boot for one planned run; False when the guest says the experiment is not testable there."""
+        experiment = self.experiment
+        job = {"order": planned.order, "warmup": planned.warmup,
+               "condition": {"name": planned.condition.name, "values": planned.condition.values}}
+        outcome, result, run_dir = self._boot(writer, planned.run, job, setting)
+        if result.get("facts") and not writer.manifest["host"]:
+            writer.manifest["host"] = result["facts"]
+            writer.manifest["tracing"] = {**(result.get("tracing") or {}), "events": (experiment.trace or {}).get("events", [])}
+            writer.manifest["requirements"] = result.get("requirements", {})
+        if result.get("not_testable"):
+            writer.manifest["host"] = result.get("facts") or writer.manifest["host"]
+            writer.manifest["requirements"] = result.get("requirements", {})
+            writer.manifest["not_testable"] = result["not_testable"]
+            self.log(f"{experiment.claim}/{experiment.name}: not testable in the guest — {result['not_testable']}")
+            return False
+        record = result.get("record")
+        if record is None:
+            record = {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
+                      "warmup": planned.warmup, "values": planned.condition.values, "argv": [], "start": None,
+                      "end": None, "exit_status": None, "status": "failed", "knobs": [], "trace": None,
+                      "problem": _no_result(result, outcome, run_dir)}
+        facts = result.get("facts") or {}
+        record["guest"] = guest_summary(facts)
+        record["boot"] = outcome
+        if record.get("boot_mismatch"):
+            record["problem"] = "; ".join(record["boot_mismatch"])
+        values = workload_values(experiment, planned.condition, facts or planning_facts(setting["smp"]))
+        add_run(writer, experiment, record, values, self.log)
+        return True
+
+    def _extras(self, writer: BundleWriter, conditions: list[Condition], settings: dict) -> None:
+        """Each cross-check once per condition, each in its own boot; outside results.csv."""
+        done = []
+        for extra in self.experiment.extras:
+            for index, condition in enumerate(conditions):
+                directory = f"extra-{extra['name']}-{index + 1:03d}"
+                job = {"order": None, "warmup": False, "extra": extra["name"],
+                       "condition": {"name": condition.name, "values": condition.values}}
+                outcome, result, run_dir = self._boot(writer, directory, job, settings[condition.name])
+                entry = result.get("extra") or {"name": extra["name"], "condition": condition.name, "status": "failed",
+                                                "problem": _no_result(result, outcome, run_dir)}
+                done.append({**entry, "directory": directory, "guest": guest_summary(result.get("facts") or {}),
+                             "boot": outcome})
+                writer.manifest["extras"] = done
+                writer.flush()
+
+
+def guest_summary(facts: dict) -> dict:
+    """What a run's record keeps of the guest it ran in: enough to check it booted as the condition asked."""
+    return {"cmdline": facts.get("cmdline"), "kernel": facts.get("kernel_release"),
+            "clocksource": (facts.get("clocksources") or {}).get("current"),
+            "hz": (facts.get("kernel_config") or {}).get("hz"), "nproc": facts.get("nproc")}
+
+
+def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
+    return result.get("error") or (f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}; "
+                                   f"see {run_dir / 'console.log'})")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _cached_kernel(variant: str, progress: bool = True, say=print):
+    found = lab_kernel.cached_kernel(variant)
+    if found is None:
+        raise LabError(f"lab kernel {variant} is not built: run 'ticklab lab build-kernel --variant {variant}'")
+    return found
+
+
+def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
+    paths = [experiment_path] if experiment_path else lab_experiments(claim)
+    if not paths:
+        raise ExperimentError(f"runners/{claim}/: no lab experiments (an experiment with a 'lab:' section)")
+    bundles = []
+    for path in paths:
+        experiment = load_experiment(path)
+        if experiment.lab is None:
+            raise ExperimentError(f"{path}: not a lab experiment (no 'lab:' section); run it with 'ticklab capture {claim}'")
+        if experiment.claim != claim:
+            raise ExperimentError(f"{path}: claim is {experiment.claim!r}, not {claim!r}")
+        bundle = LabRun(experiment, options, log=log).run()
+        log(f"{bundle}: sealed")
+        bundles.append(bundle)
+    return bundles

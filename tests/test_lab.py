@@ -1,0 +1,262 @@
+"""The guest lab: patches against the real linux-source-6.12, config fragments, the series files, the
+guest image, the QEMU command line, the guest side of a run, and (where a lab kernel is built and
+QEMU is installed) a real TCG boot that brings a sealed bundle back."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ticklab.bundle import load_bundle
+from ticklab.capture.experiment import ExperimentError, expand_conditions, load_experiment
+from ticklab.capture.runner import CaptureOptions, capture
+from ticklab.lab import image as guest_image
+from ticklab.lab import kernel as lab_kernel
+from ticklab.lab import qemu
+from ticklab.lab.cache import LabError, content_key
+from ticklab.lab.guest import boot_mismatches, run_job
+from ticklab.lab.run import LabOptions, boot_settings, guest_host_id, lab_run, planning_facts
+
+from conftest import CLAIM_IDS, REPO
+
+has_source = lab_kernel.SOURCE_TARBALL.is_file()
+has_qemu = qemu.qemu_version() is not None
+
+
+def _cached_kernel(variant):
+    try:
+        return lab_kernel.cached_kernel(variant)
+    except LabError:
+        return None
+
+
+def test_every_claim_has_a_series_file_naming_its_seed_status_and_switch():
+    for claim in CLAIM_IDS:
+        path = REPO / "kernel" / "series" / f"{claim}.yaml"
+        series = yaml.safe_load(path.read_text())
+        assert series["claim"] == claim, path
+        for key in ("title", "author", "date", "list", "b4", "lore_search"):
+            assert series.get(key), f"{path}: {key}"
+        assert series["upstream"]["status"] and series["upstream"]["found_in_6_12"], path
+        assert "message_id" in series, f"{path}: say message_id: null when the seed does not give it"
+        patch = series["lab_switch"]["patch"]
+        assert patch is None or (REPO / patch).is_file(), f"{path}: {patch} missing"
+    patches = {yaml.safe_load((REPO / "kernel" / "series" / f"{c}.yaml").read_text())["lab_switch"]["patch"]
+               for c in CLAIM_IDS} - {None}
+    assert patches == {str(p.relative_to(REPO)) for p in lab_kernel.patch_paths()}
+
+
+def test_each_patch_adds_its_boot_parameter():
+    texts = {p.name: p.read_text() for p in lab_kernel.patch_paths()}
+    assert "+core_param(hpet_read_share, hpet_read_share, bool, 0444);" in texts["0001-hpet-read-share.patch"]
+    assert "+core_param(pv_kick_ahead, pv_kick_ahead, int, 0444);" in texts["0002-pv-kick-ahead.patch"]
+    assert "+module_param(dummy_wait, int, 0444);" in texts["0003-acpi-dummy-wait.patch"]
+
+
+@pytest.mark.skipif(not has_source, reason=f"{lab_kernel.SOURCE_TARBALL} absent: apt-get install linux-source-6.12")
+def test_patches_apply_to_the_real_linux_source_6_12(tmp_path):
+    files = sorted({f for p in lab_kernel.patch_paths() for f in lab_kernel.patch_files(p)})
+    assert "arch/x86/kernel/hpet.c" in files and "kernel/locking/qspinlock_paravirt.h" in files
+    subprocess.run(["tar", "-xf", str(lab_kernel.SOURCE_TARBALL), "-C", str(tmp_path),
+                    *[f"{lab_kernel.SOURCE_TOP}/{f}" for f in files]], check=True)
+    checked = lab_kernel.check_patches(tmp_path / lab_kernel.SOURCE_TOP)
+    assert [p.name for p, _, _ in checked] == [p.name for p in lab_kernel.patch_paths()]
+    failed = [(p.name, out) for p, ok, out in checked if not ok]
+    assert not failed, failed
+
+
+def test_config_fragments_and_the_check_that_they_survived():
+    assert {"hz1000", "hz250"} <= set(lab_kernel.variants())
+    wanted = lab_kernel.fragment_options(lab_kernel.fragment_paths("hz250"))
+    for option in ("CONFIG_NO_HZ_FULL", "CONFIG_HPET_TIMER", "CONFIG_9P_FS", "CONFIG_OSNOISE_TRACER",
+                   "CONFIG_TIMERLAT_TRACER", "CONFIG_FUNCTION_TRACER", "CONFIG_SCHED_DEBUG", "CONFIG_PERF_EVENTS",
+                   "CONFIG_PARAVIRT_SPINLOCKS", "CONFIG_IKCONFIG_PROC", "CONFIG_HZ_250"):
+        assert wanted[option] == "y", option
+    config = "CONFIG_NO_HZ_FULL=y\n# CONFIG_HZ_250 is not set\nCONFIG_HZ_1000=y\n"
+    unmet = lab_kernel.unmet_options({"CONFIG_NO_HZ_FULL": "y", "CONFIG_HZ_250": "y", "CONFIG_KVM": "n"}, config)
+    assert unmet == ["CONFIG_HZ_250=y (got n)"]
+    with pytest.raises(LabError, match="kernel/configs/hz300.config: no such lab kernel variant"):
+        lab_kernel.fragment_paths("hz300")
+
+
+def test_the_kernel_key_changes_with_a_patch_or_a_fragment(tmp_path, monkeypatch):
+    copy = tmp_path / "kernel"
+    subprocess.run(["cp", "-r", str(REPO / "kernel"), str(copy)], check=True)
+    monkeypatch.setattr(lab_kernel, "kernel_dir", lambda: copy)
+    base = lab_kernel.kernel_key("6.12.117-1", "hz1000")
+    assert base == lab_kernel.kernel_key("6.12.117-1", "hz1000")
+    assert base != lab_kernel.kernel_key("6.12.118-1", "hz1000")
+    assert base != lab_kernel.kernel_key("6.12.117-1", "hz250")
+    patch = sorted((copy / "patches" / "6.12").glob("*.patch"))[0]
+    patch.write_text(patch.read_text() + "\n")
+    assert base != lab_kernel.kernel_key("6.12.117-1", "hz1000")
+    assert content_key([("a", b"1"), ("b", b"2")]) == content_key([("b", b"2"), ("a", b"1")])
+
+
+def test_the_guest_side_imports_no_pandas_or_numpy():
+    code = "import sys, ticklab.lab.guest; print(sorted(m for m in ('pandas', 'numpy', 'scipy') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+needs_image_tools = pytest.mark.skipif(
+    not (os.access("/bin/busybox", os.X_OK) and subprocess.run(["sh", "-c", "command -v cpio trace-cmd hackbench tbench rtla"],
+                                                               capture_output=True).returncode == 0),
+    reason="guest image needs busybox-static, cpio, trace-cmd, rt-tests, dbench and rtla installed")
+
+
+@needs_image_tools
+def test_the_guest_image_is_reproducible_and_holds_what_a_run_needs(tmp_path, monkeypatch):
+    if not (REPO / "tools" / "bin" / "ftq").exists():
+        pytest.skip("tools not built: run 'make tools'")
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "a"))
+    first = guest_image.build_image(say=lambda m: None)
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "b"))
+    second = guest_image.build_image(say=lambda m: None)
+    assert first.key == second.key and first.info["sha256"] == second.info["sha256"]
+    listing = subprocess.run(["sh", "-c", f"gzip -dc {first.initramfs} | cpio -t --quiet"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    for needed in ("init", "usr/bin/python3.11", "usr/bin/trace-cmd", "usr/bin/hackbench", "usr/bin/tbench",
+                   "usr/bin/busybox", "usr/bin/sh", "opt/ticklab/tools/bin/ftq", "opt/ticklab/src/ticklab/lab/guest.py",
+                   "opt/ticklab/site/yaml/__init__.py", "usr/lib/python3.11/json/__init__.py"):
+        assert needed in listing, needed
+    assert not any(name.startswith("usr/lib/python3.11/test/") for name in listing)
+    assert first.info["packages"]["trace-cmd"]
+
+
+def test_qemu_command_line_and_boot_settings(tmp_path):
+    boot = qemu.Boot(tmp_path / "bzImage", tmp_path / "initrd", tmp_path, tmp_path / "console.log",
+                     cmdline=["clocksource=hpet", "hpet_read_share=0"], accel="tcg", smp=4, memory_mb=512)
+    argv = boot.argv()
+    assert argv[argv.index("-accel") + 1] == "tcg" and argv[argv.index("-cpu") + 1] == "max"
+    assert argv[argv.index("-smp") + 1] == "4"
+    assert argv[argv.index("-append") + 1] == "console=ttyS0 panic=-1 rdinit=/init clocksource=hpet hpet_read_share=0"
+    assert f"local,path={tmp_path},mount_tag=ticklab,security_model=none,id=share" in argv
+    with pytest.raises(LabError, match="cannot take a path with a comma"):
+        qemu.Boot(tmp_path / "a,b", tmp_path, tmp_path, tmp_path / "c").argv()
+    with pytest.raises(LabError, match="--accel 'fast'"):
+        qemu.choose_accelerator("fast", tmp_path, tmp_path)
+
+    experiment = load_experiment(REPO / "runners" / "nohz" / "guest-ftq.yaml")
+    conditions = {c.name: c for c in expand_conditions(experiment, planning_facts(2))}
+    assert set(conditions) == {"hz1000", "hz250", "hz1000-nohz_full"}
+    nohz_full = boot_settings(experiment, conditions["hz1000-nohz_full"], LabOptions(cmdline="quiet"))
+    assert nohz_full == {"kernel": "hz1000", "smp": 2, "memory_mb": 1024,
+                         "cmdline": ["nohz_full=1", "rcu_nocbs=1", "quiet"], "clocksource": None}
+    assert boot_settings(experiment, conditions["hz250"], LabOptions())["kernel"] == "hz250"
+    identity = guest_host_id("tcg", {2}, "6.12.117-ticklab", {"cpu_model": "Intel(R) Xeon(R) Gold", "nproc": 2,
+                                                               "kernel_release": "6.18.44",
+                                                               "virtualization": {"hypervisor_flag": True}})
+    assert identity.startswith("guest-tcg-2vcpu-6.12.117-ticklab-on-") and len(identity) <= 100
+
+
+def test_the_guest_reports_a_boot_that_does_not_match_the_condition():
+    found = {"cmdline": "console=ttyS0 clocksource=hpet hpet_read_share=0", "clocksources": {"current": "tsc"}}
+    assert boot_mismatches(["clocksource=hpet", "hpet_read_share=0"], "hpet", found) == \
+        ["clocksource is tsc, the condition asks for hpet"]
+    assert boot_mismatches(["nohz_full=1"], None, found) == ["/proc/cmdline lacks nohz_full=1"]
+    assert boot_mismatches(["hpet_read_share=0"], None, found) == []
+
+
+def test_host_capture_refuses_a_lab_experiment_and_lab_run_a_host_one(tmp_path):
+    guest = REPO / "runners" / "nohz" / "guest-ftq.yaml"
+    with pytest.raises(ExperimentError, match="a lab \\(guest\\) experiment; run it with 'ticklab lab run nohz'"):
+        capture("nohz", CaptureOptions(out=tmp_path), experiment_path=guest)
+    with pytest.raises(ExperimentError, match="not a lab experiment"):
+        lab_run("nohz", LabOptions(out=tmp_path), experiment_path=REPO / "runners" / "nohz" / "ftq.yaml")
+
+
+def test_the_guest_side_makes_one_run_into_the_share(tmp_path):
+    """run_job on this machine, as the guest would: the run's files and result.json land in the share."""
+    share = tmp_path / "share"
+    share.mkdir()
+    definition = {"claim": "nohz", "name": "guest-echo", "description": "one command", "runs": 1, "warmup": 0,
+                  "requires": [], "lab": {"smp": 1}, "conditions": [{"name": "plain", "word": "hello"}],
+                  "workload": {"tool": "ftq", "argv": ["sh", "-c", "echo {word} > said.txt"]}}
+    (share / "experiment.yaml").write_text(yaml.safe_dump(definition))
+    job = {"run": "run-001", "order": 0, "warmup": False, "condition": {"name": "plain", "values": {"word": "hello"}},
+           "cmdline": ["ticklab.not_booted_with_this=1"], "clocksource": None}
+    (share / "job.json").write_text(json.dumps(job))
+    result = run_job(share / "job.json", work=tmp_path / "work")
+    assert "error" not in result, result.get("error")
+    assert (share / "raw" / "run-001" / "said.txt").read_text() == "hello\n"
+    written = json.loads((share / "result.json").read_text())
+    assert written["record"]["status"] == "ok" and written["record"]["condition"] == "plain"
+    assert written["record"]["boot_mismatch"] == ["/proc/cmdline lacks ticklab.not_booted_with_this=1"]
+    assert written["facts"]["nproc"] >= 1
+
+
+def _qemu_processes() -> list[str]:
+    result = subprocess.run(["pgrep", "-a", "-f", "qemu-system-x86_64.*ticklab-lab-"], capture_output=True, text=True)
+    return result.stdout.split("\n") if result.stdout.strip() else []
+
+
+def _short_nohz_experiment(directory: Path) -> Path:
+    definition = yaml.safe_load((REPO / "runners" / "nohz" / "guest-ftq.yaml").read_text())
+    definition["conditions"] = [c for c in definition["conditions"] if c["kernel"] == "hz1000"]
+    definition["workload"]["params"]["samples"] = 500
+    definition["name"] = "guest-ftq-short"
+    path = directory / "guest-ftq-short.yaml"
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    return path
+
+
+needs_lab = pytest.mark.skipif(not (has_qemu and has_source and os.geteuid() == 0 and _cached_kernel("hz1000")),
+                               reason="needs root, qemu-system-x86 and a built lab kernel (make lab)")
+
+
+@needs_lab
+@needs_image_tools
+def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path):
+    path = _short_nohz_experiment(tmp_path)
+    bundles = lab_run("nohz", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
+                      experiment_path=path, log=lambda m: None)
+    bundle = load_bundle(bundles[0])
+    manifest = bundle.manifest
+    assert manifest["status"] == "sealed" and manifest["lab"]["accelerator"] == "tcg"
+    assert bundles[0].parent.parent.name.startswith("guest-tcg-2vcpu-")
+    runs = {r["condition"]: r for r in manifest["runs"]}
+    assert set(runs) == {"hz1000", "hz1000-nohz_full"}
+    for condition, record in runs.items():
+        assert record["status"] == "ok" and not record["problem"], record
+        assert record["guest"]["hz"] == 1000 and record["guest"]["kernel"].endswith("-ticklab")
+        assert ("nohz_full=1" in record["guest"]["cmdline"].split()) == (condition == "hz1000-nohz_full")
+        assert record["trace"]["backend"] == "trace-cmd"
+        assert (bundles[0] / "raw" / record["run"] / "trace" / "trace.dat").stat().st_size > 0
+    metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
+    assert {"ftq_count_mean", "ftq_noise_fraction", "local_timer_irqs", "tick_stop_events"} <= set(metrics.columns)
+    # the busy vCPU sees the HZ=1000 tick with the tick on; nohz_full stops most of it
+    assert 900 < metrics.loc["hz1000", "local_timer_irq_rate_hz"] < 1100
+    assert metrics.loc["hz1000-nohz_full", "local_timer_irqs"] < 0.5 * metrics.loc["hz1000", "local_timer_irqs"]
+    extras = manifest["extras"]
+    assert [e["condition"] for e in extras] == ["hz1000", "hz1000-nohz_full"] and all(e["status"] == "ok" for e in extras)
+    assert "Operating System Noise" in (bundles[0] / "raw" / extras[0]["directory"] / "stdout.txt").read_text()
+    assert not _qemu_processes()
+
+
+@needs_lab
+@needs_image_tools
+def test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle(tmp_path):
+    path = _short_nohz_experiment(tmp_path)
+    out = tmp_path / "traces"
+    process = subprocess.Popen([sys.executable, "-m", "ticklab.cli", "lab", "run", "nohz", "--experiment", str(path),
+                                "--runs", "1", "--warmup", "0", "--accel", "tcg", "--out", str(out), "--no-progress"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not _qemu_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _qemu_processes(), "no guest started"
+    time.sleep(3)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130, output
+    assert not _qemu_processes()
+    manifest = json.loads(next(out.rglob("manifest.json")).read_text())
+    assert manifest["status"] == "incomplete" and "Interrupted" in manifest["interrupted"]
+    assert not list(Path("/tmp").glob("ticklab-lab-*"))
