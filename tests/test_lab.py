@@ -157,11 +157,17 @@ def test_qemu_command_line_and_boot_settings(tmp_path):
 
 
 def test_the_guest_reports_a_boot_that_does_not_match_the_condition():
-    found = {"cmdline": "console=ttyS0 clocksource=hpet hpet_read_share=0", "clocksources": {"current": "tsc"}}
+    found = {"cmdline": "console=ttyS0 clocksource=hpet hpet_read_share=0", "clocksources": {"current": "tsc"},
+             "lab_switches": {"hpet_read_share": "N", "pv_kick_ahead": None}}
     assert boot_mismatches(["clocksource=hpet", "hpet_read_share=0"], "hpet", found) == \
         ["clocksource is tsc, the condition asks for hpet"]
     assert boot_mismatches(["nohz_full=1"], None, found) == ["/proc/cmdline lacks nohz_full=1"]
-    assert boot_mismatches(["hpet_read_share=0"], None, found) == []
+    assert boot_mismatches(["console=ttyS0", "hpet_read_share=0"], None, found) == []
+    assert boot_mismatches(["hpet_read_share=1"], None, found) == \
+        ["/proc/cmdline lacks hpet_read_share=1", "hpet_read_share is N in the running kernel, the condition asks for 1"]
+    found["cmdline"] += " pv_kick_ahead=4"  # asked for, but this kernel has no such switch
+    assert boot_mismatches(["pv_kick_ahead=4"], None, found) == \
+        ["pv_kick_ahead is None in the running kernel, the condition asks for 4"]
 
 
 def test_host_capture_refuses_a_lab_experiment_and_lab_run_a_host_one(tmp_path):
@@ -227,6 +233,8 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path)
         assert record["status"] == "ok" and not record["problem"], record
         assert record["guest"]["hz"] == 1000 and record["guest"]["kernel"].endswith("-ticklab")
         assert ("nohz_full=1" in record["guest"]["cmdline"].split()) == (condition == "hz1000-nohz_full")
+        # our patches' switches are in the running kernel, at their upstream defaults here
+        assert record["guest"]["switches"] == {"hpet_read_share": "Y", "pv_kick_ahead": "0", "processor.dummy_wait": "-1"}
         assert record["trace"]["backend"] == "trace-cmd"
         assert (bundles[0] / "raw" / record["run"] / "trace" / "trace.dat").stat().st_size > 0
     metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")

@@ -58,21 +58,10 @@ static inline uint64_t to_ns(uint64_t ticks)
 	return hpet_counter ? (uint64_t)((double)ticks * hpet_period_ns + 0.5) : ticks;
 }
 
-static uint64_t monotonic_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void *run(void *arg)
 {
 	struct worker *w = arg;
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(w->cpu, &set);
-	if (sched_setaffinity(0, sizeof(set), &set))
-		fprintf(stderr, "clockbench: thread %d cannot pin to CPU %d: %s\n", w->index, w->cpu, strerror(errno));
+	pin_to_cpu("clockbench", w->index, w->cpu);
 	pthread_barrier_wait(&start_line);
 	uint64_t begin = monotonic_ns(), previous = read_clock(), reads = 0, max = 0;
 	double sum = 0;

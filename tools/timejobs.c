@@ -32,32 +32,22 @@ static int rounds = 100, work_per_round = 200;
 static atomic_int stop_flag;
 static pthread_barrier_t start_line;
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void *run(void *arg)
 {
 	struct worker *w = arg;
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(w->cpu, &set);
-	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	pin_to_cpu("timejobs", w->index, w->cpu);
 	uint64_t x = 0x9e3779b97f4a7c15ull + (uint64_t)w->index, stamp = 0;
 	pthread_barrier_wait(&start_line);
-	uint64_t start = now_ns();
+	uint64_t start = monotonic_ns();
 	while (!atomic_load_explicit(&stop_flag, memory_order_relaxed)) {
 		for (int r = 0; r < rounds; r++) {
 			for (int i = 0; i < work_per_round; i++)
 				x = x * 6364136223846793005ull + 1442695040888963407ull;
-			stamp ^= now_ns();
+			stamp ^= monotonic_ns();
 		}
 		w->jobs++;
 	}
-	w->elapsed_ns = now_ns() - start;
+	w->elapsed_ns = monotonic_ns() - start;
 	w->checksum = x ^ stamp;
 	return NULL;
 }

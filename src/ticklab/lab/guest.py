@@ -21,6 +21,25 @@ from ..capture.experiment import Condition, PlannedRun, load_experiment
 from ..host import HostChanges, collect
 
 WORK = Path("/tmp/ticklab-run")
+# Our patches' boot switches and where the running kernel shows the value it took.
+SWITCHES = {"hpet_read_share": "sys/module/kernel/parameters/hpet_read_share",
+            "pv_kick_ahead": "sys/module/kernel/parameters/pv_kick_ahead",
+            "processor.dummy_wait": "sys/module/processor/parameters/dummy_wait"}
+
+
+def switch_values(root: Path = Path("/")) -> dict[str, str | None]:
+    """Each lab switch as the running kernel reports it (None where this kernel lacks it)."""
+    values = {}
+    for name, relative in SWITCHES.items():
+        try:
+            values[name] = (root / relative).read_text().strip()
+        except OSError:
+            values[name] = None
+    return values
+
+
+def _normal(value: str) -> str:
+    return {"y": "1", "yes": "1", "on": "1", "true": "1", "n": "0", "no": "0", "off": "0", "false": "0"}.get(value.lower(), value)
 
 
 def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | None, found: dict) -> list[str]:
@@ -30,6 +49,12 @@ def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | Non
     missing = [token for token in expected_cmdline if token not in booted]
     if missing:
         problems.append(f"/proc/cmdline lacks {' '.join(missing)}")
+    for token in expected_cmdline:
+        name, _, wanted = token.partition("=")
+        if name in SWITCHES:
+            taken = (found.get("lab_switches") or {}).get(name)
+            if taken is None or _normal(taken) != _normal(wanted):
+                problems.append(f"{name} is {taken} in the running kernel, the condition asks for {wanted}")
     current = (found.get("clocksources") or {}).get("current")
     if expected_clocksource and current != expected_clocksource:
         problems.append(f"clocksource is {current}, the condition asks for {expected_clocksource}")
@@ -51,6 +76,7 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
             if experiment.trace:
                 tracing.ensure_tracefs(host)
             found = collect()
+            found["lab_switches"] = switch_values()
             result["facts"] = found
             checks = {r: requirements.check(r, host, found) for r in experiment.requires}
             result["requirements"] = {r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()}

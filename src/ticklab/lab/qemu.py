@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..capture.process import wait_or_kill
 from .cache import LabError, cache_dir
 
 QEMU = "qemu-system-x86_64"
@@ -75,17 +75,7 @@ def run_boot(boot: Boot) -> dict:
     with (boot.console.with_suffix(".qemu.txt")).open("w") as qemu_log:
         process = subprocess.Popen(boot.argv(), stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-        status = "ok"
-        try:
-            process.wait(timeout=boot.timeout_s)
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-    if status == "ok" and process.returncode != 0:
-        status = "failed"
+        status = wait_or_kill(process, boot.timeout_s)
     return {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 2),
             "accel": boot.accel, "smp": boot.smp, "memory_mb": boot.memory_mb, "cmdline": boot.full_cmdline()}
 

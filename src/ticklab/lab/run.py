@@ -228,7 +228,8 @@ def guest_summary(facts: dict) -> dict:
     """What a run's record keeps of the guest it ran in: enough to check it booted as the condition asked."""
     return {"cmdline": facts.get("cmdline"), "kernel": facts.get("kernel_release"),
             "clocksource": (facts.get("clocksources") or {}).get("current"),
-            "hz": (facts.get("kernel_config") or {}).get("hz"), "nproc": facts.get("nproc")}
+            "hz": (facts.get("kernel_config") or {}).get("hz"), "nproc": facts.get("nproc"),
+            "switches": facts.get("lab_switches")}
 
 
 def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
