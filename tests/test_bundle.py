@@ -4,6 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from ticklab import rawfile
 from ticklab.bundle import BundleError, BundleWriter, load_bundle
 from ticklab.fresh import find_bundles
 
@@ -38,6 +39,30 @@ def _tamper(file):
     data = bytearray(file.read_bytes())
     data[-2] ^= 0x01
     file.write_bytes(bytes(data))
+
+
+def test_sealing_xzs_large_raw_files_but_one_measured_run_per_condition(tmp_path):
+    import lzma
+
+    writer = BundleWriter(tmp_path, "host", "nohz", "ftq", definition={}, host={}, when=WHEN)
+    plan = [("run-001", "a", True), ("run-002", "a", False), ("run-003", "b", False), ("run-004", "a", False),
+            ("run-005", "b", False)]
+    for run, condition, warmup in plan:
+        trace = writer.run_dir(run) / "trace"
+        trace.mkdir()
+        (trace / "trace.dat").write_bytes(run.encode() * 20000)
+        (trace / "trace-cmd.log").write_text("small files stay as they are\n")
+        writer.add_run({"run": run, "condition": condition, "warmup": warmup, "trace": {"directory": "trace"}}, [])
+    path = writer.seal()
+    uncompressed = sorted(p.parent.parent.name for p in path.glob("raw/*/trace/trace.dat"))
+    assert uncompressed == ["run-002", "run-003"]  # the first measured run of each condition
+    for run in ("run-001", "run-004", "run-005"):
+        assert lzma.decompress((path / "raw" / run / "trace" / "trace.dat.xz").read_bytes()) == run.encode() * 20000
+        assert rawfile.read_bytes(path / "raw" / run / "trace" / "trace.dat") == run.encode() * 20000
+        assert (path / "raw" / run / "trace" / "trace-cmd.log").is_file()
+    bundle = load_bundle(path)  # checksums cover the compressed files
+    assert bundle.manifest["raw_files"]["uncompressed_runs"] == ["run-002", "run-003"]
+    assert "raw/run-004/trace/trace.dat.xz" in bundle.manifest["files"]
 
 
 def test_one_changed_byte_names_the_file(tmp_path):

@@ -64,6 +64,19 @@ def write_capture(directory: Path, cpu_pages: dict[int, bytes]) -> Path:
     return directory
 
 
+def test_xz_compressed_raw_pages_read_the_same(tmp_path):
+    import lzma
+
+    pages = page(1000, record(5, payload(11, "alpha", -7, "one")))
+    plain = read_trace(write_capture(tmp_path / "plain", {0: pages}))
+    packed = write_capture(tmp_path / "packed", {})
+    (packed / "cpu0.raw.xz").write_bytes(lzma.compress(pages))
+    assert read_trace(packed).table("fake:fake_event").equals(plain.table("fake:fake_event"))
+    (packed / "cpu0.raw.xz").write_bytes(b"not xz")
+    with pytest.raises(TraceFormatError, match="cpu0.raw.xz: not a valid .xz file"):
+        read_trace(packed)
+
+
 def test_format_files_parse_into_typed_fields():
     fmt = parse_event_format(FORMAT, "fake")
     assert (fmt.key, fmt.id) == ("fake:fake_event", 42)

@@ -206,7 +206,7 @@ def _qemu_processes() -> list[str]:
 def _short_nohz_experiment(directory: Path) -> Path:
     definition = yaml.safe_load((REPO / "runners" / "nohz" / "guest-ftq.yaml").read_text())
     definition["conditions"] = [c for c in definition["conditions"] if c["kernel"] == "hz1000"]
-    definition["workload"]["params"]["samples"] = 500
+    definition["workload"]["params"].update(samples=5000, warmup_samples=500)
     definition["name"] = "guest-ftq-short"
     path = directory / "guest-ftq-short.yaml"
     path.write_text(yaml.safe_dump(definition, sort_keys=False))

@@ -16,7 +16,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import lzma
 import os
+import shutil
 import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,6 +32,7 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 RESULTS = "results.csv"
 RESULT_COLUMNS = ["run", "condition", "metric", "value", "unit"]
+COMPRESS_FROM_BYTES = 64 * 1024
 REQUIRED_KEYS = ("schema_version", "status", "claim", "experiment", "definition", "host", "runs")
 
 
@@ -94,7 +97,34 @@ class BundleWriter:
         self.manifest["runs"].append(record)
         self.flush()
 
+    def compress_raw(self, keep_per_condition: int = 1, threshold: int = COMPRESS_FROM_BYTES) -> None:
+        """xz every raw file of ``threshold`` bytes or more (trace.dat, tracefs cpuN.raw, ftq.dat ...) except in
+        the first ``keep_per_condition`` measured runs of each condition, which stay as they are so that
+        KernelShark and a reader of the bundle can open them directly. ticklab's readers take either form
+        (:mod:`ticklab.rawfile`)."""
+        kept, seen = [], {}
+        for record in self.manifest["runs"]:
+            if record.get("warmup"):
+                continue
+            seen[record["condition"]] = seen.get(record["condition"], 0) + 1
+            if seen[record["condition"]] <= keep_per_condition:
+                kept.append(record["run"])
+        packed = 0
+        for record in self.manifest["runs"]:
+            if record["run"] in kept:
+                continue
+            for path in sorted((self.path / "raw" / record["run"]).rglob("*")):
+                if path.is_file() and path.suffix != ".xz" and path.stat().st_size >= threshold:
+                    with path.open("rb") as source, lzma.open(path.with_name(path.name + ".xz"), "wb", preset=6) as target:
+                        shutil.copyfileobj(source, target)
+                    path.unlink()
+                    packed += 1
+        if packed:
+            self.manifest["raw_files"] = {"uncompressed_runs": kept, "compressed": packed,
+                                          "how": f"files of {threshold} bytes or more in the other runs are xz'd (xz -d for other tools)"}
+
     def seal(self) -> Path:
+        self.compress_raw()
         files = sorted(p for p in self.path.rglob("*") if p.is_file() and p.name != MANIFEST)
         self.manifest["files"] = {str(p.relative_to(self.path)): _sha256(p) for p in files}
         self.manifest["status"] = "sealed"

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import rawfile
 from .capture.tracing import stats_lost_count
 
 TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
@@ -284,7 +285,7 @@ def read_tracefs_dir(directory: Path | str) -> Trace:
     for path in sorted((directory / "formats").glob("*/*/format")):
         fmt = parse_event_format(path.read_text(), system=path.parent.parent.name, source=str(path))
         formats[fmt.id] = fmt
-    blobs = {int(p.stem[3:]): p.read_bytes() for p in directory.glob("cpu*.raw")}
+    blobs = {int(p.name.split(".")[0][3:]): _read_bytes(p) for p in [*directory.glob("cpu*.raw"), *directory.glob("cpu*.raw.xz")]}
     stats = {int(p.stem[3:]): p.read_text() for p in directory.glob("cpu*.stats")}
     clock_file = directory / "trace_clock"
     clock = re.search(r"\[(\w+)\]", clock_file.read_text()).group(1) if clock_file.is_file() else None
@@ -344,9 +345,17 @@ def _read_event_formats(reader: _Reader, formats: dict[int, EventFormat]) -> Non
             formats[fmt.id] = fmt
 
 
+def _read_bytes(path: Path) -> bytes:
+    """A file's bytes, decompressing it when it is an .xz (bundles keep most raw traces xz'd)."""
+    try:
+        return rawfile.read_bytes(path)
+    except rawfile.RawFileError as exc:
+        raise TraceFormatError(str(exc)) from exc
+
+
 def read_trace_dat(path: Path | str) -> Trace:
     path = Path(path)
-    data = path.read_bytes()
+    data = _read_bytes(path)
     source = str(path)
     if not data.startswith(TRACE_DAT_MAGIC):
         raise TraceFormatError(f"{source}: not a trace-cmd trace.dat (bad magic)")
@@ -457,11 +466,12 @@ def _clock_of(payload: bytes) -> str | None:
 
 
 def read_trace(path: Path | str) -> Trace:
-    """A trace.dat file or a ticklab tracefs capture directory."""
+    """A trace.dat file (or trace.dat.xz) or a ticklab tracefs capture directory (cpuN.raw or cpuN.raw.xz)."""
     path = Path(path)
     if path.is_dir():
-        if (path / "trace.dat").is_file():
-            return read_trace_dat(path / "trace.dat")
+        for name in ("trace.dat", "trace.dat.xz"):
+            if (path / name).is_file():
+                return read_trace_dat(path / name)
         return read_tracefs_dir(path)
     if not path.exists():
         raise TraceFormatError(f"{path}: no such trace file or directory")

@@ -13,14 +13,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import rawfile
 from .process import WorkloadOutputError
 
 
 def _header(path: Path) -> tuple[dict, list[str]]:
     try:
-        lines = path.read_text().splitlines()
+        lines = rawfile.read_text(path).splitlines()
     except OSError as exc:
         raise WorkloadOutputError(f"{path}: cannot read ({exc.strerror})") from exc
+    except rawfile.RawFileError as exc:
+        raise WorkloadOutputError(str(exc)) from exc
     header = {}
     for line in lines:
         if line.startswith("# ") and ":" in line:
