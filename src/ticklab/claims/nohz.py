@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from scipy import signal
 
+from .. import rawfile
+from ..bundle import load_bundle
+from ..capture.workloads import read_ftq
+from ..comparisons import Comparison, measured_runs
+from ..comparisons import verdicts as fresh_comparisons
+from ..fresh import BundleRef
 from ..published import PublishedClaim, check_derived, load_published
 from . import pending_verdict
 
@@ -90,8 +98,8 @@ def published_effect(published: PublishedClaim) -> str:
             f"({published.printed('tick_cost', 'tick_overhead_hz1000')} at HZ=1000); without it FTQ samples form tight shelves")
 
 
-def verdicts(ctx) -> list:
-    return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
+def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
+    return fresh_verdicts(ctx, alpha=alpha, n_boot=n_boot, seed=seed)
 
 
 def trace_metrics(trace, values: dict) -> list[dict]:
@@ -102,3 +110,131 @@ def trace_metrics(trace, values: dict) -> list[dict]:
     stops = trace.table("timer:tick_stop")
     return [*timer_interrupt_rows(trace, cpu),
             {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"}]
+
+
+# -- fresh data ------------------------------------------------------------------------------------
+CONDITION_LABELS = {"hz1000": "HZ=1000, tick on", "hz250": "HZ=250, tick on",
+                    "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)", "tick-on": "host kernel, tick on"}
+CONDITION_COLORS = {"hz1000": "#c44e52", "hz250": "#dd8452", "hz1000-nohz_full": "#55a868", "tick-on": "#4c72b0"}
+_OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)", re.M)
+
+
+def _measured_records(bundle) -> list[dict]:
+    return [r for r in bundle.manifest["runs"] if not r.get("warmup") and r.get("status") == "ok" and not r.get("problem")]
+
+
+def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
+    """Every measured FTQ sample (warm-up quanta dropped) of every testable nohz bundle."""
+    frames = []
+    for ref in bundles:
+        bundle = load_bundle(ref.path)
+        if bundle.manifest.get("not_testable") or bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
+            continue
+        for record in _measured_records(bundle):
+            header, samples = read_ftq(ref.path / "raw" / record["run"] / "ftq.dat")
+            samples = samples[~samples["warmup"]].assign(
+                host_id=ref.host_id, bundle=ref.path.name, run=record["run"], condition=record["condition"],
+                quantum_ns=int(header["quantum_ns"]), source=str(ref.path / "raw" / record["run"] / "ftq.dat"))
+            frames.append(samples[["host_id", "bundle", "run", "condition", "quantum_ns", "index", "count", "source"]])
+    columns = ["host_id", "bundle", "run", "condition", "quantum_ns", "index", "count", "source"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def ftq_sorted_figure(samples: pd.DataFrame, setup: str):
+    """Seed 004's figure from fresh runs: every quantum's work count, sorted, per condition (all runs pooled),
+    as a fraction of the setup's largest count, so conditions with different quanta share one axis."""
+    on_setup = samples[samples["host_id"] == setup]
+    peak = on_setup["count"].max()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for condition, group in on_setup.groupby("condition"):
+        counts = np.sort(group["count"].to_numpy())[::-1] / peak
+        share = np.arange(1, len(counts) + 1) / len(counts)
+        ax.plot(share, counts, color=CONDITION_COLORS.get(condition), linewidth=1.5,
+                label=f"{CONDITION_LABELS.get(condition, condition)} ({group['run'].nunique()} runs, "
+                      f"{len(counts)} quanta of {group['quantum_ns'].iloc[0] / 1000:g} µs)")
+    ax.set_xlabel("fraction of quanta (sorted by work done)")
+    ax.set_ylabel("work per quantum / setup's maximum")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"FTQ samples sorted by work (fresh)\n{setup}", fontsize=9)
+    ax.legend(fontsize=8, loc="lower left")
+    return fig
+
+
+def tick_spectrum(samples: pd.DataFrame, setup: str, nperseg: int = 2048) -> pd.DataFrame:
+    """Welch power spectrum of the FTQ work-count series, averaged over each condition's runs: a periodic
+    tick shows as a peak at HZ (and its harmonics) when the quantum samples faster than 2 × HZ."""
+    rows = []
+    for (condition, run), group in samples[samples["host_id"] == setup].groupby(["condition", "run"]):
+        counts = group.sort_values("index")["count"].to_numpy(dtype=float)
+        rate = 1e9 / group["quantum_ns"].iloc[0]
+        freq, power = signal.welch(counts - counts.mean(), fs=rate, nperseg=min(nperseg, len(counts)))
+        rows.append(pd.DataFrame({"condition": condition, "run": run, "frequency_hz": freq, "power": power}))
+    if not rows:
+        return pd.DataFrame(columns=["condition", "frequency_hz", "power"])
+    spectra = pd.concat(rows)
+    return spectra.groupby(["condition", "frequency_hz"], as_index=False)["power"].mean()
+
+
+def tick_spectrum_figure(spectrum: pd.DataFrame, setup: str):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for condition, group in spectrum.groupby("condition"):
+        ax.semilogy(group["frequency_hz"], group["power"], color=CONDITION_COLORS.get(condition), linewidth=1,
+                    label=CONDITION_LABELS.get(condition, condition))
+    for hz in (250, 1000):
+        if spectrum["frequency_hz"].max() >= hz:
+            ax.axvline(hz, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(f"{hz} Hz", (hz, ax.get_ylim()[1]), textcoords="offset points", xytext=(3, -12), fontsize=8)
+    ax.set_xlabel("frequency (Hz)")
+    ax.set_ylabel("power of work-count fluctuations (Welch)")
+    ax.set_title(f"Welch spectrum of FTQ work counts (fresh)\n{setup}", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def osnoise_rows(text: str) -> list[dict]:
+    """rtla osnoise top -q rows: per CPU, runtime and noise (µs) and % CPU available."""
+    return [{"cpu": int(m.group(1)), "runtime_us": int(m.group(2)), "noise_us": int(m.group(3)),
+             "cpu_available_pct": float(m.group(4)), "max_noise_us": int(m.group(5))}
+            for m in _OSNOISE_ROW.finditer(text)]
+
+
+def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
+    """Per setup and condition: the CPU share FTQ lost (median over runs of 1 − mean/max work per quantum)
+    next to the noise osnoise measured on the same CPU once per condition (where it ran)."""
+    rows = []
+    for ref in bundles:
+        bundle = load_bundle(ref.path)
+        if bundle.manifest.get("not_testable"):
+            continue
+        results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
+        osnoise = {}
+        for extra in bundle.manifest.get("extras") or []:
+            if extra.get("name") == "osnoise" and extra.get("status") == "ok":
+                parsed = osnoise_rows(rawfile.read_text(ref.path / "raw" / extra["directory"] / "stdout.txt"))
+                if parsed:
+                    osnoise[extra["condition"]] = 100 - parsed[-1]["cpu_available_pct"]
+        for condition, group in results.groupby("condition"):
+            rows.append({"setup": ref.host_id, "condition": condition, "runs": len(group),
+                         "FTQ: work lost (%)": 100 * group["value"].median(),
+                         "osnoise: noise (% of CPU)": osnoise.get(condition, float("nan"))})
+    return pd.DataFrame(rows, columns=["setup", "condition", "runs", "FTQ: work lost (%)", "osnoise: noise (% of CPU)"])
+
+
+def comparisons(published: PublishedClaim) -> list[Comparison]:
+    """What the source implies for work per quantum, from its ~80 µs per tick (n = 1, derived, not printed)."""
+    tick_us = published.value("tick_cost", "tick_duration")
+    lost_1000, lost_250 = tick_overhead_pct(tick_us, 1000) / 100, tick_overhead_pct(tick_us, 250) / 100
+    return [
+        Comparison("nohz_full vs HZ=1000: FTQ work per quantum", "ftq_count_mean", "hz1000-nohz_full", "hz1000",
+                   1 / (1 - lost_1000), f"no tick: +{1 / (1 - lost_1000) - 1:.1%} work (from ~{tick_us:g} µs × 1000/s)"),
+        Comparison("HZ=250 vs HZ=1000: FTQ work per quantum", "ftq_count_mean", "hz250", "hz1000",
+                   (1 - lost_250) / (1 - lost_1000),
+                   f"a quarter of the ticks: +{(1 - lost_250) / (1 - lost_1000) - 1:.1%} work (from ~{tick_us:g} µs per tick)"),
+    ]
+
+
+def fresh_verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
+    runs, _ = measured_runs(ctx.bundles)
+    if runs.empty:
+        return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
+    return fresh_comparisons(CLAIM, comparisons(ctx.published), runs, alpha=alpha, n_boot=n_boot, seed=seed)

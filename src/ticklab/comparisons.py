@@ -1,0 +1,108 @@
+"""Fresh-data verdicts: one comparison of two conditions of a claim, on every setup that measured both.
+
+A *setup* is a bundle's host-id (a host, or a guest with its accelerator and kernel). Each
+comparison takes one metric per run from results.csv, the ratio of medians (treatment / baseline)
+with a seeded BCa bootstrap CI, a two-sided Mann-Whitney U test and Cliff's delta; p-values are
+Holm-adjusted across every comparison of the claim; :func:`ticklab.verdicts.decide` turns the CI and
+p into a verdict against the published ratio (direction and size; the published value is n = 1).
+A setup that lacks a condition gets "not testable here" saying which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .bundle import BundleError, load_bundle
+from .fresh import BundleRef
+from .stats import cliffs_delta, holm, mann_whitney, ratio_of_medians
+from .verdicts import Verdict, decide
+
+# The precision the design asks for: a CI half-width no wider than 5% of the effect (|ratio − 1|).
+TARGET_HALF_WIDTH = 0.05
+
+
+@dataclass(frozen=True)
+class Comparison:
+    comparison: str          # what is compared, in words
+    metric: str              # results.csv metric, one value per run
+    treatment: str           # condition names (bundles' condition column)
+    baseline: str
+    published_ratio: float   # treatment / baseline as the source implies it
+    published_effect: str    # the published statement the ratio comes from
+    experiments: tuple[str, ...] = ()  # only bundles of these experiments (all when empty)
+
+
+def measured_runs(bundles: list[BundleRef]) -> tuple[pd.DataFrame, list[str]]:
+    """results.csv rows of every sealed, testable bundle with host_id, bundle and experiment columns;
+    and one note per bundle left out (why)."""
+    frames, notes = [], []
+    for ref in bundles:
+        try:
+            bundle = load_bundle(ref.path)
+        except BundleError as exc:
+            notes.append(f"{ref.host_id}/{ref.path.name}: left out ({exc})")
+            continue
+        if bundle.manifest.get("not_testable"):
+            notes.append(f"{ref.host_id}/{ref.path.name}: not testable there ({bundle.manifest['not_testable']})")
+            continue
+        failed = {r["run"] for r in bundle.manifest["runs"] if r.get("status") != "ok" or r.get("problem")}
+        frame = bundle.results[~bundle.results["run"].isin(failed)].copy()
+        if failed:
+            notes.append(f"{ref.host_id}/{ref.path.name}: {len(failed)} failed run(s) left out")
+        frame["host_id"], frame["bundle"], frame["experiment"] = ref.host_id, str(ref.path), bundle.manifest["experiment"]
+        frames.append(frame)
+    columns = ["host_id", "bundle", "experiment", "run", "condition", "metric", "value", "unit"]
+    return (pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)), notes
+
+
+def _values(runs: pd.DataFrame, comparison: Comparison, condition: str) -> pd.Series:
+    chosen = runs[(runs["metric"] == comparison.metric) & (runs["condition"] == condition)]
+    if comparison.experiments:
+        chosen = chosen[chosen["experiment"].isin(comparison.experiments)]
+    return chosen["value"]
+
+
+def precision_note(low: float, high: float, estimate: float) -> str:
+    effect = abs(estimate - 1)
+    half = (high - low) / 2
+    if effect == 0:
+        return "CI half-width cannot be compared with a zero effect"
+    share = half / effect
+    met = "meets" if share <= TARGET_HALF_WIDTH else "does not meet"
+    return f"CI half-width {share:.0%} of the effect ({met} the ≤{TARGET_HALF_WIDTH:.0%} target)"
+
+
+def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,
+             n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
+    """One verdict per setup and comparison (Holm across all tested comparisons of the claim)."""
+    tested, untested = [], []
+    for setup in sorted(runs["host_id"].unique()):
+        on_setup = runs[runs["host_id"] == setup]
+        for comparison in comparisons:
+            treatment, baseline = _values(on_setup, comparison, comparison.treatment), _values(on_setup, comparison, comparison.baseline)
+            missing = [name for name, values in ((comparison.treatment, treatment), (comparison.baseline, baseline))
+                       if len(values) < 2]
+            if missing:
+                untested.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison,
+                                        published_effect=comparison.published_effect, verdict="not testable here",
+                                        reason=f"this setup has fewer than 2 runs of {', '.join(missing)} "
+                                               f"({comparison.metric})",
+                                        n_per_condition=f"{len(treatment)} vs {len(baseline)}"))
+                continue
+            ratio = ratio_of_medians(treatment, baseline, n_boot=n_boot, seed=seed)
+            tested.append((setup, comparison, treatment, baseline, ratio, mann_whitney(treatment, baseline)))
+    adjusted = holm([t[5].pvalue for t in tested]) if tested else []
+    done = []
+    for (setup, comparison, treatment, baseline, ratio, rank), p in zip(tested, adjusted):
+        verdict, reason = decide(comparison.published_ratio, ratio, float(p), alpha)
+        done.append(Verdict(
+            claim=claim, setup=setup, comparison=comparison.comparison, published_effect=comparison.published_effect,
+            verdict=verdict, reason=f"{reason}; {precision_note(ratio.low, ratio.high, ratio.estimate)}",
+            fresh_effect=ratio.estimate, ci_low=ratio.low, ci_high=ratio.high, p_holm=float(p),
+            n_per_condition=f"{len(treatment)} vs {len(baseline)}", cliffs_delta=cliffs_delta(treatment, baseline),
+            test=f"ratio of medians ({comparison.metric}), {ratio.method}; {rank.test}; Holm over {len(tested)}",
+        ))
+    return done + untested

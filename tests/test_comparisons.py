@@ -1,0 +1,84 @@
+"""Fresh-data verdicts from bundles: per setup, per comparison, Holm across the claim; and the nohz
+analyses that feed them (FTQ samples, spectrum, osnoise rows)."""
+
+import subprocess
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ticklab.bundle import BundleWriter
+from ticklab.capture.requirements import tools_bin
+from ticklab.capture.workloads import parse_ftq
+from ticklab.claims import nohz
+from ticklab.comparisons import Comparison, measured_runs, precision_note, verdicts
+from ticklab.fresh import find_bundles
+
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+FASTER = Comparison("b vs a", "work", "b", "a", 1.10, "+10% work")
+
+
+def runs_frame(values: dict) -> pd.DataFrame:
+    rows = [{"host_id": setup, "bundle": "x", "experiment": "e", "run": f"run-{i}", "condition": condition,
+             "metric": "work", "value": v, "unit": "u"}
+            for (setup, condition), vs in values.items() for i, v in enumerate(vs)]
+    return pd.DataFrame(rows)
+
+
+def test_a_clear_effect_is_reproduced_and_a_missing_condition_is_not_testable():
+    rng = np.random.default_rng(1)
+    runs = runs_frame({("guest", "a"): 100 + rng.normal(0, 1, 10), ("guest", "b"): 111 + rng.normal(0, 1, 10),
+                       ("host", "a"): 100 + rng.normal(0, 1, 10)})
+    found = {v.setup: v for v in verdicts("nohz", [FASTER], runs, n_boot=2000)}
+    assert found["guest"].verdict == "reproduced" and 1.09 < found["guest"].fresh_effect < 1.13
+    assert found["guest"].ci_low > 1 and found["guest"].p_holm < 0.001 and found["guest"].cliffs_delta == 1.0
+    assert found["guest"].n_per_condition == "10 vs 10" and "Holm over 1" in found["guest"].test
+    assert found["host"].verdict == "not testable here"
+    assert "fewer than 2 runs of b" in found["host"].reason
+
+
+def test_no_effect_is_not_reproduced_and_holm_adjusts_across_comparisons():
+    rng = np.random.default_rng(2)
+    runs = runs_frame({("guest", "a"): 100 + rng.normal(0, 0.5, 12), ("guest", "b"): 100 + rng.normal(0, 0.5, 12),
+                       ("guest", "c"): 130 + rng.normal(0, 0.5, 12)})
+    slower = Comparison("c vs a", "work", "c", "a", 1.3, "+30%")
+    found = {v.comparison: v for v in verdicts("nohz", [FASTER, slower], runs, n_boot=2000)}
+    assert found["b vs a"].verdict == "not reproduced" and "contains 1" in found["b vs a"].reason
+    assert found["c vs a"].verdict == "reproduced"
+    assert "Holm over 2" in found["c vs a"].test
+    assert "does not meet" in precision_note(0.9, 1.5, 1.1) and "meets" in precision_note(1.29, 1.31, 1.3)
+
+
+OSNOISE = """duration:   0 00:00:05 | time is in us
+CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single          HW          NMI          IRQ      Softirq       Thread
+  1 #5           5004789       776728    84.48030      210715         9609        9412            0         4528           93            5
+"""
+
+
+def test_osnoise_rows_parse_rtla_top_output():
+    assert nohz.osnoise_rows(OSNOISE) == [{"cpu": 1, "runtime_us": 5004789, "noise_us": 776728,
+                                           "cpu_available_pct": 84.4803, "max_noise_us": 210715}]
+
+
+@pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'")
+def test_fresh_ftq_samples_feed_the_figure_spectrum_and_verdicts(tmp_path):
+    writer = BundleWriter(tmp_path, "guest-test", "nohz", "ftq", definition={"workload": {"tool": "ftq"}},
+                          host={}, when=WHEN)
+    for index, condition in enumerate(["hz1000", "hz1000-nohz_full"] * 2):
+        run = f"run-{index + 1:03d}"
+        directory = writer.run_dir(run)
+        subprocess.run([tools_bin() / "ftq", "-q", "100000", "-n", "400", "-w", "20", "-c", "0", "-o",
+                        directory / "ftq.dat"], check=True)
+        writer.add_run({"run": run, "condition": condition, "warmup": False, "status": "ok", "problem": None},
+                       parse_ftq(directory))
+    writer.seal()
+    bundles = find_bundles(tmp_path, "nohz")
+    samples = nohz.fresh_ftq(bundles)
+    assert len(samples) == 4 * 400 and set(samples["condition"]) == {"hz1000", "hz1000-nohz_full"}
+    assert (samples["quantum_ns"] == 100000).all()
+    spectrum = nohz.tick_spectrum(samples, "guest-test")
+    assert spectrum["frequency_hz"].max() == pytest.approx(5000)  # 10 kHz sampling: Nyquist 5 kHz
+    nohz.ftq_sorted_figure(samples, "guest-test")
+    runs, notes = measured_runs(bundles)
+    assert set(runs["metric"]) >= {"ftq_count_mean", "ftq_noise_fraction"} and not notes
