@@ -35,7 +35,7 @@ def test_a_clear_effect_is_reproduced_and_a_missing_condition_is_not_testable():
     assert found["guest"].ci_low > 1 and found["guest"].p_holm < 0.001 and found["guest"].cliffs_delta == 1.0
     assert found["guest"].n_per_condition == "10 vs 10" and "Holm over 1" in found["guest"].test
     assert found["host"].verdict == "not testable here"
-    assert "fewer than 2 runs of b" in found["host"].reason
+    assert "this setup measured a; every comparison needs at least 2 runs of two of a, b" in found["host"].reason
 
 
 def test_no_effect_is_not_reproduced_and_holm_adjusts_across_comparisons():

@@ -5,7 +5,8 @@ comparison takes one metric per run from results.csv, the ratio of medians (trea
 with a seeded BCa bootstrap CI, a two-sided Mann-Whitney U test and Cliff's delta; p-values are
 Holm-adjusted across every comparison of the claim; :func:`ticklab.verdicts.decide` turns the CI and
 p into a verdict against the published ratio (direction and size; the published value is n = 1).
-A setup that lacks a condition gets "not testable here" saying which.
+A setup that measured none of a claim's compared conditions gets one "not testable here" row saying
+what it did measure; a comparison a setup only partly measured is left to the setups that did.
 """
 
 from __future__ import annotations
@@ -81,19 +82,22 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
     tested, untested = [], []
     for setup in sorted(runs["host_id"].unique()):
         on_setup = runs[runs["host_id"] == setup]
+        tested_here = 0
         for comparison in comparisons:
             treatment, baseline = _values(on_setup, comparison, comparison.treatment), _values(on_setup, comparison, comparison.baseline)
-            missing = [name for name, values in ((comparison.treatment, treatment), (comparison.baseline, baseline))
-                       if len(values) < 2]
-            if missing:
-                untested.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison,
-                                        published_effect=comparison.published_effect, verdict="not testable here",
-                                        reason=f"this setup has fewer than 2 runs of {', '.join(missing)} "
-                                               f"({comparison.metric})",
-                                        n_per_condition=f"{len(treatment)} vs {len(baseline)}"))
+            if len(treatment) < 2 or len(baseline) < 2:
                 continue
             ratio = ratio_of_medians(treatment, baseline, n_boot=n_boot, seed=seed)
             tested.append((setup, comparison, treatment, baseline, ratio, mann_whitney(treatment, baseline)))
+            tested_here += 1
+        if not tested_here:
+            wanted = sorted({name for c in comparisons for name in (c.treatment, c.baseline)})
+            untested.append(Verdict(
+                claim=claim, setup=setup, comparison="; ".join(c.comparison for c in comparisons),
+                published_effect="; ".join(dict.fromkeys(c.published_effect for c in comparisons)),
+                verdict="not testable here",
+                reason=f"this setup measured {', '.join(sorted(on_setup['condition'].unique()))}; every comparison "
+                       f"needs at least 2 runs of two of {', '.join(wanted)}"))
     adjusted = holm([t[5].pvalue for t in tested]) if tested else []
     done = []
     for (setup, comparison, treatment, baseline, ratio, rank), p in zip(tested, adjusted):

@@ -7,6 +7,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..bundle import load_bundle
+from ..comparisons import Comparison, measured_runs
+from ..comparisons import verdicts as fresh_comparisons
+from ..fresh import BundleRef
 from ..published import PublishedClaim, load_published
 from . import pending_verdict
 
@@ -123,5 +127,94 @@ def published_effect(published: PublishedClaim) -> str:
     return "; ".join(f"×{ratio:.3f} ({SYSTEM_LABELS[system]})" for system, ratio in ratios.items())
 
 
-def verdicts(ctx) -> list:
-    return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
+# -- fresh data ------------------------------------------------------------------------------------
+# Guest conditions (runners/hpet/guest-*.yaml): clock = tsc | hpet-no-sharing | hpet-sharing, optionally per vCPU count.
+CLOCK_LABELS = {"tsc": "TSC", "hpet-no-sharing": "HPET w/o sharing", "hpet-sharing": "HPET with sharing"}
+CLOCK_COLORS = {"tsc": "#4c72b0", "hpet-no-sharing": "#c44e52", "hpet-sharing": "#55a868", "kvm-clock": "#8172b2",
+                "acpi_pm": "#937860"}
+REFERENCE_SYSTEM = "haswell-ex-4s-72c"  # the smaller of the two published machines: its ratios are the reference
+
+
+def comparisons(published: PublishedClaim) -> list[Comparison]:
+    frame = published.table("aim7_compute")
+    tsc, without, with_ = (_cell(frame, REFERENCE_SYSTEM, cs, patch)["value"] for cs, patch, _ in CONDITIONS)
+    label = SYSTEM_LABELS[REFERENCE_SYSTEM]
+    return [
+        Comparison("HPET read sharing on vs off: jobs/min (timejobs, stand-in for AIM7)", "jobs_per_min",
+                   "hpet-sharing", "hpet-no-sharing", with_ / without,
+                   f"AIM7 ×{with_ / without:.3f} with the patch ({label})", ("guest-timejobs",)),
+        Comparison("HPET without sharing vs TSC: jobs/min (timejobs, stand-in for AIM7)", "jobs_per_min",
+                   "hpet-no-sharing", "tsc", without / tsc, f"AIM7 ×{without / tsc:.3f} on HPET ({label})",
+                   ("guest-timejobs",)),
+        *[Comparison(f"HPET read sharing on vs off: clock reads/s, {n} vCPUs", "reads_per_s_total",
+                     f"hpet-sharing-{n}vcpu", f"hpet-no-sharing-{n}vcpu", with_ / without,
+                     f"no published read rate; direction and size from AIM7 ×{with_ / without:.3f} ({label})",
+                     ("guest-clock-read",)) for n in (2, 4)],
+    ]
+
+
+def condition_values(bundles: list[BundleRef]) -> dict[tuple[str, str], dict]:
+    """(host_id, condition) -> the condition's variables, from the bundles' manifests."""
+    values = {}
+    for ref in bundles:
+        manifest = load_bundle(ref.path).manifest
+        for condition in manifest.get("conditions", []):
+            values[(ref.host_id, condition["name"])] = {k: v for k, v in condition.items() if k != "name"}
+    return values
+
+
+def fresh_throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Seed 000's table from fresh timejobs runs: medians per setup, % of TSC, and with / w/o."""
+    jobs = runs[runs["metric"] == "jobs_per_min"]
+    rows = []
+    for setup, group in jobs.groupby("host_id"):
+        median = group.groupby("condition")["value"].median()
+        counts = group.groupby("condition")["value"].size()
+        if not {"tsc", "hpet-no-sharing", "hpet-sharing"} <= set(median.index):
+            continue
+        rows.append({"setup": setup, **{f"{CLOCK_LABELS[c]} (jobs/min, median of {counts[c]})": round(median[c])
+                                        for c in ("tsc", "hpet-no-sharing", "hpet-sharing")},
+                     "HPET w/o, % of TSC": round(100 * median["hpet-no-sharing"] / median["tsc"], 2),
+                     "HPET with, % of TSC": round(100 * median["hpet-sharing"] / median["tsc"], 2),
+                     "with / w/o": round(median["hpet-sharing"] / median["hpet-no-sharing"], 3)})
+    return pd.DataFrame(rows).set_index("setup") if rows else pd.DataFrame()
+
+
+def read_rate_points(runs: pd.DataFrame, values: dict) -> pd.DataFrame:
+    """Aggregate clock reads/s and mean read cost per run, with the clock and thread count of its condition."""
+    reads = runs[runs["metric"].isin(["reads_per_s_total", "read_cost_mean_ns"])]
+    rows = []
+    for _, row in reads.iterrows():
+        condition = values.get((row["host_id"], row["condition"]), {})
+        clock = condition.get("clock") or condition.get("clocksource")
+        threads = condition.get("vcpus") or condition.get("threads")
+        if clock is None or threads is None:
+            continue
+        rows.append({"host_id": row["host_id"], "clock": clock, "threads": int(threads), "run": row["run"],
+                     "metric": row["metric"], "value": row["value"]})
+    return pd.DataFrame(rows, columns=["host_id", "clock", "threads", "run", "metric", "value"])
+
+
+def read_rate_figure(points: pd.DataFrame, setup: str):
+    """Aggregate read rate and per-read cost against threads, per clock (median and range over runs)."""
+    on_setup = points[points["host_id"] == setup]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, label in ((axes[0], "reads_per_s_total", "aggregate clock reads/s"),
+                              (axes[1], "read_cost_mean_ns", "mean cost of one read (ns)")):
+        for clock, group in on_setup[on_setup["metric"] == metric].groupby("clock"):
+            summary = group.groupby("threads")["value"].agg(["median", "min", "max"])
+            ax.errorbar(summary.index, summary["median"], yerr=[summary["median"] - summary["min"], summary["max"] - summary["median"]],
+                        marker="o", capsize=3, color=CLOCK_COLORS.get(clock), label=CLOCK_LABELS.get(clock, clock))
+        ax.set_xlabel("threads reading at once (one per vCPU / CPU)")
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Clock reads vs threads (fresh, median and range over runs)\n{setup}", fontsize=9)
+    return fig
+
+
+def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
+    runs, _ = measured_runs(ctx.bundles)
+    if runs.empty:
+        return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
+    return fresh_comparisons(CLAIM, comparisons(ctx.published), runs, alpha=alpha, n_boot=n_boot, seed=seed)
