@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from ticklab import paths
+from ticklab.fresh import find_bundles
 from ticklab.claims import CLAIMS
 from ticklab.report import expected_outputs, output_problems, run_report
 
@@ -38,14 +39,25 @@ def test_every_expected_output_is_written_and_not_empty(build):
     assert sorted(p.name for p in (build / "notebooks").glob("*.ipynb")) == [p.name for p in NOTEBOOKS]
 
 
-def test_verdicts_have_one_honest_row_per_claim(build):
+def test_verdicts_give_every_claim_a_row_per_setup_with_its_evidence(build):
     verdicts = pd.read_csv(build / "verdicts.csv")
-    assert list(verdicts["claim"]) == CLAIM_IDS
-    # No bundles are committed yet, so nothing may claim to be tested.
-    assert set(verdicts["verdict"]) == {"not testable here"}
-    assert verdicts["reason"].str.contains("no captured bundles").all()
-    hpet = verdicts.set_index("claim").loc["hpet", "published_effect"]
-    assert "×1.127" in hpet and "×2.724" in hpet
+    assert list(dict.fromkeys(verdicts["claim"])) == CLAIM_IDS
+    assert set(verdicts["verdict"]) <= {"reproduced", "not reproduced", "inconclusive", "not testable here"}
+    assert verdicts["reason"].str.strip().str.len().gt(0).all()
+    tested = verdicts[verdicts["verdict"] != "not testable here"]
+    assert (tested["ci_low"] <= tested["fresh_effect"]).all() and (tested["fresh_effect"] <= tested["ci_high"]).all()
+    assert tested["p_holm"].between(0, 1).all() and tested["n_per_condition"].str.match(r"^\d+ vs \d+$").all()
+    assert verdicts.loc[verdicts["verdict"] == "not testable here", "fresh_effect"].isna().all()
+    # every setup that captured bundles for a claim has at least one verdict row for that claim
+    for claim in CLAIM_IDS:
+        setups = {ref.host_id for ref in find_bundles(paths.traces_dir(), claim)} or {"none analysed"}
+        assert setups <= set(verdicts.loc[verdicts["claim"] == claim, "setup"]), claim
+
+
+def test_fresh_figures_name_the_bundles_they_came_from(build):
+    for sidecar in (build / "figures").glob("*/*__*.json"):
+        sources = json.loads(sidecar.read_text())["sources"]
+        assert sources and all(source.startswith("traces/") for source in sources), sidecar
 
 
 def test_summary_json_lists_status_duration_and_outputs(build):
@@ -54,7 +66,8 @@ def test_summary_json_lists_status_duration_and_outputs(build):
     assert set(entries) == {p.name for p in NOTEBOOKS}
     for entry in entries.values():
         assert entry["status"] == "ok" and entry["duration_s"] > 0
-        assert entry["outputs"] == expected_outputs(entry["claim"])
+        assert entry["outputs"][:len(expected_outputs(entry["claim"]))] == expected_outputs(entry["claim"])
+        assert all((build / output).is_file() for output in entry["outputs"])
 
 
 def test_published_tables_are_regenerated_exactly(build):

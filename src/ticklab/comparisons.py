@@ -72,8 +72,10 @@ def precision_note(low: float, high: float, estimate: float) -> str:
     if effect == 0:
         return "CI half-width cannot be compared with a zero effect"
     share = half / effect
-    met = "meets" if share <= TARGET_HALF_WIDTH else "does not meet"
-    return f"CI half-width {share:.0%} of the effect ({met} the ≤{TARGET_HALF_WIDTH:.0%} target)"
+    if share <= TARGET_HALF_WIDTH:
+        return f"CI half-width {share:.0%} of the effect (meets the ≤{TARGET_HALF_WIDTH:.0%} target)"
+    return (f"CI half-width {share:.0%} of the effect (does not meet the ≤{TARGET_HALF_WIDTH:.0%} target: "
+            f"capture stopped at the experiment's run budget)")
 
 
 def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,

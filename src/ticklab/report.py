@@ -53,6 +53,15 @@ def expected_outputs(claim: str) -> list[str]:
     return files
 
 
+def written_outputs(output_dir: Path, claim: str) -> list[str]:
+    """Every figure, table and verdict file a claim's notebook wrote: the declared ones and the fresh-data
+    ones whose names depend on the setups found (sidecars excluded)."""
+    expected = [r for r in expected_outputs(claim) if (output_dir / r).is_file()]
+    extra = sorted(str(p.relative_to(output_dir)) for kind in ("figures", "tables") for p in (output_dir / kind / claim).glob("*")
+                   if p.suffix != ".json" and str(p.relative_to(output_dir)) not in expected) if claim != SUMMARY else []
+    return expected + extra
+
+
 def output_problems(output_dir: Path, claim: str) -> list[str]:
     """Missing or empty expected outputs ('empty success' is a failure)."""
     problems = []
@@ -184,7 +193,7 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
             problems = output_problems(output_dir, claim)
             if problems:
                 result.status, result.error = "missing outputs", "; ".join(problems)
-        result.outputs = [r for r in expected_outputs(claim) if (output_dir / r).is_file()]
+        result.outputs = written_outputs(output_dir, claim)
         if executed.is_file():
             _export_html(executed, output_dir / "report" / "notebooks" / name.replace(".ipynb", ".html"))
         log(f"    {result.status} in {result.duration_s:.1f} s" + (f": {result.error}" if result.error else ""))

@@ -48,14 +48,28 @@ def claim_info(claim: str) -> ClaimInfo:
 
 def pending_verdict(claim: str, comparison: str, published_effect: str,
                     bundles: list[BundleRef], data_dir: Path | str) -> list[Verdict]:
-    """The honest verdict while a claim has no fresh data, or no analysis of the data it has."""
-    if bundles:
-        reason = (f"{len(bundles)} bundle(s) under {data_dir}, but this version of ticklab has no "
-                  f"fresh-data analysis for {claim}; nothing was tested")
-    else:
-        reason = f"no captured bundles for {claim} under {data_dir}: nothing measured to test the claim with"
-    return [Verdict(claim=claim, setup="none analysed", comparison=comparison,
-                    published_effect=published_effect, verdict="not testable here", reason=reason)]
+    """The honest verdict while a claim has no fresh data it can analyse: per setup, the reason its
+    bundle gives for not running the experiment, or that no analysis of its data exists yet."""
+    if not bundles:
+        return [Verdict(claim=claim, setup="none analysed", comparison=comparison, published_effect=published_effect,
+                        verdict="not testable here",
+                        reason=f"no captured bundles for {claim} under {data_dir}: nothing measured to test the claim with")]
+    from ..bundle import BundleError, load_bundle
+
+    reasons: dict[str, list[str]] = {}
+    for ref in bundles:
+        try:
+            manifest = load_bundle(ref.path).manifest
+        except BundleError as exc:
+            reasons.setdefault(ref.host_id, []).append(f"{ref.path.name} does not load ({exc})")
+            continue
+        why = manifest.get("not_testable") or (f"{ref.path.name} has data, but this version of ticklab has no "
+                                               f"fresh-data analysis for {claim}; nothing was tested")
+        reasons.setdefault(ref.host_id, []).append(f"{manifest['experiment']}: {why}")
+    return [Verdict(claim=claim, setup=setup, comparison=comparison, published_effect=published_effect,
+                    verdict="not testable here", reason="; ".join(dict.fromkeys(why)))
+            for setup, why in sorted(reasons.items())]
+
 
 def setup_table(published: PublishedClaim) -> pd.DataFrame:
     """What the published numbers were measured on (and patch facts), as printed."""
