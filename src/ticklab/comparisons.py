@@ -112,3 +112,18 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
             test=f"ratio of medians ({comparison.metric}), {ratio.method}; {rank.test}; Holm over {len(tested)}",
         ))
     return done + untested
+
+
+def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[BundleRef], data_dir, *, summary: str,
+                   published_effect: str, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
+    """Every verdict row of a claim: the tested comparisons, and for each setup whose bundles gave nothing to
+    compare (not testable there, failed, unreadable) or when there are no bundles, the reason."""
+    from .claims import pending_verdict
+
+    runs, _ = measured_runs(bundles)
+    found = verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed) if not runs.empty else []
+    covered = {v.setup for v in found}
+    rest = [ref for ref in bundles if ref.host_id not in covered]
+    if rest or not bundles:
+        found += pending_verdict(claim, summary, published_effect, rest, data_dir)
+    return found

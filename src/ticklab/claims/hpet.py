@@ -8,11 +8,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..bundle import load_bundle
-from ..comparisons import Comparison, measured_runs
-from ..comparisons import verdicts as fresh_comparisons
+from ..comparisons import Comparison, claim_verdicts
 from ..fresh import BundleRef
 from ..published import PublishedClaim, load_published
-from . import pending_verdict
 
 CLAIM = "hpet"
 OUTPUTS = {
@@ -214,7 +212,5 @@ def read_rate_figure(points: pd.DataFrame, setup: str):
 
 
 def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
-    runs, _ = measured_runs(ctx.bundles)
-    if runs.empty:
-        return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
-    return fresh_comparisons(CLAIM, comparisons(ctx.published), runs, alpha=alpha, n_boot=n_boot, seed=seed)
+    return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
+                          published_effect=published_effect(ctx.published), alpha=alpha, n_boot=n_boot, seed=seed)

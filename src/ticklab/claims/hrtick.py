@@ -9,9 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..published import PublishedClaim, check_derived, load_published
-from ..comparisons import Comparison, measured_runs
-from ..comparisons import verdicts as fresh_comparisons
-from . import pending_verdict
+from ..comparisons import Comparison, claim_verdicts
 
 CLAIM = "hrtick"
 OUTPUTS = {
@@ -120,10 +118,8 @@ def fresh_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
-    runs, _ = measured_runs(ctx.bundles)
-    if runs.empty:
-        return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
-    return fresh_comparisons(CLAIM, comparisons(ctx.published), runs, alpha=alpha, n_boot=n_boot, seed=seed)
+    return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
+                          published_effect=published_effect(ctx.published), alpha=alpha, n_boot=n_boot, seed=seed)
 
 
 def trace_metrics(trace, values: dict) -> list[dict]:

@@ -13,11 +13,9 @@ from scipy import signal
 from .. import rawfile
 from ..bundle import load_bundle
 from ..capture.workloads import read_ftq
-from ..comparisons import Comparison, measured_runs
-from ..comparisons import verdicts as fresh_comparisons
+from ..comparisons import Comparison, claim_verdicts
 from ..fresh import BundleRef
 from ..published import PublishedClaim, check_derived, load_published
-from . import pending_verdict
 
 CLAIM = "nohz"
 OUTPUTS = {
@@ -99,7 +97,8 @@ def published_effect(published: PublishedClaim) -> str:
 
 
 def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
-    return fresh_verdicts(ctx, alpha=alpha, n_boot=n_boot, seed=seed)
+    return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
+                          published_effect=published_effect(ctx.published), alpha=alpha, n_boot=n_boot, seed=seed)
 
 
 def trace_metrics(trace, values: dict) -> list[dict]:
@@ -257,9 +256,3 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
                    "hz250", "hz1000", 0.25, "a quarter of the ticks at the same cost per tick: ×0.25"),
     ]
 
-
-def fresh_verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
-    runs, _ = measured_runs(ctx.bundles)
-    if runs.empty:
-        return pending_verdict(CLAIM, COMPARISON, published_effect(ctx.published), ctx.bundles, ctx.data_dir)
-    return fresh_comparisons(CLAIM, comparisons(ctx.published), runs, alpha=alpha, n_boot=n_boot, seed=seed)
