@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..bundle import load_bundle
+from ..bundle import BundleError, load_bundle
 from ..comparisons import Comparison, claim_verdicts
 from ..fresh import BundleRef
 from ..published import PublishedClaim, load_published
@@ -155,7 +155,10 @@ def condition_values(bundles: list[BundleRef]) -> dict[tuple[str, str], dict]:
     """(host_id, condition) -> the condition's variables, from the bundles' manifests."""
     values = {}
     for ref in bundles:
-        manifest = load_bundle(ref.path).manifest
+        try:
+            manifest = load_bundle(ref.path, allow_incomplete=True).manifest
+        except BundleError:  # measured_runs says why it is left out
+            continue
         for condition in manifest.get("conditions", []):
             values[(ref.host_id, condition["name"])] = {k: v for k, v in condition.items() if k != "name"}
     return values

@@ -11,7 +11,7 @@ import pandas as pd
 from scipy import signal
 
 from .. import rawfile
-from ..bundle import load_bundle
+from ..bundle import BundleError, load_bundle
 from ..capture.workloads import read_ftq
 from ..comparisons import Comparison, claim_verdicts
 from ..fresh import BundleRef
@@ -126,7 +126,10 @@ def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
     """Every measured FTQ sample (warm-up quanta dropped) of every testable nohz bundle."""
     frames = []
     for ref in bundles:
-        bundle = load_bundle(ref.path)
+        try:
+            bundle = load_bundle(ref.path)
+        except BundleError:  # incomplete or damaged: measured_runs says why it is left out
+            continue
         if bundle.manifest.get("not_testable") or bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
             continue
         for record in _measured_records(bundle):
@@ -202,7 +205,10 @@ def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
     next to the noise osnoise measured on the same CPU once per condition (where it ran)."""
     rows = []
     for ref in bundles:
-        bundle = load_bundle(ref.path)
+        try:
+            bundle = load_bundle(ref.path)
+        except BundleError:  # incomplete or damaged: measured_runs says why it is left out
+            continue
         if bundle.manifest.get("not_testable"):
             continue
         results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
