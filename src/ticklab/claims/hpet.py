@@ -206,6 +206,7 @@ def read_rate_figure(points: pd.DataFrame, setup: str):
             summary = group.groupby("threads")["value"].agg(["median", "min", "max"])
             ax.errorbar(summary.index, summary["median"], yerr=[summary["median"] - summary["min"], summary["max"] - summary["median"]],
                         marker="o", capsize=3, color=CLOCK_COLORS.get(clock), label=CLOCK_LABELS.get(clock, clock))
+        ax.set_xticks(sorted(on_setup["threads"].unique()))
         ax.set_xlabel("threads reading at once (one per vCPU / CPU)")
         ax.set_ylabel(label)
         ax.set_yscale("log")
