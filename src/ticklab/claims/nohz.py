@@ -133,10 +133,11 @@ def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
         if bundle.manifest.get("not_testable") or bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
             continue
         for record in _measured_records(bundle):
-            header, samples = read_ftq(ref.path / "raw" / record["run"] / "ftq.dat")
+            path = ref.path / "raw" / record["run"] / "ftq.dat"
+            header, samples = read_ftq(path)
             samples = samples[~samples["warmup"]].assign(
                 host_id=ref.host_id, bundle=ref.path.name, run=record["run"], condition=record["condition"],
-                quantum_ns=int(header["quantum_ns"]), source=str(ref.path / "raw" / record["run"] / "ftq.dat"))
+                quantum_ns=int(header["quantum_ns"]), source=str(rawfile.locate(path)))
             frames.append(samples[["host_id", "bundle", "run", "condition", "quantum_ns", "index", "count", "source"]])
     columns = ["host_id", "bundle", "run", "condition", "quantum_ns", "index", "count", "source"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
