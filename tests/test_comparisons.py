@@ -82,3 +82,24 @@ def test_fresh_ftq_samples_feed_the_figure_spectrum_and_verdicts(tmp_path):
     nohz.ftq_sorted_figure(samples, "guest-test")
     runs, notes = measured_runs(bundles)
     assert set(runs["metric"]) >= {"ftq_count_mean", "ftq_noise_fraction"} and not notes
+
+
+def test_every_setup_in_the_data_gets_a_row_for_every_claim(tmp_path):
+    from types import SimpleNamespace
+
+    from ticklab.claims import absent_setups
+    from ticklab.published import load_published
+    from ticklab import paths
+
+    for host, claim in (("host-a", "nohz"), ("guest-tcg-x", "hpet")):
+        writer = BundleWriter(tmp_path, host, claim, "e", definition={}, host={}, when=WHEN)
+        writer.manifest["not_testable"] = "nothing to run with"
+        writer.seal()
+    rows = absent_setups("acpi-idle", "c", "e", [], tmp_path)
+    assert [r.setup for r in rows] == ["guest-tcg-x", "host-a"]
+    assert "QEMU offers guests no ACPI C-states" in rows[0].reason and "QEMU" not in rows[1].reason
+    ctx = SimpleNamespace(published=load_published(paths.published_dir(), "nohz"), bundles=find_bundles(tmp_path, "nohz"),
+                          data_dir=tmp_path)
+    found = {v.setup: v for v in nohz.verdicts(ctx, n_boot=200)}
+    assert set(found) == {"host-a", "guest-tcg-x"}
+    assert "nothing to run with" in found["host-a"].reason and "no nohz bundle from this setup" in found["guest-tcg-x"].reason

@@ -118,12 +118,13 @@ def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[Bund
                    published_effect: str, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
     """Every verdict row of a claim: the tested comparisons, and for each setup whose bundles gave nothing to
     compare (not testable there, failed, unreadable) or when there are no bundles, the reason."""
-    from .claims import pending_verdict
+    from .claims import absent_setups, pending_verdict
 
     runs, _ = measured_runs(bundles)
     found = verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed) if not runs.empty else []
     covered = {v.setup for v in found}
     rest = [ref for ref in bundles if ref.host_id not in covered]
-    if rest or not bundles:
-        found += pending_verdict(claim, summary, published_effect, rest, data_dir)
-    return found
+    if not bundles:
+        return pending_verdict(claim, summary, published_effect, bundles, data_dir)
+    unexplained = pending_verdict(claim, summary, published_effect, rest, data_dir, absent=False) if rest else []
+    return found + unexplained + absent_setups(claim, summary, published_effect, bundles, data_dir)

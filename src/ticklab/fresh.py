@@ -29,6 +29,14 @@ def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
     return refs
 
 
+def all_setups(data_dir: Path | str) -> list[str]:
+    """Every host-id under the data directory that holds at least one bundle (of any claim)."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        return []
+    return sorted({m.parent.parent.parent.name for m in root.glob("*/*/*/manifest.json")} - {"published"})
+
+
 def describe(bundles: list[BundleRef], data_dir: Path | str, claim: str) -> str:
     """One plain sentence for the notebook's fresh-data section."""
     if not bundles:
