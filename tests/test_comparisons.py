@@ -103,3 +103,18 @@ def test_every_setup_in_the_data_gets_a_row_for_every_claim(tmp_path):
     found = {v.setup: v for v in nohz.verdicts(ctx, n_boot=200)}
     assert set(found) == {"host-a", "guest-tcg-x"}
     assert "nothing to run with" in found["host-a"].reason and "no nohz bundle from this setup" in found["guest-tcg-x"].reason
+
+
+def test_clock_read_share_sums_vdso_and_clock_functions_from_perf_report():
+    from ticklab.claims import hpet
+
+    report = """# Samples: 8K of event 'cpu-clock'
+    57.08%  clockbench  [vdso]             [.] 0x000000000000079b
+    11.09%  clockbench  [vdso]             [.] __vdso_clock_gettime
+                --10.00%--clock_gettime@@GLIBC_2.17
+    10.74%  clockbench  clockbench         [.] run
+     4.50%  clockbench  [kernel.kallsyms]  [k] read_hpet
+     1.82%  clockbench  clockbench         [.] clock_gettime@plt
+"""
+    share, hottest = hpet.clock_read_share(report)
+    assert share == pytest.approx(57.08 + 11.09 + 4.50 + 1.82) and hottest == "0x000000000000079b"
