@@ -117,6 +117,32 @@ def fresh_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table.round(4)
 
 
+def fresh_figure(runs: pd.DataFrame, setup: str):
+    """hackbench runtime and hrtimer starts per second, HRTICK off vs on: every run and the median."""
+    on_setup = runs[runs["host_id"] == setup]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"),
+                              (axes[1], "hrtimer_start_rate_hz", "hrtimer starts per second (≥ reprograms)")):
+        chosen = on_setup[on_setup["metric"] == metric]
+        for x, condition in enumerate(["hrtick-off", "hrtick-on"]):
+            values = chosen.loc[chosen["condition"] == condition, "value"].to_numpy()
+            if len(values) == 0:
+                continue
+            jitter = np.linspace(-0.12, 0.12, len(values))
+            ax.plot(x + jitter, values, "o", alpha=0.6, color="#c44e52" if condition == "hrtick-on" else "#4c72b0")
+            ax.hlines(np.median(values), x - 0.25, x + 0.25, color="black")
+            median = np.median(values)
+            ax.annotate(f"median {median:,.0f}" if median >= 100 else f"median {median:.3g}", (x + 0.27, median),
+                        fontsize=8, va="center")
+        ax.set_xticks([0, 1], ["HRTICK off", "HRTICK on"])
+        ax.set_xlim(-0.5, 1.9)
+        ax.set_ylabel(label)
+    fig.subplots_adjust(wspace=0.4)
+    fig.suptitle(f"hackbench -p -s 8, HRTICK off vs on, 6.12 without the series (fresh, {len(on_setup['run'].unique())} runs)\n{setup}",
+                 fontsize=9)
+    return fig
+
+
 def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
     return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
                           published_effect=published_effect(ctx.published), alpha=alpha, n_boot=n_boot, seed=seed)
