@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -107,6 +108,23 @@ def _lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .bundle import BundleError
+    from .compare import CompareError, comparisons, render
+
+    try:
+        tables = comparisons(args.bundles, args.metric, args.baseline)
+        if not tables:
+            raise CompareError("nothing to compare: no metric has runs on both sides")
+        print(render(tables, args.format))
+    except BrokenPipeError:  # `ticklab compare ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (CompareError, BundleError) as exc:
+        print(f"ticklab compare: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from .ingest import TraceFormatError, read_trace, write_tables
 
@@ -193,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("--no-build", action="store_true", help="fail instead of building a missing lab kernel")
     lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
     lab_run.set_defaults(func=_lab)
+
+    compare = sub.add_parser("compare", help="mmtests-format compare table of one bundle's conditions or of two bundles")
+    compare.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE", help="one bundle (its conditions) or two (A is the baseline)")
+    compare.add_argument("--metric", nargs="+", help="metrics to compare (default: every metric both sides have)")
+    compare.add_argument("--baseline", help="with one bundle: the baseline condition (default: its first)")
+    compare.add_argument("--format", choices=["text", "csv", "md", "json"], default="text")
+    compare.set_defaults(func=_compare)
 
     ingest = sub.add_parser("ingest", help="trace.dat or a tracefs capture -> one Parquet table per event")
     ingest.add_argument("trace", type=Path, help="a trace.dat, or a bundle run's trace/ directory")
