@@ -4,6 +4,7 @@ contract of DESIGN.md is written and checked."""
 import ast
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -188,3 +189,54 @@ def test_a_partial_run_without_the_summary_succeeds(tmp_path):
                       only=["05-nohz"], log=log.append) == 0, log
     assert output_problems(tmp_path, "nohz") == []
     assert not (tmp_path / "verdicts.csv").exists()
+
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+# Headless, sandbox off (root in CI), no GPU, no background traffic, and no network at all: every host
+# resolves to nothing and any proxied request goes to a closed port. file:// pages still load.
+OFFLINE_CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]
+PAGE_CHECK = """<script>
+window.addEventListener("load", () => {
+  const imgs = Array.from(document.images);
+  const broken = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => (i.getAttribute("src") || "").slice(0, 80));
+  const tables = Array.from(document.querySelectorAll("table"));
+  const out = document.createElement("pre");
+  out.id = "ticklab-check";
+  out.textContent = JSON.stringify({images: imgs.length, broken: broken, tables: tables.length,
+                                    empty_tables: tables.filter(t => t.rows.length < 2).length});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def rendered(page, extra: str = "") -> dict:
+    """What headless Chromium saw on ``page`` after it loaded: images (and which failed), tables."""
+    probe = page.with_name(page.stem + ".browser-check.html")
+    probe.write_text(page.read_text().replace("</body>", extra + PAGE_CHECK + "</body>"))
+    try:
+        result = subprocess.run([BROWSER, *OFFLINE_CHROMIUM, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    found = re.search(r'<pre id="ticklab-check">([^<]*)</pre>', result.stdout)
+    assert found, f"{page}: the page never finished loading in Chromium: {result.stderr[-400:]}"
+    return json.loads(found.group(1).replace("&quot;", '"'))
+
+
+@pytest.mark.skipif(BROWSER is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_report_renders_offline_in_headless_chromium(build):
+    pages = [build / "report/index.html", *sorted((build / "report/notebooks").glob("*.html"))]
+    for page in pages:
+        seen = rendered(page)
+        assert seen["images"] >= 1 and seen["broken"] == [], (page.name, seen)
+        assert seen["tables"] >= 1 and seen["empty_tables"] == 0, (page.name, seen)
+    # the check can fail: a remote image is blocked, a missing file is broken
+    control = rendered(build / "report/index.html", '<img src="https://example.com/x.png"><img src="missing.png">')
+    assert control["broken"][-2:] == ["https://example.com/x.png", "missing.png"]
+    artifacts = REPO / "build" / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "report-index.png"
+    subprocess.run([BROWSER, *OFFLINE_CHROMIUM, "--window-size=1280,2400", f"--screenshot={shot}",
+                    (build / "report/index.html").as_uri()], capture_output=True, timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000

@@ -133,7 +133,7 @@ def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
         for path in sorted((output_dir / "tables" / claim).glob("*.csv")):
             frame = pd.read_csv(path, keep_default_na=False)
             tables.append({"name": path.stem, "csv": f"../tables/{claim}/{path.name}",
-                           "html": frame.to_html(index=False, classes="data", border=0, escape=True), **_sidecar(path)})
+                           "html": frame.to_html(index=False, classes="data", border=0, escape=True, na_rep="—"), **_sidecar(path)})
         title = CLAIMS[claim].title if claim in CLAIMS else "Summary across claims"
         sections.append({"claim": claim, "title": title, "figures": figures, "tables": tables})
     return sections
@@ -147,7 +147,7 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
     claims = [SUMMARY] + list(CLAIMS)
     page = template.render(
         results=results,
-        verdicts_html=verdicts.to_html(index=False, classes="data", border=0) if verdicts is not None else None,
+        verdicts_html=verdicts.to_html(index=False, classes="data", border=0, na_rep="—") if verdicts is not None else None,
         sections=_claim_sections(output_dir, claims),
         bundles=[] if bundles is None else bundles.to_dict("records"),
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
