@@ -36,6 +36,17 @@ class Comparison:
     experiments: tuple[str, ...] = ()  # only bundles of these experiments (all when empty)
 
 
+def usable_bundles(bundles: list[BundleRef]):
+    """(ref, bundle) for every bundle that loads, is sealed and was testable; measured_runs says why others are not."""
+    for ref in bundles:
+        try:
+            bundle = load_bundle(ref.path)
+        except BundleError:
+            continue
+        if not bundle.manifest.get("not_testable"):
+            yield ref, bundle
+
+
 def measured_runs(bundles: list[BundleRef]) -> tuple[pd.DataFrame, list[str]]:
     """results.csv rows of every sealed, testable bundle with host_id, bundle and experiment columns;
     and one note per bundle left out (why)."""

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..bundle import BundleError, load_bundle
-from ..comparisons import Comparison, claim_verdicts
+from ..comparisons import Comparison, claim_verdicts, usable_bundles
 from ..fresh import BundleRef
 from ..published import PublishedClaim, load_published
 
@@ -234,12 +234,9 @@ def profile_shares(bundles: list[BundleRef]) -> pd.DataFrame:
     """Where a bundle has perf profiles: per condition, the clock-reading share of CPU time, the measure
     seed 000 quotes for read_hpet (4.99% → 1.41% on Haswell-EX)."""
     rows = []
-    for ref in bundles:
-        try:
-            manifest = load_bundle(ref.path).manifest
-        except BundleError:
-            continue
-        for profile in manifest.get("profiles") or [] if isinstance(manifest.get("profiles"), list) else []:
+    for ref, bundle in usable_bundles(bundles):
+        profiles = bundle.manifest.get("profiles")
+        for profile in profiles if isinstance(profiles, list) else []:  # a string says why there are none
             report = ref.path / "raw" / profile["directory"] / "perf-report.txt"
             if profile.get("status") != "ok" or not report.is_file():
                 continue

@@ -11,9 +11,8 @@ import pandas as pd
 from scipy import signal
 
 from .. import rawfile
-from ..bundle import BundleError, load_bundle
 from ..capture.workloads import read_ftq
-from ..comparisons import Comparison, claim_verdicts
+from ..comparisons import Comparison, claim_verdicts, usable_bundles
 from ..fresh import BundleRef
 from ..published import PublishedClaim, check_derived, load_published
 
@@ -125,12 +124,8 @@ def _measured_records(bundle) -> list[dict]:
 def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
     """Every measured FTQ sample (warm-up quanta dropped) of every testable nohz bundle."""
     frames = []
-    for ref in bundles:
-        try:
-            bundle = load_bundle(ref.path)
-        except BundleError:  # incomplete or damaged: measured_runs says why it is left out
-            continue
-        if bundle.manifest.get("not_testable") or bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
+    for ref, bundle in usable_bundles(bundles):
+        if bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
             continue
         for record in _measured_records(bundle):
             path = ref.path / "raw" / record["run"] / "ftq.dat"
@@ -205,13 +200,7 @@ def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
     """Per setup and condition: the CPU share FTQ lost (median over runs of 1 − mean/max work per quantum)
     next to the noise osnoise measured on the same CPU once per condition (where it ran)."""
     rows = []
-    for ref in bundles:
-        try:
-            bundle = load_bundle(ref.path)
-        except BundleError:  # incomplete or damaged: measured_runs says why it is left out
-            continue
-        if bundle.manifest.get("not_testable"):
-            continue
+    for ref, bundle in usable_bundles(bundles):
         results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
         osnoise = {}
         for extra in bundle.manifest.get("extras") or []:
