@@ -12,7 +12,6 @@ what it did measure; a comparison a setup only partly measured is left to the se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 

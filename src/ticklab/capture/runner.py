@@ -69,7 +69,7 @@ def tool_versions() -> dict:
     return versions
 
 
-def _shown_path(path: Path) -> str:
+def shown_path(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(repo_root()))
     except ValueError:
@@ -113,7 +113,7 @@ class Capture:
             plan = [] if failed else schedule(conditions, runs, warmup, seed)
             if options.dry_run:
                 return self._dry_run(host, plan, found, failed, backend)
-            definition = {**experiment.definition, "path": _shown_path(experiment.path)}
+            definition = {**experiment.definition, "path": shown_path(experiment.path)}
             writer = self.writer = BundleWriter(options.out, identity, experiment.claim, experiment.name, definition=definition,
                                   host=found, tools=tool_versions())
             writer.manifest.update({

@@ -200,7 +200,7 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
             _run([*make, "olddefconfig"], log)
             unmet = unmet_options(fragment_options(fragments), (objects / ".config").read_text())
             if unmet:
-                raise LabError(f"kernel/configs: options that did not survive olddefconfig (a dependency is off): "
+                raise LabError("kernel/configs: options that did not survive olddefconfig (a dependency is off): "
                                + ", ".join(unmet))
             count = _compile(make, jobs, log, progress, variant)
             release = subprocess.run([*make, "-s", "kernelrelease"], capture_output=True, text=True,

@@ -25,7 +25,7 @@ from ..bundle import BundleWriter
 from ..capture.execute import workload_values
 from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
                                   load_experiment, schedule)
-from ..capture.runner import _shown_path, add_run, tool_versions
+from ..capture.runner import add_run, shown_path, tool_versions
 from ..host import collect, host_id, interrupting_signals
 from ..paths import traces_dir
 from . import image as guest_image
@@ -115,7 +115,7 @@ class LabRun:
         releases = sorted({k.info["release"] for k in kernels.values()})
         identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
         plan = schedule(conditions, runs, warmup, seed)
-        definition = {**experiment.definition, "path": _shown_path(experiment.path)}
+        definition = {**experiment.definition, "path": shown_path(experiment.path)}
         writer = self.writer = BundleWriter(options.out or traces_dir(), identity, experiment.claim, experiment.name,
                                             definition=definition, host={}, tools=tool_versions())
         writer.manifest.update({
