@@ -7,7 +7,7 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: reproduce test env lock clean tools capture doctor bench lab lab-kernels
+.PHONY: reproduce test env lock clean tools capture doctor bench lab lab-kernels jupyter kernelspec
 
 reproduce: $(STAMP)
 	$(BIN)/ticklab report --out $(OUT)
@@ -40,6 +40,14 @@ lab-kernels: $(STAMP) tools
 lab: lab-kernels
 	@for claim in $(LAB_CLAIMS); do $(BIN)/ticklab lab run $$claim $(LAB_ARGS) || exit $$?; done
 
+# JupyterLab on the repository with the environment registered as the "ticklab" kernel.
+JUPYTER_PORT ?= 8888
+kernelspec: $(STAMP)
+	$(BIN)/python -m ipykernel install --sys-prefix --name ticklab --display-name "Python (ticklab)"
+
+jupyter: kernelspec
+	$(BIN)/jupyter lab --no-browser --port $(JUPYTER_PORT) --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
+
 # Ingest speed against 'trace-cmd report' on the same trace (root: records a trace first).
 bench: $(STAMP) tools
 	$(BIN)/python benchmarks/ingest_speed.py
@@ -58,7 +66,7 @@ $(STAMP): requirements.lock pyproject.toml
 lock: $(STAMP)
 	@mkdir -p $(OUT)
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.10 \
-	    --only-binary=:all: --report $(OUT)/lock-report.json -r requirements.in
+	    --only-binary=:all: --target $(OUT)/lock-target --report $(OUT)/lock-report.json -r requirements.in
 	$(BIN)/python -m ticklab.lockfile $(OUT)/lock-report.json requirements.lock
 
 clean:

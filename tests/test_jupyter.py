@@ -1,0 +1,106 @@
+"""JupyterLab on the repository: the server starts, serves a notebook through its REST API, and a
+kernel session (the registered "ticklab" kernel) executes that notebook's cells; then it stops."""
+
+import json
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from conftest import REPO
+
+websocket = pytest.importorskip("websocket", reason="websocket-client is not installed (make env)")
+pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (make env)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _request(base: str, token: str, path: str, method: str = "GET", body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{base}{path}", data=data, method=method,
+                                     headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+    return json.loads(text) if text else {}
+
+
+def _execute(channel, session: str, code: str, timeout_s: float = 120) -> dict:
+    msg_id = uuid.uuid4().hex
+    channel.send(json.dumps({
+        "header": {"msg_id": msg_id, "username": "ticklab-test", "session": session, "msg_type": "execute_request",
+                   "version": "5.3", "date": ""},
+        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
+                    "stop_on_error": True},
+    }))
+    deadline = time.monotonic() + timeout_s
+    errors = []
+    while time.monotonic() < deadline:
+        message = json.loads(channel.recv())
+        if message.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        if message["msg_type"] == "error":
+            errors.append(f"{message['content']['ename']}: {message['content']['evalue']}")
+        if message["msg_type"] == "execute_reply":
+            return {"status": message["content"]["status"], "errors": errors}
+    raise TimeoutError(f"no execute_reply within {timeout_s} s for: {code[:80]}")
+
+
+def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_path):
+    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "ticklab",
+                    "--display-name", "Python (ticklab)"], check=True, capture_output=True)
+    port, token = _free_port(), secrets.token_hex(16)
+    base = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "jupyterlab.log").open("w")  # a file, not a pipe nobody drains
+    server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+                               f"--ServerApp.token={token}", f"--ServerApp.root_dir={REPO}",
+                               "--ServerApp.open_browser=False", "--allow-root"], stdout=log,
+                              stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                assert "started" in _request(base, token, "/api/status")
+                break
+            except (OSError, AssertionError):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"JupyterLab did not start: {(tmp_path / 'jupyterlab.log').read_text()[-500:]}")
+                time.sleep(0.5)
+        assert "ticklab" in _request(base, token, "/api/kernelspecs")["kernelspecs"]
+        notebook = _request(base, token, "/api/contents/notebooks/02-pvspinlock.ipynb")
+        assert notebook["type"] == "notebook"
+        cells = [c for c in notebook["content"]["cells"] if c["cell_type"] == "code"]
+        session = _request(base, token, "/api/sessions", "POST",
+                           {"path": "notebooks/02-pvspinlock.ipynb", "type": "notebook", "kernel": {"name": "ticklab"}})
+        kernel = session["kernel"]["id"]
+        channel = websocket.create_connection(f"ws://127.0.0.1:{port}/api/kernels/{kernel}/channels?token={token}",
+                                              timeout=120)
+        try:
+            client = uuid.uuid4().hex
+            replies = [_execute(channel, client, cells[0]["source"])]  # the parameters cell
+            replies.append(_execute(channel, client, f"output_dir = {str(tmp_path)!r}"))  # as papermill would inject
+            replies += [_execute(channel, client, cell["source"]) for cell in cells[1:]]
+        finally:
+            channel.close()
+            _request(base, token, f"/api/sessions/{session['id']}", "DELETE")
+        assert [r["status"] for r in replies] == ["ok"] * len(replies), [r["errors"] for r in replies]
+        assert (tmp_path / "verdicts" / "pvspinlock.csv").is_file()
+        assert (tmp_path / "figures" / "pvspinlock" / "kernel_build_time.png").is_file()
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    assert server.returncode is not None
