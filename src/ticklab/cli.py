@@ -125,6 +125,24 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _view(args: argparse.Namespace) -> int:
+    from .bundle import BundleError
+    from .view import ViewError, build_session, open_in_kernelshark, write_session
+    from .lab.cache import cache_dir
+
+    try:
+        trace, session, spot = build_session(args.bundle, args.run)
+        out = args.session or cache_dir() / "view" / f"{Path(args.bundle).resolve().name}-{args.run or 'first'}.json"
+        write_session(session, out)
+        print(f"{trace}\n  session {out}\n  markers A/B: {spot.what}")
+        if not args.session_only:
+            open_in_kernelshark(out).wait()
+    except (ViewError, BundleError, KeyError) as exc:
+        print(f"ticklab view: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from .ingest import TraceFormatError, read_trace, write_tables
 
@@ -218,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--baseline", help="with one bundle: the baseline condition (default: its first)")
     compare.add_argument("--format", choices=["text", "csv", "md", "json"], default="text")
     compare.set_defaults(func=_compare)
+
+    view = sub.add_parser("view", help="open a run's trace.dat in KernelShark with a session preset for the claim")
+    view.add_argument("bundle", type=Path, help="a bundle directory")
+    view.add_argument("--run", help="the run (default: the first measured run with a trace)")
+    view.add_argument("--session", type=Path, help="where to write the session (default: ~/.cache/ticklab/view/)")
+    view.add_argument("--session-only", action="store_true", help="write the session, do not start KernelShark")
+    view.set_defaults(func=_view)
 
     ingest = sub.add_parser("ingest", help="trace.dat or a tracefs capture -> one Parquet table per event")
     ingest.add_argument("trace", type=Path, help="a trace.dat, or a bundle run's trace/ directory")

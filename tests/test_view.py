@@ -1,0 +1,109 @@
+"""`ticklab view`: KernelShark sessions preset for a claim, checked against the trace and, where
+KernelShark and Xvfb exist, loaded by KernelShark itself (its saved session must hold our markers)."""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ticklab.fresh import find_bundles
+from ticklab.ingest import read_trace_dat
+from ticklab.tracemetrics import TIMER_ENTRY, TIMER_EXIT
+from ticklab.view import ViewError, build_session, entry_order
+
+from conftest import REPO
+
+
+def guest_bundle(claim: str) -> Path:
+    refs = [r for r in find_bundles(REPO / "traces", claim) if r.host_id.startswith("guest-")]
+    if not refs:
+        pytest.skip(f"no guest {claim} bundle in traces/")
+    return refs[0].path
+
+
+def test_hrtick_session_marks_the_first_spurious_interrupt_by_entry_row():
+    path, session, spot = build_session(guest_bundle("hrtick"))
+    assert spot.what.startswith("first spurious hrtimer interrupt")
+    order = entry_order(read_trace_dat(path))
+    marks = session["Markers"]
+    a, b = order.loc[marks["markA"]["row"]], order.loc[marks["markB"]["row"]]
+    assert (a["event"], a["timestamp"], a["cpu"]) == (TIMER_ENTRY, spot.first_ns, spot.cpu)
+    assert (b["event"], b["timestamp"], b["cpu"]) == (TIMER_EXIT, spot.last_ns, spot.cpu)
+    low, high = session["Model"]["range"]
+    assert low < spot.first_ns < spot.last_ns < high
+    stream = session["data streams"][0]
+    assert stream["data"]["time"] == int(os.stat(path).st_mtime)
+    assert "timer/hrtimer_start" in stream["filters"]["show event filter"]
+    assert session["type"] == "kshark.config.session"
+
+
+def test_nohz_session_shows_the_measured_cpu_and_a_compressed_run_is_decompressed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path))
+    bundle = guest_bundle("nohz")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    packed = next(r for r in manifest["runs"] if (bundle / "raw" / r["run"] / "trace" / "trace.dat.xz").is_file())
+    path, session, spot = build_session(bundle, packed["run"])
+    assert path.is_relative_to(tmp_path) and path.read_bytes()[:3] == b"\x17\x08D"
+    assert session["data streams"][0]["CPUPlots"] == [packed["guest"]["nproc"] - 1]
+    assert spot.what.startswith("longest stretch without a timer interrupt")
+    with pytest.raises(ViewError, match="no traced run 'run-999'"):
+        build_session(bundle, "run-999")
+
+
+GUI_TOOLS = ("kernelshark", "Xvfb", "xdotool", "import", "convert")
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in GUI_TOOLS),
+                    reason="needs kernelshark, xvfb, xdotool and imagemagick (apt-get install kernelshark xvfb xdotool imagemagick)")
+def test_kernelshark_loads_the_session_under_xvfb(tmp_path):
+    from ticklab.view import write_session
+
+    path, session, spot = build_session(guest_bundle("hrtick"))
+    session_file = write_session(session, tmp_path / "session.json")
+    display = next(f":{n}" for n in range(90, 200) if not Path(f"/tmp/.X{n}-lock").exists())
+    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1280x900x24"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "DISPLAY": display, "KS_USER_CACHE_DIR": str(tmp_path)}
+    shark = None
+    try:
+        time.sleep(1)
+        shark = subprocess.Popen(["kernelshark", "-s", str(session_file)], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        def wait_for_window(name: str) -> None:
+            deadline = time.monotonic() + 30
+            while subprocess.run(["xdotool", "search", "--name", name], env=env, capture_output=True).returncode:
+                assert shark.poll() is None and time.monotonic() < deadline, f"KernelShark showed no '{name}' window"
+                time.sleep(0.5)
+
+        if os.geteuid() == 0:  # KernelShark first shows a "running with root privileges" notice
+            wait_for_window("KernelShark")
+            time.sleep(1)
+            subprocess.run(["xdotool", "key", "Return"], env=env, check=True)
+        wait_for_window("Kernel Shark")
+        time.sleep(4)
+        assert shark.poll() is None, f"KernelShark exited ({shark.returncode}) loading {session_file}"
+        artifacts = REPO / "build" / "test-artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        shot = artifacts / "kernelshark-hrtick.png"
+        subprocess.run(["import", "-window", "root", str(shot)], env=env, check=True)
+        colours = int(subprocess.run(["convert", str(shot), "-format", "%k", "info:"], capture_output=True, text=True,
+                                     check=True).stdout)
+        assert colours > 50, "the screenshot is blank"
+        # File > Quit: KernelShark saves the session it is showing, which must be ours
+        subprocess.run(["xdotool", "mousemove", "20", "10", "click", "1"], env=env, check=True)
+        time.sleep(1)
+        subprocess.run(["xdotool", "mousemove", "47", "109", "click", "1"], env=env, check=True)
+        shark.wait(timeout=20)
+        saved = json.loads((tmp_path / "lastsession.json").read_text())
+        assert saved["Markers"]["markA"] == {"isSet": True, "row": session["Markers"]["markA"]["row"]}
+        assert saved["Markers"]["markB"] == {"isSet": True, "row": session["Markers"]["markB"]["row"]}
+        assert saved["data streams"][0]["CPUPlots"] == session["data streams"][0]["CPUPlots"]
+        assert saved["data streams"][0]["data"]["file"] == str(path.resolve())
+    finally:
+        for process in (shark, xvfb):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
