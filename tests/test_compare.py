@@ -92,3 +92,14 @@ def test_published_only_parameters_give_not_testable_verdicts(tmp_path):
     assert result.status == "ok", result.error
     verdicts = (tmp_path / "verdicts" / "nohz.csv").read_text()
     assert "not testable here" in verdicts and "no captured bundles" in verdicts
+
+
+def test_ticklab_verify_names_a_tampered_bundle(tmp_path):
+    good = bundle(tmp_path, "host-a", {"off": [1.0, 1.1]})
+    bad = bundle(tmp_path, "host-b", {"off": [1.0, 1.1]})
+    results = bad / "results.csv"
+    results.chmod(0o644)
+    results.write_text(results.read_text().replace("1.1", "9.9"))
+    run = subprocess.run([sys.executable, "-m", "ticklab.cli", "verify", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert f"ok    {good}" in run.stdout and f"FAIL  {bad}" in run.stdout and "results.csv" in run.stdout

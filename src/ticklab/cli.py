@@ -125,6 +125,25 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from .bundle import BundleError, load_bundle
+
+    manifests = sorted({m for root in args.paths for m in ([root / "manifest.json"] if (root / "manifest.json").is_file()
+                                                           else root.rglob("manifest.json"))})
+    if not manifests:
+        print(f"ticklab verify: no bundle (manifest.json) under {', '.join(map(str, args.paths))}", file=sys.stderr)
+        return 2
+    failed = 0
+    for manifest in manifests:
+        try:
+            bundle = load_bundle(manifest.parent)
+            print(f"ok    {manifest.parent}  ({len(bundle.manifest.get('files', {}))} files, {bundle.manifest['status']})")
+        except BundleError as exc:
+            failed += 1
+            print(f"FAIL  {manifest.parent}: {exc}")
+    return 1 if failed else 0
+
+
 def _view(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .view import ViewError, build_session, open_in_kernelshark, write_session
@@ -236,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--baseline", help="with one bundle: the baseline condition (default: its first)")
     compare.add_argument("--format", choices=["text", "csv", "md", "json"], default="text")
     compare.set_defaults(func=_compare)
+
+    verify = sub.add_parser("verify", help="check bundles against their manifests (schema, every file's sha256)")
+    verify.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
+    verify.set_defaults(func=_verify)
 
     view = sub.add_parser("view", help="open a run's trace.dat in KernelShark with a session preset for the claim")
     view.add_argument("bundle", type=Path, help="a bundle directory")
