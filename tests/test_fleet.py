@@ -52,10 +52,11 @@ def namespace_hosts(tmp_path):
             hosts[f"ns{index}"] = f"10.231.{index}.2"
         yield hosts, key
     finally:
+        for ns in made:  # the listening sshd and any session it forked: nothing may outlive the test
+            pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
+            if pids:
+                _run("kill", *pids, check=False)
         for index in (1, 2):
-            pidfile = tmp_path / f"sshd{index}.pid"
-            if pidfile.is_file():
-                _run("kill", pidfile.read_text().strip(), check=False)
             _run("ip", "link", "del", f"tlfv{index}", check=False)
         for ns in made:
             _run("ip", "netns", "del", ns, check=False)
