@@ -12,6 +12,8 @@ import uuid
 
 import pytest
 
+from ticklab.capture.process import stop
+
 from conftest import REPO
 
 websocket = pytest.importorskip("websocket", reason="websocket-client is not installed (make env)")
@@ -96,11 +98,6 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
         assert (tmp_path / "verdicts" / "pvspinlock.csv").is_file()
         assert (tmp_path / "figures" / "pvspinlock" / "kernel_build_time.png").is_file()
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server, timeout_s=30)
         log.close()
     assert server.returncode is not None

@@ -120,9 +120,9 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
                 if experiment.lab is not None:
                     experiments[experiment.name] = lab_experiment(experiment, checks)
                     continue
-                results = {r: requirements.check(r, host, found) for r in experiment.requires}
-                missing = [f"{r}: {why}" for r, (ok, why) in results.items() if not ok]
-                experiments[experiment.name] = {"runs": not missing, "why": "; ".join(missing) or "all requirements met"}
+                missing = requirements.check_all(experiment.requires, host, found)[1]
+                experiments[experiment.name] = {"runs": not missing,
+                                                "why": requirements.unmet_text(missing) or "all requirements met"}
             if not experiments:
                 experiments["(none)"] = {"runs": False, "why": "no host experiment; this claim needs the guest lab (ticklab lab)"}
             claims[claim] = experiments

@@ -42,15 +42,20 @@ def timer_interrupt_rows(trace: Trace, cpu: int) -> list[dict]:
     ]
 
 
+def spurious_interrupts(trace: Trace, cpu: int) -> pd.DataFrame:
+    """The local timer interrupts on ``cpu`` during which no hrtimer expired (they found nothing to run)."""
+    interrupts = timer_interrupts(trace, cpu)
+    expires = trace.table(HRTIMER_EXPIRE)
+    stamps = np.sort(expires.loc[expires["cpu"] == cpu, "timestamp"].to_numpy(dtype=np.int64))
+    inside = np.searchsorted(stamps, interrupts["exit_ns"].to_numpy()) - np.searchsorted(stamps, interrupts["entry_ns"].to_numpy())
+    return interrupts[inside == 0]
+
+
 def spurious_ratio(trace: Trace, cpu: int | None = None) -> float:
     """Share of local timer interrupts during which no hrtimer expired (the interrupt found nothing to run)."""
     cpus = sorted(trace.table(TIMER_ENTRY)["cpu"].unique()) if cpu is None else [cpu]
-    expires = trace.table(HRTIMER_EXPIRE)
     empty = total = 0
     for one in cpus:
-        interrupts = timer_interrupts(trace, int(one))
-        stamps = np.sort(expires.loc[expires["cpu"] == one, "timestamp"].to_numpy(dtype=np.int64))
-        inside = np.searchsorted(stamps, interrupts["exit_ns"].to_numpy()) - np.searchsorted(stamps, interrupts["entry_ns"].to_numpy())
-        empty += int((inside == 0).sum())
-        total += len(interrupts)
+        empty += len(spurious_interrupts(trace, int(one)))
+        total += len(timer_interrupts(trace, int(one)))
     return empty / total if total else float("nan")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import lzma
 import os
 import shutil
 import subprocess
@@ -27,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import rawfile
 from .bundle import load_bundle
 from .ingest import Trace, read_trace_dat
 from .lab.cache import cache_dir
-from .tracemetrics import HRTIMER_EXPIRE, TIMER_ENTRY, TIMER_EXIT, timer_interrupts
+from .tracemetrics import TIMER_ENTRY, TIMER_EXIT, spurious_interrupts, timer_interrupts
 
 CLAIM_EVENTS = {
     "nohz": ["irq_vectors/local_timer_entry", "irq_vectors/local_timer_exit", "timer/hrtimer_expire_entry", "timer/tick_stop"],
@@ -79,14 +79,10 @@ def interesting_spot(claim: str, trace: Trace, cpus: list[int], measured_cpu: in
             return Spot(f"longest stretch without a timer interrupt on CPU {measured_cpu}: {gaps[i] / 1e6:.3f} ms",
                         int(irqs["exit_ns"].iloc[i]), int(irqs["entry_ns"].iloc[i + 1]), measured_cpu)
     if claim == "hrtick":
-        expires = trace.table(HRTIMER_EXPIRE)
         for cpu in cpus:
-            stamps = np.sort(expires.loc[expires["cpu"] == cpu, "timestamp"].to_numpy(dtype=np.int64))
-            irqs = timer_interrupts(trace, cpu)
-            inside = np.searchsorted(stamps, irqs["exit_ns"].to_numpy()) - np.searchsorted(stamps, irqs["entry_ns"].to_numpy())
-            empty = np.flatnonzero(inside == 0)
-            if len(empty):
-                row = irqs.iloc[int(empty[0])]
+            spurious = spurious_interrupts(trace, cpu)
+            if len(spurious):
+                row = spurious.iloc[0]
                 return Spot(f"first spurious hrtimer interrupt on CPU {cpu}", int(row["entry_ns"]), int(row["exit_ns"]), cpu)
     longest = None
     for cpu in cpus:
@@ -121,8 +117,7 @@ def trace_file(directory: Path) -> Path:
     target = cache_dir() / "view" / (hashlib.sha256(packed.read_bytes()).hexdigest()[:16] + "-trace.dat")
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
-        with lzma.open(packed) as source, target.open("wb") as out:
-            shutil.copyfileobj(source, out)
+        target.write_bytes(rawfile.read_bytes(packed))
     return target
 
 

@@ -17,7 +17,7 @@ from ..host import HostChanges
 from ..paths import repo_root
 from . import requirements, tracing
 from .experiment import Condition, Experiment, PlannedRun, fill_argv
-from .process import run_command
+from .process import run_command, stop
 
 # Knobs the lab sets when it boots a guest; inside the guest they are checked, not written.
 BOOT_KNOBS = ("boot_cmdline", "lab_kernel")
@@ -47,15 +47,6 @@ def workload_values(experiment: Experiment, condition: Condition, found: dict) -
             "nproc": found["nproc"], "last_cpu": found["online_cpus"][-1], **params, **condition.values}
 
 
-def _stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-
-
 def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, found: dict, backend: str | None,
                 run_dir: Path) -> dict:
     """Make one planned run in ``run_dir``; its manifest record (without results)."""
@@ -80,7 +71,7 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
                 outcome = run_command(argv, run_dir, experiment.timeout_s)
         finally:
             if server is not None:
-                _stop(server)
+                stop(server)
     return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
             "warmup": planned.warmup, "values": planned.condition.values, **outcome,
             "knobs": [c.record() for c in scope.changes],

@@ -13,6 +13,16 @@ class WorkloadOutputError(ValueError):
     """A workload's output could not be parsed; the message names the file."""
 
 
+def stop(process: subprocess.Popen, timeout_s: float = 10) -> None:
+    """Ask a process to end (SIGTERM); kill it if it has not within ``timeout_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_or_kill(process: subprocess.Popen, timeout_s: float) -> str:
     """Wait for a process started with start_new_session; kill its whole group on timeout or interrupt.
     'ok', 'failed' (non-zero exit) or 'timeout'."""

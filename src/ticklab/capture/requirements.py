@@ -90,3 +90,15 @@ def check(requirement: str, host: HostChanges, found: dict) -> tuple[bool, str]:
         tracers = found.get("tracers") or []
         return (True, f"{argument} tracer available") if argument in tracers else (False, f"no {argument} tracer in this kernel")
     raise ValueError(f"unknown requirement {requirement!r}")
+
+
+def check_all(requires: list[str], host: HostChanges, found: dict) -> tuple[dict, dict]:
+    """Every requirement checked: ({requirement: {"ok", "why"}} for the manifest, {requirement: why} unmet)."""
+    checks = {r: check(r, host, found) for r in requires}
+    return ({r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()},
+            {r: why for r, (ok, why) in checks.items() if not ok})
+
+
+def unmet_text(unmet: dict) -> str:
+    """'requirement: why; ...' — how manifests, logs and doctor state what is missing."""
+    return "; ".join(f"{r}: {why}" for r, why in unmet.items())

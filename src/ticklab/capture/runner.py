@@ -97,8 +97,7 @@ class Capture:
             if experiment.trace:
                 tracing.ensure_tracefs(host)  # in a dry run this only says it would mount
             found = collect(options.root)
-            checks = {r: requirements.check(r, host, found) for r in experiment.requires}
-            failed = {r: why for r, (ok, why) in checks.items() if not ok}
+            checked, failed = requirements.check_all(experiment.requires, host, found)
             conditions = expand_conditions(experiment, found)
             if not conditions and not failed:
                 failed["conditions"] = "no condition of this experiment exists on this host"
@@ -117,14 +116,14 @@ class Capture:
             writer = self.writer = BundleWriter(options.out, identity, experiment.claim, experiment.name, definition=definition,
                                   host=found, tools=tool_versions())
             writer.manifest.update({
-                "requirements": {r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()},
+                "requirements": checked,
                 "conditions": [c.record() for c in conditions], "seed": seed, "runs_per_condition": runs,
                 "warmup_per_condition": warmup, "order": [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup}
                                                           for p in plan],
                 "tracing": {"backend": backend, "why": backend_why, "events": (experiment.trace or {}).get("events", [])},
             })
             if failed:
-                writer.manifest["not_testable"] = "; ".join(f"{r}: {why}" for r, why in failed.items())
+                writer.manifest["not_testable"] = requirements.unmet_text(failed)
                 self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest['not_testable']}")
             else:
                 self._run_plan(writer, host, plan, conditions, found, backend)
@@ -153,7 +152,7 @@ class Capture:
         experiment = self.experiment
         if failed:
             self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — "
-                     + "; ".join(f"{r}: {why}" for r, why in failed.items()))
+                     + requirements.unmet_text(failed))
             return None
         for planned in plan:
             self.log(f"{planned.run} {planned.condition.name}{' (warm-up)' if planned.warmup else ''}:")
@@ -185,8 +184,7 @@ class Capture:
         """Cross-checks (osnoise, timerlat ...): once per condition where the host has what they need."""
         done = []
         for extra in self.experiment.extras:
-            checks = {r: requirements.check(r, host, found) for r in extra.get("requires", [])}
-            missing = "; ".join(f"{r}: {why}" for r, (ok, why) in checks.items() if not ok)
+            missing = requirements.unmet_text(requirements.check_all(extra.get("requires", []), host, found)[1])
             if missing:
                 done.append({"name": extra["name"], "skipped": missing})
                 continue

@@ -78,11 +78,9 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
             found = collect()
             found["lab_switches"] = switch_values()
             result["facts"] = found
-            checks = {r: requirements.check(r, host, found) for r in experiment.requires}
-            result["requirements"] = {r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()}
-            failed = {r: why for r, (ok, why) in checks.items() if not ok}
+            result["requirements"], failed = requirements.check_all(experiment.requires, host, found)
             if failed:
-                result["not_testable"] = "; ".join(f"{r}: {why}" for r, why in failed.items())
+                result["not_testable"] = requirements.unmet_text(failed)
                 return result
             mismatch = boot_mismatches(job.get("cmdline", []), job.get("clocksource"), found)
             if job.get("extra"):
@@ -108,8 +106,7 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
 def _extra(experiment, condition: Condition, host: HostChanges, found: dict, name: str, run_dir: Path) -> dict:
     """A cross-check (experiment ``extras``) once under ``condition``, or why it was skipped in this guest."""
     extra = next(e for e in experiment.extras if e["name"] == name)
-    checks = {r: requirements.check(r, host, found) for r in extra.get("requires", [])}
-    missing = "; ".join(f"{r}: {why}" for r, (ok, why) in checks.items() if not ok)
+    missing = requirements.unmet_text(requirements.check_all(extra.get("requires", []), host, found)[1])
     if missing:
         return {"name": name, "condition": condition.name, "skipped": missing}
     outcome = run_once(experiment, condition, host, found, extra["argv"], f"{experiment.path}: extras.{name}.argv", run_dir)

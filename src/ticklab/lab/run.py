@@ -50,6 +50,11 @@ class LabOptions:
     build: bool = True
 
 
+def lab_settings(experiment: Experiment) -> dict:
+    """The experiment's lab section over the defaults."""
+    return {**DEFAULT_LAB, **experiment.lab}
+
+
 def lab_experiments(claim: str) -> list[Path]:
     return [p for p in experiment_paths(claim) if load_experiment(p).lab is not None]
 
@@ -60,7 +65,7 @@ def _knob(experiment: Experiment, kind: str) -> str | None:
 
 def boot_settings(experiment: Experiment, condition: Condition, options: LabOptions) -> dict:
     """What a run of ``condition`` boots with: kernel variant, vCPUs, command-line words, clocksource."""
-    lab = {**DEFAULT_LAB, **experiment.lab}
+    lab = lab_settings(experiment)
     values = condition.values
     kernel_var, smp_var, cmdline_var = (_knob(experiment, k) for k in ("lab_kernel", "lab_smp", "boot_cmdline"))
     words = [*str(lab["cmdline"] or "").split(), *(str(values[cmdline_var]).split() if cmdline_var in values else []),
@@ -88,29 +93,28 @@ class LabRun:
         self.experiment, self.options, self.log = experiment, options, log
         self.writer: BundleWriter | None = None
 
-    def _prepare(self):
-        experiment, options = self.experiment, self.options
+    def _machines(self, settings: dict) -> None:
+        """The kernels the conditions boot, the guest image, and the accelerator (building what is missing)."""
+        options = self.options
+        qemu.require_qemu()
+        build = lab_kernel.build_kernel if options.build else _cached_kernel
+        self.kernels = {variant: build(variant, progress=options.progress, say=self.log)
+                        for variant in sorted({s["kernel"] for s in settings.values()})}
+        self.image = guest_image.build_image(say=self.log)
+        first = next(iter(self.kernels.values()))
+        self.accel, self.accel_why = qemu.choose_accelerator(options.accel, first.image, self.image.initramfs)
+
+    def run(self) -> Path:
+        experiment, options, lab = self.experiment, self.options, lab_settings(self.experiment)
         runs = options.runs or experiment.runs
         warmup = experiment.warmup if options.warmup is None else options.warmup
         seed = experiment.seed if options.seed is None else options.seed
-        lab = {**DEFAULT_LAB, **experiment.lab}
         conditions = expand_conditions(experiment, planning_facts(int(options.smp or lab["smp"])))
         if not conditions:
             raise ExperimentError(f"{experiment.path}: no conditions")
         settings = {c.name: boot_settings(experiment, c, options) for c in conditions}
-        qemu.require_qemu()
-        build = lab_kernel.build_kernel if options.build else _cached_kernel
-        kernels = {variant: build(variant, progress=options.progress, say=self.log)
-                   for variant in sorted({s["kernel"] for s in settings.values()})}
-        image = guest_image.build_image(say=self.log)
-        first = next(iter(kernels.values()))
-        accel, accel_why = qemu.choose_accelerator(options.accel, first.image, image.initramfs)
-        return runs, warmup, seed, conditions, settings, kernels, image, accel, accel_why
-
-    def run(self) -> Path:
-        experiment, options = self.experiment, self.options
-        runs, warmup, seed, conditions, settings, kernels, image, accel, accel_why = self._prepare()
-        self.kernels, self.image, self.accel = kernels, image, accel
+        self._machines(settings)
+        kernels, image, accel, accel_why = self.kernels, self.image, self.accel, self.accel_why
         physical = collect()
         releases = sorted({k.info["release"] for k in kernels.values()})
         identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
@@ -126,7 +130,6 @@ class LabRun:
                     "physical_host_id": host_id(physical), "kernels": {v: k.record() for v, k in kernels.items()},
                     "image": image.record(), "boot": settings},
         })
-        lab = {**DEFAULT_LAB, **experiment.lab}
         if lab["accel"] == "kvm" and accel != "kvm":
             writer.manifest["not_testable"] = f"needs KVM (a guest that really boots under it): {accel_why}"
             self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest['not_testable']}")
@@ -154,7 +157,7 @@ class LabRun:
     def _boot(self, writer: BundleWriter, directory: str, job: dict, setting: dict) -> tuple[dict, dict, Path]:
         """One guest boot running ``job``; (QEMU outcome, the guest's result.json, raw/<directory> in the bundle)."""
         experiment = self.experiment
-        lab = {**DEFAULT_LAB, **experiment.lab}
+        lab = lab_settings(experiment)
         with tempfile.TemporaryDirectory(prefix="ticklab-lab-") as share:
             share = Path(share)
             (share / "raw").mkdir()
