@@ -13,7 +13,7 @@ reproduce: $(STAMP)
 	$(BIN)/ticklab report --out $(OUT)
 
 test: $(STAMP) tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q </dev/null
 
 # Our C measurement programs (tools/bin/ftq, tools/bin/clockbench).
 tools:

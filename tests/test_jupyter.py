@@ -2,6 +2,7 @@
 kernel session (the registered "ticklab" kernel) executes that notebook's cells; then it stops."""
 
 import json
+import os
 import secrets
 import socket
 import subprocess
@@ -26,11 +27,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The server is on loopback: never let a proxy from the environment stand in between.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _request(base: str, token: str, path: str, method: str = "GET", body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(f"{base}{path}", data=data, method=method,
                                      headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with _DIRECT.open(request, timeout=30) as response:
         text = response.read().decode()
     return json.loads(text) if text else {}
 
@@ -57,16 +62,23 @@ def _execute(channel, session: str, code: str, timeout_s: float = 120) -> dict:
     raise TimeoutError(f"no execute_reply within {timeout_s} s for: {code[:80]}")
 
 
+@pytest.mark.timeout(420)
 def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_path):
     subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "ticklab",
-                    "--display-name", "Python (ticklab)"], check=True, capture_output=True)
+                    "--display-name", "Python (ticklab)"], check=True, capture_output=True, timeout=120,
+                   stdin=subprocess.DEVNULL)
+    # The server's runtime, config and IPython state are this test's own: nothing a user's Jupyter left behind
+    # (running servers, config, history databases) takes part, and no proxy is asked for loopback addresses.
+    env = {key: value for key, value in os.environ.items() if not key.lower().endswith("_proxy")}
+    env.update(JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               IPYTHONDIR=str(tmp_path / "ipython"))
     port, token = _free_port(), secrets.token_hex(16)
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "jupyterlab.log").open("w")  # a file, not a pipe nobody drains
     server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
                                f"--ServerApp.token={token}", f"--ServerApp.root_dir={REPO}",
-                               "--ServerApp.open_browser=False", "--allow-root"], stdout=log,
-                              stderr=subprocess.STDOUT)
+                               "--ServerApp.open_browser=False", "--ServerApp.port_retries=0", "--allow-root"],
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -85,7 +97,7 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
                            {"path": "notebooks/02-pvspinlock.ipynb", "type": "notebook", "kernel": {"name": "ticklab"}})
         kernel = session["kernel"]["id"]
         channel = websocket.create_connection(f"ws://127.0.0.1:{port}/api/kernels/{kernel}/channels?token={token}",
-                                              timeout=120)
+                                              timeout=120, http_no_proxy=["127.0.0.1"])
         try:
             client = uuid.uuid4().hex
             replies = [_execute(channel, client, cells[0]["source"])]  # the parameters cell
