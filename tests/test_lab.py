@@ -226,6 +226,7 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path)
     bundle = load_bundle(bundles[0])
     manifest = bundle.manifest
     assert manifest["status"] == "sealed" and manifest["lab"]["accelerator"] == "tcg"
+    assert manifest["stopping"]["reason"] == "fixed run count (set on the command line)"
     assert bundles[0].parent.parent.name.startswith("guest-tcg-2vcpu-")
     runs = {r["condition"]: r for r in manifest["runs"]}
     assert set(runs) == {"hz1000", "hz1000-nohz_full"}

@@ -36,6 +36,16 @@ COMPRESS_FROM_BYTES = 64 * 1024
 REQUIRED_KEYS = ("schema_version", "status", "claim", "experiment", "definition", "host", "runs")
 
 
+def run_failed(record: dict) -> bool:
+    """A run that did not finish ok, or whose results came with a problem (e.g. a guest that booted wrong)."""
+    return record.get("status", "ok") != "ok" or bool(record.get("problem"))
+
+
+def stopped_because(manifest: dict) -> str:
+    """Why a bundle's capture stopped (its stopping record); bundles from before there was one ran a fixed count."""
+    return (manifest.get("stopping") or {}).get("reason") or "fixed run count (the manifest has no stopping record)"
+
+
 class BundleError(ValueError):
     """A bundle is malformed, incomplete or tampered with; the message names the file."""
 
@@ -96,6 +106,10 @@ class BundleWriter:
                 writer.writerow({"run": record["run"], "condition": record["condition"], **row})
         self.manifest["runs"].append(record)
         self.flush()
+
+    def results(self) -> pd.DataFrame:
+        """results.csv as written so far."""
+        return pd.read_csv(self.path / RESULTS)
 
     def compress_raw(self, keep_per_condition: int = 1, threshold: int = COMPRESS_FROM_BYTES) -> None:
         """xz every raw file of ``threshold`` bytes or more (trace.dat, tracefs cpuN.raw, ftq.dat ...) except in

@@ -62,7 +62,7 @@ def _capture(args: argparse.Namespace) -> int:
 
     options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id, dry_run=args.dry_run,
                              backend=args.backend, root=args.root, journal=args.journal, progress=not args.no_progress,
-                             seed=args.seed)
+                             seed=args.seed, budget_s=args.budget_s)
     try:
         capture(args.claim, options, experiment_path=args.experiment)
     except (ExperimentError, BundleError, HostChangeError, TracingError) as exc:
@@ -94,7 +94,8 @@ def _lab(args: argparse.Namespace) -> int:
         else:
             from .lab.run import LabOptions, lab_run
 
-            options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, out=args.out, accel=args.accel,
+            options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, budget_s=args.budget_s,
+                                 out=args.out, accel=args.accel,
                                  smp=args.smp, cmdline=args.cmdline or "", backend=args.backend,
                                  progress=not args.no_progress, build=not args.no_build)
             lab_run(args.claim, options, experiment_path=args.experiment)
@@ -179,6 +180,18 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
+    """How many runs a capture makes: the same options for host captures and lab runs."""
+    parser.add_argument("--runs", type=int,
+                        help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
+                             "rounds until the precision target or its budget)")
+    parser.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
+    parser.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
+    parser.add_argument("--budget-s", type=float,
+                        help="seconds of measured runs the capture may spend adding rounds for precision "
+                             "(default: the experiment's budget.time_s; 0: none)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ticklab", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ticklab {__version__}")
@@ -206,9 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
     cap.add_argument("claim", choices=list(CLAIMS))
-    cap.add_argument("--runs", type=int, help="measured runs per condition (default: the experiment's, >= 10)")
-    cap.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
-    cap.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
+    _run_count_arguments(cap)
     cap.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
     cap.add_argument("--experiment", type=Path, help="one experiment file instead of every runners/<claim>/*.yaml")
@@ -238,9 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="KVM only if a test guest boots with it (auto, the default), or force one")
     lab_run.add_argument("--smp", type=int, help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
-    lab_run.add_argument("--runs", type=int, help="measured runs per condition (default: the experiment's)")
-    lab_run.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
-    lab_run.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
+    _run_count_arguments(lab_run)
     lab_run.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
     lab_run.add_argument("--experiment", type=Path, help="one lab experiment file instead of all of the claim's")
     lab_run.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .bundle import BundleError, load_bundle
+from .bundle import BundleError, load_bundle, stopped_because
 from .fresh import BundleRef
+from .capture.stopping import TARGET_HALF_WIDTH, half_width_share, measured_results
 from .stats import cliffs_delta, holm, mann_whitney, ratio_of_medians
 from .verdicts import Verdict, decide
 
-# The precision the design asks for: a CI half-width no wider than 5% of the effect (|ratio − 1|).
-TARGET_HALF_WIDTH = 0.05
 
 
 @dataclass(frozen=True)
@@ -59,48 +58,53 @@ def measured_runs(bundles: list[BundleRef]) -> tuple[pd.DataFrame, list[str]]:
         if bundle.manifest.get("not_testable"):
             notes.append(f"{ref.host_id}/{ref.path.name}: not testable there ({bundle.manifest['not_testable']})")
             continue
-        failed = {r["run"] for r in bundle.manifest["runs"] if r.get("status") != "ok" or r.get("problem")}
-        frame = bundle.results[~bundle.results["run"].isin(failed)].copy()
-        if failed:
-            notes.append(f"{ref.host_id}/{ref.path.name}: {len(failed)} failed run(s) left out")
+        frame = measured_results(bundle.manifest, bundle.results).copy()
+        left_out = bundle.results["run"].nunique() - frame["run"].nunique()
+        if left_out:
+            notes.append(f"{ref.host_id}/{ref.path.name}: {left_out} failed run(s) left out")
         frame["host_id"], frame["bundle"], frame["experiment"] = ref.host_id, str(ref.path), bundle.manifest["experiment"]
+        frame["stopped"] = stopped_because(bundle.manifest)
         frames.append(frame)
-    columns = ["host_id", "bundle", "experiment", "run", "condition", "metric", "value", "unit"]
+    columns = ["host_id", "bundle", "experiment", "stopped", "run", "condition", "metric", "value", "unit"]
     return (pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)), notes
 
 
-def _values(runs: pd.DataFrame, comparison: Comparison, condition: str) -> pd.Series:
+def _chosen(runs: pd.DataFrame, comparison: Comparison, condition: str) -> pd.DataFrame:
     chosen = runs[(runs["metric"] == comparison.metric) & (runs["condition"] == condition)]
     if comparison.experiments:
         chosen = chosen[chosen["experiment"].isin(comparison.experiments)]
-    return chosen["value"]
+    return chosen
 
 
-def precision_note(low: float, high: float, estimate: float) -> str:
-    effect = abs(estimate - 1)
-    half = (high - low) / 2
-    if effect == 0:
+def precision_note(low: float, high: float, estimate: float, stopped: list[str] = ()) -> str:
+    """Whether the CI meets the design's precision target, and (when it does not) why capturing stopped."""
+    share = half_width_share(low, high, estimate)
+    if share == float("inf"):
         return "CI half-width cannot be compared with a zero effect"
-    share = half / effect
     if share <= TARGET_HALF_WIDTH:
         return f"CI half-width {share:.0%} of the effect (meets the ≤{TARGET_HALF_WIDTH:.0%} target)"
-    return (f"CI half-width {share:.0%} of the effect (does not meet the ≤{TARGET_HALF_WIDTH:.0%} target: "
-            f"capture stopped at the experiment's run budget)")
+    why = "; ".join(dict.fromkeys(stopped)) or "no stopping record"
+    return f"CI half-width {share:.0%} of the effect (does not meet the ≤{TARGET_HALF_WIDTH:.0%} target; capture stopped: {why})"
 
 
 def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,
              n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
     """One verdict per setup and comparison (Holm across all tested comparisons of the claim)."""
     tested, untested = [], []
+    if "stopped" not in runs:
+        runs = runs.assign(stopped="fixed run count (no stopping record)")
     for setup in sorted(runs["host_id"].unique()):
         on_setup = runs[runs["host_id"] == setup]
         tested_here = 0
         for comparison in comparisons:
-            treatment, baseline = _values(on_setup, comparison, comparison.treatment), _values(on_setup, comparison, comparison.baseline)
+            treatment = _chosen(on_setup, comparison, comparison.treatment)
+            baseline = _chosen(on_setup, comparison, comparison.baseline)
             if len(treatment) < 2 or len(baseline) < 2:
                 continue
+            stopped = [*treatment["stopped"], *baseline["stopped"]]
+            treatment, baseline = treatment["value"], baseline["value"]
             ratio = ratio_of_medians(treatment, baseline, n_boot=n_boot, seed=seed)
-            tested.append((setup, comparison, treatment, baseline, ratio, mann_whitney(treatment, baseline)))
+            tested.append((setup, comparison, treatment, baseline, ratio, mann_whitney(treatment, baseline), stopped))
             tested_here += 1
         if not tested_here:
             wanted = sorted({name for c in comparisons for name in (c.treatment, c.baseline)})
@@ -112,11 +116,11 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
                        f"needs at least 2 runs of two of {', '.join(wanted)}"))
     adjusted = holm([t[5].pvalue for t in tested]) if tested else []
     done = []
-    for (setup, comparison, treatment, baseline, ratio, rank), p in zip(tested, adjusted):
+    for (setup, comparison, treatment, baseline, ratio, rank, stopped), p in zip(tested, adjusted):
         verdict, reason = decide(comparison.published_ratio, ratio, float(p), alpha)
         done.append(Verdict(
             claim=claim, setup=setup, comparison=comparison.comparison, published_effect=comparison.published_effect,
-            verdict=verdict, reason=f"{reason}; {precision_note(ratio.low, ratio.high, ratio.estimate)}",
+            verdict=verdict, reason=f"{reason}; {precision_note(ratio.low, ratio.high, ratio.estimate, stopped)}",
             fresh_effect=ratio.estimate, ci_low=ratio.low, ci_high=ratio.high, p_holm=float(p),
             n_per_condition=f"{len(treatment)} vs {len(baseline)}", cliffs_delta=cliffs_delta(treatment, baseline),
             test=f"ratio of medians ({comparison.metric}), {ratio.method}; {rank.test}; Holm over {len(tested)}",

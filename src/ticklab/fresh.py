@@ -47,7 +47,7 @@ def describe(bundles: list[BundleRef], data_dir: Path | str, claim: str) -> str:
     return f"{len(bundles)} bundle(s) for '{claim}' from {len(hosts)} setup(s): {', '.join(hosts)}."
 
 
-HEALTH_COLUMNS = ["host_id", "claim", "bundle", "status", "measured_runs", "failed_runs", "lost_events", "flag"]
+HEALTH_COLUMNS = ["host_id", "claim", "bundle", "status", "measured_runs", "failed_runs", "lost_events", "stopped", "flag"]
 
 
 def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
@@ -55,7 +55,7 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
 
     ``flag`` is empty for a clean bundle; otherwise it says what a reader must know (tampered,
     incomplete, failed runs, lost events, not testable)."""
-    from .bundle import BundleError, load_bundle
+    from .bundle import BundleError, load_bundle, run_failed, stopped_because
 
     rows = []
     root = Path(data_dir)
@@ -66,10 +66,10 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
                 bundle = load_bundle(ref.path, allow_incomplete=True)
             except BundleError as exc:
                 rows.append({**row, "status": "unreadable", "measured_runs": 0, "failed_runs": 0, "lost_events": 0,
-                             "flag": str(exc)})
+                             "stopped": "", "flag": str(exc)})
                 continue
             runs = [r for r in bundle.manifest["runs"] if not r.get("warmup")]
-            failed = [r for r in runs if r.get("status", "ok") != "ok" or r.get("problem")]
+            failed = [r for r in runs if run_failed(r)]
             lost = sum((r.get("trace") or {}).get("lost_events", 0) for r in bundle.manifest["runs"])
             flags = []
             if bundle.manifest["status"] != "sealed":
@@ -81,5 +81,6 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
             if lost:
                 flags.append(f"kernel lost {lost} trace event(s)")
             rows.append({**row, "status": bundle.manifest["status"], "measured_runs": len(runs), "failed_runs": len(failed),
-                         "lost_events": lost, "flag": "; ".join(flags)})
+                         "lost_events": lost, "flag": "; ".join(flags),
+                         "stopped": "" if bundle.manifest.get("not_testable") else stopped_because(bundle.manifest)})
     return pd.DataFrame(rows, columns=HEALTH_COLUMNS)

@@ -9,6 +9,10 @@ variables; a value may name something only the host knows:
                          deepest (the deeper states disabled)
     {per_cpu: 0.5}       round(0.5 x nproc), at least 1 (scales a count from the source machine)
 
+``budget: {time_s: S, max_runs: N}`` lets the capture go on past ``runs`` (see capture/stopping.py):
+rounds of one more run per condition until the claim's comparisons meet the precision target, for at
+most S seconds of measured runs and N runs per condition (default 10 x runs).
+
 ``extras`` are cross-checks run once per condition after the measured runs, each only where its
 own ``requires`` are met (otherwise the manifest says why it was skipped); they never enter
 results.csv. Variables listed under ``knobs`` are applied to the host before each run (clocksource,
@@ -34,7 +38,8 @@ from ..paths import repo_root
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
 KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
-         "lab"}
+         "lab", "budget"}
+BUDGET_KEYS = {"time_s", "max_runs"}
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp")
 LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s"}
 
@@ -72,6 +77,29 @@ class Experiment:
     notes: str | None = None
     definition: dict = field(default_factory=dict)
     lab: dict | None = None
+    budget: dict | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    time_s: float     # wall-clock seconds for the measured runs (initial and added), warm-ups excluded
+    max_runs: int     # measured runs per condition, at most
+
+
+def parse_budget(data: dict, path: Path) -> Budget | None:
+    spec = data.get("budget")
+    if spec is None:
+        return None
+    runs = data.get("runs", 10)
+    if not isinstance(spec, dict) or set(spec) - BUDGET_KEYS or "time_s" not in spec:
+        raise ExperimentError(f"{path}: budget must be a mapping with time_s and optionally max_runs")
+    try:
+        budget = Budget(float(spec["time_s"]), int(spec.get("max_runs", 10 * runs)))
+    except (TypeError, ValueError) as exc:
+        raise ExperimentError(f"{path}: budget.time_s and budget.max_runs must be numbers") from exc
+    if budget.time_s < 0 or budget.max_runs < runs:
+        raise ExperimentError(f"{path}: budget needs time_s ≥ 0 and max_runs ≥ runs ({runs})")
+    return budget
 
 
 def runners_dir() -> Path:
@@ -113,6 +141,7 @@ def load_experiment(path: Path | str) -> Experiment:
     lab = data.get("lab")
     if lab is not None and (not isinstance(lab, dict) or set(lab) - LAB_KEYS):
         raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")
+    parse_budget(data, path)
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)
 

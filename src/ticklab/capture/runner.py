@@ -29,6 +29,7 @@ from .execute import apply_knobs, execute_run, run_once, workload_values
 from .experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths, load_experiment,
                          schedule)
 from .process import WorkloadOutputError
+from .stopping import Rounds, StoppingRule, describe
 from .workloads import PARSERS
 
 HOST_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
@@ -46,6 +47,7 @@ class CaptureOptions:
     journal: Path | None = None
     progress: bool = True
     seed: int | None = None
+    budget_s: float | None = None  # overrides the experiment's budget.time_s (0: no added rounds)
 
 
 def _git_commit() -> str | None:
@@ -110,8 +112,10 @@ class Capture:
             warmup = experiment.warmup if options.warmup is None else options.warmup
             seed = experiment.seed if options.seed is None else options.seed
             plan = [] if failed else schedule(conditions, runs, warmup, seed)
+            rule = None if failed else StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
+                                                                 budget_s=options.budget_s)
             if options.dry_run:
-                return self._dry_run(host, plan, found, failed, backend)
+                return self._dry_run(host, plan, found, failed, backend, rule)
             definition = {**experiment.definition, "path": shown_path(experiment.path)}
             writer = self.writer = BundleWriter(options.out, identity, experiment.claim, experiment.name, definition=definition,
                                   host=found, tools=tool_versions())
@@ -126,18 +130,22 @@ class Capture:
                 writer.manifest["not_testable"] = requirements.unmet_text(failed)
                 self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest['not_testable']}")
             else:
-                self._run_plan(writer, host, plan, conditions, found, backend)
+                self._run_plan(writer, host, Rounds(plan, rule, conditions, seed, writer), conditions, found, backend)
         writer.manifest["knobs"] = host.records()  # now with the values read back after restoring
         return writer.seal()
 
-    def _run_plan(self, writer: BundleWriter, host: HostChanges, plan, conditions, found: dict, backend) -> None:
+    def _run_plan(self, writer: BundleWriter, host: HostChanges, rounds: Rounds, conditions, found: dict,
+                  backend) -> None:
         experiment = self.experiment
         try:
-            bar = tqdm(plan, desc=f"{experiment.claim}/{experiment.name}", unit="run", disable=not self.options.progress,
-                       file=sys.stderr)
-            for planned in bar:
-                bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
-                self._one_run(writer, host, planned, found, backend)
+            with tqdm(total=len(rounds.plan), desc=f"{experiment.claim}/{experiment.name}", unit="run",
+                      disable=not self.options.progress, file=sys.stderr) as bar:
+                rounds.progress = bar
+                for planned in rounds:
+                    bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
+                    self._one_run(writer, host, planned, found, backend)
+                    bar.update()
+            self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
             if experiment.profile:
                 self._profiles(writer, host, conditions, found)
             if experiment.extras:
@@ -148,12 +156,13 @@ class Capture:
             self.log(f"capture interrupted; {writer.path} is incomplete with {len(writer.manifest['runs'])} finished run(s)")
             raise
 
-    def _dry_run(self, host: HostChanges, plan, found: dict, failed: dict, backend) -> None:
+    def _dry_run(self, host: HostChanges, plan, found: dict, failed: dict, backend, rule) -> None:
         experiment = self.experiment
         if failed:
             self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — "
                      + requirements.unmet_text(failed))
             return None
+        self.log(f"stopping: {describe(rule)}")
         for planned in plan:
             self.log(f"{planned.run} {planned.condition.name}{' (warm-up)' if planned.warmup else ''}:")
             with host.scope():

@@ -26,6 +26,7 @@ from ..capture.execute import workload_values
 from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
                                   load_experiment, schedule)
 from ..capture.runner import add_run, shown_path, tool_versions
+from ..capture.stopping import Rounds, StoppingRule
 from ..host import collect, host_id, interrupting_signals
 from ..paths import traces_dir
 from . import image as guest_image
@@ -41,6 +42,7 @@ class LabOptions:
     runs: int | None = None
     warmup: int | None = None
     seed: int | None = None
+    budget_s: float | None = None
     out: Path | None = None
     accel: str = "auto"
     smp: int | None = None
@@ -119,6 +121,8 @@ class LabRun:
         releases = sorted({k.info["release"] for k in kernels.values()})
         identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
         plan = schedule(conditions, runs, warmup, seed)
+        rule = StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
+                                        budget_s=options.budget_s)
         definition = {**experiment.definition, "path": shown_path(experiment.path)}
         writer = self.writer = BundleWriter(options.out or traces_dir(), identity, experiment.claim, experiment.name,
                                             definition=definition, host={}, tools=tool_versions())
@@ -137,14 +141,18 @@ class LabRun:
         writer.flush()
         try:
             with interrupting_signals():
-                bar = tqdm(plan, desc=f"{experiment.claim}/{experiment.name} ({accel})", unit="boot",
-                           disable=not options.progress, file=sys.stderr)
                 testable = True
-                for planned in bar:
-                    bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
-                    testable = self._one_boot(writer, planned, settings[planned.condition.name])
-                    if not testable:
-                        break
+                with tqdm(total=len(plan), desc=f"{experiment.claim}/{experiment.name} ({accel})", unit="boot",
+                          disable=not options.progress, file=sys.stderr) as bar:
+                    rounds = Rounds(plan, rule, conditions, seed, writer, progress=bar)
+                    for planned in rounds:
+                        bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
+                        testable = self._one_boot(writer, planned, settings[planned.condition.name])
+                        bar.update()
+                        if not testable:
+                            break
+                if testable:
+                    self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
                 if testable and experiment.extras:
                     self._extras(writer, conditions, settings)
         except BaseException as exc:

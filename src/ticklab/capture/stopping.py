@@ -1,0 +1,216 @@
+"""When a capture stops: the precision rule of the design, or the experiment's budget.
+
+After the experiment's initial runs, each comparison of the claim whose two conditions this experiment
+measures is checked the way the verdict will judge it (ratio of medians, seeded BCa 95% CI). While some
+comparison's CI half-width is wider than 5% of its effect (|ratio - 1|), another round adds one run to each
+condition of those comparisons, in a seeded random order, until they all meet the target, the time budget
+would be passed by the next round, or a condition has had ``max_runs`` runs. The decision and every check
+go into the manifest (``stopping``), and the verdicts say which ended the capture.
+
+An experiment without a ``budget`` section, or a capture whose run count was fixed on the command line,
+runs its fixed count and says so.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ..bundle import run_failed
+from ..stats import ratio_of_medians
+from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
+
+# The precision the design asks for: a CI half-width no wider than 5% of the effect (|ratio − 1|).
+TARGET_HALF_WIDTH = 0.05
+# A bootstrap CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
+MIN_RUNS = 5
+RULE = (f"95% CI half-width of each compared ratio of medians ≤ {TARGET_HALF_WIDTH:.0%} of its effect |ratio − 1|, "
+        f"from at least {MIN_RUNS} runs per condition")
+
+
+def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | None:
+    """The experiment's budget, ``time_s`` overridden from the command line; None when it sets none."""
+    budget = parse_budget(experiment.definition, experiment.path)
+    if time_s is None:
+        return budget
+    if time_s < 0:
+        raise ExperimentError(f"--budget-s {time_s:g}: must be 0 or more seconds")
+    return Budget(float(time_s), budget.max_runs if budget else 10 * experiment.runs)
+
+
+def half_width_share(low: float, high: float, estimate: float) -> float:
+    """CI half-width as a share of the effect |ratio − 1| (inf for a zero effect)."""
+    effect = abs(estimate - 1)
+    return (high - low) / 2 / effect if effect else math.inf
+
+
+def comparisons_measured(experiment: Experiment, conditions: list[Condition]) -> list:
+    """The claim's comparisons (its analysis module's ``comparisons``) whose two conditions this experiment has."""
+    from ..claims import CLAIMS
+    from ..paths import published_dir
+
+    module = CLAIMS[experiment.claim].load_module()
+    if not hasattr(module, "comparisons"):
+        return []
+    names = {c.name for c in conditions}
+    return [c for c in module.comparisons(module.load(published_dir()))
+            if {c.treatment, c.baseline} <= names and (not c.experiments or experiment.name in c.experiments)]
+
+
+@dataclass
+class StoppingRule:
+    """Decides, between rounds, whether a capture goes on; ``record`` is what the manifest keeps."""
+    comparisons: list
+    budget: Budget | None
+    fixed_why: str | None = None     # why the run count is fixed (no budget, --runs given, nothing to compare)
+    n_boot: int = 10_000
+    seed: int = 0
+    checks: list[dict] = field(default_factory=list)
+    reason: str | None = None
+    started: float | None = None
+
+    @classmethod
+    def for_capture(cls, experiment: Experiment, conditions: list[Condition], *, runs_fixed: bool,
+                    budget_s: float | None = None) -> StoppingRule:
+        budget = budget_of(experiment, budget_s)
+        if runs_fixed:
+            return cls([], None, "fixed run count (set on the command line)")
+        if budget is None:
+            return cls([], None, "fixed run count (the experiment sets no budget)")
+        compared = comparisons_measured(experiment, conditions)
+        if not compared:
+            return cls([], None, "fixed run count (no comparison of the claim has both its conditions here)")
+        if budget.time_s == 0:
+            return cls(compared, None, "fixed run count (time budget 0)")
+        return cls(compared, budget)
+
+    def start(self) -> None:
+        """The measured runs begin now (the time budget counts from here)."""
+        self.started = time.monotonic()
+
+    def _check(self, results: pd.DataFrame) -> list[dict]:
+        found = []
+        for comparison in self.comparisons:
+            values = {name: results[(results["metric"] == comparison.metric) & (results["condition"] == name)]["value"]
+                      for name in (comparison.treatment, comparison.baseline)}
+            n = {name: len(v) for name, v in values.items()}
+            entry = {"comparison": comparison.comparison, "metric": comparison.metric,
+                     "treatment": comparison.treatment, "baseline": comparison.baseline,
+                     "n": [n[comparison.treatment], n[comparison.baseline]]}
+            if min(n.values()) < 2:
+                found.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
+                continue
+            try:
+                ratio = ratio_of_medians(values[comparison.treatment], values[comparison.baseline],
+                                         n_boot=self.n_boot, seed=self.seed)
+            except ValueError as exc:
+                found.append({**entry, "met": False, "why": str(exc)})
+                continue
+            share = half_width_share(ratio.low, ratio.high, ratio.estimate)
+            found.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high],
+                          "half_width_share": share if math.isfinite(share) else None,
+                          "met": share <= TARGET_HALF_WIDTH and min(n.values()) >= MIN_RUNS})
+        return found
+
+    def next_round(self, results: pd.DataFrame, runs_per_condition: dict[str, int], seconds_per_run: float,
+                   conditions: list[Condition]) -> list[Condition]:
+        """The conditions of the next round (in run order), or [] when the capture stops (``reason`` says why)."""
+        if self.fixed_why:
+            self.reason = self.fixed_why
+            return []
+        checks = self._check(results)
+        self.checks.append({"runs_per_condition": dict(runs_per_condition), "comparisons": checks})
+        short = [c for c in checks if not c["met"]]
+        if not short:
+            self.reason = (f"precision reached: all {len(checks)} comparison(s) within {TARGET_HALF_WIDTH:.0%} "
+                           f"after {max(runs_per_condition.values())} runs per condition")
+            return []
+        wanted = [c for c in conditions if any(c.name in (s["treatment"], s["baseline"]) for s in short)]
+        elapsed = time.monotonic() - (self.started or time.monotonic())
+        if any(runs_per_condition.get(c.name, 0) >= self.budget.max_runs for c in wanted):
+            self.reason = (f"run budget spent ({self.budget.max_runs} runs per condition); "
+                           f"{len(short)} of {len(checks)} comparison(s) short of the {TARGET_HALF_WIDTH:.0%} target")
+            return []
+        if elapsed + seconds_per_run * len(wanted) > self.budget.time_s:
+            self.reason = (f"time budget spent ({elapsed:.0f} s of {self.budget.time_s:.0f} s; another round would "
+                           f"pass it); {len(short)} of {len(checks)} comparison(s) short of the "
+                           f"{TARGET_HALF_WIDTH:.0%} target")
+            return []
+        return wanted
+
+    def record(self) -> dict:
+        return {"rule": RULE, "budget": None if self.budget is None else vars(self.budget),
+                "reason": self.reason, "checks": self.checks}
+
+
+def extra_round(conditions: list[Condition], first_order: int, round_number: int, seed: int) -> list[PlannedRun]:
+    """One more measured run of each condition, in a seeded random order that differs per round."""
+    chosen = list(conditions)
+    random.Random(f"{seed}/round-{round_number}").shuffle(chosen)
+    return [PlannedRun(f"run-{first_order + i + 1:03d}", first_order + i, c, False) for i, c in enumerate(chosen)]
+
+
+def measured_results(manifest: dict, results: pd.DataFrame) -> pd.DataFrame:
+    """results.csv rows of the runs that finished ok (failed runs and runs with a problem left out)."""
+    failed = {r["run"] for r in manifest["runs"] if run_failed(r)}
+    return results[~results["run"].isin(failed)]
+
+
+class Rounds:
+    """The runs of a capture, in order: the initial schedule, then the rounds the stopping rule asks for.
+
+    Iterate it and run each planned run before asking for the next; the time each took (measured here,
+    on the host) sizes the next round against the time budget. ``progress`` (a tqdm bar) has its total
+    raised as rounds are added. The manifest's ``order`` grows with each round, and ``stopping`` holds
+    the decision once the iteration ends.
+    """
+
+    def __init__(self, plan: list[PlannedRun], rule: StoppingRule, conditions: list[Condition], seed: int, writer,
+                 progress=None):
+        self.plan, self.rule, self.conditions, self.seed = plan, rule, conditions, seed
+        self.writer, self.progress = writer, progress
+        self.durations: list[float] = []
+
+    def _timed(self, planned: list[PlannedRun]):
+        for run in planned:
+            if not run.warmup and self.rule.started is None:
+                self.rule.start()
+            began = time.monotonic()
+            yield run
+            if not run.warmup:
+                self.durations.append(time.monotonic() - began)
+
+    def __iter__(self):
+        yield from self._timed(self.plan)
+        manifest = self.writer.manifest
+        for round_number in range(1, 10_000):
+            ok = measured_results(manifest, self.writer.results())
+            counts = {c.name: 0 for c in self.conditions}
+            for record in manifest["runs"]:
+                if not record.get("warmup") and not run_failed(record):
+                    counts[record["condition"]] = counts.get(record["condition"], 0) + 1
+            per_run = sum(self.durations) / len(self.durations) if self.durations else 0.0
+            wanted = self.rule.next_round(ok, counts, per_run, self.conditions)
+            if not wanted:
+                break
+            added = extra_round(wanted, len(manifest["order"]), round_number, self.seed)
+            manifest["order"] += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
+                                  for p in added]
+            if self.progress is not None:
+                self.progress.total += len(added)
+                self.progress.refresh()
+            yield from self._timed(added)
+        manifest["stopping"] = self.rule.record()
+        self.writer.flush()
+
+
+def describe(rule: StoppingRule) -> str:
+    """What the rule will do, in words (dry runs, logs)."""
+    if rule.fixed_why:
+        return rule.fixed_why
+    return (f"after the initial runs, add rounds until {RULE}, for {len(rule.comparisons)} comparison(s), "
+            f"within {rule.budget.time_s:.0f} s and {rule.budget.max_runs} runs per condition")

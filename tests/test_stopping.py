@@ -1,0 +1,158 @@
+"""The stopping rule: rounds are added until the claim's comparisons meet the precision target, or the budget is
+spent; the manifest records which, and the verdicts say it."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from ticklab.bundle import load_bundle
+from ticklab.capture.experiment import Condition, ExperimentError, load_experiment
+from ticklab.capture.runner import CaptureOptions, capture
+from ticklab.capture.stopping import MIN_RUNS, StoppingRule, extra_round
+from ticklab.comparisons import Comparison, measured_runs, verdicts
+from ticklab.fresh import BundleRef, bundle_health
+
+ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", 1.2, "x1.2")
+CONDITIONS = [Condition("hrtick-off", {}), Condition("hrtick-on", {})]
+
+
+def frame(values: dict[str, list[float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"run": f"{name}-{i}", "condition": name, "metric": "runtime_s", "value": v}
+                         for name, vs in values.items() for i, v in enumerate(vs)])
+
+
+def rule(time_s=600.0, max_runs=40) -> StoppingRule:
+    from ticklab.capture.experiment import Budget
+
+    made = StoppingRule([ON_OFF], Budget(time_s, max_runs), n_boot=2000)
+    made.start()
+    return made
+
+
+def test_a_precise_comparison_stops_and_a_noisy_one_asks_for_its_conditions():
+    precise = frame({"hrtick-off": [10.0, 10.1, 9.9, 10.0, 10.05, 9.95], "hrtick-on": [20.0, 20.1, 19.9, 20.0, 20.05, 19.95]})
+    stopping = rule()
+    assert stopping.next_round(precise, {"hrtick-off": 6, "hrtick-on": 6}, 1.0, CONDITIONS) == []
+    assert stopping.reason.startswith("precision reached: all 1 comparison(s) within 5% after 6 runs")
+    [check] = stopping.checks[0]["comparisons"]
+    assert check["met"] and check["n"] == [6, 6] and check["ratio"] == pytest.approx(2.0)
+
+    noisy = frame({"hrtick-off": [10, 14, 8, 12, 9, 13], "hrtick-on": [11, 15, 9, 13, 12, 10]})
+    stopping = rule()
+    assert [c.name for c in stopping.next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6}, 1.0, CONDITIONS)] == \
+        ["hrtick-off", "hrtick-on"]
+    assert stopping.reason is None and not stopping.checks[0]["comparisons"][0]["met"]
+
+
+def test_too_few_runs_are_never_precise_however_narrow_the_ci():
+    narrow = frame({"hrtick-off": [10.0, 10.0, 10.01], "hrtick-on": [20.0, 20.0, 20.01]})
+    stopping = rule()
+    assert stopping.next_round(narrow, {"hrtick-off": 3, "hrtick-on": 3}, 1.0, CONDITIONS), \
+        f"fewer than {MIN_RUNS} runs per condition must ask for more"
+
+
+def test_the_budgets_stop_a_capture_and_say_which():
+    noisy = frame({"hrtick-off": [10, 14, 8, 12, 9, 13], "hrtick-on": [11, 15, 9, 13, 12, 10]})
+    by_runs = rule(max_runs=6)
+    assert by_runs.next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6}, 1.0, CONDITIONS) == []
+    assert by_runs.reason.startswith("run budget spent (6 runs per condition); 1 of 1 comparison(s) short")
+    by_time = rule(time_s=10)
+    assert by_time.next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6}, 6.0, CONDITIONS) == []
+    assert by_time.reason.startswith("time budget spent (0 s of 10 s; another round would pass it)")
+
+
+def test_rounds_are_seeded_and_differ_from_round_to_round():
+    conditions = [Condition(name, {}) for name in "abcdef"]
+    first = [p.condition.name for p in extra_round(conditions, 20, 1, seed=3)]
+    assert first == [p.condition.name for p in extra_round(conditions, 20, 1, seed=3)]
+    assert first != [p.condition.name for p in extra_round(conditions, 20, 2, seed=3)]
+    assert [p.run for p in extra_round(conditions, 20, 1, seed=3)][:2] == ["run-021", "run-022"]
+
+
+def write(directory: Path, **overrides) -> Path:
+    # run-NNN gives a workload whose runtime varies from run to run (no randomness: the test is reproducible);
+    # leading zeros go, or the shell reads 008 as a bad octal number and the run fails
+    definition = {
+        "claim": "hrtick", "name": "fake-rounds", "description": "rounds on a fake workload", "runs": 3, "warmup": 1,
+        "timeout_s": 30, "seed": 5, "requires": [],
+        "conditions": [{"name": "hrtick-off", "base": 100}, {"name": "hrtick-on", "base": 300}],
+        "workload": {"tool": "hackbench", "argv": [
+            "sh", "-c", 'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"'],
+            "params": {"spread": 2}},
+        "budget": {"time_s": 300, "max_runs": 9},
+    }
+    definition.update(overrides)
+    path = directory / "fake-rounds.yaml"
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    return path
+
+
+def run(path: Path, out: Path, **options) -> dict:
+    said = []
+    [bundle] = capture("hrtick", CaptureOptions(out=out, host_id="fake", progress=False, journal=out / "journal.json",
+                                                **options),
+                       experiment_path=path, log=said.append)
+    manifest = load_bundle(bundle).manifest
+    assert f"hrtick/fake-rounds: stopped — {manifest['stopping']['reason']}" in said
+    return manifest
+
+
+def test_a_capture_adds_rounds_until_precise_and_records_them(tmp_path):
+    manifest = run(write(tmp_path), tmp_path / "traces")
+    stopping = manifest["stopping"]
+    assert stopping["reason"].startswith("precision reached"), stopping["reason"]
+    measured = [r for r in manifest["runs"] if not r["warmup"]]
+    per_condition = pd.Series([r["condition"] for r in measured]).value_counts().to_dict()
+    assert per_condition == stopping["checks"][-1]["runs_per_condition"]
+    assert min(per_condition.values()) >= MIN_RUNS > 3, "the initial 3 runs were not enough: rounds were added"
+    rounds = [o for o in manifest["order"] if o.get("round")]
+    assert len(manifest["order"]) == len(manifest["runs"]) and rounds, "added runs are in the recorded order"
+    assert [o["run"] for o in manifest["order"]] == [r["run"] for r in manifest["runs"]]
+    assert len(stopping["checks"]) == len({o["round"] for o in rounds}) + 1
+
+
+def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path):
+    manifest = run(write(tmp_path, workload={"tool": "hackbench", "argv": [
+        "sh", "-c", 'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"'],
+        "params": {"spread": 60}}, conditions=[{"name": "hrtick-off", "base": 100}, {"name": "hrtick-on", "base": 110}]),
+        tmp_path / "traces")
+    assert manifest["stopping"]["reason"].startswith("run budget spent (9 runs per condition)")
+    assert {r["condition"] for r in manifest["runs"] if not r["warmup"]} == {"hrtick-off", "hrtick-on"}
+    bundles = [BundleRef("fake", "hrtick", p) for p in (tmp_path / "traces" / "fake" / "hrtick").iterdir()]
+    runs, _ = measured_runs(bundles)
+    [verdict] = verdicts("hrtick", [ON_OFF], runs, n_boot=2000)
+    assert "capture stopped: run budget spent (9 runs per condition)" in verdict.reason
+    health = bundle_health(tmp_path / "traces", ["hrtick"])
+    assert health["stopped"].iloc[0].startswith("run budget spent")
+
+
+def test_fixed_counts_say_why(tmp_path):
+    fixed = run(write(tmp_path), tmp_path / "a", runs=2)
+    assert fixed["stopping"]["reason"] == "fixed run count (set on the command line)"
+    assert len([r for r in fixed["runs"] if not r["warmup"]]) == 4
+    assert run(write(tmp_path), tmp_path / "b", budget_s=0)["stopping"]["reason"] == "fixed run count (time budget 0)"
+    unknown = run(write(tmp_path, conditions=[{"name": "a", "base": 1}, {"name": "b", "base": 2}]), tmp_path / "c")
+    assert unknown["stopping"]["reason"] == \
+        "fixed run count (no comparison of the claim has both its conditions here)"
+    json.dumps(unknown)  # the manifest stays plain JSON
+
+
+def test_a_malformed_budget_names_the_file(tmp_path):
+    for budget, said in (({"max_runs": 5}, "budget must be a mapping with time_s"),
+                         ({"time_s": "soon"}, "budget.time_s and budget.max_runs must be numbers"),
+                         ({"time_s": 10, "max_runs": 2}, r"budget needs time_s ≥ 0 and max_runs ≥ runs \(3\)")):
+        path = write(tmp_path, budget=budget)
+        with pytest.raises(ExperimentError, match=f"{path}: {said}"):
+            load_experiment(path)
+
+
+def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
+    said = []
+    options = CaptureOptions(out=tmp_path, host_id="fake", dry_run=True, progress=False, journal=tmp_path / "j.json")
+    assert capture("hrtick", options, experiment_path=write(tmp_path), log=said.append) == []
+    assert "stopping: after the initial runs, add rounds until 95% CI half-width of each compared ratio of medians " \
+           "≤ 5% of its effect |ratio − 1|, from at least 5 runs per condition, for 1 comparison(s), within 300 s " \
+           "and 9 runs per condition" in said
