@@ -209,3 +209,14 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
                 assert abs(rate - hz) / hz < 0.1
             skipped = {e["name"]: e.get("skipped") for e in bundle.manifest["extras"]}
             assert set(skipped) == {"osnoise", "timerlat"}
+
+
+def test_a_tbench_run_inside_its_warm_up_is_a_problem_not_a_zero(tmp_path):
+    from ticklab.capture.process import WorkloadOutputError
+    from ticklab.capture.workloads import parse_tbench
+
+    (tmp_path / "stdout.txt").write_text("Throughput 523.52 MB/sec  1 clients  1 procs  max_latency=1.315 ms\n")
+    assert parse_tbench(tmp_path) == [{"metric": "throughput_mb_s", "value": 523.52, "unit": "MB/s"}]
+    (tmp_path / "stdout.txt").write_text("Throughput 0 MB/sec  1 clients  1 procs  max_latency=0.000 ms\n")
+    with pytest.raises(WorkloadOutputError, match="stdout.txt: tbench reported 0 MB/sec"):
+        parse_tbench(tmp_path)

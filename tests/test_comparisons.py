@@ -118,3 +118,68 @@ def test_clock_read_share_sums_vdso_and_clock_functions_from_perf_report():
 """
     share, hottest = hpet.clock_read_share(report)
     assert share == pytest.approx(57.08 + 11.09 + 4.50 + 1.82) and hottest == "0x000000000000079b"
+
+
+@pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v tbench tbench_srv"], capture_output=True).returncode != 0,
+                    reason="tbench is not installed (Debian: dbench)")
+def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_and_a_verdict(fake_host, tmp_path):
+    """A fake host with POLL, C1, C2 (knobs in a directory tree) and real tbench over loopback."""
+    import json
+    from types import SimpleNamespace
+
+    import yaml
+
+    from ticklab import paths
+    from ticklab.capture.experiment import load_experiment
+    from ticklab.capture.runner import CaptureOptions, capture
+    from ticklab.claims import acpi_idle
+    from ticklab.published import load_published
+
+    definition = load_experiment(paths.repo_root() / "runners" / "acpi-idle" / "tbench.yaml").definition
+    definition = {**definition, "workload": {**definition["workload"], "params": {"seconds": 2}}, "profile": None}
+    path = tmp_path / "tbench.yaml"
+    path.write_text(yaml.safe_dump(definition))
+    options = CaptureOptions(runs=3, warmup=0, out=tmp_path / "traces", host_id="fake-idle", root=fake_host,
+                             journal=tmp_path / "j.json", progress=False)
+    [bundle] = capture("acpi-idle", options, experiment_path=path, log=lambda _: None)
+    conditions = {c["name"]: c for c in json.loads((bundle / "manifest.json").read_text())["conditions"]}
+    assert conditions["deepest-disabled"]["idle"] == "max=C1" and conditions["all-states"]["idle"] == "all"
+    bundles = find_bundles(tmp_path / "traces", "acpi-idle")
+    runs, _ = measured_runs(bundles)
+    [table] = acpi_idle.fresh_mmtests_tables(runs).values()
+    assert list(table.index) == ["Min", "Max", "Median", "AMean", "Stddev", "CoefVar"]
+    assert [c.rstrip(" *") for c in table.columns] == ["all-states", "deepest-disabled"]
+    assert "%)" in table.iloc[0, 1] and "%)" not in table.iloc[0, 0]
+    ctx = SimpleNamespace(published=load_published(paths.published_dir(), "acpi-idle"), bundles=bundles,
+                          data_dir=tmp_path / "traces")
+    [verdict] = acpi_idle.verdicts(ctx, n_boot=500)
+    assert verdict.setup == "fake-idle" and verdict.n_per_condition == "3 vs 3"
+    assert verdict.verdict in {"reproduced", "not reproduced", "inconclusive"} and verdict.fresh_effect > 0
+    assert verdict.published_effect.startswith("×1.040 median, ×1.499 AMean with C2 disabled")
+
+
+def test_kick_ahead_runs_from_a_kvm_host_give_a_table_and_a_verdict(tmp_path):
+    """The analysis a KVM host's bundle gets (this machine's guests cannot use KVM: the runs are made up here,
+    as a bundle writer would record them, and never shipped)."""
+    from types import SimpleNamespace
+
+    from ticklab import paths
+    from ticklab.claims import pvspinlock
+    from ticklab.published import load_published
+
+    writer = BundleWriter(tmp_path, "guest-kvm-8vcpu-test", "pvspinlock", "guest-lock-contention", definition={},
+                          host={}, when=WHEN)
+    runtimes = {"kick-ahead-0": [10.0, 10.4, 9.8, 10.2, 10.1, 9.9], "kick-ahead-4": [8.1, 8.4, 8.0, 8.3, 8.2, 7.9]}
+    for index, (condition, value) in enumerate((c, v) for c, vs in runtimes.items() for v in vs):
+        writer.add_run({"run": f"run-{index + 1:03d}", "condition": condition, "warmup": False, "status": "ok"},
+                       [{"metric": "runtime_s", "value": value, "unit": "s"}])
+    writer.seal()
+    bundles = find_bundles(tmp_path, "pvspinlock")
+    runs, _ = measured_runs(bundles)
+    table = pvspinlock.fresh_table(runs)
+    assert table.loc[("guest-kvm-8vcpu-test", "kick-ahead-4"), "median runtime (s)"] == pytest.approx(8.15)
+    assert list(table["runs"]) == [6, 6]
+    ctx = SimpleNamespace(published=load_published(paths.published_dir(), "pvspinlock"), bundles=bundles, data_dir=tmp_path)
+    [verdict] = pvspinlock.verdicts(ctx, n_boot=1000)
+    assert verdict.fresh_effect == pytest.approx(8.15 / 10.05) and verdict.verdict == "reproduced", verdict.reason
+    assert verdict.published_effect.startswith("×0.824 kernel build (Westmere-EX (8 × 4 cores), 48 vCPUs)")

@@ -7,6 +7,7 @@ variables; a value may name something only the host knows:
     "@threads"           1, 2, 4, ... up to nproc, and nproc
     "@idle_configs"      "all" (every cpuidle state enabled), then "max=<state>" for each state but the
                          deepest (the deeper states disabled)
+    "@deepest_disabled"  "max=<second-deepest state>": only the deepest cpuidle state disabled
     {per_cpu: 0.5}       round(0.5 x nproc), at least 1 (scales a count from the source machine)
 
 ``budget: {time_s: S, max_runs: N}`` lets the capture go on past ``runs`` (see capture/stopping.py):
@@ -168,8 +169,12 @@ def resolve_value(value, host: dict, source: str):
         return thread_counts(host["nproc"])
     if value == "@idle_configs":
         return idle_configs(host["cpuidle"]["states"])
+    if value == "@deepest_disabled":
+        configs = idle_configs(host["cpuidle"]["states"])
+        return configs[-1] if len(configs) > 1 else []
     if isinstance(value, str) and value.startswith("@"):
-        raise ExperimentError(f"{source}: unknown host value {value!r} (known: @clocksources, @threads, @idle_configs)")
+        raise ExperimentError(f"{source}: unknown host value {value!r} "
+                             "(known: @clocksources, @threads, @idle_configs, @deepest_disabled)")
     return value
 
 
@@ -190,6 +195,8 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
             if not isinstance(item, dict) or "name" not in item:
                 raise ExperimentError(f"{source}[{index}]: each condition needs a name")
             values = {k: resolve_value(v, host, f"{source}[{index}].{k}") for k, v in item.items() if k != "name"}
+            if any(v == [] for v in values.values()):
+                continue  # a host value this host does not have (e.g. a second cpuidle state)
             conditions.append(Condition(str(item["name"]), values))
         return conditions
     raise ExperimentError(f"{source}: expected a list of conditions or a matrix")

@@ -111,7 +111,11 @@ def parse_hackbench(directory: Path) -> list[dict]:
 
 
 def parse_tbench(directory: Path) -> list[dict]:
-    return _one_number(directory, r"^Throughput\s+([\d.]+)\s+MB/sec", "Throughput <n> MB/sec", "throughput_mb_s", "MB/s")
+    rows = _one_number(directory, r"^Throughput\s+([\d.]+)\s+MB/sec", "Throughput <n> MB/sec", "throughput_mb_s", "MB/s")
+    if rows[0]["value"] == 0:  # tbench measures after its warm-up; a run shorter than that reports 0
+        raise WorkloadOutputError(f"{directory / 'stdout.txt'}: tbench reported 0 MB/sec (the run ended within "
+                                  "tbench's warm-up: give it more seconds)")
+    return rows
 
 
 PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "timejobs": parse_timejobs, "hackbench": parse_hackbench, "tbench": parse_tbench}
