@@ -77,7 +77,9 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
     log = (tmp_path / "jupyterlab.log").open("w")  # a file, not a pipe nobody drains
     server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
                                f"--ServerApp.token={token}", f"--ServerApp.root_dir={REPO}",
-                               "--ServerApp.open_browser=False", "--ServerApp.port_retries=0", "--allow-root"],
+                               "--ServerApp.open_browser=False", "--ServerApp.port_retries=0", "--allow-root",
+                               # what this test does not use does not start: language-server discovery, terminals
+                               "--ServerApp.jpserver_extensions={'jupyter_lsp': False, 'jupyter_server_terminals': False}"],
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 90

@@ -43,7 +43,12 @@ def run_failed(record: dict) -> bool:
 
 def stopped_because(manifest: dict) -> str:
     """Why a bundle's capture stopped (its stopping record); bundles from before there was one ran a fixed count."""
-    return (manifest.get("stopping") or {}).get("reason") or "fixed run count (the manifest has no stopping record)"
+    reason = (manifest.get("stopping") or {}).get("reason")
+    if reason:
+        return reason
+    if manifest.get("status") != "sealed":
+        return "interrupted before the stopping rule decided"
+    return "fixed run count (the manifest has no stopping record)"
 
 
 class BundleError(ValueError):
