@@ -1,6 +1,7 @@
 """`ticklab compare`: mmtests-format tables for one bundle's conditions or for two bundles."""
 
 import json
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -92,6 +93,13 @@ def test_published_only_parameters_give_not_testable_verdicts(tmp_path):
     assert result.status == "ok", result.error
     verdicts = (tmp_path / "verdicts" / "nohz.csv").read_text()
     assert "not testable here" in verdicts and "no captured bundles" in verdicts
+    # without fresh data the fresh cells say so in words; an empty table is what a reader must not get
+    executed = json.loads((tmp_path / "05.ipynb").read_text())
+    tables = ["".join(out["data"]["text/html"]) for cell in executed["cells"] for out in cell.get("outputs", [])
+              if "text/html" in out.get("data", {})]
+    assert tables, "the notebook shows no table at all"
+    empty = [html[:200] for html in tables if not re.search(r"<tbody>.*<tr", html, re.S)]
+    assert not empty, empty
 
 
 def test_ticklab_verify_names_a_tampered_bundle(tmp_path):
