@@ -117,7 +117,7 @@ def test_clock_read_share_sums_vdso_and_clock_functions_from_perf_report():
      1.82%  clockbench  clockbench         [.] clock_gettime@plt
 """
     share, hottest = hpet.clock_read_share(report)
-    assert share == pytest.approx(57.08 + 11.09 + 4.50 + 1.82) and hottest == "0x000000000000079b"
+    assert share == pytest.approx(57.08 + 11.09 + 4.50 + 1.82) and hottest == "[vdso] +0x79b (unnamed)"
 
 
 @pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v tbench tbench_srv"], capture_output=True).returncode != 0,

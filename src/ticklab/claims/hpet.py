@@ -225,9 +225,16 @@ def clock_read_share(report: str) -> tuple[float, str]:
     """From `perf report --stdio --no-children`: the share of samples in clock-reading functions (%), and
     the hottest such function. Everything in the vDSO counts (its unnamed addresses are the inlined
     clock read paths, e.g. pvclock)."""
-    hits = [(float(pct), symbol) for pct, dso, symbol in _PERF_LINE.findall(report)
+    hits = [(float(pct), _symbol_name(dso, symbol)) for pct, dso, symbol in _PERF_LINE.findall(report)
             if dso == "[vdso]" or CLOCK_READ_SYMBOL.search(symbol)]
     return sum(pct for pct, _ in hits), (max(hits)[1] if hits else "")
+
+
+def _symbol_name(dso: str, symbol: str) -> str:
+    """perf prints a bare address where the vDSO has no symbol; a reader needs to know where it is."""
+    if symbol.startswith("0x"):
+        return f"{dso} +{int(symbol, 16):#x} (unnamed)"
+    return symbol
 
 
 def profile_shares(bundles: list[BundleRef]) -> pd.DataFrame:
