@@ -16,7 +16,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
 
 from .. import __version__
 from ..bundle import BundleWriter
@@ -138,13 +137,8 @@ class Capture:
                   backend) -> None:
         experiment = self.experiment
         try:
-            with tqdm(total=len(rounds.plan), desc=f"{experiment.claim}/{experiment.name}", unit="run",
-                      disable=not self.options.progress, file=sys.stderr) as bar:
-                rounds.progress = bar
-                for planned in rounds:
-                    bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
-                    self._one_run(writer, host, planned, found, backend)
-                    bar.update()
+            for planned in rounds.shown(f"{experiment.claim}/{experiment.name}", "run", self.options.progress):
+                self._one_run(writer, host, planned, found, backend)
             self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
             if experiment.profile:
                 self._profiles(writer, host, conditions, found)

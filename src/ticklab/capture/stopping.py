@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 
 import pandas as pd
+from tqdm import tqdm
 
 from ..bundle import run_failed
 from ..stats import ratio_of_medians
@@ -163,17 +165,25 @@ def measured_results(manifest: dict, results: pd.DataFrame) -> pd.DataFrame:
 class Rounds:
     """The runs of a capture, in order: the initial schedule, then the rounds the stopping rule asks for.
 
-    Iterate it and run each planned run before asking for the next; the time each took (measured here,
-    on the host) sizes the next round against the time budget. ``progress`` (a tqdm bar) has its total
-    raised as rounds are added. The manifest's ``order`` grows with each round, and ``stopping`` holds
-    the decision once the iteration ends.
+    Iterate it (or ``shown``, for a progress bar) and run each planned run before asking for the next;
+    the time each took (measured here, on the host) sizes the next round against the time budget. The
+    manifest's ``order`` grows with each round, and ``stopping`` holds the decision once the iteration ends.
     """
 
-    def __init__(self, plan: list[PlannedRun], rule: StoppingRule, conditions: list[Condition], seed: int, writer,
-                 progress=None):
+    def __init__(self, plan: list[PlannedRun], rule: StoppingRule, conditions: list[Condition], seed: int, writer):
         self.plan, self.rule, self.conditions, self.seed = plan, rule, conditions, seed
-        self.writer, self.progress = writer, progress
+        self.writer = writer
+        self.progress = None
         self.durations: list[float] = []
+
+    def shown(self, desc: str, unit: str, enabled: bool = True):
+        """The same runs, with a progress bar on stderr whose total grows with the rounds."""
+        with tqdm(total=len(self.plan), desc=desc, unit=unit, disable=not enabled, file=sys.stderr) as bar:
+            self.progress = bar
+            for planned in self:
+                bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
+                yield planned
+                bar.update()
 
     def _timed(self, planned: list[PlannedRun]):
         for run in planned:

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
 
 from ..bundle import BundleWriter
 from ..capture.execute import workload_values
@@ -142,15 +140,11 @@ class LabRun:
         try:
             with interrupting_signals():
                 testable = True
-                with tqdm(total=len(plan), desc=f"{experiment.claim}/{experiment.name} ({accel})", unit="boot",
-                          disable=not options.progress, file=sys.stderr) as bar:
-                    rounds = Rounds(plan, rule, conditions, seed, writer, progress=bar)
-                    for planned in rounds:
-                        bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
-                        testable = self._one_boot(writer, planned, settings[planned.condition.name])
-                        bar.update()
-                        if not testable:
-                            break
+                rounds = Rounds(plan, rule, conditions, seed, writer)
+                for planned in rounds.shown(f"{experiment.claim}/{experiment.name} ({accel})", "boot", options.progress):
+                    testable = self._one_boot(writer, planned, settings[planned.condition.name])
+                    if not testable:
+                        break
                 if testable:
                     self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
                 if testable and experiment.extras:
