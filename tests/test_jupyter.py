@@ -41,6 +41,10 @@ def _request(base: str, token: str, path: str, method: str = "GET", body: dict |
 
 
 def _execute(channel, session: str, code: str, timeout_s: float = 120) -> dict:
+    """Run ``code`` in the kernel and wait for its execute_reply, at most ``timeout_s`` in all.
+
+    The deadline is checked after every frame, pings included: the server pings every 30 s, and a plain
+    recv() that answers pings by itself would wait for ever on a kernel that never replies."""
     msg_id = uuid.uuid4().hex
     channel.send(json.dumps({
         "header": {"msg_id": msg_id, "username": "ticklab-test", "session": session, "msg_type": "execute_request",
@@ -52,7 +56,14 @@ def _execute(channel, session: str, code: str, timeout_s: float = 120) -> dict:
     deadline = time.monotonic() + timeout_s
     errors = []
     while time.monotonic() < deadline:
-        message = json.loads(channel.recv())
+        channel.settimeout(max(1.0, deadline - time.monotonic()))
+        try:
+            opcode, frame = channel.recv_data_frame(True)
+        except websocket.WebSocketTimeoutException:
+            break
+        if opcode != websocket.ABNF.OPCODE_TEXT:
+            continue
+        message = json.loads(frame.data.decode())
         if message.get("parent_header", {}).get("msg_id") != msg_id:
             continue
         if message["msg_type"] == "error":
@@ -60,6 +71,10 @@ def _execute(channel, session: str, code: str, timeout_s: float = 120) -> dict:
         if message["msg_type"] == "execute_reply":
             return {"status": message["content"]["status"], "errors": errors}
     raise TimeoutError(f"no execute_reply within {timeout_s} s for: {code[:80]}")
+
+
+def _kernel_state(base: str, token: str, kernel: str) -> str:
+    return _request(base, token, f"/api/kernels/{kernel}").get("execution_state", "unknown")
 
 
 @pytest.mark.timeout(420)
@@ -75,6 +90,11 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
     port, token = _free_port(), secrets.token_hex(16)
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "jupyterlab.log").open("w")  # a file, not a pipe nobody drains
+
+    def server_log() -> str:
+        log.flush()
+        return (tmp_path / "jupyterlab.log").read_text()[-3000:]
+
     server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
                                f"--ServerApp.token={token}", f"--ServerApp.root_dir={REPO}",
                                "--ServerApp.open_browser=False", "--ServerApp.port_retries=0", "--allow-root",
@@ -89,7 +109,7 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
                 break
             except (OSError, AssertionError):
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"JupyterLab did not start: {(tmp_path / 'jupyterlab.log').read_text()[-500:]}")
+                    raise AssertionError(f"JupyterLab did not start; server log:\n{server_log()}")
                 time.sleep(0.5)
         assert "ticklab" in _request(base, token, "/api/kernelspecs")["kernelspecs"]
         notebook = _request(base, token, "/api/contents/notebooks/02-pvspinlock.ipynb")
@@ -102,9 +122,13 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
                                               timeout=120, http_no_proxy=["127.0.0.1"])
         try:
             client = uuid.uuid4().hex
-            replies = [_execute(channel, client, cells[0]["source"])]  # the parameters cell
-            replies.append(_execute(channel, client, f"output_dir = {str(tmp_path)!r}"))  # as papermill would inject
-            replies += [_execute(channel, client, cell["source"]) for cell in cells[1:]]
+            try:
+                replies = [_execute(channel, client, cells[0]["source"])]  # the parameters cell
+                replies.append(_execute(channel, client, f"output_dir = {str(tmp_path)!r}"))  # as papermill would inject
+                replies += [_execute(channel, client, cell["source"]) for cell in cells[1:]]
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}; kernel state {_kernel_state(base, token, kernel)}; server log:\n"
+                                     f"{server_log()}") from exc
         finally:
             channel.close()
             _request(base, token, f"/api/sessions/{session['id']}", "DELETE")
