@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -198,9 +199,16 @@ def test_the_guest_side_makes_one_run_into_the_share(tmp_path):
     assert written["facts"]["nproc"] >= 1
 
 
-def _qemu_processes() -> list[str]:
-    result = subprocess.run(["pgrep", "-a", "-f", "qemu-system-x86_64.*ticklab-lab-"], capture_output=True, text=True)
+def _qemu_processes(temp: Path) -> list[str]:
+    """QEMU guests of lab runs whose temporary directories are under ``temp`` (this test's, not anyone else's)."""
+    result = subprocess.run(["pgrep", "-a", "-f", f"qemu-system-x86_64.*{temp}/ticklab-lab-"], capture_output=True, text=True)
     return result.stdout.split("\n") if result.stdout.strip() else []
+
+
+def _own_temp(tmp_path: Path) -> Path:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    return temp
 
 
 def _short_nohz_experiment(directory: Path) -> Path:
@@ -219,8 +227,10 @@ needs_lab = pytest.mark.skipif(not (has_qemu and has_source and os.geteuid() == 
 
 @needs_lab
 @needs_image_tools
-def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path):
+def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path, monkeypatch):
     path = _short_nohz_experiment(tmp_path)
+    temp = _own_temp(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     bundles = lab_run("nohz", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
                       experiment_path=path, log=lambda m: None)
     bundle = load_bundle(bundles[0])
@@ -246,7 +256,7 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path)
     extras = manifest["extras"]
     assert [e["condition"] for e in extras] == ["hz1000", "hz1000-nohz_full"] and all(e["status"] == "ok" for e in extras)
     assert "Operating System Noise" in (bundles[0] / "raw" / extras[0]["directory"] / "stdout.txt").read_text()
-    assert not _qemu_processes()
+    assert not _qemu_processes(temp) and not list(temp.iterdir())
 
 
 @needs_lab
@@ -254,18 +264,20 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path)
 def test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle(tmp_path):
     path = _short_nohz_experiment(tmp_path)
     out = tmp_path / "traces"
+    temp = _own_temp(tmp_path)
     process = subprocess.Popen([sys.executable, "-m", "ticklab.cli", "lab", "run", "nohz", "--experiment", str(path),
                                 "--runs", "1", "--warmup", "0", "--accel", "tcg", "--out", str(out), "--no-progress"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "TMPDIR": str(temp)})
     deadline = time.monotonic() + 120
-    while not _qemu_processes() and time.monotonic() < deadline:
+    while not _qemu_processes(temp) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _qemu_processes(), "no guest started"
+    assert _qemu_processes(temp), "no guest started"
     time.sleep(3)
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 130, output
-    assert not _qemu_processes()
+    assert not _qemu_processes(temp)
     manifest = json.loads(next(out.rglob("manifest.json")).read_text())
     assert manifest["status"] == "incomplete" and "Interrupted" in manifest["interrupted"]
-    assert not list(Path("/tmp").glob("ticklab-lab-*"))
+    assert not list(temp.glob("ticklab-lab-*"))
