@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .bundle import BundleError, load_bundle, stopped_because
+from .bundle import BundleError, load_bundle, run_failed, stopped_because
 from .fresh import BundleRef
 from .capture.stopping import TARGET_HALF_WIDTH, half_width_share, measured_results
 from .stats import cliffs_delta, holm, mann_whitney, ratio_of_medians
 from .verdicts import Verdict, decide
-
 
 
 @dataclass(frozen=True)
@@ -59,9 +58,9 @@ def measured_runs(bundles: list[BundleRef]) -> tuple[pd.DataFrame, list[str]]:
             notes.append(f"{ref.host_id}/{ref.path.name}: not testable there ({bundle.manifest['not_testable']})")
             continue
         frame = measured_results(bundle.manifest, bundle.results).copy()
-        left_out = bundle.results["run"].nunique() - frame["run"].nunique()
-        if left_out:
-            notes.append(f"{ref.host_id}/{ref.path.name}: {left_out} failed run(s) left out")
+        failed = sum(run_failed(r) for r in bundle.manifest["runs"])  # a failed run often wrote no results at all
+        if failed:
+            notes.append(f"{ref.host_id}/{ref.path.name}: {failed} failed run(s) left out")
         frame["host_id"], frame["bundle"], frame["experiment"] = ref.host_id, str(ref.path), bundle.manifest["experiment"]
         frame["stopped"] = stopped_because(bundle.manifest)
         frames.append(frame)

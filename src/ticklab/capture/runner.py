@@ -16,7 +16,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from .. import __version__
 from ..bundle import BundleWriter
 from ..claims import CLAIMS

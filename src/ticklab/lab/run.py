@@ -18,7 +18,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from ..bundle import BundleWriter
 from ..capture.execute import workload_values
 from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
