@@ -118,4 +118,20 @@ def parse_tbench(directory: Path) -> list[dict]:
     return rows
 
 
-PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "timejobs": parse_timejobs, "hackbench": parse_hackbench, "tbench": parse_tbench}
+def parse_kbuild(directory: Path) -> list[dict]:
+    """kbuild (ticklab.lab.kbuild): the build's wall time and each lock event counted during it."""
+    path = directory / "stdout.txt"
+    header, _ = _header(path)
+    if header.get("kbuild") != "1" or "build_seconds" not in header:
+        raise WorkloadOutputError(f"{path}: not kbuild output (no '# kbuild: 1' header or no build_seconds)")
+    rows = [{"metric": "build_time_s", "value": float(header["build_seconds"]), "unit": "s"}]
+    if "cpus" in header:
+        rows.append({"metric": "guest_vcpus", "value": float(header["cpus"]), "unit": "CPUs"})
+    for key, value in header.items():
+        if key.startswith("lock_event "):
+            rows.append({"metric": "lockevent_" + key.split(" ", 1)[1], "value": float(value), "unit": "events"})
+    return rows
+
+
+PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "timejobs": parse_timejobs, "hackbench": parse_hackbench, "tbench": parse_tbench,
+           "kbuild": parse_kbuild}

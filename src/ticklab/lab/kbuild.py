@@ -1,0 +1,167 @@
+"""A kernel-build-like load for lab guests: ``python3 -m ticklab.lab.kbuild --files N --jobs J``.
+
+Seed 001 timed Linux kernel builds. The guest image cannot carry gcc and a kernel tree, so this
+generates a source tree shaped like one (many C files, each including a few of a set of shared
+headers, a Makefile with one compile per object writing a dependency file, and a final relocatable
+link of every object) and builds it with ``make -jJ`` and Debian's tcc: many short processes that
+fork, exec, read headers, write objects and exit, which is what makes a kernel build contend on the
+kernel's locks (runqueues, page allocator, dcache, tmpfs inodes). The tree is generated before the
+clock starts, in a directory of its own that is removed afterwards, so only the build is timed and
+only its output stays in the run directory.
+
+Around the build it reads the lock event counters (CONFIG_LOCK_EVENT_COUNTS, debugfs
+lock_event_counts/) and prints the build's share of each (after minus before), so every run shows
+which spinlock path ran: the pv slow path's waits and kicks, the kick-aheads of pv_kick_ahead=, and
+the lab backend's halts (pv_lab_*). Output, on stdout::
+
+    # kbuild: 1
+    # files: 240
+    # jobs: 4
+    # compiler: tcc version 0.9.27 ...
+    # build_seconds: 41.237
+    # lock_event pv_kick_ahead: 312
+    ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOCK_EVENTS = Path("/sys/kernel/debug/lock_event_counts")
+# Counters that are plain event counts (the pv_latency_* and pv_hash_hops files print averages).
+AVERAGED = ("pv_latency_kick", "pv_latency_wake", "pv_hash_hops")
+HEADERS = 24
+HEADERS_PER_FILE = 8
+FUNCTIONS_PER_FILE = 24
+
+
+class KbuildError(RuntimeError):
+    pass
+
+
+def lock_event_counts(root: Path = LOCK_EVENTS) -> dict[str, int]:
+    """Every counting lock event the kernel exposes, by name."""
+    if not root.is_dir():
+        raise KbuildError(f"{root}: missing; the kernel needs CONFIG_LOCK_EVENT_COUNTS and debugfs mounted")
+    counts = {}
+    for path in sorted(root.iterdir()):
+        if path.name.startswith(".") or path.name in AVERAGED:
+            continue
+        try:
+            counts[path.name] = int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return counts
+
+
+def _header(index: int) -> str:
+    lines = [f"#ifndef KB_H{index}", f"#define KB_H{index}", ""]
+    for k in range(8):
+        lines.append(f"#define KB_H{index}_C{k} ({index * 131 + k * 7}u)")
+    lines.append(f"struct kb_s{index} {{ unsigned long a, b; int c[{4 + index % 5}]; struct kb_s{index} *next; }};")
+    for k in range(6):
+        lines += [f"static inline unsigned long kb_h{index}_f{k}(unsigned long x)", "{",
+                  f"\treturn (x * KB_H{index}_C{k % 8} + {k}u) ^ (x >> {1 + k % 7});", "}"]
+    lines += ["", "#endif", ""]
+    return "\n".join(lines)
+
+
+def _source(index: int, headers: list[int]) -> str:
+    lines = [f'#include "kb{h}.h"' for h in headers] + [""]
+    for f in range(FUNCTIONS_PER_FILE):
+        h = headers[f % len(headers)]
+        lines += [f"unsigned long kb_{index}_{f}(unsigned long n, struct kb_s{h} *s)", "{",
+                  "\tunsigned long acc = 0, i;", "\tfor (i = 0; i < n; i++) {",
+                  f"\t\tacc += kb_h{h}_f{f % 6}(i) + (s ? s->a : 0);",
+                  f"\t\tif (acc & KB_H{h}_C{f % 8})", "\t\t\tacc ^= i << 3;", "\t\telse", "\t\t\tacc -= i;", "\t}",
+                  "\tswitch (acc & 3) {", "\tcase 0: return acc + 1;", "\tcase 1: return acc * 3;",
+                  "\tcase 2: return acc >> 1;", "\tdefault: return acc;", "\t}", "}", ""]
+    return "\n".join(lines)
+
+
+MAKEFILE = """\
+CC := tcc
+OBJS := $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
+
+built-in.o: $(OBJS)
+\t$(CC) -r -o $@ $(OBJS)
+
+src/%.o: src/%.c
+\t$(CC) -c -Iinclude -MD -MF $(@:.o=.d) -o $@ $<
+
+-include $(wildcard src/*.d)
+"""
+
+
+def generate(tree: Path, files: int, seed: int) -> None:
+    """The source tree: include/kb<i>.h, src/f<i>.c, Makefile."""
+    rng = random.Random(seed)
+    (tree / "include").mkdir(parents=True)
+    (tree / "src").mkdir()
+    for index in range(HEADERS):
+        (tree / "include" / f"kb{index}.h").write_text(_header(index))
+    for index in range(files):
+        (tree / "src" / f"f{index}.c").write_text(_source(index, sorted(rng.sample(range(HEADERS), HEADERS_PER_FILE))))
+    (tree / "Makefile").write_text(MAKEFILE)
+
+
+def compiler_version() -> str:
+    result = subprocess.run(["tcc", "-v"], capture_output=True, text=True, check=False)
+    return (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else "tcc"
+
+
+def build(files: int, jobs: int, seed: int = 1, workdir: Path | None = None, counters: Path = LOCK_EVENTS) -> dict:
+    """Generate, then time ``make -j<jobs>``; the seconds and each lock event's count during the build."""
+    for program in ("make", "tcc"):
+        if shutil.which(program) is None:
+            raise KbuildError(f"{program} is not installed (the guest image carries it: runners/vm/image.yaml)")
+    with tempfile.TemporaryDirectory(prefix="kbuild-", dir=workdir) as tree:
+        tree = Path(tree)
+        generate(tree, files, seed)
+        before = lock_event_counts(counters)
+        started = time.monotonic()
+        result = subprocess.run(["make", "-s", f"-j{jobs}", "-C", str(tree)], capture_output=True, text=True, check=False)
+        seconds = time.monotonic() - started
+        after = lock_event_counts(counters)
+        if result.returncode != 0:
+            raise KbuildError(f"make -j{jobs} failed (exit {result.returncode}): {(result.stdout + result.stderr)[-500:]}")
+        objects = len(list((tree / "src").glob("*.o")))
+        if objects != files or not (tree / "built-in.o").is_file():
+            raise KbuildError(f"make built {objects} of {files} objects")
+    return {"seconds": seconds, "events": {name: after[name] - before.get(name, 0) for name in after}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m ticklab.lab.kbuild", description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, required=True, help="C files in the generated tree")
+    parser.add_argument("--jobs", type=int, required=True, help="make -j")
+    parser.add_argument("--seed", type=int, default=1, help="seeds which headers each file includes")
+    args = parser.parse_args(argv)
+    if args.files < 1 or args.jobs < 1:
+        parser.error("--files and --jobs must be at least 1")
+    try:
+        done = build(args.files, args.jobs, args.seed)
+    except KbuildError as exc:
+        print(f"kbuild: {exc}", file=sys.stderr)
+        return 1
+    print("# kbuild: 1")
+    print(f"# files: {args.files}")
+    print(f"# jobs: {args.jobs}")
+    print(f"# cpus: {os.cpu_count()}")
+    print(f"# compiler: {compiler_version()}")
+    print(f"# build_seconds: {done['seconds']:.3f}")
+    for name, count in done["events"].items():
+        print(f"# lock_event {name}: {count}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
