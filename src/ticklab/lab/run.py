@@ -13,6 +13,7 @@ bundle ``incomplete`` with the runs it finished.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -70,9 +71,27 @@ def boot_settings(experiment: Experiment, condition: Condition, options: LabOpti
     words = [*str(lab["cmdline"] or "").split(), *(str(values[cmdline_var]).split() if cmdline_var in values else []),
              *options.cmdline.split()]
     clocksource = next((w.split("=", 1)[1] for w in reversed(words) if w.startswith("clocksource=")), None)
-    smp = int(values[smp_var]) if smp_var in values else int(options.smp or lab["smp"])
+    smp = vcpu_count(values[smp_var], f"{experiment.path}: conditions.{smp_var}") if smp_var in values \
+        else int(options.smp or lab["smp"])
     return {"kernel": str(values[kernel_var]) if kernel_var in values else str(lab["kernel"]), "smp": smp,
             "memory_mb": int(lab["memory_mb"]), "cmdline": words, "clocksource": clocksource}
+
+
+def host_cpus() -> int:
+    """The CPUs QEMU's vCPU threads may run on here."""
+    return len(os.sched_getaffinity(0))
+
+
+def vcpu_count(value, source: str) -> int:
+    """A lab_smp value: a vCPU count, or "<k>x", k times this host's CPUs (overcommit that scales with the host)."""
+    text = str(value).strip()
+    try:
+        count = round(float(text[:-1]) * host_cpus()) if text.endswith("x") else int(text)
+    except ValueError:
+        raise ExperimentError(f"{source}: {value!r} is neither a vCPU count nor a multiple of the host's CPUs like '1.5x'") from None
+    if count < 1:
+        raise ExperimentError(f"{source}: {value!r} gives {count} vCPUs")
+    return count
 
 
 def planning_facts(smp: int) -> dict:
