@@ -158,28 +158,55 @@ def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_
     assert verdict.published_effect.startswith("×1.040 median, ×1.499 AMean with C2 disabled")
 
 
-def test_kick_ahead_runs_from_a_kvm_host_give_a_table_and_a_verdict(tmp_path):
-    """The analysis a KVM host's bundle gets (this machine's guests cannot use KVM: the runs are made up here,
-    as a bundle writer would record them, and never shipped)."""
+def test_kick_ahead_lab_runs_give_seed_001s_table_counter_checks_and_lab_analogue_verdicts(tmp_path):
+    """The analysis a lab bundle gets: build times and lock event counts per run as the kbuild workload reports
+    them (made up here, as a bundle writer would record them, and never shipped)."""
     from types import SimpleNamespace
 
     from ticklab import paths
     from ticklab.claims import pvspinlock
     from ticklab.published import load_published
 
-    writer = BundleWriter(tmp_path, "guest-kvm-8vcpu-test", "pvspinlock", "guest-lock-contention", definition={},
-                          host={}, when=WHEN)
-    runtimes = {"kick-ahead-0": [10.0, 10.4, 9.8, 10.2, 10.1, 9.9], "kick-ahead-4": [8.1, 8.4, 8.0, 8.3, 8.2, 7.9]}
-    for index, (condition, value) in enumerate((c, v) for c, vs in runtimes.items() for v in vs):
-        writer.add_run({"run": f"run-{index + 1:03d}", "condition": condition, "warmup": False, "status": "ok"},
-                       [{"metric": "runtime_s", "value": value, "unit": "s"}])
+    setup = "guest-tcg-2-3-4vcpu-test"
+    writer = BundleWriter(tmp_path, setup, "pvspinlock", "guest-kbuild", definition={}, host={}, when=WHEN)
+    times = {"0 1.5x": [30.0, 31.0, 29.5, 30.5, 30.2, 29.8], "4 1.5x": [27.0, 27.5, 26.8, 27.2, 27.1, 26.9],
+             "0 1x": [20.0, 20.4, 19.8, 20.2], "4 1x": [20.1, 20.3, 19.9, 20.0]}
+    index = 0
+    for key, values in times.items():
+        kick_ahead, level = key.split()
+        vcpus = {"1x": 2, "1.5x": 3}[level]
+        for value in values:
+            index += 1
+            kicks = 5.0 if (kick_ahead == "4" and vcpus >= 3) else 0.0
+            if key == "4 1x" and index == 19:
+                kicks = 1.0  # impossible with 2 vCPUs: the check must flag it
+            rows = [{"metric": "build_time_s", "value": value, "unit": "s"},
+                    {"metric": "guest_vcpus", "value": vcpus, "unit": "CPUs"}]
+            rows += [{"metric": f"lockevent_{name}", "value": count, "unit": "events"}
+                     for name, count in (("pv_lab_wait", 900), ("pv_lab_halt", 700), ("pv_wait_head", 400),
+                                         ("pv_wait_node", 500), ("pv_kick_unlock", 650), ("pv_kick_ahead", kicks))]
+            writer.add_run({"run": f"run-{index:03d}", "condition": f"kick-ahead-{kick_ahead} {level}", "warmup": False,
+                            "status": "ok"}, rows)
     writer.seal()
     bundles = find_bundles(tmp_path, "pvspinlock")
     runs, _ = measured_runs(bundles)
-    table = pvspinlock.fresh_table(runs)
-    assert table.loc[("guest-kvm-8vcpu-test", "kick-ahead-4"), "median runtime (s)"] == pytest.approx(8.15)
-    assert list(table["runs"]) == [6, 6]
-    ctx = SimpleNamespace(published=load_published(paths.published_dir(), "pvspinlock"), bundles=bundles, data_dir=tmp_path)
-    [verdict] = pvspinlock.verdicts(ctx, n_boot=1000)
-    assert verdict.fresh_effect == pytest.approx(8.15 / 10.05) and verdict.verdict == "reproduced", verdict.reason
-    assert verdict.published_effect.startswith("×0.824 kernel build (Westmere-EX (8 × 4 cores), 48 vCPUs)")
+    published = load_published(paths.published_dir(), "pvspinlock")
+    table = pvspinlock.fresh_table(runs, published)
+    lab = table[table["source"] == "lab analogue (TCG, halt+IPI backend)"].set_index("guest vCPUs")
+    assert list(lab.index) == ["2 (1x host CPUs)", "3 (1.5x host CPUs)"]
+    assert lab.loc["3 (1.5x host CPUs)", "after / before"] == pytest.approx(round(27.05 / 30.1, 4))
+    assert lab.loc["3 (1.5x host CPUs)", "runs per side"] == "6 / 6"
+    assert len(table[table["source"].str.startswith("published")]) == 4
+    checks = pvspinlock.condition_checks(runs).set_index("condition")
+    assert checks.loc["kick-ahead-4 1.5x", "check"] == "ok" and checks.loc["kick-ahead-0 1.5x", "check"] == "ok"
+    assert checks.loc["kick-ahead-4 1.5x", "kick-aheads expected"] == "> 0"
+    assert checks.loc["kick-ahead-4 1x", "check"] == "FAILED: kick-aheads where none can happen (1 in a run)"
+    counters = pvspinlock.counter_table(runs)
+    assert counters.loc[(setup, "kick-ahead-4 1.5x"), "pv_kick_ahead"] == 5
+    ctx = SimpleNamespace(published=published, bundles=bundles, data_dir=tmp_path)
+    found = {v.comparison.rsplit("= ", 1)[1]: v for v in pvspinlock.verdicts(ctx, n_boot=1000)}
+    assert set(found) == {"1x host CPUs", "1.5x host CPUs"}
+    overcommitted = found["1.5x host CPUs"]
+    assert overcommitted.comparison.startswith("lab analogue (TCG, halt+IPI backend): ")
+    assert overcommitted.fresh_effect == pytest.approx(27.05 / 30.1) and overcommitted.verdict == "reproduced"
+    assert overcommitted.published_effect.startswith("×0.824 kernel build (Westmere-EX, 48 vCPUs on 32 CPUs)")

@@ -4,6 +4,8 @@ QEMU is installed) a real TCG boot that brings a sealed bundle back."""
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,12 +19,14 @@ import yaml
 from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import ExperimentError, expand_conditions, load_experiment
 from ticklab.capture.runner import CaptureOptions, capture
+from ticklab.capture.workloads import parse_kbuild
 from ticklab.lab import image as guest_image
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import qemu
 from ticklab.lab.cache import LabError, content_key
 from ticklab.lab.guest import boot_mismatches, run_job
-from ticklab.lab.run import LabOptions, boot_settings, guest_host_id, lab_run, planning_facts
+from ticklab.lab import kbuild
+from ticklab.lab.run import LabOptions, boot_settings, guest_host_id, host_cpus, lab_run, planning_facts, vcpu_count
 
 from conftest import CLAIM_IDS, REPO
 
@@ -46,10 +50,11 @@ def test_every_claim_has_a_series_file_naming_its_seed_status_and_switch():
             assert series.get(key), f"{path}: {key}"
         assert series["upstream"]["status"] and series["upstream"]["found_in_6_12"], path
         assert "message_id" in series, f"{path}: say message_id: null when the seed does not give it"
-        patch = series["lab_switch"]["patch"]
-        assert patch is None or (REPO / patch).is_file(), f"{path}: {patch} missing"
-    patches = {yaml.safe_load((REPO / "kernel" / "series" / f"{c}.yaml").read_text())["lab_switch"]["patch"]
-               for c in CLAIM_IDS} - {None}
+        for section in ("lab_switch", "lab_backend"):
+            patch = (series.get(section) or {}).get("patch")
+            assert patch is None or (REPO / patch).is_file(), f"{path}: {patch} missing"
+    patches = {(yaml.safe_load((REPO / "kernel" / "series" / f"{c}.yaml").read_text()).get(section) or {}).get("patch")
+               for c in CLAIM_IDS for section in ("lab_switch", "lab_backend")} - {None}
     assert patches == {str(p.relative_to(REPO)) for p in lab_kernel.patch_paths()}
 
 
@@ -58,12 +63,16 @@ def test_each_patch_adds_its_boot_parameter():
     assert "+core_param(hpet_read_share, hpet_read_share, bool, 0444);" in texts["0001-hpet-read-share.patch"]
     assert "+core_param(pv_kick_ahead, pv_kick_ahead, int, 0444);" in texts["0002-pv-kick-ahead.patch"]
     assert "+module_param(dummy_wait, int, 0444);" in texts["0003-acpi-dummy-wait.patch"]
+    assert '+early_param("lab_pvspin", parse_lab_pvspin);' in texts["0004-lab-pvspin.patch"]
 
 
 @pytest.mark.skipif(not has_source, reason=f"{lab_kernel.SOURCE_TARBALL} absent: apt-get install linux-source-6.12")
 def test_patches_apply_to_the_real_linux_source_6_12(tmp_path):
     files = sorted({f for p in lab_kernel.patch_paths() for f in lab_kernel.patch_files(p)})
     assert "arch/x86/kernel/hpet.c" in files and "kernel/locking/qspinlock_paravirt.h" in files
+    created = {m for p in lab_kernel.patch_paths() for m in re.findall(r"^--- /dev/null\n\+\+\+ b/(\S+)", p.read_text(), re.M)}
+    assert created == {"arch/x86/kernel/lab_pvspin.c"}
+    files = [f for f in files if f not in created]
     subprocess.run(["tar", "-xf", str(lab_kernel.SOURCE_TARBALL), "-C", str(tmp_path),
                     *[f"{lab_kernel.SOURCE_TOP}/{f}" for f in files]], check=True)
     checked = lab_kernel.check_patches(tmp_path / lab_kernel.SOURCE_TOP)
@@ -155,6 +164,46 @@ def test_qemu_command_line_and_boot_settings(tmp_path):
                                                                "kernel_release": "6.18.44",
                                                                "virtualization": {"hypervisor_flag": True}})
     assert identity.startswith("guest-tcg-2vcpu-6.12.117-ticklab-on-") and len(identity) <= 100
+
+
+def test_pvspinlock_conditions_scale_vcpus_with_the_host_and_boot_the_lab_backend():
+    experiment = load_experiment(REPO / "runners" / "pvspinlock" / "guest-kbuild.yaml")
+    conditions = {c.name: c for c in expand_conditions(experiment, planning_facts(2))}
+    assert set(conditions) == {f"kick-ahead-{k} {level}" for k in (0, 4) for level in ("1x", "1.5x", "2x")}
+    overcommitted = boot_settings(experiment, conditions["kick-ahead-4 2x"], LabOptions())
+    assert overcommitted["smp"] == 2 * host_cpus() and overcommitted["cmdline"] == ["lab_pvspin=1", "pv_kick_ahead=4"]
+    assert vcpu_count("1.5x", "x") == round(1.5 * host_cpus()) and vcpu_count(3, "x") == 3
+    with pytest.raises(ExperimentError, match="conditions.vcpus: 'many' is neither a vCPU count nor a multiple"):
+        vcpu_count("many", "conditions.vcpus")
+
+
+def test_the_kbuild_load_builds_its_tree_and_reports_time_and_lock_events(tmp_path):
+    """Generation and the output format everywhere; the build itself where make and tcc are installed."""
+    kbuild.generate(tmp_path / "tree", 3, seed=1)
+    sources = sorted(p.name for p in (tmp_path / "tree" / "src").iterdir())
+    assert sources == ["f0.c", "f1.c", "f2.c"] and len(list((tmp_path / "tree" / "include").iterdir())) == kbuild.HEADERS
+    assert (tmp_path / "tree" / "src" / "f0.c").read_text().count('#include "kb') == kbuild.HEADERS_PER_FILE
+    counters = tmp_path / "lock_event_counts"
+    counters.mkdir()
+    for name, value in (("pv_kick_ahead", "7"), ("pv_latency_kick", "1234"), (".reset_counts", "")):
+        (counters / name).write_text(value + "\n")
+    assert kbuild.lock_event_counts(counters) == {"pv_kick_ahead": 7}
+    with pytest.raises(kbuild.KbuildError, match="CONFIG_LOCK_EVENT_COUNTS and debugfs mounted"):
+        kbuild.lock_event_counts(tmp_path / "absent")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "stdout.txt").write_text("# kbuild: 1\n# files: 3\n# jobs: 2\n# cpus: 4\n# build_seconds: 1.500\n"
+                                        "# lock_event pv_kick_ahead: 7\n# lock_event pv_lab_halt: 40\n")
+    rows = {r["metric"]: r["value"] for r in parse_kbuild(run_dir)}
+    assert rows == {"build_time_s": 1.5, "guest_vcpus": 4.0, "lockevent_pv_kick_ahead": 7.0, "lockevent_pv_lab_halt": 40.0}
+    (run_dir / "stdout.txt").write_text("Time: 3\n")
+    with pytest.raises(Exception, match="not kbuild output"):
+        parse_kbuild(run_dir)
+    if not (shutil.which("make") and shutil.which("tcc")):
+        pytest.skip("make and tcc not installed (apt-get install make tcc): the build itself is not tried")
+    done = kbuild.build(12, 2, workdir=tmp_path, counters=counters)
+    assert done["seconds"] > 0 and done["events"] == {"pv_kick_ahead": 0}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("kbuild-")] == []
 
 
 def test_the_guest_reports_a_boot_that_does_not_match_the_condition():
