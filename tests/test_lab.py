@@ -330,3 +330,44 @@ def test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle(
     manifest = json.loads(next(out.rglob("manifest.json")).read_text())
     assert manifest["status"] == "incomplete" and "Interrupted" in manifest["interrupted"]
     assert not list(temp.glob("ticklab-lab-*"))
+
+
+def _short_kbuild_experiment(directory: Path) -> Path:
+    definition = yaml.safe_load((REPO / "runners" / "pvspinlock" / "guest-kbuild.yaml").read_text())
+    # 6 vCPUs whatever the host (3x overcommitted on 2 CPUs): holder, queue head and waiters behind it, so
+    # kick-ahead has someone to kick (a dozen kick-aheads per build on the 2-CPU reference machine)
+    definition["conditions"] = [{"name": "kick-ahead-4 6vcpu", "boot": "pv_kick_ahead=4", "vcpus": 6}]
+    definition["workload"]["params"]["files"] = 300
+    definition["name"] = "guest-kbuild-short"
+    path = directory / "guest-kbuild-short.yaml"
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    return path
+
+
+@needs_lab
+@needs_image_tools
+@pytest.mark.skipif(not (shutil.which("make") and shutil.which("tcc")), reason="the guest image needs make and tcc")
+def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_and_kick_aheads(tmp_path, monkeypatch):
+    path = _short_kbuild_experiment(tmp_path)
+    temp = _own_temp(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    bundles = lab_run("pvspinlock", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
+                      experiment_path=path, log=lambda m: None)
+    bundle = load_bundle(bundles[0])
+    runs = {r["condition"]: r for r in bundle.manifest["runs"]}
+    for condition, record in runs.items():
+        assert record["status"] == "ok" and not record["problem"], record
+        assert record["guest"]["nproc"] == 6 and "lab_pvspin=1" in record["guest"]["cmdline"].split()
+        console = (bundles[0] / "raw" / record["run"] / "console.log").read_text()
+        assert "lab_pvspin: PV spinlocks enabled (wait: HLT, kick: NMI IPI)" in console
+        assert "NMI received for unknown reason" not in console
+    metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
+    counts = metrics.loc["kick-ahead-4 6vcpu"]
+    assert counts["build_time_s"] > 0 and counts["guest_vcpus"] == 6
+    # the pv slow path ran on the lab backend: waits that halted, kicks delivered as NMIs, kick-aheads
+    assert counts["lockevent_pv_wait_head"] + counts["lockevent_pv_wait_node"] > 0
+    assert counts["lockevent_pv_lab_wait"] > 0 and counts["lockevent_pv_lab_halt"] > 0
+    assert counts["lockevent_pv_lab_kick"] > 0 and counts["lockevent_pv_kick_unlock"] > 0
+    assert counts["lockevent_pv_lab_kick_nmi"] == counts["lockevent_pv_lab_kick"] - counts["lockevent_pv_lab_kick_merged"]
+    assert counts["lockevent_pv_kick_ahead"] > 0
+    assert not _qemu_processes(temp) and not list(temp.iterdir())

@@ -15,7 +15,8 @@ which spinlock path ran: the pv slow path's waits and kicks, the kick-aheads of 
 the lab backend's halts (pv_lab_*). Output, on stdout::
 
     # kbuild: 1
-    # files: 240
+    # files: 480
+    # functions: 4
     # jobs: 4
     # compiler: tcc version 0.9.27 ...
     # build_seconds: 41.237
@@ -74,9 +75,9 @@ def _header(index: int) -> str:
     return "\n".join(lines)
 
 
-def _source(index: int, headers: list[int]) -> str:
+def _source(index: int, headers: list[int], functions: int) -> str:
     lines = [f'#include "kb{h}.h"' for h in headers] + [""]
-    for f in range(FUNCTIONS_PER_FILE):
+    for f in range(functions):
         h = headers[f % len(headers)]
         lines += [f"unsigned long kb_{index}_{f}(unsigned long n, struct kb_s{h} *s)", "{",
                   "\tunsigned long acc = 0, i;", "\tfor (i = 0; i < n; i++) {",
@@ -101,7 +102,7 @@ src/%.o: src/%.c
 """
 
 
-def generate(tree: Path, files: int, seed: int) -> None:
+def generate(tree: Path, files: int, seed: int, functions: int = FUNCTIONS_PER_FILE) -> None:
     """The source tree: include/kb<i>.h, src/f<i>.c, Makefile."""
     rng = random.Random(seed)
     (tree / "include").mkdir(parents=True)
@@ -109,7 +110,7 @@ def generate(tree: Path, files: int, seed: int) -> None:
     for index in range(HEADERS):
         (tree / "include" / f"kb{index}.h").write_text(_header(index))
     for index in range(files):
-        (tree / "src" / f"f{index}.c").write_text(_source(index, sorted(rng.sample(range(HEADERS), HEADERS_PER_FILE))))
+        (tree / "src" / f"f{index}.c").write_text(_source(index, sorted(rng.sample(range(HEADERS), HEADERS_PER_FILE)), functions))
     (tree / "Makefile").write_text(MAKEFILE)
 
 
@@ -118,14 +119,15 @@ def compiler_version() -> str:
     return (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else "tcc"
 
 
-def build(files: int, jobs: int, seed: int = 1, workdir: Path | None = None, counters: Path = LOCK_EVENTS) -> dict:
+def build(files: int, jobs: int, seed: int = 1, workdir: Path | None = None, counters: Path = LOCK_EVENTS,
+          functions: int = FUNCTIONS_PER_FILE) -> dict:
     """Generate, then time ``make -j<jobs>``; the seconds and each lock event's count during the build."""
     for program in ("make", "tcc"):
         if shutil.which(program) is None:
             raise KbuildError(f"{program} is not installed (the guest image carries it: runners/vm/image.yaml)")
     with tempfile.TemporaryDirectory(prefix="kbuild-", dir=workdir) as tree:
         tree = Path(tree)
-        generate(tree, files, seed)
+        generate(tree, files, seed, functions)
         before = lock_event_counts(counters)
         started = time.monotonic()
         result = subprocess.run(["make", "-s", f"-j{jobs}", "-C", str(tree)], capture_output=True, text=True, check=False)
@@ -143,17 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m ticklab.lab.kbuild", description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, required=True, help="C files in the generated tree")
     parser.add_argument("--jobs", type=int, required=True, help="make -j")
+    parser.add_argument("--functions", type=int, default=FUNCTIONS_PER_FILE, help="functions per C file (compile length)")
     parser.add_argument("--seed", type=int, default=1, help="seeds which headers each file includes")
     args = parser.parse_args(argv)
-    if args.files < 1 or args.jobs < 1:
-        parser.error("--files and --jobs must be at least 1")
+    if min(args.files, args.jobs, args.functions) < 1:
+        parser.error("--files, --jobs and --functions must be at least 1")
     try:
-        done = build(args.files, args.jobs, args.seed)
+        done = build(args.files, args.jobs, args.seed, functions=args.functions)
     except KbuildError as exc:
         print(f"kbuild: {exc}", file=sys.stderr)
         return 1
     print("# kbuild: 1")
     print(f"# files: {args.files}")
+    print(f"# functions: {args.functions}")
     print(f"# jobs: {args.jobs}")
     print(f"# cpus: {os.cpu_count()}")
     print(f"# compiler: {compiler_version()}")
