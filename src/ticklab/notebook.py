@@ -7,6 +7,7 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
+from .checks import check_table, run_checks
 from .claims import claim_info
 from .fresh import BundleRef, describe, find_bundles
 from .outputs import Outputs
@@ -32,6 +33,11 @@ class ClaimContext:
 
     def fresh_data_summary(self) -> str:
         return describe(self.bundles, self.data_dir, self.claim)
+
+    def condition_checks(self, checks):
+        """The claim's condition checks over its bundles, written to checks/<claim>.csv (one row per setup,
+        condition and check)."""
+        return self.out.checks(check_table(run_checks(self.claim, checks, self.bundles)))
 
 
 def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, output_dir: str | Path) -> ClaimContext:

@@ -1,5 +1,5 @@
 """Writing what notebooks show into the output contract of DESIGN.md:
-figures/<claim>/<name>.png|.svg, tables/<claim>/<name>.csv|.md, verdicts/<claim>.csv.
+figures/<claim>/<name>.png|.svg, tables/<claim>/<name>.csv|.md, verdicts/<claim>.csv, checks/<claim>.csv.
 Every figure and table gets a JSON sidecar naming its caption and the files it came from."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from .paths import repo_root
+from .checks import CHECK_COLUMNS
 from .verdicts import VERDICT_COLUMNS, Verdict
 
 
@@ -69,3 +70,12 @@ class Outputs:
         frame.to_csv(directory / f"{self.claim}.csv", index=False)
         return frame
 
+
+    def checks(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """The claim's condition checks (ticklab.checks.check_table); written even when empty, so the report can
+        tell "nothing to check" from "not run"."""
+        directory = self.root / "checks"
+        directory.mkdir(parents=True, exist_ok=True)
+        frame = frame[CHECK_COLUMNS]
+        frame.to_csv(directory / f"{self.claim}.csv", index=False)
+        return frame

@@ -14,10 +14,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import pandas as pd
 import yaml
+
+if TYPE_CHECKING:
+    from .verdicts import Target
 
 REQUIRED_COLUMNS = ("id", "value", "unit", "value_as_printed", "qualifier")
 
@@ -81,6 +84,20 @@ class PublishedClaim:
 
     def printed(self, table: str, row_id: str) -> str:
         return str(self.row(table, row_id)["value_as_printed"])
+
+    def quote_id(self, table: str, row_id: str) -> str:
+        """The id a verdict cites a published row by: <claim>/<table>/<row id>."""
+        self.row(table, row_id)
+        return f"{self.claim}/{table}/{row_id}"
+
+    def ratio_target(self, table: str, numerator: str, denominator: str) -> "Target":
+        """A target ratio computed from two printed values (derived, never itself printed)."""
+        from .verdicts import Target
+
+        ratio = self.value(table, numerator) / self.value(table, denominator)
+        shown = f"{self.printed(table, numerator)} / {self.printed(table, denominator)}"
+        return Target(ratio, 1 if ratio > 1 else -1, f"derived: ratio of two printed values ({shown})", shown,
+                      (self.quote_id(table, numerator), self.quote_id(table, denominator)))
 
     def files(self, *tables: str) -> list[Path]:
         """The CSV files behind ``tables`` plus the provenance file: what a figure or table came from."""

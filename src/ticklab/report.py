@@ -4,7 +4,7 @@ then check and assemble the output contract of DESIGN.md:
     <out>/notebooks/*.ipynb            executed notebooks
     <out>/report/index.html            offline report (+ report/notebooks/*.html)
     <out>/figures/<claim>/<name>.png|.svg, <out>/tables/<claim>/<name>.csv|.md
-    <out>/verdicts.csv, <out>/summary.json
+    <out>/verdicts.csv, <out>/checks.csv, <out>/summary.json
 
 A notebook that errors, times out, or leaves an expected output missing or empty fails the run."""
 
@@ -26,9 +26,9 @@ from nbconvert import HTMLExporter
 from .claims import CLAIMS, SUMMARY_NOTEBOOK
 from .fresh import bundle_health
 from .paths import notebooks_dir
-from .summary import SUMMARY, collect_verdicts
+from .summary import SUMMARY, collect_checks, collect_verdicts
 
-OWNED_SUBDIRS = ("notebooks", "report", "figures", "tables", "verdicts")
+OWNED_SUBDIRS = ("notebooks", "report", "figures", "tables", "verdicts", "checks")
 
 
 @dataclass
@@ -49,7 +49,7 @@ def expected_outputs(claim: str) -> list[str]:
     declared = CLAIMS[claim].load_module().OUTPUTS
     files = [f"figures/{claim}/{name}.{ext}" for name in declared["figures"] for ext in ("png", "svg")]
     files += [f"tables/{claim}/{name}.{ext}" for name in declared["tables"] for ext in ("csv", "md")]
-    files.append(f"verdicts/{claim}.csv")
+    files += [f"verdicts/{claim}.csv", f"checks/{claim}.csv"]
     return files
 
 
@@ -71,7 +71,7 @@ def output_problems(output_dir: Path, claim: str) -> list[str]:
             problems.append(f"{relative}: missing")
         elif path.stat().st_size == 0:
             problems.append(f"{relative}: empty file")
-        elif path.suffix == ".csv" and len(pd.read_csv(path)) == 0:
+        elif path.suffix == ".csv" and not relative.startswith("checks/") and len(pd.read_csv(path)) == 0:
             problems.append(f"{relative}: header only, no rows")
     return problems
 
@@ -140,7 +140,7 @@ def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
 
 
 def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.DataFrame | None,
-                bundles: pd.DataFrame | None = None) -> Path:
+                bundles: pd.DataFrame | None = None, checks: pd.DataFrame | None = None) -> Path:
     environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab", "templates"),
                                      autoescape=jinja2.select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
@@ -148,6 +148,8 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
     page = template.render(
         results=results,
         verdicts_html=verdicts.to_html(index=False, classes="data", border=0, na_rep="—") if verdicts is not None else None,
+        checks_html=None if checks is None or checks.empty else
+        checks.drop(columns=["bundle"]).to_html(index=False, classes="data", border=0, na_rep="—"),
         sections=_claim_sections(output_dir, claims),
         bundles=[] if bundles is None else bundles.to_dict("records"),
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -175,7 +177,7 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         # A full run starts clean, so stale outputs can never satisfy the checks.
         for sub in OWNED_SUBDIRS:
             shutil.rmtree(output_dir / sub, ignore_errors=True)
-        for stale in ("verdicts.csv", "summary.json"):
+        for stale in ("verdicts.csv", "checks.csv", "summary.json"):
             (output_dir / stale).unlink(missing_ok=True)
     for sub in ("notebooks", "report/notebooks"):
         (output_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -199,7 +201,7 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         log(f"    {result.status} in {result.duration_s:.1f} s" + (f": {result.error}" if result.error else ""))
         results.append(result)
 
-    verdicts = None
+    verdicts = checks = None
     aggregate = SUMMARY_NOTEBOOK in order  # a partial run (--only) without the summary aggregates nothing
     if aggregate:
         try:
@@ -207,14 +209,17 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
             verdicts.to_csv(output_dir / "verdicts.csv", index=False)
         except FileNotFoundError as exc:
             log(f"error: {exc}")
+        checks = collect_checks(output_dir)
+        checks.to_csv(output_dir / "checks.csv", index=False)
     bundles = bundle_health(data_dir, list(CLAIMS))
     for flagged in bundles[bundles["flag"] != ""].itertuples():
         log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
     (output_dir / "summary.json").write_text(json.dumps(
         {"notebooks": [asdict(r) for r in results],
          "verdicts": None if verdicts is None else "verdicts.csv",
+         "checks": None if checks is None else "checks.csv",
          "bundles": bundles.to_dict("records")}, indent=2, default=int) + "\n")
-    index = write_index(output_dir, results, verdicts, bundles)
+    index = write_index(output_dir, results, verdicts, bundles, checks)
 
     failed = [r for r in results if r.status != "ok"]
     if failed or (aggregate and verdicts is None):

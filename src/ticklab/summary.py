@@ -11,6 +11,7 @@ from .claims import CLAIMS
 from .claims import acpi_idle, hpet, hrtick, pvspinlock
 from .outputs import Outputs
 from .published import load_published
+from .checks import CHECK_COLUMNS
 from .verdicts import VERDICT_COLUMNS
 
 SUMMARY = "summary"
@@ -75,6 +76,14 @@ def collect_verdicts(output_dir: Path | str) -> pd.DataFrame:
         raise FileNotFoundError(f"{directory}: no verdicts from {', '.join(missing)} (run their notebooks first)")
     frame = pd.concat([frames[c] for c in CLAIMS], ignore_index=True)
     return frame[VERDICT_COLUMNS]
+
+
+def collect_checks(output_dir: Path | str) -> pd.DataFrame:
+    """The condition checks every claim notebook wrote (claims without checks wrote an empty file)."""
+    directory = Path(output_dir) / "checks"
+    frames = [pd.read_csv(directory / f"{claim}.csv") for claim in CLAIMS if (directory / f"{claim}.csv").is_file()]
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True)[CHECK_COLUMNS] if frames else pd.DataFrame(columns=CHECK_COLUMNS)
 
 
 def verdict_sentence(verdicts: pd.DataFrame) -> str:
