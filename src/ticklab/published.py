@@ -2,8 +2,9 @@
 
 Each claim has ``traces/published/<claim>/`` holding CSV tables and a ``provenance.yaml`` that
 quotes, for every row, the line of the source document the value was read from. Published values
-are single observations (n = 1): they are reproduced exactly and compared with fresh data by
-direction and ratio, never tested as samples.
+are single observations (n = 1): they are reproduced exactly, and fresh data is held against targets
+computed from them (``PublishedClaim.ratio_target``: a derived ratio, labelled as such, citing the rows),
+never tested as samples.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def effects_figure(effects: pd.DataFrame):
         ax.text(r.ratio + 0.03, i, f"×{r.ratio:.3f}", va="center", fontsize=8)
     ax.set_yticks(range(len(effects)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("published ratio (green: improvement in the claimed direction)")
+    ax.set_xlabel("ratio of the printed values (green: improvement in the claimed direction)")
     ax.set_title("Published headline effects (nohz has no ratio: its figure's data is not in the text)", fontsize=9)
     return fig
 
