@@ -219,8 +219,10 @@ def read_rate_points(runs: pd.DataFrame, values: dict) -> pd.DataFrame:
 
 def read_rate_figure(points: pd.DataFrame, setup: str):
     """Aggregate read rate and per-read cost against threads, per clock (median and range over runs)."""
+    from matplotlib.ticker import LogLocator, FuncFormatter
+
     on_setup = points[points["host_id"] == setup]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     for ax, metric, label in ((axes[0], "reads_per_s_total", "aggregate clock reads/s"),
                               (axes[1], "read_cost_mean_ns", "mean cost of one read (ns)")):
         for clock, group in on_setup[on_setup["metric"] == metric].groupby("clock"):
@@ -231,6 +233,10 @@ def read_rate_figure(points: pd.DataFrame, setup: str):
         ax.set_xlabel("threads reading at once (one per vCPU / CPU)")
         ax.set_ylabel(label)
         ax.set_yscale("log")
+        # a narrow range on a log axis gets one or two decades' ticks only: label 1, 2 and 5 of each decade
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
         ax.legend(fontsize=8)
     fig.suptitle(f"Clock reads vs threads (fresh, median and range over runs)\n{setup}", fontsize=9)
     return fig

@@ -151,10 +151,10 @@ def fresh_figure(runs: pd.DataFrame, setup: str):
             ax.plot(x + jitter, values, "o", alpha=0.6, color="#c44e52" if condition == "hrtick-on" else "#4c72b0")
             ax.hlines(np.median(values), x - 0.25, x + 0.25, color="black")
             median = np.median(values)
-            ax.annotate(f"median {median:,.0f}" if median >= 100 else f"median {median:.3g}", (x + 0.27, median),
+            ax.annotate(f"median {median:,.0f}" if median >= 100 else f"median {median:.3f}", (x + 0.27, median),
                         fontsize=8, va="center")
         ax.set_xticks([0, 1], ["HRTICK off", "HRTICK on"])
-        ax.set_xlim(-0.5, 1.9)
+        ax.set_xlim(-0.5, 2.2)
         ax.set_ylabel(label)
     fig.subplots_adjust(wspace=0.4)
     fig.suptitle(f"hackbench -p -s 8, HRTICK off vs on, 6.12 without the series (fresh, {len(on_setup['run'].unique())} runs)\n{setup}",
