@@ -200,7 +200,8 @@ def test_notebooks_have_literal_parameters_and_no_stored_outputs(notebook):
     for node in ast.parse(tagged[0].source).body:
         assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant), ast.dump(node)
         assigned[node.targets[0].id] = node.value.value
-    assert set(assigned) == PARAMETERS
+    # the summary also takes the claims a partial report ran (papermill passes it only to the summary)
+    assert set(assigned) == PARAMETERS | ({"claims"} if notebook.name == "00-summary.ipynb" else set())
     for cell in book.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
@@ -217,6 +218,15 @@ def test_a_partial_run_without_the_summary_succeeds(tmp_path):
                       only=["05-nohz"], log=log.append) == 0, log
     assert output_problems(tmp_path, "nohz") == []
     assert not (tmp_path / "verdicts.csv").exists()
+    index = (tmp_path / "report" / "index.html").read_text()
+    assert "by the notebooks 05-nohz.ipynb only" in index and "<code>traces</code>" in index
+    assert "No verdict" not in index and 'class="bad"' not in index
+    assert 'id="nohz"' in index and 'id="hpet"' not in index and 'href="#nohz"' in index
+    # with the summary, it summarises the claims that ran, not every claim
+    both = tmp_path / "with-summary"
+    assert run_report(both, data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
+                      only=["05-nohz", "00-summary"], log=log.append) == 0, log
+    assert set(pd.read_csv(both / "verdicts.csv")["claim"]) == {"nohz"}
 
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -238,13 +248,31 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-def rendered(page, extra: str = "") -> dict:
-    """What headless Chromium saw on ``page`` after it loaded: images (and which failed), tables."""
+LAYOUT_CHECK = """<script>
+window.addEventListener("load", () => {
+  const glance = document.getElementById("glance-table").getBoundingClientRect();
+  const heads = Array.from(document.querySelectorAll("#verdict-table th"));
+  const verdict = heads.find(h => h.textContent.trim() === "verdict").getBoundingClientRect();
+  const out = document.createElement("pre");
+  out.id = "ticklab-check";
+  out.textContent = JSON.stringify({glance_bottom: glance.bottom, verdict_right: verdict.right,
+                                    scroll_width: document.documentElement.scrollWidth,
+                                    height: document.documentElement.scrollHeight});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def rendered(page, extra: str = "", window: str | None = None) -> dict:
+    """What headless Chromium saw on ``page`` after it loaded: images (and which failed), tables; or what a probe
+    script given as ``extra`` (writing #ticklab-check) measured."""
     probe = page.with_name(page.stem + ".browser-check.html")
-    probe.write_text(page.read_text().replace("</body>", extra + PAGE_CHECK + "</body>"))
+    check = extra if "ticklab-check" in extra else extra + PAGE_CHECK
+    probe.write_text(page.read_text().replace("</body>", check + "</body>"))
+    size = [f"--window-size={window}"] if window else []
     try:
-        result = subprocess.run([BROWSER, *OFFLINE_CHROMIUM, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run([BROWSER, *OFFLINE_CHROMIUM, *size, "--virtual-time-budget=10000", "--dump-dom",
+                                 probe.as_uri()], capture_output=True, text=True, timeout=120)
     finally:
         probe.unlink()
     found = re.search(r'<pre id="ticklab-check">([^<]*)</pre>', result.stdout)
@@ -262,6 +290,10 @@ def test_the_report_renders_offline_in_headless_chromium(build):
     # the check can fail: a remote image is blocked, a missing file is broken
     control = rendered(build / "report/index.html", '<img src="https://example.com/x.png"><img src="missing.png">')
     assert control["broken"][-2:] == ["https://example.com/x.png", "missing.png"]
+    # at 1400 px the verdict badges are on the first screen and the verdict column needs no sideways scrolling
+    layout = rendered(build / "report/index.html", LAYOUT_CHECK, window="1400,900")
+    assert layout["glance_bottom"] < 900 and layout["verdict_right"] <= 1400 and layout["scroll_width"] <= 1400, layout
+    assert layout["height"] < 21_570 * 0.8, layout  # the old index was 21,570 px tall
     artifacts = REPO / "build" / "test-artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "report-index.png"
