@@ -316,6 +316,14 @@ def _strings(records: _Records, starts: np.ndarray, limits: np.ndarray) -> pa.Ar
         return pa.array([value.decode(errors="replace") for value in binary.to_pylist()], pa.string())
 
 
+def _numeric(values: np.ndarray) -> pa.Array:
+    """A numpy integer column as an Arrow array, zero-copy (pa.array would import pandas to inspect it)."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
 def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
     import pyarrow as pa
 
@@ -325,7 +333,7 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa
     width = max(f.offset + f.size for f in fmt.fields)
     raw = np.frombuffer(ringbuf.gather(records.buffer, np.ascontiguousarray(starts), width), dtype=np.uint8)
     rows = raw.view(_dtype(fmt, width)).reshape(-1)
-    columns = {"timestamp": pa.array(records.stamps[chosen]), "cpu": pa.array(records.cpus[chosen])}
+    columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(records.cpus[chosen])}
     for f in fmt.fields:
         if f.name == "common_type" or f.name not in rows.dtype.names:
             continue
@@ -340,7 +348,7 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa
             packed = np.ascontiguousarray(column).tobytes()
             columns[f.name] = pa.Array.from_buffers(pa.binary(f.size), len(starts), [None, pa.py_buffer(packed)])
         else:
-            columns[f.name] = pa.array(np.ascontiguousarray(column))
+            columns[f.name] = _numeric(column)
     return pa.RecordBatch.from_pydict(columns)
 
 
