@@ -46,6 +46,7 @@ TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 OPTION_DONE, OPTION_CPUSTAT, OPTION_BUFFER, OPTION_TRACECLOCK = 0, 2, 3, 4
 OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_CMDLINES = 16, 17, 18, 21
 SECTION_COMPRESSED = 1
+MAX_BLOCK = 1 << 28  # one compressed section or chunk; trace-cmd's are a few pages (data) or MiB (kallsyms)
 # rows gathered at a time: bounds the memory a table build needs beyond the tables themselves
 BATCH_ROWS = 1 << 17
 
@@ -187,6 +188,7 @@ class _Records:
     stamps: np.ndarray
     cpus: np.ndarray
     types: np.ndarray
+    page_size: int = 4096
 
 
 def _empty_records() -> _Records:
@@ -240,7 +242,12 @@ class Trace:
             yield self._batch(fmt, chosen[start:start + rows])
 
     def _batch(self, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
-        return _guarded(lambda *_: self.source)(_gather_batch)(self._records, fmt, chosen)
+        try:
+            return _guarded(lambda *_: self.source)(_gather_batch)(self._records, fmt, chosen)
+        except TraceFormatError as exc:
+            if str(exc).startswith(self.source):
+                raise
+            raise TraceFormatError(f"{self.source}: {exc}") from exc
 
     def arrow(self, key: str) -> pa.Table:
         """One recorded event's table as Arrow (KeyError if it was not recorded)."""
@@ -331,6 +338,8 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa
     if not fmt.fields:
         raise TraceFormatError(f"event {fmt.key} has no fields")
     width = max(f.offset + f.size for f in fmt.fields)
+    if width > max(records.page_size, 4096):
+        raise TraceFormatError(f"event {fmt.key}: fields reach byte {width}, beyond a {records.page_size}-byte page")
     raw = np.frombuffer(ringbuf.gather(records.buffer, np.ascontiguousarray(starts), width), dtype=np.uint8)
     rows = raw.view(_dtype(fmt, width)).reshape(-1)
     columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(records.cpus[chosen])}
@@ -391,7 +400,7 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
             order = np.argsort(all_stamps, kind="stable")
             all_offsets, all_stamps, all_cpus = all_offsets[order], all_stamps[order], all_cpus[order]
             types = np.frombuffer(ringbuf.gather(buffer, all_offsets, 2), dtype="<u2")
-            trace_records = _Records(buffer, all_offsets, all_stamps, all_cpus, types)
+            trace_records = _Records(buffer, all_offsets, all_stamps, all_cpus, types, page_size)
     return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
                  clock=clock, stats_lost=stats_lost)
 
@@ -490,8 +499,9 @@ class _Reader:
 def _read_header_info(reader: _Reader) -> str:
     if reader.take(12) != b"header_page\0":
         raise reader.error("expected header_page", reader.position - 12)
+    size = reader.u64()
     start = reader.position
-    header_page = reader.text(reader.take(reader.u64()), start)
+    header_page = reader.text(reader.take(size), start)
     if reader.take(13) != b"header_event\0":
         raise reader.error("expected header_event", reader.position - 13)
     reader.take(reader.u64())
@@ -500,16 +510,18 @@ def _read_header_info(reader: _Reader) -> str:
 
 def _read_ftrace_formats(reader: _Reader, formats: EventFormats) -> None:
     for _ in range(reader.u32()):
+        size = reader.u64()
         start = reader.position
-        formats.add_text(reader.text(reader.take(reader.u64()), start), "ftrace", f"{reader.source} (byte {start})")
+        formats.add_text(reader.text(reader.take(size), start), "ftrace", f"{reader.source} (byte {start})")
 
 
 def _read_event_formats(reader: _Reader, formats: EventFormats) -> None:
     for _ in range(reader.u32()):
         system = reader.string()
         for _ in range(reader.u32()):
+            size = reader.u64()
             start = reader.position
-            formats.add_text(reader.text(reader.take(reader.u64()), start), system, f"{reader.source} (byte {start})")
+            formats.add_text(reader.text(reader.take(size), start), system, f"{reader.source} (byte {start})")
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -597,7 +609,7 @@ def _decompressor(name: str, source: str):
         context = zstandard.ZstdDecompressor()
         return lambda blob, size: context.decompress(blob, max_output_size=size)
     if name == "zlib":
-        return lambda blob, size: zlib.decompress(blob, bufsize=max(size, 1))
+        return lambda blob, size: zlib.decompressobj().decompress(blob, size)
     raise TraceFormatError(f"{source}: compressed with {name!r}; ticklab reads zstd and zlib (and uncompressed)")
 
 
@@ -606,6 +618,9 @@ def _decompress(reader: _Reader, inflate, what: str) -> bytes:
     start = reader.position
     packed, size = reader.u32(), reader.u32()
     blob = reader.take(packed)
+    if size > MAX_BLOCK:
+        raise reader.error(f"{what} claims {size} bytes uncompressed (trace-cmd writes blocks of at most "
+                           f"{MAX_BLOCK >> 20} MiB)", start)
     plain = inflate(blob, size)
     if len(plain) != size:
         raise reader.error(f"{what} decompresses to {len(plain)} bytes, not the {size} its header says", start)
