@@ -233,3 +233,11 @@ def test_absurd_sizes_and_odd_inputs_are_one_line_errors(samples, tmp_path):
     (tmp_path / "empty.dat").write_bytes(b"")
     with pytest.raises(TraceFormatError, match="empty.dat: not a trace-cmd trace.dat"):
         read_trace(tmp_path / "empty.dat")
+
+
+def test_large_compressed_data_is_decompressed_to_a_mapped_temporary_file(monkeypatch):
+    in_memory = read_trace(COMPRESSED / "trace-zstd.dat")
+    monkeypatch.setattr(ingest, "IN_MEMORY", 0)
+    spilled = read_trace(COMPRESSED / "trace-zstd.dat")
+    assert type(spilled._records.buffer).__name__ == "mmap"
+    assert_same_trace(spilled, in_memory)

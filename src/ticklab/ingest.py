@@ -21,9 +21,11 @@ offset where it applies); nothing else escapes :func:`read_trace` and the table 
 from __future__ import annotations
 
 import functools
+import io
 import mmap
 import re
 import struct
+import tempfile
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 OPTION_DONE, OPTION_CPUSTAT, OPTION_BUFFER, OPTION_TRACECLOCK = 0, 2, 3, 4
 OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_CMDLINES = 16, 17, 18, 21
 SECTION_COMPRESSED = 1
+IN_MEMORY = 64 << 20  # decompressed CPU data beyond this goes to a temporary file (see _inflate_cpu_data)
 MAX_BLOCK = 1 << 28  # one compressed section or chunk; trace-cmd's are a few pages (data) or MiB (kallsyms)
 # rows gathered at a time: bounds the memory a table build needs beyond the tables themselves
 BATCH_ROWS = 1 << 17
@@ -239,7 +242,9 @@ class Trace:
         fmt = self._format_of(key)
         chosen = np.flatnonzero(self._records.types == fmt.id)
         for start in range(0, len(chosen), rows):
-            yield self._batch(fmt, chosen[start:start + rows])
+            batch = self._batch(fmt, chosen[start:start + rows])
+            _release(self._records.buffer)
+            yield batch
 
     def _batch(self, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
         try:
@@ -361,6 +366,13 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa
     return pa.RecordBatch.from_pydict(columns)
 
 
+def _release(buffer) -> None:
+    """Drop a mapped trace's pages from this process's memory (they stay in the page cache; touched again, they
+    come back): what keeps a walk or a table build over a large trace.dat within bounded memory."""
+    if isinstance(buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED") and len(buffer):
+        buffer.madvise(mmap.MADV_DONTNEED)
+
+
 @dataclass
 class _Segment:
     """One CPU's pages: ``length`` bytes at ``start`` of the trace's buffer."""
@@ -386,6 +398,7 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
         if bad_page >= 0:
             raise TraceFormatError(f"{source}: CPU {cpu} page at byte {bad_page - segment.start} claims more data "
                                    f"than a {page_size}-byte page holds")
+        _release(buffer)
         offsets.append(np.frombuffer(found, dtype=np.int64))
         stamps.append(np.frombuffer(times, dtype=np.uint64))
         cpus.append(np.full(len(offsets[-1]), cpu, dtype=np.uint16))
@@ -400,6 +413,7 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
             order = np.argsort(all_stamps, kind="stable")
             all_offsets, all_stamps, all_cpus = all_offsets[order], all_stamps[order], all_cpus[order]
             types = np.frombuffer(ringbuf.gather(buffer, all_offsets, 2), dtype="<u2")
+            _release(buffer)
             trace_records = _Records(buffer, all_offsets, all_stamps, all_cpus, types, page_size)
     return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
                  clock=clock, stats_lost=stats_lost)
@@ -473,6 +487,11 @@ class _Reader:
         chunk = self.data[self.position:self.position + size]
         self.position += size
         return chunk
+
+    def skip(self, size: int) -> None:
+        if size < 0 or self.position + size > len(self.data):
+            raise self.error(f"truncated (wanted {size} more bytes, {len(self.data) - self.position} left)")
+        self.position += size
 
     def u16(self) -> int:
         return struct.unpack("<H", self.take(2))[0]
@@ -695,22 +714,46 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     return _assemble(source, formats, buffer, segments, page_size, header_page, stats, clock)
 
 
-def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tuple[bytearray, list[_Segment]]:
-    """Compressed flyrecord data: per CPU a u32 chunk count, then chunks (u32 packed, u32 plain size, data)."""
+def _inflated_size(reader: _Reader, cpu_data) -> int:
+    """What the CPU data decompresses to, from the chunk headers alone."""
+    total = 0
+    for cpu, offset, size, compressed in cpu_data:
+        if not compressed:
+            total += size
+            continue
+        chunks = _Reader(reader.data, reader.source, offset)
+        for _ in range(chunks.u32()):
+            packed, plain = chunks.u32(), chunks.u32()
+            chunks.skip(packed)
+            total += plain
+    return total
+
+
+def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tuple[object, list[_Segment]]:
+    """Compressed flyrecord data: per CPU a u32 chunk count, then chunks (u32 packed, u32 plain size, data).
+
+    Decompressed chunk by chunk into memory, or, beyond IN_MEMORY bytes, into an unlinked temporary file that is
+    then mapped like an uncompressed trace.dat (so a large compressed trace needs no more memory than its pages)."""
     if inflate is None:
         raise TraceFormatError(f"{reader.source}: compressed CPU data in a file that names no compression")
-    buffer, segments = bytearray(), []
-    for cpu, offset, size, compressed in cpu_data:
-        start = len(buffer)
-        if not compressed:
-            segment = _cpu_segment(reader, cpu, offset, size)
-            buffer += reader.data[segment.start:segment.start + segment.length]
-        else:
-            chunks = _Reader(reader.data, reader.source, offset)
-            for number in range(chunks.u32()):
-                buffer += _decompress(chunks, inflate, f"CPU {cpu} chunk {number}")
-        segments.append(_Segment(cpu, start, len(buffer) - start))
-    return buffer, segments
+    spill = _inflated_size(reader, cpu_data) > IN_MEMORY
+    out = tempfile.TemporaryFile(prefix="ticklab-trace-") if spill else io.BytesIO()
+    with out:
+        segments, written = [], 0
+        for cpu, offset, size, compressed in cpu_data:
+            start = written
+            if not compressed:
+                segment = _cpu_segment(reader, cpu, offset, size)
+                written += out.write(reader.data[segment.start:segment.start + segment.length])
+            else:
+                chunks = _Reader(reader.data, reader.source, offset)
+                for number in range(chunks.u32()):
+                    written += out.write(_decompress(chunks, inflate, f"CPU {cpu} chunk {number}"))
+            segments.append(_Segment(cpu, start, written - start))
+        if not spill:
+            return out.getbuffer().tobytes(), segments
+        out.flush()
+        return (mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ) if written else b""), segments
 
 
 def _cpu_of_stats(text: str, fallback: int) -> int:
