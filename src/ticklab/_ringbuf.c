@@ -49,8 +49,9 @@ static PyObject *grow_bytes(Grow *g)
 }
 
 /* walk(buffer, start, length, page_size, commit_size, data_offset)
- *   -> (offsets: bytes of int64, stamps: bytes of uint64, lost: int, bad_page: int)
- * offsets are positions in buffer of each data record's payload; bad_page is -1, or the buffer offset
+ *   -> (offsets: bytes of int64, stamps: bytes of uint64, types: bytes of uint16, lost: int, bad_page: int)
+ * offsets are positions in buffer of each data record's payload, types its first two bytes (the event id,
+ * zero past the end of buffer); bad_page is -1, or the buffer offset
  * of a page whose commit claims more bytes than the page holds (the walk stops there). */
 static PyObject *walk(PyObject *self, PyObject *args)
 {
@@ -59,7 +60,7 @@ static PyObject *walk(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnnnn", &view, &start, &length, &page_size, &commit_size, &data_offset))
         return NULL;
     const uint8_t *buf = view.buf;
-    Grow offsets = {0}, stamps = {0};
+    Grow offsets = {0}, stamps = {0}, types = {0};
     unsigned long long lost = 0;
     Py_ssize_t bad_page = -1;
     int failed = 0;
@@ -104,7 +105,15 @@ static PyObject *walk(PyObject *self, PyObject *args)
                     data = position + 4;
                 }
                 int64_t at = data;
-                if (grow_push(&offsets, &at, 8) || grow_push(&stamps, &timestamp, 8)) { failed = 1; break; }
+                uint16_t type = 0;
+                if (data >= 0 && data + 2 <= view.len)
+                    memcpy(&type, buf + data, 2);
+                else if (data >= 0 && data + 1 == view.len)
+                    type = buf[data];
+                if (grow_push(&offsets, &at, 8) || grow_push(&stamps, &timestamp, 8) || grow_push(&types, &type, 2)) {
+                    failed = 1;
+                    break;
+                }
                 position = data + size_of;
             } else if (type_len == 30) {
                 if (position + 8 > limit) { bad_page = page; break; }
@@ -129,15 +138,17 @@ static PyObject *walk(PyObject *self, PyObject *args)
     if (failed) {
         PyMem_Free(offsets.data);
         PyMem_Free(stamps.data);
+        PyMem_Free(types.data);
         return PyErr_NoMemory();
     }
-    PyObject *o = grow_bytes(&offsets), *s = grow_bytes(&stamps);
-    if (!o || !s) {
+    PyObject *o = grow_bytes(&offsets), *s = grow_bytes(&stamps), *t = grow_bytes(&types);
+    if (!o || !s || !t) {
         Py_XDECREF(o);
         Py_XDECREF(s);
+        Py_XDECREF(t);
         return NULL;
     }
-    return Py_BuildValue("(NNKn)", o, s, lost, bad_page);
+    return Py_BuildValue("(NNNKn)", o, s, t, lost, bad_page);
 }
 
 /* gather(buffer, offsets: int64 buffer, width) -> bytes of len(offsets) * width: each record's first

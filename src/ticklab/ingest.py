@@ -48,10 +48,12 @@ TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 OPTION_DONE, OPTION_CPUSTAT, OPTION_BUFFER, OPTION_TRACECLOCK = 0, 2, 3, 4
 OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_CMDLINES = 16, 17, 18, 21
 SECTION_COMPRESSED = 1
+RELEASE_ROWS = 8192  # records gathered between releases of a mapped trace's memory
+WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
 IN_MEMORY = 64 << 20  # decompressed CPU data beyond this goes to a temporary file (see _inflate_cpu_data)
 MAX_BLOCK = 1 << 28  # one compressed section or chunk; trace-cmd's are a few pages (data) or MiB (kallsyms)
 # rows gathered at a time: bounds the memory a table build needs beyond the tables themselves
-BATCH_ROWS = 1 << 17
+BATCH_ROWS = 1 << 16
 
 
 class TraceFormatError(ValueError):
@@ -315,12 +317,13 @@ def _dtype(fmt: EventFormat, width: int) -> np.dtype:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": width})
 
 
-def _strings(records: _Records, starts: np.ndarray, limits: np.ndarray) -> pa.Array:
-    """NUL-terminated strings at ``starts`` (at most ``limits`` bytes), decoded as UTF-8 with replacement."""
+def _strings(buffer, starts: np.ndarray, limits: np.ndarray) -> pa.Array:
+    """NUL-terminated strings at ``starts`` of ``buffer`` (at most ``limits`` bytes), decoded as UTF-8 with replacement."""
     import pyarrow as pa
 
-    offsets, data = ringbuf.cstrings(records.buffer, np.ascontiguousarray(starts, dtype=np.int64),
+    offsets, data = ringbuf.cstrings(buffer, np.ascontiguousarray(starts, dtype=np.int64),
                                      np.ascontiguousarray(limits, dtype=np.int64))
+    _release(buffer)
     binary = pa.Array.from_buffers(pa.binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     try:
         return binary.cast(pa.string())
@@ -345,8 +348,15 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa
     width = max(f.offset + f.size for f in fmt.fields)
     if width > max(records.page_size, 4096):
         raise TraceFormatError(f"event {fmt.key}: fields reach byte {width}, beyond a {records.page_size}-byte page")
-    raw = np.frombuffer(ringbuf.gather(records.buffer, np.ascontiguousarray(starts), width), dtype=np.uint8)
+    starts = np.ascontiguousarray(starts)
+    pieces = []
+    for first in range(0, len(starts), RELEASE_ROWS):  # a rare event's records are spread over the whole trace
+        pieces.append(ringbuf.gather(records.buffer, starts[first:first + RELEASE_ROWS], width))
+        _release(records.buffer)
+    raw_bytes = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    raw = np.frombuffer(raw_bytes, dtype=np.uint8)
     rows = raw.view(_dtype(fmt, width)).reshape(-1)
+    at_row = np.arange(len(starts), dtype=np.int64) * width
     columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(records.cpus[chosen])}
     for f in fmt.fields:
         if f.name == "common_type" or f.name not in rows.dtype.names:
@@ -355,9 +365,9 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa
         if f.dynamic:
             locs = column.astype(np.int64)
             begin = starts + (locs & 0xFFFF) + (f.offset + f.size if f.dynamic == "__rel_loc" else 0)
-            columns[f.name] = _strings(records, begin, locs >> 16)
-        elif f.char_array:
-            columns[f.name] = _strings(records, starts + f.offset, np.full(len(starts), f.size, dtype=np.int64))
+            columns[f.name] = _strings(records.buffer, begin, locs >> 16)
+        elif f.char_array:  # read from the gathered rows: the trace's pages are not touched again
+            columns[f.name] = _strings(raw_bytes, at_row + f.offset, np.full(len(starts), f.size, dtype=np.int64))
         elif column.dtype.kind == "V":
             packed = np.ascontiguousarray(column).tobytes()
             columns[f.name] = pa.Array.from_buffers(pa.binary(f.size), len(starts), [None, pa.py_buffer(packed)])
@@ -387,34 +397,38 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
     commit_size, data_offset = parse_header_page(header_page, source)
     if page_size <= data_offset or page_size > 1 << 24:
         raise TraceFormatError(f"{source}: page size {page_size} is not a ring-buffer page size")
-    offsets, stamps, cpus, lost = [], [], [], {}
+    offsets, stamps, cpus, types, lost = [], [], [], [], {}
+    step = max(1, WALK_BYTES // page_size) * page_size
     for segment in sorted(segments, key=lambda s: s.cpu):
         cpu = segment.cpu
         if segment.length % page_size:
             raise TraceFormatError(f"{source}: CPU {cpu} data is {segment.length} bytes, not a whole number of "
                                    f"{page_size}-byte pages")
-        found, times, missed, bad_page = ringbuf.walk(buffer, segment.start, segment.length, page_size, commit_size,
-                                                      data_offset)
-        if bad_page >= 0:
-            raise TraceFormatError(f"{source}: CPU {cpu} page at byte {bad_page - segment.start} claims more data "
-                                   f"than a {page_size}-byte page holds")
-        _release(buffer)
-        offsets.append(np.frombuffer(found, dtype=np.int64))
-        stamps.append(np.frombuffer(times, dtype=np.uint64))
-        cpus.append(np.full(len(offsets[-1]), cpu, dtype=np.uint16))
-        lost[cpu] = missed
+        found = 0
+        lost[cpu] = 0
+        for start in range(segment.start, segment.start + segment.length, step):  # pages are independent
+            where, times, kinds, missed, bad_page = ringbuf.walk(
+                buffer, start, min(step, segment.start + segment.length - start), page_size, commit_size, data_offset)
+            if bad_page >= 0:
+                raise TraceFormatError(f"{source}: CPU {cpu} page at byte {bad_page - segment.start} claims more data "
+                                       f"than a {page_size}-byte page holds")
+            _release(buffer)
+            offsets.append(np.frombuffer(where, dtype=np.int64))
+            stamps.append(np.frombuffer(times, dtype=np.uint64))
+            types.append(np.frombuffer(kinds, dtype="<u2"))
+            cpus.append(np.full(len(offsets[-1]), cpu, dtype=np.uint16))
+            lost[cpu] += missed
+            found += len(offsets[-1])
         if check_read_events and cpu in stats_text:
-            _check_read_events(source, cpu, len(offsets[-1]), stats_text[cpu])
+            _check_read_events(source, cpu, found, stats_text[cpu])
     stats_lost = {cpu: stats_lost_count(text) for cpu, text in stats_text.items()}
     trace_records = None
     if offsets:
-        all_offsets, all_stamps, all_cpus = np.concatenate(offsets), np.concatenate(stamps), np.concatenate(cpus)
-        if len(all_offsets):
+        all_stamps = np.concatenate(stamps)
+        if len(all_stamps):
             order = np.argsort(all_stamps, kind="stable")
-            all_offsets, all_stamps, all_cpus = all_offsets[order], all_stamps[order], all_cpus[order]
-            types = np.frombuffer(ringbuf.gather(buffer, all_offsets, 2), dtype="<u2")
-            _release(buffer)
-            trace_records = _Records(buffer, all_offsets, all_stamps, all_cpus, types, page_size)
+            trace_records = _Records(buffer, np.concatenate(offsets)[order], all_stamps[order],
+                                     np.concatenate(cpus)[order], np.concatenate(types)[order], page_size)
     return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
                  clock=clock, stats_lost=stats_lost)
 
@@ -784,6 +798,7 @@ def read_trace(path: Path | str) -> Trace:
 
 def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
     """One Parquet file per event (``<system>__<event>.parquet``), written batch by batch (bounded memory)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     out_dir = Path(out_dir)
@@ -796,7 +811,10 @@ def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
             for batch in trace.batches(key):
                 if writer is None:
                     writer = pq.ParquetWriter(target, batch.schema)
-                writer.write_batch(batch)
+                # a table per batch is its own row group, written out now (write_batch would buffer the whole event)
+                writer.write_table(pa.Table.from_batches([batch]), row_group_size=max(batch.num_rows, 1))
+                del batch
+                pa.default_memory_pool().release_unused()  # the allocator would keep each batch's encoding buffers
         finally:
             if writer is not None:
                 writer.close()

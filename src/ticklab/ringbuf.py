@@ -1,7 +1,7 @@
 """Ring-buffer page walk and record gathers: the compiled ``ticklab._ringbuf`` (built by the package's
 own build, see setup.py), or the same functions in Python where it was not built.
 
-``walk`` returns each data record's payload offset and timestamp, the lost-event count from the
+``walk`` returns each data record's payload offset, timestamp and event type id, the lost-event count from the
 pages' "missed events" flags, and the offset of the first page whose commit is impossible (or -1);
 ``gather`` copies each record's first ``width`` bytes (zeros past the buffer's end); ``cstrings``
 cuts NUL-terminated strings out of the buffer as Arrow binary-array buffers (int32 offsets, data).
@@ -20,7 +20,7 @@ PADDING, TIME_EXTEND, TIME_STAMP = 29, 30, 31
 
 
 def py_walk(buffer, start: int, length: int, page_size: int, commit_size: int,
-            data_offset: int) -> tuple[bytes, bytes, int, int]:
+            data_offset: int) -> tuple[bytes, bytes, bytes, int, int]:
     offsets: list[int] = []
     stamps: list[int] = []
     lost, bad_page, limit = 0, -1, start + length
@@ -33,16 +33,16 @@ def py_walk(buffer, start: int, length: int, page_size: int, commit_size: int,
         position = page + data_offset
         end = position + (commit & COMMIT_MASK)
         if end > page + page_size or (commit & MISSED_EVENTS and commit & MISSED_STORED and end + commit_size > limit):
-            return _packed(offsets, stamps, lost, page)
+            return _packed(buffer, offsets, stamps, lost, page)
         if commit & MISSED_EVENTS:
             lost += commit_format(buffer, end)[0] if commit & MISSED_STORED else 1
         while position < end:
             if position + 4 > limit:
-                return _packed(offsets, stamps, lost, page)
+                return _packed(buffer, offsets, stamps, lost, page)
             header = unpack_u32(buffer, position)[0]
             type_len, delta = header & 0x1F, header >> 5
             if (type_len == 0 or type_len > 28) and not (type_len == PADDING and delta == 0) and position + 8 > limit:
-                return _packed(offsets, stamps, lost, page)
+                return _packed(buffer, offsets, stamps, lost, page)
             if type_len <= 28:
                 timestamp = (timestamp + delta) & 0xFFFFFFFFFFFFFFFF
                 if type_len == 0:
@@ -64,12 +64,12 @@ def py_walk(buffer, start: int, length: int, page_size: int, commit_size: int,
                     break
                 position += 4 + unpack_u32(buffer, position + 4)[0]
         page += page_size
-    return _packed(offsets, stamps, lost, bad_page)
+    return _packed(buffer, offsets, stamps, lost, bad_page)
 
 
-def _packed(offsets: list[int], stamps: list[int], lost: int, bad_page: int) -> tuple[bytes, bytes, int, int]:
-    return (np.asarray(offsets, dtype=np.int64).tobytes(), np.asarray(stamps, dtype=np.uint64).tobytes(),
-            lost, bad_page)
+def _packed(buffer, offsets: list[int], stamps: list[int], lost: int, bad_page: int) -> tuple[bytes, bytes, bytes, int, int]:
+    where = np.asarray(offsets, dtype=np.int64).tobytes()
+    return where, np.asarray(stamps, dtype=np.uint64).tobytes(), py_gather(buffer, where, 2), lost, bad_page
 
 
 def py_gather(buffer, offsets, width: int) -> bytes:
