@@ -48,9 +48,11 @@ kernelspec: $(STAMP)
 jupyter: kernelspec
 	$(BIN)/jupyter lab --no-browser --port $(JUPYTER_PORT) --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Ingest speed against 'trace-cmd report' on the same trace (root: records a trace first).
+# Ingest speed and memory against 'trace-cmd report' (root: records a >= 1M-event trace first; a few minutes).
+# BENCH_ARGS="--runs 7" or "--keep DIR" or trace files to use instead of the recorded ones.
+BENCH_ARGS ?=
 bench: $(STAMP) tools
-	$(BIN)/python benchmarks/ingest_speed.py
+	$(BIN)/python benchmarks/ingest_speed.py $(BENCH_ARGS)
 
 env: $(STAMP)
 

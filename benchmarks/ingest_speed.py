@@ -17,7 +17,8 @@ Each round runs every command on every input once, rotating the order (interleav
   API pandas   the same, then every table as a pandas DataFrame (`trace.events`)
   reference    the reader before issue 15 (tests/reference_ingest.py) to pandas, timed inside
   trace-cmd    `trace-cmd report -i FILE > /dev/null`
-Wall times are medians with min-max; "x trace-cmd" is trace-cmd's median over ticklab's (> 1: faster).
+Wall times are medians with min-max; "x trace-cmd" is trace-cmd's median over ticklab's (> 1: faster). CPU
+seconds (user + system, GNU time) are printed too: on a shared machine they are less disturbed than wall time.
 Peak memory is each process's maximum RSS (GNU time %M), interpreter and imports included.
 The numbers are as measured on this machine at this moment: on a shared or busy host they are noisy.
 """
@@ -47,21 +48,21 @@ if mode == "reference":
 else:
     from ticklab.ingest import read_trace
 import pyarrow, pandas  # imports outside the timed part for every mode
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 trace = read_trace(path)
 if mode == "arrow":
     trace.arrow_tables()
 else:
     trace.events
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, time.process_time() - cpu)
 """
 
 
 GNU_TIME = Path("/usr/bin/time")
 
 
-def run(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS in MB, stdout) of one process, measured from outside.
+def run(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, float, str]:
+    """(wall seconds, CPU seconds, peak RSS in MB, stdout) of one process, measured from outside.
 
     The peak comes from GNU time (%M): a child forked from this Python process would start its
     high-water mark at this process's RSS (Linux carries it across exec), hiding a small tool's."""
@@ -69,13 +70,13 @@ def run(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, str]:
         raise SystemExit(f"{GNU_TIME} (GNU time) is needed to measure each process's peak memory: apt-get install time")
     with tempfile.NamedTemporaryFile() as peak, tempfile.TemporaryFile() as errors:
         start = time.perf_counter()
-        done = subprocess.run([str(GNU_TIME), "-f", "%M", "-o", peak.name, *argv], stdout=stdout, stderr=errors)
+        done = subprocess.run([str(GNU_TIME), "-f", "%M %U %S", "-o", peak.name, *argv], stdout=stdout, stderr=errors)
         wall = time.perf_counter() - start
         errors.seek(0)
         if done.returncode:
             raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {errors.read().decode(errors='replace')[:300]}")
-        kilobytes = int(Path(peak.name).read_text().split()[-1])
-    return wall, kilobytes / 1024, done.stdout.decode() if done.stdout else ""
+        kilobytes, user, system = Path(peak.name).read_text().split()[-3:]
+    return wall, float(user) + float(system), int(kilobytes) / 1024, done.stdout.decode() if done.stdout else ""
 
 
 def event_count(path: Path) -> int:
@@ -190,6 +191,7 @@ def main() -> int:
         sizes = {label: (event_count(path), path.stat().st_size) for label, path in inputs.items()}
         help_times = []
         times: dict[tuple[str, str], list[float]] = {}
+        cpu_times: dict[tuple[str, str], list[float]] = {}
         memory: dict[tuple[str, str], list[float]] = {}
         for round_number in range(args.runs):
             print(f"round {round_number + 1}/{args.runs}", file=sys.stderr)
@@ -201,27 +203,34 @@ def main() -> int:
                 todo = list(commands(path, out).items())
                 shift = round_number % len(todo)
                 for name, argv in todo[shift:] + todo[:shift]:
-                    wall, peak, printed = run(argv, stdout=subprocess.PIPE if name.startswith(("API", "ref")) else subprocess.DEVNULL)
-                    times.setdefault((label, name), []).append(float(printed) if printed.strip() else wall)
+                    wall, cpu, peak, printed = run(argv, stdout=subprocess.PIPE if name.startswith(("API", "ref")) else subprocess.DEVNULL)
+                    if printed.strip():  # the API rows time themselves, after their imports
+                        wall, cpu = map(float, printed.split())
+                    times.setdefault((label, name), []).append(wall)
+                    cpu_times.setdefault((label, name), []).append(cpu)
                     memory.setdefault((label, name), []).append(peak)
         rows = []
         for label, (events, size) in sizes.items():
             theirs = statistics.median(times[(label, "trace-cmd")])
+            their_cpu = statistics.median(cpu_times[(label, "trace-cmd")])
             their_memory = statistics.median(memory[(label, "trace-cmd")])
             for name in ("ticklab CLI", "API arrow", "API pandas", "reference", "trace-cmd"):
                 if (label, name) not in times:
-                    rows.append(["", name, "refused (compressed)", "", "", "", ""])
+                    rows.append(["", name, "refused (compressed)", "", "", "", "", "", ""])
                     continue
                 wall = statistics.median(times[(label, name)])
                 peak = statistics.median(memory[(label, name)])
+                cpu = statistics.median(cpu_times[(label, name)])
                 rows.append([label if name == "ticklab CLI" else "", name, summary(times[(label, name)]),
-                             f"{events / wall:,.0f}", f"{theirs / wall:.2f}", f"{peak:.0f}", f"{peak / their_memory:.2f}"])
+                             f"{events / wall:,.0f}", f"{theirs / wall:.2f}", f"{cpu:.3f}", f"{their_cpu / cpu:.2f}",
+                             f"{peak:.0f}", f"{peak / their_memory:.2f}"])
         print(f"host: {os.uname().nodename}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; n = {args.runs} "
               "interleaved rounds; the machine may be shared, so expect noise")
         for label, (events, size) in sizes.items():
             print(f"{label}: {inputs[label]}  ({events:,} events, {size / 1e6:.1f} MB)")
-        print(tabulate(rows, headers=["input", "command", "seconds: median [min-max]", "events/s", "x trace-cmd",
-                                      "peak MB", "memory / trace-cmd"], disable_numparse=True))
+        print(tabulate(rows, headers=["input", "command", "wall s: median [min-max]", "events/s", "x trace-cmd",
+                                      "CPU s", "x trace-cmd CPU", "peak MB", "memory / trace-cmd"],
+                       disable_numparse=True))
         print(f"`ticklab --help`: {summary(help_times)} s (goal < 0.3 s)")
         print("API rows time the read in a fresh interpreter after its imports; their peak memory includes them.")
     return 0

@@ -186,7 +186,8 @@ def parse_header_page(text: str, source: str) -> tuple[int, int]:
 
 @dataclass
 class _Records:
-    """Every data record of a trace in time order: where its payload is in ``buffer``, its time, CPU, type."""
+    """Every data record of a trace, CPU by CPU in ring-buffer order: where its payload is in ``buffer``, its time,
+    CPU and event type. Tables put one event's records in time order (a stable sort: ties stay in CPU order)."""
 
     buffer: object  # bytes, bytearray or mmap: the pages the offsets point into
     offsets: np.ndarray
@@ -214,7 +215,9 @@ class Trace:
         self.lost_events = lost_events or {}
         self.stats_lost = stats_lost or {}
         self._records = records if records is not None else _empty_records()
-        self._type_ids, self._type_counts = np.unique(self._records.types, return_counts=True)
+        per_type = np.bincount(self._records.types, minlength=1)
+        self._type_ids = np.flatnonzero(per_type)
+        self._type_counts = per_type[self._type_ids]
         missing = [t for t in self._type_ids.tolist() if t not in formats]
         if missing:
             raise TraceFormatError(f"{source}: records of event type {missing[0]}, which has no format in the trace")
@@ -243,6 +246,7 @@ class Trace:
         """One recorded event's rows, ``rows`` at a time, as Arrow record batches (bounded memory)."""
         fmt = self._format_of(key)
         chosen = np.flatnonzero(self._records.types == fmt.id)
+        chosen = chosen[np.argsort(self._records.stamps[chosen], kind="stable")]
         for start in range(0, len(chosen), rows):
             batch = self._batch(fmt, chosen[start:start + rows])
             _release(self._records.buffer)
@@ -426,9 +430,8 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
     if offsets:
         all_stamps = np.concatenate(stamps)
         if len(all_stamps):
-            order = np.argsort(all_stamps, kind="stable")
-            trace_records = _Records(buffer, np.concatenate(offsets)[order], all_stamps[order],
-                                     np.concatenate(cpus)[order], np.concatenate(types)[order], page_size)
+            trace_records = _Records(buffer, np.concatenate(offsets), all_stamps, np.concatenate(cpus),
+                                     np.concatenate(types), page_size)
     return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
                  clock=clock, stats_lost=stats_lost)
 
@@ -809,8 +812,9 @@ def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
         writer = None
         try:
             for batch in trace.batches(key):
-                if writer is None:
-                    writer = pq.ParquetWriter(target, batch.schema)
+                if writer is None:  # dictionary-encode the strings (comm names repeat); numbers gain little for its cost
+                    strings = [f.name for f in batch.schema if pa.types.is_string(f.type)]
+                    writer = pq.ParquetWriter(target, batch.schema, use_dictionary=strings)
                 # a table per batch is its own row group, written out now (write_batch would buffer the whole event)
                 writer.write_table(pa.Table.from_batches([batch]), row_group_size=max(batch.num_rows, 1))
                 del batch
