@@ -241,3 +241,23 @@ def test_large_compressed_data_is_decompressed_to_a_mapped_temporary_file(monkey
     spilled = read_trace(COMPRESSED / "trace-zstd.dat")
     assert type(spilled._records.buffer).__name__ == "mmap"
     assert_same_trace(spilled, in_memory)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["cpu0.raw", "cpu1.raw", "header_page", "formats/fake/fake_event/format", "cpu0.stats",
+                             "page_size"]),
+       edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=6),
+       cut=st.none() | st.integers(0, 2**14))
+@pytest.mark.timeout(300)
+def test_a_mutated_tracefs_capture_gives_tables_or_one_trace_format_error(samples, tmp_path_factory, name, edits, cut):
+    target = tmp_path_factory.mktemp("f") / "capture"
+    shutil.copytree(samples["tracefs"], target)
+    if name == "page_size":
+        (target / name).write_text("4096\n")
+    data = (target / name).read_bytes()
+    if data:
+        (target / name).write_bytes(mutate(data, edits, cut))
+    try:
+        read_all(target)
+    except TraceFormatError as exc:
+        assert "\n" not in str(exc) and str(target) in str(exc)
