@@ -261,3 +261,11 @@ def test_a_mutated_tracefs_capture_gives_tables_or_one_trace_format_error(sample
         read_all(target)
     except TraceFormatError as exc:
         assert "\n" not in str(exc) and str(target) in str(exc)
+
+
+def test_a_tracefs_capture_missing_a_cpu_file_its_stats_name_is_refused(samples, tmp_path):
+    target = tmp_path / "capture"
+    shutil.copytree(samples["tracefs"], target)
+    (target / "cpu1.raw").unlink()
+    with pytest.raises(TraceFormatError, match="cpu1.raw holds 0 events but cpu1.stats says 90 were read"):
+        read_trace(target)

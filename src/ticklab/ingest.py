@@ -474,6 +474,8 @@ def read_tracefs_dir(directory: Path | str) -> Trace:
         if not path.stem[3:].isdigit():
             raise TraceFormatError(f"{path}: not a cpu<N>.stats file name")
         stats[int(path.stem[3:])] = path.read_text()
+    for cpu in sorted(set(stats) - set(files)):  # a missing cpuN.raw is the shortest truncation of all
+        _check_read_events(str(directory), cpu, 0, stats[cpu])
     clock_file = directory / "trace_clock"
     clock = None
     if clock_file.is_file():
