@@ -166,17 +166,17 @@ def _view(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from .ingest import TraceFormatError, read_trace, write_tables
 
-    try:
+    try:  # tables are built as they are written, so bad records can surface there too
         trace = read_trace(args.trace)
+        for key, count in trace.counts().items():
+            print(f"{key}: {count} events")
+        print(f"lost events: {trace.total_lost}")
+        if args.out:
+            for path in write_tables(trace, args.out):
+                print(path)
     except TraceFormatError as exc:
         print(f"ticklab ingest: {exc}", file=sys.stderr)
         return 2
-    for key, count in trace.counts().items():
-        print(f"{key}: {count} events")
-    print(f"lost events: {trace.total_lost}")
-    if args.out:
-        for path in write_tables(trace, args.out):
-            print(path)
     return 0
 
 

@@ -502,14 +502,14 @@ class _Reader:
 
     def take(self, size: int) -> bytes:
         if size < 0 or self.position + size > len(self.data):
-            raise self.error(f"truncated (wanted {size} more bytes, {len(self.data) - self.position} left)")
+            raise self.error(f"truncated (wanted {size} more bytes, {max(0, len(self.data) - self.position)} left)")
         chunk = self.data[self.position:self.position + size]
         self.position += size
         return chunk
 
     def skip(self, size: int) -> None:
         if size < 0 or self.position + size > len(self.data):
-            raise self.error(f"truncated (wanted {size} more bytes, {len(self.data) - self.position} left)")
+            raise self.error(f"truncated (wanted {size} more bytes, {max(0, len(self.data) - self.position)} left)")
         self.position += size
 
     def u16(self) -> int:
