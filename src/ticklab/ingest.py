@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import rawfile, ringbuf
-from .capture.tracing import stats_lost_count
 from .ringbuf import COMMIT_MASK, MISSED_EVENTS, MISSED_STORED  # noqa: F401  (re-exported: tests build pages)
 
 if TYPE_CHECKING:
@@ -425,13 +424,17 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
             found += len(offsets[-1])
         if check_read_events and cpu in stats_text:
             _check_read_events(source, cpu, found, stats_text[cpu])
+    from .capture.tracing import stats_lost_count  # here, not at the top: it brings the host modules with it
+
     stats_lost = {cpu: stats_lost_count(text) for cpu, text in stats_text.items()}
     trace_records = None
     if offsets:
-        all_stamps = np.concatenate(stamps)
-        if len(all_stamps):
-            trace_records = _Records(buffer, np.concatenate(offsets), all_stamps, np.concatenate(cpus),
-                                     np.concatenate(types), page_size)
+        if sum(len(chunk) for chunk in stamps):
+            columns = []
+            for chunks in (offsets, stamps, cpus, types):  # one at a time, each list emptied as it is joined
+                columns.append(np.concatenate(chunks))
+                chunks.clear()
+            trace_records = _Records(buffer, *columns, page_size)
     return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
                  clock=clock, stats_lost=stats_lost)
 
