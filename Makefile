@@ -48,13 +48,15 @@ kernelspec: $(STAMP)
 jupyter: kernelspec
 	$(BIN)/jupyter lab --no-browser --port $(JUPYTER_PORT) --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Ingest speed against 'trace-cmd report' on the same trace (root: records a trace first).
+# Ingest speed and memory against 'trace-cmd report' (root: records a >= 1M-event trace first; a few minutes).
+# BENCH_ARGS="--runs 7" or "--keep DIR" or trace files to use instead of the recorded ones.
+BENCH_ARGS ?=
 bench: $(STAMP) tools
-	$(BIN)/python benchmarks/ingest_speed.py
+	$(BIN)/python benchmarks/ingest_speed.py $(BENCH_ARGS)
 
 env: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/_ringbuf.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "ticklab needs Python >= 3.10; set PYTHON=/path/to/python3.10+")'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "'$(PYTHON) -m venv' is unavailable: install python3-venv (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .claims import CLAIMS
+from .claimids import CLAIM_IDS
 from .paths import published_dir, repo_root, seeds_dir, traces_dir
 
 
@@ -23,12 +23,12 @@ def _verify_published(args: argparse.Namespace) -> int:
     from .published import PublishedDataError, load_published, verify_against_source
 
     seeds = Path(args.seeds) if args.seeds else seeds_dir()
-    unknown = [c for c in args.claims if c not in CLAIMS]
+    unknown = [c for c in args.claims if c not in CLAIM_IDS]
     if unknown:
-        print(f"unknown claim(s) {', '.join(unknown)}; claims are: {', '.join(CLAIMS)}", file=sys.stderr)
+        print(f"unknown claim(s) {', '.join(unknown)}; claims are: {', '.join(CLAIM_IDS)}", file=sys.stderr)
         return 2
     status = 0
-    for claim in args.claims or list(CLAIMS):
+    for claim in args.claims or list(CLAIM_IDS):
         try:
             published = load_published(args.published_dir, claim)
         except PublishedDataError as exc:
@@ -166,17 +166,17 @@ def _view(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from .ingest import TraceFormatError, read_trace, write_tables
 
-    try:
+    try:  # tables are built as they are written, so bad records can surface there too
         trace = read_trace(args.trace)
+        for key, count in trace.counts().items():
+            print(f"{key}: {count} events")
+        print(f"lost events: {trace.total_lost}")
+        if args.out:
+            for path in write_tables(trace, args.out):
+                print(path)
     except TraceFormatError as exc:
         print(f"ticklab ingest: {exc}", file=sys.stderr)
         return 2
-    for key, count in trace.counts().items():
-        print(f"{key}: {count} events")
-    print(f"lost events: {trace.total_lost}")
-    if args.out:
-        for path in write_tables(trace, args.out):
-            print(path)
     return 0
 
 
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_report)
 
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")
-    verify.add_argument("claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIMS)})")
+    verify.add_argument("claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIM_IDS)})")
     verify.add_argument("--published-dir", type=Path, default=published_dir())
     verify.add_argument("--seeds", help="directory of the source documents (default: $TICKLAB_SEEDS or ../shared/seeds)")
     verify.set_defaults(func=_verify_published)
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=_doctor)
 
     cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
-    cap.add_argument("claim", choices=list(CLAIMS))
+    cap.add_argument("claim", choices=list(CLAIM_IDS))
     _run_count_arguments(cap)
     cap.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument("--force", action="store_true", help="rebuild even when cached")
     image.set_defaults(func=_lab)
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
-    lab_run.add_argument("claim", choices=list(CLAIMS))
+    lab_run.add_argument("claim", choices=list(CLAIM_IDS))
     lab_run.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
                          help="KVM only if a test guest boots with it (auto, the default), or force one")
     lab_run.add_argument("--smp", type=int, help="vCPUs (default: the experiment's)")

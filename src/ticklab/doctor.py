@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from .capture import requirements, tracing
 from .capture.experiment import experiment_paths, load_experiment
-from .claims import CLAIMS
+from .claimids import CLAIM_IDS as CLAIMS
 from .host import HostChangeError, HostChanges, collect
 from .lab import kernel as lab_kernel
 from .lab import qemu
