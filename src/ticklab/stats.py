@@ -4,6 +4,7 @@ correction, and an mmtests-style compare table. Every function takes plain seque
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -182,15 +183,17 @@ def pct_diff(value: float, baseline: float) -> float:
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
-    """The six rows of an mmtests compare table for one condition."""
-    x = _sample(values, "values", 2)
+    """The six rows of an mmtests compare table for one condition; a statistic the runs cannot give (the spread of
+    one run, the CoefVar of a zero mean) is NaN, shown as "—"."""
+    x = _sample(values, "values", 1)
+    spread = float(x.std(ddof=1)) if x.size > 1 else float("nan")
     return {
         "Min": float(x.min()),
         "Max": float(x.max()),
         "Median": float(np.median(x)),
         "AMean": float(x.mean()),
-        "Stddev": float(x.std(ddof=1)),
-        "CoefVar": coefficient_of_variation(x),
+        "Stddev": spread,
+        "CoefVar": spread / float(x.mean()) * 100 if x.size > 1 and x.mean() != 0 else float("nan"),
     }
 
 
@@ -204,11 +207,12 @@ def compare_summaries(summaries: pd.DataFrame, baseline: str) -> pd.DataFrame:
         base = float(summaries.loc[statistic, baseline])
         for condition in summaries.columns:
             value = float(summaries.loc[statistic, condition])
+            defined = base != 0 and math.isfinite(base) and math.isfinite(value)
             rows.append({
                 "statistic": statistic,
                 "condition": condition,
                 "value": value,
-                "pct_diff": None if condition == baseline else pct_diff(value, base),
+                "pct_diff": None if condition == baseline else (pct_diff(value, base) if defined else float("nan")),
             })
     return pd.DataFrame(rows)
 
@@ -224,9 +228,10 @@ def compare_table(samples: Mapping[str, Sequence[float]], baseline: str, *, alph
     summaries = pd.DataFrame({condition: summarize(values) for condition, values in samples.items()})
     summaries = summaries.loc[list(COMPARE_STATISTICS)]
     table = compare_summaries(summaries, baseline)
-    others = [c for c in samples if c != baseline]
+    # a rank test needs at least two runs a side; with fewer there is no p-value to give
+    others = [c for c in samples if c != baseline and len(samples[c]) > 1 and len(samples[baseline]) > 1]
     raw = [mann_whitney(samples[c], samples[baseline]).pvalue for c in others]
-    adjusted = dict(zip(others, holm(raw)))
+    adjusted = dict(zip(others, holm(raw))) if others else {}
     table["p_holm"] = table["condition"].map(adjusted)
     table["significant"] = table["p_holm"].map(lambda p: None if pd.isna(p) else bool(p < alpha))
     table.attrs["test"] = f"two-sided Mann-Whitney U vs {baseline}, Holm-adjusted across conditions, alpha = {alpha}"
@@ -242,6 +247,9 @@ def format_compare_table(table: pd.DataFrame, *, decimals: int = 2) -> pd.DataFr
     cells = pd.DataFrame(index=statistics, columns=conditions, dtype=object)
     for _, row in table.iterrows():
         unit = "%" if row["statistic"] == "CoefVar" else ""
+        if not math.isfinite(row["value"]):
+            cells.loc[row["statistic"], row["condition"]] = "—"
+            continue
         text = f"{row['value']:.{decimals}f}{unit}"
         if row["pct_diff"] is not None and not pd.isna(row["pct_diff"]) and row["statistic"] != "CoefVar":
             text += f" ({row['pct_diff']:+.{decimals}f}%)"
