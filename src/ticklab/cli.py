@@ -1,4 +1,4 @@
-"""The `ticklab` command."""
+"""ticklab: reproduce five published Linux timekeeping, idle and locking performance claims, and test them on your own hardware."""
 
 from __future__ import annotations
 
@@ -138,7 +138,8 @@ def _verify(args: argparse.Namespace) -> int:
     for manifest in manifests:
         try:
             bundle = load_bundle(manifest.parent)
-            print(f"ok    {manifest.parent}  ({len(bundle.manifest.get('files', {}))} files, {bundle.manifest['status']})")
+            count = len(bundle.manifest.get("files", {}))
+            print(f"ok    {manifest.parent}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest['status']})")
         except BundleError as exc:
             failed += 1
             print(f"FAIL  {manifest.parent}: {exc}")
