@@ -155,10 +155,12 @@ def _view(args: argparse.Namespace) -> int:
         trace, session, spot = build_session(args.bundle, args.run)
         out = args.session or cache_dir() / "view" / f"{Path(args.bundle).resolve().name}-{args.run or 'first'}.json"
         write_session(session, out)
-        print(f"{trace}\n  session {out}\n  markers A/B: {spot.what}")
+        opened = session["ticklab"]
+        print(f"{opened['claim']}: run {opened['run']}, condition {opened['condition']}\n{trace}\n  session {out}\n"
+              f"  markers A/B: {spot.what}")
         if not args.session_only:
             open_in_kernelshark(out).wait()
-    except (ViewError, BundleError, KeyError) as exc:
+    except (ViewError, BundleError, KeyError, ValueError) as exc:
         print(f"ticklab view: {exc}", file=sys.stderr)
         return 2
     return 0
