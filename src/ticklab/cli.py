@@ -61,7 +61,7 @@ def _capture(args: argparse.Namespace) -> int:
     from .host import HostChangeError
 
     options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id, dry_run=args.dry_run,
-                             backend=args.backend, root=args.root, journal=args.journal, progress=not args.no_progress,
+                             backend=args.backend, root=args.root, journal=args.journal, progress=_progress(args),
                              seed=args.seed, budget_s=args.budget_s)
     try:
         capture(args.claim, options, experiment_path=args.experiment)
@@ -85,7 +85,7 @@ def _lab(args: argparse.Namespace) -> int:
 
             variants = args.variant or [f"hz{args.hz}"]
             for variant in variants:
-                build_kernel(variant, jobs=args.jobs, progress=not args.no_progress, force=args.force)
+                build_kernel(variant, jobs=args.jobs, progress=_progress(args), force=args.force)
         elif args.lab_command == "build-image":
             from .lab.image import build_image
 
@@ -97,7 +97,7 @@ def _lab(args: argparse.Namespace) -> int:
             options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, budget_s=args.budget_s,
                                  out=args.out, accel=args.accel,
                                  smp=args.smp, cmdline=args.cmdline or "", backend=args.backend,
-                                 progress=not args.no_progress, build=not args.no_build)
+                                 progress=_progress(args), build=not args.no_build)
             lab_run(args.claim, options, experiment_path=args.experiment)
     except (LabError, ExperimentError, BundleError) as exc:
         print(f"ticklab lab {args.lab_command}: {exc}", file=sys.stderr)
@@ -144,6 +144,11 @@ def _verify(args: argparse.Namespace) -> int:
             failed += 1
             print(f"FAIL  {manifest.parent}: {exc}")
     return 1 if failed else 0
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars on a terminal only: in a log they would be hundreds of carriage-return updates."""
+    return not args.no_progress and sys.stderr.isatty()
 
 
 def _view(args: argparse.Namespace) -> int:
