@@ -62,12 +62,13 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
-# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10).
+# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10), in a scratch
+# directory of its own (build/ is the report's: ticklab report refuses a directory it did not make).
 lock: $(STAMP)
-	@mkdir -p $(OUT)
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.10 \
-	    --only-binary=:all: --target $(OUT)/lock-target --report $(OUT)/lock-report.json -r requirements.in
-	$(BIN)/python -m ticklab.lockfile $(OUT)/lock-report.json requirements.lock
+	    --only-binary=:all: --target $$scratch/target --report $$scratch/report.json -r requirements.in && \
+	$(BIN)/python -m ticklab.lockfile $$scratch/report.json requirements.lock
 
 clean:
 	rm -rf $(OUT)
