@@ -145,6 +145,19 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _seal_manifest(args: argparse.Namespace) -> int:
+    from .bundle import BundleError, add_manifest_seal
+
+    status = 0
+    for path in args.bundles:
+        try:
+            print(f"sealed {add_manifest_seal(path)}")
+        except BundleError as exc:
+            print(f"ticklab seal-manifest: {exc}", file=sys.stderr)
+            status = 2
+    return status
+
+
 def _view(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .view import ViewError, build_session, open_in_kernelshark, write_session
@@ -268,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check bundles against their manifests (schema, every file's sha256)")
     verify.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
     verify.set_defaults(func=_verify)
+
+    seal = sub.add_parser("seal-manifest", help="one-off: give a bundle sealed by an older ticklab its manifest.sha256 "
+                                                "(after checking every file; see SECURITY.md)")
+    seal.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
+    seal.set_defaults(func=_seal_manifest)
 
     view = sub.add_parser("view", help="open a run's trace.dat in KernelShark with a session preset for the claim")
     view.add_argument("bundle", type=Path, help="a bundle directory")
