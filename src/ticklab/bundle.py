@@ -21,6 +21,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
@@ -82,12 +83,18 @@ class BundleWriter:
     def __init__(self, traces_dir: Path | str, host_id: str, claim: str, experiment: str, *,
                  definition: dict, host: dict, tools: dict | None = None, when: datetime | None = None):
         when = when or datetime.now(timezone.utc)
+        for what, name in (("host id", host_id), ("claim", claim), ("experiment", experiment)):
+            if not isinstance(name, str) or not re.match(schemas.RUN_NAME, name):
+                raise BundleError(f"{traces_dir}: {what} {name!r} cannot name a directory (letters, digits, '.', '_', "
+                                  "'-'; no path separator)")
         self.path = Path(traces_dir) / host_id / claim / bundle_name(experiment, when)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.mkdir()
         except FileExistsError:
             raise BundleError(f"{self.path}: bundle exists already; bundles are never overwritten") from None
+        except OSError as exc:
+            raise BundleError(f"{exc.filename or self.path}: cannot create the bundle there ({exc.strerror or exc})") from None
         self.manifest = {
             "schema_version": SCHEMA_VERSION, "status": "incomplete", "claim": claim, "experiment": experiment,
             "definition": definition, "host_id": host_id, "host": host, "tools": tools or {},

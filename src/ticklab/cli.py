@@ -193,14 +193,37 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _whole(low: int, high: int):
+    """An argparse type: a whole number from low to high ('--runs -1' is a usage error, not a bundle without runs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 7 * 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 to {7 * 86400} seconds")
+    return value
+
+
 def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     """How many runs a capture makes: the same options for host captures and lab runs."""
-    parser.add_argument("--runs", type=int,
+    parser.add_argument("--runs", type=_whole(1, 10000),
                         help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
                              "rounds until the precision target or its budget)")
-    parser.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
-    parser.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
-    parser.add_argument("--budget-s", type=float,
+    parser.add_argument("--warmup", type=_whole(0, 1000), help="warm-up runs per condition (default: the experiment's)")
+    parser.add_argument("--seed", type=_whole(0, 2**63 - 1), help="seed of the run order (default: the experiment's)")
+    parser.add_argument("--budget-s", type=_seconds,
                         help="seconds of measured runs the capture may spend adding rounds for precision "
                              "(default: the experiment's budget.time_s; 0: none)")
 
@@ -215,8 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-dir", type=Path, default=traces_dir(), help="where captured bundles live (default: traces/)")
     report.add_argument("--published-dir", type=Path, default=published_dir(), help="transcribed published numbers")
     report.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (e.g. 03-hrtick)")
-    report.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run (default 600)")
-    report.add_argument("--notebook-timeout", type=int, default=1800, help="seconds one notebook may run (default 1800)")
+    report.add_argument("--cell-timeout", type=_whole(1, 86400), default=600, help="seconds one cell may run (default 600)")
+    report.add_argument("--notebook-timeout", type=_whole(1, 7 * 86400), default=1800, help="seconds one notebook may run (default 1800)")
     report.set_defaults(func=_report)
 
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")
@@ -249,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from linux-source-6.12")
     kernel.add_argument("--hz", type=int, choices=[1000, 250], default=1000, help="tick rate (default 1000)")
     kernel.add_argument("--variant", nargs="+", help="kernel/configs variant(s) instead of --hz (e.g. hz1000 hz250)")
-    kernel.add_argument("--jobs", type=int, help="parallel compile jobs (default: number of CPUs)")
+    kernel.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
     kernel.add_argument("--force", action="store_true", help="rebuild even when cached")
     kernel.add_argument("--no-progress", action="store_true", help="no progress bar")
     kernel.set_defaults(func=_lab)
@@ -260,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("claim", choices=list(CLAIMS))
     lab_run.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
                          help="KVM only if a test guest boots with it (auto, the default), or force one")
-    lab_run.add_argument("--smp", type=int, help="vCPUs (default: the experiment's)")
+    lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
     lab_run.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")

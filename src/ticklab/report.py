@@ -25,6 +25,7 @@ from nbconvert import HTMLExporter
 from . import outdir
 from .claims import CLAIMS, SUMMARY_NOTEBOOK
 from .fresh import bundle_health
+from .notebook import ParameterError, check_parameters
 from .paths import notebooks_dir
 from .summary import SUMMARY, collect_verdicts
 
@@ -170,6 +171,11 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
             return 2
         wanted = {n if n.endswith(".ipynb") else n + ".ipynb" for n in only}
         order = [n for n in order if n in wanted]
+    try:
+        check_parameters(parameters or {}, "ticklab report parameters")
+    except ParameterError as exc:
+        log(f"error: {exc}")
+        return 2
     # A full run starts clean, so stale outputs can never satisfy the checks; only files an earlier
     # report wrote are removed (outdir.py), and a directory of someone else's is refused.
     try:

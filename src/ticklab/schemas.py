@@ -9,7 +9,8 @@ from typing import Any
 
 import jsonschema
 
-RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # also claim, experiment and host ids: never a path separator
+MAX_RUNS = 10000  # measured runs per condition a capture may be asked for (--runs, runs:, budget.max_runs)
 # A relative path inside a bundle: no leading '/', no '.' or '..' part, no empty part, no backslash.
 BUNDLE_FILE = r"^(?!.*(^|/)\.\.?(/|$))[^/\\\x00]+(/[^/\\\x00]+)*$"
 # A number as results.csv writes it: finite (no nan, inf), plain or exponent form.
@@ -74,6 +75,13 @@ RESULT_ROW = {
     },
 }
 
+CONDITION_VALUE = {"anyOf": [
+    {"type": ["string", "number", "boolean", "null"]},
+    {"type": "array", "maxItems": 1000, "items": {"type": ["string", "number", "boolean"]}},
+    {"type": "object", "required": ["per_cpu"], "additionalProperties": False,
+     "properties": {"per_cpu": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024}}},
+]}
+
 EXPERIMENT = {
     "type": "object",
     "required": ["claim", "name", "description", "conditions", "workload"],
@@ -81,12 +89,18 @@ EXPERIMENT = {
         "claim": {"type": "string", "pattern": RUN_NAME},
         "name": {"type": "string", "pattern": RUN_NAME},
         "description": {"type": "string"},
-        "conditions": {"type": ["array", "object"]},
+        "conditions": {"oneOf": [
+            {"type": "array", "items": {"type": "object", "required": ["name"],
+                                        "properties": {"name": {"type": ["string", "number"]}},
+                                        "additionalProperties": CONDITION_VALUE}},
+            {"type": "object", "required": ["matrix"], "additionalProperties": False,
+             "properties": {"matrix": {"type": "object", "minProperties": 1, "additionalProperties": CONDITION_VALUE}}},
+        ]},
         "workload": {"type": "object", "required": ["argv"],
                      "properties": {"argv": {"type": "array", "minItems": 1,
                                              "items": {"type": ["string", "number"]}},
                                     "tool": {"type": "string"}}},
-        "runs": {"type": "integer", "minimum": 1, "maximum": 10000},
+        "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
         "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
         "seed": {"type": "integer", "minimum": 0},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
@@ -101,8 +115,14 @@ EXPERIMENT = {
                                                         "properties": {"name": {"type": "string", "pattern": RUN_NAME},
                                                                        "argv": {"type": "array"}}}},
         "notes": {"type": ["string", "null"]},
-        "lab": {"type": ["object", "null"]},
-        "budget": {"type": ["object", "null"]},
+        "lab": {"type": ["object", "null"], "properties": {
+            "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},
+            "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},
+            "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
+            "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}}},
+        "budget": {"type": ["object", "null"], "properties": {
+            "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
+            "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}}},
     },
 }
 

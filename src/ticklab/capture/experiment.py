@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import schemas
 from ..paths import repo_root
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
@@ -42,6 +43,7 @@ KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", 
          "lab", "budget"}
 BUDGET_KEYS = {"time_s", "max_runs"}
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp")
+MAX_EXPERIMENT_BYTES = 1 << 20
 LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s"}
 
 
@@ -114,11 +116,17 @@ def experiment_paths(claim: str) -> list[Path]:
 def load_experiment(path: Path | str) -> Experiment:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        if path.stat().st_size > MAX_EXPERIMENT_BYTES:
+            raise ExperimentError(f"{path}: larger than {MAX_EXPERIMENT_BYTES} bytes; not an experiment definition")
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ExperimentError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise ExperimentError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ExperimentError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
-        raise ExperimentError(f"{path}: not valid YAML ({exc})") from exc
+        raise ExperimentError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
+    except RecursionError:
+        raise ExperimentError(f"{path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ExperimentError(f"{path}: expected a mapping of experiment keys")
     missing = [k for k in REQUIRED if k not in data]
@@ -142,6 +150,7 @@ def load_experiment(path: Path | str) -> Experiment:
     lab = data.get("lab")
     if lab is not None and (not isinstance(lab, dict) or set(lab) - LAB_KEYS):
         raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")
+    schemas.check(data, schemas.EXPERIMENT, str(path), ExperimentError)
     parse_budget(data, path)
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)

@@ -24,7 +24,7 @@ from ..bundle import BundleWriter
 from ..capture.execute import workload_values
 from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
                                   load_experiment, schedule)
-from ..capture.runner import add_run, shown_path, tool_versions
+from ..capture.runner import add_run, check_counts, shown_path, tool_versions
 from ..capture.stopping import Rounds, StoppingRule
 from ..host import collect, host_id, interrupting_signals
 from ..paths import traces_dir
@@ -294,6 +294,7 @@ def _cached_kernel(variant: str, progress: bool = True, say=print):
 
 
 def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
+    check_counts(options)
     paths = [experiment_path] if experiment_path else lab_experiments(claim)
     if not paths:
         raise ExperimentError(f"runners/{claim}/: no lab experiments (an experiment with a 'lab:' section)")
