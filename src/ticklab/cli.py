@@ -324,9 +324,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror or exc}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:2000]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command's errors end here: one line naming the file (and field or offset), exit 2 — never a
+    traceback for bad input. An error that is not ticklab's own is a bug: one line too, exit 1, and
+    TICKLAB_TRACEBACK=1 shows where it came from."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None)]))
+    try:
+        return args.func(args)
+    except KeyboardInterrupt as exc:
+        print(f"{name}: interrupted ({exc or 'SIGINT'})", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("TICKLAB_TRACEBACK"):
+            raise
+        if type(exc).__module__.split(".")[0] == "ticklab" or isinstance(exc, OSError):
+            print(f"{name}: {_one_line(exc)}", file=sys.stderr)
+            return 2
+        print(f"{name}: unexpected {type(exc).__name__}: {_one_line(exc)} (a ticklab bug: please report it; "
+              "TICKLAB_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
