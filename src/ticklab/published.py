@@ -100,7 +100,7 @@ def _read_table(path: Path) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
-        raise PublishedDataError(f"{path}: not a readable CSV ({exc})") from exc
+        raise PublishedDataError(f"{path}: not a readable CSV ({' '.join(str(exc).split())[:200]})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise PublishedDataError(f"{path}: missing column(s) {', '.join(missing)}")

@@ -57,8 +57,8 @@ def read_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
     samples = pd.DataFrame(np.array(fields, dtype=np.int64).reshape(-1, 3), columns=["index", "end_ns", "count"])
     if len(samples) != warmup + measured:
         raise WorkloadOutputError(f"{path}: {len(samples)} samples, header says {warmup} + {measured}")
-    if measured == 0:
-        raise WorkloadOutputError(f"{path}: no measured samples")
+    if measured < 2:
+        raise WorkloadOutputError(f"{path}: {measured} measured sample(s); a spread needs at least 2")
     samples["warmup"] = samples["index"] < warmup
     return header, samples
 
@@ -67,6 +67,8 @@ def parse_ftq(directory: Path) -> list[dict]:
     _, samples = read_ftq(directory / "ftq.dat")
     counts = samples.loc[~samples["warmup"], "count"].to_numpy(dtype=float)
     peak = counts.max()
+    if peak <= 0:
+        raise WorkloadOutputError(f"{directory / 'ftq.dat'}: no quantum counted any work")
     return [
         {"metric": "ftq_count_mean", "value": counts.mean(), "unit": "work units/quantum"},
         {"metric": "ftq_count_stddev", "value": counts.std(ddof=1), "unit": "work units/quantum"},
@@ -125,6 +127,11 @@ def parse_timejobs(directory: Path) -> list[dict]:
         raise WorkloadOutputError(f"{path}: not timejobs output (no '# timejobs: 1' header or no jobs_per_min)")
     if len(lines) - 1 != _header_count(header, "threads", path):
         raise WorkloadOutputError(f"{path}: {len(lines) - 1} thread rows, header says {header['threads']}")
+    for number, line in enumerate(lines[1:], 1):
+        fields = line.split()
+        if len(fields) != len(lines[0].split()) or not all(f.isdigit() and len(f) <= 18 for f in fields):
+            raise WorkloadOutputError(f"{path}: thread row {number} is {line[:80]!r}; each row must have "
+                                      f"{len(lines[0].split())} whole numbers")
     return [{"metric": "jobs_per_min", "value": _finite(header["jobs_per_min"], path, "jobs_per_min"), "unit": "jobs/min"}]
 
 
