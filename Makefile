@@ -7,7 +7,7 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: reproduce test env lock clean tools capture doctor bench lab lab-kernels jupyter kernelspec
+.PHONY: reproduce test env lock clean tools capture doctor bench fuzz lab lab-kernels jupyter kernelspec
 
 reproduce: $(STAMP)
 	$(BIN)/ticklab report --out $(OUT)
@@ -51,6 +51,13 @@ jupyter: kernelspec
 # Ingest speed against 'trace-cmd report' on the same trace (root: records a trace first).
 bench: $(STAMP) tools
 	$(BIN)/python benchmarks/ingest_speed.py
+
+# The fault and bad-input campaign (issue 14): >= 10,000 generated inputs per loader family, each with a
+# deadline; prints the table of clear errors, tracebacks, hangs and silently accepted inputs (minutes).
+# FUZZ_ARGS="--inputs 500 --family bundle" for a short one; --replay FAMILY:INDEX shows one input's traceback.
+FUZZ_ARGS ?=
+fuzz: $(STAMP)
+	$(BIN)/python benchmarks/fuzz.py $(FUZZ_ARGS)
 
 env: $(STAMP)
 
