@@ -15,6 +15,7 @@ import argparse
 import multiprocessing
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -36,7 +37,8 @@ def source_for(key: str, seed: int, index: int) -> RandomSource:
 def _worker(connection, keys: list[str], seeds: str, seed: int, memory_gb: float) -> None:
     limit = int(memory_gb * (1 << 30))
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    work = Path(tempfile.mkdtemp(prefix="ticklab-fuzz-work-"))
+    work = Path(seeds) / f"work-{os.getpid()}"  # under the seeds directory: removed with it, even after a kill
+    work.mkdir()
     for key in keys:
         BY_KEY[key].prepare(Path(seeds))
     connection.send("ready")
@@ -93,6 +95,20 @@ class Worker:
 
 def campaign(keys: list[str], inputs: int, seed: int, timeout: float, memory_gb: float, show: int) -> int:
     seeds = Path(tempfile.mkdtemp(prefix="ticklab-fuzz-seeds-"))
+    try:
+        return _campaign(seeds, keys, inputs, seed, timeout, memory_gb, show)
+    finally:
+        _remove(seeds)
+
+
+def _remove(directory: Path) -> None:
+    for path in [directory, *directory.rglob("*")]:  # bundles are sealed read-only
+        if not path.is_symlink() and path.exists():
+            path.chmod(0o700)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _campaign(seeds: Path, keys: list[str], inputs: int, seed: int, timeout: float, memory_gb: float, show: int) -> int:
     for key in keys:  # build the seed files once, here, so workers only copy them
         BY_KEY[key].prepare(seeds)
     rows, examples = [], {}
@@ -140,7 +156,8 @@ def replay(spec: str, seed: int) -> int:
     family = BY_KEY[key]
     seeds = Path(tempfile.mkdtemp(prefix="ticklab-fuzz-seeds-"))
     family.prepare(seeds)
-    work = Path(tempfile.mkdtemp(prefix="ticklab-fuzz-work-"))
+    work = seeds / "work"
+    work.mkdir()
     import fuzzcases
 
     original = fuzzcases.classify
@@ -155,7 +172,10 @@ def replay(spec: str, seed: int) -> int:
                 traceback.print_exc()
 
     fuzzcases.classify = loud
-    outcome = family.case(source_for(key, seed, int(index)), work)
+    try:
+        outcome = family.case(source_for(key, seed, int(index)), work)
+    finally:
+        _remove(seeds)
     print(f"{outcome.kind}: {outcome.detail}")
     return 0
 
