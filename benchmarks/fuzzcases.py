@@ -393,9 +393,10 @@ class WorkloadFamily:
             i, j = source.choice(numeric)
             fields = lines[i].replace(":", ": ").split() if lines[i].startswith("#") else lines[i].split()
             if lines[i].startswith("#"):
-                if "jobs_per_min" not in lines[i]:
-                    known_bad = False
-                lines[i] = lines[i].rsplit(" ", 1)[0] + " " + source.choice(self.BAD_NUMBERS)
+                value = source.choice(self.BAD_NUMBERS)
+                # a huge rate is absurd but finite: only non-finite or negative values are known bad here
+                known_bad = "jobs_per_min" in lines[i] and value != self.BAD_NUMBERS[5]
+                lines[i] = lines[i].rsplit(" ", 1)[0] + " " + value
             else:
                 fields[j] = source.choice(self.BAD_NUMBERS)
                 lines[i] = " ".join(fields)

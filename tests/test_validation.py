@@ -35,7 +35,8 @@ def _experiment(tmp_path, **changes):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"runs": -1}, "runs must be a positive integer"),
+    ({"runs": -1}, "runs: -1 is not >= 1"),
+    ({"knobs": "clocksource"}, "knobs: 'clocksource' is not of type"),
     ({"runs": True}, "runs: True is not of type integer"),
     ({"runs": 10**9}, "runs: 1000000000 is not <= 10000"),
     ({"name": "../../etc/x"}, "name: '../../etc/x' is not of the allowed form"),

@@ -137,6 +137,7 @@ def load_experiment(path: Path | str) -> Experiment:
         raise ExperimentError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN))})")
     if not isinstance(data["workload"], dict) or not isinstance(data["workload"].get("argv"), list):
         raise ExperimentError(f"{path}: workload.argv must be a list of arguments")
+    schemas.check(data, schemas.EXPERIMENT, str(path), ExperimentError)  # types first: the checks below rely on them
     for key in ("runs", "warmup", "seed"):
         if key in data and (not isinstance(data[key], int) or data[key] < (1 if key == "runs" else 0)):
             raise ExperimentError(f"{path}: {key} must be a {'positive' if key == 'runs' else 'non-negative'} integer")
@@ -150,7 +151,6 @@ def load_experiment(path: Path | str) -> Experiment:
     lab = data.get("lab")
     if lab is not None and (not isinstance(lab, dict) or set(lab) - LAB_KEYS):
         raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")
-    schemas.check(data, schemas.EXPERIMENT, str(path), ExperimentError)
     parse_budget(data, path)
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)
