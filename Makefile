@@ -7,7 +7,7 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: help reproduce test env lock clean tools capture doctor bench lab lab-kernels jupyter kernelspec
+.PHONY: help reproduce test env lock clean tools capture doctor bench fuzz lab lab-kernels jupyter kernelspec
 
 help:  ## list the targets
 	@echo "ticklab make targets (README.md says more):"
@@ -60,6 +60,13 @@ BENCH_ARGS ?=
 bench: $(STAMP) tools  ## ingest speed against trace-cmd report (root)
 	$(BIN)/python benchmarks/ingest_speed.py $(BENCH_ARGS)
 
+# The fault and bad-input campaign (issue 14): >= 10,000 generated inputs per loader family, each with a
+# deadline; prints the table of clear errors, tracebacks, hangs and silently accepted inputs (minutes).
+# FUZZ_ARGS="--inputs 500 --family bundle" for a short one; --replay FAMILY:INDEX shows one input's traceback.
+FUZZ_ARGS ?=
+fuzz: $(STAMP)  ## the bad-input campaign: >= 10,000 generated inputs per loader family (minutes)
+	$(BIN)/python benchmarks/fuzz.py $(FUZZ_ARGS)
+
 env: $(STAMP)  ## create or update .venv from requirements.lock
 
 $(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/_ringbuf.c
@@ -70,12 +77,13 @@ $(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/_ringbuf.c
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
-# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10).
+# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10), in a scratch
+# directory of its own (build/ is the report's: ticklab report refuses a directory it did not make).
 lock: $(STAMP)
-	@mkdir -p $(OUT)
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.10 \
-	    --only-binary=:all: --target $(OUT)/lock-target --report $(OUT)/lock-report.json -r requirements.in
-	$(BIN)/python -m ticklab.lockfile $(OUT)/lock-report.json requirements.lock
+	    --only-binary=:all: --target $$scratch/target --report $$scratch/report.json -r requirements.in && \
+	$(BIN)/python -m ticklab.lockfile $$scratch/report.json requirements.lock
 
 clean:  ## remove build/ and the built tools
 	rm -rf $(OUT)

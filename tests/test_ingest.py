@@ -5,6 +5,7 @@ import re
 import shutil
 import struct
 import subprocess
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -178,7 +179,9 @@ def trace_cmd_record_reason() -> str | None:
         return can_trace()
     from ticklab.capture.tracing import probe_trace_cmd
 
-    with HostChanges(Path(os.environ.get("TMPDIR", "/tmp")) / "ticklab-probe-journal.json", log=lambda _: None) as host:
+    # the journal needs a private directory (mode 0700): a world-writable /tmp is refused (issue 14)
+    with tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch, \
+            HostChanges(Path(scratch) / "journal.json", log=lambda _: None) as host:
         works, why = probe_trace_cmd(host)
     return None if works else why
 

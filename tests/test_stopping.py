@@ -161,7 +161,7 @@ def test_fixed_counts_say_why(tmp_path):
 
 def test_a_malformed_budget_names_the_file(tmp_path):
     for budget, said in (({"max_runs": 5}, "budget must be a mapping with time_s"),
-                         ({"time_s": "soon"}, "budget.time_s and budget.max_runs must be numbers"),
+                         ({"time_s": "soon"}, "budget.time_s: 'soon' is not of type number"),
                          ({"time_s": 10, "max_runs": 2}, r"budget needs time_s ≥ 0 and max_runs ≥ runs \(3\)")):
         path = write(tmp_path, budget=budget)
         with pytest.raises(ExperimentError, match=f"{path}: {said}"):

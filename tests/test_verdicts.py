@@ -143,6 +143,7 @@ def test_synthetic_the_target_with_a_tight_ci_is_reproduced(tmp_path):
 @needs_template
 def test_a_run_whose_condition_check_failed_is_left_out(tmp_path):
     """Runs that booted on the wrong clocksource never reach a verdict; the check table says so."""
+    from ticklab.bundle import add_manifest_seal
     from ticklab.checks import check_table, run_checks
     from ticklab.comparisons import measured_runs
 
@@ -153,6 +154,8 @@ def test_a_run_whose_condition_check_failed_is_left_out(tmp_path):
     manifest["runs"][1]["guest"] = {**manifest["runs"][1]["guest"], "clocksource": "tsc"}  # an hpet-no-sharing run
     manifest_path.chmod(0o644)
     manifest_path.write_text(json.dumps(manifest))
+    (bundle.path / "manifest.sha256").unlink()  # sealed again over the edit, as if captured this way
+    add_manifest_seal(bundle.path)
     table = check_table(run_checks("hpet", hpet.CHECKS, [bundle]))
     failed = table[table["failed"] > 0]
     assert list(failed["condition"]) == ["hpet-no-sharing"] and failed["status"].iloc[0].startswith("FAILED in 1 of 6")

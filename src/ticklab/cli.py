@@ -151,6 +151,19 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
+def _seal_manifest(args: argparse.Namespace) -> int:
+    from .bundle import BundleError, add_manifest_seal
+
+    status = 0
+    for path in args.bundles:
+        try:
+            print(f"sealed {add_manifest_seal(path)}")
+        except BundleError as exc:
+            print(f"ticklab seal-manifest: {exc}", file=sys.stderr)
+            status = 2
+    return status
+
+
 def _view(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .view import ViewError, build_session, open_in_kernelshark, write_session
@@ -188,14 +201,37 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _whole(low: int, high: int):
+    """An argparse type: a whole number from low to high ('--runs -1' is a usage error, not a bundle without runs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 7 * 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 to {7 * 86400} seconds")
+    return value
+
+
 def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     """How many runs a capture makes: the same options for host captures and lab runs."""
-    parser.add_argument("--runs", type=int,
+    parser.add_argument("--runs", type=_whole(1, 10000),
                         help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
                              "rounds until the precision target or its budget)")
-    parser.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
-    parser.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
-    parser.add_argument("--budget-s", type=float,
+    parser.add_argument("--warmup", type=_whole(0, 1000), help="warm-up runs per condition (default: the experiment's)")
+    parser.add_argument("--seed", type=_whole(0, 2**63 - 1), help="seed of the run order (default: the experiment's)")
+    parser.add_argument("--budget-s", type=_seconds,
                         help="seconds of measured runs the capture may spend adding rounds for precision "
                              "(default: the experiment's budget.time_s; 0: none)")
 
@@ -210,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-dir", type=Path, default=traces_dir(), help="where captured bundles live (default: traces/)")
     report.add_argument("--published-dir", type=Path, default=published_dir(), help="transcribed published numbers")
     report.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (e.g. 03-hrtick)")
-    report.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run (default 600)")
-    report.add_argument("--notebook-timeout", type=int, default=1800, help="seconds one notebook may run (default 1800)")
+    report.add_argument("--cell-timeout", type=_whole(1, 86400), default=600, help="seconds one cell may run (default 600)")
+    report.add_argument("--notebook-timeout", type=_whole(1, 7 * 86400), default=1800, help="seconds one notebook may run (default 1800)")
     report.set_defaults(func=_report)
 
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")
@@ -244,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from linux-source-6.12")
     kernel.add_argument("--hz", type=int, choices=[1000, 250], default=1000, help="tick rate (default 1000)")
     kernel.add_argument("--variant", nargs="+", help="kernel/configs variant(s) instead of --hz (e.g. hz1000 hz250)")
-    kernel.add_argument("--jobs", type=int, help="parallel compile jobs (default: number of CPUs)")
+    kernel.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
     kernel.add_argument("--force", action="store_true", help="rebuild even when cached")
     kernel.add_argument("--no-progress", action="store_true", help="no progress bar")
     kernel.set_defaults(func=_lab)
@@ -255,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))
     lab_run.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
                          help="KVM only if a test guest boots with it (auto, the default), or force one")
-    lab_run.add_argument("--smp", type=int, help="vCPUs (default: the experiment's)")
+    lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
     lab_run.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
@@ -277,6 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
     verify.set_defaults(func=_verify)
 
+    seal = sub.add_parser("seal-manifest", help="one-off: give a bundle sealed by an older ticklab its manifest.sha256 "
+                                                "(after checking every file; see SECURITY.md)")
+    seal.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
+    seal.set_defaults(func=_seal_manifest)
+
     view = sub.add_parser("view", help="open a run's trace.dat in KernelShark with a session preset for the claim")
     view.add_argument("bundle", type=Path, help="a bundle directory")
     view.add_argument("--run", help="the run (default: the first measured run with a trace)")
@@ -291,9 +332,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror or exc}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:2000]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command's errors end here: one line naming the file (and field or offset), exit 2 — never a
+    traceback for bad input. An error that is not ticklab's own is a bug: one line too, exit 1, and
+    TICKLAB_TRACEBACK=1 shows where it came from."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None)]))
+    try:
+        return args.func(args)
+    except KeyboardInterrupt as exc:
+        print(f"{name}: interrupted ({exc or 'SIGINT'})", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("TICKLAB_TRACEBACK"):
+            raise
+        if type(exc).__module__.split(".")[0] == "ticklab" or isinstance(exc, OSError):
+            print(f"{name}: {_one_line(exc)}", file=sys.stderr)
+            return 2
+        print(f"{name}: unexpected {type(exc).__name__}: {_one_line(exc)} (a ticklab bug: please report it; "
+              "TICKLAB_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

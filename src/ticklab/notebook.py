@@ -15,6 +15,19 @@ from .paths import repo_root
 from .published import PublishedClaim, load_published
 
 
+class ParameterError(ValueError):
+    """A notebook parameter has the wrong type or value; the message names the notebook and the parameter."""
+
+
+def check_parameters(values: dict, source: str = "notebook parameters") -> None:
+    """Check the parameters papermill injected (alpha in (0, 1), n_boot and seed whole numbers, paths as text):
+    ``check_parameters(globals(), "01-hpet.ipynb")`` in a notebook's first code cell after the parameters."""
+    from . import schemas
+
+    known = schemas.NOTEBOOK_PARAMETERS["properties"]
+    schemas.check({k: v for k, v in values.items() if k in known}, schemas.NOTEBOOK_PARAMETERS, source, ParameterError)
+
+
 def resolve(path: str | Path) -> Path:
     """Notebook parameters are resolved against the repository root when relative."""
     path = Path(path)

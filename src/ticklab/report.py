@@ -11,7 +11,6 @@ A notebook that errors, times out, or leaves an expected output missing or empty
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -23,12 +22,13 @@ import nbformat
 import pandas as pd
 from nbconvert import HTMLExporter
 
+from . import outdir
 from .claims import CLAIMS, SUMMARY_NOTEBOOK
 from .fresh import bundle_health
+from .notebook import ParameterError, check_parameters
 from .paths import notebooks_dir
 from .summary import SUMMARY, at_a_glance, collect_checks, collect_verdicts, setup_labels, verdict_rows
 
-OWNED_SUBDIRS = ("notebooks", "report", "figures", "tables", "verdicts", "checks")
 
 
 @dataclass
@@ -207,12 +207,28 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
             return 2
         wanted = {n if n.endswith(".ipynb") else n + ".ipynb" for n in only}
         order = [n for n in order if n in wanted]
-    else:
-        # A full run starts clean, so stale outputs can never satisfy the checks.
-        for sub in OWNED_SUBDIRS:
-            shutil.rmtree(output_dir / sub, ignore_errors=True)
-        for stale in ("verdicts.csv", "checks.csv", "summary.json"):
-            (output_dir / stale).unlink(missing_ok=True)
+    try:
+        check_parameters(parameters or {}, "ticklab report parameters")
+    except ParameterError as exc:
+        log(f"error: {exc}")
+        return 2
+    # A full run starts clean, so stale outputs can never satisfy the checks; only files an earlier
+    # report wrote are removed (outdir.py), and a directory of someone else's is refused.
+    try:
+        foreign = outdir.claim(output_dir, replace=not only)
+    except outdir.OutputDirError as exc:
+        log(f"error: {exc}")
+        return 2
+    try:
+        return _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
+                              cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, parameters=parameters,
+                              notebook_dir=notebook_dir, only=only, log=log)
+    finally:
+        outdir.record(output_dir, foreign)
+
+
+def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_dir, published_dir, cell_timeout,
+                   notebook_timeout, parameters, notebook_dir, only, log) -> int:
     for sub in ("notebooks", "report/notebooks"):
         (output_dir / sub).mkdir(parents=True, exist_ok=True)
 
