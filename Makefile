@@ -7,24 +7,30 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: reproduce test env lock clean tools capture doctor bench lab lab-kernels jupyter kernelspec
+.PHONY: help reproduce test env lock clean tools capture doctor bench fuzz lab lab-kernels jupyter kernelspec
 
-reproduce: $(STAMP)
+help:  ## list the targets
+	@echo "ticklab make targets (README.md says more):"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 24
+	@echo "The ticklab command is .venv/bin/ticklab; put it on PATH with: export PATH=\"$(CURDIR)/.venv/bin:\$$PATH\""
+
+reproduce: $(STAMP)  ## create .venv if needed, run every notebook on the bundled data, write build/
 	$(BIN)/ticklab report --out $(OUT)
+	@echo "The ticklab command is $(BIN)/ticklab ('make help' says how to put it on PATH)."
 
-test: $(STAMP) tools
+test: $(STAMP) tools  ## the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -q </dev/null
 
 # Our C measurement programs (tools/bin/ftq, tools/bin/clockbench).
-tools:
+tools:  ## build our C measurement programs (tools/bin)
 	$(MAKE) -C tools
 
 # What this host can run, then every claim's host experiments (root; minutes). CLAIMS=... to choose.
 CLAIMS ?= hpet hrtick acpi-idle nohz
-doctor: $(STAMP) tools
+doctor: $(STAMP) tools  ## what this host can run for each claim, and why not
 	$(BIN)/ticklab doctor
 
-capture: $(STAMP) tools
+capture: $(STAMP) tools  ## every claim's host experiments (root; minutes; CLAIMS=... to choose)
 	@for claim in $(CLAIMS); do $(BIN)/ticklab capture $$claim || exit $$?; done
 
 # The guest lab (root; a kernel build takes about 6 minutes on 2 cores, each guest boot a few seconds under
@@ -33,11 +39,11 @@ capture: $(STAMP) tools
 LAB_VARIANTS ?= hz1000 hz250
 LAB_CLAIMS ?= nohz hpet hrtick pvspinlock
 LAB_ARGS ?=
-lab-kernels: $(STAMP) tools
+lab-kernels: $(STAMP) tools  ## build the lab kernels and guest image (root; 6-18 min a kernel)
 	$(BIN)/ticklab lab build-kernel --variant $(LAB_VARIANTS)
 	$(BIN)/ticklab lab build-image
 
-lab: lab-kernels
+lab: lab-kernels  ## every claim's lab experiments in QEMU guests (root; long)
 	@for claim in $(LAB_CLAIMS); do $(BIN)/ticklab lab run $$claim $(LAB_ARGS) || exit $$?; done
 
 # JupyterLab on the repository with the environment registered as the "ticklab" kernel.
@@ -45,16 +51,25 @@ JUPYTER_PORT ?= 8888
 kernelspec: $(STAMP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name ticklab --display-name "Python (ticklab)"
 
-jupyter: kernelspec
+jupyter: kernelspec  ## JupyterLab on the repository with the ticklab kernel
 	$(BIN)/jupyter lab --no-browser --port $(JUPYTER_PORT) --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Ingest speed against 'trace-cmd report' on the same trace (root: records a trace first).
-bench: $(STAMP) tools
-	$(BIN)/python benchmarks/ingest_speed.py
+# Ingest speed and memory against 'trace-cmd report' (root: records a >= 1M-event trace first; a few minutes).
+# BENCH_ARGS="--runs 7" or "--keep DIR" or trace files to use instead of the recorded ones.
+BENCH_ARGS ?=
+bench: $(STAMP) tools  ## ingest speed against trace-cmd report (root)
+	$(BIN)/python benchmarks/ingest_speed.py $(BENCH_ARGS)
 
-env: $(STAMP)
+# The fault and bad-input campaign (issue 14): >= 10,000 generated inputs per loader family, each with a
+# deadline; prints the table of clear errors, tracebacks, hangs and silently accepted inputs (minutes).
+# FUZZ_ARGS="--inputs 500 --family bundle" for a short one; --replay FAMILY:INDEX shows one input's traceback.
+FUZZ_ARGS ?=
+fuzz: $(STAMP)  ## the bad-input campaign: >= 10,000 generated inputs per loader family (minutes)
+	$(BIN)/python benchmarks/fuzz.py $(FUZZ_ARGS)
 
-$(STAMP): requirements.lock pyproject.toml
+env: $(STAMP)  ## create or update .venv from requirements.lock
+
+$(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/_ringbuf.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "ticklab needs Python >= 3.10; set PYTHON=/path/to/python3.10+")'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "'$(PYTHON) -m venv' is unavailable: install python3-venv (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,13 +77,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
-# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10).
+# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10), in a scratch
+# directory of its own (build/ is the report's: ticklab report refuses a directory it did not make).
 lock: $(STAMP)
-	@mkdir -p $(OUT)
+	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.10 \
-	    --only-binary=:all: --target $(OUT)/lock-target --report $(OUT)/lock-report.json -r requirements.in
-	$(BIN)/python -m ticklab.lockfile $(OUT)/lock-report.json requirements.lock
+	    --only-binary=:all: --target $$scratch/target --report $$scratch/report.json -r requirements.in && \
+	$(BIN)/python -m ticklab.lockfile $$scratch/report.json requirements.lock
 
-clean:
+clean:  ## remove build/ and the built tools
 	rm -rf $(OUT)
 	$(MAKE) -C tools clean

@@ -111,3 +111,30 @@ def test_ticklab_verify_names_a_tampered_bundle(tmp_path):
     run = subprocess.run([sys.executable, "-m", "ticklab.cli", "verify", str(tmp_path)], capture_output=True, text=True)
     assert run.returncode == 1
     assert f"ok    {good}" in run.stdout and f"FAIL  {bad}" in run.stdout and "results.csv" in run.stdout
+
+
+def test_compare_gives_a_table_or_one_line_for_every_bundle_in_traces():
+    """The README's own examples: every bundle shipped in traces/, with the claim's metric chosen for it."""
+    from conftest import REPO
+
+    shipped = [m.parent for m in sorted((REPO / "traces").glob("*/*/*/manifest.json")) if "published" not in m.parts]
+    assert shipped
+    for path in shipped:
+        run = subprocess.run([sys.executable, "-m", "ticklab.cli", "compare", str(path)], capture_output=True, text=True)
+        assert "Traceback" not in run.stderr, (path, run.stderr[-600:])
+        if run.returncode == 0:
+            assert "statistic" in run.stdout and "Median" in run.stdout, path
+        else:
+            assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (path, run.stderr)
+            assert str(path) in run.stderr
+
+
+def test_zero_constant_and_single_run_data_compare_without_errors(tmp_path):
+    from ticklab.compare import comparisons, render
+
+    single = bundle(tmp_path, "host-a", {"off": [1.0], "on": [2.0]})
+    zeros = bundle(tmp_path, "host-b", {"off": [0.0, 0.0, 0.0], "on": [0.0, 1.0, 2.0]})
+    text = render(comparisons([single]), "text") + render(comparisons([zeros]), "text")
+    assert "—" in text and "nan" not in text.lower()
+    [(_, table)] = comparisons([single])
+    assert table["p_holm"].isna().all(), "one run a side gives no p-value"

@@ -38,3 +38,11 @@ def test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were():
 def test_doctor_json_is_machine_readable():
     result = subprocess.run([sys.executable, "-m", "ticklab.cli", "doctor", "--json"], capture_output=True, text=True, check=True)
     assert set(json.loads(result.stdout)) == {"host", "checks", "claims"}
+
+
+def test_doctor_on_a_host_without_tracefs_says_so_and_goes_on(fake_host, tmp_path):
+    """Issue 14, defect 8: no tracefs once escaped from the trace-cmd probe as a traceback."""
+    report = diagnose(fake_host, journal=tmp_path / "j.json")
+    assert not report["checks"]["tracefs"]["ok"]
+    assert not report["checks"]["trace-cmd record"]["ok"] and "tracefs" in report["checks"]["trace-cmd record"]["why"]
+    assert report["claims"]["nohz"]["ftq"]["runs"] is False

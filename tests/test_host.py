@@ -159,7 +159,7 @@ def test_a_journal_held_by_a_live_process_is_not_touched(fake_host, tmp_path):
     journal = tmp_path / "j.json"
     process = start_holder(fake_host, journal)
     try:
-        with pytest.raises(HostChangeError, match=f"held by a running ticklab process \\(pid {process.pid}\\)"):
+        with pytest.raises(HostChangeError, match=f"host.lock: the host is held by pid {process.pid} "):
             with HostChanges(journal, root=fake_host, log=lambda _: None):
                 pass
         assert value(fake_host, CLOCK) == "hpet"
@@ -167,3 +167,103 @@ def test_a_journal_held_by_a_live_process_is_not_touched(fake_host, tmp_path):
         process.terminate()
         process.wait(timeout=30)
     assert value(fake_host, CLOCK) == "tsc"
+
+
+# -- issue 14: root trusts only its own files; one privileged capture at a time ---------------------------
+
+def _planted_journal(directory: Path, root: Path, target: Path) -> Path:
+    journal = directory / "host-changes.json"
+    journal.write_text(json.dumps({"pid": 1, "pid_start": None, "root": str(root),
+                                   "changes": [{"kind": "write", "path": str(target), "before": "owned"}]}))
+    return journal
+
+
+def test_a_journal_in_a_world_writable_directory_is_refused(fake_host, tmp_path):
+    shared = tmp_path / "vartmp"
+    shared.mkdir()
+    shared.chmod(0o777)
+    target = fake_host / CLOCK
+    journal = _planted_journal(shared, fake_host, target)
+    with pytest.raises(HostChangeError, match=f"{shared}: must be a directory of uid {os.geteuid()} with mode 0700"):
+        with HostChanges(journal, root=fake_host, log=lambda _: None):
+            pass
+    assert value(fake_host, CLOCK) == "tsc" and journal.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the journal to another user")
+def test_a_journal_owned_by_another_user_is_refused(fake_host, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    journal = _planted_journal(state, fake_host, fake_host / CLOCK)
+    os.chown(journal, 65534, 65534)
+    with pytest.raises(HostChangeError, match="host-changes.json: not a regular file of uid 0 writable only by it"):
+        with HostChanges(journal, root=fake_host, log=lambda _: None):
+            pass
+    assert value(fake_host, CLOCK) == "tsc"
+
+
+def test_a_journal_naming_a_file_outside_the_knob_trees_is_refused(fake_host, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    precious = fake_host / "etc" / "shadow"
+    precious.parent.mkdir()
+    precious.write_text("root:secret\n")
+    journal = _planted_journal(state, fake_host, precious)
+    with pytest.raises(HostChangeError, match="etc/shadow', not a knob under"):
+        with HostChanges(journal, root=fake_host, log=lambda _: None):
+            pass
+    assert precious.read_text() == "root:secret\n"
+    sneaky = _planted_journal(state, fake_host, fake_host / "sys" / ".." / "etc" / "shadow")
+    with pytest.raises(HostChangeError, match="not a knob under"):
+        with HostChanges(sneaky, root=fake_host, log=lambda _: None):
+            pass
+    assert precious.read_text() == "root:secret\n"
+
+
+def test_a_symlinked_journal_is_refused(fake_host, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    elsewhere = _planted_journal(tmp_path, fake_host, fake_host / CLOCK)
+    (state / "host-changes.json").symlink_to(elsewhere)
+    with pytest.raises(HostChangeError, match="a symlink is refused"):
+        with HostChanges(state / "host-changes.json", root=fake_host, log=lambda _: None):
+            pass
+
+
+def test_the_default_journal_is_in_a_private_directory(monkeypatch, tmp_path):
+    from ticklab.host import knobs
+
+    monkeypatch.delenv("TICKLAB_STATE_DIR", raising=False)
+    if os.geteuid() == 0:
+        assert knobs.default_journal() == Path("/run/ticklab/host-changes.json")
+    monkeypatch.setenv("TICKLAB_STATE_DIR", str(tmp_path / "state"))
+    made = knobs.private_dir(knobs.default_journal().parent)
+    assert made.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host lock is root's (as a user no knob can be changed)")
+def test_a_second_capture_with_another_journal_fails_naming_the_holder(fake_host, tmp_path):
+    with HostChanges(tmp_path / "a.json", root=fake_host, log=lambda _: None) as first:
+        first.set_clocksource("hpet")
+        with pytest.raises(HostChangeError) as raised:
+            with HostChanges(tmp_path / "b.json", root=fake_host, log=lambda _: None) as second:
+                second.set_clocksource("acpi_pm")
+        message = str(raised.value)
+        assert "\n" not in message
+        assert message.startswith(f"{fake_host}/run/ticklab/host.lock: the host is held by pid {os.getpid()} (")
+        assert value(fake_host, CLOCK) == "hpet"
+    assert value(fake_host, CLOCK) == "tsc"
+    assert (fake_host / "run/ticklab").stat().st_mode & 0o777 == 0o700
+    with HostChanges(tmp_path / "b.json", root=fake_host, log=lambda _: None):
+        pass  # released with the first block
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host lock is root's")
+def test_a_lock_file_others_can_write_is_refused(fake_host, tmp_path):
+    lock = fake_host / "run/ticklab/host.lock"
+    lock.parent.mkdir(parents=True, mode=0o700)
+    lock.write_text("")
+    lock.chmod(0o666)
+    with pytest.raises(HostChangeError, match="host.lock: not a regular file of uid 0 writable only by it"):
+        with HostChanges(tmp_path / "a.json", root=fake_host, log=lambda _: None):
+            pass

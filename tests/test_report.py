@@ -43,16 +43,43 @@ def test_every_expected_output_is_written_and_not_empty(build):
 def test_verdicts_give_every_claim_a_row_per_setup_with_its_evidence(build):
     verdicts = pd.read_csv(build / "verdicts.csv")
     assert list(dict.fromkeys(verdicts["claim"])) == CLAIM_IDS
-    assert set(verdicts["verdict"]) <= {"reproduced", "not reproduced", "inconclusive", "not testable here"}
+    assert set(verdicts["verdict"]) <= {"reproduced", "direction only", "not reproduced", "inconclusive", "not testable here"}
     assert verdicts["reason"].str.strip().str.len().gt(0).all()
     tested = verdicts[verdicts["verdict"] != "not testable here"]
     assert (tested["ci_low"] <= tested["fresh_effect"]).all() and (tested["fresh_effect"] <= tested["ci_high"]).all()
     assert tested["p_holm"].between(0, 1).all() and tested["n_per_condition"].str.match(r"^\d+ vs \d+$").all()
     assert verdicts.loc[verdicts["verdict"] == "not testable here", "fresh_effect"].isna().all()
-    # every setup that captured bundles for a claim has at least one verdict row for that claim
+    # every setup that captured bundles for a claim is in a verdict row of that claim (those that tested nothing
+    # share one row per claim, which lists them)
     for claim in CLAIM_IDS:
         setups = {ref.host_id for ref in find_bundles(paths.traces_dir(), claim)} or {"none analysed"}
-        assert setups <= set(verdicts.loc[verdicts["claim"] == claim, "setup"]), claim
+        named = {s for row in verdicts.loc[verdicts["claim"] == claim, "setup"] for s in row.split(", ")}
+        assert setups <= named, claim
+        assert (verdicts[verdicts["claim"] == claim]["verdict"] == "not testable here").sum() <= 1 + (claim == "hrtick")
+    # targets carry their provenance, and nothing ticklab derived is called published
+    assert tested["target_provenance"].str.match(r"^(printed|derived: .+)$").all()
+    assert not verdicts.apply(lambda c: c.astype(str).str.contains("published", case=False)).any().any()
+
+
+def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
+    """Issue 11's acceptance on the bundled data: noise is inconclusive, HPET vs TSC is direction only, checks are not
+    verdicts, and hrtick on 6.12 has a premise row and a not-testable row for the series."""
+    verdicts = pd.read_csv(build / "verdicts.csv")
+    ftq = verdicts[verdicts["comparison"].str.contains("FTQ work per quantum") & verdicts["fresh_effect"].notna()]
+    assert len(ftq) == 2 and set(ftq["verdict"]) == {"inconclusive"} and ftq["power_at_target"].lt(0.5).all()
+    assert ftq["reason"].str.contains("runs per condition").all()
+    [hpet_tsc] = verdicts.loc[verdicts["comparison"].str.startswith("HPET without sharing vs TSC"), "verdict"]
+    assert hpet_tsc == "direction only"
+    assert not verdicts["comparison"].str.contains("nohz_full vs HZ=1000: busy CPU's time").any()
+    checks = pd.read_csv(build / "checks.csv")
+    stop = checks[checks["check"].str.startswith("nohz_full stopped the tick")]
+    assert len(stop) == 1 and stop["status"].iloc[0] == "passed" and stop["runs"].iloc[0] >= 10
+    hrtick = verdicts[(verdicts["claim"] == "hrtick") & verdicts["setup"].str.startswith("guest-tcg-2vcpu")]
+    assert set(hrtick["role"]) == {"premise", "claim"}
+    series = hrtick[hrtick["role"] == "claim"].iloc[0]
+    assert series["verdict"] == "not testable here" and "Linux 7.1" in series["reason"]
+    controls = pd.read_csv(build / "tables/hpet/negative_controls.csv")
+    assert controls["outcome"].str.startswith("passed").all() and controls["control"].str.contains("1 vCPU").all()
 
 
 def test_fresh_figures_name_the_bundles_they_came_from(build):
@@ -74,7 +101,8 @@ def test_summary_json_lists_status_duration_and_outputs(build):
 def test_published_tables_are_regenerated_exactly(build):
     mmtests = pd.read_csv(build / "tables/acpi-idle/tbench_mmtests.csv", index_col=0, dtype=str)
     assert mmtests.loc["Min", "baseline"] == "2215.06"
-    assert mmtests.loc["Min", "baseline + patch"] == "33016.10 (+1390.53%)"
+    assert mmtests.loc["Min", "baseline + patch"] == "33016.10 (+1390.52%)"  # as printed
+    assert mmtests.loc["Max", "baseline + patch"] == "34774.50 (+5.57%†)"  # recomputed, marked
     checks = pd.read_csv(build / "tables/acpi-idle/derived_checks.csv")
     odd = checks[checks["finding"] != "matches (rounded)"]["quantity"].tolist()
     assert odd == ["AMean % vs baseline, C2 disabled", "AMean % vs baseline, patch"]
@@ -172,7 +200,8 @@ def test_notebooks_have_literal_parameters_and_no_stored_outputs(notebook):
     for node in ast.parse(tagged[0].source).body:
         assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant), ast.dump(node)
         assigned[node.targets[0].id] = node.value.value
-    assert set(assigned) == PARAMETERS
+    # the summary also takes the claims a partial report ran (papermill passes it only to the summary)
+    assert set(assigned) == PARAMETERS | ({"claims"} if notebook.name == "00-summary.ipynb" else set())
     for cell in book.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
@@ -189,6 +218,15 @@ def test_a_partial_run_without_the_summary_succeeds(tmp_path):
                       only=["05-nohz"], log=log.append) == 0, log
     assert output_problems(tmp_path, "nohz") == []
     assert not (tmp_path / "verdicts.csv").exists()
+    index = (tmp_path / "report" / "index.html").read_text()
+    assert "by the notebooks 05-nohz.ipynb only" in index and "<code>traces</code>" in index
+    assert "No verdict" not in index and 'class="bad"' not in index
+    assert 'id="nohz"' in index and 'id="hpet"' not in index and 'href="#nohz"' in index
+    # with the summary, it summarises the claims that ran, not every claim
+    both = tmp_path / "with-summary"
+    assert run_report(both, data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
+                      only=["05-nohz", "00-summary"], log=log.append) == 0, log
+    assert set(pd.read_csv(both / "verdicts.csv")["claim"]) == {"nohz"}
 
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -210,13 +248,31 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-def rendered(page, extra: str = "") -> dict:
-    """What headless Chromium saw on ``page`` after it loaded: images (and which failed), tables."""
+LAYOUT_CHECK = """<script>
+window.addEventListener("load", () => {
+  const glance = document.getElementById("glance-table").getBoundingClientRect();
+  const heads = Array.from(document.querySelectorAll("#verdict-table th"));
+  const verdict = heads.find(h => h.textContent.trim() === "verdict").getBoundingClientRect();
+  const out = document.createElement("pre");
+  out.id = "ticklab-check";
+  out.textContent = JSON.stringify({glance_bottom: glance.bottom, verdict_right: verdict.right,
+                                    scroll_width: document.documentElement.scrollWidth,
+                                    height: document.documentElement.scrollHeight});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def rendered(page, extra: str = "", window: str | None = None) -> dict:
+    """What headless Chromium saw on ``page`` after it loaded: images (and which failed), tables; or what a probe
+    script given as ``extra`` (writing #ticklab-check) measured."""
     probe = page.with_name(page.stem + ".browser-check.html")
-    probe.write_text(page.read_text().replace("</body>", extra + PAGE_CHECK + "</body>"))
+    check = extra if "ticklab-check" in extra else extra + PAGE_CHECK
+    probe.write_text(page.read_text().replace("</body>", check + "</body>"))
+    size = [f"--window-size={window}"] if window else []
     try:
-        result = subprocess.run([BROWSER, *OFFLINE_CHROMIUM, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run([BROWSER, *OFFLINE_CHROMIUM, *size, "--virtual-time-budget=10000", "--dump-dom",
+                                 probe.as_uri()], capture_output=True, text=True, timeout=120)
     finally:
         probe.unlink()
     found = re.search(r'<pre id="ticklab-check">([^<]*)</pre>', result.stdout)
@@ -234,6 +290,10 @@ def test_the_report_renders_offline_in_headless_chromium(build):
     # the check can fail: a remote image is blocked, a missing file is broken
     control = rendered(build / "report/index.html", '<img src="https://example.com/x.png"><img src="missing.png">')
     assert control["broken"][-2:] == ["https://example.com/x.png", "missing.png"]
+    # at 1400 px the verdict badges are on the first screen and the verdict column needs no sideways scrolling
+    layout = rendered(build / "report/index.html", LAYOUT_CHECK, window="1400,900")
+    assert layout["glance_bottom"] < 900 and layout["verdict_right"] <= 1400 and layout["scroll_width"] <= 1400, layout
+    assert layout["height"] < 21_570 * 0.8, layout  # the old index was 21,570 px tall
     artifacts = REPO / "build" / "test-artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "report-index.png"

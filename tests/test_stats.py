@@ -61,7 +61,7 @@ def test_ratio_of_medians_is_seeded_and_brackets_a_clear_effect():
     assert first == again
     assert first.estimate == pytest.approx(np.median(treatment) / np.median(baseline))
     assert 1.5 < first.low < first.estimate < first.high < 2.6
-    assert first.method.startswith("BCa")
+    assert first.method.startswith("percentile bootstrap")
 
 
 def test_ratio_of_medians_constant_samples():

@@ -14,8 +14,9 @@ from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.capture.stopping import MIN_RUNS, StoppingRule, extra_round
 from ticklab.comparisons import Comparison, measured_runs, verdicts
 from ticklab.fresh import BundleRef, bundle_health
+from ticklab.verdicts import Target
 
-ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", 1.2, "x1.2")
+ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()))
 CONDITIONS = [Condition("hrtick-off", {}), Condition("hrtick-on", {})]
 
 
@@ -36,7 +37,7 @@ def test_a_precise_comparison_stops_and_a_noisy_one_asks_for_its_conditions():
     precise = frame({"hrtick-off": [10.0, 10.1, 9.9, 10.0, 10.05, 9.95], "hrtick-on": [20.0, 20.1, 19.9, 20.0, 20.05, 19.95]})
     stopping = rule()
     assert stopping.next_round(precise, {"hrtick-off": 6, "hrtick-on": 6}, 1.0, CONDITIONS) == []
-    assert stopping.reason.startswith("precision reached: all 1 comparison(s) within 5% after 6 runs")
+    assert stopping.reason.startswith("precision reached: all 1 comparison(s) met their target after 6 runs")
     [check] = stopping.checks[0]["comparisons"]
     assert check["met"] and check["n"] == [6, 6] and check["ratio"] == pytest.approx(2.0)
 
@@ -62,6 +63,24 @@ def test_the_budgets_stop_a_capture_and_say_which():
     by_time = rule(time_s=10)
     assert by_time.next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6}, 6.0, CONDITIONS) == []
     assert by_time.reason.startswith("time budget spent (0 s of 10 s; another round would pass it)")
+
+
+def test_the_precision_target_is_the_no_effect_margin_on_the_log_scale():
+    """Small effects get a reachable target: a CI half-width of half the target's log-effect (ln 1.2 / 2 here)."""
+    from ticklab.capture.stopping import log_half_width, precision_note, precision_target
+
+    assert precision_target(ON_OFF) == pytest.approx(0.0912, abs=1e-4)
+    assert log_half_width(1.0, 1.21) == pytest.approx(0.0953, abs=1e-4)
+    assert "meets the precision target" in precision_note(1.1, 1.2, precision_target(ON_OFF))
+    assert "not met; capture stopped: time budget spent" in precision_note(0.9, 1.5, 0.09, ["time budget spent"])
+
+
+def test_every_round_is_a_block_of_every_condition():
+    """Even when one comparison alone is short, a round runs every condition, so time is never confounded with one."""
+    three = CONDITIONS + [Condition("other", {})]
+    noisy = frame({"hrtick-off": [10, 14, 8, 12, 9, 13], "hrtick-on": [11, 15, 9, 13, 12, 10]})
+    assert [c.name for c in rule().next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6, "other": 6}, 1.0, three)] == \
+        ["hrtick-off", "hrtick-on", "other"]
 
 
 def test_rounds_are_seeded_and_differ_from_round_to_round():
@@ -117,7 +136,7 @@ def test_a_capture_adds_rounds_until_precise_and_records_them(tmp_path):
 def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path):
     manifest = run(write(tmp_path, workload={"tool": "hackbench", "argv": [
         "sh", "-c", 'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"'],
-        "params": {"spread": 60}}, conditions=[{"name": "hrtick-off", "base": 100}, {"name": "hrtick-on", "base": 110}]),
+        "params": {"spread": 200}}, conditions=[{"name": "hrtick-off", "base": 100}, {"name": "hrtick-on", "base": 110}]),
         tmp_path / "traces")
     assert manifest["stopping"]["reason"].startswith("run budget spent (9 runs per condition)")
     assert {r["condition"] for r in manifest["runs"] if not r["warmup"]} == {"hrtick-off", "hrtick-on"}
@@ -142,7 +161,7 @@ def test_fixed_counts_say_why(tmp_path):
 
 def test_a_malformed_budget_names_the_file(tmp_path):
     for budget, said in (({"max_runs": 5}, "budget must be a mapping with time_s"),
-                         ({"time_s": "soon"}, "budget.time_s and budget.max_runs must be numbers"),
+                         ({"time_s": "soon"}, "budget.time_s: 'soon' is not of type number"),
                          ({"time_s": 10, "max_runs": 2}, r"budget needs time_s ≥ 0 and max_runs ≥ runs \(3\)")):
         path = write(tmp_path, budget=budget)
         with pytest.raises(ExperimentError, match=f"{path}: {said}"):
@@ -153,6 +172,7 @@ def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
     said = []
     options = CaptureOptions(out=tmp_path, host_id="fake", dry_run=True, progress=False, journal=tmp_path / "j.json")
     assert capture("hrtick", options, experiment_path=write(tmp_path), log=said.append) == []
-    assert "stopping: after the initial runs, add rounds until 95% CI half-width of each compared ratio of medians " \
-           "≤ 5% of its effect |ratio − 1|, from at least 5 runs per condition, for 1 comparison(s), within 300 s " \
-           "and 9 runs per condition" in said
+    assert "stopping: after the initial runs, add rounds until 95% CI half-width of each compared ratio, on the log " \
+           "scale, ≤ the comparison's no-effect margin (default: half the target's log-effect), from at least 5 runs " \
+           "per condition; rounds add one run of every condition, for 2 comparison(s), within 300 s and 9 runs per " \
+           "condition" in said

@@ -1,44 +1,189 @@
+"""The verdict vocabulary: what each verdict means, tested on decisions with known inputs and on synthetic bundles
+with known truth (the layout and run records of a real bundle, the values drawn from known distributions)."""
+
+import json
+import math
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
+from ticklab import paths
+from ticklab.bundle import BundleWriter
+from ticklab.claims import hpet
 from ticklab.fresh import find_bundles
 from ticklab.outputs import Outputs
 from ticklab.stats import Interval
-from ticklab.verdicts import Verdict, decide
+from ticklab.verdicts import Margins, Target, Verdict, consistent_band, decide
+
+UP = Target(1.2, 1, "derived: a test's", "x", ())
+DOWN = Target(0.573, -1, "derived: a test's", "0.481s / 0.840s", ())
 
 
 def ci(estimate, low, high):
     return Interval(estimate, low, high, 0.95, "test")
 
 
-def test_same_direction_significant_is_reproduced():
-    verdict, reason = decide(2.724, ci(1.5, 1.3, 1.7), p_holm=0.001)
-    assert verdict == "reproduced"
-    assert "29% of the published change" in reason
+def test_the_target_in_the_right_direction_with_a_consistent_size_is_reproduced():
+    verdict, reason = decide(UP, ci(1.19, 1.15, 1.24), 0.001, 0.05, Margins())
+    assert verdict == "reproduced" and "consistent sizes ×1.16..×1.26" in reason
 
 
-def test_lower_is_better_claims_use_the_lower_side():
-    assert decide(0.573, ci(0.8, 0.7, 0.9), p_holm=0.01)[0] == "reproduced"
-    assert decide(0.573, ci(1.2, 1.1, 1.3), p_holm=0.01)[0] == "not reproduced"
+def test_the_direction_without_the_size_is_direction_only_and_says_by_how_much():
+    verdict, reason = decide(DOWN, ci(0.282, 0.254, 0.322), 0.001, 0.05, Margins(), "our workload sets the size")
+    assert verdict == "direction only"
+    assert "2.3 times the target's size on the log scale" in reason and reason.endswith("our workload sets the size")
+    assert decide(UP, ci(1.03, 1.01, 1.05), 0.01, 0.05, Margins(no_effect=0.01))[0] == "direction only"
 
 
-def test_ci_around_one_that_excludes_the_published_ratio_is_not_reproduced():
-    verdict, reason = decide(1.127, ci(1.0, 0.99, 1.01), p_holm=0.8)
-    assert verdict == "not reproduced" and "contains 1 and excludes the published ratio" in reason
+def test_an_opposite_effect_is_not_reproduced():
+    verdict, reason = decide(DOWN, ci(1.2, 1.1, 1.3), 0.01, 0.05, Margins())
+    assert verdict == "not reproduced" and reason.startswith("effect opposite")
 
 
-def test_wide_ci_is_inconclusive():
-    assert decide(1.127, ci(1.05, 0.9, 1.2), p_holm=0.4)[0] == "inconclusive"
+def test_equivalence_inside_the_no_effect_margin_is_not_reproduced():
+    # no-effect margin: half the target's log-effect, ln(1.2)/2 -> x0.913..x1.095
+    verdict, reason = decide(UP, ci(1.0, 0.97, 1.03), 0.8, 0.05, Margins())
+    assert verdict == "not reproduced" and "no-effect margin ×0.913..×1.1" in reason
 
 
-def test_significant_ci_excluding_one_needs_the_adjusted_p():
-    assert decide(1.5, ci(1.2, 1.05, 1.3), p_holm=0.2)[0] == "inconclusive"
+def test_noise_is_inconclusive_not_absence():
+    """The FTQ case: a CI that contains both 1 and the target says nothing either way."""
+    assert decide(Target(1.087, 1, "derived: x", "80us", ()), ci(0.90, 0.71, 1.15), 0.64, 0.05, Margins())[0] == "inconclusive"
+    assert decide(UP, ci(1.05, 0.96, 1.14), 0.3, 0.05, Margins())[0] == "inconclusive"
+
+
+def test_a_significant_ci_needs_the_adjusted_p_too():
+    assert decide(UP, ci(1.2, 1.05, 1.3), 0.2, 0.05, Margins())[0] == "inconclusive"
+
+
+def test_a_direction_only_target_is_reproduced_by_the_direction_and_needs_a_declared_margin():
+    premise = Target(None, 1, "derived: before the series HRTICK regressed", "does not longer result in regressions", ())
+    assert decide(premise, ci(1.3, 1.1, 1.5), 0.01, 0.05, Margins(no_effect=0.05))[0] == "reproduced"
+    assert decide(premise, ci(1.0, 0.98, 1.02), 0.9, 0.05, Margins(no_effect=0.05))[0] == "not reproduced"
+    with pytest.raises(ValueError, match="declared no-effect margin"):
+        decide(premise, ci(1.3, 1.1, 1.5), 0.01, 0.05, Margins())
+
+
+def test_targets_state_their_provenance_and_a_real_effect():
+    with pytest.raises(ValueError, match="'printed' or 'derived: <how>'"):
+        Target(1.1, 1, "published", "x", ())
+    with pytest.raises(ValueError, match="does not state an effect"):
+        Target(0.9, 1, "printed", "x", ())
+    low, high = consistent_band(DOWN, 0.25)
+    assert low < 0.573 < high and math.log(low) == pytest.approx(1.25 * math.log(0.573))
 
 
 def test_verdict_needs_a_known_label_and_a_reason():
     with pytest.raises(ValueError, match="not one of"):
-        Verdict("hpet", "x", "c", "e", verdict="maybe", reason="r")
+        Verdict("hpet", "x", "c", verdict="maybe", reason="r")
     with pytest.raises(ValueError, match="reason"):
-        Verdict("hpet", "x", "c", "e", verdict="inconclusive", reason=" ")
+        Verdict("hpet", "x", "c", verdict="inconclusive", reason=" ")
+
+
+# -- synthetic bundles with known truth ------------------------------------------------------------
+TEMPLATE = next(paths.repo_root().glob("traces/guest-tcg-2vcpu-*/hpet/*-guest-timejobs"), None)
+needs_template = pytest.mark.skipif(TEMPLATE is None, reason="the bundled guest-timejobs bundle is not in traces/")
+SHARING = "HPET read sharing on vs off: jobs/min (timejobs, stand-in for AIM7)"
+
+
+def synthetic_bundle(root, ratio: float, sigma: float, runs: int, seed: int):
+    """A bundle laid out like the bundled guest-timejobs one (its manifest's run records, so the condition checks
+    see real guest facts), with jobs/min drawn from log-normal distributions: sharing = ratio × no-sharing."""
+    manifest = json.loads((TEMPLATE / "manifest.json").read_text())
+    records = {}
+    for record in manifest["runs"]:
+        if not record.get("warmup"):
+            records.setdefault(record["condition"], record)
+    rng = np.random.default_rng(seed)
+    medians = {"tsc": 100_000.0, "hpet-no-sharing": 50_000.0, "hpet-sharing": 50_000.0 * ratio}
+    writer = BundleWriter(root, manifest["host_id"], "hpet", manifest["experiment"], definition=manifest["definition"],
+                          host=manifest["host"], when=datetime(2026, 11, 22, tzinfo=timezone.utc))
+    order = [condition for _ in range(runs) for condition in medians]
+    for index, condition in enumerate(order):
+        record = {**records[condition], "run": f"run-{index + 1:03d}", "order": index}
+        value = medians[condition] * math.exp(rng.normal(0, sigma))
+        writer.add_run(record, [{"metric": "jobs_per_min", "value": value, "unit": "jobs/min"}])
+    writer.seal()
+    ctx = SimpleNamespace(published=hpet.load(paths.published_dir()), bundles=find_bundles(root, "hpet"), data_dir=root)
+    return next(v for v in hpet.verdicts(ctx, n_boot=2000) if v.comparison == SHARING)
+
+
+@needs_template
+def test_synthetic_the_target_with_low_power_is_inconclusive(tmp_path):
+    verdict = synthetic_bundle(tmp_path, 1.127, 0.30, 4, seed=1)
+    assert verdict.verdict == "inconclusive", verdict.reason
+    assert verdict.power_at_target < 0.5 and verdict.runs_needed > 4
+    assert "power" in verdict.reason and "runs per condition" in verdict.reason
+
+
+@needs_template
+def test_synthetic_no_effect_with_a_tight_ci_is_not_reproduced(tmp_path):
+    verdict = synthetic_bundle(tmp_path, 1.0, 0.01, 30, seed=2)
+    assert verdict.verdict == "not reproduced" and "no-effect margin" in verdict.reason, verdict.reason
+
+
+@needs_template
+def test_synthetic_five_times_the_target_is_direction_only(tmp_path):
+    verdict = synthetic_bundle(tmp_path, math.exp(5 * math.log(1.127)), 0.05, 20, seed=3)
+    assert verdict.verdict == "direction only", verdict.reason
+    assert "times the target's size" in verdict.reason
+
+
+@needs_template
+def test_synthetic_the_target_with_a_tight_ci_is_reproduced(tmp_path):
+    verdict = synthetic_bundle(tmp_path, 1.127, 0.02, 30, seed=4)
+    assert verdict.verdict == "reproduced", verdict.reason
+    assert verdict.target_ratio == pytest.approx(638791 / 566708)
+    assert verdict.target_provenance == "derived: ratio of two printed values (638791 / 566708)"
+    assert verdict.source_quotes == "hpet/aim7_compute/haswell_hpet_with, hpet/aim7_compute/haswell_hpet_without"
+
+
+@needs_template
+def test_a_run_whose_condition_check_failed_is_left_out(tmp_path):
+    """Runs that booted on the wrong clocksource never reach a verdict; the check table says so."""
+    from ticklab.bundle import add_manifest_seal
+    from ticklab.checks import check_table, run_checks
+    from ticklab.comparisons import measured_runs
+
+    synthetic_bundle(tmp_path, 1.127, 0.02, 6, seed=5)
+    [bundle] = find_bundles(tmp_path, "hpet")
+    manifest_path = bundle.path / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["runs"][1]["guest"] = {**manifest["runs"][1]["guest"], "clocksource": "tsc"}  # an hpet-no-sharing run
+    manifest_path.chmod(0o644)
+    manifest_path.write_text(json.dumps(manifest))
+    (bundle.path / "manifest.sha256").unlink()  # sealed again over the edit, as if captured this way
+    add_manifest_seal(bundle.path)
+    table = check_table(run_checks("hpet", hpet.CHECKS, [bundle]))
+    failed = table[table["failed"] > 0]
+    assert list(failed["condition"]) == ["hpet-no-sharing"] and failed["status"].iloc[0].startswith("FAILED in 1 of 6")
+    runs, notes = measured_runs([bundle], hpet.CHECKS, "hpet")
+    assert "run-002" not in set(runs["run"]) and any("condition check failed (run-002" in n for n in notes)
+
+
+def test_setups_that_tested_nothing_collapse_into_one_row(tmp_path):
+    for host in ("host-a", "guest-tcg-x"):
+        writer = BundleWriter(tmp_path, host, "hpet", "e", definition={}, host={},
+                              when=datetime(2026, 11, 22, tzinfo=timezone.utc))
+        writer.manifest["not_testable"] = f"nothing to run with on {host}"
+        writer.seal()
+    ctx = SimpleNamespace(published=hpet.load(paths.published_dir()), bundles=find_bundles(tmp_path, "hpet"), data_dir=tmp_path)
+    [row] = hpet.verdicts(ctx, n_boot=200)
+    assert row.verdict == "not testable here" and row.setup == "guest-tcg-x, host-a"
+    assert "guest-tcg-x: e: nothing to run with on guest-tcg-x | host-a: e: nothing to run with on host-a" == row.reason
+
+
+def test_too_few_runs_say_so():
+    import pandas as pd
+
+    from ticklab.comparisons import Comparison, verdicts
+
+    runs = pd.DataFrame([{"host_id": "h", "bundle": "b", "experiment": "e", "run": f"r{i}", "condition": c,
+                          "metric": "work", "value": 1.0 + i, "unit": "u"} for i, c in enumerate(["a", "b", "b"])])
+    [row] = verdicts("nohz", [Comparison("b vs a", "work", "b", "a", UP)], runs, n_boot=200)
+    assert row.verdict == "inconclusive" and row.reason.startswith("too few runs: 2 vs 1 measured")
 
 
 def test_find_bundles_skips_published_and_reads_host_ids(tmp_path):

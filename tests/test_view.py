@@ -54,6 +54,28 @@ def test_nohz_session_shows_the_measured_cpu_and_a_compressed_run_is_decompresse
         build_session(bundle, "run-999")
 
 
+def test_a_tracefs_capture_opens_as_a_trace_dat_that_trace_cmd_reads(tmp_path, monkeypatch):
+    """Captures made where `trace-cmd record` fails (this host's tracefs backend) are written as trace.dat v6 into
+    the cache: the same events as the capture, and `trace-cmd report` counts them the same."""
+    from ticklab.ingest import read_tracefs_dir
+
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path))
+    refs = [r for r in find_bundles(REPO / "traces", "nohz") if not r.host_id.startswith("guest-")]
+    if not refs:
+        pytest.skip("no host nohz bundle in traces/")
+    path, session, spot = build_session(refs[0].path)
+    assert path.is_relative_to(tmp_path) and path.name.endswith("-tracefs.dat")
+    assert session["ticklab"]["condition"] == "tick-on" and session["ticklab"]["run"].startswith("run-")
+    capture = refs[0].path / "raw" / session["ticklab"]["run"] / "trace"
+    expected = {key: len(frame) for key, frame in read_tracefs_dir(capture).events.items()}
+    assert {key: len(frame) for key, frame in read_trace_dat(path).events.items()} == expected and sum(expected.values())
+    if shutil.which("trace-cmd"):
+        report = subprocess.run(["trace-cmd", "report", str(path)], capture_output=True, text=True, timeout=120)
+        assert report.returncode == 0, report.stderr[-400:]
+        for key, count in expected.items():
+            assert report.stdout.count(f" {key.split(':')[1]}:") == count, key
+
+
 GUI_TOOLS = ("kernelshark", "Xvfb", "xdotool", "import", "convert")
 
 

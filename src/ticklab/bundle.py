@@ -7,7 +7,9 @@
 
 A bundle is written incrementally and marked ``incomplete`` from its first byte, so an interrupted
 capture leaves the runs it finished. ``seal`` makes every file read-only and records its sha256;
-``load_bundle`` verifies schema and checksums and names the file that fails. Nothing is ever
+``load_bundle`` verifies schema and checksums and names the file that fails. The manifest itself is
+covered by ``manifest.sha256`` (its sha256, in sha256sum's format), written last; every ``files`` entry
+is a regular file inside the bundle (no symlink, no '..', no absolute path). Nothing is ever
 overwritten: a bundle directory that exists already is an error.
 """
 
@@ -15,21 +17,25 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import lzma
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from . import __version__
+from . import __version__, schemas
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+SEAL = "manifest.sha256"  # sha256 of manifest.json, written last when sealing
 RESULTS = "results.csv"
 RESULT_COLUMNS = ["run", "condition", "metric", "value", "unit"]
 COMPRESS_FROM_BYTES = 64 * 1024
@@ -77,12 +83,18 @@ class BundleWriter:
     def __init__(self, traces_dir: Path | str, host_id: str, claim: str, experiment: str, *,
                  definition: dict, host: dict, tools: dict | None = None, when: datetime | None = None):
         when = when or datetime.now(timezone.utc)
+        for what, name in (("host id", host_id), ("claim", claim), ("experiment", experiment)):
+            if not isinstance(name, str) or not re.match(schemas.RUN_NAME, name):
+                raise BundleError(f"{traces_dir}: {what} {name!r} cannot name a directory (letters, digits, '.', '_', "
+                                  "'-'; no path separator)")
         self.path = Path(traces_dir) / host_id / claim / bundle_name(experiment, when)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.mkdir()
         except FileExistsError:
             raise BundleError(f"{self.path}: bundle exists already; bundles are never overwritten") from None
+        except OSError as exc:
+            raise BundleError(f"{exc.filename or self.path}: cannot create the bundle there ({exc.strerror or exc})") from None
         self.manifest = {
             "schema_version": SCHEMA_VERSION, "status": "incomplete", "claim": claim, "experiment": experiment,
             "definition": definition, "host_id": host_id, "host": host, "tools": tools or {},
@@ -144,12 +156,13 @@ class BundleWriter:
 
     def seal(self) -> Path:
         self.compress_raw()
-        files = sorted(p for p in self.path.rglob("*") if p.is_file() and p.name != MANIFEST)
+        files = sorted(self.path / relative for relative in _bundle_files(self.path))
         self.manifest["files"] = {str(p.relative_to(self.path)): _sha256(p) for p in files}
         self.manifest["status"] = "sealed"
         self.manifest["sealed"] = datetime.now(timezone.utc).isoformat()
         self.flush()
-        for path in [*files, self.path / MANIFEST]:
+        (self.path / SEAL).write_text(_seal_text((self.path / MANIFEST).read_bytes()))
+        for path in [*files, self.path / MANIFEST, self.path / SEAL]:
             path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return self.path
 
@@ -165,37 +178,178 @@ class Bundle:
         return self.manifest["status"] == "sealed"
 
 
-def load_bundle(path: Path | str, *, allow_incomplete: bool = False) -> Bundle:
-    """Load a bundle, verifying its schema and (when sealed) every file's checksum."""
-    path = Path(path)
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise BundleError(f"{manifest_path}: missing; {path} is not a bundle")
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_RESULTS_BYTES = 256 << 20
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file that is not a symlink, at most ``limit`` of them; BundleError otherwise.
+    Checked before opening, so a FIFO, a device or /proc/self/pagemap is never read."""
     try:
-        manifest = json.loads(manifest_path.read_text())
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise BundleError(f"{path}: missing") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise BundleError(f"{path}: not a regular file ({_kind(info)}); a bundle holds regular files only")
+    if info.st_size > limit:
+        raise BundleError(f"{path}: {info.st_size} bytes, more than the {limit} this reader accepts")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise BundleError(f"{path}: not a regular file")
+        return handle.read(limit + 1)[:limit]
+
+
+def _kind(info: os.stat_result) -> str:
+    mode = info.st_mode
+    return ("a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special")
+
+
+def _hash_regular(path: Path) -> str:
+    """sha256 of a regular file inside the bundle, read through a descriptor that cannot follow a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise BundleError(f"{path}: not a regular file; a bundle holds regular files only")
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _bundle_files(path: Path) -> set[str]:
+    """Every file of a bundle (relative), walking without following links; a symlink or a special file is an error."""
+    found = set()
+    for directory, dirs, files in os.walk(path, followlinks=False, onerror=lambda exc: _walk_error(exc)):
+        for name in [*dirs, *files]:
+            entry = Path(directory) / name
+            info = os.lstat(entry)
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                raise BundleError(f"{entry}: {_kind(info)} in the bundle; a bundle holds regular files only")
+            found.add(str(entry.relative_to(path)))
+    return found - {MANIFEST, SEAL}
+
+
+def _walk_error(exc: OSError):
+    raise BundleError(f"{exc.filename}: cannot list ({exc.strerror or exc})")
+
+
+def manifest_digest(manifest_bytes: bytes) -> str:
+    return hashlib.sha256(manifest_bytes).hexdigest()
+
+
+def _seal_text(manifest_bytes: bytes) -> str:
+    return f"{manifest_digest(manifest_bytes)}  {MANIFEST}\n"  # the format of sha256sum: `sha256sum -c manifest.sha256`
+
+
+def _check_seal(path: Path, manifest_bytes: bytes) -> None:
+    seal = path / SEAL
+    if not os.path.lexists(seal):
+        raise BundleError(f"{seal}: missing, so nothing covers {MANIFEST} (a bundle sealed before ticklab sealed "
+                          f"its manifest: 'ticklab seal-manifest {path}' adds it after checking every file)")
+    text = _read_regular(seal, 4096).decode("ascii", errors="replace")
+    expected = text.split()[0] if text.split() else ""
+    if expected != manifest_digest(manifest_bytes):
+        raise BundleError(f"{path / MANIFEST}: sha256 differs from {SEAL} (manifest modified after sealing)")
+
+
+def _check_files(path: Path, listed: dict) -> None:
+    present = _bundle_files(path)
+    added = sorted(present - set(listed))
+    if added:
+        raise BundleError(f"{path / added[0]}: not listed in the manifest (added after sealing)")
+    for relative, expected in sorted(listed.items()):
+        file = path / relative
+        if relative not in present:
+            raise BundleError(f"{file}: listed in the manifest but missing")
+        if _hash_regular(file) != expected:
+            raise BundleError(f"{file}: sha256 differs from the manifest (modified after sealing)")
+
+
+def _read_results(path: Path) -> pd.DataFrame:
+    """results.csv, every row checked against its schema: five fields, a finite number in ``value``."""
+    file = path / RESULTS
+    if not os.path.lexists(file):
+        return pd.DataFrame(columns=RESULT_COLUMNS)
+    try:
+        text = _read_regular(file, MAX_RESULTS_BYTES).decode("utf-8")
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{file}: not a readable CSV (not UTF-8 at byte {exc.start})") from None
+    except csv.Error as exc:
+        raise BundleError(f"{file}: not a readable CSV ({exc})") from None
+    if not rows or rows[0] != RESULT_COLUMNS:
+        raise BundleError(f"{file}: not a readable CSV: columns {rows[0] if rows else []}, expected {RESULT_COLUMNS}")
+    records = []
+    for number, row in enumerate(rows[1:], 2):
+        if len(row) != len(RESULT_COLUMNS):
+            raise BundleError(f"{file}: row {number}: {len(row)} field(s), expected {len(RESULT_COLUMNS)}")
+        record = dict(zip(RESULT_COLUMNS, row))
+        schemas.check(record, schemas.RESULT_ROW, f"{file}: row {number}", BundleError)
+        value = float(record["value"])
+        if not np.isfinite(value):
+            raise BundleError(f"{file}: row {number}: value: {record['value']!r} is not a finite number")
+        records.append({**record, "value": value})
+    return pd.DataFrame(records, columns=RESULT_COLUMNS)
+
+
+def load_bundle(path: Path | str, *, allow_incomplete: bool = False, require_seal: bool = True) -> Bundle:
+    """Load a bundle, verifying its schema, its manifest's seal and (when sealed) every file's checksum.
+    Any problem is a BundleError naming the file (and the field); nothing else escapes."""
+    path = Path(path)
+    try:
+        return _load(path, allow_incomplete, require_seal)
+    except BundleError:
+        raise
+    except RecursionError:
+        raise BundleError(f"{path / MANIFEST}: nested too deeply") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, MemoryError) as exc:
+        where = getattr(exc, "filename", None) or path
+        raise BundleError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
+    manifest_path = path / MANIFEST
+    if not os.path.lexists(manifest_path):
+        raise BundleError(f"{manifest_path}: missing; {path} is not a bundle")
+    manifest_bytes = _read_regular(manifest_path, MAX_MANIFEST_BYTES)
+    try:
+        manifest = json.loads(manifest_bytes.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{manifest_path}: not UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
-        raise BundleError(f"{manifest_path}: not valid JSON ({exc})") from exc
-    missing = [k for k in REQUIRED_KEYS if k not in manifest]
-    if missing:
-        raise BundleError(f"{manifest_path}: missing key(s) {', '.join(missing)}")
-    if manifest["schema_version"] != SCHEMA_VERSION:
-        raise BundleError(f"{manifest_path}: schema version {manifest['schema_version']}, this ticklab reads {SCHEMA_VERSION}")
+        raise BundleError(f"{manifest_path}: not valid JSON ({exc})") from None
+    if isinstance(manifest, dict) and "schema_version" in manifest and manifest["schema_version"] != SCHEMA_VERSION:
+        raise BundleError(f"{manifest_path}: schema version {manifest['schema_version']!r}, this ticklab reads {SCHEMA_VERSION}")
+    schemas.check(manifest, schemas.MANIFEST, str(manifest_path), BundleError)
     if manifest["status"] == "incomplete" and not allow_incomplete:
         raise BundleError(f"{manifest_path}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
                           "pass allow_incomplete to read what it has")
     if manifest["status"] == "sealed":
-        listed = manifest.get("files", {})
-        present = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and p.name != MANIFEST}
-        added = sorted(present - set(listed))
-        if added:
-            raise BundleError(f"{path / added[0]}: not listed in the manifest (added after sealing)")
-        for relative, expected in sorted(listed.items()):
-            file = path / relative
-            if not file.is_file():
-                raise BundleError(f"{file}: listed in the manifest but missing")
-            if _sha256(file) != expected:
-                raise BundleError(f"{file}: sha256 differs from the manifest (modified after sealing)")
-    results = pd.read_csv(path / RESULTS) if (path / RESULTS).is_file() else pd.DataFrame(columns=RESULT_COLUMNS)
-    if list(results.columns) != RESULT_COLUMNS:
-        raise BundleError(f"{path / RESULTS}: columns {list(results.columns)}, expected {RESULT_COLUMNS}")
+        if require_seal:
+            _check_seal(path, manifest_bytes)
+        _check_files(path, manifest["files"])
+    results = _read_results(path)
     return Bundle(path=path, manifest=manifest, results=results)
+
+
+def add_manifest_seal(path: Path | str) -> Path:
+    """For a bundle sealed before the manifest had its own seal: check every file, then write manifest.sha256.
+    The one change ever made to a sealed bundle, and only by adding that file (see SECURITY.md)."""
+    path = Path(path)
+    seal = path / SEAL
+    if os.path.lexists(seal):
+        raise BundleError(f"{seal}: exists already")
+    bundle = load_bundle(path, require_seal=False)
+    if not bundle.sealed:
+        raise BundleError(f"{path / MANIFEST}: not sealed; only a sealed bundle gets a manifest seal")
+    seal.write_text(_seal_text(_read_regular(path / MANIFEST, MAX_MANIFEST_BYTES)))
+    seal.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    load_bundle(path)
+    return seal

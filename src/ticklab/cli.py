@@ -1,4 +1,4 @@
-"""The `ticklab` command."""
+"""ticklab: reproduce five published Linux timekeeping, idle and locking performance claims, and test them on your own hardware."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .claims import CLAIMS
+from .claimids import CLAIM_IDS
 from .paths import published_dir, repo_root, seeds_dir, traces_dir
 
 
@@ -23,12 +23,12 @@ def _verify_published(args: argparse.Namespace) -> int:
     from .published import PublishedDataError, load_published, verify_against_source
 
     seeds = Path(args.seeds) if args.seeds else seeds_dir()
-    unknown = [c for c in args.claims if c not in CLAIMS]
+    unknown = [c for c in args.claims if c not in CLAIM_IDS]
     if unknown:
-        print(f"unknown claim(s) {', '.join(unknown)}; claims are: {', '.join(CLAIMS)}", file=sys.stderr)
+        print(f"unknown claim(s) {', '.join(unknown)}; claims are: {', '.join(CLAIM_IDS)}", file=sys.stderr)
         return 2
     status = 0
-    for claim in args.claims or list(CLAIMS):
+    for claim in args.claims or list(CLAIM_IDS):
         try:
             published = load_published(args.published_dir, claim)
         except PublishedDataError as exc:
@@ -61,7 +61,7 @@ def _capture(args: argparse.Namespace) -> int:
     from .host import HostChangeError
 
     options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id, dry_run=args.dry_run,
-                             backend=args.backend, root=args.root, journal=args.journal, progress=not args.no_progress,
+                             backend=args.backend, root=args.root, journal=args.journal, progress=_progress(args),
                              seed=args.seed, budget_s=args.budget_s)
     try:
         capture(args.claim, options, experiment_path=args.experiment)
@@ -85,7 +85,7 @@ def _lab(args: argparse.Namespace) -> int:
 
             variants = args.variant or [f"hz{args.hz}"]
             for variant in variants:
-                build_kernel(variant, jobs=args.jobs, progress=not args.no_progress, force=args.force)
+                build_kernel(variant, jobs=args.jobs, progress=_progress(args), force=args.force)
         elif args.lab_command == "build-image":
             from .lab.image import build_image
 
@@ -97,7 +97,7 @@ def _lab(args: argparse.Namespace) -> int:
             options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, budget_s=args.budget_s,
                                  out=args.out, accel=args.accel,
                                  smp=args.smp, cmdline=args.cmdline or "", backend=args.backend,
-                                 progress=not args.no_progress, build=not args.no_build)
+                                 progress=_progress(args), build=not args.no_build)
             lab_run(args.claim, options, experiment_path=args.experiment)
     except (LabError, ExperimentError, BundleError) as exc:
         print(f"ticklab lab {args.lab_command}: {exc}", file=sys.stderr)
@@ -138,11 +138,30 @@ def _verify(args: argparse.Namespace) -> int:
     for manifest in manifests:
         try:
             bundle = load_bundle(manifest.parent)
-            print(f"ok    {manifest.parent}  ({len(bundle.manifest.get('files', {}))} files, {bundle.manifest['status']})")
+            count = len(bundle.manifest.get("files", {}))
+            print(f"ok    {manifest.parent}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest['status']})")
         except BundleError as exc:
             failed += 1
             print(f"FAIL  {manifest.parent}: {exc}")
     return 1 if failed else 0
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars on a terminal only: in a log they would be hundreds of carriage-return updates."""
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def _seal_manifest(args: argparse.Namespace) -> int:
+    from .bundle import BundleError, add_manifest_seal
+
+    status = 0
+    for path in args.bundles:
+        try:
+            print(f"sealed {add_manifest_seal(path)}")
+        except BundleError as exc:
+            print(f"ticklab seal-manifest: {exc}", file=sys.stderr)
+            status = 2
+    return status
 
 
 def _view(args: argparse.Namespace) -> int:
@@ -154,10 +173,12 @@ def _view(args: argparse.Namespace) -> int:
         trace, session, spot = build_session(args.bundle, args.run)
         out = args.session or cache_dir() / "view" / f"{Path(args.bundle).resolve().name}-{args.run or 'first'}.json"
         write_session(session, out)
-        print(f"{trace}\n  session {out}\n  markers A/B: {spot.what}")
+        opened = session["ticklab"]
+        print(f"{opened['claim']}: run {opened['run']}, condition {opened['condition']}\n{trace}\n  session {out}\n"
+              f"  markers A/B: {spot.what}")
         if not args.session_only:
             open_in_kernelshark(out).wait()
-    except (ViewError, BundleError, KeyError) as exc:
+    except (ViewError, BundleError, KeyError, ValueError) as exc:
         print(f"ticklab view: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -166,28 +187,51 @@ def _view(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from .ingest import TraceFormatError, read_trace, write_tables
 
-    try:
+    try:  # tables are built as they are written, so bad records can surface there too
         trace = read_trace(args.trace)
+        for key, count in trace.counts().items():
+            print(f"{key}: {count} events")
+        print(f"lost events: {trace.total_lost}")
+        if args.out:
+            for path in write_tables(trace, args.out):
+                print(path)
     except TraceFormatError as exc:
         print(f"ticklab ingest: {exc}", file=sys.stderr)
         return 2
-    for key, count in trace.counts().items():
-        print(f"{key}: {count} events")
-    print(f"lost events: {trace.total_lost}")
-    if args.out:
-        for path in write_tables(trace, args.out):
-            print(path)
     return 0
+
+
+def _whole(low: int, high: int):
+    """An argparse type: a whole number from low to high ('--runs -1' is a usage error, not a bundle without runs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 7 * 86400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 to {7 * 86400} seconds")
+    return value
 
 
 def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     """How many runs a capture makes: the same options for host captures and lab runs."""
-    parser.add_argument("--runs", type=int,
+    parser.add_argument("--runs", type=_whole(1, 10000),
                         help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
                              "rounds until the precision target or its budget)")
-    parser.add_argument("--warmup", type=int, help="warm-up runs per condition (default: the experiment's)")
-    parser.add_argument("--seed", type=int, help="seed of the run order (default: the experiment's)")
-    parser.add_argument("--budget-s", type=float,
+    parser.add_argument("--warmup", type=_whole(0, 1000), help="warm-up runs per condition (default: the experiment's)")
+    parser.add_argument("--seed", type=_whole(0, 2**63 - 1), help="seed of the run order (default: the experiment's)")
+    parser.add_argument("--budget-s", type=_seconds,
                         help="seconds of measured runs the capture may spend adding rounds for precision "
                              "(default: the experiment's budget.time_s; 0: none)")
 
@@ -202,12 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-dir", type=Path, default=traces_dir(), help="where captured bundles live (default: traces/)")
     report.add_argument("--published-dir", type=Path, default=published_dir(), help="transcribed published numbers")
     report.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (e.g. 03-hrtick)")
-    report.add_argument("--cell-timeout", type=int, default=600, help="seconds one cell may run (default 600)")
-    report.add_argument("--notebook-timeout", type=int, default=1800, help="seconds one notebook may run (default 1800)")
+    report.add_argument("--cell-timeout", type=_whole(1, 86400), default=600, help="seconds one cell may run (default 600)")
+    report.add_argument("--notebook-timeout", type=_whole(1, 7 * 86400), default=1800, help="seconds one notebook may run (default 1800)")
     report.set_defaults(func=_report)
 
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")
-    verify.add_argument("claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIMS)})")
+    verify.add_argument("claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIM_IDS)})")
     verify.add_argument("--published-dir", type=Path, default=published_dir())
     verify.add_argument("--seeds", help="directory of the source documents (default: $TICKLAB_SEEDS or ../shared/seeds)")
     verify.set_defaults(func=_verify_published)
@@ -218,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(func=_doctor)
 
     cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
-    cap.add_argument("claim", choices=list(CLAIMS))
+    cap.add_argument("claim", choices=list(CLAIM_IDS))
     _run_count_arguments(cap)
     cap.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
@@ -236,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from linux-source-6.12")
     kernel.add_argument("--hz", type=int, choices=[1000, 250], default=1000, help="tick rate (default 1000)")
     kernel.add_argument("--variant", nargs="+", help="kernel/configs variant(s) instead of --hz (e.g. hz1000 hz250)")
-    kernel.add_argument("--jobs", type=int, help="parallel compile jobs (default: number of CPUs)")
+    kernel.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
     kernel.add_argument("--force", action="store_true", help="rebuild even when cached")
     kernel.add_argument("--no-progress", action="store_true", help="no progress bar")
     kernel.set_defaults(func=_lab)
@@ -244,10 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument("--force", action="store_true", help="rebuild even when cached")
     image.set_defaults(func=_lab)
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
-    lab_run.add_argument("claim", choices=list(CLAIMS))
+    lab_run.add_argument("claim", choices=list(CLAIM_IDS))
     lab_run.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
                          help="KVM only if a test guest boots with it (auto, the default), or force one")
-    lab_run.add_argument("--smp", type=int, help="vCPUs (default: the experiment's)")
+    lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
     lab_run.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
@@ -269,6 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
     verify.set_defaults(func=_verify)
 
+    seal = sub.add_parser("seal-manifest", help="one-off: give a bundle sealed by an older ticklab its manifest.sha256 "
+                                                "(after checking every file; see SECURITY.md)")
+    seal.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
+    seal.set_defaults(func=_seal_manifest)
+
     view = sub.add_parser("view", help="open a run's trace.dat in KernelShark with a session preset for the claim")
     view.add_argument("bundle", type=Path, help="a bundle directory")
     view.add_argument("--run", help="the run (default: the first measured run with a trace)")
@@ -283,9 +332,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.filename}: {exc.strerror or exc}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:2000]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command's errors end here: one line naming the file (and field or offset), exit 2 — never a
+    traceback for bad input. An error that is not ticklab's own is a bug: one line too, exit 1, and
+    TICKLAB_TRACEBACK=1 shows where it came from."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None)]))
+    try:
+        return args.func(args)
+    except KeyboardInterrupt as exc:
+        print(f"{name}: interrupted ({exc or 'SIGINT'})", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("TICKLAB_TRACEBACK"):
+            raise
+        if type(exc).__module__.split(".")[0] == "ticklab" or isinstance(exc, OSError):
+            print(f"{name}: {_one_line(exc)}", file=sys.stderr)
+            return 2
+        print(f"{name}: unexpected {type(exc).__name__}: {_one_line(exc)} (a ticklab bug: please report it; "
+              "TICKLAB_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

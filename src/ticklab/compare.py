@@ -26,6 +26,18 @@ def _label(path: Path) -> str:
     return f"{path.parent.parent.name}/{path.name}"
 
 
+def claim_metrics(claim: str | None, available: list[str]) -> list[str]:
+    """The metrics the claim's verdicts compare, where the bundle has them (else none: then every metric)."""
+    from .claims import CLAIMS
+    from .paths import published_dir
+
+    if claim not in CLAIMS:
+        return []
+    module = CLAIMS[claim].load_module()
+    used = [c.metric for c in module.comparisons(module.load(published_dir()))]
+    return [m for m in dict.fromkeys(used) if m in available]
+
+
 def comparisons(paths: list[Path], metrics: list[str] | None = None, baseline: str | None = None) -> list[tuple[str, pd.DataFrame]]:
     """(title, long compare table) for each metric (and, with two bundles, each shared condition)."""
     if len(paths) not in (1, 2):
@@ -33,9 +45,13 @@ def comparisons(paths: list[Path], metrics: list[str] | None = None, baseline: s
     if len(paths) == 2 and paths[0].resolve() == paths[1].resolve():
         raise CompareError(f"{paths[0]}: the same bundle twice; give two bundles, or one to compare its conditions")
     bundles = [load_bundle(p) for p in paths]
+    for path, bundle in zip(paths, bundles):
+        if bundle.manifest.get("not_testable"):
+            raise CompareError(f"{path}: nothing to compare, the experiment was not testable there "
+                               f"({bundle.manifest['not_testable']})")
     results = [b.results for b in bundles]
     available = sorted(set.intersection(*(set(r["metric"]) for r in results)))
-    chosen = metrics or available
+    chosen = metrics or claim_metrics(bundles[0].manifest.get("claim"), available) or available
     unknown = [m for m in chosen if m not in available]
     if unknown:
         raise CompareError(f"metric(s) {', '.join(unknown)} not in {'both bundles' if len(paths) == 2 else 'the bundle'} "

@@ -1,25 +1,33 @@
 """Fresh-data verdicts: one comparison of two conditions of a claim, on every setup that measured both.
 
-A *setup* is a bundle's host-id (a host, or a guest with its accelerator and kernel). Each
-comparison takes one metric per run from results.csv, the ratio of medians (treatment / baseline)
-with a seeded BCa bootstrap CI, a two-sided Mann-Whitney U test and Cliff's delta; p-values are
-Holm-adjusted across every comparison of the claim; :func:`ticklab.verdicts.decide` turns the CI and
-p into a verdict against the published ratio (direction and size; the published value is n = 1).
-A setup that measured none of a claim's compared conditions gets one "not testable here" row saying
-what it did measure; a comparison a setup only partly measured is left to the setups that did.
+A *setup* is a bundle's host-id (a host, or a guest with its accelerator and kernel). Each comparison
+takes one metric per run from results.csv (runs whose condition checks failed are left out), the ratio of
+a statistic (median by default) of treatment over baseline with a seeded percentile bootstrap CI, a
+two-sided Mann-Whitney U test and Cliff's delta. Across every comparison a claim tests, p-values are
+Holm-adjusted and the CIs are simultaneous (Bonferroni: each at 1 − alpha/m), so a verdict can rest on
+its CI. :func:`ticklab.verdicts.decide` turns CI and p into a verdict against the comparison's target
+and declared margins; :mod:`ticklab.power` adds the power to detect the target and the runs it needs.
+
+Setups that tested nothing of a claim (no bundle, not testable there, nothing comparable) collapse into
+one "not testable here" row per claim that gives each setup's reason.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from .bundle import BundleError, load_bundle, run_failed, stopped_because
-from .fresh import BundleRef
-from .capture.stopping import TARGET_HALF_WIDTH, half_width_share, measured_results
-from .stats import cliffs_delta, holm, mann_whitney, ratio_of_medians
-from .verdicts import Verdict, decide
+from .checks import failed_runs, run_checks
+from .fresh import BundleRef, all_setups
+from .capture.stopping import measured_results, precision_note
+from .power import detection_power
+from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, ratio_of_statistic
+from .verdicts import Margins, Target, Verdict, decide
+
+RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit"]
 
 
 @dataclass(frozen=True)
@@ -28,9 +36,52 @@ class Comparison:
     metric: str              # results.csv metric, one value per run
     treatment: str           # condition names (bundles' condition column)
     baseline: str
-    published_ratio: float   # treatment / baseline as the source implies it
-    published_effect: str    # the published statement the ratio comes from
-    experiments: tuple[str, ...] = ()  # only bundles of these experiments (all when empty)
+    target: Target
+    experiments: tuple[str, ...] = ()   # only bundles of these experiments (all when empty)
+    statistic: str = "median"           # of each condition's runs (ticklab.stats.STATISTICS)
+    role: str = "claim"                 # "premise": what the claim presupposes, tested as such
+    margins: Margins = field(default_factory=Margins)
+    sizes_comparable: str = ""          # whether the target's size can be expected on lab setups, and why
+    kernels: str = ""                   # "<7.1" / ">=7.1": the kernel releases the comparison is about (empty: any)
+    kernels_why: str = ""               # what those kernels have that others do not
+
+
+@dataclass(frozen=True)
+class NegativeControl:
+    """A comparison with no expected effect: if it moves, something other than the condition differs."""
+    comparison: str
+    metric: str
+    treatment: str
+    baseline: str
+    no_effect: float                    # |ratio − 1| within which "no effect" is shown
+    experiments: tuple[str, ...] = ()
+    split_by_order: bool = False        # treatment and baseline are the later and earlier halves of one condition's runs
+
+
+def _kernel_release(manifest: dict, record: dict) -> str:
+    guest = record.get("guest") or {}
+    return str(guest.get("kernel") or (record.get("boot") or {}).get("kernel_release")
+               or (manifest.get("host") or {}).get("kernel_release") or "")
+
+
+def _kernel_version(release: str) -> tuple[int, int] | None:
+    parts = release.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return None
+
+
+def kernel_in_range(release: str, wanted: str) -> bool:
+    """Whether a kernel release ("6.12.117-ticklab") is in a range ("<7.1", ">=7.1"); unknown releases are not."""
+    if not wanted:
+        return True
+    version = _kernel_version(release)
+    if version is None:
+        return False
+    op = ">=" if wanted.startswith(">=") else "<"
+    bound = _kernel_version(wanted[len(op):].strip() + ".0")
+    return version >= bound if op == ">=" else version < bound
 
 
 def usable_bundles(bundles: list[BundleRef]):
@@ -44,10 +95,11 @@ def usable_bundles(bundles: list[BundleRef]):
             yield ref, bundle
 
 
-def measured_runs(bundles: list[BundleRef]) -> tuple[pd.DataFrame, list[str]]:
-    """results.csv rows of every sealed, testable bundle with host_id, bundle and experiment columns;
-    and one note per bundle left out (why)."""
+def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "") -> tuple[pd.DataFrame, list[str]]:
+    """results.csv rows of every sealed, testable bundle (with host_id, bundle, experiment, stopped and kernel
+    columns), less failed runs and runs whose condition checks failed; and one note per thing left out."""
     frames, notes = [], []
+    gated = failed_runs(run_checks(claim, checks, bundles)) if checks else set()
     for ref in bundles:
         try:
             bundle = load_bundle(ref.path)
@@ -61,83 +113,190 @@ def measured_runs(bundles: list[BundleRef]) -> tuple[pd.DataFrame, list[str]]:
         failed = sum(run_failed(r) for r in bundle.manifest["runs"])  # a failed run often wrote no results at all
         if failed:
             notes.append(f"{ref.host_id}/{ref.path.name}: {failed} failed run(s) left out")
+        unchecked = sorted(run for path, run in gated if path == str(ref.path))
+        if unchecked:
+            frame = frame[~frame["run"].isin(unchecked)]
+            notes.append(f"{ref.host_id}/{ref.path.name}: {len(unchecked)} run(s) left out because a condition check "
+                         f"failed ({', '.join(unchecked)}; build/checks.csv)")
+        kernels = {r["run"]: _kernel_release(bundle.manifest, r) for r in bundle.manifest["runs"]}
         frame["host_id"], frame["bundle"], frame["experiment"] = ref.host_id, str(ref.path), bundle.manifest["experiment"]
         frame["stopped"] = stopped_because(bundle.manifest)
+        frame["kernel"] = frame["run"].map(kernels).fillna("")
         frames.append(frame)
-    columns = ["host_id", "bundle", "experiment", "stopped", "run", "condition", "metric", "value", "unit"]
-    return (pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)), notes
+    return (pd.concat(frames, ignore_index=True)[RUN_COLUMNS] if frames else pd.DataFrame(columns=RUN_COLUMNS)), notes
 
 
-def _chosen(runs: pd.DataFrame, comparison: Comparison, condition: str) -> pd.DataFrame:
-    chosen = runs[(runs["metric"] == comparison.metric) & (runs["condition"] == condition)]
-    if comparison.experiments:
-        chosen = chosen[chosen["experiment"].isin(comparison.experiments)]
+def _chosen(runs: pd.DataFrame, metric: str, condition: str, experiments: tuple[str, ...]) -> pd.DataFrame:
+    chosen = runs[(runs["metric"] == metric) & (runs["condition"] == condition)]
+    if experiments:
+        chosen = chosen[chosen["experiment"].isin(experiments)]
     return chosen
 
 
-def precision_note(low: float, high: float, estimate: float, stopped: list[str] = ()) -> str:
-    """Whether the CI meets the design's precision target, and (when it does not) why capturing stopped."""
-    share = half_width_share(low, high, estimate)
-    if share == float("inf"):
-        return "CI half-width cannot be compared with a zero effect"
-    if share <= TARGET_HALF_WIDTH:
-        return f"CI half-width {share:.0%} of the effect (meets the ≤{TARGET_HALF_WIDTH:.0%} target)"
-    why = "; ".join(dict.fromkeys(stopped)) or "no stopping record"
-    return f"CI half-width {share:.0%} of the effect (does not meet the ≤{TARGET_HALF_WIDTH:.0%} target; capture stopped: {why})"
+def _target_columns(comparison: Comparison) -> dict:
+    target = comparison.target
+    return {"role": comparison.role, "printed_in_source": target.as_printed,
+            "source_quotes": ", ".join(target.quotes), "target_ratio": target.ratio,
+            "target_provenance": target.provenance, "margins": comparison.margins.describe(target)}
+
+
+@dataclass
+class _Tested:
+    setup: str
+    comparison: Comparison
+    treatment: pd.Series
+    baseline: pd.Series
+    stopped: list[str]
+    pvalue: float
+    test: str
 
 
 def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,
              n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
-    """One verdict per setup and comparison (Holm across all tested comparisons of the claim)."""
-    tested, untested = [], []
+    """One verdict per setup and comparison it measured; setups that measured none of a claim's comparisons get
+    none (``claim_verdicts`` gives them their row)."""
+    tested: list[_Tested] = []
+    rows: list[Verdict] = []
     if "stopped" not in runs:
         runs = runs.assign(stopped="fixed run count (no stopping record)")
+    if "kernel" not in runs:
+        runs = runs.assign(kernel="")
     for setup in sorted(runs["host_id"].unique()):
         on_setup = runs[runs["host_id"] == setup]
-        tested_here = 0
         for comparison in comparisons:
-            treatment = _chosen(on_setup, comparison, comparison.treatment)
-            baseline = _chosen(on_setup, comparison, comparison.baseline)
-            if len(treatment) < 2 or len(baseline) < 2:
+            picked = {name: _chosen(on_setup, comparison.metric, name, comparison.experiments)
+                      for name in (comparison.treatment, comparison.baseline)}
+            if any(frame.empty for frame in picked.values()):
+                continue  # left to the setups that measured both conditions
+            in_range = {name: frame[frame["kernel"].map(lambda k: kernel_in_range(k, comparison.kernels))]
+                        for name, frame in picked.items()}
+            if any(frame.empty for frame in in_range.values()):
+                releases = ", ".join(sorted(set(picked[comparison.baseline]["kernel"]) | set(picked[comparison.treatment]["kernel"])))
+                rows.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison, verdict="not testable here",
+                                    reason=f"needs a kernel {comparison.kernels} ({comparison.kernels_why}); this setup ran "
+                                           f"{releases or 'an unrecorded kernel'}", **_target_columns(comparison)))
                 continue
-            stopped = [*treatment["stopped"], *baseline["stopped"]]
-            treatment, baseline = treatment["value"], baseline["value"]
-            ratio = ratio_of_medians(treatment, baseline, n_boot=n_boot, seed=seed)
-            tested.append((setup, comparison, treatment, baseline, ratio, mann_whitney(treatment, baseline), stopped))
-            tested_here += 1
-        if not tested_here:
-            wanted = sorted({name for c in comparisons for name in (c.treatment, c.baseline)})
-            untested.append(Verdict(
-                claim=claim, setup=setup, comparison="; ".join(c.comparison for c in comparisons),
-                published_effect="; ".join(dict.fromkeys(c.published_effect for c in comparisons)),
-                verdict="not testable here",
-                reason=f"this setup measured {', '.join(sorted(on_setup['condition'].unique()))}; every comparison "
-                       f"needs at least 2 runs of two of {', '.join(wanted)}"))
-    adjusted = holm([t[5].pvalue for t in tested]) if tested else []
-    done = []
-    for (setup, comparison, treatment, baseline, ratio, rank, stopped), p in zip(tested, adjusted):
-        verdict, reason = decide(comparison.published_ratio, ratio, float(p), alpha)
-        done.append(Verdict(
-            claim=claim, setup=setup, comparison=comparison.comparison, published_effect=comparison.published_effect,
-            verdict=verdict, reason=f"{reason}; {precision_note(ratio.low, ratio.high, ratio.estimate, stopped)}",
-            fresh_effect=ratio.estimate, ci_low=ratio.low, ci_high=ratio.high, p_holm=float(p),
-            n_per_condition=f"{len(treatment)} vs {len(baseline)}", cliffs_delta=cliffs_delta(treatment, baseline),
-            test=f"ratio of medians ({comparison.metric}), {ratio.method}; {rank.test}; Holm over {len(tested)}",
-        ))
-    return done + untested
+            treatment, baseline = in_range[comparison.treatment], in_range[comparison.baseline]
+            if len(treatment) < 2 or len(baseline) < 2:
+                rows.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison, verdict="inconclusive",
+                                    n_per_condition=f"{len(treatment)} vs {len(baseline)}",
+                                    reason=f"too few runs: {len(treatment)} vs {len(baseline)} measured; a CI needs at least "
+                                           "2 runs of each condition", **_target_columns(comparison)))
+                continue
+            rank = mann_whitney(treatment["value"], baseline["value"])
+            tested.append(_Tested(setup, comparison, treatment["value"], baseline["value"],
+                                  [*treatment["stopped"], *baseline["stopped"]], rank.pvalue, rank.test))
+    if not tested:
+        return rows
+    m = len(tested)
+    confidence = 1 - alpha / m
+    level = f"{confidence:.4g} (simultaneous {1 - alpha:.0%}: Bonferroni over {m})" if m > 1 else f"{confidence:.0%}"
+    for item, p in zip(tested, holm([t.pvalue for t in tested])):
+        comparison, target = item.comparison, item.comparison.target
+        ratio = ratio_of_statistic(item.treatment, item.baseline, statistic=comparison.statistic, confidence=confidence,
+                                   n_boot=n_boot, seed=seed)
+        verdict, reason = decide(target, ratio, float(p), alpha, comparison.margins, comparison.sizes_comparable)
+        power_ratio = target.ratio or math.exp(target.direction * 2 * comparison.margins.no_effect_log(target))
+        power = _power(item, power_ratio, alpha / m, comparison.margins.power_goal, seed)
+        if verdict == "inconclusive" and power is not None:
+            reason += f"; {power.sentence()}" + ("" if target.ratio else f" (at ×{power_ratio:.3g}, twice the no-effect margin)")
+        reason += f"; {precision_note(ratio.low, ratio.high, comparison.margins.no_effect_log(target), item.stopped)}"
+        rows.append(Verdict(
+            claim=claim, setup=item.setup, comparison=comparison.comparison, verdict=verdict, reason=reason,
+            fresh_effect=ratio.estimate, ci_low=ratio.low, ci_high=ratio.high, ci_level=level, p_holm=float(p),
+            n_per_condition=f"{len(item.treatment)} vs {len(item.baseline)}",
+            cliffs_delta=cliffs_delta(item.treatment, item.baseline),
+            power_at_target=None if power is None else power.power,
+            runs_needed=None if power is None or math.isinf(power.runs_needed) else power.runs_needed,
+            test=(f"ratio of {STATISTIC_NAMES[comparison.statistic]} ({comparison.metric}), {ratio.method}, {level} CI; "
+                  f"{item.test}, Holm over {m}" + ("" if power is None else f"; {power.method}")),
+            **_target_columns(comparison)))
+    return rows
+
+
+def _power(item: _Tested, ratio: float, alpha: float, goal: float, seed: int):
+    try:
+        return detection_power(item.treatment, item.baseline, ratio, alpha=alpha, goal=goal, seed=seed)
+    except ValueError:
+        return None  # non-positive values: no log-scale noise model
+
+
+def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, comparisons: list[Comparison]) -> dict[str, list[str]]:
+    """Why each setup with bundles of this claim tested none of its comparisons."""
+    wanted = sorted({name for c in comparisons for name in (c.treatment, c.baseline)})
+    reasons: dict[str, list[str]] = {}
+    for ref in bundles:
+        try:
+            manifest = load_bundle(ref.path).manifest
+        except BundleError as exc:
+            reasons.setdefault(ref.host_id, []).append(f"{ref.path.name} does not load ({exc})")
+            continue
+        if manifest.get("not_testable"):
+            reasons.setdefault(ref.host_id, []).append(f"{manifest['experiment']}: {manifest['not_testable']}")
+            continue
+        measured = sorted(runs.loc[runs["bundle"] == str(ref.path), "condition"].unique())
+        reasons.setdefault(ref.host_id, []).append(
+            f"{manifest['experiment']} measured {', '.join(measured) or 'no usable runs'}; the comparisons need "
+            f"{', '.join(wanted)}")
+    return reasons
 
 
 def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[BundleRef], data_dir, *, summary: str,
-                   published_effect: str, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
-    """Every verdict row of a claim: the tested comparisons, and for each setup whose bundles gave nothing to
-    compare (not testable there, failed, unreadable) or when there are no bundles, the reason."""
-    from .claims import absent_setups, pending_verdict
+                   checks=(), alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
+    """Every verdict row of a claim: one per setup and comparison it measured, and one row for all the setups
+    that tested nothing of it (each with its reason)."""
+    from .claims import ABSENT_BECAUSE
 
-    runs, _ = measured_runs(bundles)
+    runs, _ = measured_runs(bundles, checks, claim)
     found = verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed) if not runs.empty else []
     covered = {v.setup for v in found}
-    rest = [ref for ref in bundles if ref.host_id not in covered]
-    if not bundles:
-        return pending_verdict(claim, summary, published_effect, bundles, data_dir)
-    unexplained = pending_verdict(claim, summary, published_effect, rest, data_dir, absent=False) if rest else []
-    return found + unexplained + absent_setups(claim, summary, published_effect, bundles, data_dir)
+    reasons = {setup: why for setup, why in _setup_reasons(claim, bundles, runs, comparisons).items() if setup not in covered}
+    for setup in all_setups(data_dir):
+        if setup not in covered and setup not in reasons:
+            reasons[setup] = [f"no {claim} bundle from this setup" + (
+                f" ({ABSENT_BECAUSE[claim]})" if setup.startswith("guest-") and claim in ABSENT_BECAUSE else "")]
+    printed = "; ".join(dict.fromkeys(c.target.as_printed for c in comparisons if c.role == "claim"))
+    quotes = ", ".join(dict.fromkeys(q for c in comparisons for q in c.target.quotes))
+    if not bundles and not reasons:
+        reasons["none analysed"] = [f"no captured bundles for {claim} under {data_dir}: nothing measured to test the claim with"]
+    if reasons:
+        found.append(Verdict(
+            claim=claim, setup=", ".join(sorted(reasons)), comparison=summary, verdict="not testable here",
+            printed_in_source=printed, source_quotes=quotes,
+            reason=" | ".join(f"{setup}: {'; '.join(dict.fromkeys(why))}" for setup, why in sorted(reasons.items()))))
+    return found
+
+
+CONTROL_COLUMNS = ["setup", "control", "fresh_effect", "ci_low", "ci_high", "p", "n_per_condition", "no_effect_margin",
+                   "outcome"]
+
+
+def negative_controls(controls: list[NegativeControl], runs: pd.DataFrame, *, alpha: float = 0.05,
+                      n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """Per setup and control the data holds: the ratio, its CI and p, and whether the control stayed still."""
+    rows = []
+    for setup in sorted(runs["host_id"].unique()) if not runs.empty else []:
+        on_setup = runs[runs["host_id"] == setup]
+        for control in controls:
+            treatment = _chosen(on_setup, control.metric, control.treatment, control.experiments)
+            baseline = _chosen(on_setup, control.metric, control.baseline, control.experiments)
+            if control.split_by_order:
+                ordered = baseline.sort_values("run")
+                half = len(ordered) // 2
+                baseline, treatment = ordered.iloc[:half], ordered.iloc[half:]
+            if len(treatment) < 2 or len(baseline) < 2:
+                continue
+            ratio = ratio_of_statistic(treatment["value"], baseline["value"], confidence=1 - alpha, n_boot=n_boot, seed=seed)
+            p = mann_whitney(treatment["value"], baseline["value"]).pvalue
+            margin = math.log1p(control.no_effect)
+            low, high = math.log(max(ratio.low, 1e-300)), math.log(max(ratio.high, 1e-300))
+            if -margin <= low and high <= margin:
+                outcome = f"passed: no effect shown (the CI lies within ±{control.no_effect:.0%})"
+            elif p >= alpha and ratio.low <= 1 <= ratio.high:
+                outcome = f"passed: no effect detected (CI contains 1), but not shown to be within ±{control.no_effect:.0%}"
+            else:
+                outcome = "FAILED: the control moved; something other than the condition differs between its runs"
+            rows.append({"setup": setup, "control": control.comparison, "fresh_effect": ratio.estimate, "ci_low": ratio.low,
+                         "ci_high": ratio.high, "p": p, "n_per_condition": f"{len(treatment)} vs {len(baseline)}",
+                         "no_effect_margin": f"±{control.no_effect:.0%}", "outcome": outcome})
+    return pd.DataFrame(rows, columns=CONTROL_COLUMNS)

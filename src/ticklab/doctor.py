@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from .capture import requirements, tracing
 from .capture.experiment import experiment_paths, load_experiment
-from .claims import CLAIMS
+from .claimids import CLAIM_IDS as CLAIMS
 from .host import HostChangeError, HostChanges, collect
 from .lab import kernel as lab_kernel
 from .lab import qemu
@@ -83,6 +83,14 @@ def lab_experiment(experiment, checks: dict) -> dict:
             + experiment.claim + (" (KVM)" if checks["kvm guest"][0] else " (TCG)")}
 
 
+def _tried(check) -> tuple[bool, str]:
+    """A check that needs tracefs or a knob: its failure is the answer (doctor reports it and goes on)."""
+    try:
+        return check()
+    except (tracing.TracingError, HostChangeError) as exc:
+        return False, str(exc)
+
+
 def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
     root = Path(root)
     with HostChanges(journal, root=root, log=lambda _: None) as host:
@@ -94,7 +102,7 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
         except (tracing.TracingError, HostChangeError) as exc:
             checks["tracefs"] = (False, str(exc))
         found = collect(root)
-        works, why = tracing.probe_trace_cmd(host)
+        works, why = _tried(lambda: tracing.probe_trace_cmd(host))
         checks["trace-cmd record"] = (works, why if works else f"{why}; capture falls back to tracefs directly")
         checks["perf tracepoints"] = perf_tracepoints()
         sources = found["clocksources"]
@@ -111,7 +119,7 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
         for tool in ("ftq", "clockbench", "timejobs"):
             checks[tool] = requirements.check_tool(tool)
         for tracer in ("osnoise", "timerlat"):
-            checks[f"{tracer} tracer"] = requirements.check(f"tracer:{tracer}", host, found)
+            checks[f"{tracer} tracer"] = _tried(lambda: requirements.check(f"tracer:{tracer}", host, found))
         claims = {}
         for claim in CLAIMS:
             experiments = {}
@@ -120,7 +128,10 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
                 if experiment.lab is not None:
                     experiments[experiment.name] = lab_experiment(experiment, checks)
                     continue
-                missing = requirements.check_all(experiment.requires, host, found)[1]
+                try:
+                    missing = requirements.check_all(experiment.requires, host, found)[1]
+                except (tracing.TracingError, HostChangeError) as exc:
+                    missing = {"host": str(exc)}
                 experiments[experiment.name] = {"runs": not missing,
                                                 "why": requirements.unmet_text(missing) or "all requirements met"}
             if not experiments:

@@ -1,45 +1,91 @@
-"""Trace data -> columnar tables: one pandas DataFrame per event, with typed fields.
+"""Trace data -> columnar tables: one Arrow table (and, on request, pandas DataFrame) per event, typed fields.
 
 Two inputs carry the same ring-buffer pages:
 
-* a ``trace.dat`` written by trace-cmd (file versions 6 and 7, uncompressed), and
+* a ``trace.dat`` written by trace-cmd (file versions 6 and 7; version 7 uncompressed or compressed
+  with zstd or zlib, the compressions trace-cmd writes), and
 * a directory written by ticklab's tracefs backend: ``header_page``, ``formats/<system>/<event>/format``
   and one ``cpu<N>.raw`` per CPU (pages read from ``per_cpu/cpu<N>/trace_pipe_raw``), ``cpu<N>.stats``.
 
 The page walk follows the kernel's ring-buffer layout (include/linux/ring_buffer.h and the
-``events/header_page`` / ``header_event`` files it exports): a page header (timestamp, commit),
-then records with a 32-bit header of 5 bits type_len and 27 bits time delta. Each record's
-offset is kept; fields are then gathered per event type with numpy, so only the page walk is a
-Python loop. Lost events are counted from the pages' "missed events" flags and, where present,
-from the per-CPU stats (overrun, dropped events).
+``events/header_page`` / ``header_event`` files it exports) and is compiled (ticklab.ringbuf); it
+keeps only each record's offset, timestamp and CPU. Tables are gathered per event type from those
+offsets, in batches, straight into Arrow arrays; an uncompressed trace.dat is mapped, not read.
+Lost events are counted from the pages' "missed events" flags and, where present, from the
+per-CPU stats (overrun, dropped events).
+
+Bad input of any kind raises :class:`TraceFormatError` with one line naming the file (and the byte
+offset where it applies); nothing else escapes :func:`read_trace` and the table accessors.
 """
 
 from __future__ import annotations
 
+import functools
+import io
+import mmap
 import re
 import struct
-from dataclasses import dataclass, field
+import tempfile
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from . import rawfile
-from .capture.tracing import stats_lost_count
+from . import rawfile, ringbuf
+from .ringbuf import COMMIT_MASK, MISSED_EVENTS, MISSED_STORED  # noqa: F401  (re-exported: tests build pages)
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
 
 TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
-MISSED_EVENTS = 1 << 31
-MISSED_STORED = 1 << 30
-COMMIT_MASK = (1 << 27) - 1
-PADDING, TIME_EXTEND, TIME_STAMP = 29, 30, 31
 
 # trace.dat option ids (trace-cmd.dat(5))
 OPTION_DONE, OPTION_CPUSTAT, OPTION_BUFFER, OPTION_TRACECLOCK = 0, 2, 3, 4
 OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_CMDLINES = 16, 17, 18, 21
+SECTION_COMPRESSED = 1
+RELEASE_ROWS = 8192  # records gathered between releases of a mapped trace's memory
+WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
+IN_MEMORY = 64 << 20  # decompressed CPU data beyond this goes to a temporary file (see _inflate_cpu_data)
+MAX_BLOCK = 1 << 28  # one compressed section or chunk; trace-cmd's are a few pages (data) or MiB (kallsyms)
+# rows gathered at a time: bounds the memory a table build needs beyond the tables themselves
+BATCH_ROWS = 1 << 16
 
 
 class TraceFormatError(ValueError):
     """Trace data this module cannot read; the message names the file and what is wrong."""
+
+
+# What malformed bytes make Python, numpy, zstd and Arrow raise while reading: all become TraceFormatError.
+_BAD_INPUT = (ValueError, UnicodeDecodeError, struct.error, OverflowError, MemoryError, OSError, AttributeError,
+              IndexError, KeyError, TypeError, RecursionError, EOFError, zlib.error)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _guarded(source_of):
+    """Run the wrapped reader; anything bad input makes it raise becomes one TraceFormatError line."""
+    def wrap(function):
+        @functools.wraps(function)
+        def guarded(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except TraceFormatError:
+                raise
+            except _BAD_INPUT as exc:
+                raise TraceFormatError(f"{source_of(*args)}: unreadable trace data ({_one_line(exc)})") from exc
+            except Exception as exc:  # zstandard.ZstdError, pyarrow.ArrowInvalid: not importable up front
+                if type(exc).__module__.split(".")[0] in ("zstandard", "pyarrow"):
+                    raise TraceFormatError(f"{source_of(*args)}: unreadable trace data ({_one_line(exc)})") from exc
+                raise
+        return guarded
+    return wrap
 
 
 @dataclass
@@ -77,20 +123,51 @@ class EventFormat:
 
 
 FIELD_LINE = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*size:(?P<size>\d+);\s*signed:(?P<signed>-?\d+);")
+ID_LINE = re.compile(r"^ID:\s*(\d+)", re.M)
 
 
 def parse_event_format(text: str, system: str | None = None, source: str = "<format>") -> EventFormat:
     name = re.search(r"^name:\s*(\S+)", text, re.M)
-    ident = re.search(r"^ID:\s*(\d+)", text, re.M)
+    ident = ID_LINE.search(text)
     if not name or not ident:
         raise TraceFormatError(f"{source}: not an event format (no name/ID line)")
     fields = []
     for match in FIELD_LINE.finditer(text):
         declaration = match["decl"].strip()
-        bare = re.sub(r"\[.*\]$", "", declaration).split()[-1]
+        words = re.sub(r"\[.*\]$", "", declaration).split()
+        if not words:
+            raise TraceFormatError(f"{source}: event {name.group(1)} has a field with no name")
+        bare = words[-1]
         fields.append(Field(name=bare, type=declaration[: declaration.rfind(bare)].strip(), offset=int(match["offset"]),
                             size=int(match["size"]), signed=match["signed"] == "1", name_decl=declaration))
     return EventFormat(system=system or "", name=name.group(1), id=int(ident.group(1)), fields=fields)
+
+
+class EventFormats(Mapping):
+    """Event formats by id, each parsed on first use (a trace-cmd restore file carries ~2,300; a trace uses few)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[str, str, str]] = {}
+        self._parsed: dict[int, EventFormat] = {}
+
+    def add_text(self, text: str, system: str, source: str) -> None:
+        ident = ID_LINE.search(text)
+        if not ident:
+            raise TraceFormatError(f"{source}: not an event format (no name/ID line)")
+        self._texts[int(ident.group(1))] = (text, system, source)
+        self._parsed.pop(int(ident.group(1)), None)
+
+    def __getitem__(self, type_id: int) -> EventFormat:
+        if type_id not in self._parsed:
+            text, system, source = self._texts[type_id]
+            self._parsed[type_id] = parse_event_format(text, system, source)
+        return self._parsed[type_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
 
 
 def parse_header_page(text: str, source: str) -> tuple[int, int]:
@@ -99,91 +176,129 @@ def parse_header_page(text: str, source: str) -> tuple[int, int]:
     data = re.search(r"char data;\s*offset:(\d+);", text)
     if not commit or not data:
         raise TraceFormatError(f"{source}: header_page lacks the commit or data field")
-    return int(commit.group(2)), int(data.group(1))
+    commit_size, data_offset = int(commit.group(2)), int(data.group(1))
+    if commit_size not in (4, 8) or not 12 <= data_offset <= 64:
+        raise TraceFormatError(f"{source}: header_page has a {commit_size}-byte commit and data at {data_offset}: "
+                               "not a ring-buffer page layout")
+    return commit_size, data_offset
 
 
 @dataclass
-class Trace:
-    """What one trace holds: events per type, lost-event counts, where it came from."""
+class _Records:
+    """Every data record of a trace, CPU by CPU in ring-buffer order: where its payload is in ``buffer``, its time,
+    CPU and event type. Tables put one event's records in time order (a stable sort: ties stay in CPU order)."""
 
-    source: str
-    formats: dict[int, EventFormat]
-    events: dict[str, pd.DataFrame] = field(default_factory=dict)
-    lost_events: dict[int, int] = field(default_factory=dict)
-    stats_lost: dict[int, int] = field(default_factory=dict)
+    buffer: object  # bytes, bytearray or mmap: the pages the offsets point into
+    offsets: np.ndarray
+    stamps: np.ndarray
+    cpus: np.ndarray
+    types: np.ndarray
     page_size: int = 4096
-    clock: str | None = None
+
+
+def _empty_records() -> _Records:
+    return _Records(b"", np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint16), np.zeros(0, np.uint16))
+
+
+class Trace:
+    """What one trace holds: events per type, lost-event counts, where it came from.
+
+    Tables are built on first use: ``arrow(key)`` / ``arrow_tables()`` give Arrow tables,
+    ``table(key)`` / ``events`` pandas DataFrames (converted from the Arrow tables once).
+    """
+
+    def __init__(self, source: str, formats: Mapping[int, EventFormat], records: _Records | None = None,
+                 lost_events: dict[int, int] | None = None, stats_lost: dict[int, int] | None = None,
+                 page_size: int = 4096, clock: str | None = None):
+        self.source, self.formats, self.page_size, self.clock = source, formats, page_size, clock
+        self.lost_events = lost_events or {}
+        self.stats_lost = stats_lost or {}
+        self._records = records if records is not None else _empty_records()
+        per_type = np.bincount(self._records.types, minlength=1)
+        self._type_ids = np.flatnonzero(per_type)
+        self._type_counts = per_type[self._type_ids]
+        missing = [t for t in self._type_ids.tolist() if t not in formats]
+        if missing:
+            raise TraceFormatError(f"{source}: records of event type {missing[0]}, which has no format in the trace")
+        self._arrow: dict[str, pa.Table] = {}
+        self._frames: dict[str, pd.DataFrame] | None = None
 
     @property
     def total_lost(self) -> int:
         """Events the kernel dropped: the larger of the page flags and the per-CPU stats."""
         return max(sum(self.lost_events.values()), sum(self.stats_lost.values()))
 
-    def table(self, key: str) -> pd.DataFrame:
-        """One event's table, e.g. table('timer:hrtimer_expire_entry'); clear error if absent."""
-        if key not in self.events:
-            if key in {f.key for f in self.formats.values()}:
-                return _empty_table(next(f for f in self.formats.values() if f.key == key))
-            raise KeyError(f"{self.source}: event {key} was not recorded (has: {', '.join(sorted(self.events)) or 'none'})")
-        return self.events[key]
+    def keys(self) -> list[str]:
+        """The recorded events, in event-type id order."""
+        return [self.formats[t].key for t in self._type_ids.tolist()]
 
     def counts(self) -> dict[str, int]:
-        return {key: len(frame) for key, frame in sorted(self.events.items())}
+        return dict(sorted((self.formats[t].key, n) for t, n in zip(self._type_ids.tolist(), self._type_counts.tolist())))
+
+    def _format_of(self, key: str) -> EventFormat:
+        for type_id in self._type_ids.tolist():
+            if self.formats[type_id].key == key:
+                return self.formats[type_id]
+        raise KeyError(key)
+
+    def batches(self, key: str, rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+        """One recorded event's rows, ``rows`` at a time, as Arrow record batches (bounded memory)."""
+        fmt = self._format_of(key)
+        chosen = np.flatnonzero(self._records.types == fmt.id)
+        chosen = chosen[np.argsort(self._records.stamps[chosen], kind="stable")]
+        for start in range(0, len(chosen), rows):
+            batch = self._batch(fmt, chosen[start:start + rows])
+            _release(self._records.buffer)
+            yield batch
+
+    def _batch(self, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
+        try:
+            return _guarded(lambda *_: self.source)(_gather_batch)(self._records, fmt, chosen)
+        except TraceFormatError as exc:
+            if str(exc).startswith(self.source):
+                raise
+            raise TraceFormatError(f"{self.source}: {exc}") from exc
+
+    def arrow(self, key: str) -> pa.Table:
+        """One recorded event's table as Arrow (KeyError if it was not recorded)."""
+        if key not in self._arrow:
+            import pyarrow as pa
+
+            self._arrow[key] = pa.Table.from_batches(list(self.batches(key)))
+        return self._arrow[key]
+
+    def arrow_tables(self) -> dict[str, pa.Table]:
+        return {key: self.arrow(key) for key in self.keys()}
+
+    @property
+    def events(self) -> dict[str, pd.DataFrame]:
+        """Every recorded event's table as a pandas DataFrame."""
+        if self._frames is None:
+            self._frames = {key: self.arrow(key).to_pandas() for key in self.keys()}
+        return self._frames
+
+    def table(self, key: str) -> pd.DataFrame:
+        """One event's table, e.g. table('timer:hrtimer_expire_entry'); clear error if absent."""
+        if key not in self.keys():
+            known = [self.formats[t] for t in self.formats if _format_key(self.formats, t) == key]
+            if known:
+                return _empty_table(known[0])
+            raise KeyError(f"{self.source}: event {key} was not recorded (has: {', '.join(sorted(self.keys())) or 'none'})")
+        return self.events[key]
+
+
+def _format_key(formats: Mapping[int, EventFormat], type_id: int) -> str | None:
+    try:
+        return formats[type_id].key
+    except TraceFormatError:
+        return None
 
 
 def _empty_table(fmt: EventFormat) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame({"timestamp": pd.Series(dtype="uint64"), "cpu": pd.Series(dtype="uint16"),
                          **{f.name: pd.Series(dtype="object") for f in fmt.fields if f.name != "common_type"}})
-
-
-def walk_pages(blob: bytes, base: int, cpu: int, page_size: int, commit_size: int, data_offset: int,
-               source: str) -> tuple[list[int], list[int], list[int], int]:
-    """Record offsets (into ``blob`` + ``base``), timestamps and lengths of every data record; lost count."""
-    offsets: list[int] = []
-    stamps: list[int] = []
-    lengths: list[int] = []
-    lost = 0
-    unpack_u32 = struct.Struct("<I").unpack_from
-    commit_format = struct.Struct("<Q" if commit_size == 8 else "<I").unpack_from
-    if len(blob) % page_size:
-        raise TraceFormatError(f"{source}: CPU {cpu} data is {len(blob)} bytes, not a whole number of {page_size}-byte pages")
-    for page in range(0, len(blob), page_size):
-        timestamp = struct.unpack_from("<Q", blob, page)[0]
-        commit = commit_format(blob, page + 8)[0]
-        size = commit & COMMIT_MASK
-        position = page + data_offset
-        end = position + size
-        if end > page + page_size:
-            raise TraceFormatError(f"{source}: CPU {cpu} page at byte {page} claims {size} bytes of data")
-        if commit & MISSED_EVENTS:
-            lost += commit_format(blob, end)[0] if commit & MISSED_STORED else 1
-        while position < end:
-            header = unpack_u32(blob, position)[0]
-            type_len = header & 0x1F
-            delta = header >> 5
-            if type_len <= 28:
-                timestamp += delta
-                if type_len == 0:
-                    length = unpack_u32(blob, position + 4)[0] - 4
-                    data = position + 8
-                else:
-                    length = type_len << 2
-                    data = position + 4
-                offsets.append(base + data)
-                stamps.append(timestamp)
-                lengths.append(length)
-                position = data + length
-            elif type_len == TIME_EXTEND:
-                timestamp += (unpack_u32(blob, position + 4)[0] << 27) + delta
-                position += 8
-            elif type_len == TIME_STAMP:
-                timestamp = (unpack_u32(blob, position + 4)[0] << 27) + delta | (timestamp & ~((1 << 59) - 1))
-                position += 8
-            else:  # padding: a discarded record or the rest of the page
-                if delta == 0:
-                    break
-                position += 4 + unpack_u32(blob, position + 4)[0]
-    return offsets, stamps, lengths, lost
 
 
 def _dtype(fmt: EventFormat, width: int) -> np.dtype:
@@ -205,105 +320,200 @@ def _dtype(fmt: EventFormat, width: int) -> np.dtype:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": width})
 
 
-def _decode_dynamic(data: np.ndarray, starts: np.ndarray, locs: np.ndarray, f: Field) -> list[str]:
-    values = []
-    field_end = f.offset + f.size
-    for start, loc in zip(starts.tolist(), locs.tolist()):
-        offset, length = loc & 0xFFFF, loc >> 16
-        if f.dynamic == "__rel_loc":
-            offset += field_end
-        raw = data[start + offset: start + offset + length].tobytes()
-        values.append(raw.split(b"\0", 1)[0].decode(errors="replace"))
-    return values
+def _strings(buffer, starts: np.ndarray, limits: np.ndarray) -> pa.Array:
+    """NUL-terminated strings at ``starts`` of ``buffer`` (at most ``limits`` bytes), decoded as UTF-8 with replacement."""
+    import pyarrow as pa
+
+    offsets, data = ringbuf.cstrings(buffer, np.ascontiguousarray(starts, dtype=np.int64),
+                                     np.ascontiguousarray(limits, dtype=np.int64))
+    _release(buffer)
+    binary = pa.Array.from_buffers(pa.binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    try:
+        return binary.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: decode each value as the kernel's bytes with U+FFFD, like bytes.decode
+        return pa.array([value.decode(errors="replace") for value in binary.to_pylist()], pa.string())
 
 
-def build_tables(data: np.ndarray, formats: dict[int, EventFormat], offsets: np.ndarray, stamps: np.ndarray,
-                 cpus: np.ndarray, lengths: np.ndarray, source: str) -> dict[str, pd.DataFrame]:
-    """Gather each event type's records into a typed table, ordered by time."""
-    order = np.argsort(stamps, kind="stable")
-    offsets, stamps, cpus, lengths = offsets[order], stamps[order], cpus[order], lengths[order]
-    padded = np.concatenate([data, np.zeros(4096, dtype=np.uint8)])  # gathers may read past the last record
-    types = padded[offsets] | (padded[offsets + 1].astype(np.uint16) << 8)
-    tables = {}
-    for type_id in np.unique(types).tolist():
-        fmt = formats.get(type_id)
-        if fmt is None:
-            raise TraceFormatError(f"{source}: records of event type {type_id}, which has no format in the trace")
-        chosen = types == type_id
-        starts = offsets[chosen]
-        width = max(f.offset + f.size for f in fmt.fields)
-        gathered = padded[starts[:, None] + np.arange(width)]
-        records = np.ascontiguousarray(gathered).view(_dtype(fmt, width)).reshape(-1)
-        columns: dict[str, object] = {"timestamp": stamps[chosen], "cpu": cpus[chosen]}
-        for f in fmt.fields:
-            if f.name == "common_type" or f.name not in records.dtype.names:
-                continue
-            column = records[f.name]
-            if f.dynamic:
-                columns[f.name] = _decode_dynamic(padded, starts, column, f)
-            elif f.char_array:
-                columns[f.name] = [v.split(b"\0", 1)[0].decode(errors="replace") for v in column.tolist()]
-            elif column.dtype.kind == "V":
-                columns[f.name] = [bytes(v) for v in column]
-            else:
-                columns[f.name] = column
-        tables[fmt.key] = pd.DataFrame(columns)
-    return tables
+def _numeric(values: np.ndarray) -> pa.Array:
+    """A numpy integer column as an Arrow array, zero-copy (pa.array would import pandas to inspect it)."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 
-def _assemble(source: str, formats: dict[int, EventFormat], cpu_blobs: dict[int, bytes], page_size: int,
-              header_page: str, stats_text: dict[int, str], clock: str | None) -> Trace:
+def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    starts = records.offsets[chosen]
+    if not fmt.fields:
+        raise TraceFormatError(f"event {fmt.key} has no fields")
+    width = max(f.offset + f.size for f in fmt.fields)
+    if width > max(records.page_size, 4096):
+        raise TraceFormatError(f"event {fmt.key}: fields reach byte {width}, beyond a {records.page_size}-byte page")
+    starts = np.ascontiguousarray(starts)
+    pieces = []
+    for first in range(0, len(starts), RELEASE_ROWS):  # a rare event's records are spread over the whole trace
+        pieces.append(ringbuf.gather(records.buffer, starts[first:first + RELEASE_ROWS], width))
+        _release(records.buffer)
+    raw_bytes = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    raw = np.frombuffer(raw_bytes, dtype=np.uint8)
+    rows = raw.view(_dtype(fmt, width)).reshape(-1)
+    at_row = np.arange(len(starts), dtype=np.int64) * width
+    columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(records.cpus[chosen])}
+    for f in fmt.fields:
+        if f.name == "common_type" or f.name not in rows.dtype.names:
+            continue
+        column = rows[f.name]
+        if f.dynamic:
+            locs = column.astype(np.int64)
+            begin = starts + (locs & 0xFFFF) + (f.offset + f.size if f.dynamic == "__rel_loc" else 0)
+            columns[f.name] = _strings(records.buffer, begin, locs >> 16)
+        elif f.char_array:  # read from the gathered rows: the trace's pages are not touched again
+            columns[f.name] = _strings(raw_bytes, at_row + f.offset, np.full(len(starts), f.size, dtype=np.int64))
+        elif column.dtype.kind == "V":
+            packed = np.ascontiguousarray(column).tobytes()
+            columns[f.name] = pa.Array.from_buffers(pa.binary(f.size), len(starts), [None, pa.py_buffer(packed)])
+        else:
+            columns[f.name] = _numeric(column)
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def _release(buffer) -> None:
+    """Drop a mapped trace's pages from this process's memory (they stay in the page cache; touched again, they
+    come back): what keeps a walk or a table build over a large trace.dat within bounded memory."""
+    if isinstance(buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED") and len(buffer):
+        buffer.madvise(mmap.MADV_DONTNEED)
+
+
+@dataclass
+class _Segment:
+    """One CPU's pages: ``length`` bytes at ``start`` of the trace's buffer."""
+
+    cpu: int
+    start: int
+    length: int
+
+
+def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments: list[_Segment], page_size: int,
+              header_page: str, stats_text: dict[int, str], clock: str | None, check_read_events: bool = False) -> Trace:
     commit_size, data_offset = parse_header_page(header_page, source)
-    all_offsets, all_stamps, all_cpus, all_lengths, lost = [], [], [], [], {}
-    chunks, base = [], 0
-    for cpu, blob in sorted(cpu_blobs.items()):
-        offsets, stamps, lengths, missed = walk_pages(blob, base, cpu, page_size, commit_size, data_offset, source)
-        all_offsets.extend(offsets)
-        all_stamps.extend(stamps)
-        all_lengths.extend(lengths)
-        all_cpus.extend([cpu] * len(offsets))
-        lost[cpu] = missed
-        chunks.append(np.frombuffer(blob, dtype=np.uint8))
-        base += len(blob)
-    data = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
-    trace = Trace(source=source, formats=formats, lost_events=lost, page_size=page_size, clock=clock,
-                  stats_lost={cpu: stats_lost_count(text) for cpu, text in stats_text.items()})
-    if all_offsets:
-        trace.events = build_tables(data, formats, np.asarray(all_offsets, dtype=np.int64),
-                                    np.asarray(all_stamps, dtype=np.uint64), np.asarray(all_cpus, dtype=np.uint16),
-                                    np.asarray(all_lengths, dtype=np.int64), source)
-    return trace
+    if page_size <= data_offset or page_size > 1 << 24:
+        raise TraceFormatError(f"{source}: page size {page_size} is not a ring-buffer page size")
+    offsets, stamps, cpus, types, lost = [], [], [], [], {}
+    step = max(1, WALK_BYTES // page_size) * page_size
+    for segment in sorted(segments, key=lambda s: s.cpu):
+        cpu = segment.cpu
+        if segment.length % page_size:
+            raise TraceFormatError(f"{source}: CPU {cpu} data is {segment.length} bytes, not a whole number of "
+                                   f"{page_size}-byte pages")
+        found = 0
+        lost[cpu] = 0
+        for start in range(segment.start, segment.start + segment.length, step):  # pages are independent
+            where, times, kinds, missed, bad_page = ringbuf.walk(
+                buffer, start, min(step, segment.start + segment.length - start), page_size, commit_size, data_offset)
+            if bad_page >= 0:
+                raise TraceFormatError(f"{source}: CPU {cpu} page at byte {bad_page - segment.start} claims more data "
+                                       f"than a {page_size}-byte page holds")
+            _release(buffer)
+            offsets.append(np.frombuffer(where, dtype=np.int64))
+            stamps.append(np.frombuffer(times, dtype=np.uint64))
+            types.append(np.frombuffer(kinds, dtype="<u2"))
+            cpus.append(np.full(len(offsets[-1]), cpu, dtype=np.uint16))
+            lost[cpu] += missed
+            found += len(offsets[-1])
+        if check_read_events and cpu in stats_text:
+            _check_read_events(source, cpu, found, stats_text[cpu])
+    from .capture.tracing import stats_lost_count  # here, not at the top: it brings the host modules with it
+
+    stats_lost = {cpu: stats_lost_count(text) for cpu, text in stats_text.items()}
+    trace_records = None
+    if offsets:
+        if sum(len(chunk) for chunk in stamps):
+            columns = []
+            for chunks in (offsets, stamps, cpus, types):  # one at a time, each list emptied as it is joined
+                columns.append(np.concatenate(chunks))
+                chunks.clear()
+            trace_records = _Records(buffer, *columns, page_size)
+    return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
+                 clock=clock, stats_lost=stats_lost)
+
+
+def _check_read_events(source: str, cpu: int, found: int, stats: str) -> None:
+    """A capture whose stats say every event was read (entries: 0) must hold at least the events read."""
+    read = re.search(r"^\s*read events:\s*(\d+)", stats, re.M)
+    entries = re.search(r"^\s*entries:\s*(\d+)", stats, re.M)
+    if read and entries and int(entries.group(1)) == 0 and found < int(read.group(1)):
+        raise TraceFormatError(f"{source}: cpu{cpu}.raw holds {found} events but cpu{cpu}.stats says {read.group(1)} "
+                               "were read: the file is truncated")
 
 
 # -- ticklab's tracefs directory ---------------------------------------------------------------------
+@_guarded(lambda directory: directory)
 def read_tracefs_dir(directory: Path | str) -> Trace:
     directory = Path(directory)
     header = directory / "header_page"
     if not header.is_file():
         raise TraceFormatError(f"{header}: missing; {directory} is not a ticklab tracefs capture")
-    formats = {}
+    formats = EventFormats()
     for path in sorted((directory / "formats").glob("*/*/format")):
-        fmt = parse_event_format(path.read_text(), system=path.parent.parent.name, source=str(path))
-        formats[fmt.id] = fmt
-    blobs = {int(p.name.split(".")[0][3:]): _read_bytes(p) for p in [*directory.glob("cpu*.raw"), *directory.glob("cpu*.raw.xz")]}
-    stats = {int(p.stem[3:]): p.read_text() for p in directory.glob("cpu*.stats")}
+        formats.add_text(path.read_text(), system=path.parent.parent.name, source=str(path))
+    files = {}
+    for path in [*directory.glob("cpu*.raw"), *directory.glob("cpu*.raw.xz")]:
+        number = path.name.split(".")[0][3:]
+        if not number.isdigit():
+            raise TraceFormatError(f"{path}: not a cpu<N>.raw file name")
+        if int(number) in files:
+            raise TraceFormatError(f"{path}: cpu{number} is there both plain and .xz")
+        files[int(number)] = path
+    blobs, segments, start = [], [], 0
+    for cpu, path in sorted(files.items()):
+        blob = _read_bytes(path)
+        blobs.append(blob)
+        segments.append(_Segment(cpu, start, len(blob)))
+        start += len(blob)
+    stats = {}
+    for path in directory.glob("cpu*.stats"):
+        if not path.stem[3:].isdigit():
+            raise TraceFormatError(f"{path}: not a cpu<N>.stats file name")
+        stats[int(path.stem[3:])] = path.read_text()
+    for cpu in sorted(set(stats) - set(files)):  # a missing cpuN.raw is the shortest truncation of all
+        _check_read_events(str(directory), cpu, 0, stats[cpu])
     clock_file = directory / "trace_clock"
-    clock = re.search(r"\[(\w+)\]", clock_file.read_text()).group(1) if clock_file.is_file() else None
-    page_size = int((directory / "page_size").read_text()) if (directory / "page_size").is_file() else 4096
-    return _assemble(str(directory), formats, blobs, page_size, header.read_text(), stats, clock)
+    clock = None
+    if clock_file.is_file():
+        found = re.search(r"\[(\w+)\]", clock_file.read_text())
+        clock = found.group(1) if found else None
+    page_size_file = directory / "page_size"
+    page_size = 4096
+    if page_size_file.is_file():
+        text = page_size_file.read_text().strip()
+        if not text.isdigit():
+            raise TraceFormatError(f"{page_size_file}: not a page size: {text[:40]!r}")
+        page_size = int(text)
+    return _assemble(str(directory), formats, b"".join(blobs), segments, page_size, header.read_text(), stats, clock,
+                     check_read_events=True)
 
 
 # -- trace-cmd's trace.dat ---------------------------------------------------------------------------
 class _Reader:
-    def __init__(self, data: bytes, source: str, position: int = 0):
-        self.data, self.source, self.position = data, source, position
+    def __init__(self, data, source: str, position: int = 0, where: str = ""):
+        self.data, self.source, self.position, self.where = data, source, position, where
+
+    def error(self, what: str, at: int | None = None) -> TraceFormatError:
+        return TraceFormatError(f"{self.source}: {what} at byte {self.position if at is None else at}{self.where}")
 
     def take(self, size: int) -> bytes:
-        if self.position + size > len(self.data):
-            raise TraceFormatError(f"{self.source}: truncated at byte {self.position} (wanted {size} more bytes)")
+        if size < 0 or self.position + size > len(self.data):
+            raise self.error(f"truncated (wanted {size} more bytes, {max(0, len(self.data) - self.position)} left)")
         chunk = self.data[self.position:self.position + size]
         self.position += size
         return chunk
+
+    def skip(self, size: int) -> None:
+        if size < 0 or self.position + size > len(self.data):
+            raise self.error(f"truncated (wanted {size} more bytes, {max(0, len(self.data) - self.position)} left)")
+        self.position += size
 
     def u16(self) -> int:
         return struct.unpack("<H", self.take(2))[0]
@@ -315,34 +525,44 @@ class _Reader:
         return struct.unpack("<Q", self.take(8))[0]
 
     def string(self) -> str:
-        end = self.data.index(b"\0", self.position)
-        text = self.data[self.position:end].decode()
-        self.position = end + 1
-        return text
+        end = self.data.find(b"\0", self.position)
+        if end < 0:
+            raise self.error("unterminated string")
+        return self.text(self.take(end - self.position + 1)[:-1], self.position - (end - self.position + 1))
+
+    def text(self, raw: bytes, at: int) -> str:
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise self.error(f"text that is not UTF-8 ({exc.reason})", at + exc.start) from exc
 
 
 def _read_header_info(reader: _Reader) -> str:
     if reader.take(12) != b"header_page\0":
-        raise TraceFormatError(f"{reader.source}: expected header_page at byte {reader.position - 12}")
-    header_page = reader.take(reader.u64()).decode()
+        raise reader.error("expected header_page", reader.position - 12)
+    size = reader.u64()
+    start = reader.position
+    header_page = reader.text(reader.take(size), start)
     if reader.take(13) != b"header_event\0":
-        raise TraceFormatError(f"{reader.source}: expected header_event at byte {reader.position - 13}")
+        raise reader.error("expected header_event", reader.position - 13)
     reader.take(reader.u64())
     return header_page
 
 
-def _read_ftrace_formats(reader: _Reader, formats: dict[int, EventFormat]) -> None:
+def _read_ftrace_formats(reader: _Reader, formats: EventFormats) -> None:
     for _ in range(reader.u32()):
-        fmt = parse_event_format(reader.take(reader.u64()).decode(), "ftrace", reader.source)
-        formats[fmt.id] = fmt
+        size = reader.u64()
+        start = reader.position
+        formats.add_text(reader.text(reader.take(size), start), "ftrace", f"{reader.source} (byte {start})")
 
 
-def _read_event_formats(reader: _Reader, formats: dict[int, EventFormat]) -> None:
+def _read_event_formats(reader: _Reader, formats: EventFormats) -> None:
     for _ in range(reader.u32()):
         system = reader.string()
         for _ in range(reader.u32()):
-            fmt = parse_event_format(reader.take(reader.u64()).decode(), system, reader.source)
-            formats[fmt.id] = fmt
+            size = reader.u64()
+            start = reader.position
+            formats.add_text(reader.text(reader.take(size), start), system, f"{reader.source} (byte {start})")
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -353,11 +573,23 @@ def _read_bytes(path: Path) -> bytes:
         raise TraceFormatError(str(exc)) from exc
 
 
+def _map_file(path: Path):
+    """An uncompressed file mapped read-only (bytes for an .xz or an empty file)."""
+    located = rawfile.locate(path)
+    if located.suffix == ".xz":
+        return _read_bytes(path)
+    with open(located, "rb") as handle:
+        if not located.stat().st_size:
+            return b""
+        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+@_guarded(lambda path: path)
 def read_trace_dat(path: Path | str) -> Trace:
     path = Path(path)
-    data = _read_bytes(path)
+    data = _map_file(path)
     source = str(path)
-    if not data.startswith(TRACE_DAT_MAGIC):
+    if data[:len(TRACE_DAT_MAGIC)] != TRACE_DAT_MAGIC:
         raise TraceFormatError(f"{source}: not a trace-cmd trace.dat (bad magic)")
     reader = _Reader(data, source, len(TRACE_DAT_MAGIC))
     version = reader.string()
@@ -365,7 +597,7 @@ def read_trace_dat(path: Path | str) -> Trace:
     if endian != 0:
         raise TraceFormatError(f"{source}: big-endian trace data is not supported")
     page_size = reader.u32()
-    formats: dict[int, EventFormat] = {}
+    formats = EventFormats()
     if version == "6":
         return _read_v6(reader, formats, page_size, source)
     if version == "7":
@@ -373,7 +605,15 @@ def read_trace_dat(path: Path | str) -> Trace:
     raise TraceFormatError(f"{source}: trace.dat version {version!r}; ticklab reads versions 6 and 7")
 
 
-def _read_v6(reader: _Reader, formats: dict, page_size: int, source: str) -> Trace:
+def _cpu_segment(reader: _Reader, cpu: int, offset: int, size: int) -> _Segment:
+    """CPU data must lie inside the file: trace-cmd refuses a trace whose data was cut short, and so do we."""
+    if offset + size > len(reader.data):
+        raise TraceFormatError(f"{reader.source}: truncated: CPU {cpu} data at byte {offset} is {size} bytes but the "
+                               f"file ends at byte {len(reader.data)}")
+    return _Segment(cpu, offset, size)
+
+
+def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str) -> Trace:
     header_page = _read_header_info(reader)
     _read_ftrace_formats(reader, formats)
     _read_event_formats(reader, formats)
@@ -385,47 +625,83 @@ def _read_v6(reader: _Reader, formats: dict, page_size: int, source: str) -> Tra
     marker = reader.take(10)
     if marker == b"options  \0":
         while (option := reader.u16()) != OPTION_DONE:
+            start = reader.position + 4
             payload = reader.take(reader.u32())
             if option == OPTION_CPUSTAT:
-                text = payload.rstrip(b"\0").decode()
+                text = reader.text(payload.rstrip(b"\0"), start)
                 stats[_cpu_of_stats(text, len(stats))] = text
             elif option == OPTION_TRACECLOCK:
                 clock = _clock_of(payload)
         marker = reader.take(10)
     if marker != b"flyrecord\0":
         raise TraceFormatError(f"{source}: expected flyrecord data, found {marker!r} (latency traces are not supported)")
-    blobs = {}
+    segments = []
     for cpu in range(cpus):
         offset, size = reader.u64(), reader.u64()
-        blobs[cpu] = reader.data[offset:offset + size]
-    return _assemble(source, formats, blobs, page_size, header_page, stats, clock)
+        segments.append(_cpu_segment(reader, cpu, offset, size))
+    return _assemble(source, formats, reader.data, segments, page_size, header_page, stats, clock)
 
 
-def _read_v7(reader: _Reader, formats: dict, page_size: int, source: str, long_size: int) -> Trace:
+def _decompressor(name: str, source: str):
+    """bytes, expected size -> bytes, for the compressions trace-cmd writes (libtracecmd's zstd and zlib plugins)."""
+    if name == "zstd":
+        import zstandard
+
+        context = zstandard.ZstdDecompressor()
+        return lambda blob, size: context.decompress(blob, max_output_size=size)
+    if name == "zlib":
+        return lambda blob, size: zlib.decompressobj().decompress(blob, size)
+    raise TraceFormatError(f"{source}: compressed with {name!r}; ticklab reads zstd and zlib (and uncompressed)")
+
+
+def _decompress(reader: _Reader, inflate, what: str) -> bytes:
+    """One compressed block at the reader: u32 compressed size, u32 uncompressed size, the data."""
+    start = reader.position
+    packed, size = reader.u32(), reader.u32()
+    blob = reader.take(packed)
+    if size > MAX_BLOCK:
+        raise reader.error(f"{what} claims {size} bytes uncompressed (trace-cmd writes blocks of at most "
+                           f"{MAX_BLOCK >> 20} MiB)", start)
+    plain = inflate(blob, size)
+    if len(plain) != size:
+        raise reader.error(f"{what} decompresses to {len(plain)} bytes, not the {size} its header says", start)
+    return plain
+
+
+def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str, long_size: int) -> Trace:
     compression = reader.string()
     reader.string()  # compression version
-    if compression != "none":
-        raise TraceFormatError(f"{source}: compressed with {compression}; record with --file-version 6 or no compression")
+    inflate = None if compression == "none" else _decompressor(compression, source)
     next_options = reader.u64()
-    header_page, stats, clock, blobs = None, {}, None, {}
+    header_page, stats, clock = None, {}, None
+    cpu_data: list[tuple[int, int, int, bool]] = []
 
     def section(offset: int) -> _Reader:
-        """A reader placed after the header of the section at ``offset``."""
+        """A reader placed after the header of the section at ``offset`` (over its decompressed bytes if compressed)."""
         opened = _Reader(reader.data, source, offset)
         opened.u16()  # section id
-        if opened.u16() & 1:
-            raise TraceFormatError(f"{source}: compressed section at byte {offset}")
+        flags = opened.u16()
         opened.u32()  # description string id
         opened.u64()  # size
-        return opened
+        if not flags & SECTION_COMPRESSED:
+            return opened
+        if inflate is None:
+            raise opened.error("compressed section in a file that names no compression", offset)
+        plain = _decompress(opened, inflate, f"section at byte {offset}")
+        return _Reader(plain, source, 0, f" of the section at byte {offset} (decompressed)")
 
+    seen: set[int] = set()
     while next_options:
+        if next_options in seen:
+            raise TraceFormatError(f"{source}: the options sections loop back to byte {next_options}")
+        seen.add(next_options)
         options = section(next_options)
         next_options = 0
         while True:
             option, size = options.u16(), options.u32()
+            start = options.position
             payload = options.take(size)
-            value = _Reader(payload, source)
+            value = _Reader(payload, source, 0, f" of the option at byte {start}{options.where}")
             if option == OPTION_DONE:
                 next_options = value.u64()
                 break
@@ -436,10 +712,10 @@ def _read_v7(reader: _Reader, formats: dict, page_size: int, source: str, long_s
             elif option == OPTION_EVENT_FORMATS:
                 _read_event_formats(section(value.u64()), formats)
             elif option == OPTION_CPUSTAT:
-                text = payload.rstrip(b"\0").decode()
+                text = value.text(payload.rstrip(b"\0"), 0)
                 stats[_cpu_of_stats(text, len(stats))] = text
             elif option == OPTION_BUFFER:
-                value.u64()  # the flyrecord section itself; CPU data offsets follow
+                flyrecord = value.u64()
                 instance = value.string()
                 buffer_clock = value.string()
                 if instance == "":
@@ -447,12 +723,59 @@ def _read_v7(reader: _Reader, formats: dict, page_size: int, source: str, long_s
                     remaining = len(payload) - value.position
                     if remaining >= 8 and remaining - 8 == 20 * struct.unpack_from("<I", payload, value.position + 4)[0]:
                         page_size = value.u32()  # newer trace-cmd records the sub-buffer size here
+                    flags = _Reader(reader.data, source, flyrecord + 2).u16()
                     for _ in range(value.u32()):
                         cpu, offset, size = value.u32(), value.u64(), value.u64()
-                        blobs[cpu] = reader.data[offset:offset + size]
+                        cpu_data.append((cpu, offset, size, bool(flags & SECTION_COMPRESSED)))
     if header_page is None:
         raise TraceFormatError(f"{source}: no HEADER_INFO section")
-    return _assemble(source, formats, blobs, page_size, header_page, stats, clock)
+    if any(compressed for *_, compressed in cpu_data):
+        buffer, segments = _inflate_cpu_data(reader, inflate, cpu_data, page_size)
+    else:
+        buffer, segments = reader.data, [_cpu_segment(reader, cpu, offset, size) for cpu, offset, size, _ in cpu_data]
+    return _assemble(source, formats, buffer, segments, page_size, header_page, stats, clock)
+
+
+def _inflated_size(reader: _Reader, cpu_data) -> int:
+    """What the CPU data decompresses to, from the chunk headers alone."""
+    total = 0
+    for cpu, offset, size, compressed in cpu_data:
+        if not compressed:
+            total += size
+            continue
+        chunks = _Reader(reader.data, reader.source, offset)
+        for _ in range(chunks.u32()):
+            packed, plain = chunks.u32(), chunks.u32()
+            chunks.skip(packed)
+            total += plain
+    return total
+
+
+def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tuple[object, list[_Segment]]:
+    """Compressed flyrecord data: per CPU a u32 chunk count, then chunks (u32 packed, u32 plain size, data).
+
+    Decompressed chunk by chunk into memory, or, beyond IN_MEMORY bytes, into an unlinked temporary file that is
+    then mapped like an uncompressed trace.dat (so a large compressed trace needs no more memory than its pages)."""
+    if inflate is None:
+        raise TraceFormatError(f"{reader.source}: compressed CPU data in a file that names no compression")
+    spill = _inflated_size(reader, cpu_data) > IN_MEMORY
+    out = tempfile.TemporaryFile(prefix="ticklab-trace-") if spill else io.BytesIO()
+    with out:
+        segments, written = [], 0
+        for cpu, offset, size, compressed in cpu_data:
+            start = written
+            if not compressed:
+                segment = _cpu_segment(reader, cpu, offset, size)
+                written += out.write(reader.data[segment.start:segment.start + segment.length])
+            else:
+                chunks = _Reader(reader.data, reader.source, offset)
+                for number in range(chunks.u32()):
+                    written += out.write(_decompress(chunks, inflate, f"CPU {cpu} chunk {number}"))
+            segments.append(_Segment(cpu, start, written - start))
+        if not spill:
+            return out.getbuffer().tobytes(), segments
+        out.flush()
+        return (mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ) if written else b""), segments
 
 
 def _cpu_of_stats(text: str, fallback: int) -> int:
@@ -465,8 +788,11 @@ def _clock_of(payload: bytes) -> str | None:
     return found.group(1).decode() if found else None
 
 
+@_guarded(lambda path: path)
 def read_trace(path: Path | str) -> Trace:
-    """A trace.dat file (or trace.dat.xz) or a ticklab tracefs capture directory (cpuN.raw or cpuN.raw.xz)."""
+    """A trace.dat file (or trace.dat.xz) or a ticklab tracefs capture directory (cpuN.raw or cpuN.raw.xz).
+
+    Raises TraceFormatError, and nothing else, for input it cannot read (one line naming the file)."""
     path = Path(path)
     if path.is_dir():
         for name in ("trace.dat", "trace.dat.xz"):
@@ -479,12 +805,27 @@ def read_trace(path: Path | str) -> Trace:
 
 
 def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
-    """One Parquet file per event (``<system>__<event>.parquet``)."""
+    """One Parquet file per event (``<system>__<event>.parquet``), written batch by batch (bounded memory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for key, frame in sorted(trace.events.items()):
+    for key in sorted(trace.keys()):
         target = out_dir / (key.replace(":", "__") + ".parquet")
-        frame.to_parquet(target, index=False)
+        writer = None
+        try:
+            for batch in trace.batches(key):
+                if writer is None:  # dictionary-encode the strings (comm names repeat); numbers gain little for its cost
+                    strings = [f.name for f in batch.schema if pa.types.is_string(f.type)]
+                    writer = pq.ParquetWriter(target, batch.schema, use_dictionary=strings)
+                # a table per batch is its own row group, written out now (write_batch would buffer the whole event)
+                writer.write_table(pa.Table.from_batches([batch]), row_group_size=max(batch.num_rows, 1))
+                del batch
+                pa.default_memory_pool().release_unused()  # the allocator would keep each batch's encoding buffers
+        finally:
+            if writer is not None:
+                writer.close()
         written.append(target)
     return written

@@ -7,11 +7,25 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
+from .checks import check_table, run_checks
 from .claims import claim_info
 from .fresh import BundleRef, describe, find_bundles
 from .outputs import Outputs
 from .paths import repo_root
 from .published import PublishedClaim, load_published
+
+
+class ParameterError(ValueError):
+    """A notebook parameter has the wrong type or value; the message names the notebook and the parameter."""
+
+
+def check_parameters(values: dict, source: str = "notebook parameters") -> None:
+    """Check the parameters papermill injected (alpha in (0, 1), n_boot and seed whole numbers, paths as text):
+    ``check_parameters(globals(), "01-hpet.ipynb")`` in a notebook's first code cell after the parameters."""
+    from . import schemas
+
+    known = schemas.NOTEBOOK_PARAMETERS["properties"]
+    schemas.check({k: v for k, v in values.items() if k in known}, schemas.NOTEBOOK_PARAMETERS, source, ParameterError)
 
 
 def resolve(path: str | Path) -> Path:
@@ -32,6 +46,11 @@ class ClaimContext:
 
     def fresh_data_summary(self) -> str:
         return describe(self.bundles, self.data_dir, self.claim)
+
+    def condition_checks(self, checks):
+        """The claim's condition checks over its bundles, written to checks/<claim>.csv (one row per setup,
+        condition and check)."""
+        return self.out.checks(check_table(run_checks(self.claim, checks, self.bundles)))
 
 
 def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, output_dir: str | Path) -> ClaimContext:

@@ -2,8 +2,9 @@
 
 Each claim has ``traces/published/<claim>/`` holding CSV tables and a ``provenance.yaml`` that
 quotes, for every row, the line of the source document the value was read from. Published values
-are single observations (n = 1): they are reproduced exactly and compared with fresh data by
-direction and ratio, never tested as samples.
+are single observations (n = 1): they are reproduced exactly, and fresh data is held against targets
+computed from them (``PublishedClaim.ratio_target``: a derived ratio, labelled as such, citing the rows),
+never tested as samples.
 """
 
 from __future__ import annotations
@@ -14,10 +15,15 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import pandas as pd
 import yaml
+
+from . import schemas
+
+if TYPE_CHECKING:
+    from .verdicts import Target
 
 REQUIRED_COLUMNS = ("id", "value", "unit", "value_as_printed", "qualifier")
 
@@ -82,6 +88,20 @@ class PublishedClaim:
     def printed(self, table: str, row_id: str) -> str:
         return str(self.row(table, row_id)["value_as_printed"])
 
+    def quote_id(self, table: str, row_id: str) -> str:
+        """The id a verdict cites a published row by: <claim>/<table>/<row id>."""
+        self.row(table, row_id)
+        return f"{self.claim}/{table}/{row_id}"
+
+    def ratio_target(self, table: str, numerator: str, denominator: str) -> "Target":
+        """A target ratio computed from two printed values (derived, never itself printed)."""
+        from .verdicts import Target
+
+        ratio = self.value(table, numerator) / self.value(table, denominator)
+        shown = f"{self.printed(table, numerator)} / {self.printed(table, denominator)}"
+        return Target(ratio, 1 if ratio > 1 else -1, f"derived: ratio of two printed values ({shown})", shown,
+                      (self.quote_id(table, numerator), self.quote_id(table, denominator)))
+
     def files(self, *tables: str) -> list[Path]:
         """The CSV files behind ``tables`` plus the provenance file: what a figure or table came from."""
         for name in tables:
@@ -98,7 +118,7 @@ def _read_table(path: Path) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
-        raise PublishedDataError(f"{path}: not a readable CSV ({exc})") from exc
+        raise PublishedDataError(f"{path}: not a readable CSV ({' '.join(str(exc).split())[:200]})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise PublishedDataError(f"{path}: missing column(s) {', '.join(missing)}")
@@ -115,6 +135,8 @@ def _read_table(path: Path) -> pd.DataFrame:
             value = float(row["value"])
         except ValueError:
             raise PublishedDataError(f"{where}: value {row['value']!r} is not a number") from None
+        if not math.isfinite(value):
+            raise PublishedDataError(f"{where}: value {row['value']!r} is not a finite number")
         stated = parse_printed(row["value_as_printed"])
         if stated is None or not math.isclose(value, stated, rel_tol=1e-12, abs_tol=1e-12):
             raise PublishedDataError(
@@ -125,15 +147,34 @@ def _read_table(path: Path) -> pd.DataFrame:
 
 
 def load_published(published_dir: Path | str, claim: str) -> PublishedClaim:
-    """Load and validate every table of one claim; errors name the file and the row at fault."""
+    """Load and validate every table of one claim; errors name the file and the row at fault. Nothing but
+    PublishedDataError escapes."""
     directory = Path(published_dir) / claim
+    try:
+        return _load_published(directory, claim)
+    except PublishedDataError:
+        raise
+    except RecursionError:
+        raise PublishedDataError(f"{directory / 'provenance.yaml'}: nested too deeply") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+        where = getattr(exc, "filename", None) or directory
+        raise PublishedDataError(f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def _load_published(directory: Path, claim: str) -> PublishedClaim:
     provenance_path = directory / "provenance.yaml"
     if not provenance_path.is_file():
         raise PublishedDataError(f"{provenance_path}: missing (no published data for claim {claim!r})")
-    with provenance_path.open(encoding="utf-8") as handle:
-        provenance = yaml.safe_load(handle)
+    try:
+        with provenance_path.open(encoding="utf-8") as handle:
+            provenance = yaml.safe_load(handle)
+    except UnicodeDecodeError as exc:
+        raise PublishedDataError(f"{provenance_path}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise PublishedDataError(f"{provenance_path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
     if not isinstance(provenance, dict) or "source" not in provenance or "tables" not in provenance:
         raise PublishedDataError(f"{provenance_path}: needs top-level 'source' and 'tables'")
+    schemas.check(provenance, schemas.PROVENANCE, str(provenance_path), PublishedDataError)
 
     listed = set(provenance["tables"])
     present = {p.name for p in directory.glob("*.csv")}
@@ -167,11 +208,20 @@ def load_published(published_dir: Path | str, claim: str) -> PublishedClaim:
 
 
 def verify_against_source(published: PublishedClaim, seeds_dir: Path) -> list[str]:
-    """Problems found checking every quote against the source document (empty list: all good)."""
-    source_path = Path(seeds_dir) / published.source["file"]
+    """Problems found checking every quote against the source document (empty list: all good). The source
+    is read only from inside ``seeds_dir``: 'source.file: ../...' is a problem, not a file read."""
+    seeds = Path(seeds_dir).resolve()
+    source_path = Path(seeds_dir) / str(published.source.get("file", ""))
+    if not source_path.resolve().is_relative_to(seeds) or source_path.resolve() == seeds:
+        return [f"{published.directory / 'provenance.yaml'}: source.file {published.source.get('file')!r} is not a file "
+                f"inside the seeds directory {seeds}"]
     if not source_path.is_file():
         return [f"{source_path}: source document not found"]
     raw = source_path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [f"{source_path}: not UTF-8 text (byte {exc.start})"]
     problems = []
     expected_sha = published.source.get("sha256")
     if expected_sha and hashlib.sha256(raw).hexdigest() != expected_sha:

@@ -4,14 +4,13 @@ then check and assemble the output contract of DESIGN.md:
     <out>/notebooks/*.ipynb            executed notebooks
     <out>/report/index.html            offline report (+ report/notebooks/*.html)
     <out>/figures/<claim>/<name>.png|.svg, <out>/tables/<claim>/<name>.csv|.md
-    <out>/verdicts.csv, <out>/summary.json
+    <out>/verdicts.csv, <out>/checks.csv, <out>/summary.json
 
 A notebook that errors, times out, or leaves an expected output missing or empty fails the run."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -23,12 +22,13 @@ import nbformat
 import pandas as pd
 from nbconvert import HTMLExporter
 
+from . import outdir
 from .claims import CLAIMS, SUMMARY_NOTEBOOK
 from .fresh import bundle_health
+from .notebook import ParameterError, check_parameters
 from .paths import notebooks_dir
-from .summary import SUMMARY, collect_verdicts
+from .summary import SUMMARY, at_a_glance, collect_checks, collect_verdicts, setup_labels, verdict_rows
 
-OWNED_SUBDIRS = ("notebooks", "report", "figures", "tables", "verdicts")
 
 
 @dataclass
@@ -49,7 +49,7 @@ def expected_outputs(claim: str) -> list[str]:
     declared = CLAIMS[claim].load_module().OUTPUTS
     files = [f"figures/{claim}/{name}.{ext}" for name in declared["figures"] for ext in ("png", "svg")]
     files += [f"tables/{claim}/{name}.{ext}" for name in declared["tables"] for ext in ("csv", "md")]
-    files.append(f"verdicts/{claim}.csv")
+    files += [f"verdicts/{claim}.csv", f"checks/{claim}.csv"]
     return files
 
 
@@ -71,7 +71,7 @@ def output_problems(output_dir: Path, claim: str) -> list[str]:
             problems.append(f"{relative}: missing")
         elif path.stat().st_size == 0:
             problems.append(f"{relative}: empty file")
-        elif path.suffix == ".csv" and len(pd.read_csv(path)) == 0:
+        elif path.suffix == ".csv" and not relative.startswith("checks/") and len(pd.read_csv(path)) == 0:
             problems.append(f"{relative}: header only, no rows")
     return problems
 
@@ -124,33 +124,69 @@ def _sidecar(path: Path) -> dict:
     return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
+def _shown_path(path) -> str:
+    """A directory as the report names it: relative to the repository when inside it."""
+    from .paths import repo_root
+
+    resolved = Path(path).resolve()
+    try:
+        return str(resolved.relative_to(repo_root()))
+    except ValueError:
+        return str(resolved)
+
+
+def sources_in_words(sources: list[str]) -> str:
+    """A caption's sources by bundle and count (the sidecar keeps the full list)."""
+    groups: dict[str, int] = {}
+    for source in sources:
+        parts = Path(source).parts
+        where = "/".join(parts[:4]) if len(parts) > 4 and parts[0] == "traces" and parts[1] != "published" else \
+            str(Path(source).parent)
+        groups[where] = groups.get(where, 0) + 1
+    return "; ".join(f"{where} ({count} file{'s' if count != 1 else ''})" for where, count in groups.items())
+
+
 def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
     sections = []
     for claim in claims:
-        figures = [{"png": f"../figures/{claim}/{p.name}", "svg": f"../figures/{claim}/{p.stem}.svg", **_sidecar(p)}
-                   for p in sorted((output_dir / "figures" / claim).glob("*.png"))]
+        figures = []
+        for p in sorted((output_dir / "figures" / claim).glob("*.png")):
+            meta = _sidecar(p)
+            figures.append({"png": f"../figures/{claim}/{p.name}", "svg": f"../figures/{claim}/{p.stem}.svg",
+                            "json": f"../figures/{claim}/{p.stem}.json", **meta,
+                            "sources_words": sources_in_words(meta.get("sources", []))})
         tables = []
         for path in sorted((output_dir / "tables" / claim).glob("*.csv")):
             frame = pd.read_csv(path, keep_default_na=False)
+            meta = _sidecar(path)
             tables.append({"name": path.stem, "csv": f"../tables/{claim}/{path.name}",
-                           "html": frame.to_html(index=False, classes="data", border=0, escape=True, na_rep="—"), **_sidecar(path)})
+                           "json": f"../tables/{claim}/{path.stem}.json",
+                           "html": frame.to_html(index=False, classes="data", border=0, escape=True, na_rep="—"), **meta,
+                           "sources_words": sources_in_words(meta.get("sources", []))})
         title = CLAIMS[claim].title if claim in CLAIMS else "Summary across claims"
         sections.append({"claim": claim, "title": title, "figures": figures, "tables": tables})
     return sections
 
 
 def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.DataFrame | None,
-                bundles: pd.DataFrame | None = None) -> Path:
+                bundles: pd.DataFrame | None = None, checks: pd.DataFrame | None = None, *, data_dir="traces",
+                published_dir="traces/published", only: list[str] | None = None, claims: list[str] | None = None) -> Path:
     environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab", "templates"),
                                      autoescape=jinja2.select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
-    claims = [SUMMARY] + list(CLAIMS)
+    claims = claims if claims is not None else [SUMMARY] + list(CLAIMS)
+    shown = None if verdicts is None else verdicts.assign(target_provenance=verdicts["target_provenance"].fillna(""))
     page = template.render(
         results=results,
-        verdicts_html=verdicts.to_html(index=False, classes="data", border=0, na_rep="—") if verdicts is not None else None,
+        glance=None if shown is None else at_a_glance(shown),
+        verdicts=None if shown is None else verdict_rows(shown),
+        setups=[] if shown is None else [(label, setup) for setup, label in setup_labels(shown).items() if label != "—"],
+        checks_html=None if checks is None or checks.empty else
+        checks.drop(columns=["bundle"]).to_html(index=False, classes="data", border=0, na_rep="—"),
         sections=_claim_sections(output_dir, claims),
         bundles=[] if bundles is None else bundles.to_dict("records"),
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        data_dir=_shown_path(data_dir), published_dir=_shown_path(published_dir), only=only or [],
     )
     index = output_dir / "report" / "index.html"
     index.write_text(page)
@@ -171,24 +207,43 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
             return 2
         wanted = {n if n.endswith(".ipynb") else n + ".ipynb" for n in only}
         order = [n for n in order if n in wanted]
-    else:
-        # A full run starts clean, so stale outputs can never satisfy the checks.
-        for sub in OWNED_SUBDIRS:
-            shutil.rmtree(output_dir / sub, ignore_errors=True)
-        for stale in ("verdicts.csv", "summary.json"):
-            (output_dir / stale).unlink(missing_ok=True)
+    try:
+        check_parameters(parameters or {}, "ticklab report parameters")
+    except ParameterError as exc:
+        log(f"error: {exc}")
+        return 2
+    # A full run starts clean, so stale outputs can never satisfy the checks; only files an earlier
+    # report wrote are removed (outdir.py), and a directory of someone else's is refused.
+    try:
+        foreign = outdir.claim(output_dir, replace=not only)
+    except outdir.OutputDirError as exc:
+        log(f"error: {exc}")
+        return 2
+    try:
+        return _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
+                              cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, parameters=parameters,
+                              notebook_dir=notebook_dir, only=only, log=log)
+    finally:
+        outdir.record(output_dir, foreign)
+
+
+def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_dir, published_dir, cell_timeout,
+                   notebook_timeout, parameters, notebook_dir, only, log) -> int:
     for sub in ("notebooks", "report/notebooks"):
         (output_dir / sub).mkdir(parents=True, exist_ok=True)
 
     params = {"data_dir": str(Path(data_dir).resolve()), "published_dir": str(Path(published_dir).resolve()),
               "output_dir": str(output_dir), **(parameters or {})}
     results = []
+    ran = [claim_of[n] for n in order if claim_of[n] != SUMMARY]
     for position, name in enumerate(order, 1):
         claim = claim_of[name]
         log(f"[{position}/{len(order)}] {name} …")
         executed = output_dir / "notebooks" / name
-        result = run_notebook((notebook_dir or notebooks_dir()) / name, executed, params, cell_timeout=cell_timeout,
-                              notebook_timeout=notebook_timeout, claim=claim)
+        # a summary of a partial run covers the claims that ran, not stale outputs of others
+        extra = {"claims": ",".join(ran)} if name == SUMMARY_NOTEBOOK and only else {}
+        result = run_notebook((notebook_dir or notebooks_dir()) / name, executed, {**params, **extra},
+                              cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, claim=claim)
         if result.status == "ok":
             problems = output_problems(output_dir, claim)
             if problems:
@@ -199,22 +254,28 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         log(f"    {result.status} in {result.duration_s:.1f} s" + (f": {result.error}" if result.error else ""))
         results.append(result)
 
-    verdicts = None
-    aggregate = SUMMARY_NOTEBOOK in order  # a partial run (--only) without the summary aggregates nothing
-    if aggregate:
-        try:
-            verdicts = collect_verdicts(output_dir)
-            verdicts.to_csv(output_dir / "verdicts.csv", index=False)
-        except FileNotFoundError as exc:
-            log(f"error: {exc}")
-    bundles = bundle_health(data_dir, list(CLAIMS))
+    verdicts = checks = None
+    aggregate = SUMMARY_NOTEBOOK in order  # only a run with the summary writes verdicts.csv and checks.csv
+    succeeded = [claim_of[r.notebook] for r in results if r.status == "ok" and claim_of[r.notebook] != SUMMARY]
+    try:
+        verdicts = collect_verdicts(output_dir, ran if aggregate else succeeded) if (aggregate or succeeded) else None
+    except FileNotFoundError as exc:
+        log(f"error: {exc}")
+    checks = collect_checks(output_dir, ran) if ran else None
+    if aggregate and verdicts is not None:
+        verdicts.to_csv(output_dir / "verdicts.csv", index=False)
+        checks.to_csv(output_dir / "checks.csv", index=False)
+    bundles = bundle_health(data_dir, ran or list(CLAIMS))
     for flagged in bundles[bundles["flag"] != ""].itertuples():
         log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
     (output_dir / "summary.json").write_text(json.dumps(
         {"notebooks": [asdict(r) for r in results],
-         "verdicts": None if verdicts is None else "verdicts.csv",
+         "verdicts": "verdicts.csv" if aggregate and verdicts is not None else None,
+         "checks": "checks.csv" if aggregate and verdicts is not None else None,
          "bundles": bundles.to_dict("records")}, indent=2, default=int) + "\n")
-    index = write_index(output_dir, results, verdicts, bundles)
+    index = write_index(output_dir, results, verdicts, bundles, checks, data_dir=data_dir, published_dir=published_dir,
+                        only=[r.notebook for r in results] if only else None,
+                        claims=([SUMMARY] if aggregate else []) + ran)
 
     failed = [r for r in results if r.status != "ok"]
     if failed or (aggregate and verdicts is None):

@@ -4,6 +4,7 @@ correction, and an mmtests-style compare table. Every function takes plain seque
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -44,35 +45,48 @@ def _sample(values: Sequence[float], name: str, minimum: int = 1) -> np.ndarray:
     return array
 
 
-def _median_ratio(treatment: np.ndarray, baseline: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(treatment, axis=axis) / np.median(baseline, axis=axis)
+# Statistics a comparison can take the ratio of, one value per run; each takes an ``axis`` (vectorised bootstrap).
+STATISTICS = {
+    "median": lambda x, axis=-1: np.median(x, axis=axis),
+    # The lower tail: the runs that collapse (seed 003) move it long before they move the median.
+    "p10": lambda x, axis=-1: np.quantile(x, 0.10, axis=axis),
+}
+STATISTIC_NAMES = {"median": "medians", "p10": "10th percentiles"}
+
+
+def ratio_of_statistic(treatment: Sequence[float], baseline: Sequence[float], *, statistic: str = "median",
+                       confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> Interval:
+    """statistic(treatment) / statistic(baseline) with a seeded percentile bootstrap CI (independent samples).
+
+    Percentile, not BCa: BCa's acceleration comes from a jackknife, which is unreliable for medians and
+    quantiles (the jackknife of a median takes only two or three distinct values)."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic {statistic!r} is not one of {', '.join(STATISTICS)}")
+    of = STATISTICS[statistic]
+    t = _sample(treatment, "treatment", 2)
+    b = _sample(baseline, "baseline", 2)
+    if of(b) == 0:
+        raise ValueError(f"baseline: {statistic} is 0, a ratio is undefined")
+    estimate = float(of(t) / of(b))
+    label = f"percentile bootstrap, {n_boot} resamples, seed {seed}"
+    if np.ptp(t) == 0 and np.ptp(b) == 0:
+        return Interval(estimate, estimate, estimate, confidence, "degenerate: both samples constant")
+    rng = np.random.default_rng(seed)
+    resampled_t = t[rng.integers(0, t.size, size=(n_boot, t.size))]
+    resampled_b = b[rng.integers(0, b.size, size=(n_boot, b.size))]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = of(resampled_t, axis=1) / of(resampled_b, axis=1)
+    ratios = ratios[np.isfinite(ratios)]
+    if ratios.size < n_boot / 2:
+        raise ValueError(f"baseline: {statistic} is 0 in most resamples, a ratio is undefined")
+    low, high = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Interval(estimate, float(low), float(high), confidence, label)
 
 
 def ratio_of_medians(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95,
                      n_boot: int = 10_000, seed: int = 0) -> Interval:
-    """median(treatment) / median(baseline) with a seeded BCa bootstrap CI (independent samples)."""
-    t = _sample(treatment, "treatment", 2)
-    b = _sample(baseline, "baseline", 2)
-    if np.median(b) == 0:
-        raise ValueError("baseline: median is 0, a ratio of medians is undefined")
-    estimate = float(_median_ratio(t, b))
-    if np.ptp(t) == 0 and np.ptp(b) == 0:
-        return Interval(estimate, estimate, estimate, confidence, "degenerate: both samples constant")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
-        warnings.simplefilter("ignore", category=RuntimeWarning)  # flat jackknife: handled below
-        result = stats.bootstrap(
-            (t, b), _median_ratio, vectorized=True, paired=False, confidence_level=confidence,
-            n_resamples=n_boot, method="BCa", rng=np.random.default_rng(seed),
-        )
-    low, high = (float(x) for x in result.confidence_interval)
-    method = "BCa bootstrap"
-    if not (np.isfinite(low) and np.isfinite(high)):
-        # BCa's acceleration is undefined when the jackknife is flat; percentile still is.
-        low, high = (float(x) for x in np.percentile(result.bootstrap_distribution,
-                                                      [50 * (1 - confidence), 50 * (1 + confidence)]))
-        method = "percentile bootstrap (BCa undefined)"
-    return Interval(estimate, low, high, confidence, f"{method}, {n_boot} resamples, seed {seed}")
+    """median(treatment) / median(baseline) with a seeded percentile bootstrap CI."""
+    return ratio_of_statistic(treatment, baseline, statistic="median", confidence=confidence, n_boot=n_boot, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -169,15 +183,17 @@ def pct_diff(value: float, baseline: float) -> float:
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
-    """The six rows of an mmtests compare table for one condition."""
-    x = _sample(values, "values", 2)
+    """The six rows of an mmtests compare table for one condition; a statistic the runs cannot give (the spread of
+    one run, the CoefVar of a zero mean) is NaN, shown as "—"."""
+    x = _sample(values, "values", 1)
+    spread = float(x.std(ddof=1)) if x.size > 1 else float("nan")
     return {
         "Min": float(x.min()),
         "Max": float(x.max()),
         "Median": float(np.median(x)),
         "AMean": float(x.mean()),
-        "Stddev": float(x.std(ddof=1)),
-        "CoefVar": coefficient_of_variation(x),
+        "Stddev": spread,
+        "CoefVar": spread / float(x.mean()) * 100 if x.size > 1 and x.mean() != 0 else float("nan"),
     }
 
 
@@ -191,11 +207,12 @@ def compare_summaries(summaries: pd.DataFrame, baseline: str) -> pd.DataFrame:
         base = float(summaries.loc[statistic, baseline])
         for condition in summaries.columns:
             value = float(summaries.loc[statistic, condition])
+            defined = base != 0 and math.isfinite(base) and math.isfinite(value)
             rows.append({
                 "statistic": statistic,
                 "condition": condition,
                 "value": value,
-                "pct_diff": None if condition == baseline else pct_diff(value, base),
+                "pct_diff": None if condition == baseline else (pct_diff(value, base) if defined else float("nan")),
             })
     return pd.DataFrame(rows)
 
@@ -211,9 +228,10 @@ def compare_table(samples: Mapping[str, Sequence[float]], baseline: str, *, alph
     summaries = pd.DataFrame({condition: summarize(values) for condition, values in samples.items()})
     summaries = summaries.loc[list(COMPARE_STATISTICS)]
     table = compare_summaries(summaries, baseline)
-    others = [c for c in samples if c != baseline]
+    # a rank test needs at least two runs a side; with fewer there is no p-value to give
+    others = [c for c in samples if c != baseline and len(samples[c]) > 1 and len(samples[baseline]) > 1]
     raw = [mann_whitney(samples[c], samples[baseline]).pvalue for c in others]
-    adjusted = dict(zip(others, holm(raw)))
+    adjusted = dict(zip(others, holm(raw))) if others else {}
     table["p_holm"] = table["condition"].map(adjusted)
     table["significant"] = table["p_holm"].map(lambda p: None if pd.isna(p) else bool(p < alpha))
     table.attrs["test"] = f"two-sided Mann-Whitney U vs {baseline}, Holm-adjusted across conditions, alpha = {alpha}"
@@ -229,6 +247,9 @@ def format_compare_table(table: pd.DataFrame, *, decimals: int = 2) -> pd.DataFr
     cells = pd.DataFrame(index=statistics, columns=conditions, dtype=object)
     for _, row in table.iterrows():
         unit = "%" if row["statistic"] == "CoefVar" else ""
+        if not math.isfinite(row["value"]):
+            cells.loc[row["statistic"], row["condition"]] = "—"
+            continue
         text = f"{row['value']:.{decimals}f}{unit}"
         if row["pct_diff"] is not None and not pd.isna(row["pct_diff"]) and row["statistic"] != "CoefVar":
             text += f" ({row['pct_diff']:+.{decimals}f}%)"

@@ -11,6 +11,7 @@ from .claims import CLAIMS
 from .claims import acpi_idle, hpet, hrtick, pvspinlock
 from .outputs import Outputs
 from .published import load_published
+from .checks import CHECK_COLUMNS
 from .verdicts import VERDICT_COLUMNS
 
 SUMMARY = "summary"
@@ -56,7 +57,7 @@ def effects_figure(effects: pd.DataFrame):
         ax.text(r.ratio + 0.03, i, f"×{r.ratio:.3f}", va="center", fontsize=8)
     ax.set_yticks(range(len(effects)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("published ratio (green: improvement in the claimed direction)")
+    ax.set_xlabel("ratio of the printed values (green: improvement in the claimed direction)")
     ax.set_title("Published headline effects (nohz has no ratio: its figure's data is not in the text)", fontsize=9)
     return fig
 
@@ -66,18 +67,140 @@ def save_effects_figure(fig, output_dir: Path, published_dir: Path) -> None:
     Outputs(output_dir, SUMMARY).figure("published_effects", fig, caption="Published headline effects as ratios", sources=sources)
 
 
-def collect_verdicts(output_dir: Path | str) -> pd.DataFrame:
-    """The verdict rows every claim notebook wrote; fails naming the claims that wrote none."""
+def wanted_claims(claims: str | list[str] | None) -> list[str]:
+    """The claims a summary covers: all of them, or those named (a comma-separated string from papermill)."""
+    names = [c.strip() for c in claims.split(",")] if isinstance(claims, str) else list(claims or [])
+    names = [c for c in names if c]
+    unknown = [c for c in names if c not in CLAIMS]
+    if unknown:
+        raise ValueError(f"unknown claim(s) {', '.join(unknown)}; claims are: {', '.join(CLAIMS)}")
+    return [c for c in CLAIMS if c in names] if names else list(CLAIMS)
+
+
+def collect_verdicts(output_dir: Path | str, claims: str | list[str] | None = None) -> pd.DataFrame:
+    """The verdict rows the claim notebooks wrote (every claim, or those named); fails naming the claims that
+    wrote none."""
+    claims = wanted_claims(claims)
     directory = Path(output_dir) / "verdicts"
     frames = {path.stem: pd.read_csv(path) for path in sorted(directory.glob("*.csv"))} if directory.is_dir() else {}
-    missing = [claim for claim in CLAIMS if claim not in frames]
+    missing = [claim for claim in claims if claim not in frames]
     if missing:
         raise FileNotFoundError(f"{directory}: no verdicts from {', '.join(missing)} (run their notebooks first)")
-    frame = pd.concat([frames[c] for c in CLAIMS], ignore_index=True)
+    frame = pd.concat([frames[c] for c in claims], ignore_index=True)
     return frame[VERDICT_COLUMNS]
+
+
+def collect_checks(output_dir: Path | str, claims: str | list[str] | None = None) -> pd.DataFrame:
+    """The condition checks the claim notebooks wrote (claims without checks wrote an empty file)."""
+    directory = Path(output_dir) / "checks"
+    frames = [pd.read_csv(directory / f"{claim}.csv") for claim in wanted_claims(claims)
+              if (directory / f"{claim}.csv").is_file()]
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True)[CHECK_COLUMNS] if frames else pd.DataFrame(columns=CHECK_COLUMNS)
 
 
 def verdict_sentence(verdicts: pd.DataFrame) -> str:
     counts = verdicts["verdict"].value_counts()
     parts = [f"{n} {v}" for v, n in counts.items()]
     return f"{len(verdicts)} verdict row(s) across {verdicts['claim'].nunique()} claims: " + ", ".join(parts) + "."
+
+
+# -- the report's first screen ---------------------------------------------------------------------
+SETUP_KINDS = ("host", "lab guest")
+VERDICT_CLASSES = {"reproduced": "v-yes", "direction only": "v-dir", "not reproduced": "v-no",
+                   "inconclusive": "v-unk", "not testable here": "v-nt"}
+
+
+def setup_kind(setup: str) -> str:
+    """Lab guests are named guest-<accelerator>-…; everything else ran on a host."""
+    return "lab guest" if setup.startswith("guest-") else "host"
+
+
+def _sig(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def effect_words(row) -> str:
+    """A tested row's effect and CI and what it was held against, in a line."""
+    target = ("the source's direction" if pd.isna(row["target_ratio"]) else
+              f"×{_sig(row['target_ratio'])} ({'printed' if row['target_provenance'] == 'printed' else 'derived'})")
+    return (f"{row['comparison']}: ×{_sig(row['fresh_effect'])} [{_sig(row['ci_low'])}, {_sig(row['ci_high'])}] "
+            f"against {target}")
+
+
+def _reasons_by_setup(row) -> dict[str, str]:
+    """A collapsed not-testable row's reason, split back into its setups."""
+    reasons = {}
+    for part in str(row["reason"]).split(" | "):
+        setup, _, why = part.partition(": ")
+        reasons[setup] = why
+    return reasons
+
+
+# Which tested row a claim's line shows in words: the strongest evidence first.
+_HEADLINE_ORDER = ["reproduced", "direction only", "not reproduced", "inconclusive"]
+
+
+def at_a_glance(verdicts: pd.DataFrame) -> list[dict]:
+    """One line per claim: per kind of setup, a badge per comparison tested (or not testable, with why), and the
+    most decisive tested row in words; a claim tested nowhere is 'published only'."""
+    lines = []
+    for claim in [c for c in CLAIMS if c in set(verdicts["claim"])]:
+        rows = verdicts[verdicts["claim"] == claim]
+        cells = []
+        for kind in SETUP_KINDS:
+            badges, why_not, tested = [], [], []
+            for _, row in rows.iterrows():
+                setups = [s for s in str(row["setup"]).split(", ") if setup_kind(s) == kind and s != "none analysed"]
+                if not setups:
+                    continue
+                # the row of the setups that tested nothing: its reason is "<setup>: why | <setup>: why"
+                collapsed = str(row["reason"]).startswith(tuple(f"{x}: " for x in str(row["setup"]).split(", ")))
+                if pd.notna(row["fresh_effect"]):
+                    tested.append(row)
+                    badges.append({"verdict": row["verdict"], "cls": VERDICT_CLASSES[row["verdict"]],
+                                   "title": f"{row['role']}: {effect_words(row)}"})
+                elif not collapsed:  # a comparison this setup could not test (too few runs, a kernel without a series)
+                    badges.append({"verdict": row["verdict"], "cls": VERDICT_CLASSES[row["verdict"]],
+                                   "title": f"{row['comparison']}: {row['reason']}"})
+                else:
+                    reasons = _reasons_by_setup(row)
+                    why_not += [reasons.get(s, row["reason"]) for s in setups]
+            if not badges and why_not:
+                badges.append({"verdict": "not testable here", "cls": VERDICT_CLASSES["not testable here"],
+                               "title": "; ".join(dict.fromkeys(why_not))})
+            decisive = sorted(tested, key=lambda r: _HEADLINE_ORDER.index(r["verdict"]))
+            cells.append({"kind": kind, "badges": badges,
+                          "words": effect_words(decisive[0]) if decisive else
+                          ("; ".join(dict.fromkeys(why_not))[:160] if why_not else "no setup of this kind in the data")})
+        fresh = any(c["badges"] and any(b["verdict"] != "not testable here" for b in c["badges"]) for c in cells)
+        lines.append({"claim": claim, "title": CLAIMS[claim].title, "cells": cells, "published_only": not fresh})
+    return lines
+
+
+def setup_labels(verdicts: pd.DataFrame) -> dict[str, str]:
+    """Short labels (H1, G1, …) for the report's table; the legend holds the full host-ids."""
+    setups = sorted({s for cell in verdicts["setup"] for s in str(cell).split(", ")} - {"none analysed"})
+    hosts = [s for s in setups if setup_kind(s) == "host"]
+    guests = [s for s in setups if setup_kind(s) == "lab guest"]
+    return {**{s: f"H{i}" for i, s in enumerate(hosts, 1)}, **{s: f"G{i}" for i, s in enumerate(guests, 1)},
+            "none analysed": "—"}
+
+
+def verdict_rows(verdicts: pd.DataFrame) -> list[dict]:
+    """The full verdict table as the report shows it: short setup labels, three significant figures."""
+    labels = setup_labels(verdicts)
+    shown = []
+    for _, row in verdicts.iterrows():
+        tested = pd.notna(row["fresh_effect"])
+        target = ("direction" if pd.isna(row["target_ratio"]) else f"×{_sig(row['target_ratio'])}")
+        shown.append({
+            "claim": row["claim"], "setup": ", ".join(labels.get(s, s) for s in str(row["setup"]).split(", ")),
+            "role": row["role"], "comparison": row["comparison"],
+            "target": "" if not row["target_provenance"] or pd.isna(row["target_provenance"]) else
+                      f"{target} — {row['target_provenance']}",
+            "fresh": f"×{_sig(row['fresh_effect'])} [{_sig(row['ci_low'])}, {_sig(row['ci_high'])}]" if tested else "—",
+            "p": _sig(row["p_holm"]) if tested else "—", "n": row["n_per_condition"] if tested else "—",
+            "power": f"{row['power_at_target']:.0%}" if tested and pd.notna(row["power_at_target"]) else "—",
+            "verdict": row["verdict"], "cls": VERDICT_CLASSES[row["verdict"]], "reason": row["reason"]})
+    return shown

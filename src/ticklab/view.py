@@ -30,6 +30,7 @@ from . import rawfile
 from .bundle import load_bundle
 from .ingest import Trace, read_trace_dat
 from .lab.cache import cache_dir
+from .tracedat import tracefs_to_trace_dat
 from .tracemetrics import TIMER_ENTRY, TIMER_EXIT, spurious_interrupts, timer_interrupts
 
 CLAIM_EVENTS = {
@@ -108,12 +109,24 @@ def _measured_run(bundle, run: str | None) -> dict:
 
 
 def trace_file(directory: Path) -> Path:
-    """The run's trace.dat as KernelShark can open it (decompressed into the cache when stored xz'd)."""
+    """The run's trace.dat as KernelShark can open it: decompressed into the cache when stored xz'd, or written
+    there from a tracefs capture (ticklab.tracedat) when the run was not recorded with trace-cmd."""
     plain, packed = directory / "trace.dat", directory / "trace.dat.xz"
     if plain.is_file():
         return plain
     if not packed.is_file():
-        raise ViewError(f"{directory}: no trace.dat (a tracefs capture, not a trace-cmd file; KernelShark needs trace.dat)")
+        if not (directory / "header_page").is_file():
+            raise ViewError(f"{directory}: neither a trace.dat nor a tracefs capture")
+        digest = hashlib.sha256()
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            digest.update(path.name.encode() + path.read_bytes())
+        target = cache_dir() / "view" / (digest.hexdigest()[:16] + "-tracefs.dat")
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".part")
+            tracefs_to_trace_dat(directory, partial)
+            partial.replace(target)
+        return target
     target = cache_dir() / "view" / (hashlib.sha256(packed.read_bytes()).hexdigest()[:16] + "-trace.dat")
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +135,8 @@ def trace_file(directory: Path) -> Path:
 
 
 def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path, dict, Spot]:
-    """(trace.dat, session document, the spot it marks) for a run of a bundle."""
+    """(trace.dat, session document, the spot it marks) for a run of a bundle; ``session["ticklab"]`` names the
+    run and condition it opened (KernelShark ignores keys it does not know)."""
     bundle = load_bundle(bundle_path)
     record = _measured_run(bundle, run)
     path = trace_file(Path(bundle_path) / "raw" / record["run"] / record["trace"]["directory"])
@@ -160,6 +174,7 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
                     "markB": {"isSet": True, "row": row_b}, "Active": "B"},
         "ViewTop": max(row_a - 2, 0), "ColorScheme": 0.75,
         "User Plugins": {"type": "kshark.config.plugins", "obj. files": []},
+        "ticklab": {"run": record["run"], "condition": record.get("condition", ""), "claim": claim},
     }
     return path, session, spot
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import schemas
 from ..paths import repo_root
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
@@ -42,6 +43,7 @@ KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", 
          "lab", "budget"}
 BUDGET_KEYS = {"time_s", "max_runs"}
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp")
+MAX_EXPERIMENT_BYTES = 1 << 20
 LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s"}
 
 
@@ -114,11 +116,17 @@ def experiment_paths(claim: str) -> list[Path]:
 def load_experiment(path: Path | str) -> Experiment:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        if path.stat().st_size > MAX_EXPERIMENT_BYTES:
+            raise ExperimentError(f"{path}: larger than {MAX_EXPERIMENT_BYTES} bytes; not an experiment definition")
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ExperimentError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise ExperimentError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ExperimentError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
-        raise ExperimentError(f"{path}: not valid YAML ({exc})") from exc
+        raise ExperimentError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
+    except RecursionError:
+        raise ExperimentError(f"{path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ExperimentError(f"{path}: expected a mapping of experiment keys")
     missing = [k for k in REQUIRED if k not in data]
@@ -129,6 +137,7 @@ def load_experiment(path: Path | str) -> Experiment:
         raise ExperimentError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN))})")
     if not isinstance(data["workload"], dict) or not isinstance(data["workload"].get("argv"), list):
         raise ExperimentError(f"{path}: workload.argv must be a list of arguments")
+    schemas.check(data, schemas.EXPERIMENT, str(path), ExperimentError)  # types first: the checks below rely on them
     for key in ("runs", "warmup", "seed"):
         if key in data and (not isinstance(data[key], int) or data[key] < (1 if key == "runs" else 0)):
             raise ExperimentError(f"{path}: {key} must be a {'positive' if key == 'runs' else 'non-negative'} integer")

@@ -9,6 +9,7 @@ If the host cannot run the experiment, the bundle records that, with the reason,
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from ..claims import CLAIMS
 from ..host import HostChanges, collect, host_id
 from ..ingest import read_trace
 from ..paths import repo_root
+from ..schemas import MAX_RUNS
 from . import requirements, tracing
 from .execute import apply_knobs, execute_run, run_once, workload_values
 from .experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths, load_experiment,
@@ -222,9 +224,13 @@ def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dic
         if record.get("trace") and experiment.trace.get("metrics"):
             module = CLAIMS[experiment.claim].load_module()
             results += module.trace_metrics(read_trace(run_dir / record["trace"]["directory"]), values)
-    except (WorkloadOutputError, KeyError, ValueError) as exc:
+    except (WorkloadOutputError, KeyError, ValueError, OverflowError, TypeError) as exc:
         return [], str(exc)
-    return [{**row, "value": float(row["value"])} for row in results], None
+    rows = [{**row, "value": float(row["value"])} for row in results]
+    odd = [row["metric"] for row in rows if not math.isfinite(row["value"])]
+    if odd:
+        return [], f"{run_dir}: metric(s) {', '.join(odd)} not finite; the run's results are not recorded"
+    return rows, None
 
 
 def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: dict, log=print) -> None:
@@ -243,10 +249,23 @@ def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: 
     writer.add_run(record, [] if record["warmup"] else results)
 
 
+def check_counts(options) -> None:
+    """--runs, --warmup, --seed, --budget-s as given (argparse checks them too; this guards other callers)."""
+    limits = {"runs": (1, MAX_RUNS), "warmup": (0, 1000), "seed": (0, 2**63 - 1)}
+    for name, (low, high) in limits.items():
+        value = getattr(options, name, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
+            raise ExperimentError(f"--{name} {value!r}: must be a whole number from {low} to {high}")
+    budget = getattr(options, "budget_s", None)
+    if budget is not None and not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 <= budget <= 7 * 86400):
+        raise ExperimentError(f"--budget-s {budget!r}: must be seconds from 0 to {7 * 86400}")
+
+
 def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
     """Run one experiment (the given file) or every experiment of the claim; the bundles written."""
     if claim not in CLAIMS:
         raise ExperimentError(f"unknown claim {claim!r}; claims are: {', '.join(CLAIMS)}")
+    check_counts(options)
     paths = [experiment_path] if experiment_path else experiment_paths(claim)
     if not paths:
         raise ExperimentError(f"runners/{claim}/: no experiment definitions (*.yaml)")

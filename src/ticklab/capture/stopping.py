@@ -1,11 +1,17 @@
-"""When a capture stops: the precision rule of the design, or the experiment's budget.
+"""When a capture stops: the precision rule, or the experiment's budget.
 
 After the experiment's initial runs, each comparison of the claim whose two conditions this experiment
-measures is checked the way the verdict will judge it (ratio of medians, seeded BCa 95% CI). While some
-comparison's CI half-width is wider than 5% of its effect (|ratio - 1|), another round adds one run to each
-condition of those comparisons, in a seeded random order, until they all meet the target, the time budget
-would be passed by the next round, or a condition has had ``max_runs`` runs. The decision and every check
-go into the manifest (``stopping``), and the verdicts say which ended the capture.
+measures is checked the way the verdict will judge it (ratio of the comparison's statistic, seeded
+percentile bootstrap 95% CI). The precision target of a comparison is a CI half-width, on the log scale, no
+wider than its declared no-effect margin (by default half the target's log-effect): a CI that narrow cannot
+contain both "no effect" and the target, so the verdict can decide between them. While some comparison
+is short of it, another round adds one run of *every* condition of the experiment (a block, in a seeded
+random order), until all meet the target, the time budget would be passed by the next round, or a
+condition has had ``max_runs`` runs. The decision and every check go into the manifest (``stopping``),
+and the verdicts say which ended the capture.
+
+The rule looks only at the CI's width, never at the estimate or the p-value; REPRODUCING ("How many
+runs") says what that does and does not do to the verdicts' error rates.
 
 An experiment without a ``budget`` section, or a capture whose run count was fixed on the command line,
 runs its fixed count and says so.
@@ -23,15 +29,14 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..bundle import run_failed
-from ..stats import ratio_of_medians
+from ..stats import ratio_of_statistic
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
-# The precision the design asks for: a CI half-width no wider than 5% of the effect (|ratio − 1|).
-TARGET_HALF_WIDTH = 0.05
 # A bootstrap CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
 MIN_RUNS = 5
-RULE = (f"95% CI half-width of each compared ratio of medians ≤ {TARGET_HALF_WIDTH:.0%} of its effect |ratio − 1|, "
-        f"from at least {MIN_RUNS} runs per condition")
+RULE = (f"95% CI half-width of each compared ratio, on the log scale, ≤ the comparison's no-effect margin "
+        f"(default: half the target's log-effect), from at least {MIN_RUNS} runs per condition; rounds add one run "
+        f"of every condition")
 
 
 def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | None:
@@ -44,10 +49,26 @@ def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | N
     return Budget(float(time_s), budget.max_runs if budget else 10 * experiment.runs)
 
 
-def half_width_share(low: float, high: float, estimate: float) -> float:
-    """CI half-width as a share of the effect |ratio − 1| (inf for a zero effect)."""
-    effect = abs(estimate - 1)
-    return (high - low) / 2 / effect if effect else math.inf
+def log_half_width(low: float, high: float) -> float:
+    """Half the width of a ratio CI on the log scale (inf when a bound is not positive)."""
+    if not (low > 0 and high > 0):
+        return math.inf
+    return (math.log(high) - math.log(low)) / 2
+
+
+def precision_target(comparison) -> float:
+    """The comparison's precision target: its no-effect margin, as a log-scale half-width."""
+    return comparison.margins.no_effect_log(comparison.target)
+
+
+def precision_note(low: float, high: float, target: float, stopped: list[str] = ()) -> str:
+    """Whether a CI meets its precision target (a log-scale half-width), and when it does not, why capturing stopped."""
+    width = log_half_width(low, high)
+    shown = f"CI half-width {width:.3f} on the log scale"
+    if width <= target:
+        return f"{shown} (meets the precision target ≤ {target:.3f})"
+    why = "; ".join(dict.fromkeys(stopped)) or "no stopping record"
+    return f"{shown} (precision target ≤ {target:.3f} not met; capture stopped: {why})"
 
 
 def comparisons_measured(experiment: Experiment, conditions: list[Condition]) -> list:
@@ -107,15 +128,15 @@ class StoppingRule:
                 found.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
                 continue
             try:
-                ratio = ratio_of_medians(values[comparison.treatment], values[comparison.baseline],
-                                         n_boot=self.n_boot, seed=self.seed)
+                ratio = ratio_of_statistic(values[comparison.treatment], values[comparison.baseline],
+                                           statistic=comparison.statistic, n_boot=self.n_boot, seed=self.seed)
             except ValueError as exc:
                 found.append({**entry, "met": False, "why": str(exc)})
                 continue
-            share = half_width_share(ratio.low, ratio.high, ratio.estimate)
+            width, target = log_half_width(ratio.low, ratio.high), precision_target(comparison)
             found.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high],
-                          "half_width_share": share if math.isfinite(share) else None,
-                          "met": share <= TARGET_HALF_WIDTH and min(n.values()) >= MIN_RUNS})
+                          "log_half_width": width if math.isfinite(width) else None, "target_log_half_width": target,
+                          "met": width <= target and min(n.values()) >= MIN_RUNS})
         return found
 
     def next_round(self, results: pd.DataFrame, runs_per_condition: dict[str, int], seconds_per_run: float,
@@ -128,19 +149,18 @@ class StoppingRule:
         self.checks.append({"runs_per_condition": dict(runs_per_condition), "comparisons": checks})
         short = [c for c in checks if not c["met"]]
         if not short:
-            self.reason = (f"precision reached: all {len(checks)} comparison(s) within {TARGET_HALF_WIDTH:.0%} "
+            self.reason = (f"precision reached: all {len(checks)} comparison(s) met their target "
                            f"after {max(runs_per_condition.values())} runs per condition")
             return []
-        wanted = [c for c in conditions if any(c.name in (s["treatment"], s["baseline"]) for s in short)]
+        wanted = list(conditions)  # a block of every condition, so later rounds never confound time with condition
         elapsed = time.monotonic() - (self.started or time.monotonic())
         if any(runs_per_condition.get(c.name, 0) >= self.budget.max_runs for c in wanted):
             self.reason = (f"run budget spent ({self.budget.max_runs} runs per condition); "
-                           f"{len(short)} of {len(checks)} comparison(s) short of the {TARGET_HALF_WIDTH:.0%} target")
+                           f"{len(short)} of {len(checks)} comparison(s) short of the precision target")
             return []
         if elapsed + seconds_per_run * len(wanted) > self.budget.time_s:
             self.reason = (f"time budget spent ({elapsed:.0f} s of {self.budget.time_s:.0f} s; another round would "
-                           f"pass it); {len(short)} of {len(checks)} comparison(s) short of the "
-                           f"{TARGET_HALF_WIDTH:.0%} target")
+                           f"pass it); {len(short)} of {len(checks)} comparison(s) short of the precision target")
             return []
         return wanted
 

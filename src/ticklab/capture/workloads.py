@@ -7,6 +7,7 @@ output is not what the tool prints.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -21,9 +22,11 @@ def _header(path: Path) -> tuple[dict, list[str]]:
     try:
         lines = rawfile.read_text(path).splitlines()
     except OSError as exc:
-        raise WorkloadOutputError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise WorkloadOutputError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except rawfile.RawFileError as exc:
         raise WorkloadOutputError(str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise WorkloadOutputError(f"{path}: not text output (byte {exc.start} is not UTF-8)") from exc
     header = {}
     for line in lines:
         if line.startswith("# ") and ":" in line:
@@ -32,19 +35,30 @@ def _header(path: Path) -> tuple[dict, list[str]]:
     return header, [line for line in lines if line and not line.startswith("#")]
 
 
+def _header_count(header: dict, key: str, path: Path) -> int:
+    """A non-negative whole number from the header ('# samples: 5000')."""
+    text = header.get(key)
+    if text is None or not text.isdigit() or len(text) > 12:
+        raise WorkloadOutputError(f"{path}: header '# {key}:' is {text!r}, not a whole number")
+    return int(text)
+
+
 def read_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
     """ftq's header and samples (index, end_ns, count, warmup)."""
     header, lines = _header(path)
     if header.get("ftq") != "1":
         raise WorkloadOutputError(f"{path}: not ftq output (no '# ftq: 1' header)")
-    try:
-        samples = pd.DataFrame(np.array([line.split() for line in lines], dtype=np.int64).reshape(-1, 3),
-                               columns=["index", "end_ns", "count"])
-    except ValueError as exc:
-        raise WorkloadOutputError(f"{path}: sample lines must be 'index end_ns count' ({exc})") from exc
-    warmup = int(header["warmup"])
-    if len(samples) != warmup + int(header["samples"]):
-        raise WorkloadOutputError(f"{path}: {len(samples)} samples, header says {warmup} + {header['samples']}")
+    warmup, measured = _header_count(header, "warmup", path), _header_count(header, "samples", path)
+    fields = [line.split() for line in lines]
+    for number, row in enumerate(fields, 1):
+        if len(row) != 3 or not all(f.isdigit() and len(f) <= 18 for f in row):
+            raise WorkloadOutputError(f"{path}: sample line {number} is {' '.join(row)[:80]!r}; sample lines must be "
+                                      "'index end_ns count', three whole numbers below 10^18")
+    samples = pd.DataFrame(np.array(fields, dtype=np.int64).reshape(-1, 3), columns=["index", "end_ns", "count"])
+    if len(samples) != warmup + measured:
+        raise WorkloadOutputError(f"{path}: {len(samples)} samples, header says {warmup} + {measured}")
+    if measured < 2:
+        raise WorkloadOutputError(f"{path}: {measured} measured sample(s); a spread needs at least 2")
     samples["warmup"] = samples["index"] < warmup
     return header, samples
 
@@ -53,6 +67,8 @@ def parse_ftq(directory: Path) -> list[dict]:
     _, samples = read_ftq(directory / "ftq.dat")
     counts = samples.loc[~samples["warmup"], "count"].to_numpy(dtype=float)
     peak = counts.max()
+    if peak <= 0:
+        raise WorkloadOutputError(f"{directory / 'ftq.dat'}: no quantum counted any work")
     return [
         {"metric": "ftq_count_mean", "value": counts.mean(), "unit": "work units/quantum"},
         {"metric": "ftq_count_stddev", "value": counts.std(ddof=1), "unit": "work units/quantum"},
@@ -62,17 +78,33 @@ def parse_ftq(directory: Path) -> list[dict]:
     ]
 
 
+CLOCKBENCH_COLUMNS = ("reads", "reads_per_s", "cost_mean_ns", "cost_p50_ns", "cost_p99_ns")
+
+
 def read_clockbench(path: Path) -> tuple[dict, pd.DataFrame]:
     header, lines = _header(path)
     if header.get("clockbench") != "1" or not lines:
         raise WorkloadOutputError(f"{path}: not clockbench output (no '# clockbench: 1' header or no rows)")
     names = lines[0].split()
-    try:
-        rows = pd.DataFrame([[float(x) for x in line.split()] for line in lines[1:]], columns=names)
-    except ValueError as exc:
-        raise WorkloadOutputError(f"{path}: rows must have {len(names)} numbers ({exc})") from exc
-    if len(rows) != int(header["threads"]):
-        raise WorkloadOutputError(f"{path}: {len(rows)} thread rows, header says {header['threads']}")
+    missing = [c for c in CLOCKBENCH_COLUMNS if c not in names]
+    if missing or len(set(names)) != len(names):
+        raise WorkloadOutputError(f"{path}: column line {lines[0][:80]!r} lacks {', '.join(missing) or 'unique names'}")
+    table = []
+    for number, line in enumerate(lines[1:], 1):
+        try:
+            row = [float(x) for x in line.split()]
+        except ValueError:
+            row = []
+        if len(row) != len(names) or not all(math.isfinite(x) and x >= 0 for x in row):
+            raise WorkloadOutputError(f"{path}: thread row {number} is {line[:80]!r}; each row must have "
+                                      f"{len(names)} finite non-negative numbers")
+        table.append(row)
+    rows = pd.DataFrame(table, columns=names)
+    threads = _header_count(header, "threads", path)
+    if len(rows) != threads or threads == 0:
+        raise WorkloadOutputError(f"{path}: {len(rows)} thread rows, header says {threads}")
+    if rows["reads"].sum() <= 0:
+        raise WorkloadOutputError(f"{path}: no reads counted")
     return header, rows
 
 
@@ -93,21 +125,43 @@ def parse_timejobs(directory: Path) -> list[dict]:
     header, lines = _header(path)
     if header.get("timejobs") != "1" or "jobs_per_min" not in header:
         raise WorkloadOutputError(f"{path}: not timejobs output (no '# timejobs: 1' header or no jobs_per_min)")
-    if len(lines) - 1 != int(header["threads"]):
+    if len(lines) - 1 != _header_count(header, "threads", path):
         raise WorkloadOutputError(f"{path}: {len(lines) - 1} thread rows, header says {header['threads']}")
-    return [{"metric": "jobs_per_min", "value": float(header["jobs_per_min"]), "unit": "jobs/min"}]
+    for number, line in enumerate(lines[1:], 1):
+        fields = line.split()
+        if len(fields) != len(lines[0].split()) or not all(f.isdigit() and len(f) <= 18 for f in fields):
+            raise WorkloadOutputError(f"{path}: thread row {number} is {line[:80]!r}; each row must have "
+                                      f"{len(lines[0].split())} whole numbers")
+    return [{"metric": "jobs_per_min", "value": _finite(header["jobs_per_min"], path, "jobs_per_min"), "unit": "jobs/min"}]
+
+
+def _finite(text: str, path: Path, what: str) -> float:
+    """A finite, non-negative number a tool printed; WorkloadOutputError naming the file otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise WorkloadOutputError(f"{path}: {what} {text[:40]!r} is not a finite non-negative number")
+    return value
 
 
 def _one_number(directory: Path, pattern: str, expected: str, metric: str, unit: str) -> list[dict]:
     path = directory / "stdout.txt"
-    found = re.search(pattern, path.read_text(), re.M)
+    try:
+        text = rawfile.read_text(path)
+    except OSError as exc:
+        raise WorkloadOutputError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except (rawfile.RawFileError, UnicodeDecodeError) as exc:
+        raise WorkloadOutputError(f"{path}: not text output ({exc})") from exc
+    found = re.search(pattern, text, re.M)
     if not found:
         raise WorkloadOutputError(f"{path}: no '{expected}' line")
-    return [{"metric": metric, "value": float(found.group(1)), "unit": unit}]
+    return [{"metric": metric, "value": _finite(found.group(1), path, expected), "unit": unit}]
 
 
 def parse_hackbench(directory: Path) -> list[dict]:
-    return _one_number(directory, r"^Time:\s*([\d.]+)", "Time: <seconds>", "runtime_s", "s")
+    return _one_number(directory, r"^Time:\s*(\S+)\s*$", "Time: <seconds>", "runtime_s", "s")
 
 
 def parse_tbench(directory: Path) -> list[dict]:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import pandas as pd
 
-from ..fresh import BundleRef
 from ..published import PublishedClaim
-from ..verdicts import Verdict
 
 
 @dataclass(frozen=True)
@@ -44,47 +41,6 @@ def claim_info(claim: str) -> ClaimInfo:
     if claim not in CLAIMS:
         raise KeyError(f"unknown claim {claim!r}; claims are: {', '.join(CLAIMS)}")
     return CLAIMS[claim]
-
-
-def pending_verdict(claim: str, comparison: str, published_effect: str,
-                    bundles: list[BundleRef], data_dir: Path | str, *, absent: bool = True) -> list[Verdict]:
-    """The honest verdict while a claim has no fresh data it can analyse: per setup, the reason its
-    bundle gives for not running the experiment, or that no analysis of its data exists yet; with
-    ``absent``, also a row for every other setup in the data directory (it has no bundle of this claim)."""
-    if not bundles:
-        return [Verdict(claim=claim, setup="none analysed", comparison=comparison, published_effect=published_effect,
-                        verdict="not testable here",
-                        reason=f"no captured bundles for {claim} under {data_dir}: nothing measured to test the claim with")
-                ] + (absent_setups(claim, comparison, published_effect, bundles, data_dir) if absent else [])
-    from ..bundle import BundleError, load_bundle
-
-    reasons: dict[str, list[str]] = {}
-    for ref in bundles:
-        try:
-            manifest = load_bundle(ref.path).manifest
-        except BundleError as exc:
-            reasons.setdefault(ref.host_id, []).append(f"{ref.path.name} does not load ({exc})")
-            continue
-        why = manifest.get("not_testable") or (f"{ref.path.name} has data, but this version of ticklab has no "
-                                               f"fresh-data analysis for {claim}; nothing was tested")
-        reasons.setdefault(ref.host_id, []).append(f"{manifest['experiment']}: {why}")
-    return [Verdict(claim=claim, setup=setup, comparison=comparison, published_effect=published_effect,
-                    verdict="not testable here", reason="; ".join(dict.fromkeys(why)))
-            for setup, why in sorted(reasons.items())] + (
-                absent_setups(claim, comparison, published_effect, bundles, data_dir) if absent else [])
-
-
-def absent_setups(claim: str, comparison: str, published_effect: str, bundles: list[BundleRef],
-                  data_dir: Path | str) -> list[Verdict]:
-    """One row for every setup in the data directory that captured other claims but not this one."""
-    from ..fresh import all_setups
-
-    have = {ref.host_id for ref in bundles}
-    return [Verdict(claim=claim, setup=setup, comparison=comparison, published_effect=published_effect,
-                    verdict="not testable here",
-                    reason=f"no {claim} bundle from this setup: none of the claim's experiments ran there"
-                           + (f" ({ABSENT_BECAUSE[claim]})" if setup.startswith("guest-") and claim in ABSENT_BECAUSE else ""))
-            for setup in all_setups(data_dir) if setup not in have]
 
 
 # Why a claim has no lab (guest) experiment, for the rows above.

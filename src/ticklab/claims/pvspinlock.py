@@ -8,7 +8,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..published import PublishedClaim, load_published
+from ..checks import FactCheck, MetricBound
 from ..comparisons import Comparison, claim_verdicts
+from ..verdicts import Margins, Target
 
 CLAIM = "pvspinlock"
 OUTPUTS = {"figures": ["kernel_build_time"], "tables": ["kernel_build_time", "setup"]}
@@ -47,11 +49,16 @@ def build_time_figure(published: PublishedClaim):
     width = 0.38
     ax.bar([x - width / 2 for x in xs], table["before (s)"], width, color="#c44e52", label="before patch")
     ax.bar([x + width / 2 for x in xs], table["after (s)"], width, color="#55a868", label="after patch (kick-ahead)")
+    tallest = max(table["before (s)"].max(), table["after (s)"].max())
     for x, (_, row) in zip(xs, table.iterrows()):
+        # the times as printed above each bar, level (short bars are too narrow to hold them inside)
+        for offset, column in ((-width / 2, "before"), (width / 2, "after")):
+            ax.text(x + offset, row[f"{column} (s)"] + 0.015 * tallest, row[f"{column} (as printed)"], ha="center",
+                    va="bottom", fontsize=7)
         top = max(row["before (s)"], row["after (s)"])
-        ax.text(x, top + 15, f"{row['change (%)']:+.1f}%", ha="center", fontsize=9)
-        ax.text(x - width / 2, row["before (s)"] / 2, row["before (as printed)"], ha="center", rotation=90, fontsize=7, color="white")
-        ax.text(x + width / 2, row["after (s)"] / 2, row["after (as printed)"], ha="center", rotation=90, fontsize=7, color="white")
+        ax.text(x, top + 0.075 * tallest, f"{row['change (%)']:+.1f}%", ha="center", va="bottom", fontsize=9,
+                fontweight="bold")
+    ax.set_ylim(0, tallest * 1.2)
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_ylabel("kernel build time in the KVM guest (s)")
     ax.set_title("Seed 001: kernel build time, hosts with 32 physical CPUs — published, n = 1")
@@ -78,15 +85,15 @@ def gain_sentence(table: pd.DataFrame) -> str:
 COMPARISON = f"{LAB_LABEL}: pv_kick_ahead on vs off, build time ratio (after / before) per vCPU level"
 
 
-def published_effect(published: PublishedClaim) -> str:
-    return "; ".join(f"×{ratio:.3f} ({setup})" for setup, ratio in kick_ahead_ratios(published).items())
-
-
 EXPERIMENT = "guest-kbuild"
 METRIC = "build_time_s"
 # The lab experiment's vCPU levels (runners/pvspinlock/guest-kbuild.yaml: vCPUs per host CPU) and the guest
 # size of the source that each matches on its 32-CPU hosts (None: the source ran no guest that large).
 LEVELS = {"1x": "32", "1.5x": "48", "2x": None}
+# |ratio − 1| below which a 2x build-time change counts as none (that level has no printed ratio to halve).
+NO_EFFECT_AT_2X = 0.05
+SIZES_COMPARABLE = ("not expected: a lab analogue under TCG on this host's CPUs, not KVM guests on 32 physical CPUs; "
+                    "the counter table shows how often kick-ahead ran per build")
 KICK_AHEAD = (0, 4)
 # Lock events shown per condition (lockevent_<name> metrics of the kbuild workload), in reading order.
 COUNTERS = ("pv_lab_wait", "pv_lab_wait_irqoff", "pv_lab_halt", "pv_lab_wake_unkicked", "pv_lab_kick",
@@ -98,29 +105,26 @@ def condition_name(kick_ahead: int, level: str) -> str:
     return f"kick-ahead-{kick_ahead} {level}"
 
 
-def _published_ratio(published: PublishedClaim, host: str, vcpus: str) -> float:
-    frame = published.table("kernel_build_time")
-    cell = frame[(frame["host"] == host) & (frame["vcpus"].astype(str) == vcpus)].set_index("patch")["value"]
-    return float(cell["after"] / cell["before"])
-
-
 def comparisons(published: PublishedClaim) -> list[Comparison]:
     """pv_kick_ahead=4 against upstream (0) per vCPU level, in TCG guests with the lab pv-spinlock backend:
     build time of the kernel-build-like load, held against seed 001's Westmere-EX ratio at the matching guest
-    size ("quite substantially on Westmere"; Haswell's ratio is quoted beside it). 2x has no published guest
-    of its size and is held against the largest (48 vCPUs on 32 CPUs)."""
+    size ("quite substantially on Westmere"). The source ran no guest of twice its CPUs: that level is held
+    against the direction only, with a declared no-effect margin."""
     found = []
     for level, vcpus in LEVELS.items():
-        size = vcpus or "48"
-        westmere = _published_ratio(published, "westmere-ex-8s-32c", size)
-        haswell = _published_ratio(published, "haswell-ex-4s-32c", size)
-        quoted = (f"×{westmere:.3f} kernel build (Westmere-EX, {size} vCPUs on 32 CPUs); "
-                  f"×{haswell:.3f} (Haswell-EX, {size} vCPUs)")
         if vcpus is None:
-            quoted += f"; the source ran no guest of {level} its CPUs, so its largest (1.5x) stands in"
+            westmere = published.ratio_target("kernel_build_time", "westmere_48_after", "westmere_48_before")
+            target = Target(None, -1, "derived: direction only; the source ran no guest with twice its CPUs as "
+                            "vCPUs (its largest, 48 on 32 CPUs, built faster with kick-ahead)",
+                            westmere.as_printed, westmere.quotes)
+            margins = Margins(no_effect=NO_EFFECT_AT_2X)
+        else:
+            target = published.ratio_target("kernel_build_time", f"westmere_{vcpus}_after", f"westmere_{vcpus}_before")
+            margins = Margins()
         found.append(Comparison(
             f"{LAB_LABEL}: pv_kick_ahead=4 vs 0, build time of make -j<vCPUs> with tcc, vCPUs = {level} host CPUs",
-            METRIC, condition_name(4, level), condition_name(0, level), westmere, quoted, (EXPERIMENT,)))
+            METRIC, condition_name(4, level), condition_name(0, level), target, (EXPERIMENT,), margins=margins,
+            sizes_comparable=SIZES_COMPARABLE))
     return found
 
 
@@ -171,48 +175,43 @@ def counter_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table[[c for c in COUNTERS if c in table.columns]]
 
 
-def expected_kick_aheads(kick_ahead: int, vcpus: int | None) -> bool:
-    """Whether a build can kick ahead: pv_kick_ahead > 0 and at least three vCPUs, so that one can wait
-    behind the queue head while another holds the lock."""
-    return kick_ahead > 0 and (vcpus or 0) >= 3
-
-
-def condition_checks(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per setup and condition, from each run's counters: did the path the condition asks for run?
-    The pv slow path waited and kicked in every run (the lab backend halted, under TCG); kick-aheads are 0 in
-    every run where none can happen and above 0 in every run where they can."""
-    chosen = runs[runs["experiment"] == EXPERIMENT]
+def kick_ahead_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per setup and condition: how many builds kicked ahead at all, and the range of kick-aheads per build.
+    Not a check (a build whose queue never held a waiter behind the head cannot kick ahead), but the measure
+    of how much of the build the kick-ahead path could have touched."""
+    chosen = runs[(runs["experiment"] == EXPERIMENT) & (runs["metric"] == "lockevent_pv_kick_ahead")]
     if chosen.empty:
         return pd.DataFrame()
-    per_run = chosen.pivot_table(index=["host_id", "condition", "run"], columns="metric", values="value")
     rows = []
-    for (setup, condition), group in per_run.groupby(level=["host_id", "condition"]):
-        kick_ahead = int(condition.split()[0].rsplit("-", 1)[1])
-        vcpus = int(group["guest_vcpus"].median()) if "guest_vcpus" in group else None
-        column = lambda name: group.get(f"lockevent_{name}", pd.Series(0.0, index=group.index))  # noqa: E731
-        lab_backend = setup.startswith("guest-tcg-")
-        problems = []
-        if not (column("pv_wait_head") + column("pv_wait_node") > 0).all():
-            problems.append("a run without pv waits (the pv slow path did not run)")
-        if not (column("pv_kick_unlock") > 0).all():
-            problems.append("a run without unlock kicks")
-        if lab_backend and not (column("pv_lab_halt") > 0).all():
-            problems.append("a TCG run in which the lab backend never halted")
-        if not lab_backend and (column("pv_lab_wait") > 0).any():
-            problems.append("the lab backend ran although a hypervisor backend should have the lock ops")
-        wanted = expected_kick_aheads(kick_ahead, vcpus)
-        kicks = column("pv_kick_ahead")
-        if wanted and not (kicks > 0).all():
-            problems.append(f"{int((kicks == 0).sum())} run(s) without kick-aheads")
-        if not wanted and (kicks > 0).any():
-            problems.append(f"kick-aheads where none can happen ({int(kicks.max())} in a run)")
-        rows.append({"setup": setup, "condition": condition, "guest vCPUs": vcpus, "runs": len(group),
-                     "pv_kick_ahead per run": f"{int(kicks.min())}–{int(kicks.max())}",
-                     "kick-aheads expected": "> 0" if wanted else "0",
-                     "check": "ok" if not problems else "FAILED: " + "; ".join(problems)})
+    for (setup, condition), group in chosen.groupby(["host_id", "condition"]):
+        values = group["value"]
+        rows.append({"setup": setup, "condition": condition, "runs": len(values),
+                     "runs with kick-aheads": int((values > 0).sum()),
+                     "kick-aheads per build": f"{int(values.min())}–{int(values.max())}",
+                     "median unlock kicks per build": float(runs[(runs["host_id"] == setup) & (runs["condition"] == condition)
+                                                              & (runs["metric"] == "lockevent_pv_kick_unlock")]["value"].median())})
     return pd.DataFrame(rows)
+
+
+def kick_ahead_sentence(table: pd.DataFrame) -> str:
+    """How much of the builds the kick-ahead path touched, from kick_ahead_table."""
+    on = table[table["condition"].str.startswith("kick-ahead-4")]
+    if on.empty:
+        return "No builds with pv_kick_ahead=4."
+    most = max(int(r.split("–")[1]) for r in on["kick-aheads per build"])
+    return (f"With pv_kick_ahead=4, {int(on['runs with kick-aheads'].sum())} of {int(on['runs'].sum())} builds kicked "
+            f"ahead at all, at most {most} time(s) per build, against a median of "
+            f"{on['median unlock kicks per build'].median():g} unlock kicks: this load rarely queues a halted vCPU "
+            "behind the queue head, so the switch can change little of a build here.")
+
+
+CHECKS = [
+    FactCheck("pv_kick_ahead as the condition says", "guest.switches.pv_kick_ahead",
+              {"kick-ahead-0 *": "0", "kick-ahead-4 *": "4"}),
+    MetricBound("no kick-aheads with pv_kick_ahead=0", "lockevent_pv_kick_ahead", ("kick-ahead-0 *",), at_most=0),
+]
 
 
 def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
     return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
-                          published_effect=published_effect(ctx.published), alpha=alpha, n_boot=n_boot, seed=seed)
+                          checks=CHECKS, alpha=alpha, n_boot=n_boot, seed=seed)

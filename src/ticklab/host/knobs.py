@@ -10,16 +10,26 @@ restores what it lists before doing anything else.
 With ``dry_run`` nothing is written: each write is printed with the value it would replace.
 
 Paths are relative to ``root`` so tests can run every knob against a fake sysfs tree.
+
+Root trusts only files only root can have written: the journal lives in a directory ticklab creates
+with mode 0700 (/run/ticklab as root; see :func:`private_dir`), recovery refuses a journal whose
+directory or file another user could have written, and restores only knobs under the host's /sys or
+/proc/sys. One privileged capture at a time: :class:`HostLock` holds ``<root>/run/ticklab/host.lock``
+(flock) for as long as a ``HostChanges`` block is open, and a second one fails naming the holder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import signal
+import stat
 import subprocess
+import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -61,9 +71,104 @@ def interrupting_signals():
             signal.signal(signum, handler)
 
 
-def default_journal() -> Path:
+def state_dir() -> Path:
+    """Where the journal lives: $TICKLAB_STATE_DIR, else /run/ticklab as root (gone at reboot, like the
+    changes it lists), else the user's runtime directory."""
     state = os.environ.get("TICKLAB_STATE_DIR")
-    return Path(state) / JOURNAL_NAME if state else Path.home() / ".cache" / "ticklab" / JOURNAL_NAME
+    if state:
+        return Path(state)
+    if os.geteuid() == 0:
+        return Path("/run/ticklab")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "ticklab" if runtime else Path.home() / ".cache" / "ticklab-state"
+
+
+def default_journal() -> Path:
+    return state_dir() / JOURNAL_NAME
+
+
+def _describe_mode(info: os.stat_result) -> str:
+    return f"owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
+def private_dir(path: Path | str) -> Path:
+    """A directory only this user can write, made with mode 0700 when missing. An existing one must be a
+    real directory (not a symlink) owned by us with no group or other access, and no directory above it
+    may be writable by another user unless sticky (as /tmp is): otherwise HostChangeError."""
+    path = Path(os.path.abspath(path))
+    me = os.geteuid()
+    for ancestor in reversed(path.parents):
+        try:
+            info = os.stat(ancestor)
+        except FileNotFoundError:
+            break
+        if info.st_uid not in (0, me) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+            raise HostChangeError(f"{ancestor}: another user can replace what is under it ({_describe_mode(info)}); "
+                                  f"ticklab keeps host state only below directories root or you alone can write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise HostChangeError(f"{path}: cannot create ({exc.strerror or exc})") from exc
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or info.st_mode & 0o077:
+        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory" if not stat.S_ISDIR(info.st_mode) \
+            else _describe_mode(info)
+        raise HostChangeError(f"{path}: must be a directory of uid {me} with mode 0700 ({kind}); "
+                              "ticklab does not trust host state another user could have written")
+    return path
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """Open a file in a private directory, never through a symlink; it must be ours and not writable by others."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise HostChangeError(f"{path}: cannot open ({exc.strerror or exc}; a symlink is refused)") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        raise HostChangeError(f"{path}: not a regular file of uid {os.geteuid()} writable only by it "
+                              f"({_describe_mode(info)}); refused")
+    return fd
+
+
+def lock_path(root: Path | str) -> Path:
+    """The host-wide lock: /run/ticklab/host.lock (under a fake root in tests)."""
+    return Path(root) / "run" / "ticklab" / "host.lock"
+
+
+class HostLock:
+    """One privileged capture at a time on a host: an flock on a file only root can write, naming its holder."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.fd: int | None = None
+
+    def acquire(self) -> "HostLock":
+        private_dir(self.path.parent)
+        fd = _open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process that has not said who it is"
+            os.close(fd)
+            raise HostChangeError(f"{self.path}: the host is held by {holder}; "
+                                  "one privileged capture at a time: wait for it or stop it") from None
+        command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({command or 'python'}) since {since}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
 
 
 @dataclass
@@ -166,9 +271,15 @@ class HostChanges:
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> "HostChanges":
         if not self.dry_run:
-            self.recovered = recover(self.journal, log=self.log)
-            self.journal.parent.mkdir(parents=True, exist_ok=True)
-            self._save_journal()
+            self._lock = HostLock(lock_path(self.root) if os.geteuid() == 0 else
+                                  private_dir(self.journal.parent) / "host.lock").acquire()
+            try:
+                private_dir(self.journal.parent)
+                self.recovered = recover(self.journal, root=self.root, log=self.log)
+                self._save_journal()
+            except BaseException:
+                self._lock.release()
+                raise
         self._signals = interrupting_signals()
         self._signals.__enter__()
         self._active = True
@@ -180,12 +291,15 @@ class HostChanges:
         finally:
             self._signals.__exit__(None, None, None)
             self._active = False
+            if getattr(self, "_lock", None) is not None:
+                self._lock.release()
 
     def _save_journal(self) -> None:
         data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "root": str(self.root),
                 "changes": [c.record() for c in self.changes if not c.dry_run and c.after is None]}
         temporary = self.journal.with_name(self.journal.name + ".tmp")
-        with temporary.open("w") as handle:
+        temporary.unlink(missing_ok=True)
+        with os.fdopen(_open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
             json.dump(data, handle, indent=1)
             handle.flush()
             os.fsync(handle.fileno())
@@ -366,16 +480,38 @@ def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]
     return failures
 
 
-def recover(journal: Path, *, log: Callable[[str], None] = print) -> list[Change]:
-    """Restore what a killed capture left changed, as listed in its journal."""
-    if not journal.exists():
+KNOB_TREES = ("sys", "proc/sys")
+
+
+def _confined(change: Change, root: Path) -> bool:
+    """A journal entry names a kernel knob of this host (under <root>/sys or <root>/proc/sys), nothing else."""
+    path = os.path.normpath(change.path)
+    return path == change.path and any(path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
+
+
+def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None] = print) -> list[Change]:
+    """Restore what a killed capture left changed, as listed in its journal. The journal must sit in a
+    private directory (mode 0700, ours) and be our own file; it may only name knobs under /sys or /proc/sys."""
+    journal, root = Path(journal), Path(root)
+    if not os.path.lexists(journal):
         return []
+    private_dir(journal.parent)
+    fd = _open_private(journal, os.O_RDONLY)
     try:
-        data = json.loads(journal.read_text())
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read(1 << 20))
         changes = [Change(**entry) for entry in data["changes"]]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        if not all(isinstance(c.path, str) and isinstance(c.kind, str) for c in changes):
+            raise TypeError("a change without a path")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise HostChangeError(f"{journal}: unreadable journal of host changes ({exc}); "
                               "check the knobs it names by hand, then delete it") from exc
+    if str(data.get("root", "/")) != str(root):
+        raise HostChangeError(f"{journal}: written for root {data.get('root')!r}, not {str(root)!r}; refused")
+    outside = [c.path for c in changes if not _confined(c, root)]
+    if outside:
+        raise HostChangeError(f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'} or "
+                              f"{root / 'proc/sys'}; refused (check it by hand, then delete it)")
     pid = data.get("pid")
     if pid and pid != os.getpid() and data.get("pid_start") and _process_start(pid) == data["pid_start"]:
         raise HostChangeError(f"{journal}: held by a running ticklab process (pid {pid}); wait for it or stop it")

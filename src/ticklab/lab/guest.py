@@ -70,7 +70,7 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
     result: dict = {"run": planned.run}
     run_dir = work / "raw" / planned.run
     run_dir.mkdir(parents=True, exist_ok=True)
-    host = HostChanges(work / "host-changes.json", log=lambda message: print(message, file=sys.stderr))
+    host = HostChanges(work / "state" / "host-changes.json", log=lambda message: print(message, file=sys.stderr))
     try:
         with host:
             if experiment.trace:

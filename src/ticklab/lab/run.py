@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..bundle import BundleWriter
 from ..capture.execute import workload_values
 from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
                                   load_experiment, schedule)
-from ..capture.runner import add_run, shown_path, tool_versions
+from ..capture.runner import add_run, check_counts, shown_path, tool_versions
 from ..capture.stopping import Rounds, StoppingRule
 from ..host import collect, host_id, interrupting_signals
 from ..paths import traces_dir
@@ -191,11 +192,11 @@ class LabRun:
             outcome = qemu.run_boot(boot)
             result = _read_json(share / "result.json")
             run_dir = writer.run_dir(directory)
-            if (share / "raw" / directory).is_dir():
-                shutil.copytree(share / "raw" / directory, run_dir, dirs_exist_ok=True)
+            skipped = copy_from_share(share / "raw" / directory, run_dir)
             for name in ("console.log", "guest.log"):
-                if (share / name).is_file():
-                    shutil.copyfile(share / name, run_dir / name)
+                skipped += copy_from_share(share / name, run_dir / name)
+            if skipped:
+                self.log(f"{directory}: not copied from the guest's share (not regular files): {', '.join(skipped[:5])}")
         outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": self.kernels[setting["kernel"]].info["release"]}
         return outcome, result, run_dir
 
@@ -260,11 +261,47 @@ def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
                                    f"see {run_dir / 'console.log'})")
 
 
-def _read_json(path: Path) -> dict:
+def _open_regular(path: Path) -> int | None:
+    """A descriptor on ``path`` if it is a regular file reached without a symlink, else None."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def copy_from_share(source: Path, target: Path) -> list[str]:
+    """Copy a file or a directory tree the guest wrote into the 9p share, never following a symlink: the
+    guest is not trusted with the host's files. Symlinks and special files are skipped and returned."""
+    skipped = []
+    if not os.path.lexists(source):
+        return skipped
+    if os.path.isdir(source) and not os.path.islink(source):
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(os.listdir(source)):
+            skipped += copy_from_share(source / entry, target / entry)
+        return skipped
+    fd = _open_regular(source)
+    if fd is None:
+        return [source.name]
+    with os.fdopen(fd, "rb") as reader, open(target, "wb") as writer:
+        shutil.copyfileobj(reader, writer)
+    return skipped
+
+
+def _read_json(path: Path) -> dict:
+    fd = _open_regular(path)
+    if fd is None:
         return {}
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read(16 << 20))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _cached_kernel(variant: str, progress: bool = True, say=print):
@@ -275,6 +312,7 @@ def _cached_kernel(variant: str, progress: bool = True, say=print):
 
 
 def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
+    check_counts(options)
     paths = [experiment_path] if experiment_path else lab_experiments(claim)
     if not paths:
         raise ExperimentError(f"runners/{claim}/: no lab experiments (an experiment with a 'lab:' section)")

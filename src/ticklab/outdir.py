@@ -1,0 +1,101 @@
+"""The report's output directory: ticklab deletes or replaces only what it wrote there itself.
+
+A directory becomes a report directory when ``ticklab report`` creates it (or finds it empty) and
+writes the marker ``.ticklab-report`` into it. The marker lists every file the last report wrote; a
+new full run removes exactly those files (and directories they leave empty), nothing else. A
+non-empty directory without the marker belongs to someone else and is refused, so ``--out .`` at the
+repository root or ``--out ~`` can neither delete nor overwrite anything.
+
+While a run is writing, the marker also lists the files that were there before it started
+(``foreign``), so that after an interruption the next run still knows which files are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+MARKER = ".ticklab-report"
+
+
+class OutputDirError(ValueError):
+    """The output directory cannot be used; the message names it and says why."""
+
+
+def _files(root: Path) -> set[str]:
+    found = set()
+    for directory, dirs, files in os.walk(root):
+        for name in files:
+            found.add(os.path.relpath(os.path.join(directory, name), root))
+        # symlinked directories are listed as entries, never walked into
+        found.update(os.path.relpath(os.path.join(directory, d), root) for d in dirs
+                     if os.path.islink(os.path.join(directory, d)))
+    found.discard(MARKER)
+    return found
+
+
+def _read_marker(root: Path) -> dict:
+    marker = root / MARKER
+    try:
+        data = json.loads(marker.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("files", []), list):
+            raise ValueError("not a ticklab report marker")
+        return data
+    except (OSError, ValueError) as exc:
+        raise OutputDirError(f"{marker}: unreadable ({exc}); remove the directory's contents yourself "
+                             "or choose another --out") from None
+
+
+def _write_marker(root: Path, data: dict) -> None:
+    temporary = root / (MARKER + ".tmp")
+    temporary.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(temporary, root / MARKER)
+
+
+def _owned(root: Path, data: dict) -> set[str]:
+    """What the last run wrote: its list, or (interrupted while writing) everything not there before it."""
+    if data.get("writing"):
+        return _files(root) - set(data.get("foreign", []))
+    return {str(f) for f in data.get("files", [])}
+
+
+def _remove(root: Path, relative: set[str]) -> None:
+    for name in sorted(relative, key=lambda r: -r.count(os.sep)):
+        if os.path.isabs(name) or ".." in Path(name).parts:
+            continue  # never outside the directory, whatever the marker says
+        path = root / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        parent = path.parent
+        while parent != root and parent.is_dir() and not parent.is_symlink() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+
+
+def claim(output_dir: Path, *, replace: bool) -> set[str]:
+    """Make ``output_dir`` ready for a report run; ``replace``: remove the previous run's files first.
+    Returns the files present before this run (not to be claimed as ours afterwards)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise OutputDirError(f"{output_dir}: exists and is not a directory")
+    marked = (output_dir / MARKER).is_file()
+    if output_dir.is_dir() and not marked and any(output_dir.iterdir()):
+        raise OutputDirError(f"{output_dir}: not empty and not made by 'ticklab report' (no {MARKER} in it); "
+                             "give a new or empty directory so nothing of yours is overwritten")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        data = _read_marker(output_dir) if marked else {"files": []}
+        owned = _owned(output_dir, data)
+        if replace:
+            _remove(output_dir, owned)
+            owned = set()
+        before = _files(output_dir)
+        _write_marker(output_dir, {"writing": True, "files": sorted(owned), "foreign": sorted(before - owned)})
+    except OSError as exc:
+        raise OutputDirError(f"{output_dir}: cannot write there ({exc.strerror or exc})") from None
+    return before - owned
+
+
+def record(output_dir: Path, foreign: set[str]) -> None:
+    """After the run: the marker lists every file this directory holds that was not there before."""
+    _write_marker(output_dir, {"writing": False, "files": sorted(_files(output_dir) - foreign)})

@@ -1,0 +1,211 @@
+"""JSON Schemas of what ticklab reads: bundle manifests, results.csv rows, experiment YAML, published
+provenance and notebook parameters. :func:`check` validates with jsonschema and raises the caller's
+error type with one line naming the file and the field (``runs[3].status: ...``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # also claim, experiment and host ids: never a path separator
+MAX_RUNS = 10000  # measured runs per condition a capture may be asked for (--runs, runs:, budget.max_runs)
+# A relative path inside a bundle: no leading '/', no '.' or '..' part, no empty part, no backslash.
+BUNDLE_FILE = r"^(?!.*(^|/)\.\.?(/|$))[^/\\\x00]+(/[^/\\\x00]+)*$"
+# A number as results.csv writes it: finite (no nan, inf), plain or exponent form.
+FINITE_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+TEXT = {"type": "string", "minLength": 1, "maxLength": 1000}
+COUNT = {"type": "integer", "minimum": 0}
+
+RUN_RECORD = {
+    "type": "object",
+    "required": ["run", "condition"],
+    "properties": {
+        "run": {"type": "string", "pattern": RUN_NAME},
+        "condition": TEXT,
+        "status": TEXT,
+        "warmup": {"type": "boolean"},
+        "order": COUNT,
+        "problem": {"type": ["string", "null"]},
+        "exit_status": {"type": ["integer", "null"]},
+        "start": {"type": ["number", "null"]},
+        "end": {"type": ["number", "null"]},
+        "values": {"type": "object"},
+        "argv": {"type": "array"},
+        "trace": {"type": ["object", "null"], "properties": {"lost_events": COUNT, "directory": {"type": "string"}}},
+        "knobs": {"type": "array"},
+    },
+}
+
+MANIFEST = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["schema_version", "status", "claim", "experiment", "definition", "host", "runs"],
+    "properties": {
+        "schema_version": {"const": 1},
+        "status": {"enum": ["incomplete", "sealed"]},
+        "claim": {"type": "string", "pattern": RUN_NAME},
+        "experiment": {"type": "string", "pattern": RUN_NAME},
+        "host_id": {"type": "string", "pattern": RUN_NAME},
+        "definition": {"type": "object"},
+        "host": {"type": "object"},
+        "runs": {"type": "array", "items": RUN_RECORD},
+        "conditions": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {"name": TEXT}}},
+        "files": {"type": "object", "propertyNames": {"pattern": BUNDLE_FILE, "maxLength": 4096},
+                  "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        "not_testable": {"type": ["string", "null"]},
+        "stopping": {"type": ["object", "null"]},
+        "runs_per_condition": {"type": "integer", "minimum": 1},
+        "warmup_per_condition": COUNT,
+    },
+    "if": {"properties": {"status": {"const": "sealed"}}},
+    "then": {"required": ["files"]},
+}
+
+RESULT_ROW = {
+    "type": "object",
+    "required": ["run", "condition", "metric", "value", "unit"],
+    "properties": {
+        "run": {"type": "string", "pattern": RUN_NAME},
+        "condition": TEXT,
+        "metric": {"type": "string", "pattern": r"^[A-Za-z0-9_.:-]{1,200}$"},
+        "value": {"type": "string", "pattern": FINITE_NUMBER},
+        "unit": {"type": "string", "maxLength": 100},
+    },
+}
+
+CONDITION_VALUE = {"anyOf": [
+    {"type": ["string", "number", "boolean", "null"]},
+    {"type": "array", "maxItems": 1000, "items": {"type": ["string", "number", "boolean"]}},
+    {"type": "object", "required": ["per_cpu"], "additionalProperties": False,
+     "properties": {"per_cpu": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024}}},
+]}
+
+EXPERIMENT = {
+    "type": "object",
+    "required": ["claim", "name", "description", "conditions", "workload"],
+    "properties": {
+        "claim": {"type": "string", "pattern": RUN_NAME},
+        "name": {"type": "string", "pattern": RUN_NAME},
+        "description": {"type": "string"},
+        "conditions": {"oneOf": [
+            {"type": "array", "items": {"type": "object", "required": ["name"],
+                                        "properties": {"name": {"type": ["string", "number"]}},
+                                        "additionalProperties": CONDITION_VALUE}},
+            {"type": "object", "required": ["matrix"], "additionalProperties": False,
+             "properties": {"matrix": {"type": "object", "minProperties": 1, "additionalProperties": CONDITION_VALUE}}},
+        ]},
+        "workload": {"type": "object", "required": ["argv"],
+                     "properties": {"argv": {"type": "array", "minItems": 1,
+                                             "items": {"type": ["string", "number"]}},
+                                    "tool": {"type": "string"}}},
+        "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
+        "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
+        "seed": {"type": "integer", "minimum": 0},
+        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
+        "requires": {"type": "array", "items": {"type": "string"}},
+        "trace": {"type": ["object", "null"], "properties": {
+            "events": {"type": "array", "items": {"type": "string"}},
+            "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
+            "metrics": {"type": ["boolean", "array", "object", "null"]}}},
+        "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+        "profile": {"type": ["object", "null"]},
+        "extras": {"type": ["array", "null"], "items": {"type": "object", "required": ["name", "argv"],
+                                                        "properties": {"name": {"type": "string", "pattern": RUN_NAME},
+                                                                       "argv": {"type": "array"}}}},
+        "notes": {"type": ["string", "null"]},
+        "lab": {"type": ["object", "null"], "properties": {
+            "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},
+            "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},
+            "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
+            "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}}},
+        "budget": {"type": ["object", "null"], "properties": {
+            "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
+            "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}}},
+    },
+}
+
+PROVENANCE = {
+    "type": "object",
+    "required": ["source", "tables"],
+    "properties": {
+        "source": {"type": "object", "required": ["file"],
+                   "properties": {"file": {"type": "string", "pattern": BUNDLE_FILE},
+                                  "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
+        "tables": {"type": "object", "minProperties": 1,
+                   "propertyNames": {"pattern": r"^[A-Za-z0-9_.-]+\.csv$"},
+                   "additionalProperties": {"type": ["object", "null"], "properties": {
+                       "description": {"type": "string"},
+                       "rows": {"type": ["object", "null"], "additionalProperties": {
+                           "type": "object", "required": ["quote"],
+                           "properties": {"quote": {"type": "string", "minLength": 1},
+                                          "token": {"type": ["integer", "null"], "minimum": 0}}}}}}},
+        "not_transcribed": {"type": ["array", "null"]},
+    },
+}
+
+NOTEBOOK_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "data_dir": {"type": "string", "minLength": 1},
+        "published_dir": {"type": "string", "minLength": 1},
+        "output_dir": {"type": "string", "minLength": 1},
+        "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "n_boot": {"type": "integer", "minimum": 100, "maximum": 1_000_000},
+        "seed": {"type": "integer", "minimum": 0},
+        "claims": {"type": "string", "pattern": "^[a-z0-9,-]*$"},
+    },
+}
+
+
+def _where(path) -> str:
+    where = ""
+    for part in path:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    return where or "(top level)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def problem(instance: Any, schema: dict) -> str | None:
+    """The first schema violation as 'field: what is wrong', or None."""
+    try:
+        import jsonschema
+    except ImportError:  # only in the lab guest, which carries no jsonschema: the host checked its inputs before the boot
+        return None
+    validator = jsonschema.Draft202012Validator(schema)
+    try:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    except RecursionError:
+        return "nested too deeply"
+    if error is None:
+        return None
+    field = _where(error.absolute_path)
+    if error.validator == "required":
+        return f"{field}: {error.message.split(' is a required')[0]} is missing"
+    if error.validator == "propertyNames" or "propertyNames" in error.schema_path:
+        return f"{field}: key {_short(error.instance)} is not allowed here"
+    if error.validator in ("type", "enum", "const", "pattern", "minimum", "maximum", "exclusiveMinimum",
+                           "exclusiveMaximum", "minLength", "maxLength", "minItems"):
+        expected = {"type": f"of type {error.validator_value}", "enum": f"one of {error.validator_value}",
+                    "const": f"{error.validator_value!r}", "pattern": "of the allowed form",
+                    "minimum": f">= {error.validator_value}", "maximum": f"<= {error.validator_value}",
+                    "exclusiveMinimum": f"> {error.validator_value}", "exclusiveMaximum": f"< {error.validator_value}",
+                    "minLength": f"at least {error.validator_value} character(s)",
+                    "maxLength": f"at most {error.validator_value} characters",
+                    "minItems": f"at least {error.validator_value} item(s)"}[error.validator]
+        return f"{field}: {_short(error.instance)} is not {expected}"
+    return f"{field}: {error.message[:200]}".replace("\n", " ")
+
+
+def check(instance: Any, schema: dict, source: str, error: type[Exception]) -> None:
+    """Raise ``error('<source>: <field>: <what is wrong>')`` unless ``instance`` fits ``schema``."""
+    found = problem(instance, schema)
+    if found:
+        raise error(f"{source}: {found}")
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,180 @@
+"""The seal covers everything (issue 14, defects 3 and 6): manifest.json itself, file entries confined to the
+bundle, regular files only, bounded verification, and no foreign exception out of load_bundle."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ticklab.bundle import SEAL, BundleError, add_manifest_seal, load_bundle
+from ticklab.lab.run import copy_from_share
+
+from conftest import REPO
+from test_bundle import make_bundle
+
+
+def _rewrite(path, edit, *, reseal_files=False):
+    """Edit a sealed manifest in place as an attacker would (optionally fixing the files' checksums too)."""
+    manifest = path / "manifest.json"
+    manifest.chmod(0o644)
+    data = json.loads(manifest.read_text())
+    edit(data)
+    manifest.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _verify(*paths):
+    return subprocess.run([sys.executable, "-m", "ticklab.cli", "verify", *map(str, paths)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+
+
+def test_one_changed_byte_of_the_manifest_fails_verify_naming_it(tmp_path):
+    path = make_bundle(tmp_path)
+    manifest = path / "manifest.json"
+    manifest.chmod(0o644)
+    text = manifest.read_text()
+    manifest.write_text(text.replace('"exit_status": 0', '"exit_status": 1', 1))
+    proc = _verify(path)
+    assert proc.returncode == 1
+    assert f"FAIL  {path}: {manifest}: sha256 differs from {SEAL} (manifest modified after sealing)" in proc.stdout
+
+
+def test_the_seal_is_sha256sum_of_the_manifest(tmp_path):
+    path = make_bundle(tmp_path)
+    digest = hashlib.sha256((path / "manifest.json").read_bytes()).hexdigest()
+    assert (path / SEAL).read_text() == f"{digest}  manifest.json\n"
+    assert not (path / SEAL).stat().st_mode & 0o222
+
+
+def test_a_deleted_seal_is_not_a_way_around_it(tmp_path):
+    path = make_bundle(tmp_path)
+    (path / SEAL).unlink()
+    _rewrite(path, lambda d: d["runs"][0].update(status="failed"))
+    with pytest.raises(BundleError, match=f"{SEAL}: missing, so nothing covers manifest.json"):
+        load_bundle(path)
+
+
+def test_seal_manifest_adds_the_seal_only_to_an_intact_bundle(tmp_path):
+    path = make_bundle(tmp_path)
+    (path / SEAL).unlink()  # as a bundle sealed by an older ticklab
+    assert add_manifest_seal(path) == path / SEAL
+    load_bundle(path)
+    with pytest.raises(BundleError, match="exists already"):
+        add_manifest_seal(path)
+    other = make_bundle(tmp_path / "b")
+    (other / SEAL).unlink()
+    (other / "raw/run-000/ftq.dat").chmod(0o644)
+    (other / "raw/run-000/ftq.dat").write_text("changed\n")
+    with pytest.raises(BundleError, match="ftq.dat: sha256 differs"):
+        add_manifest_seal(other)
+    assert not (other / SEAL).exists()
+
+
+@pytest.mark.parametrize("entry", ["../outside.txt", "/etc/hostname", "raw/../../outside.txt", "./results.csv", ""])
+def test_file_entries_outside_the_bundle_are_refused(tmp_path, entry):
+    path = make_bundle(tmp_path / "t")
+    (tmp_path / "t" / "outside.txt").write_text("x")
+    _rewrite(path, lambda d: d["files"].update({entry: hashlib.sha256(b"x").hexdigest()}))
+    with pytest.raises(BundleError, match=r"manifest\.json: files: key .* is not allowed here"):
+        load_bundle(path, require_seal=False)
+
+
+def test_symlinks_and_special_files_in_a_bundle_are_refused_without_reading_them(tmp_path):
+    path = make_bundle(tmp_path)
+    target = path / "raw/run-000/ftq.dat"
+    target.unlink()
+    target.symlink_to("/proc/self/pagemap")
+    with pytest.raises(BundleError, match=r"raw/run-000/ftq\.dat: a symlink in the bundle"):
+        load_bundle(path)
+    target.unlink()
+    os.mkfifo(target)  # opening it for reading would block for ever
+    with pytest.raises(BundleError, match=r"raw/run-000/ftq\.dat: a FIFO in the bundle"):
+        load_bundle(path)
+    target.unlink()
+    (path / "raw/run-000").rename(path / "raw/real")
+    (path / "raw/run-000").symlink_to(path / "raw/real")
+    with pytest.raises(BundleError, match=r"raw/run-000: a symlink in the bundle"):
+        load_bundle(path)
+
+
+def test_a_symlinked_manifest_is_refused(tmp_path):
+    path = make_bundle(tmp_path)
+    (path / "manifest.json").rename(tmp_path / "m.json")
+    (path / "manifest.json").symlink_to("/proc/self/pagemap")
+    with pytest.raises(BundleError, match=r"manifest\.json: not a regular file \(a symlink\)"):
+        load_bundle(path)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("run,condition,metric,value,unit\nrun-000,a,m,nan,s\n", r"row 2: value: 'nan' is not of the allowed form"),
+    ("run,condition,metric,value,unit\nrun-000,a,m,inf,s\n", r"row 2: value: 'inf' is not of the allowed form"),
+    ("run,condition,metric,value,unit\nrun-000,a,m,1e999,s\n", r"row 2: value: '1e999' is not a finite number"),
+    ("run,condition,metric,value,unit\nrun-000,a,m,fast,s\n", r"row 2: value: 'fast' is not of the allowed form"),
+    ("run,condition,metric,value,unit\nrun-000,a,m,1\n", r"row 2: unit: '' is not|not a readable CSV|row 2"),
+    (b"\xff\xfe\x00garbage", r"not a readable CSV"),
+    ("", r"not a readable CSV"),
+])
+def test_non_finite_or_text_values_in_results_are_refused(tmp_path, content, message):
+    path = make_bundle(tmp_path, seal=False)
+    results = path / "results.csv"
+    results.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(BundleError, match=r"results\.csv: .*" if "|" in message else r"results\.csv: " + message):
+        load_bundle(path, allow_incomplete=True)
+
+
+@pytest.mark.parametrize("manifest", [
+    b"\xff\xfe not utf-8", b"[" * 100000 + b"]" * 100000, b'{"schema_version": 1, "status": "sealed"}',
+    b'{"schema_version": 1, "status": "sealed", "claim": "nohz", "experiment": "ftq", "definition": {}, '
+    b'"host": {}, "runs": "many", "files": {}}', b"[]", b'"text"', b"1e999",
+])
+def test_no_foreign_exception_escapes_load_bundle(tmp_path, manifest):
+    path = make_bundle(tmp_path)
+    (path / "manifest.json").chmod(0o644)
+    (path / "manifest.json").write_bytes(manifest)
+    with pytest.raises(BundleError, match=r"manifest\.json: "):
+        load_bundle(path)
+
+
+def test_a_wrong_type_names_the_field(tmp_path):
+    path = make_bundle(tmp_path)
+    _rewrite(path, lambda d: d["runs"][1].update(warmup="yes"))
+    with pytest.raises(BundleError, match=r"manifest\.json: runs\[1\]\.warmup: 'yes' is not of type boolean"):
+        load_bundle(path, require_seal=False)
+
+
+def test_verify_checks_every_bundle_and_reports_each_bad_one(tmp_path):
+    good = make_bundle(tmp_path / "good")
+    bad = make_bundle(tmp_path / "bad")
+    (bad / "manifest.json").chmod(0o644)
+    (bad / "manifest.json").write_bytes(b"\xff\xfe")
+    worse = make_bundle(tmp_path / "worse")
+    (worse / "results.csv").chmod(0o644)
+    (worse / "results.csv").write_text("run,condition,metric,value,unit\nrun-000,a,m,nan,s\n")
+    proc = _verify(bad, good, worse)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["FAIL", "ok", "FAIL"], proc.stdout
+    assert "not UTF-8" in lines[0] and "results.csv: sha256 differs" in lines[2]
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_shipped_bundles_verify_with_their_manifest_seals():
+    proc = _verify(REPO / "traces")
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count("ok    ") >= 9 and "FAIL" not in proc.stdout
+
+
+def test_lab_results_are_copied_from_the_share_without_following_symlinks(tmp_path):
+    share, run_dir = tmp_path / "share", tmp_path / "run"
+    (share / "trace").mkdir(parents=True)
+    (share / "stdout.txt").write_text("Time: 1.0\n")
+    (share / "trace" / "trace.dat").write_bytes(b"tracing")
+    (share / "secret").symlink_to("/etc/shadow")
+    (share / "trace" / "dir").symlink_to("/etc")
+    os.mkfifo(share / "fifo")
+    skipped = copy_from_share(share, run_dir)
+    assert sorted(skipped) == ["dir", "fifo", "secret"]
+    assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == ["stdout.txt", "trace", "trace/trace.dat"]
+    assert not any(p.is_symlink() for p in run_dir.rglob("*"))

@@ -1,0 +1,93 @@
+"""`ticklab report --out DIR` deletes or overwrites only what an earlier report wrote there (issue 14, defect 1)."""
+
+import json
+import subprocess
+import sys
+
+import nbformat
+
+from ticklab import outdir, paths
+from ticklab.report import run_report
+
+from conftest import REPO
+
+
+def _previous_report(directory):
+    """A directory as a finished report leaves it: its outputs and the marker listing them."""
+    foreign = outdir.claim(directory, replace=True)
+    for relative in ("notebooks/01-hpet.ipynb", "figures/hpet/a.png", "summary.json", "verdicts.csv"):
+        (directory / relative).parent.mkdir(parents=True, exist_ok=True)
+        (directory / relative).write_text("old output\n")
+    outdir.record(directory, foreign)
+
+
+def test_a_full_run_removes_only_the_files_the_last_report_wrote(tmp_path):
+    out = tmp_path / "build"
+    _previous_report(out)
+    (out / "figures/hpet/mine.png").write_text("my figure\n")
+    (out / "notes.txt").write_text("my notes\n")
+    outdir.claim(out, replace=True)
+    assert (out / "figures/hpet/mine.png").read_text() == "my figure\n"
+    assert (out / "notes.txt").read_text() == "my notes\n"
+    assert not (out / "summary.json").exists() and not (out / "notebooks").exists()
+
+
+def test_a_directory_not_made_by_report_is_refused_and_left_as_it_was(tmp_path):
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "mine.png").write_text("my figure\n")
+    (tmp_path / "summary.json").write_text("{}")
+    log = []
+    code = run_report(tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), log=log.append)
+    assert code == 2
+    assert log == [f"error: {tmp_path}: not empty and not made by 'ticklab report' (no .ticklab-report in it); "
+                   "give a new or empty directory so nothing of yours is overwritten"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["figures", "mine.png", "summary.json"]
+
+
+def test_out_dot_at_the_repository_root_refuses(tmp_path):
+    tracked = subprocess.run(["git", "ls-files", "notebooks"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    proc = subprocess.run([sys.executable, "-m", "ticklab.cli", "report", "--out", "."], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "not empty and not made by 'ticklab report'" in proc.stdout + proc.stderr
+    assert all((REPO / name).is_file() for name in tracked) and tracked
+    assert not (REPO / outdir.MARKER).exists()
+
+
+def test_an_unwritable_out_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    log = []
+    assert run_report(blocker / "sub", data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
+                      only=["05-nohz"], log=log.append) == 2
+    assert len(log) == 1 and str(blocker / "sub") in log[0] and "cannot write" in log[0]
+
+
+def test_a_report_run_keeps_my_file_and_records_what_it_wrote(tmp_path):
+    hollow = nbformat.v4.new_notebook()
+    hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    hollow.cells = [nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]})]
+    notebook_dir = tmp_path / "notebooks"
+    notebook_dir.mkdir()
+    nbformat.write(hollow, notebook_dir / "03-hrtick.ipynb")
+    out = tmp_path / "out"
+    _previous_report(out)
+    (out / "mine.txt").write_text("keep me\n")
+    run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["03-hrtick"],
+               notebook_dir=notebook_dir, log=lambda _: None)
+    assert (out / "mine.txt").read_text() == "keep me\n"
+    marker = json.loads((out / outdir.MARKER).read_text())
+    assert "notebooks/03-hrtick.ipynb" in marker["files"] and "mine.txt" not in marker["files"]
+    outdir.claim(out, replace=True)  # the next full run
+    assert (out / "mine.txt").read_text() == "keep me\n" and not (out / "notebooks").exists()
+
+
+def test_an_interrupted_run_still_knows_its_files(tmp_path):
+    out = tmp_path / "out"
+    _previous_report(out)
+    (out / "mine.txt").write_text("keep me\n")
+    outdir.claim(out, replace=True)
+    (out / "figures").mkdir()
+    (out / "figures" / "half-written.png").write_text("x")  # then the run is killed: no record()
+    outdir.claim(out, replace=True)
+    assert sorted(p.name for p in out.iterdir()) == [outdir.MARKER, "mine.txt"]
