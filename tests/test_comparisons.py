@@ -211,6 +211,9 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
     ctx = SimpleNamespace(published=published, bundles=bundles, data_dir=tmp_path)
     found = {v.comparison.rsplit("= ", 1)[1]: v for v in pvspinlock.verdicts(ctx, n_boot=1000)}
     assert set(found) == {"1x host CPUs", "1.5x host CPUs"}
+    assert found["1x host CPUs"].verdict == "not testable here"
+    assert found["1x host CPUs"].reason.startswith("kick-ahead never ran: 0 kick-aheads in all 4 builds with "
+                                                   "pv_kick_ahead=4 on 2 vCPUs")
     overcommitted = found["1.5x host CPUs"]
     assert overcommitted.comparison.startswith("lab analogue (TCG, halt+IPI backend): ")
     assert overcommitted.fresh_effect == pytest.approx(27.05 / 30.0) and overcommitted.n_per_condition == "6 vs 5"

@@ -334,10 +334,11 @@ def test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle(
 
 def _short_kbuild_experiment(directory: Path) -> Path:
     definition = yaml.safe_load((REPO / "runners" / "pvspinlock" / "guest-kbuild.yaml").read_text())
-    # 6 vCPUs whatever the host (3x overcommitted on 2 CPUs): holder, queue head and waiters behind it, so
-    # kick-ahead has someone to kick (a dozen kick-aheads per build on the 2-CPU reference machine)
-    definition["conditions"] = [{"name": "kick-ahead-4 6vcpu", "boot": "pv_kick_ahead=4", "vcpus": 6}]
-    definition["workload"]["params"]["files"] = 300
+    # 16 vCPUs whatever the host (8x overcommitted on 2 CPUs): long queues of halted waiters, so kick-ahead has
+    # someone to kick in every build (17-61 kick-aheads per build of 600 files on the quiet 2-CPU reference
+    # machine; at 6 vCPUs and 300 files, 0-3, too few to assert on)
+    definition["conditions"] = [{"name": "kick-ahead-4 16vcpu", "boot": "pv_kick_ahead=4", "vcpus": 16}]
+    definition["workload"]["params"]["files"] = 600
     definition["name"] = "guest-kbuild-short"
     path = directory / "guest-kbuild-short.yaml"
     path.write_text(yaml.safe_dump(definition, sort_keys=False))
@@ -357,13 +358,13 @@ def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_a
     runs = {r["condition"]: r for r in bundle.manifest["runs"]}
     for condition, record in runs.items():
         assert record["status"] == "ok" and not record["problem"], record
-        assert record["guest"]["nproc"] == 6 and "lab_pvspin=1" in record["guest"]["cmdline"].split()
+        assert record["guest"]["nproc"] == 16 and "lab_pvspin=1" in record["guest"]["cmdline"].split()
         console = (bundles[0] / "raw" / record["run"] / "console.log").read_text()
         assert "lab_pvspin: PV spinlocks enabled (wait: HLT, kick: NMI IPI)" in console
         assert "NMI received for unknown reason" not in console
     metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
-    counts = metrics.loc["kick-ahead-4 6vcpu"]
-    assert counts["build_time_s"] > 0 and counts["guest_vcpus"] == 6
+    counts = metrics.loc["kick-ahead-4 16vcpu"]
+    assert counts["build_time_s"] > 0 and counts["guest_vcpus"] == 16
     # the pv slow path ran on the lab backend: waits that halted, kicks delivered as NMIs, kick-aheads
     assert counts["lockevent_pv_wait_head"] + counts["lockevent_pv_wait_node"] > 0
     assert counts["lockevent_pv_lab_wait"] > 0 and counts["lockevent_pv_lab_halt"] > 0
