@@ -55,7 +55,10 @@ def test_verdicts_give_every_claim_a_row_per_setup_with_its_evidence(build):
         setups = {ref.host_id for ref in find_bundles(paths.traces_dir(), claim)} or {"none analysed"}
         named = {s for row in verdicts.loc[verdicts["claim"] == claim, "setup"] for s in row.split(", ")}
         assert setups <= named, claim
-        assert (verdicts[verdicts["claim"] == claim]["verdict"] == "not testable here").sum() <= 1 + (claim == "hrtick")
+        # beyond that row, a comparison a tested setup could not test says so in a row of its own: hrtick's series
+        # needs a 7.1 kernel, pvspinlock's 2-vCPU guests never kicked ahead
+        own_rows = {"hrtick": 1, "pvspinlock": 1}.get(claim, 0)
+        assert (verdicts[verdicts["claim"] == claim]["verdict"] == "not testable here").sum() <= 1 + own_rows
     # targets carry their provenance, and nothing ticklab derived is called published
     assert tested["target_provenance"].str.match(r"^(printed|derived: .+)$").all()
     assert not verdicts.apply(lambda c: c.astype(str).str.contains("published", case=False)).any().any()
@@ -294,7 +297,7 @@ def test_the_report_renders_offline_in_headless_chromium(build):
     layout = rendered(build / "report/index.html", LAYOUT_CHECK, window="1400,900")
     assert layout["glance_bottom"] < 900 and layout["verdict_right"] <= 1400 and layout["scroll_width"] <= 1400, layout
     assert layout["height"] < 21_570 * 0.8, layout  # the old index was 21,570 px tall
-    artifacts = REPO / "build" / "test-artifacts"
+    artifacts = REPO / "test-artifacts"  # not under build/: that is the report's, and it refuses files it did not write
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "report-index.png"
     subprocess.run([BROWSER, *OFFLINE_CHROMIUM, "--window-size=1280,2400", f"--screenshot={shot}",

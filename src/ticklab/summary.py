@@ -138,7 +138,7 @@ def _reasons_by_setup(row) -> dict[str, str]:
 
 
 # Which tested row a claim's line shows in words: the strongest evidence first.
-_HEADLINE_ORDER = ["reproduced", "direction only", "not reproduced", "inconclusive"]
+_HEADLINE_ORDER = ["reproduced", "direction only", "not reproduced", "inconclusive", "not testable here"]
 
 
 def at_a_glance(verdicts: pd.DataFrame) -> list[dict]:

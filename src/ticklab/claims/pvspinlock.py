@@ -232,8 +232,8 @@ def _kick_ahead_never_ran(runs: pd.DataFrame) -> dict[tuple[str, str], str]:
 
 def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
     """The lab analogue's verdict rows; where kick-ahead never ran in any build of a setup's treatment condition,
-    the row is "not testable here" with that reason (its ratio and CI are kept; Holm's adjustment of the other
-    rows still counts it, which only makes them more conservative)."""
+    the row is "not testable here" with that reason (its ratio and CI move into the reason; Holm's adjustment of
+    the other rows still counts it, which only makes them more conservative)."""
     found = claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
                            checks=CHECKS, alpha=alpha, n_boot=n_boot, seed=seed)
     runs, _ = measured_runs(ctx.bundles, CHECKS, CLAIM)
@@ -246,5 +246,6 @@ def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> l
         if why:
             found[index] = replace(verdict, verdict="not testable here", reason=f"{why}; ratio {verdict.fresh_effect:.3g} "
                                    f"[{verdict.ci_low:.3g}, {verdict.ci_high:.3g}], n {verdict.n_per_condition}",
+                                   fresh_effect=None, ci_low=None, ci_high=None, p_holm=None, cliffs_delta=None,
                                    power_at_target=None, runs_needed=None)
     return found
