@@ -31,6 +31,9 @@ SOURCE_TOP = "linux-source-6.12"
 BASE_FRAGMENT = "guest-base"
 # Objects a guest kernel build compiles; only the progress bar uses it, and a finished build replaces it.
 EXPECTED_OBJECTS = 1400
+# A build measured on the reference machine (2 cores, -j2): 6 to 18 minutes, depending on what else runs.
+REFERENCE_MINUTES = (6, 18)
+REFERENCE_JOBS = 2
 _OBJECT_LINE = re.compile(r"^\s+(CC|AS|AR|LD|OBJCOPY)\s")
 _CONFIG_LINE = re.compile(r"^(CONFIG_\w+)=(.*)$|^# (CONFIG_\w+) is not set$")
 
@@ -141,6 +144,50 @@ def cached_kernel(variant: str) -> LabKernel | None:
     return LabKernel(variant, key, directory) if (directory / "build.json").is_file() else None
 
 
+def shown_dir(path: Path) -> str:
+    """A path as a message shows it: ~ for the home directory."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
+def last_build() -> dict | None:
+    """The record (build.json) of the most recent lab kernel build that completed here, if any."""
+    records = []
+    for path in (cache_dir() / "kernels").glob("*/build.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("build_seconds") and record.get("built"):
+            records.append(record)
+    return max(records, key=lambda r: str(r["built"]), default=None)
+
+
+def build_estimate(jobs: int | None = None) -> str:
+    """How long a build takes here: the reference range scaled to the compile jobs this machine can run
+    at once, and the last build's duration when one was recorded."""
+    cores = os.cpu_count() or 1
+    jobs = jobs or cores
+    scale = REFERENCE_JOBS / max(1, min(jobs, cores))
+    low, high = (max(1, round(m * scale)) for m in REFERENCE_MINUTES)
+    text = f"{low}-{high} min with -j{jobs} on {cores} core{'' if cores == 1 else 's'}"
+    last = last_build()
+    if last:
+        text += f" (last build here: {last['build_seconds'] / 60:.0f} min with -j{last.get('jobs', '?')})"
+    return text
+
+
+def build_announcement(variants: list[str], jobs: int | None = None, no_build_hint: bool = False) -> str:
+    """The line said before building: which kernels, how long, where they are kept, how not to build."""
+    kernels = f"lab kernel{'s' if len(variants) > 1 else ''} {', '.join(variants)}"
+    each = "each " if len(variants) > 1 else ""
+    line = (f"building {kernels} (not cached): {each}about {build_estimate(jobs)}; "
+            f"kept in {shown_dir(cache_dir() / 'kernels')} afterwards")
+    if no_build_hint:
+        line += "; --no-build refuses instead of building"
+    return line
+
+
 def _run(argv: list[str], log, cwd: Path | None = None) -> None:
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
@@ -159,7 +206,7 @@ def patched_source(version: str, say=print) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        say(f"extracting {SOURCE_TARBALL} ...")
+        say(f"extracting {SOURCE_TARBALL} and applying {', '.join(p.name for p in patch_paths()) or 'no patches'}")
         subprocess.run(["tar", "-xf", str(SOURCE_TARBALL), "-C", str(staging)], check=True)
         source = staging / SOURCE_TOP
         for patch in patch_paths():
@@ -167,7 +214,6 @@ def patched_source(version: str, say=print) -> Path:
                                     capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise LabError(f"{patch}: does not apply to {SOURCE_PACKAGE} {version}:\n{result.stdout}{result.stderr}")
-            say(f"applied {patch.name}")
         (source / ".ticklab-patched").write_text("".join(f"{p.name}\n" for p in patch_paths()))
         source.rename(tree)
     finally:
@@ -175,14 +221,21 @@ def patched_source(version: str, say=print) -> Path:
     return tree
 
 
-def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, say=print, force: bool = False) -> LabKernel:
-    """The cached lab kernel of ``variant``, building it first if needed (minutes)."""
+def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, say=print, force: bool = False,
+                 announce: bool = True) -> LabKernel:
+    """The cached lab kernel of ``variant``, building it first if needed (minutes). With ``announce``
+    it says that it is cached, or before building how long that takes; a caller that said so itself
+    for several kernels passes False."""
     version = source_version()
     key = kernel_key(version, variant)
     final = cache_dir() / "kernels" / f"{variant}-{key}"
     if (final / "build.json").is_file() and not force:
-        say(f"lab kernel {variant} is cached: {final}")
+        if announce:
+            say(f"lab kernel {variant} is cached: {final}")
         return LabKernel(variant, key, final)
+    if announce:
+        say(build_announcement([variant], jobs))
+    started = time.monotonic()  # build_seconds is all the user waits for, extracting the source included
     source = patched_source(version, say)
     work = final.with_name(final.name + f".tmp-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
@@ -191,7 +244,6 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
     jobs = jobs or os.cpu_count() or 1
     make = ["make", "-C", str(source), f"O={objects}", "ARCH=x86_64"]
     fragments = fragment_paths(variant)
-    started = time.monotonic()
     try:
         with (work / "build.log").open("w") as log:
             _run([*make, "tinyconfig"], log)

@@ -99,9 +99,14 @@ def cached_kvm_probe() -> tuple[bool, str] | None:
     return None
 
 
-def probe_kvm(kernel: Path, initrd: Path) -> tuple[bool, str]:
-    """Does a test guest boot under KVM here? (answer, reason); cached per host boot and QEMU version."""
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+def kvm_device_usable() -> bool:
+    return os.access("/dev/kvm", os.R_OK | os.W_OK)
+
+
+def probe_kvm(kernel: Path, initrd: Path, say=print) -> tuple[bool, str]:
+    """Does a test guest boot under KVM here? (answer, reason); cached per host boot and QEMU version.
+    Says so before booting the test guest, which can take up to KVM_PROBE_TIMEOUT_S."""
+    if not kvm_device_usable():
         return False, "/dev/kvm is missing or not accessible"
     version = require_qemu()
     cache = cache_dir() / "kvm-probe.json"
@@ -109,6 +114,7 @@ def probe_kvm(kernel: Path, initrd: Path) -> tuple[bool, str]:
     cached = cached_kvm_probe()
     if cached is not None:
         return cached
+    say(f"probing KVM: booting a test guest under it (up to {KVM_PROBE_TIMEOUT_S} s; the answer is kept until the host reboots)")
     with tempfile.TemporaryDirectory(prefix="ticklab-kvm-probe-") as share:
         share = Path(share)
         boot = Boot(kernel, initrd, share, share / "console.log", accel="kvm", smp=1, memory_mb=512,
@@ -126,15 +132,18 @@ def probe_kvm(kernel: Path, initrd: Path) -> tuple[bool, str]:
     return ok, why
 
 
-def choose_accelerator(preference: str, kernel: Path, initrd: Path) -> tuple[str, str]:
-    """(accelerator, why) for ``--accel auto|kvm|tcg``."""
+def choose_accelerator(preference: str, kernel: Path, initrd: Path, say=print) -> tuple[str, str]:
+    """(accelerator, why) for ``--accel auto|kvm|tcg``; says what the KVM probe found."""
     if preference not in ACCELERATORS:
         raise LabError(f"--accel {preference!r}: choose one of {', '.join(ACCELERATORS)}")
     if preference == "tcg":
         return "tcg", "TCG requested"
-    ok, why = probe_kvm(kernel, initrd)
+    ok, why = probe_kvm(kernel, initrd, say)
     if ok:
+        say(f"KVM usable: {why}")
         return "kvm", why
     if preference == "kvm":
         raise LabError(f"--accel kvm: {why}")
+    reason = " ".join(why.split()).removesuffix("; using TCG")
+    say(f"KVM not usable: {reason}; falling back to TCG (software emulation: slower, but runs the same kernel)")
     return "tcg", why

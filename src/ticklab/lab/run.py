@@ -16,9 +16,12 @@ import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from ..bundle import BundleWriter
 from ..capture.execute import workload_values
@@ -31,7 +34,7 @@ from ..paths import traces_dir
 from . import image as guest_image
 from . import kernel as lab_kernel
 from . import qemu
-from .cache import LabError
+from .cache import LabError, cache_dir
 
 DEFAULT_LAB = {"kernel": "hz1000", "smp": 2, "memory_mb": 1024, "cmdline": "", "accel": "any", "boot_timeout_s": 300}
 
@@ -107,8 +110,13 @@ def guest_host_id(accel: str, smp_values: set[int], release: str, physical: dict
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in identity)[:100].rstrip("-.")
 
 
+def say(message: str) -> None:
+    """What a lab run tells its user, on stderr (stdout stays free for what a command prints as its result)."""
+    print(message, file=sys.stderr, flush=True)
+
+
 class LabRun:
-    def __init__(self, experiment: Experiment, options: LabOptions, log=print):
+    def __init__(self, experiment: Experiment, options: LabOptions, log=say):
         self.experiment, self.options, self.log = experiment, options, log
         self.writer: BundleWriter | None = None
 
@@ -116,12 +124,21 @@ class LabRun:
         """The kernels the conditions boot, the guest image, and the accelerator (building what is missing)."""
         options = self.options
         qemu.require_qemu()
+        variants = sorted({s["kernel"] for s in settings.values()})
+        missing = [v for v in variants if lab_kernel.cached_kernel(v) is None]
+        cached = [v for v in variants if v not in missing]
+        if cached:
+            self.log(f"lab kernel{'s' if len(cached) > 1 else ''} {', '.join(cached)}: cached in "
+                     f"{lab_kernel.shown_dir(cache_dir() / 'kernels')}")
+        if missing and options.build:
+            self.log(lab_kernel.build_announcement(missing, no_build_hint=True))
         build = lab_kernel.build_kernel if options.build else _cached_kernel
-        self.kernels = {variant: build(variant, progress=options.progress, say=self.log)
-                        for variant in sorted({s["kernel"] for s in settings.values()})}
+        self.kernels = {variant: build(variant, progress=options.progress, say=self.log, announce=False)
+                        for variant in variants}
         self.image = guest_image.build_image(say=self.log)
         first = next(iter(self.kernels.values()))
-        self.accel, self.accel_why = qemu.choose_accelerator(options.accel, first.image, self.image.initramfs)
+        self.accel, self.accel_why = qemu.choose_accelerator(options.accel, first.image, self.image.initramfs,
+                                                             say=self.log)
 
     def run(self) -> Path:
         experiment, options, lab = self.experiment, self.options, lab_settings(self.experiment)
@@ -160,6 +177,10 @@ class LabRun:
             with interrupting_signals():
                 testable = True
                 rounds = Rounds(plan, rule, conditions, seed, writer)
+                if not options.progress:
+                    warmups = sum(p.warmup for p in plan)
+                    self.log(f"{experiment.claim}/{experiment.name} ({accel}): {len(plan)} boot(s), {warmups} of them "
+                             f"warm-up, one guest each (more if the stopping rule asks)")
                 for planned in rounds.shown(f"{experiment.claim}/{experiment.name} ({accel})", "boot", options.progress):
                     testable = self._one_boot(writer, planned, settings[planned.condition.name])
                     if not testable:
@@ -173,6 +194,7 @@ class LabRun:
             writer.flush()
             self.log(f"lab run interrupted; {writer.path} is incomplete with {len(writer.manifest['runs'])} finished run(s)")
             raise
+        self.log(f"{experiment.claim}/{experiment.name}: sealing the bundle (compressing raw files, hashing every file)")
         return writer.seal()
 
     def _boot(self, writer: BundleWriter, directory: str, job: dict, setting: dict) -> tuple[dict, dict, Path]:
@@ -233,19 +255,31 @@ class LabRun:
 
     def _extras(self, writer: BundleWriter, conditions: list[Condition], settings: dict) -> None:
         """Each cross-check once per condition, each in its own boot; outside results.csv."""
+        experiment, progress = self.experiment, self.options.progress
+        names = ", ".join(extra["name"] for extra in experiment.extras)
+        boots = len(experiment.extras) * len(conditions)
+        self.log(f"{experiment.claim}/{experiment.name}: cross-check{'s' if len(experiment.extras) > 1 else ''} "
+                 f"{names}: {boots} more boot(s), one per condition")
         done = []
-        for extra in self.experiment.extras:
-            for index, condition in enumerate(conditions):
-                directory = f"extra-{extra['name']}-{index + 1:03d}"
-                job = {"order": None, "warmup": False, "extra": extra["name"],
-                       "condition": {"name": condition.name, "values": condition.values}}
-                outcome, result, run_dir = self._boot(writer, directory, job, settings[condition.name])
-                entry = result.get("extra") or {"name": extra["name"], "condition": condition.name, "status": "failed",
-                                                "problem": _no_result(result, outcome, run_dir)}
-                done.append({**entry, "directory": directory, "guest": guest_summary(result.get("facts") or {}),
-                             "boot": outcome})
-                writer.manifest["extras"] = done
-                writer.flush()
+        with tqdm(total=boots, desc=f"{experiment.claim}/{experiment.name} cross-checks", unit="boot",
+                  disable=not progress, file=sys.stderr) as bar:
+            for extra in experiment.extras:
+                for index, condition in enumerate(conditions):
+                    done.append(self._extra(writer, extra, index, condition, settings))
+                    writer.manifest["extras"] = done
+                    writer.flush()
+                    bar.update()
+
+    def _extra(self, writer: BundleWriter, extra: dict, index: int, condition: Condition, settings: dict) -> dict:
+        """One cross-check boot: its entry in the manifest's extras."""
+        directory = f"extra-{extra['name']}-{index + 1:03d}"
+        job = {"order": None, "warmup": False, "extra": extra["name"],
+               "condition": {"name": condition.name, "values": condition.values}}
+        outcome, result, run_dir = self._boot(writer, directory, job, settings[condition.name])
+        entry = result.get("extra") or {"name": extra["name"], "condition": condition.name, "status": "failed",
+                                        "problem": _no_result(result, outcome, run_dir)}
+        return {**entry, "directory": directory, "guest": guest_summary(result.get("facts") or {}),
+                "boot": outcome}
 
 
 def guest_summary(facts: dict) -> dict:
@@ -304,14 +338,14 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _cached_kernel(variant: str, progress: bool = True, say=print):
+def _cached_kernel(variant: str, progress: bool = True, say=say, announce: bool = True):
     found = lab_kernel.cached_kernel(variant)
     if found is None:
         raise LabError(f"lab kernel {variant} is not built: run 'ticklab lab build-kernel --variant {variant}'")
     return found
 
 
-def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
+def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None, log=say) -> list[Path]:
     check_counts(options)
     paths = [experiment_path] if experiment_path else lab_experiments(claim)
     if not paths:
