@@ -303,3 +303,18 @@ def test_the_report_renders_offline_in_headless_chromium(build):
     subprocess.run([BROWSER, *OFFLINE_CHROMIUM, "--window-size=1280,2400", f"--screenshot={shot}",
                     (build / "report/index.html").as_uri()], capture_output=True, timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
+
+
+def test_papermill_with_the_ticklab_engine_prints_no_kernel_warning(tmp_path):
+    """A single notebook under papermill says nothing on stderr but papermill's own lines (issue 16)."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    source = tmp_path / "tiny.ipynb"
+    nbformat.write(notebook, source)
+    proc = subprocess.run([sys.executable, "-m", "papermill", "--engine", "ticklab", str(source), str(tmp_path / "out.ipynb"),
+                           "--no-progress-bar"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("Input Notebook:", "Output Notebook:",
+                                                                                "Executing notebook with kernel:"))]
+    assert lines == [], proc.stderr
+    assert nbformat.read(tmp_path / "out.ipynb", 4).cells[0].outputs[0]["text"] == "42\n"

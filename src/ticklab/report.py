@@ -92,7 +92,7 @@ def _failing_cell(executed: Path) -> str | None:
 
 def run_notebook(notebook: Path, executed: Path, parameters: dict, *, cell_timeout: int, notebook_timeout: int,
                  claim: str) -> NotebookResult:
-    command = [sys.executable, "-m", "papermill", str(notebook), str(executed), "-k", "python3",
+    command = [sys.executable, "-m", "papermill", str(notebook), str(executed), "-k", "python3", "--engine", "ticklab",
                "--execution-timeout", str(cell_timeout), "--no-progress-bar", "--log-level", "WARNING",
                "-y", json.dumps(parameters)]
     start = time.monotonic()
