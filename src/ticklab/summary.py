@@ -43,7 +43,7 @@ def save_effects(effects: pd.DataFrame, output_dir: Path, published_dir: Path) -
         pub = load_published(published_dir, claim)
         sources += pub.files(*pub.tables)
     Outputs(output_dir, SUMMARY).table(
-        "published_effects", effects, caption="Headline effect of each claim as a ratio of published values (n = 1)",
+        "published_effects", effects, caption="Headline effect of each claim as a ratio of printed values, computed by ticklab (n = 1)",
         sources=sources)
 
 
@@ -54,17 +54,20 @@ def effects_figure(effects: pd.DataFrame):
     ax.barh(range(len(effects)), effects["ratio"], left=0, color=colors)
     ax.axvline(1, color="black", linewidth=0.8)
     for i, r in enumerate(effects.itertuples()):
-        ax.text(r.ratio + 0.03, i, f"×{r.ratio:.3f}", va="center", fontsize=8)
+        # beyond both the bar and the ×1 line, so no label sits on either
+        ax.text(max(r.ratio, 1) + 0.03, i, f"×{r.ratio:.3f}", va="center", fontsize=8)
+    ax.set_xlim(0, max(effects["ratio"].max(), 1) * 1.12)
     ax.set_yticks(range(len(effects)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ratio of the printed values (green: improvement in the claimed direction)")
-    ax.set_title("Published headline effects (nohz has no ratio: its figure's data is not in the text)", fontsize=9)
+    ax.set_title("Headline effects: ratios of values printed in the sources, computed by ticklab\n"
+                 "(nohz has no ratio: its figure's data is not in the text)", fontsize=9)
     return fig
 
 
 def save_effects_figure(fig, output_dir: Path, published_dir: Path) -> None:
     sources = [load_published(published_dir, c).directory / "provenance.yaml" for c in CLAIMS if c != "nohz"]
-    Outputs(output_dir, SUMMARY).figure("published_effects", fig, caption="Published headline effects as ratios", sources=sources)
+    Outputs(output_dir, SUMMARY).figure("published_effects", fig, caption="Headline effects as ratios of printed values (computed by ticklab)", sources=sources)
 
 
 def wanted_claims(claims: str | list[str] | None) -> list[str]:
