@@ -64,6 +64,14 @@ def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
         load_experiment(path)
 
 
+@pytest.mark.parametrize("path, message", [("/dev/zero", "not a regular file"), ("/tmp", "not a regular file"),
+                                           ("/proc/self/status", "not valid YAML")])
+def test_an_experiment_that_is_no_yaml_file_is_refused_in_bounded_memory(path, message):
+    """/dev/zero as an experiment grew a capture to 10 GB before: st_size says nothing of devices or /proc files."""
+    with pytest.raises(ExperimentError, match=f"^{path}: {message}"):
+        load_experiment(path)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--runs", "-1"], "argument --runs: -1 is not from 1 to 10000"),
     (["--runs", "0"], "argument --runs: 0 is not from 1 to 10000"),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,9 +117,13 @@ def experiment_paths(claim: str) -> list[Path]:
 def load_experiment(path: Path | str) -> Experiment:
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_EXPERIMENT_BYTES:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ExperimentError(f"{path}: not a regular file; an experiment definition is a YAML file")
+        with path.open("rb") as handle:  # read a bounded amount: st_size says nothing of /proc files or FIFOs
+            raw = handle.read(MAX_EXPERIMENT_BYTES + 1)
+        if len(raw) > MAX_EXPERIMENT_BYTES:
             raise ExperimentError(f"{path}: larger than {MAX_EXPERIMENT_BYTES} bytes; not an experiment definition")
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(raw.decode("utf-8"))
     except OSError as exc:
         raise ExperimentError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
