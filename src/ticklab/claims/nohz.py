@@ -109,12 +109,14 @@ def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> l
 
 
 def trace_metrics(trace, values: dict) -> list[dict]:
-    """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it."""
-    from ..tracemetrics import timer_interrupt_rows
+    """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
+    then the tick (its hrtimer callback's expiries) and the other timer interrupts apart, each with the softirqs
+    it raised where they were traced (tracemetrics.tick_rows)."""
+    from ..tracemetrics import tick_rows, timer_interrupt_rows
 
     cpu = int(values["last_cpu"])
     stops = trace.table("timer:tick_stop")
-    return [*timer_interrupt_rows(trace, cpu),
+    return [*timer_interrupt_rows(trace, cpu), *tick_rows(trace, cpu),
             {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"}]
 
 
