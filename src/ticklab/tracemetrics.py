@@ -91,12 +91,14 @@ def softirq_runs(trace: Trace, cpu: int, interrupts: pd.DataFrame | None = None)
     entries, exits = _on_cpu(trace, SOFTIRQ_ENTRY, cpu), _on_cpu(trace, SOFTIRQ_EXIT, cpu)
     start = entries["timestamp"].to_numpy(dtype=np.int64)
     end = exits["timestamp"].to_numpy(dtype=np.int64)
-    following = np.searchsorted(end, start, side="left")
+    # the first exit after the entry: one run's exit and the next run's entry can share a timestamp (__do_softirq
+    # goes straight from one pending vector to the next), and softirqs do not nest on a CPU
+    following = np.searchsorted(end, start, side="right")
     paired = following < len(end)
     start, vector, stop = start[paired], entries["vec"].to_numpy(dtype=np.int64)[paired], following[paired]
-    # a run pairs with the next exit only if that exit is of the same vector and comes before the next run starts
+    # a run pairs with that exit only if it is of the same vector and comes no later than the next run's entry
     keep = exits["vec"].to_numpy(dtype=np.int64)[stop] == vector
-    keep &= np.append(end[stop][:-1] < start[1:], True) if len(start) else keep
+    keep &= np.append(end[stop][:-1] <= start[1:], True) if len(start) else keep
     start, vector, stop = start[keep], vector[keep], end[stop[keep]]
     irq_entry = interrupts["entry_ns"].to_numpy()
     irq_time = np.concatenate([[0], np.cumsum(interrupts["duration_ns"].to_numpy())])
