@@ -251,7 +251,7 @@ class BundleFamily:
 # -- trace files through the public read API -------------------------------------------------------------
 
 TRACE_SEED_V7 = "guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v657-vm/nohz/20261122T013539Z-guest-ftq/raw/run-005/trace/trace.dat"
-TRACEFS_SEED = "intel-xeon-2c-6.18.44-fc-v657-vm/nohz/20261122T032234Z-ftq/raw/run-002/trace"
+TRACEFS_SEED = "intel-xeon-2c-6.18.44-fc-v669-vm/nohz/20261122T203536Z-ftq/raw/run-002/trace"
 
 
 class TraceFamily:

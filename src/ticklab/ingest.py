@@ -45,7 +45,7 @@ TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 
 # trace.dat option ids (trace-cmd.dat(5))
 OPTION_DONE, OPTION_CPUSTAT, OPTION_BUFFER, OPTION_TRACECLOCK = 0, 2, 3, 4
-OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_CMDLINES = 16, 17, 18, 21
+OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_KALLSYMS, OPTION_CMDLINES = 16, 17, 18, 19, 21
 SECTION_COMPRESSED = 1
 RELEASE_ROWS = 8192  # records gathered between releases of a mapped trace's memory
 WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
@@ -209,8 +209,9 @@ class Trace:
 
     def __init__(self, source: str, formats: Mapping[int, EventFormat], records: _Records | None = None,
                  lost_events: dict[int, int] | None = None, stats_lost: dict[int, int] | None = None,
-                 page_size: int = 4096, clock: str | None = None):
+                 page_size: int = 4096, clock: str | None = None, kallsyms: bytes = b""):
         self.source, self.formats, self.page_size, self.clock = source, formats, page_size, clock
+        self.kallsyms = kallsyms  # /proc/kallsyms lines as recorded: all of them (trace-cmd) or the few asked for
         self.lost_events = lost_events or {}
         self.stats_lost = stats_lost or {}
         self._records = records if records is not None else _empty_records()
@@ -227,6 +228,16 @@ class Trace:
     def total_lost(self) -> int:
         """Events the kernel dropped: the larger of the page flags and the per-CPU stats."""
         return max(sum(self.lost_events.values()), sum(self.stats_lost.values()))
+
+    def symbol_addresses(self, names) -> dict[str, int]:
+        """Kernel addresses of the named symbols, from the kallsyms the trace carries (a name it lacks is left out;
+        an address of 0, what /proc/kallsyms shows to a reader without the privilege, counts as lacking)."""
+        found = {}
+        for name in names:
+            match = re.search(rb"^([0-9a-fA-F]+) \w " + re.escape(name.encode()) + rb"(?:\t.*)?$", self.kallsyms, re.M)
+            if match and int(match.group(1), 16):
+                found[name] = int(match.group(1), 16)
+        return found
 
     def keys(self) -> list[str]:
         """The recorded events, in event-type id order."""
@@ -396,7 +407,8 @@ class _Segment:
 
 
 def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments: list[_Segment], page_size: int,
-              header_page: str, stats_text: dict[int, str], clock: str | None, check_read_events: bool = False) -> Trace:
+              header_page: str, stats_text: dict[int, str], clock: str | None, check_read_events: bool = False,
+              kallsyms: bytes = b"") -> Trace:
     commit_size, data_offset = parse_header_page(header_page, source)
     if page_size <= data_offset or page_size > 1 << 24:
         raise TraceFormatError(f"{source}: page size {page_size} is not a ring-buffer page size")
@@ -436,7 +448,7 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
                 chunks.clear()
             trace_records = _Records(buffer, *columns, page_size)
     return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
-                 clock=clock, stats_lost=stats_lost)
+                 clock=clock, stats_lost=stats_lost, kallsyms=kallsyms)
 
 
 def _check_read_events(source: str, cpu: int, found: int, stats: str) -> None:
@@ -446,6 +458,9 @@ def _check_read_events(source: str, cpu: int, found: int, stats: str) -> None:
     if read and entries and int(entries.group(1)) == 0 and found < int(read.group(1)):
         raise TraceFormatError(f"{source}: cpu{cpu}.raw holds {found} events but cpu{cpu}.stats says {read.group(1)} "
                                "were read: the file is truncated")
+
+
+KALLSYMS_FILE = "kallsyms"  # in a tracefs capture: the /proc/kallsyms lines of the symbols the experiment named
 
 
 # -- ticklab's tracefs directory ---------------------------------------------------------------------
@@ -491,8 +506,9 @@ def read_tracefs_dir(directory: Path | str) -> Trace:
         if not text.isdigit():
             raise TraceFormatError(f"{page_size_file}: not a page size: {text[:40]!r}")
         page_size = int(text)
+    kallsyms = _read_bytes(directory / KALLSYMS_FILE) if rawfile.locate(directory / KALLSYMS_FILE).is_file() else b""
     return _assemble(str(directory), formats, b"".join(blobs), segments, page_size, header.read_text(), stats, clock,
-                     check_read_events=True)
+                     check_read_events=True, kallsyms=kallsyms)
 
 
 # -- trace-cmd's trace.dat ---------------------------------------------------------------------------
@@ -617,7 +633,7 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     header_page = _read_header_info(reader)
     _read_ftrace_formats(reader, formats)
     _read_event_formats(reader, formats)
-    reader.take(reader.u32())  # kallsyms
+    kallsyms = reader.take(reader.u32())
     reader.take(reader.u32())  # printk formats
     reader.take(reader.u64())  # saved cmdlines
     cpus = reader.u32()
@@ -639,7 +655,7 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     for cpu in range(cpus):
         offset, size = reader.u64(), reader.u64()
         segments.append(_cpu_segment(reader, cpu, offset, size))
-    return _assemble(source, formats, reader.data, segments, page_size, header_page, stats, clock)
+    return _assemble(source, formats, reader.data, segments, page_size, header_page, stats, clock, kallsyms=bytes(kallsyms))
 
 
 def _decompressor(name: str, source: str):
@@ -673,7 +689,7 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.string()  # compression version
     inflate = None if compression == "none" else _decompressor(compression, source)
     next_options = reader.u64()
-    header_page, stats, clock = None, {}, None
+    header_page, stats, clock, kallsyms = None, {}, None, b""
     cpu_data: list[tuple[int, int, int, bool]] = []
 
     def section(offset: int) -> _Reader:
@@ -711,6 +727,9 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
                 _read_ftrace_formats(section(value.u64()), formats)
             elif option == OPTION_EVENT_FORMATS:
                 _read_event_formats(section(value.u64()), formats)
+            elif option == OPTION_KALLSYMS:
+                symbols = section(value.u64())
+                kallsyms = bytes(symbols.take(symbols.u32()))
             elif option == OPTION_CPUSTAT:
                 text = value.text(payload.rstrip(b"\0"), 0)
                 stats[_cpu_of_stats(text, len(stats))] = text
@@ -733,7 +752,7 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
         buffer, segments = _inflate_cpu_data(reader, inflate, cpu_data, page_size)
     else:
         buffer, segments = reader.data, [_cpu_segment(reader, cpu, offset, size) for cpu, offset, size, _ in cpu_data]
-    return _assemble(source, formats, buffer, segments, page_size, header_page, stats, clock)
+    return _assemble(source, formats, buffer, segments, page_size, header_page, stats, clock, kallsyms=kallsyms)
 
 
 def _inflated_size(reader: _Reader, cpu_data) -> int:

@@ -105,6 +105,7 @@ EXPERIMENT = {
         "requires": {"type": "array", "items": {"type": "string"}},
         "trace": {"type": ["object", "null"], "properties": {
             "events": {"type": "array", "items": {"type": "string"}},
+            "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
             "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
             "metrics": {"type": ["boolean", "array", "object", "null"]}}},
         "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},

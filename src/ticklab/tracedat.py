@@ -3,8 +3,9 @@ tools that read only trace.dat (KernelShark, `trace-cmd report`) can open it.
 
 The capture already holds everything a v6 file needs (trace-cmd.dat(5)): the ring buffer's header_page and
 header_event descriptions, the format of every recorded event, and each CPU's raw ring-buffer pages as
-trace_pipe_raw gave them. They are written unchanged; kallsyms, printk formats and the command-line list are
-left empty (the capture did not record them), so tools show pids without names.
+trace_pipe_raw gave them. They are written unchanged, with the few kallsyms lines the capture recorded (the
+symbols its experiment named); printk formats and the command-line list are left empty (the capture did not
+record them), so tools show pids without names.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def tracefs_to_trace_dat(capture: Path | str, out: Path | str) -> Path:
         for fmt in formats:
             text = fmt.read_bytes()
             head += _u64(len(text)) + text
-    head += _u32(0) + _u32(0) + _u64(0)  # kallsyms, printk formats, saved command lines: not recorded
+    # the kallsyms lines recorded beside the capture (the tick's callback), so trace-cmd report names them
+    kallsyms = read_bytes(capture / "kallsyms") if (capture / "kallsyms").is_file() else b""
+    head += _u32(len(kallsyms)) + kallsyms + _u32(0) + _u64(0)  # printk formats, saved command lines: not recorded
     cpus = max(raws) + 1
     head += _u32(cpus) + b"options  \0" + struct.pack("<H", 0) + b"flyrecord\0"
     data = {cpu: read_bytes(raws[cpu]) if cpu in raws else b"" for cpu in range(cpus)}

@@ -59,3 +59,134 @@ def spurious_ratio(trace: Trace, cpu: int | None = None) -> float:
         empty += len(spurious_interrupts(trace, int(one)))
         total += len(timer_interrupts(trace, int(one)))
     return empty / total if total else float("nan")
+
+
+# -- the tick's whole cost: its interrupt and the softirqs it raised ---------------------------------------------
+SOFTIRQ_ENTRY = "irq:softirq_entry"
+SOFTIRQ_EXIT = "irq:softirq_exit"
+SOFTIRQ_RAISE = "irq:softirq_raise"
+SOFTIRQ_EVENTS = (SOFTIRQ_RAISE, SOFTIRQ_ENTRY, SOFTIRQ_EXIT)
+# include/linux/interrupt.h (the order softirq_entry's print fmt names them in)
+SOFTIRQ_VECTORS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU")
+# The tick's hrtimer callback (kernel/time/tick-sched.c) by kernel version: tick_sched_timer until 6.7, renamed
+# tick_nohz_highres_handler in 6.8 and tick_nohz_handler from 6.9 on. An experiment that traces the tick on a
+# tracefs capture lists these under trace.symbols, so that their addresses are recorded beside the trace.
+TICK_CALLBACKS = ("tick_nohz_handler", "tick_nohz_highres_handler", "tick_sched_timer")
+
+
+def softirqs_traced(trace: Trace) -> bool:
+    """Were softirq raise, entry and exit recorded (a capture from before they were traced has none of them)?"""
+    return all(key in trace.keys() for key in SOFTIRQ_EVENTS)
+
+
+def _on_cpu(trace: Trace, key: str, cpu: int) -> pd.DataFrame:
+    table = trace.table(key)
+    return table[table["cpu"] == cpu].sort_values("timestamp", kind="stable")
+
+
+def softirq_runs(trace: Trace, cpu: int, interrupts: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Softirq handler runs on ``cpu``: entry and exit (ns), vector, and duration (ns) less the local timer
+    interrupts that arrived while it ran (softirqs run with interrupts on; their time is the interrupt's)."""
+    interrupts = timer_interrupts(trace, cpu) if interrupts is None else interrupts
+    entries, exits = _on_cpu(trace, SOFTIRQ_ENTRY, cpu), _on_cpu(trace, SOFTIRQ_EXIT, cpu)
+    start = entries["timestamp"].to_numpy(dtype=np.int64)
+    end = exits["timestamp"].to_numpy(dtype=np.int64)
+    # the first exit after the entry: one run's exit and the next run's entry can share a timestamp (__do_softirq
+    # goes straight from one pending vector to the next), and softirqs do not nest on a CPU
+    following = np.searchsorted(end, start, side="right")
+    paired = following < len(end)
+    start, vector, stop = start[paired], entries["vec"].to_numpy(dtype=np.int64)[paired], following[paired]
+    # a run pairs with that exit only if it is of the same vector and comes no later than the next run's entry
+    keep = exits["vec"].to_numpy(dtype=np.int64)[stop] == vector
+    keep &= np.append(end[stop][:-1] <= start[1:], True) if len(start) else keep
+    start, vector, stop = start[keep], vector[keep], end[stop[keep]]
+    irq_entry = interrupts["entry_ns"].to_numpy()
+    irq_time = np.concatenate([[0], np.cumsum(interrupts["duration_ns"].to_numpy())])
+    nested = irq_time[np.searchsorted(irq_entry, stop)] - irq_time[np.searchsorted(irq_entry, start)]
+    return pd.DataFrame({"entry_ns": start, "exit_ns": stop, "vec": vector, "duration_ns": stop - start - nested})
+
+
+def timer_interrupt_costs(trace: Trace, cpu: int) -> pd.DataFrame | None:
+    """Every local timer interrupt on ``cpu`` with what it cost, or None where the trace cannot tell the tick from
+    other hrtimers (it carries no address for any of TICK_CALLBACKS).
+
+    Columns: ``entry_ns``, ``exit_ns``, ``irq_ns`` (local_timer_entry → local_timer_exit), ``tick`` (the tick's
+    callback expired inside it: ``timer:hrtimer_expire_entry`` with ``function`` at a TICK_CALLBACKS address; an
+    interrupt that also ran other hrtimers is still the tick), ``softirqs`` (the vectors attributed to it, e.g.
+    "TIMER+RCU"), ``softirq_ns`` and ``cost_ns`` = irq_ns + softirq_ns (both NaN when softirqs were not traced).
+
+    Attributed softirqs: in 6.x the softirqs an interrupt raises run after its local_timer_exit tracepoint (in
+    irq_exit, or later in ksoftirqd), so the interrupt's own span leaves them out. For every vector raised on this
+    CPU *during* the interrupt (``irq:softirq_raise`` between its entry and exit: the tick raises TIMER, RCU and
+    SCHED, hrtimer_interrupt raises HRTIMER for soft-expiring timers), the first run of that vector on this CPU
+    after the interrupt's exit and before the next local timer interrupt's entry is attributed to it, its time
+    less any timer interrupt that nested inside it. A vector raised elsewhere (a device interrupt's NET_RX, a
+    wakeup's SCHED) is not the timer's, and is not counted; a raised vector that does not run before the next
+    timer interrupt is not counted either (its run belongs to no single interrupt). Device interrupts are not
+    traced: one that nests inside an attributed softirq is counted in it.
+    """
+    ticks = trace.symbol_addresses(TICK_CALLBACKS)
+    if not ticks:
+        return None
+    interrupts = timer_interrupts(trace, cpu)
+    entry, leave = interrupts["entry_ns"].to_numpy(), interrupts["exit_ns"].to_numpy()
+    expires = _on_cpu(trace, HRTIMER_EXPIRE, cpu)
+    stamps = expires["timestamp"].to_numpy(dtype=np.int64)
+    tick_stamps = stamps[expires["function"].astype("uint64").isin(list(ticks.values())).to_numpy()]
+    tick = np.searchsorted(tick_stamps, leave, side="right") > np.searchsorted(tick_stamps, entry, side="left")
+    frame = interrupts.rename(columns={"duration_ns": "irq_ns"}).assign(tick=tick)
+    if not softirqs_traced(trace):
+        return frame.assign(softirqs="", softirq_ns=np.nan, cost_ns=np.nan)
+    runs = softirq_runs(trace, cpu, interrupts)
+    raises = _on_cpu(trace, SOFTIRQ_RAISE, cpu)
+    raised_at = raises["timestamp"].to_numpy(dtype=np.int64)
+    inside = np.searchsorted(entry, raised_at, side="right") - 1
+    found = (inside >= 0) & (raised_at <= leave[np.maximum(inside, 0)])
+    next_entry = np.append(entry[1:], np.iinfo(np.int64).max)
+    softirq_ns = np.zeros(len(frame))
+    names = [[] for _ in range(len(frame))]
+    pairs = pd.DataFrame({"irq": inside[found], "vec": raises["vec"].to_numpy(dtype=np.int64)[found]}).drop_duplicates()
+    for vec, group in pairs.groupby("vec"):
+        of_vector = runs[runs["vec"] == vec]
+        run_entry = of_vector["entry_ns"].to_numpy()
+        irq = group["irq"].to_numpy()
+        first = np.searchsorted(run_entry, leave[irq], side="left")
+        ran = first < len(run_entry)
+        ran[ran] &= run_entry[first[ran]] < next_entry[irq[ran]]
+        np.add.at(softirq_ns, irq[ran], of_vector["duration_ns"].to_numpy()[first[ran]])
+        for one in irq[ran]:
+            names[one].append(SOFTIRQ_VECTORS[vec] if 0 <= vec < len(SOFTIRQ_VECTORS) else str(vec))
+    return frame.assign(softirqs=["+".join(n) for n in names], softirq_ns=softirq_ns,
+                        cost_ns=frame["irq_ns"].to_numpy() + softirq_ns)
+
+
+def tick_rows(trace: Trace, cpu: int) -> list[dict]:
+    """The tick and the other (non-tick) local timer interrupts on ``cpu``: how often, µs each (median, p99) and
+    share of the CPU, in the interrupt alone (``*_irq_*``) and with their softirqs (see timer_interrupt_costs).
+
+    Rates: the tick's from its first to its last interrupt ((ticks − 1) / span: a periodic tick at HZ gives HZ);
+    the others' as a count over the span of all local timer interrupts on the CPU, as are the shares of the CPU.
+    Nothing is returned where the tick cannot be told apart; the rows a trace cannot give (softirqs not traced,
+    too few interrupts of a kind) are left out rather than given as NaN."""
+    costs = timer_interrupt_costs(trace, cpu)
+    if costs is None or len(costs) < 2:
+        return []
+    span_ns = costs["entry_ns"].iloc[-1] - costs["entry_ns"].iloc[0]
+    rows = []
+    for kind, chosen in (("tick", costs[costs["tick"]]), ("nontick_timer", costs[~costs["tick"]])):
+        rows.append({"metric": f"{kind}_irqs", "value": len(chosen), "unit": "count"})
+        if kind == "tick" and len(chosen) >= 2:
+            rate = (len(chosen) - 1) / ((chosen["entry_ns"].iloc[-1] - chosen["entry_ns"].iloc[0]) / 1e9)
+            rows.append({"metric": "tick_rate_hz", "value": rate, "unit": "Hz"})
+        elif kind != "tick":
+            rows.append({"metric": f"{kind}_irq_rate_hz", "value": len(chosen) / (span_ns / 1e9), "unit": "Hz"})
+        columns = [("irq_us", "irq_ns")] + ([("us", "cost_ns")] if costs["cost_ns"].notna().all() else [])
+        for label, column in columns:
+            if chosen.empty:
+                continue
+            values = chosen[column] / 1e3
+            rows += [{"metric": f"{kind}_{label}_median", "value": values.median(), "unit": "us"},
+                     {"metric": f"{kind}_{label}_p99", "value": values.quantile(0.99), "unit": "us"},
+                     {"metric": f"{kind}_{label.removesuffix('us')}time_fraction",
+                      "value": chosen[column].sum() / span_ns, "unit": "fraction"}]
+    return rows

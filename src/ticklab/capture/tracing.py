@@ -6,7 +6,8 @@ Both backends leave a directory ``ingest.read_trace`` reads, and report the even
   The global tracefs files it changes are guarded through :class:`HostChanges` and put back.
 * ``tracefs``: a private tracefs instance (``instances/ticklab-<pid>``), so the global tracing state
   is never touched; a thread reads each CPU's ``trace_pipe_raw`` pages into ``cpu<N>.raw`` and the
-  event formats are copied beside them. Used where ``trace-cmd record`` fails (for example when
+  event formats are copied beside them, with the /proc/kallsyms lines of the symbols the experiment names
+  (``kallsyms``: what a trace-cmd trace.dat carries in full, needed to name hrtimer callbacks). Used where ``trace-cmd record`` fails (for example when
   /proc/sys/kernel/ftrace_enabled cannot be written).
 """
 
@@ -40,10 +41,14 @@ class TraceResult:
     directory: Path
     lost_events: int
     lost_per_cpu: dict[int, int] = field(default_factory=dict)
+    symbols: dict[str, str] | None = None  # name -> address recorded beside a tracefs capture (None: not asked for)
 
     def record(self) -> dict:
-        return {"backend": self.backend, "directory": self.directory.name, "lost_events": self.lost_events,
-                "lost_per_cpu": {str(k): v for k, v in self.lost_per_cpu.items()}}
+        record = {"backend": self.backend, "directory": self.directory.name, "lost_events": self.lost_events,
+                  "lost_per_cpu": {str(k): v for k, v in self.lost_per_cpu.items()}}
+        if self.symbols is not None:
+            record["symbols"] = self.symbols
+        return record
 
 
 def stats_lost_count(text: str) -> int:
@@ -66,6 +71,18 @@ def check_events(tracefs: Path, events: list[str]) -> None:
     missing = [e for e in events if not (tracefs / "events" / e.replace(":", "/") / "format").is_file()]
     if missing:
         raise TracingError(f"{tracefs / 'events'}: this kernel has no tracepoint(s) {', '.join(missing)}")
+
+
+def kallsyms_lines(text: str, names: list[str]) -> list[str]:
+    """The /proc/kallsyms lines of ``names`` (address, type, name[, module]); a symbol the kernel lacks, or shows
+    at address 0 (to a reader without CAP_SYSLOG under kptr_restrict), is left out."""
+    wanted = set(names)
+    found = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] in wanted and fields[0].strip("0"):
+            found.append(line)
+    return found
 
 
 def guard_tracefs(host: HostChanges, tracefs: Path, label: str) -> None:
@@ -131,8 +148,11 @@ def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int) -> lis
 class TracefsRecorder:
     backend = "tracefs"
 
-    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096):
+    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
+                 symbols: list[str] = ()):
         self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
+        self.symbols = list(symbols)
+        self._symbols_found: dict[str, str] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._files: dict[int, tuple[int, object]] = {}
@@ -166,6 +186,10 @@ class TracefsRecorder:
             target = self.directory / "formats" / system / name
             target.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(tracefs / "events" / system / name / "format", target / "format")
+        if self.symbols:  # read before tracing starts: a few MB of text the traced CPUs need not see being parsed
+            lines = kallsyms_lines((self.host.root / "proc" / "kallsyms").read_text(errors="replace"), self.symbols)
+            (self.directory / "kallsyms").write_text("".join(f"{line}\n" for line in lines))
+            self._symbols_found = {line.split()[2]: f"0x{line.split()[0]}" for line in lines}
         (self.directory / "trace_clock").write_text((instance / "trace_clock").read_text())
         (self.directory / "page_size").write_text(f"{os.sysconf('SC_PAGE_SIZE')}\n")
         for cpu_dir in sorted((instance / "per_cpu").glob("cpu[0-9]*")):
@@ -210,7 +234,7 @@ class TracefsRecorder:
                     stats = (self.instance / "per_cpu" / f"cpu{cpu}" / "stats").read_text()
                     (self.directory / f"cpu{cpu}.stats").write_text(stats)
                     lost[cpu] = stats_lost_count(stats)
-                self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost)
+                self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost, self._symbols_found)
         finally:
             self._scope.close()
 
@@ -218,7 +242,9 @@ class TracefsRecorder:
 class TraceCmdRecorder:
     backend = "trace-cmd"
 
-    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096):
+    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
+                 symbols: list[str] = ()):
+        # trace-cmd writes the whole of /proc/kallsyms into trace.dat: ``symbols`` needs no extra step here
         self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
         self.process: subprocess.Popen | None = None
         self.result: TraceResult | None = None
@@ -293,9 +319,10 @@ class TraceCmdRecorder:
             self._scope.close()
 
 
-def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096):
+def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
+             symbols: list[str] = ()):
     cls = {"tracefs": TracefsRecorder, "trace-cmd": TraceCmdRecorder}.get(backend)
     if cls is None:
         raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
-    return cls(host, events, directory, buffer_kb=buffer_kb)
+    return cls(host, events, directory, buffer_kb=buffer_kb, symbols=symbols)
 

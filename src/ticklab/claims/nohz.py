@@ -109,12 +109,14 @@ def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> l
 
 
 def trace_metrics(trace, values: dict) -> list[dict]:
-    """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it."""
-    from ..tracemetrics import timer_interrupt_rows
+    """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
+    then the tick (its hrtimer callback's expiries) and the other timer interrupts apart, each with the softirqs
+    it raised where they were traced (tracemetrics.tick_rows)."""
+    from ..tracemetrics import tick_rows, timer_interrupt_rows
 
     cpu = int(values["last_cpu"])
     stops = trace.table("timer:tick_stop")
-    return [*timer_interrupt_rows(trace, cpu),
+    return [*timer_interrupt_rows(trace, cpu), *tick_rows(trace, cpu),
             {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"}]
 
 
@@ -224,7 +226,8 @@ def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["setup", "condition", "runs", "FTQ: work lost (%)", "osnoise: noise (% of CPU)"])
 
 
-TICK_METRICS = {"local_timer_irq_rate_hz": "timer interrupts/s", "local_timer_irq_duration_median_us": "median duration (µs)",
+TICK_METRICS = {"local_timer_irq_rate_hz": "local timer interrupts/s (the tick and other hrtimers)",
+                "local_timer_irq_duration_median_us": "median interrupt duration (µs, softirqs not included)",
                 "local_timer_irq_time_fraction": "share of the busy CPU (%)", "ftq_noise_fraction": "FTQ work lost (%)"}
 
 
@@ -241,6 +244,67 @@ def fresh_tick_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = table[[m for m in TICK_METRICS if m in table]].rename(columns=TICK_METRICS)
     table["runs"] = chosen[chosen["metric"] == "ftq_noise_fraction"].groupby(["host_id", "condition"]).size()
     return table.round(3)
+
+
+# The tick's whole cost per tick (tracemetrics.tick_rows), beside seed 004's ~80 µs: (metric, quantity shown,
+# shown as a percentage?, needs softirq events?)
+PER_TICK_COLUMNS = [
+    ("tick_rate_hz", "tick rate (Hz, from tick expiries)", False, False),
+    ("tick_us_median", "µs per tick, median (irq + softirq)", False, True),
+    ("tick_us_p99", "µs per tick, p99 (irq + softirq)", False, True),
+    ("tick_irq_us_median", "µs per tick in the interrupt alone, median", False, False),
+    ("tick_time_fraction", "tick's share of the CPU (%, irq + softirq)", True, True),
+    ("nontick_timer_irq_rate_hz", "non-tick timer interrupts/s", False, False),
+    ("nontick_timer_us_median", "µs per non-tick timer interrupt, median (irq + softirq)", False, True),
+    ("nontick_timer_us_p99", "µs per non-tick timer interrupt, p99 (irq + softirq)", False, True),
+    ("nontick_timer_time_fraction", "non-tick timer interrupts' share of the CPU (%, irq + softirq)", True, True),
+]
+NO_SOFTIRQS = "not recorded in this bundle (captured before softirq events were traced)"
+NO_TICK_EXPIRIES = "not recorded in this bundle (captured before ticks were told from other timer interrupts)"
+SOFTIRQ_EVENT = "irq:softirq_entry"
+
+
+def _traced_events(bundles: list[BundleRef]) -> dict[str, set]:
+    return {str(ref.path): set((bundle.manifest.get("tracing") or {}).get("events") or [])
+            for ref, bundle in usable_bundles(bundles)}
+
+
+def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: PublishedClaim) -> pd.DataFrame:
+    """Measured µs per tick — the local timer interrupts that ran the tick's hrtimer, each with the softirqs it
+    raised on that CPU (tracemetrics.timer_interrupt_costs says exactly what is attributed) — beside seed 004's
+    ~80 µs, per setup and condition, one row per quantity; the same for the other (non-tick) timer interrupts.
+    ``measured`` is the median over runs of the per-run value (a run's median or p99 over its ticks). A bundle
+    captured before softirq events were traced says so, in one row when it has none of these quantities."""
+    ftq = runs[runs["metric"] == "ftq_noise_fraction"]
+    if ftq.empty:
+        return pd.DataFrame()
+    events = _traced_events(bundles)
+    seed_us = published.value("tick_cost", "tick_duration")
+    seed_cell = (f"{published.row('tick_cost', 'tick_duration')['qualifier']} {seed_us:g} (printed "
+                 f"'{published.printed('tick_cost', 'tick_duration')}', {published.quote_id('tick_cost', 'tick_duration')})")
+    rows = []
+    for (setup, condition), group in ftq.groupby(["host_id", "condition"]):
+        chosen = runs[(runs["host_id"] == setup) & (runs["condition"] == condition)]
+        traced = set().union(*(events.get(b, set()) for b in group["bundle"].unique()))
+        head = {"setup": setup, "condition": condition, "runs": group["run"].nunique()}
+        if not chosen["metric"].isin([metric for metric, *_ in PER_TICK_COLUMNS]).any():
+            rows.append({**head, "quantity": "µs per tick (irq + softirq), the tick told from other timer interrupts",
+                         "measured": NO_SOFTIRQS if SOFTIRQ_EVENT not in traced else NO_TICK_EXPIRIES})
+            continue
+        for metric, quantity, percent, needs_softirqs in PER_TICK_COLUMNS:
+            values = chosen.loc[chosen["metric"] == metric, "value"]
+            row = {**head, "quantity": quantity}
+            if values.empty:
+                row["measured"] = NO_SOFTIRQS if needs_softirqs and SOFTIRQ_EVENT not in traced else NO_TICK_EXPIRIES
+            else:
+                row["measured"] = round(float(values.median()) * (100 if percent else 1), 3)
+            if metric in ("tick_us_median", "tick_us_p99"):
+                row["seed 004 (ThinkPad T60p, HZ=1000)"] = seed_cell
+                if isinstance(row["measured"], float):
+                    row["measured / seed"] = round(row["measured"] / seed_us, 3)
+            rows.append(row)
+    columns = ["setup", "condition", "runs", "quantity", "measured", "seed 004 (ThinkPad T60p, HZ=1000)", "measured / seed"]
+    return pd.DataFrame(rows).reindex(columns=columns).fillna("")
 
 
 SIZES = ("the target assumes the ThinkPad T60p's ~80 µs per tick at every HZ; a tick's cost depends on the CPU "
