@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ticklab import paths
+from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import ExperimentError, load_experiment
 from ticklab.capture.tracing import TracingError, check_functions, planned_tracefs_writes
 from ticklab.host.knobs import restorable
@@ -62,3 +64,13 @@ def test_function_names_in_an_experiment_must_be_identifiers(tmp_path):
     with pytest.raises(ExperimentError, match="bad.yaml.*trace.*functions"):
         load_experiment(path)
 
+
+
+def test_the_bundled_guest_hrtick_data_counts_reprograms_in_every_run():
+    [bundle_dir] = sorted(paths.traces_dir().glob("guest-tcg-*/hrtick/*"))
+    bundle = load_bundle(bundle_dir)
+    measured = [r for r in bundle.manifest["runs"] if not r["warmup"] and r["status"] == "ok"]
+    assert measured and all(r["trace"]["functions"] == ["clockevents_program_event"] for r in measured)
+    counted = bundle.results[bundle.results["metric"] == "clockevent_reprograms_per_s"]
+    assert sorted(counted["run"]) == sorted(r["run"] for r in measured)
+    assert (counted["value"] > 0).all()
