@@ -121,6 +121,7 @@ CHECKS = [FactCheck("HRTICK sched feature during the run", "knobs[feature=HRTICK
 
 FRESH_METRICS = {"runtime_s": "hackbench runtime (s)",
                  "clockevent_reprograms_per_s": "clockevent reprograms/s (counted)",
+                 "clockevent_reprograms": "clockevent reprograms per hackbench run (counted)",
                  "clockevent_reprograms_in_timer_irq_share": "reprograms made inside a timer irq (share)",
                  "hrtimer_start_rate_hz": "hrtimer starts/s (not a reprogram count)",
                  "local_timer_irq_rate_hz": "local timer interrupts/s",
