@@ -11,6 +11,7 @@ from ticklab import paths
 from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import ExperimentError, load_experiment
 from ticklab.capture.tracing import TracingError, check_functions, planned_tracefs_writes
+from ticklab.host import HostChanges
 from ticklab.host.knobs import restorable
 
 from conftest import REPO
@@ -50,9 +51,17 @@ def test_a_dry_run_lists_the_instance_filter_and_tracer(tmp_path):
     assert not any("ftrace" in w or "current_tracer" in w for w in planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024))
 
 
-def test_an_unfiltered_ftrace_filter_is_put_back_as_empty():
+def test_an_unfiltered_ftrace_filter_is_put_back_as_empty(tmp_path):
     assert restorable(Path("set_ftrace_filter"), "#### all functions enabled ####") == ""
     assert restorable(Path("set_ftrace_filter"), "clockevents_program_event") == "clockevents_program_event"
+    root = tmp_path / "root"
+    instance = root / "sys/kernel/tracing/instances/ticklab-1"
+    instance.mkdir(parents=True)
+    (instance / "set_ftrace_filter").write_text("#### all functions enabled ####\n")
+    with HostChanges(tmp_path / "j.json", root=root, log=lambda _: None) as host:
+        change = host.write("sys/kernel/tracing/instances/ticklab-1/set_ftrace_filter", "clockevents_program_event")
+        assert change.before == "" and (instance / "set_ftrace_filter").read_text() == "clockevents_program_event"
+    assert (instance / "set_ftrace_filter").read_text() == ""  # written empty: the kernel lists all functions again
 
 
 def test_function_names_in_an_experiment_must_be_identifiers(tmp_path):

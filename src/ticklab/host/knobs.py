@@ -244,7 +244,7 @@ def _undo(change: Change) -> str | None:
     if change.kind == "write":
         if restorable(path, _read(path)) != change.before:
             _write(path, change.before)
-        return _read(path)
+        return restorable(path, _read(path))
     if change.kind == "sched_feature":
         _write(path, change.before)
         return _feature_token(_read(path), change.feature)
@@ -326,7 +326,7 @@ class HostChanges:
     # -- knobs -----------------------------------------------------------------------------------
     def write(self, relative: str, value: str, *, label: str | None = None) -> Change:
         path = self.root / relative
-        change = Change("write", str(path), _read(path), str(value), label=label)
+        change = Change("write", str(path), restorable(path, _read(path)), str(value), label=label)
         if self._begin(change):
             _write(path, str(value))
             change.during = _read(path)
