@@ -107,6 +107,8 @@ EXPERIMENT = {
             "events": {"type": "array", "items": {"type": "string"}},
             "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
             "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
+            # kernel functions whose every call the function tracer records (a C identifier each)
+            "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
             "metrics": {"type": ["boolean", "array", "object", "null"]}}},
         "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
         "profile": {"type": ["object", "null"]},

@@ -190,3 +190,64 @@ def tick_rows(trace: Trace, cpu: int) -> list[dict]:
                      {"metric": f"{kind}_{label.removesuffix('us')}time_fraction",
                       "value": chosen[column].sum() / span_ns, "unit": "fraction"}]
     return rows
+
+
+# -- clockevent reprograms (seed 002) -----------------------------------------------------------------
+FUNCTION_CALL = "ftrace:function"  # one event per call of a function the function tracer was filtered to
+REPROGRAM_FUNCTION = "clockevents_program_event"
+
+
+class TraceContentError(ValueError):
+    """A trace cannot answer the question asked of it; the message says why."""
+
+
+def clockevent_reprograms(trace: Trace) -> pd.DataFrame | None:
+    """Every call of ``clockevents_program_event`` the function tracer recorded (timestamp, cpu), or None
+    where this trace holds no function-tracer events (it was recorded without them).
+
+    The experiment filters the function tracer to that one function (``trace.functions``); a trace with
+    calls of more than one function cannot say which were reprograms, and is refused rather than guessed."""
+    if FUNCTION_CALL not in trace.keys():
+        return None
+    calls = trace.table(FUNCTION_CALL)
+    if calls["ip"].nunique() > 1:
+        raise TraceContentError(f"{trace.source}: the function tracer recorded {calls['ip'].nunique()} different "
+                                f"functions; counting reprograms needs it filtered to {REPROGRAM_FUNCTION} alone")
+    return calls[["timestamp", "cpu"]].reset_index(drop=True)
+
+
+def inside_timer_interrupts(trace: Trace, events: pd.DataFrame) -> np.ndarray:
+    """For each event (timestamp, cpu), whether it happened inside a local timer interrupt on its CPU."""
+    inside = np.zeros(len(events), dtype=bool)
+    for cpu in events["cpu"].unique():
+        interrupts = timer_interrupts(trace, int(cpu))
+        mine = (events["cpu"] == cpu).to_numpy()
+        stamps = events.loc[mine, "timestamp"].to_numpy(dtype=np.int64)
+        before = np.searchsorted(interrupts["entry_ns"].to_numpy(), stamps, side="right") - 1
+        valid = before >= 0
+        ends = interrupts["exit_ns"].to_numpy()
+        inside[np.flatnonzero(mine)[valid]] = stamps[valid] <= ends[before[valid]]
+    return inside
+
+
+def traced_span_s(trace: Trace, keys: list[str]) -> float:
+    """Seconds from the first to the last event of ``keys`` (the traced part of the workload)."""
+    stamps = [trace.table(key)["timestamp"].to_numpy(dtype=np.int64) for key in keys if key in trace.keys()]
+    stamps = np.concatenate(stamps) if stamps else np.array([], dtype=np.int64)
+    return (stamps.max() - stamps.min()) / 1e9 if len(stamps) > 1 else float("nan")
+
+
+def reprogram_rows(trace: Trace, span_s: float) -> list[dict]:
+    """Counted clockevent reprograms: how many, per second of ``span_s``, and the share made inside a local
+    timer interrupt (the interrupt re-arming the device for the next hrtimer, with no hrtimer_start).
+    Empty where the trace did not record them."""
+    calls = clockevent_reprograms(trace)
+    if calls is None:
+        return []
+    inside = inside_timer_interrupts(trace, calls)
+    return [
+        {"metric": "clockevent_reprograms", "value": len(calls), "unit": "count"},
+        {"metric": "clockevent_reprograms_per_s", "value": len(calls) / span_s, "unit": "1/s"},
+        {"metric": "clockevent_reprograms_in_timer_irq_share",
+         "value": inside.mean() if len(calls) else float("nan"), "unit": "fraction"},
+    ]

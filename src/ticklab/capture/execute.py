@@ -65,7 +65,8 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
             if experiment.trace:
                 with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
                                       buffer_kb=int(experiment.trace.get("buffer_kb", 4096)),
-                                      symbols=experiment.trace.get("symbols") or []) as recording:
+                                      symbols=experiment.trace.get("symbols") or [],
+                                      functions=experiment.trace.get("functions") or []) as recording:
                     outcome = run_command(argv, run_dir, experiment.timeout_s)
                 trace_result = recording.result
             else:

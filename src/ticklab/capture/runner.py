@@ -164,7 +164,8 @@ class Capture:
                 apply_knobs(host, experiment, planned.condition, found)
                 if experiment.trace:
                     for line in tracing.planned_tracefs_writes(host.root, experiment.trace["events"],
-                                                               int(experiment.trace.get("buffer_kb", 4096))):
+                                                               int(experiment.trace.get("buffer_kb", 4096)),
+                                                               experiment.trace.get("functions") or []):
                         self.log(f"dry-run: would {line}")
         return None
 

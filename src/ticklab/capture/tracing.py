@@ -29,6 +29,7 @@ from ..host import HostChanges, facts
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"
 GUARDED = ("tracing_on", "current_tracer", "buffer_size_kb", "trace_clock")
+FUNCTION_EVENT = "ftrace:function"  # what the function tracer records: ip (the traced function) and parent_ip
 
 
 class TracingError(RuntimeError):
@@ -42,12 +43,15 @@ class TraceResult:
     lost_events: int
     lost_per_cpu: dict[int, int] = field(default_factory=dict)
     symbols: dict[str, str] | None = None  # name -> address recorded beside a tracefs capture (None: not asked for)
+    functions: list[str] = field(default_factory=list)
 
     def record(self) -> dict:
         record = {"backend": self.backend, "directory": self.directory.name, "lost_events": self.lost_events,
                   "lost_per_cpu": {str(k): v for k, v in self.lost_per_cpu.items()}}
         if self.symbols is not None:
             record["symbols"] = self.symbols
+        if self.functions:
+            record["functions"] = self.functions
         return record
 
 
@@ -85,9 +89,26 @@ def kallsyms_lines(text: str, names: list[str]) -> list[str]:
     return found
 
 
-def guard_tracefs(host: HostChanges, tracefs: Path, label: str) -> None:
+def check_functions(tracefs: Path, functions: list[str]) -> None:
+    """The function tracer exists and can trace each of ``functions`` (not inlined, not notrace)."""
+    if not functions:
+        return
+    if "function" not in (tracefs / "available_tracers").read_text().split():
+        raise TracingError(f"{tracefs / 'available_tracers'}: no function tracer in this kernel "
+                           f"(CONFIG_FUNCTION_TRACER); cannot count calls of {', '.join(functions)}")
+    listed = tracefs / "available_filter_functions"
+    try:
+        available = {line.split()[0] for line in listed.read_text().splitlines() if line.strip()}
+    except OSError as exc:
+        raise TracingError(f"{listed}: cannot read ({exc.strerror or exc}); function tracing is refused here") from None
+    missing = [name for name in functions if name not in available]
+    if missing:
+        raise TracingError(f"{listed}: the function tracer cannot trace {', '.join(missing)} in this kernel")
+
+
+def guard_tracefs(host: HostChanges, tracefs: Path, label: str, functions: list[str] = ()) -> None:
     """The global tracefs files trace-cmd changes, recorded so that they are put back."""
-    for name in GUARDED:
+    for name in (*GUARDED, *(("set_ftrace_filter",) if functions else ())):
         host.guard(f"{tracefs.relative_to(host.root)}/{name}", label=f"{label} {name}")
 
 
@@ -136,23 +157,26 @@ def choose_backend(host: HostChanges, preference: str = "auto") -> tuple[str, st
     return ("trace-cmd", why) if works else ("tracefs", f"fallback: {why}")
 
 
-def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int) -> list[str]:
+def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int, functions: list[str] = ()) -> list[str]:
     """What TracefsRecorder writes, in order, for a dry run (trace-cmd, when used, writes the same kind of files)."""
     instance = root / TRACEFS_RELATIVE / "instances" / "ticklab-<pid>"
+    tracer = [f"write '{' '.join(functions)}' to {instance}/set_ftrace_filter",
+              f"write 'function' to {instance}/current_tracer"] if functions else []
     return [f"mkdir {instance} (removed after the run)", f"write '0' to {instance}/tracing_on",
             f"write '{buffer_kb}' to {instance}/buffer_size_kb",
             *[f"write '1' to {instance}/events/{event.replace(':', '/')}/enable" for event in events],
-            f"write '1' to {instance}/tracing_on", f"write '0' to {instance}/tracing_on"]
+            *tracer, f"write '1' to {instance}/tracing_on", f"write '0' to {instance}/tracing_on"]
 
 
 class TracefsRecorder:
     backend = "tracefs"
 
     def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = ()):
+                 symbols: list[str] = (), functions: list[str] = ()):
         self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
         self.symbols = list(symbols)
         self._symbols_found: dict[str, str] | None = None
+        self.functions = list(functions)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._files: dict[int, tuple[int, object]] = {}
@@ -161,6 +185,7 @@ class TracefsRecorder:
     def __enter__(self) -> "TracefsRecorder":
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
+        check_functions(tracefs, self.functions)
         self._scope = self.host.scope()
         try:
             self._start(tracefs)
@@ -178,10 +203,13 @@ class TracefsRecorder:
         self.host.write(f"{relative}/buffer_size_kb", str(self.buffer_kb), label="buffer_size_kb")
         for event in self.events:
             self.host.write(f"{relative}/events/{event.replace(':', '/')}/enable", "1", label=f"event {event}")
+        if self.functions:  # the instance's own filter and tracer: the global ones are not touched
+            self.host.write(f"{relative}/set_ftrace_filter", " ".join(self.functions), label="function filter")
+            self.host.write(f"{relative}/current_tracer", "function", label="function tracer")
         self.directory.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tracefs / "events" / "header_page", self.directory / "header_page")
         shutil.copyfile(tracefs / "events" / "header_event", self.directory / "header_event")
-        for event in self.events:
+        for event in [*self.events, *([FUNCTION_EVENT] if self.functions else [])]:
             system, name = event.split(":")
             target = self.directory / "formats" / system / name
             target.mkdir(parents=True, exist_ok=True)
@@ -234,7 +262,8 @@ class TracefsRecorder:
                     stats = (self.instance / "per_cpu" / f"cpu{cpu}" / "stats").read_text()
                     (self.directory / f"cpu{cpu}.stats").write_text(stats)
                     lost[cpu] = stats_lost_count(stats)
-                self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost, self._symbols_found)
+                self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost,
+                                          self._symbols_found, self.functions)
         finally:
             self._scope.close()
 
@@ -243,23 +272,27 @@ class TraceCmdRecorder:
     backend = "trace-cmd"
 
     def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = ()):
+                 symbols: list[str] = (), functions: list[str] = ()):
         # trace-cmd writes the whole of /proc/kallsyms into trace.dat: ``symbols`` needs no extra step here
         self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
+        self.functions = list(functions)
         self.process: subprocess.Popen | None = None
         self.result: TraceResult | None = None
 
     def __enter__(self) -> "TraceCmdRecorder":
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
+        check_functions(tracefs, self.functions)
         self._scope = self.host.scope()
-        guard_tracefs(self.host, tracefs, "trace-cmd")
+        guard_tracefs(self.host, tracefs, "trace-cmd", self.functions)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.log_path = self.directory / "trace-cmd.log"
         # uncompressed (trace-cmd 3 compresses v7 files with zstd when it can), so ingest reads every trace.dat
         argv = ["trace-cmd", "record", "--compression", "none", "-b", str(self.buffer_kb), "-o", str(self.directory / "trace.dat")]
         for event in self.events:
             argv += ["-e", event]
+        if self.functions:
+            argv += ["-p", "function", *[part for name in self.functions for part in ("-l", name)]]
         self.log = self.log_path.open("wb")
         # trace-cmd block-buffers stdout that is not a terminal, so "Hit Ctrl^C" would only arrive at
         # exit: give it a pseudo-terminal and copy what it says into trace-cmd.log.
@@ -312,7 +345,7 @@ class TraceCmdRecorder:
             self._copier.join(30)
             self.log.close()
             lost = stats_lost_count(self.log_path.read_text())
-            self.result = TraceResult(self.backend, self.directory, lost)
+            self.result = TraceResult(self.backend, self.directory, lost, functions=self.functions)
             if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:
                 raise TracingError(f"{self.log_path}: trace-cmd record exited {self.process.returncode}")
         finally:
@@ -320,9 +353,11 @@ class TraceCmdRecorder:
 
 
 def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-             symbols: list[str] = ()):
+             symbols: list[str] = (), functions: list[str] = ()):
+    """A recorder of ``events`` and, where ``functions`` are named, of every call of those functions
+    (the function tracer filtered to them; each call is an ``ftrace:function`` event)."""
     cls = {"tracefs": TracefsRecorder, "trace-cmd": TraceCmdRecorder}.get(backend)
     if cls is None:
         raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
-    return cls(host, events, directory, buffer_kb=buffer_kb, symbols=symbols)
+    return cls(host, events, directory, buffer_kb=buffer_kb, symbols=symbols, functions=functions)
 

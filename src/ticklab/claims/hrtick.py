@@ -119,29 +119,66 @@ CHECKS = [FactCheck("HRTICK sched feature during the run", "knobs[feature=HRTICK
                     {"hrtick-on": "HRTICK", "hrtick-off": "NO_HRTICK"})]
 
 
-FRESH_METRICS = {"runtime_s": "hackbench runtime (s)", "hrtimer_start_rate_hz": "hrtimer starts/s (not a reprogram count)",
+FRESH_METRICS = {"runtime_s": "hackbench runtime (s)",
+                 "clockevent_reprograms_per_s": "clockevent reprograms/s (counted)",
+                 "clockevent_reprograms": "clockevent reprograms per hackbench run (counted)",
+                 "clockevent_reprograms_in_timer_irq_share": "reprograms made inside a timer irq (share)",
+                 "hrtimer_start_rate_hz": "hrtimer starts/s (not a reprogram count)",
                  "local_timer_irq_rate_hz": "local timer interrupts/s",
-                 "spurious_hrtimer_interrupt_ratio": "spurious hrtimer interrupts (share)"}
+                 "spurious_hrtimer_interrupt_ratio": "spurious hrtimer interrupts (share of all local timer irqs)"}
+REPROGRAMS = "clockevent_reprograms_per_s"
+NOT_RECORDED = "not recorded in this bundle"
+SPURIOUS_COUNTED = ("every local timer interrupt on every vCPU (in high-resolution mode each one runs "
+                    "hrtimer_interrupt) during which no hrtimer of any kind expired (tick_sched_timer, the HRTICK "
+                    "timer, sleeps and all others count as expiries)")
 
 
-def fresh_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per setup and condition, the median of each measured quantity over runs (n in the last column),
-    shaped like the published clockevent statements they are read against."""
+def seed_reprogram_rates(published: PublishedClaim) -> str:
+    """Seed 002's two reprogram rates as printed, with the condition each belongs to."""
+    before, after = (published.printed("clockevents", f"reprogram_rate_{when}") for when in ("before", "after"))
+    return f"~{before} before the series, ~{after} after"
+
+
+def fresh_table(runs: pd.DataFrame, published: PublishedClaim | None = None) -> pd.DataFrame:
+    """Per setup and condition, the median of each measured quantity over runs (n in the last column), beside
+    the published clockevent statements (HRTICK on only: the source gives no rate for HRTICK off). A setup
+    whose bundle did not record reprograms says so instead of showing a number."""
     chosen = runs[runs["metric"].isin(FRESH_METRICS)]
     if chosen.empty:
         return pd.DataFrame()
     table = chosen.pivot_table(index=["host_id", "condition"], columns="metric", values="value", aggfunc="median")
-    table = table.rename(columns=FRESH_METRICS)
+    table = table.round(4).astype(object)
+    if REPROGRAMS not in table:
+        table[REPROGRAMS] = np.nan
+    table[REPROGRAMS] = table[REPROGRAMS].where(table[REPROGRAMS].notna(), NOT_RECORDED)
+    table = table[[m for m in FRESH_METRICS if m in table]].rename(columns=FRESH_METRICS)
     table["runs"] = chosen[chosen["metric"] == "runtime_s"].groupby(["host_id", "condition"]).size()
-    return table.round(4)
+    if published is not None:
+        on = table.index.get_level_values("condition") == "hrtick-on"
+        spurious = published.printed("clockevents", "spurious_ratio_after")
+        table["seed 002 reprograms/s (HRTICK on)"] = np.where(on, seed_reprogram_rates(published),
+                                                              "not stated for HRTICK off")
+        table["seed 002 spurious share"] = np.where(on, f"~{spurious} after the series", "not stated")
+    return table
 
 
-def fresh_figure(runs: pd.DataFrame, setup: str):
-    """hackbench runtime and hrtimer starts per second, HRTICK off vs on: every run and the median."""
+def reprogram_notes(runs: pd.DataFrame) -> list[str]:
+    """One line per setup whose runs carry no counted reprograms (bundles recorded before they were traced)."""
+    have = set(runs.loc[runs["metric"] == REPROGRAMS, "host_id"])
+    return [f"{setup}: clockevent reprograms {NOT_RECORDED} (its trace has no function-tracer events of "
+            f"clockevents_program_event); hrtimer starts are shown, which are not a reprogram count."
+            for setup in sorted(set(runs["host_id"]) - have)]
+
+
+def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | None = None):
+    """hackbench runtime and counted clockevent reprograms per second (hrtimer starts where a bundle did not count
+    them), HRTICK off vs on: every run and the median, and seed 002's HRTICK-on rates as dashed lines."""
     on_setup = runs[runs["host_id"] == setup]
+    counted = (on_setup["metric"] == REPROGRAMS).any()
+    second = ((REPROGRAMS, "clockevent reprograms per second (counted)") if counted else
+              ("hrtimer_start_rate_hz", f"hrtimer starts per second\n(reprograms {NOT_RECORDED})"))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"),
-                              (axes[1], "hrtimer_start_rate_hz", "hrtimer starts per second")):
+    for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"), (axes[1], *second)):
         chosen = on_setup[on_setup["metric"] == metric]
         for x, condition in enumerate(["hrtick-off", "hrtick-on"]):
             values = chosen.loc[chosen["condition"] == condition, "value"].to_numpy()
@@ -156,6 +193,13 @@ def fresh_figure(runs: pd.DataFrame, setup: str):
         ax.set_xticks([0, 1], ["HRTICK off", "HRTICK on"])
         ax.set_xlim(-0.5, 2.2)
         ax.set_ylabel(label)
+    if counted and published is not None:
+        for when, style in (("before", "--"), ("after", ":")):
+            row = published.row("clockevents", f"reprogram_rate_{when}")
+            axes[1].axhline(row["value"], color="#555555", linestyle=style, linewidth=1)
+            axes[1].annotate(f"seed 002, HRTICK on, {when} the series: ~{row['value_as_printed']}", (-0.45, row["value"]),
+                             fontsize=7, va="bottom", color="#555555")
+        axes[1].set_ylim(0, None)
     fig.subplots_adjust(wspace=0.4)
     fig.suptitle(f"hackbench -p -s 8, HRTICK off vs on, 6.12 without the series (fresh, {len(on_setup['run'].unique())} runs)\n{setup}",
                  fontsize=9)
@@ -168,19 +212,21 @@ def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> l
 
 
 def trace_metrics(trace, values: dict) -> list[dict]:
-    """Per-run metrics from a hackbench trace: hrtimer (re)arming rate and spurious timer interrupts.
+    """Per-run metrics from a hackbench trace: counted clockevent reprograms, hrtimer arming, timer interrupts
+    and spurious hrtimer interrupts, each per second of the traced run.
 
-    No tracepoint marks a clockevent reprogram itself; ``hrtimer_start_rate_hz`` counts every hrtimer arm
-    and is named for what it counts. It is not a bound on reprograms either way: an expiring hrtimer
-    interrupt reprograms without a start, and most starts do not reprogram."""
-    from ..tracemetrics import TIMER_ENTRY, spurious_ratio
+    ``clockevent_reprograms_per_s`` counts the calls of clockevents_program_event (the function tracer filtered
+    to it), recorded only by bundles whose experiment asked for it. ``hrtimer_start_rate_hz`` counts every
+    hrtimer arm; it bounds reprograms neither way (an expiring hrtimer's interrupt reprograms without a start,
+    cancelling the first timer reprograms, and most starts reprogram nothing)."""
+    from ..tracemetrics import FUNCTION_CALL, TIMER_ENTRY, reprogram_rows, spurious_ratio, traced_span_s
 
     starts = trace.table("timer:hrtimer_start")
     entries = trace.table(TIMER_ENTRY)
-    stamps = np.concatenate([starts["timestamp"].to_numpy(dtype=np.int64), entries["timestamp"].to_numpy(dtype=np.int64)])
-    span_s = (stamps.max() - stamps.min()) / 1e9 if len(stamps) > 1 else float("nan")
+    span_s = traced_span_s(trace, ["timer:hrtimer_start", TIMER_ENTRY, FUNCTION_CALL])
     return [
         {"metric": "hrtimer_start_rate_hz", "value": len(starts) / span_s, "unit": "Hz"},
         {"metric": "local_timer_irq_rate_hz", "value": len(entries) / span_s, "unit": "Hz"},
         {"metric": "spurious_hrtimer_interrupt_ratio", "value": spurious_ratio(trace), "unit": "fraction"},
+        *reprogram_rows(trace, span_s),
     ]

@@ -209,6 +209,8 @@ def restorable(path: Path, text: str) -> str:
     if path.name == "trace_clock":
         found = re.search(r"\[([^\]]+)\]", text)
         return found.group(1) if found else text
+    if path.name == "set_ftrace_filter" and text.startswith("#### all functions enabled"):
+        return ""  # opening the file for writing empties the filter: all functions again
     if path.name == "buffer_size_kb":
         found = re.search(r"expanded: (\d+)", text) or re.match(r"\s*(\d+)", text)
         return found.group(1) if found else text
@@ -242,7 +244,7 @@ def _undo(change: Change) -> str | None:
     if change.kind == "write":
         if restorable(path, _read(path)) != change.before:
             _write(path, change.before)
-        return _read(path)
+        return restorable(path, _read(path))
     if change.kind == "sched_feature":
         _write(path, change.before)
         return _feature_token(_read(path), change.feature)
@@ -324,7 +326,7 @@ class HostChanges:
     # -- knobs -----------------------------------------------------------------------------------
     def write(self, relative: str, value: str, *, label: str | None = None) -> Change:
         path = self.root / relative
-        change = Change("write", str(path), _read(path), str(value), label=label)
+        change = Change("write", str(path), restorable(path, _read(path)), str(value), label=label)
         if self._begin(change):
             _write(path, str(value))
             change.during = _read(path)

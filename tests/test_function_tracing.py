@@ -1,0 +1,85 @@
+"""Counting calls of a kernel function with the function tracer (trace.functions in an experiment): what is
+checked before a run, what a dry run says it would write, what is put back, and that the bundled guest hrtick
+data was recorded with it."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ticklab import paths
+from ticklab.bundle import load_bundle
+from ticklab.capture.experiment import ExperimentError, load_experiment
+from ticklab.capture.tracing import TracingError, check_functions, planned_tracefs_writes
+from ticklab.host import HostChanges
+from ticklab.host.knobs import restorable
+
+from conftest import REPO
+
+
+def fake_tracefs(root: Path, tracers: str, functions: str | None) -> Path:
+    root.mkdir(parents=True)
+    (root / "available_tracers").write_text(tracers + "\n")
+    if functions is not None:
+        (root / "available_filter_functions").write_text(functions)
+    return root
+
+
+def test_a_function_the_kernel_cannot_trace_is_refused_naming_the_file(tmp_path):
+    no_tracer = fake_tracefs(tmp_path / "a", "nop", None)
+    with pytest.raises(TracingError, match=f"{no_tracer}/available_tracers: no function tracer in this kernel.*"
+                                           "clockevents_program_event"):
+        check_functions(no_tracer, ["clockevents_program_event"])
+    inlined = fake_tracefs(tmp_path / "b", "function nop", "hrtimer_start_range_ns\nlapic_next_event\n")
+    with pytest.raises(TracingError, match=f"{inlined}/available_filter_functions: the function tracer cannot trace "
+                                           "clockevents_program_event"):
+        check_functions(inlined, ["clockevents_program_event"])
+    refused = fake_tracefs(tmp_path / "c", "function nop", None)
+    (refused / "available_filter_functions").mkdir()  # unreadable as a file, as EPERM is on a locked-down host
+    with pytest.raises(TracingError, match="function tracing is refused here"):
+        check_functions(refused, ["clockevents_program_event"])
+    fine = fake_tracefs(tmp_path / "d", "function nop", "clockevents_program_event\ntick_program_event [x]\n")
+    check_functions(fine, ["clockevents_program_event"])
+    check_functions(no_tracer, [])  # nothing asked, nothing checked
+
+
+def test_a_dry_run_lists_the_instance_filter_and_tracer(tmp_path):
+    writes = planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024, ["clockevents_program_event"])
+    instance = tmp_path / "sys/kernel/tracing/instances/ticklab-<pid>"
+    assert f"write 'clockevents_program_event' to {instance}/set_ftrace_filter" in writes
+    assert writes.index(f"write 'function' to {instance}/current_tracer") < writes.index(f"write '1' to {instance}/tracing_on")
+    assert not any("ftrace" in w or "current_tracer" in w for w in planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024))
+
+
+def test_an_unfiltered_ftrace_filter_is_put_back_as_empty(tmp_path):
+    assert restorable(Path("set_ftrace_filter"), "#### all functions enabled ####") == ""
+    assert restorable(Path("set_ftrace_filter"), "clockevents_program_event") == "clockevents_program_event"
+    root = tmp_path / "root"
+    instance = root / "sys/kernel/tracing/instances/ticklab-1"
+    instance.mkdir(parents=True)
+    (instance / "set_ftrace_filter").write_text("#### all functions enabled ####\n")
+    with HostChanges(tmp_path / "j.json", root=root, log=lambda _: None) as host:
+        change = host.write("sys/kernel/tracing/instances/ticklab-1/set_ftrace_filter", "clockevents_program_event")
+        assert change.before == "" and (instance / "set_ftrace_filter").read_text() == "clockevents_program_event"
+    assert (instance / "set_ftrace_filter").read_text() == ""  # written empty: the kernel lists all functions again
+
+
+def test_function_names_in_an_experiment_must_be_identifiers(tmp_path):
+    definition = yaml.safe_load((REPO / "runners/hrtick/guest-hackbench.yaml").read_text())
+    assert load_experiment(REPO / "runners/hrtick/guest-hackbench.yaml").trace["functions"] == ["clockevents_program_event"]
+    definition["trace"]["functions"] = ["clockevents_program_event; rm -rf /"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(definition))
+    with pytest.raises(ExperimentError, match="bad.yaml.*trace.*functions"):
+        load_experiment(path)
+
+
+
+def test_the_bundled_guest_hrtick_data_counts_reprograms_in_every_run():
+    [bundle_dir] = sorted(paths.traces_dir().glob("guest-tcg-*/hrtick/*"))
+    bundle = load_bundle(bundle_dir)
+    measured = [r for r in bundle.manifest["runs"] if not r["warmup"] and r["status"] == "ok"]
+    assert measured and all(r["trace"]["functions"] == ["clockevents_program_event"] for r in measured)
+    counted = bundle.results[bundle.results["metric"] == "clockevent_reprograms_per_s"]
+    assert sorted(counted["run"]) == sorted(r["run"] for r in measured)
+    assert (counted["value"] > 0).all()
