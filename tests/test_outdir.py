@@ -1,10 +1,12 @@
 """`ticklab report --out DIR` deletes or overwrites only what an earlier report wrote there (issue 14, defect 1)."""
 
 import json
+import os
 import subprocess
 import sys
 
 import nbformat
+import pytest
 
 from ticklab import outdir, paths
 from ticklab.report import run_report
@@ -91,3 +93,69 @@ def test_an_interrupted_run_still_knows_its_files(tmp_path):
     (out / "figures" / "half-written.png").write_text("x")  # then the run is killed: no record()
     outdir.claim(out, replace=True)
     assert sorted(p.name for p in out.iterdir()) == [outdir.MARKER, "mine.txt"]
+
+
+def test_files_a_user_adds_after_a_killed_run_are_kept(tmp_path):
+    out = tmp_path / "out"
+    foreign = outdir.claim(out, replace=True)
+    (out / "notebooks").mkdir()
+    (out / "notebooks" / "01-hpet.ipynb").write_text("x")
+    outdir.progress(out, foreign)  # after the first notebook; then the run is SIGKILLed
+    (out / "figures").mkdir()
+    (out / "figures" / "half-written.png").write_text("x")
+    (out / "my-notes.txt").write_text("added after the kill\n")
+    outdir.claim(out, replace=True)
+    assert sorted(p.name for p in out.iterdir()) == [outdir.MARKER, "my-notes.txt"]
+
+
+def _planted(tmp_path):
+    """A report directory whose marker lists a file reached through a symlinked subdirectory."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    (out / "sub").symlink_to(victim)
+    (out / outdir.MARKER).write_text(json.dumps({"files": ["sub/precious"]}))
+    return out, victim
+
+
+def test_a_marker_never_deletes_through_a_symlinked_directory(tmp_path):
+    out, victim = _planted(tmp_path)
+    with pytest.raises(outdir.OutputDirError, match="a symbolic link in the output directory"):
+        outdir.claim(out, replace=True)
+    assert (victim / "precious").read_text() == "keep me\n"
+
+
+def test_a_symlinked_subdirectory_is_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "out"
+    outdir.claim(out, replace=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "notebooks").symlink_to(elsewhere)
+    log = []
+    assert run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["05-nohz"],
+                      log=log.append) == 2
+    assert log == [f"error: {out / 'notebooks'}: a symbolic link in the output directory; ticklab report does not "
+                   "write through links (remove it or choose another --out)"]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_directory_other_users_can_write_is_refused(tmp_path):
+    out, victim = _planted(tmp_path)
+    out.chmod(0o777)
+    log = []
+    assert run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), log=log.append) == 2
+    assert log == [f"error: {out}: the directory is writable by other users (mode 777); "
+                   "ticklab report only replaces files in a directory nobody else can write"]
+    assert (victim / "precious").read_text() == "keep me\n"
+
+
+def test_a_marker_owned_by_another_user_is_not_trusted(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    out, victim = _planted(tmp_path)
+    os.chown(out / outdir.MARKER, 65534, 65534, follow_symlinks=False)
+    with pytest.raises(outdir.OutputDirError, match=r"its report marker is owned by uid 65534, not by you"):
+        outdir.claim(out, replace=True)
+    assert (victim / "precious").read_text() == "keep me\n"

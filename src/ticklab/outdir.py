@@ -7,16 +7,27 @@ non-empty directory without the marker belongs to someone else and is refused, s
 repository root or ``--out ~`` can neither delete nor overwrite anything.
 
 While a run is writing, the marker also lists the files that were there before it started
-(``foreign``), so that after an interruption the next run still knows which files are its own.
+(``foreign``) and is brought up to date after each notebook, so that after an interruption the next
+run still knows which files are its own: the listed ones, and of the rest only files where a report
+writes (REPORT_PLACES) that were not there before.
+
+The marker is trusted only in a directory of the user's own: the directory and the marker must be
+owned by the user running ticklab and writable by no other user (a marker planted in a shared
+directory would otherwise make root delete what it lists). Nothing is removed or written through a
+symbolic link: a directory holding one is refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 MARKER = ".ticklab-report"
+# where a report writes (report.py's output contract): after an interruption, only new files here are its own
+REPORT_PLACES = ("notebooks", "report", "figures", "tables", "verdicts", "checks",
+                 "summary.json", "verdicts.csv", "checks.csv")
 
 
 class OutputDirError(ValueError):
@@ -35,8 +46,31 @@ def _files(root: Path) -> set[str]:
     return found
 
 
+def _check_own(path: Path, what: str) -> None:
+    """``path`` (not followed if a link) is the user's own and writable by nobody else."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise OutputDirError(f"{path}: is a symbolic link; ticklab report does not write through links")
+    if info.st_uid != os.geteuid():
+        raise OutputDirError(f"{path}: {what} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
+                             "ticklab report only replaces files in a directory of your own")
+    shared_group = info.st_mode & stat.S_IWGRP and info.st_gid != os.getegid()
+    if info.st_mode & stat.S_IWOTH or shared_group:
+        raise OutputDirError(f"{path}: {what} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+                             "ticklab report only replaces files in a directory nobody else can write")
+
+
+def _links(root: Path) -> list[str]:
+    found = []
+    for directory, dirs, files in os.walk(root):
+        found += [os.path.relpath(os.path.join(directory, n), root) for n in (*dirs, *files)
+                  if os.path.islink(os.path.join(directory, n))]
+    return sorted(found)
+
+
 def _read_marker(root: Path) -> dict:
     marker = root / MARKER
+    _check_own(marker, "its report marker")
     try:
         data = json.loads(marker.read_text())
         if not isinstance(data, dict) or not isinstance(data.get("files", []), list):
@@ -55,9 +89,11 @@ def _write_marker(root: Path, data: dict) -> None:
 
 def _owned(root: Path, data: dict) -> set[str]:
     """What the last run wrote: its list, or (interrupted while writing) everything not there before it."""
+    listed = {str(f) for f in data.get("files", [])}
     if data.get("writing"):
-        return _files(root) - set(data.get("foreign", []))
-    return {str(f) for f in data.get("files", [])}
+        new = _files(root) - set(data.get("foreign", []))
+        return listed | {name for name in new if Path(name).parts[0] in REPORT_PLACES}
+    return listed
 
 
 def _remove(root: Path, relative: set[str]) -> None:
@@ -65,6 +101,8 @@ def _remove(root: Path, relative: set[str]) -> None:
         if os.path.isabs(name) or ".." in Path(name).parts:
             continue  # never outside the directory, whatever the marker says
         path = root / name
+        if any(parent.is_symlink() for parent in path.parents if parent != root and root in parent.parents):
+            continue  # never through a link to somewhere else
         if path.is_symlink() or path.is_file():
             path.unlink()
         parent = path.parent
@@ -78,7 +116,9 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
     Returns the files present before this run (not to be claimed as ours afterwards)."""
     if output_dir.exists() and not output_dir.is_dir():
         raise OutputDirError(f"{output_dir}: exists and is not a directory")
-    marked = (output_dir / MARKER).is_file()
+    if output_dir.is_dir():
+        _check_own(output_dir, "the directory")
+    marked = (output_dir / MARKER).is_file() or (output_dir / MARKER).is_symlink()
     if output_dir.is_dir() and not marked and any(output_dir.iterdir()):
         raise OutputDirError(f"{output_dir}: not empty and not made by 'ticklab report' (no {MARKER} in it); "
                              "give a new or empty directory so nothing of yours is overwritten")
@@ -89,11 +129,21 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
         if replace:
             _remove(output_dir, owned)
             owned = set()
+        links = _links(output_dir)
+        if links:
+            raise OutputDirError(f"{output_dir / links[0]}: a symbolic link in the output directory; ticklab report "
+                                 "does not write through links (remove it or choose another --out)")
         before = _files(output_dir)
         _write_marker(output_dir, {"writing": True, "files": sorted(owned), "foreign": sorted(before - owned)})
     except OSError as exc:
         raise OutputDirError(f"{output_dir}: cannot write there ({exc.strerror or exc})") from None
     return before - owned
+
+
+def progress(output_dir: Path, foreign: set[str]) -> None:
+    """During the run (after each notebook): the marker lists what has been written so far."""
+    _write_marker(output_dir, {"writing": True, "files": sorted(_files(output_dir) - foreign),
+                               "foreign": sorted(foreign)})
 
 
 def record(output_dir: Path, foreign: set[str]) -> None:

@@ -222,13 +222,14 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
     try:
         return _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
                               cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, parameters=parameters,
-                              notebook_dir=notebook_dir, only=only, log=log)
+                              notebook_dir=notebook_dir, only=only, log=log,
+                              progress=lambda: outdir.progress(output_dir, foreign))
     finally:
         outdir.record(output_dir, foreign)
 
 
 def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_dir, published_dir, cell_timeout,
-                   notebook_timeout, parameters, notebook_dir, only, log) -> int:
+                   notebook_timeout, parameters, notebook_dir, only, log, progress=lambda: None) -> int:
     for sub in ("notebooks", "report/notebooks"):
         (output_dir / sub).mkdir(parents=True, exist_ok=True)
 
@@ -253,6 +254,7 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
             _export_html(executed, output_dir / "report" / "notebooks" / name.replace(".ipynb", ".html"))
         log(f"    {result.status} in {result.duration_s:.1f} s" + (f": {result.error}" if result.error else ""))
         results.append(result)
+        progress()
 
     verdicts = checks = None
     aggregate = SUMMARY_NOTEBOOK in order  # only a run with the summary writes verdicts.csv and checks.csv
