@@ -1,5 +1,6 @@
 """Bad input gives one error naming the file and the field (issue 14, defects 8 and 9; deliverable 2)."""
 
+import os
 import subprocess
 import sys
 
@@ -47,6 +48,10 @@ def _experiment(tmp_path, **changes):
     ({"workload__argv": []}, "workload.argv: [] is not at least 1 item(s)"),
     ({"lab": {"smp": "two"}}, "lab.smp: 'two' is not of type integer"),
     ({"budget": {"time_s": 10, "max_runs": 10**8}}, "budget.max_runs: 100000000 is not <= 10000"),
+    # NaN passes every JSON Schema bound (timeout_s: .nan would turn the timeout off)
+    ({"timeout_s": float("nan")}, "timeout_s: nan is not a finite number"),
+    ({"lab": {"boot_timeout_s": float("inf")}}, "lab.boot_timeout_s: inf is not a finite number"),
+    ({"budget": {"time_s": float("-inf")}}, "budget.time_s: -inf is not a finite number"),
 ])
 def test_a_bad_experiment_names_the_file_and_field(tmp_path, changes, message):
     path = _experiment(tmp_path, **changes)
@@ -165,6 +170,8 @@ def test_the_published_loader_reads_nothing_outside_the_seeds_directory(tmp_path
     (lambda d: d["tables"].update({"../x.csv": None}), "tables: key '../x.csv' is not allowed here"),
     (lambda d: d["source"].update({"sha256": 5}), "source.sha256: 5 is not of type string"),
     (lambda d: next(iter(d["tables"].values()))["rows"].update({"x": {"quote": 3}}), "quote: 3 is not of type string"),
+    (lambda d: d.update(claim=["hpet"]), "claim: ['hpet'] is not of type string"),
+    (lambda d: d.update(claim="nohz"), "claim: 'nohz' is not 'hpet', the claim its directory is named for"),
 ])
 def test_provenance_of_the_wrong_shape_names_the_field(published_copy, edit, message):
     provenance = published_copy / "hpet" / "provenance.yaml"
@@ -186,12 +193,23 @@ def test_unreadable_provenance_is_one_line(published_copy, content):
         load_published(published_copy, "hpet")
 
 
+@pytest.mark.parametrize("name", ["provenance.yaml", "aim7_compute.csv"])
+def test_a_fifo_in_the_published_layer_is_refused_without_blocking(published_copy, name):
+    path = published_copy / "hpet" / name
+    assert path.is_file()
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(PublishedDataError, match=f"^{path}: not a regular file$"):
+        load_published(published_copy, "hpet")
+
+
 @pytest.mark.parametrize("values, message", [
     ({"alpha": "abc"}, "alpha: 'abc' is not of type number"),
     ({"alpha": 1.5}, "alpha: 1.5 is not < 1"),
     ({"alpha": 0}, "alpha: 0 is not > 0"),
     ({"n_boot": 10.5}, "n_boot: 10.5 is not of type integer"),
     ({"seed": -1}, "seed: -1 is not >= 0"),
+    ({"alpha": float("nan")}, "alpha: nan is not a finite number"),
 ])
 def test_notebook_parameters_are_checked(values, message):
     with pytest.raises(ParameterError, match=f"^01-hpet.ipynb: {message}"):

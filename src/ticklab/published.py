@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,8 @@ class PublishedClaim:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise PublishedDataError(f"{path}: not a regular file")
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
@@ -164,6 +167,8 @@ def load_published(published_dir: Path | str, claim: str) -> PublishedClaim:
 def _load_published(directory: Path, claim: str) -> PublishedClaim:
     provenance_path = directory / "provenance.yaml"
     if not provenance_path.is_file():
+        if os.path.lexists(provenance_path):  # a FIFO or device would block or never end
+            raise PublishedDataError(f"{provenance_path}: not a regular file")
         raise PublishedDataError(f"{provenance_path}: missing (no published data for claim {claim!r})")
     try:
         with provenance_path.open(encoding="utf-8") as handle:
@@ -175,6 +180,9 @@ def _load_published(directory: Path, claim: str) -> PublishedClaim:
     if not isinstance(provenance, dict) or "source" not in provenance or "tables" not in provenance:
         raise PublishedDataError(f"{provenance_path}: needs top-level 'source' and 'tables'")
     schemas.check(provenance, schemas.PROVENANCE, str(provenance_path), PublishedDataError)
+    if provenance.get("claim", claim) != claim:
+        raise PublishedDataError(f"{provenance_path}: claim: {provenance['claim']!r} is not {claim!r}, the claim "
+                                 "its directory is named for")
 
     listed = set(provenance["tables"])
     present = {p.name for p in directory.glob("*.csv")}

@@ -131,6 +131,7 @@ PROVENANCE = {
     "type": "object",
     "required": ["source", "tables"],
     "properties": {
+        "claim": {"type": "string", "pattern": "^[a-z0-9-]+$"},
         "source": {"type": "object", "required": ["file"],
                    "properties": {"file": {"type": "string", "pattern": BUNDLE_FILE},
                                   "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
@@ -172,8 +173,30 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _non_finite(instance: Any, path: tuple = ()) -> tuple | None:
+    """Where ``instance`` holds a NaN or infinity (YAML's .nan and .inf), or None. JSON Schema's number bounds
+    do not catch them: NaN compares false with every bound (timeout_s: .nan would disable the timeout)."""
+    if isinstance(instance, float) and not math.isfinite(instance):
+        return path
+    items = instance.items() if isinstance(instance, dict) else enumerate(instance) if isinstance(instance, list) else ()
+    for key, value in items:
+        found = _non_finite(value, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
 def problem(instance: Any, schema: dict) -> str | None:
-    """The first schema violation as 'field: what is wrong', or None."""
+    """The first schema violation as 'field: what is wrong', or None. No number may be NaN or infinite."""
+    try:
+        bad = _non_finite(instance)
+    except RecursionError:
+        return "nested too deeply"
+    if bad is not None:
+        value = instance
+        for key in bad:
+            value = value[key]
+        return f"{_where(bad)}: {value!r} is not a finite number"
     try:
         import jsonschema
     except ImportError:  # only in the lab guest, which carries no jsonschema: the host checked its inputs before the boot
