@@ -56,6 +56,13 @@ def test_a_deleted_seal_is_not_a_way_around_it(tmp_path):
         load_bundle(path)
 
 
+def test_a_sealed_bundle_edited_to_incomplete_is_tampered_not_incomplete(tmp_path):
+    path = make_bundle(tmp_path)
+    _rewrite(path, lambda d: d.update(status="incomplete"))
+    with pytest.raises(BundleError, match="manifest.json: sha256 differs from manifest.sha256"):
+        load_bundle(path, allow_incomplete=True)
+
+
 def test_seal_manifest_adds_the_seal_only_to_an_intact_bundle(tmp_path):
     path = make_bundle(tmp_path)
     (path / SEAL).unlink()  # as a bundle sealed by an older ticklab

@@ -328,6 +328,9 @@ def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
     if isinstance(manifest, dict) and "schema_version" in manifest and manifest["schema_version"] != SCHEMA_VERSION:
         raise BundleError(f"{manifest_path}: schema version {manifest['schema_version']!r}, this ticklab reads {SCHEMA_VERSION}")
     schemas.check(manifest, schemas.MANIFEST, str(manifest_path), BundleError)
+    if manifest["status"] != "sealed" and os.path.lexists(path / SEAL):
+        # a sealed bundle edited back to 'incomplete' would otherwise be read without any of its checks
+        _check_seal(path, manifest_bytes)
     if manifest["status"] == "incomplete" and not allow_incomplete:
         raise BundleError(f"{manifest_path}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
                           "pass allow_incomplete to read what it has")
