@@ -204,6 +204,14 @@ def test_a_trace_cut_short_is_refused_not_read_with_fewer_events(samples, tmp_pa
         read_all(target)
 
 
+def test_a_tracefs_capture_without_its_stats_is_refused(samples, tmp_path):
+    target = tmp_path / "capture"
+    shutil.copytree(samples["tracefs"], target)
+    (target / "cpu0.stats").unlink()
+    with pytest.raises(TraceFormatError, match=r"cpu0.stats: missing .* nothing tells whether cpu0.raw is complete$"):
+        read_all(target)
+
+
 def test_a_cycle_in_the_v7_options_chain_is_refused(samples, tmp_path):
     data = bytearray(samples["v7"].read_bytes())
     first = struct.unpack_from("<Q", data, 18 + len(b"none\0\0"))[0]

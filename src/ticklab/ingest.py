@@ -494,6 +494,9 @@ def read_tracefs_dir(directory: Path | str) -> Trace:
         stats[int(path.stem[3:])] = path.read_text()
     for cpu in sorted(set(stats) - set(files)):  # a missing cpuN.raw is the shortest truncation of all
         _check_read_events(str(directory), cpu, 0, stats[cpu])
+    for cpu in sorted(set(files) - set(stats)):  # without it a truncated cpuN.raw would pass for a whole one
+        raise TraceFormatError(f"{directory / f'cpu{cpu}.stats'}: missing (a ticklab tracefs capture writes one beside "
+                               f"every cpu<N>.raw), so nothing tells whether {files[cpu].name} is complete")
     clock_file = directory / "trace_clock"
     clock = None
     if clock_file.is_file():
