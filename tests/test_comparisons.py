@@ -59,7 +59,8 @@ CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single      
 
 def test_osnoise_rows_parse_rtla_top_output():
     assert nohz.osnoise_rows(OSNOISE) == [{"cpu": 1, "runtime_us": 5004789, "noise_us": 776728,
-                                           "cpu_available_pct": 84.4803, "max_noise_us": 210715}]
+                                           "cpu_available_pct": 84.4803, "max_noise_us": 210715, "irqs": 4528,
+                                           "softirqs": 93}]
 
 
 @pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'")

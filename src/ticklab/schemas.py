@@ -118,7 +118,8 @@ EXPERIMENT = {
         "profile": {"type": ["object", "null"]},
         "extras": {"type": ["array", "null"], "items": {"type": "object", "required": ["name", "argv"],
                                                         "properties": {"name": {"type": "string", "pattern": RUN_NAME},
-                                                                       "argv": {"type": "array"}}}},
+                                                                       "argv": {"type": "array"},
+                                                                       "per_run": {"type": "boolean"}}}},
         "notes": {"type": ["string", "null"]},
         "lab": {"type": ["object", "null"], "properties": {
             "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},

@@ -93,10 +93,31 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
         finally:
             if server is not None:
                 stop(server)
+        checks = per_run_extras(experiment, host, found, values, run_dir) if outcome["status"] == "ok" else []
     return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
             "warmup": planned.warmup, "values": planned.condition.values, **outcome,
             "knobs": [c.record() for c in scope.changes],
-            "trace": trace_result.record() if trace_result else None}
+            "trace": trace_result.record() if trace_result else None,
+            **({"extras": checks} if checks else {})}
+
+
+def per_run_extras(experiment: Experiment, host: HostChanges, found: dict, values: dict, run_dir: Path) -> list[dict]:
+    """Cross-checks marked ``per_run``, right after the workload in the same run (same boot, same knobs, the
+    trace stopped), each in run_dir/<name>/; where the host lacks what one needs, why it was skipped."""
+    done = []
+    for extra in experiment.extras:
+        if not extra.get("per_run"):
+            continue
+        missing = requirements.unmet_text(requirements.check_all(extra.get("requires", []), host, found)[1])
+        if missing:
+            done.append({"name": extra["name"], "skipped": missing})
+            continue
+        directory = run_dir / extra["name"]
+        directory.mkdir(exist_ok=True)
+        argv = fill_argv(extra["argv"], values, f"{experiment.path}: extras.{extra['name']}.argv")
+        done.append({"name": extra["name"], "directory": f"{run_dir.name}/{extra['name']}",
+                     **run_command(argv, directory, experiment.timeout_s)})
+    return done
 
 
 def run_once(experiment: Experiment, condition: Condition, host: HostChanges, found: dict, argv: list, source: str,

@@ -14,8 +14,9 @@ variables; a value may name something only the host knows:
 rounds of one more run per condition until the claim's comparisons meet the precision target, for at
 most S seconds of measured runs and N runs per condition (default 10 x runs).
 
-``extras`` are cross-checks run once per condition after the measured runs, each only where its
-own ``requires`` are met (otherwise the manifest says why it was skipped); they never enter
+``extras`` are cross-checks run once per condition after the measured runs (``per_run: true``: right
+after the workload of every run, in the same boot and under the same knobs, into raw/<run>/<name>/), each
+only where its own ``requires`` are met (otherwise the manifest says why it was skipped); they never enter
 results.csv. Variables listed under ``knobs`` are applied to the host before each run (clocksource,
 sched_feature:<NAME>, idle_config); every other variable only fills the workload's argv.
 

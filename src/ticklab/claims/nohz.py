@@ -124,7 +124,10 @@ def trace_metrics(trace, values: dict) -> list[dict]:
 CONDITION_LABELS = {"hz1000": "HZ=1000, tick on", "hz250": "HZ=250, tick on",
                     "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)", "tick-on": "host kernel, tick on"}
 CONDITION_COLORS = {"hz1000": "#c44e52", "hz250": "#dd8452", "hz1000-nohz_full": "#55a868", "tick-on": "#4c72b0"}
-_OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)", re.M)
+# rtla osnoise top -q: CPU #periods, runtime, noise (µs), % CPU available, max noise, max single, then counts of
+# HW, NMI, IRQ, softirq and thread interference
+_OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)"
+                          r"\s+(\d+)\s+(\d+)", re.M)
 
 
 def _measured_records(bundle) -> list[dict]:
@@ -201,29 +204,52 @@ def tick_spectrum_figure(spectrum: pd.DataFrame, setup: str):
 
 
 def osnoise_rows(text: str) -> list[dict]:
-    """rtla osnoise top -q rows: per CPU, runtime and noise (µs) and % CPU available."""
+    """rtla osnoise top -q rows: per CPU, runtime and noise (µs), % CPU available, and the interference counts."""
     return [{"cpu": int(m.group(1)), "runtime_us": int(m.group(2)), "noise_us": int(m.group(3)),
-             "cpu_available_pct": float(m.group(4)), "max_noise_us": int(m.group(5))}
+             "cpu_available_pct": float(m.group(4)), "max_noise_us": int(m.group(5)), "irqs": int(m.group(9)),
+             "softirqs": int(m.group(10))}
             for m in _OSNOISE_ROW.finditer(text)]
 
 
+def _osnoise_by_run(ref: BundleRef, entries: list[tuple[str, str, dict]]) -> list[dict]:
+    """(condition, run, extras entry) -> one row per osnoise run that gave a reading."""
+    rows = []
+    for condition, run, extra in entries:
+        if extra.get("name") != "osnoise" or extra.get("status") != "ok":
+            continue
+        parsed = osnoise_rows(rawfile.read_text(ref.path / "raw" / extra["directory"] / "stdout.txt"))
+        if parsed and parsed[-1]["runtime_us"] > 0:
+            last, seconds = parsed[-1], parsed[-1]["runtime_us"] / 1e6
+            rows.append({"condition": condition, "run": run, "noise_pct": 100 - last["cpu_available_pct"],
+                         "irqs_per_s": last["irqs"] / seconds, "softirqs_per_s": last["softirqs"] / seconds})
+    return rows
+
+
+OSNOISE_COLUMNS = ["setup", "condition", "runs", "FTQ: work lost (%)", "osnoise runs", "osnoise: noise (% of CPU)",
+                   "osnoise: IRQs/s", "osnoise: softirqs/s"]
+
+
 def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
-    """Per setup and condition: the CPU share FTQ lost (median over runs of 1 − mean/max work per quantum)
-    next to the noise osnoise measured on the same CPU once per condition (where it ran)."""
+    """Per setup and condition: the CPU share FTQ lost (median over runs of 1 − mean/max work per quantum) next to
+    what osnoise measured on the same CPU (medians over its runs): right after each FTQ run in the same boot where
+    the experiment runs it per run, else once per condition. osnoise's IRQ count includes the tick's interrupts."""
     rows = []
     for ref, bundle in usable_bundles(bundles):
         results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
-        osnoise = {}
-        for extra in bundle.manifest.get("extras") or []:
-            if extra.get("name") == "osnoise" and extra.get("status") == "ok":
-                parsed = osnoise_rows(rawfile.read_text(ref.path / "raw" / extra["directory"] / "stdout.txt"))
-                if parsed:
-                    osnoise[extra["condition"]] = 100 - parsed[-1]["cpu_available_pct"]
+        measured = {r["run"] for r in bundle.manifest["runs"] if not r.get("warmup")}
+        entries = [(r["condition"], r["run"], e) for r in bundle.manifest["runs"] if r["run"] in measured
+                   for e in r.get("extras") or []]
+        entries += [(e.get("condition"), None, e) for e in bundle.manifest.get("extras") or []]
+        osnoise = pd.DataFrame(_osnoise_by_run(ref, entries),
+                               columns=["condition", "run", "noise_pct", "irqs_per_s", "softirqs_per_s"])
         for condition, group in results.groupby("condition"):
+            mine = osnoise[osnoise["condition"] == condition]
             rows.append({"setup": ref.host_id, "condition": condition, "runs": len(group),
-                         "FTQ: work lost (%)": 100 * group["value"].median(),
-                         "osnoise: noise (% of CPU)": osnoise.get(condition, float("nan"))})
-    return pd.DataFrame(rows, columns=["setup", "condition", "runs", "FTQ: work lost (%)", "osnoise: noise (% of CPU)"])
+                         "FTQ: work lost (%)": 100 * group["value"].median(), "osnoise runs": len(mine),
+                         "osnoise: noise (% of CPU)": mine["noise_pct"].median(),
+                         "osnoise: IRQs/s": mine["irqs_per_s"].median(),
+                         "osnoise: softirqs/s": mine["softirqs_per_s"].median()})
+    return pd.DataFrame(rows, columns=OSNOISE_COLUMNS)
 
 
 TICK_METRICS = {"local_timer_irq_rate_hz": "local timer interrupts/s (the tick and other hrtimers)",

@@ -188,7 +188,7 @@ class LabRun:
                         break
                 if testable:
                     self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
-                if testable and experiment.extras:
+                if testable and any(not e.get("per_run") for e in experiment.extras):
                     self._extras(writer, conditions, settings)
         except BaseException as exc:
             writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
@@ -258,14 +258,15 @@ class LabRun:
     def _extras(self, writer: BundleWriter, conditions: list[Condition], settings: dict) -> None:
         """Each cross-check once per condition, each in its own boot; outside results.csv."""
         experiment, progress = self.experiment, self.options.progress
-        names = ", ".join(extra["name"] for extra in experiment.extras)
-        boots = len(experiment.extras) * len(conditions)
-        self.log(f"{experiment.claim}/{experiment.name}: cross-check{'s' if len(experiment.extras) > 1 else ''} "
+        once = [extra for extra in experiment.extras if not extra.get("per_run")]  # per_run ones ran in each boot
+        names = ", ".join(extra["name"] for extra in once)
+        boots = len(once) * len(conditions)
+        self.log(f"{experiment.claim}/{experiment.name}: cross-check{'s' if len(once) > 1 else ''} "
                  f"{names}: {boots} more boot(s), one per condition")
         done = []
         with tqdm(total=boots, desc=f"{experiment.claim}/{experiment.name} cross-checks", unit="boot",
                   disable=not progress, file=sys.stderr) as bar:
-            for extra in experiment.extras:
+            for extra in once:
                 for index, condition in enumerate(conditions):
                     done.append(self._extra(writer, extra, index, condition, settings))
                     writer.manifest["extras"] = done
