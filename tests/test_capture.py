@@ -189,10 +189,13 @@ def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
 def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_path):
     from ticklab.host import facts
 
-    before = (collect("/")["clocksources"], facts.mounts(Path("/")))
+    def state():
+        return (collect("/")["clocksources"], facts.mounts(Path("/")), _interrupt_and_task_cpus())
+
+    before = state()
     options = CaptureOptions(runs=1, warmup=0, out=tmp_path, journal=tmp_path / "j.json", progress=False)
     bundles = capture(claim, options, log=lambda _: None)
-    assert (collect("/")["clocksources"], facts.mounts(Path("/"))) == before
+    assert state() == before
     for path in bundles:
         bundle = load_bundle(path)
         assert bundle.sealed and "hostname" not in json.dumps(bundle.manifest)
@@ -213,6 +216,20 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
             assert results["tick_us_median"] >= results["tick_irq_us_median"] > 0  # softirqs traced and attributed
             skipped = {e["name"]: e.get("skipped") for e in bundle.manifest["extras"]}
             assert set(skipped) == {"osnoise", "timerlat"}
+            # FTQ as seed 004's author ran it: SCHED_FIFO, interrupts and other tasks moved off its CPU, put back
+            header = (path / "raw" / run["run"] / "ftq.dat").read_text().splitlines()[:12]
+            assert "# policy: SCHED_FIFO" in header and "# priority: 99" in header
+            labels = {k["label"]: k for k in run["knobs"]}
+            assert labels["RT throttling off"]["during"] == "-1"
+            assert labels["tasks moved off the measured CPU"]["tasks"] > 0
+            moved = [k for k in run["knobs"] if k["label"].startswith("IRQ ") and not k.get("refused")]
+            assert moved and all(k["after"] == k["before"] != k["during"] for k in moved)
+
+
+def _interrupt_and_task_cpus() -> tuple:
+    """Every interrupt's CPU list, RT throttling and init's CPUs: what isolating the measured CPU changes."""
+    irqs = {p.parent.name: p.read_text() for p in Path("/proc/irq").glob("*/smp_affinity_list")}
+    return irqs, Path("/proc/sys/kernel/sched_rt_runtime_us").read_text(), sorted(os.sched_getaffinity(1))
 
 
 def test_a_tbench_run_inside_its_warm_up_is_a_problem_not_a_zero(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 from ticklab.host import HostChangeError, HostChanges, collect, host_id
 from ticklab.host.facts import parse_cpu_list
+from ticklab.host.knobs import format_cpu_list
 
 from conftest import make_fake_host
 
@@ -267,3 +268,69 @@ def test_a_lock_file_others_can_write_is_refused(fake_host, tmp_path):
     with pytest.raises(HostChangeError, match="host.lock: not a regular file of uid 0 writable only by it"):
         with HostChanges(tmp_path / "a.json", root=fake_host, log=lambda _: None):
             pass
+
+
+def _irqs(root: Path, lists: dict, default: str = "3") -> None:
+    (root / "proc/irq").mkdir(parents=True, exist_ok=True)
+    (root / "proc/irq/default_smp_affinity").write_text(default + "\n")
+    for irq, cpus in lists.items():
+        (root / f"proc/irq/{irq}").mkdir()
+        (root / f"proc/irq/{irq}/smp_affinity_list").write_text(cpus + "\n")
+
+
+def test_isolating_a_cpu_moves_every_interrupt_that_may_leave_it_and_puts_them_back(fake_host, tmp_path):
+    _irqs(fake_host, {24: "0-1", 25: "0-3", 26: "1", 27: "0"})
+    with HostChanges(tmp_path / "j.json", root=fake_host, log=lambda _: None) as host:
+        changes = host.isolate_cpu(1)
+        assert value(fake_host, "proc/irq/24/smp_affinity_list") == "0"
+        assert value(fake_host, "proc/irq/25/smp_affinity_list") == "0,2-3"
+        assert value(fake_host, "proc/irq/26/smp_affinity_list") == "1"  # only the measured CPU: it stays
+        assert value(fake_host, "proc/irq/27/smp_affinity_list") == "0"
+        assert value(fake_host, "proc/irq/default_smp_affinity") == "1"
+        assert [c.label for c in changes] == ["default IRQ affinity", "IRQ 24 affinity", "IRQ 25 affinity",
+                                              "tasks moved off the measured CPU"]
+        assert changes[-1].tasks == {}  # under a fake root no task of the real system is touched
+    assert value(fake_host, "proc/irq/24/smp_affinity_list") == "0-1"
+    assert value(fake_host, "proc/irq/25/smp_affinity_list") == "0-3"
+    assert value(fake_host, "proc/irq/default_smp_affinity") == "3"
+
+
+def test_interrupt_affinities_left_by_a_killed_capture_are_put_back(fake_host, tmp_path):
+    _irqs(fake_host, {30: "0-1"})
+    journal = tmp_path / "j.json"
+    script = textwrap.dedent("""
+        import sys, time
+        from ticklab.host import HostChanges
+        with HostChanges(sys.argv[2], root=sys.argv[1], log=lambda _: None) as host:
+            host.isolate_cpu(1)
+            print("changed", flush=True)
+            time.sleep(60)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script, str(fake_host), str(journal)], stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "changed"
+    process.kill()
+    process.wait(timeout=30)
+    assert value(fake_host, "proc/irq/30/smp_affinity_list") == "0"
+    with HostChanges(journal, root=fake_host, log=lambda _: None):
+        assert value(fake_host, "proc/irq/30/smp_affinity_list") == "0-1"
+        assert value(fake_host, "proc/irq/default_smp_affinity") == "3"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2,
+                    reason="moving another process's CPUs needs root and two CPUs")
+def test_a_task_moved_off_the_measured_cpu_gets_its_cpus_back(tmp_path):
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        allowed = os.sched_getaffinity(child.pid)
+        measured = max(allowed)
+        with HostChanges(tmp_path / "j.json", log=lambda _: None) as host:
+            change = host.move_tasks_off(measured, only={child.pid})
+            assert os.sched_getaffinity(child.pid) == allowed - {measured}
+            assert list(change.tasks) == [str(child.pid)] and change.record()["tasks"] == 1
+            journal = json.loads((tmp_path / "j.json").read_text())
+            assert journal["changes"][-1]["tasks"][str(child.pid)][1] == format_cpu_list(allowed)
+        assert os.sched_getaffinity(child.pid) == allowed
+    finally:
+        child.kill()
+        child.wait()

@@ -297,6 +297,14 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
         assert record["guest"]["switches"] == {"hpet_read_share": "Y", "pv_kick_ahead": "0", "processor.dummy_wait": "-1"}
         assert record["trace"]["backend"] == "trace-cmd"
         assert (bundles[0] / "raw" / record["run"] / "trace" / "trace.dat").stat().st_size > 0
+        # FTQ as seed 004's author ran it, inside the guest: SCHED_FIFO, the guest's interrupts and other tasks
+        # moved off the measured vCPU; each vCPU thread on its own host CPU where the host has enough
+        header = (bundles[0] / "raw" / record["run"] / "ftq.dat").read_text().splitlines()[:12]
+        assert "# policy: SCHED_FIFO" in header
+        labels = [k["label"] for k in record["knobs"]]
+        assert "tasks moved off the measured CPU" in labels and any(label.startswith("IRQ ") for label in labels)
+        if len(os.sched_getaffinity(0)) >= 2:
+            assert record["boot"]["vcpu_pinning"]["pinned"] == dict(zip("01", sorted(os.sched_getaffinity(0))[:2]))
     metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
     assert {"ftq_count_mean", "ftq_noise_fraction", "local_timer_irqs", "tick_stop_events"} <= set(metrics.columns)
     # the busy vCPU sees the HZ=1000 tick with the tick on; nohz_full stops most of it. On a loaded 2-core host

@@ -122,6 +122,10 @@ EXPERIMENT = {
                                              "items": {"type": ["string", "number"]}},
                                     "tool": {"type": "string"}}},
         "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
+        # the measured CPU left to the workload: every movable interrupt and other task moved off it for each run
+        "isolate": {"type": "object", "required": ["cpu"], "additionalProperties": False,
+                    "properties": {"cpu": {"oneOf": [{"type": "integer", "minimum": 0}, {"const": "last"}]},
+                                   "rt_throttling": {"enum": ["on", "off"]}}},
         "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
         "seed": {"type": "integer", "minimum": 0},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
@@ -143,7 +147,8 @@ EXPERIMENT = {
             "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},
             "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},
             "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
-            "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}}},
+            "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+            "pin_vcpus": {"type": "boolean"}}},
         "budget": {"type": ["object", "null"], "properties": {
             "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
             "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}}},

@@ -41,11 +41,11 @@ from ..paths import repo_root
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
 KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
-         "lab", "budget"}
+         "lab", "budget", "isolate"}
 BUDGET_KEYS = {"time_s", "max_runs"}
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp")
 MAX_EXPERIMENT_BYTES = 1 << 20
-LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s"}
+LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s", "pin_vcpus"}
 
 
 class ExperimentError(ValueError):
@@ -82,6 +82,7 @@ class Experiment:
     definition: dict = field(default_factory=dict)
     lab: dict | None = None
     budget: dict | None = None
+    isolate: dict | None = None  # {cpu: last | N}: interrupts and other tasks moved off the measured CPU per run
 
 
 @dataclass(frozen=True)

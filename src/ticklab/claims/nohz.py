@@ -290,6 +290,7 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
         if not chosen["metric"].isin([metric for metric, *_ in PER_TICK_COLUMNS]).any():
             rows.append({**head, "quantity": "µs per tick (irq + softirq), the tick told from other timer interrupts",
                          "measured": NO_SOFTIRQS if SOFTIRQ_EVENT not in traced else NO_TICK_EXPIRIES})
+            rows += _lost_work_rows(group, chosen, head)
             continue
         for metric, quantity, percent, needs_softirqs in PER_TICK_COLUMNS:
             values = chosen.loc[chosen["metric"] == metric, "value"]
@@ -303,8 +304,25 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
                 if isinstance(row["measured"], float):
                     row["measured / seed"] = round(row["measured"] / seed_us, 3)
             rows.append(row)
+        rows += _lost_work_rows(group, chosen, head)
     columns = ["setup", "condition", "runs", "quantity", "measured", "seed 004 (ThinkPad T60p, HZ=1000)", "measured / seed"]
     return pd.DataFrame(rows).reindex(columns=columns).fillna("")
+
+
+def _lost_work_rows(ftq: pd.DataFrame, chosen: pd.DataFrame, head: dict) -> list[dict]:
+    """FTQ's lost work and the share of it the traced tick explains: per run, the tick's share of the CPU (irq +
+    softirq) over the share of work FTQ lost (1 − mean/max work per quantum); the median over runs. Over 100%
+    would mean the tick's traced time is not all lost work (work counted in a quantum the tick also ran in)."""
+    tick = chosen[chosen["metric"] == "tick_time_fraction"].set_index(["bundle", "run"])["value"]
+    lost = ftq.set_index(["bundle", "run"])["value"]
+    rows = [{**head, "quantity": "FTQ work lost (%, 1 − mean/max work per quantum)",
+             "measured": round(float(lost.median()) * 100, 3)}]
+    paired = pd.concat([tick.rename("tick"), lost.rename("lost")], axis=1, join="inner")
+    paired = paired[paired["lost"] > 0]
+    if not paired.empty:
+        rows.append({**head, "quantity": "share of FTQ's lost work the traced tick explains (%)",
+                     "measured": round(float((paired["tick"] / paired["lost"]).median()) * 100, 3)})
+    return rows
 
 
 SIZES = ("the target assumes the ThinkPad T60p's ~80 µs per tick at every HZ; a tick's cost depends on the CPU "

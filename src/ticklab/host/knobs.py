@@ -21,6 +21,7 @@ directory or file another user could have written, and restores only knobs under
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -182,9 +183,17 @@ class Change:
     feature: str | None = None
     label: str | None = None
     dry_run: bool = False
-    error: str | None = None   # why restoring failed; the change stays in the journal
+    error: str | None = None   # why restoring failed (or, with refused, why the kernel refused the write)
+    refused: bool = False      # the kernel refused the write (a per-CPU or managed interrupt): nothing changed
+    tasks: dict | None = None  # kind task_affinity: {tid: [start time, cpu list before]} of the tasks moved
 
     def record(self) -> dict:
+        record = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        if self.kind == "task_affinity":  # the manifest gets a count; the journal (record_full) every task
+            record["tasks"] = len(self.tasks or {})
+        return record
+
+    def record_full(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
 
 
@@ -202,6 +211,28 @@ def _feature_token(features_text: str, feature: str) -> str | None:
         if token in (feature, f"NO_{feature}"):
             return token
     return None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    return set(facts.parse_cpu_list(text))
+
+
+def format_cpu_list(cpus) -> str:
+    """{0, 1, 2, 5} -> '0-2,5' (the kernel's cpulist format, which facts.parse_cpu_list reads)."""
+    ordered, ranges = sorted(cpus), []
+    for cpu in ordered:
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in ranges)
+
+
+def format_cpu_mask(mask: int) -> str:
+    """A CPU bitmask as the kernel writes it: hex in 32-bit groups separated by commas (1 -> '1')."""
+    text = f"{mask:x}"
+    groups = [text[max(0, i - 8):i] for i in range(len(text), 0, -8)]
+    return ",".join(reversed(groups))
 
 
 def restorable(path: Path, text: str) -> str:
@@ -248,6 +279,18 @@ def _undo(change: Change) -> str | None:
     if change.kind == "sched_feature":
         _write(path, change.before)
         return _feature_token(_read(path), change.feature)
+    if change.kind == "task_affinity":
+        for tid, (start, cpus) in (change.tasks or {}).items():
+            if _process_start(int(tid)) != start:
+                continue  # gone (or its pid reused by another task): nothing of ours to put back
+            try:
+                os.sched_setaffinity(int(tid), parse_cpu_list(cpus))
+            except (ProcessLookupError, PermissionError):
+                continue  # gone since, or no longer ours to set
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # EINVAL: the kernel now sets its CPUs (an exiting or bound thread)
+                    raise
+        return change.before
     if change.kind == "mkdir":
         if path.exists():
             path.rmdir()
@@ -298,7 +341,7 @@ class HostChanges:
 
     def _save_journal(self) -> None:
         data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "root": str(self.root),
-                "changes": [c.record() for c in self.changes if not c.dry_run and c.after is None]}
+                "changes": [c.record_full() for c in self.changes if not c.dry_run and c.after is None]}
         temporary = self.journal.with_name(self.journal.name + ".tmp")
         temporary.unlink(missing_ok=True)
         with os.fdopen(_open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
@@ -317,20 +360,81 @@ class HostChanges:
             shown = {"write": f"write {change.wanted!r} to {change.path} (now {change.before!r})" if change.wanted is not None
                      else f"let another tool change {change.path} (now {change.before!r}) and put it back",
                      "sched_feature": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
-                     "mkdir": f"mkdir {change.path}", "mount": f"mount -t {change.wanted} {change.wanted} {change.path}"}
+                     "mkdir": f"mkdir {change.path}", "mount": f"mount -t {change.wanted} {change.wanted} {change.path}",
+                     "task_affinity": f"move {change.before} {change.wanted} (sched_setaffinity)"}
             self.log(f"dry-run: would {shown[change.kind]}")
             return False
         self._save_journal()
         return True
 
     # -- knobs -----------------------------------------------------------------------------------
-    def write(self, relative: str, value: str, *, label: str | None = None) -> Change:
+    def write(self, relative: str, value: str, *, label: str | None = None, may_refuse: bool = False) -> Change:
+        """Write ``value``; with ``may_refuse`` a write the kernel refuses is recorded as refused (nothing changed)
+        instead of raised."""
         path = self.root / relative
         change = Change("write", str(path), restorable(path, _read(path)), str(value), label=label)
         if self._begin(change):
-            _write(path, str(value))
+            try:
+                _write(path, str(value))
+            except HostChangeError as exc:
+                if not may_refuse:
+                    raise
+                change.refused, change.error = True, str(exc).split(f"{path}: ", 1)[-1]
             change.during = _read(path)
         return change
+
+    def move_tasks_off(self, cpu: int, *, label: str = "tasks moved off the measured CPU",
+                       only: set[int] | None = None) -> Change:
+        """Take ``cpu`` out of the CPU list of every task (every thread of every process) that may run there, so that
+        only what starts afterwards and asks for it (the pinned workload) runs there; tasks the kernel keeps on
+        their CPU (per-CPU kernel threads) stay. One journal entry holds every task moved with its CPU list."""
+        tasks = {}
+        # affinities are the running kernel's: under a fake root (tests) no task of the real system is touched
+        listed = sorted(Path("/proc").glob("[0-9]*/task/[0-9]*")) if self.root.resolve() == Path("/") else []
+        for task in listed:
+            tid = int(task.name)
+            if only is not None and tid not in only:
+                continue
+            try:
+                allowed = os.sched_getaffinity(tid)
+            except OSError:
+                continue  # gone, or not a task of this root's system (a fake root in tests)
+            start = _process_start(tid)
+            if cpu in allowed and len(allowed) > 1 and start is not None:
+                tasks[str(tid)] = [start, format_cpu_list(allowed)]
+        change = Change("task_affinity", str(self.root / "proc"), f"{len(tasks)} tasks", f"without cpu {cpu}",
+                        label=label, tasks=tasks)
+        if self._begin(change):
+            moved = {}
+            for tid, entry in tasks.items():
+                try:
+                    os.sched_setaffinity(int(tid), parse_cpu_list(entry[1]) - {cpu})
+                    moved[tid] = entry
+                except OSError:  # EINVAL: a kernel thread whose CPUs only the kernel sets; ESRCH: gone since
+                    continue
+            change.tasks = moved  # journalled before with every candidate; now only what has to be put back
+            change.before = f"{len(moved)} tasks"
+            change.during = f"{len(moved)} moved, {len(tasks) - len(moved)} kept by the kernel or gone"
+            self._save_journal()
+        return change
+
+    def isolate_cpu(self, cpu: int) -> list[Change]:
+        """Leave ``cpu`` to the measured workload, as FTQ's author ran it: every interrupt whose affinity allows
+        another CPU is moved off it (and the default affinity of new interrupts), then every other task."""
+        changes = []
+        default = self.root / "proc/irq/default_smp_affinity"
+        if default.is_file():
+            mask = int(_read(default).replace(",", ""), 16)
+            if mask & (1 << cpu) and mask & ~(1 << cpu):
+                changes.append(self.write(str(default.relative_to(self.root)), format_cpu_mask(mask & ~(1 << cpu)),
+                                          label="default IRQ affinity", may_refuse=True))
+        for listed in sorted(self.root.glob("proc/irq/[0-9]*/smp_affinity_list"), key=lambda p: int(p.parent.name)):
+            allowed = parse_cpu_list(_read(listed))
+            if cpu in allowed and len(allowed) > 1:
+                changes.append(self.write(str(listed.relative_to(self.root)), format_cpu_list(allowed - {cpu}),
+                                          label=f"IRQ {listed.parent.name} affinity", may_refuse=True))
+        changes.append(self.move_tasks_off(cpu))
+        return changes
 
     def set_clocksource(self, name: str) -> Change:
         available = facts.clocksources(self.root)["available"]
@@ -482,13 +586,19 @@ def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]
     return failures
 
 
-KNOB_TREES = ("sys", "proc/sys")
+KNOB_TREES = ("sys", "proc/sys", "proc/irq")
 
 
 def _confined(change: Change, root: Path) -> bool:
-    """A journal entry names a kernel knob of this host (under <root>/sys or <root>/proc/sys), nothing else."""
+    """A journal entry names a kernel knob of this host (under <root>/sys, <root>/proc/sys or <root>/proc/irq), or
+    is the task affinities it moved (their CPU lists, restored with sched_setaffinity), nothing else."""
+    if change.kind == "task_affinity":
+        return change.path == str(root / "proc") and isinstance(change.tasks, dict) and all(
+            str(tid).isdigit() and isinstance(entry, list) and len(entry) == 2
+            and isinstance(entry[1], str) and re.fullmatch(r"[0-9,-]+", entry[1]) for tid, entry in change.tasks.items())
     path = os.path.normpath(change.path)
-    return path == change.path and any(path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
+    return change.kind != "task_affinity" and path == change.path and any(
+        path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
 
 
 def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None] = print) -> list[Change]:

@@ -39,6 +39,7 @@ class Boot:
     smp: int = 2
     memory_mb: int = 1024
     timeout_s: float = 600
+    pin_vcpus: bool = False  # each vCPU thread on its own host CPU, where the host has one for each
 
     def full_cmdline(self) -> str:
         return " ".join([*BASE_CMDLINE, *self.cmdline])
@@ -47,7 +48,9 @@ class Boot:
         for path in (self.kernel, self.initrd, self.share, self.console):
             if "," in str(path):
                 raise LabError(f"{path}: QEMU options cannot take a path with a comma")
-        return [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-monitor", "none",
+        # debug-threads names each vCPU thread "CPU <n>/TCG" (or /KVM), which is how pin_vcpus finds them
+        return [QEMU, "-name", "ticklab,debug-threads=on",
+                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-monitor", "none",
                 "-machine", "pc", "-accel", self.accel, "-cpu", "host" if self.accel == "kvm" else "max",
                 "-smp", str(self.smp), "-m", f"{self.memory_mb}M",
                 "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", self.full_cmdline(),
@@ -75,9 +78,47 @@ def run_boot(boot: Boot) -> dict:
     with (boot.console.with_suffix(".qemu.txt")).open("w") as qemu_log:
         process = subprocess.Popen(boot.argv(), stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-        status = wait_or_kill(process, boot.timeout_s)
-    return {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 2),
-            "accel": boot.accel, "smp": boot.smp, "memory_mb": boot.memory_mb, "cmdline": boot.full_cmdline()}
+        pinning = pin_vcpu_threads(process.pid, boot.smp) if boot.pin_vcpus else None
+        status = wait_or_kill(process, max(1.0, boot.timeout_s - (time.monotonic() - started)))
+    outcome = {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 2),
+               "accel": boot.accel, "smp": boot.smp, "memory_mb": boot.memory_mb, "cmdline": boot.full_cmdline()}
+    return {**outcome, "vcpu_pinning": pinning} if pinning is not None else outcome
+
+
+def vcpu_threads(pid: int) -> dict[int, int]:
+    """QEMU's vCPU threads: {vCPU index: thread id}, from the names debug-threads gives them ('CPU 1/TCG')."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        words = name.split()
+        if len(words) == 2 and words[0] == "CPU" and words[1].split("/")[0].isdigit():
+            found[int(words[1].split("/")[0])] = int(task.name)
+    return found
+
+
+def pin_vcpu_threads(pid: int, smp: int, wait_s: float = 10.0) -> dict:
+    """Pin vCPU n's thread to the n-th CPU this process may use, when there is one for each vCPU; what was pinned
+    (vCPU -> host CPU) or why nothing was. QEMU's own process, not a host setting: it ends with the boot."""
+    host_cpus = sorted(os.sched_getaffinity(0))
+    if len(host_cpus) < smp:
+        return {"pinned": {}, "why_not": f"{smp} vCPUs on {len(host_cpus)} host CPUs: not one each"}
+    deadline = time.monotonic() + wait_s
+    threads = vcpu_threads(pid)
+    while len(threads) < smp and time.monotonic() < deadline:  # QEMU starts its vCPU threads before the guest runs
+        time.sleep(0.02)
+        threads = vcpu_threads(pid)
+    pinned = {}
+    for index, tid in sorted(threads.items()):
+        try:
+            os.sched_setaffinity(tid, {host_cpus[index]})
+            pinned[str(index)] = host_cpus[index]
+        except (OSError, IndexError):
+            continue
+    why = None if len(pinned) == smp else f"found {len(threads)} of {smp} vCPU threads, pinned {len(pinned)}"
+    return {"pinned": pinned, **({"why_not": why} if why else {})}
 
 
 def _boot_id() -> str:

@@ -37,7 +37,8 @@ from . import kernel as lab_kernel
 from . import qemu
 from .cache import LabError, cache_dir
 
-DEFAULT_LAB = {"kernel": "hz1000", "smp": 2, "memory_mb": 1024, "cmdline": "", "accel": "any", "boot_timeout_s": 300}
+DEFAULT_LAB = {"kernel": "hz1000", "smp": 2, "memory_mb": 1024, "cmdline": "", "accel": "any", "boot_timeout_s": 300,
+               "pin_vcpus": False}
 
 
 @dataclass
@@ -211,7 +212,8 @@ class LabRun:
             (share / "job.json").write_text(json.dumps(job, indent=2) + "\n")
             boot = qemu.Boot(self.kernels[setting["kernel"]].image, self.image.initramfs, share, share / "console.log",
                              cmdline=setting["cmdline"], accel=self.accel, smp=setting["smp"],
-                             memory_mb=setting["memory_mb"], timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s)
+                             memory_mb=setting["memory_mb"], timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
+                             pin_vcpus=bool(lab["pin_vcpus"]))
             # the physical host's load while the guest runs: a TCG guest's vCPUs compete with every host task
             with interference.Sampler() as host_load:
                 outcome = qemu.run_boot(boot)
