@@ -47,14 +47,34 @@ def describe(bundles: list[BundleRef], data_dir: Path | str, claim: str) -> str:
     return f"{len(bundles)} bundle(s) for '{claim}' from {len(hosts)} setup(s): {', '.join(hosts)}."
 
 
-HEALTH_COLUMNS = ["host_id", "claim", "bundle", "status", "measured_runs", "failed_runs", "lost_events", "stopped", "flag"]
+HEALTH_COLUMNS = ["host_id", "claim", "bundle", "status", "measured_runs", "failed_runs", "lost_events", "busy_runs",
+                  "stopped", "flag"]
+
+
+def busy_flag(runs: list[dict]) -> str:
+    """'N of M runs on a busy host: ...' for measured runs whose interference record says busy, or ''.
+    Bundles captured before runs recorded their interference have nothing to flag."""
+    busy = [r["interference"] for r in runs if (r.get("interference") or {}).get("busy")]
+    if not busy:
+        return ""
+    def most(key):
+        values = [b[key] for b in busy if b.get(key) is not None]
+        return max(values) if values else None
+    parts = []
+    if most("other_runnable_max") is not None:
+        parts.append(f"up to {most('other_runnable_max')} runnable tasks besides the run's own on {most('cpus')} CPU(s)")
+    if most("load1_max") is not None:
+        parts.append(f"load average up to {most('load1_max')}")
+    if most("steal_fraction"):
+        parts.append(f"steal up to {most('steal_fraction'):.0%} of CPU time")
+    return f"{len(busy)} of {len(runs)} measured run(s) on a busy host" + (f": {', '.join(parts)}" if parts else "")
 
 
 def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
     """One row per captured bundle: does it verify, how many runs, and how many trace events the kernel lost.
 
     ``flag`` is empty for a clean bundle; otherwise it says what a reader must know (tampered,
-    incomplete, failed runs, lost events, not testable)."""
+    incomplete, failed runs, lost events, runs on a busy host, not testable). Flags only: no verdict changes."""
     from .bundle import BundleError, load_bundle, run_failed, stopped_because
 
     rows = []
@@ -66,7 +86,7 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
                 bundle = load_bundle(ref.path, allow_incomplete=True)
             except BundleError as exc:
                 rows.append({**row, "status": "unreadable", "measured_runs": 0, "failed_runs": 0, "lost_events": 0,
-                             "stopped": "", "flag": str(exc)})
+                             "busy_runs": 0, "stopped": "", "flag": str(exc)})
                 continue
             runs = [r for r in bundle.manifest["runs"] if not r.get("warmup")]
             failed = [r for r in runs if run_failed(r)]
@@ -80,7 +100,11 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
                 flags.append(f"{len(failed)} run(s) failed")
             if lost:
                 flags.append(f"kernel lost {lost} trace event(s)")
+            busy = busy_flag(runs)
+            if busy:
+                flags.append(busy)
             rows.append({**row, "status": bundle.manifest["status"], "measured_runs": len(runs), "failed_runs": len(failed),
                          "lost_events": lost, "flag": "; ".join(flags),
+                         "busy_runs": sum(bool((r.get("interference") or {}).get("busy")) for r in runs),
                          "stopped": "" if bundle.manifest.get("not_testable") else stopped_because(bundle.manifest)})
     return pd.DataFrame(rows, columns=HEALTH_COLUMNS)

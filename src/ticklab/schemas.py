@@ -16,6 +16,27 @@ FINITE_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 TEXT = {"type": "string", "minLength": 1, "maxLength": 1000}
 COUNT = {"type": "integer", "minimum": 0}
 
+NUMBER_OR_NULL = {"type": ["number", "null"], "minimum": 0}
+COUNT_OR_NULL = {"type": ["integer", "null"], "minimum": 0}
+# What else the machine was doing during a run (ticklab.capture.interference); bundles before it have none.
+INTERFERENCE = {
+    "type": ["object", "null"],
+    "required": ["busy"],
+    "properties": {
+        "busy": {"type": ["boolean", "null"]},
+        "why": {"type": ["string", "null"]},
+        "cpus": {"type": "integer", "minimum": 1},
+        "interval_s": {"type": "number", "exclusiveMinimum": 0},
+        "samples": COUNT,
+        "samples_over_cpus": COUNT,
+        "load1_before": NUMBER_OR_NULL, "load1_max": NUMBER_OR_NULL,
+        "runnable_before": COUNT_OR_NULL, "runnable_max": COUNT_OR_NULL, "runnable_mean": NUMBER_OR_NULL,
+        "other_runnable_before": COUNT_OR_NULL, "other_runnable_max": COUNT_OR_NULL,
+        "other_runnable_mean": NUMBER_OR_NULL,
+        "steal_fraction": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+    },
+}
+
 RUN_RECORD = {
     "type": "object",
     "required": ["run", "condition"],
@@ -33,6 +54,8 @@ RUN_RECORD = {
         "argv": {"type": "array"},
         "trace": {"type": ["object", "null"], "properties": {"lost_events": COUNT, "directory": {"type": "string"}}},
         "knobs": {"type": "array"},
+        "interference": INTERFERENCE,  # optional: the machine the run competed on (a lab run's physical host)
+        "guest_interference": INTERFERENCE,  # a lab run's guest, as the guest saw it
     },
 }
 

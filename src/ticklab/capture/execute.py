@@ -16,7 +16,7 @@ from pathlib import Path
 from ..host import HostChanges
 from ..host.knobs import HostChangeError
 from ..paths import repo_root
-from . import requirements, tracing
+from . import interference, requirements, tracing
 from .experiment import Condition, Experiment, PlannedRun, fill_argv
 from .process import run_command, stop
 
@@ -68,10 +68,10 @@ def workload_values(experiment: Experiment, condition: Condition, found: dict) -
 
 def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, found: dict, backend: str | None,
                 run_dir: Path) -> dict:
-    """Make one planned run in ``run_dir``; its manifest record (without results)."""
+    """Make one planned run in ``run_dir``; its manifest record (without results), with what else the machine
+    was doing meanwhile (``interference``: sampled from just before the workload starts until it ends)."""
     values = workload_values(experiment, planned.condition, found)
     argv = fill_argv(experiment.workload["argv"], values, f"{experiment.path}: workload.argv")
-    trace_result = None
     server = None
     with host.scope() as scope:
         apply_knobs(host, experiment, planned.condition, found)
@@ -81,15 +81,9 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
                                       start_new_session=True)
             time.sleep(float(experiment.workload.get("server_start_s", 1)))
         try:
-            if experiment.trace:
-                with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
-                                      buffer_kb=int(experiment.trace.get("buffer_kb", 4096)),
-                                      symbols=experiment.trace.get("symbols") or [],
-                                      functions=experiment.trace.get("functions") or []) as recording:
-                    outcome = run_command(argv, run_dir, experiment.timeout_s)
-                trace_result = recording.result
-            else:
-                outcome = run_command(argv, run_dir, experiment.timeout_s)
+            sampler = interference.Sampler(host.root)
+            with sampler:
+                outcome, trace_result = _record_workload(experiment, host, backend, argv, run_dir)
         finally:
             if server is not None:
                 stop(server)
@@ -97,7 +91,7 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
     return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
             "warmup": planned.warmup, "values": planned.condition.values, **outcome,
             "knobs": [c.record() for c in scope.changes],
-            "trace": trace_result.record() if trace_result else None,
+            "trace": trace_result.record() if trace_result else None, "interference": sampler.summary(),
             **({"extras": checks} if checks else {})}
 
 
@@ -118,6 +112,18 @@ def per_run_extras(experiment: Experiment, host: HostChanges, found: dict, value
         done.append({"name": extra["name"], "directory": f"{run_dir.name}/{extra['name']}",
                      **run_command(argv, directory, experiment.timeout_s)})
     return done
+
+
+def _record_workload(experiment: Experiment, host: HostChanges, backend: str | None, argv: list, run_dir: Path):
+    """Run the workload, traced if the experiment asks for it: (outcome, trace result or None)."""
+    if not experiment.trace:
+        return run_command(argv, run_dir, experiment.timeout_s), None
+    with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
+                          buffer_kb=int(experiment.trace.get("buffer_kb", 4096)),
+                          symbols=experiment.trace.get("symbols") or [],
+                          functions=experiment.trace.get("functions") or []) as recording:
+        outcome = run_command(argv, run_dir, experiment.timeout_s)
+    return outcome, recording.result
 
 
 def run_once(experiment: Experiment, condition: Condition, host: HostChanges, found: dict, argv: list, source: str,

@@ -242,6 +242,8 @@ def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: 
     trace = record.get("trace") or {}
     if trace.get("lost_events"):
         log(f"{record['run']}: the kernel lost {trace['lost_events']} trace event(s)")
+    if (record.get("interference") or {}).get("busy"):
+        log(f"{record['run']}: ran on a busy host — {record['interference']['why']}")
     if record["status"] != "ok" or record["problem"]:
         log(f"{record['run']} {record['condition']}: {record['status']}"
             f"{' — ' + record['problem'] if record['problem'] else ''} (see {run_dir / 'stderr.txt'})")

@@ -24,6 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..bundle import BundleWriter
+from ..capture import interference
 from ..capture.execute import workload_values
 from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
                                   load_experiment, schedule)
@@ -213,7 +214,9 @@ class LabRun:
                              cmdline=setting["cmdline"], accel=self.accel, smp=setting["smp"],
                              memory_mb=setting["memory_mb"], timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
                              pin_vcpus=bool(lab["pin_vcpus"]))
-            outcome = qemu.run_boot(boot)
+            # the physical host's load while the guest runs: a TCG guest's vCPUs compete with every host task
+            with interference.Sampler() as host_load:
+                outcome = qemu.run_boot(boot)
             result = _read_json(share / "result.json")
             run_dir = writer.run_dir(directory)
             skipped = copy_from_share(share / "raw" / directory, run_dir)
@@ -221,7 +224,8 @@ class LabRun:
                 skipped += copy_from_share(share / name, run_dir / name)
             if skipped:
                 self.log(f"{directory}: not copied from the guest's share (not regular files): {', '.join(skipped[:5])}")
-        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": self.kernels[setting["kernel"]].info["release"]}
+        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": self.kernels[setting["kernel"]].info["release"],
+                   "interference": host_load.summary()}
         return outcome, result, run_dir
 
     def _one_boot(self, writer: BundleWriter, planned, setting: dict) -> bool:
@@ -248,6 +252,9 @@ class LabRun:
                       "problem": _no_result(result, outcome, run_dir)}
         facts = result.get("facts") or {}
         record["guest"] = guest_summary(facts)
+        # the run's interference is the physical host's, sampled around the boot; the guest's own view is kept beside it
+        record["guest_interference"] = record.pop("interference", None)
+        record["interference"] = outcome.pop("interference")
         record["boot"] = outcome
         if record.get("boot_mismatch"):
             record["problem"] = "; ".join(record["boot_mismatch"])
