@@ -61,6 +61,12 @@ def test_a_bad_experiment_names_the_file_and_field(tmp_path, changes, message):
     assert text.startswith(f"{path}: ") and message in text and "\n" not in text
 
 
+def test_an_argv_with_an_unbalanced_brace_is_one_line():
+    from ticklab.capture.experiment import fill_argv
+    with pytest.raises(ExperimentError, match=r"^x.yaml: argv item '-j\{nproc' is not a valid template"):
+        fill_argv(["make", "-j{nproc"], {"nproc": 2}, "x.yaml")
+
+
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"[" * 5000, b"claim: [unclosed", b"- a\n- b\n", b""])
 def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
     path = tmp_path / "x.yaml"

@@ -241,4 +241,6 @@ def fill_argv(argv: list, values: dict, source: str) -> list[str]:
             filled.append(str(part).format(**values))
         except KeyError as exc:
             raise ExperimentError(f"{source}: argv uses {{{exc.args[0]}}}, which no condition or param defines") from exc
+        except (ValueError, IndexError, AttributeError) as exc:  # an unbalanced brace, {0}, {x.y}
+            raise ExperimentError(f"{source}: argv item {str(part)[:80]!r} is not a valid template ({exc})") from None
     return filled
