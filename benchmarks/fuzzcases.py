@@ -250,8 +250,17 @@ class BundleFamily:
 
 # -- trace files through the public read API -------------------------------------------------------------
 
-TRACE_SEED_V7 = "guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v657-vm/nohz/20261122T013539Z-guest-ftq/raw/run-005/trace/trace.dat"
-TRACEFS_SEED = "intel-xeon-2c-6.18.44-fc-v669-vm/nohz/20261122T203536Z-ftq/raw/run-002/trace"
+# a trace.dat v7 recorded by trace-cmd in a lab guest, kept as a test fixture (tests/data/compressed/README.md), so
+# that recapturing the bundles does not change the campaign
+TRACE_SEED_V7 = REPO / "tests" / "data" / "compressed" / "source-trace.dat.xz"
+
+
+def tracefs_seed() -> Path:
+    """The first tracefs capture in the bundled data (a directory with header_page), in sorted order."""
+    found = sorted(p.parent for p in (REPO / "traces").glob("*/*/*/raw/*/trace/header_page"))
+    if not found:
+        raise FileNotFoundError(f"{REPO / 'traces'}: no tracefs capture to seed the trace campaign with")
+    return found[0]
 
 
 class TraceFamily:
@@ -265,7 +274,7 @@ class TraceFamily:
         self.kinds = []
         v7 = seeds / "v7.dat"
         if not v7.is_file():
-            shutil.copyfile(REPO / "traces" / TRACE_SEED_V7, v7)
+            v7.write_bytes(lzma.decompress(TRACE_SEED_V7.read_bytes()))
         self.kinds.append("v7")
         v6 = seeds / "v6.dat"
         if not v6.is_file() and shutil.which("trace-cmd"):
@@ -275,7 +284,7 @@ class TraceFamily:
             self.kinds.append("v6")
         tracefs = seeds / "tracefs"
         if not tracefs.is_dir():
-            shutil.copytree(REPO / "traces" / TRACEFS_SEED, tracefs)
+            shutil.copytree(tracefs_seed(), tracefs)
             for packed in tracefs.glob("*.xz"):
                 packed.with_suffix("").write_bytes(lzma.decompress(packed.read_bytes()))
                 packed.unlink()
