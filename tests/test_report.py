@@ -1,5 +1,5 @@
 """make reproduce's engine, end to end: notebooks run in their own processes and the output
-contract of DESIGN.md is written and checked."""
+contract (docs/ARCHITECTURE.md, section 6) is written and checked."""
 
 import ast
 import json

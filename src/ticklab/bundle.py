@@ -1,4 +1,4 @@
-"""Bundles: the unit of captured data (DESIGN.md, "Bundles").
+"""Bundles: the unit of captured data (docs/ARCHITECTURE.md, "4. Bundles").
 
     traces/<host-id>/<claim>/<UTC timestamp>-<experiment>/
         manifest.json   schema, claim, experiment definition, host facts, one record per run, checksums

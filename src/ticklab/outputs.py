@@ -1,4 +1,4 @@
-"""Writing what notebooks show into the output contract of DESIGN.md:
+"""Writing what notebooks show into the report's output contract (docs/ARCHITECTURE.md, section 6):
 figures/<claim>/<name>.png|.svg, tables/<claim>/<name>.csv|.md, verdicts/<claim>.csv, checks/<claim>.csv.
 Every figure and table gets a JSON sidecar naming its caption and the files it came from."""
 

@@ -1,5 +1,5 @@
 """`make reproduce` / `ticklab report`: run every notebook with papermill, each in its own process,
-then check and assemble the output contract of DESIGN.md:
+then check and assemble the output contract (docs/ARCHITECTURE.md, "6. Report output contract"):
 
     <out>/notebooks/*.ipynb            executed notebooks
     <out>/report/index.html            offline report (+ report/notebooks/*.html)
