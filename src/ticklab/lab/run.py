@@ -3,8 +3,9 @@
 The host plans the runs exactly as `ticklab capture` does (warm-ups, then a seeded shuffle), boots
 the lab kernel of each run's condition with its command line under QEMU, and leaves the job, the
 experiment file and an empty raw directory in a 9p share. Inside, :mod:`ticklab.lab.guest` makes the
-run with the capture code and writes the run back through the share; the host then moves it into the
-bundle, checks that /proc/cmdline and the clocksource match the condition, and parses the results.
+run with the capture code, compares /proc/cmdline, the lab switches and the clocksource with the condition
+(``boot_mismatch``), and writes the run back through the share; the host then moves it into the bundle,
+makes a mismatch the run's ``problem``, and parses the results.
 Bundles go to traces/<guest host-id>/<claim>/ where the host-id names the guest, the accelerator,
 the kernel and the physical host. An interrupt kills the guest, removes the share, and leaves the
 bundle ``incomplete`` with the runs it finished.
