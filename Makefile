@@ -7,7 +7,7 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: help reproduce test env lock clean tools capture doctor bench fuzz lab lab-kernels jupyter kernelspec
+.PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz lab lab-kernels jupyter kernelspec
 
 help:  ## list the targets
 	@echo "ticklab make targets (README.md says more):"
@@ -20,6 +20,9 @@ reproduce: $(STAMP)  ## create .venv if needed, run every notebook on the bundle
 
 test: $(STAMP) tools  ## the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -q </dev/null
+
+check: $(STAMP) tools  ## the fast lane for the edit-test loop: every test not marked slow (well under a minute)
+	$(BIN)/python -m pytest -q -m "not slow" --durations=5 </dev/null
 
 # Our C measurement programs (tools/bin/ftq, tools/bin/clockbench).
 tools:  ## build our C measurement programs (tools/bin)

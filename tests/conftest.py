@@ -53,3 +53,54 @@ def make_fake_host(root: Path, *, cpus: int = 2, clocksources=("tsc", "hpet", "a
 @pytest.fixture
 def fake_host(tmp_path: Path) -> Path:
     return make_fake_host(tmp_path / "root")
+
+
+# `make check` (the fast lane) leaves these out; `make test` runs everything. Whole modules that boot guests, run
+# notebooks or start servers, and single tests measured at >= 0.7 s on the 2-core reference machine.
+SLOW_MODULES = {"test_report.py", "test_lab.py", "test_fleet.py", "test_jupyter.py", "test_view.py"}
+SLOW_TESTS = {
+    "test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_flagged",
+    "test_a_failing_notebook_fails_the_run_and_names_the_cell",
+    "test_a_killed_capture_is_put_back_by_the_next_one",
+    "test_a_partial_run_without_the_summary_succeeds",
+    "test_a_project_error_exits_2_with_the_command_name",
+    "test_a_real_capture_on_this_host_seals_and_puts_the_host_back",
+    "test_a_real_tracefs_capture_matches_trace_cmd_report",
+    "test_a_report_run_keeps_my_file_and_records_what_it_wrote",
+    "test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bundle",
+    "test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces",
+    "test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_and_kick_aheads",
+    "test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle",
+    "test_bad_input_is_one_line_naming_the_file",
+    "test_bad_requests_say_why",
+    "test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs",
+    "test_compare_gives_a_table_or_one_line_for_every_bundle_in_traces",
+    "test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were",
+    "test_doctor_json_is_machine_readable",
+    "test_doctor_on_a_host_without_tracefs_says_so_and_goes_on",
+    "test_empty_success_is_a_failure",
+    "test_every_expected_output_is_written_and_not_empty",
+    "test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_and_a_verdict",
+    "test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session",
+    "test_kernelshark_loads_the_session_under_xvfb",
+    "test_one_changed_byte_of_the_manifest_fails_verify_naming_it",
+    "test_out_dot_at_the_repository_root_refuses",
+    "test_papermill_runs_one_notebook_on_its_own",
+    "test_papermill_with_the_ticklab_engine_prints_no_kernel_warning",
+    "test_patches_apply_to_the_real_linux_source_6_12",
+    "test_published_only_parameters_give_not_testable_verdicts",
+    "test_the_guest_image_is_reproducible_and_holds_what_a_run_needs",
+    "test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host",
+    "test_the_published_loader_never_tracebacks_or_reads_outside",
+    "test_the_report_renders_offline_in_headless_chromium",
+    "test_the_shipped_bundles_verify_with_their_manifest_seals",
+    "test_ticklab_verify_names_a_tampered_bundle",
+    "test_verify_checks_every_bundle_and_reports_each_bad_one",
+    "test_verify_imports_no_scipy_or_claims",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_MODULES or getattr(item, "originalname", item.name) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -48,6 +48,7 @@ def _experiment(tmp_path, **changes):
     ({"workload__argv": []}, "workload.argv: [] is not at least 1 item(s)"),
     ({"lab": {"smp": "two"}}, "lab.smp: 'two' is not of type integer"),
     ({"budget": {"time_s": 10, "max_runs": 10**8}}, "budget.max_runs: 100000000 is not <= 10000"),
+    ({"requires": ["root", "bogus:thing"]}, "requires[1]: 'bogus:thing' is not of the allowed form"),
     # NaN passes every JSON Schema bound (timeout_s: .nan would turn the timeout off)
     ({"timeout_s": float("nan")}, "timeout_s: nan is not a finite number"),
     ({"lab": {"boot_timeout_s": float("inf")}}, "lab.boot_timeout_s: inf is not a finite number"),

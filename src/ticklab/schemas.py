@@ -103,6 +103,10 @@ CONDITION_VALUE = {"anyOf": [
      "properties": {"per_cpu": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024}}},
 ]}
 
+# what capture/requirements.check knows how to check
+REQUIREMENT = {"type": "string", "pattern": r"^(root|tracefs|cpuidle_states|sched_feature(:[A-Z_]+)?|"
+                                            r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$"}
+
 EXPERIMENT = {
     "type": "object",
     "required": ["claim", "name", "description", "conditions", "workload"],
@@ -129,7 +133,7 @@ EXPERIMENT = {
         "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
         "seed": {"type": "integer", "minimum": 0},
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
-        "requires": {"type": "array", "items": {"type": "string"}},
+        "requires": {"type": "array", "items": REQUIREMENT},
         "trace": {"type": ["object", "null"], "properties": {
             "events": {"type": "array", "items": {"type": "string"}},
             "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
@@ -142,6 +146,8 @@ EXPERIMENT = {
         "extras": {"type": ["array", "null"], "items": {"type": "object", "required": ["name", "argv"],
                                                         "properties": {"name": {"type": "string", "pattern": RUN_NAME},
                                                                        "argv": {"type": "array"},
+                                                                       "requires": {"type": "array",
+                                                                                    "items": REQUIREMENT},
                                                                        "per_run": {"type": "boolean"}}}},
         "notes": {"type": ["string", "null"]},
         "lab": {"type": ["object", "null"], "properties": {
