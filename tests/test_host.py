@@ -334,3 +334,86 @@ def test_a_task_moved_off_the_measured_cpu_gets_its_cpus_back(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_journal_over_a_megabyte_is_still_recovered(fake_host, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    journal = state / "j.json"
+    change = {"kind": "write", "path": str(fake_host / CLOCK), "before": "tsc", "wanted": "hpet",
+              "label": "x" * (2 << 20)}  # as big as the task list of a host with ~40,000 threads
+    (fake_host / CLOCK).write_text("hpet\n")
+    journal.write_text(json.dumps({"pid": 999999, "root": str(fake_host), "changes": [change]}))
+    journal.chmod(0o600)
+    with HostChanges(journal, root=fake_host, log=lambda _: None):
+        assert value(fake_host, CLOCK) == "tsc"
+
+
+def test_an_interrupt_freed_during_the_run_is_not_a_failure(fake_host, tmp_path):
+    import shutil
+
+    _irqs(fake_host, {24: "0-1", 25: "0-1"})
+    with HostChanges(tmp_path / "j.json", root=fake_host, log=lambda _: None) as host:
+        host.isolate_cpu(1)
+        shutil.rmtree(fake_host / "proc/irq/25")  # the driver let go of it
+    assert value(fake_host, "proc/irq/24/smp_affinity_list") == "0-1"
+    assert not (tmp_path / "j.json").exists()
+
+
+def test_a_recovery_that_fails_in_part_keeps_only_what_is_left(fake_host, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    journal = state / "j.json"
+    (fake_host / CLOCK).write_text("hpet\n")
+    stuck = fake_host / "sys/kernel/stuck"
+    stuck.mkdir(parents=True)  # a directory: cannot be read or written as a knob
+    changes = [{"kind": "write", "path": str(fake_host / CLOCK), "before": "tsc", "wanted": "hpet"},
+               {"kind": "write", "path": str(stuck), "before": "1", "wanted": "0"}]
+    journal.write_text(json.dumps({"pid": 999999, "root": str(fake_host), "changes": changes}))
+    journal.chmod(0o600)
+    with pytest.raises(HostChangeError, match=rf"could not restore {stuck} .*; set these by hand, then delete {journal}"):
+        with HostChanges(journal, root=fake_host, log=lambda _: None):
+            pass
+    assert value(fake_host, CLOCK) == "tsc"
+    assert [c["path"] for c in json.loads(journal.read_text())["changes"]] == [str(stuck)]
+
+
+def test_isolating_needs_a_second_cpu(fake_host, tmp_path):
+    from ticklab.capture.execute import apply_knobs
+    from ticklab.capture.experiment import Condition, Experiment
+
+    experiment = Experiment(path=tmp_path / "x.yaml", claim="nohz", name="x", description="", conditions={},
+                            workload={"argv": ["true"]}, isolate={"cpu": "last", "rt_throttling": "off"})
+    with HostChanges(tmp_path / "j.json", root=fake_host, log=lambda _: None) as host:
+        with pytest.raises(HostChangeError, match=r"isolate needs a second online CPU .*\(online here: \[0\]\)"):
+            apply_knobs(host, experiment, Condition("c", {}), {"online_cpus": [0]})
+        assert host.changes == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2,
+                    reason="moving another process's CPUs needs root and two CPUs")
+def test_tasks_started_during_the_run_get_the_cpu_back_and_a_list_set_meanwhile_is_kept(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys
+        for line in sys.stdin:
+            print(subprocess.Popen(["sleep", "60"]).pid, flush=True)
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        allowed = os.sched_getaffinity(parent.pid)
+        measured = max(allowed)
+        with HostChanges(tmp_path / "j.json", log=lambda _: None) as host:
+            host.move_tasks_off(measured, only={parent.pid, other.pid})
+            parent.stdin.write("fork\n")
+            parent.stdin.flush()
+            child = int(parent.stdout.readline())
+            assert os.sched_getaffinity(child) == allowed - {measured}  # inherited from its moved parent
+            os.sched_setaffinity(other.pid, {measured})  # somebody else's choice during the run
+        assert os.sched_getaffinity(parent.pid) == allowed
+        assert os.sched_getaffinity(child) == allowed
+        assert os.sched_getaffinity(other.pid) == {measured}
+        os.kill(child, signal.SIGKILL)
+    finally:
+        for process in (parent, other):
+            process.kill()
+            process.wait()

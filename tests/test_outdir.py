@@ -159,3 +159,15 @@ def test_a_marker_owned_by_another_user_is_not_trusted(tmp_path):
     with pytest.raises(outdir.OutputDirError, match=r"its report marker is owned by uid 65534, not by you"):
         outdir.claim(out, replace=True)
     assert (victim / "precious").read_text() == "keep me\n"
+
+
+def test_an_out_below_a_directory_others_can_change_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # not sticky: another user could swap out/ for a link between our checks and our writes
+    log = []
+    assert run_report(shared / "out", data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
+                      only=["05-nohz"], log=log.append) == 2
+    assert log == [f"error: {shared / 'out'}: {shared} above it can be changed by another user (owner uid "
+                   f"{os.geteuid()}, mode 777); choose an --out below directories only root or you can change"]
+    assert not (shared / "out").exists()

@@ -12,7 +12,8 @@ run still knows which files are its own: the listed ones, and of the rest only f
 writes (REPORT_PLACES) that were not there before.
 
 The marker is trusted only in a directory of the user's own: the directory and the marker must be
-owned by the user running ticklab and writable by no other user (a marker planted in a shared
+owned by the user running ticklab and writable by no other user, below directories no other user can
+change (a world-writable parent must be sticky, as /tmp is) (a marker planted in a shared
 directory would otherwise make root delete what it lists). Nothing is removed or written through a
 symbolic link: a directory holding one is refused.
 """
@@ -58,6 +59,22 @@ def _check_own(path: Path, what: str) -> None:
     if info.st_mode & stat.S_IWOTH or shared_group:
         raise OutputDirError(f"{path}: {what} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
                              "ticklab report only replaces files in a directory nobody else can write")
+
+
+def _check_parents(path: Path) -> None:
+    """No directory above ``path`` lets another user swap what is under it (writable by others and not sticky, or
+    owned by another user than root and us): otherwise the directory checked could be replaced by a link."""
+    me = os.geteuid()
+    for ancestor in path.parents:
+        try:
+            info = os.stat(ancestor)
+        except OSError:
+            continue
+        shared = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and info.st_gid != os.getegid())
+        if info.st_uid not in (0, me) or (shared and not info.st_mode & stat.S_ISVTX):
+            raise OutputDirError(f"{path}: {ancestor} above it can be changed by another user (owner uid "
+                                 f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); choose an --out below "
+                                 "directories only root or you can change")
 
 
 def _links(root: Path) -> list[str]:
@@ -116,6 +133,7 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
     Returns the files present before this run (not to be claimed as ours afterwards)."""
     if output_dir.exists() and not output_dir.is_dir():
         raise OutputDirError(f"{output_dir}: exists and is not a directory")
+    _check_parents(output_dir)
     if output_dir.is_dir():
         _check_own(output_dir, "the directory")
     marked = (output_dir / MARKER).is_file() or (output_dir / MARKER).is_symlink()

@@ -128,7 +128,8 @@ EXPERIMENT = {
         "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
         # the measured CPU left to the workload: every movable interrupt and other task moved off it for each run
         "isolate": {"type": "object", "required": ["cpu"], "additionalProperties": False,
-                    "properties": {"cpu": {"oneOf": [{"type": "integer", "minimum": 0}, {"const": "last"}]},
+                    # "last": the CPU the workloads' {last_cpu} names (the others are the housekeeping CPUs)
+                    "properties": {"cpu": {"const": "last"},
                                    "rt_throttling": {"enum": ["on", "off"]}}},
         "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
         "seed": {"type": "integer", "minimum": 0},

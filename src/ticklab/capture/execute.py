@@ -28,16 +28,15 @@ def measured_cpu(experiment: Experiment, found: dict) -> int | None:
     """The CPU an ``isolate`` experiment leaves to its workload (None: the experiment isolates nothing)."""
     if not experiment.isolate:
         return None
-    cpu = experiment.isolate["cpu"]
-    return found["online_cpus"][-1] if cpu == "last" else int(cpu)
+    return found["online_cpus"][-1]  # isolate.cpu is "last", the CPU the workloads' {last_cpu} names
 
 
 def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition, found: dict) -> None:
     cpu = measured_cpu(experiment, found)
     if cpu is not None:
-        if cpu not in found["online_cpus"]:
-            raise HostChangeError(f"{experiment.path}: isolate.cpu: CPU {cpu} is not online here "
-                                  f"(online: {found['online_cpus']})")
+        if len(found["online_cpus"]) < 2:  # nowhere to move anything to; a SCHED_FIFO hog would own the machine
+            raise HostChangeError(f"{experiment.path}: isolate needs a second online CPU to move interrupts and tasks "
+                                  f"to (online here: {found['online_cpus']})")
         host.isolate_cpu(cpu)
         if experiment.isolate.get("rt_throttling") == "off":
             # a realtime task is otherwise stopped for 50 ms of every second (sched_rt_runtime_us 950000 of

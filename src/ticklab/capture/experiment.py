@@ -83,7 +83,7 @@ class Experiment:
     definition: dict = field(default_factory=dict)
     lab: dict | None = None
     budget: dict | None = None
-    isolate: dict | None = None  # {cpu: last | N}: interrupts and other tasks moved off the measured CPU per run
+    isolate: dict | None = None  # {cpu: last, rt_throttling: on|off}: interrupts and other tasks moved off the measured CPU per run
 
 
 @dataclass(frozen=True)

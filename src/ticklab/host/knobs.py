@@ -38,6 +38,7 @@ from typing import Callable
 from . import facts
 
 JOURNAL_NAME = "host-changes.json"
+MAX_JOURNAL_BYTES = 64 << 20  # a task_affinity entry takes ~50 bytes per thread moved: 100k threads fit
 CATCH = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -186,6 +187,10 @@ class Change:
     error: str | None = None   # why restoring failed (or, with refused, why the kernel refused the write)
     refused: bool = False      # the kernel refused the write (a per-CPU or managed interrupt): nothing changed
     tasks: dict | None = None  # kind task_affinity: {tid: [start time, cpu list before]} of the tasks moved
+    moved_at: int | None = None  # kind task_affinity: clock ticks since boot when they were moved (tasks started
+                                 # later inherited the narrowed list from a moved parent and get the CPU back)
+    cpu: int | None = None       # kind task_affinity: the CPU taken out
+    boot_id: str | None = None   # kind task_affinity: the boot the tids belong to (none survive a reboot)
 
     def record(self) -> dict:
         record = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
@@ -269,10 +274,79 @@ def _run(argv: list[str]) -> None:
         raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: {result.stderr.strip()}")
 
 
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _ticks_since_boot() -> int:
+    """Now, in the unit of a task's start time (/proc/<pid>/stat field 22: clock ticks since boot)."""
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def _set_affinity(tid: int, cpus: set[int]) -> str | None:
+    """sched_setaffinity, or why not: None when done or when the task is gone or the kernel owns its CPUs."""
+    try:
+        os.sched_setaffinity(tid, cpus)
+    except (ProcessLookupError, PermissionError):
+        return None  # gone since, or no longer ours to set
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # the kernel sets its CPUs (an exiting or bound thread), or cpuset changed
+            return None
+        return f"task {tid}: {exc.strerror or exc}"
+    return None
+
+
+def _undo_task_affinity(change: Change) -> str:
+    """Give the moved tasks their CPU lists back (only those still as we left them: a list someone changed during the
+    run is theirs), and give the CPU back to tasks started during the run whose list is a moved list without it
+    (they inherited it from a moved parent). Nothing is done for tasks of another boot."""
+    if change.boot_id and change.boot_id != _boot_id():
+        return "another boot: no task of the journal exists any more"
+    errors = []
+    narrowed = set()
+    for tid, (start, cpus) in (change.tasks or {}).items():
+        before = parse_cpu_list(cpus)
+        narrowed.add(frozenset(before - {change.cpu}) if change.cpu is not None else frozenset())
+        if _process_start(int(tid)) != start:
+            continue  # gone (or its pid reused by another task): nothing of ours to put back
+        try:
+            now = os.sched_getaffinity(int(tid))
+        except OSError:
+            continue
+        if change.cpu is not None and now != before - {change.cpu}:
+            continue  # changed during the run by someone else: left as they set it
+        failed = _set_affinity(int(tid), before)
+        if failed:
+            errors.append(failed)
+    if change.moved_at is not None and change.cpu is not None:
+        for task in Path("/proc").glob("[0-9]*/task/[0-9]*"):
+            start = _process_start(int(task.name))
+            if start is None or int(start) < change.moved_at:
+                continue
+            try:
+                now = os.sched_getaffinity(int(task.name))
+            except OSError:
+                continue
+            if frozenset(now) in narrowed:
+                failed = _set_affinity(int(task.name), now | {change.cpu})
+                if failed:
+                    errors.append(failed)
+    if errors:
+        raise HostChangeError("; ".join(errors[:5]) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""))
+    return change.before
+
+
 def _undo(change: Change) -> str | None:
     """Put one change back; returns the value read afterwards."""
     path = Path(change.path)
     if change.kind == "write":
+        if change.refused:
+            return change.before  # the kernel refused the write: nothing changed
+        if not path.exists() and path.parent.parent.name == "irq":
+            return "gone"  # the interrupt was freed meanwhile (driver unbound, vectors resized): nothing to put back
         if restorable(path, _read(path)) != change.before:
             _write(path, change.before)
         return restorable(path, _read(path))
@@ -280,17 +354,7 @@ def _undo(change: Change) -> str | None:
         _write(path, change.before)
         return _feature_token(_read(path), change.feature)
     if change.kind == "task_affinity":
-        for tid, (start, cpus) in (change.tasks or {}).items():
-            if _process_start(int(tid)) != start:
-                continue  # gone (or its pid reused by another task): nothing of ours to put back
-            try:
-                os.sched_setaffinity(int(tid), parse_cpu_list(cpus))
-            except (ProcessLookupError, PermissionError):
-                continue  # gone since, or no longer ours to set
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:  # EINVAL: the kernel now sets its CPUs (an exiting or bound thread)
-                    raise
-        return change.before
+        return _undo_task_affinity(change)
     if change.kind == "mkdir":
         if path.exists():
             path.rmdir()
@@ -345,7 +409,7 @@ class HostChanges:
         temporary = self.journal.with_name(self.journal.name + ".tmp")
         temporary.unlink(missing_ok=True)
         with os.fdopen(_open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
-            json.dump(data, handle, indent=1)
+            json.dump(data, handle, separators=(",", ":"))  # compact: one entry lists every task moved
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, self.journal)
@@ -403,7 +467,8 @@ class HostChanges:
             if cpu in allowed and len(allowed) > 1 and start is not None:
                 tasks[str(tid)] = [start, format_cpu_list(allowed)]
         change = Change("task_affinity", str(self.root / "proc"), f"{len(tasks)} tasks", f"without cpu {cpu}",
-                        label=label, tasks=tasks)
+                        label=label, tasks=tasks, cpu=cpu, boot_id=_boot_id(),
+                        moved_at=_ticks_since_boot() if listed else None)
         if self._begin(change):
             moved = {}
             for tid, entry in tasks.items():
@@ -424,12 +489,18 @@ class HostChanges:
         changes = []
         default = self.root / "proc/irq/default_smp_affinity"
         if default.is_file():
-            mask = int(_read(default).replace(",", ""), 16)
+            try:
+                mask = int(_read(default).replace(",", ""), 16)
+            except ValueError:
+                mask = 0  # not a CPU mask: left alone
             if mask & (1 << cpu) and mask & ~(1 << cpu):
                 changes.append(self.write(str(default.relative_to(self.root)), format_cpu_mask(mask & ~(1 << cpu)),
                                           label="default IRQ affinity", may_refuse=True))
         for listed in sorted(self.root.glob("proc/irq/[0-9]*/smp_affinity_list"), key=lambda p: int(p.parent.name)):
-            allowed = parse_cpu_list(_read(listed))
+            try:
+                allowed = parse_cpu_list(_read(listed))
+            except (ValueError, HostChangeError):
+                continue  # unreadable or not a CPU list: left alone
             if cpu in allowed and len(allowed) > 1:
                 changes.append(self.write(str(listed.relative_to(self.root)), format_cpu_list(allowed - {cpu}),
                                           label=f"IRQ {listed.parent.name} affinity", may_refuse=True))
@@ -579,7 +650,7 @@ def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]
     for change in reversed(changes):
         try:
             change.after = _undo(change)
-        except (HostChangeError, OSError) as exc:
+        except (HostChangeError, OSError, ValueError) as exc:
             change.error = str(exc)
             failures.append(change)
             log(f"{change.path}: could not restore {change.before!r}: {exc}")
@@ -595,7 +666,8 @@ def _confined(change: Change, root: Path) -> bool:
     if change.kind == "task_affinity":
         return change.path == str(root / "proc") and isinstance(change.tasks, dict) and all(
             str(tid).isdigit() and isinstance(entry, list) and len(entry) == 2
-            and isinstance(entry[1], str) and re.fullmatch(r"[0-9,-]+", entry[1]) for tid, entry in change.tasks.items())
+            and isinstance(entry[1], str) and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", entry[1])
+            for tid, entry in change.tasks.items())
     path = os.path.normpath(change.path)
     return change.kind != "task_affinity" and path == change.path and any(
         path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
@@ -611,7 +683,7 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
     fd = _open_private(journal, os.O_RDONLY)
     try:
         with os.fdopen(fd, "rb") as handle:
-            data = json.loads(handle.read(1 << 20))
+            data = json.loads(handle.read(MAX_JOURNAL_BYTES))
         changes = [Change(**entry) for entry in data["changes"]]
         if not all(isinstance(c.path, str) and isinstance(c.kind, str) for c in changes):
             raise TypeError("a change without a path")
@@ -622,8 +694,8 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
         raise HostChangeError(f"{journal}: written for root {data.get('root')!r}, not {str(root)!r}; refused")
     outside = [c.path for c in changes if not _confined(c, root)]
     if outside:
-        raise HostChangeError(f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'} or "
-                              f"{root / 'proc/sys'}; refused (check it by hand, then delete it)")
+        raise HostChangeError(f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'}, "
+                              f"{root / 'proc/sys'} or {root / 'proc/irq'}; refused (check it by hand, then delete it)")
     pid = data.get("pid")
     if pid and pid != os.getpid() and data.get("pid_start") and _process_start(pid) == data["pid_start"]:
         raise HostChangeError(f"{journal}: held by a running ticklab process (pid {pid}); wait for it or stop it")
@@ -631,6 +703,14 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
         log(f"{journal}: restoring {len(changes)} host change(s) left by an interrupted capture (pid {pid})")
     failures = _undo_all(changes, log)
     if failures:
-        raise HostChangeError(f"{journal}: could not restore " + "; ".join(c.path for c in failures))
+        # only what is still to be put back stays listed: the rest is not written again at every later start
+        data["changes"] = [c.record_full() for c in failures]
+        temporary = journal.with_name(journal.name + ".tmp")
+        temporary.unlink(missing_ok=True)
+        with os.fdopen(_open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
+            json.dump(data, handle, separators=(",", ":"))
+        os.replace(temporary, journal)
+        raise HostChangeError(f"{journal}: could not restore " + "; ".join(f"{c.path} ({c.error})" for c in failures)
+                              + f"; set these by hand, then delete {journal}")
     journal.unlink()
     return changes

@@ -78,11 +78,18 @@ def run_boot(boot: Boot) -> dict:
     with (boot.console.with_suffix(".qemu.txt")).open("w") as qemu_log:
         process = subprocess.Popen(boot.argv(), stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-        pinning = pin_vcpu_threads(process.pid, boot.smp) if boot.pin_vcpus else None
+        try:
+            pinning = pin_vcpu_threads(process, boot.smp) if boot.pin_vcpus else None
+        except BaseException:  # interrupted while pinning: no QEMU outlives its boot
+            wait_or_kill(process, 0)
+            raise
         status = wait_or_kill(process, max(1.0, boot.timeout_s - (time.monotonic() - started)))
     outcome = {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 2),
                "accel": boot.accel, "smp": boot.smp, "memory_mb": boot.memory_mb, "cmdline": boot.full_cmdline()}
     return {**outcome, "vcpu_pinning": pinning} if pinning is not None else outcome
+
+
+ONE_THREAD = -1  # vcpu_threads' key for single-threaded TCG's 'ALL CPUs/TCG' thread
 
 
 def vcpu_threads(pid: int) -> dict[int, int]:
@@ -96,20 +103,27 @@ def vcpu_threads(pid: int) -> dict[int, int]:
         words = name.split()
         if len(words) == 2 and words[0] == "CPU" and words[1].split("/")[0].isdigit():
             found[int(words[1].split("/")[0])] = int(task.name)
+        elif name.startswith("ALL CPUs/"):
+            found[ONE_THREAD] = int(task.name)
     return found
 
 
-def pin_vcpu_threads(pid: int, smp: int, wait_s: float = 10.0) -> dict:
+def pin_vcpu_threads(process: subprocess.Popen, smp: int, wait_s: float = 10.0) -> dict:
     """Pin vCPU n's thread to the n-th CPU this process may use, when there is one for each vCPU; what was pinned
     (vCPU -> host CPU) or why nothing was. QEMU's own process, not a host setting: it ends with the boot."""
     host_cpus = sorted(os.sched_getaffinity(0))
     if len(host_cpus) < smp:
         return {"pinned": {}, "why_not": f"{smp} vCPUs on {len(host_cpus)} host CPUs: not one each"}
     deadline = time.monotonic() + wait_s
-    threads = vcpu_threads(pid)
-    while len(threads) < smp and time.monotonic() < deadline:  # QEMU starts its vCPU threads before the guest runs
+    threads = vcpu_threads(process.pid)
+    # QEMU starts its vCPU threads before the guest runs; one that exits (or runs every vCPU in one thread,
+    # 'ALL CPUs/TCG') stops the wait
+    while len(threads) < smp and time.monotonic() < deadline and process.poll() is None:
+        if ONE_THREAD in threads:
+            return {"pinned": {}, "why_not": "QEMU runs every vCPU in one thread (single-threaded TCG)"}
         time.sleep(0.02)
-        threads = vcpu_threads(pid)
+        threads = vcpu_threads(process.pid)
+    threads.pop(ONE_THREAD, None)
     pinned = {}
     for index, tid in sorted(threads.items()):
         try:
