@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ticklab.host import HostChangeError, HostChanges, collect, host_id
-from ticklab.host.facts import parse_cpu_list
-from ticklab.host.knobs import format_cpu_list
+from ticklab.host.facts import format_cpu_list, parse_cpu_list
 
 from conftest import make_fake_host
 

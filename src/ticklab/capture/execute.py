@@ -101,7 +101,7 @@ def per_run_extras(experiment: Experiment, host: HostChanges, found: dict, value
     for extra in experiment.extras:
         if not extra.get("per_run"):
             continue
-        missing = requirements.unmet_text(requirements.check_all(extra.get("requires", []), host, found)[1])
+        missing = requirements.missing(extra.get("requires", []), host, found)
         if missing:
             done.append({"name": extra["name"], "skipped": missing})
             continue

@@ -85,6 +85,10 @@ class Experiment:
     budget: dict | None = None
     isolate: dict | None = None  # {cpu: last, rt_throttling: on|off}: interrupts and other tasks moved off the measured CPU per run
 
+    def extras_per_condition(self) -> list[dict]:
+        """The cross-checks run once per condition after the measured runs (the ``per_run`` ones run in each run)."""
+        return [extra for extra in self.extras if not extra.get("per_run")]
+
 
 @dataclass(frozen=True)
 class Budget:

@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..host.facts import online_cpus
+from ..host.facts import online_cpus, stat_fields
 
 INTERVAL_S = 0.5
 BUSY_SAMPLE_FRACTION = 0.10  # more than this share of samples with more foreign runnable tasks than CPUs
@@ -102,8 +102,7 @@ def _threads(root: Path) -> list[tuple[int, int, str]]:
             continue
         for tid in tids:
             text = _read(proc / pid / "task" / tid / "stat")
-            # "tid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
-            fields = text[text.rfind(")") + 1:].split() if text and ")" in text else []
+            fields = stat_fields(text) if text else []
             if len(fields) >= 2 and fields[1].lstrip("-").isdigit():
                 found.append((int(pid), int(fields[1]), fields[0]))
     return found

@@ -99,6 +99,11 @@ def check_all(requires: list[str], host: HostChanges, found: dict) -> tuple[dict
             {r: why for r, (ok, why) in checks.items() if not ok})
 
 
+def missing(requires: list[str], host: HostChanges, found: dict) -> str:
+    """What of ``requires`` this host lacks, in unmet_text's words ('' when nothing)."""
+    return unmet_text(check_all(requires, host, found)[1])
+
+
 def unmet_text(unmet: dict) -> str:
     """'requirement: why; ...' — how manifests, logs and doctor state what is missing."""
     return "; ".join(f"{r}: {why}" for r, why in unmet.items())

@@ -143,7 +143,7 @@ class Capture:
             self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
             if experiment.profile:
                 self._profiles(writer, host, conditions, found)
-            if any(not e.get("per_run") for e in experiment.extras):
+            if experiment.extras_per_condition():
                 self._extras(writer, host, conditions, found)
         except BaseException as exc:
             writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
@@ -188,8 +188,8 @@ class Capture:
     def _extras(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
         """Cross-checks (osnoise, timerlat ...): once per condition where the host has what they need."""
         done = []
-        for extra in [e for e in self.experiment.extras if not e.get("per_run")]:  # per_run ones ran in each run
-            missing = requirements.unmet_text(requirements.check_all(extra.get("requires", []), host, found)[1])
+        for extra in self.experiment.extras_per_condition():
+            missing = requirements.missing(extra.get("requires", []), host, found)
             if missing:
                 done.append({"name": extra["name"], "skipped": missing})
                 continue

@@ -38,6 +38,31 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def format_cpu_list(cpus) -> str:
+    """{0, 1, 2, 5} -> '0-2,5' (the kernel's cpulist format, which parse_cpu_list reads)."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in ranges)
+
+
+def stat_fields(text: str) -> list[str]:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...] (field 3 on). The name may hold spaces and
+    parentheses, so the split is after the last ')'."""
+    return text[text.rfind(")") + 1:].split() if ")" in text else []
+
+
+def boot_id() -> str | None:
+    """This boot's id (/proc/sys/kernel/random/boot_id): process ids and start times mean nothing across boots."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
 def online_cpus(root: Path) -> list[int]:
     text = read_text(root / CPU_DIR / "online")
     return parse_cpu_list(text) if text else list(range(os.cpu_count() or 1))

@@ -208,7 +208,7 @@ def _process_start(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    return facts.stat_fields(stat)[19]
 
 
 def _feature_token(features_text: str, feature: str) -> str | None:
@@ -216,21 +216,6 @@ def _feature_token(features_text: str, feature: str) -> str | None:
         if token in (feature, f"NO_{feature}"):
             return token
     return None
-
-
-def parse_cpu_list(text: str) -> set[int]:
-    return set(facts.parse_cpu_list(text))
-
-
-def format_cpu_list(cpus) -> str:
-    """{0, 1, 2, 5} -> '0-2,5' (the kernel's cpulist format, which facts.parse_cpu_list reads)."""
-    ordered, ranges = sorted(cpus), []
-    for cpu in ordered:
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in ranges)
 
 
 def format_cpu_mask(mask: int) -> str:
@@ -274,13 +259,6 @@ def _run(argv: list[str]) -> None:
         raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: {result.stderr.strip()}")
 
 
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
 def _ticks_since_boot() -> int:
     """Now, in the unit of a task's start time (/proc/<pid>/stat field 22: clock ticks since boot)."""
     return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
@@ -303,12 +281,12 @@ def _undo_task_affinity(change: Change) -> str:
     """Give the moved tasks their CPU lists back (only those still as we left them: a list someone changed during the
     run is theirs), and give the CPU back to tasks started during the run whose list is a moved list without it
     (they inherited it from a moved parent). Nothing is done for tasks of another boot."""
-    if change.boot_id and change.boot_id != _boot_id():
+    if change.boot_id and change.boot_id != facts.boot_id():
         return "another boot: no task of the journal exists any more"
     errors = []
     narrowed = set()
     for tid, (start, cpus) in (change.tasks or {}).items():
-        before = parse_cpu_list(cpus)
+        before = set(facts.parse_cpu_list(cpus))
         narrowed.add(frozenset(before - {change.cpu}) if change.cpu is not None else frozenset())
         if _process_start(int(tid)) != start:
             continue  # gone (or its pid reused by another task): nothing of ours to put back
@@ -406,13 +384,7 @@ class HostChanges:
     def _save_journal(self) -> None:
         data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "root": str(self.root),
                 "changes": [c.record_full() for c in self.changes if not c.dry_run and c.after is None]}
-        temporary = self.journal.with_name(self.journal.name + ".tmp")
-        temporary.unlink(missing_ok=True)
-        with os.fdopen(_open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
-            json.dump(data, handle, separators=(",", ":"))  # compact: one entry lists every task moved
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.journal)
+        _write_journal(self.journal, data)
 
     def _begin(self, change: Change) -> bool:
         """Journal a change before making it; in dry-run print it instead. True if it should be made."""
@@ -465,15 +437,15 @@ class HostChanges:
                 continue  # gone, or not a task of this root's system (a fake root in tests)
             start = _process_start(tid)
             if cpu in allowed and len(allowed) > 1 and start is not None:
-                tasks[str(tid)] = [start, format_cpu_list(allowed)]
+                tasks[str(tid)] = [start, facts.format_cpu_list(allowed)]
         change = Change("task_affinity", str(self.root / "proc"), f"{len(tasks)} tasks", f"without cpu {cpu}",
-                        label=label, tasks=tasks, cpu=cpu, boot_id=_boot_id(),
+                        label=label, tasks=tasks, cpu=cpu, boot_id=facts.boot_id(),
                         moved_at=_ticks_since_boot() if listed else None)
         if self._begin(change):
             moved = {}
             for tid, entry in tasks.items():
                 try:
-                    os.sched_setaffinity(int(tid), parse_cpu_list(entry[1]) - {cpu})
+                    os.sched_setaffinity(int(tid), set(facts.parse_cpu_list(entry[1])) - {cpu})
                     moved[tid] = entry
                 except OSError:  # EINVAL: a kernel thread whose CPUs only the kernel sets; ESRCH: gone since
                     continue
@@ -498,11 +470,11 @@ class HostChanges:
                                           label="default IRQ affinity", may_refuse=True))
         for listed in sorted(self.root.glob("proc/irq/[0-9]*/smp_affinity_list"), key=lambda p: int(p.parent.name)):
             try:
-                allowed = parse_cpu_list(_read(listed))
+                allowed = set(facts.parse_cpu_list(_read(listed)))
             except (ValueError, HostChangeError):
                 continue  # unreadable or not a CPU list: left alone
             if cpu in allowed and len(allowed) > 1:
-                changes.append(self.write(str(listed.relative_to(self.root)), format_cpu_list(allowed - {cpu}),
+                changes.append(self.write(str(listed.relative_to(self.root)), facts.format_cpu_list(allowed - {cpu}),
                                           label=f"IRQ {listed.parent.name} affinity", may_refuse=True))
         changes.append(self.move_tasks_off(cpu))
         return changes
@@ -673,6 +645,17 @@ def _confined(change: Change, root: Path) -> bool:
         path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
 
 
+def _write_journal(journal: Path, data: dict) -> None:
+    """Atomically, private to us, synced: a kill at any instant leaves the old journal or the new one."""
+    temporary = journal.with_name(journal.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    with os.fdopen(_open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
+        json.dump(data, handle, separators=(",", ":"))  # compact: one entry lists every task moved
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, journal)
+
+
 def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None] = print) -> list[Change]:
     """Restore what a killed capture left changed, as listed in its journal. The journal must sit in a
     private directory (mode 0700, ours) and be our own file; it may only name knobs under /sys or /proc/sys."""
@@ -704,12 +687,7 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
     failures = _undo_all(changes, log)
     if failures:
         # only what is still to be put back stays listed: the rest is not written again at every later start
-        data["changes"] = [c.record_full() for c in failures]
-        temporary = journal.with_name(journal.name + ".tmp")
-        temporary.unlink(missing_ok=True)
-        with os.fdopen(_open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
-            json.dump(data, handle, separators=(",", ":"))
-        os.replace(temporary, journal)
+        _write_journal(journal, {**data, "changes": [c.record_full() for c in failures]})
         raise HostChangeError(f"{journal}: could not restore " + "; ".join(f"{c.path} ({c.error})" for c in failures)
                               + f"; set these by hand, then delete {journal}")
     journal.unlink()

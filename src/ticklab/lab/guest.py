@@ -106,7 +106,7 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
 def _extra(experiment, condition: Condition, host: HostChanges, found: dict, name: str, run_dir: Path) -> dict:
     """A cross-check (experiment ``extras``) once under ``condition``, or why it was skipped in this guest."""
     extra = next(e for e in experiment.extras if e["name"] == name)
-    missing = requirements.unmet_text(requirements.check_all(extra.get("requires", []), host, found)[1])
+    missing = requirements.missing(extra.get("requires", []), host, found)
     if missing:
         return {"name": name, "condition": condition.name, "skipped": missing}
     outcome = run_once(experiment, condition, host, found, extra["argv"], f"{experiment.path}: extras.{name}.argv", run_dir)

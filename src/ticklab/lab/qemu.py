@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..capture.process import wait_or_kill
+from ..host import facts
 from .cache import LabError, cache_dir
 
 QEMU = "qemu-system-x86_64"
@@ -135,19 +136,12 @@ def pin_vcpu_threads(process: subprocess.Popen, smp: int, wait_s: float = 10.0) 
     return {"pinned": pinned, **({"why_not": why} if why else {})}
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
-
-
 def cached_kvm_probe() -> tuple[bool, str] | None:
     """The KVM probe's answer for this host boot and QEMU version, if a probe ran; else None."""
     version = qemu_version()
     try:
         cached = json.loads((cache_dir() / "kvm-probe.json").read_text())
-        if version and cached.get("identity") == {"boot_id": _boot_id(), "qemu": version}:
+        if version and cached.get("identity") == {"boot_id": facts.boot_id(), "qemu": version}:
             return cached["ok"], cached["why"]
     except (OSError, ValueError, KeyError):
         pass
@@ -165,7 +159,7 @@ def probe_kvm(kernel: Path, initrd: Path, say=print) -> tuple[bool, str]:
         return False, "/dev/kvm is missing or not accessible"
     version = require_qemu()
     cache = cache_dir() / "kvm-probe.json"
-    identity = {"boot_id": _boot_id(), "qemu": version}
+    identity = {"boot_id": facts.boot_id(), "qemu": version}
     cached = cached_kvm_probe()
     if cached is not None:
         return cached

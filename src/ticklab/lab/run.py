@@ -190,7 +190,7 @@ class LabRun:
                         break
                 if testable:
                     self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
-                if testable and any(not e.get("per_run") for e in experiment.extras):
+                if testable and experiment.extras_per_condition():
                     self._extras(writer, conditions, settings)
         except BaseException as exc:
             writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
@@ -266,7 +266,7 @@ class LabRun:
     def _extras(self, writer: BundleWriter, conditions: list[Condition], settings: dict) -> None:
         """Each cross-check once per condition, each in its own boot; outside results.csv."""
         experiment, progress = self.experiment, self.options.progress
-        once = [extra for extra in experiment.extras if not extra.get("per_run")]  # per_run ones ran in each boot
+        once = experiment.extras_per_condition()
         names = ", ".join(extra["name"] for extra in once)
         boots = len(once) * len(conditions)
         self.log(f"{experiment.claim}/{experiment.name}: cross-check{'s' if len(once) > 1 else ''} "
