@@ -7,7 +7,7 @@ import struct
 import pandas as pd
 import pytest
 
-from ticklab import paths
+from ticklab import paths, tracemetrics
 from ticklab.claims import hrtick
 from ticklab.ingest import read_trace
 from ticklab.tracemetrics import TraceContentError, clockevent_reprograms, reprogram_rows, spurious_ratio
@@ -92,7 +92,7 @@ def test_reprograms_are_counted_not_inferred_from_starts(tmp_path):
     trace = read_trace(write_trace(tmp_path / "trace", KNOWN))
     calls = clockevent_reprograms(trace)
     assert calls["cpu"].tolist() == [0, 0, 0, 0]
-    rows = {row["metric"]: row["value"] for row in hrtick.trace_metrics(trace, {})}
+    rows = {row["metric"]: row["value"] for row in tracemetrics.hrtimer_metrics(trace, {})}
     span_s = (30_000 - 1_000) / 1e6
     assert rows["clockevent_reprograms"] == 4
     assert rows["clockevent_reprograms_per_s"] == pytest.approx(4 / span_s)
@@ -107,7 +107,7 @@ def test_a_trace_without_the_function_tracer_has_no_reprogram_count(tmp_path):
     without = {cpu: [(at, key) for at, key in timeline if key != CALL] for cpu, timeline in KNOWN.items()}
     trace = read_trace(write_trace(tmp_path / "trace", without))
     assert clockevent_reprograms(trace) is None and reprogram_rows(trace, 1.0) == []
-    metrics = {row["metric"] for row in hrtick.trace_metrics(trace, {})}
+    metrics = {row["metric"] for row in tracemetrics.hrtimer_metrics(trace, {})}
     assert "clockevent_reprograms_per_s" not in metrics and "hrtimer_start_rate_hz" in metrics
 
 

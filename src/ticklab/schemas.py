@@ -141,7 +141,8 @@ EXPERIMENT = {
             "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
             # kernel functions whose every call the function tracer records (a C identifier each)
             "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
-            "metrics": {"type": ["boolean", "array", "object", "null"]}}},
+            # which per-run metrics its trace gives results.csv: a name in tracemetrics.METRIC_SETS
+            "metrics": {"enum": ["tick", "hrtimer"]}}},
         "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
         "profile": {"type": ["object", "null"]},
         "extras": {"type": ["array", "null"], "items": {"type": "object", "required": ["name", "argv"],

@@ -251,3 +251,36 @@ def reprogram_rows(trace: Trace, span_s: float) -> list[dict]:
         {"metric": "clockevent_reprograms_in_timer_irq_share",
          "value": inside.mean() if len(calls) else float("nan"), "unit": "fraction"},
     ]
+
+
+# -- what a run's trace gives its results.csv (an experiment's ``trace.metrics`` names one) -----------------------
+def tick_metrics(trace: Trace, values: dict) -> list[dict]:
+    """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
+    then the tick (its hrtimer callback's expiries) and the other timer interrupts apart, each with the softirqs
+    it raised where they were traced (tick_rows)."""
+    cpu = int(values["last_cpu"])
+    stops = trace.table("timer:tick_stop")
+    return [*timer_interrupt_rows(trace, cpu), *tick_rows(trace, cpu),
+            {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"}]
+
+
+def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
+    """Per-run metrics from a hackbench trace: counted clockevent reprograms, hrtimer arming, timer interrupts
+    and spurious hrtimer interrupts, each per second of the traced run.
+
+    ``clockevent_reprograms_per_s`` counts the calls of clockevents_program_event (the function tracer filtered
+    to it), recorded only by bundles whose experiment asked for it. ``hrtimer_start_rate_hz`` counts every
+    hrtimer arm; it bounds reprograms neither way (an expiring hrtimer's interrupt reprograms without a start,
+    cancelling the first timer reprograms, and most starts reprogram nothing)."""
+    starts = trace.table("timer:hrtimer_start")
+    entries = trace.table(TIMER_ENTRY)
+    span_s = traced_span_s(trace, ["timer:hrtimer_start", TIMER_ENTRY, FUNCTION_CALL])
+    return [
+        {"metric": "hrtimer_start_rate_hz", "value": len(starts) / span_s, "unit": "Hz"},
+        {"metric": "local_timer_irq_rate_hz", "value": len(entries) / span_s, "unit": "Hz"},
+        {"metric": "spurious_hrtimer_interrupt_ratio", "value": spurious_ratio(trace), "unit": "fraction"},
+        *reprogram_rows(trace, span_s),
+    ]
+
+
+METRIC_SETS = {"tick": tick_metrics, "hrtimer": hrtimer_metrics}

@@ -19,9 +19,10 @@ from pathlib import Path
 
 from .. import __version__
 from ..bundle import BundleWriter
-from ..claims import CLAIMS
+from ..claimids import CLAIM_IDS
 from ..host import HostChanges, collect, host_id
 from ..ingest import read_trace
+from ..tracemetrics import METRIC_SETS
 from ..paths import repo_root
 from ..schemas import MAX_RUNS
 from . import requirements, tracing
@@ -223,8 +224,8 @@ def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dic
     try:
         results = PARSERS[experiment.workload["tool"]](run_dir)
         if record.get("trace") and experiment.trace.get("metrics"):
-            module = CLAIMS[experiment.claim].load_module()
-            results += module.trace_metrics(read_trace(run_dir / record["trace"]["directory"]), values)
+            metrics = METRIC_SETS[experiment.trace["metrics"]]
+            results += metrics(read_trace(run_dir / record["trace"]["directory"]), values)
     except (WorkloadOutputError, KeyError, ValueError, OverflowError, TypeError) as exc:
         return [], str(exc)
     rows = [{**row, "value": float(row["value"])} for row in results]
@@ -266,8 +267,8 @@ def check_counts(options) -> None:
 
 def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
     """Run one experiment (the given file) or every experiment of the claim; the bundles written."""
-    if claim not in CLAIMS:
-        raise ExperimentError(f"unknown claim {claim!r}; claims are: {', '.join(CLAIMS)}")
+    if claim not in CLAIM_IDS:
+        raise ExperimentError(f"unknown claim {claim!r}; claims are: {', '.join(CLAIM_IDS)}")
     check_counts(options)
     paths = [experiment_path] if experiment_path else experiment_paths(claim)
     if not paths:

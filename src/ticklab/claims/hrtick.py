@@ -209,24 +209,3 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
 def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
     return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
                           checks=CHECKS, alpha=alpha, n_boot=n_boot, seed=seed)
-
-
-def trace_metrics(trace, values: dict) -> list[dict]:
-    """Per-run metrics from a hackbench trace: counted clockevent reprograms, hrtimer arming, timer interrupts
-    and spurious hrtimer interrupts, each per second of the traced run.
-
-    ``clockevent_reprograms_per_s`` counts the calls of clockevents_program_event (the function tracer filtered
-    to it), recorded only by bundles whose experiment asked for it. ``hrtimer_start_rate_hz`` counts every
-    hrtimer arm; it bounds reprograms neither way (an expiring hrtimer's interrupt reprograms without a start,
-    cancelling the first timer reprograms, and most starts reprogram nothing)."""
-    from ..tracemetrics import FUNCTION_CALL, TIMER_ENTRY, reprogram_rows, spurious_ratio, traced_span_s
-
-    starts = trace.table("timer:hrtimer_start")
-    entries = trace.table(TIMER_ENTRY)
-    span_s = traced_span_s(trace, ["timer:hrtimer_start", TIMER_ENTRY, FUNCTION_CALL])
-    return [
-        {"metric": "hrtimer_start_rate_hz", "value": len(starts) / span_s, "unit": "Hz"},
-        {"metric": "local_timer_irq_rate_hz", "value": len(entries) / span_s, "unit": "Hz"},
-        {"metric": "spurious_hrtimer_interrupt_ratio", "value": spurious_ratio(trace), "unit": "fraction"},
-        *reprogram_rows(trace, span_s),
-    ]

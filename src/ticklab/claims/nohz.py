@@ -108,18 +108,6 @@ def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> l
                           checks=CHECKS, alpha=alpha, n_boot=n_boot, seed=seed)
 
 
-def trace_metrics(trace, values: dict) -> list[dict]:
-    """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
-    then the tick (its hrtimer callback's expiries) and the other timer interrupts apart, each with the softirqs
-    it raised where they were traced (tracemetrics.tick_rows)."""
-    from ..tracemetrics import tick_rows, timer_interrupt_rows
-
-    cpu = int(values["last_cpu"])
-    stops = trace.table("timer:tick_stop")
-    return [*timer_interrupt_rows(trace, cpu), *tick_rows(trace, cpu),
-            {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"}]
-
-
 # -- fresh data ------------------------------------------------------------------------------------
 CONDITION_LABELS = {"hz1000": "HZ=1000, tick on", "hz250": "HZ=250, tick on",
                     "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)", "tick-on": "host kernel, tick on"}
