@@ -28,8 +28,9 @@ check: $(STAMP) tools  ## the fast lane for the edit-test loop: every test not m
 tools:  ## build our C measurement programs (tools/bin)
 	$(MAKE) -C tools
 
-# What this host can run, then every claim's host experiments (root; minutes). CLAIMS=... to choose.
-CLAIMS ?= hpet hrtick acpi-idle nohz
+# What this host can run, then every claim's host experiments (root; minutes). CLAIMS=... to choose
+# (default: every claim with a host experiment, from 'ticklab claims --host').
+CLAIMS ?= $(shell $(BIN)/ticklab claims --host 2>/dev/null)
 doctor: $(STAMP) tools  ## what this host can run for each claim, and why not
 	$(BIN)/ticklab doctor
 
@@ -40,7 +41,7 @@ capture: $(STAMP) tools  ## every claim's host experiments (root; minutes; CLAIM
 # TCG): lab kernels from linux-source-6.12 + kernel/patches, the guest image, then every claim's lab
 # experiments in QEMU guests. LAB_CLAIMS=... to choose, LAB_ARGS="--runs 3" to pass options to 'lab run'.
 LAB_VARIANTS ?= hz1000 hz250
-LAB_CLAIMS ?= nohz hpet hrtick pvspinlock
+LAB_CLAIMS ?= $(shell $(BIN)/ticklab claims --lab 2>/dev/null)
 LAB_ARGS ?=
 lab-kernels: $(STAMP) tools  ## build the lab kernels and guest image (root; 6-18 min a kernel)
 	$(BIN)/ticklab lab build-kernel --variant $(LAB_VARIANTS)

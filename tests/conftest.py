@@ -4,9 +4,10 @@ from pathlib import Path
 import pytest
 
 from ticklab import paths
+from ticklab.claims import all_claims
 
 REPO = paths.repo_root()
-CLAIM_IDS = ["hpet", "pvspinlock", "hrtick", "acpi-idle", "nohz"]
+CLAIM_IDS = [claim.id for claim in all_claims()]  # in seed order
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from ticklab.capture.experiment import (Condition, ExperimentError, expand_condi
                                         schedule, thread_counts)
 from ticklab.capture.requirements import tools_bin
 from ticklab.capture.runner import CaptureOptions, capture
-from ticklab.claims import CLAIMS
+from ticklab.claimids import CLAIM_IDS as CLAIMS
 from ticklab.host import collect
 
 from conftest import REPO

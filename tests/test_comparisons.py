@@ -99,13 +99,13 @@ def test_every_setup_in_the_data_is_accounted_for_in_one_row(tmp_path):
     ctx = SimpleNamespace(published=load_published(paths.published_dir(), "acpi-idle"), bundles=[], data_dir=tmp_path)
     from ticklab.claims import acpi_idle
 
-    [row] = acpi_idle.verdicts(ctx, n_boot=200)
+    [row] = acpi_idle.CLAIM.verdicts(ctx, n_boot=200)
     assert row.setup == "guest-tcg-x, host-a" and row.verdict == "not testable here"
     assert "guest-tcg-x: no acpi-idle bundle from this setup (QEMU offers guests no ACPI C-states" in row.reason
     assert "host-a: no acpi-idle bundle from this setup |" not in row.reason and row.reason.endswith("host-a: no acpi-idle bundle from this setup")
     ctx = SimpleNamespace(published=load_published(paths.published_dir(), "nohz"), bundles=find_bundles(tmp_path, "nohz"),
                           data_dir=tmp_path)
-    [row] = nohz.verdicts(ctx, n_boot=200)
+    [row] = nohz.CLAIM.verdicts(ctx, n_boot=200)
     assert "host-a: e: nothing to run with" in row.reason and "guest-tcg-x: no nohz bundle from this setup" in row.reason
 
 
@@ -156,7 +156,7 @@ def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_
     assert "%)" in table.iloc[0, 1] and "%)" not in table.iloc[0, 0]
     ctx = SimpleNamespace(published=load_published(paths.published_dir(), "acpi-idle"), bundles=bundles,
                           data_dir=tmp_path / "traces")
-    median, tail = acpi_idle.verdicts(ctx, n_boot=500)
+    median, tail = acpi_idle.CLAIM.verdicts(ctx, n_boot=500)
     assert median.setup == tail.setup == "fake-idle" and median.n_per_condition == "3 vs 3"
     assert median.verdict in {"reproduced", "direction only", "not reproduced", "inconclusive"} and median.fresh_effect > 0
     assert median.printed_in_source == "33476.60 / 32191.80" and median.target_provenance.startswith("derived: ratio")
@@ -210,7 +210,7 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
     counters = pvspinlock.counter_table(runs)
     assert counters.loc[(setup, "kick-ahead-4 1.5x"), "pv_kick_ahead"] == 5
     ctx = SimpleNamespace(published=published, bundles=bundles, data_dir=tmp_path)
-    found = {v.comparison.rsplit("= ", 1)[1]: v for v in pvspinlock.verdicts(ctx, n_boot=1000)}
+    found = {v.comparison.rsplit("= ", 1)[1]: v for v in pvspinlock.CLAIM.verdicts(ctx, n_boot=1000)}
     assert set(found) == {"1x host CPUs", "1.5x host CPUs"}
     assert found["1x host CPUs"].verdict == "not testable here"
     assert found["1x host CPUs"].reason.startswith("kick-ahead never ran: 0 kick-aheads in all 4 builds with "

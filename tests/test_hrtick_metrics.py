@@ -123,7 +123,7 @@ def test_the_fresh_table_puts_counted_reprograms_beside_the_seed():
         for i, (condition, reprograms) in enumerate([("hrtick-off", 1000.0), ("hrtick-off", 1200.0),
                                                      ("hrtick-on", 1400.0), ("hrtick-on", 1600.0)])
         for metric, value in (("runtime_s", 2.0), ("clockevent_reprograms_per_s", reprograms))])
-    table = hrtick.fresh_table(runs, hrtick.load(paths.published_dir()))
+    table = hrtick.fresh_table(runs, hrtick.CLAIM.published(paths.published_dir()))
     column = hrtick.FRESH_METRICS["clockevent_reprograms_per_s"]
     assert table.loc[("guest", "hrtick-off"), column] == 1100.0
     assert table.loc[("guest", "hrtick-on"), column] == 1500.0

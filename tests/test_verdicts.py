@@ -106,8 +106,8 @@ def synthetic_bundle(root, ratio: float, sigma: float, runs: int, seed: int):
         value = medians[condition] * math.exp(rng.normal(0, sigma))
         writer.add_run(record, [{"metric": "jobs_per_min", "value": value, "unit": "jobs/min"}])
     writer.seal()
-    ctx = SimpleNamespace(published=hpet.load(paths.published_dir()), bundles=find_bundles(root, "hpet"), data_dir=root)
-    return next(v for v in hpet.verdicts(ctx, n_boot=2000) if v.comparison == SHARING)
+    ctx = SimpleNamespace(published=hpet.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hpet"), data_dir=root)
+    return next(v for v in hpet.CLAIM.verdicts(ctx, n_boot=2000) if v.comparison == SHARING)
 
 
 @needs_template
@@ -169,8 +169,8 @@ def test_setups_that_tested_nothing_collapse_into_one_row(tmp_path):
                               when=datetime(2026, 11, 22, tzinfo=timezone.utc))
         writer.manifest["not_testable"] = f"nothing to run with on {host}"
         writer.seal()
-    ctx = SimpleNamespace(published=hpet.load(paths.published_dir()), bundles=find_bundles(tmp_path, "hpet"), data_dir=tmp_path)
-    [row] = hpet.verdicts(ctx, n_boot=200)
+    ctx = SimpleNamespace(published=hpet.CLAIM.published(paths.published_dir()), bundles=find_bundles(tmp_path, "hpet"), data_dir=tmp_path)
+    [row] = hpet.CLAIM.verdicts(ctx, n_boot=200)
     assert row.verdict == "not testable here" and row.setup == "guest-tcg-x, host-a"
     assert "guest-tcg-x: e: nothing to run with on guest-tcg-x | host-a: e: nothing to run with on host-a" == row.reason
 

@@ -47,6 +47,19 @@ def _verify_published(args: argparse.Namespace) -> int:
     return status
 
 
+def _claims(args: argparse.Namespace) -> int:
+    """The claim ids, one a line (for the Makefile's loops): all, or those with host or lab experiments."""
+    from .capture.experiment import experiment_paths, load_experiment
+
+    for claim in CLAIM_IDS:
+        if args.host or args.lab:
+            kinds = {load_experiment(path).lab is not None for path in experiment_paths(claim)}
+            if not ((args.host and False in kinds) or (args.lab and True in kinds)):
+                continue
+        print(claim)
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import main as doctor_main
 
@@ -255,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--published-dir", type=Path, default=published_dir())
     verify.add_argument("--seeds", help="directory of the source documents (default: $TICKLAB_SEEDS or ../shared/seeds)")
     verify.set_defaults(func=_verify_published)
+
+    claims = sub.add_parser("claims", help="list the claim ids (ticklab/claims/<id>.py), one a line")
+    which = claims.add_mutually_exclusive_group()
+    which.add_argument("--host", action="store_true", help="only claims with an experiment for 'ticklab capture'")
+    which.add_argument("--lab", action="store_true", help="only claims with an experiment for 'ticklab lab run'")
+    claims.set_defaults(func=_claims)
 
     doctor = sub.add_parser("doctor", help="what this host can run for each claim, and why not")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

@@ -28,13 +28,14 @@ def _label(path: Path) -> str:
 
 def claim_metrics(claim: str | None, available: list[str]) -> list[str]:
     """The metrics the claim's verdicts compare, where the bundle has them (else none: then every metric)."""
-    from .claims import CLAIMS
+    from .claimids import claim_ids
+    from .claims import get_claim
     from .paths import published_dir
 
-    if claim not in CLAIMS:
+    if claim not in claim_ids():
         return []
-    module = CLAIMS[claim].load_module()
-    used = [c.metric for c in module.comparisons(module.load(published_dir()))]
+    definition = get_claim(claim)
+    used = [c.metric for c in definition.comparisons(definition.published(published_dir()))]
     return [m for m in dict.fromkeys(used) if m in available]
 
 

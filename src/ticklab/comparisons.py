@@ -242,11 +242,10 @@ def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, com
 
 
 def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[BundleRef], data_dir, *, summary: str,
-                   checks=(), alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
+                   checks=(), not_in_lab_because: str = "", alpha: float = 0.05, n_boot: int = 10_000,
+                   seed: int = 0) -> list[Verdict]:
     """Every verdict row of a claim: one per setup and comparison it measured, and one row for all the setups
-    that tested nothing of it (each with its reason)."""
-    from .claims import ABSENT_BECAUSE
-
+    that tested nothing of it (each with its reason; ``not_in_lab_because`` says why lab guests have no bundle)."""
     runs, _ = measured_runs(bundles, checks, claim)
     found = verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed) if not runs.empty else []
     covered = {v.setup for v in found}
@@ -254,7 +253,7 @@ def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[Bund
     for setup in all_setups(data_dir):
         if setup not in covered and setup not in reasons:
             reasons[setup] = [f"no {claim} bundle from this setup" + (
-                f" ({ABSENT_BECAUSE[claim]})" if setup.startswith("guest-") and claim in ABSENT_BECAUSE else "")]
+                f" ({not_in_lab_because})" if setup.startswith("guest-") and not_in_lab_because else "")]
     printed = "; ".join(dict.fromkeys(c.target.as_printed for c in comparisons if c.role == "claim"))
     quotes = ", ".join(dict.fromkeys(q for c in comparisons for q in c.target.quotes))
     if not bundles and not reasons:

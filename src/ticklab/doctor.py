@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from .capture import requirements, tracing
 from .capture.experiment import experiment_paths, load_experiment
-from .claimids import CLAIM_IDS as CLAIMS
+from .claimids import claim_ids
 from .host import HostChangeError, HostChanges, collect
 from .lab import kernel as lab_kernel
 from .lab import qemu
@@ -91,6 +91,25 @@ def _tried(check) -> tuple[bool, str]:
         return False, str(exc)
 
 
+def named_requirements(experiments) -> list[str]:
+    """The programs, our tools and the tracers the experiments (and their extras) name, each once: host
+    experiments' as they are, lab experiments' tools only (built here and copied into the guest image; the
+    guest's programs and tracers come with the image and the lab kernel)."""
+    named = []
+    for experiment in experiments:
+        kinds = ("tool",) if experiment.lab is not None else ("program", "tool", "tracer")
+        for requirement in [*experiment.requires, *(r for extra in experiment.extras for r in extra.get("requires", []))]:
+            if requirement.partition(":")[0] in kinds:
+                named.append(requirement)
+    order = {"program": 0, "tool": 1, "tracer": 2}
+    return sorted(dict.fromkeys(named), key=lambda r: (order[r.partition(":")[0]], r))
+
+
+def _requirement_label(requirement: str) -> str:
+    kind, _, name = requirement.partition(":")
+    return f"{name} tracer" if kind == "tracer" else name
+
+
 def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
     root = Path(root)
     with HostChanges(journal, root=root, log=lambda _: None) as host:
@@ -101,35 +120,28 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
             checks["tracefs"] = requirements.check_tracefs(host, {})
         except (tracing.TracingError, HostChangeError) as exc:
             checks["tracefs"] = (False, str(exc))
-        found = collect(root)
+        facts = collect(root)
         works, why = _tried(lambda: tracing.probe_trace_cmd(host))
         checks["trace-cmd record"] = (works, why if works else f"{why}; capture falls back to tracefs directly")
         checks["perf tracepoints"] = perf_tracepoints()
-        sources = found["clocksources"]
+        sources = facts["clocksources"]
         checks["clocksources"] = (True, f"available: {' '.join(sources['available'])}; current: {sources['current']}")
-        checks["hpet"] = (("hpet" in sources["available"]),
-                          "HPET clocksource available" if "hpet" in sources["available"] else
-                          "no HPET clocksource on this host (available: " + " ".join(sources["available"]) + ")")
-        checks["cpuidle"] = requirements.check_cpuidle(host, found)
-        checks["sched features (HRTICK)"] = requirements.check_sched_features(host, found, "HRTICK")
+        checks["cpuidle"] = requirements.check_cpuidle(host, facts)
+        checks["sched features (HRTICK)"] = requirements.check_sched_features(host, facts, "HRTICK")
         checks["kvm guest"] = kvm()
         checks.update(lab_checks())
-        for program in ("hackbench", "tbench", "tbench_srv", "rtla"):
-            checks[program] = requirements.check_program(program)
-        for tool in ("ftq", "clockbench", "timejobs"):
-            checks[tool] = requirements.check_tool(tool)
-        for tracer in ("osnoise", "timerlat"):
-            checks[f"{tracer} tracer"] = _tried(lambda: requirements.check(f"tracer:{tracer}", host, found))
+        by_claim = {claim: [load_experiment(path) for path in experiment_paths(claim)] for claim in claim_ids()}
+        for requirement in named_requirements([e for experiments in by_claim.values() for e in experiments]):
+            checks[_requirement_label(requirement)] = _tried(lambda: requirements.check(requirement, host, facts))
         claims = {}
-        for claim in CLAIMS:
+        for claim, loaded in by_claim.items():
             experiments = {}
-            for path in experiment_paths(claim):
-                experiment = load_experiment(path)
+            for experiment in loaded:
                 if experiment.lab is not None:
                     experiments[experiment.name] = lab_experiment(experiment, checks)
                     continue
                 try:
-                    missing = requirements.check_all(experiment.requires, host, found)[1]
+                    missing = requirements.check_all(experiment.requires, host, facts)[1]
                 except (tracing.TracingError, HostChangeError) as exc:
                     missing = {"host": str(exc)}
                 experiments[experiment.name] = {"runs": not missing,
@@ -137,7 +149,7 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
             if not experiments:
                 experiments["(none)"] = {"runs": False, "why": "no host experiment; this claim needs the guest lab (ticklab lab)"}
             claims[claim] = experiments
-    return {"host": found, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims}
+    return {"host": facts, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims}
 
 
 def render(report: dict) -> str:

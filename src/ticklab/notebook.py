@@ -8,7 +8,7 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from .checks import check_table, run_checks
-from .claims import claim_info
+from .claims import get_claim
 from .fresh import BundleRef, describe, find_bundles
 from .outputs import Outputs
 from .paths import repo_root
@@ -54,7 +54,7 @@ class ClaimContext:
 
 
 def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, output_dir: str | Path) -> ClaimContext:
-    claim_info(claim)
+    get_claim(claim)
     data, published, output = resolve(data_dir), resolve(published_dir), resolve(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     return ClaimContext(

@@ -109,6 +109,11 @@ class PublishedClaim:
             self.table(name)
         return [self.directory / f"{name}.csv" for name in tables] + [self.directory / "provenance.yaml"]
 
+    def setup_table(self) -> pd.DataFrame:
+        """What the published numbers were measured on (and patch facts), as printed."""
+        frame = self.table("setup")
+        return frame[["setup", "field", "value_as_printed", "qualifier"]].rename(columns={"value_as_printed": "as printed"})
+
     def citation(self) -> str:
         s = self.source
         year = f" ({s['year']})" if s.get("year") else ""

@@ -23,7 +23,7 @@ import pandas as pd
 from nbconvert import HTMLExporter
 
 from . import outdir
-from .claims import CLAIMS, SUMMARY_NOTEBOOK
+from .claims import SUMMARY_NOTEBOOK, all_claims, get_claim
 from .fresh import bundle_health
 from .notebook import ParameterError, check_parameters
 from .paths import notebooks_dir
@@ -46,7 +46,7 @@ def expected_outputs(claim: str) -> list[str]:
     if claim == SUMMARY:
         return ["figures/summary/published_effects.png", "figures/summary/published_effects.svg",
                 "tables/summary/published_effects.csv", "tables/summary/published_effects.md"]
-    declared = CLAIMS[claim].load_module().OUTPUTS
+    declared = get_claim(claim).outputs
     files = [f"figures/{claim}/{name}.{ext}" for name in declared["figures"] for ext in ("png", "svg")]
     files += [f"tables/{claim}/{name}.{ext}" for name in declared["tables"] for ext in ("csv", "md")]
     files += [f"verdicts/{claim}.csv", f"checks/{claim}.csv"]
@@ -163,7 +163,7 @@ def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
                            "json": f"../tables/{claim}/{path.stem}.json",
                            "html": frame.to_html(index=False, classes="data", border=0, escape=True, na_rep="—"), **meta,
                            "sources_words": sources_in_words(meta.get("sources", []))})
-        title = CLAIMS[claim].title if claim in CLAIMS else "Summary across claims"
+        title = "Summary across claims" if claim == SUMMARY else get_claim(claim).title
         sections.append({"claim": claim, "title": title, "figures": figures, "tables": tables})
     return sections
 
@@ -174,7 +174,7 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
     environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab", "templates"),
                                      autoescape=jinja2.select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
-    claims = claims if claims is not None else [SUMMARY] + list(CLAIMS)
+    claims = claims if claims is not None else [SUMMARY] + [c.id for c in all_claims()]
     shown = None if verdicts is None else verdicts.assign(target_provenance=verdicts["target_provenance"].fillna(""))
     page = template.render(
         results=results,
@@ -198,8 +198,8 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
                parameters: dict | None = None, notebook_dir: Path | None = None, log=print) -> int:
     """Run the notebooks and assemble the report. Returns the process exit code (0: all good)."""
     output_dir = Path(output_dir).resolve()
-    order = [CLAIMS[c].notebook for c in CLAIMS] + [SUMMARY_NOTEBOOK]
-    claim_of = {CLAIMS[c].notebook: c for c in CLAIMS} | {SUMMARY_NOTEBOOK: SUMMARY}
+    order = [c.notebook for c in all_claims()] + [SUMMARY_NOTEBOOK]
+    claim_of = {c.notebook: c.id for c in all_claims()} | {SUMMARY_NOTEBOOK: SUMMARY}
     if only:
         unknown = [n for n in only if n not in order and n + ".ipynb" not in order]
         if unknown:
@@ -267,7 +267,7 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
     if aggregate and verdicts is not None:
         verdicts.to_csv(output_dir / "verdicts.csv", index=False)
         checks.to_csv(output_dir / "checks.csv", index=False)
-    bundles = bundle_health(data_dir, ran or list(CLAIMS))
+    bundles = bundle_health(data_dir, ran or [c.id for c in all_claims()])
     for flagged in bundles[bundles["flag"] != ""].itertuples():
         log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
     (output_dir / "summary.json").write_text(json.dumps(

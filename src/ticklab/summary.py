@@ -7,8 +7,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .claims import CLAIMS
-from .claims import acpi_idle, hpet, hrtick, pvspinlock
+from .claims import all_claims
 from .outputs import Outputs
 from .published import load_published
 from .checks import CHECK_COLUMNS
@@ -18,23 +17,11 @@ SUMMARY = "summary"
 
 
 def published_effects(published_dir: Path | str) -> pd.DataFrame:
-    """One row per published comparison that has a ratio: claim, setup, what, ratio, better direction."""
-    rows = []
-    pub = hpet.load(published_dir)
-    for system, ratio in hpet.sharing_ratios(pub).items():
-        rows.append(("hpet", hpet.SYSTEM_LABELS[system], "AIM7 throughput, HPET with / without sharing", ratio, "higher"))
-    pub = pvspinlock.load(published_dir)
-    for setup, ratio in pvspinlock.kick_ahead_ratios(pub).items():
-        rows.append(("pvspinlock", setup, "kernel build time, after / before kick-ahead", ratio, "lower"))
-    pub = hrtick.load(published_dir)
-    rows.append(("hrtick", "112-CPU Skylake", "hackbench runtime, HRTICK / NO HRTICK", hrtick.runtime_ratio(pub), "lower"))
-    pub = acpi_idle.load(published_dir)
-    rows.append(("acpi-idle", "2 × 64C Zen3", "tbench AMean, patch / baseline", acpi_idle.amean_ratio(pub), "higher"))
-    frame = pd.DataFrame(rows, columns=["claim", "setup", "comparison", "ratio", "better"])
-    missing = sorted(set(CLAIMS) - set(frame["claim"]) - {"nohz"})
-    if missing:
-        raise RuntimeError(f"published effects missing for {missing}")
-    return frame
+    """One row per published comparison that has a ratio (each claim's headlines): claim, setup, what, ratio,
+    better direction."""
+    rows = [(claim.id, h.setup, h.comparison, h.ratio, h.better) for claim in all_claims() if claim.headlines
+            for h in claim.headlines(claim.published(published_dir))]
+    return pd.DataFrame(rows, columns=["claim", "setup", "comparison", "ratio", "better"])
 
 
 def save_effects(effects: pd.DataFrame, output_dir: Path, published_dir: Path) -> None:
@@ -60,13 +47,14 @@ def effects_figure(effects: pd.DataFrame):
     ax.set_yticks(range(len(effects)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ratio of the printed values (green: improvement in the claimed direction)")
-    ax.set_title("Headline effects: ratios of values printed in the sources, computed by ticklab\n"
-                 "(nohz has no ratio: its figure's data is not in the text)", fontsize=9)
+    without = "; ".join(f"{c.id} has no ratio: {c.no_headline_because}" for c in all_claims() if not c.headlines)
+    ax.set_title("Headline effects: ratios of values printed in the sources, computed by ticklab"
+                 + (f"\n({without})" if without else ""), fontsize=9)
     return fig
 
 
 def save_effects_figure(fig, output_dir: Path, published_dir: Path) -> None:
-    sources = [load_published(published_dir, c).directory / "provenance.yaml" for c in CLAIMS if c != "nohz"]
+    sources = [c.published(published_dir).directory / "provenance.yaml" for c in all_claims() if c.headlines]
     Outputs(output_dir, SUMMARY).figure("published_effects", fig, caption="Headline effects as ratios of printed values (computed by ticklab)", sources=sources)
 
 
@@ -74,10 +62,11 @@ def wanted_claims(claims: str | list[str] | None) -> list[str]:
     """The claims a summary covers: all of them, or those named (a comma-separated string from papermill)."""
     names = [c.strip() for c in claims.split(",")] if isinstance(claims, str) else list(claims or [])
     names = [c for c in names if c]
-    unknown = [c for c in names if c not in CLAIMS]
+    ids = [c.id for c in all_claims()]
+    unknown = [c for c in names if c not in ids]
     if unknown:
-        raise ValueError(f"unknown claim(s) {', '.join(unknown)}; claims are: {', '.join(CLAIMS)}")
-    return [c for c in CLAIMS if c in names] if names else list(CLAIMS)
+        raise ValueError(f"unknown claim(s) {', '.join(unknown)}; claims are: {', '.join(ids)}")
+    return [c for c in ids if c in names] if names else ids
 
 
 def collect_verdicts(output_dir: Path | str, claims: str | list[str] | None = None) -> pd.DataFrame:
@@ -148,7 +137,8 @@ def at_a_glance(verdicts: pd.DataFrame) -> list[dict]:
     """One line per claim: per kind of setup, a badge per comparison tested (or not testable, with why), and the
     most decisive tested row in words; a claim tested nowhere is 'published only'."""
     lines = []
-    for claim in [c for c in CLAIMS if c in set(verdicts["claim"])]:
+    titles = {c.id: c.title for c in all_claims()}
+    for claim in [c for c in titles if c in set(verdicts["claim"])]:
         rows = verdicts[verdicts["claim"] == claim]
         cells = []
         for kind in SETUP_KINDS:
@@ -177,7 +167,7 @@ def at_a_glance(verdicts: pd.DataFrame) -> list[dict]:
                           "words": effect_words(decisive[0]) if decisive else
                           ("; ".join(dict.fromkeys(why_not))[:160] if why_not else "no setup of this kind in the data")})
         fresh = any(c["badges"] and any(b["verdict"] != "not testable here" for b in c["badges"]) for c in cells)
-        lines.append({"claim": claim, "title": CLAIMS[claim].title, "cells": cells, "published_only": not fresh})
+        lines.append({"claim": claim, "title": titles[claim], "cells": cells, "published_only": not fresh})
     return lines
 
 

@@ -2,11 +2,9 @@
 what the claim's finding is about (KernelShark 2.x session documents, type "kshark.config.session").
 
 The session shows the CPUs that matter, filters the table and graph to the claim's events, and puts
-markers A and B on the interesting spot, zoomed around it:
-
-    nohz     the measured (last) CPU; A/B bound the longest stretch without a local timer interrupt
-    hrtick   every CPU; A/B bound the first hrtimer interrupt that found nothing to expire (spurious)
-    other    every CPU; A/B on the longest local timer interrupt
+markers A and B on the interesting spot, zoomed around it; each claim says which in its ``ViewPreset``
+(ticklab.claims; the finders are in ticklab.tracespots). Without a preset: every CPU, every event, and
+A/B on the longest local timer interrupt.
 
 KernelShark places markers by entry row (its index in the trace's entries in time order), not by
 timestamp, so the rows are computed from the trace. The session also carries the file's mtime,
@@ -20,10 +18,8 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from . import rawfile
@@ -31,25 +27,12 @@ from .bundle import load_bundle
 from .ingest import Trace, read_trace_dat
 from .lab.cache import cache_dir
 from .tracedat import tracefs_to_trace_dat
-from .tracemetrics import TIMER_ENTRY, TIMER_EXIT, spurious_interrupts, timer_interrupts
-
-CLAIM_EVENTS = {
-    "nohz": ["irq_vectors/local_timer_entry", "irq_vectors/local_timer_exit", "timer/hrtimer_expire_entry", "timer/tick_stop"],
-    "hrtick": ["irq_vectors/local_timer_entry", "irq_vectors/local_timer_exit", "timer/hrtimer_expire_entry",
-               "timer/hrtimer_start"],
-}
-
+from .claimids import claim_ids
+from .claims import ViewPreset, get_claim
+from .tracespots import Spot, longest_timer_interrupt
 
 class ViewError(ValueError):
     """The bundle or run cannot be viewed; the message says why."""
-
-
-@dataclass
-class Spot:
-    what: str
-    first_ns: int
-    last_ns: int
-    cpu: int | None
 
 
 def entry_order(trace: Trace) -> pd.DataFrame:
@@ -71,29 +54,11 @@ def row_of(order: pd.DataFrame, timestamp: int, cpu: int | None, event: str) -> 
     return int(match.index[0])
 
 
-def interesting_spot(claim: str, trace: Trace, cpus: list[int], measured_cpu: int | None) -> Spot:
-    if claim == "nohz" and measured_cpu is not None:
-        irqs = timer_interrupts(trace, measured_cpu)
-        if len(irqs) >= 2:
-            gaps = irqs["entry_ns"].to_numpy()[1:] - irqs["exit_ns"].to_numpy()[:-1]
-            i = int(np.argmax(gaps))
-            return Spot(f"longest stretch without a timer interrupt on CPU {measured_cpu}: {gaps[i] / 1e6:.3f} ms",
-                        int(irqs["exit_ns"].iloc[i]), int(irqs["entry_ns"].iloc[i + 1]), measured_cpu)
-    if claim == "hrtick":
-        for cpu in cpus:
-            spurious = spurious_interrupts(trace, cpu)
-            if len(spurious):
-                row = spurious.iloc[0]
-                return Spot(f"first spurious hrtimer interrupt on CPU {cpu}", int(row["entry_ns"]), int(row["exit_ns"]), cpu)
-    longest = None
-    for cpu in cpus:
-        irqs = timer_interrupts(trace, cpu)
-        if len(irqs) and (longest is None or irqs["duration_ns"].max() > longest[0]):
-            row = irqs.loc[irqs["duration_ns"].idxmax()]
-            longest = (int(row["duration_ns"]), int(row["entry_ns"]), int(row["exit_ns"]), cpu)
-    if longest is None:
+def interesting_spot(preset: ViewPreset, trace: Trace, cpus: list[int], measured_cpu: int | None) -> Spot:
+    spot = (preset.spot(trace, cpus, measured_cpu) if preset.spot else None) or longest_timer_interrupt(trace, cpus)
+    if spot is None:
         raise ViewError(f"{trace.source}: no local timer interrupts to mark")
-    return Spot(f"longest local timer interrupt on CPU {longest[3]}: {longest[0] / 1e3:.1f} µs", longest[1], longest[2], longest[3])
+    return spot
 
 
 def _measured_run(bundle, run: str | None) -> dict:
@@ -142,20 +107,19 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
     path = trace_file(Path(bundle_path) / "raw" / record["run"] / record["trace"]["directory"])
     trace = read_trace_dat(path)
     claim = bundle.manifest["claim"]
+    preset = get_claim(claim).view if claim in claim_ids() else ViewPreset()
     cpus = sorted(int(c) for c in pd.concat([f["cpu"] for f in trace.events.values() if len(f)]).unique())
     measured = (record.get("guest") or {}).get("nproc") or bundle.manifest.get("host", {}).get("nproc")
     measured_cpu = int(measured) - 1 if measured else None
-    spot = interesting_spot(claim, trace, cpus, measured_cpu)
+    spot = interesting_spot(preset, trace, cpus, measured_cpu)
     order = entry_order(trace)
-    exit_key = TIMER_EXIT if spot.what.startswith(("first spurious", "longest local")) else TIMER_ENTRY
-    first_key = TIMER_EXIT if spot.what.startswith("longest stretch") else TIMER_ENTRY
-    row_a = row_of(order, spot.first_ns, spot.cpu, first_key)
-    row_b = row_of(order, spot.last_ns, spot.cpu, exit_key)
+    row_a = row_of(order, spot.first_ns, spot.cpu, spot.first_event)
+    row_b = row_of(order, spot.last_ns, spot.cpu, spot.last_event)
     margin = max(spot.last_ns - spot.first_ns, 200_000)
-    shown_cpus = [measured_cpu] if claim == "nohz" and measured_cpu in cpus else cpus
+    shown_cpus = [measured_cpu] if preset.measured_cpu_only and measured_cpu in cpus else cpus
     filters = {"type": "kshark.config.filter", "filter mask": 7}
-    if claim in CLAIM_EVENTS:
-        filters["show event filter"] = CLAIM_EVENTS[claim]
+    if preset.events:
+        filters["show event filter"] = list(preset.events)
     session = {
         "type": "kshark.config.session",
         "MainWindow": [1200, 800], "Splitter": [420, 300],

@@ -73,14 +73,12 @@ def precision_note(low: float, high: float, target: float, stopped: list[str] = 
 
 def comparisons_measured(experiment: Experiment, conditions: list[Condition]) -> list:
     """The claim's comparisons (its analysis module's ``comparisons``) whose two conditions this experiment has."""
-    from ..claims import CLAIMS
+    from ..claims import get_claim
     from ..paths import published_dir
 
-    module = CLAIMS[experiment.claim].load_module()
-    if not hasattr(module, "comparisons"):
-        return []
+    claim = get_claim(experiment.claim)
     names = {c.name for c in conditions}
-    return [c for c in module.comparisons(module.load(published_dir()))
+    return [c for c in claim.comparisons(claim.published(published_dir()))
             if {c.treatment, c.baseline} <= names and (not c.experiments or experiment.name in c.experiments)]
 
 

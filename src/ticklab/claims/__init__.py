@@ -1,53 +1,111 @@
-"""Per-claim analysis. Claim ids are used everywhere (file names, CLI, tables)."""
+"""The claims, and what every claim provides (the claim contract).
+
+A claim is a module ``ticklab/claims/<id>.py`` (``-`` in the id spelled ``_``) that defines
+``CLAIM = Claim(...)``: its id, seed, title and notebook, the outputs its notebook writes, the comparisons its
+verdicts test, the published headline ratios for the summary, its condition checks and negative controls,
+and the KernelShark preset of ``ticklab view``. Nothing else names the claims: the registry below finds
+them by listing this package, and the CLI, doctor, capture, the report and the summary take their ids and
+everything else from here. CONTRIBUTING.md lists the files a new claim needs.
+
+This module imports no analysis (pandas, scipy): the CLI reads claim ids through ``ticklab.claimids``, and
+the claim modules are imported only when their analysis is wanted.
+"""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from types import ModuleType
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-import pandas as pd
+from ..claimids import claim_ids, module_name
 
-from ..published import PublishedClaim
-
-
-@dataclass(frozen=True)
-class ClaimInfo:
-    id: str
-    seed: str
-    notebook: str
-    module: str
-    title: str
-
-    def load_module(self) -> ModuleType:
-        return importlib.import_module(self.module)
-
-
-CLAIMS: dict[str, ClaimInfo] = {
-    info.id: info
-    for info in (
-        ClaimInfo("hpet", "000", "01-hpet.ipynb", "ticklab.claims.hpet", "C1 HPET read contention"),
-        ClaimInfo("pvspinlock", "001", "02-pvspinlock.ipynb", "ticklab.claims.pvspinlock", "C2 pvqspinlock kick-ahead"),
-        ClaimInfo("hrtick", "002", "03-hrtick.ipynb", "ticklab.claims.hrtick", "C3 HRTICK overhead"),
-        ClaimInfo("acpi-idle", "003", "04-acpi-idle.ipynb", "ticklab.claims.acpi_idle", "C4 ACPI idle dummy wait"),
-        ClaimInfo("nohz", "004", "05-nohz.ipynb", "ticklab.claims.nohz", "C5 nohz tick"),
-    )
-}
+if TYPE_CHECKING:
+    from ..comparisons import Comparison, NegativeControl
+    from ..published import PublishedClaim
+    from ..verdicts import Verdict
 
 SUMMARY_NOTEBOOK = "00-summary.ipynb"
 
 
-def claim_info(claim: str) -> ClaimInfo:
-    if claim not in CLAIMS:
-        raise KeyError(f"unknown claim {claim!r}; claims are: {', '.join(CLAIMS)}")
-    return CLAIMS[claim]
+class ClaimContractError(ImportError):
+    """A claim module does not provide what the contract asks; the message names the module and what is wrong."""
 
 
-# Why a claim has no lab (guest) experiment, for the rows above.
-ABSENT_BECAUSE = {"acpi-idle": "QEMU offers guests no ACPI C-states, so the dummy wait is never reached in a lab guest"}
+@dataclass(frozen=True)
+class Headline:
+    """One published effect as a ratio of printed values (computed by ticklab), for the summary's table."""
+    setup: str
+    comparison: str
+    ratio: float
+    better: str  # "higher" | "lower": which side of 1 the source calls an improvement
 
 
-def setup_table(published: PublishedClaim) -> pd.DataFrame:
-    """What the published numbers were measured on (and patch facts), as printed."""
-    frame = published.table("setup")
-    return frame[["setup", "field", "value_as_printed", "qualifier"]].rename(columns={"value_as_printed": "as printed"})
+@dataclass(frozen=True)
+class ViewPreset:
+    """What ``ticklab view`` shows of a run of this claim in KernelShark.
+
+    ``spot(trace, cpus, measured_cpu)`` returns the :class:`ticklab.view.Spot` markers A and B go on, or None
+    for the default (the longest local timer interrupt); ``events`` filters the table and graph (empty: all);
+    ``measured_cpu_only`` shows only the run's measured (last) CPU."""
+    events: tuple[str, ...] = ()
+    spot: Callable | None = None
+    measured_cpu_only: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    seed: str                    # the source document's number in ../shared/seeds (000 …)
+    title: str                   # "C1 HPET read contention": the report's section title
+    notebook: str                # notebooks/<NN>-<id>.ipynb
+    outputs: dict                # {"figures": [...], "tables": [...]} the notebook must write
+    comparisons: Callable[[PublishedClaim], list[Comparison]]
+    untested: str                # the words of the verdict row for setups that tested none of the comparisons
+    headlines: Callable[[PublishedClaim], list[Headline]] | None = None
+    no_headline_because: str = ""  # when ``headlines`` is None: why the source gives no ratio
+    checks: tuple = ()           # condition checks (ticklab.checks) gating the runs a verdict may use
+    negative_controls: Callable[[PublishedClaim], list[NegativeControl]] | None = None
+    not_in_lab_because: str = ""  # why lab guests cannot test the claim, for its "not testable here" row
+    view: ViewPreset = field(default_factory=ViewPreset)
+    # what a claim adds to the shared verdict rules: (ctx, rows) -> rows (pvspinlock: a comparison whose
+    # treatment never took effect is not testable)
+    revise_verdicts: Callable[..., list[Verdict]] | None = None
+
+    def published(self, published_dir: Path | str) -> PublishedClaim:
+        from ..published import load_published
+
+        return load_published(published_dir, self.id)
+
+    def verdicts(self, ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
+        """Every verdict row of the claim on the bundles of a notebook context (ticklab.notebook.ClaimContext)."""
+        from ..comparisons import claim_verdicts
+
+        rows = claim_verdicts(self.id, self.comparisons(ctx.published), ctx.bundles, ctx.data_dir,
+                              summary=self.untested, checks=self.checks, not_in_lab_because=self.not_in_lab_because,
+                              alpha=alpha, n_boot=n_boot, seed=seed)
+        return self.revise_verdicts(ctx, rows) if self.revise_verdicts else rows
+
+
+def _load(claim_id: str) -> Claim:
+    name = f"{__name__}.{module_name(claim_id)}"
+    module = importlib.import_module(name)
+    claim = getattr(module, "CLAIM", None)
+    if not isinstance(claim, Claim):
+        raise ClaimContractError(f"{module.__file__}: defines no CLAIM = Claim(...) (see CONTRIBUTING.md)")
+    if claim.id != claim_id:
+        raise ClaimContractError(f"{module.__file__}: CLAIM.id is {claim.id!r}; the module's name says {claim_id!r}")
+    if claim.headlines is None and not claim.no_headline_because:
+        raise ClaimContractError(f"{module.__file__}: CLAIM has no headlines and no no_headline_because")
+    return claim
+
+
+def all_claims() -> list[Claim]:
+    """Every claim, in the order of their seeds (the report's, the summary's and verdicts.csv's order)."""
+    return sorted((_load(claim_id) for claim_id in claim_ids()), key=lambda c: (c.seed, c.id))
+
+
+def get_claim(claim_id: str) -> Claim:
+    if claim_id not in claim_ids():
+        raise KeyError(f"unknown claim {claim_id!r}; claims are: {', '.join(claim_ids())}")
+    return _load(claim_id)

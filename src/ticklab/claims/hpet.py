@@ -10,25 +10,17 @@ import pandas as pd
 
 from ..bundle import BundleError, load_bundle
 from ..checks import FactCheck
-from ..comparisons import Comparison, NegativeControl, claim_verdicts, usable_bundles
+from . import Claim, Headline
+from ..comparisons import Comparison, NegativeControl, usable_bundles
 from ..fresh import BundleRef
-from ..published import PublishedClaim, load_published
+from ..published import PublishedClaim
 from ..verdicts import Target
 
-CLAIM = "hpet"
-OUTPUTS = {
-    "figures": ["aim7_throughput", "read_hpet_profile"],
-    "tables": ["aim7_throughput", "read_hpet_profile", "setup"],
-}
 SYSTEM_LABELS = {
     "haswell-ex-4s-72c": "4-socket Haswell-EX, 72 cores (HT off)",
     "ivybridge-ex-16s-240c": "16-socket IvyBridge-EX, 240 cores (HT on)",
 }
 CONDITIONS = [("tsc", "n/a", "TSC"), ("hpet", "without", "HPET w/o patch"), ("hpet", "with", "HPET with patch")]
-
-
-def load(published_dir: Path | str) -> PublishedClaim:
-    return load_published(published_dir, CLAIM)
 
 
 def _cell(frame: pd.DataFrame, system: str, clocksource: str, patch: str) -> pd.Series:
@@ -281,6 +273,15 @@ def profile_shares(bundles: list[BundleRef]) -> pd.DataFrame:
                                        "hottest clock function", "source"])
 
 
-def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
-    return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
-                          checks=CHECKS, alpha=alpha, n_boot=n_boot, seed=seed)
+def headlines(published: PublishedClaim) -> list[Headline]:
+    return [Headline(SYSTEM_LABELS[system], "AIM7 throughput, HPET with / without sharing", ratio, "higher")
+            for system, ratio in sharing_ratios(published).items()]
+
+
+CLAIM = Claim(
+    id="hpet", seed="000", title="C1 HPET read contention", notebook="01-hpet.ipynb",
+    outputs={"figures": ["aim7_throughput", "read_hpet_profile"],
+             "tables": ["aim7_throughput", "read_hpet_profile", "setup"]},
+    comparisons=comparisons, untested=COMPARISON, headlines=headlines, checks=tuple(CHECKS),
+    negative_controls=negative_controls,
+)

@@ -9,19 +9,13 @@ import numpy as np
 import pandas as pd
 
 from ..checks import FactCheck
-from ..comparisons import Comparison, claim_verdicts
-from ..published import PublishedClaim, check_derived, load_published
+from ..comparisons import Comparison
+from ..published import PublishedClaim, check_derived
+from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT
+from ..tracespots import first_spurious_interrupt
 from ..verdicts import Margins, Target
+from . import Claim, Headline, ViewPreset
 
-CLAIM = "hrtick"
-OUTPUTS = {
-    "figures": ["runtime_and_reprogramming"],
-    "tables": ["hackbench", "clockevents", "derived_checks", "setup"],
-}
-
-
-def load(published_dir: Path | str) -> PublishedClaim:
-    return load_published(published_dir, CLAIM)
 
 
 def _as_printed(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -206,6 +200,14 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
     return fig
 
 
-def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
-    return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
-                          checks=CHECKS, alpha=alpha, n_boot=n_boot, seed=seed)
+def headlines(published: PublishedClaim) -> list[Headline]:
+    return [Headline("112-CPU Skylake", "hackbench runtime, HRTICK / NO HRTICK", runtime_ratio(published), "lower")]
+
+
+CLAIM = Claim(
+    id="hrtick", seed="002", title="C3 HRTICK overhead", notebook="03-hrtick.ipynb",
+    outputs={"figures": ["runtime_and_reprogramming"], "tables": ["hackbench", "clockevents", "derived_checks", "setup"]},
+    comparisons=comparisons, untested=COMPARISON, headlines=headlines, checks=tuple(CHECKS),
+    view=ViewPreset(events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/hrtimer_start"),
+                    spot=first_spurious_interrupt),
+)

@@ -14,21 +14,15 @@ from scipy import signal
 from .. import rawfile
 from ..capture.workloads import read_ftq
 from ..checks import FactCheck, MetricCheck
-from ..comparisons import Comparison, NegativeControl, claim_verdicts, usable_bundles
+from ..comparisons import Comparison, NegativeControl, usable_bundles
 from ..fresh import BundleRef
-from ..published import PublishedClaim, check_derived, load_published
+from ..published import PublishedClaim, check_derived
+from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT
+from ..tracespots import longest_tick_gap
 from ..verdicts import Margins, Target
+from . import Claim, ViewPreset
 
-CLAIM = "nohz"
-OUTPUTS = {
-    "figures": ["tick_overhead_vs_hz"],
-    "tables": ["tick_cost", "tick_overhead_vs_hz", "derived_checks", "ftq_observations", "setup"],
-}
 COMMON_HZ = (100, 250, 300, 1000)
-
-
-def load(published_dir: Path | str) -> PublishedClaim:
-    return load_published(published_dir, CLAIM)
 
 
 def tick_cost_table(published: PublishedClaim) -> pd.DataFrame:
@@ -102,10 +96,6 @@ CHECKS = [
                 ("*nohz_full*",), 0.10, "guest.hz"),
 ]
 
-
-def verdicts(ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list:
-    return claim_verdicts(CLAIM, comparisons(ctx.published), ctx.bundles, ctx.data_dir, summary=COMPARISON,
-                          checks=CHECKS, alpha=alpha, n_boot=n_boot, seed=seed)
 
 
 # -- fresh data ------------------------------------------------------------------------------------
@@ -380,3 +370,15 @@ def negative_controls(published: PublishedClaim) -> list[NegativeControl]:
         NegativeControl("HZ=1000 vs itself, later vs earlier half of its runs: time in the timer interrupt (trace)",
                         "local_timer_irq_time_fraction", "hz1000", "hz1000", 0.10, split_by_order=True),
     ]
+
+
+CLAIM = Claim(
+    id="nohz", seed="004", title="C5 nohz tick", notebook="05-nohz.ipynb",
+    outputs={"figures": ["tick_overhead_vs_hz"],
+             "tables": ["tick_cost", "tick_overhead_vs_hz", "derived_checks", "ftq_observations", "setup"]},
+    comparisons=comparisons, untested=COMPARISON,
+    no_headline_because="its figure's data is not in the text", checks=tuple(CHECKS),
+    negative_controls=negative_controls,
+    view=ViewPreset(events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/tick_stop"),
+                    spot=longest_tick_gap, measured_cpu_only=True),
+)
