@@ -6,7 +6,7 @@ import pytest
 
 from ticklab import rawfile
 from ticklab.bundle import BundleError, BundleWriter, load_bundle
-from ticklab.fresh import find_bundles
+from ticklab.captured import find_bundles
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 
@@ -114,7 +114,7 @@ def test_schema_problems_name_the_manifest(tmp_path):
 
 
 def test_bundle_health_flags_lost_events_incomplete_and_tampered_bundles(tmp_path):
-    from ticklab.fresh import bundle_health
+    from ticklab.captured import bundle_health
 
     writer = BundleWriter(tmp_path, "host-a", "nohz", "ftq", definition={}, host={}, when=WHEN)
     writer.add_run({"run": "run-001", "condition": "tick-on", "status": "ok",
@@ -129,3 +129,31 @@ def test_bundle_health_flags_lost_events_incomplete_and_tampered_bundles(tmp_pat
     assert bundle_health(tmp_path / "other", ["nohz"]).iloc[0]["flag"] == "incomplete: capture was interrupted"
     flag = bundle_health(tmp_path / "third", ["nohz"]).iloc[0]["flag"]
     assert "raw/run-001/ftq.dat: sha256 differs" in flag
+
+
+def test_a_claims_analysis_loads_and_verifies_each_bundle_once(monkeypatch, tmp_path):
+    """Notebook 01's fresh-data cells read the bundles for five tables and the verdicts; each is verified once."""
+    from collections import Counter
+
+    from ticklab import bundle, paths
+    from ticklab.claims import hpet
+    from ticklab.comparisons import measured_runs
+    from ticklab.notebook import open_claim
+
+    loads = Counter()
+    real = bundle._load
+
+    def counted(path, *args):  # every load_bundle, whoever imported it, verifies through _load
+        loads[str(path)] += 1
+        return real(path, *args)
+
+    monkeypatch.setattr(bundle, "_load", counted)
+    ctx = open_claim("hpet", paths.traces_dir(), paths.published_dir(), tmp_path)
+    if not ctx.bundles:
+        pytest.skip("no hpet bundles under traces/")
+    runs, _ = measured_runs(ctx.bundles, hpet.CHECKS, ctx.claim)
+    hpet.read_rate_points(runs, hpet.condition_values(ctx.bundles))
+    hpet.profile_shares(ctx.bundles)
+    ctx.condition_checks(hpet.CHECKS)
+    hpet.CLAIM.verdicts(ctx, n_boot=100)
+    assert loads == Counter({str(ref.path): 1 for ref in ctx.bundles})

@@ -13,7 +13,7 @@ from ticklab.capture.requirements import tools_bin
 from ticklab.capture.workloads import parse_ftq
 from ticklab.claims import nohz
 from ticklab.comparisons import Comparison, measured_runs, verdicts
-from ticklab.fresh import find_bundles
+from ticklab.captured import find_bundles
 from ticklab.verdicts import Target
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)

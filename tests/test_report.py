@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from ticklab import paths
-from ticklab.fresh import find_bundles
+from ticklab.captured import find_bundles
 from ticklab.claims import all_claims
 from ticklab.report import expected_outputs, output_problems, run_report
 

@@ -13,7 +13,7 @@ from ticklab.capture.experiment import Condition, ExperimentError, load_experime
 from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.capture.stopping import MIN_RUNS, StoppingRule, extra_round
 from ticklab.comparisons import Comparison, measured_runs, verdicts
-from ticklab.fresh import BundleRef, bundle_health
+from ticklab.captured import BundleRef, bundle_health
 from ticklab.verdicts import Target
 
 ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()))

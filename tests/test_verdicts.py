@@ -12,7 +12,7 @@ import pytest
 from ticklab import paths
 from ticklab.bundle import BundleWriter
 from ticklab.claims import hpet
-from ticklab.fresh import find_bundles
+from ticklab.captured import find_bundles
 from ticklab.outputs import Outputs
 from ticklab.stats import Interval
 from ticklab.verdicts import Margins, Target, Verdict, consistent_band, decide

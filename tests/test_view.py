@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ticklab.fresh import find_bundles
+from ticklab.captured import find_bundles
 from ticklab.ingest import read_trace_dat
 from ticklab.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ticklab.view import ViewError, build_session, entry_order

@@ -299,6 +299,13 @@ def _read_results(path: Path) -> pd.DataFrame:
     return pd.DataFrame(records, columns=RESULT_COLUMNS)
 
 
+def check_complete(path: Path, manifest: dict) -> None:
+    """A BundleError unless the bundle finished (a reader that wants only complete bundles)."""
+    if manifest["status"] == "incomplete":
+        raise BundleError(f"{path / MANIFEST}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
+                          "pass allow_incomplete to read what it has")
+
+
 def load_bundle(path: Path | str, *, allow_incomplete: bool = False, require_seal: bool = True) -> Bundle:
     """Load a bundle, verifying its schema, its manifest's seal and (when sealed) every file's checksum.
     Any problem is a BundleError naming the file (and the field); nothing else escapes."""
@@ -331,9 +338,8 @@ def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
     if manifest["status"] != "sealed" and os.path.lexists(path / SEAL):
         # a sealed bundle edited back to 'incomplete' would otherwise be read without any of its checks
         _check_seal(path, manifest_bytes)
-    if manifest["status"] == "incomplete" and not allow_incomplete:
-        raise BundleError(f"{manifest_path}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
-                          "pass allow_incomplete to read what it has")
+    if not allow_incomplete:
+        check_complete(path, manifest)
     if manifest["status"] == "sealed":
         if require_seal:
             _check_seal(path, manifest_bytes)

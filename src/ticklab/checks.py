@@ -111,12 +111,12 @@ class MetricBound:
 
 def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
     """One row per bundle, run and applicable check: setup, bundle, run, condition, check, expected, observed, passed."""
-    from .bundle import BundleError, load_bundle
+    from .bundle import BundleError
 
     rows = []
     for ref in bundles:
         try:
-            bundle = load_bundle(ref.path)
+            bundle = ref.load()
         except BundleError:
             continue
         if bundle.manifest.get("not_testable"):

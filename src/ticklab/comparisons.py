@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .bundle import BundleError, load_bundle, run_failed, stopped_because
+from .bundle import BundleError, run_failed, stopped_because
 from .checks import failed_runs, run_checks
-from .fresh import BundleRef, all_setups
+from .captured import BundleRef, all_setups
 from .capture.stopping import measured_results, precision_note
 from .power import detection_power
 from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, ratio_of_statistic
@@ -88,7 +88,7 @@ def usable_bundles(bundles: list[BundleRef]):
     """(ref, bundle) for every bundle that loads, is sealed and was testable; measured_runs says why others are not."""
     for ref in bundles:
         try:
-            bundle = load_bundle(ref.path)
+            bundle = ref.load()
         except BundleError:
             continue
         if not bundle.manifest.get("not_testable"):
@@ -102,7 +102,7 @@ def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "") -> tuple
     gated = failed_runs(run_checks(claim, checks, bundles)) if checks else set()
     for ref in bundles:
         try:
-            bundle = load_bundle(ref.path)
+            bundle = ref.load()
         except BundleError as exc:
             notes.append(f"{ref.host_id}/{ref.path.name}: left out ({exc})")
             continue
@@ -227,7 +227,7 @@ def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, com
     reasons: dict[str, list[str]] = {}
     for ref in bundles:
         try:
-            manifest = load_bundle(ref.path).manifest
+            manifest = ref.load().manifest
         except BundleError as exc:
             reasons.setdefault(ref.host_id, []).append(f"{ref.path.name} does not load ({exc})")
             continue

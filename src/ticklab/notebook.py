@@ -9,7 +9,7 @@ from IPython.display import Markdown, display
 
 from .checks import check_table, run_checks
 from .claims import get_claim
-from .fresh import BundleRef, describe, find_bundles
+from .captured import BundleRef, describe, find_bundles
 from .outputs import Outputs
 from .paths import repo_root
 from .published import PublishedClaim, load_published

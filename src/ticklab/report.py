@@ -24,7 +24,7 @@ from nbconvert import HTMLExporter
 
 from . import outdir
 from .claims import SUMMARY_NOTEBOOK, all_claims, get_claim
-from .fresh import bundle_health
+from .captured import bundle_health
 from .notebook import ParameterError, check_parameters
 from .paths import notebooks_dir
 from .summary import SUMMARY, at_a_glance, collect_checks, collect_verdicts, setup_labels, verdict_rows

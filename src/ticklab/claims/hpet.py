@@ -8,11 +8,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..bundle import BundleError, load_bundle
+from ..bundle import BundleError
 from ..checks import FactCheck
 from . import Claim, Headline
 from ..comparisons import Comparison, NegativeControl, usable_bundles
-from ..fresh import BundleRef
+from ..captured import BundleRef
 from ..published import PublishedClaim
 from ..verdicts import Target
 
@@ -169,7 +169,7 @@ def condition_values(bundles: list[BundleRef]) -> dict[tuple[str, str], dict]:
     values = {}
     for ref in bundles:
         try:
-            manifest = load_bundle(ref.path, allow_incomplete=True).manifest
+            manifest = ref.load(allow_incomplete=True).manifest
         except BundleError:  # measured_runs says why it is left out
             continue
         for condition in manifest.get("conditions", []):

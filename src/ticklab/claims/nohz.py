@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -15,7 +14,7 @@ from .. import rawfile
 from ..capture.workloads import read_ftq
 from ..checks import FactCheck, MetricCheck
 from ..comparisons import Comparison, NegativeControl, usable_bundles
-from ..fresh import BundleRef
+from ..captured import BundleRef
 from ..published import PublishedClaim, check_derived
 from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..tracespots import longest_tick_gap

@@ -1,11 +1,15 @@
-"""Finding captured bundles for a claim under a data directory (traces/<host-id>/<claim>/<bundle>/)."""
+"""The captured bundles of a claim under a data directory (traces/<host-id>/<claim>/<bundle>/), for the
+analysis: finding them, loading each once, and their health for the report."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
+
+from .bundle import Bundle, BundleError, check_complete, load_bundle
 
 
 @dataclass(frozen=True)
@@ -13,6 +17,23 @@ class BundleRef:
     host_id: str
     claim: str
     path: Path
+
+    def load(self, *, allow_incomplete: bool = False) -> Bundle:
+        """The bundle, loaded and verified (schema, seal, every file's sha256) once per reference however many
+        tables and verdicts read it; a BundleError as :func:`ticklab.bundle.load_bundle` raises it."""
+        loaded = self._loaded
+        if isinstance(loaded, BundleError):
+            raise loaded
+        if not allow_incomplete:
+            check_complete(self.path, loaded.manifest)
+        return loaded
+
+    @cached_property
+    def _loaded(self) -> Bundle | BundleError:
+        try:
+            return load_bundle(self.path, allow_incomplete=True)
+        except BundleError as exc:
+            return exc
 
 
 def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
@@ -75,7 +96,7 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
 
     ``flag`` is empty for a clean bundle; otherwise it says what a reader must know (tampered,
     incomplete, failed runs, lost events, runs on a busy host, not testable). Flags only: no verdict changes."""
-    from .bundle import BundleError, load_bundle, run_failed, stopped_because
+    from .bundle import run_failed, stopped_because
 
     rows = []
     root = Path(data_dir)
@@ -83,7 +104,7 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
         for ref in find_bundles(root, claim) if root.is_dir() else []:
             row = {"host_id": ref.host_id, "claim": claim, "bundle": ref.path.name}
             try:
-                bundle = load_bundle(ref.path, allow_incomplete=True)
+                bundle = ref.load(allow_incomplete=True)
             except BundleError as exc:
                 rows.append({**row, "status": "unreadable", "measured_runs": 0, "failed_runs": 0, "lost_events": 0,
                              "busy_runs": 0, "stopped": "", "flag": str(exc)})
