@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from ticklab.bundle import BundleWriter
-from ticklab.compare import CompareError, comparisons, render
+from ticklab.compare import CompareError, compare_tables, render
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 
@@ -29,7 +29,7 @@ def bundle(root, host, values: dict, when=WHEN):
 
 def test_one_bundle_compares_its_conditions_in_definition_order(tmp_path):
     path = bundle(tmp_path, "host-a", {"off": [1.0, 1.1, 0.9, 1.0, 1.05, 0.95], "on": [2.0, 2.2, 1.8, 2.0, 2.1, 1.9]})
-    [(title, table)] = comparisons([path])
+    [(title, table)] = compare_tables([path])
     assert "baseline off" in title
     text = render([(title, table)], "text")
     assert "Median" in text and "2.00 (+100.00%)" in text and "on *" in text  # significant after Holm
@@ -39,7 +39,7 @@ def test_one_bundle_compares_its_conditions_in_definition_order(tmp_path):
 def test_two_bundles_compare_shared_conditions_and_formats(tmp_path):
     a = bundle(tmp_path, "host-a", {"off": [1.0, 1.1, 0.9]})
     b = bundle(tmp_path, "host-b", {"off": [1.5, 1.6, 1.4]})
-    tables = comparisons([a, b])
+    tables = compare_tables([a, b])
     assert [t for t, _ in tables] == ["runtime_s, condition off — baseline host-a/20261121T180000Z-hackbench"]
     parsed = json.loads(render(tables, "json"))
     assert parsed[0]["n"] == {"host-a/20261121T180000Z-hackbench": 3, "host-b/20261121T180000Z-hackbench": 3}
@@ -51,13 +51,13 @@ def test_bad_requests_say_why(tmp_path):
     a = bundle(tmp_path, "host-a", {"off": [1.0, 1.1]})
     b = bundle(tmp_path, "host-b", {"on": [1.0, 1.1]})
     with pytest.raises(CompareError, match="share no condition"):
-        comparisons([a, b])
+        compare_tables([a, b])
     with pytest.raises(CompareError, match="needs two conditions"):
-        comparisons([a])
+        compare_tables([a])
     with pytest.raises(CompareError, match="metric\\(s\\) nope not in the bundle"):
-        comparisons([a], ["nope"])
+        compare_tables([a], ["nope"])
     with pytest.raises(CompareError, match="the same bundle twice"):
-        comparisons([a, a])
+        compare_tables([a, a])
     result = subprocess.run([sys.executable, "-m", "ticklab.cli", "compare", str(a)], capture_output=True, text=True)
     assert result.returncode == 2 and "ticklab compare:" in result.stderr and "needs two conditions" in result.stderr
 
@@ -130,11 +130,11 @@ def test_compare_gives_a_table_or_one_line_for_every_bundle_in_traces():
 
 
 def test_zero_constant_and_single_run_data_compare_without_errors(tmp_path):
-    from ticklab.compare import comparisons, render
+    from ticklab.compare import compare_tables, render
 
     single = bundle(tmp_path, "host-a", {"off": [1.0], "on": [2.0]})
     zeros = bundle(tmp_path, "host-b", {"off": [0.0, 0.0, 0.0], "on": [0.0, 1.0, 2.0]})
-    text = render(comparisons([single]), "text") + render(comparisons([zeros]), "text")
+    text = render(compare_tables([single]), "text") + render(compare_tables([zeros]), "text")
     assert "—" in text and "nan" not in text.lower()
-    [(_, table)] = comparisons([single])
+    [(_, table)] = compare_tables([single])
     assert table["p_holm"].isna().all(), "one run a side gives no p-value"

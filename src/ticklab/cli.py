@@ -124,10 +124,10 @@ def _lab(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .compare import CompareError, comparisons, render
+    from .compare import CompareError, compare_tables, render
 
     try:
-        tables = comparisons(args.bundles, args.metric, args.baseline)
+        tables = compare_tables(args.bundles, args.metric, args.baseline)
         if not tables:
             raise CompareError("nothing to compare: no metric has runs on both sides")
         print(render(tables, args.format))

@@ -39,7 +39,7 @@ def claim_metrics(claim: str | None, available: list[str]) -> list[str]:
     return [m for m in dict.fromkeys(used) if m in available]
 
 
-def comparisons(paths: list[Path], metrics: list[str] | None = None, baseline: str | None = None) -> list[tuple[str, pd.DataFrame]]:
+def compare_tables(paths: list[Path], metrics: list[str] | None = None, baseline: str | None = None) -> list[tuple[str, pd.DataFrame]]:
     """(title, long compare table) for each metric (and, with two bundles, each shared condition)."""
     if len(paths) not in (1, 2):
         raise CompareError(f"give one bundle (to compare its conditions) or two (A is the baseline), not {len(paths)}")

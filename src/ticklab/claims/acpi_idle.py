@@ -109,7 +109,7 @@ def tbench_summary_figure(published: PublishedClaim):
     return fig
 
 
-COMPARISON = ("the deepest C-state disabled (seed 003: C2 disabled, which the patch matched) vs all states: "
+WHAT_IS_COMPARED = ("the deepest C-state disabled (seed 003: C2 disabled, which the patch matched) vs all states: "
               "tbench throughput ratio")
 
 
@@ -180,6 +180,6 @@ def headlines(published: PublishedClaim) -> list[Headline]:
 CLAIM = Claim(
     id="acpi-idle", seed="003", title="C4 ACPI idle dummy wait", notebook="04-acpi-idle.ipynb",
     outputs={"figures": ["tbench_summary"], "tables": ["tbench_mmtests", "derived_checks", "perf_profile", "setup"]},
-    comparisons=comparisons, untested=COMPARISON, headlines=headlines, checks=tuple(CHECKS),
+    comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
     not_in_lab_because="QEMU offers guests no ACPI C-states, so the dummy wait is never reached in a lab guest",
 )

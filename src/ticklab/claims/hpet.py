@@ -112,7 +112,7 @@ def profile_figure(published: PublishedClaim):
 
 
 
-COMPARISON = "HPET clocksource, read sharing on vs off: throughput ratio"
+WHAT_IS_COMPARED = "HPET clocksource, read sharing on vs off: throughput ratio"
 
 
 # -- fresh data ------------------------------------------------------------------------------------
@@ -282,6 +282,6 @@ CLAIM = Claim(
     id="hpet", seed="000", title="C1 HPET read contention", notebook="01-hpet.ipynb",
     outputs={"figures": ["aim7_throughput", "read_hpet_profile"],
              "tables": ["aim7_throughput", "read_hpet_profile", "setup"]},
-    comparisons=comparisons, untested=COMPARISON, headlines=headlines, checks=tuple(CHECKS),
+    comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
     negative_controls=negative_controls,
 )

@@ -84,7 +84,7 @@ def ftq_observations_table(published: PublishedClaim) -> pd.DataFrame:
     return shown.drop(columns=["qualifier", "value_as_printed"])
 
 
-COMPARISON = "tick stopped vs HZ=1000 / HZ=250: FTQ work per quantum and its spread"
+WHAT_IS_COMPARED = "tick stopped vs HZ=1000 / HZ=250: FTQ work per quantum and its spread"
 
 
 # Did each run's condition take effect? Checked per run; a run that fails is left out of the verdicts.
@@ -375,7 +375,7 @@ CLAIM = Claim(
     id="nohz", seed="004", title="C5 nohz tick", notebook="05-nohz.ipynb",
     outputs={"figures": ["tick_overhead_vs_hz"],
              "tables": ["tick_cost", "tick_overhead_vs_hz", "derived_checks", "ftq_observations", "setup"]},
-    comparisons=comparisons, untested=COMPARISON,
+    comparisons=comparisons, untested=WHAT_IS_COMPARED,
     no_headline_because="its figure's data is not in the text", checks=tuple(CHECKS),
     negative_controls=negative_controls,
     view=ViewPreset(events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/tick_stop"),

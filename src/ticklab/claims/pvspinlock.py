@@ -77,7 +77,7 @@ def gain_sentence(table: pd.DataFrame) -> str:
             f"({worst['change (%)']:+.2f}%) — the author's \"not so much on Haswell\".")
 
 
-COMPARISON = f"{LAB_LABEL}: pv_kick_ahead on vs off, build time ratio (after / before) per vCPU level"
+WHAT_IS_COMPARED = f"{LAB_LABEL}: pv_kick_ahead on vs off, build time ratio (after / before) per vCPU level"
 
 
 EXPERIMENT = "guest-kbuild"
@@ -251,6 +251,6 @@ def headlines(published: PublishedClaim) -> list[Headline]:
 CLAIM = Claim(
     id="pvspinlock", seed="001", title="C2 pvqspinlock kick-ahead", notebook="02-pvspinlock.ipynb",
     outputs={"figures": ["kernel_build_time"], "tables": ["kernel_build_time", "setup"]},
-    comparisons=comparisons, untested=COMPARISON, headlines=headlines, checks=tuple(CHECKS),
+    comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
     revise_verdicts=kick_ahead_verdicts,
 )
