@@ -175,7 +175,7 @@ class BundleFamily:
 
     def case(self, source, work: Path) -> Outcome:
         from ticklab.bundle import load_bundle
-        from ticklab.compare import comparisons
+        from ticklab.compare import compare_tables
 
         path = _writable_copy(self.seed, work / "bundle")
         manifest, results = path / "manifest.json", path / "results.csv"
@@ -240,7 +240,7 @@ class BundleFamily:
 
         def load():
             bundle = load_bundle(path)
-            comparisons([path])
+            compare_tables([path])
             return bundle
 
         outcome = classify(load, known_bad=known_bad)
