@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ticklab import rawfile
-from ticklab.capture.tracing import stats_lost_count
+from ticklab.tracefs_stats import stats_lost_count
 
 TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 MISSED_EVENTS = 1 << 31

@@ -11,13 +11,17 @@ import yaml
 from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import Condition, ExperimentError, load_experiment
 from ticklab.capture.runner import CaptureOptions, capture
-from ticklab.capture.stopping import MIN_RUNS, StoppingRule, extra_round
+from ticklab.capture.stopping import MIN_RUNS, PrecisionGoal, StoppingRule, extra_round
+from ticklab.cli import precision_goals
 from ticklab.comparisons import Comparison, measured_runs, verdicts
 from ticklab.captured import BundleRef, bundle_health
+from ticklab.paths import published_dir
 from ticklab.verdicts import Target
 
 ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()))
 CONDITIONS = [Condition("hrtick-off", {}), Condition("hrtick-on", {})]
+ON_OFF_GOAL = PrecisionGoal("on vs off", "runtime_s", "hrtick-on", "hrtick-off", "median",
+                            ON_OFF.margins.no_effect_log(ON_OFF.target))
 
 
 def frame(values: dict[str, list[float]]) -> pd.DataFrame:
@@ -28,7 +32,7 @@ def frame(values: dict[str, list[float]]) -> pd.DataFrame:
 def rule(time_s=600.0, max_runs=40) -> StoppingRule:
     from ticklab.capture.experiment import Budget
 
-    made = StoppingRule([ON_OFF], Budget(time_s, max_runs), n_boot=2000)
+    made = StoppingRule([ON_OFF_GOAL], Budget(time_s, max_runs), n_boot=2000)
     made.start()
     return made
 
@@ -67,11 +71,12 @@ def test_the_budgets_stop_a_capture_and_say_which():
 
 def test_the_precision_target_is_the_no_effect_margin_on_the_log_scale():
     """Small effects get a reachable target: a CI half-width of half the target's log-effect (ln 1.2 / 2 here)."""
-    from ticklab.capture.stopping import log_half_width, precision_note, precision_target
+    from ticklab.stats import log_half_width, precision_note
 
-    assert precision_target(ON_OFF) == pytest.approx(0.0912, abs=1e-4)
+    target = ON_OFF.margins.no_effect_log(ON_OFF.target)
+    assert target == pytest.approx(0.0912, abs=1e-4)
     assert log_half_width(1.0, 1.21) == pytest.approx(0.0953, abs=1e-4)
-    assert "meets the precision target" in precision_note(1.1, 1.2, precision_target(ON_OFF))
+    assert "meets the precision target" in precision_note(1.1, 1.2, target)
     assert "not met; capture stopped: time budget spent" in precision_note(0.9, 1.5, 0.09, ["time budget spent"])
 
 
@@ -111,6 +116,7 @@ def write(directory: Path, **overrides) -> Path:
 
 def run(path: Path, out: Path, **options) -> dict:
     said = []
+    options.setdefault("goals", precision_goals("hrtick", published_dir()))
     [bundle] = capture("hrtick", CaptureOptions(out=out, host_id="fake", progress=False, journal=out / "journal.json",
                                                 **options),
                        experiment_path=path, log=said.append)
@@ -157,6 +163,19 @@ def test_fixed_counts_say_why(tmp_path):
     assert unknown["stopping"]["reason"] == \
         "fixed run count (no comparison of the claim has both its conditions here)"
     json.dumps(unknown)  # the manifest stays plain JSON
+    ungiven = run(write(tmp_path), tmp_path / "d", goals=None)
+    assert ungiven["stopping"]["reason"] == "fixed run count (no precision goals were given to the capture)"
+
+
+def test_the_cli_hands_capture_the_claims_goals_from_its_published_dir(tmp_path):
+    """The goals come from the claim's comparisons and the published layer the command names, not a fixed path."""
+    goals = precision_goals("hrtick", published_dir())
+    assert {(g.treatment, g.baseline) for g in goals} >= {("hrtick-on", "hrtick-off")}
+    assert all(g.target_log_half_width > 0 for g in goals)
+    from ticklab.published import PublishedDataError
+
+    with pytest.raises(PublishedDataError, match=str(tmp_path / "nowhere")):
+        precision_goals("hrtick", tmp_path / "nowhere")
 
 
 def test_a_malformed_budget_names_the_file(tmp_path):
@@ -170,7 +189,8 @@ def test_a_malformed_budget_names_the_file(tmp_path):
 
 def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
     said = []
-    options = CaptureOptions(out=tmp_path, host_id="fake", dry_run=True, progress=False, journal=tmp_path / "j.json")
+    options = CaptureOptions(out=tmp_path, host_id="fake", dry_run=True, progress=False, journal=tmp_path / "j.json",
+                             goals=precision_goals("hrtick", published_dir()))
     assert capture("hrtick", options, experiment_path=write(tmp_path), log=said.append) == []
     assert "stopping: after the initial runs, add rounds until 95% CI half-width of each compared ratio, on the log " \
            "scale, ≤ the comparison's no-effect margin (default: half the target's log-effect), from at least 5 runs " \

@@ -47,6 +47,12 @@ def run_failed(record: dict) -> bool:
     return record.get("status", "ok") != "ok" or bool(record.get("problem"))
 
 
+def measured_results(manifest: dict, results: pd.DataFrame) -> pd.DataFrame:
+    """results.csv rows of the runs that finished ok (failed runs and runs with a problem left out)."""
+    failed = {r["run"] for r in manifest["runs"] if run_failed(r)}
+    return results[~results["run"].isin(failed)]
+
+
 def stopped_because(manifest: dict) -> str:
     """Why a bundle's capture stopped (its stopping record); bundles from before there was one ran a fixed count."""
     reason = (manifest.get("stopping") or {}).get("reason")

@@ -66,19 +66,38 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor_main(args.json, root=args.root)
 
 
+def precision_goals(claim: str, published_dir: Path) -> list:
+    """The stopping rule's precision goals for ``claim``: each of its comparisons, as the plain data capture takes.
+    The one place the claim's analysis meets capture (capture imports none of it): the comparison's words,
+    metric, conditions, statistic, experiments, and its no-effect margin on the log scale as the target."""
+    from .capture.stopping import PrecisionGoal
+    from .claims import get_claim
+
+    found = get_claim(claim)
+    return [PrecisionGoal(c.comparison, c.metric, c.treatment, c.baseline, c.statistic,
+                          c.margins.no_effect_log(c.target), tuple(c.experiments))
+            for c in found.comparisons(found.published(published_dir))]
+
+
+def _goals(args: argparse.Namespace) -> list | None:
+    """The precision goals a capture needs: none when --runs fixes the run count."""
+    return None if args.runs is not None else precision_goals(args.claim, args.published_dir)
+
+
 def _capture(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions, capture
     from .capture.tracing import TracingError
     from .host import HostChangeError
+    from .published import PublishedDataError
 
-    options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id, dry_run=args.dry_run,
-                             backend=args.backend, root=args.root, journal=args.journal, progress=_progress(args),
-                             seed=args.seed, budget_s=args.budget_s)
     try:
+        options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
+                                 dry_run=args.dry_run, backend=args.backend, root=args.root, journal=args.journal,
+                                 progress=_progress(args), seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
         capture(args.claim, options, experiment_path=args.experiment)
-    except (ExperimentError, BundleError, HostChangeError, TracingError) as exc:
+    except (ExperimentError, BundleError, HostChangeError, TracingError, PublishedDataError) as exc:
         print(f"ticklab capture: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
@@ -91,6 +110,7 @@ def _lab(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .lab.cache import LabError
+    from .published import PublishedDataError
 
     try:
         if args.lab_command == "build-kernel":
@@ -110,9 +130,9 @@ def _lab(args: argparse.Namespace) -> int:
             options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, budget_s=args.budget_s,
                                  out=args.out, accel=args.accel,
                                  smp=args.smp, cmdline=args.cmdline or "", backend=args.backend,
-                                 progress=_progress(args), build=not args.no_build)
+                                 progress=_progress(args), build=not args.no_build, goals=_goals(args))
             lab_run(args.claim, options, experiment_path=args.experiment)
-    except (LabError, ExperimentError, BundleError) as exc:
+    except (LabError, ExperimentError, BundleError, PublishedDataError) as exc:
         print(f"ticklab lab {args.lab_command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
@@ -247,6 +267,9 @@ def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=_seconds,
                         help="seconds of measured runs the capture may spend adding rounds for precision "
                              "(default: the experiment's budget.time_s; 0: none)")
+    parser.add_argument("--published-dir", type=Path, default=published_dir(),
+                        help="transcribed published numbers the stopping rule's precision targets come from "
+                             "(default: traces/published/)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .bundle import BundleError, run_failed, stopped_because
+from .bundle import BundleError, measured_results, run_failed, stopped_because
 from .checks import failed_runs, run_checks
 from .captured import BundleRef, all_setups
-from .capture.stopping import measured_results, precision_note
 from .power import detection_power
-from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, ratio_of_statistic
+from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_of_statistic
 from .verdicts import Margins, Target, Verdict, decide
 
 RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit"]

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import rawfile, ringbuf
 from .ringbuf import COMMIT_MASK, MISSED_EVENTS, MISSED_STORED  # noqa: F401  (re-exported: tests build pages)
+from .tracefs_stats import stats_lost_count
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -436,8 +437,6 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
             found += len(offsets[-1])
         if check_read_events and cpu in stats_text:
             _check_read_events(source, cpu, found, stats_text[cpu])
-    from .capture.tracing import stats_lost_count  # here, not at the top: it brings the host modules with it
-
     stats_lost = {cpu: stats_lost_count(text) for cpu, text in stats_text.items()}
     trace_records = None
     if offsets:

@@ -83,6 +83,24 @@ def ratio_of_statistic(treatment: Sequence[float], baseline: Sequence[float], *,
     return Interval(estimate, float(low), float(high), confidence, label)
 
 
+def log_half_width(low: float, high: float) -> float:
+    """Half the width of a ratio CI on the log scale (inf when a bound is not positive)."""
+    if not (low > 0 and high > 0):
+        return math.inf
+    return (math.log(high) - math.log(low)) / 2
+
+
+def precision_note(low: float, high: float, target: float, stopped: Sequence[str] = ()) -> str:
+    """Whether a ratio CI meets its precision target (a log-scale half-width), and when it does not, why capturing
+    stopped (the stopping rule of :mod:`ticklab.capture.stopping` sets the same target)."""
+    width = log_half_width(low, high)
+    shown = f"CI half-width {width:.3f} on the log scale"
+    if width <= target:
+        return f"{shown} (meets the precision target ≤ {target:.3f})"
+    why = "; ".join(dict.fromkeys(stopped)) or "no stopping record"
+    return f"{shown} (precision target ≤ {target:.3f} not met; capture stopped: {why})"
+
+
 def ratio_of_medians(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95,
                      n_boot: int = 10_000, seed: int = 0) -> Interval:
     """median(treatment) / median(baseline) with a seeded percentile bootstrap CI."""

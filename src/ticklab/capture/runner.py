@@ -49,6 +49,7 @@ class CaptureOptions:
     progress: bool = True
     seed: int | None = None
     budget_s: float | None = None  # overrides the experiment's budget.time_s (0: no added rounds)
+    goals: list | None = None      # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
 
 
 def _git_commit() -> str | None:
@@ -114,7 +115,7 @@ class Capture:
             seed = experiment.seed if options.seed is None else options.seed
             plan = [] if failed else schedule(conditions, runs, warmup, seed)
             rule = None if failed else StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
-                                                                 budget_s=options.budget_s)
+                                                                 budget_s=options.budget_s, goals=options.goals)
             if options.dry_run:
                 return self._dry_run(host, plan, found, failed, backend, rule)
             definition = {**experiment.definition, "path": shown_path(experiment.path)}

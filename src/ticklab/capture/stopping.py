@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 from tqdm import tqdm
 
-from ..bundle import run_failed
-from ..stats import ratio_of_statistic
+from ..bundle import measured_results, run_failed
+from ..stats import log_half_width, ratio_of_statistic
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
 # A bootstrap CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
@@ -49,43 +49,30 @@ def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | N
     return Budget(float(time_s), budget.max_runs if budget else 10 * experiment.runs)
 
 
-def log_half_width(low: float, high: float) -> float:
-    """Half the width of a ratio CI on the log scale (inf when a bound is not positive)."""
-    if not (low > 0 and high > 0):
-        return math.inf
-    return (math.log(high) - math.log(low)) / 2
+@dataclass(frozen=True)
+class PrecisionGoal:
+    """One comparison the stopping rule checks, as plain data: the caller (the CLI) makes these from the claim's
+    comparisons (``ticklab.comparisons.precision_goals``), so capture never loads the analysis itself."""
+    comparison: str                  # what is compared, in words (the manifest's stopping checks name it)
+    metric: str                      # results.csv metric
+    treatment: str                   # condition names
+    baseline: str
+    statistic: str                   # the ratio's statistic (median, p10 ...), as the verdict takes it
+    target_log_half_width: float     # the precision target: the comparison's no-effect margin on the log scale
+    experiments: tuple[str, ...] = ()  # only these experiments measure it (all when empty)
 
 
-def precision_target(comparison) -> float:
-    """The comparison's precision target: its no-effect margin, as a log-scale half-width."""
-    return comparison.margins.no_effect_log(comparison.target)
-
-
-def precision_note(low: float, high: float, target: float, stopped: list[str] = ()) -> str:
-    """Whether a CI meets its precision target (a log-scale half-width), and when it does not, why capturing stopped."""
-    width = log_half_width(low, high)
-    shown = f"CI half-width {width:.3f} on the log scale"
-    if width <= target:
-        return f"{shown} (meets the precision target ≤ {target:.3f})"
-    why = "; ".join(dict.fromkeys(stopped)) or "no stopping record"
-    return f"{shown} (precision target ≤ {target:.3f} not met; capture stopped: {why})"
-
-
-def comparisons_measured(experiment: Experiment, conditions: list[Condition]) -> list:
-    """The claim's comparisons (its analysis module's ``comparisons``) whose two conditions this experiment has."""
-    from ..claims import get_claim
-    from ..paths import published_dir
-
-    claim = get_claim(experiment.claim)
+def goals_measured(experiment: Experiment, conditions: list[Condition], goals) -> list[PrecisionGoal]:
+    """The goals whose two conditions this experiment has (and that name it, when they name experiments)."""
     names = {c.name for c in conditions}
-    return [c for c in claim.comparisons(claim.published(published_dir()))
-            if {c.treatment, c.baseline} <= names and (not c.experiments or experiment.name in c.experiments)]
+    return [g for g in goals
+            if {g.treatment, g.baseline} <= names and (not g.experiments or experiment.name in g.experiments)]
 
 
 @dataclass
 class StoppingRule:
     """Decides, between rounds, whether a capture goes on; ``record`` is what the manifest keeps."""
-    comparisons: list
+    goals: list[PrecisionGoal]
     budget: Budget | None
     fixed_why: str | None = None     # why the run count is fixed (no budget, --runs given, nothing to compare)
     n_boot: int = 10_000
@@ -96,13 +83,17 @@ class StoppingRule:
 
     @classmethod
     def for_capture(cls, experiment: Experiment, conditions: list[Condition], *, runs_fixed: bool,
-                    budget_s: float | None = None) -> StoppingRule:
+                    budget_s: float | None = None, goals=None) -> StoppingRule:
+        """The rule of one capture. ``goals``: the claim's :class:`PrecisionGoal` s (None: the caller gave none,
+        so the run count is fixed); only those whose two conditions the experiment has are checked."""
         budget = budget_of(experiment, budget_s)
         if runs_fixed:
             return cls([], None, "fixed run count (set on the command line)")
         if budget is None:
             return cls([], None, "fixed run count (the experiment sets no budget)")
-        compared = comparisons_measured(experiment, conditions)
+        if goals is None:
+            return cls([], None, "fixed run count (no precision goals were given to the capture)")
+        compared = goals_measured(experiment, conditions, goals)
         if not compared:
             return cls([], None, "fixed run count (no comparison of the claim has both its conditions here)")
         if budget.time_s == 0:
@@ -115,23 +106,23 @@ class StoppingRule:
 
     def _check(self, results: pd.DataFrame) -> list[dict]:
         found = []
-        for comparison in self.comparisons:
-            values = {name: results[(results["metric"] == comparison.metric) & (results["condition"] == name)]["value"]
-                      for name in (comparison.treatment, comparison.baseline)}
+        for goal in self.goals:
+            values = {name: results[(results["metric"] == goal.metric) & (results["condition"] == name)]["value"]
+                      for name in (goal.treatment, goal.baseline)}
             n = {name: len(v) for name, v in values.items()}
-            entry = {"comparison": comparison.comparison, "metric": comparison.metric,
-                     "treatment": comparison.treatment, "baseline": comparison.baseline,
-                     "n": [n[comparison.treatment], n[comparison.baseline]]}
+            entry = {"comparison": goal.comparison, "metric": goal.metric,
+                     "treatment": goal.treatment, "baseline": goal.baseline,
+                     "n": [n[goal.treatment], n[goal.baseline]]}
             if min(n.values()) < 2:
                 found.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
                 continue
             try:
-                ratio = ratio_of_statistic(values[comparison.treatment], values[comparison.baseline],
-                                           statistic=comparison.statistic, n_boot=self.n_boot, seed=self.seed)
+                ratio = ratio_of_statistic(values[goal.treatment], values[goal.baseline],
+                                           statistic=goal.statistic, n_boot=self.n_boot, seed=self.seed)
             except ValueError as exc:
                 found.append({**entry, "met": False, "why": str(exc)})
                 continue
-            width, target = log_half_width(ratio.low, ratio.high), precision_target(comparison)
+            width, target = log_half_width(ratio.low, ratio.high), goal.target_log_half_width
             found.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high],
                           "log_half_width": width if math.isfinite(width) else None, "target_log_half_width": target,
                           "met": width <= target and min(n.values()) >= MIN_RUNS})
@@ -172,12 +163,6 @@ def extra_round(conditions: list[Condition], first_order: int, round_number: int
     chosen = list(conditions)
     random.Random(f"{seed}/round-{round_number}").shuffle(chosen)
     return [PlannedRun(f"run-{first_order + i + 1:03d}", first_order + i, c, False) for i, c in enumerate(chosen)]
-
-
-def measured_results(manifest: dict, results: pd.DataFrame) -> pd.DataFrame:
-    """results.csv rows of the runs that finished ok (failed runs and runs with a problem left out)."""
-    failed = {r["run"] for r in manifest["runs"] if run_failed(r)}
-    return results[~results["run"].isin(failed)]
 
 
 class Rounds:
@@ -240,5 +225,5 @@ def describe(rule: StoppingRule) -> str:
     """What the rule will do, in words (dry runs, logs)."""
     if rule.fixed_why:
         return rule.fixed_why
-    return (f"after the initial runs, add rounds until {RULE}, for {len(rule.comparisons)} comparison(s), "
+    return (f"after the initial runs, add rounds until {RULE}, for {len(rule.goals)} comparison(s), "
             f"within {rule.budget.time_s:.0f} s and {rule.budget.max_runs} runs per condition")

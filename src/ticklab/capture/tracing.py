@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import pty
-import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..host import HostChanges, facts
+from ..tracefs_stats import stats_lost_count
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"
 GUARDED = ("tracing_on", "current_tracer", "buffer_size_kb", "trace_clock")
@@ -53,11 +53,6 @@ class TraceResult:
         if self.functions:
             record["functions"] = self.functions
         return record
-
-
-def stats_lost_count(text: str) -> int:
-    """Events lost according to per_cpu/cpuN/stats text (one or several CPUs): 'overrun' plus 'dropped events'."""
-    return sum(int(v) for v in re.findall(r"^\s*(?:overrun|dropped events):\s*(\d+)", text, re.M))
 
 
 def ensure_tracefs(host: HostChanges) -> Path:

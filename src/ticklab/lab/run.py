@@ -55,6 +55,7 @@ class LabOptions:
     backend: str = "auto"
     progress: bool = True
     build: bool = True
+    goals: list | None = None      # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
 
 
 def lab_settings(experiment: Experiment) -> dict:
@@ -159,7 +160,7 @@ class LabRun:
         identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
         plan = schedule(conditions, runs, warmup, seed)
         rule = StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
-                                        budget_s=options.budget_s)
+                                        budget_s=options.budget_s, goals=options.goals)
         definition = {**experiment.definition, "path": shown_path(experiment.path)}
         writer = self.writer = BundleWriter(options.out or traces_dir(), identity, experiment.claim, experiment.name,
                                             definition=definition, host={}, tools=tool_versions())
