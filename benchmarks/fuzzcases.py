@@ -128,7 +128,7 @@ class BundleFamily:
             return
         writer = BundleWriter(seeds / "bundle-build", "fuzz-host", "nohz", "ftq", definition={"runs": 3},
                               host={"nproc": 2}, when=datetime(2026, 11, 22, tzinfo=timezone.utc))
-        writer.manifest["conditions"] = [{"name": "hz1000"}, {"name": "hz250"}]
+        writer.manifest.conditions = [{"name": "hz1000"}, {"name": "hz250"}]
         run = 0
         for condition in ("hz1000", "hz250"):
             for index in range(3):

@@ -157,3 +157,34 @@ def test_a_claims_analysis_loads_and_verifies_each_bundle_once(monkeypatch, tmp_
     ctx.condition_checks(hpet.CHECKS)
     hpet.CLAIM.verdicts(ctx, n_boot=100)
     assert loads == Counter({str(ref.path): 1 for ref in ctx.bundles})
+
+
+def test_every_committed_manifest_reads_into_the_typed_manifest_and_back_exactly():
+    """Manifest/RunRecord lose nothing: each bundle under traces/ gives back its manifest.json byte for byte, and
+    RunRecord.measured agrees with what the analysis took as measured before there was a type (status ok, no
+    problem, not a warm-up)."""
+    import json
+
+    from ticklab.bundle import Manifest
+    from ticklab.paths import traces_dir
+
+    paths = sorted(p for p in traces_dir().glob("*/*/*/manifest.json") if p.parts[-4] != "published")
+    assert paths, "no committed bundles under traces/"
+    for path in paths:
+        text = path.read_text()
+        manifest = Manifest.from_json(json.loads(text))
+        assert json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n" == text, path
+        plain = json.loads(text)["runs"]
+        assert [r.run for r in manifest.measured_runs()] == \
+            [r["run"] for r in plain if not r.get("warmup") and r.get("status") == "ok" and not r.get("problem")], path
+
+
+def test_a_run_record_keeps_absent_keys_absent_and_says_whether_it_was_measured():
+    from ticklab.bundle import RunRecord
+
+    bare = {"run": "run-001", "condition": "a", "knobs": []}
+    record = RunRecord.from_json(bare)
+    assert record.to_json() == bare and record.measured and record.details == {"knobs": []}
+    assert not RunRecord.from_json({**bare, "warmup": True}).measured
+    assert RunRecord.from_json({**bare, "problem": "booted with the wrong clocksource"}).failed
+    assert RunRecord.from_json({**bare, "status": "timeout"}).failed

@@ -16,7 +16,7 @@ WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 
 def bundle(root, host, values: dict, when=WHEN):
     writer = BundleWriter(root, host, "hrtick", "hackbench", definition={}, host={}, when=when)
-    writer.manifest["conditions"] = [{"name": c} for c in values]
+    writer.manifest.conditions = [{"name": c} for c in values]
     index = 0
     for condition, runs in values.items():
         for value in runs:

@@ -94,7 +94,7 @@ def test_every_setup_in_the_data_is_accounted_for_in_one_row(tmp_path):
 
     for host, claim in (("host-a", "nohz"), ("guest-tcg-x", "hpet")):
         writer = BundleWriter(tmp_path, host, claim, "e", definition={}, host={}, when=WHEN)
-        writer.manifest["not_testable"] = "nothing to run with"
+        writer.manifest.not_testable = "nothing to run with"
         writer.seal()
     ctx = SimpleNamespace(published=load_published(paths.published_dir(), "acpi-idle"), bundles=[], data_dir=tmp_path)
     from ticklab.claims import acpi_idle

@@ -167,7 +167,7 @@ def test_setups_that_tested_nothing_collapse_into_one_row(tmp_path):
     for host in ("host-a", "guest-tcg-x"):
         writer = BundleWriter(tmp_path, host, "hpet", "e", definition={}, host={},
                               when=datetime(2026, 11, 22, tzinfo=timezone.utc))
-        writer.manifest["not_testable"] = f"nothing to run with on {host}"
+        writer.manifest.not_testable = f"nothing to run with on {host}"
         writer.seal()
     ctx = SimpleNamespace(published=hpet.CLAIM.published(paths.published_dir()), bundles=find_bundles(tmp_path, "hpet"), data_dir=tmp_path)
     [row] = hpet.CLAIM.verdicts(ctx, n_boot=200)

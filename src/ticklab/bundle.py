@@ -24,7 +24,8 @@ import os
 import re
 import shutil
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,14 +43,108 @@ COMPRESS_FROM_BYTES = 64 * 1024
 REQUIRED_KEYS = ("schema_version", "status", "claim", "experiment", "definition", "host", "runs")
 
 
-def run_failed(record: dict) -> bool:
-    """A run that did not finish ok, or whose results came with a problem (e.g. a guest that booted wrong)."""
-    return record.get("status", "ok") != "ok" or bool(record.get("problem"))
+@dataclass
+class RunRecord:
+    """One run in a manifest's ``runs``: the keys every reader decides on, typed; every other key (values, argv,
+    knobs, trace, interference, extras, a lab run's guest and boot ...) kept as written in ``details``.
+    ``from_json``/``to_json`` give back exactly the JSON object they read (a key absent stays absent)."""
+    run: str
+    condition: str
+    warmup: bool = False
+    status: str = "ok"
+    problem: str | None = None
+    details: dict = field(default_factory=dict)
+    absent: frozenset = field(default=frozenset(), repr=False, compare=False)  # typed keys the record did not have
+
+    TYPED = ("run", "condition", "warmup", "status", "problem")
+
+    @property
+    def failed(self) -> bool:
+        """It did not finish ok, or its results came with a problem (e.g. a guest that booted wrong)."""
+        return self.status != "ok" or bool(self.problem)
+
+    @property
+    def measured(self) -> bool:
+        """The one definition of a measured run: not a warm-up, not failed. Only these reach any analysis."""
+        return not self.warmup and not self.failed
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunRecord:
+        typed = {k: data[k] for k in cls.TYPED if k in data}
+        return cls(**typed, details={k: v for k, v in data.items() if k not in cls.TYPED},
+                   absent=frozenset(k for k in cls.TYPED if k not in data))
+
+    def to_json(self) -> dict:
+        typed = {k: getattr(self, k) for k in self.TYPED if k not in self.absent}
+        return {**typed, **self.details}
 
 
-def measured_results(manifest: dict, results: pd.DataFrame) -> pd.DataFrame:
+def run_failed(record: dict | RunRecord) -> bool:
+    """Whether a run record (as in manifest.json, or typed) is failed: :attr:`RunRecord.failed`."""
+    return (record if isinstance(record, RunRecord) else RunRecord.from_json(record)).failed
+
+
+@dataclass
+class Manifest:
+    """A bundle's manifest.json, typed (docs/ARCHITECTURE.md, "4. Bundles"). Optional keys are None when the
+    manifest does not have them and are then left out of the JSON; keys this class does not name are kept as
+    written in ``details``. ``Manifest.from_json(m).to_json() == m`` for every manifest ticklab writes."""
+    claim: str
+    experiment: str
+    definition: dict
+    host: dict
+    runs: list[RunRecord] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+    status: str = "incomplete"           # "incomplete" from the first byte, "sealed" at the end
+    host_id: str | None = None
+    tools: dict | None = None
+    ticklab_version: str | None = None
+    started: str | None = None
+    sealed: str | None = None
+    requirements: dict | None = None
+    conditions: list | None = None
+    seed: int | None = None
+    runs_per_condition: int | None = None
+    warmup_per_condition: int | None = None
+    order: list | None = None            # every planned run; runs added by the stopping rule carry "round"
+    tracing: dict | None = None
+    stopping: dict | None = None
+    knobs: list | None = None
+    extras: list | None = None
+    profiles: list | str | None = None
+    not_testable: str | None = None
+    interrupted: str | None = None
+    lab: dict | None = None
+    raw_files: dict | None = None
+    files: dict | None = None
+    details: dict = field(default_factory=dict)
+
+    def measured_runs(self) -> list[RunRecord]:
+        return [r for r in self.runs if r.measured]
+
+    def failed_runs(self) -> list[RunRecord]:
+        return [r for r in self.runs if r.failed]
+
+    @classmethod
+    def _keys(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name != "details"]
+
+    @classmethod
+    def from_json(cls, data: dict) -> Manifest:
+        keys = cls._keys()
+        typed = {k: data[k] for k in keys if k in data and k != "runs"}
+        return cls(**typed, runs=[RunRecord.from_json(r) for r in data.get("runs", [])],
+                   details={k: v for k, v in data.items() if k not in keys})
+
+    def to_json(self) -> dict:
+        data = {k: getattr(self, k) for k in self._keys() if k != "runs" and getattr(self, k) is not None}
+        return {**data, "runs": [r.to_json() for r in self.runs], **self.details}
+
+
+def measured_results(manifest: dict | Manifest, results: pd.DataFrame) -> pd.DataFrame:
     """results.csv rows of the runs that finished ok (failed runs and runs with a problem left out)."""
-    failed = {r["run"] for r in manifest["runs"] if run_failed(r)}
+    manifest = manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest)
+    failed = {r.run for r in manifest.failed_runs()}
     return results[~results["run"].isin(failed)]
 
 
@@ -101,33 +196,33 @@ class BundleWriter:
             raise BundleError(f"{self.path}: bundle exists already; bundles are never overwritten") from None
         except OSError as exc:
             raise BundleError(f"{exc.filename or self.path}: cannot create the bundle there ({exc.strerror or exc})") from None
-        self.manifest = {
-            "schema_version": SCHEMA_VERSION, "status": "incomplete", "claim": claim, "experiment": experiment,
-            "definition": definition, "host_id": host_id, "host": host, "tools": tools or {},
-            "ticklab_version": __version__, "started": when.astimezone(timezone.utc).isoformat(), "runs": [],
-        }
+        self.manifest = Manifest(claim=claim, experiment=experiment, definition=definition, host_id=host_id, host=host,
+                                 tools=tools or {}, ticklab_version=__version__,
+                                 started=when.astimezone(timezone.utc).isoformat())
         self.flush()
         with (self.path / RESULTS).open("w", newline="") as handle:
             csv.writer(handle).writerow(RESULT_COLUMNS)
 
     def flush(self) -> None:
-        _write_json_atomically(self.path / MANIFEST, self.manifest)
+        _write_json_atomically(self.path / MANIFEST, self.manifest.to_json())
 
     def run_dir(self, run: str) -> Path:
         directory = self.path / "raw" / run
         directory.mkdir(parents=True, exist_ok=False)
         return directory
 
-    def add_run(self, record: dict, results: list[dict]) -> None:
+    def add_run(self, record: dict | RunRecord, results: list[dict]) -> None:
         """Record one finished run and its tidy results; the manifest on disk stays current."""
-        missing = [k for k in ("run", "condition") if k not in record]
-        if missing:
-            raise BundleError(f"{self.path / MANIFEST}: run record lacks {', '.join(missing)}")
+        if isinstance(record, dict):
+            missing = [k for k in ("run", "condition") if k not in record]
+            if missing:
+                raise BundleError(f"{self.path / MANIFEST}: run record lacks {', '.join(missing)}")
+            record = RunRecord.from_json(record)
         with (self.path / RESULTS).open("a", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=RESULT_COLUMNS)
             for row in results:
-                writer.writerow({"run": record["run"], "condition": record["condition"], **row})
-        self.manifest["runs"].append(record)
+                writer.writerow({"run": record.run, "condition": record.condition, **row})
+        self.manifest.runs.append(record)
         self.flush()
 
     def results(self) -> pd.DataFrame:
@@ -140,32 +235,32 @@ class BundleWriter:
         KernelShark and a reader of the bundle can open them directly. ticklab's readers take either form
         (:mod:`ticklab.rawfile`)."""
         kept, seen = [], {}
-        for record in self.manifest["runs"]:
-            if record.get("warmup"):
+        for record in self.manifest.runs:
+            if record.warmup:
                 continue
-            seen[record["condition"]] = seen.get(record["condition"], 0) + 1
-            if seen[record["condition"]] <= keep_per_condition:
-                kept.append(record["run"])
+            seen[record.condition] = seen.get(record.condition, 0) + 1
+            if seen[record.condition] <= keep_per_condition:
+                kept.append(record.run)
         packed = 0
-        for record in self.manifest["runs"]:
-            if record["run"] in kept:
+        for record in self.manifest.runs:
+            if record.run in kept:
                 continue
-            for path in sorted((self.path / "raw" / record["run"]).rglob("*")):
+            for path in sorted((self.path / "raw" / record.run).rglob("*")):
                 if path.is_file() and path.suffix != ".xz" and path.stat().st_size >= threshold:
                     with path.open("rb") as source, lzma.open(path.with_name(path.name + ".xz"), "wb", preset=6) as target:
                         shutil.copyfileobj(source, target)
                     path.unlink()
                     packed += 1
         if packed:
-            self.manifest["raw_files"] = {"uncompressed_runs": kept, "compressed": packed,
+            self.manifest.raw_files = {"uncompressed_runs": kept, "compressed": packed,
                                           "how": f"files of {threshold} bytes or more in the other runs are xz'd (xz -d for other tools)"}
 
     def seal(self) -> Path:
         self.compress_raw()
         files = sorted(self.path / relative for relative in _bundle_files(self.path))
-        self.manifest["files"] = {str(p.relative_to(self.path)): _sha256(p) for p in files}
-        self.manifest["status"] = "sealed"
-        self.manifest["sealed"] = datetime.now(timezone.utc).isoformat()
+        self.manifest.files = {str(p.relative_to(self.path)): _sha256(p) for p in files}
+        self.manifest.status = "sealed"
+        self.manifest.sealed = datetime.now(timezone.utc).isoformat()
         self.flush()
         (self.path / SEAL).write_text(_seal_text((self.path / MANIFEST).read_bytes()))
         for path in [*files, self.path / MANIFEST, self.path / SEAL]:
@@ -182,6 +277,11 @@ class Bundle:
     @property
     def sealed(self) -> bool:
         return self.manifest["status"] == "sealed"
+
+    @cached_property
+    def typed(self) -> Manifest:
+        """The manifest as a :class:`Manifest` (``measured_runs()``, ``runs`` as :class:`RunRecord` s)."""
+        return Manifest.from_json(self.manifest)
 
 
 MAX_MANIFEST_BYTES = 64 << 20

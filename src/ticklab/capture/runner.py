@@ -91,7 +91,7 @@ class Capture:
             return self._run(host)
         except BaseException:
             if self.writer is not None:  # host is restored by now: record the values read back, then re-raise
-                self.writer.manifest["knobs"] = host.records()
+                self.writer.manifest.knobs = host.records()
                 self.writer.flush()
             raise
 
@@ -121,19 +121,18 @@ class Capture:
             definition = {**experiment.definition, "path": shown_path(experiment.path)}
             writer = self.writer = BundleWriter(options.out, identity, experiment.claim, experiment.name, definition=definition,
                                   host=found, tools=tool_versions())
-            writer.manifest.update({
-                "requirements": checked,
-                "conditions": [c.record() for c in conditions], "seed": seed, "runs_per_condition": runs,
-                "warmup_per_condition": warmup, "order": [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup}
-                                                          for p in plan],
-                "tracing": {"backend": backend, "why": backend_why, "events": (experiment.trace or {}).get("events", [])},
-            })
+            manifest = writer.manifest
+            manifest.requirements = checked
+            manifest.conditions = [c.record() for c in conditions]
+            manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
+            manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan]
+            manifest.tracing = {"backend": backend, "why": backend_why, "events": (experiment.trace or {}).get("events", [])}
             if failed:
-                writer.manifest["not_testable"] = requirements.unmet_text(failed)
-                self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest['not_testable']}")
+                manifest.not_testable = requirements.unmet_text(failed)
+                self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
             else:
                 self._run_plan(writer, host, Rounds(plan, rule, conditions, seed, writer), conditions, found, backend)
-        writer.manifest["knobs"] = host.records()  # now with the values read back after restoring
+        writer.manifest.knobs = host.records()  # now with the values read back after restoring
         return writer.seal()
 
     def _run_plan(self, writer: BundleWriter, host: HostChanges, rounds: Rounds, conditions, found: dict,
@@ -142,15 +141,15 @@ class Capture:
         try:
             for planned in rounds.shown(f"{experiment.claim}/{experiment.name}", "run", self.options.progress):
                 self._one_run(writer, host, planned, found, backend)
-            self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
+            self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest.stopping['reason']}")
             if experiment.profile:
                 self._profiles(writer, host, conditions, found)
             if experiment.extras_per_condition():
                 self._extras(writer, host, conditions, found)
         except BaseException as exc:
-            writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
+            writer.manifest.interrupted = f"{type(exc).__name__}: {exc}"
             writer.flush()
-            self.log(f"capture interrupted; {writer.path} is incomplete with {len(writer.manifest['runs'])} finished run(s)")
+            self.log(f"capture interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
             raise
 
     def _dry_run(self, host: HostChanges, plan, found: dict, failed: dict, backend, rule) -> None:
@@ -198,12 +197,12 @@ class Capture:
             runs = self._once_per_condition(writer, host, conditions, found, f"extra-{extra['name']}", extra["argv"],
                                             f"{self.experiment.path}: extras.{extra['name']}.argv")
             done += [{"name": extra["name"], **run} for run in runs]
-        writer.manifest["extras"] = done
+        writer.manifest.extras = done
 
     def _profiles(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
         """One perf profile per condition (outside the measured runs), where perf works."""
         if shutil.which("perf") is None:
-            writer.manifest["profiles"] = "perf is not installed"
+            writer.manifest.profiles = "perf is not installed"
             return
         when = self.experiment.profile.get("when") or {}
         wanted = [c for c in conditions if all(c.values.get(k) == v for k, v in when.items())]
@@ -215,7 +214,7 @@ class Capture:
             report = subprocess.run(["perf", "report", "--stdio", "--no-children", "--percent-limit", "0.5",
                                      "-i", str(directory / "perf.data")], capture_output=True, text=True, check=False)
             (directory / "perf-report.txt").write_text(report.stdout)
-        writer.manifest["profiles"] = profiles
+        writer.manifest.profiles = profiles
 
 
 def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dict) -> tuple[list[dict], str | None]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from tqdm import tqdm
 
-from ..bundle import measured_results, run_failed
+from ..bundle import measured_results
 from ..stats import log_half_width, ratio_of_statistic
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
@@ -203,21 +203,20 @@ class Rounds:
         for round_number in range(1, 10_000):
             ok = measured_results(manifest, self.writer.results())
             counts = {c.name: 0 for c in self.conditions}
-            for record in manifest["runs"]:
-                if not record.get("warmup") and not run_failed(record):
-                    counts[record["condition"]] = counts.get(record["condition"], 0) + 1
+            for record in manifest.measured_runs():
+                counts[record.condition] = counts.get(record.condition, 0) + 1
             per_run = sum(self.durations) / len(self.durations) if self.durations else 0.0
             wanted = self.rule.next_round(ok, counts, per_run, self.conditions)
             if not wanted:
                 break
-            added = extra_round(wanted, len(manifest["order"]), round_number, self.seed)
-            manifest["order"] += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
-                                  for p in added]
+            added = extra_round(wanted, len(manifest.order), round_number, self.seed)
+            manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
+                               for p in added]
             if self.progress is not None:
                 self.progress.total += len(added)
                 self.progress.refresh()
             yield from self._timed(added)
-        manifest["stopping"] = self.rule.record()
+        manifest.stopping = self.rule.record()
         self.writer.flush()
 
 

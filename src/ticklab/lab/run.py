@@ -164,17 +164,16 @@ class LabRun:
         definition = {**experiment.definition, "path": shown_path(experiment.path)}
         writer = self.writer = BundleWriter(options.out or traces_dir(), identity, experiment.claim, experiment.name,
                                             definition=definition, host={}, tools=tool_versions())
-        writer.manifest.update({
-            "conditions": [c.record() for c in conditions], "seed": seed, "runs_per_condition": runs,
-            "warmup_per_condition": warmup,
-            "order": [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan],
-            "lab": {"accelerator": accel, "why": accel_why, "qemu": qemu.qemu_version(), "physical_host": physical,
-                    "physical_host_id": host_id(physical), "kernels": {v: k.record() for v, k in kernels.items()},
-                    "image": image.record(), "boot": settings},
-        })
+        manifest = writer.manifest
+        manifest.conditions = [c.record() for c in conditions]
+        manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
+        manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan]
+        manifest.lab = {"accelerator": accel, "why": accel_why, "qemu": qemu.qemu_version(), "physical_host": physical,
+                        "physical_host_id": host_id(physical), "kernels": {v: k.record() for v, k in kernels.items()},
+                        "image": image.record(), "boot": settings}
         if lab["accel"] == "kvm" and accel != "kvm":
-            writer.manifest["not_testable"] = f"needs KVM (a guest that really boots under it): {accel_why}"
-            self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest['not_testable']}")
+            manifest.not_testable = f"needs KVM (a guest that really boots under it): {accel_why}"
+            self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
             return writer.seal()
         writer.flush()
         try:
@@ -190,13 +189,13 @@ class LabRun:
                     if not testable:
                         break
                 if testable:
-                    self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest['stopping']['reason']}")
+                    self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest.stopping['reason']}")
                 if testable and experiment.extras_per_condition():
                     self._extras(writer, conditions, settings)
         except BaseException as exc:
-            writer.manifest["interrupted"] = f"{type(exc).__name__}: {exc}"
+            writer.manifest.interrupted = f"{type(exc).__name__}: {exc}"
             writer.flush()
-            self.log(f"lab run interrupted; {writer.path} is incomplete with {len(writer.manifest['runs'])} finished run(s)")
+            self.log(f"lab run interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
             raise
         self.log(f"{experiment.claim}/{experiment.name}: sealing the bundle (compressing raw files, hashing every file)")
         return writer.seal()
@@ -236,14 +235,15 @@ class LabRun:
         job = {"order": planned.order, "warmup": planned.warmup,
                "condition": {"name": planned.condition.name, "values": planned.condition.values}}
         outcome, result, run_dir = self._boot(writer, planned.run, job, setting)
-        if result.get("facts") and not writer.manifest["host"]:
-            writer.manifest["host"] = result["facts"]
-            writer.manifest["tracing"] = {**(result.get("tracing") or {}), "events": (experiment.trace or {}).get("events", [])}
-            writer.manifest["requirements"] = result.get("requirements", {})
+        manifest = writer.manifest
+        if result.get("facts") and not manifest.host:
+            manifest.host = result["facts"]
+            manifest.tracing = {**(result.get("tracing") or {}), "events": (experiment.trace or {}).get("events", [])}
+            manifest.requirements = result.get("requirements", {})
         if result.get("not_testable"):
-            writer.manifest["host"] = result.get("facts") or writer.manifest["host"]
-            writer.manifest["requirements"] = result.get("requirements", {})
-            writer.manifest["not_testable"] = result["not_testable"]
+            manifest.host = result.get("facts") or manifest.host
+            manifest.requirements = result.get("requirements", {})
+            manifest.not_testable = result["not_testable"]
             self.log(f"{experiment.claim}/{experiment.name}: not testable in the guest — {result['not_testable']}")
             return False
         record = result.get("record")
@@ -278,7 +278,7 @@ class LabRun:
             for extra in once:
                 for index, condition in enumerate(conditions):
                     done.append(self._extra(writer, extra, index, condition, settings))
-                    writer.manifest["extras"] = done
+                    writer.manifest.extras = done
                     writer.flush()
                     bar.update()
 
