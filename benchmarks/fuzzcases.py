@@ -613,7 +613,7 @@ class CliYamlFamily:
         return self._experiment(source, work)
 
     def _cli(self, source) -> Outcome:
-        from ticklab.capture.runner import check_counts
+        from ticklab.capture.session import check_counts
         from ticklab.cli import build_parser
 
         argv = [source.choice(self.WORDS) for _ in range(source.integer(1, 6))]

@@ -154,7 +154,7 @@ def test_a_lab_run_records_the_physical_hosts_load_and_keeps_the_guests_beside_i
     from ticklab.lab import qemu
     from ticklab.lab import run as lab_run_module
     from ticklab.lab.guest import run_job
-    from ticklab.lab.run import LabOptions, LabRun
+    from ticklab.lab.run import LabExecutor, LabOptions
 
     write_proc(fake_host, load1="7.00", procs_running=5, cpu="cpu  100 0 50 800 0 0 0 10 0 0",
                threads={(200, 200): (1, "R"), (201, 201): (1, "R"), (202, 202): (1, "R")})
@@ -172,12 +172,13 @@ def test_a_lab_run_records_the_physical_hosts_load_and_keeps_the_guests_beside_i
                   "workload": {"tool": "ftq", "argv": ["sh", "-c", "echo hello > said.txt"]}}
     path = tmp_path / "guest-echo.yaml"
     path.write_text(yaml.safe_dump(definition))
-    lab = LabRun(load_experiment(path), LabOptions(out=tmp_path / "traces", progress=False), log=lambda _: None)
-    lab.kernels = {"hz1000": types.SimpleNamespace(image=tmp_path / "bzImage", info={"release": "6.12.0-fake"})}
-    lab.image, lab.accel = types.SimpleNamespace(initramfs=tmp_path / "initramfs"), "tcg"
-    writer = BundleWriter(tmp_path / "traces", "guest-fake", "nohz", "guest-echo", definition={}, host={}, when=WHEN)
+    kernels = {"hz1000": types.SimpleNamespace(image=tmp_path / "bzImage", info={"release": "6.12.0-fake"})}
     setting = {"kernel": "hz1000", "smp": 1, "memory_mb": 256, "cmdline": [], "clocksource": None}
-    assert lab._one_boot(writer, PlannedRun("run-001", 0, Condition("plain", {}), False), setting)
+    lab = LabExecutor(load_experiment(path), LabOptions(out=tmp_path / "traces", progress=False), kernels,
+                      types.SimpleNamespace(initramfs=tmp_path / "initramfs"), "tcg", {"plain": setting},
+                      log=lambda _: None)
+    writer = BundleWriter(tmp_path / "traces", "guest-fake", "nohz", "guest-echo", definition={}, host={}, when=WHEN)
+    assert lab.make_run(writer, PlannedRun("run-001", 0, Condition("plain", {}), False))
     [guest] = guest_runs
     assert "error" not in guest, guest.get("error")
     record = json.loads((writer.path / "manifest.json").read_text())["runs"][0]

@@ -232,10 +232,10 @@ def test_report_refuses_bad_parameters_before_running_anything(tmp_path):
 
 
 def test_a_non_finite_metric_makes_the_run_a_problem_not_a_nan_row(tmp_path, monkeypatch):
-    from ticklab.capture import runner
+    from ticklab.capture import session
 
     experiment = load_experiment(REPO / "runners/hrtick/hackbench.yaml")
     experiment.trace = None
-    monkeypatch.setitem(runner.PARSERS, "hackbench", lambda _: [{"metric": "runtime_s", "value": float("nan"), "unit": "s"}])
-    rows, problem = runner.run_results(experiment, tmp_path, {"status": "ok"}, {})
+    monkeypatch.setitem(session.PARSERS, "hackbench", lambda _: [{"metric": "runtime_s", "value": float("nan"), "unit": "s"}])
+    rows, problem = session.run_results(experiment, tmp_path, {"status": "ok"}, {})
     assert rows == [] and "metric(s) runtime_s not finite" in problem

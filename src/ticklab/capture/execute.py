@@ -3,7 +3,7 @@ and the workload run, in a run directory.
 
 The same code makes a run on this host (`ticklab capture`) and inside a lab guest (`ticklab lab run`),
 so a run means the same thing in both places. Turning what the run wrote into results is done
-afterwards, on the host (:func:`ticklab.capture.runner.run_results`): the guest image carries no
+afterwards, on the host (:func:`ticklab.capture.session.run_results`): the guest image carries no
 pandas.
 """
 
@@ -24,19 +24,19 @@ from .process import run_command, stop
 BOOT_KNOBS = ("boot_cmdline", "lab_kernel")
 
 
-def measured_cpu(experiment: Experiment, found: dict) -> int | None:
+def measured_cpu(experiment: Experiment, facts: dict) -> int | None:
     """The CPU an ``isolate`` experiment leaves to its workload (None: the experiment isolates nothing)."""
     if not experiment.isolate:
         return None
-    return found["online_cpus"][-1]  # isolate.cpu is "last", the CPU the workloads' {last_cpu} names
+    return facts["online_cpus"][-1]  # isolate.cpu is "last", the CPU the workloads' {last_cpu} names
 
 
-def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition, found: dict) -> None:
-    cpu = measured_cpu(experiment, found)
+def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition, facts: dict) -> None:
+    cpu = measured_cpu(experiment, facts)
     if cpu is not None:
-        if len(found["online_cpus"]) < 2:  # nowhere to move anything to; a SCHED_FIFO hog would own the machine
+        if len(facts["online_cpus"]) < 2:  # nowhere to move anything to; a SCHED_FIFO hog would own the machine
             raise HostChangeError(f"{experiment.path}: isolate needs a second online CPU to move interrupts and tasks "
-                                  f"to (online here: {found['online_cpus']})")
+                                  f"to (online here: {facts['online_cpus']})")
         host.isolate_cpu(cpu)
         if experiment.isolate.get("rt_throttling") == "off":
             # a realtime task is otherwise stopped for 50 ms of every second (sched_rt_runtime_us 950000 of
@@ -51,29 +51,29 @@ def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition,
         elif kind.startswith("sched_feature:"):
             host.set_sched_feature(kind.split(":", 1)[1], str(value).lower() in ("on", "1", "true", "yes"))
         elif kind == "idle_config":
-            names = [s["name"] for s in found["cpuidle"]["states"]]
+            names = [s["name"] for s in facts["cpuidle"]["states"]]
             if value != "all":
                 deepest = str(value).split("=", 1)[1]
                 for name in names[names.index(deepest) + 1:]:
                     host.set_cpuidle_state(name, disabled=True)
 
 
-def workload_values(experiment: Experiment, condition: Condition, found: dict) -> dict:
+def workload_values(experiment: Experiment, condition: Condition, facts: dict) -> dict:
     params = dict(experiment.workload.get("params") or {})
     # Workloads run inside their run directory, so "{run_dir}" is "." and manifests hold no local paths.
     return {"tools": str(requirements.tools_bin()), "repo": str(repo_root()), "run_dir": ".",
-            "nproc": found["nproc"], "last_cpu": found["online_cpus"][-1], **params, **condition.values}
+            "nproc": facts["nproc"], "last_cpu": facts["online_cpus"][-1], **params, **condition.values}
 
 
-def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, found: dict, backend: str | None,
+def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, facts: dict, backend: str | None,
                 run_dir: Path) -> dict:
     """Make one planned run in ``run_dir``; its manifest record (without results), with what else the machine
     was doing meanwhile (``interference``: sampled from just before the workload starts until it ends)."""
-    values = workload_values(experiment, planned.condition, found)
+    values = workload_values(experiment, planned.condition, facts)
     argv = fill_argv(experiment.workload["argv"], values, f"{experiment.path}: workload.argv")
     server = None
     with host.scope() as scope:
-        apply_knobs(host, experiment, planned.condition, found)
+        apply_knobs(host, experiment, planned.condition, facts)
         if experiment.workload.get("server"):
             server_argv = fill_argv(experiment.workload["server"], values, f"{experiment.path}: workload.server")
             server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -86,7 +86,7 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
         finally:
             if server is not None:
                 stop(server)
-        checks = per_run_extras(experiment, host, found, values, run_dir) if outcome["status"] == "ok" else []
+        checks = per_run_extras(experiment, host, facts, values, run_dir) if outcome["status"] == "ok" else []
     return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
             "warmup": planned.warmup, "values": planned.condition.values, **outcome,
             "knobs": [c.record() for c in scope.changes],
@@ -94,14 +94,14 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
             **({"extras": checks} if checks else {})}
 
 
-def per_run_extras(experiment: Experiment, host: HostChanges, found: dict, values: dict, run_dir: Path) -> list[dict]:
+def per_run_extras(experiment: Experiment, host: HostChanges, facts: dict, values: dict, run_dir: Path) -> list[dict]:
     """Cross-checks marked ``per_run``, right after the workload in the same run (same boot, same knobs, the
     trace stopped), each in run_dir/<name>/; where the host lacks what one needs, why it was skipped."""
     done = []
     for extra in experiment.extras:
         if not extra.get("per_run"):
             continue
-        missing = requirements.missing(extra.get("requires", []), host, found)
+        missing = requirements.missing(extra.get("requires", []), host, facts)
         if missing:
             done.append({"name": extra["name"], "skipped": missing})
             continue
@@ -125,10 +125,10 @@ def _record_workload(experiment: Experiment, host: HostChanges, backend: str | N
     return outcome, recording.result
 
 
-def run_once(experiment: Experiment, condition: Condition, host: HostChanges, found: dict, argv: list, source: str,
+def run_once(experiment: Experiment, condition: Condition, host: HostChanges, facts: dict, argv: list, source: str,
              directory: Path, wrap: list[str] = ()) -> dict:
     """``argv`` once under ``condition``'s knobs, in ``directory`` (profiles and cross-checks)."""
-    filled = fill_argv(argv, workload_values(experiment, condition, found), source)
+    filled = fill_argv(argv, workload_values(experiment, condition, facts), source)
     with host.scope():
-        apply_knobs(host, experiment, condition, found)
+        apply_knobs(host, experiment, condition, facts)
         return run_command([*wrap, *filled], directory, experiment.timeout_s)

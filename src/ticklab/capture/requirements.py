@@ -6,7 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..host import HostChanges, facts
+from ..host import HostChanges
+from ..host import facts as host_facts
 from ..host.knobs import HostChangeError
 from ..paths import repo_root
 
@@ -15,12 +16,12 @@ def tools_bin() -> Path:
     return repo_root() / "tools" / "bin"
 
 
-def check_root(host: HostChanges, found: dict) -> tuple[bool, str]:
+def check_root(host: HostChanges, facts: dict) -> tuple[bool, str]:
     return (True, "running as root") if os.geteuid() == 0 else (False, "not root: knobs and tracing need root")
 
 
-def check_tracefs(host: HostChanges, found: dict) -> tuple[bool, str]:
-    mounted = facts.tracefs_mount(host.root)
+def check_tracefs(host: HostChanges, facts: dict) -> tuple[bool, str]:
+    mounted = host_facts.tracefs_mount(host.root)
     if mounted:
         return True, f"tracefs at {mounted}"
     if (host.root / "sys/kernel/tracing").is_dir():
@@ -28,16 +29,16 @@ def check_tracefs(host: HostChanges, found: dict) -> tuple[bool, str]:
     return False, "no tracefs (kernel without CONFIG_TRACING?)"
 
 
-def check_sched_features(host: HostChanges, found: dict, feature: str = "HRTICK") -> tuple[bool, str]:
-    debugfs = host.root / facts.DEBUGFS
-    if facts.sched_features_path(host.root) is None and debugfs.is_dir() and not any(debugfs.iterdir()):
+def check_sched_features(host: HostChanges, facts: dict, feature: str = "HRTICK") -> tuple[bool, str]:
+    debugfs = host.root / host_facts.DEBUGFS
+    if host_facts.sched_features_path(host.root) is None and debugfs.is_dir() and not any(debugfs.iterdir()):
         if host.dry_run:
             return False, "debugfs not mounted (a real run mounts it and tries)"
         try:
-            host.mount("debugfs", facts.DEBUGFS)
+            host.mount("debugfs", host_facts.DEBUGFS)
         except HostChangeError as exc:
             return False, f"cannot mount debugfs: {exc}"
-    state = facts.sched_features(host.root)
+    state = host_facts.sched_features(host.root)
     if state["features"] is None:
         return False, f"sched features unreadable: {state['error']}"
     token = next((t for t in state["features"] if t in (feature, f"NO_{feature}")), None)
@@ -52,8 +53,8 @@ def check_sched_features(host: HostChanges, found: dict, feature: str = "HRTICK"
     return True, f"{state['path']} writable ({token} now)"
 
 
-def check_cpuidle(host: HostChanges, found: dict) -> tuple[bool, str]:
-    idle = found["cpuidle"]
+def check_cpuidle(host: HostChanges, facts: dict) -> tuple[bool, str]:
+    idle = facts["cpuidle"]
     if not idle["driver"]:
         return False, "no cpuidle driver (cpuidle/current_driver: none), so no idle states to configure"
     if len(idle["states"]) < 2:
@@ -72,36 +73,36 @@ def check_tool(name: str) -> tuple[bool, str]:
     return (True, str(path)) if os.access(path, os.X_OK) else (False, f"{path} missing: run 'make tools'")
 
 
-def check(requirement: str, host: HostChanges, found: dict) -> tuple[bool, str]:
+def check(requirement: str, host: HostChanges, facts: dict) -> tuple[bool, str]:
     kind, _, argument = requirement.partition(":")
     if kind == "root":
-        return check_root(host, found)
+        return check_root(host, facts)
     if kind == "tracefs":
-        return check_tracefs(host, found)
+        return check_tracefs(host, facts)
     if kind == "sched_feature":
-        return check_sched_features(host, found, argument or "HRTICK")
+        return check_sched_features(host, facts, argument or "HRTICK")
     if kind == "cpuidle_states":
-        return check_cpuidle(host, found)
+        return check_cpuidle(host, facts)
     if kind == "program":
         return check_program(argument)
     if kind == "tool":
         return check_tool(argument)
     if kind == "tracer":
-        tracers = found.get("tracers") or []
+        tracers = facts.get("tracers") or []
         return (True, f"{argument} tracer available") if argument in tracers else (False, f"no {argument} tracer in this kernel")
     raise ValueError(f"unknown requirement {requirement!r}")
 
 
-def check_all(requires: list[str], host: HostChanges, found: dict) -> tuple[dict, dict]:
+def check_all(requires: list[str], host: HostChanges, facts: dict) -> tuple[dict, dict]:
     """Every requirement checked: ({requirement: {"ok", "why"}} for the manifest, {requirement: why} unmet)."""
-    checks = {r: check(r, host, found) for r in requires}
+    checks = {r: check(r, host, facts) for r in requires}
     return ({r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()},
             {r: why for r, (ok, why) in checks.items() if not ok})
 
 
-def missing(requires: list[str], host: HostChanges, found: dict) -> str:
+def missing(requires: list[str], host: HostChanges, facts: dict) -> str:
     """What of ``requires`` this host lacks, in unmet_text's words ('' when nothing)."""
-    return unmet_text(check_all(requires, host, found)[1])
+    return unmet_text(check_all(requires, host, facts)[1])
 
 
 def unmet_text(unmet: dict) -> str:

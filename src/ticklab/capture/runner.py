@@ -9,29 +9,21 @@ If the host cannot run the experiment, the bundle records that, with the reason,
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..bundle import BundleWriter
 from ..claimids import CLAIM_IDS
 from ..host import HostChanges, collect, host_id
-from ..ingest import read_trace
-from ..tracemetrics import METRIC_SETS
-from ..paths import repo_root
-from ..schemas import MAX_RUNS
 from . import requirements, tracing
 from .execute import apply_knobs, execute_run, run_once, workload_values
-from .experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths, load_experiment,
-                         schedule)
-from .process import WorkloadOutputError
-from .stopping import Rounds, StoppingRule, describe
-from .workloads import PARSERS
+from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, expand_conditions, experiment_paths,
+                         load_experiment)
+from .session import Session, add_run, check_counts, open_bundle, plan, plan_counts
+from .stopping import StoppingRule, describe
 
 HOST_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
@@ -50,34 +42,6 @@ class CaptureOptions:
     seed: int | None = None
     budget_s: float | None = None  # overrides the experiment's budget.time_s (0: no added rounds)
     goals: list | None = None      # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
-
-
-def _git_commit() -> str | None:
-    try:
-        result = subprocess.run(["git", "-C", str(repo_root()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout.strip() or None
-
-
-def tool_versions() -> dict:
-    versions = {"ticklab": __version__, "ticklab_commit": _git_commit(), "python": sys.version.split()[0]}
-    for name, argv in (("trace-cmd", ["trace-cmd", "--version"]), ("perf", ["perf", "--version"]),
-                       ("hackbench", None), ("tbench", None)):
-        path = shutil.which(name)
-        if path and argv:
-            result = subprocess.run(argv, capture_output=True, text=True, check=False)
-            versions[name] = (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else path
-        elif path:
-            versions[name] = path
-    return versions
-
-
-def shown_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(repo_root()))
-    except ValueError:
-        return path.name
 
 
 class Capture:
@@ -100,69 +64,47 @@ class Capture:
         with host:
             if experiment.trace:
                 tracing.ensure_tracefs(host)  # in a dry run this only says it would mount
-            found = collect(options.root)
-            checked, failed = requirements.check_all(experiment.requires, host, found)
-            conditions = expand_conditions(experiment, found)
+            facts = collect(options.root)
+            checked, failed = requirements.check_all(experiment.requires, host, facts)
+            conditions = expand_conditions(experiment, facts)
             if not conditions and not failed:
                 failed["conditions"] = "no condition of this experiment exists on this host"
             backend, backend_why = (tracing.choose_backend(host, options.backend) if experiment.trace and not failed
                                     else (None, None))
-            identity = options.host_id or host_id(found)
+            identity = options.host_id or host_id(facts)
             if not HOST_ID_PATTERN.match(identity):
                 raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")
-            runs = options.runs or experiment.runs
-            warmup = experiment.warmup if options.warmup is None else options.warmup
-            seed = experiment.seed if options.seed is None else options.seed
-            plan = [] if failed else schedule(conditions, runs, warmup, seed)
+            counts = plan_counts(experiment, options)
+            planned = [] if failed else plan(conditions, counts)
             rule = None if failed else StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
                                                                  budget_s=options.budget_s, goals=options.goals)
             if options.dry_run:
-                return self._dry_run(host, plan, found, failed, backend, rule)
-            definition = {**experiment.definition, "path": shown_path(experiment.path)}
-            writer = self.writer = BundleWriter(options.out, identity, experiment.claim, experiment.name, definition=definition,
-                                  host=found, tools=tool_versions())
+                return self._dry_run(host, planned, facts, failed, backend, rule)
+            writer = self.writer = open_bundle(options.out, identity, experiment, facts, conditions, counts, planned)
             manifest = writer.manifest
             manifest.requirements = checked
-            manifest.conditions = [c.record() for c in conditions]
-            manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
-            manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan]
             manifest.tracing = {"backend": backend, "why": backend_why, "events": (experiment.trace or {}).get("events", [])}
             if failed:
                 manifest.not_testable = requirements.unmet_text(failed)
                 self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
             else:
-                self._run_plan(writer, host, Rounds(plan, rule, conditions, seed, writer), conditions, found, backend)
+                executor = HostExecutor(experiment, host, facts, backend, self.log)
+                Session(experiment, executor, writer, planned, rule, conditions, counts[2], what="capture",
+                        desc=f"{experiment.claim}/{experiment.name}", progress=options.progress, log=self.log).run()
         writer.manifest.knobs = host.records()  # now with the values read back after restoring
         return writer.seal()
 
-    def _run_plan(self, writer: BundleWriter, host: HostChanges, rounds: Rounds, conditions, found: dict,
-                  backend) -> None:
-        experiment = self.experiment
-        try:
-            for planned in rounds.shown(f"{experiment.claim}/{experiment.name}", "run", self.options.progress):
-                self._one_run(writer, host, planned, found, backend)
-            self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest.stopping['reason']}")
-            if experiment.profile:
-                self._profiles(writer, host, conditions, found)
-            if experiment.extras_per_condition():
-                self._extras(writer, host, conditions, found)
-        except BaseException as exc:
-            writer.manifest.interrupted = f"{type(exc).__name__}: {exc}"
-            writer.flush()
-            self.log(f"capture interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
-            raise
-
-    def _dry_run(self, host: HostChanges, plan, found: dict, failed: dict, backend, rule) -> None:
+    def _dry_run(self, host: HostChanges, planned_runs, facts: dict, failed: dict, backend, rule) -> None:
         experiment = self.experiment
         if failed:
             self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — "
                      + requirements.unmet_text(failed))
             return None
         self.log(f"stopping: {describe(rule)}")
-        for planned in plan:
+        for planned in planned_runs:
             self.log(f"{planned.run} {planned.condition.name}{' (warm-up)' if planned.warmup else ''}:")
             with host.scope():
-                apply_knobs(host, experiment, planned.condition, found)
+                apply_knobs(host, experiment, planned.condition, facts)
                 if experiment.trace:
                     for line in tracing.planned_tracefs_writes(host.root, experiment.trace["events"],
                                                                int(experiment.trace.get("buffer_kb", 4096)),
@@ -170,43 +112,60 @@ class Capture:
                         self.log(f"dry-run: would {line}")
         return None
 
-    def _one_run(self, writer: BundleWriter, host: HostChanges, planned, found: dict, backend: str | None) -> None:
-        run_dir = writer.run_dir(planned.run)
-        record = execute_run(self.experiment, planned, host, found, backend, run_dir)
-        values = workload_values(self.experiment, planned.condition, found)
-        add_run(writer, self.experiment, record, values, self.log)
 
-    def _once_per_condition(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict,
+class HostExecutor:
+    """Makes each run on this host (the session's :class:`~ticklab.capture.session.Executor`): the condition's
+    knobs through ``host``, the workload, tracing and per-run extras (``execute.execute_run``); after the runs,
+    the experiment's profiles and once-per-condition cross-checks."""
+    unit = "run"
+
+    def __init__(self, experiment: Experiment, host: HostChanges, facts: dict, backend: str | None, log=print):
+        self.experiment, self.host, self.facts, self.backend, self.log = experiment, host, facts, backend, log
+
+    def make_run(self, writer: BundleWriter, planned: PlannedRun) -> bool:
+        run_dir = writer.run_dir(planned.run)
+        record = execute_run(self.experiment, planned, self.host, self.facts, self.backend, run_dir)
+        values = workload_values(self.experiment, planned.condition, self.facts)
+        add_run(writer, self.experiment, record, values, self.log)
+        return True
+
+    def after_runs(self, writer: BundleWriter, conditions: list[Condition]) -> None:
+        if self.experiment.profile:
+            self._profiles(writer, self.host, conditions, self.facts)
+        if self.experiment.extras_per_condition():
+            self._extras(writer, self.host, conditions, self.facts)
+
+    def _once_per_condition(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], facts: dict,
                             prefix: str, argv: list, source: str, wrap: list[str] = ()) -> list[dict]:
         """Run ``argv`` once for each condition, with its knobs, in raw/<prefix>-NNN; outside results.csv."""
         done = []
         for index, condition in enumerate(conditions):
             directory = writer.run_dir(f"{prefix}-{index + 1:03d}")
-            outcome = run_once(self.experiment, condition, host, found, argv, source, directory, wrap)
+            outcome = run_once(self.experiment, condition, host, facts, argv, source, directory, wrap)
             done.append({"directory": directory.name, "condition": condition.name, **outcome})
         return done
 
-    def _extras(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
+    def _extras(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], facts: dict) -> None:
         """Cross-checks (osnoise, timerlat ...): once per condition where the host has what they need."""
         done = []
         for extra in self.experiment.extras_per_condition():
-            missing = requirements.missing(extra.get("requires", []), host, found)
+            missing = requirements.missing(extra.get("requires", []), host, facts)
             if missing:
                 done.append({"name": extra["name"], "skipped": missing})
                 continue
-            runs = self._once_per_condition(writer, host, conditions, found, f"extra-{extra['name']}", extra["argv"],
+            runs = self._once_per_condition(writer, host, conditions, facts, f"extra-{extra['name']}", extra["argv"],
                                             f"{self.experiment.path}: extras.{extra['name']}.argv")
             done += [{"name": extra["name"], **run} for run in runs]
         writer.manifest.extras = done
 
-    def _profiles(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], found: dict) -> None:
+    def _profiles(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], facts: dict) -> None:
         """One perf profile per condition (outside the measured runs), where perf works."""
         if shutil.which("perf") is None:
             writer.manifest.profiles = "perf is not installed"
             return
         when = self.experiment.profile.get("when") or {}
         wanted = [c for c in conditions if all(c.values.get(k) == v for k, v in when.items())]
-        profiles = self._once_per_condition(writer, host, wanted, found, "profile", self.experiment.workload["argv"],
+        profiles = self._once_per_condition(writer, host, wanted, facts, "profile", self.experiment.workload["argv"],
                                             f"{self.experiment.path}: workload.argv",
                                             wrap=["perf", "record", "-g", "-o", "perf.data", "--"])
         for profile in profiles:
@@ -215,54 +174,6 @@ class Capture:
                                      "-i", str(directory / "perf.data")], capture_output=True, text=True, check=False)
             (directory / "perf-report.txt").write_text(report.stdout)
         writer.manifest.profiles = profiles
-
-
-def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dict) -> tuple[list[dict], str | None]:
-    """The metric rows of a finished run (workload output, then trace metrics), or why there are none."""
-    if record["status"] != "ok":
-        return [], None
-    try:
-        results = PARSERS[experiment.workload["tool"]](run_dir)
-        if record.get("trace") and experiment.trace.get("metrics"):
-            metrics = METRIC_SETS[experiment.trace["metrics"]]
-            results += metrics(read_trace(run_dir / record["trace"]["directory"]), values)
-    except (WorkloadOutputError, KeyError, ValueError, OverflowError, TypeError) as exc:
-        return [], str(exc)
-    rows = [{**row, "value": float(row["value"])} for row in results]
-    odd = [row["metric"] for row in rows if not math.isfinite(row["value"])]
-    if odd:
-        return [], f"{run_dir}: metric(s) {', '.join(odd)} not finite; the run's results are not recorded"
-    return rows, None
-
-
-def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: dict, log=print) -> None:
-    """Add a finished run to the bundle: its record in the manifest, its results (unless a warm-up) in results.csv."""
-    run_dir = writer.path / "raw" / record["run"]
-    results, problem = run_results(experiment, run_dir, record, values)
-    record = {**record, "problem": record.get("problem") or problem}
-    trace = record.get("trace") or {}
-    if trace.get("lost_events"):
-        log(f"{record['run']}: the kernel lost {trace['lost_events']} trace event(s)")
-    if (record.get("interference") or {}).get("busy"):
-        log(f"{record['run']}: ran on a busy host — {record['interference']['why']}")
-    if record["status"] != "ok" or record["problem"]:
-        log(f"{record['run']} {record['condition']}: {record['status']}"
-            f"{' — ' + record['problem'] if record['problem'] else ''} (see {run_dir / 'stderr.txt'})")
-    if record["warmup"]:  # kept in the manifest, excluded from results.csv and so from every analysis
-        record["warmup_results"] = results
-    writer.add_run(record, [] if record["warmup"] else results)
-
-
-def check_counts(options) -> None:
-    """--runs, --warmup, --seed, --budget-s as given (argparse checks them too; this guards other callers)."""
-    limits = {"runs": (1, MAX_RUNS), "warmup": (0, 1000), "seed": (0, 2**63 - 1)}
-    for name, (low, high) in limits.items():
-        value = getattr(options, name, None)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
-            raise ExperimentError(f"--{name} {value!r}: must be a whole number from {low} to {high}")
-    budget = getattr(options, "budget_s", None)
-    if budget is not None and not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 <= budget <= 7 * 86400):
-        raise ExperimentError(f"--budget-s {budget!r}: must be seconds from 0 to {7 * 86400}")
 
 
 def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = None, log=print) -> list[Path]:

@@ -105,7 +105,7 @@ class StoppingRule:
         self.started = time.monotonic()
 
     def _check(self, results: pd.DataFrame) -> list[dict]:
-        found = []
+        entries = []
         for goal in self.goals:
             values = {name: results[(results["metric"] == goal.metric) & (results["condition"] == name)]["value"]
                       for name in (goal.treatment, goal.baseline)}
@@ -114,19 +114,19 @@ class StoppingRule:
                      "treatment": goal.treatment, "baseline": goal.baseline,
                      "n": [n[goal.treatment], n[goal.baseline]]}
             if min(n.values()) < 2:
-                found.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
+                entries.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
                 continue
             try:
                 ratio = ratio_of_statistic(values[goal.treatment], values[goal.baseline],
                                            statistic=goal.statistic, n_boot=self.n_boot, seed=self.seed)
             except ValueError as exc:
-                found.append({**entry, "met": False, "why": str(exc)})
+                entries.append({**entry, "met": False, "why": str(exc)})
                 continue
             width, target = log_half_width(ratio.low, ratio.high), goal.target_log_half_width
-            found.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high],
+            entries.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high],
                           "log_half_width": width if math.isfinite(width) else None, "target_log_half_width": target,
                           "met": width <= target and min(n.values()) >= MIN_RUNS})
-        return found
+        return entries
 
     def next_round(self, results: pd.DataFrame, runs_per_condition: dict[str, int], seconds_per_run: float,
                    conditions: list[Condition]) -> list[Condition]:
@@ -181,7 +181,8 @@ class Rounds:
 
     def shown(self, desc: str, unit: str, enabled: bool = True):
         """The same runs, with a progress bar on stderr whose total grows with the rounds."""
-        with tqdm(total=len(self.plan), desc=desc, unit=unit, disable=not enabled, file=sys.stderr) as bar:
+        with tqdm(total=len(self.plan), desc=desc, unit=unit, disable=not enabled, file=sys.stderr,
+                  initial=len(self.writer.manifest.runs)) as bar:
             self.progress = bar
             for planned in self:
                 bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
@@ -189,7 +190,10 @@ class Rounds:
                 bar.update()
 
     def _timed(self, planned: list[PlannedRun]):
+        made = {record.run for record in self.writer.manifest.runs}  # a resumed session skips the runs it made
         for run in planned:
+            if run.run in made:
+                continue
             if not run.warmup and self.rule.started is None:
                 self.rule.start()
             began = time.monotonic()

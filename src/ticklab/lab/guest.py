@@ -42,20 +42,20 @@ def _normal(value: str) -> str:
     return {"y": "1", "yes": "1", "on": "1", "true": "1", "n": "0", "no": "0", "off": "0", "false": "0"}.get(value.lower(), value)
 
 
-def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | None, found: dict) -> list[str]:
+def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | None, facts: dict) -> list[str]:
     """How the booted guest differs from what the condition asked for (empty when it matches)."""
     problems = []
-    booted = (found.get("cmdline") or "").split()
+    booted = (facts.get("cmdline") or "").split()
     missing = [token for token in expected_cmdline if token not in booted]
     if missing:
         problems.append(f"/proc/cmdline lacks {' '.join(missing)}")
     for token in expected_cmdline:
         name, _, wanted = token.partition("=")
         if name in SWITCHES:
-            taken = (found.get("lab_switches") or {}).get(name)
+            taken = (facts.get("lab_switches") or {}).get(name)
             if taken is None or _normal(taken) != _normal(wanted):
                 problems.append(f"{name} is {taken} in the running kernel, the condition asks for {wanted}")
-    current = (found.get("clocksources") or {}).get("current")
+    current = (facts.get("clocksources") or {}).get("current")
     if expected_clocksource and current != expected_clocksource:
         problems.append(f"clocksource is {current}, the condition asks for {expected_clocksource}")
     return problems
@@ -75,21 +75,21 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
         with host:
             if experiment.trace:
                 tracing.ensure_tracefs(host)
-            found = collect()
-            found["lab_switches"] = switch_values()
-            result["facts"] = found
-            result["requirements"], failed = requirements.check_all(experiment.requires, host, found)
+            facts = collect()
+            facts["lab_switches"] = switch_values()
+            result["facts"] = facts
+            result["requirements"], failed = requirements.check_all(experiment.requires, host, facts)
             if failed:
                 result["not_testable"] = requirements.unmet_text(failed)
                 return result
-            mismatch = boot_mismatches(job.get("cmdline", []), job.get("clocksource"), found)
+            mismatch = boot_mismatches(job.get("cmdline", []), job.get("clocksource"), facts)
             if job.get("extra"):
-                result["extra"] = _extra(experiment, planned.condition, host, found, job["extra"], run_dir)
+                result["extra"] = _extra(experiment, planned.condition, host, facts, job["extra"], run_dir)
                 result["extra"]["boot_mismatch"] = mismatch
                 return result
             backend, why = tracing.choose_backend(host, job.get("backend", "auto")) if experiment.trace else (None, None)
             result["tracing"] = {"backend": backend, "why": why}
-            record = execute_run(experiment, planned, host, found, backend, run_dir)
+            record = execute_run(experiment, planned, host, facts, backend, run_dir)
             record["boot_mismatch"] = mismatch
             result["record"] = record
         result["knobs"] = host.records()
@@ -103,13 +103,13 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
     return result
 
 
-def _extra(experiment, condition: Condition, host: HostChanges, found: dict, name: str, run_dir: Path) -> dict:
+def _extra(experiment, condition: Condition, host: HostChanges, facts: dict, name: str, run_dir: Path) -> dict:
     """A cross-check (experiment ``extras``) once under ``condition``, or why it was skipped in this guest."""
     extra = next(e for e in experiment.extras if e["name"] == name)
-    missing = requirements.missing(extra.get("requires", []), host, found)
+    missing = requirements.missing(extra.get("requires", []), host, facts)
     if missing:
         return {"name": name, "condition": condition.name, "skipped": missing}
-    outcome = run_once(experiment, condition, host, found, extra["argv"], f"{experiment.path}: extras.{name}.argv", run_dir)
+    outcome = run_once(experiment, condition, host, facts, extra["argv"], f"{experiment.path}: extras.{name}.argv", run_dir)
     return {"name": name, "condition": condition.name, **outcome}
 
 

@@ -27,10 +27,10 @@ from tqdm import tqdm
 from ..bundle import BundleWriter
 from ..capture import interference
 from ..capture.execute import workload_values
-from ..capture.experiment import (Condition, Experiment, ExperimentError, expand_conditions, experiment_paths,
-                                  load_experiment, schedule)
-from ..capture.runner import add_run, check_counts, shown_path, tool_versions
-from ..capture.stopping import Rounds, StoppingRule
+from ..capture.experiment import (Condition, Experiment, ExperimentError, PlannedRun, expand_conditions,
+                                  experiment_paths, load_experiment)
+from ..capture.session import Session, add_run, check_counts, open_bundle, plan, plan_counts
+from ..capture.stopping import StoppingRule
 from ..host import collect, host_id, interrupting_signals
 from ..paths import traces_dir
 from . import image as guest_image
@@ -146,9 +146,7 @@ class LabRun:
 
     def run(self) -> Path:
         experiment, options, lab = self.experiment, self.options, lab_settings(self.experiment)
-        runs = options.runs or experiment.runs
-        warmup = experiment.warmup if options.warmup is None else options.warmup
-        seed = experiment.seed if options.seed is None else options.seed
+        counts = plan_counts(experiment, options)
         conditions = expand_conditions(experiment, planning_facts(int(options.smp or lab["smp"])))
         if not conditions:
             raise ExperimentError(f"{experiment.path}: no conditions")
@@ -158,16 +156,13 @@ class LabRun:
         physical = collect()
         releases = sorted({k.info["release"] for k in kernels.values()})
         identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
-        plan = schedule(conditions, runs, warmup, seed)
+        planned = plan(conditions, counts)
         rule = StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
                                         budget_s=options.budget_s, goals=options.goals)
-        definition = {**experiment.definition, "path": shown_path(experiment.path)}
-        writer = self.writer = BundleWriter(options.out or traces_dir(), identity, experiment.claim, experiment.name,
-                                            definition=definition, host={}, tools=tool_versions())
+        # the guest's facts, requirements and tracing come with its first boot (LabExecutor.make_run)
+        writer = self.writer = open_bundle(options.out or traces_dir(), identity, experiment, {}, conditions, counts,
+                                           planned)
         manifest = writer.manifest
-        manifest.conditions = [c.record() for c in conditions]
-        manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
-        manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan]
         manifest.lab = {"accelerator": accel, "why": accel_why, "qemu": qemu.qemu_version(), "physical_host": physical,
                         "physical_host_id": host_id(physical), "kernels": {v: k.record() for v, k in kernels.items()},
                         "image": image.record(), "boot": settings}
@@ -176,29 +171,35 @@ class LabRun:
             self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
             return writer.seal()
         writer.flush()
-        try:
-            with interrupting_signals():
-                testable = True
-                rounds = Rounds(plan, rule, conditions, seed, writer)
-                if not options.progress:
-                    warmups = sum(p.warmup for p in plan)
-                    self.log(f"{experiment.claim}/{experiment.name} ({accel}): {len(plan)} boot(s), {warmups} of them "
-                             f"warm-up, one guest each (more if the stopping rule asks)")
-                for planned in rounds.shown(f"{experiment.claim}/{experiment.name} ({accel})", "boot", options.progress):
-                    testable = self._one_boot(writer, planned, settings[planned.condition.name])
-                    if not testable:
-                        break
-                if testable:
-                    self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest.stopping['reason']}")
-                if testable and experiment.extras_per_condition():
-                    self._extras(writer, conditions, settings)
-        except BaseException as exc:
-            writer.manifest.interrupted = f"{type(exc).__name__}: {exc}"
-            writer.flush()
-            self.log(f"lab run interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
-            raise
+        if not options.progress:
+            warmups = sum(p.warmup for p in planned)
+            self.log(f"{experiment.claim}/{experiment.name} ({accel}): {len(planned)} boot(s), {warmups} of them "
+                     f"warm-up, one guest each (more if the stopping rule asks)")
+        executor = LabExecutor(experiment, options, kernels, image, accel, settings, self.log)
+        with interrupting_signals():
+            Session(experiment, executor, writer, planned, rule, conditions, counts[2], what="lab run",
+                    desc=f"{experiment.claim}/{experiment.name} ({accel})", progress=options.progress, log=self.log).run()
         self.log(f"{experiment.claim}/{experiment.name}: sealing the bundle (compressing raw files, hashing every file)")
         return writer.seal()
+
+
+class LabExecutor:
+    """Makes each run in its own boot of a lab guest (the session's :class:`~ticklab.capture.session.Executor`):
+    the condition's kernel, vCPUs and command line (``settings``), the job in a 9p share, the guest running the
+    capture code; after the runs, each once-per-condition cross-check in a boot of its own."""
+    unit = "boot"
+
+    def __init__(self, experiment: Experiment, options: LabOptions, kernels: dict, image, accel: str, settings: dict,
+                 log=say):
+        self.experiment, self.options, self.kernels, self.image, self.accel = experiment, options, kernels, image, accel
+        self.settings, self.log = settings, log
+
+    def make_run(self, writer: BundleWriter, planned: PlannedRun) -> bool:
+        return self._one_boot(writer, planned, self.settings[planned.condition.name])
+
+    def after_runs(self, writer: BundleWriter, conditions: list[Condition]) -> None:
+        if self.experiment.extras_per_condition():
+            self._extras(writer, conditions, self.settings)
 
     def _boot(self, writer: BundleWriter, directory: str, job: dict, setting: dict) -> tuple[dict, dict, Path]:
         """One guest boot running ``job``; (QEMU outcome, the guest's result.json, raw/<directory> in the bundle)."""
@@ -351,10 +352,10 @@ def _read_json(path: Path) -> dict:
 
 
 def _cached_kernel(variant: str, progress: bool = True, say=say, announce: bool = True):
-    found = lab_kernel.cached_kernel(variant)
-    if found is None:
+    kernel = lab_kernel.cached_kernel(variant)
+    if kernel is None:
         raise LabError(f"lab kernel {variant} is not built: run 'ticklab lab build-kernel --variant {variant}'")
-    return found
+    return kernel
 
 
 def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None, log=say) -> list[Path]:

@@ -1,0 +1,198 @@
+"""One capture session: plan → warm-ups → interleaved measured runs → rounds → one bundle, whatever makes the runs.
+
+``ticklab capture`` (this host) and ``ticklab lab run`` (a QEMU guest boot per run) differ only in how one
+run is made; everything around it is here, once:
+
+- :func:`plan_counts` — runs, warm-ups and seed (the command line over the experiment);
+- :func:`open_bundle` — the bundle with its plan: definition, tools, conditions, counts and the ``order``
+  (``schedule``: warm-ups first, then a seeded shuffle of every measured run);
+- :class:`Session` — iterates :class:`~ticklab.capture.stopping.Rounds` (the plan, then the rounds the
+  stopping rule asks for), hands each planned run to an :class:`Executor`, then lets it do its per-condition
+  work (profiles, cross-checks); an exception (Ctrl-C included) marks the bundle ``interrupted``, flushes it
+  and goes on up, so the bundle stays ``incomplete`` with every run it finished;
+- :func:`add_run` — a made run into the bundle: its record in the manifest, its results (workload output,
+  then the experiment's trace metrics) in results.csv unless it is a warm-up.
+
+The executor interface (:class:`Executor`)::
+
+    unit: str                                          # what one run is called in progress bars: "run", "boot"
+    make_run(writer: BundleWriter, planned: PlannedRun) -> bool
+        # make the planned run and add it (add_run); False: where runs are made cannot run the experiment
+        # at all (the executor has set manifest.not_testable) and the session stops
+    after_runs(writer: BundleWriter, conditions: list[Condition]) -> None
+        # once the measured runs are done: per-condition work outside results.csv (profiles, cross-checks)
+
+Executors today: ``capture.runner.HostExecutor`` (this host: knobs through ``HostChanges``, workloads,
+tracing, per-run extras) and ``lab.run.LabExecutor`` (one QEMU boot of a lab guest per run, the guest
+running the same capture code).
+
+A third kind — a kexec, GRUB or manual reboot of this host per run — makes each run in a *new process*
+after the boot. It works with the same pieces because the bundle on disk is the session's whole state:
+the manifest's ``order`` is the plan (rounds append to it), ``runs`` are the runs made (each written
+and flushed as it finishes, :meth:`BundleWriter.add_run`), ``conditions``/``seed``/``stopping`` the rest.
+``Rounds`` skips every planned run the manifest already records, so a resumed process reopens the
+incomplete bundle, makes the next planned run (its executor's ``make_run`` checks the boot it finds, as
+the lab's ``boot_mismatch`` does) and, before rebooting for the one after, flushes the manifest. What such
+an executor must add is the reopening of a bundle for writing and the boot plan; nothing here changes.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from .. import __version__
+from ..bundle import BundleWriter
+from ..ingest import read_trace
+from ..paths import repo_root
+from ..schemas import MAX_RUNS
+from ..tracemetrics import METRIC_SETS
+from .experiment import Condition, Experiment, ExperimentError, PlannedRun, schedule
+from .process import WorkloadOutputError
+from .stopping import Rounds, StoppingRule
+from .workloads import PARSERS
+
+
+class Executor(Protocol):
+    """How the runs of a session are made (see the module docstring)."""
+    unit: str
+
+    def make_run(self, writer: BundleWriter, planned: PlannedRun) -> bool: ...
+
+    def after_runs(self, writer: BundleWriter, conditions: list[Condition]) -> None: ...
+
+
+class Session:
+    """The runs of one experiment into one bundle: rounds of planned runs, each made by ``executor``."""
+
+    def __init__(self, experiment: Experiment, executor: Executor, writer: BundleWriter, plan: list[PlannedRun],
+                 rule: StoppingRule, conditions: list[Condition], seed: int, *, what: str, desc: str,
+                 progress: bool = True, log=print):
+        self.experiment, self.executor, self.writer = experiment, executor, writer
+        self.plan, self.rule, self.conditions, self.seed = plan, rule, conditions, seed
+        self.what, self.desc, self.progress, self.log = what, desc, progress, log
+
+    def run(self) -> bool:
+        """Make every run; False when the executor found the experiment not testable where it makes runs."""
+        experiment, writer = self.experiment, self.writer
+        try:
+            rounds = Rounds(self.plan, self.rule, self.conditions, self.seed, writer)
+            for planned in rounds.shown(self.desc, self.executor.unit, self.progress):
+                if not self.executor.make_run(writer, planned):
+                    return False
+            self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest.stopping['reason']}")
+            self.executor.after_runs(writer, self.conditions)
+        except BaseException as exc:
+            writer.manifest.interrupted = f"{type(exc).__name__}: {exc}"
+            writer.flush()
+            self.log(f"{self.what} interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
+            raise
+        return True
+
+
+def plan(conditions: list[Condition], counts: tuple[int, int, int]) -> list[PlannedRun]:
+    """The first plan: ``warmup`` warm-ups of each condition, then ``runs`` of each in a ``seed``-ed shuffle."""
+    runs, warmup, seed = counts
+    return schedule(conditions, runs, warmup, seed)
+
+
+def plan_counts(experiment: Experiment, options) -> tuple[int, int, int]:
+    """(measured runs per condition, warm-ups per condition, seed): ``options`` (--runs ...) over the experiment."""
+    runs = options.runs or experiment.runs
+    warmup = experiment.warmup if options.warmup is None else options.warmup
+    seed = experiment.seed if options.seed is None else options.seed
+    return runs, warmup, seed
+
+
+def open_bundle(out: Path, identity: str, experiment: Experiment, host: dict, conditions: list[Condition],
+                counts: tuple[int, int, int], plan: list[PlannedRun]) -> BundleWriter:
+    """A new bundle holding the session's plan (the manifest keys every capture has)."""
+    runs, warmup, seed = counts
+    definition = {**experiment.definition, "path": shown_path(experiment.path)}
+    writer = BundleWriter(out, identity, experiment.claim, experiment.name, definition=definition, host=host,
+                          tools=tool_versions())
+    manifest = writer.manifest
+    manifest.conditions = [c.record() for c in conditions]
+    manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
+    manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan]
+    return writer
+
+
+def _git_commit() -> str | None:
+    try:
+        result = subprocess.run(["git", "-C", str(repo_root()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+def tool_versions() -> dict:
+    versions = {"ticklab": __version__, "ticklab_commit": _git_commit(), "python": sys.version.split()[0]}
+    for name, argv in (("trace-cmd", ["trace-cmd", "--version"]), ("perf", ["perf", "--version"]),
+                       ("hackbench", None), ("tbench", None)):
+        path = shutil.which(name)
+        if path and argv:
+            result = subprocess.run(argv, capture_output=True, text=True, check=False)
+            versions[name] = (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else path
+        elif path:
+            versions[name] = path
+    return versions
+
+
+def shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(repo_root()))
+    except ValueError:
+        return path.name
+
+
+def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dict) -> tuple[list[dict], str | None]:
+    """The metric rows of a finished run (workload output, then trace metrics), or why there are none."""
+    if record["status"] != "ok":
+        return [], None
+    try:
+        results = PARSERS[experiment.workload["tool"]](run_dir)
+        if record.get("trace") and experiment.trace.get("metrics"):
+            metrics = METRIC_SETS[experiment.trace["metrics"]]
+            results += metrics(read_trace(run_dir / record["trace"]["directory"]), values)
+    except (WorkloadOutputError, KeyError, ValueError, OverflowError, TypeError) as exc:
+        return [], str(exc)
+    rows = [{**row, "value": float(row["value"])} for row in results]
+    odd = [row["metric"] for row in rows if not math.isfinite(row["value"])]
+    if odd:
+        return [], f"{run_dir}: metric(s) {', '.join(odd)} not finite; the run's results are not recorded"
+    return rows, None
+
+
+def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: dict, log=print) -> None:
+    """Add a finished run to the bundle: its record in the manifest, its results (unless a warm-up) in results.csv."""
+    run_dir = writer.path / "raw" / record["run"]
+    results, problem = run_results(experiment, run_dir, record, values)
+    record = {**record, "problem": record.get("problem") or problem}
+    trace = record.get("trace") or {}
+    if trace.get("lost_events"):
+        log(f"{record['run']}: the kernel lost {trace['lost_events']} trace event(s)")
+    if (record.get("interference") or {}).get("busy"):
+        log(f"{record['run']}: ran on a busy host — {record['interference']['why']}")
+    if record["status"] != "ok" or record["problem"]:
+        log(f"{record['run']} {record['condition']}: {record['status']}"
+            f"{' — ' + record['problem'] if record['problem'] else ''} (see {run_dir / 'stderr.txt'})")
+    if record["warmup"]:  # kept in the manifest, excluded from results.csv and so from every analysis
+        record["warmup_results"] = results
+    writer.add_run(record, [] if record["warmup"] else results)
+
+
+def check_counts(options) -> None:
+    """--runs, --warmup, --seed, --budget-s as given (argparse checks them too; this guards other callers)."""
+    limits = {"runs": (1, MAX_RUNS), "warmup": (0, 1000), "seed": (0, 2**63 - 1)}
+    for name, (low, high) in limits.items():
+        value = getattr(options, name, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
+            raise ExperimentError(f"--{name} {value!r}: must be a whole number from {low} to {high}")
+    budget = getattr(options, "budget_s", None)
+    if budget is not None and not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 <= budget <= 7 * 86400):
+        raise ExperimentError(f"--budget-s {budget!r}: must be seconds from 0 to {7 * 86400}")
