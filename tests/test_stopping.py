@@ -196,3 +196,17 @@ def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
            "scale, ≤ the comparison's no-effect margin (default: half the target's log-effect), from at least 5 runs " \
            "per condition; rounds add one run of every condition, for 2 comparison(s), within 300 s and 9 runs per " \
            "condition" in said
+
+
+def test_capture_reads_its_targets_from_the_published_dir_it_is_given(tmp_path, capsys):
+    """--published-dir reaches the stopping rule (it once read traces/published whatever the option said)."""
+    from ticklab.cli import main
+
+    path = write(tmp_path)
+    assert main(["capture", "hrtick", "--experiment", str(path), "--dry-run", "--no-progress",
+                 "--journal", str(tmp_path / "j.json"), "--published-dir", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip() == \
+        f"ticklab capture: {tmp_path / 'nowhere' / 'hrtick' / 'provenance.yaml'}: missing (no published data for claim 'hrtick')"
+    assert main(["capture", "hrtick", "--experiment", str(path), "--dry-run", "--no-progress", "--runs", "2",
+                 "--journal", str(tmp_path / "j.json"), "--published-dir", str(tmp_path / "nowhere")]) == 0, \
+        "a fixed run count needs no targets"

@@ -131,41 +131,41 @@ class HostExecutor:
 
     def after_runs(self, writer: BundleWriter, conditions: list[Condition]) -> None:
         if self.experiment.profile:
-            self._profiles(writer, self.host, conditions, self.facts)
+            self._profiles(writer, conditions)
         if self.experiment.extras_per_condition():
-            self._extras(writer, self.host, conditions, self.facts)
+            self._extras(writer, conditions)
 
-    def _once_per_condition(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], facts: dict,
-                            prefix: str, argv: list, source: str, wrap: list[str] = ()) -> list[dict]:
+    def _once_per_condition(self, writer: BundleWriter, conditions: list[Condition], prefix: str, argv: list,
+                            source: str, wrap: list[str] = ()) -> list[dict]:
         """Run ``argv`` once for each condition, with its knobs, in raw/<prefix>-NNN; outside results.csv."""
         done = []
         for index, condition in enumerate(conditions):
             directory = writer.run_dir(f"{prefix}-{index + 1:03d}")
-            outcome = run_once(self.experiment, condition, host, facts, argv, source, directory, wrap)
+            outcome = run_once(self.experiment, condition, self.host, self.facts, argv, source, directory, wrap)
             done.append({"directory": directory.name, "condition": condition.name, **outcome})
         return done
 
-    def _extras(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], facts: dict) -> None:
+    def _extras(self, writer: BundleWriter, conditions: list[Condition]) -> None:
         """Cross-checks (osnoise, timerlat ...): once per condition where the host has what they need."""
         done = []
         for extra in self.experiment.extras_per_condition():
-            missing = requirements.missing(extra.get("requires", []), host, facts)
+            missing = requirements.missing(extra.get("requires", []), self.host, self.facts)
             if missing:
                 done.append({"name": extra["name"], "skipped": missing})
                 continue
-            runs = self._once_per_condition(writer, host, conditions, facts, f"extra-{extra['name']}", extra["argv"],
+            runs = self._once_per_condition(writer, conditions, f"extra-{extra['name']}", extra["argv"],
                                             f"{self.experiment.path}: extras.{extra['name']}.argv")
             done += [{"name": extra["name"], **run} for run in runs]
         writer.manifest.extras = done
 
-    def _profiles(self, writer: BundleWriter, host: HostChanges, conditions: list[Condition], facts: dict) -> None:
+    def _profiles(self, writer: BundleWriter, conditions: list[Condition]) -> None:
         """One perf profile per condition (outside the measured runs), where perf works."""
         if shutil.which("perf") is None:
             writer.manifest.profiles = "perf is not installed"
             return
         when = self.experiment.profile.get("when") or {}
         wanted = [c for c in conditions if all(c.values.get(k) == v for k, v in when.items())]
-        profiles = self._once_per_condition(writer, host, wanted, facts, "profile", self.experiment.workload["argv"],
+        profiles = self._once_per_condition(writer, wanted, "profile", self.experiment.workload["argv"],
                                             f"{self.experiment.path}: workload.argv",
                                             wrap=["perf", "record", "-g", "-o", "perf.data", "--"])
         for profile in profiles:
