@@ -107,21 +107,17 @@ _OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\
                           r"\s+(\d+)\s+(\d+)", re.M)
 
 
-def _measured_records(bundle) -> list[dict]:
-    return [r for r in bundle.manifest["runs"] if not r.get("warmup") and r.get("status") == "ok" and not r.get("problem")]
-
-
 def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
     """Every measured FTQ sample (warm-up quanta dropped) of every testable nohz bundle."""
     frames = []
     for ref, bundle in usable_bundles(bundles):
         if bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
             continue
-        for record in _measured_records(bundle):
-            path = ref.path / "raw" / record["run"] / "ftq.dat"
+        for record in bundle.typed.measured_runs():
+            path = ref.path / "raw" / record.run / "ftq.dat"
             header, samples = read_ftq(path)
             samples = samples[~samples["warmup"]].assign(
-                host_id=ref.host_id, bundle=ref.path.name, run=record["run"], condition=record["condition"],
+                host_id=ref.host_id, bundle=ref.path.name, run=record.run, condition=record.condition,
                 quantum_ns=int(header["quantum_ns"]), source=str(rawfile.locate(path)))
             frames.append(samples[["host_id", "bundle", "run", "condition", "quantum_ns", "index", "count", "source"]])
     columns = ["host_id", "bundle", "run", "condition", "quantum_ns", "index", "count", "source"]
@@ -213,7 +209,7 @@ def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
     rows = []
     for ref, bundle in usable_bundles(bundles):
         results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
-        measured = {r["run"] for r in bundle.manifest["runs"] if not r.get("warmup")}
+        measured = {r.run for r in bundle.typed.measured_runs()}
         entries = [(r["condition"], r["run"], e) for r in bundle.manifest["runs"] if r["run"] in measured
                    for e in r.get("extras") or []]
         entries += [(e.get("condition"), None, e) for e in bundle.manifest.get("extras") or []]
