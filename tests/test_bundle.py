@@ -188,3 +188,18 @@ def test_a_run_record_keeps_absent_keys_absent_and_says_whether_it_was_measured(
     assert not RunRecord.from_json({**bare, "warmup": True}).measured
     assert RunRecord.from_json({**bare, "problem": "booted with the wrong clocksource"}).failed
     assert RunRecord.from_json({**bare, "status": "timeout"}).failed
+
+
+def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tmp_path):
+    writer = BundleWriter(tmp_path, "host-a", "hpet", "exp", definition={"name": "exp"}, host={"nproc": 2})
+    writer.add_run({"run": "run-001", "condition": "a", "warmup": False, "status": "ok"},
+                   [{"metric": "m", "value": 1.0, "unit": "s"}])
+    again = BundleWriter.reopen(writer.path)  # as a new process after a reboot would
+    again.add_run({"run": "run-002", "condition": "b", "warmup": False, "status": "ok"},
+                  [{"metric": "m", "value": 2.0, "unit": "s"}])
+    again.seal()
+    bundle = load_bundle(writer.path)
+    assert [r["run"] for r in bundle.manifest["runs"]] == ["run-001", "run-002"]
+    assert bundle.results["value"].tolist() == [1.0, 2.0]
+    with pytest.raises(BundleError, match="status 'sealed'; only an incomplete bundle takes more runs"):
+        BundleWriter.reopen(writer.path)

@@ -203,6 +203,19 @@ class BundleWriter:
         with (self.path / RESULTS).open("w", newline="") as handle:
             csv.writer(handle).writerow(RESULT_COLUMNS)
 
+    @classmethod
+    def reopen(cls, path: Path | str) -> BundleWriter:
+        """An incomplete bundle, to append runs to (a capture that goes on in a new process, e.g. after a reboot).
+        A sealed bundle is never reopened."""
+        bundle = load_bundle(path, allow_incomplete=True)
+        if bundle.manifest["status"] != "incomplete":
+            raise BundleError(f"{Path(path) / MANIFEST}: status {bundle.manifest['status']!r}; only an incomplete "
+                              "bundle takes more runs")
+        writer = cls.__new__(cls)
+        writer.path = Path(path)
+        writer.manifest = bundle.typed
+        return writer
+
     def flush(self) -> None:
         _write_json_atomically(self.path / MANIFEST, self.manifest.to_json())
 

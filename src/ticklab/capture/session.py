@@ -114,7 +114,7 @@ def open_bundle(out: Path, identity: str, experiment: Experiment, host: dict, co
     runs, warmup, seed = counts
     definition = {**experiment.definition, "path": shown_path(experiment.path)}
     writer = BundleWriter(out, identity, experiment.claim, experiment.name, definition=definition, host=host,
-                          tools=tool_versions())
+                          tools=tool_versions(experiment))
     manifest = writer.manifest
     manifest.conditions = [c.record() for c in conditions]
     manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
@@ -130,10 +130,15 @@ def _git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
-def tool_versions() -> dict:
+def tool_versions(experiment: Experiment | None = None) -> dict:
+    """ticklab's version and commit, Python's, the tracers' and where each program the experiment requires
+    (``program:NAME``, its extras' too) was found."""
     versions = {"ticklab": __version__, "ticklab_commit": _git_commit(), "python": sys.version.split()[0]}
+    required = [] if experiment is None else [*experiment.requires,
+                                              *(r for extra in experiment.extras for r in extra.get("requires", []))]
+    programs = [r.partition(":")[2] for r in dict.fromkeys(required) if r.startswith("program:")]
     for name, argv in (("trace-cmd", ["trace-cmd", "--version"]), ("perf", ["perf", "--version"]),
-                       ("hackbench", None), ("tbench", None)):
+                       *((program, None) for program in programs)):
         path = shutil.which(name)
         if path and argv:
             result = subprocess.run(argv, capture_output=True, text=True, check=False)
