@@ -74,6 +74,32 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kernel(args: argparse.Namespace) -> int:
+    from .hostkernel import build_and_install, plan_host_kernel
+
+    if not args.host:
+        print("ticklab kernel build: only --host kernels are built here; lab kernels: ticklab lab build-kernel",
+              file=sys.stderr)
+        return 2
+    plan = plan_host_kernel(args.root, config=args.config, source=args.source, localmodconfig=args.localmodconfig,
+                            jobs=args.jobs)
+    print(plan.describe())
+    if args.dry_run:
+        print("dry run: nothing built, nothing installed")
+        return 0
+    release = build_and_install(plan, args.root)
+    print(f"installed {release}; the default boot entry is unchanged. Boot it for one run with a boot plan "
+          f"(ticklab capture <claim> --boot kexec), or by hand: kexec -l /boot/vmlinuz-{release} "
+          f"--initrd /boot/initrd.img-{release} --reuse-cmdline && systemctl kexec")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .host import bootplan
+
+    return bootplan.command(args)
+
+
 def _lab(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
@@ -275,6 +301,29 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     cap.set_defaults(func=_capture)
 
+    kernel_cmd = sub.add_parser("kernel", help="kernels for this host: ticklab kernel build --host")
+    kernel_sub = kernel_cmd.add_subparsers(dest="kernel_command", required=True, metavar="COMMAND")
+    host_build = kernel_sub.add_parser("build", help="build and install a kernel for this host (running config + "
+                                                     "kernel/patches), without changing the default boot entry")
+    host_build.add_argument("--host", action="store_true", help="a kernel for this machine (the only kind built here)")
+    host_build.add_argument("--config", type=Path, help="kernel config (default: /boot/config-$(uname -r), else /proc/config.gz)")
+    host_build.add_argument("--source", type=Path, help="a Linux source tree or tarball (default: /usr/src/linux-source-X.Y.tar.xz)")
+    host_build.add_argument("--localmodconfig", action="store_true", help="keep only the modules loaded now (faster build)")
+    host_build.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
+    host_build.add_argument("--dry-run", action="store_true", help="print config, patches, localversion and steps; change nothing")
+    host_build.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    host_build.set_defaults(func=_kernel)
+
+    plan = sub.add_parser("plan", help="boot plans (capture --boot): status, resume after a reboot, abort")
+    plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="COMMAND")
+    for name, text in (("status", "runs done and left, the current state, what to do next"),
+                       ("resume", "verify this boot and go on (run by ticklab-plan.service after each reboot)"),
+                       ("abort", "remove the unit, put back every host change; keep the bundle and the runs made")):
+        one = plan_sub.add_parser(name, help=text)
+        one.add_argument("--id", dest="plan_id", help="the plan (default: the only one)")
+        one.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+        one.set_defaults(func=_plan)
+
     lab = sub.add_parser("lab", help="the guest lab: lab kernels, the guest image, experiments in QEMU guests")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="COMMAND")
     kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from linux-source-6.12")
@@ -345,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     traceback for bad input. An error that is not ticklab's own is a bug: one line too, exit 1, and
     TICKLAB_TRACEBACK=1 shows where it came from."""
     args = build_parser().parse_args(argv)
-    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None)]))
+    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None),
+                                  getattr(args, "kernel_command", None), getattr(args, "plan_command", None)]))
     try:
         return args.func(args)
     except KeyboardInterrupt as exc:
