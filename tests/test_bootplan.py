@@ -200,3 +200,31 @@ def test_a_missing_kernel_is_refused_before_any_reboot(host, tmp_path):
 def test_condition_cmdline_replaces_and_removes_words():
     assert bootplan.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
     assert bootplan.condition_cmdline("a=1 b c=3", ["a=2"]) == "b c=3 a=2"
+    # words after "--" belong to init: kernel words go before them
+    assert bootplan.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"]) == \
+        "ro quiet nohz_full=1 -- --init-flag x=1"
+
+
+def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(host, tmp_path):
+    root, log = host
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--dry-run",
+                           "--runs", "3", "--warmup", "1", "--root", str(root)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [l for l in done.stdout.splitlines() if l.startswith("  run-")]
+    assert len(lines) == 8  # 2 warm-ups then 3 measured runs of each of the 2 conditions, shuffled by the seed
+    assert lines[0].startswith("  run-001 tick-on (warm-up): kernel running, command line 'root=/dev/vda1 ro quiet'")
+    assert lines[1].startswith("  run-002 nohz-full (warm-up): kernel running, command line "
+                               "'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1'")  # the fake host has 2 CPUs
+    measured = [l.split()[1].rstrip(":") for l in lines[2:]]
+    assert sorted(measured) == ["nohz-full"] * 3 + ["tick-on"] * 3
+    assert not (root / "var/lib/ticklab").exists() and not calls(log)
+
+
+def test_capture_boot_names_a_kernel_pattern_that_matches_two(host, tmp_path):
+    root, _ = host
+    (root / "boot/vmlinuz-6.12.100-ticklab-def").write_bytes(b"kernel")
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--boot", "grub", "--dry-run",
+                           "--root", str(root)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert ("host-boot-clock-read.yaml: conditions.hpet-share-on: kernel '*-ticklab-*' matches 2 installed kernels in "
+            f"{root}/boot (have: 6.12.100-ticklab-def, 6.12.57-ticklab, 6.12.99-ticklab-abc)") in done.stderr

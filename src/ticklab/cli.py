@@ -54,6 +54,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _capture(args: argparse.Namespace) -> int:
+    if args.boot:
+        return _capture_boot(args)
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions, capture
@@ -98,6 +100,30 @@ def _plan(args: argparse.Namespace) -> int:
     from .host import bootplan
 
     return bootplan.command(args)
+
+
+def _capture_boot(args: argparse.Namespace) -> int:
+    from .capture.bootplans import boot_experiment, planned_runs
+    from .capture.experiment import ExperimentError
+    from .host import HostChangeError, bootplan
+
+    try:
+        experiment = boot_experiment(args.claim, args.experiment)
+        runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
+        if args.dry_run:
+            print(f"boot plan ({args.boot}) of {experiment.path.name}: {len(runs)} boots, one run each, in this order:")
+            for run in runs:
+                print(f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
+                      f"command line '{run.cmdline}'")
+            print("dry run: no plan written, nothing booted")
+            return 0
+        plan = bootplan.create(runs, mode=args.boot, bundle=args.out / args.claim / experiment.name, root=args.root)
+        print(f"boot plan {plan.id}: {len(runs)} boots; 'ticklab plan status' shows it, 'ticklab plan abort' ends it")
+        bootplan.advance(plan.id, root=args.root)
+    except (ExperimentError, bootplan.PlanError, HostChangeError) as exc:
+        print(f"ticklab capture: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _lab(args: argparse.Namespace) -> int:
@@ -296,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
                      help="tracing backend (default: trace-cmd where 'trace-cmd record' works, else tracefs)")
     cap.add_argument("--dry-run", action="store_true", help="print every privileged write, change nothing, run nothing")
+    cap.add_argument("--boot", choices=["kexec", "grub", "manual"],
+                     help="kernel conditions (a kernel, a command line): one boot per run in the seeded order, "
+                          "resumed by a systemd unit after each reboot: kexec (default choice), grub (one-shot "
+                          "grub-reboot, where kexec is locked down) or manual (you boot what it says); the default "
+                          "boot entry is never changed. See 'ticklab plan status|abort'")
     cap.add_argument("--no-progress", action="store_true", help="no progress bar")
     cap.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)

@@ -71,6 +71,7 @@ class PlannedRun:
     cmdline: str                # the whole command line the run's boot must have
     initrd: str | None = None   # with an image path; a release uses /boot/initrd.img-<release> if present
     release: str | None = None  # expected uname -r (default: from kernel; an image path without it is not checked)
+    warmup: bool = False        # a warm-up run (kept in the manifest, never in results.csv)
     state: str = "planned"
     boot_id_before: str | None = None
     boot_id_found: str | None = None
@@ -122,14 +123,17 @@ def boot_words(cmdline: str) -> list[str]:
 
 def condition_cmdline(original: str, words: list[str]) -> str:
     """The original command line (without loader-added words) with ``words`` added; a word ``key=value``
-    replaces the original's ``key=...``, and ``-key`` removes it."""
+    replaces the original's ``key=...``, and ``-key`` removes it. Words after ``--`` are init's arguments: the
+    kernel words go before it, and it and what follows are kept as they are."""
     keep = boot_words(original)
+    init_args = keep[keep.index("--"):] if "--" in keep else []
+    keep = keep[:len(keep) - len(init_args)]
     for word in words:
         key = word.lstrip("-").split("=", 1)[0]
         keep = [w for w in keep if w.split("=", 1)[0] != key]
         if not word.startswith("-"):
             keep.append(word)
-    return " ".join(keep)
+    return " ".join(keep + init_args)
 
 
 # -- state on disk -------------------------------------------------------------------------------------
