@@ -93,6 +93,8 @@ SLOW_TESTS = {
     "test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host",
     "test_the_published_loader_never_tracebacks_or_reads_outside",
     "test_the_repository_patches_apply_to_debians_6_12",
+    "test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment",
+    "test_capture_boot_names_a_kernel_pattern_that_matches_two",
     "test_the_report_renders_offline_in_headless_chromium",
     "test_the_shipped_bundles_verify_with_their_manifest_seals",
     "test_ticklab_verify_names_a_tampered_bundle",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_fake_host
+from conftest import REPO, make_fake_host
 from ticklab.host import bootplan
 from ticklab.host.bootplan import PlanError, PlannedRun
 
@@ -228,3 +228,13 @@ def test_capture_boot_names_a_kernel_pattern_that_matches_two(host, tmp_path):
     assert done.returncode == 2
     assert ("host-boot-clock-read.yaml: conditions.hpet-share-on: kernel '*-ticklab-*' matches 2 installed kernels in "
             f"{root}/boot (have: 6.12.100-ticklab-def, 6.12.57-ticklab, 6.12.99-ticklab-abc)") in done.stderr
+
+
+def test_a_host_kernel_knob_outside_a_host_boot_file_is_refused(tmp_path):
+    from ticklab.capture.experiment import ExperimentError, load_experiment
+
+    text = (REPO / "runners/nohz/host-boot-ftq.yaml").read_text()
+    (tmp_path / "ftq-reboots.yaml").write_text(text)
+    with pytest.raises(ExperimentError, match=r"ftq-reboots\.yaml: a boot experiment \(host_kernel knob\) must be named "
+                                              r"host-boot-\*\.yaml"):
+        load_experiment(tmp_path / "ftq-reboots.yaml")

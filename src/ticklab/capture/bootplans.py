@@ -5,8 +5,8 @@ host capture, one boot per run.
 A boot experiment has a ``host_kernel`` knob (``running``, or a release pattern matched against
 ``/boot/vmlinuz-*``: exactly one installed kernel must match) and usually a ``boot_cmdline`` knob (words added to the
 command line the machine has now: ``key=value`` replaces the original's ``key=``, ``-key`` removes it; ``{last_cpu}``
-and ``{nproc}`` are filled in). Host captures without ``--boot`` must leave these experiments out (the capture
-runner's part, as it does for ``lab:`` experiments).
+and ``{nproc}`` are filled in). Such files are named ``runners/<claim>/host-boot-*.yaml`` (checked at load), and
+``experiment_paths`` leaves them out of host captures and the lab.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import fnmatch
 from pathlib import Path
 
 from ..host import bootplan, facts
-from .experiment import Experiment, ExperimentError, expand_conditions, experiment_paths, load_experiment, schedule
+from .experiment import Experiment, ExperimentError, boot_experiment_paths, expand_conditions, load_experiment, schedule
 
 
 def is_boot_experiment(experiment: Experiment) -> bool:
@@ -42,7 +42,7 @@ def resolve_kernel(value: str, root: Path, source: str) -> str:
 
 
 def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
-    paths = [experiment_path] if experiment_path else experiment_paths(claim)
+    paths = [experiment_path] if experiment_path else boot_experiment_paths(claim)
     found = [e for e in (load_experiment(p) for p in paths) if is_boot_experiment(e)]
     if not found:
         raise ExperimentError(f"{experiment_path or 'runners/' + claim}: no boot experiment (one with a host_kernel "
