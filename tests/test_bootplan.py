@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO, make_fake_host
 from ticklab.host import bootplan
+from ticklab.host import HostChangeError
 from ticklab.host.bootplan import PlanError, PlannedRun
 
 RELEASE = "6.12.57-ticklab"
@@ -82,7 +83,7 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     assert calls(log) == ["systemctl daemon-reload",
                           f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
                           "--append root=/dev/vda1 ro quiet",
-                          "systemctl kexec"]
+                          "systemctl --no-block kexec"]
     for number, run in enumerate(plan.runs, start=1):
         reboot(root, f"boot-{number}", run.cmdline)  # kexec keeps exactly the --append line: no BOOT_IMAGE
         done = resume_in_a_new_process(root)
@@ -92,7 +93,7 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     assert [r.state for r in final.runs] == ["made"] * 4
     assert [r.boot_id_found for r in final.runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
     assert [r.record["cmdline"] for r in final.runs] == [r.cmdline for r in plan.runs]
-    assert calls(log)[-1] == "systemctl kexec" and calls(log)[-2] == (
+    assert calls(log)[-1] == "systemctl --no-block kexec" and calls(log)[-2] == (
         f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} --append root=/dev/vda1 ro quiet")
     assert "kexec -u" in calls(log)  # the journalled load was undone before the next one and at the end
     assert not unit.exists() and not os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
@@ -111,7 +112,7 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     assert "menuentry 'ticklab-plan-g' --id 'ticklab-plan-g'" in custom
     assert "  linux /boot/vmlinuz-6.12.99-ticklab-abc root=/dev/vda1 ro hpet_read_share=1\n" in custom
     assert "  initrd /boot/initrd.img-6.12.99-ticklab-abc\n" in custom
-    assert calls(log)[-2:] == [f"grub-reboot --boot-directory={root}/boot ticklab-plan-g", "systemctl reboot"]
+    assert calls(log)[-2:] == [f"grub-reboot --boot-directory={root}/boot ticklab-plan-g", "systemctl --no-block reboot"]
     # grub adds BOOT_IMAGE=: tolerated
     reboot(root, "boot-1", "BOOT_IMAGE=/boot/vmlinuz-6.12.99-ticklab-abc root=/dev/vda1 ro hpet_read_share=1",
            release="6.12.99-ticklab-abc")
@@ -238,3 +239,17 @@ def test_a_host_kernel_knob_outside_a_host_boot_file_is_refused(tmp_path):
     with pytest.raises(ExperimentError, match=r"ftq-reboots\.yaml: a boot experiment \(host_kernel knob\) must be named "
                                               r"host-boot-\*\.yaml"):
         load_experiment(tmp_path / "ftq-reboots.yaml")
+
+
+def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_path):
+    root, log = host
+    kexec = Path(os.environ["PATH"].split(":")[0]) / "kexec"
+    kexec.write_text("#!/bin/sh\necho 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
+    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="lock")
+    with pytest.raises(HostChangeError, match=r"kexec -l .*: exit 1: kexec_load failed: Operation not permitted"):
+        bootplan.advance("lock", root=root, say=lambda _: None)
+    plan = bootplan.load(root, "lock")
+    assert plan.state == "failed" and plan.runs[0].state == "failed"
+    assert plan.runs[0].why.startswith("could not boot: ") and "Operation not permitted" in plan.runs[0].why
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    assert not (root / "var/lib/ticklab/plans/lock/host-changes.json").exists()

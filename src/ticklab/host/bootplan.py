@@ -304,6 +304,18 @@ def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] 
         raise PlanError(f"{plan_dir(root, plan_id)}: plan is {plan.state}")
     if run is None:
         return finish(plan_id, root=root, say=say)
+    try:
+        return _boot(root, plan, run, say)
+    except (PlanError, HostChangeError, OSError) as exc:
+        # a boot that cannot be started fails its run and ends the plan: no unit is left to resume it
+        run.state, run.why = "failed", " ".join(f"could not boot: {exc}".split())[:500]
+        plan.state = "failed"
+        _save(root, plan)
+        _cleanup(root, plan, say)
+        raise
+
+
+def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
     image, initrd = _kernel_files(root, plan, run)
     with _changes(root, plan, say) as host:
         _install_unit(host, root, plan)
@@ -331,8 +343,9 @@ def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] 
                 "then ticklab-plan.service resumes the plan (or run 'ticklab plan resume'); the default entry is unchanged")
         say(text)
         return text
-    reboot = (["systemctl", "kexec"] if _systemd_running(root) else ["kexec", "-e"]) if plan.mode == "kexec" \
-        else ["systemctl", "reboot"]
+    # --no-block: the unit running this waits for nothing; systemd stops it and goes on to kexec/reboot
+    reboot = (["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"]) \
+        if plan.mode == "kexec" else ["systemctl", "--no-block", "reboot"]
     say(f"run {run.name} ({run.condition}): {'kexec' if plan.mode == 'kexec' else 'reboot'} into {image} "
         f"with '{run.cmdline}'")
     _run_tool(reboot)
@@ -414,10 +427,10 @@ def finish(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] =
             argv = ["kexec", "-l", str(image)] + (["--initrd", str(initrd)] if initrd.is_file() else []) + \
                    ["--append", " ".join(boot_words(plan.original["cmdline"]))]
             _run_tool(argv)
-            _run_tool(["systemctl", "kexec"] if _systemd_running(root) else ["kexec", "-e"])
+            _run_tool(["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"])
             text = f"finished; kexec back into {plan.original['release']} with the original command line"
     elif plan.mode == "grub":
-        _run_tool(["systemctl", "reboot"])
+        _run_tool(["systemctl", "--no-block", "reboot"])
         text = "finished; rebooting into the default entry (never changed)"
     else:
         text = (f"finished; boot the default entry again (kernel {plan.original['release']}, "

@@ -348,6 +348,8 @@ def _undo(change: Change) -> str | None:
         if path.is_symlink():
             path.unlink()
         return "absent"
+    if change.kind in ("grub_oneshot", "kexec_load") and change.refused:
+        return "not done"  # the command failed: nothing to undo
     if change.kind == "grub_oneshot":
         _run(["grub-editenv", str(path), "unset", "next_entry"])
         return "unset"
@@ -630,16 +632,26 @@ class HostChanges:
         grubenv = self.root / "boot/grub/grubenv"
         change = Change("grub_oneshot", str(grubenv), None, entry, label=label)
         if self._begin(change):
-            _run(["grub-reboot"] + ([f"--boot-directory={self.root / 'boot'}"] if str(self.root) != "/" else []) + [entry])
+            self._run_recorded(change, ["grub-reboot"] + ([f"--boot-directory={self.root / 'boot'}"]
+                                                          if str(self.root) != "/" else []) + [entry])
             change.during = "set"
         return change
+
+    def _run_recorded(self, change: Change, argv: list[str]) -> None:
+        """Run a state-changing command journalled as ``change``; if it fails, nothing changed (recorded as refused)."""
+        try:
+            _run(argv)
+        except HostChangeError as exc:
+            change.refused, change.error = True, str(exc)
+            self._save_journal()
+            raise
 
     def kexec_load(self, image: str, initrd: str | None, cmdline: str, *, label: str = "kexec kernel loaded") -> Change:
         """``kexec -l``: the kernel the next ``kexec -e`` (or ``systemctl kexec``) boots (undone by ``kexec -u``)."""
         argv = ["kexec", "-l", image] + (["--initrd", initrd] if initrd else []) + ["--append", cmdline]
         change = Change("kexec_load", str(self.root / "sys/kernel/kexec_loaded"), None, " ".join(argv[2:]), label=label)
         if self._begin(change):
-            _run(argv)
+            self._run_recorded(change, argv)
             change.during = "loaded"
         return change
 
