@@ -253,3 +253,13 @@ def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_p
     assert plan.runs[0].why.startswith("could not boot: ") and "Operation not permitted" in plan.runs[0].why
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     assert not (root / "var/lib/ticklab/plans/lock/host-changes.json").exists()
+
+
+def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
+    root, log = host
+    runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
+    bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="q")
+    with pytest.raises(PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"):
+        bootplan.advance("q", root=root, say=lambda _: None)
+    assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
+    assert bootplan.load(root, "q").state == "failed"

@@ -279,6 +279,10 @@ def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
 def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Path | None) -> tuple[str, str]:
     """A menu entry in /boot/grub/custom.cfg (Debian's grub.cfg sources it via 41_custom; grub.cfg is not
     regenerated and its default is untouched) for this run's kernel and command line."""
+    unsafe = [w for w in run.cmdline.split() if not re.fullmatch(r"[A-Za-z0-9_.,:=/+@%-]+", w)]
+    if unsafe:  # grub's script parser would read quotes, $, ; and braces in a menu entry
+        raise PlanError(f"{root / GRUB_CUSTOM}: command-line word {unsafe[0]!r} of run {run.name} cannot go into a grub "
+                        "menu entry as it is; use --boot kexec or manual")
     separate_boot = str(root / "boot") in facts.mounts(root)
     def on_disk(path: Path) -> str:
         text = "/" + str(path.relative_to(root))
