@@ -263,3 +263,14 @@ def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
         bootplan.advance("q", root=root, say=lambda _: None)
     assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
     assert bootplan.load(root, "q").state == "failed"
+
+
+def test_a_unit_already_installed_is_not_replaced(host, tmp_path):
+    root, _ = host
+    unit = root / "etc/systemd/system/ticklab-plan.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("someone else's\n")
+    bootplan.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="u")
+    with pytest.raises(PlanError, match=r"ticklab-plan\.service: exists already"):
+        bootplan.advance("u", root=root, say=lambda _: None)
+    assert unit.read_text() == "someone else's\n"

@@ -270,6 +270,9 @@ def _run_tool(argv: list[str]) -> None:
 def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
     if any(c.kind == "file" and c.path == str(root / UNIT_PATH) for c in host.changes):
         return
+    if os.path.lexists(root / UNIT_PATH):
+        raise PlanError(f"{root / UNIT_PATH}: exists already (another plan's, or left by hand); "
+                        "'ticklab plan abort' for its plan, or remove it")
     host.write_file(UNIT_PATH, unit_text(root, plan.id), label="boot plan resume unit")
     host.symlink(UNIT_LINK, f"../{UNIT_NAME}", label="boot plan resume unit enabled")
     if _systemd_running(root):
