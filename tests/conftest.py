@@ -58,7 +58,8 @@ def fake_host(tmp_path: Path) -> Path:
 
 # `make check` (the fast lane) leaves these out; `make test` runs everything. Whole modules that boot guests, run
 # notebooks or start servers, and single tests measured at >= 0.7 s on the 2-core reference machine.
-SLOW_MODULES = {"test_report.py", "test_lab.py", "test_fleet.py", "test_jupyter.py", "test_view.py", "test_new_claim.py"}
+SLOW_MODULES = {"test_report.py", "test_lab.py", "test_lab_kexec.py", "test_fleet.py", "test_jupyter.py", "test_view.py",
+                "test_new_claim.py"}
 SLOW_TESTS = {
     "test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_flagged",
     "test_a_failing_notebook_fails_the_run_and_names_the_cell",
@@ -93,6 +94,9 @@ SLOW_TESTS = {
     "test_the_guest_image_is_reproducible_and_holds_what_a_run_needs",
     "test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host",
     "test_the_published_loader_never_tracebacks_or_reads_outside",
+    "test_the_repository_patches_apply_to_debians_6_12",
+    "test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment",
+    "test_capture_boot_names_a_kernel_pattern_that_matches_two",
     "test_the_report_renders_offline_in_headless_chromium",
     "test_the_shipped_bundles_verify_with_their_manifest_seals",
     "test_ticklab_verify_names_a_tampered_bundle",

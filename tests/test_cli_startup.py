@@ -36,7 +36,8 @@ def a_bundled_trace():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["ingest", "--help"], ["doctor", "--help"],
-                                  ["capture", "--help"], ["verify", "--help"], ["lab", "run", "--help"]])
+                                  ["capture", "--help"], ["verify", "--help"], ["lab", "run", "--help"],
+                                  ["kernel", "build", "--help"], ["plan", "status", "--help"]])
 def test_help_imports_no_analysis(argv):
     code, modules = imported_by(*argv)
     assert code == 0
@@ -62,3 +63,12 @@ def test_claim_ids_match_the_claims():
     from ticklab.claims import all_claims
 
     assert sorted(c.id for c in all_claims()) == list(CLAIM_IDS)
+
+
+def test_capture_help_documents_boot_plans_and_plan_status_exists():
+    capture_help = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "--help"], capture_output=True, text=True,
+                                  timeout=120)
+    assert "--boot {kexec,grub,manual}" in capture_help.stdout
+    status = subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", "status", "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert status.returncode == 0 and "--id PLAN_ID" in status.stdout

@@ -85,6 +85,8 @@ def _goals(args: argparse.Namespace) -> list | None:
 
 
 def _capture(args: argparse.Namespace) -> int:
+    if args.boot:
+        return _capture_boot(args)
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions, capture
@@ -103,6 +105,56 @@ def _capture(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         print(f"ticklab capture: interrupted ({exc or 'SIGINT'}); host knobs restored", file=sys.stderr)
         return 130
+    return 0
+
+
+def _kernel(args: argparse.Namespace) -> int:
+    from .hostkernel import build_and_install, plan_host_kernel
+
+    if not args.host:
+        print("ticklab kernel build: only --host kernels are built here; lab kernels: ticklab lab build-kernel",
+              file=sys.stderr)
+        return 2
+    plan = plan_host_kernel(args.root, config=args.config, source=args.source, localmodconfig=args.localmodconfig,
+                            jobs=args.jobs)
+    print(plan.describe())
+    if args.dry_run:
+        print("dry run: nothing built, nothing installed")
+        return 0
+    release = build_and_install(plan, args.root)
+    print(f"installed {release}; the default boot entry is unchanged. Boot it for one run with a boot plan "
+          f"(ticklab capture <claim> --boot kexec), or by hand: kexec -l /boot/vmlinuz-{release} "
+          f"--initrd /boot/initrd.img-{release} --reuse-cmdline && systemctl kexec")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .host import bootplan
+
+    return bootplan.command(args)
+
+
+def _capture_boot(args: argparse.Namespace) -> int:
+    from .capture.bootplans import boot_experiment, planned_runs
+    from .capture.experiment import ExperimentError
+    from .host import HostChangeError, bootplan
+
+    try:
+        experiment = boot_experiment(args.claim, args.experiment)
+        runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
+        if args.dry_run:
+            print(f"boot plan ({args.boot}) of {experiment.path.name}: {len(runs)} boots, one run each, in this order:")
+            for run in runs:
+                print(f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
+                      f"command line '{run.cmdline}'")
+            print("dry run: no plan written, nothing booted")
+            return 0
+        plan = bootplan.create(runs, mode=args.boot, bundle=args.out / args.claim / experiment.name, root=args.root)
+        print(f"boot plan {plan.id}: {len(runs)} boots; 'ticklab plan status' shows it, 'ticklab plan abort' ends it")
+        bootplan.advance(plan.id, root=args.root)
+    except (ExperimentError, bootplan.PlanError, HostChangeError) as exc:
+        print(f"ticklab capture: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -312,10 +364,38 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
                      help="tracing backend (default: trace-cmd where 'trace-cmd record' works, else tracefs)")
     cap.add_argument("--dry-run", action="store_true", help="print every privileged write, change nothing, run nothing")
+    cap.add_argument("--boot", choices=["kexec", "grub", "manual"],
+                     help="kernel conditions (a kernel, a command line): one boot per run in the seeded order, "
+                          "resumed by a systemd unit after each reboot: kexec (default choice), grub (one-shot "
+                          "grub-reboot, where kexec is locked down) or manual (you boot what it says); the default "
+                          "boot entry is never changed. See 'ticklab plan status|abort'")
     cap.add_argument("--no-progress", action="store_true", help="no progress bar")
     cap.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     cap.set_defaults(func=_capture)
+
+    kernel_cmd = sub.add_parser("kernel", help="kernels for this host: ticklab kernel build --host")
+    kernel_sub = kernel_cmd.add_subparsers(dest="kernel_command", required=True, metavar="COMMAND")
+    host_build = kernel_sub.add_parser("build", help="build and install a kernel for this host (running config + "
+                                                     "kernel/patches), without changing the default boot entry")
+    host_build.add_argument("--host", action="store_true", help="a kernel for this machine (the only kind built here)")
+    host_build.add_argument("--config", type=Path, help="kernel config (default: /boot/config-$(uname -r), else /proc/config.gz)")
+    host_build.add_argument("--source", type=Path, help="a Linux source tree or tarball (default: /usr/src/linux-source-X.Y.tar.xz)")
+    host_build.add_argument("--localmodconfig", action="store_true", help="keep only the modules loaded now (faster build)")
+    host_build.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
+    host_build.add_argument("--dry-run", action="store_true", help="print config, patches, localversion and steps; change nothing")
+    host_build.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    host_build.set_defaults(func=_kernel)
+
+    plan = sub.add_parser("plan", help="boot plans (capture --boot): status, resume after a reboot, abort")
+    plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="COMMAND")
+    for name, text in (("status", "runs done and left, the current state, what to do next"),
+                       ("resume", "verify this boot and go on (run by ticklab-plan.service after each reboot)"),
+                       ("abort", "remove the unit, put back every host change; keep the bundle and the runs made")):
+        one = plan_sub.add_parser(name, help=text)
+        one.add_argument("--id", dest="plan_id", help="the plan (default: the only one)")
+        one.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+        one.set_defaults(func=_plan)
 
     lab = sub.add_parser("lab", help="the guest lab: lab kernels, the guest image, experiments in QEMU guests")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="COMMAND")
@@ -387,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     traceback for bad input. An error that is not ticklab's own is a bug: one line too, exit 1, and
     TICKLAB_TRACEBACK=1 shows where it came from."""
     args = build_parser().parse_args(argv)
-    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None)]))
+    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None),
+                                  getattr(args, "kernel_command", None), getattr(args, "plan_command", None)]))
     try:
         return args.func(args)
     except KeyboardInterrupt as exc:

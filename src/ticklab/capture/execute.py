@@ -21,7 +21,7 @@ from .experiment import Condition, Experiment, PlannedRun, fill_argv
 from .process import run_command, stop
 
 # Knobs the lab sets when it boots a guest; inside the guest they are checked, not written.
-BOOT_KNOBS = ("boot_cmdline", "lab_kernel")
+BOOT_KNOBS = ("boot_cmdline", "lab_kernel", "host_kernel")
 
 
 def measured_cpu(experiment: Experiment, facts: dict) -> int | None:

@@ -44,7 +44,8 @@ REQUIRED = ("claim", "name", "description", "conditions", "workload")
 KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
          "lab", "budget", "isolate"}
 BUDGET_KEYS = {"time_s", "max_runs"}
-KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp")
+# host_kernel: the kernel a boot plan boots for the condition ("running" or a release pattern; capture --boot)
+KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp", "host_kernel")
 MAX_EXPERIMENT_BYTES = 1 << 20
 LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s", "pin_vcpus"}
 
@@ -116,8 +117,17 @@ def runners_dir() -> Path:
     return repo_root() / "runners"
 
 
+BOOT_EXPERIMENT_PREFIX = "host-boot-"
+
+
 def experiment_paths(claim: str) -> list[Path]:
-    return sorted((runners_dir() / claim).glob("*.yaml"))
+    """The claim's experiments a capture or the lab runs; boot experiments (host-boot-*.yaml: one reboot per run)
+    are left out: only ``capture --boot`` runs them (:func:`boot_experiment_paths`)."""
+    return sorted(p for p in (runners_dir() / claim).glob("*.yaml") if not p.name.startswith(BOOT_EXPERIMENT_PREFIX))
+
+
+def boot_experiment_paths(claim: str) -> list[Path]:
+    return sorted((runners_dir() / claim).glob(f"{BOOT_EXPERIMENT_PREFIX}*.yaml"))
 
 
 def load_experiment(path: Path | str) -> Experiment:
@@ -152,6 +162,10 @@ def load_experiment(path: Path | str) -> Experiment:
     for key in ("runs", "warmup", "seed"):
         if key in data and (not isinstance(data[key], int) or data[key] < (1 if key == "runs" else 0)):
             raise ExperimentError(f"{path}: {key} must be a {'positive' if key == 'runs' else 'non-negative'} integer")
+    boot_file = path.name.startswith(BOOT_EXPERIMENT_PREFIX)
+    if boot_file != ("host_kernel" in (data.get("knobs") or {}).values()):
+        raise ExperimentError(f"{path}: a boot experiment (host_kernel knob) must be named {BOOT_EXPERIMENT_PREFIX}*.yaml, "
+                              "and such a file needs a host_kernel knob")
     for variable, kind in (data.get("knobs") or {}).items():
         if kind not in KNOB_KINDS and not str(kind).startswith("sched_feature:"):
             raise ExperimentError(f"{path}: knobs.{variable}: unknown knob {kind!r} "

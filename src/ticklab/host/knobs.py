@@ -337,6 +337,25 @@ def _undo(change: Change) -> str | None:
         if path.exists():
             path.rmdir()
         return "absent"
+    if change.kind == "file":
+        if change.before is None:
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+            return "absent"
+        _write(path, change.before)
+        return "restored"
+    if change.kind == "symlink":
+        if path.is_symlink():
+            path.unlink()
+        return "absent"
+    if change.kind in ("grub_oneshot", "kexec_load") and change.refused:
+        return "not done"  # the command failed: nothing to undo
+    if change.kind == "grub_oneshot":
+        _run(["grub-editenv", str(path), "unset", "next_entry"])
+        return "unset"
+    if change.kind == "kexec_load":
+        _run(["kexec", "-u"])
+        return "unloaded"
     if change.kind == "mount":
         if str(path) in facts.mounts(Path("/")):  # already gone (unmounted by hand): nothing to undo
             _run(["umount", str(path)])
@@ -346,7 +365,11 @@ def _undo(change: Change) -> str | None:
 
 class HostChanges:
     def __init__(self, journal: Path | str | None = None, *, root: Path | str = "/", dry_run: bool = False,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, keep: bool = False):
+        """``keep``: the changes outlive this process (a boot plan's unit and grub one-shot survive reboots):
+        entering adopts the changes the journal lists instead of restoring them, leaving saves the journal and
+        restores nothing; :meth:`restore` (the plan's end or abort) puts everything back."""
+        self.keep = keep
         self.journal = Path(journal) if journal else default_journal()
         self.root = Path(root)
         self.dry_run = dry_run
@@ -362,7 +385,10 @@ class HostChanges:
                                   private_dir(self.journal.parent) / "host.lock").acquire()
             try:
                 private_dir(self.journal.parent)
-                self.recovered = recover(self.journal, root=self.root, log=self.log)
+                if self.keep:
+                    self.changes = read_journal(self.journal, root=self.root)
+                else:
+                    self.recovered = recover(self.journal, root=self.root, log=self.log)
                 self._save_journal()
             except BaseException:
                 self._lock.release()
@@ -374,7 +400,13 @@ class HostChanges:
 
     def __exit__(self, *exc_info) -> None:
         try:
-            self.restore()
+            if self.keep and not self.dry_run:
+                if any(c.after is None for c in self.changes):
+                    self._save_journal()
+                else:
+                    self.journal.unlink(missing_ok=True)
+            else:
+                self.restore()
         finally:
             self._signals.__exit__(None, None, None)
             self._active = False
@@ -398,6 +430,10 @@ class HostChanges:
                      "sched_feature": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
                      "mkdir": f"mkdir {change.path}", "mount": f"mount -t {change.wanted} {change.wanted} {change.path}",
                      "task_affinity": f"move {change.before} {change.wanted} (sched_setaffinity)"}
+            shown.update({"file": f"write {change.path} ({'new' if change.before is None else 'replacing its content'})",
+                          "symlink": f"symlink {change.path} -> {change.wanted}",
+                          "grub_oneshot": f"grub-reboot {change.wanted!r} (one boot)",
+                          "kexec_load": f"kexec -l {change.wanted}"})
             self.log(f"dry-run: would {shown[change.kind]}")
             return False
         self._save_journal()
@@ -565,6 +601,60 @@ class HostChanges:
             change.during = "mounted"
         return change
 
+    # -- boot plans (kept across reboots, see ``keep``) -------------------------------------------------
+    def write_file(self, relative: str, text: str, *, label: str, mode: int = 0o644) -> Change:
+        """Create (or replace, keeping the old content to put back) a file only a boot plan writes."""
+        path = self.root / relative
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise HostChangeError(f"{path}: not a regular file; refused")
+        before = _read(path) + "\n" if path.is_file() else None
+        change = Change("file", str(path), before, text, label=label)
+        if self._begin(change):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write(path, text)
+            os.chmod(path, mode)
+            change.during = "written"
+        return change
+
+    def symlink(self, relative: str, target: str, *, label: str) -> Change:
+        path = self.root / relative
+        if os.path.lexists(path):
+            raise HostChangeError(f"{path}: exists already; another boot plan may be installed")
+        change = Change("symlink", str(path), None, target, label=label)
+        if self._begin(change):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(target, path)
+            change.during = "present"
+        return change
+
+    def grub_reboot(self, entry: str, *, label: str = "grub one-shot boot entry") -> Change:
+        """``grub-reboot ENTRY``: the next boot only; the default entry stays (undone by unsetting next_entry)."""
+        grubenv = self.root / "boot/grub/grubenv"
+        change = Change("grub_oneshot", str(grubenv), None, entry, label=label)
+        if self._begin(change):
+            self._run_recorded(change, ["grub-reboot"] + ([f"--boot-directory={self.root / 'boot'}"]
+                                                          if str(self.root) != "/" else []) + [entry])
+            change.during = "set"
+        return change
+
+    def _run_recorded(self, change: Change, argv: list[str]) -> None:
+        """Run a state-changing command journalled as ``change``; if it fails, nothing changed (recorded as refused)."""
+        try:
+            _run(argv)
+        except HostChangeError as exc:
+            change.refused, change.error = True, str(exc)
+            self._save_journal()
+            raise
+
+    def kexec_load(self, image: str, initrd: str | None, cmdline: str, *, label: str = "kexec kernel loaded") -> Change:
+        """``kexec -l``: the kernel the next ``kexec -e`` (or ``systemctl kexec``) boots (undone by ``kexec -u``)."""
+        argv = ["kexec", "-l", image] + (["--initrd", initrd] if initrd else []) + ["--append", cmdline]
+        change = Change("kexec_load", str(self.root / "sys/kernel/kexec_loaded"), None, " ".join(argv[2:]), label=label)
+        if self._begin(change):
+            self._run_recorded(change, argv)
+            change.during = "loaded"
+        return change
+
     # -- restore ---------------------------------------------------------------------------------
     def scope(self) -> "Scope":
         """Changes made from now until the scope closes are undone then (e.g. one run's condition)."""
@@ -630,6 +720,10 @@ def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]
 
 
 KNOB_TREES = ("sys", "proc/sys", "proc/irq")
+# The files a boot plan may create: its systemd unit, the link that enables it, and grub's custom.cfg entry.
+PLAN_FILES = {"file": ("etc/systemd/system/ticklab-plan.service", "boot/grub/custom.cfg"),
+              "symlink": ("etc/systemd/system/multi-user.target.wants/ticklab-plan.service",),
+              "grub_oneshot": ("boot/grub/grubenv",), "kexec_load": ("sys/kernel/kexec_loaded",)}
 
 
 def _confined(change: Change, root: Path) -> bool:
@@ -641,6 +735,8 @@ def _confined(change: Change, root: Path) -> bool:
             and isinstance(entry[1], str) and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", entry[1])
             for tid, entry in change.tasks.items())
     path = os.path.normpath(change.path)
+    if change.kind in PLAN_FILES:
+        return path == change.path and path in {str(root / p) for p in PLAN_FILES[change.kind]}
     return change.kind != "task_affinity" and path == change.path and any(
         path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
 
@@ -656,12 +752,15 @@ def _write_journal(journal: Path, data: dict) -> None:
     os.replace(temporary, journal)
 
 
-def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None] = print) -> list[Change]:
-    """Restore what a killed capture left changed, as listed in its journal. The journal must sit in a
-    private directory (mode 0700, ours) and be our own file; it may only name knobs under /sys or /proc/sys."""
+def read_journal(journal: Path, *, root: Path | str = "/") -> list[Change]:
+    """The changes a journal lists (a boot plan's, adopted by a later process), checked as :func:`recover` checks."""
     journal, root = Path(journal), Path(root)
     if not os.path.lexists(journal):
         return []
+    return _checked_journal(journal, root)[1]
+
+
+def _checked_journal(journal: Path, root: Path) -> tuple[dict, list[Change]]:
     private_dir(journal.parent)
     fd = _open_private(journal, os.O_RDONLY)
     try:
@@ -679,6 +778,16 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
     if outside:
         raise HostChangeError(f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'}, "
                               f"{root / 'proc/sys'} or {root / 'proc/irq'}; refused (check it by hand, then delete it)")
+    return data, changes
+
+
+def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None] = print) -> list[Change]:
+    """Restore what a killed capture left changed, as listed in its journal. The journal must sit in a
+    private directory (mode 0700, ours) and be our own file; it may only name knobs under /sys or /proc/sys."""
+    journal, root = Path(journal), Path(root)
+    if not os.path.lexists(journal):
+        return []
+    data, changes = _checked_journal(journal, root)
     pid = data.get("pid")
     if pid and pid != os.getpid() and data.get("pid_start") and _process_start(pid) == data["pid_start"]:
         raise HostChangeError(f"{journal}: held by a running ticklab process (pid {pid}); wait for it or stop it")

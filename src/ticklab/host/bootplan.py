@@ -1,0 +1,500 @@
+"""Boot plans: the seeded, interleaved run order of a capture whose conditions live in the kernel (its release or
+its command line), one boot per run, kept on disk across reboots.
+
+A plan lives in ``/var/lib/ticklab/plans/<id>/`` (made 0700 by us; refused if a directory above it is writable by
+another user): ``plan.json`` (the runs and their states, rewritten atomically) and ``host-changes.json`` (the
+journal of :class:`~ticklab.host.HostChanges` in ``keep`` mode: the systemd unit, its enabling link, grub's
+custom.cfg entry, the one-shot ``next_entry``, the loaded kexec kernel; all put back at the end or by ``abort``).
+
+The lead's seam (the capture session wires these, see :func:`advance`, :func:`resume`):
+
+- ``create(runs, mode=..., bundle=..., root=...) -> Plan`` with ``runs`` the session's ordered list of
+  :class:`PlannedRun` (run name, condition name, kernel, command line);
+- ``advance(plan_id, root=...)`` boots the next planned run (never returns in kexec/grub mode on a real host:
+  the machine reboots; in tests the fake ``systemctl`` returns);
+- ``resume(plan_id, make_run, root=...)`` — what ``ticklab plan resume`` (the unit) runs after each boot: verifies
+  the boot, calls ``make_run(planned_run, boot_record) -> dict`` (the run record the session appended to the
+  bundle; an exception records the run as failed with its one-line reason), then advances or finishes.
+  ``make_run`` is called with no HostChanges of the plan open, so the executor may open its own.
+
+Boot verification (``verify_boot``): the boot_id differs from the one recorded before rebooting; the kernel
+release is the condition's (``running``: the release the machine had when the plan was made); /proc/cmdline,
+after dropping the words a boot loader or the kernel adds on its own — ``BOOT_IMAGE=…`` (grub's ``linux``
+command) and ``initrd=…`` (EFI stub loaders) — equals the condition's command line word for word, in order.
+A mismatch (the default kernel after a panic= or watchdog reset, someone booting by hand) fails the run and
+stops the plan: the unit is removed and the machine is left on the kernel it booted.
+
+At the end: every host change is put back (unit and link removed, custom.cfg as it was, next_entry unset,
+kexec kernel unloaded); then kexec mode kexecs back into the original kernel and command line if this boot
+differs from it, grub mode reboots into the default entry (never changed), manual mode prints what to boot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import facts
+from .knobs import HostChangeError, HostChanges, _open_private, _write_journal, private_dir
+
+PLANS_DIR = "var/lib/ticklab/plans"
+UNIT_NAME = "ticklab-plan.service"
+UNIT_PATH = f"etc/systemd/system/{UNIT_NAME}"
+UNIT_LINK = f"etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
+GRUB_CUSTOM = "boot/grub/custom.cfg"
+MODES = ("kexec", "grub", "manual")
+ADDED_BY_BOOT = ("BOOT_IMAGE=", "initrd=")  # words a boot loader or EFI stub adds to /proc/cmdline on its own
+RUN_STATES = ("planned", "booting", "booted", "made", "failed")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class PlanError(RuntimeError):
+    """One line naming the plan's file and what is wrong."""
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    condition: str
+    kernel: str                 # "running", a kernel release (/boot/vmlinuz-<release>), or an image path
+    cmdline: str                # the whole command line the run's boot must have
+    initrd: str | None = None   # with an image path; a release uses /boot/initrd.img-<release> if present
+    release: str | None = None  # expected uname -r (default: from kernel; an image path without it is not checked)
+    warmup: bool = False        # a warm-up run (kept in the manifest, never in results.csv)
+    state: str = "planned"
+    boot_id_before: str | None = None
+    boot_id_found: str | None = None
+    release_found: str | None = None
+    cmdline_found: str | None = None
+    why: str | None = None
+    record: dict | None = None
+
+
+@dataclass
+class Plan:
+    id: str
+    mode: str
+    bundle: str
+    original: dict              # release, cmdline, boot_id when the plan was made
+    runs: list[PlannedRun]
+    state: str = "running"      # running | finished | failed | aborted
+    created: str = ""
+    log: list[str] = field(default_factory=list)
+
+    def current(self) -> PlannedRun | None:
+        return next((r for r in self.runs if r.state in ("booting", "booted")), None)
+
+    def next_planned(self) -> PlannedRun | None:
+        return next((r for r in self.runs if r.state == "planned"), None)
+
+
+def plans_dir(root: Path | str) -> Path:
+    return Path(root) / PLANS_DIR
+
+
+def plan_dir(root: Path | str, plan_id: str) -> Path:
+    if not _ID.fullmatch(plan_id or ""):
+        raise PlanError(f"{plans_dir(root)}: {plan_id!r} is not a plan id")
+    return plans_dir(root) / plan_id
+
+
+def _boot_facts(root: Path) -> dict:
+    read = lambda relative: (facts.read_text(root / relative) or "").strip()  # noqa: E731
+    return {"boot_id": read("proc/sys/kernel/random/boot_id") or None,
+            "release": read("proc/sys/kernel/osrelease") or os.uname().release,
+            "cmdline": read("proc/cmdline")}
+
+
+def boot_words(cmdline: str) -> list[str]:
+    """The command line's words without those a boot loader adds (BOOT_IMAGE=, initrd=)."""
+    return [w for w in cmdline.split() if not w.startswith(ADDED_BY_BOOT)]
+
+
+def condition_cmdline(original: str, words: list[str]) -> str:
+    """The original command line (without loader-added words) with ``words`` added; a word ``key=value``
+    replaces the original's ``key=...``, and ``-key`` removes it. Words after ``--`` are init's arguments: the
+    kernel words go before it, and it and what follows are kept as they are."""
+    keep = boot_words(original)
+    init_args = keep[keep.index("--"):] if "--" in keep else []
+    keep = keep[:len(keep) - len(init_args)]
+    for word in words:
+        key = word.lstrip("-").split("=", 1)[0]
+        keep = [w for w in keep if w.split("=", 1)[0] != key]
+        if not word.startswith("-"):
+            keep.append(word)
+    return " ".join(keep + init_args)
+
+
+# -- state on disk -------------------------------------------------------------------------------------
+def _save(root: Path, plan: Plan) -> None:
+    _write_journal(plan_dir(root, plan.id) / "plan.json", asdict(plan))
+
+
+def load(root: Path | str, plan_id: str) -> Plan:
+    root = Path(root)
+    directory = plan_dir(root, plan_id)
+    path = directory / "plan.json"
+    if not directory.is_dir():
+        raise PlanError(f"{directory}: no such plan")
+    try:
+        private_dir(directory)
+        fd = _open_private(path, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read(16 << 20))
+        runs = [PlannedRun(**r) for r in data.pop("runs")]
+        plan = Plan(runs=runs, **data)
+    except HostChangeError as exc:
+        raise PlanError(str(exc)) from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise PlanError(f"{path}: unreadable plan ({exc})") from None
+    if plan.mode not in MODES or any(r.state not in RUN_STATES for r in plan.runs):
+        raise PlanError(f"{path}: unknown mode or run state; refused")
+    return plan
+
+
+def only_plan(root: Path | str) -> str:
+    found = sorted(p.name for p in plans_dir(root).glob("*") if (p / "plan.json").is_file()) \
+        if plans_dir(root).is_dir() else []
+    if len(found) != 1:
+        raise PlanError(f"{plans_dir(root)}: {'no plan' if not found else 'plans ' + ', '.join(found) + '; name one with --id'}")
+    return found[0]
+
+
+@contextlib.contextmanager
+def _plan_lock(root: Path, plan_id: str):
+    """One process acts on a plan at a time (the unit's resume and a user's abort)."""
+    path = plan_dir(root, plan_id) / "plan.lock"
+    fd = _open_private(path, os.O_RDWR | os.O_CREAT)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PlanError(f"{path}: another ticklab process is acting on this plan; wait for it") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _changes(root: Path, plan: Plan, log) -> HostChanges:
+    return HostChanges(plan_dir(root, plan.id) / "host-changes.json", root=root, keep=True, log=log)
+
+
+# -- making a plan ---------------------------------------------------------------------------------------
+def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path | str = "/",
+           plan_id: str | None = None) -> Plan:
+    root = Path(root)
+    if mode not in MODES:
+        raise PlanError(f"--boot {mode}: one of {', '.join(MODES)}")
+    if not runs:
+        raise PlanError("a boot plan needs at least one run")
+    existing = [p.name for p in plans_dir(root).glob("*") if (p / "plan.json").is_file()] if plans_dir(root).is_dir() else []
+    for other in existing:
+        if load(root, other).state == "running":
+            raise PlanError(f"{plans_dir(root) / other}: a plan is running; 'ticklab plan status' or 'ticklab plan abort'")
+    plan_id = plan_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    directory = plan_dir(root, plan_id)
+    if directory.exists():
+        raise PlanError(f"{directory}: exists already")
+    try:
+        private_dir(directory)
+    except HostChangeError as exc:
+        raise PlanError(str(exc)) from None
+    original = _boot_facts(root)
+    for run in runs:
+        if run.kernel == "running":
+            run.release = run.release or original["release"]
+        elif "/" not in run.kernel:
+            run.release = run.release or run.kernel
+    plan = Plan(plan_id, mode, str(bundle), original, runs, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    for run in runs:
+        _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
+    _save(root, plan)
+    return plan
+
+
+def _kernel_files(root: Path, plan: Plan, run: PlannedRun) -> tuple[Path, Path | None]:
+    if "/" in run.kernel:
+        image, initrd = Path(run.kernel), Path(run.initrd) if run.initrd else None
+    else:
+        release = plan.original["release"] if run.kernel == "running" else run.kernel
+        image = root / "boot" / f"vmlinuz-{release}"
+        initrd = root / "boot" / f"initrd.img-{release}"
+        initrd = initrd if initrd.is_file() else None
+    if not image.is_file():
+        raise PlanError(f"{image}: missing, the kernel of run {run.name} ({run.condition}); "
+                        "build and install it first (ticklab kernel build --host)")
+    return image, initrd
+
+
+# -- the steps ---------------------------------------------------------------------------------------------
+def unit_text(root: Path, plan_id: str) -> str:
+    argv = [sys.executable, "-m", "ticklab.cli", "plan", "resume", "--id", plan_id]
+    if str(root) != "/":
+        argv += ["--root", str(root)]
+    # DefaultDependencies=no: multi-user.target would otherwise order itself after the units it wants,
+    # a cycle with After=multi-user.target
+    return ("[Unit]\n"
+            f"Description=ticklab boot plan {plan_id}: verify this boot, make the next run\n"
+            "DefaultDependencies=no\n"
+            "Requires=sysinit.target\n"
+            "After=basic.target multi-user.target network-online.target\n"
+            "Conflicts=shutdown.target\nBefore=shutdown.target\n\n"
+            "[Service]\nType=oneshot\n"
+            f"ExecStart={shlex.join(argv)}\n"
+            "StandardOutput=journal+console\nStandardError=journal+console\n"
+            "TimeoutStartSec=infinity\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+
+
+def _systemd_running(root: Path) -> bool:
+    return (root / "run/systemd/system").is_dir()
+
+
+def _run_tool(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise PlanError(f"{' '.join(argv)}: exit {result.returncode}: {(result.stderr or result.stdout).strip()[:300]}")
+
+
+def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
+    if any(c.kind == "file" and c.path == str(root / UNIT_PATH) for c in host.changes):
+        return
+    if os.path.lexists(root / UNIT_PATH):
+        raise PlanError(f"{root / UNIT_PATH}: exists already (another plan's, or left by hand); "
+                        "'ticklab plan abort' for its plan, or remove it")
+    host.write_file(UNIT_PATH, unit_text(root, plan.id), label="boot plan resume unit")
+    host.symlink(UNIT_LINK, f"../{UNIT_NAME}", label="boot plan resume unit enabled")
+    if _systemd_running(root):
+        _run_tool(["systemctl", "daemon-reload"])
+
+
+def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Path | None) -> tuple[str, str]:
+    """A menu entry in /boot/grub/custom.cfg (Debian's grub.cfg sources it via 41_custom; grub.cfg is not
+    regenerated and its default is untouched) for this run's kernel and command line."""
+    unsafe = [w for w in run.cmdline.split() if not re.fullmatch(r"[A-Za-z0-9_.,:=/+@%-]+", w)]
+    if unsafe:  # grub's script parser would read quotes, $, ; and braces in a menu entry
+        raise PlanError(f"{root / GRUB_CUSTOM}: command-line word {unsafe[0]!r} of run {run.name} cannot go into a grub "
+                        "menu entry as it is; use --boot kexec or manual")
+    separate_boot = str(root / "boot") in facts.mounts(root)
+    def on_disk(path: Path) -> str:
+        text = "/" + str(path.relative_to(root))
+        return text[len("/boot"):] if separate_boot and text.startswith("/boot/") else text
+    title = f"ticklab-plan-{plan.id}"
+    lines = [f"menuentry '{title}' --id '{title}' {{",
+             f"  search --no-floppy --file --set=root {on_disk(image)}",
+             f"  linux {on_disk(image)} {run.cmdline}"]
+    if initrd:
+        lines.append(f"  initrd {on_disk(initrd)}")
+    return "\n".join(lines + ["}"]) + "\n", title
+
+
+def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print) -> str:
+    """Boot the next planned run: install the resume unit, load its kernel and command line, reboot (kexec:
+    ``kexec -l`` then ``systemctl kexec``, or ``kexec -e`` without systemd; grub: a custom.cfg entry, ``grub-reboot``
+    and ``systemctl reboot``; manual: print what to boot). Returns what was done (on a real host kexec and grub do
+    not return). With no run left, :func:`finish`."""
+    root = Path(root)
+    plan = load(root, plan_id)
+    run = plan.next_planned()
+    if plan.state != "running":
+        raise PlanError(f"{plan_dir(root, plan_id)}: plan is {plan.state}")
+    if run is None:
+        return finish(plan_id, root=root, say=say)
+    try:
+        return _boot(root, plan, run, say)
+    except (PlanError, HostChangeError, OSError) as exc:
+        # a boot that cannot be started fails its run and ends the plan: no unit is left to resume it
+        run.state, run.why = "failed", " ".join(f"could not boot: {exc}".split())[:500]
+        plan.state = "failed"
+        _save(root, plan)
+        _cleanup(root, plan, say)
+        raise
+
+
+def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
+    image, initrd = _kernel_files(root, plan, run)
+    with _changes(root, plan, say) as host:
+        _install_unit(host, root, plan)
+        custom = root / GRUB_CUSTOM
+        for stale in [c for c in host.changes if c.after is None and (c.kind in ("kexec_load", "grub_oneshot")
+                                                                      or c.path == str(custom))]:
+            host.undo([stale])  # the previous run's one-shot and menu entry are spent: do not stack them
+        if plan.mode == "kexec":
+            host.kexec_load(str(image), str(initrd) if initrd else None, run.cmdline)
+        elif plan.mode == "grub":
+            grub_cfg = facts.read_text(root / "boot/grub/grub.cfg") or ""
+            if "custom.cfg" not in grub_cfg:
+                raise PlanError(f"{root / 'boot/grub/grub.cfg'}: does not source custom.cfg (Debian's /etc/grub.d/41_custom); "
+                                "--boot grub needs it, or use --boot kexec|manual")
+            user_custom = (facts.read_text(custom) + "\n") if custom.is_file() else None
+            entry, title = _grub_entry(root, plan, run, image, initrd)
+            host.write_file(GRUB_CUSTOM, (user_custom or "") + entry, label="boot plan grub entry")
+            host.grub_reboot(title)
+        run.state = "booting"
+        run.boot_id_before = _boot_facts(root)["boot_id"]
+        _save(root, plan)
+    if plan.mode == "manual":
+        text = (f"boot run {run.name} ({run.condition}): kernel {image}"
+                + (f", initrd {initrd}" if initrd else "") + f", command line: {run.cmdline}\n"
+                "then ticklab-plan.service resumes the plan (or run 'ticklab plan resume'); the default entry is unchanged")
+        say(text)
+        return text
+    # --no-block: the unit running this waits for nothing; systemd stops it and goes on to kexec/reboot
+    reboot = (["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"]) \
+        if plan.mode == "kexec" else ["systemctl", "--no-block", "reboot"]
+    say(f"run {run.name} ({run.condition}): {'kexec' if plan.mode == 'kexec' else 'reboot'} into {image} "
+        f"with '{run.cmdline}'")
+    _run_tool(reboot)
+    return " ".join(reboot)
+
+
+def verify_boot(plan: Plan, run: PlannedRun, found: dict) -> str | None:
+    """Why this boot is not the run's, or None."""
+    if run.boot_id_before and found["boot_id"] == run.boot_id_before:
+        return f"no reboot happened (boot_id {found['boot_id']} is the one before)"
+    if run.release and found["release"] != run.release:
+        return f"booted kernel {found['release']}, expected {run.release} (a failed boot fell back to the default?)"
+    if boot_words(found["cmdline"]) != boot_words(run.cmdline):
+        return f"/proc/cmdline is '{found['cmdline']}', expected '{run.cmdline}' (BOOT_IMAGE= and initrd= ignored)"
+    return None
+
+
+def resume(plan_id: str, make_run: Callable[[PlannedRun, dict], dict], *, root: Path | str = "/",
+           say: Callable[[str], None] = print, go_on: bool = True) -> Plan:
+    """After a boot: verify it, make the run (``make_run(planned_run, boot_record) -> run record``), then advance
+    (``go_on``) or finish. A wrong boot fails the run and stops the plan; a make_run error fails the run only."""
+    root = Path(root)
+    with _plan_lock(root, plan_id):
+        plan = load(root, plan_id)
+        run = plan.current()
+        if plan.state != "running" or run is None:
+            raise PlanError(f"{plan_dir(root, plan_id)}: nothing to resume (plan {plan.state}, "
+                            f"{'no run booting' if run is None else 'run ' + run.name})")
+        found = _boot_facts(root)
+        run.boot_id_found, run.release_found, run.cmdline_found = found["boot_id"], found["release"], found["cmdline"]
+        why = verify_boot(plan, run, found)
+        if why:
+            run.state, run.why = "failed", why
+            plan.state = "failed"
+            plan.log.append(f"run {run.name}: {why}; plan stopped")
+            _save(root, plan)
+            say(f"boot plan {plan.id}: run {run.name} failed: {why}; plan stopped, host changes put back")
+            _cleanup(root, plan, say)
+            return plan
+        run.state = "booted"
+        _save(root, plan)
+        try:
+            run.record = make_run(run, {**found, "plan": plan.id, "mode": plan.mode})
+            run.state = "made"
+        except Exception as exc:  # the run is recorded failed; the plan goes on with the next boot
+            run.state, run.why = "failed", " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        _save(root, plan)
+        say(f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
+            + (f": {run.why}" if run.why else "") + f"; {sum(r.state == 'planned' for r in plan.runs)} left")
+    if go_on:
+        advance(plan_id, root=root, say=say)
+    return load(root, plan_id)
+
+
+def _cleanup(root: Path, plan: Plan, say) -> None:
+    with _changes(root, plan, say) as host:
+        host.restore()
+    if _systemd_running(root):
+        _run_tool(["systemctl", "daemon-reload"])
+
+
+def finish(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print) -> str:
+    """No run left: put every host change back, then return to the original kernel and command line."""
+    root = Path(root)
+    plan = load(root, plan_id)
+    _cleanup(root, plan, say)
+    plan.state = "finished"
+    _save(root, plan)
+    here = _boot_facts(root)
+    same = here["release"] == plan.original["release"] and boot_words(here["cmdline"]) == boot_words(plan.original["cmdline"])
+    if same:
+        text = "finished; this boot is already the original kernel and command line"
+    elif plan.mode == "kexec":
+        image = root / "boot" / f"vmlinuz-{plan.original['release']}"
+        initrd = root / "boot" / f"initrd.img-{plan.original['release']}"
+        if not image.is_file():
+            text = f"finished; {image} missing: reboot to return to the default kernel"
+        else:
+            argv = ["kexec", "-l", str(image)] + (["--initrd", str(initrd)] if initrd.is_file() else []) + \
+                   ["--append", " ".join(boot_words(plan.original["cmdline"]))]
+            _run_tool(argv)
+            _run_tool(["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"])
+            text = f"finished; kexec back into {plan.original['release']} with the original command line"
+    elif plan.mode == "grub":
+        _run_tool(["systemctl", "--no-block", "reboot"])
+        text = "finished; rebooting into the default entry (never changed)"
+    else:
+        text = (f"finished; boot the default entry again (kernel {plan.original['release']}, "
+                f"command line '{plan.original['cmdline']}')")
+    say(f"boot plan {plan.id}: {text}")
+    return text
+
+
+def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print) -> Plan:
+    """Remove the unit and put back every host change; the bundle and the runs made are kept."""
+    root = Path(root)
+    with _plan_lock(root, plan_id):
+        plan = load(root, plan_id)
+        _cleanup(root, plan, say)
+        plan.state = "aborted" if plan.state == "running" else plan.state
+        _save(root, plan)
+    say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
+        f"{sum(r.state == 'made' for r in plan.runs)} run(s) made are kept in {plan.bundle}")
+    return plan
+
+
+def status_text(plan: Plan) -> str:
+    made = sum(r.state == "made" for r in plan.runs)
+    failed = [r for r in plan.runs if r.state == "failed"]
+    left = sum(r.state == "planned" for r in plan.runs)
+    current = plan.current()
+    lines = [f"plan {plan.id} ({plan.mode}), {plan.state}: {made} made, {len(failed)} failed, {left} left of "
+             f"{len(plan.runs)}; bundle {plan.bundle}",
+             f"original: {plan.original['release']} '{plan.original['cmdline']}'"]
+    if current:
+        lines.append(f"now: run {current.name} ({current.condition}) {current.state}: kernel {current.kernel}, "
+                     f"command line '{current.cmdline}'")
+    lines += [f"failed: {r.name} ({r.condition}): {r.why}" for r in failed]
+    if plan.state == "running":
+        lines.append("next: " + ("the unit resumes after the boot; 'ticklab plan abort' ends the plan"
+                                 if current else "'ticklab plan resume' boots the next run"))
+    return "\n".join(lines)
+
+
+def record_boot_only(run: PlannedRun, boot: dict) -> dict:
+    """The ``make_run`` of ``ticklab plan resume`` until the capture session is wired in: the boot it verified."""
+    return {"run": run.name, "condition": run.condition, "boot_id": boot["boot_id"], "release": boot["release"],
+            "cmdline": boot["cmdline"]}
+
+
+def command(args: argparse.Namespace) -> int:
+    """``ticklab plan status|resume|abort``."""
+    root = Path(args.root)
+    try:
+        plan_id = args.plan_id or only_plan(root)
+        if args.plan_command == "status":
+            print(status_text(load(root, plan_id)))
+        elif args.plan_command == "resume":
+            resume(plan_id, record_boot_only, root=root)
+        else:
+            abort(plan_id, root=root)
+    except (PlanError, HostChangeError) as exc:
+        print(f"ticklab plan {args.plan_command}: {exc}", file=sys.stderr)
+        return 2
+    return 0

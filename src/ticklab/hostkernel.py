@@ -1,0 +1,327 @@
+"""`ticklab kernel build --host`: a kernel for this machine with ticklab's patches, installed beside the others.
+
+The plan (:func:`plan_host_kernel`) is computed without changing anything, and is all ``--dry-run`` prints:
+
+- **config**: the file given, else the running kernel's (``/boot/config-<release>``, else ``/proc/config.gz``);
+- **source**: the tree given, else Debian's linux-source package (``/usr/src/linux-source-<X.Y>.tar.xz``; the one
+  matching the running kernel's X.Y is preferred). Without one the error names the package to install; ticklab
+  never runs apt-get;
+- **patches**: ``kernel/patches/<X.Y>/*.patch`` for the source's X.Y, each checked with ``patch --dry-run``
+  (a tarball: only the files the patches touch are extracted for the check); the plan says which apply;
+- **localversion** ``-ticklab-<8 hex>``: a hash of the config and the patches that apply, so a different
+  kernel never takes an installed one's name, and an installed release is never overwritten (refused);
+- optional ``localmodconfig`` against the modules loaded now (``/proc/modules``);
+- the config is edited only where it must be: the localversion (``LOCALVERSION_AUTO`` off, so the release is
+  exactly the one planned), ``KEXEC`` on (a boot plan kexecs from this kernel into the next run's), and Debian's
+  signing-key paths emptied (``SYSTEM_TRUSTED_KEYS``/``SYSTEM_REVOCATION_KEYS`` name files only Debian's build has).
+
+Checked on this machine up to the compile (not run: > 1 h on 2 cores): the tarball extracts, the four 6.12 patches
+apply, ``scripts/config``, ``localmodconfig`` and ``olddefconfig`` succeed and ``make kernelrelease`` prints the
+planned release.
+
+Installing never changes which kernel the machine boots by default. Debian's ``make install`` runs
+installkernel, whose ``/etc/kernel/postinst.d/zz-update-grub`` regenerates grub.cfg; with ``GRUB_DEFAULT=0`` a
+kernel that sorts newer than the running one would become the first entry, i.e. the default. So ticklab does
+not run ``make install`` nor update-grub: it runs ``make modules_install``, copies vmlinuz, System.map and
+config into /boot, and runs ``update-initramfs -c -k <release>`` (which does not touch grub.cfg). A boot plan
+boots the kernel with kexec (which needs no menu entry); ``--boot grub`` needs a menu entry, and for that the
+user runs update-grub and ticklab's plan then checks the default entry (``ticklab plan``). As a last guard, the
+sha256 of /boot/grub/grub.cfg and /boot/grub/grubenv are taken before installing and compared afterwards; a
+change is reported as an error naming the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .paths import repo_root
+
+
+class HostKernelError(RuntimeError):
+    """A one-line reason the host kernel cannot be planned, built or installed, naming the file."""
+
+
+# Rough costs for the estimate (said to be one): a distribution config compiles ~3,500 modules; measured
+# order of magnitude on x86 servers is ~4 CPU-hours for all of it, ~25 CPU-minutes for the core, and
+# ~3 CPU-seconds per module on top.
+FULL_CONFIG_CPU_MINUTES = 240
+CORE_CPU_MINUTES = 25
+CPU_SECONDS_PER_MODULE = 3
+GUARDED_BOOT_FILES = ("boot/grub/grub.cfg", "boot/grub/grubenv")
+
+
+@dataclass
+class PatchCheck:
+    path: Path
+    applies: bool
+    why: str
+
+
+@dataclass
+class HostKernelPlan:
+    running_release: str
+    config_source: str          # the file the config comes from
+    config: bytes
+    source: Path                # a tree or a tarball
+    source_version: str         # X.Y.Z of the source
+    patches: list[PatchCheck]
+    localversion: str
+    release: str                # the release the new kernel will report (uname -r)
+    localmodconfig: bool
+    module_count: int | None
+    jobs: int
+    work: Path                  # where the tree (from a tarball), the config copy, lsmod list and build.log go
+    build_steps: list[list[str]] = field(default_factory=list)
+    install_steps: list[list[str]] = field(default_factory=list)
+
+    @property
+    def series(self) -> str:
+        return ".".join(self.source_version.split(".")[:2])
+
+    def estimate(self) -> str:
+        cores = os.cpu_count() or 1
+        if self.localmodconfig and self.module_count is not None:
+            cpu_minutes = CORE_CPU_MINUTES + self.module_count * CPU_SECONDS_PER_MODULE / 60
+            basis = f"localmodconfig keeps about {self.module_count} modules loaded now"
+        else:
+            cpu_minutes = FULL_CONFIG_CPU_MINUTES
+            basis = "the whole config"
+        minutes = cpu_minutes / max(1, min(self.jobs, cores))
+        low, high = max(1, round(minutes * 0.5)), max(2, round(minutes * 1.5))
+        return (f"an estimate, not a measurement: {low}-{high} min with -j{self.jobs} on {cores} "
+                f"core{'' if cores == 1 else 's'} ({basis})")
+
+    def describe(self) -> str:
+        lines = [f"running kernel: {self.running_release}",
+                 f"config: {self.config_source}",
+                 f"source: {self.source} (Linux {self.source_version})",
+                 f"patches (kernel/patches/{self.series}/):"]
+        if not self.patches:
+            lines.append(f"  none for {self.series} (kernel/patches/{self.series}/ is missing or empty)")
+        for check in self.patches:
+            lines.append(f"  {check.path.name}: {'applies' if check.applies else 'does NOT apply, left out'}"
+                         + ("" if check.applies else f" ({check.why})"))
+        lines += [f"localversion: {self.localversion} (new kernel release {self.release})",
+                  f"localmodconfig: {'yes, ' + str(self.module_count) + ' modules loaded now' if self.localmodconfig else 'no'}",
+                  f"build time: {self.estimate()}",
+                  "build steps:"] + [f"  {shown(step)}" for step in self.build_steps]
+        lines += ["install steps (the default boot entry is not changed: no 'make install', no update-grub):"]
+        lines += [f"  {shown(step)}" for step in self.install_steps]
+        return "\n".join(lines)
+
+
+def shown(argv: list[str]) -> str:
+    return " ".join(a if a and re.fullmatch(r"[\w@%+=:,./-]+", a) else repr(a) for a in argv)
+
+
+def running_release(root: Path) -> str:
+    osrelease = root / "proc/sys/kernel/osrelease"
+    try:
+        return osrelease.read_text().strip()
+    except OSError:
+        return os.uname().release
+
+
+def find_config(root: Path, release: str, given: Path | None) -> tuple[str, bytes]:
+    if given is not None:
+        try:
+            return str(given), given.read_bytes()
+        except OSError as exc:
+            raise HostKernelError(f"{given}: cannot read the kernel config ({exc.strerror or exc})") from None
+    boot = root / "boot" / f"config-{release}"
+    if boot.is_file():
+        return str(boot), boot.read_bytes()
+    proc = root / "proc/config.gz"
+    if proc.is_file():
+        try:
+            return str(proc), gzip.decompress(proc.read_bytes())
+        except (OSError, EOFError) as exc:
+            raise HostKernelError(f"{proc}: not a gzip'd config ({exc})") from None
+    raise HostKernelError(f"{boot}: missing, and {proc} too (no CONFIG_IKCONFIG_PROC); give one with --config FILE")
+
+
+def _tree_version(tree: Path) -> str:
+    makefile = tree / "Makefile"
+    try:
+        text = makefile.read_text(errors="replace")[:4096]
+    except OSError:
+        raise HostKernelError(f"{makefile}: missing; --source must name a Linux source tree") from None
+    parts = [re.search(rf"^{key}\s*=\s*(\d*)\s*$", text, re.M) for key in ("VERSION", "PATCHLEVEL", "SUBLEVEL")]
+    if not all(parts) or not parts[0].group(1):
+        raise HostKernelError(f"{makefile}: no VERSION/PATCHLEVEL/SUBLEVEL; --source must name a Linux source tree")
+    return ".".join(p.group(1) or "0" for p in parts)
+
+
+def _tarball_version(tarball: Path) -> str:
+    """X.Y.Z from the tarball's top Makefile (read by streaming: xz cannot seek)."""
+    try:
+        with tarfile.open(tarball, "r:xz") as archive:
+            for member in archive:
+                if member.name.count("/") == 1 and member.name.endswith("/Makefile") and member.isfile():
+                    text = archive.extractfile(member).read(4096).decode(errors="replace")
+                    parts = [re.search(rf"^{k}\s*=\s*(\d*)\s*$", text, re.M) for k in ("VERSION", "PATCHLEVEL", "SUBLEVEL")]
+                    if all(parts):
+                        return ".".join(p.group(1) or "0" for p in parts)
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise HostKernelError(f"{tarball}: unreadable ({exc})") from None
+    raise HostKernelError(f"{tarball}: no top-level Makefile with the kernel version")
+
+
+def find_source(root: Path, release: str, given: Path | None) -> Path:
+    if given is not None:
+        if not given.exists():
+            raise HostKernelError(f"{given}: no such source tree or tarball")
+        return given
+    wanted = ".".join(release.split(".")[:2])
+    tarballs = sorted((root / "usr/src").glob("linux-source-*.tar.xz"),
+                      key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)])
+    for tarball in tarballs:
+        if tarball.name == f"linux-source-{wanted}.tar.xz":
+            return tarball
+    if tarballs:
+        return tarballs[-1]
+    raise HostKernelError(f"{root / 'usr/src'}: no linux-source-*.tar.xz; install Debian's kernel source with "
+                          f"'apt-get install linux-source-{wanted}' (or linux-source for the distribution's own), "
+                          "or give a tree with --source DIR")
+
+
+def patch_paths(series: str) -> list[Path]:
+    return sorted((repo_root() / "kernel" / "patches" / series).glob("*.patch"))
+
+
+def patch_files(patch: Path) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(errors="replace"), re.M)]
+
+
+def check_patches(source: Path, patches: list[Path]) -> list[PatchCheck]:
+    """``patch --dry-run`` of each patch in order; against a tarball, on the files the patches touch only."""
+    if not patches:
+        return []
+    with tempfile.TemporaryDirectory(prefix="ticklab-patchcheck-") as scratch:
+        tree = source
+        if source.is_file():
+            wanted = {name for p in patches for name in patch_files(p)}
+            tree = Path(scratch)
+            try:
+                with tarfile.open(source, "r:xz") as archive:
+                    for member in archive:
+                        parts = member.name.split("/", 1)
+                        if len(parts) == 2 and parts[1] in wanted and member.isfile():
+                            target = tree / parts[1]
+                            target.parent.mkdir(parents=True, exist_ok=True)
+                            target.write_bytes(archive.extractfile(member).read())
+            except (OSError, tarfile.TarError, EOFError) as exc:
+                raise HostKernelError(f"{source}: unreadable ({exc})") from None
+        checks = []
+        for patch in patches:
+            result = subprocess.run(["patch", "-p1", "--dry-run", "--batch", "--forward", "-d", str(tree), "-i", str(patch)],
+                                    capture_output=True, text=True, check=False)
+            why = (result.stdout + result.stderr).strip().splitlines()
+            checks.append(PatchCheck(patch, result.returncode == 0, why[-1] if why else f"exit {result.returncode}"))
+    return checks
+
+
+def loaded_modules(root: Path) -> int:
+    try:
+        return sum(1 for line in (root / "proc/modules").read_text().splitlines() if line.strip())
+    except OSError:
+        return 0
+
+
+def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, source: Path | None = None,
+                     localmodconfig: bool = False, jobs: int | None = None,
+                     work: Path | None = None) -> HostKernelPlan:
+    """Everything the build would do, computed without changing anything."""
+    root = Path(root)
+    release = running_release(root)
+    config_source, config_bytes = find_config(root, release, config)
+    source = find_source(root, release, source)
+    version = _tarball_version(source) if source.is_file() else _tree_version(source)
+    series = ".".join(version.split(".")[:2])
+    checks = check_patches(source, patch_paths(series))
+    digest = hashlib.sha256(config_bytes)
+    for check in checks:
+        if check.applies:
+            digest.update(check.path.name.encode() + b"\0" + check.path.read_bytes())
+    localversion = f"-ticklab-{digest.hexdigest()[:8]}"
+    new_release = version + localversion
+    jobs = jobs or os.cpu_count() or 1
+    work = work or Path(os.environ.get("TICKLAB_CACHE", Path.home() / ".cache" / "ticklab")) / "host-kernels" / new_release
+    tree = work / "linux" if source.is_file() else source
+    build = []
+    if source.is_file():
+        build.append(["tar", "-xf", str(source), "-C", str(work), "--one-top-level=linux", "--strip-components=1"])
+    build += [["patch", "-p1", "--batch", "--forward", "-d", str(tree), "-i", str(c.path)] for c in checks if c.applies]
+    build.append(["cp", str(work / "config"), str(tree / ".config")])  # the config bytes read now, written there
+    build.append([str(tree / "scripts/config"), "--file", str(tree / ".config"), "--set-str", "LOCALVERSION", localversion,
+                  "--disable", "LOCALVERSION_AUTO", "--enable", "KEXEC", "--set-str", "SYSTEM_TRUSTED_KEYS", "",
+                  "--set-str", "SYSTEM_REVOCATION_KEYS", ""])
+    if localmodconfig:
+        build.append(["make", "-C", str(tree), f"LSMOD={work / 'lsmod'}", "localmodconfig"])
+    build += [["make", "-C", str(tree), "olddefconfig"],
+              ["make", "-C", str(tree), f"-j{jobs}", "bzImage", "modules"]]
+    boot = root / "boot"
+    install = [["make", "-C", str(tree), "modules_install"] + ([f"INSTALL_MOD_PATH={root}"] if str(root) != "/" else []),
+               ["install", "-m", "0644", str(tree / "arch/x86/boot/bzImage"), str(boot / f"vmlinuz-{new_release}")],
+               ["install", "-m", "0644", str(tree / "System.map"), str(boot / f"System.map-{new_release}")],
+               ["install", "-m", "0644", str(tree / ".config"), str(boot / f"config-{new_release}")],
+               ["update-initramfs", "-c", "-k", new_release]]
+    return HostKernelPlan(release, config_source, config_bytes, source, version, checks, localversion, new_release,
+                          localmodconfig, loaded_modules(root) if localmodconfig else None, jobs, work, build, install)
+
+
+def _boot_digests(root: Path) -> dict[str, str | None]:
+    digests = {}
+    for relative in GUARDED_BOOT_FILES:
+        path = root / relative
+        digests[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return digests
+
+
+def _step(argv: list[str], log) -> None:
+    log.write(f"$ {shown(argv)}\n")
+    log.flush()
+    result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        raise HostKernelError(f"{log.name}: '{shown(argv)[:120]}' exited {result.returncode}")
+
+
+def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -> str:
+    """Build and install; returns the new release. Refuses to overwrite an installed release; checks afterwards
+    that grub.cfg and grubenv (the default boot entry) are byte for byte what they were."""
+    root = Path(root)
+    for target in (root / "boot" / f"vmlinuz-{plan.release}", root / "lib/modules" / plan.release):
+        if target.exists():
+            raise HostKernelError(f"{target}: exists already; ticklab never overwrites an installed kernel "
+                                  f"(remove it by hand if it is a stale ticklab build)")
+    work = plan.work
+    if plan.source.is_file() and (work / "linux").exists():
+        raise HostKernelError(f"{work / 'linux'}: left by an earlier build; remove it to build again")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "config").write_bytes(plan.config)
+    if plan.localmodconfig:
+        (work / "lsmod").write_text("Module Size Used by\n" + "".join(
+            f"{line.split()[0]} {line.split()[1]} 0\n" for line in (root / "proc/modules").read_text().splitlines()
+            if line.strip()))
+    before = _boot_digests(root)
+    log_path = work / "build.log"
+    say(f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}")
+    with log_path.open("a") as log:
+        for argv in plan.build_steps:
+            _step(argv, log)
+        say(f"installing {plan.release} (modules, /boot files, initramfs); the default boot entry stays")
+        for argv in plan.install_steps:
+            _step(argv, log)
+    changed = [path for path, digest in _boot_digests(root).items() if digest != before[path]]
+    if changed:
+        raise HostKernelError(f"{changed[0]}: changed while installing {plan.release} (a distribution hook?); "
+                              "check that the default boot entry is still the kernel you want")
+    return plan.release

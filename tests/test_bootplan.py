@@ -1,0 +1,275 @@
+"""Boot plans on a fake root: a tmp dir stands in for /, fake kexec, grub-reboot, grub-editenv and systemctl on PATH
+log their argv. A "reboot" is the test writing a new boot_id, release and /proc/cmdline into the fake root; the
+plan is then resumed by a new process (``ticklab plan resume``), so its state must survive on disk."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, make_fake_host
+from ticklab.host import bootplan
+from ticklab.host import HostChangeError
+from ticklab.host.bootplan import PlanError, PlannedRun
+
+RELEASE = "6.12.57-ticklab"
+ORIGINAL = "BOOT_IMAGE=/boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro quiet"
+TOOLS = ("kexec", "grub-reboot", "grub-editenv", "systemctl")
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    root = make_fake_host(tmp_path / "root")
+    (root / "proc/cmdline").write_text(ORIGINAL + "\n")
+    (root / "proc/sys/kernel/random").mkdir(parents=True)
+    (root / "proc/sys/kernel/random/boot_id").write_text("boot-0\n")
+    (root / "boot/grub").mkdir(parents=True)
+    (root / "boot/grub/grub.cfg").write_text("### BEGIN /etc/grub.d/41_custom ###\n"
+                                              "if [ -f  ${config_directory}/custom.cfg ]; then\n"
+                                              "  source ${config_directory}/custom.cfg\nfi\n")
+    for release in (RELEASE, "6.12.99-ticklab-abc"):
+        (root / f"boot/vmlinuz-{release}").write_bytes(b"kernel")
+        (root / f"boot/initrd.img-{release}").write_bytes(b"initrd")
+    (root / "run/systemd/system").mkdir(parents=True)
+    (root / "var/lib").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "argv.log"
+    for name in TOOLS:
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return root, log
+
+
+def reboot(root: Path, boot_id: str, cmdline: str, release: str = RELEASE) -> None:
+    (root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
+    (root / "proc/cmdline").write_text(cmdline + "\n")
+    (root / "proc/sys/kernel/osrelease").write_text(release + "\n")
+
+
+def resume_in_a_new_process(root: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", *(argv or ("resume",)), "--root", str(root)],
+                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
+
+
+def two_conditions(rounds: int = 2) -> list[PlannedRun]:
+    runs = []
+    for i in range(rounds):
+        runs.append(PlannedRun(f"run-{2 * i + 1:03d}", "nohz_full=off", "running", "root=/dev/vda1 ro quiet"))
+        runs.append(PlannedRun(f"run-{2 * i + 2:03d}", "nohz_full=on", "running", "root=/dev/vda1 ro quiet nohz_full=1"))
+    return runs
+
+
+def calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
+    root, log = host
+    plan = bootplan.create(two_conditions(), mode="kexec", bundle=tmp_path / "bundle", root=root, plan_id="p1")
+    directory = root / "var/lib/ticklab/plans/p1"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    unit = root / "etc/systemd/system/ticklab-plan.service"
+    assert "Type=oneshot" in unit.read_text() and "After=basic.target multi-user.target" in unit.read_text()
+    assert "plan resume --id p1 --root" in unit.read_text()
+    assert os.readlink(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service") == "../ticklab-plan.service"
+    assert calls(log) == ["systemctl daemon-reload",
+                          f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+                          "--append root=/dev/vda1 ro quiet",
+                          "systemctl --no-block kexec"]
+    for number, run in enumerate(plan.runs, start=1):
+        reboot(root, f"boot-{number}", run.cmdline)  # kexec keeps exactly the --append line: no BOOT_IMAGE
+        done = resume_in_a_new_process(root)
+        assert done.returncode == 0, done.stderr
+    final = bootplan.load(root, "p1")
+    assert final.state == "finished"
+    assert [r.state for r in final.runs] == ["made"] * 4
+    assert [r.boot_id_found for r in final.runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
+    assert [r.record["cmdline"] for r in final.runs] == [r.cmdline for r in plan.runs]
+    assert calls(log)[-1] == "systemctl --no-block kexec" and calls(log)[-2] == (
+        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} --append root=/dev/vda1 ro quiet")
+    assert "kexec -u" in calls(log)  # the journalled load was undone before the next one and at the end
+    assert not unit.exists() and not os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
+    assert not (directory / "host-changes.json").exists()
+
+
+def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host, tmp_path):
+    root, log = host
+    (root / "boot/grub/custom.cfg").write_text("menuentry 'mine' { }\n")
+    runs = [PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
+            PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro")]
+    bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="g")
+    bootplan.advance("g", root=root, say=lambda _: None)
+    custom = (root / "boot/grub/custom.cfg").read_text()
+    assert custom.startswith("menuentry 'mine' { }\n")
+    assert "menuentry 'ticklab-plan-g' --id 'ticklab-plan-g'" in custom
+    assert "  linux /boot/vmlinuz-6.12.99-ticklab-abc root=/dev/vda1 ro hpet_read_share=1\n" in custom
+    assert "  initrd /boot/initrd.img-6.12.99-ticklab-abc\n" in custom
+    assert calls(log)[-2:] == [f"grub-reboot --boot-directory={root}/boot ticklab-plan-g", "systemctl --no-block reboot"]
+    # grub adds BOOT_IMAGE=: tolerated
+    reboot(root, "boot-1", "BOOT_IMAGE=/boot/vmlinuz-6.12.99-ticklab-abc root=/dev/vda1 ro hpet_read_share=1",
+           release="6.12.99-ticklab-abc")
+    assert resume_in_a_new_process(root).returncode == 0
+    assert "linux /boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro\n" in (root / "boot/grub/custom.cfg").read_text()
+    assert custom.count("ticklab-plan-g") == 2  # one entry, not stacked
+    assert (root / "boot/grub/custom.cfg").read_text().count("menuentry 'ticklab-plan-g'") == 1
+    reboot(root, "boot-2", "BOOT_IMAGE=/boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro")
+    assert resume_in_a_new_process(root).returncode == 0
+    plan = bootplan.load(root, "g")
+    assert plan.state == "finished" and [r.state for r in plan.runs] == ["made", "made"]
+    assert (root / "boot/grub/custom.cfg").read_text() == "menuentry 'mine' { }\n"
+    assert f"grub-editenv {root}/boot/grub/grubenv unset next_entry" in calls(log)
+    assert "grub.cfg" not in " ".join(calls(log))  # never regenerated
+
+
+def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, tmp_path):
+    root, log = host
+    runs = [PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
+            PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro")]
+    bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="bad")
+    bootplan.advance("bad", root=root, say=lambda _: None)
+    reboot(root, "boot-after-panic", ORIGINAL)  # panic= reset: the default entry came up
+    done = resume_in_a_new_process(root)
+    assert done.returncode == 0
+    plan = bootplan.load(root, "bad")
+    assert plan.state == "failed"
+    assert plan.runs[0].state == "failed"
+    assert plan.runs[0].why == (f"booted kernel {RELEASE}, expected 6.12.99-ticklab-abc "
+                                "(a failed boot fell back to the default?)")
+    assert plan.runs[1].state == "planned"
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    assert not (root / "boot/grub/custom.cfg").exists()
+    status = resume_in_a_new_process(root, "status")
+    assert "plan bad (grub), failed: 0 made, 1 failed, 1 left of 2" in status.stdout
+
+
+def test_a_cmdline_mismatch_and_no_reboot_are_named(host, tmp_path):
+    root, _ = host
+    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="c")
+    bootplan.advance("c", root=root, say=lambda _: None)
+    done = resume_in_a_new_process(root)  # the same boot: kexec did not happen
+    assert "no reboot happened (boot_id boot-0 is the one before)" in done.stdout
+    plan = bootplan.load(root, "c")
+    assert plan.state == "failed"
+    run = PlannedRun("r", "c", "running", "ro nohz_full=1", release=RELEASE, boot_id_before="x")
+    why = bootplan.verify_boot(plan, run, {"boot_id": "y", "release": RELEASE, "cmdline": "BOOT_IMAGE=/v initrd=\\i ro"})
+    assert why == "/proc/cmdline is 'BOOT_IMAGE=/v initrd=\\i ro', expected 'ro nohz_full=1' (BOOT_IMAGE= and initrd= ignored)"
+
+
+def test_manual_mode_prints_what_to_boot_and_abort_undoes_the_unit(host, tmp_path):
+    root, log = host
+    bootplan.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="m")
+    said = []
+    bootplan.advance("m", root=root, say=said.append)
+    assert said[-1].startswith(f"boot run run-001 (nohz_full=off): kernel {root}/boot/vmlinuz-{RELEASE}, "
+                               f"initrd {root}/boot/initrd.img-{RELEASE}, command line: root=/dev/vda1 ro quiet")
+    assert "kexec" not in " ".join(calls(log)) and "reboot" not in " ".join(calls(log))
+    assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
+    status = resume_in_a_new_process(root, "status")
+    assert "now: run run-001 (nohz_full=off) booting" in status.stdout
+    done = resume_in_a_new_process(root, "abort")
+    assert done.returncode == 0, done.stderr
+    assert "aborted: unit removed" in done.stdout
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    assert not os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
+    assert bootplan.load(root, "m").state == "aborted"
+    assert calls(log)[-1] == "systemctl daemon-reload"
+
+
+def test_state_in_a_directory_others_can_write_is_refused(host, tmp_path):
+    root, _ = host
+    (root / "var/lib").chmod(0o777)
+    with pytest.raises(PlanError, match=r"var/lib: another user can replace what is under it"):
+        bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="w")
+
+
+def test_a_missing_kernel_is_refused_before_any_reboot(host, tmp_path):
+    root, log = host
+    runs = [PlannedRun("run-001", "x", "6.99.0-nope", "ro")]
+    with pytest.raises(PlanError, match=r"boot/vmlinuz-6\.99\.0-nope: missing, the kernel of run run-001 \(x\)"):
+        bootplan.create(runs, mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k")
+    assert not calls(log)
+
+
+def test_condition_cmdline_replaces_and_removes_words():
+    assert bootplan.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
+    assert bootplan.condition_cmdline("a=1 b c=3", ["a=2"]) == "b c=3 a=2"
+    # words after "--" belong to init: kernel words go before them
+    assert bootplan.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"]) == \
+        "ro quiet nohz_full=1 -- --init-flag x=1"
+
+
+def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(host, tmp_path):
+    root, log = host
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--dry-run",
+                           "--runs", "3", "--warmup", "1", "--root", str(root)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [l for l in done.stdout.splitlines() if l.startswith("  run-")]
+    assert len(lines) == 8  # 2 warm-ups then 3 measured runs of each of the 2 conditions, shuffled by the seed
+    assert lines[0].startswith("  run-001 tick-on (warm-up): kernel running, command line 'root=/dev/vda1 ro quiet'")
+    assert lines[1].startswith("  run-002 nohz-full (warm-up): kernel running, command line "
+                               "'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1'")  # the fake host has 2 CPUs
+    measured = [l.split()[1].rstrip(":") for l in lines[2:]]
+    assert sorted(measured) == ["nohz-full"] * 3 + ["tick-on"] * 3
+    assert not (root / "var/lib/ticklab").exists() and not calls(log)
+
+
+def test_capture_boot_names_a_kernel_pattern_that_matches_two(host, tmp_path):
+    root, _ = host
+    (root / "boot/vmlinuz-6.12.100-ticklab-def").write_bytes(b"kernel")
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--boot", "grub", "--dry-run",
+                           "--root", str(root)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert ("host-boot-clock-read.yaml: conditions.hpet-share-on: kernel '*-ticklab-*' matches 2 installed kernels in "
+            f"{root}/boot (have: 6.12.100-ticklab-def, 6.12.57-ticklab, 6.12.99-ticklab-abc)") in done.stderr
+
+
+def test_a_host_kernel_knob_outside_a_host_boot_file_is_refused(tmp_path):
+    from ticklab.capture.experiment import ExperimentError, load_experiment
+
+    text = (REPO / "runners/nohz/host-boot-ftq.yaml").read_text()
+    (tmp_path / "ftq-reboots.yaml").write_text(text)
+    with pytest.raises(ExperimentError, match=r"ftq-reboots\.yaml: a boot experiment \(host_kernel knob\) must be named "
+                                              r"host-boot-\*\.yaml"):
+        load_experiment(tmp_path / "ftq-reboots.yaml")
+
+
+def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_path):
+    root, log = host
+    kexec = Path(os.environ["PATH"].split(":")[0]) / "kexec"
+    kexec.write_text("#!/bin/sh\necho 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
+    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="lock")
+    with pytest.raises(HostChangeError, match=r"kexec -l .*: exit 1: kexec_load failed: Operation not permitted"):
+        bootplan.advance("lock", root=root, say=lambda _: None)
+    plan = bootplan.load(root, "lock")
+    assert plan.state == "failed" and plan.runs[0].state == "failed"
+    assert plan.runs[0].why.startswith("could not boot: ") and "Operation not permitted" in plan.runs[0].why
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    assert not (root / "var/lib/ticklab/plans/lock/host-changes.json").exists()
+
+
+def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
+    root, log = host
+    runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
+    bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="q")
+    with pytest.raises(PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"):
+        bootplan.advance("q", root=root, say=lambda _: None)
+    assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
+    assert bootplan.load(root, "q").state == "failed"
+
+
+def test_a_unit_already_installed_is_not_replaced(host, tmp_path):
+    root, _ = host
+    unit = root / "etc/systemd/system/ticklab-plan.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("someone else's\n")
+    bootplan.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="u")
+    with pytest.raises(PlanError, match=r"ticklab-plan\.service: exists already"):
+        bootplan.advance("u", root=root, say=lambda _: None)
+    assert unit.read_text() == "someone else's\n"

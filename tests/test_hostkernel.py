@@ -1,0 +1,148 @@
+"""`ticklab kernel build --host`: planning and --dry-run on a fake root (nothing written), installing into a fake
+root with fake build tools, the guard on the default boot entry. A real host kernel build is not run here (> 1 h)."""
+
+import gzip
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import make_fake_host
+from ticklab.hostkernel import HostKernelError, build_and_install, plan_host_kernel
+
+DEBIAN_SOURCE = Path("/usr/src/linux-source-6.12.tar.xz")
+
+
+def tree_snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*"))}
+
+
+def fake_tarball(path: Path, version=(6, 12, 99)) -> Path:
+    makefile = f"VERSION = {version[0]}\nPATCHLEVEL = {version[1]}\nSUBLEVEL = {version[2]}\nEXTRAVERSION =\n".encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:xz") as archive:
+        info = tarfile.TarInfo(f"linux-source-{version[0]}.{version[1]}/Makefile")
+        info.size = len(makefile)
+        archive.addfile(info, io.BytesIO(makefile))
+    return path
+
+
+@pytest.fixture
+def host_root(tmp_path):
+    root = make_fake_host(tmp_path / "root")
+    (root / "boot").mkdir()
+    (root / "boot/config-6.12.57-ticklab").write_text("CONFIG_64BIT=y\nCONFIG_LOCALVERSION=\"\"\n")
+    (root / "proc/modules").write_text("kvm_intel 401408 0 - Live 0x0\nkvm 1404928 1 kvm_intel, Live 0x0\n")
+    fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
+    return root
+
+
+def run_cli(*argv, env=None):
+    return subprocess.run([sys.executable, "-m", "ticklab.cli", *argv], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(host_root, tmp_path):
+    cache = tmp_path / "cache"
+    before = tree_snapshot(host_root)
+    done = run_cli("kernel", "build", "--host", "--dry-run", "--root", str(host_root), env={"TICKLAB_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f"config: {host_root}/boot/config-6.12.57-ticklab" in out
+    assert f"source: {host_root}/usr/src/linux-source-6.12.tar.xz (Linux 6.12.99)" in out
+    # the fake tarball holds none of the files the patches change: every patch is reported as not applying
+    assert "0001-hpet-read-share.patch: does NOT apply, left out" in out
+    assert "localversion: -ticklab-" in out and "new kernel release 6.12.99-ticklab-" in out
+    assert "an estimate, not a measurement" in out
+    assert "update-initramfs -c -k 6.12.99-ticklab-" in out
+    assert "make install" not in out.replace("no 'make install'", "") and "update-grub" not in out.replace("no update-grub", "")
+    assert "dry run: nothing built, nothing installed" in out
+    assert tree_snapshot(host_root) == before
+    assert not cache.exists()
+
+
+def test_config_falls_back_to_proc_config_gz_and_says_what_to_install(tmp_path):
+    root = make_fake_host(tmp_path / "root")
+    (root / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_64BIT=y\n"))
+    with pytest.raises(HostKernelError, match=r"usr/src: no linux-source-\*\.tar\.xz; install Debian's kernel source "
+                                              r"with 'apt-get install linux-source-6\.12'"):
+        plan_host_kernel(root)
+    fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
+    plan = plan_host_kernel(root, work=tmp_path / "work")
+    assert plan.config_source == str(root / "proc/config.gz") and plan.config == b"CONFIG_64BIT=y\n"
+    (root / "proc/config.gz").unlink()
+    with pytest.raises(HostKernelError, match=r"boot/config-6\.12\.57-ticklab: missing, and .*proc/config\.gz too"):
+        plan_host_kernel(root)
+
+
+def test_localversion_follows_the_config_and_localmodconfig_counts_modules(host_root, tmp_path):
+    first = plan_host_kernel(host_root, localmodconfig=True, jobs=2, work=tmp_path / "w")
+    assert first.module_count == 2 and "localmodconfig keeps about 2 modules" in first.estimate()
+    assert any("localmodconfig" in step for step in first.build_steps)
+    (host_root / "boot/config-6.12.57-ticklab").write_text("CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n")
+    second = plan_host_kernel(host_root, work=tmp_path / "w")
+    assert first.localversion != second.localversion and second.localversion.startswith("-ticklab-")
+
+
+@pytest.mark.skipif(not DEBIAN_SOURCE.is_file(), reason=f"{DEBIAN_SOURCE} missing (apt-get install linux-source-6.12)")
+def test_the_repository_patches_apply_to_debians_6_12(host_root, tmp_path):
+    plan = plan_host_kernel(host_root, source=DEBIAN_SOURCE, work=tmp_path / "w")
+    assert plan.series == "6.12"
+    assert [(c.path.name, c.applies) for c in plan.patches] == [
+        ("0001-hpet-read-share.patch", True), ("0002-pv-kick-ahead.patch", True),
+        ("0003-acpi-dummy-wait.patch", True), ("0004-lab-pvspin.patch", True)]
+
+
+def fake_tools(bin_dir: Path, log: Path, grub_cfg: Path | None = None) -> None:
+    bin_dir.mkdir()
+    touch = f"echo changed >> {grub_cfg}\n" if grub_cfg else ""
+    for name in ("make", "update-initramfs"):
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n" + (touch if name == "update-initramfs" else ""))
+        tool.chmod(0o755)
+
+
+def fake_tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    (tree / "arch/x86/boot").mkdir(parents=True)
+    (tree / "scripts").mkdir()
+    (tree / "Makefile").write_text("VERSION = 6\nPATCHLEVEL = 12\nSUBLEVEL = 5\n")
+    (tree / "arch/x86/boot/bzImage").write_bytes(b"kernel")
+    (tree / "System.map").write_text("map")
+    (tree / ".config").write_text("CONFIG_64BIT=y\n")
+    return tree
+
+
+def test_install_into_a_fake_root_leaves_the_default_boot_entry(host_root, tmp_path, monkeypatch):
+    log = tmp_path / "argv.log"
+    fake_tools(tmp_path / "bin", log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    (host_root / "boot/grub").mkdir()
+    (host_root / "boot/grub/grub.cfg").write_text("set default=0\n")
+    plan = plan_host_kernel(host_root, source=fake_tree(tmp_path), work=tmp_path / "work")
+    plan.build_steps = []  # compiling is the real make's job; here only the install steps run
+    release = build_and_install(plan, host_root, say=lambda _: None)
+    assert (host_root / f"boot/vmlinuz-{release}").read_bytes() == b"kernel"
+    assert (host_root / f"boot/System.map-{release}").read_text() == "map"
+    assert (host_root / "boot/grub/grub.cfg").read_text() == "set default=0\n"
+    calls = log.read_text().splitlines()
+    assert calls[0].endswith(f"modules_install INSTALL_MOD_PATH={host_root}")
+    assert calls[1] == f"update-initramfs -c -k {release}"
+    with pytest.raises(HostKernelError, match=rf"vmlinuz-{release}: exists already; ticklab never overwrites"):
+        build_and_install(plan, host_root, say=lambda _: None)
+
+
+def test_a_hook_that_changes_grub_cfg_is_an_error_naming_it(host_root, tmp_path, monkeypatch):
+    (host_root / "boot/grub").mkdir()
+    grub_cfg = host_root / "boot/grub/grub.cfg"
+    grub_cfg.write_text("set default=0\n")
+    fake_tools(tmp_path / "bin", tmp_path / "argv.log", grub_cfg=grub_cfg)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    plan = plan_host_kernel(host_root, source=fake_tree(tmp_path), work=tmp_path / "work")
+    plan.build_steps = []
+    with pytest.raises(HostKernelError, match=r"boot/grub/grub\.cfg: changed while installing"):
+        build_and_install(plan, host_root, say=lambda _: None)

@@ -1,0 +1,127 @@
+"""The lab guest can kexec (issue 18, the test bed of boot plans): a TCG guest of our lab kernel (CONFIG_KEXEC) with
+Debian's kexec-tools in its initramfs loads its own kernel with one more command-line word and kexecs into it; the
+second boot sees the new /proc/cmdline, nohz_full active and a new boot_id, and the 9p share carries state across.
+Slow (~20-40 s under TCG); skipped without root, QEMU, a built lab kernel or the image tools."""
+
+import os
+import shutil
+
+import pytest
+
+from ticklab.lab import image as guest_image
+from ticklab.lab import kernel as lab_kernel
+from ticklab.lab import qemu
+
+AFTER_BOOT = """n=$(cat /mnt/share/boots 2>/dev/null || echo 0)
+n=$((n + 1))
+echo $n > /mnt/share/boots
+cat /proc/sys/kernel/random/boot_id > /mnt/share/boot_id.$n
+cat /proc/cmdline > /mnt/share/cmdline.$n
+cat /sys/devices/system/cpu/nohz_full > /mnt/share/nohz_full.$n
+if [ $n -eq 1 ]; then
+    kexec -l /mnt/share/bzImage --initrd /mnt/share/initrd --append "$(cat /proc/cmdline) nohz_full=1"
+    echo "kexec -l exit $?" > /mnt/share/kexec.log
+    sync
+    kexec -e
+    echo "kexec -e returned $?" >> /mnt/share/kexec.log
+fi
+"""
+
+
+def kexec_kernel():
+    if os.geteuid() != 0 or qemu.qemu_version() is None or not lab_kernel.SOURCE_TARBALL.is_file():
+        pytest.skip("needs root, qemu-system-x86 and linux-source-6.12")
+    kernel = lab_kernel.cached_kernel("hz1000")
+    if kernel is None:
+        pytest.skip("no built hz1000 lab kernel (ticklab lab build-kernel --variant hz1000)")
+    if "CONFIG_KEXEC=y" not in (kernel.directory / "config").read_text().splitlines():
+        pytest.skip(f"{kernel.directory}/config: built without CONFIG_KEXEC")
+    if shutil.which("kexec") is None:
+        pytest.skip("kexec-tools is not installed (apt-get install kexec-tools): the guest image takes its kexec")
+    return kernel
+
+
+def test_the_lab_guest_kexecs_itself_into_a_new_command_line(tmp_path):
+    kernel = kexec_kernel()
+    image = guest_image.build_image(say=lambda _: None)
+    share = tmp_path / "share"
+    share.mkdir()
+    shutil.copy(kernel.image, share / "bzImage")
+    shutil.copy(image.initramfs, share / "initrd")
+    (share / "after-boot.sh").write_text(AFTER_BOOT)
+    boot = qemu.Boot(kernel.image, image.initramfs, share, tmp_path / "console.txt", accel="tcg", smp=2, timeout_s=240)
+    outcome = qemu.run_boot(boot)
+    console = (tmp_path / "console.txt").read_text(errors="replace")[-2000:]
+    assert outcome["status"] == "ok", console
+    assert (share / "boots").read_text().strip() == "2", (share / "after-boot.log").read_text() + console
+    first, second = ((share / f"boot_id.{n}").read_text().strip() for n in (1, 2))
+    assert first and second and first != second
+    cmdline1, cmdline2 = ((share / f"cmdline.{n}").read_text().strip() for n in (1, 2))
+    assert cmdline1 == boot.full_cmdline()
+    assert cmdline2 == cmdline1 + " nohz_full=1"
+    assert (share / "nohz_full.1").read_text().strip() == "(null)" or not (share / "nohz_full.1").read_text().strip()
+    assert (share / "nohz_full.2").read_text().strip() == "1"
+    print(f"two boots, kexec between them, in {outcome['seconds']} s under TCG")
+
+
+PLAN_AFTER_BOOT = """mkdir -p /var/lib/ticklab /mnt/share/state
+mount -o bind /mnt/share/state /var/lib/ticklab
+cd /tmp
+if [ ! -d /var/lib/ticklab/plans ]; then
+    python3.11 /mnt/share/make_plan.py
+else
+    python3.11 -m ticklab.cli plan resume
+fi
+sync
+"""
+
+MAKE_PLAN = """import os
+from ticklab.capture.experiment import Condition, schedule
+from ticklab.host import bootplan
+base = open("/proc/cmdline").read().strip()
+words = {"tick": [], "nohz_full": ["nohz_full=1"]}
+runs = [bootplan.PlannedRun(r.run, r.condition.name, "/mnt/share/bzImage", bootplan.condition_cmdline(base, words[r.condition.name]),
+                            initrd="/mnt/share/initrd", release=os.uname().release)
+        for r in schedule([Condition("tick", {}), Condition("nohz_full", {})], runs=3, warmup=0, seed=20261123)]
+# a forced bad boot: this kernel cannot be the release the run expects, as after a panic into the default kernel
+runs.append(bootplan.PlannedRun("run-007", "tick", "/mnt/share/bzImage", base, initrd="/mnt/share/initrd",
+                                release="0.0.0-forced-bad"))
+plan = bootplan.create(runs, mode="kexec", bundle="/mnt/share/bundle", plan_id="lab")
+bootplan.advance(plan.id)
+"""
+
+
+def test_a_boot_plan_kexecs_the_lab_guest_through_interleaved_conditions(tmp_path):
+    """The guest plays a real host: the plan's state lives on the share (its /var/lib/ticklab), each boot resumes it
+    (init runs after-boot.sh; a host has the systemd unit), kexecs into the next condition, and the forced bad boot
+    at the end fails its run and stops the plan with everything put back."""
+    import json
+
+    from ticklab.capture.experiment import Condition, schedule
+
+    kernel = kexec_kernel()
+    image = guest_image.build_image(say=lambda _: None)
+    share = tmp_path / "share"
+    share.mkdir()
+    shutil.copy(kernel.image, share / "bzImage")
+    shutil.copy(image.initramfs, share / "initrd")
+    (share / "after-boot.sh").write_text(PLAN_AFTER_BOOT)
+    (share / "make_plan.py").write_text(MAKE_PLAN)
+    boot = qemu.Boot(kernel.image, image.initramfs, share, tmp_path / "console.txt", accel="tcg", smp=2, timeout_s=500)
+    outcome = qemu.run_boot(boot)
+    log = (share / "after-boot.log").read_text(errors="replace") if (share / "after-boot.log").exists() else ""
+    assert outcome["status"] == "ok", log + (tmp_path / "console.txt").read_text(errors="replace")[-2000:]
+    plan = json.loads((share / "state/plans/lab/plan.json").read_text())
+    assert plan["state"] == "failed", log
+    runs = plan["runs"]
+    expected = [r.condition.name for r in schedule([Condition("tick", {}), Condition("nohz_full", {})], 3, 0, 20261123)]
+    assert [r["condition"] for r in runs[:6]] == expected and sorted(set(expected)) == ["nohz_full", "tick"]
+    assert [r["state"] for r in runs] == ["made"] * 6 + ["failed"], log
+    boot_ids = [r["boot_id_found"] for r in runs]
+    assert len(set(boot_ids)) == 7 and plan["original"]["boot_id"] not in boot_ids
+    for run in runs[:6]:
+        assert run["cmdline_found"] == run["cmdline"] and run["record"]["boot_id"] == run["boot_id_found"]
+        assert ("nohz_full=1" in run["cmdline_found"].split()) == (run["condition"] == "nohz_full")
+    assert runs[6]["why"].endswith("expected 0.0.0-forced-bad (a failed boot fell back to the default?)")
+    assert not (share / "state/plans/lab/host-changes.json").exists()  # the unit, its link and the kexec load undone
+    print(f"{len(runs) + 1} boots in {outcome['seconds']} s under TCG; order {expected}")
