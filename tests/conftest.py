@@ -59,7 +59,7 @@ def fake_host(tmp_path: Path) -> Path:
 # `make check` (the fast lane) leaves these out; `make test` runs everything. Whole modules that boot guests, run
 # notebooks or start servers, and single tests measured at >= 0.7 s on the 2-core reference machine.
 SLOW_MODULES = {"test_report.py", "test_lab.py", "test_lab_kexec.py", "test_fleet.py", "test_jupyter.py", "test_view.py",
-                "test_new_claim.py"}
+                "test_new_claim.py", "test_boot_capture.py"}
 SLOW_TESTS = {
     "test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_flagged",
     "test_a_failing_notebook_fails_the_run_and_names_the_cell",

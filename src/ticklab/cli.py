@@ -129,30 +129,37 @@ def _kernel(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from .capture.bootplans import BootCapture
     from .host import bootplan
 
-    return bootplan.command(args)
+    # a plan made by 'capture --boot' makes its runs into its bundle; one made otherwise records the boots only
+    return bootplan.command(args, maker_for=lambda plan, root: BootCapture(plan, root) if plan.capture else None)
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
-    from .capture.bootplans import boot_experiment, planned_runs
+    from .bundle import BundleError
+    from .capture.bootplans import boot_experiment, planned_runs, start
     from .capture.experiment import ExperimentError
+    from .capture.runner import CaptureOptions
+    from .capture.tracing import TracingError
     from .host import HostChangeError, bootplan
+    from .published import PublishedDataError
 
     try:
-        experiment = boot_experiment(args.claim, args.experiment)
-        runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
         if args.dry_run:
+            experiment = boot_experiment(args.claim, args.experiment)
+            runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
             print(f"boot plan ({args.boot}) of {experiment.path.name}: {len(runs)} boots, one run each, in this order:")
             for run in runs:
                 print(f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
                       f"command line '{run.cmdline}'")
             print("dry run: no plan written, nothing booted")
             return 0
-        plan = bootplan.create(runs, mode=args.boot, bundle=args.out / args.claim / experiment.name, root=args.root)
-        print(f"boot plan {plan.id}: {len(runs)} boots; 'ticklab plan status' shows it, 'ticklab plan abort' ends it")
-        bootplan.advance(plan.id, root=args.root)
-    except (ExperimentError, bootplan.PlanError, HostChangeError) as exc:
+        options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
+                                 backend=args.backend, root=args.root, journal=args.journal, progress=False,
+                                 seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
+        start(args.claim, options, args.experiment, args.boot)
+    except (ExperimentError, bootplan.PlanError, HostChangeError, BundleError, TracingError, PublishedDataError) as exc:
         print(f"ticklab capture: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -7,15 +7,31 @@ A boot experiment has a ``host_kernel`` knob (``running``, or a release pattern 
 command line the machine has now: ``key=value`` replaces the original's ``key=``, ``-key`` removes it; ``{last_cpu}``
 and ``{nproc}`` are filled in). Such files are named ``runners/<claim>/host-boot-*.yaml`` (checked at load), and
 ``experiment_paths`` leaves them out of host captures and the lab.
+
+:func:`start` opens the bundle with the plan's order (the manifest's ``order``, as every capture's) and makes the
+plan; after each boot ``ticklab plan resume`` gives the plan a :class:`BootCapture`, which reopens the bundle and
+makes the booted run with the host executor (``runner.HostExecutor``: knobs, tracing, workload), its record
+carrying the ``boot`` it verified (boot_id, release, /proc/cmdline). A wrong boot is a failed run with why. When
+the planned runs are done the experiment's stopping rule decides, from the bundle on disk, whether a round of one
+more run per condition follows (the same seeded rounds as a host capture, the time budget counted from the
+plan's creation across reboots); when it does not, or the plan stops or is aborted, the bundle is sealed.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
-from ..host import bootplan, facts
-from .experiment import Experiment, ExperimentError, boot_experiment_paths, expand_conditions, load_experiment, schedule
+from ..bundle import BundleWriter, measured_results
+from ..host import HostChanges, bootplan, facts, host_id
+from . import requirements, tracing
+from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
+                         load_experiment, schedule)
+from .session import check_counts, open_bundle, plan, plan_counts
+from .stopping import PrecisionGoal, StoppingRule, extra_round
 
 
 def is_boot_experiment(experiment: Experiment) -> bool:
@@ -78,3 +94,138 @@ def planned_runs(experiment: Experiment, root: Path, *, runs: int | None = None,
         planned.append(bootplan.PlannedRun(run.run, run.condition.name, kernel,
                                            bootplan.condition_cmdline(original, words), warmup=run.warmup))
     return planned
+
+
+def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> bootplan.Plan | None:
+    """The bundle and the boot plan of a boot experiment, then the first boot (``options``: runner.CaptureOptions).
+    A host that cannot run the experiment gets a sealed bundle saying why, and no plan."""
+    from .runner import HOST_ID_PATTERN
+
+    check_counts(options)
+    experiment = boot_experiment(claim, experiment_path)
+    root = Path(options.root)
+    runs = planned_runs(experiment, root, runs=options.runs, warmup=options.warmup, seed=options.seed)
+    host = HostChanges(options.journal, root=root, log=log)
+    with host:
+        if experiment.trace:
+            tracing.ensure_tracefs(host)
+        found = facts.collect(root)
+        checked, failed = requirements.check_all(experiment.requires, host, found)
+    identity = options.host_id or host_id(found)
+    if not HOST_ID_PATTERN.match(identity):
+        raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")
+    conditions = expand_conditions(experiment, found)
+    counts = plan_counts(experiment, options)
+    first = plan(conditions, counts)
+    if [r.run for r in first] != [r.name for r in runs]:
+        raise ExperimentError(f"{experiment.path}: the boot plan's order differs from the capture's")  # one schedule
+    writer = open_bundle(options.out, identity, experiment, found, conditions, counts, first)
+    writer.manifest.requirements = checked
+    if failed:
+        writer.manifest.not_testable = requirements.unmet_text(failed)
+        log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest.not_testable}")
+        writer.seal()
+        return None
+    context = {"experiment": str(experiment.path.resolve()), "backend": options.backend,
+               "journal": str(options.journal) if options.journal else None,
+               "runs_fixed": options.runs is not None, "budget_s": options.budget_s, "seed": counts[2],
+               "goals": None if options.goals is None else [asdict(g) for g in options.goals]}
+    created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, capture=context)
+    writer.manifest.details["boot_plan"] = {"id": created.id, "mode": mode}
+    writer.flush()
+    log(f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
+        "'ticklab plan abort' ends it (the runs made are kept)")
+    bootplan.advance(created.id, root=root, say=log)
+    return created
+
+
+class BootCapture(bootplan.RunMaker):
+    """The capture's side of a boot plan, in the process ``ticklab plan resume`` starts after each boot."""
+
+    def __init__(self, plan: bootplan.Plan, root: Path | str = "/", log=print):
+        self.plan, self.root, self.log = plan, Path(root), log
+        self.context = plan.capture
+        self.experiment = load_experiment(self.context["experiment"])
+
+    def _writer(self) -> BundleWriter:
+        return BundleWriter.reopen(self.plan.bundle)
+
+    @staticmethod
+    def _conditions(writer: BundleWriter) -> list[Condition]:
+        return [Condition(c["name"], {k: v for k, v in c.items() if k != "name"}) for c in writer.manifest.conditions]
+
+    def make_run(self, run: bootplan.PlannedRun, boot: dict) -> dict:
+        from .runner import HostExecutor
+
+        writer = self._writer()
+        condition = {c.name: c for c in self._conditions(writer)}[run.condition]
+        order = next(i for i, entry in enumerate(writer.manifest.order) if entry["run"] == run.name)
+        journal = Path(self.context["journal"]) if self.context.get("journal") else None
+        with HostChanges(journal, root=self.root, log=self.log) as host:
+            if self.experiment.trace:
+                tracing.ensure_tracefs(host)
+            found = facts.collect(self.root)
+            backend = tracing.choose_backend(host, self.context["backend"])[0] if self.experiment.trace else None
+            HostExecutor(self.experiment, host, found, backend, self.log).make_run(
+                writer, PlannedRun(run.name, order, condition, run.warmup))
+        record = writer.manifest.runs[-1]
+        record.details["boot"] = {**boot, "kernel_release": boot["release"]}  # as a lab run's boot names its kernel
+        writer.flush()
+        return record.to_json()
+
+    def failed_run(self, run: bootplan.PlannedRun, boot: dict, why: str) -> None:
+        writer = self._writer()
+        if any(r.run == run.name for r in writer.manifest.runs):
+            return  # made, then failed afterwards: the record says how the run went
+        writer.add_run({"run": run.name, "condition": run.condition, "warmup": run.warmup, "status": "failed",
+                        "problem": f"boot: {why}", "boot": boot}, [])
+
+    def more_runs(self, plan: bootplan.Plan) -> list[bootplan.PlannedRun]:
+        """A round of one more run per condition while the stopping rule asks for it ([] when it does not)."""
+        writer = self._writer()
+        manifest, conditions = writer.manifest, self._conditions(writer)
+        goals = self.context.get("goals")
+        rule = StoppingRule.for_capture(self.experiment, conditions, runs_fixed=self.context["runs_fixed"],
+                                        budget_s=self.context["budget_s"],
+                                        goals=None if goals is None else [PrecisionGoal(**{**g, "experiments": tuple(g["experiments"])})
+                                                                          for g in goals])
+        elapsed = time.time() - datetime.fromisoformat(manifest.started).timestamp()
+        rule.started = time.monotonic() - elapsed  # the time budget counts across reboots, from the capture's start
+        counts = {c.name: 0 for c in conditions}
+        for record in manifest.runs:
+            if record.measured:
+                counts[record.condition] = counts.get(record.condition, 0) + 1
+        made = [r for r in manifest.runs if not r.warmup]
+        wanted = rule.next_round(measured_results(manifest, writer.results()), counts,
+                                 elapsed / max(len(made), 1), conditions)
+        manifest.stopping = rule.record()
+        if not wanted:
+            writer.flush()
+            return []
+        round_number = 1 + max((entry.get("round", 0) for entry in manifest.order), default=0)
+        added = extra_round(wanted, len(manifest.order), round_number, self.context["seed"])
+        manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
+                           for p in added]
+        writer.flush()
+        booted = {r.condition: r for r in plan.runs}  # each condition's kernel and command line, as first planned
+        return [bootplan.PlannedRun(p.run, p.condition.name, booted[p.condition.name].kernel,
+                                    booted[p.condition.name].cmdline, initrd=booted[p.condition.name].initrd,
+                                    release=booted[p.condition.name].release) for p in added]
+
+    def finished(self, plan: bootplan.Plan) -> None:
+        """The plan ended (made, stopped by a bad boot, or aborted): the bundle is sealed with every run it has."""
+        try:
+            writer = self._writer()
+        except Exception as exc:  # sealed already, or gone: nothing to add to it
+            self.log(f"boot plan {plan.id}: bundle not sealed again ({exc})")
+            return
+        if plan.state != "running" or not writer.manifest.stopping:
+            failed = next((r for r in plan.runs if r.state == "failed" and plan.state == "failed"), None)
+            writer.manifest.stopping = {"rule": "boot plan", "budget": None, "checks": [],
+                                        "reason": f"boot plan {plan.state}" + (f": run {failed.name}: {failed.why}"
+                                                                               if failed else "")}
+        state = "finished" if plan.state == "running" else plan.state  # finish() records it right after
+        writer.manifest.details["boot_plan"] = {**writer.manifest.details.get("boot_plan", {}), "state": state,
+                                                "ended": datetime.now(timezone.utc).isoformat()}
+        path = writer.seal()
+        self.log(f"{path}: sealed")

@@ -22,6 +22,7 @@ from . import requirements, tracing
 from .execute import apply_knobs, execute_run, run_once, workload_values
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, expand_conditions, experiment_paths,
                          load_experiment)
+from .bootplans import is_boot_experiment
 from .session import Session, add_run, check_counts, open_bundle, plan, plan_counts
 from .stopping import StoppingRule, describe
 
@@ -193,6 +194,9 @@ def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = 
             if experiment_path:
                 raise ExperimentError(f"{path}: a lab (guest) experiment; run it with 'ticklab lab run {claim}'")
             continue
+        if is_boot_experiment(experiment):  # its conditions are kernels and command lines: one boot per run
+            raise ExperimentError(f"{path}: a boot experiment (a host_kernel knob); run it with "
+                                  f"'ticklab capture {claim} --boot kexec|grub|manual --experiment {path}'")
         bundle = Capture(experiment, options, log=log).run()
         if bundle:
             log(f"{bundle}: sealed")

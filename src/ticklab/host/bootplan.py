@@ -91,6 +91,7 @@ class Plan:
     state: str = "running"      # running | finished | failed | aborted
     created: str = ""
     log: list[str] = field(default_factory=list)
+    capture: dict = field(default_factory=dict)  # what the capture that made the plan needs after each boot
 
     def current(self) -> PlannedRun | None:
         return next((r for r in self.runs if r.state in ("booting", "booted")), None)
@@ -192,7 +193,7 @@ def _changes(root: Path, plan: Plan, log) -> HostChanges:
 
 # -- making a plan ---------------------------------------------------------------------------------------
 def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path | str = "/",
-           plan_id: str | None = None) -> Plan:
+           plan_id: str | None = None, capture: dict | None = None) -> Plan:
     root = Path(root)
     if mode not in MODES:
         raise PlanError(f"--boot {mode}: one of {', '.join(MODES)}")
@@ -216,7 +217,8 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
             run.release = run.release or original["release"]
         elif "/" not in run.kernel:
             run.release = run.release or run.kernel
-    plan = Plan(plan_id, mode, str(bundle), original, runs, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    plan = Plan(plan_id, mode, str(bundle), original, runs, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                capture=capture or {})
     for run in runs:
         _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
     _save(root, plan)
@@ -299,7 +301,39 @@ def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Pa
     return "\n".join(lines + ["}"]) + "\n", title
 
 
-def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print) -> str:
+class RunMaker:
+    """What makes a plan's runs (``capture.bootplans.BootCapture`` for ``capture --boot``): ``make_run`` after a
+    verified boot; ``failed_run`` for a run whose boot was wrong or whose making raised; ``more_runs`` when every
+    planned run is done (a stopping rule's next round; [] ends the plan); ``finished`` when the plan ends (made,
+    stopped by a bad boot, or aborted)."""
+
+    def make_run(self, run: PlannedRun, boot: dict) -> dict:
+        raise NotImplementedError
+
+    def failed_run(self, run: PlannedRun, boot: dict, why: str) -> None:
+        pass
+
+    def more_runs(self, plan: Plan) -> list[PlannedRun]:
+        return []
+
+    def finished(self, plan: Plan) -> None:
+        pass
+
+
+class _Only(RunMaker):
+    def __init__(self, make_run: Callable[[PlannedRun, dict], dict]):
+        self.make = make_run
+
+    def make_run(self, run: PlannedRun, boot: dict) -> dict:
+        return self.make(run, boot)
+
+
+def _maker(make_run) -> RunMaker:
+    return make_run if isinstance(make_run, RunMaker) else _Only(make_run)
+
+
+def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
+            maker: RunMaker | None = None) -> str:
     """Boot the next planned run: install the resume unit, load its kernel and command line, reboot (kexec:
     ``kexec -l`` then ``systemctl kexec``, or ``kexec -e`` without systemd; grub: a custom.cfg entry, ``grub-reboot``
     and ``systemctl reboot``; manual: print what to boot). Returns what was done (on a real host kexec and grub do
@@ -309,7 +343,16 @@ def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] 
     run = plan.next_planned()
     if plan.state != "running":
         raise PlanError(f"{plan_dir(root, plan_id)}: plan is {plan.state}")
+    if run is None and maker is not None:
+        more = maker.more_runs(plan)
+        if more:
+            plan.runs += more
+            plan.log.append(f"{len(more)} more run(s): {', '.join(r.name for r in more)}")
+            _save(root, plan)
+            run = more[0]
     if run is None:
+        if maker is not None:
+            maker.finished(plan)
         return finish(plan_id, root=root, say=say)
     try:
         return _boot(root, plan, run, say)
@@ -370,11 +413,13 @@ def verify_boot(plan: Plan, run: PlannedRun, found: dict) -> str | None:
     return None
 
 
-def resume(plan_id: str, make_run: Callable[[PlannedRun, dict], dict], *, root: Path | str = "/",
+def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict], *, root: Path | str = "/",
            say: Callable[[str], None] = print, go_on: bool = True) -> Plan:
-    """After a boot: verify it, make the run (``make_run(planned_run, boot_record) -> run record``), then advance
-    (``go_on``) or finish. A wrong boot fails the run and stops the plan; a make_run error fails the run only."""
+    """After a boot: verify it, make the run (``make_run(planned_run, boot_record) -> run record``, or a
+    :class:`RunMaker`), then advance (``go_on``) or finish. A wrong boot fails the run and stops the plan; a make_run
+    error fails the run only."""
     root = Path(root)
+    maker = _maker(make_run)
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
         run = plan.current()
@@ -384,26 +429,30 @@ def resume(plan_id: str, make_run: Callable[[PlannedRun, dict], dict], *, root: 
         found = _boot_facts(root)
         run.boot_id_found, run.release_found, run.cmdline_found = found["boot_id"], found["release"], found["cmdline"]
         why = verify_boot(plan, run, found)
+        boot = {**found, "plan": plan.id, "mode": plan.mode}
         if why:
             run.state, run.why = "failed", why
             plan.state = "failed"
             plan.log.append(f"run {run.name}: {why}; plan stopped")
             _save(root, plan)
+            maker.failed_run(run, boot, why)
+            maker.finished(plan)
             say(f"boot plan {plan.id}: run {run.name} failed: {why}; plan stopped, host changes put back")
             _cleanup(root, plan, say)
             return plan
         run.state = "booted"
         _save(root, plan)
         try:
-            run.record = make_run(run, {**found, "plan": plan.id, "mode": plan.mode})
+            run.record = maker.make_run(run, boot)
             run.state = "made"
         except Exception as exc:  # the run is recorded failed; the plan goes on with the next boot
             run.state, run.why = "failed", " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            maker.failed_run(run, boot, run.why)
         _save(root, plan)
         say(f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
             + (f": {run.why}" if run.why else "") + f"; {sum(r.state == 'planned' for r in plan.runs)} left")
     if go_on:
-        advance(plan_id, root=root, say=say)
+        advance(plan_id, root=root, say=say, maker=maker)
     return load(root, plan_id)
 
 
@@ -446,14 +495,18 @@ def finish(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] =
     return text
 
 
-def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print) -> Plan:
+def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
+          maker: RunMaker | None = None) -> Plan:
     """Remove the unit and put back every host change; the bundle and the runs made are kept."""
     root = Path(root)
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
         _cleanup(root, plan, say)
-        plan.state = "aborted" if plan.state == "running" else plan.state
+        running = plan.state == "running"
+        plan.state = "aborted" if running else plan.state
         _save(root, plan)
+        if running and maker is not None:
+            maker.finished(plan)
     say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
         f"{sum(r.state == 'made' for r in plan.runs)} run(s) made are kept in {plan.bundle}")
     return plan
@@ -483,17 +536,18 @@ def record_boot_only(run: PlannedRun, boot: dict) -> dict:
             "cmdline": boot["cmdline"]}
 
 
-def command(args: argparse.Namespace) -> int:
-    """``ticklab plan status|resume|abort``."""
+def command(args: argparse.Namespace, maker_for: Callable[[Plan, Path], RunMaker | None] = lambda plan, root: None) -> int:
+    """``ticklab plan status|resume|abort``; ``maker_for(plan, root)`` gives the capture's :class:`RunMaker` (None:
+    a plan made without a capture, whose runs record the boot only)."""
     root = Path(args.root)
     try:
         plan_id = args.plan_id or only_plan(root)
         if args.plan_command == "status":
             print(status_text(load(root, plan_id)))
         elif args.plan_command == "resume":
-            resume(plan_id, record_boot_only, root=root)
+            resume(plan_id, maker_for(load(root, plan_id), root) or record_boot_only, root=root)
         else:
-            abort(plan_id, root=root)
+            abort(plan_id, root=root, maker=maker_for(load(root, plan_id), root))
     except (PlanError, HostChangeError) as exc:
         print(f"ticklab plan {args.plan_command}: {exc}", file=sys.stderr)
         return 2

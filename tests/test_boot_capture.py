@@ -1,0 +1,135 @@
+"""`ticklab capture <claim> --boot kexec` end to end on a fake root (test_bootplan's: fake kexec and systemctl log
+their argv, a "reboot" is the test writing a new boot_id, release and /proc/cmdline): the capture opens the bundle
+with the plan's order, each `ticklab plan resume` (a new process, as the unit runs it) makes the booted run into
+the bundle with the boot it verified, a wrong boot is a failed run, and the bundle is sealed when the plan ends."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from test_bootplan import ORIGINAL, RELEASE, calls, host, reboot, resume_in_a_new_process  # noqa: F401 (fixture)
+from ticklab.bundle import load_bundle
+from ticklab.host import bootplan
+
+EXPERIMENT = """claim: nohz
+name: host-boot-echo
+description: Two command lines, one boot per run; the workload prints a hackbench-like time.
+runs: 2
+warmup: 0
+seed: 11
+requires: []
+conditions:
+  - {name: tick-on, kernel: running, boot: "-nohz_full"}
+  - {name: nohz-full, kernel: running, boot: "nohz_full={last_cpu}"}
+knobs:
+  kernel: host_kernel
+  boot: boot_cmdline
+workload:
+  tool: hackbench
+  argv: ["sh", "-c", "echo Time: 1.0$$"]
+"""
+
+
+def start_capture(root, tmp_path, *extra, text=EXPERIMENT):
+    experiment = tmp_path / "host-boot-echo.yaml"
+    experiment.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
+                           str(experiment), "--root", str(root), "--journal", str(tmp_path / "journal.json"),
+                           "--out", str(tmp_path / "traces"), "--host-id", "fake-boots", *extra],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [plan_id] = [p.name for p in (root / "var/lib/ticklab/plans").iterdir()]
+    return bootplan.load(root, plan_id)
+
+
+def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host, tmp_path):
+    root, log = host
+    plan = start_capture(root, tmp_path)
+    bundle_path = tmp_path / "traces" / "fake-boots" / "nohz"
+    [bundle_path] = list(bundle_path.iterdir())
+    assert plan.bundle == str(bundle_path)
+    manifest = json.loads((bundle_path / "manifest.json").read_text())
+    assert manifest["status"] == "incomplete" and [o["run"] for o in manifest["order"]] == [r.name for r in plan.runs]
+    assert calls(log)[-1] == "systemctl --no-block kexec"
+    for number, run in enumerate(plan.runs, start=1):
+        reboot(root, f"boot-{number}", run.cmdline)
+        done = resume_in_a_new_process(root)
+        assert done.returncode == 0, done.stderr
+    final = bootplan.load(root, plan.id)
+    assert final.state == "finished" and [r.state for r in final.runs] == ["made"] * 4
+
+    bundle = load_bundle(bundle_path)
+    assert bundle.manifest["status"] == "sealed"
+    runs = bundle.manifest["runs"]
+    assert [r["run"] for r in runs] == [o["run"] for o in bundle.manifest["order"]]
+    assert sorted(r["condition"] for r in runs) == ["nohz-full", "nohz-full", "tick-on", "tick-on"]
+    assert [r["boot"]["boot_id"] for r in runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
+    for record, planned in zip(runs, plan.runs):
+        assert record["boot"]["cmdline"] == planned.cmdline and record["status"] == "ok"
+        assert ("nohz_full=1" in record["boot"]["cmdline"].split()) == (record["condition"] == "nohz-full")
+        assert record["boot"]["kernel_release"] == RELEASE
+    assert "BOOT_IMAGE=" not in plan.runs[0].cmdline and "quiet" in plan.runs[0].cmdline.split()
+    results = pd.read_csv(bundle_path / "results.csv")
+    assert sorted(results.groupby("condition").size().items()) == [("nohz-full", 2), ("tick-on", 2)]
+    assert bundle.manifest["stopping"]["reason"] == "fixed run count (the experiment sets no budget)"
+    assert bundle.manifest["boot_plan"]["state"] == "finished" and bundle.manifest["boot_plan"]["mode"] == "kexec"
+    # back to the kernel and command line the machine had
+    assert calls(log)[-2].endswith(f"--append {' '.join(w for w in ORIGINAL.split() if not w.startswith('BOOT_IMAGE='))}")
+
+
+def test_a_wrong_boot_is_a_failed_run_and_the_bundle_keeps_the_runs_made(host, tmp_path):
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+    first, second = plan.runs[:2]
+    reboot(root, "boot-1", first.cmdline)
+    assert resume_in_a_new_process(root).returncode == 0
+    reboot(root, "boot-2", second.cmdline, release="6.1.0-21-amd64")  # the default kernel after a panic
+    assert resume_in_a_new_process(root).returncode == 0
+    assert bootplan.load(root, plan.id).state == "failed"
+
+    [bundle_path] = list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir())
+    bundle = load_bundle(bundle_path)
+    made, failed = bundle.manifest["runs"]
+    assert made["status"] == "ok" and made["boot"]["boot_id"] == "boot-1"
+    assert failed["status"] == "failed" and failed["run"] == second.name
+    assert failed["problem"] == (f"boot: booted kernel 6.1.0-21-amd64, expected {RELEASE} "
+                                 "(a failed boot fell back to the default?)")
+    assert bundle.manifest["stopping"]["reason"].startswith(f"boot plan failed: run {second.name}: booted kernel")
+    assert len(pd.read_csv(bundle_path / "results.csv")) == 1
+
+
+def test_the_stopping_rule_adds_rounds_across_boots(host, tmp_path):
+    """A plan whose runs are done asks the experiment's stopping rule, from the bundle on disk, for another round."""
+    from ticklab.capture.bootplans import BootCapture
+
+    root, _ = host
+    plan = start_capture(root, tmp_path, text=EXPERIMENT.replace("seed: 11", "seed: 11\nbudget: {time_s: 3600, max_runs: 3}"))
+    # a precision goal no two runs can meet: the rule must ask for one more run of each condition
+    plan.capture["goals"] = [{"comparison": "nohz-full vs tick-on", "metric": "runtime_s", "treatment": "nohz-full",
+                              "baseline": "tick-on", "statistic": "median", "target_log_half_width": 1e-9,
+                              "experiments": []}]
+    plan.capture["runs_fixed"] = False
+    maker = BootCapture(plan, root, log=lambda _: None)
+    for number, run in enumerate(plan.runs, start=1):
+        reboot(root, f"boot-{number}", run.cmdline)
+        maker.make_run(run, {"boot_id": f"boot-{number}", "release": RELEASE, "cmdline": run.cmdline})
+    more = maker.more_runs(plan)
+    assert sorted(r.condition for r in more) == ["nohz-full", "tick-on"] and [r.name for r in more] == ["run-005", "run-006"]
+    assert {r.cmdline for r in more} == {r.cmdline for r in plan.runs}
+    manifest = json.loads(Path(plan.bundle, "manifest.json").read_text())
+    assert [o.get("round") for o in manifest["order"]] == [None] * 4 + [1, 1]
+    assert manifest["stopping"]["reason"] is None  # still going: the rule has not ended the capture
+    assert manifest["stopping"]["checks"][-1]["comparisons"][0]["met"] is False
+
+
+def test_a_boot_experiment_without_boot_is_refused_naming_the_file(tmp_path):
+    experiment = tmp_path / "host-boot-echo.yaml"
+    experiment.write_text(EXPERIMENT)
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--experiment", str(experiment),
+                           "--out", str(tmp_path / "traces")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and not (tmp_path / "traces").exists()
+    assert done.stderr.strip() == (f"ticklab capture: {experiment}: a boot experiment (a host_kernel knob); run it with "
+                                   f"'ticklab capture nohz --boot kexec|grub|manual --experiment {experiment}'")
