@@ -115,6 +115,7 @@ WHAT_IS_COMPARED = ("the deepest C-state disabled (seed 003: C2 disabled, which 
 
 # The fresh conditions (runners/acpi-idle/tbench.yaml): every cpuidle state, and the deepest disabled.
 FRESH_BASELINE, FRESH_TREATMENT = "all-states", "deepest-disabled"
+BOOT_EXPERIMENT = "host-boot-tbench"
 
 
 def comparisons(published: PublishedClaim) -> list[Comparison]:
@@ -128,12 +129,27 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
                   f"derived: ratio of the printed Min values ({low.as_printed}); ours is the 10th percentile of the runs, "
                   "a proxy for Min (which a single run decides)", low.as_printed, low.quotes)
     machine = "the source's 2 × 64-core Zen3 with 128 tbench clients; the size of a collapse depends on the machine"
+    patch = published.ratio_target("tbench_mmtests", "median_patch", "median_baseline")
+    patch_low = published.ratio_target("tbench_mmtests", "min_patch", "min_baseline")
+    patch_tail = Target(patch_low.ratio, patch_low.direction, tail.provenance.replace(low.as_printed, patch_low.as_printed),
+                        patch_low.as_printed, patch_low.quotes)
     return [
         Comparison("deepest cpuidle state disabled vs all enabled: tbench throughput, median", "throughput_mb_s",
                    FRESH_TREATMENT, FRESH_BASELINE, median, ("tbench",), sizes_comparable=machine),
         Comparison("deepest cpuidle state disabled vs all enabled: tbench throughput, lower tail (10th percentile)",
                    "throughput_mb_s", FRESH_TREATMENT, FRESH_BASELINE, tail, ("tbench",), statistic="p10",
                    margins=Margins(no_effect=0.10), sizes_comparable=machine),
+        # Seed 003's own three columns, each condition a boot of a kernel with our dummy-wait switch
+        # (runners/acpi-idle/host-boot-tbench.yaml: ticklab capture acpi-idle --boot kexec)
+        *[Comparison(f"dummy wait off (the patch) vs on: tbench throughput, {what} (a boot each)", "throughput_mb_s",
+                     "dummy-wait-off", "dummy-wait-on", target, (BOOT_EXPERIMENT,), statistic=statistic,
+                     margins=margins, sizes_comparable=machine)
+          for what, target, statistic, margins in (("median", patch, "median", Margins()),
+                                                   ("lower tail (10th percentile)", patch_tail, "p10",
+                                                    Margins(no_effect=0.10)))],
+        Comparison("dummy wait on, deepest C-state disabled vs all states: tbench throughput, median (a boot each)",
+                   "throughput_mb_s", "dummy-wait-on-deepest-disabled", "dummy-wait-on", median, (BOOT_EXPERIMENT,),
+                   sizes_comparable=machine),
     ]
 
 

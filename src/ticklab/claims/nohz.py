@@ -346,6 +346,15 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
                    Target(quarter, 1, f"derived: (1 − {tick_us:g} µs × 250/s) / (1 − {tick_us:g} µs × 1000/s), "
                                       f"the same cost per tick at a quarter of the ticks", printed, quotes),
                    sizes_comparable=SIZES),
+        # On a real machine with its own kernel, each condition a boot (runners/nohz/host-boot-ftq.yaml:
+        # ticklab capture nohz --boot kexec); the target is the source's HZ=1000 one.
+        Comparison("nohz_full vs tick on, this kernel's HZ: FTQ work per quantum (a boot each)", "ftq_count_mean",
+                   "nohz-full", "tick-on",
+                   Target(no_tick, 1, f"derived: 1 / (1 − {tick_us:g} µs × 1000/s), the work the tick's share "
+                                      f"gives back when it stops, at the source's HZ=1000", printed, quotes),
+                   ("host-boot-ftq",),
+                   sizes_comparable=SIZES + "; the kernel booted runs at its own HZ (the bundle's boot record), so "
+                                            "at HZ=250 a quarter of the target's gain is all the source's cost implies"),
         # The mechanism itself, from the trace: the share of the busy CPU's time in the local timer interrupt.
         Comparison("HZ=250 vs HZ=1000: busy CPU's time in the timer interrupt (trace)", "local_timer_irq_time_fraction",
                    "hz250", "hz1000",
