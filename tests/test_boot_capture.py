@@ -95,7 +95,7 @@ def test_a_wrong_boot_is_a_failed_run_and_the_bundle_keeps_the_runs_made(host, t
     made, failed = bundle.manifest["runs"]
     assert made["status"] == "ok" and made["boot"]["boot_id"] == "boot-1"
     assert failed["status"] == "failed" and failed["run"] == second.name
-    assert failed["problem"] == (f"boot: booted kernel 6.1.0-21-amd64, expected {RELEASE} "
+    assert failed["problem"] == (f"wrong boot: booted kernel 6.1.0-21-amd64, expected {RELEASE} "
                                  "(a failed boot fell back to the default?)")
     assert bundle.manifest["stopping"]["reason"].startswith(f"boot plan failed: run {second.name}: booted kernel")
     assert len(pd.read_csv(bundle_path / "results.csv")) == 1

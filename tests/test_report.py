@@ -74,7 +74,9 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     # FTQ run as seed 004's author ran it (SCHED_FIFO, interrupts and tasks moved off its CPU): the tick's effect
     # is significant and in the source's direction, and smaller than the derived target, whose CI excludes it
     ftq = verdicts[verdicts["comparison"].str.contains("FTQ work per quantum") & verdicts["fresh_effect"].notna()]
-    assert len(ftq) == 2 and set(ftq["verdict"]) == {"direction only"}
+    # (the third: the lab guest that played a host's boot plan, a kexec boot per run: nohz_full vs tick on)
+    assert len(ftq) == 3 and set(ftq["verdict"]) == {"direction only"}
+    assert ftq["setup"].str.endswith("-kexec").sum() == 1
     assert (ftq["p_holm"] < 0.05).all() and (ftq["ci_low"] > 1).all() and (ftq["ci_high"] < ftq["target_ratio"]).all()
     assert ftq["reason"].str.contains("times the target's size").all()
     [hpet_tsc] = verdicts.loc[verdicts["comparison"].str.startswith("HPET without sharing vs TSC"), "verdict"]
@@ -82,7 +84,7 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     assert not verdicts["comparison"].str.contains("nohz_full vs HZ=1000: busy CPU's time").any()
     checks = pd.read_csv(build / "checks.csv")
     stop = checks[checks["check"].str.startswith("nohz_full stopped the tick")]
-    assert len(stop) == 1 and stop["status"].iloc[0] == "passed" and stop["runs"].iloc[0] >= 10
+    assert len(stop) == 2 and (stop["status"] == "passed").all() and (stop["runs"] >= 8).all()
     hrtick = verdicts[(verdicts["claim"] == "hrtick") & verdicts["setup"].str.startswith("guest-tcg-2vcpu")]
     assert set(hrtick["role"]) == {"premise", "claim"}
     series = hrtick[hrtick["role"] == "claim"].iloc[0]

@@ -183,6 +183,13 @@ def _lab(args: argparse.Namespace) -> int:
 
             image = build_image(force=args.force)
             print(f"guest image {image.key}: {image.initramfs}")
+        elif args.boot:
+            from .lab.bootplan import lab_boot_plan
+            from .lab.run import LabOptions
+
+            options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, out=args.out, accel=args.accel,
+                                 smp=args.smp, cmdline=args.cmdline or "", backend=args.backend, progress=False)
+            print(f"{lab_boot_plan(args.claim, options, args.experiment, args.boot)}: sealed", file=sys.stderr)
         else:
             from .lab.run import LabOptions, lab_run
 
@@ -428,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
                          help="tracing backend inside the guest (default: trace-cmd where it works)")
     lab_run.add_argument("--no-build", action="store_true", help="fail instead of building a missing lab kernel")
+    lab_run.add_argument("--boot", choices=["kexec"],
+                         help="play a real host: one guest runs a boot experiment's plan (runners/<claim>/host-boot-*.yaml), "
+                              "kexecing into each run's command line, as 'ticklab capture --boot kexec' does on a host")
     lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
     lab_run.set_defaults(func=_lab)
 

@@ -178,7 +178,7 @@ class BootCapture(bootplan.RunMaker):
         if any(r.run == run.name for r in writer.manifest.runs):
             return  # made, then failed afterwards: the record says how the run went
         writer.add_run({"run": run.name, "condition": run.condition, "warmup": run.warmup, "status": "failed",
-                        "problem": f"boot: {why}", "boot": boot}, [])
+                        "problem": why, "boot": boot}, [])
 
     def more_runs(self, plan: bootplan.Plan) -> list[bootplan.PlannedRun]:
         """A round of one more run per condition while the stopping rule asks for it ([] when it does not)."""

@@ -435,7 +435,7 @@ def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict]
             plan.state = "failed"
             plan.log.append(f"run {run.name}: {why}; plan stopped")
             _save(root, plan)
-            maker.failed_run(run, boot, why)
+            maker.failed_run(run, boot, f"wrong boot: {why}")
             maker.finished(plan)
             say(f"boot plan {plan.id}: run {run.name} failed: {why}; plan stopped, host changes put back")
             _cleanup(root, plan, say)

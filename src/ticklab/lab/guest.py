@@ -18,7 +18,7 @@ from pathlib import Path
 from ..capture import requirements, tracing
 from ..capture.execute import execute_run, run_once
 from ..capture.experiment import Condition, PlannedRun, load_experiment
-from ..host import HostChanges, collect
+from ..host import HostChanges, bootplan, collect
 
 WORK = Path("/tmp/ticklab-run")
 # Our patches' boot switches and where the running kernel shows the value it took.
@@ -62,9 +62,13 @@ def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | Non
 
 
 def run_job(job_path: Path, work: Path = WORK) -> dict:
-    job = json.loads(job_path.read_text())
-    share = job_path.parent
-    experiment = load_experiment(share / "experiment.yaml")
+    return make_job_run(json.loads(job_path.read_text()), job_path.parent, job_path.parent / "result.json", work)
+
+
+def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK) -> dict:
+    """Make the job's run (or cross-check) with the capture code; raw files to share/raw/<run>, the result to
+    ``result_path``."""
+    experiment = load_experiment(share / job.get("experiment", "experiment.yaml"))
     planned = PlannedRun(job["run"], job["order"], Condition(job["condition"]["name"], job["condition"]["values"]),
                          job["warmup"])
     result: dict = {"run": planned.run}
@@ -99,7 +103,7 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
         destination = share / "raw" / planned.run
         if run_dir.is_dir():
             shutil.copytree(run_dir, destination, dirs_exist_ok=True)
-        (share / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        result_path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
 
 
@@ -113,10 +117,67 @@ def _extra(experiment, condition: Condition, host: HostChanges, facts: dict, nam
     return {"name": name, "condition": condition.name, **outcome}
 
 
+# -- a boot plan played by the guest (ticklab.lab.bootplan) ------------------------------------------------
+PLAN_ID = "lab"
+
+
+class GuestPlanRuns(bootplan.RunMaker):
+    """The guest's maker of a boot plan's runs: each run as a lab job (``make_job_run``), its result with the boot
+    the plan verified in share/runs/<run>.json; the host turns them into the bundle after the guest powers off."""
+
+    def __init__(self, share: Path, plan_job: dict):
+        self.share, self.plan_job = share, plan_job
+        self.jobs = {job["run"]: job for job in plan_job["runs"]}
+
+    def _result_path(self, run: str) -> Path:
+        (self.share / "runs").mkdir(exist_ok=True)
+        return self.share / "runs" / f"{run}.json"
+
+    def make_run(self, run: bootplan.PlannedRun, boot: dict) -> dict:
+        job = {**self.jobs[run.name], "backend": self.plan_job.get("backend", "auto")}
+        result = make_job_run(job, self.share, self._result_path(run.name))
+        result["boot"] = boot
+        self._result_path(run.name).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        if "error" in result:
+            raise RuntimeError(result["error"].strip().splitlines()[-1])
+        return {"run": run.name, "boot_id": boot["boot_id"]}
+
+    def failed_run(self, run: bootplan.PlannedRun, boot: dict, why: str) -> None:
+        path = self._result_path(run.name)
+        if not path.exists():
+            path.write_text(json.dumps({"run": run.name, "error": why, "boot": boot}, indent=2) + "\n")
+
+
+def plan_start(share: Path) -> None:
+    """First boot: the plan of share/plan-job.json (runs, each condition's command-line words), then the first kexec."""
+    plan_job = json.loads((share / "plan-job.json").read_text())
+    original = (Path("/proc/cmdline").read_text()).strip()
+    release = collect()["kernel_release"]
+    runs = [bootplan.PlannedRun(job["run"], job["condition"]["name"], str(share / "bzImage"),
+                                bootplan.condition_cmdline(original, job["words"]), initrd=str(share / "initrd"),
+                                release=release, warmup=job["warmup"]) for job in plan_job["runs"]]
+    bootplan.create(runs, mode="kexec", bundle=share / "runs", plan_id=PLAN_ID, capture={"kind": "lab-guest"})
+    bootplan.advance(PLAN_ID)
+
+
+def plan_resume(share: Path) -> None:
+    """Every later boot: the plan's next step, or nothing when it is over (this is the boot back to the original
+    command line, and the guest powers off)."""
+    state = bootplan.load(Path("/"), PLAN_ID).state
+    if state != "running":
+        print(f"boot plan {PLAN_ID} is {state}: powering off")
+        return
+    bootplan.resume(PLAN_ID, GuestPlanRuns(share, json.loads((share / "plan-job.json").read_text())))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] in ("plan-start", "plan-resume"):
+        (plan_start if argv[0] == "plan-start" else plan_resume)(Path(argv[1]))
+        return 0
     if len(argv) != 1:
-        print("usage: python3 -m ticklab.lab.guest /mnt/share/job.json", file=sys.stderr)
+        print("usage: python3 -m ticklab.lab.guest /mnt/share/job.json | plan-start|plan-resume /mnt/share",
+              file=sys.stderr)
         return 2
     result = run_job(Path(argv[0]))
     return 1 if "error" in result else 0

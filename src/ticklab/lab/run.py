@@ -232,38 +232,10 @@ class LabExecutor:
 
     def _one_boot(self, writer: BundleWriter, planned, setting: dict) -> bool:
         """Boot for one planned run; False when the guest says the experiment is not testable there."""
-        experiment = self.experiment
         job = {"order": planned.order, "warmup": planned.warmup,
                "condition": {"name": planned.condition.name, "values": planned.condition.values}}
         outcome, result, run_dir = self._boot(writer, planned.run, job, setting)
-        manifest = writer.manifest
-        if result.get("facts") and not manifest.host:
-            manifest.host = result["facts"]
-            manifest.tracing = {**(result.get("tracing") or {}), "events": (experiment.trace or {}).get("events", [])}
-            manifest.requirements = result.get("requirements", {})
-        if result.get("not_testable"):
-            manifest.host = result.get("facts") or manifest.host
-            manifest.requirements = result.get("requirements", {})
-            manifest.not_testable = result["not_testable"]
-            self.log(f"{experiment.claim}/{experiment.name}: not testable in the guest — {result['not_testable']}")
-            return False
-        record = result.get("record")
-        if record is None:
-            record = {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
-                      "warmup": planned.warmup, "values": planned.condition.values, "argv": [], "start": None,
-                      "end": None, "exit_status": None, "status": "failed", "knobs": [], "trace": None,
-                      "problem": _no_result(result, outcome, run_dir)}
-        facts = result.get("facts") or {}
-        record["guest"] = guest_summary(facts)
-        # the run's interference is the physical host's, sampled around the boot; the guest's own view is kept beside it
-        record["guest_interference"] = record.pop("interference", None)
-        record["interference"] = outcome.pop("interference")
-        record["boot"] = outcome
-        if record.get("boot_mismatch"):
-            record["problem"] = "; ".join(record["boot_mismatch"])
-        values = workload_values(experiment, planned.condition, facts or planning_facts(setting["smp"]))
-        add_run(writer, experiment, record, values, self.log)
-        return True
+        return add_guest_run(writer, self.experiment, planned, result, outcome, run_dir, setting["smp"], self.log)
 
     def _extras(self, writer: BundleWriter, conditions: list[Condition], settings: dict) -> None:
         """Each cross-check once per condition, each in its own boot; outside results.csv."""
@@ -293,6 +265,40 @@ class LabExecutor:
                                         "problem": _no_result(result, outcome, run_dir)}
         return {**entry, "directory": directory, "guest": guest_summary(result.get("facts") or {}),
                 "boot": outcome}
+
+
+def add_guest_run(writer: BundleWriter, experiment: Experiment, planned, result: dict, outcome: dict, run_dir: Path,
+                  smp: int, log=say) -> bool:
+    """A run the guest made (its result.json, the boot's ``outcome``) into the bundle; False when the guest said
+    the experiment is not testable there. ``outcome["interference"]``, when present, is the physical host's."""
+    manifest = writer.manifest
+    if result.get("facts") and not manifest.host:
+        manifest.host = result["facts"]
+        manifest.tracing = {**(result.get("tracing") or {}), "events": (experiment.trace or {}).get("events", [])}
+        manifest.requirements = result.get("requirements", {})
+    if result.get("not_testable"):
+        manifest.host = result.get("facts") or manifest.host
+        manifest.requirements = result.get("requirements", {})
+        manifest.not_testable = result["not_testable"]
+        log(f"{experiment.claim}/{experiment.name}: not testable in the guest — {result['not_testable']}")
+        return False
+    record = result.get("record")
+    if record is None:
+        record = {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
+                  "warmup": planned.warmup, "values": planned.condition.values, "argv": [], "start": None,
+                  "end": None, "exit_status": None, "status": "failed", "knobs": [], "trace": None,
+                  "problem": _no_result(result, outcome, run_dir)}
+    facts = result.get("facts") or {}
+    record["guest"] = guest_summary(facts)
+    # the run's interference is the physical host's, sampled around the boot; the guest's own view is kept beside it
+    record["guest_interference"] = record.pop("interference", None)
+    record["interference"] = outcome.pop("interference", None)
+    record["boot"] = outcome
+    if record.get("boot_mismatch"):
+        record["problem"] = "; ".join(record["boot_mismatch"])
+    values = workload_values(experiment, planned.condition, facts or planning_facts(smp))
+    add_run(writer, experiment, record, values, log)
+    return True
 
 
 def guest_summary(facts: dict) -> dict:
