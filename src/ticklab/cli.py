@@ -129,11 +129,18 @@ def _kernel(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .capture.bootplans import BootCapture
     from .host import bootplan
 
-    # a plan made by 'capture --boot' makes its runs into its bundle; one made otherwise records the boots only
-    return bootplan.command(args, maker_for=lambda plan, root: BootCapture(plan, root) if plan.capture else None)
+    def maker_for(plan, root):
+        """A plan made by 'capture --boot' makes its runs into its bundle; one made otherwise (a lab guest's test
+        plan, which has no pandas to import the capture with) records the boots only."""
+        if not plan.capture:
+            return None
+        from .capture.bootplans import BootCapture
+
+        return BootCapture(plan, root)
+
+    return bootplan.command(args, maker_for=maker_for)
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
