@@ -43,16 +43,24 @@ def kexec_kernel():
     return kernel
 
 
-def test_the_lab_guest_kexecs_itself_into_a_new_command_line(tmp_path):
+def boot_with_share(tmp_path, after_boot: str, timeout_s: float, **files: str):
+    """One TCG boot of the kexec-capable lab kernel; the share holds the kernel, the initramfs, the after-boot
+    script and ``files``. (share, the Boot, QEMU's outcome)."""
     kernel = kexec_kernel()
     image = guest_image.build_image(say=lambda _: None)
     share = tmp_path / "share"
     share.mkdir()
     shutil.copy(kernel.image, share / "bzImage")
     shutil.copy(image.initramfs, share / "initrd")
-    (share / "after-boot.sh").write_text(AFTER_BOOT)
-    boot = qemu.Boot(kernel.image, image.initramfs, share, tmp_path / "console.txt", accel="tcg", smp=2, timeout_s=240)
-    outcome = qemu.run_boot(boot)
+    (share / "after-boot.sh").write_text(after_boot)
+    for name, text in files.items():
+        (share / name).write_text(text)
+    boot = qemu.Boot(kernel.image, image.initramfs, share, tmp_path / "console.txt", accel="tcg", smp=2, timeout_s=timeout_s)
+    return share, boot, qemu.run_boot(boot)
+
+
+def test_the_lab_guest_kexecs_itself_into_a_new_command_line(tmp_path):
+    share, boot, outcome = boot_with_share(tmp_path, AFTER_BOOT, 240)
     console = (tmp_path / "console.txt").read_text(errors="replace")[-2000:]
     assert outcome["status"] == "ok", console
     assert (share / "boots").read_text().strip() == "2", (share / "after-boot.log").read_text() + console
@@ -101,16 +109,7 @@ def test_a_boot_plan_kexecs_the_lab_guest_through_interleaved_conditions(tmp_pat
 
     from ticklab.capture.experiment import Condition, schedule
 
-    kernel = kexec_kernel()
-    image = guest_image.build_image(say=lambda _: None)
-    share = tmp_path / "share"
-    share.mkdir()
-    shutil.copy(kernel.image, share / "bzImage")
-    shutil.copy(image.initramfs, share / "initrd")
-    (share / "after-boot.sh").write_text(PLAN_AFTER_BOOT)
-    (share / "make_plan.py").write_text(MAKE_PLAN)
-    boot = qemu.Boot(kernel.image, image.initramfs, share, tmp_path / "console.txt", accel="tcg", smp=2, timeout_s=500)
-    outcome = qemu.run_boot(boot)
+    share, boot, outcome = boot_with_share(tmp_path, PLAN_AFTER_BOOT, 500, **{"make_plan.py": MAKE_PLAN})
     log = (share / "after-boot.log").read_text(errors="replace") if (share / "after-boot.log").exists() else ""
     assert outcome["status"] == "ok", log + (tmp_path / "console.txt").read_text(errors="replace")[-2000:]
     plan = json.loads((share / "state/plans/lab/plan.json").read_text())
