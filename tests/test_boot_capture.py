@@ -133,3 +133,22 @@ def test_a_boot_experiment_without_boot_is_refused_naming_the_file(tmp_path):
     assert done.returncode == 2 and not (tmp_path / "traces").exists()
     assert done.stderr.strip() == (f"ticklab capture: {experiment}: a boot experiment (a host_kernel knob); run it with "
                                    f"'ticklab capture nohz --boot kexec|grub|manual --experiment {experiment}'")
+
+
+def test_a_first_boot_that_cannot_start_fails_its_run_and_seals_the_bundle(host, tmp_path):
+    root, _ = host
+    (tmp_path / "bin" / "kexec").write_text("#!/bin/sh\necho 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
+    experiment = tmp_path / "host-boot-echo.yaml"
+    experiment.write_text(EXPERIMENT)
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
+                           str(experiment), "--root", str(root), "--journal", str(tmp_path / "journal.json"),
+                           "--out", str(tmp_path / "traces"), "--host-id", "fake-boots"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().endswith("exit 1: kexec_load failed: Operation not permitted")
+    assert len(done.stderr.strip().splitlines()) == 1
+    [bundle_path] = list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir())
+    bundle = load_bundle(bundle_path)  # sealed: nothing waits for a resume that will never come
+    [failed] = bundle.manifest["runs"]
+    assert failed["status"] == "failed" and failed["problem"].startswith("could not boot")
+    assert bundle.manifest["stopping"]["reason"].startswith("boot plan failed")
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()

@@ -135,7 +135,7 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
     writer.flush()
     log(f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
         "'ticklab plan abort' ends it (the runs made are kept)")
-    bootplan.advance(created.id, root=root, say=log)
+    bootplan.advance(created.id, root=root, say=log, maker=BootCapture(created, root, log))
     return created
 
 

@@ -362,6 +362,9 @@ def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] 
         plan.state = "failed"
         _save(root, plan)
         _cleanup(root, plan, say)
+        if maker is not None:  # the capture records the run and seals what it has
+            maker.failed_run(run, {}, run.why)
+            maker.finished(plan)
         raise
 
 
