@@ -98,7 +98,7 @@ def named_requirements(experiments) -> list[str]:
     named = []
     for experiment in experiments:
         kinds = ("tool",) if experiment.lab is not None else ("program", "tool", "tracer")
-        for requirement in [*experiment.requires, *(r for extra in experiment.extras for r in extra.get("requires", []))]:
+        for requirement in experiment.all_requires():
             if requirement.partition(":")[0] in kinds:
                 named.append(requirement)
     order = {"program": 0, "tool": 1, "tracer": 2}

@@ -25,13 +25,13 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..bundle import BundleWriter, measured_results
+from ..bundle import BundleWriter
 from ..host import HostChanges, bootplan, facts, host_id
 from . import requirements, tracing
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
                          load_experiment, schedule)
 from .session import check_counts, open_bundle, plan, plan_counts
-from .stopping import PrecisionGoal, StoppingRule, extra_round
+from .stopping import PrecisionGoal, StoppingRule, next_round_runs
 
 
 def is_boot_experiment(experiment: Experiment) -> bool:
@@ -69,31 +69,47 @@ def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
     return found[0]
 
 
-def planned_runs(experiment: Experiment, root: Path, *, runs: int | None = None, warmup: int | None = None,
-                 seed: int | None = None) -> list[bootplan.PlannedRun]:
-    host = facts.collect(root)
+def condition_words(experiment: Experiment, condition: Condition, fill: dict, source: str) -> list[str]:
+    """The condition's command-line words (its ``boot_cmdline`` knob), ``{last_cpu}`` and ``{nproc}`` filled."""
+    variable = _variable(experiment, "boot_cmdline")
+    words = condition.values.get(variable, "") if variable else ""
+    words = words.split() if isinstance(words, str) else [str(w) for w in words]
+    try:
+        return [w.format(**fill) for w in words]
+    except (KeyError, ValueError, IndexError) as exc:
+        raise ExperimentError(f"{source}: command-line word template ({exc}); known: {{last_cpu}}, {{nproc}}") from None
+
+
+def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict) -> list[bootplan.PlannedRun]:
+    """The capture's planned runs as boots of this host (``host``: its facts): each condition's kernel and the
+    command line it has now with the condition's words."""
     cpus = host.get("online_cpus") or facts.online_cpus(root)
     fill = {"last_cpu": cpus[-1] if cpus else 0, "nproc": len(cpus) or 1}
     original = (facts.read_text(root / "proc/cmdline") or "").strip()
+    kernel_var = _variable(experiment, "host_kernel")
+    booted = []
+    for run in planned:
+        source = f"{experiment.path}: conditions.{run.condition.name}"
+        kernel = resolve_kernel(str(run.condition.values.get(kernel_var, "running")), root, source)
+        words = condition_words(experiment, run.condition, fill, source)
+        booted.append(bootplan.PlannedRun(run.run, run.condition.name, kernel,
+                                          bootplan.condition_cmdline(original, words), warmup=run.warmup))
+    return booted
+
+
+def _conditions_here(experiment: Experiment, host: dict) -> list[Condition]:
     conditions = expand_conditions(experiment, host)
     if not conditions:
         raise ExperimentError(f"{experiment.path}: no condition is possible on this host")
-    kernel_var, cmdline_var = _variable(experiment, "host_kernel"), _variable(experiment, "boot_cmdline")
-    planned = []
-    for run in schedule(conditions, runs or experiment.runs, experiment.warmup if warmup is None else warmup,
-                        experiment.seed if seed is None else seed):
-        values = run.condition.values
-        source = f"{experiment.path}: conditions.{run.condition.name}"
-        kernel = resolve_kernel(str(values.get(kernel_var, "running")), root, source)
-        words = values.get(cmdline_var, "") if cmdline_var else ""
-        words = words.split() if isinstance(words, str) else [str(w) for w in words]
-        try:
-            words = [w.format(**fill) for w in words]
-        except (KeyError, ValueError, IndexError) as exc:
-            raise ExperimentError(f"{source}: command-line word template ({exc}); known: {{last_cpu}}, {{nproc}}") from None
-        planned.append(bootplan.PlannedRun(run.run, run.condition.name, kernel,
-                                           bootplan.condition_cmdline(original, words), warmup=run.warmup))
-    return planned
+    return conditions
+
+
+def planned_runs(experiment: Experiment, root: Path, *, runs: int | None = None, warmup: int | None = None,
+                 seed: int | None = None) -> list[bootplan.PlannedRun]:
+    host = facts.collect(root)
+    order = schedule(_conditions_here(experiment, host), runs or experiment.runs,
+                     experiment.warmup if warmup is None else warmup, experiment.seed if seed is None else seed)
+    return boot_runs(experiment, order, root, host)
 
 
 def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> bootplan.Plan | None:
@@ -104,22 +120,20 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
     check_counts(options)
     experiment = boot_experiment(claim, experiment_path)
     root = Path(options.root)
-    runs = planned_runs(experiment, root, runs=options.runs, warmup=options.warmup, seed=options.seed)
     host = HostChanges(options.journal, root=root, log=log)
     with host:
         if experiment.trace:
             tracing.ensure_tracefs(host)
-        found = facts.collect(root)
-        checked, failed = requirements.check_all(experiment.requires, host, found)
-    identity = options.host_id or host_id(found)
+        here = facts.collect(root)
+        checked, failed = requirements.check_all(experiment.requires, host, here)
+    identity = options.host_id or host_id(here)
     if not HOST_ID_PATTERN.match(identity):
         raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")
-    conditions = expand_conditions(experiment, found)
+    conditions = _conditions_here(experiment, here)
     counts = plan_counts(experiment, options)
     first = plan(conditions, counts)
-    if [r.run for r in first] != [r.name for r in runs]:
-        raise ExperimentError(f"{experiment.path}: the boot plan's order differs from the capture's")  # one schedule
-    writer = open_bundle(options.out, identity, experiment, found, conditions, counts, first)
+    runs = boot_runs(experiment, first, root, here)  # every condition's kernel must exist before the bundle does
+    writer = open_bundle(options.out, identity, experiment, here, conditions, counts, first)
     writer.manifest.requirements = checked
     if failed:
         writer.manifest.not_testable = requirements.unmet_text(failed)
@@ -164,9 +178,9 @@ class BootCapture(bootplan.RunMaker):
         with HostChanges(journal, root=self.root, log=self.log) as host:
             if self.experiment.trace:
                 tracing.ensure_tracefs(host)
-            found = facts.collect(self.root)
+            here = facts.collect(self.root)
             backend = tracing.choose_backend(host, self.context["backend"])[0] if self.experiment.trace else None
-            HostExecutor(self.experiment, host, found, backend, self.log).make_run(
+            HostExecutor(self.experiment, host, here, backend, self.log).make_run(
                 writer, PlannedRun(run.name, order, condition, run.warmup))
         record = writer.manifest.runs[-1]
         record.details["boot"] = {**boot, "kernel_release": boot["release"]}  # as a lab run's boot names its kernel
@@ -191,22 +205,14 @@ class BootCapture(bootplan.RunMaker):
                                                                           for g in goals])
         elapsed = time.time() - datetime.fromisoformat(manifest.started).timestamp()
         rule.started = time.monotonic() - elapsed  # the time budget counts across reboots, from the capture's start
-        counts = {c.name: 0 for c in conditions}
-        for record in manifest.runs:
-            if record.measured:
-                counts[record.condition] = counts.get(record.condition, 0) + 1
         made = [r for r in manifest.runs if not r.warmup]
-        wanted = rule.next_round(measured_results(manifest, writer.results()), counts,
-                                 elapsed / max(len(made), 1), conditions)
-        manifest.stopping = rule.record()
-        if not wanted:
-            writer.flush()
-            return []
         round_number = 1 + max((entry.get("round", 0) for entry in manifest.order), default=0)
-        added = extra_round(wanted, len(manifest.order), round_number, self.context["seed"])
-        manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
-                           for p in added]
+        added = next_round_runs(rule, manifest, writer.results(), conditions, elapsed / max(len(made), 1),
+                                round_number, self.context["seed"])
+        manifest.stopping = rule.record()
         writer.flush()
+        if not added:
+            return []
         booted = {r.condition: r for r in plan.runs}  # each condition's kernel and command line, as first planned
         return [bootplan.PlannedRun(p.run, p.condition.name, booted[p.condition.name].kernel,
                                     booted[p.condition.name].cmdline, initrd=booted[p.condition.name].initrd,

@@ -86,6 +86,10 @@ class Experiment:
     budget: dict | None = None
     isolate: dict | None = None  # {cpu: last, rt_throttling: on|off}: interrupts and other tasks moved off the measured CPU per run
 
+    def all_requires(self) -> list[str]:
+        """What the experiment and its extras require, each once, in order."""
+        return list(dict.fromkeys([*self.requires, *(r for extra in self.extras for r in extra.get("requires", []))]))
+
     def extras_per_condition(self) -> list[dict]:
         """The cross-checks run once per condition after the measured runs (the ``per_run`` ones run in each run)."""
         return [extra for extra in self.extras if not extra.get("per_run")]

@@ -134,9 +134,8 @@ def tool_versions(experiment: Experiment | None = None) -> dict:
     """ticklab's version and commit, Python's, the tracers' and where each program the experiment requires
     (``program:NAME``, its extras' too) was found."""
     versions = {"ticklab": __version__, "ticklab_commit": _git_commit(), "python": sys.version.split()[0]}
-    required = [] if experiment is None else [*experiment.requires,
-                                              *(r for extra in experiment.extras for r in extra.get("requires", []))]
-    programs = [r.partition(":")[2] for r in dict.fromkeys(required) if r.startswith("program:")]
+    required = [] if experiment is None else experiment.all_requires()
+    programs = [r.partition(":")[2] for r in required if r.startswith("program:")]
     for name, argv in (("trace-cmd", ["trace-cmd", "--version"]), ("perf", ["perf", "--version"]),
                        *((program, None) for program in programs)):
         path = shutil.which(name)

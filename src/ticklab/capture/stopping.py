@@ -165,6 +165,23 @@ def extra_round(conditions: list[Condition], first_order: int, round_number: int
     return [PlannedRun(f"run-{first_order + i + 1:03d}", first_order + i, c, False) for i, c in enumerate(chosen)]
 
 
+def next_round_runs(rule: StoppingRule, manifest, results: pd.DataFrame, conditions: list[Condition],
+                    seconds_per_run: float, round_number: int, seed: int) -> list[PlannedRun]:
+    """The rule's decision on the bundle so far: the next round's runs, appended to the manifest's ``order``, or []
+    when the capture stops (``rule.reason`` says why). In-process rounds (:class:`Rounds`) and a boot plan's rounds
+    across reboots (``capture.bootplans``) both take this step."""
+    counts = {c.name: 0 for c in conditions}
+    for record in manifest.measured_runs():
+        counts[record.condition] = counts.get(record.condition, 0) + 1
+    wanted = rule.next_round(measured_results(manifest, results), counts, seconds_per_run, conditions)
+    if not wanted:
+        return []
+    added = extra_round(wanted, len(manifest.order), round_number, seed)
+    manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
+                       for p in added]
+    return added
+
+
 class Rounds:
     """The runs of a capture, in order: the initial schedule, then the rounds the stopping rule asks for.
 
@@ -205,17 +222,11 @@ class Rounds:
         yield from self._timed(self.plan)
         manifest = self.writer.manifest
         for round_number in range(1, 10_000):
-            ok = measured_results(manifest, self.writer.results())
-            counts = {c.name: 0 for c in self.conditions}
-            for record in manifest.measured_runs():
-                counts[record.condition] = counts.get(record.condition, 0) + 1
             per_run = sum(self.durations) / len(self.durations) if self.durations else 0.0
-            wanted = self.rule.next_round(ok, counts, per_run, self.conditions)
-            if not wanted:
+            added = next_round_runs(self.rule, manifest, self.writer.results(), self.conditions, per_run,
+                                    round_number, self.seed)
+            if not added:
                 break
-            added = extra_round(wanted, len(manifest.order), round_number, self.seed)
-            manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
-                               for p in added]
             if self.progress is not None:
                 self.progress.total += len(added)
                 self.progress.refresh()

@@ -31,6 +31,7 @@ differs from it, grub mode reboots into the default entry (never changed), manua
 
 from __future__ import annotations
 
+import abc
 import argparse
 import contextlib
 import fcntl
@@ -301,14 +302,15 @@ def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Pa
     return "\n".join(lines + ["}"]) + "\n", title
 
 
-class RunMaker:
+class RunMaker(abc.ABC):
     """What makes a plan's runs (``capture.bootplans.BootCapture`` for ``capture --boot``): ``make_run`` after a
     verified boot; ``failed_run`` for a run whose boot was wrong or whose making raised; ``more_runs`` when every
     planned run is done (a stopping rule's next round; [] ends the plan); ``finished`` when the plan ends (made,
     stopped by a bad boot, or aborted)."""
 
+    @abc.abstractmethod
     def make_run(self, run: PlannedRun, boot: dict) -> dict:
-        raise NotImplementedError
+        """The run record, after its boot was verified."""
 
     def failed_run(self, run: PlannedRun, boot: dict, why: str) -> None:
         pass

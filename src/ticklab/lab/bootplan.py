@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from ..bundle import BundleWriter
-from ..capture.bootplans import boot_experiment
+from ..capture.bootplans import boot_experiment, condition_words
 from ..capture.experiment import Condition, Experiment, PlannedRun, expand_conditions
 from ..capture.session import Session, open_bundle, plan, plan_counts
 from ..capture.stopping import StoppingRule
@@ -55,11 +55,9 @@ sync
 
 
 def _words(experiment: Experiment, condition: Condition, smp: int) -> list[str]:
-    """The condition's command-line words (its boot_cmdline knob), {last_cpu} and {nproc} filled for ``smp`` vCPUs."""
-    variable = next((name for name, kind in experiment.knobs.items() if kind == "boot_cmdline"), None)
-    words = condition.values.get(variable, "") if variable else ""
-    words = words.split() if isinstance(words, str) else [str(w) for w in words]
-    return [w.format(last_cpu=smp - 1, nproc=smp) for w in words]
+    """The condition's command-line words for a guest of ``smp`` vCPUs."""
+    return condition_words(experiment, condition, {"last_cpu": smp - 1, "nproc": smp},
+                           f"{experiment.path}: conditions.{condition.name}")
 
 
 def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None, mode: str = "kexec", log=say) -> Path:
