@@ -4,6 +4,7 @@ with the plan's order, each `ticklab plan resume` (a new process, as the unit ru
 the bundle with the boot it verified, a wrong boot is a failed run, and the bundle is sealed when the plan ends."""
 
 import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,98 @@ def test_a_first_boot_that_cannot_start_fails_its_run_and_seals_the_bundle(host,
     assert failed["status"] == "failed" and failed["problem"].startswith("could not boot")
     assert bundle.manifest["stopping"]["reason"].startswith("boot plan failed")
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+
+
+def bundle_of(tmp_path) -> Path:
+    [path] = list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir())
+    return path
+
+
+def test_the_plan_runs_the_experiment_kept_with_it_and_abort_needs_no_file(host, tmp_path):
+    """The user's experiment file moved, edited or deleted mid-plan changes nothing: the plan keeps its own copy,
+    and an abort reads neither it nor the bundle before putting the host back."""
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+    kept = root / "var/lib/ticklab/plans" / plan.id / "host-boot-echo.yaml"
+    assert kept.read_text() == EXPERIMENT and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    (tmp_path / "host-boot-echo.yaml").write_text(EXPERIMENT.replace("echo Time: 1.0$$", "exit 3"))
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    assert resume_in_a_new_process(root).returncode == 0
+    (tmp_path / "host-boot-echo.yaml").unlink()
+    kept.unlink()  # even the plan's own copy gone: abort still ends the plan
+    done = resume_in_a_new_process(root, "abort")
+    assert done.returncode == 0, done.stderr
+    assert bootplan.load(root, plan.id).state == "aborted"
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    bundle = load_bundle(bundle_of(tmp_path))
+    [made] = bundle.manifest["runs"]
+    assert made["status"] == "ok" and made["boot"]["boot_id"] == "boot-1"  # run with the kept experiment, not the edit
+    assert bundle.manifest["status"] == "sealed" and bundle.manifest["stopping"]["reason"] == "boot plan aborted"
+
+
+def test_a_run_whose_experiment_is_gone_ends_the_plan_and_seals_the_runs_made(host, tmp_path):
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    assert resume_in_a_new_process(root).returncode == 0
+    (root / "var/lib/ticklab/plans" / plan.id / "host-boot-echo.yaml").unlink()
+    reboot(root, "boot-2", plan.runs[1].cmdline)
+    done = resume_in_a_new_process(root)
+    assert done.returncode == 2 and "plan failed: the plan's experiment:" in done.stderr
+    final = bootplan.load(root, plan.id)
+    assert final.state == "failed" and [r.state for r in final.runs] == ["made", "failed", "planned", "planned"]
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    bundle = load_bundle(bundle_of(tmp_path))
+    assert [r["status"] for r in bundle.manifest["runs"]] == ["ok", "failed"]
+    assert bundle.manifest["runs"][1]["problem"].startswith("the plan's experiment:")
+
+
+def test_a_bundle_moved_mid_plan_ends_the_plan_with_the_host_put_back(host, tmp_path):
+    root, log = host
+    plan = start_capture(root, tmp_path)
+    moved = tmp_path / "moved-bundle"
+    bundle_of(tmp_path).rename(moved)
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    done = resume_in_a_new_process(root)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("ticklab plan resume: ") and f"the plan's bundle: {plan.bundle}" in line
+    final = bootplan.load(root, plan.id)
+    assert final.state == "failed" and final.runs[0].state == "failed"
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    assert not (root / "var/lib/ticklab/plans" / plan.id / "host-changes.json").exists()
+    assert calls(log)[-2:] == ["kexec -u", "systemctl daemon-reload"]  # no next boot loaded: the host is put back
+    assert json.loads((moved / "manifest.json").read_text())["status"] == "incomplete"  # moved: left as it was
+
+
+def test_a_wrong_boot_puts_the_host_back_even_when_the_bundle_is_gone(host, tmp_path):
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+    bundle_of(tmp_path).rename(tmp_path / "moved-bundle")
+    reboot(root, "boot-1", plan.runs[0].cmdline, release="6.1.0-21-amd64")
+    done = resume_in_a_new_process(root)
+    assert done.returncode == 2 and "the plan's bundle:" in done.stderr
+    assert f"run {plan.runs[0].name} failed: booted kernel 6.1.0-21-amd64" in done.stdout
+    assert bootplan.load(root, plan.id).state == "failed"
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+
+
+def test_a_round_in_the_manifest_but_not_in_the_plan_is_not_drawn_twice(host, tmp_path):
+    """A process killed after the stopping rule added a round to the bundle's order, before the plan was saved: the
+    next ask returns that round, and the order has no runs that will never be made."""
+    from ticklab.capture.bootplans import BootCapture
+
+    root, _ = host
+    plan = start_capture(root, tmp_path, text=EXPERIMENT.replace("seed: 11", "seed: 11\nbudget: {time_s: 3600, max_runs: 4}"))
+    plan.capture["goals"] = [{"comparison": "nohz-full vs tick-on", "metric": "runtime_s", "treatment": "nohz-full",
+                              "baseline": "tick-on", "statistic": "median", "target_log_half_width": 1e-9,
+                              "experiments": []}]
+    plan.capture["runs_fixed"] = False
+    maker = BootCapture(plan, root, log=lambda _: None)
+    for number, run in enumerate(plan.runs, start=1):
+        maker.make_run(run, {"boot_id": f"boot-{number}", "release": RELEASE, "cmdline": run.cmdline})
+    first = maker.more_runs(plan)
+    again = maker.more_runs(plan)  # plan.json never took the first answer
+    assert [(r.name, r.condition, r.cmdline) for r in again] == [(r.name, r.condition, r.cmdline) for r in first]
+    assert [o["run"] for o in json.loads(Path(plan.bundle, "manifest.json").read_text())["order"]] == \
+        [r.name for r in plan.runs] + ["run-005", "run-006"]

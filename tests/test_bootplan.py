@@ -273,3 +273,60 @@ def test_a_unit_already_installed_is_not_replaced(host, tmp_path):
     with pytest.raises(PlanError, match=r"ticklab-plan\.service: exists already"):
         bootplan.advance("u", root=root, say=lambda _: None)
     assert unit.read_text() == "someone else's\n"
+
+
+def test_an_abort_cannot_slip_in_between_a_run_and_the_next_boot(host, tmp_path):
+    """resume holds the plan's lock until the next boot is under way: an abort started meanwhile (here, by the fake
+    kexec that loads the next kernel) is refused, and does not end a plan that then boots on."""
+    root, log = host
+    plan = bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="race")
+    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    aborted = tmp_path / "abort.out"
+    kexec = Path(os.environ["PATH"].split(":")[0]) / "kexec"
+    kexec.write_text(f"#!/bin/sh\necho kexec \"$@\" >> {log}\n"
+                     f"{sys.executable} -m ticklab.cli plan abort --root {root} >> {aborted} 2>&1; echo exit $? >> {aborted}\n")
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    done = resume_in_a_new_process(root)
+    assert done.returncode == 0, done.stderr
+    assert aborted.read_text().splitlines()[-2:] == [
+        f"ticklab plan abort: {root}/var/lib/ticklab/plans/race/plan.lock: another ticklab process is acting on this "
+        "plan; wait for it", "exit 2"]
+    after = bootplan.load(root, "race")
+    assert after.state == "running" and [r.state for r in after.runs] == ["made", "booting"]
+    assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
+
+
+def test_a_seal_that_fails_still_puts_the_host_back_and_returns_to_the_original_kernel(host, tmp_path):
+    root, log = host
+
+    class SealFails(bootplan.RunMaker):
+        def make_run(self, run, boot):
+            return {"run": run.name}
+
+        def finished(self, plan):
+            raise OSError(f"{plan.bundle}/manifest.json: Read-only file system")
+
+    plan = bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="seal")
+    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    bootplan.resume(plan.id, SealFails(), root=root, say=lambda _: None)
+    reboot(root, "boot-2", plan.runs[1].cmdline)
+    with pytest.raises(PlanError, match=r"/b: .*/b/manifest.json: Read-only file system$"):
+        bootplan.resume(plan.id, SealFails(), root=root, say=lambda _: None)
+    assert bootplan.load(root, "seal").state == "finished"
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+    assert calls(log)[-2:] == [f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+                               "--append root=/dev/vda1 ro quiet", "systemctl --no-block kexec"]
+
+
+def test_a_plan_cut_short_between_a_run_and_the_next_boot_goes_on_at_the_next_resume(host, tmp_path):
+    root, log = host
+    plan = bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="cut")
+    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    bootplan.resume(plan.id, bootplan.record_boot_only, root=root, say=lambda _: None, go_on=False)  # killed here
+    assert "'ticklab plan resume' boots the next run" in resume_in_a_new_process(root, "status").stdout
+    done = resume_in_a_new_process(root)
+    assert done.returncode == 0, done.stderr
+    assert [r.state for r in bootplan.load(root, "cut").runs] == ["made", "booting"]
+    assert calls(log)[-2].endswith("--append root=/dev/vda1 ro quiet nohz_full=1")

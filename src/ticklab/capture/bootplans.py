@@ -25,7 +25,9 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..bundle import BundleWriter
+import yaml
+
+from ..bundle import BundleError, BundleWriter
 from ..host import HostChanges, bootplan, facts, host_id
 from . import requirements, tracing
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
@@ -140,11 +142,16 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest.not_testable}")
         writer.seal()
         return None
-    context = {"experiment": str(experiment.path.resolve()), "backend": options.backend,
+    kept = experiment.path.read_bytes()  # the plan runs this copy: the user's file may move or change mid-plan
+    if yaml.safe_load(kept) != experiment.definition:
+        raise ExperimentError(f"{experiment.path}: changed while the capture started; start it again")
+    context = {"experiment": str(experiment.path.resolve()), "experiment_file": experiment.path.name,
+               "backend": options.backend,
                "journal": str(options.journal) if options.journal else None,
                "runs_fixed": options.runs is not None, "budget_s": options.budget_s, "seed": counts[2],
                "goals": None if options.goals is None else [asdict(g) for g in options.goals]}
-    created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, capture=context)
+    created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, capture=context,
+                              keep={experiment.path.name: kept})
     writer.manifest.details["boot_plan"] = {"id": created.id, "mode": mode}
     writer.flush()
     log(f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
@@ -154,15 +161,30 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
 
 
 class BootCapture(bootplan.RunMaker):
-    """The capture's side of a boot plan, in the process ``ticklab plan resume`` starts after each boot."""
+    """The capture's side of a boot plan, in the process ``ticklab plan resume`` starts after each boot. It runs the
+    experiment kept with the plan (the user's file may move or change mid-plan) and reads nothing until asked: an
+    abort needs neither the experiment nor the bundle."""
 
     def __init__(self, plan: bootplan.Plan, root: Path | str = "/", log=print):
         self.plan, self.root, self.log = plan, Path(root), log
         self.context = plan.capture
-        self.experiment = load_experiment(self.context["experiment"])
+        self._experiment: Experiment | None = None
+
+    @property
+    def experiment(self) -> Experiment:
+        if self._experiment is None:
+            try:
+                self._experiment = load_experiment(bootplan.kept_file(self.root, self.plan.id,
+                                                                      self.context["experiment_file"]))
+            except (ExperimentError, bootplan.PlanError) as exc:
+                raise bootplan.CannotGoOn(f"the plan's experiment: {exc}") from None
+        return self._experiment
 
     def _writer(self) -> BundleWriter:
-        return BundleWriter.reopen(self.plan.bundle)
+        try:
+            return BundleWriter.reopen(self.plan.bundle)
+        except (BundleError, OSError) as exc:
+            raise bootplan.CannotGoOn(f"the plan's bundle: {exc}") from None
 
     @staticmethod
     def _conditions(writer: BundleWriter) -> list[Condition]:
@@ -171,16 +193,16 @@ class BootCapture(bootplan.RunMaker):
     def make_run(self, run: bootplan.PlannedRun, boot: dict) -> dict:
         from .runner import HostExecutor
 
-        writer = self._writer()
+        experiment, writer = self.experiment, self._writer()
         condition = {c.name: c for c in self._conditions(writer)}[run.condition]
         order = next(i for i, entry in enumerate(writer.manifest.order) if entry["run"] == run.name)
         journal = Path(self.context["journal"]) if self.context.get("journal") else None
         with HostChanges(journal, root=self.root, log=self.log) as host:
-            if self.experiment.trace:
+            if experiment.trace:
                 tracing.ensure_tracefs(host)
             here = facts.collect(self.root)
-            backend = tracing.choose_backend(host, self.context["backend"])[0] if self.experiment.trace else None
-            HostExecutor(self.experiment, host, here, backend, self.log).make_run(
+            backend = tracing.choose_backend(host, self.context["backend"])[0] if experiment.trace else None
+            HostExecutor(experiment, host, here, backend, self.log).make_run(
                 writer, PlannedRun(run.name, order, condition, run.warmup))
         record = writer.manifest.runs[-1]
         record.details["boot"] = {**boot, "kernel_release": boot["release"]}  # as a lab run's boot names its kernel
@@ -195,9 +217,15 @@ class BootCapture(bootplan.RunMaker):
                         "problem": why, "boot": boot}, [])
 
     def more_runs(self, plan: bootplan.Plan) -> list[bootplan.PlannedRun]:
-        """A round of one more run per condition while the stopping rule asks for it ([] when it does not)."""
+        """A round of one more run per condition while the stopping rule asks for it ([] when it does not). A round
+        already in the manifest's order but not in the plan (a process killed before the plan was saved) is that
+        round: the rule is not asked twice."""
         writer = self._writer()
         manifest, conditions = writer.manifest, self._conditions(writer)
+        in_plan = {r.name for r in plan.runs}
+        pending = [(entry["run"], entry["condition"]) for entry in manifest.order if entry["run"] not in in_plan]
+        if pending:
+            return self._booted(plan, pending)
         goals = self.context.get("goals")
         rule = StoppingRule.for_capture(self.experiment, conditions, runs_fixed=self.context["runs_fixed"],
                                         budget_s=self.context["budget_s"],
@@ -205,18 +233,21 @@ class BootCapture(bootplan.RunMaker):
                                                                           for g in goals])
         elapsed = time.time() - datetime.fromisoformat(manifest.started).timestamp()
         rule.started = time.monotonic() - elapsed  # the time budget counts across reboots, from the capture's start
-        made = [r for r in manifest.runs if not r.warmup]
+        per_boot = elapsed / max(len(manifest.runs), 1)  # every run, warm-up or failed, took one boot of that time
         round_number = 1 + max((entry.get("round", 0) for entry in manifest.order), default=0)
-        added = next_round_runs(rule, manifest, writer.results(), conditions, elapsed / max(len(made), 1),
-                                round_number, self.context["seed"])
+        added = next_round_runs(rule, manifest, writer.results(), conditions, per_boot, round_number,
+                                self.context["seed"])
         manifest.stopping = rule.record()
         writer.flush()
-        if not added:
-            return []
-        booted = {r.condition: r for r in plan.runs}  # each condition's kernel and command line, as first planned
-        return [bootplan.PlannedRun(p.run, p.condition.name, booted[p.condition.name].kernel,
-                                    booted[p.condition.name].cmdline, initrd=booted[p.condition.name].initrd,
-                                    release=booted[p.condition.name].release) for p in added]
+        return self._booted(plan, [(p.run, p.condition.name) for p in added])
+
+    @staticmethod
+    def _booted(plan: bootplan.Plan, runs: list[tuple[str, str]]) -> list[bootplan.PlannedRun]:
+        """Runs of a later round, each booted as its condition was first planned (kernel, command line)."""
+        booted = {r.condition: r for r in plan.runs}
+        return [bootplan.PlannedRun(name, condition, booted[condition].kernel, booted[condition].cmdline,
+                                    initrd=booted[condition].initrd, release=booted[condition].release)
+                for name, condition in runs]
 
     def finished(self, plan: bootplan.Plan) -> None:
         """The plan ended (made, stopped by a bad boot, or aborted): the bundle is sealed with every run it has."""
@@ -225,13 +256,12 @@ class BootCapture(bootplan.RunMaker):
         except Exception as exc:  # sealed already, or gone: nothing to add to it
             self.log(f"boot plan {plan.id}: bundle not sealed again ({exc})")
             return
-        if plan.state != "running" or not writer.manifest.stopping:
+        if plan.state != "finished" or not writer.manifest.stopping:
             failed = next((r for r in plan.runs if r.state == "failed" and plan.state == "failed"), None)
             writer.manifest.stopping = {"rule": "boot plan", "budget": None, "checks": [],
                                         "reason": f"boot plan {plan.state}" + (f": run {failed.name}: {failed.why}"
                                                                                if failed else "")}
-        state = "finished" if plan.state == "running" else plan.state  # finish() records it right after
-        writer.manifest.details["boot_plan"] = {**writer.manifest.details.get("boot_plan", {}), "state": state,
+        writer.manifest.details["boot_plan"] = {**writer.manifest.details.get("boot_plan", {}), "state": plan.state,
                                                 "ended": datetime.now(timezone.utc).isoformat()}
         path = writer.seal()
         self.log(f"{path}: sealed")

@@ -14,8 +14,12 @@ The lead's seam (the capture session wires these, see :func:`advance`, :func:`re
   the machine reboots; in tests the fake ``systemctl`` returns);
 - ``resume(plan_id, make_run, root=...)`` — what ``ticklab plan resume`` (the unit) runs after each boot: verifies
   the boot, calls ``make_run(planned_run, boot_record) -> dict`` (the run record the session appended to the
-  bundle; an exception records the run as failed with its one-line reason), then advances or finishes.
+  bundle; an exception records the run as failed with its one-line reason, :class:`CannotGoOn` ends the plan),
+  then advances or finishes, all under the plan's lock (an abort cannot slip in between).
   ``make_run`` is called with no HostChanges of the plan open, so the executor may open its own.
+
+A plan that ends (finished, failed, aborted) is saved first, then the host is put back, then the maker is told
+(``failed_run``, ``finished``); the maker's errors are raised after those steps, never instead of them.
 
 Boot verification (``verify_boot``): the boot_id differs from the one recorded before rebooting; the kernel
 release is the condition's (``running``: the release the machine had when the plan was made); /proc/cmdline,
@@ -62,6 +66,11 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 class PlanError(RuntimeError):
     """One line naming the plan's file and what is wrong."""
+
+
+class CannotGoOn(PlanError):
+    """Raised by a :class:`RunMaker` when no later run could be made either (its bundle or its experiment is gone):
+    the plan ends, failed, with the host put back."""
 
 
 @dataclass
@@ -194,7 +203,9 @@ def _changes(root: Path, plan: Plan, log) -> HostChanges:
 
 # -- making a plan ---------------------------------------------------------------------------------------
 def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path | str = "/",
-           plan_id: str | None = None, capture: dict | None = None) -> Plan:
+           plan_id: str | None = None, capture: dict | None = None, keep: dict[str, bytes] | None = None) -> Plan:
+    """A new plan on disk; ``keep``: files kept with it (the experiment it runs: moving or editing the user's copy
+    mid-plan changes nothing), read back with :func:`kept_file`."""
     root = Path(root)
     if mode not in MODES:
         raise PlanError(f"--boot {mode}: one of {', '.join(MODES)}")
@@ -222,8 +233,29 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
                 capture=capture or {})
     for run in runs:
         _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
+    for name, data in (keep or {}).items():
+        with os.fdopen(_open_private(directory / _kept_name(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL),
+                       "wb") as handle:
+            handle.write(data)
     _save(root, plan)
     return plan
+
+
+def _kept_name(directory: Path, name: str) -> str:
+    if not _ID.fullmatch(name) or name in ("plan.json", "plan.lock", "host-changes.json"):
+        raise PlanError(f"{directory}: {name!r} cannot be kept with a plan")
+    return name
+
+
+def kept_file(root: Path | str, plan_id: str, name: str) -> Path:
+    """A file kept with the plan (see :func:`create`), checked private to us."""
+    directory = plan_dir(root, plan_id)
+    path = directory / _kept_name(directory, name)
+    try:
+        os.close(_open_private(path, os.O_RDONLY))
+    except HostChangeError as exc:
+        raise PlanError(str(exc)) from None
+    return path
 
 
 def _kernel_files(root: Path, plan: Plan, run: PlannedRun) -> tuple[Path, Path | None]:
@@ -339,35 +371,75 @@ def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] 
     """Boot the next planned run: install the resume unit, load its kernel and command line, reboot (kexec:
     ``kexec -l`` then ``systemctl kexec``, or ``kexec -e`` without systemd; grub: a custom.cfg entry, ``grub-reboot``
     and ``systemctl reboot``; manual: print what to boot). Returns what was done (on a real host kexec and grub do
-    not return). With no run left, :func:`finish`."""
+    not return). With no run left (and none more from the maker), the plan finishes."""
     root = Path(root)
-    plan = load(root, plan_id)
-    run = plan.next_planned()
+    with _plan_lock(root, plan_id):
+        return _advance(root, load(root, plan_id), say, maker)
+
+
+def _advance(root: Path, plan: Plan, say, maker: RunMaker | None) -> str:
+    """:func:`advance` under the plan's lock, with the plan as just loaded or saved."""
     if plan.state != "running":
-        raise PlanError(f"{plan_dir(root, plan_id)}: plan is {plan.state}")
+        raise PlanError(f"{plan_dir(root, plan.id)}: plan is {plan.state}")
+    run = plan.next_planned()
     if run is None and maker is not None:
-        more = maker.more_runs(plan)
+        try:
+            more = maker.more_runs(plan)
+        except Exception as exc:  # the capture cannot say what comes next: end the plan, host put back
+            _end(root, plan, "failed", say, maker, why=f"no next round: {_one_line(exc)}")
+            raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: no next round: {_one_line(exc)}") from None
         if more:
             plan.runs += more
             plan.log.append(f"{len(more)} more run(s): {', '.join(r.name for r in more)}")
             _save(root, plan)
             run = more[0]
     if run is None:
-        if maker is not None:
-            maker.finished(plan)
-        return finish(plan_id, root=root, say=say)
+        return _finish(root, plan, say, maker)
     try:
         return _boot(root, plan, run, say)
     except (PlanError, HostChangeError, OSError) as exc:
         # a boot that cannot be started fails its run and ends the plan: no unit is left to resume it
-        run.state, run.why = "failed", " ".join(f"could not boot: {exc}".split())[:500]
-        plan.state = "failed"
-        _save(root, plan)
-        _cleanup(root, plan, say)
-        if maker is not None:  # the capture records the run and seals what it has
-            maker.failed_run(run, {}, run.why)
-            maker.finished(plan)
+        run.state, run.why = "failed", f"could not boot: {_one_line(exc)}"
+        _end(root, plan, "failed", say, maker, failed=(run, {}, run.why))
         raise
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500] or type(exc).__name__
+
+
+def _end(root: Path, plan: Plan, state: str, say, maker: RunMaker | None, *,
+         failed: tuple[PlannedRun, dict, str] | None = None, why: str | None = None) -> None:
+    """End a plan that did not finish (``failed`` or ``aborted``): the state on disk first, then every host change
+    put back, then the capture told (``failed``: the run, its boot and why it failed; then the seal), whatever any
+    step before raised."""
+    plan.state = state
+    if why:
+        plan.log.append(why)
+    _save(root, plan)
+    try:
+        _cleanup(root, plan, say)
+    finally:
+        problems = _tell(plan, say, maker, failed)
+    if problems:
+        raise PlanError(f"{plan.bundle}: {problems[0]}")
+
+
+def _tell(plan: Plan, say, maker: RunMaker | None, failed: tuple[PlannedRun, dict, str] | None) -> list[str]:
+    """The capture hears that the plan ended (and which run failed); what it cannot do is said, not raised, so that
+    every step of ending a plan is taken."""
+    if maker is None:
+        return []
+    problems = []
+    steps = ([lambda: maker.failed_run(*failed)] if failed else []) + \
+        [lambda: maker.finished(plan)]
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:  # a bundle moved, deleted or sealed by hand: the plan still ends
+            problems.append(_one_line(exc))
+            say(f"boot plan {plan.id}: bundle {plan.bundle} not updated: {_one_line(exc)}")
+    return problems
 
 
 def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
@@ -421,44 +493,56 @@ def verify_boot(plan: Plan, run: PlannedRun, found: dict) -> str | None:
 def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict], *, root: Path | str = "/",
            say: Callable[[str], None] = print, go_on: bool = True) -> Plan:
     """After a boot: verify it, make the run (``make_run(planned_run, boot_record) -> run record``, or a
-    :class:`RunMaker`), then advance (``go_on``) or finish. A wrong boot fails the run and stops the plan; a make_run
-    error fails the run only."""
+    :class:`RunMaker`), then advance (``go_on``) or finish, all under the plan's lock. A wrong boot fails the run
+    and stops the plan; a make_run error fails the run only, unless it is :class:`CannotGoOn`. A running plan with
+    no run booting (a process killed between a run and the next boot) goes on with the next boot."""
     root = Path(root)
     maker = _maker(make_run)
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
         run = plan.current()
-        if plan.state != "running" or run is None:
+        if plan.state != "running" or (run is None and not go_on):
             raise PlanError(f"{plan_dir(root, plan_id)}: nothing to resume (plan {plan.state}, "
                             f"{'no run booting' if run is None else 'run ' + run.name})")
-        found = _boot_facts(root)
-        run.boot_id_found, run.release_found, run.cmdline_found = found["boot_id"], found["release"], found["cmdline"]
-        why = verify_boot(plan, run, found)
-        boot = {**found, "plan": plan.id, "mode": plan.mode}
-        if why:
-            run.state, run.why = "failed", why
-            plan.state = "failed"
-            plan.log.append(f"run {run.name}: {why}; plan stopped")
-            _save(root, plan)
-            maker.failed_run(run, boot, f"wrong boot: {why}")
-            maker.finished(plan)
-            say(f"boot plan {plan.id}: run {run.name} failed: {why}; plan stopped, host changes put back")
-            _cleanup(root, plan, say)
+        if run is not None and not _make(root, plan, run, maker, say):
             return plan
-        run.state = "booted"
-        _save(root, plan)
-        try:
-            run.record = maker.make_run(run, boot)
-            run.state = "made"
-        except Exception as exc:  # the run is recorded failed; the plan goes on with the next boot
-            run.state, run.why = "failed", " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-            maker.failed_run(run, boot, run.why)
-        _save(root, plan)
-        say(f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
-            + (f": {run.why}" if run.why else "") + f"; {sum(r.state == 'planned' for r in plan.runs)} left")
-    if go_on:
-        advance(plan_id, root=root, say=say, maker=maker)
+        if go_on:
+            _advance(root, plan, say, maker)
     return load(root, plan_id)
+
+
+def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool:
+    """Verify the boot and make its run; False when the plan ended."""
+    found = _boot_facts(root)
+    run.boot_id_found, run.release_found, run.cmdline_found = found["boot_id"], found["release"], found["cmdline"]
+    why = verify_boot(plan, run, found)
+    boot = {**found, "plan": plan.id, "mode": plan.mode}
+    if why:
+        run.state, run.why = "failed", why
+        say(f"boot plan {plan.id}: run {run.name} failed: {why}; plan stopped, host changes put back")
+        _end(root, plan, "failed", say, maker, failed=(run, boot, f"wrong boot: {why}"),
+             why=f"run {run.name}: {why}; plan stopped")
+        return False
+    run.state = "booted"
+    _save(root, plan)
+    try:
+        run.record = maker.make_run(run, boot)
+        run.state = "made"
+    except Exception as exc:  # the run is recorded failed; the plan goes on with the next boot
+        run.state, run.why = "failed", _one_line(exc if isinstance(exc, PlanError) else f"{type(exc).__name__}: {exc}")
+        _save(root, plan)
+        if isinstance(exc, CannotGoOn):
+            _end(root, plan, "failed", say, maker, failed=(run, boot, run.why), why=f"run {run.name}: {run.why}; plan stopped")
+            raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: {_one_line(exc)}") from None
+        try:
+            maker.failed_run(run, boot, run.why)
+        except Exception as told:  # the bundle takes no record: no later run could be kept either
+            _end(root, plan, "failed", say, maker, why=f"run {run.name}: not recorded: {_one_line(told)}; plan stopped")
+            raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: run {run.name} not recorded: {_one_line(told)}") from None
+    _save(root, plan)
+    say(f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
+        + (f": {run.why}" if run.why else "") + f"; {sum(r.state == 'planned' for r in plan.runs)} left")
+    return True
 
 
 def _cleanup(root: Path, plan: Plan, say) -> None:
@@ -468,50 +552,60 @@ def _cleanup(root: Path, plan: Plan, say) -> None:
         _run_tool(["systemctl", "daemon-reload"])
 
 
-def finish(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print) -> str:
-    """No run left: put every host change back, then return to the original kernel and command line."""
+def finish(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
+           maker: RunMaker | None = None) -> str:
+    """No run left: put every host change back, seal, then return to the original kernel and command line."""
     root = Path(root)
-    plan = load(root, plan_id)
-    _cleanup(root, plan, say)
-    plan.state = "finished"
-    _save(root, plan)
+    with _plan_lock(root, plan_id):
+        return _finish(root, load(root, plan_id), say, maker)
+
+
+def _finish(root: Path, plan: Plan, say, maker: RunMaker | None) -> str:
+    try:
+        _cleanup(root, plan, say)
+    finally:
+        plan.state = "finished"
+        _save(root, plan)
+        problems = _tell(plan, say, maker, None)
+    text = _return_to_original(root, plan)
+    say(f"boot plan {plan.id}: {text}")
+    if problems:
+        raise PlanError(f"{plan.bundle}: {problems[0]}")
+    return text
+
+
+def _return_to_original(root: Path, plan: Plan) -> str:
     here = _boot_facts(root)
     same = here["release"] == plan.original["release"] and boot_words(here["cmdline"]) == boot_words(plan.original["cmdline"])
     if same:
-        text = "finished; this boot is already the original kernel and command line"
-    elif plan.mode == "kexec":
+        return "finished; this boot is already the original kernel and command line"
+    if plan.mode == "kexec":
         image = root / "boot" / f"vmlinuz-{plan.original['release']}"
         initrd = root / "boot" / f"initrd.img-{plan.original['release']}"
         if not image.is_file():
-            text = f"finished; {image} missing: reboot to return to the default kernel"
-        else:
-            argv = ["kexec", "-l", str(image)] + (["--initrd", str(initrd)] if initrd.is_file() else []) + \
-                   ["--append", " ".join(boot_words(plan.original["cmdline"]))]
-            _run_tool(argv)
-            _run_tool(["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"])
-            text = f"finished; kexec back into {plan.original['release']} with the original command line"
-    elif plan.mode == "grub":
+            return f"finished; {image} missing: reboot to return to the default kernel"
+        argv = ["kexec", "-l", str(image)] + (["--initrd", str(initrd)] if initrd.is_file() else []) + \
+               ["--append", " ".join(boot_words(plan.original["cmdline"]))]
+        _run_tool(argv)
+        _run_tool(["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"])
+        return f"finished; kexec back into {plan.original['release']} with the original command line"
+    if plan.mode == "grub":
         _run_tool(["systemctl", "--no-block", "reboot"])
-        text = "finished; rebooting into the default entry (never changed)"
-    else:
-        text = (f"finished; boot the default entry again (kernel {plan.original['release']}, "
-                f"command line '{plan.original['cmdline']}')")
-    say(f"boot plan {plan.id}: {text}")
-    return text
+        return "finished; rebooting into the default entry (never changed)"
+    return (f"finished; boot the default entry again (kernel {plan.original['release']}, "
+            f"command line '{plan.original['cmdline']}')")
 
 
 def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
           maker: RunMaker | None = None) -> Plan:
-    """Remove the unit and put back every host change; the bundle and the runs made are kept."""
+    """Remove the unit and put back every host change; the bundle and the runs made are kept (and sealed)."""
     root = Path(root)
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
-        _cleanup(root, plan, say)
-        running = plan.state == "running"
-        plan.state = "aborted" if running else plan.state
-        _save(root, plan)
-        if running and maker is not None:
-            maker.finished(plan)
+        if plan.state == "running":
+            _end(root, plan, "aborted", say, maker, why="aborted")
+        else:
+            _cleanup(root, plan, say)  # nothing left to undo, unless an earlier ending was cut short
     say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
         f"{sum(r.state == 'made' for r in plan.runs)} run(s) made are kept in {plan.bundle}")
     return plan
@@ -552,7 +646,12 @@ def command(args: argparse.Namespace, maker_for: Callable[[Plan, Path], RunMaker
         elif args.plan_command == "resume":
             resume(plan_id, maker_for(load(root, plan_id), root) or record_boot_only, root=root)
         else:
-            abort(plan_id, root=root, maker=maker_for(load(root, plan_id), root))
+            try:
+                maker = maker_for(load(root, plan_id), root)
+            except Exception as exc:  # an abort puts the host back even when the capture side cannot be set up
+                print(f"ticklab plan abort: the bundle will not be sealed ({_one_line(exc)})", file=sys.stderr)
+                maker = None
+            abort(plan_id, root=root, maker=maker)
     except (PlanError, HostChangeError) as exc:
         print(f"ticklab plan {args.plan_command}: {exc}", file=sys.stderr)
         return 2
