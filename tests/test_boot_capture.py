@@ -46,6 +46,23 @@ def start_capture(root, tmp_path, *extra, text=EXPERIMENT):
     return bootplan.load(root, plan_id)
 
 
+def planned_runs_made_short_of_a_goal(root, tmp_path):
+    """A capture whose planned runs are all made, with a precision goal no two runs can meet: the stopping rule must
+    ask for one more run of each condition."""
+    from ticklab.capture.bootplans import BootCapture
+
+    plan = start_capture(root, tmp_path, text=EXPERIMENT.replace("seed: 11", "seed: 11\nbudget: {time_s: 3600, max_runs: 3}"))
+    plan.capture["goals"] = [{"comparison": "nohz-full vs tick-on", "metric": "runtime_s", "treatment": "nohz-full",
+                              "baseline": "tick-on", "statistic": "median", "target_log_half_width": 1e-9,
+                              "experiments": []}]
+    plan.capture["runs_fixed"] = False
+    maker = BootCapture(plan, root, log=lambda _: None)
+    for number, run in enumerate(plan.runs, start=1):
+        reboot(root, f"boot-{number}", run.cmdline)
+        maker.make_run(run, {"boot_id": f"boot-{number}", "release": RELEASE, "cmdline": run.cmdline})
+    return plan, maker
+
+
 def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host, tmp_path):
     root, log = host
     plan = start_capture(root, tmp_path)
@@ -104,19 +121,8 @@ def test_a_wrong_boot_is_a_failed_run_and_the_bundle_keeps_the_runs_made(host, t
 
 def test_the_stopping_rule_adds_rounds_across_boots(host, tmp_path):
     """A plan whose runs are done asks the experiment's stopping rule, from the bundle on disk, for another round."""
-    from ticklab.capture.bootplans import BootCapture
-
     root, _ = host
-    plan = start_capture(root, tmp_path, text=EXPERIMENT.replace("seed: 11", "seed: 11\nbudget: {time_s: 3600, max_runs: 3}"))
-    # a precision goal no two runs can meet: the rule must ask for one more run of each condition
-    plan.capture["goals"] = [{"comparison": "nohz-full vs tick-on", "metric": "runtime_s", "treatment": "nohz-full",
-                              "baseline": "tick-on", "statistic": "median", "target_log_half_width": 1e-9,
-                              "experiments": []}]
-    plan.capture["runs_fixed"] = False
-    maker = BootCapture(plan, root, log=lambda _: None)
-    for number, run in enumerate(plan.runs, start=1):
-        reboot(root, f"boot-{number}", run.cmdline)
-        maker.make_run(run, {"boot_id": f"boot-{number}", "release": RELEASE, "cmdline": run.cmdline})
+    plan, maker = planned_runs_made_short_of_a_goal(root, tmp_path)
     more = maker.more_runs(plan)
     assert sorted(r.condition for r in more) == ["nohz-full", "tick-on"] and [r.name for r in more] == ["run-005", "run-006"]
     assert {r.cmdline for r in more} == {r.cmdline for r in plan.runs}
@@ -232,17 +238,8 @@ def test_a_wrong_boot_puts_the_host_back_even_when_the_bundle_is_gone(host, tmp_
 def test_a_round_in_the_manifest_but_not_in_the_plan_is_not_drawn_twice(host, tmp_path):
     """A process killed after the stopping rule added a round to the bundle's order, before the plan was saved: the
     next ask returns that round, and the order has no runs that will never be made."""
-    from ticklab.capture.bootplans import BootCapture
-
     root, _ = host
-    plan = start_capture(root, tmp_path, text=EXPERIMENT.replace("seed: 11", "seed: 11\nbudget: {time_s: 3600, max_runs: 4}"))
-    plan.capture["goals"] = [{"comparison": "nohz-full vs tick-on", "metric": "runtime_s", "treatment": "nohz-full",
-                              "baseline": "tick-on", "statistic": "median", "target_log_half_width": 1e-9,
-                              "experiments": []}]
-    plan.capture["runs_fixed"] = False
-    maker = BootCapture(plan, root, log=lambda _: None)
-    for number, run in enumerate(plan.runs, start=1):
-        maker.make_run(run, {"boot_id": f"boot-{number}", "release": RELEASE, "cmdline": run.cmdline})
+    plan, maker = planned_runs_made_short_of_a_goal(root, tmp_path)
     first = maker.more_runs(plan)
     again = maker.more_runs(plan)  # plan.json never took the first answer
     assert [(r.name, r.condition, r.cmdline) for r in again] == [(r.name, r.condition, r.cmdline) for r in first]
