@@ -65,13 +65,13 @@ def run_job(job_path: Path, work: Path = WORK) -> dict:
     return make_job_run(json.loads(job_path.read_text()), job_path.parent, job_path.parent / "result.json", work)
 
 
-def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK) -> dict:
-    """Make the job's run (or cross-check) with the capture code; raw files to share/raw/<run>, the result to
-    ``result_path``."""
+def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK, known: dict | None = None) -> dict:
+    """Make the job's run (or cross-check) with the capture code; raw files to share/raw/<run>, the result (with
+    ``known``: what the caller knows of the run already, e.g. its verified boot) to ``result_path``."""
     experiment = load_experiment(share / job.get("experiment", "experiment.yaml"))
     planned = PlannedRun(job["run"], job["order"], Condition(job["condition"]["name"], job["condition"]["values"]),
                          job["warmup"])
-    result: dict = {"run": planned.run}
+    result: dict = {"run": planned.run, **(known or {})}
     run_dir = work / "raw" / planned.run
     run_dir.mkdir(parents=True, exist_ok=True)
     host = HostChanges(work / "state" / "host-changes.json", log=lambda message: print(message, file=sys.stderr))
@@ -135,9 +135,7 @@ class GuestPlanRuns(bootplan.RunMaker):
 
     def make_run(self, run: bootplan.PlannedRun, boot: dict) -> dict:
         job = {**self.jobs[run.name], "backend": self.plan_job.get("backend", "auto")}
-        result = make_job_run(job, self.share, self._result_path(run.name))
-        result["boot"] = boot
-        self._result_path(run.name).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        result = make_job_run(job, self.share, self._result_path(run.name), known={"boot": boot})
         if "error" in result:
             raise RuntimeError(result["error"].strip().splitlines()[-1])
         return {"run": run.name, "boot_id": boot["boot_id"]}
