@@ -157,7 +157,8 @@ def test_a_first_boot_that_cannot_start_fails_its_run_and_seals_the_bundle(host,
     bundle = load_bundle(bundle_path)  # sealed: nothing waits for a resume that will never come
     [failed] = bundle.manifest["runs"]
     assert failed["status"] == "failed" and failed["problem"].startswith("could not boot")
-    assert bundle.manifest["stopping"]["reason"].startswith("boot plan failed")
+    assert bundle.manifest["stopping"]["reason"] == (f"boot plan failed: run {failed['run']}: {failed['problem']}")
+    assert failed["problem"].endswith("exit 1: kexec_load failed: Operation not permitted")
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
 
 
@@ -171,7 +172,7 @@ def test_the_plan_runs_the_experiment_kept_with_it_and_abort_needs_no_file(host,
     and an abort reads neither it nor the bundle before putting the host back."""
     root, _ = host
     plan = start_capture(root, tmp_path)
-    kept = root / "var/lib/ticklab/plans" / plan.id / "host-boot-echo.yaml"
+    kept = root / "var/lib/ticklab/plans" / plan.id / "host-boot-experiment.yaml"
     assert kept.read_text() == EXPERIMENT and stat.S_IMODE(kept.stat().st_mode) == 0o600
     (tmp_path / "host-boot-echo.yaml").write_text(EXPERIMENT.replace("echo Time: 1.0$$", "exit 3"))
     reboot(root, "boot-1", plan.runs[0].cmdline)
@@ -193,7 +194,7 @@ def test_a_run_whose_experiment_is_gone_ends_the_plan_and_seals_the_runs_made(ho
     plan = start_capture(root, tmp_path)
     reboot(root, "boot-1", plan.runs[0].cmdline)
     assert resume_in_a_new_process(root).returncode == 0
-    (root / "var/lib/ticklab/plans" / plan.id / "host-boot-echo.yaml").unlink()
+    (root / "var/lib/ticklab/plans" / plan.id / "host-boot-experiment.yaml").unlink()
     reboot(root, "boot-2", plan.runs[1].cmdline)
     done = resume_in_a_new_process(root)
     assert done.returncode == 2 and "plan failed: the plan's experiment:" in done.stderr
@@ -245,3 +246,99 @@ def test_a_round_in_the_manifest_but_not_in_the_plan_is_not_drawn_twice(host, tm
     assert [(r.name, r.condition, r.cmdline) for r in again] == [(r.name, r.condition, r.cmdline) for r in first]
     assert [o["run"] for o in json.loads(Path(plan.bundle, "manifest.json").read_text())["order"]] == \
         [r.name for r in plan.runs] + ["run-005", "run-006"]
+
+
+def test_an_ended_plan_whose_bundle_came_back_is_sealed_by_abort(host, tmp_path):
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    assert resume_in_a_new_process(root).returncode == 0
+    bundle = bundle_of(tmp_path)
+    bundle.rename(tmp_path / "away")
+    reboot(root, "boot-2", plan.runs[1].cmdline)
+    assert resume_in_a_new_process(root).returncode == 2  # the plan ends: its bundle is gone
+    (tmp_path / "away").rename(bundle)
+    done = resume_in_a_new_process(root, "abort")
+    assert done.returncode == 0, done.stderr
+    assert f"boot plan {plan.id} had failed already: what was left of its host changes is put back" in done.stdout
+    sealed = load_bundle(bundle)
+    assert [r["status"] for r in sealed.manifest["runs"]] == ["ok"]
+    assert sealed.manifest["stopping"]["reason"].startswith(f"boot plan failed: run {plan.runs[1].name}: the plan's bundle:")
+
+
+def test_an_ending_cut_short_is_completed_by_the_next_resume(host, tmp_path):
+    """A process killed after saving the plan's end, before putting the host back: the unit, still installed,
+    runs resume at the next boot, which puts the host back and seals the bundle."""
+    root, log = host
+    plan = start_capture(root, tmp_path)
+    plan.state, plan.ended_because = "failed", "run run-001: killed"
+    bootplan._save(root, plan)
+    assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
+    reboot(root, "boot-1", ORIGINAL)
+    done = resume_in_a_new_process(root)
+    assert done.returncode == 0, done.stderr
+    assert f"boot plan {plan.id}: nothing to resume (plan failed); host changes put back" in done.stdout
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists() and calls(log)[-2] == "kexec -u"
+    sealed = load_bundle(bundle_of(tmp_path))
+    assert sealed.manifest["runs"] == [] and sealed.manifest["stopping"]["reason"] == "boot plan failed: run run-001: killed"
+
+
+def test_a_plan_made_before_plans_kept_their_experiment_runs_the_users_file(host, tmp_path):
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+    del plan.capture["experiment_file"]
+    bootplan._save(root, plan)
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    assert resume_in_a_new_process(root).returncode == 0
+    [made] = load_bundle(bundle_of(tmp_path), allow_incomplete=True).manifest["runs"]
+    assert made["status"] == "ok"
+
+
+def test_a_capture_refused_by_a_running_plan_opens_no_bundle(host, tmp_path):
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
+                           str(tmp_path / "host-boot-echo.yaml"), "--root", str(root), "--out", str(tmp_path / "more"),
+                           "--host-id", "fake-boots"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"ticklab capture: {root}/var/lib/ticklab/plans/{plan.id}: a plan is running; "
+                                   "'ticklab plan status' or 'ticklab plan abort'")
+    assert not (tmp_path / "more").exists()
+
+
+def test_a_plan_that_cannot_be_made_leaves_no_bundle_and_no_plan_directory(host, tmp_path):
+    root, _ = host
+    (root / "var/lib").chmod(0o777)  # the plan's state would sit where another user can replace it
+    experiment = tmp_path / "host-boot-echo.yaml"
+    experiment.write_text(EXPERIMENT)
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
+                           str(experiment), "--root", str(root), "--out", str(tmp_path / "traces"),
+                           "--host-id", "fake-boots"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "var/lib: another user can replace what is under it" in done.stderr
+    assert list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir()) == []
+    assert not (root / "var/lib/ticklab").exists()
+
+
+def test_the_bundle_says_which_run_ended_the_plan_and_why(host, tmp_path):
+    """A run whose making failed does not stop the plan; the wrong boot after it does, and the bundle names that."""
+    from ticklab.capture.bootplans import BootCapture
+
+    root, _ = host
+    plan = start_capture(root, tmp_path)
+
+    class FirstRunBreaks(BootCapture):
+        def make_run(self, run, boot):
+            if run.name == plan.runs[0].name:
+                raise RuntimeError("workload crashed")
+            return super().make_run(run, boot)
+
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    bootplan.resume(plan.id, FirstRunBreaks(plan, root, log=lambda _: None), root=root, say=lambda _: None)
+    reboot(root, "boot-2", ORIGINAL, release="6.1.0-21-amd64")
+    bootplan.resume(plan.id, FirstRunBreaks(plan, root, log=lambda _: None), root=root, say=lambda _: None)
+    bundle = load_bundle(bundle_of(tmp_path))
+    assert [(r["run"], r["status"]) for r in bundle.manifest["runs"]] == [(plan.runs[0].name, "failed"),
+                                                                         (plan.runs[1].name, "failed")]
+    assert bundle.manifest["stopping"]["reason"] == (f"boot plan failed: run {plan.runs[1].name}: booted kernel "
+                                                     f"6.1.0-21-amd64, expected {RELEASE} (a failed boot fell back to the default?)")
+    assert f"ended: run {plan.runs[1].name}: booted kernel 6.1.0-21-amd64" in resume_in_a_new_process(root, "status").stdout

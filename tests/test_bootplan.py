@@ -330,3 +330,10 @@ def test_a_plan_cut_short_between_a_run_and_the_next_boot_goes_on_at_the_next_re
     assert done.returncode == 0, done.stderr
     assert [r.state for r in bootplan.load(root, "cut").runs] == ["made", "booting"]
     assert calls(log)[-2].endswith("--append root=/dev/vda1 ro quiet nohz_full=1")
+
+
+def test_abort_of_a_plan_that_does_not_exist_says_so_in_one_line(host, tmp_path):
+    root, _ = host
+    done = resume_in_a_new_process(root, "abort", "--id", "nope")
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"ticklab plan abort: {root}/var/lib/ticklab/plans/nope: no such plan"

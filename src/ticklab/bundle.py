@@ -219,6 +219,16 @@ class BundleWriter:
     def flush(self) -> None:
         _write_json_atomically(self.path / MANIFEST, self.manifest.to_json())
 
+    def discard(self) -> None:
+        """Remove the bundle this writer just opened, before any run went into it (a capture refused after opening
+        it); a bundle holding anything else is refused."""
+        present = sorted(p.name for p in self.path.iterdir())
+        if self.manifest.runs or present != sorted([MANIFEST, RESULTS]):
+            raise BundleError(f"{self.path}: holds runs or files ({', '.join(present)}); not discarded")
+        for name in present:
+            (self.path / name).unlink()
+        self.path.rmdir()
+
     def run_dir(self, run: str) -> Path:
         directory = self.path / "raw" / run
         directory.mkdir(parents=True, exist_ok=False)

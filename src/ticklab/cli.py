@@ -134,7 +134,7 @@ def _plan(args: argparse.Namespace) -> int:
     def maker_for(plan, root):
         """A plan made by 'capture --boot' makes its runs into its bundle; one made otherwise (a lab guest's test
         plan, which has no pandas to import the capture with) records the boots only."""
-        if not plan.capture:
+        if "experiment" not in plan.capture:
             return None
         from .capture.bootplans import BootCapture
 

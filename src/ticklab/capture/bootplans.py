@@ -114,6 +114,9 @@ def planned_runs(experiment: Experiment, root: Path, *, runs: int | None = None,
     return boot_runs(experiment, order, root, host)
 
 
+KEPT_EXPERIMENT = "host-boot-experiment.yaml"  # the plan's copy (a boot experiment's file name, as the loader requires)
+
+
 def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> bootplan.Plan | None:
     """The bundle and the boot plan of a boot experiment, then the first boot (``options``: runner.CaptureOptions).
     A host that cannot run the experiment gets a sealed bundle saying why, and no plan."""
@@ -122,6 +125,7 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
     check_counts(options)
     experiment = boot_experiment(claim, experiment_path)
     root = Path(options.root)
+    bootplan.refuse_if_running(root)
     host = HostChanges(options.journal, root=root, log=log)
     with host:
         if experiment.trace:
@@ -135,6 +139,9 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
     counts = plan_counts(experiment, options)
     first = plan(conditions, counts)
     runs = boot_runs(experiment, first, root, here)  # every condition's kernel must exist before the bundle does
+    kept = experiment.path.read_bytes()  # the plan runs this copy: the user's file may move or change mid-plan
+    if yaml.safe_load(kept) != experiment.definition:
+        raise ExperimentError(f"{experiment.path}: changed while the capture started; start it again")
     writer = open_bundle(options.out, identity, experiment, here, conditions, counts, first)
     writer.manifest.requirements = checked
     if failed:
@@ -142,16 +149,17 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest.not_testable}")
         writer.seal()
         return None
-    kept = experiment.path.read_bytes()  # the plan runs this copy: the user's file may move or change mid-plan
-    if yaml.safe_load(kept) != experiment.definition:
-        raise ExperimentError(f"{experiment.path}: changed while the capture started; start it again")
-    context = {"experiment": str(experiment.path.resolve()), "experiment_file": experiment.path.name,
+    context = {"experiment": str(experiment.path.resolve()), "experiment_file": KEPT_EXPERIMENT,
                "backend": options.backend,
                "journal": str(options.journal) if options.journal else None,
                "runs_fixed": options.runs is not None, "budget_s": options.budget_s, "seed": counts[2],
                "goals": None if options.goals is None else [asdict(g) for g in options.goals]}
-    created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, capture=context,
-                              keep={experiment.path.name: kept})
+    try:
+        created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, capture=context,
+                                  keep={KEPT_EXPERIMENT: kept})
+    except Exception:
+        writer.discard()  # no plan, no run: the bundle opened for it holds nothing
+        raise
     writer.manifest.details["boot_plan"] = {"id": created.id, "mode": mode}
     writer.flush()
     log(f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
@@ -174,9 +182,10 @@ class BootCapture(bootplan.RunMaker):
     def experiment(self) -> Experiment:
         if self._experiment is None:
             try:
-                self._experiment = load_experiment(bootplan.kept_file(self.root, self.plan.id,
-                                                                      self.context["experiment_file"]))
-            except (ExperimentError, bootplan.PlanError) as exc:
+                kept = self.context.get("experiment_file")  # a plan made before plans kept it: the user's file
+                self._experiment = load_experiment(bootplan.kept_file(self.root, self.plan.id, kept) if kept
+                                                   else self.context["experiment"])
+            except Exception as exc:  # no later run could be made either
                 raise bootplan.CannotGoOn(f"the plan's experiment: {exc}") from None
         return self._experiment
 
@@ -257,10 +266,9 @@ class BootCapture(bootplan.RunMaker):
             self.log(f"boot plan {plan.id}: bundle not sealed again ({exc})")
             return
         if plan.state != "finished" or not writer.manifest.stopping:
-            failed = next((r for r in plan.runs if r.state == "failed" and plan.state == "failed"), None)
             writer.manifest.stopping = {"rule": "boot plan", "budget": None, "checks": [],
-                                        "reason": f"boot plan {plan.state}" + (f": run {failed.name}: {failed.why}"
-                                                                               if failed else "")}
+                                        "reason": f"boot plan {plan.state}" + (f": {plan.ended_because}"
+                                                                               if plan.ended_because else "")}
         writer.manifest.details["boot_plan"] = {**writer.manifest.details.get("boot_plan", {}), "state": plan.state,
                                                 "ended": datetime.now(timezone.utc).isoformat()}
         path = writer.seal()

@@ -19,7 +19,9 @@ The lead's seam (the capture session wires these, see :func:`advance`, :func:`re
   ``make_run`` is called with no HostChanges of the plan open, so the executor may open its own.
 
 A plan that ends (finished, failed, aborted) is saved first, then the host is put back, then the maker is told
-(``failed_run``, ``finished``); the maker's errors are raised after those steps, never instead of them.
+(``failed_run``, ``finished``); the maker's errors are said and raised after those steps, never instead of them.
+A process killed part way through an ending leaves an ended plan: the next ``resume`` (the unit, if it is still
+there) or ``abort`` puts back what is left and has the bundle sealed if it is still open.
 
 Boot verification (``verify_boot``): the boot_id differs from the one recorded before rebooting; the kernel
 release is the condition's (``running``: the release the machine had when the plan was made); /proc/cmdline,
@@ -43,6 +45,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -102,6 +105,7 @@ class Plan:
     created: str = ""
     log: list[str] = field(default_factory=list)
     capture: dict = field(default_factory=dict)  # what the capture that made the plan needs after each boot
+    ended_because: str | None = None  # why a plan failed (the run and its reason), for the bundle's stopping reason
 
     def current(self) -> PlannedRun | None:
         return next((r for r in self.runs if r.state in ("booting", "booted")), None)
@@ -202,6 +206,16 @@ def _changes(root: Path, plan: Plan, log) -> HostChanges:
 
 
 # -- making a plan ---------------------------------------------------------------------------------------
+def refuse_if_running(root: Path | str) -> None:
+    """One plan runs at a time on a machine: PlanError naming the running one."""
+    root = Path(root)
+    existing = sorted(p.name for p in plans_dir(root).glob("*") if (p / "plan.json").is_file()) \
+        if plans_dir(root).is_dir() else []
+    for other in existing:
+        if load(root, other).state == "running":
+            raise PlanError(f"{plans_dir(root) / other}: a plan is running; 'ticklab plan status' or 'ticklab plan abort'")
+
+
 def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path | str = "/",
            plan_id: str | None = None, capture: dict | None = None, keep: dict[str, bytes] | None = None) -> Plan:
     """A new plan on disk; ``keep``: files kept with it (the experiment it runs: moving or editing the user's copy
@@ -211,18 +225,12 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
         raise PlanError(f"--boot {mode}: one of {', '.join(MODES)}")
     if not runs:
         raise PlanError("a boot plan needs at least one run")
-    existing = [p.name for p in plans_dir(root).glob("*") if (p / "plan.json").is_file()] if plans_dir(root).is_dir() else []
-    for other in existing:
-        if load(root, other).state == "running":
-            raise PlanError(f"{plans_dir(root) / other}: a plan is running; 'ticklab plan status' or 'ticklab plan abort'")
+    refuse_if_running(root)
     plan_id = plan_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     directory = plan_dir(root, plan_id)
     if directory.exists():
         raise PlanError(f"{directory}: exists already")
-    try:
-        private_dir(directory)
-    except HostChangeError as exc:
-        raise PlanError(str(exc)) from None
+    names = [_kept_name(directory, name) for name in keep or {}]
     original = _boot_facts(root)
     for run in runs:
         if run.kernel == "running":
@@ -233,11 +241,18 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
                 capture=capture or {})
     for run in runs:
         _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
-    for name, data in (keep or {}).items():
-        with os.fdopen(_open_private(directory / _kept_name(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL),
-                       "wb") as handle:
-            handle.write(data)
-    _save(root, plan)
+    try:
+        private_dir(directory)
+    except HostChangeError as exc:
+        raise PlanError(str(exc)) from None
+    try:
+        for name, data in zip(names, (keep or {}).values()):
+            with os.fdopen(_open_private(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
+                handle.write(data)
+        _save(root, plan)
+    except BaseException:  # a plan not made leaves no directory behind (it was made just now, by us)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     return plan
 
 
@@ -397,10 +412,10 @@ def _advance(root: Path, plan: Plan, say, maker: RunMaker | None) -> str:
         return _finish(root, plan, say, maker)
     try:
         return _boot(root, plan, run, say)
-    except (PlanError, HostChangeError, OSError) as exc:
+    except Exception as exc:
         # a boot that cannot be started fails its run and ends the plan: no unit is left to resume it
         run.state, run.why = "failed", f"could not boot: {_one_line(exc)}"
-        _end(root, plan, "failed", say, maker, failed=(run, {}, run.why))
+        _end(root, plan, "failed", say, maker, failed=(run, {}, run.why), why=f"run {run.name}: {run.why}")
         raise
 
 
@@ -409,18 +424,28 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _end(root: Path, plan: Plan, state: str, say, maker: RunMaker | None, *,
-         failed: tuple[PlannedRun, dict, str] | None = None, why: str | None = None) -> None:
-    """End a plan that did not finish (``failed`` or ``aborted``): the state on disk first, then every host change
-    put back, then the capture told (``failed``: the run, its boot and why it failed; then the seal), whatever any
-    step before raised."""
-    plan.state = state
-    if why:
-        plan.log.append(why)
+         failed: tuple[PlannedRun, dict, str] | None = None, why: str | None = None) -> list[str]:
+    """End a plan (``finished``, ``failed`` or ``aborted``): the state on disk first (and ``why``, which the bundle's
+    stopping reason gives), then every host change put back, then the capture told (``failed``: the run, its boot
+    and why it failed; then the seal), whatever any step before raised. Returns what the capture could not do
+    (said already), for the caller to raise (:func:`_raise_for`) once its own steps are taken. A process killed
+    part way leaves an ended plan whose ending :func:`resume` or :func:`abort` completes."""
+    plan.state, plan.ended_because = state, why
+    plan.log.append(f"plan {state}" + (f": {why}" if why else ""))
     _save(root, plan)
+    return _put_back_and_tell(root, plan, say, maker, failed)
+
+
+def _put_back_and_tell(root: Path, plan: Plan, say, maker: RunMaker | None,
+                       failed: tuple[PlannedRun, dict, str] | None = None) -> list[str]:
     try:
         _cleanup(root, plan, say)
     finally:
         problems = _tell(plan, say, maker, failed)
+    return problems
+
+
+def _raise_for(plan: Plan, problems: list[str]) -> None:
     if problems:
         raise PlanError(f"{plan.bundle}: {problems[0]}")
 
@@ -501,9 +526,13 @@ def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict]
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
         run = plan.current()
-        if plan.state != "running" or (run is None and not go_on):
-            raise PlanError(f"{plan_dir(root, plan_id)}: nothing to resume (plan {plan.state}, "
-                            f"{'no run booting' if run is None else 'run ' + run.name})")
+        if plan.state != "running":  # an ending cut short (the unit still there): put the host back, seal
+            problems = _put_back_and_tell(root, plan, say, maker)  # an ending cut short is completed
+            say(f"boot plan {plan.id}: nothing to resume (plan {plan.state}); host changes put back")
+            _raise_for(plan, problems)
+            return plan
+        if run is None and not go_on:
+            raise PlanError(f"{plan_dir(root, plan_id)}: nothing to resume (no run booting)")
         if run is not None and not _make(root, plan, run, maker, say):
             return plan
         if go_on:
@@ -519,9 +548,9 @@ def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool
     boot = {**found, "plan": plan.id, "mode": plan.mode}
     if why:
         run.state, run.why = "failed", why
-        say(f"boot plan {plan.id}: run {run.name} failed: {why}; plan stopped, host changes put back")
-        _end(root, plan, "failed", say, maker, failed=(run, boot, f"wrong boot: {why}"),
-             why=f"run {run.name}: {why}; plan stopped")
+        say(f"boot plan {plan.id}: run {run.name} failed: {why}; stopping the plan and putting the host back")
+        _raise_for(plan, _end(root, plan, "failed", say, maker, failed=(run, boot, f"wrong boot: {why}"),
+                              why=f"run {run.name}: {why}"))
         return False
     run.state = "booted"
     _save(root, plan)
@@ -532,12 +561,12 @@ def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool
         run.state, run.why = "failed", _one_line(exc if isinstance(exc, PlanError) else f"{type(exc).__name__}: {exc}")
         _save(root, plan)
         if isinstance(exc, CannotGoOn):
-            _end(root, plan, "failed", say, maker, failed=(run, boot, run.why), why=f"run {run.name}: {run.why}; plan stopped")
+            _end(root, plan, "failed", say, maker, failed=(run, boot, run.why), why=f"run {run.name}: {run.why}")
             raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: {_one_line(exc)}") from None
         try:
             maker.failed_run(run, boot, run.why)
         except Exception as told:  # the bundle takes no record: no later run could be kept either
-            _end(root, plan, "failed", say, maker, why=f"run {run.name}: not recorded: {_one_line(told)}; plan stopped")
+            _end(root, plan, "failed", say, maker, why=f"run {run.name}: not recorded: {_one_line(told)}")
             raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: run {run.name} not recorded: {_one_line(told)}") from None
     _save(root, plan)
     say(f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
@@ -552,25 +581,13 @@ def _cleanup(root: Path, plan: Plan, say) -> None:
         _run_tool(["systemctl", "daemon-reload"])
 
 
-def finish(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
-           maker: RunMaker | None = None) -> str:
-    """No run left: put every host change back, seal, then return to the original kernel and command line."""
-    root = Path(root)
-    with _plan_lock(root, plan_id):
-        return _finish(root, load(root, plan_id), say, maker)
-
-
 def _finish(root: Path, plan: Plan, say, maker: RunMaker | None) -> str:
-    try:
-        _cleanup(root, plan, say)
-    finally:
-        plan.state = "finished"
-        _save(root, plan)
-        problems = _tell(plan, say, maker, None)
+    """Every run done: the plan ends (:func:`_end`), then the machine goes back to the original kernel and command
+    line; a sealing error is raised after that."""
+    problems = _end(root, plan, "finished", say, maker)
     text = _return_to_original(root, plan)
     say(f"boot plan {plan.id}: {text}")
-    if problems:
-        raise PlanError(f"{plan.bundle}: {problems[0]}")
+    _raise_for(plan, problems)
     return text
 
 
@@ -598,16 +615,21 @@ def _return_to_original(root: Path, plan: Plan) -> str:
 
 def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
           maker: RunMaker | None = None) -> Plan:
-    """Remove the unit and put back every host change; the bundle and the runs made are kept (and sealed)."""
+    """Remove the unit and put back every host change; the bundle and the runs made are kept (and sealed). A plan
+    that has ended already has what is left of its ending done again."""
     root = Path(root)
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
+        made = sum(r.state == "made" for r in plan.runs)
         if plan.state == "running":
-            _end(root, plan, "aborted", say, maker, why="aborted")
+            problems = _end(root, plan, "aborted", say, maker)
+            say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
+                f"{made} run(s) made are kept in {plan.bundle}")
         else:
-            _cleanup(root, plan, say)  # nothing left to undo, unless an earlier ending was cut short
-    say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
-        f"{sum(r.state == 'made' for r in plan.runs)} run(s) made are kept in {plan.bundle}")
+            problems = _put_back_and_tell(root, plan, say, maker)  # an ending cut short is completed
+            say(f"boot plan {plan.id} had {plan.state} already: what was left of its host changes is put back; "
+                f"{made} run(s) made are kept in {plan.bundle}")
+        _raise_for(plan, problems)
     return plan
 
 
@@ -623,6 +645,8 @@ def status_text(plan: Plan) -> str:
         lines.append(f"now: run {current.name} ({current.condition}) {current.state}: kernel {current.kernel}, "
                      f"command line '{current.cmdline}'")
     lines += [f"failed: {r.name} ({r.condition}): {r.why}" for r in failed]
+    if plan.ended_because:
+        lines.append(f"ended: {plan.ended_because}")
     if plan.state == "running":
         lines.append("next: " + ("the unit resumes after the boot; 'ticklab plan abort' ends the plan"
                                  if current else "'ticklab plan resume' boots the next run"))
@@ -646,8 +670,9 @@ def command(args: argparse.Namespace, maker_for: Callable[[Plan, Path], RunMaker
         elif args.plan_command == "resume":
             resume(plan_id, maker_for(load(root, plan_id), root) or record_boot_only, root=root)
         else:
+            plan = load(root, plan_id)
             try:
-                maker = maker_for(load(root, plan_id), root)
+                maker = maker_for(plan, root)
             except Exception as exc:  # an abort puts the host back even when the capture side cannot be set up
                 print(f"ticklab plan abort: the bundle will not be sealed ({_one_line(exc)})", file=sys.stderr)
                 maker = None
