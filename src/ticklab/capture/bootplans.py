@@ -154,14 +154,17 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
                "journal": str(options.journal) if options.journal else None,
                "runs_fixed": options.runs is not None, "budget_s": options.budget_s, "seed": counts[2],
                "goals": None if options.goals is None else [asdict(g) for g in options.goals]}
+    plan_id = bootplan.new_plan_id()
+    # the bundle is written for the last time in this process before the plan exists: from then on an abort may
+    # seal it at any moment
+    writer.manifest.details["boot_plan"] = {"id": plan_id, "mode": mode}
+    writer.flush()
     try:
-        created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, capture=context,
+        created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, plan_id=plan_id, capture=context,
                                   keep={KEPT_EXPERIMENT: kept})
     except Exception:
         writer.discard()  # no plan, no run: the bundle opened for it holds nothing
         raise
-    writer.manifest.details["boot_plan"] = {"id": created.id, "mode": mode}
-    writer.flush()
     log(f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
         "'ticklab plan abort' ends it (the runs made are kept)")
     bootplan.advance(created.id, root=root, say=log, maker=BootCapture(created, root, log))

@@ -206,6 +206,10 @@ def _changes(root: Path, plan: Plan, log) -> HostChanges:
 
 
 # -- making a plan ---------------------------------------------------------------------------------------
+def new_plan_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
 def refuse_if_running(root: Path | str) -> None:
     """One plan runs at a time on a machine: PlanError naming the running one."""
     root = Path(root)
@@ -226,7 +230,7 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
     if not runs:
         raise PlanError("a boot plan needs at least one run")
     refuse_if_running(root)
-    plan_id = plan_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    plan_id = plan_id or new_plan_id()
     directory = plan_dir(root, plan_id)
     if directory.exists():
         raise PlanError(f"{directory}: exists already")
