@@ -262,7 +262,8 @@ def test_an_ended_plan_whose_bundle_came_back_is_sealed_by_abort(host, tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"boot plan {plan.id} had failed already: what was left of its host changes is put back" in done.stdout
     sealed = load_bundle(bundle)
-    assert [r["status"] for r in sealed.manifest["runs"]] == ["ok"]
+    assert [r["status"] for r in sealed.manifest["runs"]] == ["ok", "failed"]  # the run the plan ended on, too
+    assert sealed.manifest["runs"][1]["problem"].startswith("the plan's bundle:")
     assert sealed.manifest["stopping"]["reason"].startswith(f"boot plan failed: run {plan.runs[1].name}: the plan's bundle:")
 
 

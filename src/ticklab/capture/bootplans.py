@@ -20,6 +20,7 @@ plan's creation across reboots); when it does not, or the plan stops or is abort
 from __future__ import annotations
 
 import fnmatch
+import json
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -198,6 +199,17 @@ class BootCapture(bootplan.RunMaker):
         except (BundleError, OSError) as exc:
             raise bootplan.CannotGoOn(f"the plan's bundle: {exc}") from None
 
+    def _writer_unless_sealed(self) -> BundleWriter | None:
+        """The bundle to finish, or None when it is sealed already (an ending completed again): a bundle gone or
+        unreadable raises, and the plan's ending says so."""
+        try:
+            return self._writer()
+        except bootplan.CannotGoOn:
+            if _sealed(self.plan.bundle):
+                self.log(f"boot plan {self.plan.id}: {self.plan.bundle}: sealed already")
+                return None
+            raise
+
     @staticmethod
     def _conditions(writer: BundleWriter) -> list[Condition]:
         return [Condition(c["name"], {k: v for k, v in c.items() if k != "name"}) for c in writer.manifest.conditions]
@@ -222,7 +234,9 @@ class BootCapture(bootplan.RunMaker):
         return record.to_json()
 
     def failed_run(self, run: bootplan.PlannedRun, boot: dict, why: str) -> None:
-        writer = self._writer()
+        writer = self._writer_unless_sealed()
+        if writer is None:
+            return
         if any(r.run == run.name for r in writer.manifest.runs):
             return  # made, then failed afterwards: the record says how the run went
         writer.add_run({"run": run.name, "condition": run.condition, "warmup": run.warmup, "status": "failed",
@@ -263,10 +277,8 @@ class BootCapture(bootplan.RunMaker):
 
     def finished(self, plan: bootplan.Plan) -> None:
         """The plan ended (made, stopped by a bad boot, or aborted): the bundle is sealed with every run it has."""
-        try:
-            writer = self._writer()
-        except Exception as exc:  # sealed already, or gone: nothing to add to it
-            self.log(f"boot plan {plan.id}: bundle not sealed again ({exc})")
+        writer = self._writer_unless_sealed()
+        if writer is None:
             return
         if plan.state != "finished" or not writer.manifest.stopping:
             writer.manifest.stopping = {"rule": "boot plan", "budget": None, "checks": [],
@@ -276,3 +288,10 @@ class BootCapture(bootplan.RunMaker):
                                                 "ended": datetime.now(timezone.utc).isoformat()}
         path = writer.seal()
         self.log(f"{path}: sealed")
+
+
+def _sealed(bundle: str) -> bool:
+    try:
+        return json.loads(Path(bundle, "manifest.json").read_text())["status"] == "sealed"
+    except (OSError, ValueError, KeyError, TypeError):
+        return False

@@ -246,10 +246,14 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
     for run in runs:
         _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
     try:
-        private_dir(directory)
+        private_dir(plans_dir(root))
+        os.mkdir(directory, 0o700)  # exclusively: a plan of the same id made meanwhile is never taken over
+    except FileExistsError:
+        raise PlanError(f"{directory}: exists already") from None
     except HostChangeError as exc:
         raise PlanError(str(exc)) from None
     try:
+        private_dir(directory)
         for name, data in zip(names, (keep or {}).values()):
             with os.fdopen(_open_private(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
                 handle.write(data)
@@ -316,9 +320,12 @@ def _systemd_running(root: Path) -> bool:
 
 
 def _run_tool(argv: list[str]) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise PlanError(f"{argv[0]}: cannot run ({exc.strerror or exc})") from None
     if result.returncode != 0:
-        raise PlanError(f"{' '.join(argv)}: exit {result.returncode}: {(result.stderr or result.stdout).strip()[:300]}")
+        raise PlanError(f"{' '.join(argv)}: exit {result.returncode}: {_one_line(result.stderr or result.stdout)[:300]}")
 
 
 def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
@@ -449,6 +456,18 @@ def _put_back_and_tell(root: Path, plan: Plan, say, maker: RunMaker | None,
     return problems
 
 
+def _failed_run(plan: Plan) -> tuple[PlannedRun, dict, str] | None:
+    """The run a failed plan ended on, with the boot it verified, to tell the capture again (it records a run
+    once: a run it has is left as it is)."""
+    failed = [r for r in plan.runs if r.state == "failed"] if plan.state == "failed" else []
+    if not failed:
+        return None
+    run = failed[-1]
+    boot = {"boot_id": run.boot_id_found, "release": run.release_found, "cmdline": run.cmdline_found,
+            "plan": plan.id, "mode": plan.mode} if run.boot_id_found else {}
+    return run, boot, run.why or ""
+
+
 def _raise_for(plan: Plan, problems: list[str]) -> None:
     if problems:
         raise PlanError(f"{plan.bundle}: {problems[0]}")
@@ -531,7 +550,7 @@ def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict]
         plan = load(root, plan_id)
         run = plan.current()
         if plan.state != "running":  # an ending cut short (the unit still there): put the host back, seal
-            problems = _put_back_and_tell(root, plan, say, maker)  # an ending cut short is completed
+            problems = _put_back_and_tell(root, plan, say, maker, _failed_run(plan))  # an ending cut short
             say(f"boot plan {plan.id}: nothing to resume (plan {plan.state}); host changes put back")
             _raise_for(plan, problems)
             return plan
@@ -630,7 +649,7 @@ def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = 
             say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
                 f"{made} run(s) made are kept in {plan.bundle}")
         else:
-            problems = _put_back_and_tell(root, plan, say, maker)  # an ending cut short is completed
+            problems = _put_back_and_tell(root, plan, say, maker, _failed_run(plan))  # an ending cut short
             say(f"boot plan {plan.id} had {plan.state} already: what was left of its host changes is put back; "
                 f"{made} run(s) made are kept in {plan.bundle}")
         _raise_for(plan, problems)

@@ -254,9 +254,12 @@ def _write(path: Path, value: str) -> None:
 
 
 def _run(argv: list[str]) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError as exc:  # the tool is missing: nothing was changed
+        raise HostChangeError(f"{argv[0]}: cannot run ({exc.strerror or exc})") from None
     if result.returncode != 0:
-        raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: {result.stderr.strip()}")
+        raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: {' '.join(result.stderr.split())}")
 
 
 def _ticks_since_boot() -> int:
