@@ -34,13 +34,18 @@ workload:
 """
 
 
-def start_capture(root, tmp_path, *extra, text=EXPERIMENT):
+def capture_in_a_new_process(root, tmp_path, *extra, text=EXPERIMENT, out="traces", env=None):
+    """`ticklab capture nohz --boot kexec` of ``text``, written to tmp_path/host-boot-echo.yaml, into tmp_path/out."""
     experiment = tmp_path / "host-boot-echo.yaml"
     experiment.write_text(text)
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
+    return subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
                            str(experiment), "--root", str(root), "--journal", str(tmp_path / "journal.json"),
-                           "--out", str(tmp_path / "traces"), "--host-id", "fake-boots", *extra],
-                          capture_output=True, text=True, timeout=120)
+                           "--out", str(tmp_path / out), "--host-id", "fake-boots", *extra],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def start_capture(root, tmp_path, *extra, text=EXPERIMENT):
+    done = capture_in_a_new_process(root, tmp_path, *extra, text=text)
     assert done.returncode == 0, done.stderr
     [plan_id] = [p.name for p in (root / "var/lib/ticklab/plans").iterdir()]
     return bootplan.load(root, plan_id)
@@ -145,12 +150,7 @@ def test_a_boot_experiment_without_boot_is_refused_naming_the_file(tmp_path):
 def test_a_first_boot_that_cannot_start_fails_its_run_and_seals_the_bundle(host, tmp_path):
     root, _ = host
     (tmp_path / "bin" / "kexec").write_text("#!/bin/sh\necho 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
-    experiment = tmp_path / "host-boot-echo.yaml"
-    experiment.write_text(EXPERIMENT)
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
-                           str(experiment), "--root", str(root), "--journal", str(tmp_path / "journal.json"),
-                           "--out", str(tmp_path / "traces"), "--host-id", "fake-boots"],
-                          capture_output=True, text=True, timeout=120)
+    done = capture_in_a_new_process(root, tmp_path)
     assert done.returncode == 2 and done.stderr.strip().endswith("exit 1: kexec_load failed: Operation not permitted")
     assert len(done.stderr.strip().splitlines()) == 1
     [bundle_path] = list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir())
@@ -298,9 +298,7 @@ def test_a_plan_made_before_plans_kept_their_experiment_runs_the_users_file(host
 def test_a_capture_refused_by_a_running_plan_opens_no_bundle(host, tmp_path):
     root, _ = host
     plan = start_capture(root, tmp_path)
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
-                           str(tmp_path / "host-boot-echo.yaml"), "--root", str(root), "--out", str(tmp_path / "more"),
-                           "--host-id", "fake-boots"], capture_output=True, text=True, timeout=120)
+    done = capture_in_a_new_process(root, tmp_path, out="more")
     assert done.returncode == 2
     assert done.stderr.strip() == (f"ticklab capture: {root}/var/lib/ticklab/plans/{plan.id}: a plan is running; "
                                    "'ticklab plan status' or 'ticklab plan abort'")
@@ -310,11 +308,7 @@ def test_a_capture_refused_by_a_running_plan_opens_no_bundle(host, tmp_path):
 def test_a_plan_that_cannot_be_made_leaves_no_bundle_and_no_plan_directory(host, tmp_path):
     root, _ = host
     (root / "var/lib").chmod(0o777)  # the plan's state would sit where another user can replace it
-    experiment = tmp_path / "host-boot-echo.yaml"
-    experiment.write_text(EXPERIMENT)
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
-                           str(experiment), "--root", str(root), "--out", str(tmp_path / "traces"),
-                           "--host-id", "fake-boots"], capture_output=True, text=True, timeout=120)
+    done = capture_in_a_new_process(root, tmp_path)
     assert done.returncode == 2 and "var/lib: another user can replace what is under it" in done.stderr
     assert list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir()) == []
     assert not (root / "var/lib/ticklab").exists()

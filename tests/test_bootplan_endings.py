@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from test_bootplan import ORIGINAL, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401
-from test_boot_capture import EXPERIMENT, bundle_of, start_capture
+from test_boot_capture import bundle_of, capture_in_a_new_process, start_capture
 from ticklab.bundle import load_bundle
 from ticklab.host import bootplan
 
@@ -44,12 +44,7 @@ def test_a_missing_kexec_tool_leaves_no_journal_entry_abort_cannot_clear(host, t
     bin_dir = tmp_path / "bin"
     (bin_dir / "kexec").unlink()
     env = {**os.environ, "PATH": str(bin_dir)}
-    experiment = tmp_path / "host-boot-echo.yaml"
-    experiment.write_text(EXPERIMENT)
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
-                           str(experiment), "--root", str(root), "--journal", str(tmp_path / "journal.json"),
-                           "--out", str(tmp_path / "traces"), "--host-id", "fake-boots"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = capture_in_a_new_process(root, tmp_path, env=env)
     [plan_id] = [p.name for p in (root / "var/lib/ticklab/plans").iterdir()]
     journal = root / "var/lib/ticklab/plans" / plan_id / "host-changes.json"
     aborted = subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", "abort", "--root", str(root)],
@@ -64,12 +59,7 @@ def test_a_boot_tool_error_on_two_lines_is_one_line_on_the_cli(host, tmp_path):
     root, _ = host
     (tmp_path / "bin" / "kexec").write_text("#!/bin/sh\necho 'Cannot load /boot/vmlinuz' >&2\n"
                                            "echo 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
-    experiment = tmp_path / "host-boot-echo.yaml"
-    experiment.write_text(EXPERIMENT)
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
-                           str(experiment), "--root", str(root), "--journal", str(tmp_path / "journal.json"),
-                           "--out", str(tmp_path / "traces"), "--host-id", "fake-boots"],
-                          capture_output=True, text=True, timeout=120)
+    done = capture_in_a_new_process(root, tmp_path)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
 

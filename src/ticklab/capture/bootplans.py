@@ -20,7 +20,6 @@ plan's creation across reboots); when it does not, or the plan stops or is abort
 from __future__ import annotations
 
 import fnmatch
-import json
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from ..bundle import BundleError, BundleWriter
+from ..bundle import BundleError, BundleWriter, load_bundle
 from ..host import HostChanges, bootplan, facts, host_id
 from . import requirements, tracing
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
@@ -292,6 +291,6 @@ class BootCapture(bootplan.RunMaker):
 
 def _sealed(bundle: str) -> bool:
     try:
-        return json.loads(Path(bundle, "manifest.json").read_text())["status"] == "sealed"
-    except (OSError, ValueError, KeyError, TypeError):
+        return load_bundle(bundle).sealed
+    except BundleError:
         return False

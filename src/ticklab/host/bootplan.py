@@ -46,7 +46,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -54,7 +53,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import facts
-from .knobs import HostChangeError, HostChanges, _open_private, _write_journal, private_dir
+from .knobs import HostChangeError, HostChanges, _open_private, _run, _write_journal, private_dir
 
 PLANS_DIR = "var/lib/ticklab/plans"
 UNIT_NAME = "ticklab-plan.service"
@@ -178,9 +177,13 @@ def load(root: Path | str, plan_id: str) -> Plan:
     return plan
 
 
+def _plan_ids(root: Path | str) -> list[str]:
+    directory = plans_dir(root)
+    return sorted(p.name for p in directory.glob("*") if (p / "plan.json").is_file()) if directory.is_dir() else []
+
+
 def only_plan(root: Path | str) -> str:
-    found = sorted(p.name for p in plans_dir(root).glob("*") if (p / "plan.json").is_file()) \
-        if plans_dir(root).is_dir() else []
+    found = _plan_ids(root)
     if len(found) != 1:
         raise PlanError(f"{plans_dir(root)}: {'no plan' if not found else 'plans ' + ', '.join(found) + '; name one with --id'}")
     return found[0]
@@ -213,9 +216,7 @@ def new_plan_id() -> str:
 def refuse_if_running(root: Path | str) -> None:
     """One plan runs at a time on a machine: PlanError naming the running one."""
     root = Path(root)
-    existing = sorted(p.name for p in plans_dir(root).glob("*") if (p / "plan.json").is_file()) \
-        if plans_dir(root).is_dir() else []
-    for other in existing:
+    for other in _plan_ids(root):
         if load(root, other).state == "running":
             raise PlanError(f"{plans_dir(root) / other}: a plan is running; 'ticklab plan status' or 'ticklab plan abort'")
 
@@ -232,8 +233,6 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
     refuse_if_running(root)
     plan_id = plan_id or new_plan_id()
     directory = plan_dir(root, plan_id)
-    if directory.exists():
-        raise PlanError(f"{directory}: exists already")
     names = [_kept_name(directory, name) for name in keep or {}]
     original = _boot_facts(root)
     for run in runs:
@@ -320,12 +319,11 @@ def _systemd_running(root: Path) -> bool:
 
 
 def _run_tool(argv: list[str]) -> None:
+    """A command that changes nothing ticklab journals (daemon-reload, the reboot itself), as knobs runs its own."""
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise PlanError(f"{argv[0]}: cannot run ({exc.strerror or exc})") from None
-    if result.returncode != 0:
-        raise PlanError(f"{' '.join(argv)}: exit {result.returncode}: {_one_line(result.stderr or result.stdout)[:300]}")
+        _run(argv)
+    except HostChangeError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
@@ -456,16 +454,17 @@ def _put_back_and_tell(root: Path, plan: Plan, say, maker: RunMaker | None,
     return problems
 
 
-def _failed_run(plan: Plan) -> tuple[PlannedRun, dict, str] | None:
-    """The run a failed plan ended on, with the boot it verified, to tell the capture again (it records a run
-    once: a run it has is left as it is)."""
+def _complete_ending(root: Path, plan: Plan, say, maker: RunMaker | None) -> list[str]:
+    """The last steps of an ended plan's ending again (a process killed part way): put back what is left and tell
+    the capture, with the run a failed plan ended on and the boot it verified (the capture records a run once)."""
     failed = [r for r in plan.runs if r.state == "failed"] if plan.state == "failed" else []
-    if not failed:
-        return None
-    run = failed[-1]
-    boot = {"boot_id": run.boot_id_found, "release": run.release_found, "cmdline": run.cmdline_found,
-            "plan": plan.id, "mode": plan.mode} if run.boot_id_found else {}
-    return run, boot, run.why or ""
+    told = None
+    if failed:
+        run = failed[-1]
+        boot = {"boot_id": run.boot_id_found, "release": run.release_found, "cmdline": run.cmdline_found,
+                "plan": plan.id, "mode": plan.mode} if run.boot_id_found else {}
+        told = (run, boot, run.why or "")
+    return _put_back_and_tell(root, plan, say, maker, told)
 
 
 def _raise_for(plan: Plan, problems: list[str]) -> None:
@@ -549,8 +548,8 @@ def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict]
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
         run = plan.current()
-        if plan.state != "running":  # an ending cut short (the unit still there): put the host back, seal
-            problems = _put_back_and_tell(root, plan, say, maker, _failed_run(plan))  # an ending cut short
+        if plan.state != "running":  # an ending cut short (the unit still there)
+            problems = _complete_ending(root, plan, say, maker)
             say(f"boot plan {plan.id}: nothing to resume (plan {plan.state}); host changes put back")
             _raise_for(plan, problems)
             return plan
@@ -649,7 +648,7 @@ def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = 
             say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
                 f"{made} run(s) made are kept in {plan.bundle}")
         else:
-            problems = _put_back_and_tell(root, plan, say, maker, _failed_run(plan))  # an ending cut short
+            problems = _complete_ending(root, plan, say, maker)
             say(f"boot plan {plan.id} had {plan.state} already: what was left of its host changes is put back; "
                 f"{made} run(s) made are kept in {plan.bundle}")
         _raise_for(plan, problems)

@@ -259,7 +259,8 @@ def _run(argv: list[str]) -> None:
     except OSError as exc:  # the tool is missing: nothing was changed
         raise HostChangeError(f"{argv[0]}: cannot run ({exc.strerror or exc})") from None
     if result.returncode != 0:
-        raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: {' '.join(result.stderr.split())}")
+        raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: "
+                              f"{' '.join((result.stderr or result.stdout).split())[:300]}")
 
 
 def _ticks_since_boot() -> int:
