@@ -1,0 +1,101 @@
+"""ticklab.safefiles: no read or write through a planted link, no FIFO read, bounded sizes and error lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from ticklab.safefiles import OwnedDir, UnsafeFileError, read_bytes, read_text, shown
+
+
+def test_a_link_planted_below_the_root_is_refused_and_its_target_untouched(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "events.parquet").symlink_to(victim)
+    (out / "host").symlink_to(tmp_path)
+    with OwnedDir(out) as owned:
+        with pytest.raises(UnsafeFileError, match=r"out/events.parquet: is a symbolic link"):
+            owned.create("events.parquet")
+        with pytest.raises(UnsafeFileError, match=r"out/events.parquet: is a symbolic link"):
+            owned.write_atomic("events.parquet", b"x")
+        with pytest.raises(UnsafeFileError, match=r"out/host: a symbolic link, not a directory"):
+            owned.create("host/claim/manifest.json")
+        with pytest.raises(UnsafeFileError, match=r"out/host: a symbolic link"):
+            owned.mkdirs("host/claim")
+    assert victim.read_text() == "root's file\n"
+    assert not (tmp_path / "claim").exists()
+
+
+def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):
+    with OwnedDir(tmp_path / "b") as owned:
+        owned.write_atomic("a/manifest.json", b"one")
+        owned.write_atomic("a/manifest.json", b"two")
+        assert owned.read_bytes("a/manifest.json", 10) == b"two"
+    assert sorted(os.listdir(tmp_path / "b" / "a")) == ["manifest.json"]
+
+
+def test_exclusive_create_never_overwrites(tmp_path):
+    with OwnedDir(tmp_path) as owned:
+        with owned.create("x", exclusive=True) as handle:
+            handle.write(b"first")
+        with pytest.raises(UnsafeFileError, match="exists already"):
+            owned.create("x", exclusive=True)
+        with pytest.raises(UnsafeFileError, match="exists already"):
+            owned.mkdir_new("d") and owned.mkdir_new("d")
+    assert (tmp_path / "x").read_bytes() == b"first"
+
+
+def test_paths_that_leave_the_root_are_refused(tmp_path):
+    with OwnedDir(tmp_path) as owned:
+        for bad in ("../x", "/etc/passwd", "a/../../x", "."):
+            with pytest.raises(UnsafeFileError, match="not a path below"):
+                owned.create(bad)
+
+
+def test_readers_refuse_fifos_links_and_oversized_files_without_blocking(tmp_path):
+    fifo = tmp_path / "cpu0.raw"
+    os.mkfifo(fifo)
+    with pytest.raises(UnsafeFileError, match=r"cpu0.raw: a FIFO, not a regular file"):
+        read_bytes(fifo, 100)  # O_NONBLOCK: returns at once with no writer
+    secret = tmp_path / "secret"
+    secret.write_text("top secret text")
+    (tmp_path / "page_size").symlink_to(secret)
+    with pytest.raises(UnsafeFileError) as refused:
+        read_text(tmp_path / "page_size", 100)
+    assert "symbolic link" in str(refused.value) and "secret" not in str(refused.value).replace(str(tmp_path), "")
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 101)
+    with pytest.raises(UnsafeFileError, match="larger than the 100 bytes"):
+        read_bytes(big, 100)
+    assert read_bytes(big, 101) == b"x" * 101
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A 64 KiB tmpfs: a real full disk (ENOSPC), where root can mount one."""
+    where = tmp_path / "tiny"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs as a full disk")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary(tiny_filesystem):
+    with OwnedDir(tiny_filesystem) as owned:
+        with pytest.raises(UnsafeFileError, match=r"tiny/manifest.json: cannot write \(No space left on device\)"):
+            owned.write_atomic("manifest.json", b"x" * (1 << 20))
+    assert os.listdir(tiny_filesystem) == []
+
+
+def test_shown_bounds_and_escapes_values_in_error_lines():
+    assert shown("a\nb\tc") == "a\\nb\\tc"
+    long = "9" * 5000
+    text = shown(long)
+    assert len(text) < 240 and text.endswith("(5000 characters)")
+    assert "\n" not in shown("x\n" * 1000)
