@@ -107,10 +107,17 @@ def trace_cmd(host, *argv: str) -> None:
         subprocess.run(["trace-cmd", *argv], check=True, capture_output=True)
 
 
+def host_changes():
+    """The host changes of a benchmark step, journalled where every ticklab command journals them (as root
+    /run/ticklab): a --keep directory the user made (mode 0755) is only where traces go, never host state."""
+    from ticklab.host import HostChanges
+
+    return HostChanges(log=lambda _: None)
+
+
 def record(directory: Path, events: int) -> Path:
     """A trace.dat of >= ``events`` events recorded here (see the module docstring)."""
     from ticklab.capture.tracing import recorder
-    from ticklab.host import HostChanges
 
     if os.geteuid() != 0:
         raise SystemExit("recording the 1M-event trace needs root (tracefs); pass TRACE files instead")
@@ -118,10 +125,10 @@ def record(directory: Path, events: int) -> Path:
     for _ in range(4):
         capture = directory / "capture"
         shutil.rmtree(capture, ignore_errors=True)
-        with HostChanges(directory / "journal.json", log=lambda _: None) as host:
+        with host_changes() as host:
             with recorder("tracefs", host, EVENTS, capture, buffer_kb=16384):
                 subprocess.run(["hackbench", "-p", "-s", "8", "-l", str(loops), "-g", "4"], check=True, capture_output=True)
-        with HostChanges(directory / "journal.json", log=lambda _: None) as host:
+        with host_changes() as host:
             trace_cmd(host, "restore", "-c", "-o", str(directory / "head.dat"))
             trace_cmd(host, "restore", "-i", str(directory / "head.dat"), "-o", str(directory / "recorded.dat"),
                       *sorted(str(p) for p in capture.glob("cpu*.raw")))
@@ -133,10 +140,8 @@ def record(directory: Path, events: int) -> Path:
 
 
 def compressed(source: Path, directory: Path) -> Path:
-    from ticklab.host import HostChanges
-
     target = directory / (source.stem + "-zstd.dat")
-    with HostChanges(directory / "journal.json", log=lambda _: None) as host:
+    with host_changes() as host:
         trace_cmd(host, "convert", "-i", str(source), "-o", str(target), "--compression", "zstd")
     return target
 
