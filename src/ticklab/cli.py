@@ -186,8 +186,11 @@ def _lab(args: argparse.Namespace) -> int:
             for variant in variants:
                 build_kernel(variant, jobs=args.jobs, progress=_progress(args), force=args.force)
         elif args.lab_command == "build-image":
-            from .lab.image import build_image
+            from .lab.image import build_image, packages
 
+            if args.list_packages:
+                print(" ".join(packages()))
+                return 0
             image = build_image(force=args.force)
             print(f"guest image {image.key}: {image.initramfs}")
         elif args.boot:
@@ -429,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     kernel.set_defaults(func=_lab)
     image = lab_sub.add_parser("build-image", help="build (or find cached) the guest initramfs")
     image.add_argument("--force", action="store_true", help="rebuild even when cached")
+    image.add_argument("--list-packages", action="store_true",
+                       help="print the Debian packages the image's programs come from (runners/vm/image.yaml) and exit")
     image.set_defaults(func=_lab)
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))

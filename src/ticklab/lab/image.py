@@ -45,6 +45,18 @@ def recipe() -> dict:
     return data
 
 
+def packages(data: dict | None = None) -> list[str]:
+    """The Debian packages the image's programs come from (the recipe's ``packages``): what .ci/run installs."""
+    return [str(name) for name in (data or recipe()).get("packages", [])]
+
+
+def missing_programs(data: dict | None = None) -> list[str]:
+    """The recipe's programs (and cpio, which packs the image) not installed here; empty when an image can be built."""
+    names = [str(name) for name in (data or recipe())["programs"]] + ["cpio"]
+    return [name for name in names
+            if not (shutil.which(name) if "/" not in name else os.access(name, os.X_OK))]
+
+
 def _canonical(path: str) -> str:
     """The path inside the image, with merged-/usr top-level links resolved ('/lib/x' -> 'usr/lib/x')."""
     relative = path.lstrip("/")
