@@ -171,3 +171,23 @@ def test_an_out_below_a_directory_others_can_change_is_refused(tmp_path):
     assert log == [f"error: {shared / 'out'}: {shared} above it can be changed by another user (owner uid "
                    f"{os.geteuid()}, mode 777); choose an --out below directories only root or you can change"]
     assert not (shared / "out").exists()
+
+
+def test_a_notebook_writes_no_output_through_a_link_planted_under_the_output_directory(tmp_path):
+    """Outputs (what every notebook writes) opens each directory below --out by descriptor: a link another user
+    planted there (between the report's check and the notebook's write) is refused and its target untouched."""
+    import pandas as pd
+
+    from ticklab.outputs import Outputs
+    from ticklab.safefiles import UnsafeFileError
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "build"
+    (out / "tables").mkdir(parents=True)
+    (out / "tables" / "nohz").symlink_to(victim)
+    with pytest.raises(UnsafeFileError, match=r"build/tables/nohz: a symbolic link, not a directory"):
+        Outputs(out, "nohz").table("t", pd.DataFrame({"a": [1]}), caption="c", sources=["x"])
+    assert list(victim.iterdir()) == []
+    written = Outputs(out, "hpet").table("t", pd.DataFrame({"a": [1]}), caption="c", sources=["x"])
+    assert written.read_text() == "a\n1\n" and sorted(p.name for p in written.parent.iterdir()) == ["t.csv", "t.json", "t.md"]

@@ -4,6 +4,7 @@ Every figure and table gets a JSON sidecar naming its caption and the files it c
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 
 from .paths import repo_root
+from .safefiles import OwnedDir
 from .checks import CHECK_COLUMNS
 from .verdicts import VERDICT_COLUMNS, Verdict
 
@@ -52,52 +54,59 @@ class Outputs:
         self.root = Path(output_dir)
         self.claim = claim
 
-    def _sidecar(self, path: Path, kind: str, caption: str, sources: Iterable[Path | str]) -> None:
+    def _write(self, relative: str, data: bytes | str) -> Path:
+        """Write root/relative whole (atomic replace), never through a link below the output directory."""
+        with OwnedDir(self.root) as owned:
+            return owned.write_atomic(relative, data.encode() if isinstance(data, str) else data)
+
+    @staticmethod
+    def _csv(frame: pd.DataFrame, *, index: bool) -> str:
+        buffer = io.StringIO()
+        frame.to_csv(buffer, index=index)
+        return buffer.getvalue()
+
+    def _sidecar(self, relative: str, kind: str, caption: str, sources: Iterable[Path | str]) -> None:
         meta = {"claim": self.claim, "kind": kind, "caption": caption,
                 "sources": sorted({_relative(s) for s in sources})}
         if not meta["sources"]:
-            raise ValueError(f"{path.name}: a {kind} must name the files it came from (sources)")
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+            raise ValueError(f"{Path(relative).stem}: a {kind} must name the files it came from (sources)")
+        self._write(str(Path(relative).with_suffix(".json")), json.dumps(meta, indent=2) + "\n")
 
     def figure(self, name: str, fig, *, caption: str, sources: Sequence[Path | str]) -> Path:
-        directory = self.root / "figures" / self.claim
-        directory.mkdir(parents=True, exist_ok=True)
-        png = directory / f"{name}.png"
-        fig.savefig(png, dpi=120, bbox_inches="tight")
-        fig.savefig(directory / f"{name}.svg", bbox_inches="tight")
-        self._sidecar(png, "figure", caption, sources)
+        relative = f"figures/{self.claim}/{name}"
+        written = {}
+        for form, options in (("png", {"dpi": 120}), ("svg", {})):
+            image = io.BytesIO()
+            fig.savefig(image, format=form, bbox_inches="tight", **options)
+            written[form] = self._write(f"{relative}.{form}", image.getvalue())
+        png = written["png"]
+        self._sidecar(relative + ".png", "figure", caption, sources)
         return png
 
     def table(self, name: str, frame: pd.DataFrame, *, caption: str, sources: Sequence[Path | str]) -> Path:
         if frame.empty:
             raise ValueError(f"table {name!r} for {self.claim} is empty; refusing to write an empty output")
-        directory = self.root / "tables" / self.claim
-        directory.mkdir(parents=True, exist_ok=True)
-        csv = directory / f"{name}.csv"
+        relative = f"tables/{self.claim}/{name}"
         has_index = frame.index.name is not None or not isinstance(frame.index, pd.RangeIndex)
-        frame.to_csv(csv, index=has_index)
+        csv = self._write(relative + ".csv", self._csv(frame, index=has_index))
         markdown = markdown_table(frame, index=has_index)
         legend = frame.attrs.get("legend")
         text = f"**{caption}**\n\n{markdown}\n" + (f"\n{legend}\n" if legend else "")
-        (directory / f"{name}.md").write_text(text)
-        self._sidecar(csv, "table", caption, sources)
+        self._write(relative + ".md", text)
+        self._sidecar(relative + ".csv", "table", caption, sources)
         return csv
 
     def verdicts(self, verdicts: Sequence[Verdict]) -> pd.DataFrame:
         if not verdicts:
             raise ValueError(f"{self.claim}: every claim notebook must state at least one verdict")
         frame = pd.DataFrame([v.as_row() for v in verdicts], columns=VERDICT_COLUMNS)
-        directory = self.root / "verdicts"
-        directory.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(directory / f"{self.claim}.csv", index=False)
+        self._write(f"verdicts/{self.claim}.csv", self._csv(frame, index=False))
         return frame
 
 
     def checks(self, frame: pd.DataFrame) -> pd.DataFrame:
         """The claim's condition checks (ticklab.checks.check_table); written even when empty, so the report can
         tell "nothing to check" from "not run"."""
-        directory = self.root / "checks"
-        directory.mkdir(parents=True, exist_ok=True)
         frame = frame[CHECK_COLUMNS]
-        frame.to_csv(directory / f"{self.claim}.csv", index=False)
+        self._write(f"checks/{self.claim}.csv", self._csv(frame, index=False))
         return frame
