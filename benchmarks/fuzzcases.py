@@ -681,3 +681,4 @@ class CliYamlFamily:
 
 
 FAMILIES = [BundleFamily(), TraceFamily(), WorkloadFamily(), PublishedFamily(), CliYamlFamily()]
+from fuzzcases_special import SpecialFilesFamily; FAMILIES += [SpecialFilesFamily()]  # noqa: E402

@@ -185,3 +185,19 @@ def test_lab_results_are_copied_from_the_share_without_following_symlinks(tmp_pa
     assert sorted(skipped) == ["dir", "fifo", "secret"]
     assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == ["stdout.txt", "trace", "trace/trace.dat"]
     assert not any(p.is_symlink() for p in run_dir.rglob("*"))
+
+
+def test_a_bundle_whose_manifest_was_replaced_by_a_link_is_reported_not_skipped(tmp_path):
+    """A bundle directory whose manifest.json is a dangling link (or gone) shows as unreadable in the report's
+    bundle health, naming the file, instead of vanishing from the analysis."""
+    from ticklab.captured import bundle_health, find_bundles
+
+    data = tmp_path / "data"
+    path = make_bundle(data)
+    (path / "manifest.json").chmod(0o644)
+    (path / "manifest.json").unlink()
+    (path / "manifest.json").symlink_to(tmp_path / "nowhere")
+    assert [ref.path for ref in find_bundles(data, "nohz")] == [path]
+    health = bundle_health(data, ["nohz"])
+    assert list(health["status"]) == ["unreadable"]
+    assert "manifest.json" in health["flag"].iloc[0] and "symlink" in health["flag"].iloc[0]

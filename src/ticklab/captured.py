@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -37,16 +38,20 @@ class BundleRef:
 
 
 def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
-    """Every bundle directory (one holding manifest.json) for ``claim``; the published layer is skipped."""
+    """Every bundle directory of ``claim`` (``<host-id>/<claim>/<bundle>/``); the published layer is skipped. A
+    directory there without a regular manifest.json is listed too, so that loading it says what is wrong
+    instead of the bundle vanishing from the analysis."""
     root = Path(data_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: data directory does not exist")
     refs = []
-    for manifest in sorted(root.glob(f"*/{claim}/*/manifest.json")):
-        host_dir = manifest.parent.parent.parent
-        if host_dir.name == "published":
+    for claim_dir in sorted(root.glob(f"*/{claim}")):
+        host_dir = claim_dir.parent
+        if host_dir.name == "published" or not claim_dir.is_dir():
             continue
-        refs.append(BundleRef(host_id=host_dir.name, claim=claim, path=manifest.parent))
+        for entry in sorted(claim_dir.iterdir()):
+            if entry.is_dir() or os.path.lexists(entry / "manifest.json"):
+                refs.append(BundleRef(host_id=host_dir.name, claim=claim, path=entry))
     return refs
 
 
