@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -78,3 +79,24 @@ def test_trace_files_through_the_public_read_api(data):
     (_WORK / "trace").mkdir(parents=True, exist_ok=True)
     _holds(TraceFamily, data)
 
+
+
+def _other_families():
+    from fuzzcases import FAMILIES
+
+    named = (BundleFamily, CliYamlFamily, PublishedFamily, TraceFamily, WorkloadFamily)
+    return [type(f) for f in FAMILIES if not isinstance(f, named)]
+
+
+@pytest.mark.parametrize("kind", _other_families(), ids=lambda kind: kind.key)
+def test_every_other_family_answers_clearly(kind):
+    """The families issue 27 added (special files, plan state, command-line words, out-directory links, trace
+    counts ...): the same property, a few dozen drawn inputs each."""
+
+    @BOUNDED
+    @given(st.data())
+    def holds(data):
+        (_WORK / kind.key).mkdir(parents=True, exist_ok=True)
+        _holds(kind, data)
+
+    holds()
