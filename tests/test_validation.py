@@ -207,7 +207,7 @@ def test_a_fifo_in_the_published_layer_is_refused_without_blocking(published_cop
     assert path.is_file()
     path.unlink()
     os.mkfifo(path)
-    with pytest.raises(PublishedDataError, match=f"^{path}: not a regular file$"):
+    with pytest.raises(PublishedDataError, match=f"^{path}: a FIFO, not a regular file; refused$"):
         load_published(published_copy, "hpet")
 
 

@@ -201,6 +201,14 @@ NOTEBOOK_PARAMETERS = {
 }
 
 
+def yaml_value_problem(exc: ValueError) -> str:
+    """What a ValueError from ``yaml.safe_load`` says, in words for an error line."""
+    text = " ".join(str(exc).split())
+    if "integer string conversion" in text:  # int() of a number of over 4300 digits (Python's own limit)
+        return "a number of thousands of digits"
+    return shown(text)
+
+
 def _where(path) -> str:
     where = ""
     for part in path:

@@ -187,15 +187,7 @@ def _read_yaml(path: Path):
     except RecursionError:
         raise ExperimentError(f"{shown(path)}: nested too deeply") from None
     except ValueError as exc:  # raised by PyYAML's constructors outside its own errors: int(), a date
-        raise ExperimentError(f"{shown(path)}: not valid YAML ({yaml_value_problem(exc)})") from None
-
-
-def yaml_value_problem(exc: ValueError) -> str:
-    """What a ValueError from ``yaml.safe_load`` says, in words for an error line."""
-    text = " ".join(str(exc).split())
-    if "integer string conversion" in text:  # int() of a number of over 4300 digits (Python's own limit)
-        return "a number of thousands of digits"
-    return shown(text)
+        raise ExperimentError(f"{shown(path)}: not valid YAML ({schemas.yaml_value_problem(exc)})") from None
 
 
 def _listed(names) -> str:
