@@ -88,8 +88,8 @@ def test_issue27_a_5000_digit_published_value_is_not_echoed_whole(published_copy
     csv.write_text(csv.read_text().replace("646515,jobs/min", "9" * 5000 + ",jobs/min", 1))
     proc = _ticklab("verify-published", "--published-dir", published_copy, "hpet")
     line = _one_line_of(proc.stdout)
-    assert proc.returncode == 1 and line.startswith(f"hpet: {csv}: row 2 (id 'haswell_tsc'): value '9999")
-    assert "(5002 characters)" in line and len(line) < 1000
+    assert proc.returncode == 1 and line == (f"hpet: {csv}: row 2, column value: 5000 characters, more than the 1000 of "
+                                             "a published cell")
 
 
 def test_issue27_verify_published_refuses_a_blank_value_beside_a_printed_number(published_copy):

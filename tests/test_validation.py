@@ -68,7 +68,8 @@ def test_an_argv_with_an_unbalanced_brace_is_one_line():
         fill_argv(["make", "-j{nproc"], {"nproc": 2}, "x.yaml")
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"[" * 5000, b"claim: [unclosed", b"- a\n- b\n", b""])
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"[" * 5000, b"claim: [unclosed", b"- a\n- b\n", b"",
+                                     b"a: &a [*a, *a]\n"])
 def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
     path = tmp_path / "x.yaml"
     path.write_bytes(content)

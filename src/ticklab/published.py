@@ -35,12 +35,15 @@ MAY_BE_BLANK = ("value", "unit", "qualifier")
 # In these tables a value may be blank beside a printed number (a date, a kernel version, an argument list:
 # facts, not measurements); in every other table a blank value is only for a printed statement with no number.
 DESCRIPTIVE_TABLES = ("setup.csv",)
+MAX_CELL_CHARS = 1000  # a transcribed number, its unit or the words around it: never more
 MAX_PROVENANCE_BYTES = 4 << 20
 MAX_TABLE_BYTES = 16 << 20
 MAX_SOURCE_BYTES = 64 << 20
 
-_DURATION = re.compile(r"(?P<min>\d+)m(?P<sec>\d+(?:\.\d+)?)s")
-_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+# (?<!\d): a match starts only where a run of digits starts, so a search is linear in the text (a cell of
+# 100,000 digits took minutes: each position retried the run to its end)
+_DURATION = re.compile(r"(?<!\d)(?P<min>\d+)m(?P<sec>\d+(?:\.\d+)?)s")
+_NUMBER = re.compile(r"[-+]?(?<!\d)\d+(?:\.\d+)?")
 _WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "four": 4.0, "half": 0.5}
 
 
@@ -158,6 +161,10 @@ def _read_table(path: Path) -> pd.DataFrame:
         blank = [c for c in frame.columns if c not in MAY_BE_BLANK and not str(row[c]).strip()]
         if blank:
             raise PublishedDataError(f"{where}, column {shown(blank[0], 80)}: blank; every row needs it")
+        long = [c for c in frame.columns if len(str(row[c])) > MAX_CELL_CHARS]
+        if long:
+            raise PublishedDataError(f"{where}, column {shown(long[0], 80)}: {len(str(row[long[0]]))} characters, "
+                                     f"more than the {MAX_CELL_CHARS} of a published cell")
         where = f"{where} (id {shown(repr(row['id']), 80)})"
         stated = parse_printed(row["value_as_printed"])
         if row["value"] == "":

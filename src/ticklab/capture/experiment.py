@@ -199,9 +199,13 @@ def _listed(names) -> str:
 def check_keys_are_text(data, path: Path, where: str = "") -> None:
     """Every mapping key in an experiment is a string: YAML reads `1:`, `on:` or `null:` as a number, a boolean or
     nothing, which no key, condition variable or argv template can be."""
-    stack = [(data, where)]
+    stack, seen = [(data, where)], set()
     while stack:
         node, at = stack.pop()
+        if isinstance(node, (dict, list)):
+            if id(node) in seen:  # a YAML alias: each node once (an alias loop, a: &a [*a], would never end)
+                continue
+            seen.add(id(node))
         if isinstance(node, dict):
             for key, value in node.items():
                 if not isinstance(key, str):
