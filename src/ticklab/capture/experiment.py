@@ -280,7 +280,7 @@ def resolve_value(value, host: dict, source: str):
         configs = idle_configs(host["cpuidle"]["states"])
         return configs[-1] if len(configs) > 1 else []
     if isinstance(value, str) and value.startswith("@"):
-        raise ExperimentError(f"{source}: unknown host value {value!r} "
+        raise ExperimentError(f"{source}: unknown host value {shown(repr(value), 80)} "
                              "(known: @clocksources, @threads, @idle_configs, @deepest_disabled)")
     return value
 
@@ -289,7 +289,8 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
     """The experiment's conditions on this host, in definition order."""
     spec, source = experiment.conditions, f"{experiment.path}: conditions"
     if isinstance(spec, dict) and "matrix" in spec:
-        axes = {name: resolve_value(values, host, f"{source}.matrix.{name}") for name, values in spec["matrix"].items()}
+        axes = {name: resolve_value(values, host, f"{source}.matrix.{shown(name, 80)}")
+                for name, values in spec["matrix"].items()}
         axes = {name: values if isinstance(values, list) else [values] for name, values in axes.items()}
         empty = [name for name, values in axes.items() if not values]
         if empty:
@@ -301,7 +302,8 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
         for index, item in enumerate(spec):
             if not isinstance(item, dict) or "name" not in item:
                 raise ExperimentError(f"{source}[{index}]: each condition needs a name")
-            values = {k: resolve_value(v, host, f"{source}[{index}].{k}") for k, v in item.items() if k != "name"}
+            values = {k: resolve_value(v, host, f"{source}[{index}].{shown(k, 80)}") for k, v in item.items()
+                      if k != "name"}
             if any(v == [] for v in values.values()):
                 continue  # a host value this host does not have (e.g. a second cpuidle state)
             conditions.append(Condition(str(item["name"]), values))
@@ -331,7 +333,9 @@ def fill_argv(argv: list, values: dict, source: str) -> list[str]:
         try:
             filled.append(str(part).format(**values))
         except KeyError as exc:
-            raise ExperimentError(f"{source}: argv uses {{{exc.args[0]}}}, which no condition or param defines") from exc
+            raise ExperimentError(f"{source}: argv uses {{{shown(exc.args[0], 80)}}}, which no condition or param "
+                                  "defines") from exc
         except (ValueError, IndexError, AttributeError) as exc:  # an unbalanced brace, {0}, {x.y}
-            raise ExperimentError(f"{source}: argv item {str(part)[:80]!r} is not a valid template ({exc})") from None
+            raise ExperimentError(f"{source}: argv item {shown(repr(str(part)), 80)} is not a valid template "
+                                  f"({shown(exc, 120)})") from None
     return filled
