@@ -18,6 +18,7 @@ classifies what happened:
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import io
 import json
@@ -76,8 +77,14 @@ def _is_ours(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] == "ticklab"
 
 
-def classify(call, *, known_bad: bool, check=None) -> Outcome:
-    """Run ``call``; a ticklab error is 'error' (if one line), anything else raised a 'traceback'."""
+# An error line of the families that opt in (bundle, published, cli) is at most this long: every value from the
+# input is quoted bounded (ticklab.safefiles.shown), so a huge value or name cannot flood it (issue 27, item 16).
+MAX_ERROR_CHARS = 3000
+
+
+def classify(call, *, known_bad: bool, check=None, bounded: bool = False) -> Outcome:
+    """Run ``call``; a ticklab error is 'error' (if one line, and with ``bounded`` at most MAX_ERROR_CHARS long),
+    anything else raised a 'traceback'."""
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             result = call()
@@ -86,6 +93,8 @@ def classify(call, *, known_bad: bool, check=None) -> Outcome:
     except Exception as exc:  # noqa: BLE001 - classifying every exception is the point
         text = str(exc)
         if _is_ours(exc) and text and "\n" not in text.strip():
+            if bounded and len(text) > MAX_ERROR_CHARS:
+                return Outcome("wrong", f"unbounded error line ({len(text)} characters): {text[:200]}", known_bad)
             return Outcome("error", text[:300], known_bad)
         return Outcome("traceback", f"{type(exc).__module__}.{type(exc).__name__}: {' '.join(text.split())[:300]}",
                        known_bad)
@@ -182,7 +191,8 @@ class BundleFamily:
         kind = source.choice(["intact", "flip manifest", "flip results", "flip raw", "edit manifest",
                               "bad field resealed", "good field resealed", "bad value resealed", "add file",
                               "symlink", "fifo", "delete", "truncate manifest", "random manifest", "nested manifest",
-                              "truncate results", "short row resealed"])
+                              "truncate results", "short row resealed", "duplicate row resealed",
+                              "foreign row resealed", "huge value resealed", "newline in a name"])
         known_bad = kind not in ("intact", "good field resealed")
         if kind == "flip manifest":
             manifest.write_bytes(_flip(manifest.read_bytes(), source))
@@ -207,6 +217,23 @@ class BundleFamily:
             rows[line] = ",".join(fields)
             results.write_text("\n".join(rows) + "\n")
             self._reseal(path, files=True)
+        elif kind in ("duplicate row resealed", "foreign row resealed", "huge value resealed"):
+            rows = results.read_text().splitlines()
+            line = source.integer(1, len(rows) - 1)
+            fields = rows[line].split(",")
+            if kind == "duplicate row resealed":
+                rows.append(rows[line])
+            elif kind == "foreign row resealed":  # a run the manifest lacks, or another run's condition
+                which = source.integer(0, 1)
+                fields[which] = ["run-099", "hz1000" if fields[1] == "hz250" else "hz250"][which]
+                rows[line] = ",".join(fields)
+            else:
+                fields[source.choice([2, 3, 4])] = source.choice(["9" * 5000, "x" * 100_000])
+                rows[line] = ",".join(fields)
+            results.write_text("\n".join(rows) + "\n")
+            self._reseal(path, files=True)
+        elif kind == "newline in a name":
+            (path / "raw" / "run-001" / source.choice(["a\nFAIL  b", "x" * 255, "\x1b[2J"])).write_bytes(b"x")
         elif kind == "short row resealed":
             rows = results.read_text().splitlines()
             line = source.integer(1, len(rows) - 1)
@@ -243,7 +270,7 @@ class BundleFamily:
             compare_tables([path])
             return bundle
 
-        outcome = classify(load, known_bad=known_bad)
+        outcome = classify(load, known_bad=known_bad, bounded=True)
         outcome.detail = f"{kind}: {outcome.detail}"
         return outcome
 
@@ -502,7 +529,8 @@ class PublishedFamily:
         tables = sorted(directory.glob("*.csv"))
         mutation = source.choice(["intact", "flip provenance", "flip csv", "bad provenance field", "value mismatch",
                                   "value inf", "duplicate id", "drop column", "truncate csv", "non-utf8",
-                                  "table key outside", "quote type", "token", "yaml garbage"])
+                                  "table key outside", "quote type", "token", "yaml garbage", "blank cell",
+                                  "blank value", "huge value", "huge provenance", "newline in a name"])
         known_bad = mutation not in ("intact", "flip provenance", "flip csv", "truncate csv")
         if mutation == "flip provenance":
             provenance.write_bytes(_flip(provenance.read_bytes(), source))
@@ -554,6 +582,35 @@ class PublishedFamily:
             else:
                 known_bad = False
             table.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        elif mutation in ("blank cell", "blank value", "huge value"):
+            from ticklab.published import DESCRIPTIVE_TABLES, MAY_BE_BLANK, parse_printed
+
+            table = source.choice(tables)
+            with table.open(newline="", encoding="utf-8") as handle:
+                rows = list(csv.reader(handle))
+            header = rows[0]
+            if len(rows) < 2:
+                known_bad = False
+            else:
+                row = rows[source.integer(1, len(rows) - 1)]
+                if mutation == "blank cell":
+                    row[header.index(source.choice([c for c in header if c not in MAY_BE_BLANK]))] = ""
+                elif mutation == "blank value":
+                    printed = row[header.index("value_as_printed")]
+                    known_bad = table.name not in DESCRIPTIVE_TABLES and parse_printed(printed) is not None
+                    row[header.index("value")] = ""
+                else:
+                    row[header.index(source.choice(["value", "id", "value_as_printed"]))] = \
+                        source.choice(["9" * 5000, "1" * 100_000, "x" * 100_000])
+            with table.open("w", newline="", encoding="utf-8") as handle:
+                csv.writer(handle).writerows(rows)
+        elif mutation == "huge provenance":  # over the cap: a sparse file, refused before a byte is parsed
+            from ticklab.published import MAX_PROVENANCE_BYTES
+
+            with provenance.open("r+b") as handle:
+                handle.truncate(MAX_PROVENANCE_BYTES + source.integer(1, 100 << 20))
+        elif mutation == "newline in a name":
+            (directory / source.choice(["a\nb.csv", "x" * 250 + ".csv", "\x1b[2J.csv"])).write_text("id\n")
         elif mutation == "non-utf8":
             target = source.choice([provenance, *tables])
             data = target.read_bytes()
@@ -573,7 +630,7 @@ class PublishedFamily:
                     raise PublishedDataError(problems[0])
             return published
 
-        outcome = classify(load, known_bad=known_bad)
+        outcome = classify(load, known_bad=known_bad, bounded=True)
         outcome.detail = f"{claim} {mutation}: {outcome.detail}"
         return outcome
 
@@ -582,6 +639,16 @@ class PublishedFamily:
 
 FAKE_HOST = {"nproc": 2, "online_cpus": [0, 1], "clocksources": {"available": ["tsc", "hpet"], "current": "tsc"},
              "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}]}}
+
+
+class _NoHost:
+    """A host on which every knob change is accepted and nothing is written (the fuzz applies knobs for their
+    checks only)."""
+
+    root = "/nonexistent"
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: []
 
 
 class CliYamlFamily:
@@ -602,7 +669,20 @@ class CliYamlFamily:
     WORDS = ["capture", "lab", "run", "verify", "compare", "report", "doctor", "ingest", "view", "seal-manifest",
              "verify-published", "nohz", "hpet", "bogus", "--runs", "--warmup", "--seed", "--budget-s", "--out", "--only",
              "--cell-timeout", "--smp", "--format", "--metric", "-1", "0", "1", "3", "10001", "99999999999999999999",
-             "nan", "inf", "-inf", "1e9", "abc", "../x", "/", "", "--dry-run", "--help", "text", "--version", "\x00"]
+             "nan", "inf", "-inf", "1e9", "abc", "../x", "/", "", "--dry-run", "--help", "text", "--version", "\x00",
+             "9" * 5000, "x" * 100_000, "a\nb"]
+
+    # appended to an experiment's text (a later key wins in PyYAML): what reached a traceback before issue 27
+    RAW_BAD = ["seed: " + "1" * 5000, "seed: 0x" + "f" * 5000, "runs: " + "9" * 5000, "1: x", "null: x", "on: 1",
+               "trace: {buffer_kb: 1024}", "knobs: {x: " + "y" * 100_000 + "}", "name: " + "x" * 100_000,
+               "workload: {argv: [true], params: {1: 2}}", "when: 2026-13-45",
+               "conditions: [{name: a, idle: shallow}]\nknobs: {idle: idle_config}",
+               "conditions: [{name: a, idle: 'max='}]\nknobs: {idle: idle_config}",
+               "conditions: {matrix: {idle: [all, 5]}}\nknobs: {idle: idle_config}"]
+    # known good or undetectable (a state this host lacks is found when the knob is applied: an error then)
+    RAW_IDLE = ["conditions: [{name: a, idle: all}, {name: b, idle: 'max=POLL'}]\nknobs: {idle: idle_config}",
+                "conditions: [{name: a, idle: 'max=C9'}]\nknobs: {idle: idle_config}",
+                "conditions: {matrix: {idle: '@idle_configs'}}\nknobs: {idle: idle_config}"]
 
     def prepare(self, seeds: Path) -> None:
         self.experiments = sorted(p for p in (REPO / "runners").glob("*/*.yaml"))
@@ -633,24 +713,29 @@ class CliYamlFamily:
                 check_counts(args)
             return args
 
-        outcome = classify(parse, known_bad=False, check=lambda a: "out-of-range count accepted" if bad_count(a) else None)
+        outcome = classify(parse, known_bad=False, check=lambda a: "out-of-range count accepted" if bad_count(a) else None,
+                           bounded=True)
         outcome.detail = f"argv {argv!r}: {outcome.detail}"
         return outcome
 
     def _experiment(self, source, work: Path) -> Outcome:
         import yaml
 
+        from ticklab.capture.execute import apply_knobs
         from ticklab.capture.experiment import expand_conditions, fill_argv, load_experiment, schedule
 
         seed = source.choice(self.experiments)
         text = seed.read_text()
-        mutation = source.choice(["intact", "good field", "bad field", "flip", "truncate", "non-utf8", "garbage"])
-        known_bad = mutation in ("bad field", "non-utf8", "garbage")
+        mutation = source.choice(["intact", "good field", "bad field", "flip", "truncate", "non-utf8", "garbage",
+                                  "raw bad", "raw idle"])
+        known_bad = mutation in ("bad field", "non-utf8", "garbage", "raw bad")
         if mutation in ("good field", "bad field"):
             data = yaml.safe_load(text)
             key, value = source.choice(self.GOOD_EXPERIMENT if mutation == "good field" else self.BAD_EXPERIMENT)
             data[key] = value
             text = yaml.safe_dump(data)
+        if mutation in ("raw bad", "raw idle"):
+            text = text + "\n" + source.choice(self.RAW_BAD if mutation == "raw bad" else self.RAW_IDLE) + "\n"
         raw = text.encode()
         if mutation == "flip":
             raw = _flip(raw, source)
@@ -673,9 +758,10 @@ class CliYamlFamily:
                 values = {"tools": "/t", "repo": "/r", "run_dir": ".", "nproc": 2, "last_cpu": 1,
                           **(experiment.workload.get("params") or {}), **planned.condition.values}
                 fill_argv(experiment.workload["argv"], values, str(path))
+                apply_knobs(_NoHost(), experiment, planned.condition, FAKE_HOST)  # the knobs as a run applies them
             return plan
 
-        outcome = classify(run, known_bad=known_bad)
+        outcome = classify(run, known_bad=known_bad, bounded=True)
         outcome.detail = f"{seed.parent.name}/{seed.name} {mutation}: {outcome.detail}"
         return outcome
 

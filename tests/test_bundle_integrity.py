@@ -93,7 +93,7 @@ def test_symlinks_and_special_files_in_a_bundle_are_refused_without_reading_them
     target = path / "raw/run-000/ftq.dat"
     target.unlink()
     target.symlink_to("/proc/self/pagemap")
-    with pytest.raises(BundleError, match=r"raw/run-000/ftq\.dat: a symlink in the bundle"):
+    with pytest.raises(BundleError, match=r"raw/run-000/ftq\.dat: a symbolic link in the bundle"):
         load_bundle(path)
     target.unlink()
     os.mkfifo(target)  # opening it for reading would block for ever
@@ -102,7 +102,7 @@ def test_symlinks_and_special_files_in_a_bundle_are_refused_without_reading_them
     target.unlink()
     (path / "raw/run-000").rename(path / "raw/real")
     (path / "raw/run-000").symlink_to(path / "raw/real")
-    with pytest.raises(BundleError, match=r"raw/run-000: a symlink in the bundle"):
+    with pytest.raises(BundleError, match=r"raw/run-000: a symbolic link in the bundle"):
         load_bundle(path)
 
 
@@ -110,7 +110,7 @@ def test_a_symlinked_manifest_is_refused(tmp_path):
     path = make_bundle(tmp_path)
     (path / "manifest.json").rename(tmp_path / "m.json")
     (path / "manifest.json").symlink_to("/proc/self/pagemap")
-    with pytest.raises(BundleError, match=r"manifest\.json: not a regular file \(a symlink\)"):
+    with pytest.raises(BundleError, match=r"manifest\.json: is a symbolic link; ticklab does not read through links"):
         load_bundle(path)
 
 
@@ -200,4 +200,59 @@ def test_a_bundle_whose_manifest_was_replaced_by_a_link_is_reported_not_skipped(
     assert [ref.path for ref in find_bundles(data, "nohz")] == [path]
     health = bundle_health(data, ["nohz"])
     assert list(health["status"]) == ["unreadable"]
-    assert "manifest.json" in health["flag"].iloc[0] and "symlink" in health["flag"].iloc[0]
+    assert "manifest.json" in health["flag"].iloc[0] and "symbolic link" in health["flag"].iloc[0]
+
+
+# -- issue 27, item 12: results.csv rows cross-checked against the manifest's runs -----------------------------------
+
+def _reseal_results(path, edit):
+    """Edit a sealed bundle's results.csv and re-seal everything, as one who can write the bundle would."""
+    from ticklab.bundle import MANIFEST
+
+    results = path / "results.csv"
+    for file in (results, path / MANIFEST, path / SEAL):
+        file.chmod(0o644)
+    lines = results.read_text().splitlines()
+    results.write_text("\n".join(edit(lines)) + "\n")
+    data = json.loads((path / MANIFEST).read_text())
+    data["files"]["results.csv"] = hashlib.sha256(results.read_bytes()).hexdigest()
+    (path / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    (path / SEAL).write_text(hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest() + "  manifest.json\n")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda lines: [*lines, lines[1]],
+     r"row 4: a second work_per_quantum_median row for run run-000 \(the first is row 2\)$"),
+    (lambda lines: [*lines, lines[1].replace("run-000", "run-007")], r"row 4: run run-007 is not a run of manifest\.json$"),
+    (lambda lines: [*lines[:2], lines[2].replace("hz1000", "hz250")],
+     r"row 3: condition 'hz250' is not run run-001's condition in manifest\.json, 'hz1000'$"),
+])
+def test_issue27_resealed_results_rows_must_match_the_manifest(tmp_path, edit, message):
+    """A re-sealed results.csv with a duplicated row, or a row for a run the manifest does not have, loaded fine."""
+    path = make_bundle(tmp_path)
+    _reseal_results(path, edit)
+    with pytest.raises(BundleError, match=rf"^{path / 'results.csv'}: {message}"):
+        load_bundle(path)
+    proc = _verify(path)
+    assert proc.returncode == 1 and proc.stdout.count("\n") == 1 and "results.csv: row" in proc.stdout
+
+
+def test_issue27_a_results_row_of_a_warmup_run_is_refused(tmp_path):
+    path = make_bundle(tmp_path, seal=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["runs"][0]["warmup"] = True
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"results\.csv: row 2: run run-000 is a warm-up run, which has no rows"):
+        load_bundle(path, allow_incomplete=True)
+
+
+def test_issue27_rows_of_a_run_with_a_problem_still_load(tmp_path):
+    """The lab keeps the results of a run whose guest booted wrong beside its problem; analyses leave them out."""
+    from ticklab.bundle import measured_results
+
+    path = make_bundle(tmp_path, seal=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["runs"][1]["problem"] = "booted HZ=250, asked for HZ=1000"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    bundle = load_bundle(path, allow_incomplete=True)
+    assert list(measured_results(bundle.manifest, bundle.results)["run"]) == ["run-000"]

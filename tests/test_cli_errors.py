@@ -58,3 +58,70 @@ def test_a_project_error_exits_2_with_the_command_name(tmp_path):
     proc = _ticklab("capture", "nohz", "--experiment", tmp_path / "missing.yaml", "--dry-run")
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"ticklab capture: {tmp_path / 'missing.yaml'}: cannot read (No such file or directory)"
+
+
+# -- issue 27, item 16: an error line is bounded and no file name can split it ------------------------------------
+
+def _one_line_of(text):
+    lines = text.splitlines()
+    assert len(lines) == 1, text[:3000]
+    return lines[0]
+
+
+def test_issue27_a_100000_character_value_is_not_echoed_whole(tmp_path):
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text((REPO / "runners/nohz/ftq.yaml").read_text() + "knobs: {cpu_mode: " + "x" * 100_000 + "}\n")
+    proc = _ticklab("capture", "nohz", "--experiment", experiment, "--dry-run", "--out", tmp_path)
+    line = _one_line_of(proc.stderr)
+    assert proc.returncode == 2 and line.startswith(f"ticklab capture: {experiment}: knobs.cpu_mode: unknown knob 'xxx")
+    assert "(100002 characters)" in line and len(line) < 1000
+
+
+def test_issue27_a_5000_digit_number_is_not_echoed_whole(tmp_path):
+    proc = _ticklab("capture", "nohz", "--runs", "9" * 5000, "--dry-run", "--out", tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument --runs: '99999" in proc.stderr and len(proc.stderr) < 2000, proc.stderr[-300:]
+
+
+def test_issue27_a_5000_digit_published_value_is_not_echoed_whole(published_copy):
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    csv.write_text(csv.read_text().replace("646515,jobs/min", "9" * 5000 + ",jobs/min", 1))
+    proc = _ticklab("verify-published", "--published-dir", published_copy, "hpet")
+    line = _one_line_of(proc.stdout)
+    assert proc.returncode == 1 and line == (f"hpet: {csv}: row 2, column value: 5000 characters, more than the 1000 of "
+                                             "a published cell")
+
+
+def test_issue27_verify_published_refuses_a_blank_value_beside_a_printed_number(published_copy):
+    """verify-published said the tables load with a blank value (NaN) beside the printed 646515."""
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    csv.write_text(csv.read_text().replace("646515,jobs/min", ",jobs/min", 1))
+    proc = _ticklab("verify-published", "--published-dir", published_copy, "hpet")
+    assert proc.returncode == 1
+    assert _one_line_of(proc.stdout) == (f"hpet: {csv}: row 2 (id 'haswell_tsc'), column value: blank, but "
+                                         "value_as_printed '646515' states 646515")
+
+
+def test_issue27_a_newline_in_a_bundle_name_does_not_split_the_verify_line(tmp_path):
+    path = make_bundle(tmp_path / "first\nFAIL  second")
+    (path / "manifest.json").chmod(0o644)
+    (path / "manifest.json").write_bytes(b"{}")
+    proc = _ticklab("verify", tmp_path)
+    line = _one_line_of(proc.stdout)
+    assert proc.returncode == 1 and line.startswith(f"FAIL  {tmp_path}/first\\nFAIL  second/")
+
+
+def test_issue27_a_newline_in_an_experiment_path_does_not_split_the_error_line(tmp_path):
+    missing = tmp_path / "a\nticklab capture: forged.yaml"
+    proc = _ticklab("capture", "nohz", "--experiment", missing, "--dry-run", "--out", tmp_path)
+    assert proc.returncode == 2
+    assert _one_line_of(proc.stderr) == (f"ticklab capture: {tmp_path}/a\\nticklab capture: forged.yaml: cannot read "
+                                         "(No such file or directory)")
+
+
+def test_issue27_a_non_string_key_through_the_cli_is_one_line(tmp_path):
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text((REPO / "runners/nohz/ftq.yaml").read_text() + "1: x\n")
+    proc = _ticklab("capture", "nohz", "--experiment", experiment, "--dry-run", "--out", tmp_path)
+    assert proc.returncode == 2
+    assert _one_line_of(proc.stderr) == f"ticklab capture: {experiment}: key 1 is not a string (quote it)"

@@ -111,3 +111,98 @@ def test_derived_checks_distinguish_rounding_from_truncation():
     wrong = check_derived("AMean", "+48.00%", pdiff, {"new": "33649.27", "base": "22448.55"}, "")
     assert wrong["finding"] == "does not match"
     assert math.isclose(wrong["difference"], 1.8951, abs_tol=1e-3)
+
+
+# -- issue 27, item 14: a blank cell, a blank value, an unbounded provenance.yaml --------------------------------
+
+def _edit_row(csv_path, row_id, column, value):
+    lines = csv_path.read_text().splitlines()
+    header = lines[0].split(",")
+    for number, line in enumerate(lines):
+        fields = line.split(",")
+        if fields[0] == row_id:
+            fields[header.index(column)] = value
+            lines[number] = ",".join(fields)
+            csv_path.write_text("\n".join(lines) + "\n")
+            return number + 1
+    raise AssertionError(row_id)
+
+
+def test_issue27_a_blank_system_cell_names_file_row_and_column(published_copy):
+    """A blank system loaded, then the HPET claim raised ValueError 'expected one row' (a ticklab bug to the CLI)."""
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    row = _edit_row(csv, "haswell_tsc", "system", "")
+    with pytest.raises(PublishedDataError) as raised:
+        load_published(published_copy, "hpet")
+    assert str(raised.value) == f"{csv}: row {row}, column system: blank; every row needs it"
+
+
+def test_issue27_a_blank_value_beside_a_printed_number_is_refused(published_copy):
+    """A blank value beside value_as_printed '646515' loaded as NaN, and verify-published said it loads."""
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    row = _edit_row(csv, "haswell_tsc", "value", "")
+    with pytest.raises(PublishedDataError) as raised:
+        load_published(published_copy, "hpet")
+    assert str(raised.value) == (f"{csv}: row {row} (id 'haswell_tsc'), column value: blank, but value_as_printed "
+                                 "'646515' states 646515")
+
+
+def test_issue27_a_target_from_a_row_without_a_number_is_an_error_not_nan():
+    """The one row of hackbench.csv that prints no number has no value: a target from it was nan."""
+    published = load_published(paths.published_dir(), "hrtick")
+    with pytest.raises(PublishedDataError, match=r"hackbench\.csv: row id 'no_regression_after', column value: blank"):
+        published.value("hackbench", "no_regression_after")
+    assert published.value("hackbench", "runtime_hrtick") == pytest.approx(0.481)
+
+
+def test_issue27_the_hpet_claim_names_a_missing_published_row(published_copy):
+    from ticklab.claims.hpet import throughput_table
+
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    _edit_row(csv, "haswell_tsc", "system", "another-system")
+    published = load_published(published_copy, "hpet")
+    with pytest.raises(PublishedDataError, match=rf"^{csv}: expected one row for system haswell-ex-4s-72c, "
+                                                 r"clocksource tsc, patch n/a; found 0$"):
+        throughput_table(published)
+
+
+def test_issue27_provenance_is_read_with_a_size_cap(published_copy, monkeypatch):
+    """A ~100 MB provenance.yaml was read whole (here the cap is lowered so the test stays small)."""
+    from ticklab import published as module
+
+    monkeypatch.setattr(module, "MAX_PROVENANCE_BYTES", 64 << 10, raising=False)
+    provenance = published_copy / "hpet" / "provenance.yaml"
+    provenance.write_text(provenance.read_text() + "# " + "x" * (100 << 10) + "\n")
+    with pytest.raises(PublishedDataError, match=rf"^{provenance}: larger than the 65536 bytes ticklab reads of it$"):
+        load_published(published_copy, "hpet")
+
+
+def test_issue27_a_published_table_is_read_with_a_size_cap_and_never_through_a_link(published_copy, monkeypatch,
+                                                                                      tmp_path):
+    from ticklab import published as module
+
+    monkeypatch.setattr(module, "MAX_TABLE_BYTES", 64 << 10, raising=False)
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    text = csv.read_text()
+    csv.write_text(text + "\n" * (100 << 10))
+    with pytest.raises(PublishedDataError, match=rf"^{csv}: larger than the 65536 bytes"):
+        load_published(published_copy, "hpet")
+    (tmp_path / "elsewhere.csv").write_text(text)
+    csv.unlink()
+    csv.symlink_to(tmp_path / "elsewhere.csv")
+    with pytest.raises(PublishedDataError, match=rf"^{csv}: is a symbolic link"):
+        load_published(published_copy, "hpet")
+
+
+@pytest.mark.parametrize("cell, message", [
+    ("9" * 100_000, "column value: 100000 characters, more than the 1000 of a published cell"),
+    ("9" * 900, "value '99999"),  # 1e900: not finite, quoted bounded
+])
+def test_issue27_a_huge_cell_is_refused_or_quoted_bounded(published_copy, cell, message):
+    """A 100,000-character cell was echoed whole (and a printed value that long took minutes to parse)."""
+    csv = published_copy / "hpet" / "aim7_compute.csv"
+    _edit_row(csv, "haswell_tsc", "value", cell)
+    with pytest.raises(PublishedDataError) as raised:
+        load_published(published_copy, "hpet")
+    text = str(raised.value)
+    assert text.startswith(f"{csv}: row 2") and message in text and len(text) < 600 and "\n" not in text

@@ -99,3 +99,9 @@ def test_shown_bounds_and_escapes_values_in_error_lines():
     text = shown(long)
     assert len(text) < 240 and text.endswith("(5000 characters)")
     assert "\n" not in shown("x\n" * 1000)
+
+
+def test_shown_names_a_huge_integer_by_its_size():
+    assert shown(10 ** 5000) == "an integer of about 5001 digits"  # str() of it would raise (over 4300 digits)
+    assert shown(-(10 ** 5000)).startswith("an integer of about ")
+    assert shown(12345) == "12345" and shown(True) == "True"

@@ -68,7 +68,8 @@ def test_an_argv_with_an_unbalanced_brace_is_one_line():
         fill_argv(["make", "-j{nproc"], {"nproc": 2}, "x.yaml")
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"[" * 5000, b"claim: [unclosed", b"- a\n- b\n", b""])
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"[" * 5000, b"claim: [unclosed", b"- a\n- b\n", b"",
+                                     b"a: &a [*a, *a]\n"])
 def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
     path = tmp_path / "x.yaml"
     path.write_bytes(content)
@@ -76,7 +77,8 @@ def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
         load_experiment(path)
 
 
-@pytest.mark.parametrize("path, message", [("/dev/zero", "not a regular file"), ("/tmp", "not a regular file"),
+@pytest.mark.parametrize("path, message", [("/dev/zero", "a device, not a regular file"),
+                                           ("/tmp", "a directory, not a regular file"),
                                            ("/proc/self/status", "not valid YAML")])
 def test_an_experiment_that_is_no_yaml_file_is_refused_in_bounded_memory(path, message):
     """/dev/zero as an experiment grew a capture to 10 GB before: st_size says nothing of devices or /proc files."""
@@ -206,7 +208,7 @@ def test_a_fifo_in_the_published_layer_is_refused_without_blocking(published_cop
     assert path.is_file()
     path.unlink()
     os.mkfifo(path)
-    with pytest.raises(PublishedDataError, match=f"^{path}: not a regular file$"):
+    with pytest.raises(PublishedDataError, match=f"^{path}: a FIFO, not a regular file; refused$"):
         load_published(published_copy, "hpet")
 
 
@@ -239,3 +241,77 @@ def test_a_non_finite_metric_makes_the_run_a_problem_not_a_nan_row(tmp_path, mon
     monkeypatch.setitem(session.PARSERS, "hackbench", lambda _: [{"metric": "runtime_s", "value": float("nan"), "unit": "s"}])
     rows, problem = session.run_results(experiment, tmp_path, {"status": "ok"}, {})
     assert rows == [] and "metric(s) runtime_s not finite" in problem
+
+
+# -- issue 27, item 13: experiment YAML that reached a traceback -----------------------------------------------
+
+ACPI_IDLE = REPO / "runners/acpi-idle/tbench.yaml"
+
+
+@pytest.mark.parametrize("edit, message", [
+    # PyYAML's int() raises ValueError (over 4300 digits) outside the YAML error handler
+    (lambda t: t.replace("seed: 20261121", "seed: " + "1" * 5000), "not valid YAML (a number of thousands of digits)"),
+    # in hex it loads (no digit limit for base 16): refused by size, and the message does not try to print it
+    (lambda t: t.replace("seed: 20261121", "seed: 0x" + "f" * 5000), "seed: an integer of about 6021 digits is too large"),
+    (lambda t: t.replace("seed: 20261121", "seed: 18446744073709551616"), "seed: 18446744073709551616 is not <= "),
+    # a non-string key: sorting and joining the unknown keys raised TypeError
+    (lambda t: t + "1: x\n", "key 1 is not a string (quote it)"),
+    (lambda t: t.replace("  params: {seconds: 30}", "  params: {seconds: 30, on: 1}"),
+     "workload.params: key True is not a string"),
+    # a trace without events: KeyError 'events' in the dry run
+    (lambda t: t + "trace: {buffer_kb: 1024}\n", "trace: 'events' is missing"),
+    # idle: shallow: IndexError in apply_knobs when the run applied it
+    (lambda t: t.replace('idle: "@deepest_disabled"', "idle: shallow"),
+     "conditions[1].idle: 'shallow' is not an idle config (all, max=<cpuidle state>"),
+    (lambda t: t.replace('idle: "@deepest_disabled"', "idle: max="), "conditions[1].idle: 'max=' is not an idle config"),
+    (lambda t: t.replace('idle: "@deepest_disabled"', "idle: [all, 3]"), "conditions[1].idle: 3 is not an idle config"),
+])
+def test_issue27_experiment_yaml_that_raised_is_one_line(tmp_path, edit, message):
+    path = tmp_path / "tbench.yaml"
+    path.write_text(edit(ACPI_IDLE.read_text()))
+    with pytest.raises(ExperimentError) as raised:
+        load_experiment(path)
+    text = str(raised.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text and len(text) < 400, text
+
+
+def test_issue27_idle_configs_of_every_form_load(tmp_path):
+    text = ACPI_IDLE.read_text().replace('idle: "@deepest_disabled"', 'idle: [all, "max=C1", "@idle_configs"]')
+    path = tmp_path / "tbench.yaml"
+    path.write_text(text)
+    assert load_experiment(path).knobs == {"idle": "idle_config"}
+
+
+class _IdleHost:
+    def __init__(self):
+        self.disabled = []
+
+    def set_cpuidle_state(self, state, disabled):
+        self.disabled.append(state)
+
+
+@pytest.mark.parametrize("value, disabled", [("all", []), ("max=POLL", ["C1", "C2"]), ("max=C2", [])])
+def test_issue27_an_idle_config_disables_the_deeper_states(value, disabled):
+    from ticklab.capture.execute import apply_knobs
+    from ticklab.capture.experiment import Condition
+
+    experiment = load_experiment(ACPI_IDLE)
+    host = _IdleHost()
+    apply_knobs(host, experiment, Condition("c", {"idle": value}),
+                {"online_cpus": [0, 1], "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}, {"name": "C2"}]}})
+    assert host.disabled == disabled
+
+
+@pytest.mark.parametrize("value", ["shallow", "max=C9", "max="])
+def test_issue27_an_idle_config_this_host_cannot_apply_is_one_line(value):
+    """idle: shallow raised IndexError in apply_knobs, max=C9 ValueError (a state this host does not have)."""
+    from ticklab.capture.execute import apply_knobs
+    from ticklab.capture.experiment import Condition
+
+    experiment = load_experiment(ACPI_IDLE)
+    host = _IdleHost()
+    with pytest.raises(ExperimentError, match=rf"tbench.yaml: knobs.idle: idle config '{value}' names no cpuidle "
+                                              r"state of this host \(states: POLL, C1\)$"):
+        apply_knobs(host, experiment, Condition("c", {"idle": value}),
+                    {"online_cpus": [0, 1], "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}]}})
+    assert host.disabled == []

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from . import __version__, schemas
+from .safefiles import UnsafeFileError, kind_of, open_regular, read_bytes, shown
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -312,41 +313,27 @@ MAX_RESULTS_BYTES = 256 << 20
 
 
 def _read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of a regular file that is not a symlink, at most ``limit`` of them; BundleError otherwise.
-    Checked before opening, so a FIFO, a device or /proc/self/pagemap is never read."""
+    """The bytes of a regular file reached without a link, at most ``limit`` of them (ticklab.safefiles: a FIFO,
+    a device or /proc/self/pagemap is never read); BundleError otherwise."""
+    if not os.path.lexists(path):
+        raise BundleError(f"{shown(path)}: missing")
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise BundleError(f"{path}: missing") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise BundleError(f"{path}: not a regular file ({_kind(info)}); a bundle holds regular files only")
-    if info.st_size > limit:
-        raise BundleError(f"{path}: {info.st_size} bytes, more than the {limit} this reader accepts")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise BundleError(f"{path}: not a regular file")
-        return handle.read(limit + 1)[:limit]
-
-
-def _kind(info: os.stat_result) -> str:
-    mode = info.st_mode
-    return ("a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special")
+        return read_bytes(path, limit)
+    except UnsafeFileError as exc:
+        raise BundleError(str(exc)) from None
 
 
 def _hash_regular(path: Path) -> str:
     """sha256 of a regular file inside the bundle, read through a descriptor that cannot follow a symlink."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot open ({exc.strerror or exc})") from None
     digest = hashlib.sha256()
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise BundleError(f"{path}: not a regular file; a bundle holds regular files only")
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open_regular(path) as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except UnsafeFileError as exc:
+        raise BundleError(str(exc)) from None
+    except OSError as exc:
+        raise BundleError(f"{shown(path)}: cannot read ({exc.strerror or exc})") from None
     return digest.hexdigest()
 
 
@@ -360,13 +347,14 @@ def _bundle_files(path: Path) -> set[str]:
             if stat.S_ISDIR(info.st_mode):
                 continue
             if not stat.S_ISREG(info.st_mode):
-                raise BundleError(f"{entry}: {_kind(info)} in the bundle; a bundle holds regular files only")
+                raise BundleError(f"{shown(entry)}: {kind_of(info.st_mode)} in the bundle; a bundle holds regular "
+                                  "files only")
             found.add(str(entry.relative_to(path)))
     return found - {MANIFEST, SEAL}
 
 
 def _walk_error(exc: OSError):
-    raise BundleError(f"{exc.filename}: cannot list ({exc.strerror or exc})")
+    raise BundleError(f"{shown(exc.filename)}: cannot list ({exc.strerror or exc})")
 
 
 def manifest_digest(manifest_bytes: bytes) -> str:
@@ -392,17 +380,18 @@ def _check_files(path: Path, listed: dict) -> None:
     present = _bundle_files(path)
     added = sorted(present - set(listed))
     if added:
-        raise BundleError(f"{path / added[0]}: not listed in the manifest (added after sealing)")
+        raise BundleError(f"{shown(path / added[0])}: not listed in the manifest (added after sealing)")
     for relative, expected in sorted(listed.items()):
         file = path / relative
         if relative not in present:
-            raise BundleError(f"{file}: listed in the manifest but missing")
+            raise BundleError(f"{shown(file)}: listed in the manifest but missing")
         if _hash_regular(file) != expected:
-            raise BundleError(f"{file}: sha256 differs from the manifest (modified after sealing)")
+            raise BundleError(f"{shown(file)}: sha256 differs from the manifest (modified after sealing)")
 
 
-def _read_results(path: Path) -> pd.DataFrame:
-    """results.csv, every row checked against its schema: five fields, a finite number in ``value``."""
+def _read_results(path: Path, runs: list[dict]) -> pd.DataFrame:
+    """results.csv, every row checked against its schema (five fields, a finite number in ``value``) and against
+    the manifest's ``runs`` (:func:`_check_row_run`)."""
     file = path / RESULTS
     if not os.path.lexists(file):
         return pd.DataFrame(columns=RESULT_COLUMNS)
@@ -415,7 +404,7 @@ def _read_results(path: Path) -> pd.DataFrame:
         raise BundleError(f"{file}: not a readable CSV ({exc})") from None
     if not rows or rows[0] != RESULT_COLUMNS:
         raise BundleError(f"{file}: not a readable CSV: columns {rows[0] if rows else []}, expected {RESULT_COLUMNS}")
-    records = []
+    records, by_run, first_row = [], {r["run"]: r for r in runs}, {}
     for number, row in enumerate(rows[1:], 2):
         if len(row) != len(RESULT_COLUMNS):
             raise BundleError(f"{file}: row {number}: {len(row)} field(s), expected {len(RESULT_COLUMNS)}")
@@ -423,9 +412,29 @@ def _read_results(path: Path) -> pd.DataFrame:
         schemas.check(record, schemas.RESULT_ROW, f"{file}: row {number}", BundleError)
         value = float(record["value"])
         if not np.isfinite(value):
-            raise BundleError(f"{file}: row {number}: value: {record['value']!r} is not a finite number")
+            raise BundleError(f"{file}: row {number}: value: {shown(repr(record['value']))} is not a finite number")
+        _check_row_run(f"{file}: row {number}", record, by_run)
+        key = (record["run"], record["metric"])
+        if key in first_row:
+            raise BundleError(f"{file}: row {number}: a second {record['metric']} row for run {record['run']} "
+                              f"(the first is row {first_row[key]})")
+        first_row[key] = number
         records.append({**record, "value": value})
     return pd.DataFrame(records, columns=RESULT_COLUMNS)
+
+
+def _check_row_run(where: str, record: dict, by_run: dict[str, dict]) -> None:
+    """A results.csv row belongs to a run the manifest records, that is not a warm-up (warm-ups keep their
+    results in the manifest, never in results.csv), under that run's condition. Rows of a failed run may be
+    there (a lab run whose guest booted wrong keeps its results beside its problem); no analysis reads them."""
+    run = by_run.get(record["run"])
+    if run is None:
+        raise BundleError(f"{where}: run {record['run']} is not a run of {MANIFEST}")
+    if run.get("warmup"):
+        raise BundleError(f"{where}: run {record['run']} is a warm-up run, which has no rows in {RESULTS}")
+    if run["condition"] != record["condition"]:
+        raise BundleError(f"{where}: condition {shown(repr(record['condition']), 80)} is not run {record['run']}'s "
+                          f"condition in {MANIFEST}, {shown(repr(run['condition']), 80)}")
 
 
 def check_complete(path: Path, manifest: dict) -> None:
@@ -447,7 +456,7 @@ def load_bundle(path: Path | str, *, allow_incomplete: bool = False, require_sea
         raise BundleError(f"{path / MANIFEST}: nested too deeply") from None
     except (OSError, ValueError, TypeError, KeyError, AttributeError, MemoryError) as exc:
         where = getattr(exc, "filename", None) or path
-        raise BundleError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        raise BundleError(f"{shown(where)}: {type(exc).__name__}: {shown(str(exc))}") from None
 
 
 def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
@@ -473,7 +482,7 @@ def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
         if require_seal:
             _check_seal(path, manifest_bytes)
         _check_files(path, manifest["files"])
-    results = _read_results(path)
+    results = _read_results(path, manifest["runs"])
     return Bundle(path=path, manifest=manifest, results=results)
 
 

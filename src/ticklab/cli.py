@@ -10,6 +10,7 @@ from pathlib import Path
 from . import __version__
 from .claimids import CLAIM_IDS
 from .paths import published_dir, repo_root, seeds_dir, traces_dir
+from .safefiles import shown
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -32,7 +33,7 @@ def _verify_published(args: argparse.Namespace) -> int:
         try:
             published = load_published(args.published_dir, claim)
         except PublishedDataError as exc:
-            print(f"{claim}: {exc}")
+            print(f"{claim}: {_one_line(exc)}")
             status = 1
             continue
         rows = sum(len(t) for t in published.tables.values())
@@ -41,7 +42,7 @@ def _verify_published(args: argparse.Namespace) -> int:
             continue
         problems = verify_against_source(published, seeds)
         for problem in problems:
-            print(f"{claim}: {problem}")
+            print(f"{claim}: {_line(problem)}")
         print(f"{claim}: {rows} rows, {'all quotes verbatim in ' + published.source['file'] if not problems else str(len(problems)) + ' problem(s)'}")
         status |= bool(problems)
     return status
@@ -100,7 +101,7 @@ def _capture(args: argparse.Namespace) -> int:
                                  progress=_progress(args), seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
         capture(args.claim, options, experiment_path=args.experiment)
     except (ExperimentError, BundleError, HostChangeError, TracingError, PublishedDataError) as exc:
-        print(f"ticklab capture: {exc}", file=sys.stderr)
+        print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print(f"ticklab capture: interrupted ({exc or 'SIGINT'}); host knobs restored", file=sys.stderr)
@@ -167,7 +168,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
                                  seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
         start(args.claim, options, args.experiment, args.boot)
     except (ExperimentError, bootplan.PlanError, HostChangeError, BundleError, TracingError, PublishedDataError) as exc:
-        print(f"ticklab capture: {exc}", file=sys.stderr)
+        print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 
@@ -209,7 +210,7 @@ def _lab(args: argparse.Namespace) -> int:
                                  progress=_progress(args), build=not args.no_build, goals=_goals(args))
             lab_run(args.claim, options, experiment_path=args.experiment)
     except (LabError, ExperimentError, BundleError, PublishedDataError) as exc:
-        print(f"ticklab lab {args.lab_command}: {exc}", file=sys.stderr)
+        print(f"ticklab lab {args.lab_command}: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print(f"ticklab lab {args.lab_command}: interrupted ({exc or 'SIGINT'}); no guest is left running",
@@ -230,7 +231,7 @@ def _compare(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # `ticklab compare ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (CompareError, BundleError) as exc:
-        print(f"ticklab compare: {exc}", file=sys.stderr)
+        print(f"ticklab compare: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 
@@ -241,17 +242,17 @@ def _verify(args: argparse.Namespace) -> int:
     manifests = sorted({m for root in args.paths for m in ([root / "manifest.json"] if (root / "manifest.json").is_file()
                                                            else root.rglob("manifest.json"))})
     if not manifests:
-        print(f"ticklab verify: no bundle (manifest.json) under {', '.join(map(str, args.paths))}", file=sys.stderr)
+        print(f"ticklab verify: no bundle (manifest.json) under {_line(', '.join(map(str, args.paths)))}", file=sys.stderr)
         return 2
     failed = 0
     for manifest in manifests:
         try:
             bundle = load_bundle(manifest.parent)
             count = len(bundle.manifest.get("files", {}))
-            print(f"ok    {manifest.parent}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest['status']})")
+            print(f"ok    {_line(manifest.parent)}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest['status']})")
         except BundleError as exc:
             failed += 1
-            print(f"FAIL  {manifest.parent}: {exc}")
+            print(f"FAIL  {_line(manifest.parent)}: {_one_line(exc)}")
     return 1 if failed else 0
 
 
@@ -268,7 +269,7 @@ def _seal_manifest(args: argparse.Namespace) -> int:
         try:
             print(f"sealed {add_manifest_seal(path)}")
         except BundleError as exc:
-            print(f"ticklab seal-manifest: {exc}", file=sys.stderr)
+            print(f"ticklab seal-manifest: {_one_line(exc)}", file=sys.stderr)
             status = 2
     return status
 
@@ -288,7 +289,7 @@ def _view(args: argparse.Namespace) -> int:
         if not args.session_only:
             open_in_kernelshark(out).wait()
     except (ViewError, BundleError, KeyError, ValueError) as exc:
-        print(f"ticklab view: {exc}", file=sys.stderr)
+        print(f"ticklab view: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 
@@ -305,7 +306,7 @@ def _ingest(args: argparse.Namespace) -> int:
             for path in write_tables(trace, args.out):
                 print(path)
     except TraceFormatError as exc:
-        print(f"ticklab ingest: {exc}", file=sys.stderr)
+        print(f"ticklab ingest: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 
@@ -316,9 +317,9 @@ def _whole(low: int, high: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{shown(repr(text), 80)} is not a whole number") from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+            raise argparse.ArgumentTypeError(f"{shown(value, 80)} is not from {low} to {high}")
         return value
     return parse
 
@@ -327,9 +328,9 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{shown(repr(text), 80)} is not a number of seconds") from None
     if not 0 <= value <= 7 * 86400:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"{text} is not from 0 to {7 * 86400} seconds")
+        raise argparse.ArgumentTypeError(f"{shown(text, 80)} is not from 0 to {7 * 86400} seconds")
     return value
 
 
@@ -348,8 +349,16 @@ def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: traces/published/)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors (an invalid choice quotes the argument whole) bounded and escaped; its
+    subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        super().error(_line(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ticklab", description=__doc__)
+    parser = _Parser(prog="ticklab", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ticklab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -483,12 +492,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# An error line is at most this many characters of message (a value in it is bounded where it is quoted).
+MAX_LINE_CHARS = 2000
+
+
+def _line(text: object) -> str:
+    """``text`` as one bounded line: a newline or other control character (in a file name, a value) escaped, so
+    nothing from the input can split or flood the line."""
+    return shown(text, MAX_LINE_CHARS)
+
+
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None:
         text = f"{exc.filename}: {exc.strerror or exc}"
     else:
         text = str(exc) or type(exc).__name__
-    return " ".join(text.split())[:2000]
+    return _line(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ never tested as samples.
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import math
 import os
@@ -22,14 +23,27 @@ import pandas as pd
 import yaml
 
 from . import schemas
+from .safefiles import UnsafeFileError, read_bytes, read_text, shown
 
 if TYPE_CHECKING:
     from .verdicts import Target
 
 REQUIRED_COLUMNS = ("id", "value", "unit", "value_as_printed", "qualifier")
+# Columns whose cells may be blank; every other column (id, value_as_printed, system, clocksource ...) names what
+# a row is, and a blank cell there is an error naming the file, row and column.
+MAY_BE_BLANK = ("value", "unit", "qualifier")
+# In these tables a value may be blank beside a printed number (a date, a kernel version, an argument list:
+# facts, not measurements); in every other table a blank value is only for a printed statement with no number.
+DESCRIPTIVE_TABLES = ("setup.csv",)
+MAX_CELL_CHARS = 1000  # a transcribed number, its unit or the words around it: never more
+MAX_PROVENANCE_BYTES = 4 << 20
+MAX_TABLE_BYTES = 16 << 20
+MAX_SOURCE_BYTES = 64 << 20
 
-_DURATION = re.compile(r"(?P<min>\d+)m(?P<sec>\d+(?:\.\d+)?)s")
-_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+# (?<!\d): a match starts only where a run of digits starts, so a search is linear in the text (a cell of
+# 100,000 digits took minutes: each position retried the run to its end)
+_DURATION = re.compile(r"(?<!\d)(?P<min>\d+)m(?P<sec>\d+(?:\.\d+)?)s")
+_NUMBER = re.compile(r"[-+]?(?<!\d)\d+(?:\.\d+)?")
 _WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "four": 4.0, "half": 0.5}
 
 
@@ -80,11 +94,16 @@ class PublishedClaim:
         frame = self.table(table)
         match = frame[frame["id"] == row_id]
         if match.empty:
-            raise PublishedDataError(f"{self.directory / (table + '.csv')}: no row with id {row_id!r}")
+            raise PublishedDataError(f"{self.directory / (table + '.csv')}: no row with id {shown(repr(row_id))}")
         return match.iloc[0]
 
     def value(self, table: str, row_id: str) -> float:
-        return float(self.row(table, row_id)["value"])
+        """The row's number; a row whose value is blank (a statement with no number) has none to compute with."""
+        value = float(self.row(table, row_id)["value"])
+        if not math.isfinite(value):
+            raise PublishedDataError(f"{self.directory / (table + '.csv')}: row id {shown(repr(row_id))}, column "
+                                     "value: blank, so there is no published number to compute a target from")
+        return value
 
     def printed(self, table: str, row_id: str) -> str:
         return str(self.row(table, row_id)["value_as_printed"])
@@ -121,34 +140,48 @@ class PublishedClaim:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise PublishedDataError(f"{path}: not a regular file")
+    """One published CSV, read through ticklab.safefiles (no link, no FIFO, bounded); every cell checked."""
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        text = read_text(path, MAX_TABLE_BYTES)
+    except UnsafeFileError as exc:
+        raise PublishedDataError(str(exc)) from None
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except Exception as exc:  # pandas raises several parser error types
-        raise PublishedDataError(f"{path}: not a readable CSV ({' '.join(str(exc).split())[:200]})") from None
+        raise PublishedDataError(f"{shown(path)}: not a readable CSV ({shown(' '.join(str(exc).split()))})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
-        raise PublishedDataError(f"{path}: missing column(s) {', '.join(missing)}")
+        raise PublishedDataError(f"{shown(path)}: missing column(s) {', '.join(missing)}")
     duplicated = frame["id"][frame["id"].duplicated()].tolist()
     if duplicated:
-        raise PublishedDataError(f"{path}: duplicate id(s) {', '.join(duplicated)}")
+        raise PublishedDataError(f"{shown(path)}: duplicate id(s) {shown(', '.join(duplicated))}")
+    descriptive = path.name in DESCRIPTIVE_TABLES
     for index, row in frame.iterrows():
-        where = f"{path}: row {index + 2} (id {row['id']!r})"
-        if not row["value_as_printed"]:
-            raise PublishedDataError(f"{where}: value_as_printed is empty")
+        where = f"{shown(path)}: row {index + 2}"
+        blank = [c for c in frame.columns if c not in MAY_BE_BLANK and not str(row[c]).strip()]
+        if blank:
+            raise PublishedDataError(f"{where}, column {shown(blank[0], 80)}: blank; every row needs it")
+        long = [c for c in frame.columns if len(str(row[c])) > MAX_CELL_CHARS]
+        if long:
+            raise PublishedDataError(f"{where}, column {shown(long[0], 80)}: {len(str(row[long[0]]))} characters, "
+                                     f"more than the {MAX_CELL_CHARS} of a published cell")
+        where = f"{where} (id {shown(repr(row['id']), 80)})"
+        stated = parse_printed(row["value_as_printed"])
         if row["value"] == "":
+            if stated is not None and not descriptive:
+                raise PublishedDataError(f"{where}, column value: blank, but value_as_printed "
+                                         f"{shown(repr(row['value_as_printed']))} states {stated:g}")
             continue
         try:
             value = float(row["value"])
         except ValueError:
-            raise PublishedDataError(f"{where}: value {row['value']!r} is not a number") from None
+            raise PublishedDataError(f"{where}: value {shown(repr(row['value']))} is not a number") from None
         if not math.isfinite(value):
-            raise PublishedDataError(f"{where}: value {row['value']!r} is not a finite number")
-        stated = parse_printed(row["value_as_printed"])
+            raise PublishedDataError(f"{where}: value {shown(repr(row['value']))} is not a finite number")
         if stated is None or not math.isclose(value, stated, rel_tol=1e-12, abs_tol=1e-12):
             raise PublishedDataError(
-                f"{where}: value {row['value']} does not match what was printed, {row['value_as_printed']!r}"
+                f"{where}: value {shown(row['value'])} does not match what was printed, "
+                f"{shown(repr(row['value_as_printed']))}"
             )
     frame["value"] = pd.to_numeric(frame["value"].replace("", None))
     return frame
@@ -166,34 +199,39 @@ def load_published(published_dir: Path | str, claim: str) -> PublishedClaim:
         raise PublishedDataError(f"{directory / 'provenance.yaml'}: nested too deeply") from None
     except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
         where = getattr(exc, "filename", None) or directory
-        raise PublishedDataError(f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+        raise PublishedDataError(f"{shown(where)}: {type(exc).__name__}: {shown(' '.join(str(exc).split()))}") \
+            from None
 
 
 def _load_published(directory: Path, claim: str) -> PublishedClaim:
     provenance_path = directory / "provenance.yaml"
-    if not provenance_path.is_file():
-        if os.path.lexists(provenance_path):  # a FIFO or device would block or never end
-            raise PublishedDataError(f"{provenance_path}: not a regular file")
-        raise PublishedDataError(f"{provenance_path}: missing (no published data for claim {claim!r})")
-    try:
-        with provenance_path.open(encoding="utf-8") as handle:
-            provenance = yaml.safe_load(handle)
-    except UnicodeDecodeError as exc:
-        raise PublishedDataError(f"{provenance_path}: not UTF-8 text (byte {exc.start})") from None
+    if not os.path.lexists(provenance_path):
+        raise PublishedDataError(f"{shown(provenance_path)}: missing (no published data for claim {shown(repr(claim))})")
+    try:  # no link, no FIFO or device (which would block or never end), at most MAX_PROVENANCE_BYTES
+        provenance = yaml.safe_load(read_text(provenance_path, MAX_PROVENANCE_BYTES))
+    except UnsafeFileError as exc:
+        raise PublishedDataError(str(exc)) from None
     except yaml.YAMLError as exc:
-        raise PublishedDataError(f"{provenance_path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
+        raise PublishedDataError(f"{shown(provenance_path)}: not valid YAML ({shown(' '.join(str(exc).split()))})") \
+            from None
+    except RecursionError:
+        raise PublishedDataError(f"{shown(provenance_path)}: nested too deeply") from None
+    except ValueError as exc:  # raised by PyYAML's constructors outside its own errors: int(), a date
+        raise PublishedDataError(f"{shown(provenance_path)}: not valid YAML ({schemas.yaml_value_problem(exc)})") \
+            from None
     if not isinstance(provenance, dict) or "source" not in provenance or "tables" not in provenance:
         raise PublishedDataError(f"{provenance_path}: needs top-level 'source' and 'tables'")
     schemas.check(provenance, schemas.PROVENANCE, str(provenance_path), PublishedDataError)
     if provenance.get("claim", claim) != claim:
-        raise PublishedDataError(f"{provenance_path}: claim: {provenance['claim']!r} is not {claim!r}, the claim "
-                                 "its directory is named for")
+        raise PublishedDataError(f"{shown(provenance_path)}: claim: {shown(repr(provenance['claim']))} is not "
+                                 f"{claim!r}, the claim its directory is named for")
 
     listed = set(provenance["tables"])
     present = {p.name for p in directory.glob("*.csv")}
     if listed != present:
         raise PublishedDataError(
-            f"{provenance_path}: tables listed {sorted(listed)} differ from CSV files present {sorted(present)}"
+            f"{shown(provenance_path)}: tables listed {shown(sorted(listed))} differ from CSV files present "
+            f"{shown(sorted(present))}"
         )
 
     tables = {}
@@ -203,13 +241,16 @@ def _load_published(directory: Path, claim: str) -> PublishedClaim:
         ids = set(frame["id"])
         unquoted = sorted(ids - set(rows))
         if unquoted:
-            raise PublishedDataError(f"{provenance_path}: {filename} row(s) without a quote: {', '.join(unquoted)}")
+            raise PublishedDataError(f"{shown(provenance_path)}: {filename} row(s) without a quote: "
+                                     f"{shown(', '.join(unquoted))}")
         orphans = sorted(set(rows) - ids)
         if orphans:
-            raise PublishedDataError(f"{provenance_path}: quotes for rows not in {filename}: {', '.join(orphans)}")
+            raise PublishedDataError(f"{shown(provenance_path)}: quotes for rows not in {filename}: "
+                                     f"{shown(', '.join(map(str, orphans)))}")
         frame["quote"] = frame["id"].map(lambda i: rows[i]["quote"])
         frame["token"] = frame["id"].map(lambda i: rows[i].get("token"))
         frame.attrs["description"] = (meta or {}).get("description", "")
+        frame.attrs["path"] = str(directory / filename)
         tables[filename.removesuffix(".csv")] = frame
     return PublishedClaim(
         claim=claim,
@@ -228,9 +269,12 @@ def verify_against_source(published: PublishedClaim, seeds_dir: Path) -> list[st
     if not source_path.resolve().is_relative_to(seeds) or source_path.resolve() == seeds:
         return [f"{published.directory / 'provenance.yaml'}: source.file {published.source.get('file')!r} is not a file "
                 f"inside the seeds directory {seeds}"]
-    if not source_path.is_file():
-        return [f"{source_path}: source document not found"]
-    raw = source_path.read_bytes()
+    if not os.path.lexists(source_path):
+        return [f"{shown(source_path)}: source document not found"]
+    try:
+        raw = read_bytes(source_path, MAX_SOURCE_BYTES)
+    except UnsafeFileError as exc:
+        return [str(exc)]
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError as exc:

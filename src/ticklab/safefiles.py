@@ -37,7 +37,11 @@ class UnsafeFileError(ValueError):
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     """``value`` as it may appear inside a one-line error: control characters (newlines included) escaped, and
-    at most ``limit`` characters of it, saying how many there were."""
+    at most ``limit`` characters of it, saying how many there were; an integer of thousands of digits is named by
+    its size."""
+    if isinstance(value, int) and value.bit_length() > 4 * limit:
+        # a number of thousands of digits: str() of one over 4300 digits raises, and none belongs in a line whole
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = value if isinstance(value, str) else str(value)
     escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
     if len(text) > limit:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .safefiles import shown
+
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # also claim, experiment and host ids: never a path separator
 MAX_RUNS = 10000  # measured runs per condition a capture may be asked for (--runs, runs:, budget.max_runs)
 # A relative path inside a bundle: no leading '/', no '.' or '..' part, no empty part, no backslash.
@@ -132,10 +134,11 @@ EXPERIMENT = {
                     "properties": {"cpu": {"const": "last"},
                                    "rt_throttling": {"enum": ["on", "off"]}}},
         "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
-        "seed": {"type": "integer", "minimum": 0},
+        "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},  # as --seed
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
         "requires": {"type": "array", "items": REQUIREMENT},
-        "trace": {"type": ["object", "null"], "properties": {
+        # a trace records its events: a trace section without them has nothing to record
+        "trace": {"type": ["object", "null"], "required": ["events"], "properties": {
             "events": {"type": "array", "items": {"type": "string"}},
             "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
             "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
@@ -198,22 +201,45 @@ NOTEBOOK_PARAMETERS = {
 }
 
 
+def yaml_value_problem(exc: ValueError) -> str:
+    """What a ValueError from ``yaml.safe_load`` says, in words for an error line."""
+    text = " ".join(str(exc).split())
+    if "integer string conversion" in text:  # int() of a number of over 4300 digits (Python's own limit)
+        return "a number of thousands of digits"
+    return shown(text)
+
+
 def _where(path) -> str:
     where = ""
     for part in path:
-        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+        # a key from the input: bounded, and no newline in it can split the error line
+        where += f"[{part}]" if isinstance(part, int) else (f".{shown(part, 80)}" if where else shown(part, 80))
     return where or "(top level)"
 
 
+# An integer of more bits than this is refused wherever a schema checks it: no count, seed or size needs
+# thousands of digits, and Python cannot print one of over 4300 (jsonschema's own messages would raise).
+MAX_INT_BITS = 1024
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    try:
+        text = repr(value)
+    except ValueError:  # holds an integer too long to print
+        return shown(value, 57) if isinstance(value, int) else f"a {type(value).__name__} holding a huge integer"
+    return shown(text, 57) if len(text) > 60 else text
+
+
+def _unusable_number(value: Any) -> bool:
+    return (isinstance(value, float) and not math.isfinite(value)) or \
+        (isinstance(value, int) and value.bit_length() > MAX_INT_BITS)
 
 
 def _non_finite(instance: Any, path: tuple = ()) -> tuple | None:
-    """Where ``instance`` holds a NaN or infinity (YAML's .nan and .inf), or None. JSON Schema's number bounds
-    do not catch them: NaN compares false with every bound (timeout_s: .nan would disable the timeout)."""
-    if isinstance(instance, float) and not math.isfinite(instance):
+    """Where ``instance`` holds a NaN or infinity (YAML's .nan and .inf) or an integer of hundreds of digits, or
+    None. JSON Schema's number bounds do not catch the first: NaN compares false with every bound (timeout_s: .nan
+    would disable the timeout); the second would make jsonschema's own message raise."""
+    if _unusable_number(instance):
         return path
     items = instance.items() if isinstance(instance, dict) else enumerate(instance) if isinstance(instance, list) else ()
     for key, value in items:
@@ -233,6 +259,8 @@ def problem(instance: Any, schema: dict) -> str | None:
         value = instance
         for key in bad:
             value = value[key]
+        if isinstance(value, int):
+            return f"{_where(bad)}: {shown(value)} is too large a number"
         return f"{_where(bad)}: {value!r} is not a finite number"
     try:
         import jsonschema

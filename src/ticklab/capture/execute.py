@@ -17,7 +17,7 @@ from ..host import HostChanges
 from ..host.knobs import HostChangeError
 from ..paths import repo_root
 from . import interference, requirements, tracing
-from .experiment import Condition, Experiment, PlannedRun, fill_argv
+from .experiment import Condition, Experiment, PlannedRun, fill_argv, idle_states_to_disable
 from .process import run_command, stop
 
 # Knobs the lab sets when it boots a guest; inside the guest they are checked, not written.
@@ -52,10 +52,8 @@ def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition,
             host.set_sched_feature(kind.split(":", 1)[1], str(value).lower() in ("on", "1", "true", "yes"))
         elif kind == "idle_config":
             names = [s["name"] for s in facts["cpuidle"]["states"]]
-            if value != "all":
-                deepest = str(value).split("=", 1)[1]
-                for name in names[names.index(deepest) + 1:]:
-                    host.set_cpuidle_state(name, disabled=True)
+            for name in idle_states_to_disable(value, names, f"{experiment.path}: knobs.{variable}"):
+                host.set_cpuidle_state(name, disabled=True)
 
 
 def workload_values(experiment: Experiment, condition: Condition, facts: dict) -> dict:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +38,7 @@ import yaml
 
 from .. import schemas
 from ..paths import repo_root
+from ..safefiles import UnsafeFileError, read_bytes, shown
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
 KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
@@ -136,30 +136,16 @@ def boot_experiment_paths(claim: str) -> list[Path]:
 
 def load_experiment(path: Path | str) -> Experiment:
     path = Path(path)
-    try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            raise ExperimentError(f"{path}: not a regular file; an experiment definition is a YAML file")
-        with path.open("rb") as handle:  # read a bounded amount: st_size says nothing of /proc files or FIFOs
-            raw = handle.read(MAX_EXPERIMENT_BYTES + 1)
-        if len(raw) > MAX_EXPERIMENT_BYTES:
-            raise ExperimentError(f"{path}: larger than {MAX_EXPERIMENT_BYTES} bytes; not an experiment definition")
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except OSError as exc:
-        raise ExperimentError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ExperimentError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise ExperimentError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:200]})") from None
-    except RecursionError:
-        raise ExperimentError(f"{path}: nested too deeply") from None
+    data = _read_yaml(path)
     if not isinstance(data, dict):
         raise ExperimentError(f"{path}: expected a mapping of experiment keys")
+    check_keys_are_text(data, path)
     missing = [k for k in REQUIRED if k not in data]
     unknown = sorted(set(data) - KNOWN)
     if missing:
         raise ExperimentError(f"{path}: missing key(s) {', '.join(missing)}")
     if unknown:
-        raise ExperimentError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(KNOWN))})")
+        raise ExperimentError(f"{path}: unknown key(s) {_listed(unknown)} (known: {', '.join(sorted(KNOWN))})")
     if not isinstance(data["workload"], dict) or not isinstance(data["workload"].get("argv"), list):
         raise ExperimentError(f"{path}: workload.argv must be a list of arguments")
     schemas.check(data, schemas.EXPERIMENT, str(path), ExperimentError)  # types first: the checks below rely on them
@@ -172,7 +158,7 @@ def load_experiment(path: Path | str) -> Experiment:
                               "and such a file needs a host_kernel knob")
     for variable, kind in (data.get("knobs") or {}).items():
         if kind not in KNOB_KINDS and not str(kind).startswith("sched_feature:"):
-            raise ExperimentError(f"{path}: knobs.{variable}: unknown knob {kind!r} "
+            raise ExperimentError(f"{path}: knobs.{shown(variable, 80)}: unknown knob {shown(repr(kind), 80)} "
                                   f"(known: {', '.join(KNOB_KINDS)}, sched_feature:<NAME>)")
     for index, extra in enumerate(data.get("extras") or []):
         if not isinstance(extra, dict) or not {"name", "argv"} <= set(extra) or not isinstance(extra["argv"], list):
@@ -181,8 +167,91 @@ def load_experiment(path: Path | str) -> Experiment:
     if lab is not None and (not isinstance(lab, dict) or set(lab) - LAB_KEYS):
         raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")
     parse_budget(data, path)
+    check_idle_configs(data, path)
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)
+
+
+def _read_yaml(path: Path):
+    """The experiment file's YAML: a regular file reached without a link (ticklab.safefiles), bounded; every
+    problem one ExperimentError naming the file."""
+    try:
+        raw = read_bytes(path, MAX_EXPERIMENT_BYTES)
+        return yaml.safe_load(raw.decode("utf-8"))
+    except UnsafeFileError as exc:
+        raise ExperimentError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ExperimentError(f"{shown(path)}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise ExperimentError(f"{shown(path)}: not valid YAML ({shown(' '.join(str(exc).split()))})") from None
+    except RecursionError:
+        raise ExperimentError(f"{shown(path)}: nested too deeply") from None
+    except ValueError as exc:  # raised by PyYAML's constructors outside its own errors: int(), a date
+        raise ExperimentError(f"{shown(path)}: not valid YAML ({schemas.yaml_value_problem(exc)})") from None
+
+
+def _listed(names) -> str:
+    """Names from the input, as a bounded, escaped list for an error line."""
+    names = [shown(n, 80) for n in names]
+    return ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+
+
+def check_keys_are_text(data, path: Path, where: str = "") -> None:
+    """Every mapping key in an experiment is a string: YAML reads `1:`, `on:` or `null:` as a number, a boolean or
+    nothing, which no key, condition variable or argv template can be."""
+    stack, seen = [(data, where)], set()
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, (dict, list)):
+            if id(node) in seen:  # a YAML alias: each node once (an alias loop, a: &a [*a], would never end)
+                continue
+            seen.add(id(node))
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not isinstance(key, str):
+                    raise ExperimentError(f"{shown(path)}: {at + ': ' if at else ''}key {shown(repr(key), 80)} is not "
+                                          "a string (quote it)")
+                stack.append((value, f"{at}.{shown(key, 80)}" if at else shown(key, 80)))
+        elif isinstance(node, list):
+            stack.extend((item, f"{at}[{index}]") for index, item in enumerate(node))
+
+
+IDLE_HOST_VALUES = ("@idle_configs", "@deepest_disabled")
+
+
+def check_idle_configs(data: dict, path: Path) -> None:
+    """Every value an idle_config knob can take is "all", "max=<cpuidle state>" or a host value that gives those
+    (@idle_configs, @deepest_disabled)."""
+    variables = [v for v, kind in (data.get("knobs") or {}).items() if kind == "idle_config"]
+    spec = data.get("conditions")
+    for variable in variables:
+        if isinstance(spec, dict):
+            found = [(f"conditions.matrix.{variable}", (spec.get("matrix") or {}).get(variable))]
+        else:
+            found = [(f"conditions[{i}].{variable}", item.get(variable)) for i, item in enumerate(spec or [])
+                     if isinstance(item, dict)]
+        for where, values in found:
+            for value in values if isinstance(values, list) else [values]:
+                if value is None or value in IDLE_HOST_VALUES:
+                    continue
+                if not idle_config_form(value):
+                    raise ExperimentError(f"{shown(path)}: {shown(where, 120)}: {shown(repr(value), 80)} is not an "
+                                          "idle config (all, max=<cpuidle state>, @idle_configs or @deepest_disabled)")
+
+
+def idle_config_form(value) -> bool:
+    return value == "all" or (isinstance(value, str) and value.startswith("max=") and len(value) > 4)
+
+
+def idle_states_to_disable(value, names: list[str], source: str) -> list[str]:
+    """The cpuidle states an idle config disables on a host with states ``names`` (shallowest first)."""
+    if value == "all":
+        return []
+    deepest = str(value)[4:] if idle_config_form(value) else None
+    if deepest not in names:
+        raise ExperimentError(f"{source}: idle config {shown(repr(value), 80)} names no cpuidle state of this host "
+                              f"(states: {_listed(names)})")
+    return names[names.index(deepest) + 1:]
 
 
 def thread_counts(nproc: int) -> list[int]:
@@ -211,7 +280,7 @@ def resolve_value(value, host: dict, source: str):
         configs = idle_configs(host["cpuidle"]["states"])
         return configs[-1] if len(configs) > 1 else []
     if isinstance(value, str) and value.startswith("@"):
-        raise ExperimentError(f"{source}: unknown host value {value!r} "
+        raise ExperimentError(f"{source}: unknown host value {shown(repr(value), 80)} "
                              "(known: @clocksources, @threads, @idle_configs, @deepest_disabled)")
     return value
 
@@ -220,7 +289,8 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
     """The experiment's conditions on this host, in definition order."""
     spec, source = experiment.conditions, f"{experiment.path}: conditions"
     if isinstance(spec, dict) and "matrix" in spec:
-        axes = {name: resolve_value(values, host, f"{source}.matrix.{name}") for name, values in spec["matrix"].items()}
+        axes = {name: resolve_value(values, host, f"{source}.matrix.{shown(name, 80)}")
+                for name, values in spec["matrix"].items()}
         axes = {name: values if isinstance(values, list) else [values] for name, values in axes.items()}
         empty = [name for name, values in axes.items() if not values]
         if empty:
@@ -232,7 +302,8 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
         for index, item in enumerate(spec):
             if not isinstance(item, dict) or "name" not in item:
                 raise ExperimentError(f"{source}[{index}]: each condition needs a name")
-            values = {k: resolve_value(v, host, f"{source}[{index}].{k}") for k, v in item.items() if k != "name"}
+            values = {k: resolve_value(v, host, f"{source}[{index}].{shown(k, 80)}") for k, v in item.items()
+                      if k != "name"}
             if any(v == [] for v in values.values()):
                 continue  # a host value this host does not have (e.g. a second cpuidle state)
             conditions.append(Condition(str(item["name"]), values))
@@ -262,7 +333,9 @@ def fill_argv(argv: list, values: dict, source: str) -> list[str]:
         try:
             filled.append(str(part).format(**values))
         except KeyError as exc:
-            raise ExperimentError(f"{source}: argv uses {{{exc.args[0]}}}, which no condition or param defines") from exc
+            raise ExperimentError(f"{source}: argv uses {{{shown(exc.args[0], 80)}}}, which no condition or param "
+                                  "defines") from exc
         except (ValueError, IndexError, AttributeError) as exc:  # an unbalanced brace, {0}, {x.y}
-            raise ExperimentError(f"{source}: argv item {str(part)[:80]!r} is not a valid template ({exc})") from None
+            raise ExperimentError(f"{source}: argv item {shown(repr(str(part)), 80)} is not a valid template "
+                                  f"({shown(exc, 120)})") from None
     return filled

@@ -13,7 +13,7 @@ from ..checks import FactCheck
 from . import Claim, Headline
 from ..comparisons import Comparison, NegativeControl, usable_bundles
 from ..captured import BundleRef
-from ..published import PublishedClaim
+from ..published import PublishedClaim, PublishedDataError
 from ..verdicts import Target
 
 SYSTEM_LABELS = {
@@ -25,8 +25,9 @@ CONDITIONS = [("tsc", "n/a", "TSC"), ("hpet", "without", "HPET w/o patch"), ("hp
 
 def _cell(frame: pd.DataFrame, system: str, clocksource: str, patch: str) -> pd.Series:
     match = frame[(frame["system"] == system) & (frame["clocksource"] == clocksource) & (frame["patch"] == patch)]
-    if len(match) != 1:
-        raise ValueError(f"expected one row for {system}/{clocksource}/{patch}, found {len(match)}")
+    if len(match) != 1:  # the published table is input: an edited one is a data error, not a ticklab bug
+        raise PublishedDataError(f"{frame.attrs.get('path', 'aim7_compute.csv')}: expected one row for system "
+                                 f"{system}, clocksource {clocksource}, patch {patch}; found {len(match)}")
     return match.iloc[0]
 
 
