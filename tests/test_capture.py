@@ -137,26 +137,47 @@ def test_dry_run_prints_each_write_and_changes_nothing(fake_host, tmp_path, caps
     assert not (tmp_path / "traces").exists() and (fake_host / CLOCK).read_text().strip() == "tsc"
 
 
-def start_slow_capture(fake_host: Path, tmp_path: Path) -> subprocess.Popen:
+WAIT_BOUND_S = float(os.environ.get("TICKLAB_TEST_WAIT_BOUND_S", 600))  # only so that a broken test cannot hang CI forever: every wait below is on a file or a process
+
+
+def wait_for(condition, what: str, process: subprocess.Popen | None = None):
+    """Poll ``condition`` until it holds (a file written, a process gone); no deadline a loaded host could exceed."""
+    deadline = time.monotonic() + WAIT_BOUND_S
+    while not condition():
+        if process is not None:
+            assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{what}: not within {WAIT_BOUND_S} s"
+        time.sleep(0.05)
+
+
+def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """A capture whose workload (a shell that execs sleep) is running: (the capture, the workload's pid)."""
     path = write_experiment(tmp_path, name="slow", warmup=0, runs=3, conditions=[{"name": "on-hpet", "clocksource": "hpet"}],
-                            workload={"tool": "hackbench", "argv": ["sleep", "60"]})
+                            workload={"tool": "hackbench", "argv": ["sh", "-c", "echo $$ > workload.pid.tmp && "
+                                                                    "mv workload.pid.tmp workload.pid && exec sleep 600"]})
     argv = [sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(path), "--root", str(fake_host),
             "--journal", str(tmp_path / "j.json"), "--out", str(tmp_path / "traces"), "--no-progress"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    deadline = time.monotonic() + 60
-    while (fake_host / CLOCK).read_text().strip() != "hpet":
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the capture never applied its knob"
-        time.sleep(0.05)
-    time.sleep(0.3)  # the workload is running now
-    return process
+    started = lambda: list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+    wait_for(started, "the capture never started its workload", process)
+    assert (fake_host / CLOCK).read_text().strip() == "hpet"
+    return process, int(started()[0].read_text())
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bundle(fake_host, tmp_path, signum):
-    process = start_slow_capture(fake_host, tmp_path)
+    process, workload = start_slow_capture(fake_host, tmp_path)
     process.send_signal(signum)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=WAIT_BOUND_S)
+    assert gone(workload)
     assert process.returncode == 130, stderr
     assert "host knobs restored" in stderr
     assert (fake_host / CLOCK).read_text().strip() == "tsc"
@@ -171,9 +192,9 @@ def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bu
 
 @needs_tools
 def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
-    process = start_slow_capture(fake_host, tmp_path)
+    process, _ = start_slow_capture(fake_host, tmp_path)
     process.kill()
-    process.communicate(timeout=60)
+    process.communicate(timeout=WAIT_BOUND_S)
     assert (fake_host / CLOCK).read_text().strip() == "hpet"
     said = []
     options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", progress=False)
@@ -181,6 +202,20 @@ def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
     assert any("left by an interrupted capture" in line for line in said)
     assert (fake_host / CLOCK).read_text().strip() == "tsc"
     assert not (tmp_path / "j.json").exists()
+
+
+def test_a_killed_capture_takes_its_workload_with_it(fake_host, tmp_path):
+    """Issue 27 item 5: after kill -9 of a capture its workload (FTQ at SCHED_FIFO 99 on the isolated CPU, here a
+    sleep) must not go on running and writing into the bundle: it dies with the capture (PR_SET_PDEATHSIG)."""
+    process, workload = start_slow_capture(fake_host, tmp_path)
+    assert not gone(workload)
+    process.kill()
+    process.communicate(timeout=WAIT_BOUND_S)
+    try:
+        wait_for(lambda: gone(workload), f"workload pid {workload} still running after its capture was killed")
+    finally:
+        if not gone(workload):  # the test failed: leave nothing running
+            os.kill(workload, signal.SIGKILL)
 
 
 @needs_tools

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..host import HostChanges, facts
 from ..tracefs_stats import stats_lost_count
+from .process import spawn
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"
 GUARDED = ("tracing_on", "current_tracer", "buffer_size_kb", "trace_clock")
@@ -294,8 +295,8 @@ class TraceCmdRecorder:
         terminal, child_side = pty.openpty()
         self._started = threading.Event()
         with self.host.watching_mounts("trace-cmd record"):
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=child_side, stderr=child_side,
-                                            cwd=self.directory, start_new_session=True)
+            self.process = spawn(argv, host=self.host, label="trace-cmd record", stdin=subprocess.DEVNULL,
+                                 stdout=child_side, stderr=child_side, cwd=self.directory)
         os.close(child_side)
         self._copier = threading.Thread(target=self._copy_output, args=(terminal,), daemon=True)
         self._copier.start()
