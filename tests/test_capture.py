@@ -276,3 +276,20 @@ def test_a_tbench_run_inside_its_warm_up_is_a_problem_not_a_zero(tmp_path):
     (tmp_path / "stdout.txt").write_text("Throughput 0 MB/sec  1 clients  1 procs  max_latency=0.000 ms\n")
     with pytest.raises(WorkloadOutputError, match="stdout.txt: tbench reported 0 MB/sec"):
         parse_tbench(tmp_path)
+
+
+def test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothing_there(fake_host, tmp_path):
+    """Issue 27 item 2: `ticklab capture --out DIR` must not follow a planted DIR/<host-id> symlink."""
+    out, elsewhere = tmp_path / "traces", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "planted").symlink_to(elsewhere)
+    path = write_experiment(tmp_path, warmup=0, runs=1, workload={"tool": "hackbench", "argv": ["true"]})
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(path),
+                           "--root", str(fake_host), "--journal", str(tmp_path / "j.json"), "--out", str(out),
+                           "--host-id", "planted", "--no-progress"], capture_output=True, text=True, cwd=REPO,
+                          timeout=WAIT_BOUND_S)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert f"{out / 'planted'}: a symbolic link, not a directory; ticklab does not write through links" in line
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "j.json").exists()
