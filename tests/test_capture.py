@@ -293,3 +293,39 @@ def test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothin
     [line] = done.stderr.splitlines()
     assert f"{out / 'planted'}: a symbolic link, not a directory; ticklab does not write through links" in line
     assert list(elsewhere.iterdir()) == [] and not (tmp_path / "j.json").exists()
+
+
+@needs_tools
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
+def test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back(tmp_path):
+    """Issue 27 item 6: disk full while capturing gave a reader-thread traceback, left the tracefs instance behind
+    and a 0-byte manifest.json.tmp, and said "No space left on device" without naming the file."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(tiny)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs as a full disk")
+    try:
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        process = subprocess.Popen([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--experiment",
+                                    str(REPO / "runners/nohz/ftq.yaml"), "--runs", "1", "--warmup", "0", "--out",
+                                    str(tiny), "--journal", str(state / "j.json"), "--no-progress"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        stdout, stderr = process.communicate(timeout=WAIT_BOUND_S)
+        if "the host is held by" in stderr:
+            pytest.skip(f"another capture holds the host: {stderr.strip()}")
+        assert process.returncode == 2, stderr
+        [line] = stderr.splitlines()
+        assert line.startswith(f"ticklab capture: {tiny}/") and "No space left on device" in line, line
+        assert "Traceback" not in stdout + stderr and "Exception in thread" not in stdout + stderr
+        assert not Path(f"/sys/kernel/tracing/instances/ticklab-{process.pid}").exists()
+        assert not (state / "j.json").exists()
+        assert [p for p in tiny.rglob("*") if ".tmp" in p.name] == []
+        [manifest] = list(tiny.glob("*/nohz/*/manifest.json"))
+        assert json.loads(manifest.read_text())["status"] == "incomplete"
+    finally:
+        if (tmp_path / "state" / "j.json").exists():  # the test failed: put the host back all the same
+            from ticklab.host import HostChanges
+            with HostChanges(tmp_path / "state" / "j.json", log=lambda _: None):
+                pass
+        subprocess.run(["umount", str(tiny)], check=True)
