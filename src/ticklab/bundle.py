@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import stat
+import weakref
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from datetime import datetime, timezone
@@ -182,6 +183,7 @@ class BundleWriter:
             # pointing elsewhere) is refused, never followed; the bundle directory itself is new
             with OwnedDir(traces_dir) as traces:
                 self.files = traces.subdir(relative, new=True)
+            weakref.finalize(self, self.files.close)  # its descriptor, when the writer is dropped unsealed
         except UnsafeFileError as exc:
             if "exists already" in str(exc):
                 raise BundleError(f"{self.path}: bundle exists already; bundles are never overwritten") from None
@@ -208,6 +210,7 @@ class BundleWriter:
         writer.path = Path(path)
         writer.manifest = bundle.typed
         writer.files = writer._write(lambda: OwnedDir(path, create=False))
+        weakref.finalize(writer, writer.files.close)
         return writer
 
     def _write(self, write):
