@@ -311,6 +311,7 @@ class TraceCmdRecorder:
         self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
         self.functions = list(functions)
         self.process: subprocess.Popen | None = None
+        self._error: str | None = None  # trace-cmd.log could not be written (the copier thread's error, raised here)
         self.result: TraceResult | None = None
 
     def __enter__(self) -> "TraceCmdRecorder":
@@ -359,8 +360,12 @@ class TraceCmdRecorder:
                     break
                 if not chunk:
                     break
-                self.log.write(chunk)
-                self.log.flush()
+                if self._error is None:  # a full disk: trace-cmd's output is still read (it would block), not kept
+                    try:
+                        self.log.write(chunk)
+                        self.log.flush()
+                    except OSError as exc:
+                        self._error = f"{self.log_path}: cannot write ({exc.strerror or exc})"
                 seen = (seen + chunk)[-64:]
                 if b"Hit Ctrl^C" in seen:
                     self._started.set()
@@ -377,7 +382,12 @@ class TraceCmdRecorder:
                     self.process.kill()
                     self.process.wait()
             self._copier.join(30)
-            self.log.close()
+            try:
+                self.log.close()
+            except OSError as exc:
+                self._error = self._error or f"{self.log_path}: cannot write ({exc.strerror or exc})"
+            if self._error and exc_info[0] is None:
+                raise TracingError(self._error)
             lost = stats_lost_count(self.log_path.read_text())
             self.result = TraceResult(self.backend, self.directory, lost, functions=self.functions)
             if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:
