@@ -195,11 +195,12 @@ def _journal_of_a_dead_owner(fake_host: Path, journal: Path, entries: list[dict]
 
 def test_recovery_kills_a_workload_a_killed_capture_left_running(fake_host, tmp_path):
     # the workload and a child it forked (which does not inherit the parent-death signal), in a session of its own
-    workload = subprocess.Popen(["sh", "-c", "sleep 600 & echo $! > child.pid.tmp && mv child.pid.tmp child.pid; wait"],
-                                cwd=tmp_path, start_new_session=True)
+    # (echo is the shell's own: no third process of the session may be about when recovery counts them)
+    workload = subprocess.Popen(["sh", "-c", "sleep 600 & echo $! > child.pid; wait"], cwd=tmp_path,
+                                start_new_session=True)
     try:
         child = tmp_path / "child.pid"
-        while not child.exists():
+        while not (child.exists() and child.read_text().endswith("\n")):
             assert workload.poll() is None
             time.sleep(0.01)
         child_pid = int(child.read_text())

@@ -325,14 +325,14 @@ def _undo_task_affinity(change: Change) -> str:
 
 
 def _session_members(sid: int) -> list[tuple[int, str]]:
-    """(pid, start time) of every process whose session id is ``sid`` (/proc/<pid>/stat field 6)."""
+    """(pid, start time) of every live process whose session id is ``sid`` (/proc/<pid>/stat field 6)."""
     members = []
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = facts.stat_fields(entry.read_text())
         except OSError:
             continue  # gone meanwhile
-        if len(fields) > 19 and fields[3] == str(sid):
+        if len(fields) > 19 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):  # a zombie has ended already
             members.append((int(entry.parent.name), fields[19]))
     return members
 
