@@ -63,7 +63,9 @@ SLOW_MODULES = {"test_report.py", "test_lab.py", "test_lab_kexec.py", "test_flee
 SLOW_TESTS = {
     "test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_flagged",
     "test_a_failing_notebook_fails_the_run_and_names_the_cell",
+    "test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back",
     "test_a_killed_capture_is_put_back_by_the_next_one",
+    "test_a_killed_capture_takes_its_workload_with_it",
     "test_a_partial_run_without_the_summary_succeeds",
     "test_a_project_error_exits_2_with_the_command_name",
     "test_a_real_capture_on_this_host_seals_and_puts_the_host_back",
@@ -76,6 +78,7 @@ SLOW_TESTS = {
     "test_bad_input_is_one_line_naming_the_file",
     "test_bad_requests_say_why",
     "test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs",
+    "test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothing_there",
     "test_compare_gives_a_table_or_one_line_for_every_bundle_in_traces",
     "test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were",
     "test_doctor_json_is_machine_readable",

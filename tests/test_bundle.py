@@ -203,3 +203,32 @@ def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tm
     assert bundle.results["value"].tolist() == [1.0, 2.0]
     with pytest.raises(BundleError, match="status 'sealed'; only an incomplete bundle takes more runs"):
         BundleWriter.reopen(writer.path)
+
+
+# -- issue 27 item 2: a bundle is made and written below --out without following a planted link ------------------
+
+@pytest.mark.parametrize("planted", ["host", "host/nohz"])
+def test_a_link_planted_below_the_traces_directory_is_refused_and_nothing_lands_outside(tmp_path, planted):
+    traces, elsewhere = tmp_path / "traces", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (traces / planted).parent.mkdir(parents=True, exist_ok=True)
+    (traces / planted).symlink_to(elsewhere)
+    with pytest.raises(BundleError, match=f"traces/{planted}: a symbolic link, not a directory; ticklab does not "
+                                          "write through links"):
+        BundleWriter(traces, "host", "nohz", "ftq", definition={}, host={}, when=WHEN)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_every_bundle_file_is_written_below_the_bundle_directory_it_made(tmp_path):
+    writer = BundleWriter(tmp_path / "traces", "host", "nohz", "ftq", definition={}, host={}, when=WHEN)
+    # a link swapped in for the bundle directory after it was made: writes go on into the directory made
+    made = writer.path
+    made.rename(tmp_path / "moved")
+    made.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    writer.run_dir("run-001")
+    writer.add_run({"run": "run-001", "condition": "c"}, [{"metric": "m", "value": 1.0, "unit": "u"}])
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "moved").iterdir()) == ["manifest.json", "raw", "results.csv"]
+    assert (tmp_path / "moved" / "results.csv").read_text().splitlines() == ["run,condition,metric,value,unit",
+                                                                            "run-001,c,m,1.0,u"]

@@ -137,26 +137,47 @@ def test_dry_run_prints_each_write_and_changes_nothing(fake_host, tmp_path, caps
     assert not (tmp_path / "traces").exists() and (fake_host / CLOCK).read_text().strip() == "tsc"
 
 
-def start_slow_capture(fake_host: Path, tmp_path: Path) -> subprocess.Popen:
+WAIT_BOUND_S = float(os.environ.get("TICKLAB_TEST_WAIT_BOUND_S", 600))  # only so that a broken test cannot hang CI forever: every wait below is on a file or a process
+
+
+def wait_for(condition, what: str, process: subprocess.Popen | None = None):
+    """Poll ``condition`` until it holds (a file written, a process gone); no deadline a loaded host could exceed."""
+    deadline = time.monotonic() + WAIT_BOUND_S
+    while not condition():
+        if process is not None:
+            assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{what}: not within {WAIT_BOUND_S} s"
+        time.sleep(0.05)
+
+
+def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """A capture whose workload (a shell that execs sleep) is running: (the capture, the workload's pid)."""
     path = write_experiment(tmp_path, name="slow", warmup=0, runs=3, conditions=[{"name": "on-hpet", "clocksource": "hpet"}],
-                            workload={"tool": "hackbench", "argv": ["sleep", "60"]})
+                            workload={"tool": "hackbench", "argv": ["sh", "-c", "echo $$ > workload.pid.tmp && "
+                                                                    "mv workload.pid.tmp workload.pid && exec sleep 600"]})
     argv = [sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(path), "--root", str(fake_host),
             "--journal", str(tmp_path / "j.json"), "--out", str(tmp_path / "traces"), "--no-progress"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    deadline = time.monotonic() + 60
-    while (fake_host / CLOCK).read_text().strip() != "hpet":
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the capture never applied its knob"
-        time.sleep(0.05)
-    time.sleep(0.3)  # the workload is running now
-    return process
+    started = lambda: list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+    wait_for(started, "the capture never started its workload", process)
+    assert (fake_host / CLOCK).read_text().strip() == "hpet"
+    return process, int(started()[0].read_text())
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bundle(fake_host, tmp_path, signum):
-    process = start_slow_capture(fake_host, tmp_path)
+    process, workload = start_slow_capture(fake_host, tmp_path)
     process.send_signal(signum)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=WAIT_BOUND_S)
+    assert gone(workload)
     assert process.returncode == 130, stderr
     assert "host knobs restored" in stderr
     assert (fake_host / CLOCK).read_text().strip() == "tsc"
@@ -171,9 +192,9 @@ def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bu
 
 @needs_tools
 def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
-    process = start_slow_capture(fake_host, tmp_path)
+    process, _ = start_slow_capture(fake_host, tmp_path)
     process.kill()
-    process.communicate(timeout=60)
+    process.communicate(timeout=WAIT_BOUND_S)
     assert (fake_host / CLOCK).read_text().strip() == "hpet"
     said = []
     options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", progress=False)
@@ -181,6 +202,20 @@ def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
     assert any("left by an interrupted capture" in line for line in said)
     assert (fake_host / CLOCK).read_text().strip() == "tsc"
     assert not (tmp_path / "j.json").exists()
+
+
+def test_a_killed_capture_takes_its_workload_with_it(fake_host, tmp_path):
+    """Issue 27 item 5: after kill -9 of a capture its workload (FTQ at SCHED_FIFO 99 on the isolated CPU, here a
+    sleep) must not go on running and writing into the bundle: it dies with the capture (PR_SET_PDEATHSIG)."""
+    process, workload = start_slow_capture(fake_host, tmp_path)
+    assert not gone(workload)
+    process.kill()
+    process.communicate(timeout=WAIT_BOUND_S)
+    try:
+        wait_for(lambda: gone(workload), f"workload pid {workload} still running after its capture was killed")
+    finally:
+        if not gone(workload):  # the test failed: leave nothing running
+            os.kill(workload, signal.SIGKILL)
 
 
 @needs_tools
@@ -241,3 +276,56 @@ def test_a_tbench_run_inside_its_warm_up_is_a_problem_not_a_zero(tmp_path):
     (tmp_path / "stdout.txt").write_text("Throughput 0 MB/sec  1 clients  1 procs  max_latency=0.000 ms\n")
     with pytest.raises(WorkloadOutputError, match="stdout.txt: tbench reported 0 MB/sec"):
         parse_tbench(tmp_path)
+
+
+def test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothing_there(fake_host, tmp_path):
+    """Issue 27 item 2: `ticklab capture --out DIR` must not follow a planted DIR/<host-id> symlink."""
+    out, elsewhere = tmp_path / "traces", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "planted").symlink_to(elsewhere)
+    path = write_experiment(tmp_path, warmup=0, runs=1, workload={"tool": "hackbench", "argv": ["true"]})
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(path),
+                           "--root", str(fake_host), "--journal", str(tmp_path / "j.json"), "--out", str(out),
+                           "--host-id", "planted", "--no-progress"], capture_output=True, text=True, cwd=REPO,
+                          timeout=WAIT_BOUND_S)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert f"{out / 'planted'}: a symbolic link, not a directory; ticklab does not write through links" in line
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "j.json").exists()
+
+
+@needs_tools
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
+def test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back(tmp_path):
+    """Issue 27 item 6: disk full while capturing gave a reader-thread traceback, left the tracefs instance behind
+    and a 0-byte manifest.json.tmp, and said "No space left on device" without naming the file."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(tiny)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs as a full disk")
+    try:
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        process = subprocess.Popen([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--experiment",
+                                    str(REPO / "runners/nohz/ftq.yaml"), "--runs", "1", "--warmup", "0", "--out",
+                                    str(tiny), "--journal", str(state / "j.json"), "--no-progress"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        stdout, stderr = process.communicate(timeout=WAIT_BOUND_S)
+        if "the host is held by" in stderr:
+            pytest.skip(f"another capture holds the host: {stderr.strip()}")
+        assert process.returncode == 2, stderr
+        [line] = stderr.splitlines()
+        assert line.startswith(f"ticklab capture: {tiny}/") and "No space left on device" in line, line
+        assert "Traceback" not in stdout + stderr and "Exception in thread" not in stdout + stderr
+        assert not Path(f"/sys/kernel/tracing/instances/ticklab-{process.pid}").exists()
+        assert not (state / "j.json").exists()
+        assert [p for p in tiny.rglob("*") if ".tmp" in p.name] == []
+        [manifest] = list(tiny.glob("*/nohz/*/manifest.json"))
+        assert json.loads(manifest.read_text())["status"] == "incomplete"
+    finally:
+        if (tmp_path / "state" / "j.json").exists():  # the test failed: put the host back all the same
+            from ticklab.host import HostChanges
+            with HostChanges(tmp_path / "state" / "j.json", log=lambda _: None):
+                pass
+        subprocess.run(["umount", str(tiny)], check=True)

@@ -105,3 +105,38 @@ def test_shown_names_a_huge_integer_by_its_size():
     assert shown(10 ** 5000) == "an integer of about 5001 digits"  # str() of it would raise (over 4300 digits)
     assert shown(-(10 ** 5000)).startswith("an integer of about ")
     assert shown(12345) == "12345" and shown(True) == "True"
+
+
+def test_subdir_append_and_remove_never_go_through_a_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "results.csv").write_text("root's file\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "host").symlink_to(victim)
+    with OwnedDir(out) as owned:
+        with pytest.raises(UnsafeFileError, match=r"out/host: a symbolic link, not a directory"):
+            owned.subdir("host")
+        with pytest.raises(UnsafeFileError, match=r"out/host: a symbolic link, not a directory"):
+            owned.append("host/results.csv", b"x\n")
+        with pytest.raises(UnsafeFileError, match=r"out/host: a symbolic link; ticklab removes only what it wrote"):
+            owned.remove("host")
+        with owned.subdir("bundle", new=True) as bundle:
+            assert bundle.root == out / "bundle"
+            bundle.append("results.csv", b"a\n")
+            bundle.append("results.csv", b"b\n")
+            (out / "bundle" / "link").symlink_to(victim / "results.csv")
+            with pytest.raises(UnsafeFileError, match=r"bundle/link: is a symbolic link"):
+                bundle.append("link", b"x\n")
+            bundle.remove("results.csv")
+        with pytest.raises(UnsafeFileError, match=r"out/bundle: exists already"):
+            owned.subdir("bundle", new=True)
+    assert (victim / "results.csv").read_text() == "root's file\n" and sorted(os.listdir(out / "bundle")) == ["link"]
+
+
+def test_an_append_that_does_not_fit_leaves_the_file_as_it_was(tiny_filesystem):
+    with OwnedDir(tiny_filesystem) as owned:
+        owned.append("results.csv", b"run,condition\n")
+        with pytest.raises(UnsafeFileError, match=r"tiny/results.csv: cannot write \(No space left on device\)"):
+            owned.append("results.csv", b"x" * (1 << 20))
+    assert (tiny_filesystem / "results.csv").read_bytes() == b"run,condition\n"

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import stat
+import weakref
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from datetime import datetime, timezone
@@ -33,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from . import __version__, schemas
-from .safefiles import UnsafeFileError, kind_of, open_regular, read_bytes, shown
+from .safefiles import OwnedDir, UnsafeFileError, is_regular, kind_of, open_fd, open_regular, read_bytes, shown
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -163,20 +164,6 @@ class BundleError(ValueError):
     """A bundle is malformed, incomplete or tampered with; the message names the file."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_json_atomically(path: Path, data: dict) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, path)
-
-
 def bundle_name(experiment: str, when: datetime) -> str:
     return f"{when.astimezone(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{experiment}"
 
@@ -189,20 +176,27 @@ class BundleWriter:
             if not isinstance(name, str) or not re.match(schemas.RUN_NAME, name):
                 raise BundleError(f"{traces_dir}: {what} {name!r} cannot name a directory (letters, digits, '.', '_', "
                                   "'-'; no path separator)")
-        self.path = Path(traces_dir) / host_id / claim / bundle_name(experiment, when)
+        relative = Path(host_id) / claim / bundle_name(experiment, when)
+        self.path = Path(traces_dir) / relative
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.mkdir()
-        except FileExistsError:
-            raise BundleError(f"{self.path}: bundle exists already; bundles are never overwritten") from None
-        except OSError as exc:
-            raise BundleError(f"{exc.filename or self.path}: cannot create the bundle there ({exc.strerror or exc})") from None
-        self.manifest = Manifest(claim=claim, experiment=experiment, definition=definition, host_id=host_id, host=host,
-                                 tools=tools or {}, ticklab_version=__version__,
-                                 started=when.astimezone(timezone.utc).isoformat())
-        self.flush()
-        with (self.path / RESULTS).open("w", newline="") as handle:
-            csv.writer(handle).writerow(RESULT_COLUMNS)
+            # every component below traces_dir made or opened by descriptor: a link planted there (traces/<host-id>
+            # pointing elsewhere) is refused, never followed; the bundle directory itself is new
+            with OwnedDir(traces_dir) as traces:
+                self.files = traces.subdir(relative, new=True)
+            weakref.finalize(self, self.files.close)  # its descriptor, when the writer is dropped unsealed
+        except UnsafeFileError as exc:
+            if "exists already" in str(exc):
+                raise BundleError(f"{self.path}: bundle exists already; bundles are never overwritten") from None
+            raise BundleError(f"{exc} (cannot create the bundle there)") from None
+        try:
+            self.manifest = Manifest(claim=claim, experiment=experiment, definition=definition, host_id=host_id,
+                                     host=host, tools=tools or {}, ticklab_version=__version__,
+                                     started=when.astimezone(timezone.utc).isoformat())
+            self.flush()
+            self._write(lambda: self.files.append(RESULTS, _csv_rows([RESULT_COLUMNS])))
+        except BaseException:
+            self.files.close()
+            raise
 
     @classmethod
     def reopen(cls, path: Path | str) -> BundleWriter:
@@ -215,37 +209,53 @@ class BundleWriter:
         writer = cls.__new__(cls)
         writer.path = Path(path)
         writer.manifest = bundle.typed
+        writer.files = writer._write(lambda: OwnedDir(path, create=False))
+        weakref.finalize(writer, writer.files.close)
         return writer
 
+    def _write(self, write):
+        """``write()``, its failure (a link refused, a full disk) a BundleError naming the file."""
+        try:
+            return write()
+        except UnsafeFileError as exc:
+            raise BundleError(str(exc)) from None
+
     def flush(self) -> None:
-        _write_json_atomically(self.path / MANIFEST, self.manifest.to_json())
+        data = (json.dumps(self.manifest.to_json(), indent=2, sort_keys=True) + "\n").encode()
+        self._write(lambda: self.files.write_atomic(MANIFEST, data))
 
     def discard(self) -> None:
         """Remove the bundle this writer just opened, before any run went into it (a capture refused after opening
         it); a bundle holding anything else is refused."""
-        present = sorted(p.name for p in self.path.iterdir())
+        present = sorted(os.listdir(self.files.fd))
         if self.manifest.runs or present != sorted([MANIFEST, RESULTS]):
             raise BundleError(f"{self.path}: holds runs or files ({', '.join(present)}); not discarded")
         for name in present:
-            (self.path / name).unlink()
-        self.path.rmdir()
+            self._write(lambda: self.files.remove(name))
+        self.files.close()
+        with OwnedDir(self.path.parent, create=False) as parent:
+            self._write(lambda: parent.remove(self.path.name))
 
     def run_dir(self, run: str) -> Path:
-        directory = self.path / "raw" / run
-        directory.mkdir(parents=True, exist_ok=False)
-        return directory
+        """raw/<run>, made here and now (it must not exist): the directory a run's workload and tracer write in."""
+        self._write(lambda: self.files.mkdirs("raw"))
+        self._write(lambda: self.files.mkdir_new(Path("raw") / run))
+        return self.path / "raw" / run
 
     def add_run(self, record: dict | RunRecord, results: list[dict]) -> None:
-        """Record one finished run and its tidy results; the manifest on disk stays current."""
+        """Record one finished run and its tidy results; the manifest on disk stays current. The rows are appended
+        whole or not at all (a full disk leaves results.csv as it was, and the run unrecorded)."""
         if isinstance(record, dict):
             missing = [k for k in ("run", "condition") if k not in record]
             if missing:
                 raise BundleError(f"{self.path / MANIFEST}: run record lacks {', '.join(missing)}")
             record = RunRecord.from_json(record)
-        with (self.path / RESULTS).open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=RESULT_COLUMNS)
+        if results:
+            text = io.StringIO(newline="")
+            writer = csv.DictWriter(text, fieldnames=RESULT_COLUMNS)
             for row in results:
                 writer.writerow({"run": record.run, "condition": record.condition, **row})
+            self._write(lambda: self.files.append(RESULTS, text.getvalue().encode()))
         self.manifest.runs.append(record)
         self.flush()
 
@@ -270,10 +280,16 @@ class BundleWriter:
             if record.run in kept:
                 continue
             for path in sorted((self.path / "raw" / record.run).rglob("*")):
-                if path.is_file() and path.suffix != ".xz" and path.stat().st_size >= threshold:
-                    with path.open("rb") as source, lzma.open(path.with_name(path.name + ".xz"), "wb", preset=6) as target:
-                        shutil.copyfileobj(source, target)
-                    path.unlink()
+                if is_regular(path) and path.suffix != ".xz" and path.lstat().st_size >= threshold:
+                    relative = path.relative_to(self.path)
+                    with open_regular(path) as source, \
+                            self._write(lambda: self.files.create(f"{relative}.xz", exclusive=True)) as packed_file, \
+                            lzma.open(packed_file, "wb", preset=6) as target:
+                        try:
+                            shutil.copyfileobj(source, target)
+                        except OSError as exc:
+                            raise BundleError(f"{self.path / relative}.xz: cannot write ({exc.strerror or exc})") from None
+                    self._write(lambda: self.files.remove(relative))
                     packed += 1
         if packed:
             self.manifest.raw_files = {"uncompressed_runs": kept, "compressed": packed,
@@ -281,15 +297,27 @@ class BundleWriter:
 
     def seal(self) -> Path:
         self.compress_raw()
-        files = sorted(self.path / relative for relative in _bundle_files(self.path))
-        self.manifest.files = {str(p.relative_to(self.path)): _sha256(p) for p in files}
+        relatives = sorted(_bundle_files(self.path))
+        self.manifest.files = {relative: _hash_regular(self.path / relative) for relative in relatives}
         self.manifest.status = "sealed"
         self.manifest.sealed = datetime.now(timezone.utc).isoformat()
         self.flush()
-        (self.path / SEAL).write_text(_seal_text((self.path / MANIFEST).read_bytes()))
-        for path in [*files, self.path / MANIFEST, self.path / SEAL]:
-            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        manifest = self._write(lambda: self.files.read_bytes(MANIFEST, MAX_MANIFEST_BYTES))
+        self._write(lambda: self.files.write_atomic(SEAL, _seal_text(manifest).encode()))
+        for relative in [*relatives, MANIFEST, SEAL]:
+            fd = self._write(lambda: open_fd(relative, dir_fd=self.files.fd, shown_as=self.path / relative))
+            try:
+                os.fchmod(fd, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+            finally:
+                os.close(fd)
+        self.files.close()
         return self.path
+
+
+def _csv_rows(rows: list[list]) -> bytes:
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(rows)
+    return text.getvalue().encode()
 
 
 @dataclass

@@ -267,6 +267,66 @@ class OwnedDir:
             os.close(parent)
         return target
 
+    def subdir(self, relative: Path | str, *, new: bool = False, mode: int = 0o755) -> OwnedDir:
+        """root/relative as an ``OwnedDir`` of its own, opened by descriptor from this one (no component a link, no
+        window in which one could be swapped in); ``new``: made here and now, it must not exist yet."""
+        parts = self._parts(relative)
+        if new:
+            self.mkdir_new(relative, mode=mode)
+        fd = self._dir_fd(parts, create=not new, mode=mode)
+        owned = OwnedDir.__new__(OwnedDir)
+        owned.root, owned.fd = self.root / relative, fd
+        return owned
+
+    def append(self, relative: Path | str, data: bytes) -> None:
+        """Add ``data`` at the end of the regular file root/relative (made if missing), whole or not at all: a write
+        that fails part-way (a full disk) is cut back off, so the file ends as it was."""
+        parts = self._parts(relative)
+        parent = self._dir_fd(parts[:-1], create=True)
+        target = self.root / relative
+        try:
+            try:
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, 0o644, dir_fd=parent)
+            except OSError as exc:
+                raise _failed(target, exc, "write") from None
+        finally:
+            os.close(parent)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise UnsafeFileError(f"{shown(target)}: {kind_of(info.st_mode)}, not a regular file; refused")
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError as exc:
+                try:
+                    os.ftruncate(fd, info.st_size)
+                except OSError:
+                    pass
+                raise _failed(target, exc, "write") from None
+        finally:
+            os.close(fd)
+
+    def remove(self, relative: Path | str) -> None:
+        """Remove the regular file or empty directory root/relative (a link there is refused, not followed)."""
+        parts = self._parts(relative)
+        parent = self._dir_fd(parts[:-1], create=False)
+        target = self.root / relative
+        try:
+            mode = os.lstat(parts[-1], dir_fd=parent).st_mode
+            if stat.S_ISDIR(mode):
+                os.rmdir(parts[-1], dir_fd=parent)
+            elif stat.S_ISREG(mode):
+                os.unlink(parts[-1], dir_fd=parent)
+            else:
+                raise UnsafeFileError(f"{shown(target)}: {kind_of(mode)}; ticklab removes only what it wrote")
+        except OSError as exc:
+            raise _failed(target, exc, "remove") from None
+        finally:
+            os.close(parent)
+
     def read_bytes(self, relative: Path | str, limit: int) -> bytes:
         """A regular file below root, no component a link, at most ``limit`` bytes."""
         parts = self._parts(relative)

@@ -18,7 +18,7 @@ from ..host.knobs import HostChangeError
 from ..paths import repo_root
 from . import interference, requirements, tracing
 from .experiment import Condition, Experiment, PlannedRun, fill_argv, idle_states_to_disable
-from .process import run_command, stop
+from .process import WorkloadOutputError, run_command, spawn, stop
 
 # Knobs the lab sets when it boots a guest; inside the guest they are checked, not written.
 BOOT_KNOBS = ("boot_cmdline", "lab_kernel", "host_kernel")
@@ -74,8 +74,12 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
         apply_knobs(host, experiment, planned.condition, facts)
         if experiment.workload.get("server"):
             server_argv = fill_argv(experiment.workload["server"], values, f"{experiment.path}: workload.server")
-            server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
+            try:
+                server = spawn(server_argv, host=host, label=f"server {server_argv[0]}", stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+            except OSError as exc:
+                raise WorkloadOutputError(f"{experiment.path}: workload.server {server_argv[0]}: cannot start "
+                                          f"({exc.strerror or exc})") from None
             time.sleep(float(experiment.workload.get("server_start_s", 1)))
         try:
             sampler = interference.Sampler(host.root)
@@ -87,7 +91,7 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
         checks = per_run_extras(experiment, host, facts, values, run_dir) if outcome["status"] == "ok" else []
     return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
             "warmup": planned.warmup, "values": planned.condition.values, **outcome,
-            "knobs": [c.record() for c in scope.changes],
+            "knobs": scope.records(),
             "trace": trace_result.record() if trace_result else None, "interference": sampler.summary(),
             **({"extras": checks} if checks else {})}
 
@@ -107,19 +111,19 @@ def per_run_extras(experiment: Experiment, host: HostChanges, facts: dict, value
         directory.mkdir(exist_ok=True)
         argv = fill_argv(extra["argv"], values, f"{experiment.path}: extras.{extra['name']}.argv")
         done.append({"name": extra["name"], "directory": f"{run_dir.name}/{extra['name']}",
-                     **run_command(argv, directory, experiment.timeout_s)})
+                     **run_command(argv, directory, experiment.timeout_s, host)})
     return done
 
 
 def _record_workload(experiment: Experiment, host: HostChanges, backend: str | None, argv: list, run_dir: Path):
     """Run the workload, traced if the experiment asks for it: (outcome, trace result or None)."""
     if not experiment.trace:
-        return run_command(argv, run_dir, experiment.timeout_s), None
+        return run_command(argv, run_dir, experiment.timeout_s, host), None
     with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
                           buffer_kb=int(experiment.trace.get("buffer_kb", 4096)),
                           symbols=experiment.trace.get("symbols") or [],
                           functions=experiment.trace.get("functions") or []) as recording:
-        outcome = run_command(argv, run_dir, experiment.timeout_s)
+        outcome = run_command(argv, run_dir, experiment.timeout_s, host)
     return outcome, recording.result
 
 
@@ -129,4 +133,4 @@ def run_once(experiment: Experiment, condition: Condition, host: HostChanges, fa
     filled = fill_argv(argv, workload_values(experiment, condition, facts), source)
     with host.scope():
         apply_knobs(host, experiment, condition, facts)
-        return run_command([*wrap, *filled], directory, experiment.timeout_s)
+        return run_command([*wrap, *filled], directory, experiment.timeout_s, host)

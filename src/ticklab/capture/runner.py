@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import BundleWriter
+from ..bundle import BundleError, BundleWriter
 from ..claimids import CLAIM_IDS
 from ..host import HostChanges, collect, host_id
 from . import requirements, tracing
@@ -57,7 +57,10 @@ class Capture:
         except BaseException:
             if self.writer is not None:  # host is restored by now: record the values read back, then re-raise
                 self.writer.manifest.knobs = host.records()
-                self.writer.flush()
+                try:
+                    self.writer.flush()
+                except BundleError:  # a full disk: already said (Session); the error that stopped the capture follows
+                    pass
             raise
 
     def _run(self, host: HostChanges) -> Path | None:

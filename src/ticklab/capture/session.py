@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import __version__
-from ..bundle import BundleWriter
+from ..bundle import BundleError, BundleWriter
 from ..ingest import read_trace
 from ..paths import repo_root
 from ..schemas import MAX_RUNS
@@ -88,7 +88,10 @@ class Session:
             self.executor.after_runs(writer, self.conditions)
         except BaseException as exc:
             writer.manifest.interrupted = f"{type(exc).__name__}: {exc}"
-            writer.flush()
+            try:
+                writer.flush()
+            except BundleError as failed:  # a full disk: the manifest on disk stays the last one written (incomplete)
+                self.log(f"{failed}; the manifest keeps the state of the last run written")
             self.log(f"{self.what} interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
             raise
         return True

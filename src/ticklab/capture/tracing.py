@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..host import HostChanges, facts
 from ..tracefs_stats import stats_lost_count
+from .process import spawn
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"
 GUARDED = ("tracing_on", "current_tracer", "buffer_size_kb", "trace_clock")
@@ -174,7 +175,8 @@ class TracefsRecorder:
         self.functions = list(functions)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._files: dict[int, tuple[int, object]] = {}
+        self._files: dict[int, tuple[int, object, Path]] = {}
+        self._error: str | None = None  # the first write that failed (a full disk), for the main thread to raise
         self.result: TraceResult | None = None
 
     def __enter__(self) -> "TracefsRecorder":
@@ -185,6 +187,7 @@ class TracefsRecorder:
         try:
             self._start(tracefs)
         except BaseException:
+            self._close_files()  # an open trace_pipe_raw keeps the instance busy: it could not be removed
             self._scope.close()
             raise
         return self
@@ -218,30 +221,59 @@ class TracefsRecorder:
         for cpu_dir in sorted((instance / "per_cpu").glob("cpu[0-9]*")):
             cpu = int(cpu_dir.name[3:])
             fd = os.open(cpu_dir / "trace_pipe_raw", os.O_RDONLY | os.O_NONBLOCK)
-            self._files[cpu] = (fd, (self.directory / f"cpu{cpu}.raw").open("wb"))
+            try:
+                out = (self.directory / f"cpu{cpu}.raw").open("wb")
+            except BaseException:
+                os.close(fd)
+                raise
+            self._files[cpu] = (fd, out, self.directory / f"cpu{cpu}.raw")
         self._thread = threading.Thread(target=self._pump, name="ticklab-tracefs-reader", daemon=True)
         self._thread.start()
         self.host.write(f"{relative}/tracing_on", "1", label="tracing_on")
 
     def _drain_once(self) -> bool:
+        """Move what the kernel has buffered into the cpu<N>.raw files; a file that cannot be written (a full disk)
+        is recorded in ``_error`` and nothing more is moved."""
         page = os.sysconf("SC_PAGE_SIZE")
         moved = False
-        for fd, out in self._files.values():
-            while True:
+        for fd, out, path in self._files.values():
+            while self._error is None:
                 try:
                     chunk = os.read(fd, page)
                 except BlockingIOError:
                     break
+                except OSError as exc:
+                    self._error = f"{self.instance / 'per_cpu'}: cannot read trace_pipe_raw ({exc.strerror or exc})"
+                    break
                 if not chunk:
                     break
-                out.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as exc:
+                    self._error = f"{path}: cannot write ({exc.strerror or exc}); the trace of this run is incomplete"
+                    break
                 moved = True
         return moved
 
     def _pump(self) -> None:
-        while not self._stop.is_set():
-            if not self._drain_once():
-                self._stop.wait(0.05)
+        """The reader thread: it never raises (a traceback there would be all the user sees); an error it meets
+        stops it and is raised by ``__exit__`` in the thread that runs the capture."""
+        try:
+            while not self._stop.is_set() and self._error is None:
+                if not self._drain_once():
+                    self._stop.wait(0.05)
+        except BaseException as exc:  # not a write error (those are in _error already): still the main thread's
+            self._error = self._error or f"{self.directory}: the tracefs reader stopped ({type(exc).__name__}: {exc})"
+
+    def _close_files(self) -> None:
+        """Close every trace_pipe_raw and cpu<N>.raw (an error closing one, a full disk, is kept in ``_error``)."""
+        files, self._files = self._files, {}
+        for fd, out, path in files.values():
+            os.close(fd)
+            try:
+                out.close()
+            except OSError as exc:
+                self._error = self._error or f"{path}: cannot write ({exc.strerror or exc}); the trace of this run is incomplete"
 
     def __exit__(self, *exc_info) -> None:
         try:
@@ -250,17 +282,24 @@ class TracefsRecorder:
                 self._stop.set()
                 self._thread.join()
                 self._drain_once()
+                cpus = list(self._files)
+                self._close_files()
                 lost = {}
-                for cpu, (fd, out) in self._files.items():
-                    os.close(fd)
-                    out.close()
+                for cpu in cpus:
                     stats = (self.instance / "per_cpu" / f"cpu{cpu}" / "stats").read_text()
-                    (self.directory / f"cpu{cpu}.stats").write_text(stats)
                     lost[cpu] = stats_lost_count(stats)
+                    if self._error is None:
+                        try:
+                            (self.directory / f"cpu{cpu}.stats").write_text(stats)
+                        except OSError as exc:
+                            self._error = f"{self.directory / f'cpu{cpu}.stats'}: cannot write ({exc.strerror or exc})"
                 self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost,
                                           self._symbols_found, self.functions)
         finally:
+            self._close_files()  # before the instance is removed: an open trace_pipe_raw keeps it busy
             self._scope.close()
+        if self._error is not None and exc_info[0] is None:
+            raise TracingError(self._error)
 
 
 class TraceCmdRecorder:
@@ -272,6 +311,7 @@ class TraceCmdRecorder:
         self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
         self.functions = list(functions)
         self.process: subprocess.Popen | None = None
+        self._error: str | None = None  # trace-cmd.log could not be written (the copier thread's error, raised here)
         self.result: TraceResult | None = None
 
     def __enter__(self) -> "TraceCmdRecorder":
@@ -294,8 +334,8 @@ class TraceCmdRecorder:
         terminal, child_side = pty.openpty()
         self._started = threading.Event()
         with self.host.watching_mounts("trace-cmd record"):
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=child_side, stderr=child_side,
-                                            cwd=self.directory, start_new_session=True)
+            self.process = spawn(argv, host=self.host, label="trace-cmd record", stdin=subprocess.DEVNULL,
+                                 stdout=child_side, stderr=child_side, cwd=self.directory)
         os.close(child_side)
         self._copier = threading.Thread(target=self._copy_output, args=(terminal,), daemon=True)
         self._copier.start()
@@ -320,8 +360,12 @@ class TraceCmdRecorder:
                     break
                 if not chunk:
                     break
-                self.log.write(chunk)
-                self.log.flush()
+                if self._error is None:  # a full disk: trace-cmd's output is still read (it would block), not kept
+                    try:
+                        self.log.write(chunk)
+                        self.log.flush()
+                    except OSError as exc:
+                        self._error = f"{self.log_path}: cannot write ({exc.strerror or exc})"
                 seen = (seen + chunk)[-64:]
                 if b"Hit Ctrl^C" in seen:
                     self._started.set()
@@ -338,7 +382,12 @@ class TraceCmdRecorder:
                     self.process.kill()
                     self.process.wait()
             self._copier.join(30)
-            self.log.close()
+            try:
+                self.log.close()
+            except OSError as exc:
+                self._error = self._error or f"{self.log_path}: cannot write ({exc.strerror or exc})"
+            if self._error and exc_info[0] is None:
+                raise TracingError(self._error)
             lost = stats_lost_count(self.log_path.read_text())
             self.result = TraceResult(self.backend, self.directory, lost, functions=self.functions)
             if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:

@@ -5,7 +5,8 @@ change, with the value it had, to a journal file (written atomically). It restor
 reverse order when the block ends: normally, on an exception, on SIGINT, or on SIGTERM/SIGHUP
 (turned into :class:`Interrupted`). If the process is killed outright (SIGKILL, power cut), the
 journal remains; the next ``HostChanges`` on the same journal finds that its owner is gone and
-restores what it lists before doing anything else.
+restores what it lists before doing anything else. The processes a capture starts are journalled too (kind
+``process``: pid and start time), so that this recovery kills a workload a SIGKILLed capture left running.
 
 With ``dry_run`` nothing is written: each write is printed with the value it would replace.
 
@@ -190,7 +191,9 @@ class Change:
     moved_at: int | None = None  # kind task_affinity: clock ticks since boot when they were moved (tasks started
                                  # later inherited the narrowed list from a moved parent and get the CPU back)
     cpu: int | None = None       # kind task_affinity: the CPU taken out
-    boot_id: str | None = None   # kind task_affinity: the boot the tids belong to (none survive a reboot)
+    boot_id: str | None = None   # kinds task_affinity, process: the boot the ids belong to (none survive a reboot)
+    pid: int | None = None       # kind process: a process ticklab started (a workload, its server, an extra) ...
+    started: str | None = None   # ... and its start time (/proc/<pid>/stat field 22): the two identify it
 
     def record(self) -> dict:
         record = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
@@ -321,8 +324,46 @@ def _undo_task_affinity(change: Change) -> str:
     return change.before
 
 
+def _session_members(sid: int) -> list[tuple[int, str]]:
+    """(pid, start time) of every live process whose session id is ``sid`` (/proc/<pid>/stat field 6)."""
+    members = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = facts.stat_fields(entry.read_text())
+        except OSError:
+            continue  # gone meanwhile
+        if len(fields) > 19 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):  # a zombie has ended already
+            members.append((int(entry.parent.name), fields[19]))
+    return members
+
+
+def _undo_process(change: Change) -> str:
+    """Kill what is left of a process ticklab started (a capture killed outright leaves its workload running): the
+    process itself if its pid still has the recorded start time, and every process of the session it led (it was
+    started with a session of its own; its children do not inherit the parent-death signal). A pid another
+    process has since (start time differs) is never signalled; nor is anything of another boot."""
+    if change.boot_id and change.boot_id != facts.boot_id():
+        return "another boot: the process is gone"
+    now = _process_start(change.pid)
+    if now is not None and now != change.started:
+        return "gone (its pid belongs to another process now)"
+    killed = 0
+    # while any process of session <pid> lives, the kernel gives that number to no new process: they are ours
+    for pid, start in _session_members(change.pid):
+        if int(start) < int(change.started) or _process_start(pid) != start:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except ProcessLookupError:
+            continue
+    return f"killed {killed} process(es)" if killed else "exited"
+
+
 def _undo(change: Change) -> str | None:
     """Put one change back; returns the value read afterwards."""
+    if change.kind == "process":
+        return _undo_process(change)
     path = Path(change.path)
     if change.kind == "write":
         if change.refused:
@@ -437,11 +478,25 @@ class HostChanges:
             shown.update({"file": f"write {change.path} ({'new' if change.before is None else 'replacing its content'})",
                           "symlink": f"symlink {change.path} -> {change.wanted}",
                           "grub_oneshot": f"grub-reboot {change.wanted!r} (one boot)",
-                          "kexec_load": f"kexec -l {change.wanted}"})
+                          "kexec_load": f"kexec -l {change.wanted}",
+                          "process": f"start {change.label} (killed if left running)"})
             self.log(f"dry-run: would {shown[change.kind]}")
             return False
         self._save_journal()
         return True
+
+    # -- processes ---------------------------------------------------------------------------------
+    def record_process(self, pid: int, *, label: str) -> Change:
+        """Journal a process just started (in a session of its own: a workload, its server, an extra) by pid and
+        start time, so that recovery after a SIGKILL of this process kills what it left running; undoing it when
+        the run ends kills what is left of its session (nothing, when it ended as it should)."""
+        change = Change("process", str(self.root / "proc"), None, None, label=label, pid=int(pid),
+                        started=_process_start(pid), boot_id=facts.boot_id())
+        if change.started is None:  # ended already (and not yet reaped it would still have a start time)
+            change.started = str(_ticks_since_boot())
+        if self._begin(change):
+            change.during = "running"
+        return change
 
     # -- knobs -----------------------------------------------------------------------------------
     def write(self, relative: str, value: str, *, label: str | None = None, may_refuse: bool = False) -> Change:
@@ -687,8 +742,8 @@ class HostChanges:
             self.journal.unlink(missing_ok=True)
 
     def records(self) -> list[dict]:
-        """What changed, for the manifest: before, during and after each knob."""
-        return [c.record() for c in self.changes]
+        """What changed, for the manifest: before, during and after each knob (processes started are not knobs)."""
+        return knob_records(self.changes)
 
 
 class Scope:
@@ -701,6 +756,10 @@ class Scope:
     def changes(self) -> list[Change]:
         return self.host.changes[self.mark:]
 
+    def records(self) -> list[dict]:
+        """The knobs changed in this scope, for the manifest (as :meth:`HostChanges.records`)."""
+        return knob_records(self.changes)
+
     def close(self) -> None:
         self.host.undo(self.changes)
 
@@ -709,6 +768,10 @@ class Scope:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def knob_records(changes: list[Change]) -> list[dict]:
+    return [c.record() for c in changes if c.kind != "process"]
 
 
 def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]:
@@ -732,7 +795,11 @@ PLAN_FILES = {"file": ("etc/systemd/system/ticklab-plan.service", "boot/grub/cus
 
 def _confined(change: Change, root: Path) -> bool:
     """A journal entry names a kernel knob of this host (under <root>/sys, <root>/proc/sys or <root>/proc/irq), or
-    is the task affinities it moved (their CPU lists, restored with sched_setaffinity), nothing else."""
+    is the task affinities it moved (their CPU lists, restored with sched_setaffinity), or a process it started (pid
+    and start time: killed if left running), nothing else."""
+    if change.kind == "process":
+        return (change.path == str(root / "proc") and type(change.pid) is int and change.pid > 1
+                and isinstance(change.started, str) and change.started.isdigit())
     if change.kind == "task_affinity":
         return change.path == str(root / "proc") and isinstance(change.tasks, dict) and all(
             str(tid).isdigit() and isinstance(entry, list) and len(entry) == 2
