@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import facts
+from ..safefiles import shown
 from .knobs import HostChangeError, HostChanges, _open_private, _run, _write_journal, private_dir
 
 PLANS_DIR = "var/lib/ticklab/plans"
@@ -64,6 +65,7 @@ MODES = ("kexec", "grub", "manual")
 ADDED_BY_BOOT = ("BOOT_IMAGE=", "initrd=")  # words a boot loader or EFI stub adds to /proc/cmdline on its own
 RUN_STATES = ("planned", "booting", "booted", "made", "failed")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_GRUB_WORD = re.compile(r"[A-Za-z0-9_.,:=/+@%-]+")  # what grub's script parser reads as one plain word
 
 
 class PlanError(RuntimeError):
@@ -243,7 +245,9 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
     plan = Plan(plan_id, mode, str(bundle), original, runs, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 capture=capture or {})
     for run in runs:
-        _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
+        image, initrd = _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
+        if mode == "grub":
+            _grub_entry(root, plan, run, image, initrd)  # and every menu entry be one grub can take as it is
     try:
         private_dir(plans_dir(root))
         os.mkdir(directory, 0o700)  # exclusively: a plan of the same id made meanwhile is never taken over
@@ -341,14 +345,28 @@ def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
 def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Path | None) -> tuple[str, str]:
     """A menu entry in /boot/grub/custom.cfg (Debian's grub.cfg sources it via 41_custom; grub.cfg is not
     regenerated and its default is untouched) for this run's kernel and command line."""
-    unsafe = [w for w in run.cmdline.split() if not re.fullmatch(r"[A-Za-z0-9_.,:=/+@%-]+", w)]
-    if unsafe:  # grub's script parser would read quotes, $, ; and braces in a menu entry
-        raise PlanError(f"{root / GRUB_CUSTOM}: command-line word {unsafe[0]!r} of run {run.name} cannot go into a grub "
-                        "menu entry as it is; use --boot kexec or manual")
+    # whatever made the command line: a newline (or any control character) would end the linux line and start
+    # another (an initrd or linux of its own); grub's script parser would read quotes, $, ; and braces
+    control = next((c for c in run.cmdline if not c.isprintable()), None)
+    if control is not None:
+        raise PlanError(f"{root / GRUB_CUSTOM}: the command line of run {run.name} holds the control character "
+                        f"{control!r}; it cannot go into a grub menu entry (nor any command line)")
+    unsafe = [w for w in run.cmdline.split(" ") if w and not _GRUB_WORD.fullmatch(w)]
+    if unsafe:
+        raise PlanError(f"{root / GRUB_CUSTOM}: command-line word '{shown(unsafe[0])}' of run {run.name} cannot go "
+                        "into a grub menu entry as it is; use --boot kexec or manual")
     separate_boot = str(root / "boot") in facts.mounts(root)
     def on_disk(path: Path) -> str:
-        text = "/" + str(path.relative_to(root))
-        return text[len("/boot"):] if separate_boot and text.startswith("/boot/") else text
+        try:
+            text = "/" + str(path.relative_to(root))
+        except ValueError:
+            raise PlanError(f"{root / GRUB_CUSTOM}: the kernel file {shown(path)} of run {run.name} is not under "
+                            f"{root}; grub boots files of this root only") from None
+        text = text[len("/boot"):] if separate_boot and text.startswith("/boot/") else text
+        if not _GRUB_WORD.fullmatch(text):
+            raise PlanError(f"{root / GRUB_CUSTOM}: the kernel file '{shown(text)}' of run {run.name} cannot go into a "
+                            "grub menu entry as it is; use --boot kexec or manual")
+        return text
     title = f"ticklab-plan-{plan.id}"
     lines = [f"menuentry '{title}' --id '{title}' {{",
              f"  search --no-floppy --file --set=root {on_disk(image)}",
