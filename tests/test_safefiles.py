@@ -99,3 +99,17 @@ def test_shown_bounds_and_escapes_values_in_error_lines():
     text = shown(long)
     assert len(text) < 240 and text.endswith("(5000 characters)")
     assert "\n" not in shown("x\n" * 1000)
+
+
+def test_owner_refuses_a_file_of_another_user_or_writable_by_others(tmp_path):
+    mine = tmp_path / "plan.json"
+    mine.write_text("{}")
+    mine.chmod(0o600)
+    assert read_bytes(mine, 10, owner=os.geteuid()) == b"{}"
+    mine.chmod(0o622)
+    with pytest.raises(UnsafeFileError, match=rf"plan\.json: not a regular file of uid {os.geteuid()} writable only by it "
+                                              r"\(owner uid \d+, mode 0622\); refused"):
+        read_bytes(mine, 10, owner=os.geteuid())
+    mine.chmod(0o600)
+    with pytest.raises(UnsafeFileError, match=r"not a regular file of uid 12345 writable only by it"):
+        read_bytes(mine, 10, owner=12345)
