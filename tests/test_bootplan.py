@@ -343,11 +343,15 @@ def test_abort_of_a_plan_that_does_not_exist_says_so_in_one_line(host, tmp_path)
 def test_grub_mode_refuses_a_command_line_holding_a_newline_before_any_boot(host, tmp_path):
     root, log = host
     runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")]
-    with pytest.raises(PlanError, match=r"custom\.cfg: the command line of run run-001 holds the control character '\\n'"):
+    with pytest.raises(PlanError, match=r"plans/nl: the command line of run run-001 holds the control character '\\n'"):
         bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="nl")
         bootplan.advance("nl", root=root, say=lambda _: None)
     assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
     assert not (root / "var/lib/ticklab/plans/nl").exists()  # refused when made: no plan to abort
+    # and the grub writer itself, whatever handed it the command line
+    plan = bootplan.Plan("nl", "grub", "b", {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "x"}, runs)
+    with pytest.raises(PlanError, match=r"custom\.cfg: the command line of run run-001 holds the control character '\\n'"):
+        bootplan.grub_menu_entries(plan, root)
 
 
 def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key(tmp_path):
