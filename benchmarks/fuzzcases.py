@@ -681,3 +681,4 @@ class CliYamlFamily:
 
 
 FAMILIES = [BundleFamily(), TraceFamily(), WorkloadFamily(), PublishedFamily(), CliYamlFamily()]
+from fuzzcases_plans import CmdlineWordsFamily, PlanStateFamily; FAMILIES += [PlanStateFamily(), CmdlineWordsFamily()]  # noqa: E402

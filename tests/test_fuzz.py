@@ -78,3 +78,12 @@ def test_trace_files_through_the_public_read_api(data):
     (_WORK / "trace").mkdir(parents=True, exist_ok=True)
     _holds(TraceFamily, data)
 
+
+
+@BOUNDED
+@given(st.data())
+def test_kernel_command_line_words_never_reach_grub_as_extra_lines(data):
+    from fuzzcases_plans import CmdlineWordsFamily
+
+    (_WORK / "cmdline-words").mkdir(parents=True, exist_ok=True)
+    _holds(CmdlineWordsFamily, data)
