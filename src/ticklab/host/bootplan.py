@@ -52,10 +52,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..safefiles import OwnedDir, UnsafeFileError, shown
 from . import facts
-from ..safefiles import shown
-from .knobs import (HostBusy, HostChangeError, HostChanges, _open_private, _run, _write_journal, _write_plan_file,
-                    host_lock, private_dir, read_plan_file, read_private, schema_problem)
+from .knobs import (HostBusy, HostChangeError, HostChanges, _open_private, _run, _write_plan_file, host_lock,
+                    private_dir, read_plan_file, read_private, schema_problem)
 
 PLANS_DIR = "var/lib/ticklab/plans"
 UNIT_NAME = "ticklab-plan.service"
@@ -196,7 +196,12 @@ def condition_cmdline(original: str, words: list[str]) -> str:
 
 # -- state on disk -------------------------------------------------------------------------------------
 def _save(root: Path, plan: Plan) -> None:
-    _write_journal(plan_dir(root, plan.id) / "plan.json", asdict(plan))
+    """plan.json replaced whole (a kill or a full disk leaves the old one and no temporary), never through a link."""
+    try:
+        with OwnedDir(plan_dir(root, plan.id), create=False) as directory:
+            directory.write_atomic("plan.json", json.dumps(asdict(plan), separators=(",", ":")).encode(), mode=0o600)
+    except UnsafeFileError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def load(root: Path | str, plan_id: str) -> Plan:
@@ -316,8 +321,11 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
     try:
         private_dir(directory)
         for name, data in zip(names, (keep or {}).values()):
-            with os.fdopen(_open_private(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
-                handle.write(data)
+            try:
+                with OwnedDir(directory, create=False) as owned, owned.create(name, mode=0o600, exclusive=True) as out:
+                    out.write(data)
+            except UnsafeFileError as exc:
+                raise PlanError(str(exc)) from None
         _save(root, plan)
     except BaseException:  # a plan not made leaves no directory behind (it was made just now, by us)
         shutil.rmtree(directory, ignore_errors=True)
