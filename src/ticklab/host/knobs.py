@@ -213,7 +213,7 @@ class HostLock:
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process that has not said who it is"
             os.close(fd)
             raise HostBusy(f"{self.path}: the host is held by {holder}; "
-                                  "one privileged capture at a time: wait for it or stop it") from None
+                           "one privileged capture at a time: wait for it or stop it") from None
         command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         os.ftruncate(fd, 0)
