@@ -768,3 +768,4 @@ class CliYamlFamily:
 
 FAMILIES = [BundleFamily(), TraceFamily(), WorkloadFamily(), PublishedFamily(), CliYamlFamily()]
 from fuzzcases_special import SpecialFilesFamily; FAMILIES += [SpecialFilesFamily()]  # noqa: E402
+from fuzzcases_plans import CmdlineWordsFamily, PlanStateFamily; FAMILIES += [PlanStateFamily(), CmdlineWordsFamily()]  # noqa: E402

@@ -3,6 +3,7 @@ log their argv. A "reboot" is the test writing a new boot_id, release and /proc/
 plan is then resumed by a new process (``ticklab plan resume``), so its state must survive on disk."""
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -257,11 +258,10 @@ def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_p
 def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
     root, log = host
     runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
-    bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="q")
     with pytest.raises(PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"):
-        bootplan.advance("q", root=root, say=lambda _: None)
+        bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="q")  # refused before any boot
     assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
-    assert bootplan.load(root, "q").state == "failed"
+    assert not (root / "var/lib/ticklab/plans/q").exists()
 
 
 def test_a_unit_already_installed_is_not_replaced(host, tmp_path):
@@ -337,3 +337,43 @@ def test_abort_of_a_plan_that_does_not_exist_says_so_in_one_line(host, tmp_path)
     done = resume_in_a_new_process(root, "abort", "--id", "nope")
     assert done.returncode == 2
     assert done.stderr.strip() == f"ticklab plan abort: {root}/var/lib/ticklab/plans/nope: no such plan"
+
+
+# issue 27, item 3: a command line holding a newline would add lines of its own to the grub menu entry
+def test_grub_mode_refuses_a_command_line_holding_a_newline_before_any_boot(host, tmp_path):
+    root, log = host
+    runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")]
+    with pytest.raises(PlanError, match=r"plans/nl: the command line of run run-001 holds the control character '\\n'"):
+        bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="nl")
+        bootplan.advance("nl", root=root, say=lambda _: None)
+    assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
+    assert not (root / "var/lib/ticklab/plans/nl").exists()  # refused when made: no plan to abort
+    # and the grub writer itself, whatever handed it the command line
+    plan = bootplan.Plan("nl", "grub", "b", {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "x"}, runs)
+    with pytest.raises(PlanError, match=r"custom\.cfg: the command line of run run-001 holds the control character '\\n'"):
+        bootplan.grub_menu_entries(plan, root)
+
+
+def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key(tmp_path):
+    from ticklab.capture.experiment import ExperimentError, load_experiment
+
+    text = (REPO / "runners/nohz/host-boot-ftq.yaml").read_text()
+    bad = text.replace('boot: "-nohz_full -rcu_nocbs"', 'boot: "quiet\\n  initrd /tmp/evil\\n  linux /tmp/evil init=/x"')
+    assert bad != text
+    (tmp_path / "host-boot-ftq.yaml").write_text(bad)
+    with pytest.raises(ExperimentError) as raised:
+        load_experiment(tmp_path / "host-boot-ftq.yaml")
+    assert str(raised.value).startswith(f"{tmp_path}/host-boot-ftq.yaml: conditions[0].boot: 'quiet\\n  initrd ")
+    assert "control character '\\n'" in str(raised.value) and "\n" not in str(raised.value)
+    for value, key in (('["nohz_full=1", "a\\tb"]', "conditions[0].boot"), ("7.5", None), ("[1, 2]", None),
+                       ("null", "conditions[0].boot"), ("{x: 1}", "conditions[0].boot")):
+        (tmp_path / "host-boot-ftq.yaml").write_text(text.replace('"-nohz_full -rcu_nocbs"', value))
+        if key is None:
+            load_experiment(tmp_path / "host-boot-ftq.yaml")  # numbers are words
+            continue
+        with pytest.raises(ExperimentError, match=rf"host-boot-ftq\.yaml: {re.escape(key)}: "):
+            load_experiment(tmp_path / "host-boot-ftq.yaml")
+    guest = (REPO / "runners/nohz/guest-ftq.yaml").read_text()
+    (tmp_path / "guest-ftq.yaml").write_text(guest.replace("lab:", 'lab:\n  cmdline: "a\\rb"', 1))
+    with pytest.raises(ExperimentError, match=r"guest-ftq\.yaml: lab\.cmdline: 'a\\rb' holds the control character"):
+        load_experiment(tmp_path / "guest-ftq.yaml")

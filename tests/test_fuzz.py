@@ -100,3 +100,12 @@ def test_every_other_family_answers_clearly(kind):
         _holds(kind, data)
 
     holds()
+
+
+@BOUNDED
+@given(st.data())
+def test_kernel_command_line_words_never_reach_grub_as_extra_lines(data):
+    from fuzzcases_plans import CmdlineWordsFamily
+
+    (_WORK / "cmdline-words").mkdir(parents=True, exist_ok=True)
+    _holds(CmdlineWordsFamily, data)

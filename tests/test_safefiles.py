@@ -140,3 +140,17 @@ def test_an_append_that_does_not_fit_leaves_the_file_as_it_was(tiny_filesystem):
         with pytest.raises(UnsafeFileError, match=r"tiny/results.csv: cannot write \(No space left on device\)"):
             owned.append("results.csv", b"x" * (1 << 20))
     assert (tiny_filesystem / "results.csv").read_bytes() == b"run,condition\n"
+
+
+def test_owner_refuses_a_file_of_another_user_or_writable_by_others(tmp_path):
+    mine = tmp_path / "plan.json"
+    mine.write_text("{}")
+    mine.chmod(0o600)
+    assert read_bytes(mine, 10, owner=os.geteuid()) == b"{}"
+    mine.chmod(0o622)
+    with pytest.raises(UnsafeFileError, match=rf"plan\.json: not a regular file of uid {os.geteuid()} writable only by it "
+                                              r"\(owner uid \d+, mode 0622\); refused"):
+        read_bytes(mine, 10, owner=os.geteuid())
+    mine.chmod(0o600)
+    with pytest.raises(UnsafeFileError, match=r"not a regular file of uid 12345 writable only by it"):
+        read_bytes(mine, 10, owner=12345)

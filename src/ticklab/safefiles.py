@@ -73,30 +73,36 @@ def _failed(path: object, exc: OSError, doing: str) -> UnsafeFileError:
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def open_fd(path: Path | str, *, dir_fd: int | None = None, shown_as: object = None) -> int:
+def open_fd(path: Path | str, *, dir_fd: int | None = None, shown_as: object = None, owner: int | None = None) -> int:
     """A read-only descriptor on ``path``, which must be a regular file reached without a symbolic link in its
-    last component (``O_NOFOLLOW``; with ``dir_fd`` relative to that directory)."""
+    last component (``O_NOFOLLOW``; with ``dir_fd`` relative to that directory). ``owner``: the file must also
+    belong to that uid and be writable by no one else (state only that user can have written)."""
     name = path if shown_as is None else shown_as
     try:
         fd = os.open(path, _READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         raise _failed(name, exc, "read") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise UnsafeFileError(f"{shown(name)}: {kind_of(mode)}, not a regular file; refused")
+        raise UnsafeFileError(f"{shown(name)}: {kind_of(info.st_mode)}, not a regular file; refused")
+    if owner is not None and (info.st_uid != owner or info.st_mode & 0o022):
+        os.close(fd)
+        raise UnsafeFileError(f"{shown(name)}: not a regular file of uid {owner} writable only by it "
+                              f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); refused")
     return fd
 
 
-def open_regular(path: Path | str, *, dir_fd: int | None = None, shown_as: object = None):
+def open_regular(path: Path | str, *, dir_fd: int | None = None, shown_as: object = None, owner: int | None = None):
     """``open_fd`` as a binary file object."""
-    return os.fdopen(open_fd(path, dir_fd=dir_fd, shown_as=shown_as), "rb")
+    return os.fdopen(open_fd(path, dir_fd=dir_fd, shown_as=shown_as, owner=owner), "rb")
 
 
-def read_bytes(path: Path | str, limit: int, *, dir_fd: int | None = None, shown_as: object = None) -> bytes:
+def read_bytes(path: Path | str, limit: int, *, dir_fd: int | None = None, shown_as: object = None,
+               owner: int | None = None) -> bytes:
     """The whole of a regular file (no link, no FIFO) of at most ``limit`` bytes; a larger one is an error."""
     name = path if shown_as is None else shown_as
-    with open_regular(path, dir_fd=dir_fd, shown_as=shown_as) as handle:
+    with open_regular(path, dir_fd=dir_fd, shown_as=shown_as, owner=owner) as handle:
         try:
             data = handle.read(limit + 1)
         except OSError as exc:

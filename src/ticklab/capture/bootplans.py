@@ -20,6 +20,7 @@ plan's creation across reboots); when it does not, or the plan stops or is abort
 from __future__ import annotations
 
 import fnmatch
+import re
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -29,6 +30,7 @@ import yaml
 
 from ..bundle import BundleError, BundleWriter, load_bundle
 from ..host import HostChanges, bootplan, facts, host_id
+from ..safefiles import shown
 from . import requirements, tracing
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
                          load_experiment, schedule)
@@ -71,15 +73,27 @@ def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
     return found[0]
 
 
+_TEMPLATE = re.compile(r"\{([^{}]*)\}")
+
+
 def condition_words(experiment: Experiment, condition: Condition, fill: dict, source: str) -> list[str]:
     """The condition's command-line words (its ``boot_cmdline`` knob), ``{last_cpu}`` and ``{nproc}`` filled."""
     variable = _variable(experiment, "boot_cmdline")
     words = condition.values.get(variable, "") if variable else ""
-    words = words.split() if isinstance(words, str) else [str(w) for w in words]
-    try:
-        return [w.format(**fill) for w in words]
-    except (KeyError, ValueError, IndexError) as exc:
-        raise ExperimentError(f"{source}: command-line word template ({exc}); known: {{last_cpu}}, {{nproc}}") from None
+    words = [str(w) for w in words] if isinstance(words, list) else str(words).split()
+
+    def filled(match: re.Match) -> str:
+        if match.group(1) not in fill:
+            raise ExperimentError(f"{source}: command-line word template {{{shown(match.group(1), 60)}}}: known: "
+                                  "{last_cpu}, {nproc}")
+        return str(fill[match.group(1)])
+
+    words = [_TEMPLATE.sub(filled, w) for w in words]  # only the names: no format spec a word could blow up with
+    bad = next((w for w in words if "{" in w or "}" in w), None)
+    if bad is not None:
+        raise ExperimentError(f"{source}: command-line word '{shown(bad, 80)}' has a brace that is not "
+                              "{last_cpu} or {nproc}")
+    return words
 
 
 def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict) -> list[bootplan.PlannedRun]:

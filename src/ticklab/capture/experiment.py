@@ -168,6 +168,7 @@ def load_experiment(path: Path | str) -> Experiment:
         raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")
     parse_budget(data, path)
     check_idle_configs(data, path)
+    check_cmdline_words(data, path)
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)
 
@@ -252,6 +253,57 @@ def idle_states_to_disable(value, names: list[str], source: str) -> list[str]:
         raise ExperimentError(f"{source}: idle config {shown(repr(value), 80)} names no cpuidle state of this host "
                               f"(states: {_listed(names)})")
     return names[names.index(deepest) + 1:]
+
+
+def _cmdline_problem(value, *, words_list: bool) -> str | None:
+    """Why ``value`` is not kernel command-line words (a string of words; with ``words_list`` also a list of words),
+    or None. A word is printable text: a newline, tab or other control character would end a boot loader's line
+    (grub's ``linux`` line: a ``\n  initrd ...`` would add a line of its own)."""
+    if words_list and isinstance(value, list):
+        for item in value:
+            found = _cmdline_problem(item, words_list=False)
+            if found:
+                return found
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None
+    if not isinstance(value, str):
+        return f"{shown(repr(value))} is not a string of command-line words"
+    bad = next((c for c in value if not c.isprintable() and c != " "), None)
+    if bad is not None:
+        return (f"'{shown(value)}' holds the control character {bad!r}; kernel command-line words are printable text, "
+                "separated by spaces")
+    return None
+
+
+def check_cmdline_words(data: dict, path: Path) -> None:
+    """Kernel command-line words (the values of a ``boot_cmdline`` knob, ``lab.cmdline``) are words: printable text,
+    no newline or other control character; ExperimentError naming the file and key otherwise."""
+    lab = data.get("lab")
+    if isinstance(lab, dict) and lab.get("cmdline") is not None:
+        found = _cmdline_problem(lab["cmdline"], words_list=False)
+        if found:
+            raise ExperimentError(f"{path}: lab.cmdline: {found}")
+    variables = [name for name, kind in (data.get("knobs") or {}).items() if kind == "boot_cmdline"]
+    spec = data.get("conditions")
+    if not variables:
+        return
+    if isinstance(spec, dict) and isinstance(spec.get("matrix"), dict):  # each alternative is one condition's words
+        for name in variables:
+            if name not in spec["matrix"]:
+                continue
+            values = spec["matrix"][name]
+            for index, value in enumerate(values if isinstance(values, list) else [values]):
+                found = _cmdline_problem(value, words_list=False)
+                if found:
+                    raise ExperimentError(f"{path}: conditions.matrix.{name}[{index}]: {found}")
+    elif isinstance(spec, list):  # a condition's value: a string of words or a list of words
+        for index, item in enumerate(spec):
+            for name in variables:
+                if isinstance(item, dict) and name in item:
+                    found = _cmdline_problem(item[name], words_list=True)
+                    if found:
+                        raise ExperimentError(f"{path}: conditions[{index}].{name}: {found}")
 
 
 def thread_counts(nproc: int) -> list[int]:

@@ -52,8 +52,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..safefiles import OwnedDir, UnsafeFileError, shown
 from . import facts
-from .knobs import HostChangeError, HostChanges, _open_private, _run, _write_journal, private_dir
+from .knobs import (HostBusy, HostChangeError, HostChanges, _open_private, _run, _write_plan_file, host_lock,
+                    private_dir, read_plan_file, read_private, schema_problem)
 
 PLANS_DIR = "var/lib/ticklab/plans"
 UNIT_NAME = "ticklab-plan.service"
@@ -64,6 +66,7 @@ MODES = ("kexec", "grub", "manual")
 ADDED_BY_BOOT = ("BOOT_IMAGE=", "initrd=")  # words a boot loader or EFI stub adds to /proc/cmdline on its own
 RUN_STATES = ("planned", "booting", "booted", "made", "failed")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_GRUB_WORD = re.compile(r"[A-Za-z0-9_.,:=/+@%-]+")  # what grub's script parser reads as one plain word
 
 
 class PlanError(RuntimeError):
@@ -113,6 +116,47 @@ class Plan:
         return next((r for r in self.runs if r.state == "planned"), None)
 
 
+MAX_PLAN_BYTES = 16 << 20
+_LINE = {"type": "string", "maxLength": 4096, "pattern": r"^[^\x00-\x1f\x7f]*$"}  # one line of printable text
+_LINE_OR_NULL = {**_LINE, "type": ["string", "null"]}
+_RUN_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["name", "condition", "kernel", "cmdline", "state"],
+    "properties": {
+        "name": {"type": "string", "pattern": f"^{_ID.pattern}$"},
+        "condition": {**_LINE, "minLength": 1},
+        # "running", a release (/boot/vmlinuz-<release>) or the absolute path of an image
+        "kernel": {"type": "string", "pattern": r"^(running|[A-Za-z0-9._+~-]{1,200}|/[^\x00-\x1f\x7f]{1,4095})$"},
+        "cmdline": _LINE,
+        "initrd": {"type": ["string", "null"], "pattern": r"^/[^\x00-\x1f\x7f]{1,4095}$"},
+        "release": {"type": ["string", "null"], "pattern": r"^[A-Za-z0-9._+~-]{1,200}$"},
+        "warmup": {"type": "boolean"},
+        "state": {"enum": list(RUN_STATES)},
+        **{key: _LINE_OR_NULL for key in ("boot_id_before", "boot_id_found", "release_found", "cmdline_found")},
+        "why": {"type": ["string", "null"], "maxLength": 1 << 16},
+        "record": {"type": ["object", "null"]},
+    },
+}
+PLAN_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": ["id", "mode", "bundle", "original", "runs", "state"],
+    "properties": {
+        "id": {"type": "string", "pattern": f"^{_ID.pattern}$"},
+        "mode": {"enum": list(MODES)},
+        "bundle": {**_LINE, "minLength": 1},
+        "original": {"type": "object", "required": ["release", "cmdline", "boot_id"],
+                     "properties": {"release": {"type": "string", "pattern": r"^[A-Za-z0-9._+~-]{1,200}$"},
+                                    "cmdline": _LINE, "boot_id": _LINE_OR_NULL}},
+        "runs": {"type": "array", "minItems": 1, "maxItems": 100_000, "items": _RUN_SCHEMA},
+        "state": {"enum": ["running", "finished", "failed", "aborted"]},
+        "created": _LINE,
+        "log": {"type": "array", "items": {"type": "string", "maxLength": 1 << 16}},
+        "capture": {"type": "object"},
+        "ended_because": {"type": ["string", "null"], "maxLength": 1 << 16},
+    },
+}
+
+
 def plans_dir(root: Path | str) -> Path:
     return Path(root) / PLANS_DIR
 
@@ -152,7 +196,12 @@ def condition_cmdline(original: str, words: list[str]) -> str:
 
 # -- state on disk -------------------------------------------------------------------------------------
 def _save(root: Path, plan: Plan) -> None:
-    _write_journal(plan_dir(root, plan.id) / "plan.json", asdict(plan))
+    """plan.json replaced whole (a kill or a full disk leaves the old one and no temporary), never through a link."""
+    try:
+        with OwnedDir(plan_dir(root, plan.id), create=False) as directory:
+            directory.write_atomic("plan.json", json.dumps(asdict(plan), separators=(",", ":")).encode(), mode=0o600)
+    except UnsafeFileError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def load(root: Path | str, plan_id: str) -> Plan:
@@ -163,17 +212,25 @@ def load(root: Path | str, plan_id: str) -> Plan:
         raise PlanError(f"{directory}: no such plan")
     try:
         private_dir(directory)
-        fd = _open_private(path, os.O_RDONLY)
-        with os.fdopen(fd, "rb") as handle:
-            data = json.loads(handle.read(16 << 20))
-        runs = [PlannedRun(**r) for r in data.pop("runs")]
-        plan = Plan(runs=runs, **data)
+        raw = read_private(path, MAX_PLAN_BYTES)  # no link, no FIFO, ours, bounded
     except HostChangeError as exc:
         raise PlanError(str(exc)) from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise PlanError(f"{path}: not a plan's JSON ({shown(exc)})") from None
+    problem = schema_problem(data, PLAN_SCHEMA)
+    if problem:
+        raise PlanError(f"{path}: {problem}; not a plan state ticklab wrote, refused")
+    try:  # without jsonschema (the lab guest, whose plan only it writes) the dataclasses check what they can
+        runs = [PlannedRun(**r) for r in data.pop("runs")]
+        plan = Plan(runs=runs, **data)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise PlanError(f"{path}: unreadable plan ({exc})") from None
+        raise PlanError(f"{path}: unreadable plan ({shown(exc)})") from None
     if plan.mode not in MODES or any(r.state not in RUN_STATES for r in plan.runs):
         raise PlanError(f"{path}: unknown mode or run state; refused")
+    if plan.id != plan_id:
+        raise PlanError(f"{path}: id: {shown(plan.id)!r} is not the plan's directory {plan_id!r}; refused")
     return plan
 
 
@@ -242,8 +299,18 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
             run.release = run.release or run.kernel
     plan = Plan(plan_id, mode, str(bundle), original, runs, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 capture=capture or {})
+    for run in runs:  # whatever made it: a boot loader's line (grub's linux line, kexec --append) ends at a newline
+        control = next((c for c in str(run.cmdline) if not c.isprintable()), None)
+        if control is not None:
+            raise PlanError(f"{plans_dir(root) / plan_id}: the command line of run {shown(run.name)} holds the control "
+                            f"character {control!r}; refused, no plan made")
+    problem = schema_problem(asdict(plan), PLAN_SCHEMA)  # what load() will check at every step after this one
+    if problem:
+        raise PlanError(f"{plans_dir(root) / plan_id}: {problem}; no plan made")
     for run in runs:
         _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
+    if mode == "grub":
+        grub_menu_entries(plan, root)  # and every menu entry be one grub can take as it is
     try:
         private_dir(plans_dir(root))
         os.mkdir(directory, 0o700)  # exclusively: a plan of the same id made meanwhile is never taken over
@@ -254,8 +321,11 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
     try:
         private_dir(directory)
         for name, data in zip(names, (keep or {}).values()):
-            with os.fdopen(_open_private(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
-                handle.write(data)
+            try:
+                with OwnedDir(directory, create=False) as owned, owned.create(name, mode=0o600, exclusive=True) as out:
+                    out.write(data)
+            except UnsafeFileError as exc:
+                raise PlanError(str(exc)) from None
         _save(root, plan)
     except BaseException:  # a plan not made leaves no directory behind (it was made just now, by us)
         shutil.rmtree(directory, ignore_errors=True)
@@ -341,14 +411,28 @@ def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
 def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Path | None) -> tuple[str, str]:
     """A menu entry in /boot/grub/custom.cfg (Debian's grub.cfg sources it via 41_custom; grub.cfg is not
     regenerated and its default is untouched) for this run's kernel and command line."""
-    unsafe = [w for w in run.cmdline.split() if not re.fullmatch(r"[A-Za-z0-9_.,:=/+@%-]+", w)]
-    if unsafe:  # grub's script parser would read quotes, $, ; and braces in a menu entry
-        raise PlanError(f"{root / GRUB_CUSTOM}: command-line word {unsafe[0]!r} of run {run.name} cannot go into a grub "
-                        "menu entry as it is; use --boot kexec or manual")
+    # whatever made the command line: a newline (or any control character) would end the linux line and start
+    # another (an initrd or linux of its own); grub's script parser would read quotes, $, ; and braces
+    control = next((c for c in run.cmdline if not c.isprintable()), None)
+    if control is not None:
+        raise PlanError(f"{root / GRUB_CUSTOM}: the command line of run {run.name} holds the control character "
+                        f"{control!r}; it cannot go into a grub menu entry (nor any command line)")
+    unsafe = [w for w in run.cmdline.split(" ") if w and not _GRUB_WORD.fullmatch(w)]
+    if unsafe:
+        raise PlanError(f"{root / GRUB_CUSTOM}: command-line word '{shown(unsafe[0])}' of run {run.name} cannot go "
+                        "into a grub menu entry as it is; use --boot kexec or manual")
     separate_boot = str(root / "boot") in facts.mounts(root)
     def on_disk(path: Path) -> str:
-        text = "/" + str(path.relative_to(root))
-        return text[len("/boot"):] if separate_boot and text.startswith("/boot/") else text
+        try:
+            text = "/" + str(path.relative_to(root))
+        except ValueError:
+            raise PlanError(f"{root / GRUB_CUSTOM}: the kernel file {shown(path)} of run {run.name} is not under "
+                            f"{root}; grub boots files of this root only") from None
+        text = text[len("/boot"):] if separate_boot and text.startswith("/boot/") else text
+        if not _GRUB_WORD.fullmatch(text):
+            raise PlanError(f"{root / GRUB_CUSTOM}: the kernel file '{shown(text)}' of run {run.name} cannot go into a "
+                            "grub menu entry as it is; use --boot kexec or manual")
+        return text
     title = f"ticklab-plan-{plan.id}"
     lines = [f"menuentry '{title}' --id '{title}' {{",
              f"  search --no-floppy --file --set=root {on_disk(image)}",
@@ -356,6 +440,13 @@ def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Pa
     if initrd:
         lines.append(f"  initrd {on_disk(initrd)}")
     return "\n".join(lines + ["}"]) + "\n", title
+
+
+def grub_menu_entries(plan: Plan, root: Path | str = "/") -> list[str]:
+    """The custom.cfg menu entry each run of ``plan`` would boot with in grub mode (what :func:`create` checks before
+    the first boot); PlanError for a run no entry can be written for."""
+    root = Path(root)
+    return [_grub_entry(root, plan, run, *_kernel_files(root, plan, run))[0] for run in plan.runs]
 
 
 class RunMaker(abc.ABC):
@@ -500,13 +591,14 @@ def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
         if plan.mode == "kexec":
             host.kexec_load(str(image), str(initrd) if initrd else None, run.cmdline)
         elif plan.mode == "grub":
-            grub_cfg = facts.read_text(root / "boot/grub/grub.cfg") or ""
+            grub_cfg = read_plan_file(root / "boot/grub/grub.cfg") or ""
             if "custom.cfg" not in grub_cfg:
                 raise PlanError(f"{root / 'boot/grub/grub.cfg'}: does not source custom.cfg (Debian's /etc/grub.d/41_custom); "
                                 "--boot grub needs it, or use --boot kexec|manual")
-            user_custom = (facts.read_text(custom) + "\n") if custom.is_file() else None
+            user_custom = read_plan_file(custom) or ""
             entry, title = _grub_entry(root, plan, run, image, initrd)
-            host.write_file(GRUB_CUSTOM, (user_custom or "") + entry, label="boot plan grub entry")
+            host.write_file(GRUB_CUSTOM, user_custom + ("\n" if user_custom and not user_custom.endswith("\n") else "")
+                            + entry, label="boot plan grub entry")
             host.grub_reboot(title)
         run.state = "booting"
         run.boot_id_before = _boot_facts(root)["boot_id"]
@@ -597,10 +689,124 @@ def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool
 
 
 def _cleanup(root: Path, plan: Plan, say) -> None:
-    with _changes(root, plan, say) as host:
-        host.restore()
+    """Put back every change the journal lists, then what is really there and recognisably this plan's (the journal
+    may be missing or broken: a disk that lost it, a hand that deleted it): PlanError naming what could not be put
+    back, after doing all that could."""
+    try:
+        with _changes(root, plan, say) as host:
+            host.restore()
+        unlisted = None
+    except HostBusy:
+        raise  # another capture is changing the host: nothing is touched meanwhile
+    except HostChangeError as exc:
+        unlisted = exc
+    with _host_lock(root, plan):
+        problems = _put_back_what_is_there(root, plan, say)
     if _systemd_running(root):
         _run_tool(["systemctl", "daemon-reload"])
+    if unlisted is not None:
+        problems.insert(0, f"{_one_line(unlisted)}; ticklab's unit, link, grub entry and one-shot of plan {plan.id} "
+                           "are put back" + (" except as follows" if problems else ""))
+    if problems:
+        raise PlanError("; ".join(problems))
+
+
+@contextlib.contextmanager
+def _host_lock(root: Path, plan: Plan):
+    lock = host_lock(root, plan_dir(root, plan.id) / "host-changes.json").acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _is_plan_unit(text: str, plan_id: str | None = None) -> bool:
+    """Whether ``text`` is a unit :func:`unit_text` wrote (for ``plan_id``, or for any plan when None)."""
+    lines = text.splitlines()
+    described = [line[len("Description=ticklab boot plan "):].split(":", 1)[0] for line in lines
+                 if line.startswith("Description=ticklab boot plan ")]
+    started = []
+    for line in lines:
+        if line.startswith("ExecStart="):
+            try:
+                argv = shlex.split(line[len("ExecStart="):])
+            except ValueError:
+                return False
+            marker = ["-m", "ticklab.cli", "plan", "resume", "--id"]
+            at = next((i for i in range(len(argv)) if argv[i:i + len(marker)] == marker), None)
+            if at is not None and at + len(marker) < len(argv):
+                started.append(argv[at + len(marker)])
+    if len(described) != 1 or started != described:
+        return False
+    return plan_id is None or described[0] == plan_id
+
+
+def _put_back_what_is_there(root: Path, plan: Plan, say) -> list[str]:
+    """Remove what this plan installed and the journal no longer lists: its unit (recognised by its content) and the
+    link enabling it, its grub menu entry and one-shot next_entry, a kexec kernel loaded for it. Returns what could
+    not be put back, one phrase each; what belongs to someone else (another plan's unit) is left as it is."""
+    problems, done = [], []
+    unit, link = root / UNIT_PATH, root / UNIT_LINK
+    ours_gone = True
+    if os.path.lexists(unit):
+        try:
+            text = read_plan_file(unit) or ""
+        except HostChangeError as exc:
+            text = None
+            problems.append(f"{_one_line(exc)}; not ticklab's unit of plan {plan.id}, left as it is")
+        if text is not None and _is_plan_unit(text, plan.id):
+            try:
+                unit.unlink()
+                done.append(f"removed {unit}")
+            except OSError as exc:
+                problems.append(f"{unit}: cannot remove ({exc.strerror or exc})")
+                ours_gone = False
+        elif text is not None:  # another plan's or someone else's unit (and its link): not this plan's to remove
+            say(f"boot plan {plan.id}: {unit}: not ticklab's unit of plan {plan.id}; left as it is, with its link")
+            ours_gone = False
+    if ours_gone and os.path.lexists(link):
+        if os.path.islink(link) and os.readlink(link) == f"../{UNIT_NAME}":
+            try:
+                link.unlink()
+                done.append(f"removed {link}")
+            except OSError as exc:
+                problems.append(f"{link}: cannot remove ({exc.strerror or exc})")
+        else:
+            problems.append(f"{link}: not the link ticklab makes (-> ../{UNIT_NAME}); left as it is")
+    title = f"ticklab-plan-{plan.id}"
+    custom = root / GRUB_CUSTOM
+    try:
+        text = read_plan_file(custom)
+        opening = f"menuentry '{title}' --id '{title}' {{\n"
+        if text is not None and opening in text:
+            start = text.index(opening)
+            end = text.find("\n}\n", start)
+            end = len(text) if end < 0 else end + 3
+            rest = text[:start] + text[end:]
+            if rest.strip():
+                _write_plan_file(custom, rest)
+            else:
+                custom.unlink()
+            done.append(f"removed the menu entry {title} from {custom}")
+    except (HostChangeError, OSError) as exc:
+        problems.append(f"{_one_line(exc)} (the menu entry {title} may be left in it)")
+    grubenv = root / "boot/grub/grubenv"
+    try:
+        env = read_plan_file(grubenv)
+        if env is not None and f"next_entry={title}" in env.splitlines():
+            _run(["grub-editenv", str(grubenv), "unset", "next_entry"])
+            done.append(f"unset next_entry={title} in {grubenv}")
+    except HostChangeError as exc:
+        problems.append(f"{_one_line(exc)} (next_entry={title} may be left in it)")
+    if plan.mode == "kexec" and (facts.read_text(root / "sys/kernel/kexec_loaded") or "").strip() == "1":
+        try:
+            _run(["kexec", "-u"])
+            done.append("unloaded the kexec kernel")
+        except HostChangeError as exc:
+            problems.append(f"a kexec kernel is still loaded: {_one_line(exc)}")
+    if done:
+        say(f"boot plan {plan.id}: not in its journal, put back: {'; '.join(done)}")
+    return problems
 
 
 def _finish(root: Path, plan: Plan, say, maker: RunMaker | None) -> str:
@@ -645,7 +851,9 @@ def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = 
         made = sum(r.state == "made" for r in plan.runs)
         if plan.state == "running":
             problems = _end(root, plan, "aborted", say, maker)
-            say(f"boot plan {plan.id} aborted: unit removed, host changes put back; "
+            unit = ("unit removed" if not os.path.lexists(root / UNIT_PATH) else
+                    f"{root / UNIT_PATH} left as it is (not this plan's)")
+            say(f"boot plan {plan.id} aborted: {unit}, host changes put back; "
                 f"{made} run(s) made are kept in {plan.bundle}")
         else:
             problems = _complete_ending(root, plan, say, maker)

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..safefiles import OwnedDir, UnsafeFileError, kind_of, read_bytes, read_text, shown
 from . import facts
 
 JOURNAL_NAME = "host-changes.json"
@@ -45,6 +46,10 @@ CATCH = (signal.SIGTERM, signal.SIGHUP)
 
 class HostChangeError(RuntimeError):
     """A knob could not be read, written or restored; the message names the file."""
+
+
+class HostBusy(HostChangeError):
+    """Another ticklab process holds the host (:class:`HostLock`): nothing was touched."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -127,20 +132,70 @@ def private_dir(path: Path | str) -> Path:
 def _open_private(path: Path, flags: int) -> int:
     """Open a file in a private directory, never through a symlink; it must be ours and not writable by others."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)  # a FIFO cannot block
     except OSError as exc:
         raise HostChangeError(f"{path}: cannot open ({exc.strerror or exc}; a symlink is refused)") from exc
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise HostChangeError(f"{path}: {kind_of(info.st_mode)}, not a regular file; refused")
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
         os.close(fd)
         raise HostChangeError(f"{path}: not a regular file of uid {os.geteuid()} writable only by it "
                               f"({_describe_mode(info)}); refused")
     return fd
 
 
+def read_private(path: Path, limit: int) -> bytes:
+    """The whole of a file of ours in a private directory (host state: a journal, a plan), through
+    :mod:`ticklab.safefiles`: never through a link, never a FIFO or device, ours and writable only by us, at most
+    ``limit`` bytes; HostChangeError naming it otherwise."""
+    try:
+        return read_bytes(path, limit, owner=os.geteuid())
+    except UnsafeFileError as exc:
+        raise HostChangeError(str(exc)) from None
+
+
+def schema_problem(instance, schema: dict) -> str | None:
+    """The first violation of a JSON Schema as one line 'field: what is wrong', or None. (host/ imports nothing of
+    ticklab beyond itself and safefiles, so not ticklab.schemas; without jsonschema — the lab guest, whose state
+    only it writes — None.)"""
+    try:
+        import jsonschema
+    except ImportError:
+        return None
+    try:
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(instance))
+    except RecursionError:
+        return "nested too deeply"
+    if error is None:
+        return None
+    where = ""
+    for part in error.absolute_path:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    if error.validator == "required":
+        return f"{where or '(top level)'}: {shown(error.message.split(' is a required')[0], 80)} is missing"
+    if error.validator == "additionalProperties":
+        return f"{where or '(top level)'}: {shown(error.message, 160)}"
+    expected = {"type": f"of type {error.validator_value}", "enum": f"one of {error.validator_value}",
+                "pattern": "of the allowed form", "minimum": f">= {error.validator_value}",
+                "maximum": f"<= {error.validator_value}", "minLength": f"at least {error.validator_value} character(s)",
+                "maxLength": f"at most {error.validator_value} characters",
+                "minItems": f"at least {error.validator_value} item(s)",
+                "maxItems": f"at most {error.validator_value} item(s)"}.get(error.validator)
+    if expected is None:
+        return f"{where or '(top level)'}: {shown(error.message, 160)}"
+    return f"{where or '(top level)'}: {shown(repr(error.instance), 80)} is not {shown(expected, 120)}"
+
+
 def lock_path(root: Path | str) -> Path:
     """The host-wide lock: /run/ticklab/host.lock (under a fake root in tests)."""
     return Path(root) / "run" / "ticklab" / "host.lock"
+
+
+def host_lock(root: Path | str, journal: Path) -> "HostLock":
+    """The lock a HostChanges on ``journal`` holds: the host's as root, else one beside the journal."""
+    return HostLock(lock_path(root) if os.geteuid() == 0 else private_dir(journal.parent) / "host.lock")
 
 
 class HostLock:
@@ -158,8 +213,8 @@ class HostLock:
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process that has not said who it is"
             os.close(fd)
-            raise HostChangeError(f"{self.path}: the host is held by {holder}; "
-                                  "one privileged capture at a time: wait for it or stop it") from None
+            raise HostBusy(f"{self.path}: the host is held by {holder}; "
+                           "one privileged capture at a time: wait for it or stop it") from None
         command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         os.ftruncate(fd, 0)
@@ -239,6 +294,29 @@ def restorable(path: Path, text: str) -> str:
         found = re.search(r"expanded: (\d+)", text) or re.match(r"\s*(\d+)", text)
         return found.group(1) if found else text
     return text
+
+
+MAX_PLAN_FILE_BYTES = 1 << 20
+
+
+def read_plan_file(path: Path) -> str | None:
+    """A file a boot plan replaces (grub's custom.cfg) as it is, or None when there is none: never through a link,
+    never a FIFO or device, bounded (:mod:`ticklab.safefiles`); HostChangeError naming it otherwise."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return read_text(path, MAX_PLAN_FILE_BYTES)
+    except UnsafeFileError as exc:
+        raise HostChangeError(f"{exc}; a boot plan replaces only a regular file") from None
+
+
+def _write_plan_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace a file a boot plan writes (its unit, grub's custom.cfg) whole, atomically, never through a link."""
+    try:
+        with OwnedDir(path.parent) as directory:
+            directory.write_atomic(path.name, text.encode(), mode=mode)
+    except UnsafeFileError as exc:
+        raise HostChangeError(str(exc)) from None
 
 
 def _read(path: Path) -> str:
@@ -387,7 +465,7 @@ def _undo(change: Change) -> str | None:
             if path.is_file() and not path.is_symlink():
                 path.unlink()
             return "absent"
-        _write(path, change.before)
+        _write_plan_file(path, change.before)
         return "restored"
     if change.kind == "symlink":
         if path.is_symlink():
@@ -426,8 +504,7 @@ class HostChanges:
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> "HostChanges":
         if not self.dry_run:
-            self._lock = HostLock(lock_path(self.root) if os.geteuid() == 0 else
-                                  private_dir(self.journal.parent) / "host.lock").acquire()
+            self._lock = host_lock(self.root, self.journal).acquire()
             try:
                 private_dir(self.journal.parent)
                 if self.keep:
@@ -664,14 +741,10 @@ class HostChanges:
     def write_file(self, relative: str, text: str, *, label: str, mode: int = 0o644) -> Change:
         """Create (or replace, keeping the old content to put back) a file only a boot plan writes."""
         path = self.root / relative
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            raise HostChangeError(f"{path}: not a regular file; refused")
-        before = _read(path) + "\n" if path.is_file() else None
+        before = read_plan_file(path)
         change = Change("file", str(path), before, text, label=label)
         if self._begin(change):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write(path, text)
-            os.chmod(path, mode)
+            _write_plan_file(path, text, mode)
             change.during = "written"
         return change
 
@@ -831,18 +904,44 @@ def read_journal(journal: Path, *, root: Path | str = "/") -> list[Change]:
     return _checked_journal(journal, root)[1]
 
 
+_TEXT_OR_NULL = {"type": ["string", "null"]}  # the journal's size is bounded (MAX_JOURNAL_BYTES), not each text
+JOURNAL_SCHEMA = {
+    "type": "object",
+    "required": ["changes"],
+    "properties": {
+        "pid": {"type": ["integer", "null"], "minimum": 0},
+        "pid_start": _TEXT_OR_NULL,
+        "root": {"type": "string"},
+        "changes": {"type": "array", "items": {
+            "type": "object", "required": ["kind", "path"], "additionalProperties": False,
+            "properties": {
+                "kind": {"enum": ["write", "sched_feature", "task_affinity", "mkdir", "mount", "file", "symlink",
+                                  "grub_oneshot", "kexec_load"]},
+                "path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                **{key: _TEXT_OR_NULL for key in ("before", "wanted", "during", "after", "feature", "label", "error",
+                                                  "boot_id")},
+                "dry_run": {"type": "boolean"}, "refused": {"type": "boolean"},
+                "tasks": {"type": ["object", "null"]},
+                "moved_at": {"type": ["integer", "null"], "minimum": 0},
+                "cpu": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20}}}},
+    },
+}
+
+
 def _checked_journal(journal: Path, root: Path) -> tuple[dict, list[Change]]:
     private_dir(journal.parent)
-    fd = _open_private(journal, os.O_RDONLY)
+    raw = read_private(journal, MAX_JOURNAL_BYTES)
     try:
-        with os.fdopen(fd, "rb") as handle:
-            data = json.loads(handle.read(MAX_JOURNAL_BYTES))
+        data = json.loads(raw)
+        problem = schema_problem(data, JOURNAL_SCHEMA)
+        if problem:
+            raise ValueError(problem)
         changes = [Change(**entry) for entry in data["changes"]]
         if not all(isinstance(c.path, str) and isinstance(c.kind, str) for c in changes):
             raise TypeError("a change without a path")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise HostChangeError(f"{journal}: unreadable journal of host changes ({exc}); "
-                              "check the knobs it names by hand, then delete it") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise HostChangeError(f"{journal}: unreadable journal of host changes ({shown(exc, 300)}); "
+                              "check the knobs it names by hand, then delete it") from None
     if str(data.get("root", "/")) != str(root):
         raise HostChangeError(f"{journal}: written for root {data.get('root')!r}, not {str(root)!r}; refused")
     outside = [c.path for c in changes if not _confined(c, root)]
