@@ -192,7 +192,8 @@ def test_find_bundles_skips_published_and_reads_host_ids(tmp_path):
         (tmp_path / bundle / "manifest.json").write_text("{}")
     (tmp_path / "hostC/nohz/no-manifest").mkdir(parents=True)
     refs = find_bundles(tmp_path, "nohz")
-    assert [(r.host_id, r.path.name) for r in refs] == [("hostA", "20261121T000000Z-ftq")]
+    # a directory without a manifest is listed too: loading it says what is wrong instead of it vanishing
+    assert [(r.host_id, r.path.name) for r in refs] == [("hostA", "20261121T000000Z-ftq"), ("hostC", "no-manifest")]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         find_bundles(tmp_path / "nope", "nohz")
 

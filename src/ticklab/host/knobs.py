@@ -916,10 +916,11 @@ JOURNAL_SCHEMA = {
             "type": "object", "required": ["kind", "path"], "additionalProperties": False,
             "properties": {
                 "kind": {"enum": ["write", "sched_feature", "task_affinity", "mkdir", "mount", "file", "symlink",
-                                  "grub_oneshot", "kexec_load"]},
+                                  "grub_oneshot", "kexec_load", "process"]},
                 "path": {"type": "string", "minLength": 1, "maxLength": 4096},
                 **{key: _TEXT_OR_NULL for key in ("before", "wanted", "during", "after", "feature", "label", "error",
-                                                  "boot_id")},
+                                                  "boot_id", "started")},
+                "pid": {"type": ["integer", "null"], "minimum": 0},
                 "dry_run": {"type": "boolean"}, "refused": {"type": "boolean"},
                 "tasks": {"type": ["object", "null"]},
                 "moved_at": {"type": ["integer", "null"], "minimum": 0},
