@@ -267,7 +267,8 @@ def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
 
 TICK_METRICS = {"local_timer_irq_rate_hz": "local timer interrupts/s (the tick and other hrtimers)",
                 "local_timer_irq_duration_median_us": "median interrupt duration (µs, softirqs not included)",
-                "local_timer_irq_time_fraction": "share of the busy CPU (%)", "ftq_noise_fraction": "FTQ work lost (%)"}
+                "local_timer_irq_time_fraction": "share of the busy CPU (%)",
+                "ftq_noise_fraction": "sensitivity only: FTQ work lost (%, old 1 − mean/max; see the per-tick table)"}
 
 
 def fresh_tick_table(runs: pd.DataFrame) -> pd.DataFrame:
