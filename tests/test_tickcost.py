@@ -94,3 +94,27 @@ def test_gapdet_reader_rejects_bad_output_in_one_line(tmp_path):
     path.write_text("# ftq: 1\n")
     with pytest.raises(WorkloadOutputError, match="not gapdet output"):
         read_gapdet(path)
+
+
+def test_the_bundled_nohz_data_gives_every_setup_a_cost_per_tick_or_a_reason():
+    """On the committed nohz bundles: each setup and condition has the workload-side rows, each a number or a reason;
+    where the sound lost work is a number it is below the old 1 − mean/max (which also counts speed jitter)."""
+    from ticklab import paths
+    from ticklab.captured import find_bundles
+    from ticklab.claims import nohz
+    from ticklab.comparisons import measured_runs
+    from ticklab.published import load_published
+
+    bundles = find_bundles(paths.repo_root() / "traces", "nohz")
+    if not bundles:
+        pytest.skip("no committed nohz bundles under traces/")
+    runs, _ = measured_runs(bundles, nohz.CHECKS, nohz.CLAIM)
+    table = nohz.per_tick_table(runs, bundles, load_published(paths.published_dir(), "nohz"))
+    for (setup, condition), rows in table.groupby(["setup", "condition"]):
+        measured = rows.set_index("quantity")["measured"]
+        for _column, quantity, _scale, _seeded in nohz.WORKLOAD_COST_ROWS:
+            assert isinstance(measured[quantity], (float, str)) and measured[quantity] != "", (setup, condition, quantity)
+        sound = measured["FTQ work lost (%, 1 − mean / median tick-free quantum)"]
+        old = measured.get("sensitivity only: FTQ work lost (%, old 1 − mean/max; counts speed jitter)")
+        if isinstance(sound, float) and isinstance(old, float):
+            assert sound < old, (setup, condition)

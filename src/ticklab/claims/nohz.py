@@ -231,11 +231,14 @@ def _sound_lost(ref: BundleRef, runs, rates: pd.Series) -> float:
     """Median over ``runs`` of FTQ's work lost against the median tick-free quantum (NaN where none is tick-free)."""
     lost = []
     for run in runs:
-        header, samples = read_ftq(ref.path / "raw" / run / "ftq.dat")
-        samples = samples[~samples["warmup"]]
-        lost.append(ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]),
-                                  nominal_period_ns(float(rates.get(run, np.nan))))["lost_fraction"])
-    return float(np.nanmedian(lost)) if np.isfinite(lost).any() else np.nan
+        try:
+            header, samples = read_ftq(ref.path / "raw" / run / "ftq.dat")
+            samples = samples[~samples["warmup"]]
+            lost.append(ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]),
+                                      nominal_period_ns(float(rates.get(run, np.nan))))["lost_fraction"])
+        except (WorkloadOutputError, TickCostError):
+            continue  # the per-tick table says why, per run
+    return float(np.nanmedian(lost)) if lost and np.isfinite(lost).any() else np.nan
 
 
 def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
