@@ -6,7 +6,7 @@ import pytest
 
 from ticklab.capture.requirements import tools_bin
 from ticklab.capture.workloads import (WorkloadOutputError, parse_clockbench, parse_ftq, parse_timejobs, read_clockbench,
-                                       read_ftq)
+                                       read_ftq, read_gapdet)
 
 pytestmark = pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'")
 
@@ -60,6 +60,7 @@ def test_timejobs_counts_jobs_per_minute_over_threads(tmp_path):
     (["ftq", "-q", "5"], "ftq: quantum (-q) must be an integer in [1000, 1000000000], got '5'"),
     (["clockbench", "-t", "0"], "clockbench: threads (-t) must be 1..4096, got '0'"),
     (["clockbench", "-c", "sundial"], "clockbench: unknown clock 'sundial'"),
+    (["gapdet", "-t", "0"], "gapdet: threshold (-t) must be an integer in [1, 1000000000], got '0'"),
 ])
 def test_bad_arguments_are_refused(argv, message):
     result = subprocess.run([tools_bin() / argv[0], *argv[1:]], capture_output=True, text=True)
@@ -70,3 +71,16 @@ def test_truncated_output_names_the_file(tmp_path):
     (tmp_path / "ftq.dat").write_text("# ftq: 1\n# samples: 10\n# warmup: 0\n0 100 5\n")
     with pytest.raises(WorkloadOutputError, match="ftq.dat: 1 samples, header says 0 \\+ 10"):
         read_ftq(tmp_path / "ftq.dat")
+
+
+def test_gapdet_writes_its_calibration_and_every_gap_over_the_threshold(tmp_path):
+    if not (tools_bin() / "gapdet").exists():
+        pytest.skip("tools/bin/gapdet not built: run 'make tools'")
+    subprocess.run([tools_bin() / "gapdet", "-d", "50", "-t", "500", "-c", "0", "-o", tmp_path / "gaps.dat"], check=True)
+    header, gaps = read_gapdet(tmp_path / "gaps.dat")
+    assert header["clock"] == "CLOCK_MONOTONIC" and header["threshold_ns"] == 500 and header["reads"] > 0
+    assert 0 < header["read_ns_min"] <= header["read_ns_median"]
+    assert len(gaps) == header["gaps_kept"] == min(header["gaps"], 1_000_000)
+    assert (gaps["gap_ns"] > 500).all() and gaps["start_ns"].is_monotonic_increasing
+    assert int(header["gap_ns_total"]) == gaps["gap_ns"].sum()  # every gap kept: the total is theirs
+    assert (gaps["start_ns"] + gaps["gap_ns"] <= header["duration_ns"]).all()  # each gap ends inside the run

@@ -78,6 +78,33 @@ def parse_ftq(directory: Path) -> list[dict]:
     ]
 
 
+GAPDET_HEADER = ("threshold_ns", "duration_ns", "t0_ns", "reads", "read_ns_min", "read_ns_median", "gaps", "gaps_kept")
+
+
+def read_gapdet(path: Path) -> tuple[dict, pd.DataFrame]:
+    """gapdet's header (its counts as ints) and gaps (start_ns, gap_ns): what tools/gapdet.c wrote."""
+    header, lines = _header(path)
+    if header.get("gapdet") != "1":
+        raise WorkloadOutputError(f"{path}: not gapdet output (no '# gapdet: 1' header)")
+    values = {}
+    for key in GAPDET_HEADER:
+        text = header.get(key)
+        if text is None or not text.isdigit() or len(text) > 18:
+            raise WorkloadOutputError(f"{path}: header '# {key}:' is {text!r}, not a whole number below 10^18")
+        values[key] = int(text)
+    if values["duration_ns"] <= 0:
+        raise WorkloadOutputError(f"{path}: header '# duration_ns:' is 0; a run must last")
+    fields = [line.split() for line in lines]
+    for number, row in enumerate(fields, 1):
+        if len(row) != 2 or not all(f.isdigit() and len(f) <= 18 for f in row):
+            raise WorkloadOutputError(f"{path}: gap line {number} is {' '.join(row)[:80]!r}; gap lines must be "
+                                      "'start_ns gap_ns', two whole numbers below 10^18")
+    if len(fields) != values["gaps_kept"]:
+        raise WorkloadOutputError(f"{path}: {len(fields)} gap lines, header says {values['gaps_kept']} kept")
+    gaps = pd.DataFrame(np.array(fields, dtype=np.int64).reshape(-1, 2), columns=["start_ns", "gap_ns"])
+    return {**header, **values}, gaps
+
+
 CLOCKBENCH_COLUMNS = ("reads", "reads_per_s", "cost_mean_ns", "cost_p50_ns", "cost_p99_ns")
 
 

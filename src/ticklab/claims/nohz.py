@@ -11,11 +11,12 @@ import pandas as pd
 from scipy import signal
 
 from .. import rawfile
-from ..capture.workloads import read_ftq
+from ..capture.workloads import WorkloadOutputError, read_ftq, read_gapdet
 from ..checks import FactCheck, MetricCheck
 from ..comparisons import Comparison, NegativeControl, usable_bundles
 from ..captured import BundleRef
 from ..published import PublishedClaim, check_derived
+from ..tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, nominal_period_ns
 from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..tracespots import longest_tick_gap
 from ..verdicts import Margins, Target
@@ -196,40 +197,81 @@ def _osnoise_by_run(ref: BundleRef, entries: list[tuple[str, str, dict]]) -> lis
         if parsed and parsed[-1]["runtime_us"] > 0:
             last, seconds = parsed[-1], parsed[-1]["runtime_us"] / 1e6
             rows.append({"condition": condition, "run": run, "noise_pct": 100 - last["cpu_available_pct"],
+                         "noise_us_per_irq": last["noise_us"] / last["irqs"] if last["irqs"] else np.nan,
                          "irqs_per_s": last["irqs"] / seconds, "softirqs_per_s": last["softirqs"] / seconds})
     return rows
 
 
 OSNOISE_COLUMNS = ["setup", "condition", "runs", "FTQ: work lost (%)", "osnoise runs", "osnoise: noise (% of CPU)",
-                   "osnoise: IRQs/s", "osnoise: softirqs/s"]
+                   "osnoise: IRQs/s", "osnoise: softirqs/s", "osnoise: noise per IRQ (µs, all noise / IRQs)",
+                   "gap detector runs", "gap detector: µs lost per tick (median)", "gap detector: lost (% of CPU)"]
+
+
+def _gapdet_summary(ref: BundleRef, entries: list[tuple[str, str, dict]], condition: str, rates: pd.Series) -> dict:
+    """The gap detector's per-run readings for one condition (medians over runs): µs lost per tick period at the
+    tick's phase (TICK_NSEC for the HZ nearest the run's traced tick rate, ``rates`` by run), and all its lost time
+    as a share of the CPU."""
+    per_tick, lost = [], []
+    for cond, run, extra in entries:
+        if cond != condition or extra.get("name") != "gapdet" or extra.get("status") != "ok":
+            continue
+        try:
+            header, gaps = read_gapdet(ref.path / "raw" / extra["directory"] / "stdout.txt")
+        except WorkloadOutputError:
+            continue
+        cost = gap_tick_cost(gaps, header, nominal_period_ns(float(rates.get(run, np.nan))))
+        per_tick.append(cost["tick_gap_us_median"])
+        lost.append(100 * cost["gap_fraction"])
+    return {"gap detector runs": len(lost),
+            "gap detector: µs lost per tick (median)": float(np.nanmedian(per_tick)) if per_tick else np.nan,
+            "gap detector: lost (% of CPU)": float(np.median(lost)) if lost else np.nan}
+
+
+def _sound_lost(ref: BundleRef, runs, rates: pd.Series) -> float:
+    """Median over ``runs`` of FTQ's work lost against the median tick-free quantum (NaN where none is tick-free)."""
+    lost = []
+    for run in runs:
+        try:
+            header, samples = read_ftq(ref.path / "raw" / run / "ftq.dat")
+            samples = samples[~samples["warmup"]]
+            lost.append(ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]),
+                                      nominal_period_ns(float(rates.get(run, np.nan))))["lost_fraction"])
+        except (WorkloadOutputError, TickCostError):
+            continue  # the per-tick table says why, per run
+    return float(np.nanmedian(lost)) if lost and np.isfinite(lost).any() else np.nan
 
 
 def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
-    """Per setup and condition: the CPU share FTQ lost (median over runs of 1 − mean/max work per quantum) next to
+    """Per setup and condition: the CPU share FTQ lost (median over runs of 1 − mean / median tick-free work per
+    quantum, tickcost.ftq_tick_cost; NaN where no quantum is tick-free) next to
     what osnoise measured on the same CPU (medians over its runs): right after each FTQ run in the same boot where
     the experiment runs it per run, else once per condition. osnoise's IRQ count includes the tick's interrupts."""
     rows = []
     for ref, bundle in usable_bundles(bundles):
         results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
+        rates = bundle.results[bundle.results["metric"] == "tick_rate_hz"].set_index("run")["value"]
         measured = {r.run for r in bundle.typed.measured_runs()}
         entries = [(r["condition"], r["run"], e) for r in bundle.manifest["runs"] if r["run"] in measured
                    for e in r.get("extras") or []]
         entries += [(e.get("condition"), None, e) for e in bundle.manifest.get("extras") or []]
         osnoise = pd.DataFrame(_osnoise_by_run(ref, entries),
-                               columns=["condition", "run", "noise_pct", "irqs_per_s", "softirqs_per_s"])
+                               columns=["condition", "run", "noise_pct", "noise_us_per_irq", "irqs_per_s", "softirqs_per_s"])
         for condition, group in results.groupby("condition"):
             mine = osnoise[osnoise["condition"] == condition]
             rows.append({"setup": ref.host_id, "condition": condition, "runs": len(group),
-                         "FTQ: work lost (%)": 100 * group["value"].median(), "osnoise runs": len(mine),
+                         "FTQ: work lost (%)": 100 * _sound_lost(ref, group["run"], rates), "osnoise runs": len(mine),
                          "osnoise: noise (% of CPU)": mine["noise_pct"].median(),
                          "osnoise: IRQs/s": mine["irqs_per_s"].median(),
-                         "osnoise: softirqs/s": mine["softirqs_per_s"].median()})
+                         "osnoise: softirqs/s": mine["softirqs_per_s"].median(),
+                         "osnoise: noise per IRQ (µs, all noise / IRQs)": mine["noise_us_per_irq"].median(),
+                         **_gapdet_summary(ref, entries, condition, rates)})
     return pd.DataFrame(rows, columns=OSNOISE_COLUMNS)
 
 
 TICK_METRICS = {"local_timer_irq_rate_hz": "local timer interrupts/s (the tick and other hrtimers)",
                 "local_timer_irq_duration_median_us": "median interrupt duration (µs, softirqs not included)",
-                "local_timer_irq_time_fraction": "share of the busy CPU (%)", "ftq_noise_fraction": "FTQ work lost (%)"}
+                "local_timer_irq_time_fraction": "share of the busy CPU (%)",
+                "ftq_noise_fraction": "sensitivity only: FTQ work lost (%, old 1 − mean/max; see the per-tick table)"}
 
 
 def fresh_tick_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -279,6 +321,7 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
     ftq = runs[runs["metric"] == "ftq_noise_fraction"]
     if ftq.empty:
         return pd.DataFrame()
+    costs = tick_cost_runs(runs, bundles)
     events = _traced_events(bundles)
     seed_us = published.value("tick_cost", "tick_duration")
     seed_cell = (f"{published.row('tick_cost', 'tick_duration')['qualifier']} {seed_us:g} (printed "
@@ -288,10 +331,13 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
         chosen = runs[(runs["host_id"] == setup) & (runs["condition"] == condition)]
         traced = set().union(*(events.get(b, set()) for b in group["bundle"].unique()))
         head = {"setup": setup, "condition": condition, "runs": group["run"].nunique()}
+        mine = costs[(costs["setup"] == setup) & (costs["condition"] == condition)]
+        hz = 1e9 / float(mine["period_ns"].dropna().median()) if mine["period_ns"].notna().any() else float("nan")
+        workload = _workload_cost_rows(mine, head, seed_us, seed_cell, hz)
         if not chosen["metric"].isin([metric for metric, *_ in PER_TICK_COLUMNS]).any():
             rows.append({**head, "quantity": "µs per tick (irq + softirq), the tick told from other timer interrupts",
                          "measured": NO_SOFTIRQS if SOFTIRQ_EVENT not in traced else NO_TICK_EXPIRIES})
-            rows += _lost_work_rows(group, chosen, head)
+            rows += workload + _lost_work_rows(mine, chosen, head)
             continue
         for metric, quantity, percent, needs_softirqs in PER_TICK_COLUMNS:
             values = chosen.loc[chosen["metric"] == metric, "value"]
@@ -305,25 +351,151 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
                 if isinstance(row["measured"], float):
                     row["measured / seed"] = round(row["measured"] / seed_us, 3)
             rows.append(row)
-        rows += _lost_work_rows(group, chosen, head)
+        rows += workload + _lost_work_rows(mine, chosen, head)
     columns = ["setup", "condition", "runs", "quantity", "measured", "seed 004 (ThinkPad T60p, HZ=1000)", "measured / seed"]
     return pd.DataFrame(rows).reindex(columns=columns).fillna("")
 
 
-def _lost_work_rows(ftq: pd.DataFrame, chosen: pd.DataFrame, head: dict) -> list[dict]:
-    """FTQ's lost work and the share of it the traced tick explains: per run, the tick's share of the CPU (irq +
-    softirq) over the share of work FTQ lost (1 − mean/max work per quantum); the median over runs. Over 100%
-    would mean the tick's traced time is not all lost work (work counted in a quantum the tick also ran in)."""
+NO_GAPDET = "not recorded in this bundle (captured before the gap detector ran per run)"
+TICK_COST_COLUMNS = ["setup", "condition", "bundle", "run", "period_ns", "ftq_lost_fraction", "ftq_lost_fraction_max",
+                     "ftq_ticks", "ftq_tick_us_median", "ftq_tick_us_p99", "ftq_tick_us_mean", "ftq_reason", "gap_ticks",
+                     "gap_tick_us_median", "gap_tick_us_p99", "gap_tick_share_of_gaps", "gap_tick_fraction", "gap_reason"]
+
+
+def _gapdet_entry(record: dict) -> dict | None:
+    return next((e for e in record.get("extras") or [] if e.get("name") == "gapdet"), None)
+
+
+def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame:
+    """Per measured run of every testable FTQ bundle: the work the tick takes from the workload (issue 26), from
+    FTQ's own quanta (tickcost.ftq_tick_cost: quanta near a tick against the median tick-free quantum, and lost work
+    against that median) and from the gap detector run right after it (tickcost.gap_tick_cost), each with the
+    reason where a run cannot give it. The tick period is TICK_NSEC for the HZ nearest the run's traced tick rate
+    (``tick_rate_hz``, else ``local_timer_irq_rate_hz``, in ``runs``)."""
+    needed = {"host_id", "bundle", "run", "metric", "value"}
+    if not needed <= set(runs.columns):
+        raise ValueError(f"tick_cost_runs needs runs with columns {sorted(needed)}, got {sorted(runs.columns)}")
+    rows = []
+    for ref, bundle in usable_bundles(bundles):
+        if bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
+            continue
+        mine = runs[runs["bundle"] == str(ref.path)]
+        records = {r["run"]: r for r in bundle.manifest["runs"]}
+        for record in bundle.typed.measured_runs():
+            metrics = mine[mine["run"] == record.run].set_index("metric")["value"]
+            rate = metrics.get("tick_rate_hz", metrics.get("local_timer_irq_rate_hz", np.nan))
+            period = nominal_period_ns(float(rate))
+            row = {"setup": ref.host_id, "condition": record.condition, "bundle": str(ref.path), "run": record.run,
+                   "period_ns": period}
+            try:
+                header, samples = read_ftq(ref.path / "raw" / record.run / "ftq.dat")
+                samples = samples[~samples["warmup"]]
+                ftq = ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period)
+                row.update(ftq_lost_fraction=ftq["lost_fraction"], ftq_lost_fraction_max=ftq["lost_fraction_max"],
+                           ftq_ticks=ftq["n"], ftq_tick_us_median=ftq["tick_lost_us_median"],
+                           ftq_tick_us_p99=ftq["tick_lost_us_p99"], ftq_tick_us_mean=ftq["tick_lost_us_mean"],
+                           ftq_reason=ftq["reason"])
+            except (WorkloadOutputError, TickCostError) as exc:
+                row["ftq_reason"] = str(exc)
+            entry = _gapdet_entry(records.get(record.run, {}))
+            if entry is None or entry.get("status") != "ok":
+                row["gap_reason"] = NO_GAPDET if entry is None else f"gapdet {entry.get('status') or 'skipped'}: " \
+                                                                     f"{entry.get('skipped') or entry.get('error') or ''}"
+            else:
+                try:
+                    header, gaps = read_gapdet(ref.path / "raw" / entry["directory"] / "stdout.txt")
+                    gap = gap_tick_cost(gaps, header, period)
+                    row.update(gap_ticks=gap["n"], gap_tick_us_median=gap["tick_gap_us_median"],
+                               gap_tick_us_p99=gap["tick_gap_us_p99"], gap_tick_share_of_gaps=gap["tick_share_of_gap_time"],
+                               gap_tick_fraction=gap["tick_fraction"], gap_reason=gap["reason"])
+                except WorkloadOutputError as exc:
+                    row["gap_reason"] = str(exc)
+            rows.append(row)
+    return pd.DataFrame(rows).reindex(columns=TICK_COST_COLUMNS)
+
+
+# (column of tick_cost_runs, quantity shown, scale, compared with seed 004's µs per tick?)
+WORKLOAD_COST_ROWS = [
+    ("ftq_tick_us_median", "µs of work lost per tick, FTQ (quanta near a tick vs the median tick-free quantum), median", 1, True),
+    ("ftq_tick_us_p99", "µs of work lost per tick, FTQ, p99", 1, True),
+    ("ftq_ticks", "ticks measured by FTQ (per run)", 1, False),
+    ("ftq_tick_share", "tick's share of the CPU from FTQ's cost (%, median µs lost per tick × tick rate)", 100, False),
+    ("gap_tick_us_median", "µs lost per tick, gap detector (gaps at the tick's phase, per tick period), median", 1, True),
+    ("gap_tick_us_p99", "µs lost per tick, gap detector, p99", 1, True),
+    ("gap_ticks", "tick periods seen by the gap detector (per run)", 1, False),
+    ("gap_tick_fraction", "tick's share of the CPU from the gap detector (%)", 100, False),
+    ("gap_tick_share_of_gaps", "share of the gap detector's lost time the tick explains (%)", 100, False),
+]
+
+
+def _workload_cost_rows(costs: pd.DataFrame, head: dict, seed_us: float, seed_cell: str, hz: float) -> list[dict]:
+    """Issue 26: the tick's cost as the workload loses it, beside the tracepoint span and seed 004's ~80 µs."""
+    if costs.empty:
+        return []
+    costs = costs.assign(ftq_tick_share=pd.to_numeric(costs["ftq_tick_us_median"], errors="coerce") * hz / 1e6)
+    rows = []
+    for column, quantity, scale, seeded in WORKLOAD_COST_ROWS:
+        values = pd.to_numeric(costs[column], errors="coerce").dropna()
+        reason_column = "gap_reason" if column.startswith("gap_") else "ftq_reason"
+        if values.empty:
+            reasons = [r for r in costs[reason_column].dropna().unique() if r]
+            rows.append({**head, "quantity": quantity, "measured": reasons[0] if reasons else "not measurable"})
+            continue
+        row = {**head, "quantity": quantity, "measured": round(float(values.median()) * scale, 3)}
+        if seeded:
+            row["seed 004 (ThinkPad T60p, HZ=1000)"] = seed_cell
+            row["measured / seed"] = round(row["measured"] / seed_us, 3)
+        rows.append(row)
+    return rows
+
+
+def _lost_work_rows(costs: pd.DataFrame, chosen: pd.DataFrame, head: dict) -> list[dict]:
+    """FTQ's lost work per run against the median tick-free quantum (1 − mean / median work of the quanta no tick
+    touches, tickcost.ftq_lost_fraction), the old 1 − mean/max as a labelled sensitivity row (it also counts how much
+    faster than usual the fastest quantum ran), and the share of the lost work the traced tick explains (the tick's
+    traced share of the CPU over the lost work, per run, median over runs)."""
+    rows = []
+    lost = costs.set_index(["bundle", "run"])["ftq_lost_fraction"].astype(float).dropna()
+    if lost.empty:
+        reasons = [r for r in costs["ftq_reason"].dropna().unique() if r]
+        rows.append({**head, "quantity": "FTQ work lost (%, 1 − mean / median tick-free quantum)",
+                     "measured": reasons[0] if reasons else "not measurable"})
+    else:
+        rows.append({**head, "quantity": "FTQ work lost (%, 1 − mean / median tick-free quantum)",
+                     "measured": round(float(lost.median()) * 100, 3)})
+    old = costs["ftq_lost_fraction_max"].astype(float).dropna()
+    if not old.empty:
+        rows.append({**head, "quantity": "sensitivity only: FTQ work lost (%, old 1 − mean/max; counts speed jitter)",
+                     "measured": round(float(old.median()) * 100, 3)})
     tick = chosen[chosen["metric"] == "tick_time_fraction"].set_index(["bundle", "run"])["value"]
-    lost = ftq.set_index(["bundle", "run"])["value"]
-    rows = [{**head, "quantity": "FTQ work lost (%, 1 − mean/max work per quantum)",
-             "measured": round(float(lost.median()) * 100, 3)}]
     paired = pd.concat([tick.rename("tick"), lost.rename("lost")], axis=1, join="inner")
     paired = paired[paired["lost"] > 0]
     if not paired.empty:
-        rows.append({**head, "quantity": "share of FTQ's lost work the traced tick explains (%)",
+        rows.append({**head, "quantity": "share of FTQ's lost work the traced tick span explains (%)",
                      "measured": round(float((paired["tick"] / paired["lost"]).median()) * 100, 3)})
     return rows
+
+
+def derived_targets_from_measured(costs: pd.DataFrame) -> pd.DataFrame:
+    """What this setup's own workload-side cost per tick implies, beside what seed 004's 80 µs implies (both derived
+    by ticklab, neither printed): the work per quantum nohz_full would give back (1 / (1 − cost × HZ)) and HZ=250 vs
+    HZ=1000 ((1 − cost × 250) / (1 − cost × 1000)), per setup and condition, from the median over runs of the mean µs
+    lost per tick (FTQ, else the gap detector; the median, as FTQ's mean also counts other noise in the quanta next
+    to a tick)."""
+    rows = []
+    for (setup, condition), group in costs.groupby(["setup", "condition"]):
+        for column, source in (("ftq_tick_us_median", "FTQ"), ("gap_tick_us_median", "gap detector")):
+            values = pd.to_numeric(group[column], errors="coerce").dropna()
+            if values.empty:
+                continue
+            us, hz = float(values.median()), 1e9 / float(group["period_ns"].dropna().median())
+            rows.append({"setup": setup, "condition": condition, "µs per tick": round(us, 3), "from": source,
+                         "HZ": round(hz), "nohz_full gain at this HZ": round(1 / (1 - us * hz / 1e6), 5),
+                         "nohz_full gain at HZ=1000": round(1 / (1 - us * 1000 / 1e6), 5),
+                         "HZ=250 vs HZ=1000": round((1 - us * 250 / 1e6) / (1 - us * 1000 / 1e6), 5),
+                         "provenance": f"derived from this setup's measured cost ({source}, {us:.1f} µs per tick)"})
+            break
+    return pd.DataFrame(rows)
 
 
 SIZES = ("the target assumes the ThinkPad T60p's ~80 µs per tick at every HZ; a tick's cost depends on the CPU "
