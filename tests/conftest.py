@@ -73,6 +73,8 @@ SLOW_TESTS = {
     "test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces",
     "test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_and_kick_aheads",
     "test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle",
+    "test_an_unreachable_mirror_is_one_line_and_leaves_no_source",
+    "test_the_kernel_is_a_condition_interleaved_in_the_seeded_order",
     "test_bad_input_is_one_line_naming_the_file",
     "test_bad_requests_say_why",
     "test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs",

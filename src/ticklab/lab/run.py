@@ -85,6 +85,13 @@ def boot_settings(experiment: Experiment, condition: Condition, options: LabOpti
             "memory_mb": int(lab["memory_mb"]), "cmdline": words, "clocksource": clocksource}
 
 
+def experiment_kernels(experiment: Experiment) -> list[str]:
+    """The lab kernels an experiment's conditions boot (its lab section's, or each condition's ``lab_kernel``)."""
+    lab = lab_settings(experiment)
+    conditions = expand_conditions(experiment, planning_facts(int(lab["smp"]) if str(lab["smp"]).isdigit() else 1))
+    return sorted({boot_settings(experiment, c, LabOptions())["kernel"] for c in conditions})
+
+
 def host_cpus() -> int:
     """The CPUs QEMU's vCPU threads may run on here."""
     return len(os.sched_getaffinity(0))
@@ -209,10 +216,11 @@ class LabExecutor:
             share = Path(share)
             (share / "raw").mkdir()
             shutil.copyfile(experiment.path, share / "experiment.yaml")
+            kernel = self.kernels[setting["kernel"]]
             job = {**job, "run": directory, "backend": self.options.backend, "cmdline": setting["cmdline"],
-                   "clocksource": setting["clocksource"]}
+                   "clocksource": setting["clocksource"], "kernel_release": kernel.info["release"]}
             (share / "job.json").write_text(json.dumps(job, indent=2) + "\n")
-            boot = qemu.Boot(self.kernels[setting["kernel"]].image, self.image.initramfs, share, share / "console.log",
+            boot = qemu.Boot(kernel.image, self.image.initramfs, share, share / "console.log",
                              cmdline=setting["cmdline"], accel=self.accel, smp=setting["smp"],
                              memory_mb=setting["memory_mb"], timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
                              pin_vcpus=bool(lab["pin_vcpus"]))
@@ -226,8 +234,9 @@ class LabExecutor:
                 skipped += copy_from_share(share / name, run_dir / name)
             if skipped:
                 self.log(f"{directory}: not copied from the guest's share (not regular files): {', '.join(skipped[:5])}")
-        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": self.kernels[setting["kernel"]].info["release"],
-                   "interference": host_load.summary()}
+        # each run's kernel: the lab kernel's name, the release it booted, the source package it was built from
+        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": kernel.info["release"],
+                   "kernel_source": kernel.info["source"], "interference": host_load.summary()}
         return outcome, result, run_dir
 
     def _one_boot(self, writer: BundleWriter, planned, setting: dict) -> bool:
