@@ -43,6 +43,10 @@ EVENTS = {
                                  "\tfield:s64 expires;\toffset:24;\tsize:8;\tsigned:1;\n", "<QQq"),
     "ftrace:function": (1, "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
                            "\tfield:unsigned long parent_ip;\toffset:16;\tsize:8;\tsigned:0;\n", "<QQ"),
+    # Linux 7.1+ (include/trace/events/timer.h: hrtimer_rearm) and irq:softirq_raise
+    "timer:hrtimer_rearm": (470, "\tfield:s64 next_event;\toffset:8;\tsize:8;\tsigned:1;\n"
+                                 "\tfield:bool deferred;\toffset:16;\tsize:1;\tsigned:0;\n", "<qB7x"),
+    "irq:softirq_raise": (140, "\tfield:unsigned int vec;\toffset:8;\tsize:4;\tsigned:0;\n", "<I4x"),
 }
 PROGRAM_EVENT = 0xFFFFFFFF81123450  # the one function the tracer was filtered to
 START, ENTRY, EXIT, EXPIRE, CALL = ("timer:hrtimer_start", "irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit",
@@ -50,12 +54,12 @@ START, ENTRY, EXIT, EXPIRE, CALL = ("timer:hrtimer_start", "irq_vectors:local_ti
 T0 = 5_000_000_000
 
 
-def write_trace(directory, events: dict[int, list[tuple[int, str]]], ip_of=lambda at: PROGRAM_EVENT):
-    """A ticklab tracefs capture: per CPU, (µs after T0, event) in time order."""
+def write_trace(directory, events: dict[int, list[tuple]], ip_of=lambda at: PROGRAM_EVENT):
+    """A ticklab tracefs capture: per CPU, (µs after T0, event[, its fields]) in time order."""
     (directory / "header_page").parent.mkdir(parents=True, exist_ok=True)
     (directory / "header_page").write_text(HEADER_PAGE)
-    keys = {key for timeline in events.values() for _, key in timeline}
-    for key in keys:
+    keys = {event[1] for timeline in events.values() for event in timeline}
+    for key in sorted(keys):
         type_id, fields, _ = EVENTS[key]
         system, name = key.split(":")
         (directory / "formats" / system / name).mkdir(parents=True)
@@ -65,10 +69,10 @@ def write_trace(directory, events: dict[int, list[tuple[int, str]]], ip_of=lambd
               START: (0xFFFF8880_0000_1000, 0xFFFFFFFF81000100, 0)}
     for cpu, timeline in events.items():
         body, last = b"", T0
-        for at_us, key in timeline:
+        for at_us, key, *given in timeline:
             stamp = T0 + at_us * 1000
             type_id, _, layout = EVENTS[key]
-            fields = (ip_of(at_us), 0xFFFFFFFF81000200) if key == CALL else values[key]
+            fields = tuple(given) or ((ip_of(at_us), 0xFFFFFFFF81000200) if key == CALL else values[key])
             body += record(stamp - last, struct.pack("<HBBi", type_id, 0, 0, 1) + struct.pack(layout, *fields))
             last = stamp
         (directory / f"cpu{cpu}.raw").write_bytes(page(T0, body))
@@ -140,3 +144,62 @@ def test_a_bundle_without_counted_reprograms_says_so():
         "old: clockevent reprograms not recorded in this bundle (its trace has no function-tracer events of "
         "clockevents_program_event); hrtimer starts are shown, which are not a reprogram count."]
     hrtick.fresh_figure(runs, "old")  # draws hrtimer starts, labelled as such, instead of failing
+
+
+REARM, RAISE = "timer:hrtimer_rearm", "irq:softirq_raise"
+NOW, LATER = 0, 1   # hrtimer_rearm's deferred: at once, or at the return to user space
+# A 7.2-style trace (the series applied). CPU 0: a start that rearms at once (rearm and call share a timestamp); a
+# lazy start that reprograms nothing; an expiring interrupt rearmed on the way out (deferred); an interrupt that
+# found nothing expired (spurious); one that found only a soft timer due (raised HRTIMER_SOFTIRQ: not spurious);
+# one that raised the TIMER softirq only (still found no hrtimer: spurious); two reprograms by the tick's nohz code
+# (no rearm before them). CPU 1: a rearm whose reprogram was lost (the next rearm comes first), a rearm with its
+# call, an expiring interrupt.
+KNOWN_72 = {
+    0: [(1_000, START), (1_000, REARM, 2_000_000, NOW), (1_000, CALL),
+        (2_000, START),
+        (10_000, ENTRY), (10_001, EXPIRE), (10_003, EXIT), (10_010, REARM, 12_000_000, LATER), (10_010, CALL),
+        (20_000, ENTRY), (20_002, EXIT), (20_005, REARM, 22_000_000, LATER), (20_006, CALL),
+        (25_000, ENTRY), (25_001, RAISE, 8), (25_002, EXIT), (25_003, REARM, 27_000_000, NOW), (25_004, CALL),
+        (26_000, ENTRY), (26_001, RAISE, 1), (26_002, EXIT),
+        (30_000, CALL), (31_000, CALL)],
+    1: [(5_000, REARM, 9_000_000, NOW), (6_000, REARM, 8_000_000, NOW), (6_001, CALL),
+        (15_000, ENTRY), (15_001, EXPIRE), (15_002, EXIT)],
+}
+
+
+def test_a_72_trace_counts_rearms_and_says_whether_they_agree_with_the_reprograms(tmp_path):
+    trace = read_trace(write_trace(tmp_path / "trace", KNOWN_72))
+    rows = {row["metric"]: row["value"] for row in tracemetrics.hrtimer_metrics(trace, {})}
+    span_s = (31_000 - 1_000) / 1e6
+    assert rows["hrtimer_rearms"] == 6
+    assert rows["hrtimer_rearms_per_s"] == pytest.approx(6 / span_s)
+    assert rows["hrtimer_rearms_deferred_share"] == pytest.approx(2 / 6)
+    assert rows["clockevent_reprograms"] == 7
+    assert rows["clockevent_reprograms_per_s"] == pytest.approx(7 / span_s)
+    # every rearm but CPU 1's first was followed by its reprogram; 5 of the 7 reprograms were rearms
+    assert rows["hrtimer_rearms_reprogrammed_share"] == pytest.approx(5 / 6)
+    assert rows["clockevent_reprograms_by_rearm_share"] == pytest.approx(5 / 7)
+    # 5 interrupts; spurious: CPU 0 at 20 ms (nothing) and at 26 ms (a TIMER raise is not an hrtimer found)
+    assert rows["spurious_hrtimer_interrupts"] == 2
+    assert rows["spurious_hrtimer_interrupt_ratio"] == pytest.approx(2 / 5) == spurious_ratio(trace)
+    assert spurious_ratio(trace, 1) == 0
+
+
+def test_without_softirq_raises_an_interrupt_that_found_only_a_soft_timer_counts_as_spurious(tmp_path):
+    without = {cpu: [event for event in timeline if event[1] != RAISE] for cpu, timeline in KNOWN_72.items()}
+    trace = read_trace(write_trace(tmp_path / "trace", without))
+    assert spurious_ratio(trace) == pytest.approx(3 / 5)
+
+
+def test_a_trace_before_the_series_has_no_rearm_rows(tmp_path):
+    trace = read_trace(write_trace(tmp_path / "trace", KNOWN))
+    assert tracemetrics.hrtimer_rearms(trace) is None and tracemetrics.rearm_rows(trace, 1.0) == []
+    assert not any(row["metric"].startswith("hrtimer_rearms") for row in tracemetrics.hrtimer_metrics(trace, {}))
+
+
+def test_rearms_without_the_function_tracer_are_counted_without_an_agreement(tmp_path):
+    without = {cpu: [event for event in timeline if event[1] != CALL] for cpu, timeline in KNOWN_72.items()}
+    rows = {row["metric"]: row["value"]
+            for row in tracemetrics.hrtimer_metrics(read_trace(write_trace(tmp_path / "trace", without)), {})}
+    assert rows["hrtimer_rearms"] == 6 and "clockevent_reprograms" not in rows
+    assert "hrtimer_rearms_reprogrammed_share" not in rows
