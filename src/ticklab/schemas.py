@@ -137,6 +137,9 @@ EXPERIMENT = {
         "requires": {"type": "array", "items": REQUIREMENT},
         "trace": {"type": ["object", "null"], "properties": {
             "events": {"type": "array", "items": {"type": "string"}},
+            # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
+            # lists those it lacked (absent_events)
+            "optional_events": {"type": "array", "items": {"type": "string"}},
             "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
             "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
             # kernel functions whose every call the function tracer records (a C identifier each)

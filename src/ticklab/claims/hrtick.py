@@ -107,9 +107,10 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     ]
 
 
-# HRTICK is a scheduler feature switched per run: it must have been on (off) while the run ran.
+# HRTICK is a scheduler feature switched per run: it must have been on (off) while the run ran. Conditions are
+# "hrtick-on" or, where the kernel is a condition too, "<series> hrtick-on".
 CHECKS = [FactCheck("HRTICK sched feature during the run", "knobs[feature=HRTICK].during",
-                    {"hrtick-on": "HRTICK", "hrtick-off": "NO_HRTICK"})]
+                    {"*hrtick-on": "HRTICK", "*hrtick-off": "NO_HRTICK"})]
 
 
 FRESH_METRICS = {"runtime_s": "hackbench runtime (s)",
