@@ -12,6 +12,8 @@ from ticklab.claims import hrtick
 from ticklab.ingest import read_trace
 from ticklab.tracemetrics import TraceContentError, clockevent_reprograms, reprogram_rows, spurious_ratio
 
+SPURIOUS = "spurious_hrtimer_interrupt_ratio"
+
 # Ring-buffer layout (as tests/test_ingest.py builds it; not imported from there, whose import probes trace-cmd)
 HEADER_PAGE = ("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
                "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
@@ -203,3 +205,81 @@ def test_rearms_without_the_function_tracer_are_counted_without_an_agreement(tmp
             for row in tracemetrics.hrtimer_metrics(read_trace(write_trace(tmp_path / "trace", without)), {})}
     assert rows["hrtimer_rearms"] == 6 and "clockevent_reprograms" not in rows
     assert "hrtimer_rearms_reprogrammed_share" not in rows
+
+
+# -- verdict rows with the kernel as a condition: synthetic bundles with known truth ----------------------------
+RELEASES = {"6.12": "6.12.117-ticklab", "7.2": "7.2.13-ticklab"}
+
+
+def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
+    """A guest-hackbench bundle with the four kernel x HRTICK conditions, each run's guest kernel recorded, and the
+    metrics drawn log-normally around ``truth`` (condition -> {metric: median})."""
+    from datetime import datetime, timezone
+
+    import numpy as np
+
+    from ticklab.bundle import BundleWriter
+
+    rng = np.random.default_rng(seed)
+    writer = BundleWriter(root, "guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-x", "hrtick", "guest-hackbench",
+                          definition={}, host={}, when=datetime(2026, 11, 24, tzinfo=timezone.utc))
+    order = [condition for _ in range(runs) for condition in truth]
+    for index, condition in enumerate(order):
+        series, hrtick_value = condition.split()
+        record = {"run": f"run-{index + 1:03d}", "condition": condition, "order": index, "warmup": False,
+                  "status": "ok", "guest": {"kernel": RELEASES[series]},
+                  "knobs": [{"kind": "sched_feature", "label": "sched_feature HRTICK", "feature": "HRTICK",
+                             "during": "HRTICK" if hrtick_value == "hrtick-on" else "NO_HRTICK"}]}
+        writer.add_run(record, [{"metric": metric, "value": median * float(np.exp(rng.normal(0, sigma))), "unit": "x"}
+                                for metric, median in truth[condition].items()])
+    writer.seal()
+
+
+def rows_by_comparison(root) -> dict:
+    from types import SimpleNamespace
+
+    from ticklab.captured import find_bundles
+
+    ctx = SimpleNamespace(published=hrtick.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hrtick"),
+                          data_dir=root)
+    return {row.comparison: row for row in hrtick.CLAIM.verdicts(ctx, n_boot=2000)}
+
+
+def test_verdict_rows_test_the_series_the_reprogram_rate_and_the_spurious_ratio_per_kernel(tmp_path):
+    truth = {"6.12 hrtick-off": {"runtime_s": 4.0, "clockevent_reprograms_per_s": 2500.0, "clockevent_reprograms": 10000.0,
+                                 SPURIOUS: 0.02},
+             "6.12 hrtick-on": {"runtime_s": 4.6, "clockevent_reprograms_per_s": 2500.0, "clockevent_reprograms": 11500.0,
+                                SPURIOUS: 0.02},
+             "7.2 hrtick-off": {"runtime_s": 0.840, "clockevent_reprograms_per_s": 100.0, "clockevent_reprograms": 84.0,
+                                SPURIOUS: 0.25},
+             "7.2 hrtick-on": {"runtime_s": 0.481, "clockevent_reprograms_per_s": 100.0, "clockevent_reprograms": 460.0,
+                               SPURIOUS: 0.25}}
+    kernel_bundle(tmp_path, truth, 12, 0.03, seed=7)
+    rows = rows_by_comparison(tmp_path)
+    series = rows["series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"]
+    assert series.verdict == "reproduced", series.reason
+    assert series.n_per_condition == "12 vs 12" and series.target_ratio == pytest.approx(0.481 / 0.840)
+    assert series.target_provenance == "derived: ratio of two printed values (0.481s / 0.840s)"
+    assert series.ci_low < series.fresh_effect < series.ci_high and series.p_holm < 0.05
+    no_regression = rows["no regression: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"]
+    assert no_regression.verdict == "reproduced" and "good side of the declared bound ×1.05" in no_regression.reason
+    assert no_regression.power_at_target is None
+    premise = rows["premise: HRTICK on vs off on 6.12 (no series), hackbench -p -s 8 runtime"]
+    assert premise.role == "premise" and premise.verdict == "reproduced", premise.reason
+    rate = rows["clockevent reprograms per second with HRTICK on, 7.2 vs 6.12"]
+    assert rate.verdict == "reproduced" and rate.fresh_effect == pytest.approx(0.04, rel=0.1)
+    assert rate.target_ratio == pytest.approx(100 / 2500) and rate.printed_in_source == "100/sec / 2500/sec"
+    per_run = rows["clockevent reprograms per hackbench run with HRTICK on, 7.2 vs 6.12"]
+    assert per_run.fresh_effect == pytest.approx(460 / 11500, rel=0.1) and per_run.verdict == "reproduced"
+    spurious = rows["spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)"]
+    assert spurious.verdict == "reproduced" and spurious.target_provenance == "printed" and spurious.target_ratio == 0.25
+    assert spurious.n_per_condition == "12" and spurious.p_holm is None and "order statistics" in spurious.test
+    # the host experiment's rows ("hrtick-on"/"hrtick-off") are for the host bundles: none here
+    assert not any(name.startswith("HRTICK on vs off with the series") for name in rows)
+
+
+def test_a_spurious_ratio_far_from_25_percent_is_not_reproduced_and_few_runs_are_inconclusive():
+    assert hrtick.spurious_level([0.02, 0.03, 0.025, 0.026, 0.03, 0.021, 0.024], 0.25)[0] == "not reproduced"
+    verdict, reason, _ = hrtick.spurious_level([0.2, 0.25, 0.3], 0.25)
+    assert verdict == "inconclusive" and "too few runs" in reason
+    assert hrtick.spurious_level([0.15, 0.2, 0.25, 0.3, 0.35, 0.22, 0.27, 0.24], 0.25)[0] == "inconclusive"

@@ -285,7 +285,8 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
             "variant": variant, "key": key, "release": release, "hz": int(hz.group(1)) if hz else None,
             "series": series, "source": source.record(),
             "patches": [{"name": p.name, "sha256": _sha256(p)} for p in patch_paths(series)],
-            "fragments": [{"name": p.name, "sha256": _sha256(p)} for p in fragments],
+            "fragments": [{"name": p.relative_to(kernel_dir() / "configs").as_posix(), "sha256": _sha256(p)}
+                          for p in fragments],
             "bzImage_sha256": _sha256(work / "bzImage"), "objects": count, "jobs": jobs,
             "build_seconds": round(time.monotonic() - started, 1), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "compiler": subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
