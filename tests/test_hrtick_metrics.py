@@ -283,3 +283,22 @@ def test_a_spurious_ratio_far_from_25_percent_is_not_reproduced_and_few_runs_are
     verdict, reason, _ = hrtick.spurious_level([0.2, 0.25, 0.3], 0.25)
     assert verdict == "inconclusive" and "too few runs" in reason
     assert hrtick.spurious_level([0.15, 0.2, 0.25, 0.3, 0.35, 0.22, 0.27, 0.24], 0.25)[0] == "inconclusive"
+
+
+def test_the_fresh_table_puts_each_kernel_beside_its_own_seed_rate():
+    runs = pd.DataFrame([
+        {"host_id": "guest", "run": f"r{i}-{condition}", "condition": condition, "metric": metric, "value": value,
+         "kernel": RELEASES[condition.split()[0]]}
+        for i in range(2) for condition in ("6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on")
+        for metric, value in (("runtime_s", 2.0), ("clockevent_reprograms_per_s", 500.0), ("hrtimer_rearms_per_s", 400.0))])
+    table = hrtick.fresh_table(runs, hrtick.CLAIM.published(paths.published_dir()))
+    rate, spurious = table["seed 002 reprograms/s (HRTICK on)"], table["seed 002 spurious share"]
+    assert rate[("guest", "6.12 hrtick-on")] == "~2500/sec before the series"
+    assert rate[("guest", "7.2 hrtick-on")] == "~100/sec after the series"
+    assert rate[("guest", "7.2 hrtick-off")] == "not stated for HRTICK off"
+    assert spurious[("guest", "7.2 hrtick-on")] == "~25% after the series" and spurious[("guest", "6.12 hrtick-on")] == "not stated"
+    assert table.loc[("guest", "7.2 hrtick-on"), hrtick.FRESH_METRICS["hrtimer_rearms_per_s"]] == 400.0
+    figure = hrtick.fresh_figure(runs, "guest", hrtick.CLAIM.published(paths.published_dir()))
+    assert [t.get_text() for t in figure.axes[1].get_xticklabels()] == [
+        "6.12 HRTICK off", "6.12 HRTICK on", "7.2 HRTICK off", "7.2 HRTICK on"]
+    assert "kernel 6.12.117-ticklab, 7.2.13-ticklab" in figure._suptitle.get_text()

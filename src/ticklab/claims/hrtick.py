@@ -159,13 +159,17 @@ FRESH_METRICS = {"runtime_s": "hackbench runtime (s)",
                  "clockevent_reprograms_in_timer_irq_share": "reprograms made inside a timer irq (share)",
                  "hrtimer_start_rate_hz": "hrtimer starts/s (not a reprogram count)",
                  "local_timer_irq_rate_hz": "local timer interrupts/s",
-                 "spurious_hrtimer_interrupt_ratio": "spurious hrtimer interrupts (share of all local timer irqs)"}
+                 "spurious_hrtimer_interrupt_ratio": "spurious hrtimer interrupts (share of all local timer irqs)",
+                 "hrtimer_rearms_per_s": "hrtimer_rearm events/s (7.1+)",
+                 "hrtimer_rearms_reprogrammed_share": "rearms followed by a reprogram (share; 1: the counts agree)",
+                 "clockevent_reprograms_by_rearm_share": "reprograms made by a rearm (share; the rest: tick/nohz)"}
 REPROGRAMS = "clockevent_reprograms_per_s"
 NOT_RECORDED = "not recorded in this bundle"
 SPURIOUS_COUNTED_SHORT = "local timer interrupts that found no expired hrtimer, tracemetrics.spurious_interrupts"
 SPURIOUS_COUNTED = ("every local timer interrupt on every vCPU (in high-resolution mode each one runs "
                     "hrtimer_interrupt) during which no hrtimer of any kind expired (tick_sched_timer, the HRTICK "
-                    "timer, sleeps and all others count as expiries)")
+                    "timer, sleeps and all others count as expiries; where irq:softirq_raise was traced, a raised "
+                    "HRTIMER softirq counts as one too)")
 
 
 def seed_reprogram_rates(published: PublishedClaim) -> str:
@@ -189,12 +193,28 @@ def fresh_table(runs: pd.DataFrame, published: PublishedClaim | None = None) -> 
     table = table[[m for m in FRESH_METRICS if m in table]].rename(columns=FRESH_METRICS)
     table["runs"] = chosen[chosen["metric"] == "runtime_s"].groupby(["host_id", "condition"]).size()
     if published is not None:
-        on = table.index.get_level_values("condition") == "hrtick-on"
-        spurious = published.printed("clockevents", "spurious_ratio_after")
-        table["seed 002 reprograms/s (HRTICK on)"] = np.where(on, seed_reprogram_rates(published),
-                                                              "not stated for HRTICK off")
-        table["seed 002 spurious share"] = np.where(on, f"~{spurious} after the series", "not stated")
+        conditions = table.index.get_level_values("condition")
+        table["seed 002 reprograms/s (HRTICK on)"] = [seed_rate(published, c) for c in conditions]
+        table["seed 002 spurious share"] = [seed_spurious(published, c) for c in conditions]
     return table
+
+
+def seed_rate(published: PublishedClaim, condition: str) -> str:
+    """Seed 002's reprogram rate beside a condition: HRTICK on only; before the series for a 6.12 condition, after it
+    for a 7.2 one, both where the kernel is not a condition."""
+    if not condition.endswith("hrtick-on"):
+        return "not stated for HRTICK off"
+    if condition.startswith(f"{BEFORE} "):
+        return f"~{published.printed('clockevents', 'reprogram_rate_before')} before the series"
+    if condition.startswith(f"{AFTER} "):
+        return f"~{published.printed('clockevents', 'reprogram_rate_after')} after the series"
+    return seed_reprogram_rates(published)
+
+
+def seed_spurious(published: PublishedClaim, condition: str) -> str:
+    if not condition.endswith("hrtick-on") or condition.startswith(f"{BEFORE} "):
+        return "not stated"
+    return f"~{published.printed('clockevents', 'spurious_ratio_after')} after the series"
 
 
 def reprogram_notes(runs: pd.DataFrame) -> list[str]:
@@ -212,21 +232,23 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
     counted = (on_setup["metric"] == REPROGRAMS).any()
     second = ((REPROGRAMS, "clockevent reprograms per second (counted)") if counted else
               ("hrtimer_start_rate_hz", f"hrtimer starts per second\n(reprograms {NOT_RECORDED})"))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    conditions = sorted(on_setup["condition"].unique(), key=lambda c: (c.split()[0] if " " in c else "", "on" in c))
+    fig, axes = plt.subplots(1, 2, figsize=(max(9, 2.6 * len(conditions)), 3.8))
     for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"), (axes[1], *second)):
         chosen = on_setup[on_setup["metric"] == metric]
-        for x, condition in enumerate(["hrtick-off", "hrtick-on"]):
+        for x, condition in enumerate(conditions):
             values = chosen.loc[chosen["condition"] == condition, "value"].to_numpy()
             if len(values) == 0:
                 continue
             jitter = np.linspace(-0.12, 0.12, len(values))
-            ax.plot(x + jitter, values, "o", alpha=0.6, color="#c44e52" if condition == "hrtick-on" else "#4c72b0")
+            ax.plot(x + jitter, values, "o", alpha=0.6, color="#c44e52" if condition.endswith("hrtick-on") else "#4c72b0")
             ax.hlines(np.median(values), x - 0.25, x + 0.25, color="black")
             median = np.median(values)
             ax.annotate(f"median {median:,.0f}" if median >= 100 else f"median {median:.3f}", (x + 0.27, median),
                         fontsize=8, va="center")
-        ax.set_xticks([0, 1], ["HRTICK off", "HRTICK on"])
-        ax.set_xlim(-0.5, 2.2)
+        ax.set_xticks(range(len(conditions)), [c.replace("hrtick-off", "HRTICK off").replace("hrtick-on", "HRTICK on")
+                                               for c in conditions], fontsize=8)
+        ax.set_xlim(-0.5, len(conditions) + 0.2)
         ax.set_ylabel(label)
     if counted and published is not None:
         for when, style in (("before", "--"), ("after", ":")):
@@ -236,8 +258,9 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
                              fontsize=7, va="bottom", color="#555555")
         axes[1].set_ylim(0, None)
     fig.subplots_adjust(wspace=0.4)
-    fig.suptitle(f"hackbench -p -s 8, HRTICK off vs on, 6.12 without the series (fresh, {len(on_setup['run'].unique())} runs)\n{setup}",
-                 fontsize=9)
+    kernels = ", ".join(sorted(k for k in on_setup["kernel"].unique() if k)) if "kernel" in on_setup else ""
+    fig.suptitle(f"hackbench -p -s 8, HRTICK off vs on, kernel {kernels or 'unrecorded'} (fresh, "
+                 f"{len(on_setup['run'].unique())} runs)\n{setup}", fontsize=9)
     return fig
 
 
