@@ -75,6 +75,7 @@ SLOW_TESTS = {
     "test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle",
     "test_an_unreachable_mirror_is_one_line_and_leaves_no_source",
     "test_the_kernel_is_a_condition_interleaved_in_the_seeded_order",
+    "test_the_host_boot_plan_kexecs_between_two_installed_kernels_interleaved",
     "test_bad_input_is_one_line_naming_the_file",
     "test_bad_requests_say_why",
     "test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs",

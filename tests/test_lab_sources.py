@@ -5,6 +5,8 @@ closed port on this machine."""
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +175,25 @@ def test_a_guest_that_booted_another_kernel_is_a_mismatch():
     assert boot_mismatches([], None, facts, "7.2.13-ticklab") == [
         "the kernel is 6.12.117-ticklab, the condition asks for 7.2.13-ticklab"]
     assert boot_mismatches([], None, facts) == []
+
+
+def test_the_host_boot_plan_kexecs_between_two_installed_kernels_interleaved(tmp_path):
+    from conftest import make_fake_host
+
+    root = make_fake_host(tmp_path / "root", features=("NO_HRTICK", "NO_HRTICK_DL", "WAKEUP_PREEMPTION"))
+    (root / "proc/cmdline").write_text("BOOT_IMAGE=/boot/vmlinuz-6.12.57-1-amd64 root=/dev/vda1 ro quiet\n")
+    for release in ("6.12.57-1-amd64", "7.2.13-1-amd64"):
+        (root / "boot").mkdir(exist_ok=True)
+        (root / f"boot/vmlinuz-{release}").write_bytes(b"kernel")
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "hrtick", "--boot", "kexec", "--dry-run",
+                           "--runs", "2", "--warmup", "1", "--root", str(root)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("  run-")]
+    assert len(lines) == 12   # a warm-up of each of the 4 conditions, then 2 measured runs of each, shuffled
+    kernel_of = {"6.12": "6.12.57-1-amd64", "7.2": "7.2.13-1-amd64"}
+    for line in lines:
+        condition = line.split(":")[0].split(maxsplit=1)[1].removesuffix(" (warm-up)")
+        assert f"kernel {kernel_of[condition.split()[0]]}," in line, line
+    measured = [line.split(":")[0].split(maxsplit=1)[1] for line in lines[4:]]
+    assert sorted(measured) == sorted(["6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on"] * 2)
+    assert not (root / "var/lib/ticklab").exists()

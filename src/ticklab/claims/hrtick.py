@@ -92,7 +92,7 @@ SERIES_WHY = "the 48-patch hrtimer series, queued in tip sched/hrtick for Linux 
 # The guest experiment makes the kernel a condition: "<series> hrtick-on|off" on a 6.12 (before the series) and a
 # 7.2 (with it) lab kernel, interleaved (runners/hrtick/guest-hackbench.yaml).
 BEFORE, AFTER = "6.12", "7.2"
-GUEST = ("guest-hackbench",)
+GUEST = ("guest-hackbench", "host-boot-kernels")  # the experiments whose kernel is a condition
 NO_REGRESSION_BOUND = 1.05  # declared: "no regression" means HRTICK on is at most 5 % slower than off
 ABSOLUTE_RATES = ("absolute reprogram rates depend on the CPUs, the workload's size and the tick rate (seed 002 names "
                   "neither machine nor loop count for them); the ratio between kernels is what can be compared")
