@@ -197,3 +197,20 @@ def test_the_host_boot_plan_kexecs_between_two_installed_kernels_interleaved(tmp
     measured = [line.split(":")[0].split(maxsplit=1)[1] for line in lines[4:]]
     assert sorted(measured) == sorted(["6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on"] * 2)
     assert not (root / "var/lib/ticklab").exists()
+
+
+def test_a_guest_kernel_crash_is_named_in_the_failed_runs_problem(tmp_path):
+    from ticklab.lab.run import _no_result, guest_crash
+
+    console = tmp_path / "console.log"
+    console.write_text("[    2.338522] Run /init as init process\nticklab-guest: running job\n"
+                       "[   16.585226] Oops: int3: 0000 [#1] SMP\n[   16.585575] RIP: 0010:cpu_util.constprop.0+0x1/0x1c0\n"
+                       "[   16.586589] RIP: 0010:cpu_util.constprop.0+0x1/0x1c0\n"
+                       "[   16.586708] Kernel panic - not syncing: Fatal exception in interrupt\n")
+    assert guest_crash(console) == ("Oops: int3: 0000 [#1] SMP; RIP: 0010:cpu_util.constprop.0+0x1/0x1c0; "
+                                    "Kernel panic - not syncing: Fatal exception in interrupt")
+    assert _no_result({}, {"status": "ok", "exit": 0}, tmp_path) == (
+        "the guest wrote no result (boot ok, exit 0; its kernel crashed: Oops: int3: 0000 [#1] SMP; RIP: "
+        "0010:cpu_util.constprop.0+0x1/0x1c0; Kernel panic - not syncing: Fatal exception in interrupt; see "
+        f"{console})")
+    assert guest_crash(tmp_path / "absent.log") == ""

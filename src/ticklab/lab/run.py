@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -319,8 +320,27 @@ def guest_summary(facts: dict) -> dict:
 
 
 def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
-    return result.get("error") or (f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}; "
-                                   f"see {run_dir / 'console.log'})")
+    crash = guest_crash(run_dir / "console.log")
+    return result.get("error") or (f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}"
+                                   + (f"; its kernel crashed: {crash}" if crash else "")
+                                   + f"; see {run_dir / 'console.log'})")
+
+
+_CRASH = re.compile(r"\]\s+((?:Oops|BUG|Kernel panic)\b.*|RIP: \S+)$")
+
+
+def guest_crash(console: Path) -> str:
+    """The guest kernel's own words when it crashed (its Oops/BUG line, the RIP, the panic), from the console log."""
+    try:
+        text = console.read_text(errors="replace")[-200_000:]
+    except OSError:
+        return ""
+    found = []
+    for line in text.splitlines():
+        match = _CRASH.search(line.strip())
+        if match and match.group(1) not in found:
+            found.append(match.group(1))
+    return "; ".join(found[:3])[:300]
 
 
 def _open_regular(path: Path) -> int | None:
