@@ -300,5 +300,5 @@ def test_the_fresh_table_puts_each_kernel_beside_its_own_seed_rate():
     assert table.loc[("guest", "7.2 hrtick-on"), hrtick.FRESH_METRICS["hrtimer_rearms_per_s"]] == 400.0
     figure = hrtick.fresh_figure(runs, "guest", hrtick.CLAIM.published(paths.published_dir()))
     assert [t.get_text() for t in figure.axes[1].get_xticklabels()] == [
-        "6.12 HRTICK off", "6.12 HRTICK on", "7.2 HRTICK off", "7.2 HRTICK on"]
+        "6.12\nHRTICK off", "6.12\nHRTICK on", "7.2\nHRTICK off", "7.2\nHRTICK on"]
     assert "kernel 6.12.117-ticklab, 7.2.13-ticklab" in figure._suptitle.get_text()

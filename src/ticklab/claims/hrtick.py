@@ -233,7 +233,7 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
     second = ((REPROGRAMS, "clockevent reprograms per second (counted)") if counted else
               ("hrtimer_start_rate_hz", f"hrtimer starts per second\n(reprograms {NOT_RECORDED})"))
     conditions = sorted(on_setup["condition"].unique(), key=lambda c: (c.split()[0] if " " in c else "", "on" in c))
-    fig, axes = plt.subplots(1, 2, figsize=(max(9, 2.6 * len(conditions)), 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(max(9, 3.2 * len(conditions)), 4.2))
     for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"), (axes[1], *second)):
         chosen = on_setup[on_setup["metric"] == metric]
         for x, condition in enumerate(conditions):
@@ -246,8 +246,8 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
             median = np.median(values)
             ax.annotate(f"median {median:,.0f}" if median >= 100 else f"median {median:.3f}", (x + 0.27, median),
                         fontsize=8, va="center")
-        ax.set_xticks(range(len(conditions)), [c.replace("hrtick-off", "HRTICK off").replace("hrtick-on", "HRTICK on")
-                                               for c in conditions], fontsize=8)
+        ax.set_xticks(range(len(conditions)), [c.replace(" ", "\n").replace("hrtick-off", "HRTICK off")
+                                               .replace("hrtick-on", "HRTICK on") for c in conditions], fontsize=8)
         ax.set_xlim(-0.5, len(conditions) + 0.2)
         ax.set_ylabel(label)
     if counted and published is not None:
