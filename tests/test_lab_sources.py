@@ -214,3 +214,17 @@ def test_a_guest_kernel_crash_is_named_in_the_failed_runs_problem(tmp_path):
         "0010:cpu_util.constprop.0+0x1/0x1c0; Kernel panic - not syncing: Fatal exception in interrupt; see "
         f"{console})")
     assert guest_crash(tmp_path / "absent.log") == ""
+
+
+def test_the_guest_hrtick_experiment_traces_with_ticklabs_tracefs_backend(tmp_path):
+    from ticklab.capture.experiment import ExperimentError
+    from ticklab.lab.run import lab_settings
+
+    experiment = load_experiment(REPO / "runners" / "hrtick" / "guest-hackbench.yaml")
+    assert lab_settings(experiment)["backend"] == "tracefs"
+    assert lab_settings(load_experiment(REPO / "runners" / "nohz" / "guest-ftq.yaml"))["backend"] == "auto"
+    bad = tmp_path / "guest-bad.yaml"
+    bad.write_text((REPO / "runners" / "hrtick" / "guest-hackbench.yaml").read_text().replace("backend: tracefs",
+                                                                                            "backend: perf"))
+    with pytest.raises(ExperimentError, match="guest-bad.yaml"):
+        load_experiment(bad)

@@ -160,7 +160,9 @@ EXPERIMENT = {
             "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},
             "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
             "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
-            "pin_vcpus": {"type": "boolean"}}},
+            "pin_vcpus": {"type": "boolean"},
+            # the tracing backend inside the guest when the command line leaves it at auto
+            "backend": {"enum": ["auto", "trace-cmd", "tracefs"]}}},
         "budget": {"type": ["object", "null"], "properties": {
             "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
             "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}}},

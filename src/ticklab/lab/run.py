@@ -40,7 +40,7 @@ from . import qemu
 from .cache import LabError, cache_dir
 
 DEFAULT_LAB = {"kernel": "hz1000", "smp": 2, "memory_mb": 1024, "cmdline": "", "accel": "any", "boot_timeout_s": 300,
-               "pin_vcpus": False}
+               "pin_vcpus": False, "backend": "auto"}
 
 
 @dataclass
@@ -218,7 +218,8 @@ class LabExecutor:
             (share / "raw").mkdir()
             shutil.copyfile(experiment.path, share / "experiment.yaml")
             kernel = self.kernels[setting["kernel"]]
-            job = {**job, "run": directory, "backend": self.options.backend, "cmdline": setting["cmdline"],
+            backend = self.options.backend if self.options.backend != "auto" else str(lab["backend"])
+            job = {**job, "run": directory, "backend": backend, "cmdline": setting["cmdline"],
                    "clocksource": setting["clocksource"], "kernel_release": kernel.info["release"]}
             (share / "job.json").write_text(json.dumps(job, indent=2) + "\n")
             boot = qemu.Boot(kernel.image, self.image.initramfs, share, share / "console.log",
