@@ -238,7 +238,7 @@ class LabExecutor:
                 self.log(f"{directory}: not copied from the guest's share (not regular files): {', '.join(skipped[:5])}")
         # each run's kernel: the lab kernel's name, the release it booted, the source package it was built from
         outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": kernel.info["release"],
-                   "kernel_source": kernel.info["source"], "interference": host_load.summary()}
+                   "kernel_source": kernel.info.get("source"), "interference": host_load.summary()}
         return outcome, result, run_dir
 
     def _one_boot(self, writer: BundleWriter, planned, setting: dict) -> bool:
