@@ -154,9 +154,10 @@ def plan_start(share: Path) -> None:
     plan_job = json.loads((share / "plan-job.json").read_text())
     original = (Path("/proc/cmdline").read_text()).strip()
     release = collect()["kernel_release"]
-    runs = [bootplan.PlannedRun(job["run"], job["condition"]["name"], str(share / "bzImage"),
+    # each run's kernel: the one its condition names (share/bzImage-<release>), else the one this guest booted
+    runs = [bootplan.PlannedRun(job["run"], job["condition"]["name"], str(share / job.get("kernel_file", "bzImage")),
                                 bootplan.condition_cmdline(original, job["words"]), initrd=str(share / "initrd"),
-                                release=release, warmup=job["warmup"]) for job in plan_job["runs"]]
+                                release=job.get("release", release), warmup=job["warmup"]) for job in plan_job["runs"]]
     bootplan.create(runs, mode="kexec", bundle=share / "runs", plan_id=PLAN_ID, capture={"kind": "lab-guest"})
     bootplan.advance(PLAN_ID)
 
