@@ -10,7 +10,7 @@ import yaml
 from ticklab import paths
 from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import ExperimentError, load_experiment
-from ticklab.capture.tracing import TracingError, check_functions, planned_tracefs_writes
+from ticklab.capture.tracing import TraceResult, TracingError, check_events, check_functions, planned_tracefs_writes, present_events
 from ticklab.host import HostChanges
 from ticklab.host.knobs import restorable
 
@@ -41,6 +41,21 @@ def test_a_function_the_kernel_cannot_trace_is_refused_naming_the_file(tmp_path)
     fine = fake_tracefs(tmp_path / "d", "function nop", "clockevents_program_event\ntick_program_event [x]\n")
     check_functions(fine, ["clockevents_program_event"])
     check_functions(no_tracer, [])  # nothing asked, nothing checked
+
+
+def test_an_optional_event_is_traced_where_the_kernel_has_it_and_its_absence_recorded(tmp_path):
+    tracefs = tmp_path / "tracing"
+    for event in ("timer/hrtimer_start", "timer/hrtimer_rearm"):
+        (tracefs / "events" / event).mkdir(parents=True)
+        (tracefs / "events" / event / "format").write_text("name: x\n")
+    assert present_events(tracefs, ["timer:hrtimer_rearm"]) == (["timer:hrtimer_rearm"], [])   # 7.1 and later
+    (tracefs / "events" / "timer" / "hrtimer_rearm" / "format").unlink()                       # 6.12
+    assert present_events(tracefs, ["timer:hrtimer_rearm"]) == ([], ["timer:hrtimer_rearm"])
+    with pytest.raises(TracingError, match="no tracepoint\\(s\\) timer:hrtimer_rearm"):
+        check_events(tracefs, ["timer:hrtimer_start", "timer:hrtimer_rearm"])  # a required event stays required
+    record = TraceResult("tracefs", tmp_path, 0, absent_events=["timer:hrtimer_rearm"]).record()
+    assert record["absent_events"] == ["timer:hrtimer_rearm"]
+    assert "absent_events" not in TraceResult("tracefs", tmp_path, 0).record()
 
 
 def test_a_dry_run_lists_the_instance_filter_and_tracer(tmp_path):
@@ -83,3 +98,10 @@ def test_the_bundled_guest_hrtick_data_counts_reprograms_in_every_run():
     counted = bundle.results[bundle.results["metric"] == "clockevent_reprograms_per_s"]
     assert sorted(counted["run"]) == sorted(r["run"] for r in measured)
     assert (counted["value"] > 0).all()
+    # the kernel is a condition: 7.2's runs count the series' hrtimer_rearm too, and every rearm was followed by its
+    # reprogram; 6.12 has no such tracepoint, which each of its runs records
+    rearms = bundle.results[bundle.results["metric"] == "hrtimer_rearms_reprogrammed_share"]
+    on_72 = {r["run"] for r in measured if r["condition"].startswith("7.2 ")}
+    assert on_72 and set(rearms["run"]) == on_72 and (rearms["value"] == 1).all()
+    assert all(r["trace"].get("absent_events") == ["timer:hrtimer_rearm"] for r in measured if r["run"] not in on_72)
+    assert all(r["boot"]["kernel_source"]["package"] == f"linux-source-{r['condition'].split()[0]}" for r in measured)

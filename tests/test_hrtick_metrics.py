@@ -12,6 +12,8 @@ from ticklab.claims import hrtick
 from ticklab.ingest import read_trace
 from ticklab.tracemetrics import TraceContentError, clockevent_reprograms, reprogram_rows, spurious_ratio
 
+SPURIOUS = "spurious_hrtimer_interrupt_ratio"
+
 # Ring-buffer layout (as tests/test_ingest.py builds it; not imported from there, whose import probes trace-cmd)
 HEADER_PAGE = ("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
                "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
@@ -43,6 +45,10 @@ EVENTS = {
                                  "\tfield:s64 expires;\toffset:24;\tsize:8;\tsigned:1;\n", "<QQq"),
     "ftrace:function": (1, "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
                            "\tfield:unsigned long parent_ip;\toffset:16;\tsize:8;\tsigned:0;\n", "<QQ"),
+    # Linux 7.1+ (include/trace/events/timer.h: hrtimer_rearm) and irq:softirq_raise
+    "timer:hrtimer_rearm": (470, "\tfield:s64 next_event;\toffset:8;\tsize:8;\tsigned:1;\n"
+                                 "\tfield:bool deferred;\toffset:16;\tsize:1;\tsigned:0;\n", "<qB7x"),
+    "irq:softirq_raise": (140, "\tfield:unsigned int vec;\toffset:8;\tsize:4;\tsigned:0;\n", "<I4x"),
 }
 PROGRAM_EVENT = 0xFFFFFFFF81123450  # the one function the tracer was filtered to
 START, ENTRY, EXIT, EXPIRE, CALL = ("timer:hrtimer_start", "irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit",
@@ -50,12 +56,12 @@ START, ENTRY, EXIT, EXPIRE, CALL = ("timer:hrtimer_start", "irq_vectors:local_ti
 T0 = 5_000_000_000
 
 
-def write_trace(directory, events: dict[int, list[tuple[int, str]]], ip_of=lambda at: PROGRAM_EVENT):
-    """A ticklab tracefs capture: per CPU, (µs after T0, event) in time order."""
+def write_trace(directory, events: dict[int, list[tuple]], ip_of=lambda at: PROGRAM_EVENT):
+    """A ticklab tracefs capture: per CPU, (µs after T0, event[, its fields]) in time order."""
     (directory / "header_page").parent.mkdir(parents=True, exist_ok=True)
     (directory / "header_page").write_text(HEADER_PAGE)
-    keys = {key for timeline in events.values() for _, key in timeline}
-    for key in keys:
+    keys = {event[1] for timeline in events.values() for event in timeline}
+    for key in sorted(keys):
         type_id, fields, _ = EVENTS[key]
         system, name = key.split(":")
         (directory / "formats" / system / name).mkdir(parents=True)
@@ -65,10 +71,10 @@ def write_trace(directory, events: dict[int, list[tuple[int, str]]], ip_of=lambd
               START: (0xFFFF8880_0000_1000, 0xFFFFFFFF81000100, 0)}
     for cpu, timeline in events.items():
         body, last = b"", T0
-        for at_us, key in timeline:
+        for at_us, key, *given in timeline:
             stamp = T0 + at_us * 1000
             type_id, _, layout = EVENTS[key]
-            fields = (ip_of(at_us), 0xFFFFFFFF81000200) if key == CALL else values[key]
+            fields = tuple(given) or ((ip_of(at_us), 0xFFFFFFFF81000200) if key == CALL else values[key])
             body += record(stamp - last, struct.pack("<HBBi", type_id, 0, 0, 1) + struct.pack(layout, *fields))
             last = stamp
         (directory / f"cpu{cpu}.raw").write_bytes(page(T0, body))
@@ -140,3 +146,159 @@ def test_a_bundle_without_counted_reprograms_says_so():
         "old: clockevent reprograms not recorded in this bundle (its trace has no function-tracer events of "
         "clockevents_program_event); hrtimer starts are shown, which are not a reprogram count."]
     hrtick.fresh_figure(runs, "old")  # draws hrtimer starts, labelled as such, instead of failing
+
+
+REARM, RAISE = "timer:hrtimer_rearm", "irq:softirq_raise"
+NOW, LATER = 0, 1   # hrtimer_rearm's deferred: at once, or at the return to user space
+# A 7.2-style trace (the series applied). CPU 0: a start that rearms at once (rearm and call share a timestamp); a
+# lazy start that reprograms nothing; an expiring interrupt rearmed on the way out (deferred); an interrupt that
+# found nothing expired (spurious); one that found only a soft timer due (raised HRTIMER_SOFTIRQ: not spurious);
+# one that raised the TIMER softirq only (still found no hrtimer: spurious); two reprograms by the tick's nohz code
+# (no rearm before them). CPU 1: a rearm whose reprogram was lost (the next rearm comes first), a rearm with its
+# call, an expiring interrupt.
+KNOWN_72 = {
+    0: [(1_000, START), (1_000, REARM, 2_000_000, NOW), (1_000, CALL),
+        (2_000, START),
+        (10_000, ENTRY), (10_001, EXPIRE), (10_003, EXIT), (10_010, REARM, 12_000_000, LATER), (10_010, CALL),
+        (20_000, ENTRY), (20_002, EXIT), (20_005, REARM, 22_000_000, LATER), (20_006, CALL),
+        (25_000, ENTRY), (25_001, RAISE, 8), (25_002, EXIT), (25_003, REARM, 27_000_000, NOW), (25_004, CALL),
+        (26_000, ENTRY), (26_001, RAISE, 1), (26_002, EXIT),
+        (30_000, CALL), (31_000, CALL)],
+    1: [(5_000, REARM, 9_000_000, NOW), (6_000, REARM, 8_000_000, NOW), (6_001, CALL),
+        (15_000, ENTRY), (15_001, EXPIRE), (15_002, EXIT)],
+}
+
+
+def test_a_72_trace_counts_rearms_and_says_whether_they_agree_with_the_reprograms(tmp_path):
+    trace = read_trace(write_trace(tmp_path / "trace", KNOWN_72))
+    rows = {row["metric"]: row["value"] for row in tracemetrics.hrtimer_metrics(trace, {})}
+    span_s = (31_000 - 1_000) / 1e6
+    assert rows["hrtimer_rearms"] == 6
+    assert rows["hrtimer_rearms_per_s"] == pytest.approx(6 / span_s)
+    assert rows["hrtimer_rearms_deferred_share"] == pytest.approx(2 / 6)
+    assert rows["clockevent_reprograms"] == 7
+    assert rows["clockevent_reprograms_per_s"] == pytest.approx(7 / span_s)
+    # every rearm but CPU 1's first was followed by its reprogram; 5 of the 7 reprograms were rearms
+    assert rows["hrtimer_rearms_reprogrammed_share"] == pytest.approx(5 / 6)
+    assert rows["clockevent_reprograms_by_rearm_share"] == pytest.approx(5 / 7)
+    # 5 interrupts; spurious: CPU 0 at 20 ms (nothing) and at 26 ms (a TIMER raise is not an hrtimer found)
+    assert rows["spurious_hrtimer_interrupts"] == 2
+    assert rows["spurious_hrtimer_interrupt_ratio"] == pytest.approx(2 / 5) == spurious_ratio(trace)
+    assert spurious_ratio(trace, 1) == 0
+
+
+def test_without_softirq_raises_an_interrupt_that_found_only_a_soft_timer_counts_as_spurious(tmp_path):
+    without = {cpu: [event for event in timeline if event[1] != RAISE] for cpu, timeline in KNOWN_72.items()}
+    trace = read_trace(write_trace(tmp_path / "trace", without))
+    assert spurious_ratio(trace) == pytest.approx(3 / 5)
+
+
+def test_a_trace_before_the_series_has_no_rearm_rows(tmp_path):
+    trace = read_trace(write_trace(tmp_path / "trace", KNOWN))
+    assert tracemetrics.hrtimer_rearms(trace) is None and tracemetrics.rearm_rows(trace, 1.0) == []
+    assert not any(row["metric"].startswith("hrtimer_rearms") for row in tracemetrics.hrtimer_metrics(trace, {}))
+
+
+def test_rearms_without_the_function_tracer_are_counted_without_an_agreement(tmp_path):
+    without = {cpu: [event for event in timeline if event[1] != CALL] for cpu, timeline in KNOWN_72.items()}
+    rows = {row["metric"]: row["value"]
+            for row in tracemetrics.hrtimer_metrics(read_trace(write_trace(tmp_path / "trace", without)), {})}
+    assert rows["hrtimer_rearms"] == 6 and "clockevent_reprograms" not in rows
+    assert "hrtimer_rearms_reprogrammed_share" not in rows
+
+
+# -- verdict rows with the kernel as a condition: synthetic bundles with known truth ----------------------------
+RELEASES = {"6.12": "6.12.117-ticklab", "7.2": "7.2.13-ticklab"}
+
+
+def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
+    """A guest-hackbench bundle with the four kernel x HRTICK conditions, each run's guest kernel recorded, and the
+    metrics drawn log-normally around ``truth`` (condition -> {metric: median})."""
+    from datetime import datetime, timezone
+
+    import numpy as np
+
+    from ticklab.bundle import BundleWriter
+
+    rng = np.random.default_rng(seed)
+    writer = BundleWriter(root, "guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-x", "hrtick", "guest-hackbench",
+                          definition={}, host={}, when=datetime(2026, 11, 24, tzinfo=timezone.utc))
+    order = [condition for _ in range(runs) for condition in truth]
+    for index, condition in enumerate(order):
+        series, hrtick_value = condition.split()
+        record = {"run": f"run-{index + 1:03d}", "condition": condition, "order": index, "warmup": False,
+                  "status": "ok", "guest": {"kernel": RELEASES[series]},
+                  "knobs": [{"kind": "sched_feature", "label": "sched_feature HRTICK", "feature": "HRTICK",
+                             "during": "HRTICK" if hrtick_value == "hrtick-on" else "NO_HRTICK"}]}
+        writer.add_run(record, [{"metric": metric, "value": median * float(np.exp(rng.normal(0, sigma))), "unit": "x"}
+                                for metric, median in truth[condition].items()])
+    writer.seal()
+
+
+def rows_by_comparison(root) -> dict:
+    from types import SimpleNamespace
+
+    from ticklab.captured import find_bundles
+
+    ctx = SimpleNamespace(published=hrtick.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hrtick"),
+                          data_dir=root)
+    return {row.comparison: row for row in hrtick.CLAIM.verdicts(ctx, n_boot=2000)}
+
+
+def test_verdict_rows_test_the_series_the_reprogram_rate_and_the_spurious_ratio_per_kernel(tmp_path):
+    truth = {"6.12 hrtick-off": {"runtime_s": 4.0, "clockevent_reprograms_per_s": 2500.0, "clockevent_reprograms": 10000.0,
+                                 SPURIOUS: 0.02},
+             "6.12 hrtick-on": {"runtime_s": 4.6, "clockevent_reprograms_per_s": 2500.0, "clockevent_reprograms": 11500.0,
+                                SPURIOUS: 0.02},
+             "7.2 hrtick-off": {"runtime_s": 0.840, "clockevent_reprograms_per_s": 100.0, "clockevent_reprograms": 84.0,
+                                SPURIOUS: 0.25},
+             "7.2 hrtick-on": {"runtime_s": 0.481, "clockevent_reprograms_per_s": 100.0, "clockevent_reprograms": 460.0,
+                               SPURIOUS: 0.25}}
+    kernel_bundle(tmp_path, truth, 12, 0.03, seed=7)
+    rows = rows_by_comparison(tmp_path)
+    series = rows["series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"]
+    assert series.verdict == "reproduced", series.reason
+    assert series.n_per_condition == "12 vs 12" and series.target_ratio == pytest.approx(0.481 / 0.840)
+    assert series.target_provenance == "derived: ratio of two printed values (0.481s / 0.840s)"
+    assert series.ci_low < series.fresh_effect < series.ci_high and series.p_holm < 0.05
+    no_regression = rows["no regression: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"]
+    assert no_regression.verdict == "reproduced" and "good side of the declared bound ×1.05" in no_regression.reason
+    assert no_regression.power_at_target is None
+    premise = rows["premise: HRTICK on vs off on 6.12 (no series), hackbench -p -s 8 runtime"]
+    assert premise.role == "premise" and premise.verdict == "reproduced", premise.reason
+    rate = rows["clockevent reprograms per second with HRTICK on, 7.2 vs 6.12"]
+    assert rate.verdict == "reproduced" and rate.fresh_effect == pytest.approx(0.04, rel=0.1)
+    assert rate.target_ratio == pytest.approx(100 / 2500) and rate.printed_in_source == "100/sec / 2500/sec"
+    per_run = rows["clockevent reprograms per hackbench run with HRTICK on, 7.2 vs 6.12"]
+    assert per_run.fresh_effect == pytest.approx(460 / 11500, rel=0.1) and per_run.verdict == "reproduced"
+    spurious = rows["spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)"]
+    assert spurious.verdict == "reproduced" and spurious.target_provenance == "printed" and spurious.target_ratio == 0.25
+    assert spurious.n_per_condition == "12" and spurious.p_holm is None and "order statistics" in spurious.test
+    # the host experiment's rows ("hrtick-on"/"hrtick-off") are for the host bundles: none here
+    assert not any(name.startswith("HRTICK on vs off with the series") for name in rows)
+
+
+def test_a_spurious_ratio_far_from_25_percent_is_not_reproduced_and_few_runs_are_inconclusive():
+    assert hrtick.spurious_level([0.02, 0.03, 0.025, 0.026, 0.03, 0.021, 0.024], 0.25)[0] == "not reproduced"
+    verdict, reason, _ = hrtick.spurious_level([0.2, 0.25, 0.3], 0.25)
+    assert verdict == "inconclusive" and "too few runs" in reason
+    assert hrtick.spurious_level([0.15, 0.2, 0.25, 0.3, 0.35, 0.22, 0.27, 0.24], 0.25)[0] == "inconclusive"
+
+
+def test_the_fresh_table_puts_each_kernel_beside_its_own_seed_rate():
+    runs = pd.DataFrame([
+        {"host_id": "guest", "run": f"r{i}-{condition}", "condition": condition, "metric": metric, "value": value,
+         "kernel": RELEASES[condition.split()[0]]}
+        for i in range(2) for condition in ("6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on")
+        for metric, value in (("runtime_s", 2.0), ("clockevent_reprograms_per_s", 500.0), ("hrtimer_rearms_per_s", 400.0))])
+    table = hrtick.fresh_table(runs, hrtick.CLAIM.published(paths.published_dir()))
+    rate, spurious = table["seed 002 reprograms/s (HRTICK on)"], table["seed 002 spurious share"]
+    assert rate[("guest", "6.12 hrtick-on")] == "~2500/sec before the series"
+    assert rate[("guest", "7.2 hrtick-on")] == "~100/sec after the series"
+    assert rate[("guest", "7.2 hrtick-off")] == "not stated for HRTICK off"
+    assert spurious[("guest", "7.2 hrtick-on")] == "~25% after the series" and spurious[("guest", "6.12 hrtick-on")] == "not stated"
+    assert table.loc[("guest", "7.2 hrtick-on"), hrtick.FRESH_METRICS["hrtimer_rearms_per_s"]] == 400.0
+    figure = hrtick.fresh_figure(runs, "guest", hrtick.CLAIM.published(paths.published_dir()))
+    assert [t.get_text() for t in figure.axes[1].get_xticklabels()] == [
+        "6.12\nHRTICK off", "6.12\nHRTICK on", "7.2\nHRTICK off", "7.2\nHRTICK on"]
+    assert "kernel 6.12.117-ticklab, 7.2.13-ticklab" in figure._suptitle.get_text()

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -273,6 +274,47 @@ def _short_nohz_experiment(directory: Path) -> Path:
 
 needs_lab = pytest.mark.skipif(not (has_qemu and has_source and os.geteuid() == 0 and _cached_kernel("hz1000")),
                                reason="needs root, qemu-system-x86 and a built lab kernel (make lab)")
+
+
+def _why_no_hrtick_kernels() -> str:
+    missing = [name for name in ("hz1000", "7.2-hz1000") if not _cached_kernel(name)]
+    if not (has_qemu and os.geteuid() == 0):
+        return "needs root and qemu-system-x86"
+    return f"lab kernel(s) {', '.join(missing)} not built (ticklab lab build-kernel --variant {' '.join(missing)})" \
+        if missing else ""
+
+
+@pytest.mark.skipif(bool(_why_no_hrtick_kernels()), reason=_why_no_hrtick_kernels() or "ready")
+@needs_image_tools
+def test_a_tcg_hrtick_run_boots_both_kernels_and_counts_rearms_only_where_the_kernel_has_them(tmp_path, monkeypatch):
+    definition = yaml.safe_load((REPO / "runners" / "hrtick" / "guest-hackbench.yaml").read_text())
+    definition["conditions"] = [c for c in definition["conditions"] if c["hrtick"] == "on"]
+    definition["workload"]["params"].update(loops=200)
+    definition["name"] = "guest-hackbench-short"
+    path = tmp_path / "guest-hackbench-short.yaml"
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    temp = _own_temp(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    bundles = lab_run("hrtick", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
+                      experiment_path=path, log=lambda m: None)
+    bundle = load_bundle(bundles[0])
+    runs = {r["condition"]: r for r in bundle.manifest["runs"]}
+    assert set(runs) == {"6.12 hrtick-on", "7.2 hrtick-on"}
+    assert set(bundle.manifest["lab"]["kernels"]) == {"hz1000", "7.2-hz1000"}
+    for condition, record in runs.items():
+        series = condition.split()[0]
+        assert record["status"] == "ok" and not record["problem"], record
+        assert record["guest"]["kernel"].startswith(f"{series}.") and record["boot"]["kernel_release"] == record["guest"]["kernel"]
+        assert record["boot"]["kernel_source"]["package"] == f"linux-source-{series}"
+        assert record["boot"]["kernel_source"]["version"].startswith(f"{series}.")
+        assert record["trace"].get("absent_events", []) == ([] if series == "7.2" else ["timer:hrtimer_rearm"])
+    metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
+    assert (metrics["clockevent_reprograms"] > 0).all()
+    assert pd.isna(metrics.loc["6.12 hrtick-on"].get("hrtimer_rearms", float("nan")))
+    # on 7.2 every rearm the tracepoint saw was followed by its reprogram on that CPU
+    assert metrics.loc["7.2 hrtick-on", "hrtimer_rearms"] > 0
+    assert metrics.loc["7.2 hrtick-on", "hrtimer_rearms_reprogrammed_share"] == 1.0
+    assert not _qemu_processes(temp) and not list(temp.iterdir())
 
 
 @needs_lab

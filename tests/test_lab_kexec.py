@@ -154,3 +154,34 @@ def test_lab_run_boot_kexec_makes_a_sealed_bundle_one_boot_per_run(tmp_path):
     rates = bundle.results[bundle.results["metric"] == "local_timer_irq_rate_hz"].groupby("condition")["value"].max()
     assert rates["nohz-full"] < 0.1 * rates["tick-on"]  # the tick stopped on the measured CPU in every nohz_full boot
     assert (path / "raw/boot-plan/plan.json").is_file()
+
+
+def test_lab_run_boot_kexec_moves_between_the_6_12_and_7_2_lab_kernels(tmp_path):
+    """hrtick's host boot experiment played by one lab guest (issue 25 item 6): each run kexecs into the lab kernel
+    its condition's release pattern names (6.12.* or 7.2.*) and verifies the release it booted; HRTICK switched in
+    each boot; a rearm count only where the kernel has the tracepoint."""
+    import yaml
+
+    from ticklab.bundle import load_bundle
+    from ticklab.lab.bootplan import lab_boot_plan
+    from ticklab.lab.run import LabOptions
+
+    kexec_kernel()
+    if lab_kernel.cached_kernel("7.2-hz1000") is None:
+        pytest.skip("no built 7.2-hz1000 lab kernel (ticklab lab build-kernel --variant 7.2-hz1000)")
+    definition = yaml.safe_load((REPO / "runners/hrtick/host-boot-kernels.yaml").read_text())
+    definition["workload"]["params"].update(loops=200, groups=2)
+    path = tmp_path / "host-boot-kernels.yaml"
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    # ticklab's tracefs capture: the function filter is written before the tracer (see guest-hackbench.yaml)
+    bundle_path = lab_boot_plan("hrtick", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg",
+                                                     backend="tracefs"), path, log=lambda _: None)
+    bundle = load_bundle(bundle_path)
+    runs = bundle.manifest["runs"]
+    assert bundle.manifest["boot_plan"]["state"] == "finished"
+    assert sorted(r["condition"] for r in runs) == ["6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on"]
+    assert len({r["boot"]["boot_id"] for r in runs}) == 4 and all(r["status"] == "ok" for r in runs), runs
+    for record in runs:
+        assert record["boot"]["release"].startswith(record["condition"].split()[0] + "."), record["boot"]
+    rearms = bundle.results[bundle.results["metric"] == "hrtimer_rearms"]
+    assert set(rearms["condition"]) == {"7.2 hrtick-off", "7.2 hrtick-on"}

@@ -194,7 +194,7 @@ def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
     assert capture("hrtick", options, experiment_path=write(tmp_path), log=said.append) == []
     assert "stopping: after the initial runs, add rounds until 95% CI half-width of each compared ratio, on the log " \
            "scale, ≤ the comparison's no-effect margin (default: half the target's log-effect), from at least 5 runs " \
-           "per condition; rounds add one run of every condition, for 2 comparison(s), within 300 s and 9 runs per " \
+           "per condition; rounds add one run of every condition, for 3 comparison(s), within 300 s and 9 runs per " \
            "condition" in said
 
 

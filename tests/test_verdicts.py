@@ -66,6 +66,30 @@ def test_a_direction_only_target_is_reproduced_by_the_direction_and_needs_a_decl
         decide(premise, ci(1.3, 1.1, 1.5), 0.01, 0.05, Margins())
 
 
+NO_REGRESSION = Target(None, 1, "derived: the source says HRTICK no longer regresses; a margin of 5 % declared",
+                       "does not longer result in regressions", (), no_worse_than=1.05)
+
+
+@pytest.mark.parametrize("interval, p, verdict, words", [
+    (ci(0.57, 0.52, 0.63), 0.001, "reproduced", "whole CI lies on the good side of the declared bound ×1.05"),
+    (ci(1.01, 0.97, 1.04), 0.6, "reproduced", "good side"),          # no change shown, and none worse than 5 %
+    (ci(1.02, 0.95, 1.09), 0.5, "inconclusive", "the CI reaches past the bound"),
+    (ci(1.03, 1.01, 1.06), 0.01, "not reproduced", "a significant change to the worse side"),  # a (small) regression
+    (ci(1.2, 1.1, 1.3), 0.001, "not reproduced", "worse"),
+    (ci(1.03, 1.01, 1.06), 0.2, "inconclusive", "reaches past"),     # worse side, but not significant after Holm
+])
+def test_no_regression_is_a_non_inferiority_test_against_a_declared_bound(interval, p, verdict, words):
+    got, reason = decide(NO_REGRESSION, interval, p, 0.05, Margins())
+    assert got == verdict and words in reason
+    assert NO_REGRESSION.text == "no worse than ×1.05"
+    assert Margins().describe(NO_REGRESSION) == "non-inferiority: the CI must stay on the good side of ×1.05 (declared)"
+    lower_is_worse = Target(None, -1, "derived: x", "x", (), no_worse_than=0.95)
+    assert decide(lower_is_worse, ci(0.99, 0.96, 1.02), 0.5, 0.05, Margins())[0] == "reproduced"
+    assert decide(lower_is_worse, ci(0.9, 0.85, 0.94), 0.001, 0.05, Margins())[0] == "not reproduced"
+    with pytest.raises(ValueError, match="non-inferiority bound 0.95 needs no ratio and lies on the worse side"):
+        Target(None, 1, "derived: x", "x", (), no_worse_than=0.95)
+
+
 def test_targets_state_their_provenance_and_a_real_effect():
     with pytest.raises(ValueError, match="'printed' or 'derived: <how>'"):
         Target(1.1, 1, "published", "x", ())

@@ -256,6 +256,22 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+class _LateEpilogParser(argparse.ArgumentParser):
+    """A parser whose epilog is computed only when its help is shown (``late_epilog``: a function)."""
+
+    def format_help(self) -> str:
+        late = getattr(self, "late_epilog", None)
+        if late is not None:
+            self.epilog = late()
+        return super().format_help()
+
+
+def _kernel_sources_epilog() -> str:
+    from .lab import sources
+
+    return "kernel sources here (kernel/sources.yaml):\n" + "\n".join(f"  {line}" for line in sources.describe().splitlines())
+
+
 def _progress(args: argparse.Namespace) -> bool:
     """Progress bars on a terminal only: in a log they would be hundreds of carriage-return updates."""
     return not args.no_progress and sys.stderr.isatty()
@@ -431,10 +447,17 @@ def build_parser() -> argparse.ArgumentParser:
         one.set_defaults(func=_plan)
 
     lab = sub.add_parser("lab", help="the guest lab: lab kernels, the guest image, experiments in QEMU guests")
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="COMMAND")
-    kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from linux-source-6.12")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="COMMAND", parser_class=_LateEpilogParser)
+    kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from a Debian linux-source",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Build a lab kernel from Debian's linux-source-<series> (installed, or\n"
+                                            "fetched from the Debian suite kernel/sources.yaml names into ticklab's\n"
+                                            "cache), kernel/patches/<series>/ and kernel/configs/.")
+    kernel.late_epilog = _kernel_sources_epilog
     kernel.add_argument("--hz", type=int, choices=[1000, 250], default=1000, help="tick rate (default 1000)")
-    kernel.add_argument("--variant", nargs="+", help="kernel/configs variant(s) instead of --hz (e.g. hz1000 hz250)")
+    kernel.add_argument("--variant", nargs="+",
+                        help="lab kernels instead of --hz: <variant> on the default source (hz1000 hz250) or "
+                             "<series>-<variant> (7.2-hz1000)")
     kernel.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
     kernel.add_argument("--force", action="store_true", help="rebuild even when cached")
     kernel.add_argument("--no-progress", action="store_true", help="no progress bar")

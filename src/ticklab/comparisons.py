@@ -196,7 +196,9 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
                                    n_boot=n_boot, seed=seed)
         verdict, reason = decide(target, ratio, float(p), alpha, comparison.margins, comparison.sizes_comparable)
         power_ratio = target.ratio or math.exp(target.direction * 2 * comparison.margins.no_effect_log(target))
-        power = _power(item, power_ratio, alpha / m, comparison.margins.power_goal, seed)
+        # a non-inferiority target is not a difference to detect: no detection power for it
+        power = None if target.no_worse_than is not None else _power(item, power_ratio, alpha / m,
+                                                                     comparison.margins.power_goal, seed)
         if verdict == "inconclusive" and power is not None:
             reason += f"; {power.sentence()}" + ("" if target.ratio else f" (at ×{power_ratio:.3g}, twice the no-effect margin)")
         reason += f"; {precision_note(ratio.low, ratio.high, comparison.margins.no_effect_log(target), item.stopped)}"

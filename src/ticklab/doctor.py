@@ -17,12 +17,14 @@ from pathlib import Path
 from tabulate import tabulate
 
 from .capture import requirements, tracing
-from .capture.experiment import experiment_paths, load_experiment
+from .capture.experiment import ExperimentError, experiment_paths, load_experiment
 from .claimids import claim_ids
 from .host import HostChangeError, HostChanges, collect
 from .lab import kernel as lab_kernel
 from .lab import qemu
+from .lab import sources as lab_sources
 from .lab.cache import LabError
+from .lab.run import experiment_kernels
 
 KVM_GET_API_VERSION = 0xAE00
 
@@ -57,26 +59,46 @@ def kvm() -> tuple[bool, str]:
                    "('ticklab lab run' tries it and falls back to TCG)")
 
 
+def source_check(series: str) -> str:
+    return f"kernel source {series}"
+
+
 def lab_checks() -> dict[str, tuple[bool, str]]:
-    """What the guest lab needs: QEMU, the kernel source, built kernels, the image's programs."""
+    """What the guest lab needs: QEMU, the kernel sources (kernel/sources.yaml), built kernels, the image's programs."""
     checks = {"qemu": requirements.check_program("qemu-system-x86_64")}
     try:
-        version = lab_kernel.source_version()
-        checks["linux-source-6.12"] = (True, f"{lab_kernel.SOURCE_TARBALL} ({version})")
-        for variant in lab_kernel.variants():
-            found = lab_kernel.cached_kernel(variant)
-            checks[f"lab kernel {variant}"] = ((True, f"built: {found.directory}") if found else
-                                               (False, f"not built yet: ticklab lab build-kernel --variant {variant}"))
+        for series, spec, here in lab_sources.status():
+            if here:
+                checks[source_check(series)] = (True, f"{spec.package} {here.version}, {here.origin}: {here.tarball}")
+            else:
+                checks[source_check(series)] = (False, f"{spec.package} not here; " + (
+                    f"the first 'ticklab lab build-kernel --variant {lab_sources.canonical_name(series, 'hz1000')}' "
+                    f"fetches it from Debian {spec.suite}" if spec.suite else f"apt-get install {spec.package}"))
+                continue
+            for name in lab_kernel.kernel_names():
+                if lab_sources.split_name(name)[0] != series:
+                    continue
+                found = lab_kernel.cached_kernel(name)
+                checks[f"lab kernel {name}"] = ((True, f"built: {found.directory}") if found else
+                                                (False, f"not built yet: ticklab lab build-kernel --variant {name}"))
     except LabError as exc:
-        checks["linux-source-6.12"] = (False, str(exc))
+        checks["kernel sources"] = (False, str(exc))
     for program in ("busybox", "cpio"):
         checks[program] = requirements.check_program(program)
     return checks
 
 
 def lab_experiment(experiment, checks: dict) -> dict:
-    """Whether a guest experiment can run here: QEMU, the kernel source, and KVM where it insists on it."""
-    missing = [f"{name}: {checks[name][1]}" for name in ("qemu", "linux-source-6.12") if not checks[name][0]]
+    """Whether a guest experiment can run here: QEMU, the kernel sources its kernels build from (one that can be
+    fetched counts: the first build fetches it), and KVM where it insists on it."""
+    missing = [f"qemu: {checks['qemu'][1]}"] if not checks["qemu"][0] else []
+    try:
+        for series in sorted({lab_sources.split_name(name)[0] for name in experiment_kernels(experiment)}):
+            ok, why = checks.get(source_check(series), (False, "not checked"))
+            if not ok and not lab_sources.spec(series).suite:
+                missing.append(f"{source_check(series)}: {why}")
+    except (LabError, ExperimentError) as exc:
+        missing.append(str(exc))
     if (experiment.lab or {}).get("accel") == "kvm" and not checks["kvm guest"][0]:
         missing.append(f"needs KVM: {checks['kvm guest'][1]}")
     return {"runs": not missing, "why": "; ".join(missing) or "in the guest lab: ticklab lab run "

@@ -140,6 +140,9 @@ EXPERIMENT = {
         # a trace records its events: a trace section without them has nothing to record
         "trace": {"type": ["object", "null"], "required": ["events"], "properties": {
             "events": {"type": "array", "items": {"type": "string"}},
+            # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
+            # lists those it lacked (absent_events)
+            "optional_events": {"type": "array", "items": {"type": "string"}},
             "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
             "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
             # kernel functions whose every call the function tracer records (a C identifier each)
@@ -160,7 +163,9 @@ EXPERIMENT = {
             "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},
             "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
             "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
-            "pin_vcpus": {"type": "boolean"}}},
+            "pin_vcpus": {"type": "boolean"},
+            # the tracing backend inside the guest when the command line leaves it at auto
+            "backend": {"enum": ["auto", "trace-cmd", "tracefs"]}}},
         "budget": {"type": ["object", "null"], "properties": {
             "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
             "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}}},

@@ -42,22 +42,63 @@ def timer_interrupt_rows(trace: Trace, cpu: int) -> list[dict]:
     ]
 
 
+# -- spurious hrtimer interrupts (seed 002) ---------------------------------------------------------------
+# Seed 002 quotes the series' "spurious hrtimer interrupt ratio" without defining it. The series says what a
+# spurious interrupt is where it accepts them, in Linux 7.2.13 (Debian's linux-source-7.2 7.2.13-1):
+#   include/linux/hrtimer.h:35-41   HRTIMER_MODE_LAZY_REARM "Avoid reprogramming if the timer was the first
+#                                   expiring timer and is moved into the future. Special mode for the HRTICK
+#                                   timer ... Risks a pointless expiry, but that's better than reprogramming on
+#                                   every context switch"
+#   kernel/time/hrtimer.c:1452-1463 a lazy timer moved later returns HRTIMER_REPROGRAM_NONE: the device stays
+#                                   armed for the earlier expiry (kernel/sched/core.c:1033-1034: the HRTICK timer
+#                                   is set up with HRTIMER_MODE_LAZY_REARM)
+#   kernel/time/hrtimer.c:2192-2251 hrtimer_interrupt(): a hard timer that is due is run by
+#                                   __hrtimer_run_queues() (2077-2108), whose __run_hrtimer() emits
+#                                   timer:hrtimer_expire_entry (2036); it stops at the first timer with
+#                                   basenow < softexpires (2100-2101); a due soft timer is not run here but
+#                                   raises HRTIMER_SOFTIRQ (2216-2220)
+# So a spurious ("pointless") hrtimer interrupt is a hrtimer interrupt that found no expired timer: no
+# hrtimer_expire_entry between its local_timer_entry and local_timer_exit on that CPU, and, where the trace has
+# irq:softirq_raise, no raise of HRTIMER_SOFTIRQ either (where it has not, an interrupt that found only a soft
+# timer due is counted as spurious). In high-resolution mode every local timer interrupt on x86 runs
+# hrtimer_interrupt (the clockevent's event handler), so the ratio's denominator is every local timer
+# interrupt. The definition holds before the series too (6.12): an interrupt can find nothing due there as well.
+HRTIMER_SOFTIRQ_VECTOR = 8  # HRTIMER in include/linux/interrupt.h (SOFTIRQ_VECTORS below)
+
+
 def spurious_interrupts(trace: Trace, cpu: int) -> pd.DataFrame:
-    """The local timer interrupts on ``cpu`` during which no hrtimer expired (they found nothing to run)."""
+    """The local timer interrupts on ``cpu`` that found no expired hrtimer (see the definition above): no
+    hrtimer expired inside them, and no HRTIMER softirq was raised inside them where raises were traced."""
     interrupts = timer_interrupts(trace, cpu)
+    entry, leave = interrupts["entry_ns"].to_numpy(), interrupts["exit_ns"].to_numpy()
+
+    def inside(stamps: np.ndarray) -> np.ndarray:
+        stamps = np.sort(stamps)
+        return np.searchsorted(stamps, leave, side="right") - np.searchsorted(stamps, entry, side="left")
+
     expires = trace.table(HRTIMER_EXPIRE)
-    stamps = np.sort(expires.loc[expires["cpu"] == cpu, "timestamp"].to_numpy(dtype=np.int64))
-    inside = np.searchsorted(stamps, interrupts["exit_ns"].to_numpy()) - np.searchsorted(stamps, interrupts["entry_ns"].to_numpy())
-    return interrupts[inside == 0]
+    found = inside(expires.loc[expires["cpu"] == cpu, "timestamp"].to_numpy(dtype=np.int64))
+    if SOFTIRQ_RAISE in trace.keys():
+        raises = trace.table(SOFTIRQ_RAISE)
+        soft = raises[(raises["cpu"] == cpu) & (raises["vec"] == HRTIMER_SOFTIRQ_VECTOR)]
+        found = found + inside(soft["timestamp"].to_numpy(dtype=np.int64))
+    return interrupts[found == 0]
+
+
+def spurious_count(trace: Trace) -> tuple[int, int]:
+    """(spurious hrtimer interrupts, all local timer interrupts) over every CPU of the trace."""
+    cpus = sorted(trace.table(TIMER_ENTRY)["cpu"].unique())
+    empty = sum(len(spurious_interrupts(trace, int(cpu))) for cpu in cpus)
+    total = sum(len(timer_interrupts(trace, int(cpu))) for cpu in cpus)
+    return empty, total
 
 
 def spurious_ratio(trace: Trace, cpu: int | None = None) -> float:
-    """Share of local timer interrupts during which no hrtimer expired (the interrupt found nothing to run)."""
-    cpus = sorted(trace.table(TIMER_ENTRY)["cpu"].unique()) if cpu is None else [cpu]
-    empty = total = 0
-    for one in cpus:
-        empty += len(spurious_interrupts(trace, int(one)))
-        total += len(timer_interrupts(trace, int(one)))
+    """Share of local timer interrupts that found no expired hrtimer (spurious_interrupts), over every CPU or one."""
+    if cpu is None:
+        empty, total = spurious_count(trace)
+    else:
+        empty, total = len(spurious_interrupts(trace, cpu)), len(timer_interrupts(trace, cpu))
     return empty / total if total else float("nan")
 
 
@@ -253,6 +294,71 @@ def reprogram_rows(trace: Trace, span_s: float) -> list[dict]:
     ]
 
 
+# -- hrtimer rearms (Linux 7.1 and later) ----------------------------------------------------------------------
+# The series added the timer:hrtimer_rearm tracepoint (include/trace/events/timer.h:339-361 in 7.2.13: fields
+# next_event and deferred). It fires in hrtimer_rearm_event() (kernel/time/hrtimer.c:704-708) right before
+# tick_program_event() -> clockevents_program_event(): for every device reprogram the hrtimer code makes, from
+# hrtimer_start's path (__hrtimer_reprogram, 710-735) and from the end of a hrtimer interrupt, at once or
+# deferred to the return to user space (hrtimer_rearm, 2135-2149; deferred=1 from __hrtimer_rearm_deferred,
+# 2152-2169). clockevents_program_event is also called without it by the tick's nohz code
+# (kernel/time/tick-sched.c), broadcast and the oneshot setup, so the function-tracer count is the larger one:
+# every rearm should be followed on its CPU by one call (nothing else can come between: both run with the
+# hrtimer base lock held and interrupts off), and the calls with no rearm before them are the tick's own.
+HRTIMER_REARM = "timer:hrtimer_rearm"
+
+
+def hrtimer_rearms(trace: Trace) -> pd.DataFrame | None:
+    """Every timer:hrtimer_rearm event (timestamp, cpu, deferred), or None where the trace has none recorded (a
+    kernel before the series, or a capture that did not ask for the event)."""
+    if HRTIMER_REARM not in trace.keys():
+        return None
+    table = trace.table(HRTIMER_REARM)
+    return pd.DataFrame({"timestamp": table["timestamp"].to_numpy(dtype=np.int64),
+                         "cpu": table["cpu"].to_numpy(), "deferred": table["deferred"].to_numpy(dtype=np.int64)})
+
+
+def rearm_agreement(rearms: pd.DataFrame, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(for each rearm, whether the next of these events on its CPU is a clockevents_program_event call; for
+    each call, whether the event before it on its CPU is a rearm), in the frames' row order. A rearm and its
+    call can carry the same timestamp: the rearm comes first."""
+    followed = np.zeros(len(rearms), dtype=bool)
+    preceded = np.zeros(len(calls), dtype=bool)
+    for cpu in set(rearms["cpu"]) | set(calls["cpu"]):
+        r = np.flatnonzero((rearms["cpu"] == cpu).to_numpy())
+        c = np.flatnonzero((calls["cpu"] == cpu).to_numpy())
+        stamps = np.concatenate([rearms["timestamp"].to_numpy()[r], calls["timestamp"].to_numpy()[c]])
+        kind = np.concatenate([np.zeros(len(r), dtype=np.int64), np.ones(len(c), dtype=np.int64)])
+        rows = np.concatenate([r, c])
+        order = np.lexsort((kind, stamps))
+        kind, rows = kind[order], rows[order]
+        pair = (kind[:-1] == 0) & (kind[1:] == 1)   # a rearm directly followed by a call
+        followed[rows[:-1][pair]] = True
+        preceded[rows[1:][pair]] = True
+    return followed, preceded
+
+
+def rearm_rows(trace: Trace, span_s: float) -> list[dict]:
+    """Counted hrtimer rearms (7.1+): how many, per second of ``span_s``, the deferred share; and where the
+    function tracer counted reprograms too, whether the two counts agree (see above): the share of rearms
+    followed by a reprogram (1 when every rearm reprogrammed) and the share of reprograms made by a rearm.
+    Empty where the trace did not record the event."""
+    rearms = hrtimer_rearms(trace)
+    if rearms is None:
+        return []
+    rows = [{"metric": "hrtimer_rearms", "value": len(rearms), "unit": "count"},
+            {"metric": "hrtimer_rearms_per_s", "value": len(rearms) / span_s, "unit": "1/s"},
+            {"metric": "hrtimer_rearms_deferred_share",
+             "value": float((rearms["deferred"] != 0).mean()) if len(rearms) else float("nan"), "unit": "fraction"}]
+    calls = clockevent_reprograms(trace)
+    if calls is not None:
+        followed, preceded = rearm_agreement(rearms, calls)
+        rows += [{"metric": "hrtimer_rearms_reprogrammed_share",
+                  "value": followed.mean() if len(rearms) else float("nan"), "unit": "fraction"},
+                 {"metric": "clockevent_reprograms_by_rearm_share",
+                  "value": preceded.mean() if len(calls) else float("nan"), "unit": "fraction"}]
+    return rows
+
+
 # -- what a run's trace gives its results.csv (an experiment's ``trace.metrics`` names one) -----------------------
 def tick_metrics(trace: Trace, values: dict) -> list[dict]:
     """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
@@ -265,8 +371,10 @@ def tick_metrics(trace: Trace, values: dict) -> list[dict]:
 
 
 def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
-    """Per-run metrics from a hackbench trace: counted clockevent reprograms, hrtimer arming, timer interrupts
-    and spurious hrtimer interrupts, each per second of the traced run.
+    """Per-run metrics from a hackbench trace: counted clockevent reprograms (and on 7.1+ the hrtimer rearms the
+    tracepoint counts, with whether the two agree), hrtimer arming, timer interrupts and spurious hrtimer
+    interrupts (a hrtimer interrupt that found no expired timer: the definition above spurious_interrupts),
+    counts over the traced run and rates per second of it.
 
     ``clockevent_reprograms_per_s`` counts the calls of clockevents_program_event (the function tracer filtered
     to it), recorded only by bundles whose experiment asked for it. ``hrtimer_start_rate_hz`` counts every
@@ -274,12 +382,16 @@ def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
     cancelling the first timer reprograms, and most starts reprogram nothing)."""
     starts = trace.table("timer:hrtimer_start")
     entries = trace.table(TIMER_ENTRY)
-    span_s = traced_span_s(trace, ["timer:hrtimer_start", TIMER_ENTRY, FUNCTION_CALL])
+    span_s = traced_span_s(trace, ["timer:hrtimer_start", TIMER_ENTRY, FUNCTION_CALL, HRTIMER_REARM])
+    spurious, interrupts = spurious_count(trace)
     return [
         {"metric": "hrtimer_start_rate_hz", "value": len(starts) / span_s, "unit": "Hz"},
         {"metric": "local_timer_irq_rate_hz", "value": len(entries) / span_s, "unit": "Hz"},
-        {"metric": "spurious_hrtimer_interrupt_ratio", "value": spurious_ratio(trace), "unit": "fraction"},
+        {"metric": "spurious_hrtimer_interrupts", "value": spurious, "unit": "count"},
+        {"metric": "spurious_hrtimer_interrupt_ratio", "value": spurious / interrupts if interrupts else float("nan"),
+         "unit": "fraction"},
         *reprogram_rows(trace, span_s),
+        *rearm_rows(trace, span_s),
     ]
 
 

@@ -9,6 +9,12 @@ The vocabulary separates what was shown:
   the reason says by how much, and whether sizes are comparable on this setup at all.
 - ``not reproduced``: an effect opposite to the source's, or equivalence shown (the whole CI inside the
   comparison's declared no-effect margin).
+
+A source that says something does *not* get worse ("no longer results in regressions") states a
+non-inferiority target (``Target.no_worse_than``, a declared margin): ``reproduced`` when the whole CI lies on the
+good side of that bound (a change within the margin is accepted, as the margin declares), ``not reproduced``
+when the CI reaches past the bound and shows a significant change to the worse side (a regression),
+``inconclusive`` otherwise.
 - ``inconclusive``: neither; the reason gives the achieved power for the target and the runs per
   condition that would be needed (or says that there were too few runs to test at all).
 - ``not testable here``: with the reason.
@@ -46,10 +52,18 @@ class Target:
     provenance: str          # "printed" or "derived: <how>"
     as_printed: str          # the source's own words/numbers the target rests on, verbatim
     quotes: tuple[str, ...]  # "<claim>/<table>/<row id>" in traces/published
+    # non-inferiority: the source says the treatment is no worse than the baseline. ``direction`` is then the
+    # direction of worse (+1: a larger ratio is worse), and the ratio must stay on the good side of this declared
+    # bound (e.g. 1.05: at most 5 % worse); ``ratio`` is None
+    no_worse_than: float | None = None
 
     def __post_init__(self):
         if self.direction not in (1, -1):
             raise ValueError("a target's direction is +1 or -1")
+        if self.no_worse_than is not None and (self.ratio is not None or not self.no_worse_than > 0
+                                               or (self.no_worse_than > 1) != (self.direction > 0)):
+            raise ValueError(f"a non-inferiority bound {self.no_worse_than!r} needs no ratio and lies on the worse "
+                             f"side of 1 (direction {self.direction:+d})")
         if self.ratio is not None and (not self.ratio > 0 or self.ratio == 1 or (self.ratio > 1) != (self.direction > 0)):
             raise ValueError(f"target ratio {self.ratio!r} does not state an effect in direction {self.direction:+d}")
         if not (self.provenance == "printed" or self.provenance.startswith("derived: ")):
@@ -57,6 +71,8 @@ class Target:
 
     @property
     def text(self) -> str:
+        if self.no_worse_than is not None:
+            return f"no worse than ×{self.no_worse_than:.3g}"
         if self.ratio is None:
             return "higher" if self.direction > 0 else "lower"
         return f"×{self.ratio:.3g}"
@@ -72,11 +88,15 @@ class Margins:
     def no_effect_log(self, target: Target) -> float:
         if self.no_effect is not None:
             return math.log1p(self.no_effect)
+        if target.no_worse_than is not None:
+            return abs(math.log(target.no_worse_than))
         if target.ratio is None:
             raise ValueError("a target that states only a direction needs a declared no-effect margin")
         return abs(math.log(target.ratio)) / 2
 
     def describe(self, target: Target) -> str:
+        if target.no_worse_than is not None:
+            return f"non-inferiority: the CI must stay on the good side of ×{target.no_worse_than:.3g} (declared)"
         no_effect = math.expm1(self.no_effect_log(target))
         text = f"no effect: ratio within ×{1 / (1 + no_effect):.3g}..×{1 + no_effect:.3g}"
         if target.ratio is not None:
@@ -141,6 +161,8 @@ def decide(target: Target, fresh: Interval, p_holm: float, alpha: float, margins
     same_side = low > 0 if target.direction > 0 else high < 0
     opposite = high < 0 if target.direction > 0 else low > 0
     no_effect = margins.no_effect_log(target)
+    if target.no_worse_than is not None:
+        return _no_worse(target, low, high, significant, ci)
     if opposite and significant:
         return "not reproduced", f"effect opposite to the source's: {ci}"
     if -no_effect <= low and high <= no_effect:
@@ -158,3 +180,17 @@ def decide(target: Target, fresh: Interval, p_holm: float, alpha: float, margins
                                   f"scale: {ci}, outside the consistent sizes ×{band_low:.3g}..×{band_high:.3g} around "
                                   f"the target {target.text}" + (f"; {sizes_comparable}" if sizes_comparable else ""))
     return "inconclusive", f"cannot tell the target {target.text} from no effect: {ci}"
+
+
+def _no_worse(target: Target, low: float, high: float, significant: bool, ci: str) -> tuple[str, str]:
+    """A non-inferiority target: the CI (log scale) against the declared bound on the worse side."""
+    bound = math.log(target.no_worse_than)
+    worse_side = (lambda x: x > 0) if target.direction > 0 else (lambda x: x < 0)
+    near, far = (high, low) if target.direction > 0 else (low, high)   # the CI end toward worse, and the other
+    if not worse_side(near - bound):
+        return "reproduced", (f"no worse: the whole CI lies on the good side of the declared bound ×{target.no_worse_than:.3g} "
+                              f"({ci})")
+    if worse_side(far) and significant:
+        return "not reproduced", f"worse: a significant change to the worse side ({ci}; bound ×{target.no_worse_than:.3g})"
+    return "inconclusive", (f"cannot tell whether it is no worse than ×{target.no_worse_than:.3g}: the CI reaches past "
+                            f"the bound ({ci})")

@@ -122,7 +122,8 @@ def _record_workload(experiment: Experiment, host: HostChanges, backend: str | N
     with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
                           buffer_kb=int(experiment.trace.get("buffer_kb", 4096)),
                           symbols=experiment.trace.get("symbols") or [],
-                          functions=experiment.trace.get("functions") or []) as recording:
+                          functions=experiment.trace.get("functions") or [],
+                          optional_events=experiment.trace.get("optional_events") or []) as recording:
         outcome = run_command(argv, run_dir, experiment.timeout_s, host)
     return outcome, recording.result
 

@@ -45,6 +45,7 @@ class TraceResult:
     lost_per_cpu: dict[int, int] = field(default_factory=dict)
     symbols: dict[str, str] | None = None  # name -> address recorded beside a tracefs capture (None: not asked for)
     functions: list[str] = field(default_factory=list)
+    absent_events: list[str] = field(default_factory=list)  # optional events this kernel does not have
 
     def record(self) -> dict:
         record = {"backend": self.backend, "directory": self.directory.name, "lost_events": self.lost_events,
@@ -53,6 +54,8 @@ class TraceResult:
             record["symbols"] = self.symbols
         if self.functions:
             record["functions"] = self.functions
+        if self.absent_events:
+            record["absent_events"] = self.absent_events
         return record
 
 
@@ -67,8 +70,17 @@ def ensure_tracefs(host: HostChanges) -> Path:
     return host.root / TRACEFS_RELATIVE
 
 
+def _has_event(tracefs: Path, event: str) -> bool:
+    return (tracefs / "events" / event.replace(":", "/") / "format").is_file()
+
+
+def present_events(tracefs: Path, optional: list[str]) -> tuple[list[str], list[str]]:
+    """(the optional events this kernel has, those it has not): e.g. timer:hrtimer_rearm exists from 7.1 on."""
+    return [e for e in optional if _has_event(tracefs, e)], [e for e in optional if not _has_event(tracefs, e)]
+
+
 def check_events(tracefs: Path, events: list[str]) -> None:
-    missing = [e for e in events if not (tracefs / "events" / e.replace(":", "/") / "format").is_file()]
+    missing = [e for e in events if not _has_event(tracefs, e)]
     if missing:
         raise TracingError(f"{tracefs / 'events'}: this kernel has no tracepoint(s) {', '.join(missing)}")
 
@@ -168,8 +180,9 @@ class TracefsRecorder:
     backend = "tracefs"
 
     def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = (), functions: list[str] = ()):
-        self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
+                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = ()):
+        self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
+        self.optional_events, self.absent_events = list(optional_events), []
         self.symbols = list(symbols)
         self._symbols_found: dict[str, str] | None = None
         self.functions = list(functions)
@@ -182,6 +195,8 @@ class TracefsRecorder:
     def __enter__(self) -> "TracefsRecorder":
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
+        present, self.absent_events = present_events(tracefs, self.optional_events)
+        self.events += present
         check_functions(tracefs, self.functions)
         self._scope = self.host.scope()
         try:
@@ -294,7 +309,7 @@ class TracefsRecorder:
                         except OSError as exc:
                             self._error = f"{self.directory / f'cpu{cpu}.stats'}: cannot write ({exc.strerror or exc})"
                 self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost,
-                                          self._symbols_found, self.functions)
+                                          self._symbols_found, self.functions, self.absent_events)
         finally:
             self._close_files()  # before the instance is removed: an open trace_pipe_raw keeps it busy
             self._scope.close()
@@ -306,9 +321,10 @@ class TraceCmdRecorder:
     backend = "trace-cmd"
 
     def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = (), functions: list[str] = ()):
+                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = ()):
         # trace-cmd writes the whole of /proc/kallsyms into trace.dat: ``symbols`` needs no extra step here
-        self.host, self.events, self.directory, self.buffer_kb = host, events, Path(directory), buffer_kb
+        self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
+        self.optional_events, self.absent_events = list(optional_events), []
         self.functions = list(functions)
         self.process: subprocess.Popen | None = None
         self._error: str | None = None  # trace-cmd.log could not be written (the copier thread's error, raised here)
@@ -317,6 +333,8 @@ class TraceCmdRecorder:
     def __enter__(self) -> "TraceCmdRecorder":
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
+        present, self.absent_events = present_events(tracefs, self.optional_events)
+        self.events += present
         check_functions(tracefs, self.functions)
         self._scope = self.host.scope()
         guard_tracefs(self.host, tracefs, "trace-cmd", self.functions)
@@ -389,7 +407,8 @@ class TraceCmdRecorder:
             if self._error and exc_info[0] is None:
                 raise TracingError(self._error)
             lost = stats_lost_count(self.log_path.read_text())
-            self.result = TraceResult(self.backend, self.directory, lost, functions=self.functions)
+            self.result = TraceResult(self.backend, self.directory, lost, functions=self.functions,
+                                      absent_events=self.absent_events)
             if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:
                 raise TracingError(f"{self.log_path}: trace-cmd record exited {self.process.returncode}")
         finally:
@@ -397,11 +416,13 @@ class TraceCmdRecorder:
 
 
 def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-             symbols: list[str] = (), functions: list[str] = ()):
-    """A recorder of ``events`` and, where ``functions`` are named, of every call of those functions
+             symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = ()):
+    """A recorder of ``events``, of those ``optional_events`` the running kernel has (the others go into the
+    result's ``absent_events``) and, where ``functions`` are named, of every call of those functions
     (the function tracer filtered to them; each call is an ``ftrace:function`` event)."""
     cls = {"tracefs": TracefsRecorder, "trace-cmd": TraceCmdRecorder}.get(backend)
     if cls is None:
         raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
-    return cls(host, events, directory, buffer_kb=buffer_kb, symbols=symbols, functions=functions)
+    return cls(host, events, directory, buffer_kb=buffer_kb, symbols=symbols, functions=functions,
+               optional_events=optional_events)
 

@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 from ..bundle import BundleWriter
+import fnmatch
+
 from ..capture.bootplans import boot_experiment, condition_words
 from ..capture.experiment import Condition, Experiment, PlannedRun, expand_conditions
 from ..capture.session import Session, open_bundle, plan, plan_counts
@@ -60,6 +62,30 @@ def _words(experiment: Experiment, condition: Condition, smp: int) -> list[str]:
                            f"{experiment.path}: conditions.{condition.name}")
 
 
+def _kernel_variable(experiment: Experiment) -> str | None:
+    return next((name for name, kind in experiment.knobs.items() if kind == "host_kernel"), None)
+
+
+def plan_kernels(experiment: Experiment, conditions: list[Condition], first) -> dict:
+    """Each condition's lab kernel: ``running`` is the guest's first kernel (``first``, hz1000); a release pattern
+    (host-boot-kernels.yaml: "7.2.*") is matched against the built HZ=1000 lab kernel of every series, as a host
+    matches /boot/vmlinuz-*: exactly one must match."""
+    variable = _kernel_variable(experiment)
+    wanted = {str(c.values.get(variable, "running")) for c in conditions}
+    found = {"running": first}
+    if wanted - {"running"}:
+        candidates = [k for k in (lab_kernel.cached_kernel(name) for name in lab_kernel.kernel_names()
+                                  if name.endswith(KERNEL)) if k is not None]
+        for pattern in sorted(wanted - {"running"}):
+            matches = [k for k in candidates if fnmatch.fnmatchcase(k.info["release"], pattern)]
+            if len(matches) != 1:
+                have = ", ".join(f"{k.variant} ({k.info['release']})" for k in candidates) or "none built"
+                raise LabError(f"{experiment.path}: kernel {pattern!r} matches {len(matches)} built lab kernels (have: "
+                               f"{have}); build the one it names, e.g. ticklab lab build-kernel --variant 7.2-{KERNEL}")
+            found[pattern] = matches[0]
+    return {c.name: found[str(c.values.get(variable, "running"))] for c in conditions}
+
+
 def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None, mode: str = "kexec", log=say) -> Path:
     """Run a boot experiment's plan in one lab guest; the sealed bundle."""
     if mode != "kexec":
@@ -78,10 +104,13 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
     physical = collect()
     identity = guest_host_id(accel, {smp}, kernel.info["release"], physical)[:94].rstrip("-.") + "-kexec"
     conditions = expand_conditions(experiment, planning_facts(smp))
+    kernels = plan_kernels(experiment, conditions, kernel)
     counts = plan_counts(experiment, options)
     planned = plan(conditions, counts)
     plan_job = {"backend": options.backend, "experiment": experiment.path.name, "runs": [
         {"run": p.run, "order": p.order, "warmup": p.warmup, "experiment": experiment.path.name,
+         "kernel_file": f"bzImage-{kernels[p.condition.name].info['release']}",
+         "release": kernels[p.condition.name].info["release"],
          "words": _words(experiment, p.condition, smp),
          "cmdline": [w for w in _words(experiment, p.condition, smp) if not w.startswith("-")],
          "condition": {"name": p.condition.name, "values": p.condition.values}} for p in planned]}
@@ -90,6 +119,8 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
         share = work / "share"
         (share / "raw").mkdir(parents=True)
         shutil.copy(kernel.image, share / "bzImage")
+        for booted in {k.info["release"]: k for k in kernels.values()}.values():  # each condition's kernel, once
+            shutil.copy(booted.image, share / f"bzImage-{booted.info['release']}")
         shutil.copy(image.initramfs, share / "initrd")
         shutil.copyfile(experiment.path, share / experiment.path.name)  # boot experiments keep their host-boot-* name
         (share / "plan-job.json").write_text(json.dumps(plan_job, indent=2) + "\n")
@@ -106,7 +137,8 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
                            f"{' '.join(log_tail.split())}")
         writer = open_bundle(options.out, identity, experiment, {}, conditions, counts, planned)
         writer.manifest.lab = {"accelerator": accel, "why": why, "qemu": qemu.qemu_version(), "physical_host": physical,
-                               "physical_host_id": host_id(physical), "kernels": {KERNEL: kernel.record()},
+                               "physical_host_id": host_id(physical),
+                               "kernels": {k.variant: k.record() for k in [kernel, *kernels.values()]},
                                "image": image.record(), "qemu_outcome": outcome, "smp": smp}
         writer.manifest.details["boot_plan"] = {"mode": "kexec", "state": played.get("state"),
                                                 "original": played.get("original"), "log": played.get("log", []),

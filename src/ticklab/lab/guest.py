@@ -42,9 +42,12 @@ def _normal(value: str) -> str:
     return {"y": "1", "yes": "1", "on": "1", "true": "1", "n": "0", "no": "0", "off": "0", "false": "0"}.get(value.lower(), value)
 
 
-def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | None, facts: dict) -> list[str]:
+def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | None, facts: dict,
+                    expected_release: str | None = None) -> list[str]:
     """How the booted guest differs from what the condition asked for (empty when it matches)."""
     problems = []
+    if expected_release and facts.get("kernel_release") != expected_release:
+        problems.append(f"the kernel is {facts.get('kernel_release')}, the condition asks for {expected_release}")
     booted = (facts.get("cmdline") or "").split()
     missing = [token for token in expected_cmdline if token not in booted]
     if missing:
@@ -86,7 +89,7 @@ def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK, k
             if failed:
                 result["not_testable"] = requirements.unmet_text(failed)
                 return result
-            mismatch = boot_mismatches(job.get("cmdline", []), job.get("clocksource"), facts)
+            mismatch = boot_mismatches(job.get("cmdline", []), job.get("clocksource"), facts, job.get("kernel_release"))
             if job.get("extra"):
                 result["extra"] = _extra(experiment, planned.condition, host, facts, job["extra"], run_dir)
                 result["extra"]["boot_mismatch"] = mismatch
@@ -151,9 +154,10 @@ def plan_start(share: Path) -> None:
     plan_job = json.loads((share / "plan-job.json").read_text())
     original = (Path("/proc/cmdline").read_text()).strip()
     release = collect()["kernel_release"]
-    runs = [bootplan.PlannedRun(job["run"], job["condition"]["name"], str(share / "bzImage"),
+    # each run's kernel: the one its condition names (share/bzImage-<release>), else the one this guest booted
+    runs = [bootplan.PlannedRun(job["run"], job["condition"]["name"], str(share / job.get("kernel_file", "bzImage")),
                                 bootplan.condition_cmdline(original, job["words"]), initrd=str(share / "initrd"),
-                                release=release, warmup=job["warmup"]) for job in plan_job["runs"]]
+                                release=job.get("release", release), warmup=job["warmup"]) for job in plan_job["runs"]]
     bootplan.create(runs, mode="kexec", bundle=share / "runs", plan_id=PLAN_ID, capture={"kind": "lab-guest"})
     bootplan.advance(PLAN_ID)
 

@@ -1,8 +1,12 @@
-"""`ticklab lab build-kernel`: Debian's linux-source-6.12 + kernel/patches/6.12 + kernel/configs -> bzImage.
+"""`ticklab lab build-kernel`: Debian's linux-source-<series> + kernel/patches/<series> + kernel/configs -> bzImage.
 
-A lab kernel is named by its variant (a fragment in kernel/configs merged over guest-base, e.g.
-``hz1000``) and cached in <cache>/kernels/<variant>-<key>/, where the key hashes the source package
-version, every patch and both fragments: change any of them and the next build is a new kernel.
+A lab kernel is named ``<series>-<variant>`` (``7.2-hz1000``) or ``<variant>`` for the default series
+(``hz1000`` is 6.12's; kernel/sources.yaml lists the series and where each source comes from, see
+:mod:`ticklab.lab.sources`). The variant is a fragment in kernel/configs merged over guest-base and the
+series' own fragment (kernel/configs/sources/<series>.config); the series' patches are
+kernel/patches/<series>/*.patch. It is cached in <cache>/kernels/<name>-<key>/, where the key hashes the
+source package version (which names the upstream release), every patch and every fragment: change any of
+them and the next build is a new kernel.
 Builds happen in a temporary directory and are renamed into place only when complete, so an
 interrupted build never counts as built.
 """
@@ -23,9 +27,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..paths import repo_root
+from . import sources
 from .cache import LabError, cache_dir, content_key
 
-SOURCE_PACKAGE = "linux-source-6.12"
+# The default series' installed tarball and its top directory (what tests of the 6.12 patches extract).
 SOURCE_TARBALL = Path("/usr/src/linux-source-6.12.tar.xz")
 SOURCE_TOP = "linux-source-6.12"
 BASE_FRAGMENT = "guest-base"
@@ -42,31 +47,30 @@ def kernel_dir() -> Path:
     return repo_root() / "kernel"
 
 
-def patch_paths() -> list[Path]:
-    return sorted((kernel_dir() / "patches" / "6.12").glob("*.patch"))
+def patch_paths(series: str | None = None) -> list[Path]:
+    """The series' patches in the order they apply (the default series' when None)."""
+    series = series or sources.load_specs()[0]
+    return sorted((kernel_dir() / "patches" / series).glob("*.patch"))
 
 
 def variants() -> list[str]:
     return sorted(p.stem for p in (kernel_dir() / "configs").glob("*.config") if p.stem != BASE_FRAGMENT)
 
 
-def fragment_paths(variant: str) -> list[Path]:
+def kernel_names() -> list[str]:
+    """Every lab kernel name: each variant on each series (the default series' by the bare variant)."""
+    _, specs = sources.load_specs()
+    return [sources.canonical_name(series, variant) for series in specs for variant in variants()]
+
+
+def fragment_paths(name: str) -> list[Path]:
+    """The config fragments of a lab kernel, merged in this order: guest-base, the series', the variant."""
+    series, variant = sources.split_name(name)
     if variant not in variants():
         raise LabError(f"kernel/configs/{variant}.config: no such lab kernel variant (have: {', '.join(variants())})")
-    return [kernel_dir() / "configs" / f"{BASE_FRAGMENT}.config", kernel_dir() / "configs" / f"{variant}.config"]
-
-
-def source_version() -> str:
-    """The installed linux-source-6.12 package version, or a LabError saying how to install it."""
-    try:
-        result = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", SOURCE_PACKAGE], capture_output=True,
-                                text=True, check=False)
-    except OSError:
-        result = None
-    if result is None or result.returncode != 0 or not SOURCE_TARBALL.is_file():
-        raise LabError(f"{SOURCE_TARBALL}: missing; install the kernel source with "
-                       f"'apt-get install {SOURCE_PACKAGE}' (Debian 12 or later)")
-    return result.stdout.strip()
+    own = kernel_dir() / "configs" / "sources" / f"{series}.config"
+    return [kernel_dir() / "configs" / f"{BASE_FRAGMENT}.config", *([own] if own.is_file() else []),
+            kernel_dir() / "configs" / f"{variant}.config"]
 
 
 def patch_files(patch: Path) -> list[str]:
@@ -74,10 +78,10 @@ def patch_files(patch: Path) -> list[str]:
     return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch.read_text(), re.M)]
 
 
-def check_patches(source: Path) -> list[tuple[Path, bool, str]]:
+def check_patches(source: Path, series: str | None = None) -> list[tuple[Path, bool, str]]:
     """``patch --dry-run`` of every patch, in order, against an unpatched tree: (patch, applies, output)."""
     checked = []
-    for patch in patch_paths():
+    for patch in patch_paths(series):
         result = subprocess.run(["patch", "-p1", "--dry-run", "--batch", "--forward", "-d", str(source), "-i", str(patch)],
                                 capture_output=True, text=True, check=False)
         checked.append((patch, result.returncode == 0, (result.stdout + result.stderr).strip()))
@@ -113,7 +117,7 @@ def _sha256(path: Path) -> str:
 
 @dataclass
 class LabKernel:
-    variant: str
+    variant: str       # the lab kernel's name as experiments give it: hz1000, 7.2-hz1000
     key: str
     directory: Path
 
@@ -131,17 +135,32 @@ class LabKernel:
                 "source": info["source"], "patches": info["patches"], "bzImage_sha256": info["bzImage_sha256"]}
 
 
-def kernel_key(version: str, variant: str) -> str:
+def kernel_key(version: str, name: str) -> str:
+    """The cache key of lab kernel ``name`` built from source package ``version``."""
+    series, _ = sources.split_name(name)
     parts = [("source", version.encode())]
-    parts += [(f"patch/{p.name}", p.read_bytes()) for p in patch_paths()]
-    parts += [(f"config/{p.name}", p.read_bytes()) for p in fragment_paths(variant)]
+    parts += [(f"patch/{p.name}", p.read_bytes()) for p in patch_paths(series)]
+    parts += [(f"config/{p.parent.name}/{p.name}" if p.parent.name == "sources" else f"config/{p.name}", p.read_bytes())
+              for p in fragment_paths(name)]
     return content_key(parts)
 
 
-def cached_kernel(variant: str) -> LabKernel | None:
-    key = kernel_key(source_version(), variant)
-    directory = cache_dir() / "kernels" / f"{variant}-{key}"
-    return LabKernel(variant, key, directory) if (directory / "build.json").is_file() else None
+def kernel_path(name: str, version: str) -> tuple[str, Path]:
+    """(key, directory) of lab kernel ``name`` built from source package ``version``."""
+    series, variant = sources.split_name(name)
+    key = kernel_key(version, name)
+    return key, cache_dir() / "kernels" / f"{sources.canonical_name(series, variant)}-{key}"
+
+
+def cached_kernel(name: str) -> LabKernel | None:
+    """The built lab kernel ``name`` of the source here (None when it, or its source, is not here)."""
+    series, _ = sources.split_name(name)
+    fragment_paths(name)  # an unknown variant is an error, not "not built"
+    source = sources.find(series)
+    if source is None:
+        return None
+    key, directory = kernel_path(name, source.version)
+    return LabKernel(name, key, directory) if (directory / "build.json").is_file() else None
 
 
 def shown_dir(path: Path) -> str:
@@ -196,9 +215,10 @@ def _run(argv: list[str], log, cwd: Path | None = None) -> None:
         raise LabError(f"{log.name}: '{' '.join(argv[:3])} ...' exited {result.returncode}")
 
 
-def patched_source(version: str, say=print) -> Path:
+def patched_source(source: sources.Source, say=print) -> Path:
     """The extracted, patched source tree for this package version and patch set (made once)."""
-    key = content_key([("source", version.encode())] + [(p.name, p.read_bytes()) for p in patch_paths()])
+    version, patches = source.version, patch_paths(source.series)
+    key = content_key([("source", version.encode())] + [(p.name, p.read_bytes()) for p in patches])
     tree = cache_dir() / "src" / f"{version}-{key}"
     if (tree / ".ticklab-patched").is_file():
         return tree
@@ -206,16 +226,16 @@ def patched_source(version: str, say=print) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        say(f"extracting {SOURCE_TARBALL} and applying {', '.join(p.name for p in patch_paths()) or 'no patches'}")
-        subprocess.run(["tar", "-xf", str(SOURCE_TARBALL), "-C", str(staging)], check=True)
-        source = staging / SOURCE_TOP
-        for patch in patch_paths():
-            result = subprocess.run(["patch", "-p1", "--batch", "--forward", "-d", str(source), "-i", str(patch)],
+        say(f"extracting {source.tarball} and applying {', '.join(p.name for p in patches) or 'no patches'}")
+        subprocess.run(["tar", "-xf", str(source.tarball), "-C", str(staging)], check=True)
+        top = staging / source.top
+        for patch in patches:
+            result = subprocess.run(["patch", "-p1", "--batch", "--forward", "-d", str(top), "-i", str(patch)],
                                     capture_output=True, text=True, check=False)
             if result.returncode != 0:
-                raise LabError(f"{patch}: does not apply to {SOURCE_PACKAGE} {version}:\n{result.stdout}{result.stderr}")
-        (source / ".ticklab-patched").write_text("".join(f"{p.name}\n" for p in patch_paths()))
-        source.rename(tree)
+                raise LabError(f"{patch}: does not apply to {source.package} {version}:\n{result.stdout}{result.stderr}")
+        (top / ".ticklab-patched").write_text("".join(f"{p.name}\n" for p in patches))
+        top.rename(tree)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return tree
@@ -223,12 +243,14 @@ def patched_source(version: str, say=print) -> Path:
 
 def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, say=print, force: bool = False,
                  announce: bool = True) -> LabKernel:
-    """The cached lab kernel of ``variant``, building it first if needed (minutes). With ``announce``
-    it says that it is cached, or before building how long that takes; a caller that said so itself
-    for several kernels passes False."""
-    version = source_version()
-    key = kernel_key(version, variant)
-    final = cache_dir() / "kernels" / f"{variant}-{key}"
+    """The cached lab kernel ``variant`` (a lab kernel name: hz1000, 7.2-hz1000), building it first if needed
+    (minutes), after fetching its source when that is not here. With ``announce`` it says that it is cached, or
+    before building how long that takes; a caller that said so itself for several kernels passes False."""
+    series, _ = sources.split_name(variant)
+    fragments = fragment_paths(variant)
+    source = sources.require(series, progress=progress, say=say)
+    version = source.version
+    key, final = kernel_path(variant, version)
     if (final / "build.json").is_file() and not force:
         if announce:
             say(f"lab kernel {variant} is cached: {final}")
@@ -236,19 +258,18 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
     if announce:
         say(build_announcement([variant], jobs))
     started = time.monotonic()  # build_seconds is all the user waits for, extracting the source included
-    source = patched_source(version, say)
+    tree = patched_source(source, say)
     work = final.with_name(final.name + f".tmp-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     objects = work / "obj"
     objects.mkdir(parents=True)
     jobs = jobs or os.cpu_count() or 1
-    make = ["make", "-C", str(source), f"O={objects}", "ARCH=x86_64"]
-    fragments = fragment_paths(variant)
+    make = ["make", "-C", str(tree), f"O={objects}", "ARCH=x86_64"]
     try:
         with (work / "build.log").open("w") as log:
             _run([*make, "tinyconfig"], log)
-            _run([str(source / "scripts" / "kconfig" / "merge_config.sh"), "-m", "-O", str(objects),
-                  str(objects / ".config"), *map(str, fragments)], log, cwd=source)
+            _run([str(tree / "scripts" / "kconfig" / "merge_config.sh"), "-m", "-O", str(objects),
+                  str(objects / ".config"), *map(str, fragments)], log, cwd=tree)
             _run([*make, "olddefconfig"], log)
             unmet = unmet_options(fragment_options(fragments), (objects / ".config").read_text())
             if unmet:
@@ -262,9 +283,10 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
         hz = re.search(r"^CONFIG_HZ=(\d+)$", (work / "config").read_text(), re.M)
         info = {
             "variant": variant, "key": key, "release": release, "hz": int(hz.group(1)) if hz else None,
-            "source": {"package": SOURCE_PACKAGE, "version": version},
-            "patches": [{"name": p.name, "sha256": _sha256(p)} for p in patch_paths()],
-            "fragments": [{"name": p.name, "sha256": _sha256(p)} for p in fragments],
+            "series": series, "source": source.record(),
+            "patches": [{"name": p.name, "sha256": _sha256(p)} for p in patch_paths(series)],
+            "fragments": [{"name": p.relative_to(kernel_dir() / "configs").as_posix(), "sha256": _sha256(p)}
+                          for p in fragments],
             "bzImage_sha256": _sha256(work / "bzImage"), "objects": count, "jobs": jobs,
             "build_seconds": round(time.monotonic() - started, 1), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "compiler": subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
@@ -277,7 +299,7 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
     except BaseException:
         shutil.rmtree(objects, ignore_errors=True)  # keep build.log in the .tmp directory for a look, not the objects
         raise
-    say(f"lab kernel {variant} ({release}, HZ={info['hz']}) built in {info['build_seconds']:.0f} s: {final}")
+    say(f"lab kernel {variant} ({release} from {source.package} {version}, HZ={info['hz']}) built in {info['build_seconds']:.0f} s: {final}")
     return LabKernel(variant, key, final)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -39,7 +40,7 @@ from . import qemu
 from .cache import LabError, cache_dir
 
 DEFAULT_LAB = {"kernel": "hz1000", "smp": 2, "memory_mb": 1024, "cmdline": "", "accel": "any", "boot_timeout_s": 300,
-               "pin_vcpus": False}
+               "pin_vcpus": False, "backend": "auto"}
 
 
 @dataclass
@@ -83,6 +84,13 @@ def boot_settings(experiment: Experiment, condition: Condition, options: LabOpti
         else int(options.smp or lab["smp"])
     return {"kernel": str(values[kernel_var]) if kernel_var in values else str(lab["kernel"]), "smp": smp,
             "memory_mb": int(lab["memory_mb"]), "cmdline": words, "clocksource": clocksource}
+
+
+def experiment_kernels(experiment: Experiment) -> list[str]:
+    """The lab kernels an experiment's conditions boot (its lab section's, or each condition's ``lab_kernel``)."""
+    lab = lab_settings(experiment)
+    conditions = expand_conditions(experiment, planning_facts(int(lab["smp"]) if str(lab["smp"]).isdigit() else 1))
+    return sorted({boot_settings(experiment, c, LabOptions())["kernel"] for c in conditions})
 
 
 def host_cpus() -> int:
@@ -209,10 +217,12 @@ class LabExecutor:
             share = Path(share)
             (share / "raw").mkdir()
             shutil.copyfile(experiment.path, share / "experiment.yaml")
-            job = {**job, "run": directory, "backend": self.options.backend, "cmdline": setting["cmdline"],
-                   "clocksource": setting["clocksource"]}
+            kernel = self.kernels[setting["kernel"]]
+            backend = self.options.backend if self.options.backend != "auto" else str(lab["backend"])
+            job = {**job, "run": directory, "backend": backend, "cmdline": setting["cmdline"],
+                   "clocksource": setting["clocksource"], "kernel_release": kernel.info["release"]}
             (share / "job.json").write_text(json.dumps(job, indent=2) + "\n")
-            boot = qemu.Boot(self.kernels[setting["kernel"]].image, self.image.initramfs, share, share / "console.log",
+            boot = qemu.Boot(kernel.image, self.image.initramfs, share, share / "console.log",
                              cmdline=setting["cmdline"], accel=self.accel, smp=setting["smp"],
                              memory_mb=setting["memory_mb"], timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
                              pin_vcpus=bool(lab["pin_vcpus"]))
@@ -226,8 +236,9 @@ class LabExecutor:
                 skipped += copy_from_share(share / name, run_dir / name)
             if skipped:
                 self.log(f"{directory}: not copied from the guest's share (not regular files): {', '.join(skipped[:5])}")
-        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": self.kernels[setting["kernel"]].info["release"],
-                   "interference": host_load.summary()}
+        # each run's kernel: the lab kernel's name, the release it booted, the source package it was built from
+        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": kernel.info["release"],
+                   "kernel_source": kernel.info.get("source"), "interference": host_load.summary()}
         return outcome, result, run_dir
 
     def _one_boot(self, writer: BundleWriter, planned, setting: dict) -> bool:
@@ -310,8 +321,27 @@ def guest_summary(facts: dict) -> dict:
 
 
 def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
-    return result.get("error") or (f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}; "
-                                   f"see {run_dir / 'console.log'})")
+    crash = guest_crash(run_dir / "console.log")
+    return result.get("error") or (f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}"
+                                   + (f"; its kernel crashed: {crash}" if crash else "")
+                                   + f"; see {run_dir / 'console.log'})")
+
+
+_CRASH = re.compile(r"\]\s+((?:Oops|BUG|Kernel panic)\b.*|RIP: \S+)$")
+
+
+def guest_crash(console: Path) -> str:
+    """The guest kernel's own words when it crashed (its Oops/BUG line, the RIP, the panic), from the console log."""
+    try:
+        text = console.read_text(errors="replace")[-200_000:]
+    except OSError:
+        return ""
+    found = []
+    for line in text.splitlines():
+        match = _CRASH.search(line.strip())
+        if match and match.group(1) not in found:
+            found.append(match.group(1))
+    return "; ".join(found[:3])[:300]
 
 
 def _open_regular(path: Path) -> int | None:
