@@ -250,7 +250,8 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
                 assert abs(results["tick_rate_hz"] - hz) / hz < 0.1, results["tick_rate_hz"]
             assert results["tick_us_median"] >= results["tick_irq_us_median"] > 0  # softirqs traced and attributed
             assert {e["name"] for e in bundle.manifest["extras"]} == {"timerlat"}  # once per condition
-            assert [e["name"] for e in run["extras"]] == ["osnoise"]  # after the run, skipped where rtla is missing
+            # after the run: the gap detector, then osnoise (skipped where rtla or its tracer is missing)
+            assert [e["name"] for e in run["extras"]] == ["gapdet", "osnoise"]
             # FTQ as seed 004's author ran it: SCHED_FIFO, interrupts and other tasks moved off its CPU, put back
             header = (path / "raw" / run["run"] / "ftq.dat").read_text().splitlines()[:12]
             assert "# policy: SCHED_FIFO" in header and "# priority: 99" in header
