@@ -45,20 +45,6 @@ static void usage(const char *name)
 		"  -o  output file (default stdout)\n", name);
 }
 
-static long parse_long(const char *text, const char *what, long low, long high)
-{
-	char *end;
-	long value;
-
-	errno = 0;
-	value = strtol(text, &end, 10);
-	if (errno || *end || value < low || value > high) {
-		fprintf(stderr, "ftq: %s must be an integer in [%ld, %ld], got '%s'\n", what, low, high, text);
-		exit(2);
-	}
-	return value;
-}
-
 int main(int argc, char **argv)
 {
 	long quantum = 1000000, samples = 10000, warmup = 100, cpu = -1, prio = 0, bits = 5;
@@ -67,32 +53,18 @@ int main(int argc, char **argv)
 
 	while ((opt = getopt(argc, argv, "q:n:w:c:r:b:o:h")) != -1) {
 		switch (opt) {
-		case 'q': quantum = parse_long(optarg, "quantum (-q)", 1000, 1000000000); break;
-		case 'n': samples = parse_long(optarg, "samples (-n)", 1, 100000000); break;
-		case 'w': warmup = parse_long(optarg, "warm-up (-w)", 0, 100000000); break;
-		case 'c': cpu = parse_long(optarg, "cpu (-c)", 0, CPU_SETSIZE - 1); break;
-		case 'r': prio = parse_long(optarg, "fifo priority (-r)", 1, 99); break;
-		case 'b': bits = parse_long(optarg, "work bits (-b)", 0, 20); break;
+		case 'q': quantum = parse_long_option("ftq", optarg, "quantum (-q)", 1000, 1000000000); break;
+		case 'n': samples = parse_long_option("ftq", optarg, "samples (-n)", 1, 100000000); break;
+		case 'w': warmup = parse_long_option("ftq", optarg, "warm-up (-w)", 0, 100000000); break;
+		case 'c': cpu = parse_long_option("ftq", optarg, "cpu (-c)", 0, CPU_SETSIZE - 1); break;
+		case 'r': prio = parse_long_option("ftq", optarg, "fifo priority (-r)", 1, 99); break;
+		case 'b': bits = parse_long_option("ftq", optarg, "work bits (-b)", 0, 20); break;
 		case 'o': out_path = optarg; break;
 		default: usage(argv[0]); return opt == 'h' ? 0 : 2;
 		}
 	}
-	if (cpu < 0)
-		cpu = sched_getcpu();
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	if (sched_setaffinity(0, sizeof(set), &set)) {
-		fprintf(stderr, "ftq: cannot pin to CPU %ld: %s\n", cpu, strerror(errno));
+	if (pin_and_prioritise("ftq", &cpu, prio))
 		return 1;
-	}
-	if (prio) {
-		struct sched_param param = { .sched_priority = (int)prio };
-		if (sched_setscheduler(0, SCHED_FIFO, &param)) {
-			fprintf(stderr, "ftq: cannot use SCHED_FIFO %ld: %s\n", prio, strerror(errno));
-			return 1;
-		}
-	}
 	long total = samples + warmup;
 	uint64_t *ends = calloc((size_t)total, sizeof(*ends));
 	uint64_t *counts = calloc((size_t)total, sizeof(*counts));

@@ -45,20 +45,6 @@ static void usage(const char *name)
 		"  -o  output file (default stdout)\n", name);
 }
 
-static long parse_long(const char *text, const char *what, long low, long high)
-{
-	char *end;
-	long value;
-
-	errno = 0;
-	value = strtol(text, &end, 10);
-	if (errno || *end || value < low || value > high) {
-		fprintf(stderr, "gapdet: %s must be an integer in [%ld, %ld], got '%s'\n", what, low, high, text);
-		exit(2);
-	}
-	return value;
-}
-
 static int compare_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -73,31 +59,17 @@ int main(int argc, char **argv)
 
 	while ((opt = getopt(argc, argv, "d:t:c:r:m:o:h")) != -1) {
 		switch (opt) {
-		case 'd': duration_ms = parse_long(optarg, "duration (-d)", 1, 3600000); break;
-		case 't': threshold = parse_long(optarg, "threshold (-t)", 1, 1000000000); break;
-		case 'c': cpu = parse_long(optarg, "cpu (-c)", 0, CPU_SETSIZE - 1); break;
-		case 'r': prio = parse_long(optarg, "fifo priority (-r)", 1, 99); break;
-		case 'm': max_gaps = parse_long(optarg, "max gaps (-m)", 1, 100000000); break;
+		case 'd': duration_ms = parse_long_option("gapdet", optarg, "duration (-d)", 1, 3600000); break;
+		case 't': threshold = parse_long_option("gapdet", optarg, "threshold (-t)", 1, 1000000000); break;
+		case 'c': cpu = parse_long_option("gapdet", optarg, "cpu (-c)", 0, CPU_SETSIZE - 1); break;
+		case 'r': prio = parse_long_option("gapdet", optarg, "fifo priority (-r)", 1, 99); break;
+		case 'm': max_gaps = parse_long_option("gapdet", optarg, "max gaps (-m)", 1, 100000000); break;
 		case 'o': out_path = optarg; break;
 		default: usage(argv[0]); return opt == 'h' ? 0 : 2;
 		}
 	}
-	if (cpu < 0)
-		cpu = sched_getcpu();
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	if (sched_setaffinity(0, sizeof(set), &set)) {
-		fprintf(stderr, "gapdet: cannot pin to CPU %ld: %s\n", cpu, strerror(errno));
+	if (pin_and_prioritise("gapdet", &cpu, prio))
 		return 1;
-	}
-	if (prio) {
-		struct sched_param param = { .sched_priority = (int)prio };
-		if (sched_setscheduler(0, SCHED_FIFO, &param)) {
-			fprintf(stderr, "gapdet: cannot use SCHED_FIFO %ld: %s\n", prio, strerror(errno));
-			return 1;
-		}
-	}
 	uint64_t *starts = calloc((size_t)max_gaps, sizeof(*starts));
 	uint64_t *lengths = calloc((size_t)max_gaps, sizeof(*lengths));
 	uint64_t *calibration = calloc(CALIBRATION, sizeof(*calibration));
