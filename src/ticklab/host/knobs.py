@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..safefiles import OwnedDir, UnsafeFileError, kind_of, read_bytes, read_text, shown
+from ..schemas import problem as schema_problem
 from . import facts
 
 JOURNAL_NAME = "host-changes.json"
@@ -154,38 +155,6 @@ def read_private(path: Path, limit: int) -> bytes:
         return read_bytes(path, limit, owner=os.geteuid())
     except UnsafeFileError as exc:
         raise HostChangeError(str(exc)) from None
-
-
-def schema_problem(instance, schema: dict) -> str | None:
-    """The first violation of a JSON Schema as one line 'field: what is wrong', or None. (host/ imports nothing of
-    ticklab beyond itself and safefiles, so not ticklab.schemas; without jsonschema — the lab guest, whose state
-    only it writes — None.)"""
-    try:
-        import jsonschema
-    except ImportError:
-        return None
-    try:
-        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(instance))
-    except RecursionError:
-        return "nested too deeply"
-    if error is None:
-        return None
-    where = ""
-    for part in error.absolute_path:
-        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-    if error.validator == "required":
-        return f"{where or '(top level)'}: {shown(error.message.split(' is a required')[0], 80)} is missing"
-    if error.validator == "additionalProperties":
-        return f"{where or '(top level)'}: {shown(error.message, 160)}"
-    expected = {"type": f"of type {error.validator_value}", "enum": f"one of {error.validator_value}",
-                "pattern": "of the allowed form", "minimum": f">= {error.validator_value}",
-                "maximum": f"<= {error.validator_value}", "minLength": f"at least {error.validator_value} character(s)",
-                "maxLength": f"at most {error.validator_value} characters",
-                "minItems": f"at least {error.validator_value} item(s)",
-                "maxItems": f"at most {error.validator_value} item(s)"}.get(error.validator)
-    if expected is None:
-        return f"{where or '(top level)'}: {shown(error.message, 160)}"
-    return f"{where or '(top level)'}: {shown(repr(error.instance), 80)} is not {shown(expected, 120)}"
 
 
 def lock_path(root: Path | str) -> Path:
