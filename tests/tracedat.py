@@ -101,10 +101,11 @@ def write_v7(path: Path, cpu_pages: dict[int, bytes], compression: str = "none",
     for cpu, blob in sorted(cpu_pages.items()):
         out.extend(b"\0" * (-len(out) % PAGE))
         at = len(out)
-        if packed:
+        if packed:  # the count, then the chunks; the stated size is the chunks' alone, as trace-cmd writes it
             chunks = [blob[i:i + chunk_pages * PAGE] for i in range(0, len(blob), chunk_pages * PAGE)]
-            data = _u32(len(chunks)) + b"".join(_u32(len(_compress(compression, c))) + _u32(len(c))
-                                                  + _compress(compression, c) for c in chunks)
+            data = b"".join(_u32(len(_compress(compression, c))) + _u32(len(c)) + _compress(compression, c)
+                            for c in chunks)
+            out += _u32(len(chunks))
         else:
             data = blob
         out += data

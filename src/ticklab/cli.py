@@ -314,7 +314,9 @@ def _ingest(args: argparse.Namespace) -> int:
     from .ingest import TraceFormatError, read_trace, write_tables
 
     try:  # tables are built as they are written, so bad records can surface there too
-        trace = read_trace(args.trace)
+        # the trace the user named may be a link they made (followed once, here); what ticklab finds inside a
+        # directory is never read through a link
+        trace = read_trace(args.trace.resolve() if args.trace.is_symlink() else args.trace)
         for key, count in trace.counts().items():
             print(f"{key}: {count} events")
         print(f"lost events: {trace.total_lost}")

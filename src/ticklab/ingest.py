@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import io
 import mmap
+import os
 import re
 import struct
 import tempfile
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import rawfile, ringbuf
+from .safefiles import OwnedDir, UnsafeFileError, open_fd, shown
 from .ringbuf import COMMIT_MASK, MISSED_EVENTS, MISSED_STORED  # noqa: F401  (re-exported: tests build pages)
 from .tracefs_stats import stats_lost_count
 
@@ -451,10 +453,10 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
 
 
 def _check_read_events(source: str, cpu: int, found: int, stats: str) -> None:
-    """A capture whose stats say every event was read (entries: 0) must hold at least the events read."""
+    """A capture's stats are taken after its last read: its file must hold at least the events read (whatever
+    'entries' says was left in the buffer, which are not in the file either way)."""
     read = re.search(r"^\s*read events:\s*(\d+)", stats, re.M)
-    entries = re.search(r"^\s*entries:\s*(\d+)", stats, re.M)
-    if read and entries and int(entries.group(1)) == 0 and found < int(read.group(1)):
+    if read and found < int(read.group(1)):
         raise TraceFormatError(f"{source}: cpu{cpu}.raw holds {found} events but cpu{cpu}.stats says {read.group(1)} "
                                "were read: the file is truncated")
 
@@ -463,20 +465,50 @@ KALLSYMS_FILE = "kallsyms"  # in a tracefs capture: the /proc/kallsyms lines of 
 
 
 # -- ticklab's tracefs directory ---------------------------------------------------------------------
+# Small text files of a tracefs capture (header_page, a format, cpuN.stats, trace_clock, page_size): KiBs each.
+TEXT_LIMIT = 1 << 20
+KALLSYMS_LIMIT = 256 << 20  # the whole of /proc/kallsyms is ~10 MB; a capture keeps the few lines it needs
+
+
+def _capture_text(files: OwnedDir, relative: str, limit: int = TEXT_LIMIT) -> str:
+    """A text file of a tracefs capture, read without following a link in any component below the capture
+    directory, never a FIFO or device, at most ``limit`` bytes."""
+    data = files.read_bytes(relative, limit)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"{files.root / relative}: text that is not UTF-8 at byte {exc.start}") from None
+
+
+def _is_there(path: Path) -> bool:
+    """Anything at ``path`` (a link or FIFO too: reading it then refuses it by name)."""
+    return os.path.lexists(path)
+
+
 @_guarded(lambda directory: directory)
 def read_tracefs_dir(directory: Path | str) -> Trace:
     directory = Path(directory)
+    try:
+        with OwnedDir(directory, create=False) as files:
+            return _read_tracefs_dir(directory, files)
+    except (UnsafeFileError, rawfile.RawFileError) as exc:
+        raise TraceFormatError(str(exc)) from None
+
+
+def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
     header = directory / "header_page"
-    if not header.is_file():
+    if not _is_there(header):
         raise TraceFormatError(f"{header}: missing; {directory} is not a ticklab tracefs capture")
+    header_text = _capture_text(files_dir, "header_page")
     formats = EventFormats()
     for path in sorted((directory / "formats").glob("*/*/format")):
-        formats.add_text(path.read_text(), system=path.parent.parent.name, source=str(path))
+        relative = str(path.relative_to(directory))
+        formats.add_text(_capture_text(files_dir, relative), system=path.parent.parent.name, source=str(path))
     files = {}
     for path in [*directory.glob("cpu*.raw"), *directory.glob("cpu*.raw.xz")]:
         number = path.name.split(".")[0][3:]
         if not number.isdigit():
-            raise TraceFormatError(f"{path}: not a cpu<N>.raw file name")
+            raise TraceFormatError(f"{shown(path)}: not a cpu<N>.raw file name")
         if int(number) in files:
             raise TraceFormatError(f"{path}: cpu{number} is there both plain and .xz")
         files[int(number)] = path
@@ -489,27 +521,27 @@ def read_tracefs_dir(directory: Path | str) -> Trace:
     stats = {}
     for path in directory.glob("cpu*.stats"):
         if not path.stem[3:].isdigit():
-            raise TraceFormatError(f"{path}: not a cpu<N>.stats file name")
-        stats[int(path.stem[3:])] = path.read_text()
-    for cpu in sorted(set(stats) - set(files)):  # a missing cpuN.raw is the shortest truncation of all
-        _check_read_events(str(directory), cpu, 0, stats[cpu])
+            raise TraceFormatError(f"{shown(path)}: not a cpu<N>.stats file name")
+        stats[int(path.stem[3:])] = _capture_text(files_dir, path.name)
+    for cpu in sorted(set(stats) - set(files)):  # a capture writes cpuN.raw for every CPU it has stats of
+        raise TraceFormatError(f"{directory / f'cpu{cpu}.raw'}: missing, but cpu{cpu}.stats is there (a ticklab "
+                               f"tracefs capture writes both for every CPU), so CPU {cpu}'s events would be absent")
     for cpu in sorted(set(files) - set(stats)):  # without it a truncated cpuN.raw would pass for a whole one
         raise TraceFormatError(f"{directory / f'cpu{cpu}.stats'}: missing (a ticklab tracefs capture writes one beside "
                                f"every cpu<N>.raw), so nothing tells whether {files[cpu].name} is complete")
-    clock_file = directory / "trace_clock"
     clock = None
-    if clock_file.is_file():
-        found = re.search(r"\[(\w+)\]", clock_file.read_text())
+    if _is_there(directory / "trace_clock"):
+        found = re.search(r"\[(\w+)\]", _capture_text(files_dir, "trace_clock"))
         clock = found.group(1) if found else None
-    page_size_file = directory / "page_size"
     page_size = 4096
-    if page_size_file.is_file():
-        text = page_size_file.read_text().strip()
+    if _is_there(directory / "page_size"):
+        text = _capture_text(files_dir, "page_size").strip()
         if not text.isdigit():
-            raise TraceFormatError(f"{page_size_file}: not a page size: {text[:40]!r}")
+            raise TraceFormatError(f"{directory / 'page_size'}: not a page size: {shown(text, 40)!r}")
         page_size = int(text)
-    kallsyms = _read_bytes(directory / KALLSYMS_FILE) if rawfile.locate(directory / KALLSYMS_FILE).is_file() else b""
-    return _assemble(str(directory), formats, b"".join(blobs), segments, page_size, header.read_text(), stats, clock,
+    kallsyms = _read_bytes(directory / KALLSYMS_FILE, KALLSYMS_LIMIT) if rawfile.present(directory / KALLSYMS_FILE) \
+        else b""
+    return _assemble(str(directory), formats, b"".join(blobs), segments, page_size, header_text, stats, clock,
                      check_read_events=True, kallsyms=kallsyms)
 
 
@@ -583,23 +615,30 @@ def _read_event_formats(reader: _Reader, formats: EventFormats) -> None:
             formats.add_text(reader.text(reader.take(size), start), system, f"{reader.source} (byte {start})")
 
 
-def _read_bytes(path: Path) -> bytes:
-    """A file's bytes, decompressing it when it is an .xz (bundles keep most raw traces xz'd)."""
+def _read_bytes(path: Path, limit: int = rawfile.RAW_FILE_LIMIT) -> bytes:
+    """A file's bytes, decompressing it when it is an .xz (bundles keep most raw traces xz'd); never through a link,
+    never a FIFO or device, bounded."""
     try:
-        return rawfile.read_bytes(path)
+        return rawfile.read_bytes(path, limit)
     except rawfile.RawFileError as exc:
-        raise TraceFormatError(str(exc)) from exc
+        raise TraceFormatError(str(exc)) from None
 
 
 def _map_file(path: Path):
-    """An uncompressed file mapped read-only (bytes for an .xz or an empty file)."""
+    """An uncompressed regular file (not reached through a link) mapped read-only; bytes for an .xz or an empty file."""
     located = rawfile.locate(path)
     if located.suffix == ".xz":
         return _read_bytes(path)
-    with open(located, "rb") as handle:
-        if not located.stat().st_size:
+    try:
+        fd = open_fd(located)
+    except UnsafeFileError as exc:
+        raise TraceFormatError(str(exc)) from None
+    try:
+        if not os.fstat(fd).st_size:
             return b""
-        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
 
 
 @_guarded(lambda path: path)
@@ -657,6 +696,12 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     for cpu in range(cpus):
         offset, size = reader.u64(), reader.u64()
         segments.append(_cpu_segment(reader, cpu, offset, size))
+    _check_cpu_count(source, cpus, stats)
+    # a v6 file ends with its CPU data: pages beyond the last CPU's are a CPU the header does not count
+    end = max([reader.position, *(s.start + s.length for s in segments)])
+    if len(reader.data) - end >= page_size:
+        raise TraceFormatError(f"{source}: {len(reader.data) - end} bytes of data after the last of the {cpus} CPUs "
+                               "the header counts: the CPU count is wrong or the file is damaged")
     return _assemble(source, formats, reader.data, segments, page_size, header_page, stats, clock, kallsyms=bytes(kallsyms))
 
 
@@ -668,8 +713,24 @@ def _decompressor(name: str, source: str):
         context = zstandard.ZstdDecompressor()
         return lambda blob, size: context.decompress(blob, max_output_size=size)
     if name == "zlib":
-        return lambda blob, size: zlib.decompressobj().decompress(blob, size)
+        return _inflate_zlib
     raise TraceFormatError(f"{source}: compressed with {name!r}; ticklab reads zstd and zlib (and uncompressed)")
+
+
+class _LongerThanStated(ValueError):
+    """A compressed block holds more data than its header's uncompressed size."""
+
+
+def _inflate_zlib(blob: bytes, size: int) -> bytes:
+    """One zlib block that must decompress to exactly ``size`` bytes and end there: output beyond ``size`` (which a
+    bounded decompress would silently leave behind) or a stream cut short is an error."""
+    decompressor = zlib.decompressobj()
+    plain = decompressor.decompress(blob, size)
+    if decompressor.unconsumed_tail or (not decompressor.eof and decompressor.decompress(b"", 1)):
+        raise _LongerThanStated(f"more than the {size} bytes its header says")
+    if not decompressor.eof:
+        raise zlib.error("the compressed stream ends before its end marker")
+    return plain
 
 
 def _decompress(reader: _Reader, inflate, what: str) -> bytes:
@@ -680,7 +741,10 @@ def _decompress(reader: _Reader, inflate, what: str) -> bytes:
     if size > MAX_BLOCK:
         raise reader.error(f"{what} claims {size} bytes uncompressed (trace-cmd writes blocks of at most "
                            f"{MAX_BLOCK >> 20} MiB)", start)
-    plain = inflate(blob, size)
+    try:
+        plain = inflate(blob, size)
+    except _LongerThanStated as exc:
+        raise reader.error(f"{what} decompresses to {exc}", start) from None
     if len(plain) != size:
         raise reader.error(f"{what} decompresses to {len(plain)} bytes, not the {size} its header says", start)
     return plain
@@ -691,7 +755,7 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.string()  # compression version
     inflate = None if compression == "none" else _decompressor(compression, source)
     next_options = reader.u64()
-    header_page, stats, clock, kallsyms = None, {}, None, b""
+    header_page, stats, clock, kallsyms, buffers = None, {}, None, b"", 0
     cpu_data: list[tuple[int, int, int, bool]] = []
 
     def section(offset: int) -> _Reader:
@@ -736,6 +800,7 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
                 text = value.text(payload.rstrip(b"\0"), 0)
                 stats[_cpu_of_stats(text, len(stats))] = text
             elif option == OPTION_BUFFER:
+                buffers += 1
                 flyrecord = value.u64()
                 instance = value.string()
                 buffer_clock = value.string()
@@ -750,6 +815,8 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
                         cpu_data.append((cpu, offset, size, bool(flags & SECTION_COMPRESSED)))
     if header_page is None:
         raise TraceFormatError(f"{source}: no HEADER_INFO section")
+    if buffers == 1:  # with instances recorded too, which buffer a CPUSTAT belongs to is not certain
+        _check_cpu_count(source, len(cpu_data), stats)
     if any(compressed for *_, compressed in cpu_data):
         buffer, segments = _inflate_cpu_data(reader, inflate, cpu_data, page_size)
     else:
@@ -790,13 +857,28 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
                 written += out.write(reader.data[segment.start:segment.start + segment.length])
             else:
                 chunks = _Reader(reader.data, reader.source, offset)
-                for number in range(chunks.u32()):
+                count = chunks.u32()
+                for number in range(count):
                     written += out.write(_decompress(chunks, inflate, f"CPU {cpu} chunk {number}"))
+                # the stated size is that of the chunks after the count (trace-cmd's out_write_cpu_data): a chunk
+                # count or a size that disagrees with it would drop or invent data in silence
+                if chunks.position != offset + 4 + size:
+                    raise TraceFormatError(f"{reader.source}: CPU {cpu} data at byte {offset} holds {size} bytes of "
+                                           f"chunks but its {count} compressed chunks end at byte {chunks.position}, "
+                                           f"not {offset + 4 + size}: the chunk count or a size is wrong")
             segments.append(_Segment(cpu, start, written - start))
         if not spill:
             return out.getbuffer().tobytes(), segments
         out.flush()
         return (mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ) if written else b""), segments
+
+
+def _check_cpu_count(source: str, cpus: int, stats: dict[int, str]) -> None:
+    """trace-cmd writes one CPUSTAT option per CPU it recorded: a CPU count that differs (a damaged or edited
+    header) would silently drop or invent a CPU's events."""
+    if stats and len(stats) != cpus:
+        raise TraceFormatError(f"{source}: the header counts {cpus} CPUs of data but the file has the stats of "
+                               f"{len(stats)} CPUs: the CPU count is wrong or the file is damaged")
 
 
 def _cpu_of_stats(text: str, fallback: int) -> int:
@@ -817,10 +899,10 @@ def read_trace(path: Path | str) -> Trace:
     path = Path(path)
     if path.is_dir():
         for name in ("trace.dat", "trace.dat.xz"):
-            if (path / name).is_file():
+            if _is_there(path / name):
                 return read_trace_dat(path / name)
         return read_tracefs_dir(path)
-    if not path.exists():
+    if not _is_there(path):
         raise TraceFormatError(f"{path}: no such trace file or directory")
     return read_trace_dat(path)
 
@@ -831,22 +913,32 @@ def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
     import pyarrow.parquet as pq
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for key in sorted(trace.keys()):
-        target = out_dir / (key.replace(":", "__") + ".parquet")
-        writer = None
-        try:
-            for batch in trace.batches(key):
-                if writer is None:  # dictionary-encode the strings (comm names repeat); numbers gain little for its cost
-                    strings = [f.name for f in batch.schema if pa.types.is_string(f.type)]
-                    writer = pq.ParquetWriter(target, batch.schema, use_dictionary=strings)
-                # a table per batch is its own row group, written out now (write_batch would buffer the whole event)
-                writer.write_table(pa.Table.from_batches([batch]), row_group_size=max(batch.num_rows, 1))
-                del batch
-                pa.default_memory_pool().release_unused()  # the allocator would keep each batch's encoding buffers
-        finally:
-            if writer is not None:
-                writer.close()
-        written.append(target)
+    try:
+        # root may write here on behalf of a user who can write to out_dir: a link planted in it is refused, never
+        # written through, and each table replaces its file whole or not at all
+        with OwnedDir(out_dir) as out:
+            for key in sorted(trace.keys()):
+                name = key.replace(":", "__") + ".parquet"
+                if "/" in name or name.startswith("."):
+                    raise TraceFormatError(f"{trace.source}: event {shown(key)} cannot name a table file")
+                with out.replacing(name) as handle:
+                    writer = None
+                    try:
+                        for batch in trace.batches(key):
+                            if writer is None:  # dictionary-encode the strings (comm names repeat)
+                                strings = [f.name for f in batch.schema if pa.types.is_string(f.type)]
+                                writer = pq.ParquetWriter(handle, batch.schema, use_dictionary=strings)
+                            # a table per batch is its own row group, written now (write_batch would buffer the event)
+                            writer.write_table(pa.Table.from_batches([batch]), row_group_size=max(batch.num_rows, 1))
+                            del batch
+                            pa.default_memory_pool().release_unused()  # the allocator keeps encoding buffers otherwise
+                    finally:
+                        if writer is not None:
+                            writer.close()
+                written.append(out_dir / name)
+    except UnsafeFileError as exc:
+        raise TraceFormatError(str(exc)) from None
+    except OSError as exc:
+        raise TraceFormatError(f"{out_dir}: cannot write the tables ({exc.strerror or exc})") from None
     return written

@@ -21,6 +21,7 @@ The root itself is the user's choice and is used as given (it may be a link the 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -28,6 +29,7 @@ from pathlib import Path
 
 # An error line quotes at most this many characters of a value it names.
 SHOWN_CHARS = 200
+READ_CHUNK = 1 << 24
 
 
 class UnsafeFileError(ValueError):
@@ -103,10 +105,21 @@ def read_bytes(path: Path | str, limit: int, *, dir_fd: int | None = None, shown
     """The whole of a regular file (no link, no FIFO) of at most ``limit`` bytes; a larger one is an error."""
     name = path if shown_as is None else shown_as
     with open_regular(path, dir_fd=dir_fd, shown_as=shown_as, owner=owner) as handle:
+        # a read allocates what it asks for: ask in chunks, so a large limit costs only what the file holds (a
+        # /proc or /sys file says size 0, so its size cannot be asked first)
+        if os.fstat(handle.fileno()).st_size > limit:
+            raise UnsafeFileError(f"{shown(name)}: larger than the {limit} bytes ticklab reads of it")
+        pieces, total = [], 0
         try:
-            data = handle.read(limit + 1)
+            while total <= limit:
+                piece = handle.read(min(limit + 1 - total, READ_CHUNK))
+                if not piece:
+                    break
+                pieces.append(piece)
+                total += len(piece)
         except OSError as exc:
             raise _failed(name, exc, "read") from None
+        data = b"".join(pieces)
     if len(data) > limit:
         raise UnsafeFileError(f"{shown(name)}: larger than the {limit} bytes ticklab reads of it")
     return data
@@ -163,7 +176,7 @@ class OwnedDir:
             raise UnsafeFileError(f"{shown(self.root / relative)}: not a path below {shown(self.root)}")
         return list(parts)
 
-    def _dir_fd(self, parts: list[str], *, create: bool, mode: int = 0o755) -> int:
+    def _dir_fd(self, parts: list[str], *, create: bool, mode: int = 0o755, doing: str = "write") -> int:
         """A descriptor on root/parts..., each component a real directory (made when ``create``)."""
         fd = os.dup(self.fd)
         here = self.root
@@ -185,7 +198,7 @@ class OwnedDir:
                             what = kind_of(os.lstat(part, dir_fd=fd).st_mode)
                         except OSError:
                             what = "not a directory"
-                        raise UnsafeFileError(f"{shown(here)}: {what}, not a directory; ticklab does not write "
+                        raise UnsafeFileError(f"{shown(here)}: {what}, not a directory; ticklab does not {doing} "
                                               "through links") from None
                     raise _failed(here, exc, "open") from None
                 os.close(fd)
@@ -237,8 +250,16 @@ class OwnedDir:
         return os.fdopen(fd, "wb")
 
     def write_atomic(self, relative: Path | str, data: bytes, *, mode: int = 0o644) -> Path:
-        """Replace root/relative with ``data`` whole or not at all: written to a temporary file beside it, synced,
-        renamed over it; the temporary file is removed when anything fails (a full disk leaves no half file)."""
+        """Replace root/relative with ``data`` whole or not at all (see ``replacing``)."""
+        with self.replacing(relative, mode=mode) as handle:
+            handle.write(data)
+        return self.root / relative
+
+    @contextlib.contextmanager
+    def replacing(self, relative: Path | str, *, mode: int = 0o644):
+        """A binary file to write root/relative's new content to: a temporary file beside it, synced and renamed
+        over it when the block ends normally, removed when anything fails (a full disk leaves no half file); what is
+        there now must be a regular file or nothing (a link or FIFO is refused, never written through)."""
         parts = self._parts(relative)
         parent = self._dir_fd(parts[:-1], create=True)
         target = self.root / relative
@@ -259,19 +280,20 @@ class OwnedDir:
                 raise _failed(target, exc, "write") from None
             try:
                 with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
+                    yield handle
                     handle.flush()
                     os.fsync(handle.fileno())
                 os.replace(temporary, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
-            except OSError as exc:
+            except BaseException as exc:
                 try:
                     os.unlink(temporary, dir_fd=parent)
                 except OSError:
                     pass
-                raise _failed(target, exc, "write") from None
+                if isinstance(exc, OSError):
+                    raise _failed(target, exc, "write") from None
+                raise
         finally:
             os.close(parent)
-        return target
 
     def subdir(self, relative: Path | str, *, new: bool = False, mode: int = 0o755) -> OwnedDir:
         """root/relative as an ``OwnedDir`` of its own, opened by descriptor from this one (no component a link, no
@@ -336,7 +358,7 @@ class OwnedDir:
     def read_bytes(self, relative: Path | str, limit: int) -> bytes:
         """A regular file below root, no component a link, at most ``limit`` bytes."""
         parts = self._parts(relative)
-        parent = self._dir_fd(parts[:-1], create=False)
+        parent = self._dir_fd(parts[:-1], create=False, doing="read")
         try:
             return read_bytes(parts[-1], limit, dir_fd=parent, shown_as=self.root / relative)
         finally:
