@@ -769,3 +769,4 @@ class CliYamlFamily:
 FAMILIES = [BundleFamily(), TraceFamily(), WorkloadFamily(), PublishedFamily(), CliYamlFamily()]
 from fuzzcases_special import SpecialFilesFamily; FAMILIES += [SpecialFilesFamily()]  # noqa: E402
 from fuzzcases_plans import CmdlineWordsFamily, PlanStateFamily; FAMILIES += [PlanStateFamily(), CmdlineWordsFamily()]  # noqa: E402
+from fuzzcases_ingest import IngestOutLinksFamily, TraceCountsFamily, TraceSpecialsFamily; FAMILIES += [IngestOutLinksFamily(), TraceSpecialsFamily(), TraceCountsFamily()]  # noqa: E402
