@@ -235,14 +235,27 @@ def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
     writer.seal()
 
 
-def rows_by_comparison(root) -> dict:
+def rows_by_comparison(root, alpha: float = 0.05) -> dict:
     from types import SimpleNamespace
 
     from ticklab.captured import find_bundles
 
     ctx = SimpleNamespace(published=hrtick.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hrtick"),
                           data_dir=root)
-    return {row.comparison: row for row in hrtick.CLAIM.verdicts(ctx, n_boot=2000)}
+    return {row.comparison: row for row in hrtick.CLAIM.verdicts(ctx, alpha=alpha, n_boot=2000)}
+
+
+def test_the_spurious_row_uses_the_notebooks_alpha(tmp_path):
+    """It used 0.05 whatever alpha the notebook was run with: a 95 % CI in a report of 99 % ones."""
+    truth = {f"{kernel} {setting}": {"runtime_s": 1.0, "clockevent_reprograms_per_s": 100.0,
+                                     "clockevent_reprograms": 100.0, SPURIOUS: 0.25}
+             for kernel in ("6.12", "7.2") for setting in ("hrtick-off", "hrtick-on")}
+    kernel_bundle(tmp_path, truth, 12, 0.03, seed=7)
+    name = "spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)"
+    wide, narrow = rows_by_comparison(tmp_path, alpha=0.01)[name], rows_by_comparison(tmp_path, alpha=0.05)[name]
+    assert (wide.ci_level, narrow.ci_level) == ("99%", "95%")
+    assert wide.ci_low <= narrow.ci_low and narrow.ci_high <= wide.ci_high and (wide.ci_low, wide.ci_high) != \
+        (narrow.ci_low, narrow.ci_high)
 
 
 def test_verdict_rows_test_the_series_the_reprogram_rate_and_the_spurious_ratio_per_kernel(tmp_path):

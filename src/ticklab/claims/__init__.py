@@ -68,8 +68,8 @@ class Claim:
     negative_controls: Callable[[PublishedClaim], list[NegativeControl]] | None = None
     not_in_lab_because: str = ""  # why lab guests cannot test the claim, for its "not testable here" row
     view: ViewPreset = field(default_factory=ViewPreset)
-    # what a claim adds to the shared verdict rules: (ctx, rows) -> rows (pvspinlock: a comparison whose
-    # treatment never took effect is not testable)
+    # what a claim adds to the shared verdict rules: (ctx, rows, alpha=...) -> rows, at the notebook's alpha
+    # (pvspinlock: a comparison whose treatment never took effect is not testable; hrtick: the spurious-ratio level)
     revise_verdicts: Callable[..., list[Verdict]] | None = None
 
     def published(self, published_dir: Path | str) -> PublishedClaim:
@@ -84,7 +84,7 @@ class Claim:
         rows = claim_verdicts(self.id, self.comparisons(ctx.published), ctx.bundles, ctx.data_dir,
                               summary=self.untested, checks=self.checks, not_in_lab_because=self.not_in_lab_because,
                               alpha=alpha, n_boot=n_boot, seed=seed)
-        return self.revise_verdicts(ctx, rows) if self.revise_verdicts else rows
+        return self.revise_verdicts(ctx, rows, alpha=alpha) if self.revise_verdicts else rows
 
 
 def _load(claim_id: str) -> Claim:

@@ -224,7 +224,7 @@ def _kick_ahead_never_ran(runs: pd.DataFrame) -> dict[tuple[str, str], str]:
     return found
 
 
-def kick_ahead_verdicts(ctx, found: list) -> list:
+def kick_ahead_verdicts(ctx, found: list, alpha: float = 0.05) -> list:  # noqa: ARG001 - its rows carry no new CI
     """The lab analogue's verdict rows; where kick-ahead never ran in any build of a setup's treatment condition,
     the row is "not testable here" with that reason (its ratio and CI move into the reason; Holm's adjustment of
     the other rows still counts it, which only makes them more conservative)."""
