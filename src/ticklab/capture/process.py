@@ -1,8 +1,9 @@
 """Running one workload command in its run directory, killed with its process group on timeout.
 
-Every process a capture starts (workload, server, per-run extra, trace-cmd) is started by :func:`spawn`: it dies
-with ticklab (``PR_SET_PDEATHSIG`` = SIGKILL, set in the child before it runs the program, so a ``kill -9`` of
-the capture cannot leave a SCHED_FIFO workload running on the isolated CPU) and, given a ``HostChanges``, is
+Every process a capture starts (workload, server, per-run extra, trace-cmd), and every long-lived one the lab
+starts (QEMU, the kernel build's make), is started by :func:`spawn`: it dies with ticklab (``PR_SET_PDEATHSIG`` =
+SIGKILL, set in the child before it runs the program, so a ``kill -9`` of the capture cannot leave a SCHED_FIFO
+workload running on the isolated CPU, nor one of ``lab run`` a QEMU guest) and, given a ``HostChanges``, is
 recorded in its journal by pid and start time (:meth:`~ticklab.host.HostChanges.record_process`), so that the
 next capture's recovery kills what is left of its session (children of the workload, which do not inherit the
 death signal) — and only that: a pid the kernel gave to another process since is never signalled.
