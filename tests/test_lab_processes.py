@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from ticklab.capture.process import spawn
 from ticklab.lab import qemu
 
 from conftest import REPO
@@ -114,3 +116,22 @@ def test_an_interrupted_kernel_build_kills_makes_whole_process_group(tmp_path):
     assert "KeyboardInterrupt" in output
     assert_dies([build, compiler], "make's process group still running after an interrupted build")
 
+
+def test_spawn_refuses_a_thread_other_than_the_main_one(tmp_path):
+    """The death signal fires when the *thread* that forked the child ends: a child spawned from a helper thread
+    would be killed when that thread ends, so spawn refuses there; run_boot and the kernel build are called only from
+    the main thread."""
+    raised = []
+
+    def in_thread():
+        try:
+            spawn(["true"])
+        except RuntimeError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join()
+    assert raised and "main thread" in raised[0]
+    process = spawn(["true"])
+    assert process.wait() == 0
