@@ -1,11 +1,13 @@
 """Running one workload command in its run directory, killed with its process group on timeout.
 
-Every process a capture starts (workload, server, per-run extra, trace-cmd) is started by :func:`spawn`: it dies
-with ticklab (``PR_SET_PDEATHSIG`` = SIGKILL, set in the child before it runs the program, so a ``kill -9`` of
-the capture cannot leave a SCHED_FIFO workload running on the isolated CPU) and, given a ``HostChanges``, is
+Every process a capture starts (workload, server, per-run extra, trace-cmd), and every long-lived one the lab
+starts (QEMU, the kernel build's make), is started by :func:`spawn`: it dies with ticklab (``PR_SET_PDEATHSIG`` =
+SIGKILL, set in the child before it runs the program, so a ``kill -9`` of the capture cannot leave a SCHED_FIFO
+workload running on the isolated CPU, nor one of ``lab run`` a QEMU guest) and, given a ``HostChanges``, is
 recorded in its journal by pid and start time (:meth:`~ticklab.host.HostChanges.record_process`), so that the
 next capture's recovery kills what is left of its session (children of the workload, which do not inherit the
-death signal) — and only that: a pid the kernel gave to another process since is never signalled.
+death signal) — and only that: a pid the kernel gave to another process since is never signalled. The death
+signal comes when the *thread* that forked the child ends, so :func:`spawn` runs only on the main thread.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -52,7 +55,11 @@ def _dies_with_parent(parent: int):
 
 def spawn(argv: list, *, host=None, label: str = "workload", **popen) -> subprocess.Popen:
     """``subprocess.Popen(argv, start_new_session=True, **popen)`` that dies with this process and, with ``host``
-    (a ``HostChanges``), is recorded in its journal so that recovery after a SIGKILL kills what it left."""
+    (a ``HostChanges``), is recorded in its journal so that recovery after a SIGKILL kills what it left. Only on
+    the main thread: PR_SET_PDEATHSIG fires when the forking thread ends, which would kill the child early."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(f"{label}: spawn runs on the main thread only (the child's death signal would come when "
+                           f"thread {threading.current_thread().name!r} ends)")
     process = subprocess.Popen(argv, start_new_session=True, preexec_fn=_dies_with_parent(os.getpid()), **popen)
     if host is not None:
         try:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..capture.process import kill_group, spawn
 from ..paths import repo_root
 from . import sources
 from .cache import LabError, cache_dir, content_key
@@ -313,7 +314,8 @@ def _compile(make: list[str], jobs: int, log, progress: bool, variant: str) -> i
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
     count = 0
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) as process:
+    # its own session, killed with its process group on an interrupt, and by the kernel when ticklab dies (spawn)
+    with spawn(argv, label="kernel build", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
         try:
             with tqdm(total=_previous_object_count(), desc=f"build {variant}", unit="obj", disable=not progress,
                       file=sys.stderr) as bar:
@@ -324,9 +326,7 @@ def _compile(make: list[str], jobs: int, log, progress: bool, variant: str) -> i
                         bar.update(1)
             process.wait()
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, 9)
-                process.wait()
+            kill_group(process)
     if process.returncode != 0:
         raise LabError(f"{log.name}: kernel build failed (exit {process.returncode}); the end of the log says why")
     return count

@@ -3,8 +3,9 @@
 KVM is used only when a test guest really boots with it (a /dev/kvm that exists is not enough: on
 some hosts guests hang or fail under it); otherwise TCG, software emulation, which is slower but
 has a real emulated HPET and runs our kernel and tracing unchanged. The probe's answer is cached
-per host boot and QEMU version. QEMU runs in its own session and is killed, with anything it
-started, when its time is up or the caller is interrupted, so no QEMU process outlives a boot.
+per host boot and QEMU version. QEMU is started by ``capture.process.spawn``: in its own session, killed with
+anything it started when its time is up or the caller is interrupted, and killed by the kernel when ticklab dies
+(PR_SET_PDEATHSIG; a ``kill -9`` included), so no QEMU process outlives a boot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..capture.process import wait_or_kill
+from ..capture.process import spawn, wait_or_kill
 from ..host import facts
 from .cache import LabError, cache_dir
 
@@ -77,8 +78,7 @@ def run_boot(boot: Boot) -> dict:
     """Boot once and wait for the guest to power off; {status: ok|timeout|failed, exit, seconds}."""
     started = time.monotonic()
     with (boot.console.with_suffix(".qemu.txt")).open("w") as qemu_log:
-        process = subprocess.Popen(boot.argv(), stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = spawn(boot.argv(), label="qemu", stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT)
         try:
             pinning = pin_vcpu_threads(process, boot.smp) if boot.pin_vcpus else None
         except BaseException:  # interrupted while pinning: no QEMU outlives its boot
