@@ -105,6 +105,25 @@ def test_a_killed_kernel_build_takes_its_make_with_it(tmp_path):
     assert_dies([build], f"make stand-in (pid {build}) still running after its kernel build was killed")
 
 
+@pytest.mark.skipif(not Path("/usr/bin/make").exists(), reason="GNU make not installed")
+def test_a_killed_kernel_build_takes_makes_sub_makes_and_their_recipes_with_it(tmp_path):
+    """A real GNU make whose recipe runs a sub-make whose recipe is a long compile (a sleep): the death signal
+    reaches only the top make, which must pass it on (SIGTERM: make forwards it to its children; a SIGKILL would
+    leave the sub-make and its compile running)."""
+    (tmp_path / "sub.mk").write_text(f'all:\n\techo $$$$ > "{tmp_path}/cc.pid.tmp" && mv "{tmp_path}/cc.pid.tmp" '
+                                     f'"{tmp_path}/cc.pid" && exec sleep 3600\n')
+    (tmp_path / "Makefile").write_text(f'all:\n\t$(MAKE) -f "{tmp_path}/sub.mk"\n')
+    make = tmp_path / "make"
+    make.write_text(f'#!/bin/sh\nexec /usr/bin/make -C "{tmp_path}"\n')
+    make.chmod(0o755)
+    process = start(BUILD, str(tmp_path), str(make), env={"TICKLAB_CACHE": str(tmp_path / "cache")})
+    compile_pid = running_pid(tmp_path / "cc.pid", process)
+    process.kill()
+    process.communicate(timeout=WAIT_BOUND_S)
+    assert_dies([compile_pid], f"a sub-make's recipe (pid {compile_pid}) still running after its kernel build was "
+                               "killed")
+
+
 def test_an_interrupted_kernel_build_kills_makes_whole_process_group(tmp_path):
     """Ctrl-C of the kernel build: make and what it started (its process group) are killed, as before spawn."""
     make = stand_in(tmp_path / "make", tmp_path / "make.pid", grandchild=tmp_path / "cc.pid")

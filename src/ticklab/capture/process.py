@@ -40,27 +40,41 @@ def _prctl():
     return _PRCTL
 
 
-def _dies_with_parent(parent: int):
-    """A ``preexec_fn``: the child gets SIGKILL when the thread that started it ends; if ``parent`` is already gone
-    (it died between fork and here, so the death signal would never come), the child ends itself at once."""
+def _dies_with_parent(parent: int, death_signal: int = signal.SIGKILL):
+    """A ``preexec_fn``: the child gets ``death_signal`` when the thread that started it ends; if ``parent`` is
+    already gone (it died between fork and here, so the death signal would never come), the child ends itself at
+    once."""
     prctl = _prctl()  # resolved before the fork: the child only calls it
 
     def in_child() -> None:
-        if prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        if prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
     return in_child
 
 
-def spawn(argv: list, *, host=None, label: str = "workload", **popen) -> subprocess.Popen:
+# Leads a process group whose members do not get the death signal (make's recipes, sub-makes, compilers): it runs
+# the command in the background and, when the kernel sends it SIGTERM because ticklab died, kills the whole group.
+# The command comes as "$@", never interpolated into the script.
+GROUP_KEEPER = ["/bin/sh", "-c", 'trap "kill -KILL 0" TERM; "$@" & wait $!']
+
+
+def spawn(argv: list, *, host=None, label: str = "workload", whole_group: bool = False,
+          **popen) -> subprocess.Popen:
     """``subprocess.Popen(argv, start_new_session=True, **popen)`` that dies with this process and, with ``host``
     (a ``HostChanges``), is recorded in its journal so that recovery after a SIGKILL kills what it left. Only on
-    the main thread: PR_SET_PDEATHSIG fires when the forking thread ends, which would kill the child early."""
+    the main thread: PR_SET_PDEATHSIG fires when the forking thread ends, which would kill the child early.
+    ``whole_group``: everything the command starts dies too (a build: make's children do not inherit the death
+    signal, and a SIGTERM make passes on reaches only the shells of its recipes); the returned process is then a
+    shell that leads the group and exits with the command's status."""
+    death_signal = signal.SIGKILL
+    if whole_group:
+        argv, death_signal = [*GROUP_KEEPER, f"ticklab {label}", *argv], signal.SIGTERM
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(f"{label}: spawn runs on the main thread only (the child's death signal would come when "
                            f"thread {threading.current_thread().name!r} ends)")
-    process = subprocess.Popen(argv, start_new_session=True, preexec_fn=_dies_with_parent(os.getpid()), **popen)
+    process = subprocess.Popen(argv, start_new_session=True, preexec_fn=_dies_with_parent(os.getpid(), death_signal), **popen)
     if host is not None:
         try:
             host.record_process(process.pid, label=label)

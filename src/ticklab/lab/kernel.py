@@ -314,8 +314,10 @@ def _compile(make: list[str], jobs: int, log, progress: bool, variant: str) -> i
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
     count = 0
-    # its own session, killed with its process group on an interrupt, and by the kernel when ticklab dies (spawn)
-    with spawn(argv, label="kernel build", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+    # its own session, killed with its process group on an interrupt, and when ticklab dies (spawn's whole_group:
+    # sub-makes and compilers included)
+    with spawn(argv, label="kernel build", whole_group=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+               text=True) as process:
         try:
             with tqdm(total=_previous_object_count(), desc=f"build {variant}", unit="obj", disable=not progress,
                       file=sys.stderr) as bar:
