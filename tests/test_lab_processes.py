@@ -154,3 +154,35 @@ def test_spawn_refuses_a_thread_other_than_the_main_one(tmp_path):
     assert raised and "main thread" in raised[0]
     process = spawn(["true"])
     assert process.wait() == 0
+
+
+# a host kernel build step as `ticklab kernel build --host` runs it
+HOST_BUILD_STEP = """import sys
+from pathlib import Path
+from ticklab import hostkernel
+with open(Path(sys.argv[1]) / "build.log", "w") as log:
+    hostkernel._step([sys.argv[2]], log, dies_with_ticklab=True)
+"""
+
+
+def test_a_killed_host_kernel_build_takes_its_whole_build_with_it(tmp_path):
+    """`ticklab kernel build --host` ran its compile with subprocess.run: after a kill -9 of ticklab the build (and
+    what it started) went on. Now a build step dies whole with it."""
+    make = stand_in(tmp_path / "make", tmp_path / "make.pid", grandchild=tmp_path / "cc.pid")
+    process = start(HOST_BUILD_STEP, str(tmp_path), str(make))
+    build = running_pid(tmp_path / "make.pid", process)
+    compiler = running_pid(tmp_path / "cc.pid", process)
+    process.kill()
+    process.communicate(timeout=WAIT_BOUND_S)
+    assert_dies([build, compiler], "a host kernel build step still running after ticklab was killed")
+
+
+def test_a_host_kernel_build_step_that_fails_names_its_exit_status(tmp_path):
+    from ticklab.hostkernel import HostKernelError, _step
+
+    failing = tmp_path / "fail"
+    failing.write_text("#!/bin/sh\necho compiling\nexit 3\n")
+    failing.chmod(0o755)
+    with open(tmp_path / "build.log", "w") as log, pytest.raises(HostKernelError, match=r"build.log: '.*fail' exited 3$"):
+        _step([str(failing)], log, dies_with_ticklab=True)
+    assert "compiling" in (tmp_path / "build.log").read_text()

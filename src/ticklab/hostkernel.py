@@ -42,6 +42,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .capture.process import kill_group, spawn
 from .paths import repo_root
 
 
@@ -286,12 +287,23 @@ def _boot_digests(root: Path) -> dict[str, str | None]:
     return digests
 
 
-def _step(argv: list[str], log) -> None:
+def _step(argv: list[str], log, *, dies_with_ticklab: bool) -> None:
+    """One build or install command. A build step (``dies_with_ticklab``) runs as a process group that ends with
+    ticklab, a kill -9 included (capture.process.spawn), so no compile goes on burning the CPUs of a machine whose
+    ticklab is gone; an install step runs to its end even then: a kernel half-installed into /boot and
+    /lib/modules is worse than one installed."""
     log.write(f"$ {shown(argv)}\n")
     log.flush()
-    result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if result.returncode != 0:
-        raise HostKernelError(f"{log.name}: '{shown(argv)[:120]}' exited {result.returncode}")
+    if dies_with_ticklab:
+        process = spawn(argv, label="host kernel build", whole_group=True, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            returncode = process.wait()
+        finally:
+            kill_group(process)  # interrupted: the build's whole group
+    else:
+        returncode = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    if returncode != 0:
+        raise HostKernelError(f"{log.name}: '{shown(argv)[:120]}' exited {returncode}")
 
 
 def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -> str:
@@ -316,10 +328,10 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
     say(f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}")
     with log_path.open("a") as log:
         for argv in plan.build_steps:
-            _step(argv, log)
+            _step(argv, log, dies_with_ticklab=True)
         say(f"installing {plan.release} (modules, /boot files, initramfs); the default boot entry stays")
         for argv in plan.install_steps:
-            _step(argv, log)
+            _step(argv, log, dies_with_ticklab=False)
     changed = [path for path, digest in _boot_digests(root).items() if digest != before[path]]
     if changed:
         raise HostKernelError(f"{changed[0]}: changed while installing {plan.release} (a distribution hook?); "
