@@ -311,9 +311,12 @@ def test_a_tcg_hrtick_run_boots_both_kernels_and_counts_rearms_only_where_the_ke
     metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
     assert (metrics["clockevent_reprograms"] > 0).all()
     assert pd.isna(metrics.loc["6.12 hrtick-on"].get("hrtimer_rearms", float("nan")))
-    # on 7.2 every rearm the tracepoint saw was followed by its reprogram on that CPU
+    # on 7.2 every reprogram is made by a rearm (the event before it on its CPU); nearly every rearm reprograms, but
+    # not all: a CI run on 2026-11-26 saw 3 of 2,064 rearms (deferred=0, outside the interrupt) with no
+    # clockevents_program_event after them on their CPU, the trace otherwise complete (0 lost events)
     assert metrics.loc["7.2 hrtick-on", "hrtimer_rearms"] > 0
-    assert metrics.loc["7.2 hrtick-on", "hrtimer_rearms_reprogrammed_share"] == 1.0
+    assert metrics.loc["7.2 hrtick-on", "clockevent_reprograms_by_rearm_share"] == 1.0
+    assert metrics.loc["7.2 hrtick-on", "hrtimer_rearms_reprogrammed_share"] >= 0.99
     assert not _qemu_processes(temp) and not list(temp.iterdir())
 
 
