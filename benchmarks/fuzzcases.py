@@ -111,12 +111,20 @@ def _flip(data: bytes, source) -> bytes:
     return data[:position] + bytes([data[position] ^ source.integer(1, 255)]) + data[position + 1:]
 
 
-def _writable_copy(seed: Path, target: Path) -> Path:
-    if target.exists():
+def _remove(target: Path) -> None:
+    """Whatever a case left at ``target``: a file or link, or a tree made writable first (bundles are sealed
+    read-only)."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        target.unlink()
+    elif target.exists():
         for path in [target, *target.rglob("*")]:
             if not path.is_symlink():
                 path.chmod(0o755 if path.is_dir() else 0o644)
         shutil.rmtree(target)
+
+
+def _writable_copy(seed: Path, target: Path) -> Path:
+    _remove(target)
     shutil.copytree(seed, target, copy_function=shutil.copyfile, symlinks=True)
     return target
 

@@ -28,22 +28,12 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from fuzzcases import REPO, TRACE_SEED_V7, Outcome, _writable_copy, classify, tracefs_seed
+from fuzzcases import REPO, TRACE_SEED_V7, Outcome, _remove, _writable_copy, classify, tracefs_seed
 from fuzzcases_special import SPECIALS, _plant
 
 COMPRESSED = REPO / "tests" / "data" / "compressed"
 PAGE = 4096
 VICTIM_TEXT = b"someone else's file: must keep these bytes\n"
-
-
-def _reset(directory: Path) -> None:
-    if directory.is_symlink() or directory.is_file():
-        directory.unlink()
-    elif directory.exists():
-        for path in [directory, *directory.rglob("*")]:
-            if path.is_dir() and not path.is_symlink():
-                path.chmod(0o755)
-        shutil.rmtree(directory)
 
 
 # -- ingest --out ------------------------------------------------------------------------------------------------
@@ -63,7 +53,7 @@ class IngestOutLinksFamily:
         from ticklab.ingest import read_trace, write_tables
 
         root = work / "ingest-out"
-        _reset(root)
+        _remove(root)
         root.mkdir(parents=True)
         out = root / "out"
         out.mkdir()
@@ -147,7 +137,7 @@ class TraceSpecialsFamily:
         special = source.choice(SPECIALS)
         if source.integer(0, 4) == 0:  # a run directory's trace.dat
             run = work / "run-trace"
-            _reset(run)
+            _remove(run)
             run.mkdir(parents=True)
             (run / "trace.dat").write_bytes(b"")
             what = "trace.dat"

@@ -1,4 +1,7 @@
+import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,27 @@ from ticklab.claims import all_claims
 
 REPO = paths.repo_root()
 CLAIM_IDS = [claim.id for claim in all_claims()]  # in seed order
+
+# Only so that a broken test cannot hang CI for ever: every wait of the process tests is on a file or a process.
+WAIT_BOUND_S = float(os.environ.get("TICKLAB_TEST_WAIT_BOUND_S", 600))
+
+
+def wait_for(condition, what: str, process: subprocess.Popen | None = None) -> None:
+    """Poll ``condition`` until it holds (a file written, a process gone); no deadline a loaded host could exceed."""
+    deadline = time.monotonic() + WAIT_BOUND_S
+    while not condition():
+        if process is not None:
+            assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{what}: not within {WAIT_BOUND_S} s"
+        time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 @pytest.fixture

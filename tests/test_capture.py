@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.claimids import CLAIM_IDS as CLAIMS
 from ticklab.host import collect
 
-from conftest import REPO
+from conftest import REPO, WAIT_BOUND_S, gone, wait_for
 
 CLOCK = "sys/devices/system/clocksource/clocksource0/current_clocksource"
 needs_tools = pytest.mark.skipif(not (tools_bin() / "clockbench").exists(), reason="tools not built: run 'make tools'")
@@ -137,19 +136,6 @@ def test_dry_run_prints_each_write_and_changes_nothing(fake_host, tmp_path, caps
     assert not (tmp_path / "traces").exists() and (fake_host / CLOCK).read_text().strip() == "tsc"
 
 
-WAIT_BOUND_S = float(os.environ.get("TICKLAB_TEST_WAIT_BOUND_S", 600))  # only so that a broken test cannot hang CI forever: every wait below is on a file or a process
-
-
-def wait_for(condition, what: str, process: subprocess.Popen | None = None):
-    """Poll ``condition`` until it holds (a file written, a process gone); no deadline a loaded host could exceed."""
-    deadline = time.monotonic() + WAIT_BOUND_S
-    while not condition():
-        if process is not None:
-            assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"{what}: not within {WAIT_BOUND_S} s"
-        time.sleep(0.05)
-
-
 def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Popen, int]:
     """A capture whose workload (a shell that execs sleep) is running: (the capture, the workload's pid)."""
     path = write_experiment(tmp_path, name="slow", warmup=0, runs=3, conditions=[{"name": "on-hpet", "clocksource": "hpet"}],
@@ -162,14 +148,6 @@ def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Pope
     wait_for(started, "the capture never started its workload", process)
     assert (fake_host / CLOCK).read_text().strip() == "hpet"
     return process, int(started()[0].read_text())
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for init to reap it counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

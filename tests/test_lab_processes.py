@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,7 @@ import pytest
 from ticklab.capture.process import spawn
 from ticklab.lab import qemu
 
-from conftest import REPO
-
-WAIT_BOUND_S = float(os.environ.get("TICKLAB_TEST_WAIT_BOUND_S", 120))  # a failure's bound, not the expected time
+from conftest import REPO, WAIT_BOUND_S, gone, wait_for
 
 # run_boot as `ticklab lab run` calls it, QEMU being whatever qemu-system-x86_64 PATH finds first
 BOOT = """import sys
@@ -45,23 +42,6 @@ def stand_in(path: Path, pid_file: Path, grandchild: Path | None = None) -> Path
     path.write_text(f'#!/bin/sh\n{start}echo $$ > "{pid_file}.tmp" && mv "{pid_file}.tmp" "{pid_file}"\nexec sleep 3600\n')
     path.chmod(0o755)
     return path
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for its reaper counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
-
-
-def wait_for(condition, what: str, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + WAIT_BOUND_S
-    while not condition():
-        if process is not None:
-            assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"{what}: not within {WAIT_BOUND_S} s"
-        time.sleep(0.05)
 
 
 def start(code: str, *args: str, env: dict | None = None) -> subprocess.Popen:

@@ -470,21 +470,6 @@ TEXT_LIMIT = 1 << 20
 KALLSYMS_LIMIT = 256 << 20  # the whole of /proc/kallsyms is ~10 MB; a capture keeps the few lines it needs
 
 
-def _capture_text(files: OwnedDir, relative: str, limit: int = TEXT_LIMIT) -> str:
-    """A text file of a tracefs capture, read without following a link in any component below the capture
-    directory, never a FIFO or device, at most ``limit`` bytes."""
-    data = files.read_bytes(relative, limit)
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(f"{files.root / relative}: text that is not UTF-8 at byte {exc.start}") from None
-
-
-def _is_there(path: Path) -> bool:
-    """Anything at ``path`` (a link or FIFO too: reading it then refuses it by name)."""
-    return os.path.lexists(path)
-
-
 @_guarded(lambda directory: directory)
 def read_tracefs_dir(directory: Path | str) -> Trace:
     directory = Path(directory)
@@ -497,13 +482,14 @@ def read_tracefs_dir(directory: Path | str) -> Trace:
 
 def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
     header = directory / "header_page"
-    if not _is_there(header):
+    # lexists: a link or FIFO counts as there, so that reading it refuses it by name instead of passing it over
+    if not os.path.lexists(header):
         raise TraceFormatError(f"{header}: missing; {directory} is not a ticklab tracefs capture")
-    header_text = _capture_text(files_dir, "header_page")
+    header_text = files_dir.read_text("header_page", TEXT_LIMIT)
     formats = EventFormats()
     for path in sorted((directory / "formats").glob("*/*/format")):
         relative = str(path.relative_to(directory))
-        formats.add_text(_capture_text(files_dir, relative), system=path.parent.parent.name, source=str(path))
+        formats.add_text(files_dir.read_text(relative, TEXT_LIMIT), system=path.parent.parent.name, source=str(path))
     files = {}
     for path in [*directory.glob("cpu*.raw"), *directory.glob("cpu*.raw.xz")]:
         number = path.name.split(".")[0][3:]
@@ -522,7 +508,7 @@ def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
     for path in directory.glob("cpu*.stats"):
         if not path.stem[3:].isdigit():
             raise TraceFormatError(f"{shown(path)}: not a cpu<N>.stats file name")
-        stats[int(path.stem[3:])] = _capture_text(files_dir, path.name)
+        stats[int(path.stem[3:])] = files_dir.read_text(path.name, TEXT_LIMIT)
     for cpu in sorted(set(stats) - set(files)):  # a capture writes cpuN.raw for every CPU it has stats of
         raise TraceFormatError(f"{directory / f'cpu{cpu}.raw'}: missing, but cpu{cpu}.stats is there (a ticklab "
                                f"tracefs capture writes both for every CPU), so CPU {cpu}'s events would be absent")
@@ -530,12 +516,12 @@ def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
         raise TraceFormatError(f"{directory / f'cpu{cpu}.stats'}: missing (a ticklab tracefs capture writes one beside "
                                f"every cpu<N>.raw), so nothing tells whether {files[cpu].name} is complete")
     clock = None
-    if _is_there(directory / "trace_clock"):
-        found = re.search(r"\[(\w+)\]", _capture_text(files_dir, "trace_clock"))
+    if os.path.lexists(directory / "trace_clock"):
+        found = re.search(r"\[(\w+)\]", files_dir.read_text("trace_clock", TEXT_LIMIT))
         clock = found.group(1) if found else None
     page_size = 4096
-    if _is_there(directory / "page_size"):
-        text = _capture_text(files_dir, "page_size").strip()
+    if os.path.lexists(directory / "page_size"):
+        text = files_dir.read_text("page_size", TEXT_LIMIT).strip()
         if not text.isdigit():
             raise TraceFormatError(f"{directory / 'page_size'}: not a page size: {shown(text, 40)!r}")
         page_size = int(text)
@@ -899,10 +885,10 @@ def read_trace(path: Path | str) -> Trace:
     path = Path(path)
     if path.is_dir():
         for name in ("trace.dat", "trace.dat.xz"):
-            if _is_there(path / name):
+            if os.path.lexists(path / name):
                 return read_trace_dat(path / name)
         return read_tracefs_dir(path)
-    if not _is_there(path):
+    if not os.path.lexists(path):
         raise TraceFormatError(f"{path}: no such trace file or directory")
     return read_trace_dat(path)
 

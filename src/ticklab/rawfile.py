@@ -12,7 +12,8 @@ import lzma
 import os
 from pathlib import Path
 
-from .safefiles import UnsafeFileError, open_regular, shown
+from .safefiles import UnsafeFileError, shown
+from .safefiles import read_bytes as safe_read_bytes
 
 # A raw file is read whole into memory: a per-CPU ring buffer, an FTQ sample file or a tool's output is MBs; this
 # bounds what a planted or damaged file (an .xz that unpacks to terabytes) can make ticklab allocate.
@@ -39,16 +40,10 @@ def present(path: Path | str) -> bool:
 def read_bytes(path: Path | str, limit: int = RAW_FILE_LIMIT) -> bytes:
     path = locate(path)
     try:
-        with open_regular(path) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size > limit:
-                raise RawFileError(f"{shown(path)}: {size} bytes, larger than the {limit} ticklab reads of a raw file")
-            data = handle.read(size + 1)  # a raw file is a bundle's regular file: its size is what it holds
-            return data if path.suffix != ".xz" else _unpack(data, path, limit)
+        data = safe_read_bytes(path, limit)
     except UnsafeFileError as exc:
         raise RawFileError(str(exc)) from None
-    except OSError as exc:
-        raise RawFileError(f"{shown(path)}: cannot read ({exc.strerror or exc})") from None
+    return data if path.suffix != ".xz" else _unpack(data, path, limit)
 
 
 def _unpack(data: bytes, path: Path, limit: int) -> bytes:

@@ -357,9 +357,16 @@ class OwnedDir:
 
     def read_bytes(self, relative: Path | str, limit: int) -> bytes:
         """A regular file below root, no component a link, at most ``limit`` bytes."""
+        return self._read(read_bytes, relative, limit)
+
+    def read_text(self, relative: Path | str, limit: int) -> str:
+        """``read_bytes`` decoded as UTF-8; bytes that are not UTF-8 are an error naming the file."""
+        return self._read(read_text, relative, limit)
+
+    def _read(self, reader, relative: Path | str, limit: int):
         parts = self._parts(relative)
         parent = self._dir_fd(parts[:-1], create=False, doing="read")
         try:
-            return read_bytes(parts[-1], limit, dir_fd=parent, shown_as=self.root / relative)
+            return reader(parts[-1], limit, dir_fd=parent, shown_as=self.root / relative)
         finally:
             os.close(parent)
