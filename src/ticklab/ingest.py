@@ -741,7 +741,7 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.string()  # compression version
     inflate = None if compression == "none" else _decompressor(compression, source)
     next_options = reader.u64()
-    header_page, stats, clock, kallsyms, buffers = None, {}, None, b"", 0
+    header_page, stats, clock, kallsyms = None, {}, None, b""
     cpu_data: list[tuple[int, int, int, bool]] = []
 
     def section(offset: int) -> _Reader:
@@ -786,7 +786,6 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
                 text = value.text(payload.rstrip(b"\0"), 0)
                 stats[_cpu_of_stats(text, len(stats))] = text
             elif option == OPTION_BUFFER:
-                buffers += 1
                 flyrecord = value.u64()
                 instance = value.string()
                 buffer_clock = value.string()
@@ -801,8 +800,6 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
                         cpu_data.append((cpu, offset, size, bool(flags & SECTION_COMPRESSED)))
     if header_page is None:
         raise TraceFormatError(f"{source}: no HEADER_INFO section")
-    if buffers == 1:  # with instances recorded too, which buffer a CPUSTAT belongs to is not certain
-        _check_cpu_count(source, len(cpu_data), stats)
     if any(compressed for *_, compressed in cpu_data):
         buffer, segments = _inflate_cpu_data(reader, inflate, cpu_data, page_size)
     else:
@@ -860,8 +857,9 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
 
 
 def _check_cpu_count(source: str, cpus: int, stats: dict[int, str]) -> None:
-    """trace-cmd writes one CPUSTAT option per CPU it recorded: a CPU count that differs (a damaged or edited
-    header) would silently drop or invent a CPU's events."""
+    """A v6 trace.dat has one CPUSTAT option per CPU its header counts: a CPU count that differs (a damaged or edited
+    header) would silently drop or invent a CPU's events. (Not v7: its buffer lists only the CPUs recorded, while
+    trace-cmd writes the stats of every CPU, as a guest run with a CPU mask showed.)"""
     if stats and len(stats) != cpus:
         raise TraceFormatError(f"{source}: the header counts {cpus} CPUs of data but the file has the stats of "
                                f"{len(stats)} CPUs: the CPU count is wrong or the file is damaged")
