@@ -139,3 +139,36 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_MODULES or getattr(item, "originalname", item.name) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+def assert_gaps_match_traced_ticks(bundle: Path, gapdet: dict) -> None:
+    """The gap detector ran under its own trace on the mono clock (CLOCK_MONOTONIC, the clock it reads): nearly
+    every traced tick lies inside a gap, and the workload loses at least the traced span (issue 26)."""
+    from ticklab.capture.workloads import read_gapdet
+    from ticklab.ingest import read_trace
+    from ticklab.tickcost import matched_gap_tick_cost
+    from ticklab.tracemetrics import timer_interrupt_costs
+
+    assert gapdet["status"] == "ok" and gapdet["trace"]["lost_events"] == 0, gapdet
+    trace = read_trace(bundle / "raw" / gapdet["directory"] / gapdet["trace"]["directory"])
+    assert trace.clock == "mono"
+    header, gaps = read_gapdet(bundle / "raw" / gapdet["directory"] / "stdout.txt")
+    cost = matched_gap_tick_cost(gaps, header, timer_interrupt_costs(trace, int(header["cpu"])))
+    assert cost["reason"] == "" and cost["ticks"] > 0 and cost["matched"] >= 0.9 * cost["ticks"], cost
+    assert cost["tick_gap_us_median"] >= cost["span_us_median"] > 0 and cost["before_entry_us_median"] >= 0, cost
+
+
+def shortened_nohz_experiment(source: Path, directory: Path) -> Path:
+    """A nohz FTQ experiment file cut to 1 s of FTQ and of each per-run extra, without its once-per-condition
+    extras, written into ``directory`` under the same name: for tests of what surrounds a capture (transport,
+    boot plans), which the full 5 s runs only make slower."""
+    import yaml
+
+    definition = yaml.safe_load(source.read_text())
+    definition["workload"]["params"].update(samples=1000, warmup_samples=100)
+    definition["extras"] = [extra for extra in definition["extras"] if extra.get("per_run")]
+    for extra in definition["extras"]:
+        extra["argv"] = [{"5000": "1000", "5s": "1s"}.get(word, word) for word in extra["argv"]]
+    path = directory / source.name
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    return path

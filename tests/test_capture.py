@@ -19,7 +19,7 @@ from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.claimids import CLAIM_IDS as CLAIMS
 from ticklab.host import collect
 
-from conftest import REPO, WAIT_BOUND_S, gone, wait_for
+from conftest import REPO, WAIT_BOUND_S, assert_gaps_match_traced_ticks, gone, wait_for
 
 CLOCK = "sys/devices/system/clocksource/clocksource0/current_clocksource"
 needs_tools = pytest.mark.skipif(not (tools_bin() / "clockbench").exists(), reason="tools not built: run 'make tools'")
@@ -52,6 +52,13 @@ def test_malformed_experiments_name_the_file_and_key(tmp_path):
     path = write_experiment(tmp_path, knobs={"clocksource": "voltage"})
     with pytest.raises(ExperimentError, match=f"{path}: knobs.clocksource: unknown knob 'voltage'"):
         load_experiment(path)
+    untraced = write_experiment(tmp_path, extras=[{"name": "gaps", "argv": ["true"], "per_run": True, "traced": True}])
+    with pytest.raises(ExperimentError, match=f"{untraced}: extras\\[0\\] is traced: it must be per_run and the "
+                                              "experiment must have a trace section"):
+        load_experiment(untraced)
+    clock = write_experiment(tmp_path, trace={"events": ["irq_vectors:local_timer_entry"], "clock": "sundial"})
+    with pytest.raises(ExperimentError, match=f"{clock}: .*sundial"):
+        load_experiment(clock)
     broken = tmp_path / "broken.yaml"
     broken.write_text("claim: hpet\nname: x\n")
     with pytest.raises(ExperimentError, match="broken.yaml: missing key\\(s\\) description, conditions, workload"):
@@ -230,6 +237,7 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
             assert {e["name"] for e in bundle.manifest["extras"]} == {"timerlat"}  # once per condition
             # after the run: the gap detector, then osnoise (skipped where rtla or its tracer is missing)
             assert [e["name"] for e in run["extras"]] == ["gapdet", "osnoise"]
+            assert_gaps_match_traced_ticks(path, run["extras"][0])
             # FTQ as seed 004's author ran it: SCHED_FIFO, interrupts and other tasks moved off its CPU, put back
             header = (path / "raw" / run["run"] / "ftq.dat").read_text().splitlines()[:12]
             assert "# policy: SCHED_FIFO" in header and "# priority: 99" in header

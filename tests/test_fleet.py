@@ -13,7 +13,7 @@ import pytest
 
 from ticklab.bundle import load_bundle
 
-from conftest import REPO
+from conftest import REPO, shortened_nohz_experiment
 
 NEEDED = ("ansible-playbook", "sshd", "ssh-keygen", "ip")
 missing = [tool for tool in NEEDED if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()]
@@ -71,8 +71,10 @@ def test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host(name
     lines.append(f"dead ansible_host=10.231.9.2 ticklab_host_id=netns-dead {common}")  # no such host
     inventory.write_text("[fleet]\n" + "\n".join(lines) + "\n")
     fetch_to = tmp_path / "fleet"
+    # the transport is what is tested here (the capture has its own tests): nohz's host experiment, shortened
+    experiment = shortened_nohz_experiment(REPO / "runners/nohz/ftq.yaml", tmp_path)
     extra = {"ticklab_claims": ["nohz"], "ticklab_dir": str(REPO), "ticklab_deploy": False, "ticklab_throttle": 1,
-             "ticklab_capture_args": "--runs 1 --warmup 0", "ticklab_fetch_to": str(fetch_to),
+             "ticklab_capture_args": f"--runs 1 --warmup 0 --experiment {experiment}", "ticklab_fetch_to": str(fetch_to),
              "ticklab_remote_out": str(tmp_path / "remote" / "{{ inventory_hostname }}"), "ticklab_packages": ["make"]}
     result = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "runners/ansible/capture.yml"),
                              "-e", json.dumps(extra)], capture_output=True, text=True, timeout=900,

@@ -6,6 +6,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -174,6 +175,29 @@ def test_a_real_tracefs_capture_matches_trace_cmd_report(tmp_path):
         for key in trace.counts():
             pd.testing.assert_frame_equal(trace.table(key), from_compressed.table(key))
     assert facts.mounts(Path("/")) == mounts_before, "trace-cmd's mounts must be put back"
+
+
+@pytest.mark.skipif(can_trace() is not None, reason=str(can_trace()))
+def test_a_tracefs_capture_on_the_mono_clock_stamps_events_in_clock_monotonic(tmp_path):
+    """trace.clock mono (issue 26: gapdet's gaps matched to traced ticks): the events fall between two
+    CLOCK_MONOTONIC readings taken around them; the global trace clock is left as it was."""
+    from ticklab.capture.tracing import TracingError, recorder
+
+    global_clock = Path("/sys/kernel/tracing/trace_clock").read_text()
+    with HostChanges(tmp_path / "j.json", log=lambda _: None) as host:
+        with recorder("tracefs", host, ["sched:sched_switch"], tmp_path / "trace", clock="mono"):
+            before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            subprocess.run(["sleep", "0.2"], check=True)
+            after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        with pytest.raises(TracingError, match=r"trace_clock: this kernel has no trace clock 'sundial' \(it has: .*mono"):
+            with recorder("tracefs", host, ["sched:sched_switch"], tmp_path / "never", clock="sundial"):
+                pass
+    trace = read_trace(tmp_path / "trace")
+    assert trace.clock == "mono"
+    stamps = trace.table("sched:sched_switch")["timestamp"]
+    assert ((stamps > before - 10**9) & (stamps < after + 10**9)).all()  # tracing starts a little before `before`
+    assert ((stamps > before) & (stamps < after)).sum() >= 2  # sleep's switches out and back in
+    assert Path("/sys/kernel/tracing/trace_clock").read_text() == global_clock
 
 
 def trace_cmd_record_reason() -> str | None:

@@ -29,7 +29,7 @@ from ticklab.lab.guest import boot_mismatches, run_job
 from ticklab.lab import kbuild
 from ticklab.lab.run import LabOptions, boot_settings, guest_host_id, host_cpus, lab_run, planning_facts, vcpu_count
 
-from conftest import CLAIM_IDS, REPO
+from conftest import CLAIM_IDS, REPO, assert_gaps_match_traced_ticks
 
 has_source = lab_kernel.SOURCE_TARBALL.is_file()
 has_qemu = qemu.qemu_version() is not None
@@ -360,6 +360,9 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
     assert not manifest.get("extras")  # osnoise ran after every run in its boot, not in boots of its own
     for record in runs.values():
         assert sorted(e["name"] for e in record["extras"]) == ["gapdet", "osnoise"]  # both after every run, in its boot
+        if record["condition"] != "hz1000-nohz_full":  # ticks to match to gaps
+            [gapdet] = [e for e in record["extras"] if e["name"] == "gapdet"]
+            assert_gaps_match_traced_ticks(bundles[0], gapdet)
         [osnoise] = [e for e in record["extras"] if e["name"] == "osnoise"]
         assert osnoise["status"] == "ok", osnoise
         assert "Operating System Noise" in (bundles[0] / "raw" / osnoise["directory"] / "stdout.txt").read_text()

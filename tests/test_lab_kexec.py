@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, shortened_nohz_experiment
 
 from ticklab.lab import image as guest_image
 from ticklab.lab import kernel as lab_kernel
@@ -123,8 +123,9 @@ def test_lab_run_boot_kexec_makes_a_sealed_bundle_one_boot_per_run(tmp_path):
     from ticklab.lab.run import LabOptions
 
     kexec_kernel()
+    experiment = shortened_nohz_experiment(REPO / "runners/nohz/host-boot-ftq.yaml", tmp_path)
     path = lab_boot_plan("nohz", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg"),
-                         REPO / "runners/nohz/host-boot-ftq.yaml", log=lambda _: None)
+                         experiment, log=lambda _: None)
     bundle = load_bundle(path)
     manifest = bundle.manifest
     assert path.parent.parent.name.endswith("-kexec") and manifest["boot_plan"]["state"] == "finished"

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from ticklab.capture.workloads import WorkloadOutputError, read_gapdet
-from ticklab.tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, nominal_period_ns
+from ticklab.tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, matched_gap_tick_cost, nominal_period_ns
 
 QUANTUM, PERIOD, RATE = 1_000_000, 4_000_000, 12.5  # 1 ms quanta, HZ=250, work units per µs
 TICK_US = 20.0  # the planted work lost per tick
@@ -83,6 +83,49 @@ def test_gap_detector_cost_per_tick_and_share_recover_the_planted_values():
     assert abs(cost["tick_gap_us_median"] - GAP_US) <= 1.0  # stated tolerance: ±1 µs of the planted gap
     planted_share = tick_time / (gaps["gap_ns"] - READ_NS).sum()
     assert abs(cost["tick_share_of_gap_time"] - planted_share) <= 0.03  # other gaps near the tick add a little
+
+
+BEFORE_US, SPAN_US = 9.0, 7.0  # planted: the gap starts 9 µs before local_timer_entry; the traced span is 7 µs
+
+
+def traced_ticks(gaps: pd.DataFrame, header: dict, tick_count: int, other_irqs: int = 40) -> pd.DataFrame:
+    """What timer_interrupt_costs gives for a mono-clock trace of the synthetic run: each tick's local_timer_entry
+    BEFORE_US after its gap starts and a SPAN_US traced span, plus non-tick timer interrupts at other gaps' times."""
+    t0 = header["t0_ns"]
+    tick_gaps = gaps.sort_values("start_ns")
+    starts = t0 + tick_gaps["start_ns"].to_numpy()
+    is_tick = np.mod(starts + 9_000, PERIOD) == 0
+    entry = starts[is_tick][:tick_count] + int(BEFORE_US * 1e3)
+    others = starts[~is_tick][:other_irqs] + 500
+    frame = pd.DataFrame({"entry_ns": np.concatenate([entry, others]),
+                          "tick": np.concatenate([np.ones(len(entry), bool), np.zeros(len(others), bool)])})
+    frame["exit_ns"] = frame["entry_ns"] + 2_000
+    frame["cost_ns"] = np.where(frame["tick"], SPAN_US * 1e3, 2_000.0)
+    return frame.sort_values("entry_ns").reset_index(drop=True)
+
+
+def test_matched_gap_cost_recovers_the_planted_split_before_during_and_after_the_traced_span():
+    gaps, header, ticks, tick_time = synthetic_gaps(11)
+    cost = matched_gap_tick_cost(gaps, header, traced_ticks(gaps, header, ticks))
+    assert cost["reason"] == "" and cost["ticks"] == ticks and cost["matched"] == ticks
+    assert abs(cost["tick_gap_us_median"] - GAP_US) <= 0.1  # each tick's own gap: no folding error
+    assert cost["span_us_median"] == pytest.approx(SPAN_US)
+    assert cost["before_entry_us_median"] == pytest.approx(BEFORE_US)
+    assert abs(cost["after_span_us_median"] - (GAP_US - BEFORE_US - SPAN_US)) <= 0.1
+    assert cost["tick_share_of_gap_time"] == pytest.approx(tick_time / (gaps["gap_ns"] - READ_NS).sum(), rel=0.01)
+
+
+def test_matched_gap_cost_says_when_the_clocks_disagree_or_no_tick_was_traced():
+    gaps, header, ticks, _ = synthetic_gaps(12)
+    shifted = traced_ticks(gaps, header, ticks).assign(entry_ns=lambda f: f["entry_ns"] + 1_500_000)
+    cost = matched_gap_tick_cost(gaps, header, shifted)
+    assert cost["matched"] < ticks // 10 and np.isnan(cost["tick_gap_us_median"])
+    assert cost["reason"] == f"only {cost['matched']} of the {ticks} traced ticks fall inside a gap: the trace clock " \
+                             "and CLOCK_MONOTONIC disagree"
+    none = matched_gap_tick_cost(gaps, header, shifted.assign(tick=False))
+    assert none["reason"] == "no traced tick while the gap detector ran" and np.isnan(none["tick_gap_us_median"])
+    late = matched_gap_tick_cost(gaps, header, shifted.assign(entry_ns=shifted["entry_ns"] + 10**10))
+    assert late["ticks"] == 0 and late["reason"] == "no traced tick while the gap detector ran"
 
 
 def test_gapdet_reader_rejects_bad_output_in_one_line(tmp_path):

@@ -148,7 +148,10 @@ EXPERIMENT = {
             # kernel functions whose every call the function tracer records (a C identifier each)
             "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
             # which per-run metrics its trace gives results.csv: a name in tracemetrics.METRIC_SETS
-            "metrics": {"enum": ["tick", "hrtimer"]}}},
+            "metrics": {"enum": ["tick", "hrtimer"]},
+            # the tracefs trace clock; "mono" is CLOCK_MONOTONIC, the clock our tools stamp their samples with, so
+            # their samples and the trace's events can be matched one by one (default: the kernel's, "local")
+            "clock": {"enum": ["local", "global", "mono", "mono_raw", "boot"]}}},
         "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
         "profile": {"type": ["object", "null"]},
         "extras": {"type": ["array", "null"], "items": {"type": "object", "required": ["name", "argv"],
@@ -156,7 +159,10 @@ EXPERIMENT = {
                                                                        "argv": {"type": "array"},
                                                                        "requires": {"type": "array",
                                                                                     "items": REQUIREMENT},
-                                                                       "per_run": {"type": "boolean"}}}},
+                                                                       "per_run": {"type": "boolean"},
+                                                                       # recorded with the experiment's trace into
+                                                                       # raw/<run>/<name>/trace (per_run extras only)
+                                                                       "traced": {"type": "boolean"}}}},
         "notes": {"type": ["string", "null"]},
         "lab": {"type": ["object", "null"], "properties": {
             "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},

@@ -7,9 +7,10 @@
 
 Both place the tick by its period in CLOCK_MONOTONIC, the clock the tick's hrtimer runs on and the clock ftq and
 gapdet read: ticks fall at one phase of TICK_NSEC = 1e9/HZ, found from the data as the phase where the work lost
-is largest. The trace's tick timestamps are on the tracefs trace clock (``local`` by default), not
-CLOCK_MONOTONIC, and gapdet runs after the traced workload (a per-run extra), so neither is matched to traced
-ticks one by one; the trace gives the tick rate, from which HZ is read (:func:`nominal_period_ns`).
+is largest; the trace gives the tick rate, from which HZ is read (:func:`nominal_period_ns`). Where gapdet ran
+under a trace of its own on the ``mono`` trace clock (CLOCK_MONOTONIC; the nohz experiments' traced per-run
+extra), :func:`matched_gap_tick_cost` matches every traced tick to the gap it caused, one by one, and splits the
+workload's loss into the part before the first tracepoint, the traced span and the part after it.
 
 And the sound lost-work figure (:func:`ftq_lost_fraction`): 1 − mean work per quantum / median work of the
 tick-free quanta, where 1 − mean/max also counts how much faster than usual the fastest quantum ran.
@@ -57,8 +58,10 @@ def _per_tick_loss(counts, ticks) -> tuple[float, np.ndarray]:
         return np.nan, np.array([])
     reference = float(np.median(free))
     held = ticks >= 0
-    loss = pd.Series(reference - counts[held]).groupby(ticks[held]).sum()
-    return reference, loss.to_numpy()[1:-1]
+    tick = ticks[held]  # non-decreasing: quanta are in time order, and so are the ticks they hold
+    first_of_tick = np.flatnonzero(np.r_[True, tick[1:] != tick[:-1]])
+    loss = np.add.reduceat(reference - counts[held], first_of_tick) if len(tick) else np.array([])
+    return reference, loss[1:-1]
 
 
 def tick_phase(counts, end_ns, quantum_ns: int, period_ns: int, steps: int = 400) -> float:
@@ -162,3 +165,57 @@ def gap_tick_cost(gaps: pd.DataFrame, header: dict, period_ns: int | None, bin_n
             "tick_gap_us_median": float(np.median(per_tick)), "tick_gap_us_p99": float(np.quantile(per_tick, 0.99)),
             "tick_gap_us_mean": float(per_tick.mean()), "tick_share_of_gap_time": tick_time / total if total else np.nan,
             "tick_fraction": tick_time / duration, "reason": ""}
+
+
+MIN_MATCHED_SHARE = 0.9  # of traced ticks inside a gap, below which the two clocks are taken to disagree
+
+
+def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataFrame) -> dict:
+    """The gap detector's cost per tick with every gap matched to the traced tick inside it, for one run traced on
+    the ``mono`` trace clock (CLOCK_MONOTONIC, the clock gapdet reads) while gapdet ran.
+
+    ``interrupts`` are the traced local timer interrupts on gapdet's CPU (tracemetrics.timer_interrupt_costs:
+    entry_ns, exit_ns, tick, cost_ns). An interrupt's tracepoints run while the loop is stopped, so its
+    local_timer_entry lies inside the gap it causes: the gap holding a tick's entry is that tick's, the time from
+    the gap's start to the entry is what the workload loses before the first tracepoint (delivery, entry code, in
+    a guest the exit to the hypervisor and back in), and from the end of the traced span (the interrupt and its
+    softirqs, ``cost_ns``; the interrupt alone where softirqs were not traced) to the gap's end what it loses
+    after the last one. Gap lengths are less one read's median cost (the detector's loop).
+
+    Returns ticks (traced ticks inside gapdet's run), matched (those inside a gap), tick_gap_us_median/_p99/_mean,
+    span_us_median (traced span of the matched ticks), before_entry_us_median, after_span_us_median,
+    tick_share_of_gap_time, tick_fraction (matched tick gap time / run time), reason."""
+    out = {"ticks": 0, "matched": 0, "tick_gap_us_median": np.nan, "tick_gap_us_p99": np.nan,
+           "tick_gap_us_mean": np.nan, "span_us_median": np.nan, "before_entry_us_median": np.nan,
+           "after_span_us_median": np.nan, "tick_share_of_gap_time": np.nan, "tick_fraction": np.nan}
+    t0, duration, read_ns = float(header["t0_ns"]), float(header["duration_ns"]), float(header["read_ns_median"])
+    entry = interrupts["entry_ns"].to_numpy(dtype=np.int64)
+    inside_run = (entry >= t0) & (entry <= t0 + duration)
+    ticks = interrupts[inside_run & interrupts["tick"].to_numpy(dtype=bool)]
+    out["ticks"] = len(ticks)
+    if ticks.empty:
+        return {**out, "reason": "no traced tick while the gap detector ran"}
+    order = np.argsort(gaps["start_ns"].to_numpy())
+    start = t0 + gaps["start_ns"].to_numpy(dtype=np.int64)[order]
+    length = gaps["gap_ns"].to_numpy(dtype=np.int64)[order]
+    tick_entry = ticks["entry_ns"].to_numpy(dtype=np.int64)
+    holder = np.searchsorted(start, tick_entry, side="right") - 1
+    matched = holder >= 0
+    matched[matched] &= start[holder[matched]] + length[holder[matched]] >= tick_entry[matched]
+    out["matched"] = int(matched.sum())
+    if matched.sum() < MIN_MATCHED_SHARE * len(ticks):  # a tick stops the loop for far longer than the threshold
+        return {**out, "reason": f"only {matched.sum()} of the {len(ticks)} traced ticks fall inside a gap: the trace "
+                                 "clock and CLOCK_MONOTONIC disagree"}
+    which = holder[matched]
+    lost_us = (length[which] - read_ns) / 1e3
+    span = ticks["cost_ns"].to_numpy(dtype=float)
+    span = np.where(np.isfinite(span), span, (ticks["exit_ns"] - ticks["entry_ns"]).to_numpy(dtype=float))[matched]
+    before = (tick_entry[matched] - start[which]) / 1e3
+    after = (start[which] + length[which] - tick_entry[matched] - span) / 1e3
+    tick_time = float(np.sum(length[np.unique(which)] - read_ns))
+    total = float(np.sum(length - read_ns))
+    return {**out, "tick_gap_us_median": float(np.median(lost_us)), "tick_gap_us_p99": float(np.quantile(lost_us, 0.99)),
+            "tick_gap_us_mean": float(lost_us.mean()), "span_us_median": float(np.median(span) / 1e3),
+            "before_entry_us_median": float(np.median(before)), "after_span_us_median": float(np.median(after)),
+            "tick_share_of_gap_time": tick_time / total if total > 0 else np.nan, "tick_fraction": tick_time / duration,
+            "reason": ""}

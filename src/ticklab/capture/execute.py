@@ -88,7 +88,7 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
         finally:
             if server is not None:
                 stop(server)
-        checks = per_run_extras(experiment, host, facts, values, run_dir) if outcome["status"] == "ok" else []
+        checks = per_run_extras(experiment, host, facts, values, run_dir, backend) if outcome["status"] == "ok" else []
     return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
             "warmup": planned.warmup, "values": planned.condition.values, **outcome,
             "knobs": scope.records(),
@@ -96,9 +96,12 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
             **({"extras": checks} if checks else {})}
 
 
-def per_run_extras(experiment: Experiment, host: HostChanges, facts: dict, values: dict, run_dir: Path) -> list[dict]:
+def per_run_extras(experiment: Experiment, host: HostChanges, facts: dict, values: dict, run_dir: Path,
+                   backend: str | None = None) -> list[dict]:
     """Cross-checks marked ``per_run``, right after the workload in the same run (same boot, same knobs, the
-    trace stopped), each in run_dir/<name>/; where the host lacks what one needs, why it was skipped."""
+    workload's trace stopped), each in run_dir/<name>/, one marked ``traced`` under a trace of its own
+    (run_dir/<name>/trace, the experiment's events and clock); where the host lacks what one needs, why it was
+    skipped."""
     done = []
     for extra in experiment.extras:
         if not extra.get("per_run"):
@@ -110,20 +113,26 @@ def per_run_extras(experiment: Experiment, host: HostChanges, facts: dict, value
         directory = run_dir / extra["name"]
         directory.mkdir(exist_ok=True)
         argv = fill_argv(extra["argv"], values, f"{experiment.path}: extras.{extra['name']}.argv")
-        done.append({"name": extra["name"], "directory": f"{run_dir.name}/{extra['name']}",
-                     **run_command(argv, directory, experiment.timeout_s, host)})
+        if extra.get("traced"):
+            outcome, trace_result = _record_workload(experiment, host, backend, argv, directory)
+            outcome = {**outcome, "trace": trace_result.record()}
+        else:
+            outcome = run_command(argv, directory, experiment.timeout_s, host)
+        done.append({"name": extra["name"], "directory": f"{run_dir.name}/{extra['name']}", **outcome})
     return done
 
 
 def _record_workload(experiment: Experiment, host: HostChanges, backend: str | None, argv: list, run_dir: Path):
-    """Run the workload, traced if the experiment asks for it: (outcome, trace result or None)."""
+    """Run ``argv`` in ``run_dir``, traced into run_dir/trace if the experiment asks for it: (outcome, trace
+    result or None)."""
     if not experiment.trace:
         return run_command(argv, run_dir, experiment.timeout_s, host), None
     with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
                           buffer_kb=int(experiment.trace.get("buffer_kb", 4096)),
                           symbols=experiment.trace.get("symbols") or [],
                           functions=experiment.trace.get("functions") or [],
-                          optional_events=experiment.trace.get("optional_events") or []) as recording:
+                          optional_events=experiment.trace.get("optional_events") or [],
+                          clock=experiment.trace.get("clock")) as recording:
         outcome = run_command(argv, run_dir, experiment.timeout_s, host)
     return outcome, recording.result
 

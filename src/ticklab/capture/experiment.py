@@ -15,7 +15,8 @@ rounds of one more run per condition until the claim's comparisons meet the prec
 most S seconds of measured runs and N runs per condition (default 10 x runs).
 
 ``extras`` are cross-checks run once per condition after the measured runs (``per_run: true``: right
-after the workload of every run, in the same boot and under the same knobs, into raw/<run>/<name>/), each
+after the workload of every run, in the same boot and under the same knobs, into raw/<run>/<name>/;
+``traced: true`` records the experiment's trace around it too, into raw/<run>/<name>/trace), each
 only where its own ``requires`` are met (otherwise the manifest says why it was skipped); they never enter
 results.csv. Variables listed under ``knobs`` are applied to the host before each run (clocksource,
 sched_feature:<NAME>, idle_config); every other variable only fills the workload's argv.
@@ -163,6 +164,9 @@ def load_experiment(path: Path | str) -> Experiment:
     for index, extra in enumerate(data.get("extras") or []):
         if not isinstance(extra, dict) or not {"name", "argv"} <= set(extra) or not isinstance(extra["argv"], list):
             raise ExperimentError(f"{path}: extras[{index}] needs a name and an argv list")
+        if extra.get("traced") and not (extra.get("per_run") and data.get("trace")):
+            raise ExperimentError(f"{path}: extras[{index}] is traced: it must be per_run and the experiment must have a "
+                                  "trace section (its events are what the extra records)")
     lab = data.get("lab")
     if lab is not None and (not isinstance(lab, dict) or set(lab) - LAB_KEYS):
         raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")

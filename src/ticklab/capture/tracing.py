@@ -97,6 +97,14 @@ def kallsyms_lines(text: str, names: list[str]) -> list[str]:
     return found
 
 
+def check_clock(tracefs: Path, clock: str) -> None:
+    """``clock`` is one of the trace clocks tracefs (or an instance of it) offers."""
+    offered = (tracefs / "trace_clock").read_text().replace("[", " ").replace("]", " ").split()
+    if clock not in offered:
+        raise TracingError(f"{tracefs / 'trace_clock'}: this kernel has no trace clock {clock!r} "
+                           f"(it has: {', '.join(offered)})")
+
+
 def check_functions(tracefs: Path, functions: list[str]) -> None:
     """The function tracer exists and can trace each of ``functions`` (not inlined, not notrace)."""
     if not functions:
@@ -180,10 +188,11 @@ class TracefsRecorder:
     backend = "tracefs"
 
     def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = ()):
+                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = (),
+                 clock: str | None = None):
         self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
         self.optional_events, self.absent_events = list(optional_events), []
-        self.symbols = list(symbols)
+        self.symbols, self.clock = list(symbols), clock
         self._symbols_found: dict[str, str] | None = None
         self.functions = list(functions)
         self._stop = threading.Event()
@@ -214,6 +223,9 @@ class TracefsRecorder:
         self.host.make_dir(relative, label="tracefs instance")
         self.host.write(f"{relative}/tracing_on", "0", label="tracing_on")
         self.host.write(f"{relative}/buffer_size_kb", str(self.buffer_kb), label="buffer_size_kb")
+        if self.clock:
+            check_clock(instance, self.clock)
+            self.host.write(f"{relative}/trace_clock", self.clock, label="trace_clock")
         for event in self.events:
             self.host.write(f"{relative}/events/{event.replace(':', '/')}/enable", "1", label=f"event {event}")
         if self.functions:  # the instance's own filter and tracer: the global ones are not touched
@@ -321,11 +333,12 @@ class TraceCmdRecorder:
     backend = "trace-cmd"
 
     def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = ()):
+                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = (),
+                 clock: str | None = None):
         # trace-cmd writes the whole of /proc/kallsyms into trace.dat: ``symbols`` needs no extra step here
         self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
         self.optional_events, self.absent_events = list(optional_events), []
-        self.functions = list(functions)
+        self.functions, self.clock = list(functions), clock
         self.process: subprocess.Popen | None = None
         self._error: str | None = None  # trace-cmd.log could not be written (the copier thread's error, raised here)
         self.result: TraceResult | None = None
@@ -336,6 +349,8 @@ class TraceCmdRecorder:
         present, self.absent_events = present_events(tracefs, self.optional_events)
         self.events += present
         check_functions(tracefs, self.functions)
+        if self.clock:
+            check_clock(tracefs, self.clock)
         self._scope = self.host.scope()
         guard_tracefs(self.host, tracefs, "trace-cmd", self.functions)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -344,6 +359,8 @@ class TraceCmdRecorder:
         argv = ["trace-cmd", "record", "--compression", "none", "-b", str(self.buffer_kb), "-o", str(self.directory / "trace.dat")]
         for event in self.events:
             argv += ["-e", event]
+        if self.clock:
+            argv += ["-C", self.clock]
         if self.functions:
             argv += ["-p", "function", *[part for name in self.functions for part in ("-l", name)]]
         self.log = self.log_path.open("wb")
@@ -416,13 +433,15 @@ class TraceCmdRecorder:
 
 
 def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-             symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = ()):
+             symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = (),
+             clock: str | None = None):
     """A recorder of ``events``, of those ``optional_events`` the running kernel has (the others go into the
     result's ``absent_events``) and, where ``functions`` are named, of every call of those functions
-    (the function tracer filtered to them; each call is an ``ftrace:function`` event)."""
+    (the function tracer filtered to them; each call is an ``ftrace:function`` event), its timestamps on the trace
+    clock ``clock`` (None: the kernel's default, ``local``)."""
     cls = {"tracefs": TracefsRecorder, "trace-cmd": TraceCmdRecorder}.get(backend)
     if cls is None:
         raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
     return cls(host, events, directory, buffer_kb=buffer_kb, symbols=symbols, functions=functions,
-               optional_events=optional_events)
+               optional_events=optional_events, clock=clock)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -16,8 +18,9 @@ from ..checks import FactCheck, MetricCheck
 from ..comparisons import Comparison, NegativeControl, usable_bundles
 from ..captured import BundleRef
 from ..published import PublishedClaim, check_derived
-from ..tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, nominal_period_ns
-from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT
+from ..ingest import TraceFormatError, read_trace
+from ..tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, matched_gap_tick_cost, nominal_period_ns
+from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT, timer_interrupt_costs
 from ..tracespots import longest_tick_gap
 from ..verdicts import Margins, Target
 from . import Claim, ViewPreset
@@ -110,6 +113,21 @@ _OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\
                           r"\s+(\d+)\s+(\d+)", re.M)
 
 
+@functools.lru_cache(maxsize=None)
+def _measured_ftq(path: str) -> tuple[dict, pd.DataFrame]:
+    """One run's ftq.dat: its header and its measured quanta (warm-up dropped). Read once per process: a notebook's
+    tables each need every run's samples (callers must not change the frame)."""
+    header, samples = read_ftq(Path(path))
+    return header, samples[~samples["warmup"]]
+
+
+@functools.lru_cache(maxsize=None)
+def _ftq_run_cost(path: str, period_ns: int | None) -> dict:
+    """tickcost.ftq_tick_cost of one run's ftq.dat for a tick period, computed once per process."""
+    header, samples = _measured_ftq(path)
+    return ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period_ns)
+
+
 def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
     """Every measured FTQ sample (warm-up quanta dropped) of every testable nohz bundle."""
     frames = []
@@ -118,8 +136,8 @@ def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
             continue
         for record in bundle.typed.measured_runs():
             path = ref.path / "raw" / record.run / "ftq.dat"
-            header, samples = read_ftq(path)
-            samples = samples[~samples["warmup"]].assign(
+            header, samples = _measured_ftq(str(path))
+            samples = samples.assign(
                 host_id=ref.host_id, bundle=ref.path.name, run=record.run, condition=record.condition,
                 quantum_ns=int(header["quantum_ns"]), source=str(rawfile.locate(path)))
             frames.append(samples[["host_id", "bundle", "run", "condition", "quantum_ns", "index", "count", "source"]])
@@ -232,9 +250,7 @@ def _sound_lost(ref: BundleRef, runs, rates: pd.Series) -> float:
     lost = []
     for run in runs:
         try:
-            header, samples = read_ftq(ref.path / "raw" / run / "ftq.dat")
-            samples = samples[~samples["warmup"]]
-            lost.append(ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]),
+            lost.append(_ftq_run_cost(str(ref.path / "raw" / run / "ftq.dat"),
                                       nominal_period_ns(float(rates.get(run, np.nan))))["lost_fraction"])
         except (WorkloadOutputError, TickCostError):
             continue  # the per-tick table says why, per run
@@ -359,11 +375,43 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
 NO_GAPDET = "not recorded in this bundle (captured before the gap detector ran per run)"
 TICK_COST_COLUMNS = ["setup", "condition", "bundle", "run", "period_ns", "ftq_lost_fraction", "ftq_lost_fraction_max",
                      "ftq_ticks", "ftq_tick_us_median", "ftq_tick_us_p99", "ftq_tick_us_mean", "ftq_reason", "gap_ticks",
-                     "gap_tick_us_median", "gap_tick_us_p99", "gap_tick_share_of_gaps", "gap_tick_fraction", "gap_reason"]
+                     "gap_tick_us_median", "gap_tick_us_p99", "gap_tick_share_of_gaps", "gap_tick_fraction", "gap_reason",
+                     "matched_ticks", "matched_unmatched", "matched_tick_us_median", "matched_tick_us_p99",
+                     "matched_span_us_median", "matched_before_entry_us_median", "matched_after_span_us_median",
+                     "matched_share_of_gaps", "matched_tick_fraction", "matched_reason"]
+NO_GAPDET_TRACE = "the gap detector was not traced in this run (bundles before the traced per-run extra)"
 
 
 def _gapdet_entry(record: dict) -> dict | None:
     return next((e for e in record.get("extras") or [] if e.get("name") == "gapdet"), None)
+
+
+def _matched_gap_row(ref: BundleRef, entry: dict, header: dict, gaps: pd.DataFrame) -> dict:
+    """The matched_* columns of tick_cost_runs for one gapdet extra: its gaps matched to the ticks of its own trace
+    (tickcost.matched_gap_tick_cost), or the reason they cannot be."""
+    if not entry.get("trace"):
+        return {"matched_reason": NO_GAPDET_TRACE}
+    try:
+        trace = read_trace(ref.path / "raw" / entry["directory"] / entry["trace"]["directory"])
+    except TraceFormatError as exc:
+        return {"matched_reason": str(exc)}
+    if trace.clock != "mono":
+        return {"matched_reason": f"the gap detector's trace is on the {trace.clock or 'unknown'} trace clock, not mono "
+                                  "(CLOCK_MONOTONIC): its ticks cannot be matched to gaps"}
+    interrupts = timer_interrupt_costs(trace, int(header["cpu"]))
+    if interrupts is None:
+        return {"matched_reason": "the gap detector's trace cannot tell the tick from other hrtimers (no tick "
+                                  "callback address)"}
+    if entry["trace"].get("lost_events"):
+        return {"matched_reason": f"the gap detector's trace lost {entry['trace']['lost_events']} events"}
+    matched = matched_gap_tick_cost(gaps, header, interrupts)
+    return {"matched_ticks": matched["ticks"], "matched_unmatched": matched["ticks"] - matched["matched"],
+            "matched_tick_us_median": matched["tick_gap_us_median"], "matched_tick_us_p99": matched["tick_gap_us_p99"],
+            "matched_span_us_median": matched["span_us_median"],
+            "matched_before_entry_us_median": matched["before_entry_us_median"],
+            "matched_after_span_us_median": matched["after_span_us_median"],
+            "matched_share_of_gaps": matched["tick_share_of_gap_time"], "matched_tick_fraction": matched["tick_fraction"],
+            "matched_reason": matched["reason"]}
 
 
 def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame:
@@ -388,9 +436,7 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
             row = {"setup": ref.host_id, "condition": record.condition, "bundle": str(ref.path), "run": record.run,
                    "period_ns": period}
             try:
-                header, samples = read_ftq(ref.path / "raw" / record.run / "ftq.dat")
-                samples = samples[~samples["warmup"]]
-                ftq = ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period)
+                ftq = _ftq_run_cost(str(ref.path / "raw" / record.run / "ftq.dat"), period)
                 row.update(ftq_lost_fraction=ftq["lost_fraction"], ftq_lost_fraction_max=ftq["lost_fraction_max"],
                            ftq_ticks=ftq["n"], ftq_tick_us_median=ftq["tick_lost_us_median"],
                            ftq_tick_us_p99=ftq["tick_lost_us_p99"], ftq_tick_us_mean=ftq["tick_lost_us_mean"],
@@ -408,8 +454,10 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
                     row.update(gap_ticks=gap["n"], gap_tick_us_median=gap["tick_gap_us_median"],
                                gap_tick_us_p99=gap["tick_gap_us_p99"], gap_tick_share_of_gaps=gap["tick_share_of_gap_time"],
                                gap_tick_fraction=gap["tick_fraction"], gap_reason=gap["reason"])
+                    row.update(_matched_gap_row(ref, entry, header, gaps))
                 except WorkloadOutputError as exc:
                     row["gap_reason"] = str(exc)
+            row.setdefault("matched_reason", row.get("gap_reason") or NO_GAPDET_TRACE)
             rows.append(row)
     return pd.DataFrame(rows).reindex(columns=TICK_COST_COLUMNS)
 
@@ -425,6 +473,17 @@ WORKLOAD_COST_ROWS = [
     ("gap_ticks", "tick periods seen by the gap detector (per run)", 1, False),
     ("gap_tick_fraction", "tick's share of the CPU from the gap detector (%)", 100, False),
     ("gap_tick_share_of_gaps", "share of the gap detector's lost time the tick explains (%)", 100, False),
+    ("matched_tick_us_median", "µs lost per tick, gap detector with each traced tick matched to its gap, median", 1, True),
+    ("matched_tick_us_p99", "µs lost per tick, gap detector matched to traced ticks, p99", 1, True),
+    ("matched_span_us_median", "… of which the traced span (local_timer_entry to the last attributed softirq's exit), "
+                               "µs, median", 1, False),
+    ("matched_before_entry_us_median", "… lost before local_timer_entry (delivery, entry code, VM exit), µs, median",
+     1, False),
+    ("matched_after_span_us_median", "… lost after the traced span (exit code, return to the task), µs, median", 1, False),
+    ("matched_ticks", "traced ticks while the gap detector ran (per run)", 1, False),
+    ("matched_unmatched", "traced ticks inside no gap (per run; above 0 means the clocks disagree)", 1, False),
+    ("matched_tick_fraction", "tick's share of the CPU from the matched gaps (%)", 100, False),
+    ("matched_share_of_gaps", "share of the gap detector's lost time the matched ticks explain (%)", 100, False),
 ]
 
 
@@ -436,7 +495,7 @@ def _workload_cost_rows(costs: pd.DataFrame, head: dict, seed_us: float, seed_ce
     rows = []
     for column, quantity, scale, seeded in WORKLOAD_COST_ROWS:
         values = pd.to_numeric(costs[column], errors="coerce").dropna()
-        reason_column = "gap_reason" if column.startswith("gap_") else "ftq_reason"
+        reason_column = {"gap": "gap_reason", "matched": "matched_reason"}.get(column.split("_")[0], "ftq_reason")
         if values.empty:
             reasons = [r for r in costs[reason_column].dropna().unique() if r]
             rows.append({**head, "quantity": quantity, "measured": reasons[0] if reasons else "not measurable"})
