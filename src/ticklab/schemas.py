@@ -155,6 +155,7 @@ EXPERIMENT = {
         "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
         "profile": {"type": ["object", "null"]},
         "extras": {"type": ["array", "null"], "items": {"type": "object", "required": ["name", "argv"],
+                                                        "additionalProperties": False,
                                                         "properties": {"name": {"type": "string", "pattern": RUN_NAME},
                                                                        "argv": {"type": "array"},
                                                                        "requires": {"type": "array",

@@ -195,6 +195,8 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
     out["ticks"] = len(ticks)
     if ticks.empty:
         return {**out, "reason": "no traced tick while the gap detector ran"}
+    if gaps.empty:
+        return {**out, "reason": "no gaps over the threshold"}
     order = np.argsort(gaps["start_ns"].to_numpy())
     start = t0 + gaps["start_ns"].to_numpy(dtype=np.int64)[order]
     length = gaps["gap_ns"].to_numpy(dtype=np.int64)[order]
@@ -206,8 +208,12 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
     if matched.sum() < MIN_MATCHED_SHARE * len(ticks):  # a tick stops the loop for far longer than the threshold
         return {**out, "reason": f"only {matched.sum()} of the {len(ticks)} traced ticks fall inside a gap: the trace "
                                  "clock and CLOCK_MONOTONIC disagree"}
+    if matched.sum() < MIN_REFERENCE:
+        return {**out, "matched": int(matched.sum()), "reason": f"only {matched.sum()} traced ticks matched: too few"}
     which = holder[matched]
-    lost_us = (length[which] - read_ns) / 1e3
+    # a gap holding several ticks (late expiries merged, the vCPU descheduled) is one loss, shared between them
+    sharing = np.bincount(np.unique(which, return_inverse=True)[1])[np.unique(which, return_inverse=True)[1]]
+    lost_us = (length[which] - read_ns) / sharing / 1e3
     span = ticks["cost_ns"].to_numpy(dtype=float)
     span = np.where(np.isfinite(span), span, (ticks["exit_ns"] - ticks["entry_ns"]).to_numpy(dtype=float))[matched]
     before = (tick_entry[matched] - start[which]) / 1e3

@@ -164,6 +164,9 @@ def load_experiment(path: Path | str) -> Experiment:
     for index, extra in enumerate(data.get("extras") or []):
         if not isinstance(extra, dict) or not {"name", "argv"} <= set(extra) or not isinstance(extra["argv"], list):
             raise ExperimentError(f"{path}: extras[{index}] needs a name and an argv list")
+        if extra["name"] == "trace" or [e.get("name") for e in data["extras"]].count(extra["name"]) > 1:
+            raise ExperimentError(f"{path}: extras[{index}]: name {shown(repr(extra['name']), 80)} is taken (by another "
+                                  "extra, or 'trace', the run's own trace directory)")
         if extra.get("traced") and not (extra.get("per_run") and data.get("trace")):
             raise ExperimentError(f"{path}: extras[{index}] is traced: it must be per_run and the experiment must have a "
                                   "trace section (its events are what the extra records)")
