@@ -212,13 +212,13 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
         return {**out, "matched": int(matched.sum()), "reason": f"only {matched.sum()} traced ticks matched: too few"}
     which = holder[matched]
     # a gap holding several ticks (late expiries merged, the vCPU descheduled) is one loss, shared between them
-    sharing = np.bincount(np.unique(which, return_inverse=True)[1])[np.unique(which, return_inverse=True)[1]]
-    lost_us = (length[which] - read_ns) / sharing / 1e3
+    tick_gaps, gap_of_tick, ticks_per_gap = np.unique(which, return_inverse=True, return_counts=True)
+    lost_us = (length[which] - read_ns) / ticks_per_gap[gap_of_tick] / 1e3
     span = ticks["cost_ns"].to_numpy(dtype=float)
     span = np.where(np.isfinite(span), span, (ticks["exit_ns"] - ticks["entry_ns"]).to_numpy(dtype=float))[matched]
     before = (tick_entry[matched] - start[which]) / 1e3
     after = (start[which] + length[which] - tick_entry[matched] - span) / 1e3
-    tick_time = float(np.sum(length[np.unique(which)] - read_ns))
+    tick_time = float(np.sum(length[tick_gaps] - read_ns))
     total = float(np.sum(length - read_ns))
     return {**out, "tick_gap_us_median": float(np.median(lost_us)), "tick_gap_us_p99": float(np.quantile(lost_us, 0.99)),
             "tick_gap_us_mean": float(lost_us.mean()), "span_us_median": float(np.median(span) / 1e3),
