@@ -106,6 +106,11 @@ def test_schema_problems_name_the_manifest(tmp_path):
     manifest.write_text(json.dumps(data))
     with pytest.raises(BundleError, match=r"manifest\.json: schema version 99"):
         load_bundle(path)
+    data["schema_version"] = 1
+    data["runs"][0]["extras"] = [{"name": "gapdet", "directory": "run-001/gapdet", "trace": {"directory": "../../root"}}]
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(BundleError, match=r"manifest\.json: runs\[0\]\.extras\[0\]\.trace\.directory: '\.\./\.\./root' is not of the allowed form"):
+        load_bundle(path)  # analyses open files below the directories a manifest names: never outside the bundle
     manifest.write_text("{not json")
     with pytest.raises(BundleError, match=r"manifest\.json: not valid JSON"):
         load_bundle(path)

@@ -143,6 +143,20 @@ def test_dry_run_prints_each_write_and_changes_nothing(fake_host, tmp_path, caps
     assert not (tmp_path / "traces").exists() and (fake_host / CLOCK).read_text().strip() == "tsc"
 
 
+def test_dry_run_of_a_traced_experiment_says_its_clock_and_its_traced_extra(fake_host, tmp_path, capsys):
+    path = write_experiment(tmp_path, warmup=0, runs=1, trace={"events": ["irq_vectors:local_timer_entry"], "clock": "mono"},
+                            extras=[{"name": "gaps", "argv": ["true"], "per_run": True, "traced": True}])
+    (fake_host / "sys/kernel/tracing").mkdir(parents=True, exist_ok=True)  # a mounted tracefs (nothing is written)
+    options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", dry_run=True,
+                             progress=False)
+    assert capture("hpet", options, experiment_path=path) == []
+    said = capsys.readouterr().out
+    instance = fake_host / "sys/kernel/tracing/instances/ticklab-<pid>"
+    assert f"dry-run: would write 'mono' to {instance}/trace_clock" in said
+    assert "dry-run: would run extra gaps after the workload, traced the same way into run-001/gaps/trace" in said
+    assert not (tmp_path / "traces").exists()
+
+
 def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Popen, int]:
     """A capture whose workload (a shell that execs sleep) is running: (the capture, the workload's pid)."""
     path = write_experiment(tmp_path, name="slow", warmup=0, runs=3, conditions=[{"name": "on-hpet", "clocksource": "hpet"}],

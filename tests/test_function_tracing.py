@@ -66,6 +66,13 @@ def test_a_dry_run_lists_the_instance_filter_and_tracer(tmp_path):
     assert not any("ftrace" in w or "current_tracer" in w for w in planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024))
 
 
+def test_a_dry_run_lists_the_trace_clock_before_tracing_starts(tmp_path):
+    writes = planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024, clock="mono")
+    instance = tmp_path / "sys/kernel/tracing/instances/ticklab-<pid>"
+    assert writes.index(f"write 'mono' to {instance}/trace_clock") < writes.index(f"write '1' to {instance}/tracing_on")
+    assert not any("trace_clock" in w for w in planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024))
+
+
 def test_an_unfiltered_ftrace_filter_is_put_back_as_empty(tmp_path):
     assert restorable(Path("set_ftrace_filter"), "#### all functions enabled ####") == ""
     assert restorable(Path("set_ftrace_filter"), "clockevents_program_event") == "clockevents_program_event"

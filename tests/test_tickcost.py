@@ -101,6 +101,7 @@ def traced_ticks(gaps: pd.DataFrame, header: dict, tick_count: int, other_irqs: 
                           "tick": np.concatenate([np.ones(len(entry), bool), np.zeros(len(others), bool)])})
     frame["exit_ns"] = frame["entry_ns"] + 2_000
     frame["cost_ns"] = np.where(frame["tick"], SPAN_US * 1e3, 2_000.0)
+    frame["span_end_ns"] = frame["entry_ns"] + frame["cost_ns"].astype(np.int64)
     return frame.sort_values("entry_ns").reset_index(drop=True)
 
 
@@ -113,6 +114,17 @@ def test_matched_gap_cost_recovers_the_planted_split_before_during_and_after_the
     assert cost["before_entry_us_median"] == pytest.approx(BEFORE_US)
     assert abs(cost["after_span_us_median"] - (GAP_US - BEFORE_US - SPAN_US)) <= 0.1
     assert cost["tick_share_of_gap_time"] == pytest.approx(tick_time / (gaps["gap_ns"] - READ_NS).sum(), rel=0.01)
+
+
+def test_a_softirq_that_ran_after_the_gap_ended_is_cut_from_the_window_so_the_parts_add_up_to_the_gap():
+    gaps, header, ticks, _ = synthetic_gaps(13)
+    traced = traced_ticks(gaps, header, ticks)
+    # every tick's attributed softirqs end 1 ms after its entry: the loop had resumed, so not this gap's time
+    traced.loc[traced["tick"], "span_end_ns"] = traced.loc[traced["tick"], "entry_ns"] + 1_000_000
+    cost = matched_gap_tick_cost(gaps, header, traced)
+    assert cost["reason"] == "" and cost["after_span_us_median"] == 0.0
+    assert abs(cost["span_us_median"] - (GAP_US - BEFORE_US)) <= 0.1
+    assert cost["before_entry_us_median"] == pytest.approx(BEFORE_US)
 
 
 def test_matched_gap_cost_says_when_the_clocks_disagree_or_no_tick_was_traced():

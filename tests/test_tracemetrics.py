@@ -112,6 +112,8 @@ def test_ticks_and_other_timer_interrupts_cost_what_was_written(tmp_path):
     assert costs["tick"].tolist() == [True, True, False, True, True, False, False, True]
     assert (costs["cost_ns"] / US).tolist() == [19, 10, 10, 14, 25, 5, 3, 12]
     assert costs["softirqs"].tolist() == ["TIMER+RCU", "", "HRTIMER", "SCHED", "RCU", "", "", "TIMER"]
+    # the window the tracepoints cover: to the last attributed softirq's exit (the nested interrupt's inside RCU's)
+    assert ((costs["span_end_ns"] - costs["entry_ns"]) / US).tolist() == [20, 10, 11, 16.5, 31, 5, 3, 12]
     span_us = 16_000  # first to last timer interrupt on CPU 1
     assert rows_of(tmp_path / "trace") == pytest.approx({
         "tick_irqs": 5, "tick_rate_hz": 250.0,

@@ -10,6 +10,8 @@ from typing import Any
 from .safefiles import shown
 
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # also claim, experiment and host ids: never a path separator
+# a directory a manifest names under raw/ or a run's directory (run-001/gapdet, trace): names as above, no '..'
+RAW_DIRECTORY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,99}){0,2}$"
 MAX_RUNS = 10000  # measured runs per condition a capture may be asked for (--runs, runs:, budget.max_runs)
 # A relative path inside a bundle: no leading '/', no '.' or '..' part, no empty part, no backslash.
 BUNDLE_FILE = r"^(?!.*(^|/)\.\.?(/|$))[^/\\\x00]+(/[^/\\\x00]+)*$"
@@ -39,6 +41,12 @@ INTERFERENCE = {
     },
 }
 
+TRACE_RECORD = {"type": ["object", "null"],
+                "properties": {"lost_events": COUNT, "directory": {"type": "string", "pattern": RAW_DIRECTORY}}}
+# what a run, an extra or a profile wrote under raw/: analyses open files below its directory
+RAW_OUTPUT = {"type": "object", "properties": {"directory": {"type": "string", "pattern": RAW_DIRECTORY},
+                                               "trace": TRACE_RECORD}}
+
 RUN_RECORD = {
     "type": "object",
     "required": ["run", "condition"],
@@ -54,7 +62,8 @@ RUN_RECORD = {
         "end": {"type": ["number", "null"]},
         "values": {"type": "object"},
         "argv": {"type": "array"},
-        "trace": {"type": ["object", "null"], "properties": {"lost_events": COUNT, "directory": {"type": "string"}}},
+        "trace": TRACE_RECORD,
+        "extras": {"type": "array", "items": RAW_OUTPUT},  # per-run extras: each in raw/<run>/<name>
         "knobs": {"type": "array"},
         "interference": INTERFERENCE,  # optional: the machine the run competed on (a lab run's physical host)
         "guest_interference": INTERFERENCE,  # a lab run's guest, as the guest saw it
@@ -74,6 +83,8 @@ MANIFEST = {
         "definition": {"type": "object"},
         "host": {"type": "object"},
         "runs": {"type": "array", "items": RUN_RECORD},
+        "extras": {"type": "array", "items": RAW_OUTPUT},  # once-per-condition cross-checks
+        "profiles": {"type": "array", "items": RAW_OUTPUT},
         "conditions": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {"name": TEXT}}},
         "files": {"type": "object", "propertyNames": {"pattern": BUNDLE_FILE, "maxLength": 4096},
                   "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},

@@ -175,15 +175,17 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
     the ``mono`` trace clock (CLOCK_MONOTONIC, the clock gapdet reads) while gapdet ran.
 
     ``interrupts`` are the traced local timer interrupts on gapdet's CPU (tracemetrics.timer_interrupt_costs:
-    entry_ns, exit_ns, tick, cost_ns). An interrupt's tracepoints run while the loop is stopped, so its
-    local_timer_entry lies inside the gap it causes: the gap holding a tick's entry is that tick's, the time from
-    the gap's start to the entry is what the workload loses before the first tracepoint (delivery, entry code, in
-    a guest the exit to the hypervisor and back in), and from the end of the traced span (the interrupt and its
-    softirqs, ``cost_ns``; the interrupt alone where softirqs were not traced) to the gap's end what it loses
-    after the last one. Gap lengths are less one read's median cost (the detector's loop).
+    entry_ns, span_end_ns, tick). An interrupt's tracepoints run while the loop is stopped, so its local_timer_entry
+    lies inside the gap it causes: the gap holding a tick's entry is that tick's. The gap splits into three parts
+    that add up to it: from the gap's start to the entry, what the workload loses before the first tracepoint
+    (delivery, entry code, in a guest the exit to the hypervisor and back in); the traced window, from the entry to
+    the exit of the last softirq attributed to the interrupt (its local_timer_exit where none ran or softirqs were
+    not traced), cut at the gap's end (an attributed softirq that ran after the loop resumed is not this gap's);
+    and from there to the gap's end, what it loses after the last tracepoint. Gap lengths are less one read's
+    median cost (the detector's loop); the three parts are of the whole gap.
 
     Returns ticks (traced ticks inside gapdet's run), matched (those inside a gap), tick_gap_us_median/_p99/_mean,
-    span_us_median (traced span of the matched ticks), before_entry_us_median, after_span_us_median,
+    span_us_median (traced window inside the gap), before_entry_us_median, after_span_us_median,
     tick_share_of_gap_time, tick_fraction (matched tick gap time / run time), reason."""
     out = {"ticks": 0, "matched": 0, "tick_gap_us_median": np.nan, "tick_gap_us_p99": np.nan,
            "tick_gap_us_mean": np.nan, "span_us_median": np.nan, "before_entry_us_median": np.nan,
@@ -214,14 +216,15 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
     # a gap holding several ticks (late expiries merged, the vCPU descheduled) is one loss, shared between them
     tick_gaps, gap_of_tick, ticks_per_gap = np.unique(which, return_inverse=True, return_counts=True)
     lost_us = (length[which] - read_ns) / ticks_per_gap[gap_of_tick] / 1e3
-    span = ticks["cost_ns"].to_numpy(dtype=float)
-    span = np.where(np.isfinite(span), span, (ticks["exit_ns"] - ticks["entry_ns"]).to_numpy(dtype=float))[matched]
-    before = (tick_entry[matched] - start[which]) / 1e3
-    after = (start[which] + length[which] - tick_entry[matched] - span) / 1e3
+    gap_start, gap_end = start[which], start[which] + length[which]
+    window_end = np.minimum(ticks["span_end_ns"].to_numpy(dtype=np.int64)[matched], gap_end)
+    span = (window_end - tick_entry[matched]) / 1e3
+    before = (tick_entry[matched] - gap_start) / 1e3
+    after = (gap_end - window_end) / 1e3
     tick_time = float(np.sum(length[tick_gaps] - read_ns))
     total = float(np.sum(length - read_ns))
     return {**out, "tick_gap_us_median": float(np.median(lost_us)), "tick_gap_us_p99": float(np.quantile(lost_us, 0.99)),
-            "tick_gap_us_mean": float(lost_us.mean()), "span_us_median": float(np.median(span) / 1e3),
+            "tick_gap_us_mean": float(lost_us.mean()), "span_us_median": float(np.median(span)),
             "before_entry_us_median": float(np.median(before)), "after_span_us_median": float(np.median(after)),
             "tick_share_of_gap_time": tick_time / total if total > 0 else np.nan, "tick_fraction": tick_time / duration,
             "reason": ""}

@@ -154,7 +154,9 @@ def timer_interrupt_costs(trace: Trace, cpu: int) -> pd.DataFrame | None:
     Columns: ``entry_ns``, ``exit_ns``, ``irq_ns`` (local_timer_entry → local_timer_exit), ``tick`` (the tick's
     callback expired inside it: ``timer:hrtimer_expire_entry`` with ``function`` at a TICK_CALLBACKS address; an
     interrupt that also ran other hrtimers is still the tick), ``softirqs`` (the vectors attributed to it, e.g.
-    "TIMER+RCU"), ``softirq_ns`` and ``cost_ns`` = irq_ns + softirq_ns (both NaN when softirqs were not traced).
+    "TIMER+RCU"), ``softirq_ns`` and ``cost_ns`` = irq_ns + softirq_ns (both NaN when softirqs were not traced), and
+    ``span_end_ns``: the exit of its last attributed softirq run, or its local_timer_exit where none ran or softirqs
+    were not traced (the end of the window its tracepoints cover).
 
     Attributed softirqs: in 6.x the softirqs an interrupt raises run after its local_timer_exit tracepoint (in
     irq_exit, or later in ksoftirqd), so the interrupt's own span leaves them out. For every vector raised on this
@@ -177,7 +179,7 @@ def timer_interrupt_costs(trace: Trace, cpu: int) -> pd.DataFrame | None:
     tick = np.searchsorted(tick_stamps, leave, side="right") > np.searchsorted(tick_stamps, entry, side="left")
     frame = interrupts.rename(columns={"duration_ns": "irq_ns"}).assign(tick=tick)
     if not softirqs_traced(trace):
-        return frame.assign(softirqs="", softirq_ns=np.nan, cost_ns=np.nan)
+        return frame.assign(softirqs="", softirq_ns=np.nan, cost_ns=np.nan, span_end_ns=leave)
     runs = softirq_runs(trace, cpu, interrupts)
     raises = _on_cpu(trace, SOFTIRQ_RAISE, cpu)
     raised_at = raises["timestamp"].to_numpy(dtype=np.int64)
@@ -185,6 +187,7 @@ def timer_interrupt_costs(trace: Trace, cpu: int) -> pd.DataFrame | None:
     found = (inside >= 0) & (raised_at <= leave[np.maximum(inside, 0)])
     next_entry = np.append(entry[1:], np.iinfo(np.int64).max)
     softirq_ns = np.zeros(len(frame))
+    span_end = leave.astype(np.int64)
     names = [[] for _ in range(len(frame))]
     pairs = pd.DataFrame({"irq": inside[found], "vec": raises["vec"].to_numpy(dtype=np.int64)[found]}).drop_duplicates()
     for vec, group in pairs.groupby("vec"):
@@ -195,10 +198,11 @@ def timer_interrupt_costs(trace: Trace, cpu: int) -> pd.DataFrame | None:
         ran = first < len(run_entry)
         ran[ran] &= run_entry[first[ran]] < next_entry[irq[ran]]
         np.add.at(softirq_ns, irq[ran], of_vector["duration_ns"].to_numpy()[first[ran]])
+        np.maximum.at(span_end, irq[ran], of_vector["exit_ns"].to_numpy(dtype=np.int64)[first[ran]])
         for one in irq[ran]:
             names[one].append(SOFTIRQ_VECTORS[vec] if 0 <= vec < len(SOFTIRQ_VECTORS) else str(vec))
     return frame.assign(softirqs=["+".join(n) for n in names], softirq_ns=softirq_ns,
-                        cost_ns=frame["irq_ns"].to_numpy() + softirq_ns)
+                        cost_ns=frame["irq_ns"].to_numpy() + softirq_ns, span_end_ns=span_end)
 
 
 def tick_rows(trace: Trace, cpu: int) -> list[dict]:

@@ -110,10 +110,16 @@ class Capture:
             with host.scope():
                 apply_knobs(host, experiment, planned.condition, facts)
                 if experiment.trace:
-                    for line in tracing.planned_tracefs_writes(host.root, experiment.trace["events"],
-                                                               int(experiment.trace.get("buffer_kb", 4096)),
-                                                               experiment.trace.get("functions") or []):
+                    writes = tracing.planned_tracefs_writes(host.root, experiment.trace["events"],
+                                                            int(experiment.trace.get("buffer_kb", 4096)),
+                                                            experiment.trace.get("functions") or [],
+                                                            experiment.trace.get("clock"))
+                    for line in writes:
                         self.log(f"dry-run: would {line}")
+                    for extra in experiment.extras:
+                        if extra.get("per_run") and extra.get("traced"):
+                            self.log(f"dry-run: would run extra {extra['name']} after the workload, traced the same way "
+                                     f"into {planned.run}/{extra['name']}/trace (the same writes, a new instance)")
         return None
 
 

@@ -183,6 +183,10 @@ def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: 
     trace = record.get("trace") or {}
     if trace.get("lost_events"):
         log(f"{record['run']}: the kernel lost {trace['lost_events']} trace event(s)")
+    for extra in record.get("extras") or []:
+        if (extra.get("trace") or {}).get("lost_events"):
+            log(f"{record['run']}: the kernel lost {extra['trace']['lost_events']} trace event(s) while extra "
+                f"{extra['name']} ran")
     if (record.get("interference") or {}).get("busy"):
         log(f"{record['run']}: ran on a busy host — {record['interference']['why']}")
     if record["status"] != "ok" or record["problem"]:

@@ -173,13 +173,15 @@ def choose_backend(host: HostChanges, preference: str = "auto") -> tuple[str, st
     return ("trace-cmd", why) if works else ("tracefs", f"fallback: {why}")
 
 
-def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int, functions: list[str] = ()) -> list[str]:
+def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int, functions: list[str] = (),
+                           clock: str | None = None) -> list[str]:
     """What TracefsRecorder writes, in order, for a dry run (trace-cmd, when used, writes the same kind of files)."""
     instance = root / TRACEFS_RELATIVE / "instances" / "ticklab-<pid>"
     tracer = [f"write '{' '.join(functions)}' to {instance}/set_ftrace_filter",
               f"write 'function' to {instance}/current_tracer"] if functions else []
     return [f"mkdir {instance} (removed after the run)", f"write '0' to {instance}/tracing_on",
             f"write '{buffer_kb}' to {instance}/buffer_size_kb",
+            *([f"write '{clock}' to {instance}/trace_clock"] if clock else []),
             *[f"write '1' to {instance}/events/{event.replace(':', '/')}/enable" for event in events],
             *tracer, f"write '1' to {instance}/tracing_on", f"write '0' to {instance}/tracing_on"]
 
