@@ -173,3 +173,17 @@ def test_the_bundled_nohz_data_gives_every_setup_a_cost_per_tick_or_a_reason():
         old = measured.get("sensitivity only: FTQ work lost (%, old 1 − mean/max; counts speed jitter)")
         if isinstance(sound, float) and isinstance(old, float):
             assert sound < old, (setup, condition)
+
+
+def test_derived_targets_take_ftq_then_matched_then_folded_gaps():
+    from ticklab.claims.nohz import derived_targets_from_measured
+
+    costs = pd.DataFrame({"setup": ["a", "a", "b", "c"], "condition": ["on"] * 4, "period_ns": [1_000_000] * 4,
+                          "ftq_tick_us_median": [30.0, 32.0, np.nan, np.nan],
+                          "matched_tick_us_median": [20.0, 20.0, 46.0, np.nan],
+                          "gap_tick_us_median": [21.0, 21.0, 46.6, 40.0]})
+    rows = derived_targets_from_measured(costs).set_index("setup")
+    assert rows["from"].to_dict() == {"a": "FTQ", "b": "gap detector, matched ticks", "c": "gap detector, folded"}
+    assert rows["µs per tick"].to_dict() == {"a": 31.0, "b": 46.0, "c": 40.0}
+    assert rows.loc["b", "nohz_full gain at HZ=1000"] == pytest.approx(1 / (1 - 46.0e-3), abs=1e-5)
+    assert rows.loc["b", "provenance"] == "derived from this setup's measured cost (gap detector, matched ticks, 46.0 µs per tick)"

@@ -539,11 +539,12 @@ def derived_targets_from_measured(costs: pd.DataFrame) -> pd.DataFrame:
     """What this setup's own workload-side cost per tick implies, beside what seed 004's 80 µs implies (both derived
     by ticklab, neither printed): the work per quantum nohz_full would give back (1 / (1 − cost × HZ)) and HZ=250 vs
     HZ=1000 ((1 − cost × 250) / (1 − cost × 1000)), per setup and condition, from the median over runs of the mean µs
-    lost per tick (FTQ, else the gap detector; the median, as FTQ's mean also counts other noise in the quanta next
-    to a tick)."""
+    lost per tick (FTQ, else the gap detector with each traced tick matched to its gap, else its gaps folded on the
+    tick period; the median, as FTQ's mean also counts other noise in the quanta next to a tick)."""
     rows = []
     for (setup, condition), group in costs.groupby(["setup", "condition"]):
-        for column, source in (("ftq_tick_us_median", "FTQ"), ("gap_tick_us_median", "gap detector")):
+        for column, source in (("ftq_tick_us_median", "FTQ"), ("matched_tick_us_median", "gap detector, matched ticks"),
+                               ("gap_tick_us_median", "gap detector, folded")):
             values = pd.to_numeric(group[column], errors="coerce").dropna()
             if values.empty:
                 continue
