@@ -35,6 +35,21 @@ def _header(path: Path) -> tuple[dict, list[str]]:
     return header, [line for line in lines if line and not line.startswith("#")]
 
 
+_ROW_PATTERNS = {width: re.compile(r"\s*" + r"\s+".join([r"[0-9]{1,18}"] * width) + r"\s*") for width in (2, 3)}
+
+
+def _whole_number_rows(path: Path, lines: list[str], width: int, what: str, form: str) -> np.ndarray:
+    """``lines`` as an array of rows of ``width`` whole numbers below 10^18, or the error naming the first line that
+    is not. (One pattern match a line: a 5,000-sample ftq.dat is read in milliseconds, not tenths of a second.)"""
+    pattern = _ROW_PATTERNS[width]
+    if not all(pattern.fullmatch(line) for line in lines):
+        for number, row in enumerate((line.split() for line in lines), 1):
+            if len(row) != width or not all(f.isdigit() and len(f) <= 18 for f in row):
+                raise WorkloadOutputError(f"{path}: {what} line {number} is {' '.join(row)[:80]!r}; {what} lines "
+                                          f"must be {form}")
+    return np.array(" ".join(lines).split(), dtype=np.int64).reshape(-1, width)
+
+
 def _header_count(header: dict, key: str, path: Path) -> int:
     """A non-negative whole number from the header ('# samples: 5000')."""
     text = header.get(key)
@@ -49,12 +64,8 @@ def read_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
     if header.get("ftq") != "1":
         raise WorkloadOutputError(f"{path}: not ftq output (no '# ftq: 1' header)")
     warmup, measured = _header_count(header, "warmup", path), _header_count(header, "samples", path)
-    fields = [line.split() for line in lines]
-    for number, row in enumerate(fields, 1):
-        if len(row) != 3 or not all(f.isdigit() and len(f) <= 18 for f in row):
-            raise WorkloadOutputError(f"{path}: sample line {number} is {' '.join(row)[:80]!r}; sample lines must be "
-                                      "'index end_ns count', three whole numbers below 10^18")
-    samples = pd.DataFrame(np.array(fields, dtype=np.int64).reshape(-1, 3), columns=["index", "end_ns", "count"])
+    rows = _whole_number_rows(path, lines, 3, "sample", "'index end_ns count', three whole numbers below 10^18")
+    samples = pd.DataFrame(rows, columns=["index", "end_ns", "count"])
     if len(samples) != warmup + measured:
         raise WorkloadOutputError(f"{path}: {len(samples)} samples, header says {warmup} + {measured}")
     if measured < 2:
@@ -94,14 +105,10 @@ def read_gapdet(path: Path) -> tuple[dict, pd.DataFrame]:
         values[key] = int(text)
     if values["duration_ns"] <= 0:
         raise WorkloadOutputError(f"{path}: header '# duration_ns:' is 0; a run must last")
-    fields = [line.split() for line in lines]
-    for number, row in enumerate(fields, 1):
-        if len(row) != 2 or not all(f.isdigit() and len(f) <= 18 for f in row):
-            raise WorkloadOutputError(f"{path}: gap line {number} is {' '.join(row)[:80]!r}; gap lines must be "
-                                      "'start_ns gap_ns', two whole numbers below 10^18")
-    if len(fields) != values["gaps_kept"]:
-        raise WorkloadOutputError(f"{path}: {len(fields)} gap lines, header says {values['gaps_kept']} kept")
-    gaps = pd.DataFrame(np.array(fields, dtype=np.int64).reshape(-1, 2), columns=["start_ns", "gap_ns"])
+    rows = _whole_number_rows(path, lines, 2, "gap", "'start_ns gap_ns', two whole numbers below 10^18")
+    if len(rows) != values["gaps_kept"]:
+        raise WorkloadOutputError(f"{path}: {len(rows)} gap lines, header says {values['gaps_kept']} kept")
+    gaps = pd.DataFrame(rows, columns=["start_ns", "gap_ns"])
     return {**header, **values}, gaps
 
 
