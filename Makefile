@@ -18,8 +18,12 @@ reproduce: $(STAMP)  ## create .venv if needed, run every notebook on the bundle
 	$(BIN)/ticklab report --out $(OUT)
 	@echo "The ticklab command is $(BIN)/ticklab ('make help' says how to put it on PATH)."
 
+# Two workers (pytest-xdist): tests/conftest.py puts the tests that change this machine in one group and the guest
+# boots in another, each run one test at a time on one worker, the longest groups first; TEST_WORKERS=0 runs
+# everything in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) tools  ## the whole test suite (what CI runs)
-	$(BIN)/python -m pytest -q </dev/null
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder </dev/null
 
 check: $(STAMP) tools  ## the fast lane for the edit-test loop: every test not marked slow (well under a minute)
 	$(BIN)/python -m pytest -q -m "not slow" --durations=5 </dev/null

@@ -135,10 +135,52 @@ SLOW_TESTS = {
 }
 
 
+# `make test` runs on two workers (pytest-xdist): each group below runs on one worker, one test at a time, in file
+# order. Tests that change this machine itself run in MACHINE_MODULES' group: the host lock is taken without
+# waiting (by every capture on the real root, dry runs included), a real capture moves every task and interrupt off
+# the measured CPU and checks the mounts and affinities it found are back, and the fleet's namespaces and the tmpfs
+# "full disks" are mounts. The guest lab's boots share the kernel and image cache (~/.cache/ticklab) in
+# GUEST_MODULES' group. Every other module is a group of its own, so a module-scoped fixture (the report's
+# notebooks) is built once, on one worker.
+MACHINE_MODULES = {"test_capture.py", "test_host.py", "test_ingest.py", "test_function_tracing.py", "test_doctor.py",
+                   "test_fleet.py", "test_bench_keep.py", "test_tools.py", "test_comparisons.py", "test_safefiles.py",
+                   "test_stopping.py", "test_validation.py", "test_cli_errors.py"}
+GUEST_MODULES = {"test_lab.py", "test_lab_kexec.py", "test_lab_sources.py", "test_hostkernel.py"}
+# single tests elsewhere that play a lab guest's side on this machine (ticklab.lab.guest.run_job takes the host lock)
+MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",
+                 "test_a_lab_run_records_the_physical_hosts_load_and_keeps_the_guests_beside_it"}
+# The groups that take longest, handed out first (xdist's --no-loadscope-reorder keeps this order) so that the two
+# long ones start at once on different workers and the short modules fill in around them.
+LONGEST_FIRST = ["guests", "machine", "test_report.py", "test_new_claim.py", "test_compare.py", "test_tickcost.py"]
+
+
+def group_of(nodeid: str) -> str:
+    """The group of a test, from its node id (tests/<module>.py::<name>[<parameters>])."""
+    path, _, name = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1]
+    if module in MACHINE_MODULES or name.split("[", 1)[0] in MACHINE_TESTS:
+        return "machine"
+    return "guests" if module in GUEST_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with our groups as the scopes. (Its own --dist loadgroup reads xdist_group marks
+    into the node id, which pytest 9 no longer lets a plugin rewrite: every test would be scheduled alone.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class MachineGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return MachineGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_MODULES or getattr(item, "originalname", item.name) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+    rank = {group: index for index, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))  # stable: file order otherwise
 
 
 def assert_gaps_match_traced_ticks(bundle: Path, gapdet: dict) -> None:

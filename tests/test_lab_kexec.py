@@ -157,6 +157,9 @@ def test_lab_run_boot_kexec_moves_between_the_6_12_and_7_2_lab_kernels(tmp_path)
         pytest.skip("no built 7.2-hz1000 lab kernel (ticklab lab build-kernel --variant 7.2-hz1000)")
     definition = yaml.safe_load((REPO / "runners/hrtick/host-boot-kernels.yaml").read_text())
     definition["workload"]["params"].update(loops=200, groups=2)
+    # two of the four conditions (each boot under TCG is what this test's time goes to): a kexec from the 6.12
+    # kernel into 7.2 and back, HRTICK on in one boot and off in the other
+    definition["conditions"] = [c for c in definition["conditions"] if c["name"] in ("6.12 hrtick-on", "7.2 hrtick-off")]
     path = tmp_path / "host-boot-kernels.yaml"
     path.write_text(yaml.safe_dump(definition, sort_keys=False))
     # ticklab's tracefs capture: the function filter is written before the tracer (see guest-hackbench.yaml)
@@ -165,9 +168,9 @@ def test_lab_run_boot_kexec_moves_between_the_6_12_and_7_2_lab_kernels(tmp_path)
     bundle = load_bundle(bundle_path)
     runs = bundle.manifest["runs"]
     assert bundle.manifest["boot_plan"]["state"] == "finished"
-    assert sorted(r["condition"] for r in runs) == ["6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on"]
-    assert len({r["boot"]["boot_id"] for r in runs}) == 4 and all(r["status"] == "ok" for r in runs), runs
+    assert sorted(r["condition"] for r in runs) == ["6.12 hrtick-on", "7.2 hrtick-off"]
+    assert len({r["boot"]["boot_id"] for r in runs}) == 2 and all(r["status"] == "ok" for r in runs), runs
     for record in runs:
         assert record["boot"]["release"].startswith(record["condition"].split()[0] + "."), record["boot"]
     rearms = bundle.results[bundle.results["metric"] == "hrtimer_rearms"]
-    assert set(rearms["condition"]) == {"7.2 hrtick-off", "7.2 hrtick-on"}
+    assert set(rearms["condition"]) == {"7.2 hrtick-off"}
