@@ -187,3 +187,18 @@ def test_derived_targets_take_ftq_then_matched_then_folded_gaps():
     assert rows["µs per tick"].to_dict() == {"a": 31.0, "b": 46.0, "c": 40.0}
     assert rows.loc["b", "nohz_full gain at HZ=1000"] == pytest.approx(1 / (1 - 46.0e-3), abs=1e-5)
     assert rows.loc["b", "provenance"] == "derived from this setup's measured cost (gap detector, matched ticks, 46.0 µs per tick)"
+
+
+def test_every_bundled_nohz_condition_has_its_own_label_and_colour():
+    """Issue 31's figure defect: the kexec bundle's nohz-full condition had no colour (drawn in matplotlib's default
+    blue beside tick-on's blue) and tick-on was labelled "host kernel" in a lab guest."""
+    from ticklab import paths
+    from ticklab.captured import find_bundles
+    from ticklab.claims.nohz import CONDITION_COLORS, CONDITION_LABELS
+
+    conditions = {c["name"] for ref in find_bundles(paths.repo_root() / "traces", "nohz")
+                  for c in ref.load().manifest.get("conditions", [])}
+    assert conditions and conditions <= set(CONDITION_LABELS) and conditions <= set(CONDITION_COLORS)
+    for setup_conditions in (("tick-on", "nohz-full"), ("hz1000", "hz250", "hz1000-nohz_full")):
+        assert len({CONDITION_COLORS[c] for c in setup_conditions}) == len(setup_conditions)
+    assert "host" not in CONDITION_LABELS["tick-on"]

@@ -104,9 +104,12 @@ CHECKS = [
 
 
 # -- fresh data ------------------------------------------------------------------------------------
+# tick-on / nohz-full: a boot experiment's conditions, on whatever kernel the machine (or a lab guest playing it) booted
 CONDITION_LABELS = {"hz1000": "HZ=1000, tick on", "hz250": "HZ=250, tick on",
-                    "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)", "tick-on": "host kernel, tick on"}
-CONDITION_COLORS = {"hz1000": "#c44e52", "hz250": "#dd8452", "hz1000-nohz_full": "#55a868", "tick-on": "#4c72b0"}
+                    "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)", "tick-on": "booted kernel, tick on",
+                    "nohz-full": "booted kernel, nohz_full (tick stopped)"}
+CONDITION_COLORS = {"hz1000": "#c44e52", "hz250": "#dd8452", "hz1000-nohz_full": "#55a868", "tick-on": "#4c72b0",
+                    "nohz-full": "#55a868"}
 # rtla osnoise top -q: CPU #periods, runtime, noise (µs), % CPU available, max noise, max single, then counts of
 # HW, NMI, IRQ, softirq and thread interference
 _OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)"
