@@ -175,9 +175,10 @@ def synthetic_runs(rng: np.random.Generator, n: int, cv: float, ratio: float, dr
 def runs_table(comparison: Comparison, samples: Samples, setup: str) -> pd.DataFrame:
     """The runs as comparisons.measured_runs gives them to the verdict: one row per run and metric."""
     n = samples.treatment.size
+    order = np.concatenate([samples.treatment_order, samples.baseline_order])
     return pd.DataFrame({
-        "host_id": setup, "bundle": f"synthetic/{setup}", "experiment": "synthetic", "stopped": "synthetic: fixed run count",
-        "kernel": "", "run": [f"run-{i + 1:03d}" for i in np.concatenate([samples.treatment_order, samples.baseline_order])],
+        "host_id": setup, "bundle": f"synthetic/{setup}", "experiment": "synthetic",
+        "stopped": "synthetic: fixed run count", "kernel": "", "run": [f"run-{i + 1:03d}" for i in order],
         "condition": [comparison.treatment] * n + [comparison.baseline] * n, "metric": comparison.metric,
         "value": np.concatenate([samples.treatment, samples.baseline]), "unit": ""})
 
@@ -282,6 +283,8 @@ def summary_lines(accepted: pd.DataFrame) -> list[str]:
     lines = []
     for check in CHECKS:
         mine = accepted[accepted["check"] == check.key]
+        if mine.empty:
+            continue  # none of its truths ran
         cells = mine.groupby(["comparison", "drift", "cv", "n"])["result"].apply(lambda r: (r == "FAIL").any())
         worst = mine.loc[mine["rate"].idxmax()]
         where = (f" ({worst['comparison']}, drift {worst['drift']}, CV {worst['cv']:.0%}, n={worst['n']}, truth "

@@ -112,3 +112,13 @@ def test_a_cell_is_seeded_by_its_own_parameters(comparisons):
     size = accepted.set_index("check").loc["size"]
     inconsistent = sum(first[w] for w, word in vc.WORDS.items() if "size inconsistent" in word.categories)
     assert (size["hits"], size["result"]) == (inconsistent, "PASS" if inconsistent <= 0.05 * 6 else "FAIL")
+
+
+def test_a_small_run_writes_its_tables_and_prints_the_checks_its_truths_have(tmp_path, capsys):
+    out = tmp_path / "vc"
+    assert vc.main(["--replicates", "2", "--comparison", "hz250-ftq", "--truth", "equal", "--cv", "0.1", "--runs", "5",
+                    "--drift-sigmas", "0", "--n-boot", "500", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "size: a size-inconsistent word" in printed and "same-side:" not in printed  # no 'none' truth ran
+    assert sorted(p.name for p in out.iterdir()) == ["acceptance.csv", "characteristics.csv", "characteristics.md"]
+    assert "## hz250-ftq: P(word | truth)" in (out / "characteristics.md").read_text()
