@@ -7,7 +7,8 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz lab lab-kernels jupyter kernelspec
+.PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels \
+        jupyter kernelspec
 
 help:  ## list the targets
 	@echo "ticklab make targets (README.md says more):"
@@ -74,6 +75,14 @@ bench: $(STAMP) tools  ## ingest speed against trace-cmd report (root)
 FUZZ_ARGS ?=
 fuzz: $(STAMP)  ## the bad-input campaign: >= 10,000 generated inputs per loader family (minutes)
 	$(BIN)/python benchmarks/fuzz.py $(FUZZ_ARGS)
+
+# The operating characteristics of the verdict words (issue 31): P(word | truth) of the verdict path on synthetic
+# runs of known truth (4 comparisons' real targets × 6 truths × CV 2/10/50% × 3/5/10/20 runs × with and without
+# drift), with the issue's acceptance checks; writes build/verdict-characteristics/ (about an hour at 400 replicates
+# a cell on the 2-core reference machine). VC_ARGS="--quick" for 40 replicates, "--family 8", "--out DIR".
+VC_ARGS ?=
+verdict-characteristics: $(STAMP)  ## P(word | truth) of the verdict words on synthetic runs (issue 31; an hour)
+	$(BIN)/python benchmarks/verdict_characteristics.py $(VC_ARGS)
 
 env: $(STAMP)  ## create or update .venv from requirements.lock
 

@@ -1,0 +1,359 @@
+"""Operating characteristics of the verdict words (issue 31 item 6): P(word | truth) on synthetic runs of known truth.
+
+Every replicate draws runs of two conditions and hands them to the project's own verdict path,
+``ticklab.comparisons.verdicts`` (Mann-Whitney p, Holm over the family, the Bonferroni-simultaneous percentile
+bootstrap CI of the ratio of medians with the report's 10,000 resamples and seed, power, then
+``ticklab.verdicts.decide``), for the real comparisons and targets of the claims (from their ``comparisons()`` on
+traces/published). Nothing of the verdict is re-implemented here: the words are read back from its rows.
+
+- Truths: the treatment's median is the baseline's times exp(k × the target's log-effect), k = 1 (equal to the
+  target), 0.5 (half), 0.4, 2, 0 (none) and -1 (opposite).
+- Noise: log-normal with coefficient of variation 2%, 10%, 50% (sigma = sqrt(log(1 + CV^2)) on the log scale).
+- n = 3, 5, 10, 20 runs per condition, in rounds of one run of each condition, each round in a seeded order (as a
+  capture's extra rounds are; its first plan shuffles all initial runs at once).
+- Drift: none, or a linear fall over the run order of --drift-sigmas (default 4) log-scale sigmas from the first
+  run to the last, i.e. exp(-4 sigma x (position / (2n - 1) - 1/2)). 4 sigma gives a Spearman rho between run
+  order and value of about -0.78 at n = 10 to 20 (-0.80 at n = 5): the pvspinlock build times of issue 31
+  (rho = -0.77). 2 sigma would give about -0.5.
+- Family: --family 1 (default) tests the comparison alone (Holm and Bonferroni over m = 1). --family m adds m - 1
+  companion setups of the same comparison with no effect at the same noise to the same call, so the comparison's
+  CI is at 1 - 0.05/m and its p is Holm-adjusted among m, mostly m x p (the bundled data gives m = 8 for nohz
+  and m = 5 for hrtick).
+
+Writes <out>/characteristics.csv (one row per comparison, drift, CV, n, truth and word), <out>/acceptance.csv
+(one row per acceptance check and cell) and <out>/characteristics.md (both tables), and prints the acceptance
+checks of the issue, PASS when the rate is at most 5%:
+
+    .venv/bin/python benchmarks/verdict_characteristics.py [--replicates 400 | --quick] [--out DIR] [--family M]
+
+Seeded (numpy Generator per cell, from --seed and the cell's parameters), so a cell's result does not depend on
+which other cells run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from tqdm import tqdm
+
+from ticklab.claims import get_claim
+from ticklab.comparisons import Comparison, verdicts
+from ticklab.paths import published_dir
+from ticklab.verdicts import Verdict
+
+ALPHA = 0.05     # the report's
+N_BOOT = 10_000  # the report's bootstrap resamples
+BOOT_SEED = 0    # the report's bootstrap seed
+LIMIT = 0.05     # the issue's acceptance: each word at most 5% of the time under its truth
+SETUP = "simulated"
+
+# The comparisons whose real targets are tested: key -> (claim, comparison name in the claim's comparisons()).
+COMPARISONS = {
+    "nohz-full-ftq": ("nohz", "nohz_full vs HZ=1000: FTQ work per quantum"),                           # ×1.087
+    "hz250-ftq": ("nohz", "HZ=250 vs HZ=1000: FTQ work per quantum"),                                  # ×1.065
+    "hz250-timer-share": ("nohz", "HZ=250 vs HZ=1000: busy CPU's time in the timer interrupt (trace)"),  # ×0.25
+    "hrtick-series": ("hrtick", "series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"),          # ×0.573
+}
+# the truth's log-effect as a multiple of the target's
+TRUTHS = {"equal": 1.0, "half": 0.5, "0.4x": 0.4, "double": 2.0, "none": 0.0, "opposite": -1.0}
+CVS = (0.02, 0.10, 0.50)
+RUNS = (3, 5, 10, 20)
+DRIFT_SIGMAS = 4.0
+
+
+@dataclass(frozen=True)
+class Word:
+    verdict: str
+    reason_starts: str            # how the reason begins ("" : any reason)
+    categories: frozenset[str]    # which acceptance categories the word falls in
+
+
+def _word(verdict: str, reason_starts: str, *categories: str) -> Word:
+    return Word(verdict, reason_starts, frozenset(categories))
+
+
+# Every word and sub-reason the current verdict path can return (ticklab.verdicts.decide and _no_worse,
+# ticklab.comparisons.verdicts), and the acceptance categories it falls in:
+#   "size inconsistent": the word asserts the effect's size is not the target's;
+#   "reproduced": the word says reproduced; "no effect": the word says there is no effect;
+#   "same side": the word asserts an effect on the source's side (of whatever size).
+WORDS = {
+    # decide: significant, CI on the source's side, estimate inside the consistent-size band
+    "reproduced": _word("reproduced", "effect in the source's direction and of a consistent size", "reproduced",
+                        "same side"),
+    # decide: significant and on the source's side for a target that states a direction only
+    "reproduced: direction target": _word("reproduced", "effect in the source's direction, which is all",
+                                          "reproduced", "same side"),
+    # decide: significant and on the source's side, estimate outside the band (smaller or larger than the target)
+    "direction only": _word("direction only", "", "size inconsistent", "same side"),
+    # decide: significant with the CI on the other side of 1
+    "not reproduced: opposite": _word("not reproduced", "effect opposite", "size inconsistent"),
+    # decide: the whole CI inside the no-effect margin (half the target's log-effect unless declared)
+    "not reproduced: no effect": _word("not reproduced", "no effect:", "size inconsistent", "no effect"),
+    # decide: anything else
+    "inconclusive": _word("inconclusive", "cannot tell the target"),
+    # comparisons.verdicts: fewer than 2 runs of a condition (never here: n >= 3)
+    "inconclusive: too few runs": _word("inconclusive", "too few runs"),
+    # comparisons.verdicts: outside the comparison's kernel range (never here: the synthetic runs have no kernel)
+    "not testable here": _word("not testable here", ""),
+    # _no_worse, a non-inferiority target (none of the comparisons here has one)
+    "reproduced: no worse": _word("reproduced", "no worse:", "reproduced"),
+    "not reproduced: worse": _word("not reproduced", "worse:", "size inconsistent"),
+    "inconclusive: no worse?": _word("inconclusive", "cannot tell whether it is no worse"),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    key: str
+    says: str
+    category: str
+    truths: tuple[str, ...]
+
+
+# The acceptance of issue 31, at every n and CV: the category's rate under each of these truths is at most LIMIT.
+CHECKS = (
+    Check("size", "a size-inconsistent word when the truth equals the target", "size inconsistent", ("equal",)),
+    Check("reproduced", "'reproduced' when the truth is half the target's log-effect or less", "reproduced",
+          ("half", "0.4x", "none", "opposite")),
+    Check("no-effect", "'no effect' when the truth is 0.4x the target's log-effect or more", "no effect",
+          ("0.4x", "half", "equal", "double")),
+    Check("same-side", "'reproduced' or a same-side word when there is no effect", "same side", ("none",)),
+)
+
+
+def word_of(row: Verdict) -> str:
+    """The WORDS key of a verdict row; a word or reason this harness does not know is an error, not a guess."""
+    found = [key for key, word in WORDS.items()
+             if row.verdict == word.verdict and row.reason.startswith(word.reason_starts)]
+    if len(found) != 1:
+        raise ValueError(f"verdict {row.verdict!r} with reason {row.reason[:80]!r} matches {found or 'no word'} "
+                         "of WORDS: update the mapping")
+    return found[0]
+
+
+def sigma_of(cv: float) -> float:
+    """The log-scale standard deviation of a log-normal with this coefficient of variation."""
+    return math.sqrt(math.log1p(cv ** 2))
+
+
+@dataclass(frozen=True)
+class Samples:
+    treatment: np.ndarray
+    baseline: np.ndarray
+    treatment_order: np.ndarray   # each run's position in the run order (0 first)
+    baseline_order: np.ndarray
+
+
+def synthetic_runs(rng: np.random.Generator, n: int, cv: float, ratio: float, drift_sigmas: float = 0.0) -> Samples:
+    """n rounds of one run per condition in a seeded order; log-normal noise of this CV around medians 1 (baseline)
+    and ``ratio`` (treatment); with ``drift_sigmas``, a linear fall of that many sigmas over the run order."""
+    sigma = sigma_of(cv)
+    treatment_first = rng.random(n) < 0.5
+    treatment_order = 2 * np.arange(n) + np.where(treatment_first, 0, 1)
+    baseline_order = 2 * np.arange(n) + np.where(treatment_first, 1, 0)
+
+    def drift(order):
+        return -drift_sigmas * sigma * (order / (2 * n - 1) - 0.5)
+
+    treatment = np.exp(math.log(ratio) + sigma * rng.standard_normal(n) + drift(treatment_order))
+    baseline = np.exp(sigma * rng.standard_normal(n) + drift(baseline_order))
+    return Samples(treatment, baseline, treatment_order, baseline_order)
+
+
+def runs_table(comparison: Comparison, samples: Samples, setup: str) -> pd.DataFrame:
+    """The runs as comparisons.measured_runs gives them to the verdict: one row per run and metric."""
+    n = samples.treatment.size
+    order = np.concatenate([samples.treatment_order, samples.baseline_order])
+    return pd.DataFrame({
+        "host_id": setup, "bundle": f"synthetic/{setup}", "experiment": "synthetic",
+        "stopped": "synthetic: fixed run count", "kernel": "", "run": [f"run-{i + 1:03d}" for i in order],
+        "condition": [comparison.treatment] * n + [comparison.baseline] * n, "metric": comparison.metric,
+        "value": np.concatenate([samples.treatment, samples.baseline]), "unit": ""})
+
+
+def load_comparisons(keys=tuple(COMPARISONS), published=None) -> dict[str, tuple[str, Comparison]]:
+    """key -> (claim, Comparison) with the real target and margins; the experiments and kernel range are dropped
+    (they choose which bundles' runs count, never how runs are judged; the synthetic runs have neither)."""
+    found = {}
+    for key in keys:
+        claim_id, name = COMPARISONS[key]
+        claim = get_claim(claim_id)
+        by_name = {c.comparison: c for c in claim.comparisons(claim.published(published or published_dir()))}
+        found[key] = claim_id, dataclasses.replace(by_name[name], experiments=(), kernels="")
+    return found
+
+
+def truth_ratio(comparison: Comparison, truth: str) -> float:
+    return math.exp(TRUTHS[truth] * math.log(comparison.target.ratio))
+
+
+def one_verdict(claim: str, comparison: Comparison, rng: np.random.Generator, n: int, cv: float, ratio: float,
+                drift_sigmas: float, family: int = 1, n_boot: int = N_BOOT) -> Verdict:
+    """The verdict row of one synthetic capture, with ``family - 1`` no-effect companions in the same call."""
+    tables = [runs_table(comparison, synthetic_runs(rng, n, cv, ratio, drift_sigmas), SETUP)]
+    tables += [runs_table(comparison, synthetic_runs(rng, n, cv, 1.0, drift_sigmas), f"companion-{i:02d}")
+               for i in range(1, family)]
+    rows = verdicts(claim, [comparison], pd.concat(tables, ignore_index=True), alpha=ALPHA, n_boot=n_boot,
+                    seed=BOOT_SEED)
+    return next(row for row in rows if row.setup == SETUP)
+
+
+def cell_rng(seed: int, *parts) -> np.random.Generator:
+    """A cell's own generator: from the seed and the cell's parameters, not from the cells that ran before it."""
+    return np.random.default_rng([seed, zlib.crc32("|".join(map(str, parts)).encode())])
+
+
+def word_counts(claim: str, key: str, comparison: Comparison, truth: str, cv: float, n: int, drift_sigmas: float,
+                replicates: int, *, seed: int = 0, family: int = 1, n_boot: int = N_BOOT) -> Counter:
+    """How often each word comes out of ``replicates`` synthetic captures of one cell."""
+    rng = cell_rng(seed, key, truth, cv, n, drift_sigmas, family)
+    ratio = truth_ratio(comparison, truth)
+    return Counter(word_of(one_verdict(claim, comparison, rng, n, cv, ratio, drift_sigmas, family, n_boot))
+                   for _ in range(replicates))
+
+
+def drift_label(drift_sigmas: float) -> str:
+    return "none" if drift_sigmas == 0 else f"linear {drift_sigmas:g} sigma"
+
+
+def characteristics(comparisons: dict, truths, cvs, runs, drifts, replicates: int, *, seed: int = 0, family: int = 1,
+                    n_boot: int = N_BOOT, progress: bool = False) -> pd.DataFrame:
+    """One row per comparison, drift, CV, n, truth and word: its count and rate over the replicates."""
+    cells = [(key, drift, cv, n, truth) for key in comparisons for drift in drifts for cv in cvs for n in runs
+             for truth in truths]
+    rows = []
+    with tqdm(total=len(cells) * replicates, unit="verdict", disable=not progress, file=sys.stderr) as bar:
+        for key, drift, cv, n, truth in cells:
+            claim, comparison = comparisons[key]
+            bar.set_postfix_str(f"{key} {drift_label(drift)} CV {cv:.0%} n={n} {truth}")
+            counts = word_counts(claim, key, comparison, truth, cv, n, drift, replicates, seed=seed, family=family,
+                                 n_boot=n_boot)
+            bar.update(replicates)
+            for word in WORDS:
+                rows.append({"comparison": key, "target": comparison.target.ratio, "family": family,
+                             "drift": drift_label(drift), "cv": cv, "n": n, "truth": truth,
+                             "truth_ratio": truth_ratio(comparison, truth), "word": word, "count": counts[word],
+                             "replicates": replicates, "rate": counts[word] / replicates})
+    return pd.DataFrame(rows)
+
+
+def acceptance(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per check, comparison, drift, CV, n and truth: the category's rate, its Clopper-Pearson 95% CI
+    and PASS (rate <= LIMIT) or FAIL."""
+    rows = []
+    cells = ["comparison", "drift", "cv", "n", "truth"]
+    for check in CHECKS:
+        words = [key for key, word in WORDS.items() if check.category in word.categories]
+        chosen = table[table["truth"].isin(check.truths) & table["word"].isin(words)]
+        for cell, group in chosen.groupby(cells, sort=False):
+            hits, replicates = int(group["count"].sum()), int(group["replicates"].iloc[0])
+            ci = stats.binomtest(hits, replicates).proportion_ci()
+            rows.append({"check": check.key, **dict(zip(cells, cell)), "hits": hits, "replicates": replicates,
+                         "rate": hits / replicates, "ci_low": ci.low, "ci_high": ci.high,
+                         "result": "PASS" if hits / replicates <= LIMIT else "FAIL"})
+    return pd.DataFrame(rows)
+
+
+def acceptance_grid(accepted: pd.DataFrame) -> pd.DataFrame:
+    """Per check, comparison, drift and CV (rows) and n (columns): PASS/FAIL with the worst truth's hits."""
+    rows = []
+    for (check, key, drift, cv), group in accepted.groupby(["check", "comparison", "drift", "cv"], sort=False):
+        row = {"check": check, "comparison": key, "drift": drift, "CV": f"{cv:.0%}"}
+        for n, at_n in group.groupby("n", sort=False):
+            worst = at_n.loc[at_n["rate"].idxmax()]
+            which = f" {worst['truth']}" if at_n["truth"].nunique() > 1 and worst["hits"] else ""
+            row[f"n={n}"] = f"{worst['result']} {worst['hits']}/{worst['replicates']}{which}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary_lines(accepted: pd.DataFrame) -> list[str]:
+    lines = []
+    for check in CHECKS:
+        mine = accepted[accepted["check"] == check.key]
+        if mine.empty:
+            continue  # none of its truths ran
+        cells = mine.groupby(["comparison", "drift", "cv", "n"])["result"].apply(lambda r: (r == "FAIL").any())
+        worst = mine.loc[mine["rate"].idxmax()]
+        where = (f" ({worst['comparison']}, drift {worst['drift']}, CV {worst['cv']:.0%}, n={worst['n']}, truth "
+                 f"{worst['truth']})") if worst["hits"] else ""
+        lines.append(f"{check.key}: {check.says} <= {LIMIT:.0%}: {int(cells.sum())} of {cells.size} cells FAIL; worst "
+                     f"{worst['hits']}/{worst['replicates']}{where}")
+    return lines
+
+
+def markdown(table: pd.DataFrame, accepted: pd.DataFrame, comparisons: dict, header: str) -> str:
+    seen = [word for word in WORDS if table.loc[table["word"] == word, "count"].sum() > 0]
+    parts = [f"# Operating characteristics of the verdict words\n\n{header}\n", "## Acceptance (issue 31)\n",
+             *[f"- {line}" for line in summary_lines(accepted)], "",
+             "Each cell: the worst truth of the check, hits/replicates.\n",
+             acceptance_grid(accepted).to_markdown(index=False), ""]
+    for key, (claim, comparison) in comparisons.items():
+        mine = table[(table["comparison"] == key) & table["word"].isin(seen)]
+        if mine.empty:
+            continue
+        wide = mine.pivot_table(index=["drift", "cv", "n", "truth", "truth_ratio"], columns="word", values="rate",
+                                sort=False)
+        wide = (wide[[w for w in seen if w in wide.columns]] * 100).round(2).reset_index()
+        wide["cv"] = wide["cv"].map(lambda cv: f"{cv:.0%}")
+        wide["truth_ratio"] = wide["truth_ratio"].map(lambda r: f"×{r:.4g}")
+        parts += [f"## {key}: P(word | truth), % of replicates\n",
+                  f"{claim}: {comparison.comparison}; target ×{comparison.target.ratio:.4g}; "
+                  f"{comparison.margins.describe(comparison.target)}\n", wide.to_markdown(index=False), ""]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicates", type=int, default=400, help="synthetic captures per cell (default 400)")
+    parser.add_argument("--quick", action="store_true", help="40 replicates per cell")
+    parser.add_argument("--out", type=Path, default=Path("build/verdict-characteristics"))
+    parser.add_argument("--comparison", nargs="+", choices=list(COMPARISONS), default=list(COMPARISONS))
+    parser.add_argument("--truth", nargs="+", choices=list(TRUTHS), default=list(TRUTHS))
+    parser.add_argument("--cv", nargs="+", type=float, default=list(CVS), help="coefficients of variation (0.1 = 10%%)")
+    parser.add_argument("--runs", nargs="+", type=int, default=list(RUNS), help="runs per condition")
+    parser.add_argument("--drift-sigmas", type=float, default=DRIFT_SIGMAS,
+                        help="total linear drift over the run order, in log-scale sigmas (0: no drifting scenario)")
+    parser.add_argument("--family", type=int, default=1, help="Holm/Bonferroni family size m (default 1)")
+    parser.add_argument("--n-boot", type=int, default=N_BOOT, help="bootstrap resamples (default: the report's)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.family < 1 or min(args.runs) < 2 or args.replicates < 1 or min(args.cv) <= 0:
+        parser.error("--family and --replicates are at least 1, --runs at least 2, --cv above 0")
+    replicates = 40 if args.quick else args.replicates
+    drifts = [0.0] + ([args.drift_sigmas] if args.drift_sigmas else [])
+    comparisons = load_comparisons(args.comparison)
+    started = time.monotonic()
+    table = characteristics(comparisons, args.truth, args.cv, args.runs, drifts, replicates, seed=args.seed,
+                            family=args.family, n_boot=args.n_boot, progress=sys.stderr.isatty())
+    accepted = acceptance(table)
+    header = (f"{replicates} replicates per cell, seed {args.seed}, family m = {args.family}, {args.n_boot} bootstrap "
+              f"resamples; drift: none or a linear fall of {args.drift_sigmas:g} log-scale sigmas over the run order; "
+              f"verdict path ticklab.comparisons.verdicts at alpha {ALPHA}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "characteristics.csv", index=False)
+    accepted.to_csv(args.out / "acceptance.csv", index=False)
+    (args.out / "characteristics.md").write_text(markdown(table, accepted, comparisons, header))
+    print(header)
+    if not accepted.empty:
+        print(acceptance_grid(accepted).to_string(index=False))
+        print("\n".join(summary_lines(accepted)))
+    print(f"wrote {args.out}/characteristics.csv, acceptance.csv, characteristics.md "
+          f"({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

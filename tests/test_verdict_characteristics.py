@@ -1,0 +1,124 @@
+"""benchmarks/verdict_characteristics.py (issue 31 item 6): its synthetic runs are what they say, every word the
+verdict can return is mapped, and a few cells of the current verdict's operating characteristics.
+
+Few replicates and few cells, so each test stays small; the full table is `make verdict-characteristics`."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import REPO
+from ticklab.stats import Interval
+from ticklab.verdicts import Margins, Target, Verdict, decide
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import verdict_characteristics as vc  # noqa: E402
+
+# 2,000 bootstrap resamples instead of the report's 10,000 keep these tests small; at CV 2% the CI's Monte Carlo
+# error is far inside the margins the cells below are judged by.
+N_BOOT = 2000
+
+
+@pytest.fixture(scope="module")
+def comparisons():
+    return vc.load_comparisons()
+
+
+def test_the_comparisons_carry_the_claims_real_targets(comparisons):
+    targets = {key: round(comparison.target.ratio, 3) for key, (_, comparison) in comparisons.items()}
+    assert targets == {"nohz-full-ftq": 1.087, "hz250-ftq": 1.065, "hz250-timer-share": 0.25, "hrtick-series": 0.573}
+
+
+def test_the_generator_gives_the_requested_cv_and_ratio():
+    """Within 3% of the requested CV (relative) and 1% of the requested ratio of medians, at 20,000 runs a side."""
+    for cv, ratio in ((0.02, 1.087), (0.10, 0.25), (0.50, 1.3)):
+        samples = vc.synthetic_runs(np.random.default_rng(1), 20_000, cv, ratio)
+        for values in (samples.treatment, samples.baseline):
+            assert values.std(ddof=1) / values.mean() == pytest.approx(cv, rel=0.03)
+        assert np.median(samples.treatment) / np.median(samples.baseline) == pytest.approx(ratio, rel=0.01)
+
+
+def test_runs_come_in_rounds_of_one_per_condition_and_the_drift_falls_with_run_order():
+    rng = np.random.default_rng(2)
+    rhos = []
+    for _ in range(200):
+        samples = vc.synthetic_runs(rng, 10, 0.10, 1.0, vc.DRIFT_SIGMAS)
+        rounds = np.sort(np.stack([samples.treatment_order, samples.baseline_order]), axis=0)
+        assert (rounds == [2 * np.arange(10), 2 * np.arange(10) + 1]).all()
+        order = np.concatenate([samples.treatment_order, samples.baseline_order])
+        rhos.append(stats.spearmanr(order, np.concatenate([samples.treatment, samples.baseline])).statistic)
+    assert -0.83 < np.mean(rhos) < -0.73  # issue 31: pvspinlock build time against run order, rho = -0.77
+
+
+def _row(verdict_and_reason) -> Verdict:
+    verdict, reason = verdict_and_reason
+    return Verdict(claim="x", setup="s", comparison="c", verdict=verdict, reason=reason)
+
+
+def test_every_word_the_verdict_returns_maps_to_exactly_one_entry():
+    ratio, direction_only, no_worse = Target(1.2, 1, "printed", "", ()), Target(None, 1, "printed", "", ()), \
+        Target(None, 1, "printed", "", (), no_worse_than=1.05)
+    margins, declared = Margins(), Margins(no_effect=0.05)
+    cases = {
+        "reproduced": decide(ratio, Interval(1.2, 1.15, 1.25, 0.95, ""), 0.001, 0.05, margins),
+        "reproduced: direction target": decide(direction_only, Interval(1.2, 1.15, 1.25, 0.95, ""), 0.001, 0.05,
+                                               declared),
+        "direction only": decide(ratio, Interval(1.5, 1.4, 1.6, 0.95, ""), 0.001, 0.05, margins),
+        "not reproduced: opposite": decide(ratio, Interval(0.8, 0.7, 0.9, 0.95, ""), 0.001, 0.05, margins),
+        "not reproduced: no effect": decide(ratio, Interval(1.0, 0.99, 1.01, 0.95, ""), 0.5, 0.05, margins),
+        "inconclusive": decide(ratio, Interval(1.1, 0.9, 1.3, 0.95, ""), 0.5, 0.05, margins),
+        "reproduced: no worse": decide(no_worse, Interval(1.0, 0.98, 1.02, 0.95, ""), 0.5, 0.05, margins),
+        "not reproduced: worse": decide(no_worse, Interval(1.3, 1.2, 1.4, 0.95, ""), 0.001, 0.05, margins),
+        "inconclusive: no worse?": decide(no_worse, Interval(1.0, 0.9, 1.1, 0.95, ""), 0.5, 0.05, margins),
+        "inconclusive: too few runs": ("inconclusive", "too few runs: 1 vs 3 measured"),
+        "not testable here": ("not testable here", "needs a kernel >=7.1 (the series)"),
+    }
+    assert {word: vc.word_of(_row(returned)) for word, returned in cases.items()} == {word: word for word in cases}
+    assert set(cases) == set(vc.WORDS)
+    with pytest.raises(ValueError, match="update the mapping"):
+        vc.word_of(_row(("inconclusive", "a reason no word begins with")))
+
+
+def test_a_huge_effect_at_cv_2pct_and_10_runs_is_on_the_sources_side(comparisons):
+    """Twice the target's log-effect (×1.18 for nohz_full's ×1.087): 'reproduced' or 'direction only' in >= 95%."""
+    claim, comparison = comparisons["nohz-full-ftq"]
+    counts = vc.word_counts(claim, "nohz-full-ftq", comparison, "double", 0.02, 10, 0.0, 40, n_boot=N_BOOT)
+    same_side = sum(counts[w] for w, word in vc.WORDS.items() if "same side" in word.categories)
+    assert same_side >= 0.95 * 40, counts
+
+
+def test_no_effect_at_cv_2pct_and_10_runs_rarely_gets_a_same_side_word(comparisons):
+    claim, comparison = comparisons["hrtick-series"]
+    counts = vc.word_counts(claim, "hrtick-series", comparison, "none", 0.02, 10, 0.0, 40, n_boot=N_BOOT)
+    same_side = sum(counts[w] for w, word in vc.WORDS.items() if "same side" in word.categories)
+    assert same_side <= 0.10 * 40, counts
+    assert sum(counts.values()) == 40
+
+
+def test_a_cell_is_seeded_by_its_own_parameters(comparisons):
+    """The same cell gives the same words whichever cells ran before it, and the acceptance rows read them back."""
+    claim, comparison = comparisons["hz250-ftq"]
+    first = vc.word_counts(claim, "hz250-ftq", comparison, "equal", 0.02, 5, vc.DRIFT_SIGMAS, 6, n_boot=N_BOOT)
+    table = vc.characteristics({"hz250-ftq": comparisons["hz250-ftq"]}, ["equal"], [0.02], [5], [vc.DRIFT_SIGMAS], 6,
+                               n_boot=N_BOOT)
+    assert dict(zip(table["word"], table["count"])) == {word: first[word] for word in vc.WORDS}
+    accepted = vc.acceptance(table)
+    assert sorted(accepted["check"]) == ["no-effect", "size"]
+    size = accepted.set_index("check").loc["size"]
+    inconsistent = sum(first[w] for w, word in vc.WORDS.items() if "size inconsistent" in word.categories)
+    assert (size["hits"], size["result"]) == (inconsistent, "PASS" if inconsistent <= 0.05 * 6 else "FAIL")
+
+
+def test_a_small_run_writes_its_tables_and_prints_the_checks_its_truths_have(tmp_path, capsys):
+    out = tmp_path / "vc"
+    assert vc.main(["--replicates", "2", "--comparison", "hz250-ftq", "--truth", "equal", "--cv", "0.1", "--runs", "5",
+                    "--drift-sigmas", "0", "--n-boot", "500", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "size: a size-inconsistent word" in printed and "same-side:" not in printed  # no 'none' truth ran
+    assert sorted(p.name for p in out.iterdir()) == ["acceptance.csv", "characteristics.csv", "characteristics.md"]
+    assert "## hz250-ftq: P(word | truth)" in (out / "characteristics.md").read_text()
