@@ -319,7 +319,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicates", type=int, default=400, help="synthetic captures per cell (default 400)")
     parser.add_argument("--quick", action="store_true", help="40 replicates per cell")
-    parser.add_argument("--out", type=Path, default=Path("build/verdict-characteristics"))
+    parser.add_argument("--out", type=Path, default=Path("bench-out/verdict-characteristics"))  # not build/: the report owns it
     parser.add_argument("--comparison", nargs="+", choices=list(COMPARISONS), default=list(COMPARISONS))
     parser.add_argument("--truth", nargs="+", choices=list(TRUTHS), default=list(TRUTHS))
     parser.add_argument("--cv", nargs="+", type=float, default=list(CVS), help="coefficients of variation (0.1 = 10%%)")
