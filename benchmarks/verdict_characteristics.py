@@ -15,10 +15,10 @@ traces/published). Nothing of the verdict is re-implemented here: the words are 
   run to the last, i.e. exp(-4 sigma x (position / (2n - 1) - 1/2)). 4 sigma gives a Spearman rho between run
   order and value of about -0.78 at n = 10 to 20 (-0.80 at n = 5): the pvspinlock build times of issue 31
   (rho = -0.77). 2 sigma would give about -0.5.
-- Family: --family 1 (default) tests the comparison alone (Holm and Bonferroni over m = 1). --family m adds m - 1
-  companion setups of the same comparison with no effect at the same noise to the same call, so the comparison's
-  CI is at 1 - 0.05/m and its p is Holm-adjusted among m, mostly m x p (the bundled data gives m = 8 for nohz
-  and m = 5 for hrtick).
+- Family: --family 1 (default) tests the comparison alone (Holm and Bonferroni over m = 1), the least conservative
+  family and so the hardest case for the error rates. --family m adds m - 1 companion comparisons with no effect at
+  the same noise on the same setup (the verdict's family: one claim on one setup), so the comparison's CI is at
+  1 - 0.05/m (the bundled data gives m = 3 or 4 for nohz and 4 for hrtick's guest).
 
 Writes <out>/characteristics.csv (one row per comparison, drift, CV, n, truth and word), <out>/acceptance.csv
 (one row per acceptance check and cell) and <out>/characteristics.md (both tables), and prints the acceptance
@@ -50,7 +50,8 @@ from tqdm import tqdm
 from ticklab.claims import get_claim
 from ticklab.comparisons import Comparison, verdicts
 from ticklab.paths import published_dir
-from ticklab.verdicts import Verdict
+from ticklab.stats import Interval, log_half_width
+from ticklab.verdicts import Verdict, decide
 
 ALPHA = 0.05     # the report's
 N_BOOT = 10_000  # the report's bootstrap resamples
@@ -75,41 +76,46 @@ DRIFT_SIGMAS = 4.0
 @dataclass(frozen=True)
 class Word:
     verdict: str
-    reason_starts: str            # how the reason begins ("" : any reason)
+    reason_has: str               # what the reason says that tells this word from the verdict's others ("": any)
     categories: frozenset[str]    # which acceptance categories the word falls in
 
 
-def _word(verdict: str, reason_starts: str, *categories: str) -> Word:
-    return Word(verdict, reason_starts, frozenset(categories))
+def _word(verdict: str, reason_has: str, *categories: str) -> Word:
+    return Word(verdict, reason_has, frozenset(categories))
 
 
-# Every word and sub-reason the current verdict path can return (ticklab.verdicts.decide and _no_worse,
+# Every word and sub-reason the verdict path can return (ticklab.verdicts.decide and _no_worse,
 # ticklab.comparisons.verdicts), and the acceptance categories it falls in:
 #   "size inconsistent": the word asserts the effect's size is not the target's;
 #   "reproduced": the word says reproduced; "no effect": the word says there is no effect;
 #   "same side": the word asserts an effect on the source's side (of whatever size).
 WORDS = {
-    # decide: significant, CI on the source's side, estimate inside the consistent-size band
-    "reproduced": _word("reproduced", "effect in the source's direction and of a consistent size", "reproduced",
-                        "same side"),
-    # decide: significant and on the source's side for a target that states a direction only
-    "reproduced: direction target": _word("reproduced", "effect in the source's direction, which is all",
-                                          "reproduced", "same side"),
-    # decide: significant and on the source's side, estimate outside the band (smaller or larger than the target)
-    "direction only": _word("direction only", "", "size inconsistent", "same side"),
-    # decide: significant with the CI on the other side of 1
-    "not reproduced: opposite": _word("not reproduced", "effect opposite", "size inconsistent"),
-    # decide: the whole CI inside the no-effect margin (half the target's log-effect unless declared)
-    "not reproduced: no effect": _word("not reproduced", "no effect:", "size inconsistent", "no effect"),
-    # decide: anything else
-    "inconclusive": _word("inconclusive", "cannot tell the target"),
+    # the whole CI on the source's side of no change and inside the consistent-size band
+    "reproduced": _word("reproduced", "inside the consistent sizes", "reproduced", "same side"),
+    # the whole CI on the source's side, for a target that states a direction only
+    "reproduced: direction target": _word("reproduced", "which is all the source states", "reproduced", "same side"),
+    # on the source's side, overlapping the band, wider than it
+    "consistent, not pinned": _word("consistent, not pinned", "", "same side"),
+    # the whole CI short of the band, and of no change too / or holding no change
+    "smaller: effect shown": _word("smaller than the target", "an effect in the source's direction",
+                                   "size inconsistent", "same side"),
+    "smaller: no change not excluded": _word("smaller than the target", "no change is not excluded", "size inconsistent"),
+    # the whole CI beyond the band
+    "larger than the target": _word("larger than the target", "", "size inconsistent", "same side"),
+    # the whole CI on the other side of no change
+    "opposite effect": _word("opposite effect", "the other side of no change", "size inconsistent"),
+    # the whole CI inside the declared no-effect margin
+    "no effect shown": _word("no effect shown", "", "size inconsistent", "no effect"),
+    # the CI holds no change and the target (or the direction)
+    "inconclusive": _word("inconclusive", "the CI holds no change and sizes"),
+    "inconclusive: direction target": _word("inconclusive", "the CI holds no change and the source's direction"),
     # comparisons.verdicts: fewer than 2 runs of a condition (never here: n >= 3)
     "inconclusive: too few runs": _word("inconclusive", "too few runs"),
     # comparisons.verdicts: outside the comparison's kernel range (never here: the synthetic runs have no kernel)
     "not testable here": _word("not testable here", ""),
     # _no_worse, a non-inferiority target (none of the comparisons here has one)
     "reproduced: no worse": _word("reproduced", "no worse:", "reproduced"),
-    "not reproduced: worse": _word("not reproduced", "worse:", "size inconsistent"),
+    "opposite effect: worse": _word("opposite effect", "worse: the whole CI lies past", "size inconsistent"),
     "inconclusive: no worse?": _word("inconclusive", "cannot tell whether it is no worse"),
 }
 
@@ -135,8 +141,7 @@ CHECKS = (
 
 def word_of(row: Verdict) -> str:
     """The WORDS key of a verdict row; a word or reason this harness does not know is an error, not a guess."""
-    found = [key for key, word in WORDS.items()
-             if row.verdict == word.verdict and row.reason.startswith(word.reason_starts)]
+    found = [key for key, word in WORDS.items() if row.verdict == word.verdict and word.reason_has in row.reason]
     if len(found) != 1:
         raise ValueError(f"verdict {row.verdict!r} with reason {row.reason[:80]!r} matches {found or 'no word'} "
                          "of WORDS: update the mapping")
@@ -199,15 +204,24 @@ def truth_ratio(comparison: Comparison, truth: str) -> float:
     return math.exp(TRUTHS[truth] * math.log(comparison.target.ratio))
 
 
+def companions(comparison: Comparison, family: int) -> list[Comparison]:
+    """``family - 1`` more comparisons of the claim on the same setup (the verdict's family), each with conditions of
+    its own."""
+    return [dataclasses.replace(comparison, comparison=f"companion {i}", treatment=f"companion-{i} treatment",
+                                baseline=f"companion-{i} baseline") for i in range(1, family)]
+
+
 def one_verdict(claim: str, comparison: Comparison, rng: np.random.Generator, n: int, cv: float, ratio: float,
-                drift_sigmas: float, family: int = 1, n_boot: int = N_BOOT) -> Verdict:
-    """The verdict row of one synthetic capture, with ``family - 1`` no-effect companions in the same call."""
-    tables = [runs_table(comparison, synthetic_runs(rng, n, cv, ratio, drift_sigmas), SETUP)]
-    tables += [runs_table(comparison, synthetic_runs(rng, n, cv, 1.0, drift_sigmas), f"companion-{i:02d}")
-               for i in range(1, family)]
-    rows = verdicts(claim, [comparison], pd.concat(tables, ignore_index=True), alpha=ALPHA, n_boot=n_boot,
+                drift_sigmas: float, family: int = 1, n_boot: int = N_BOOT, samples: Samples | None = None) -> Verdict:
+    """The verdict row of one synthetic capture (``samples``, or drawn here), with ``family - 1`` no-effect companion
+    comparisons on its setup."""
+    others = companions(comparison, family)
+    samples = samples if samples is not None else synthetic_runs(rng, n, cv, ratio, drift_sigmas)
+    tables = [runs_table(comparison, samples, SETUP)]
+    tables += [runs_table(other, synthetic_runs(rng, n, cv, 1.0, drift_sigmas), SETUP) for other in others]
+    rows = verdicts(claim, [comparison, *others], pd.concat(tables, ignore_index=True), alpha=ALPHA, n_boot=n_boot,
                     seed=BOOT_SEED)
-    return next(row for row in rows if row.setup == SETUP)
+    return next(row for row in rows if row.comparison == comparison.comparison)
 
 
 def cell_rng(seed: int, *parts) -> np.random.Generator:
@@ -215,13 +229,71 @@ def cell_rng(seed: int, *parts) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32("|".join(map(str, parts)).encode())])
 
 
+# The analyses compared (issue 31 item 5): the verdict path as it is, and a blocked one that pairs each round's
+# treatment run with its baseline run (a round holds one run of each condition) and takes the Hodges-Lehmann shift of
+# the per-round log ratios with the exact Wilcoxon signed-rank CI, so drift between rounds cancels.
+ANALYSES = ("independent", "rounds")
+
+
+def signed_rank_null(n: int) -> list[int]:
+    """How many of the 2^n sign patterns give each Wilcoxon signed-rank sum 0 .. n(n+1)/2 (no ties, no zeros)."""
+    counts = [1] + [0] * (n * (n + 1) // 2)
+    for i in range(1, n + 1):
+        for k in range(len(counts) - 1, i - 1, -1):
+            counts[k] += counts[k - i]
+    return counts
+
+
+def paired_interval(samples: Samples, confidence: float) -> Interval:
+    """The blocked analysis: per-round log ratios (treatment run / baseline run of the same round), their
+    Hodges-Lehmann centre (median of the Walsh averages) and the exact signed-rank CI; (0, inf) when n rounds cannot
+    give ``confidence``."""
+    t = np.log(samples.treatment[np.argsort(samples.treatment_order)])
+    b = np.log(samples.baseline[np.argsort(samples.baseline_order)])
+    d = t - b
+    i, j = np.triu_indices(d.size)
+    walsh = np.sort((d[i] + d[j]) / 2)
+    counts, total = signed_rank_null(d.size), 2 ** d.size
+    tail, k = 0, 0
+    while 2 * (tail + counts[k]) <= (1 - confidence) * total:
+        tail += counts[k]
+        k += 1
+    estimate = float(np.exp(np.median(walsh)))
+    if k == 0:
+        return Interval(estimate, 0.0, math.inf, confidence, "rounds: unbounded")
+    return Interval(estimate, float(np.exp(walsh[k - 1])), float(np.exp(walsh[walsh.size - k])), confidence,
+                    f"rounds: signed-rank CI, W({k})..W({walsh.size + 1 - k})")
+
+
+def rounds_verdict(comparison: Comparison, samples: Samples, family: int = 1) -> Verdict:
+    """The verdict's words (ticklab.verdicts.decide) on the blocked analysis's CI at the family's level."""
+    interval = paired_interval(samples, 1 - ALPHA / family)
+    verdict, reason = decide(comparison.target, interval, math.nan, comparison.margins, comparison.sizes_comparable)
+    return Verdict(claim="simulated", setup=SETUP, comparison=comparison.comparison, verdict=verdict, reason=reason,
+                   fresh_effect=interval.estimate, ci_low=interval.low, ci_high=interval.high)
+
+
 def word_counts(claim: str, key: str, comparison: Comparison, truth: str, cv: float, n: int, drift_sigmas: float,
-                replicates: int, *, seed: int = 0, family: int = 1, n_boot: int = N_BOOT) -> Counter:
-    """How often each word comes out of ``replicates`` synthetic captures of one cell."""
+                replicates: int, *, seed: int = 0, family: int = 1, n_boot: int = N_BOOT,
+                analyses=ANALYSES) -> tuple[dict[str, Counter], dict[str, list[float]]]:
+    """How often each word comes out of ``replicates`` synthetic captures of one cell, per analysis, and each
+    replicate's CI half-width on the log scale (inf: unbounded). Both analyses see the same runs."""
     rng = cell_rng(seed, key, truth, cv, n, drift_sigmas, family)
     ratio = truth_ratio(comparison, truth)
-    return Counter(word_of(one_verdict(claim, comparison, rng, n, cv, ratio, drift_sigmas, family, n_boot))
-                   for _ in range(replicates))
+    counts = {analysis: Counter() for analysis in analyses}
+    widths = {analysis: [] for analysis in analyses}
+    for _ in range(replicates):
+        samples = synthetic_runs(rng, n, cv, ratio, drift_sigmas)
+        rows = {}
+        if "independent" in analyses:
+            rows["independent"] = one_verdict(claim, comparison, rng, n, cv, ratio, drift_sigmas, family, n_boot,
+                                              samples=samples)
+        if "rounds" in analyses:
+            rows["rounds"] = rounds_verdict(comparison, samples, family)
+        for analysis, row in rows.items():
+            counts[analysis][word_of(row)] += 1
+            widths[analysis].append(log_half_width(row.ci_low, row.ci_high))
+    return counts, widths
 
 
 def drift_label(drift_sigmas: float) -> str:
@@ -229,31 +301,35 @@ def drift_label(drift_sigmas: float) -> str:
 
 
 def characteristics(comparisons: dict, truths, cvs, runs, drifts, replicates: int, *, seed: int = 0, family: int = 1,
-                    n_boot: int = N_BOOT, progress: bool = False) -> pd.DataFrame:
-    """One row per comparison, drift, CV, n, truth and word: its count and rate over the replicates."""
+                    n_boot: int = N_BOOT, progress: bool = False, analyses=ANALYSES) -> pd.DataFrame:
+    """One row per analysis, comparison, drift, CV, n, truth and word: its count and rate over the replicates, and
+    the cell's median CI half-width on the log scale."""
     cells = [(key, drift, cv, n, truth) for key in comparisons for drift in drifts for cv in cvs for n in runs
              for truth in truths]
     rows = []
-    with tqdm(total=len(cells) * replicates, unit="verdict", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(total=len(cells) * replicates, unit="capture", disable=not progress, file=sys.stderr) as bar:
         for key, drift, cv, n, truth in cells:
             claim, comparison = comparisons[key]
             bar.set_postfix_str(f"{key} {drift_label(drift)} CV {cv:.0%} n={n} {truth}")
-            counts = word_counts(claim, key, comparison, truth, cv, n, drift, replicates, seed=seed, family=family,
-                                 n_boot=n_boot)
+            counts, widths = word_counts(claim, key, comparison, truth, cv, n, drift, replicates, seed=seed,
+                                         family=family, n_boot=n_boot, analyses=analyses)
             bar.update(replicates)
-            for word in WORDS:
-                rows.append({"comparison": key, "target": comparison.target.ratio, "family": family,
-                             "drift": drift_label(drift), "cv": cv, "n": n, "truth": truth,
-                             "truth_ratio": truth_ratio(comparison, truth), "word": word, "count": counts[word],
-                             "replicates": replicates, "rate": counts[word] / replicates})
+            for analysis in analyses:
+                width = float(np.median(widths[analysis]))
+                for word in WORDS:
+                    rows.append({"analysis": analysis, "comparison": key, "target": comparison.target.ratio,
+                                 "family": family, "drift": drift_label(drift), "cv": cv, "n": n, "truth": truth,
+                                 "truth_ratio": truth_ratio(comparison, truth), "word": word,
+                                 "count": counts[analysis][word], "replicates": replicates,
+                                 "rate": counts[analysis][word] / replicates, "median_ci_log_half_width": width})
     return pd.DataFrame(rows)
 
 
 def acceptance(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per check, comparison, drift, CV, n and truth: the category's rate, its Clopper-Pearson 95% CI
-    and PASS (rate <= LIMIT) or FAIL."""
+    """One row per analysis, check, comparison, drift, CV, n and truth: the category's rate, its Clopper-Pearson 95%
+    CI and PASS (rate <= LIMIT) or FAIL."""
     rows = []
-    cells = ["comparison", "drift", "cv", "n", "truth"]
+    cells = ["analysis", "comparison", "drift", "cv", "n", "truth"]
     for check in CHECKS:
         words = [key for key, word in WORDS.items() if check.category in word.categories]
         chosen = table[table["truth"].isin(check.truths) & table["word"].isin(words)]
@@ -267,10 +343,11 @@ def acceptance(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def acceptance_grid(accepted: pd.DataFrame) -> pd.DataFrame:
-    """Per check, comparison, drift and CV (rows) and n (columns): PASS/FAIL with the worst truth's hits."""
+    """Per analysis, check, comparison, drift and CV (rows) and n (columns): PASS/FAIL with the worst truth's hits."""
     rows = []
-    for (check, key, drift, cv), group in accepted.groupby(["check", "comparison", "drift", "cv"], sort=False):
-        row = {"check": check, "comparison": key, "drift": drift, "CV": f"{cv:.0%}"}
+    keys = ["analysis", "check", "comparison", "drift", "cv"]
+    for (analysis, check, key, drift, cv), group in accepted.groupby(keys, sort=False):
+        row = {"analysis": analysis, "check": check, "comparison": key, "drift": drift, "CV": f"{cv:.0%}"}
         for n, at_n in group.groupby("n", sort=False):
             worst = at_n.loc[at_n["rate"].idxmax()]
             which = f" {worst['truth']}" if at_n["truth"].nunique() > 1 and worst["hits"] else ""
@@ -281,17 +358,29 @@ def acceptance_grid(accepted: pd.DataFrame) -> pd.DataFrame:
 
 def summary_lines(accepted: pd.DataFrame) -> list[str]:
     lines = []
-    for check in CHECKS:
-        mine = accepted[accepted["check"] == check.key]
-        if mine.empty:
-            continue  # none of its truths ran
-        cells = mine.groupby(["comparison", "drift", "cv", "n"])["result"].apply(lambda r: (r == "FAIL").any())
-        worst = mine.loc[mine["rate"].idxmax()]
-        where = (f" ({worst['comparison']}, drift {worst['drift']}, CV {worst['cv']:.0%}, n={worst['n']}, truth "
-                 f"{worst['truth']})") if worst["hits"] else ""
-        lines.append(f"{check.key}: {check.says} <= {LIMIT:.0%}: {int(cells.sum())} of {cells.size} cells FAIL; worst "
-                     f"{worst['hits']}/{worst['replicates']}{where}")
+    for analysis in dict.fromkeys(accepted["analysis"]):
+        for check in CHECKS:
+            mine = accepted[(accepted["check"] == check.key) & (accepted["analysis"] == analysis)]
+            if mine.empty:
+                continue  # none of its truths ran
+            cells = mine.groupby(["comparison", "drift", "cv", "n"])["result"].apply(lambda r: (r == "FAIL").any())
+            worst = mine.loc[mine["rate"].idxmax()]
+            where = (f" ({worst['comparison']}, drift {worst['drift']}, CV {worst['cv']:.0%}, n={worst['n']}, truth "
+                     f"{worst['truth']})") if worst["hits"] else ""
+            lines.append(f"{analysis}: {check.key}: {check.says} <= {LIMIT:.0%}: {int(cells.sum())} of {cells.size} "
+                         f"cells FAIL; worst {worst['hits']}/{worst['replicates']}{where}")
     return lines
+
+
+def widths_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Median CI half-width (log scale) per comparison, drift, CV and n, one column per analysis (truth: equal, or
+    the first truth that ran)."""
+    truth = "equal" if (table["truth"] == "equal").any() else table["truth"].iloc[0]
+    chosen = table[(table["truth"] == truth)].drop_duplicates(["analysis", "comparison", "drift", "cv", "n"])
+    wide = chosen.pivot_table(index=["comparison", "drift", "cv", "n"], columns="analysis",
+                              values="median_ci_log_half_width", sort=False).reset_index()
+    wide["cv"] = wide["cv"].map(lambda cv: f"{cv:.0%}")
+    return wide.round(4)
 
 
 def markdown(table: pd.DataFrame, accepted: pd.DataFrame, comparisons: dict, header: str) -> str:
@@ -299,19 +388,22 @@ def markdown(table: pd.DataFrame, accepted: pd.DataFrame, comparisons: dict, hea
     parts = [f"# Operating characteristics of the verdict words\n\n{header}\n", "## Acceptance (issue 31)\n",
              *[f"- {line}" for line in summary_lines(accepted)], "",
              "Each cell: the worst truth of the check, hits/replicates.\n",
-             acceptance_grid(accepted).to_markdown(index=False), ""]
-    for key, (claim, comparison) in comparisons.items():
-        mine = table[(table["comparison"] == key) & table["word"].isin(seen)]
-        if mine.empty:
-            continue
-        wide = mine.pivot_table(index=["drift", "cv", "n", "truth", "truth_ratio"], columns="word", values="rate",
-                                sort=False)
-        wide = (wide[[w for w in seen if w in wide.columns]] * 100).round(2).reset_index()
-        wide["cv"] = wide["cv"].map(lambda cv: f"{cv:.0%}")
-        wide["truth_ratio"] = wide["truth_ratio"].map(lambda r: f"×{r:.4g}")
-        parts += [f"## {key}: P(word | truth), % of replicates\n",
-                  f"{claim}: {comparison.comparison}; target ×{comparison.target.ratio:.4g}; "
-                  f"{comparison.margins.describe(comparison.target)}\n", wide.to_markdown(index=False), ""]
+             acceptance_grid(accepted).to_markdown(index=False), "",
+             "## Median CI half-width on the log scale (inf: no bounded CI at that n)\n",
+             widths_table(table).to_markdown(index=False), ""]
+    for analysis in dict.fromkeys(table["analysis"]):
+        for key, (claim, comparison) in comparisons.items():
+            mine = table[(table["analysis"] == analysis) & (table["comparison"] == key) & table["word"].isin(seen)]
+            if mine.empty:
+                continue
+            wide = mine.pivot_table(index=["drift", "cv", "n", "truth", "truth_ratio"], columns="word", values="rate",
+                                    sort=False)
+            wide = (wide[[w for w in seen if w in wide.columns]] * 100).round(2).reset_index()
+            wide["cv"] = wide["cv"].map(lambda cv: f"{cv:.0%}")
+            wide["truth_ratio"] = wide["truth_ratio"].map(lambda r: f"×{r:.4g}")
+            parts += [f"## {analysis}: {key}: P(word | truth), % of replicates\n",
+                      f"{claim}: {comparison.comparison}; target ×{comparison.target.ratio:.4g}; "
+                      f"{comparison.margins.describe(comparison.target)}\n", wide.to_markdown(index=False), ""]
     return "\n".join(parts) + "\n"
 
 
@@ -328,6 +420,8 @@ def main(argv=None) -> int:
                         help="total linear drift over the run order, in log-scale sigmas (0: no drifting scenario)")
     parser.add_argument("--family", type=int, default=1, help="Holm/Bonferroni family size m (default 1)")
     parser.add_argument("--n-boot", type=int, default=N_BOOT, help="bootstrap resamples (default: the report's)")
+    parser.add_argument("--analysis", nargs="+", choices=list(ANALYSES), default=list(ANALYSES),
+                        help="independent: the verdict path; rounds: the blocked (per-round paired) analysis")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.family < 1 or min(args.runs) < 2 or args.replicates < 1 or min(args.cv) <= 0:
@@ -337,11 +431,12 @@ def main(argv=None) -> int:
     comparisons = load_comparisons(args.comparison)
     started = time.monotonic()
     table = characteristics(comparisons, args.truth, args.cv, args.runs, drifts, replicates, seed=args.seed,
-                            family=args.family, n_boot=args.n_boot, progress=sys.stderr.isatty())
+                            family=args.family, n_boot=args.n_boot, progress=sys.stderr.isatty(),
+                            analyses=tuple(args.analysis))
     accepted = acceptance(table)
     header = (f"{replicates} replicates per cell, seed {args.seed}, family m = {args.family}, {args.n_boot} bootstrap "
               f"resamples; drift: none or a linear fall of {args.drift_sigmas:g} log-scale sigmas over the run order; "
-              f"verdict path ticklab.comparisons.verdicts at alpha {ALPHA}")
+              f"verdict path ticklab.comparisons.verdicts at alpha {ALPHA} (independent) and the blocked analysis (rounds)")
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "characteristics.csv", index=False)
     accepted.to_csv(args.out / "acceptance.csv", index=False)

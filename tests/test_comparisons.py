@@ -14,10 +14,12 @@ from ticklab.capture.workloads import parse_ftq
 from ticklab.claims import nohz
 from ticklab.comparisons import Comparison, measured_runs, verdicts
 from ticklab.captured import find_bundles
-from ticklab.verdicts import Target
+from ticklab.verdicts import VERDICTS, Margins, Target
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
-FASTER = Comparison("b vs a", "work", "b", "a", Target(1.10, 1, "derived: a test's", "+10% work", ("nohz/t/r",)))
+TWO_PERCENT = Margins(no_effect=0.02)
+FASTER = Comparison("b vs a", "work", "b", "a", Target(1.10, 1, "derived: a test's", "+10% work", ("nohz/t/r",)),
+                    margins=TWO_PERCENT)
 
 
 def runs_frame(values: dict) -> pd.DataFrame:
@@ -36,19 +38,27 @@ def test_a_clear_effect_is_reproduced_and_a_setup_without_the_conditions_gets_no
     guest = found["guest"]
     assert guest.verdict == "reproduced" and 1.09 < guest.fresh_effect < 1.13, guest.reason
     assert guest.ci_low > 1 and guest.p_holm < 0.001 and guest.cliffs_delta == 1.0 and guest.ci_level == "95%"
-    assert guest.n_per_condition == "10 vs 10" and "Holm over 1" in guest.test and "percentile bootstrap" in guest.test
+    assert guest.n_per_condition == "10 vs 10" and "Holm over this setup's 1" in guest.test
+    assert "Hodges-Lehmann ratio (median of the 10×10 run ratios), exact Mann-Whitney inversion CI" in guest.test
     assert guest.target_ratio == 1.10 and guest.source_quotes == "nohz/t/r" and guest.power_at_target > 0.9
 
 
-def test_no_effect_is_not_reproduced_and_the_claim_is_adjusted_as_a_family():
+def test_no_effect_is_shown_and_the_family_is_the_claim_on_one_setup():
     rng = np.random.default_rng(2)
     runs = runs_frame({("guest", "a"): 100 + rng.normal(0, 0.5, 12), ("guest", "b"): 100 + rng.normal(0, 0.5, 12),
                        ("guest", "c"): 130 + rng.normal(0, 0.5, 12)})
-    slower = Comparison("c vs a", "work", "c", "a", Target(1.3, 1, "derived: a test's", "+30%", ()))
+    slower = Comparison("c vs a", "work", "c", "a", Target(1.3, 1, "derived: a test's", "+30%", ()), margins=TWO_PERCENT)
     found = {v.comparison: v for v in verdicts("nohz", [FASTER, slower], runs, n_boot=2000)}
-    assert found["b vs a"].verdict == "not reproduced" and "no-effect margin" in found["b vs a"].reason
+    assert found["b vs a"].verdict == "no effect shown" and "no-effect margin" in found["b vs a"].reason
     assert found["c vs a"].verdict == "reproduced"
-    assert "Holm over 2" in found["c vs a"].test and found["c vs a"].ci_level.startswith("0.975 (simultaneous 95%")
+    assert "Holm over this setup's 2" in found["c vs a"].test and found["c vs a"].ci_level.startswith("0.975 (simultaneous 95%")
+    # another setup's bundle does not change this setup's family: same p, same CI
+    other = runs_frame({("other", "a"): 100 + rng.normal(0, 0.5, 12), ("other", "b"): 100 + rng.normal(0, 0.5, 12),
+                        ("other", "c"): 100 + rng.normal(0, 0.5, 12)})
+    again = {v.comparison: v for v in verdicts("nohz", [FASTER, slower], pd.concat([runs, other]), n_boot=2000)
+             if v.setup == "guest"}
+    for name, row in found.items():
+        assert (again[name].p_holm, again[name].ci_low, again[name].ci_high) == (row.p_holm, row.ci_low, row.ci_high)
 
 
 OSNOISE = """duration:   0 00:00:05 | time is in us
@@ -158,7 +168,7 @@ def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_
                           data_dir=tmp_path / "traces")
     median, tail = acpi_idle.CLAIM.verdicts(ctx, n_boot=500)
     assert median.setup == tail.setup == "fake-idle" and median.n_per_condition == "3 vs 3"
-    assert median.verdict in {"reproduced", "direction only", "not reproduced", "inconclusive"} and median.fresh_effect > 0
+    assert median.verdict in VERDICTS and median.verdict != "not testable here" and median.fresh_effect > 0
     assert median.printed_in_source == "33476.60 / 32191.80" and median.target_provenance.startswith("derived: ratio")
     assert "10th percentile" in tail.comparison and "proxy for Min" in tail.target_provenance
     lower = acpi_idle.lower_tail_table(runs, n_resamples=200)
@@ -184,7 +194,7 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
         vcpus = {"1x": 2, "1.5x": 3}[level]
         for value in values:
             index += 1
-            kicks = 5.0 if (kick_ahead == "4" and vcpus >= 3) else 0.0
+            kicks = 150.0 if (kick_ahead == "4" and vcpus >= 3) else 0.0
             if index == 2:
                 kicks = 1.0  # a kick-ahead with pv_kick_ahead=0: the switch did not work, the run is left out
             rows = [{"metric": "build_time_s", "value": value, "unit": "s"},
@@ -208,15 +218,19 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
     kick_aheads = pvspinlock.kick_ahead_table(runs).set_index("condition")
     assert kick_aheads.loc["kick-ahead-4 1.5x", "runs with kick-aheads"] == 6
     counters = pvspinlock.counter_table(runs)
-    assert counters.loc[(setup, "kick-ahead-4 1.5x"), "pv_kick_ahead"] == 5
+    assert counters.loc[(setup, "kick-ahead-4 1.5x"), "pv_kick_ahead"] == 150
     ctx = SimpleNamespace(published=published, bundles=bundles, data_dir=tmp_path)
     found = {v.comparison.rsplit("= ", 1)[1]: v for v in pvspinlock.CLAIM.verdicts(ctx, n_boot=1000)}
     assert set(found) == {"1x host CPUs", "1.5x host CPUs"}
     assert found["1x host CPUs"].verdict == "not testable here"
-    assert found["1x host CPUs"].reason.startswith("kick-ahead never ran: 0 kick-aheads in all 4 builds with "
-                                                   "pv_kick_ahead=4 on 2 vCPUs")
+    assert found["1x host CPUs"].reason.startswith("kick-ahead barely ran: 0 kick-aheads in 4 builds with "
+                                                   "pv_kick_ahead=4 on 2 vCPUs (median 0 a build, below the declared "
+                                                   "minimum 100")
+    assert found["1x host CPUs"].reason.endswith("left out of the multiple-comparison family")
     overcommitted = found["1.5x host CPUs"]
     assert overcommitted.comparison.startswith("lab analogue (TCG, halt+IPI backend): ")
-    assert overcommitted.fresh_effect == pytest.approx(27.05 / 30.0) and overcommitted.n_per_condition == "6 vs 5"
+    treated, base = np.array(times["4 1.5x"]), np.array([v for i, v in enumerate(times["0 1.5x"]) if i != 1])
+    assert overcommitted.fresh_effect == pytest.approx(np.median(treated[:, None] / base[None, :]))
+    assert overcommitted.n_per_condition == "6 vs 5" and "Holm over this setup's 1" in overcommitted.test
     assert overcommitted.printed_in_source == "9m21.1s / 11m20.6s" and overcommitted.target_ratio == pytest.approx(561.1 / 680.6)
     assert overcommitted.target_provenance.startswith("derived: ratio of two printed values")

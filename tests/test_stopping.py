@@ -16,12 +16,13 @@ from ticklab.cli import precision_goals
 from ticklab.comparisons import Comparison, measured_runs, verdicts
 from ticklab.captured import BundleRef, bundle_health
 from ticklab.paths import published_dir
-from ticklab.verdicts import Target
+from ticklab.verdicts import Margins, Target
 
-ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()))
+ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()),
+                    margins=Margins(no_effect=0.05))
 CONDITIONS = [Condition("hrtick-off", {}), Condition("hrtick-on", {})]
 ON_OFF_GOAL = PrecisionGoal("on vs off", "runtime_s", "hrtick-on", "hrtick-off", "median",
-                            ON_OFF.margins.no_effect_log(ON_OFF.target))
+                            ON_OFF.margins.precision_log(ON_OFF.target))
 
 
 def frame(values: dict[str, list[float]]) -> pd.DataFrame:
@@ -69,14 +70,14 @@ def test_the_budgets_stop_a_capture_and_say_which():
     assert by_time.reason.startswith("time budget spent (0 s of 10 s; another round would pass it)")
 
 
-def test_the_precision_target_is_the_no_effect_margin_on_the_log_scale():
-    """Small effects get a reachable target: a CI half-width of half the target's log-effect (ln 1.2 / 2 here)."""
+def test_the_precision_target_is_half_the_consistent_size_band_on_the_log_scale():
+    """Issue 31 item 3: the goal is a CI that can lie inside the band (×1.2: ln 1.2 × (1.25 − 0.8) / 2 = 0.041)."""
     from ticklab.stats import log_half_width, precision_note
 
-    target = ON_OFF.margins.no_effect_log(ON_OFF.target)
-    assert target == pytest.approx(0.0912, abs=1e-4)
+    target = ON_OFF.margins.precision_log(ON_OFF.target)
+    assert target == pytest.approx(0.0410, abs=1e-4)
     assert log_half_width(1.0, 1.21) == pytest.approx(0.0953, abs=1e-4)
-    assert "meets the precision target" in precision_note(1.1, 1.2, target)
+    assert "meets the precision target" in precision_note(1.18, 1.25, target)
     assert "not met; capture stopped: time budget spent" in precision_note(0.9, 1.5, 0.09, ["time budget spent"])
 
 
@@ -192,10 +193,10 @@ def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
     options = CaptureOptions(out=tmp_path, host_id="fake", dry_run=True, progress=False, journal=tmp_path / "j.json",
                              goals=precision_goals("hrtick", published_dir()))
     assert capture("hrtick", options, experiment_path=write(tmp_path), log=said.append) == []
-    assert "stopping: after the initial runs, add rounds until 95% CI half-width of each compared ratio, on the log " \
-           "scale, ≤ the comparison's no-effect margin (default: half the target's log-effect), from at least 5 runs " \
-           "per condition; rounds add one run of every condition, for 3 comparison(s), within 300 s and 9 runs per " \
-           "condition" in said
+    assert "stopping: after the initial runs, add rounds until simultaneous 95% CI half-width of each compared ratio, " \
+           "on the log scale, ≤ the half-width the verdict's words need (half the consistent-size band; the no-effect " \
+           "margin for a direction target), from at least 5 runs per condition; rounds add one run of every " \
+           "condition, for 3 comparison(s), within 300 s and 9 runs per condition" in said
 
 
 def test_capture_reads_its_targets_from_the_published_dir_it_is_given(tmp_path, capsys):

@@ -25,45 +25,64 @@ def ci(estimate, low, high):
     return Interval(estimate, low, high, 0.95, "test")
 
 
-def test_the_target_in_the_right_direction_with_a_consistent_size_is_reproduced():
-    verdict, reason = decide(UP, ci(1.19, 1.15, 1.24), 0.001, 0.05, Margins())
+M = Margins(no_effect=0.02)   # ±2 %: declared, in the quantity's own terms
+
+
+def test_a_ci_on_the_source_side_and_inside_the_band_is_reproduced():
+    verdict, reason = decide(UP, ci(1.21, 1.19, 1.24), 0.001, M)
     assert verdict == "reproduced" and "consistent sizes ×1.16..×1.26" in reason
 
 
-def test_the_direction_without_the_size_is_direction_only_and_says_by_how_much():
-    verdict, reason = decide(DOWN, ci(0.282, 0.254, 0.322), 0.001, 0.05, Margins(), "our workload sets the size")
-    assert verdict == "direction only"
-    assert "2.3 times the target's size on the log scale" in reason and reason.endswith("our workload sets the size")
-    assert decide(UP, ci(1.03, 1.01, 1.05), 0.01, 0.05, Margins(no_effect=0.01))[0] == "direction only"
+def test_a_point_estimate_in_the_band_is_not_enough():
+    """Issue 31: a CI of [0.13, 0.49] against ×0.25 was "reproduced" by its estimate; now the CI must fit the band."""
+    quarter = Target(0.25, -1, "derived: x", "x", ())
+    assert decide(quarter, ci(0.25, 0.13, 0.49), 0.001, M)[0] == "consistent, not pinned"
+    # and a CI that holds the target with an estimate outside the band is no longer "direction only"
+    assert decide(Target(1.087, 1, "derived: x", "x", ()), ci(1.04, 1.005, 1.10), 0.001, M)[0] == "consistent, not pinned"
 
 
-def test_an_opposite_effect_is_not_reproduced():
-    verdict, reason = decide(DOWN, ci(1.2, 1.1, 1.3), 0.01, 0.05, Margins())
-    assert verdict == "not reproduced" and reason.startswith("effect opposite")
+def test_a_ci_short_of_or_beyond_the_band_says_smaller_or_larger_and_whether_it_shows_an_effect():
+    verdict, reason = decide(DOWN, ci(0.282, 0.254, 0.322), 0.001, M, "our workload sets the size")
+    assert verdict == "larger than the target" and reason.endswith("our workload sets the size")
+    verdict, reason = decide(UP, ci(1.05, 1.03, 1.07), 0.01, M)
+    assert verdict == "smaller than the target" and "an effect in the source's direction" in reason
+    verdict, reason = decide(UP, ci(1.03, 0.99, 1.07), 0.3, M)
+    assert verdict == "smaller than the target" and "no change is not excluded" in reason
 
 
-def test_equivalence_inside_the_no_effect_margin_is_not_reproduced():
-    # no-effect margin: half the target's log-effect, ln(1.2)/2 -> x0.913..x1.095
-    verdict, reason = decide(UP, ci(1.0, 0.97, 1.03), 0.8, 0.05, Margins())
-    assert verdict == "not reproduced" and "no-effect margin ×0.913..×1.1" in reason
+def test_an_opposite_effect_has_its_own_word():
+    verdict, reason = decide(DOWN, ci(1.2, 1.1, 1.3), 0.01, M)
+    assert verdict == "opposite effect" and "other side of no change" in reason
+
+
+def test_no_effect_is_shown_only_by_the_whole_ci_inside_the_declared_margin():
+    verdict, reason = decide(UP, ci(1.0, 0.985, 1.015), 0.8, M)
+    assert verdict == "no effect shown" and "no-effect margin ×0.98..×1.02" in reason
+    # a real 20 % speed-up is never "no effect", whatever the target (issue 31: hrtick ×0.573)
+    assert decide(DOWN, ci(0.8, 0.78, 0.82), 0.001, Margins(no_effect=0.05))[0] == "smaller than the target"
+    with pytest.raises(ValueError, match="declared fraction"):
+        Margins(no_effect=0)
 
 
 def test_noise_is_inconclusive_not_absence():
     """The FTQ case: a CI that contains both 1 and the target says nothing either way."""
-    assert decide(Target(1.087, 1, "derived: x", "80us", ()), ci(0.90, 0.71, 1.15), 0.64, 0.05, Margins())[0] == "inconclusive"
-    assert decide(UP, ci(1.05, 0.96, 1.14), 0.3, 0.05, Margins())[0] == "inconclusive"
+    assert decide(Target(1.087, 1, "derived: x", "80us", ()), ci(0.90, 0.71, 1.15), 0.64, M)[0] == "inconclusive"
+    assert decide(UP, ci(1.05, 0.96, 1.24), 0.3, M)[0] == "inconclusive"
+    # an unbounded CI (too few runs for the level) is inconclusive
+    assert decide(UP, ci(1.2, 0.0, math.inf), 0.1, M)[0] == "inconclusive"
 
 
-def test_a_significant_ci_needs_the_adjusted_p_too():
-    assert decide(UP, ci(1.2, 1.05, 1.3), 0.2, 0.05, Margins())[0] == "inconclusive"
+def test_the_word_rests_on_the_ci_not_the_p_value():
+    assert decide(UP, ci(1.2, 1.17, 1.25), 0.2, M)[0] == "reproduced"
 
 
-def test_a_direction_only_target_is_reproduced_by_the_direction_and_needs_a_declared_margin():
+def test_a_direction_only_target_is_reproduced_by_the_direction():
     premise = Target(None, 1, "derived: before the series HRTICK regressed", "does not longer result in regressions", ())
-    assert decide(premise, ci(1.3, 1.1, 1.5), 0.01, 0.05, Margins(no_effect=0.05))[0] == "reproduced"
-    assert decide(premise, ci(1.0, 0.98, 1.02), 0.9, 0.05, Margins(no_effect=0.05))[0] == "not reproduced"
-    with pytest.raises(ValueError, match="declared no-effect margin"):
-        decide(premise, ci(1.3, 1.1, 1.5), 0.01, 0.05, Margins())
+    five = Margins(no_effect=0.05)
+    assert decide(premise, ci(1.3, 1.1, 1.5), 0.01, five)[0] == "reproduced"
+    assert decide(premise, ci(1.0, 0.98, 1.02), 0.9, five)[0] == "no effect shown"
+    assert decide(premise, ci(1.03, 0.98, 1.08), 0.9, five)[0] == "inconclusive"
+    assert decide(premise, ci(0.8, 0.7, 0.9), 0.01, five)[0] == "opposite effect"
 
 
 NO_REGRESSION = Target(None, 1, "derived: the source says HRTICK no longer regresses; a margin of 5 % declared",
@@ -74,20 +93,28 @@ NO_REGRESSION = Target(None, 1, "derived: the source says HRTICK no longer regre
     (ci(0.57, 0.52, 0.63), 0.001, "reproduced", "whole CI lies on the good side of the declared bound ×1.05"),
     (ci(1.01, 0.97, 1.04), 0.6, "reproduced", "good side"),          # no change shown, and none worse than 5 %
     (ci(1.02, 0.95, 1.09), 0.5, "inconclusive", "the CI reaches past the bound"),
-    (ci(1.03, 1.01, 1.06), 0.01, "not reproduced", "a significant change to the worse side"),  # a (small) regression
-    (ci(1.2, 1.1, 1.3), 0.001, "not reproduced", "worse"),
-    (ci(1.03, 1.01, 1.06), 0.2, "inconclusive", "reaches past"),     # worse side, but not significant after Holm
+    (ci(1.03, 1.01, 1.06), 0.01, "inconclusive", "reaches past"),    # a small change to the worse side, not past the bound
+    (ci(1.2, 1.1, 1.3), 0.001, "opposite effect", "worse: the whole CI lies past the declared bound"),
 ])
 def test_no_regression_is_a_non_inferiority_test_against_a_declared_bound(interval, p, verdict, words):
-    got, reason = decide(NO_REGRESSION, interval, p, 0.05, Margins())
+    got, reason = decide(NO_REGRESSION, interval, p, M)
     assert got == verdict and words in reason
     assert NO_REGRESSION.text == "no worse than ×1.05"
-    assert Margins().describe(NO_REGRESSION) == "non-inferiority: the CI must stay on the good side of ×1.05 (declared)"
+    assert M.describe(NO_REGRESSION) == "non-inferiority: the CI must stay on the good side of ×1.05 (declared)"
     lower_is_worse = Target(None, -1, "derived: x", "x", (), no_worse_than=0.95)
-    assert decide(lower_is_worse, ci(0.99, 0.96, 1.02), 0.5, 0.05, Margins())[0] == "reproduced"
-    assert decide(lower_is_worse, ci(0.9, 0.85, 0.94), 0.001, 0.05, Margins())[0] == "not reproduced"
+    assert decide(lower_is_worse, ci(0.99, 0.96, 1.02), 0.5, M)[0] == "reproduced"
+    assert decide(lower_is_worse, ci(0.9, 0.85, 0.94), 0.001, M)[0] == "opposite effect"
     with pytest.raises(ValueError, match="non-inferiority bound 0.95 needs no ratio and lies on the worse side"):
         Target(None, 1, "derived: x", "x", (), no_worse_than=0.95)
+
+
+def test_the_precision_goal_is_the_band_the_words_need():
+    """Issue 31 item 3: a CI of the goal's half-width can fit inside the band (for HZ=250's ×1.065, ±0.014)."""
+    hz250 = Target(1.0652, 1, "derived: x", "x", ())
+    low, high = consistent_band(hz250, 0.25)
+    assert M.precision_log(hz250) == pytest.approx((math.log(high) - math.log(low)) / 2)
+    assert M.precision_log(hz250) == pytest.approx(0.0142, abs=0.0001)
+    assert M.precision_log(Target(None, 1, "derived: x", "x", ())) == pytest.approx(math.log(1.02))
 
 
 def test_targets_state_their_provenance_and_a_real_effect():
@@ -143,16 +170,16 @@ def test_synthetic_the_target_with_low_power_is_inconclusive(tmp_path):
 
 
 @needs_template
-def test_synthetic_no_effect_with_a_tight_ci_is_not_reproduced(tmp_path):
+def test_synthetic_no_effect_with_a_tight_ci_is_no_effect_shown(tmp_path):
     verdict = synthetic_bundle(tmp_path, 1.0, 0.01, 30, seed=2)
-    assert verdict.verdict == "not reproduced" and "no-effect margin" in verdict.reason, verdict.reason
+    assert verdict.verdict == "no effect shown" and "no-effect margin" in verdict.reason, verdict.reason
 
 
 @needs_template
-def test_synthetic_five_times_the_target_is_direction_only(tmp_path):
+def test_synthetic_five_times_the_target_is_larger_than_the_target(tmp_path):
     verdict = synthetic_bundle(tmp_path, math.exp(5 * math.log(1.127)), 0.05, 20, seed=3)
-    assert verdict.verdict == "direction only", verdict.reason
-    assert "times the target's size" in verdict.reason
+    assert verdict.verdict == "larger than the target", verdict.reason
+    assert "beyond the consistent sizes" in verdict.reason
 
 
 @needs_template
@@ -206,7 +233,7 @@ def test_too_few_runs_say_so():
 
     runs = pd.DataFrame([{"host_id": "h", "bundle": "b", "experiment": "e", "run": f"r{i}", "condition": c,
                           "metric": "work", "value": 1.0 + i, "unit": "u"} for i, c in enumerate(["a", "b", "b"])])
-    [row] = verdicts("nohz", [Comparison("b vs a", "work", "b", "a", UP)], runs, n_boot=200)
+    [row] = verdicts("nohz", [Comparison("b vs a", "work", "b", "a", UP, margins=M)], runs, n_boot=200)
     assert row.verdict == "inconclusive" and row.reason.startswith("too few runs: 2 vs 1 measured")
 
 

@@ -70,13 +70,14 @@ def _doctor(args: argparse.Namespace) -> int:
 def precision_goals(claim: str, published_dir: Path) -> list:
     """The stopping rule's precision goals for ``claim``: each of its comparisons, as the plain data capture takes.
     The one place the claim's analysis meets capture (capture imports none of it): the comparison's words,
-    metric, conditions, statistic, experiments, and its no-effect margin on the log scale as the target."""
+    metric, conditions, statistic, experiments, and as the target the CI half-width (log scale) that lets the verdict's
+    words decide (``Margins.precision_log``: the consistent-size band's half-width for a ratio target)."""
     from .capture.stopping import PrecisionGoal
     from .claims import get_claim
 
     found = get_claim(claim)
     return [PrecisionGoal(c.comparison, c.metric, c.treatment, c.baseline, c.statistic,
-                          c.margins.no_effect_log(c.target), tuple(c.experiments))
+                          c.margins.precision_log(c.target), tuple(c.experiments))
             for c in found.comparisons(found.published(published_dir))]
 
 

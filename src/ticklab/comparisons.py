@@ -2,11 +2,16 @@
 
 A *setup* is a bundle's host-id (a host, or a guest with its accelerator and kernel). Each comparison
 takes one metric per run from results.csv (runs whose condition checks failed are left out), the ratio of
-a statistic (median by default) of treatment over baseline with a seeded percentile bootstrap CI, a
-two-sided Mann-Whitney U test and Cliff's delta. Across every comparison a claim tests, p-values are
-Holm-adjusted and the CIs are simultaneous (Bonferroni: each at 1 − alpha/m), so a verdict can rest on
-its CI. :func:`ticklab.verdicts.decide` turns CI and p into a verdict against the comparison's target
-and declared margins; :mod:`ticklab.power` adds the power to detect the target and the runs it needs.
+treatment over baseline with its CI (:func:`ticklab.stats.ratio_interval`: for medians the Hodges-Lehmann ratio
+with the exact CI that inverts the Mann-Whitney test; for other statistics a seeded percentile bootstrap), a
+two-sided Mann-Whitney U test and Cliff's delta.
+
+The multiple-comparison family is fixed: one claim on one setup, i.e. the claim's comparisons that setup measured
+with at least two runs of each condition and that the claim does not call untestable there (a treatment that never
+took effect). Bundles of other setups never change it. Within the family p-values are Holm-adjusted and the CIs
+are simultaneous (Bonferroni: each at 1 − alpha/m), so a verdict rests on its CI alone.
+:func:`ticklab.verdicts.decide` turns the CI into a word against the comparison's target and declared margins;
+:mod:`ticklab.power` adds the power to detect the target and the runs it needs.
 
 Setups that tested nothing of a claim (no bundle, not testable there, nothing comparable) collapse into
 one "not testable here" row per claim that gives each setup's reason.
@@ -15,7 +20,7 @@ one "not testable here" row per claim that gives each setup's reason.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -23,7 +28,7 @@ from .bundle import BundleError, measured_results, run_failed, stopped_because
 from .checks import failed_runs, run_checks
 from .captured import BundleRef, all_setups
 from .power import detection_power
-from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_of_statistic
+from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_interval, ratio_of_statistic
 from .verdicts import Margins, Target, Verdict, decide
 
 RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit"]
@@ -39,10 +44,15 @@ class Comparison:
     experiments: tuple[str, ...] = ()   # only bundles of these experiments (all when empty)
     statistic: str = "median"           # of each condition's runs (ticklab.stats.STATISTICS)
     role: str = "claim"                 # "premise": what the claim presupposes, tested as such
-    margins: Margins = field(default_factory=Margins)
+    margins: Margins | None = None      # declared per comparison, with its no-effect margin (required)
     sizes_comparable: str = ""          # whether the target's size can be expected on lab setups, and why
     kernels: str = ""                   # "<7.1" / ">=7.1": the kernel releases the comparison is about (empty: any)
     kernels_why: str = ""               # what those kernels have that others do not
+
+    def __post_init__(self):
+        if not isinstance(self.margins, Margins):
+            raise ValueError(f"comparison {self.comparison!r}: declare its margins (Margins(no_effect=...)), "
+                             "the change its quantity counts as none")
 
 
 @dataclass(frozen=True)
@@ -151,10 +161,12 @@ class _Tested:
 
 
 def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,
-             n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
+             n_boot: int = 10_000, seed: int = 0, untestable: dict | None = None) -> list[Verdict]:
     """One verdict per setup and comparison it measured; setups that measured none of a claim's comparisons get
-    none (``claim_verdicts`` gives them their row)."""
-    tested: list[_Tested] = []
+    none (``claim_verdicts`` gives them their row). ``untestable``: {(setup, comparison words): reason} the claim
+    knows before any test (they leave the family)."""
+    untestable = untestable or {}
+    families: dict[str, list[_Tested]] = {}
     rows: list[Verdict] = []
     if "stopped" not in runs:
         runs = runs.assign(stopped="fixed run count (no stopping record)")
@@ -176,32 +188,48 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
                                            f"{releases or 'an unrecorded kernel'}", **_target_columns(comparison)))
                 continue
             treatment, baseline = in_range[comparison.treatment], in_range[comparison.baseline]
+            n = f"{len(treatment)} vs {len(baseline)}"
+            why = untestable.get((setup, comparison.comparison))
+            if why:
+                rows.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison, verdict="not testable here",
+                                    n_per_condition=n, reason=f"{why}; left out of the multiple-comparison family",
+                                    **_target_columns(comparison)))
+                continue
             if len(treatment) < 2 or len(baseline) < 2:
                 rows.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison, verdict="inconclusive",
-                                    n_per_condition=f"{len(treatment)} vs {len(baseline)}",
-                                    reason=f"too few runs: {len(treatment)} vs {len(baseline)} measured; a CI needs at least "
-                                           "2 runs of each condition", **_target_columns(comparison)))
+                                    n_per_condition=n,
+                                    reason=f"too few runs: {n} measured; a CI needs at least 2 runs of each condition",
+                                    **_target_columns(comparison)))
                 continue
             rank = mann_whitney(treatment["value"], baseline["value"])
-            tested.append(_Tested(setup, comparison, treatment["value"], baseline["value"],
-                                  [*treatment["stopped"], *baseline["stopped"]], rank.pvalue, rank.test))
-    if not tested:
-        return rows
+            families.setdefault(setup, []).append(
+                _Tested(setup, comparison, treatment["value"], baseline["value"],
+                        [*treatment["stopped"], *baseline["stopped"]], rank.pvalue, rank.test))
+    for setup, tested in families.items():
+        rows += _family_verdicts(claim, tested, alpha, n_boot, seed)
+    order = {(c.comparison): i for i, c in enumerate(comparisons)}
+    return sorted(rows, key=lambda row: (row.setup, order.get(row.comparison, len(order))))
+
+
+def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: int, seed: int) -> list[Verdict]:
+    """The verdicts of one family (a claim's tested comparisons on one setup): Holm p, simultaneous CIs."""
+    rows = []
     m = len(tested)
     confidence = 1 - alpha / m
-    level = f"{confidence:.4g} (simultaneous {1 - alpha:.0%}: Bonferroni over {m})" if m > 1 else f"{confidence:.0%}"
+    level = (f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over this setup's {m} comparisons: Bonferroni)" if m > 1
+             else f"{confidence:.0%}")
     for item, p in zip(tested, holm([t.pvalue for t in tested])):
         comparison, target = item.comparison, item.comparison.target
-        ratio = ratio_of_statistic(item.treatment, item.baseline, statistic=comparison.statistic, confidence=confidence,
-                                   n_boot=n_boot, seed=seed)
-        verdict, reason = decide(target, ratio, float(p), alpha, comparison.margins, comparison.sizes_comparable)
-        power_ratio = target.ratio or math.exp(target.direction * 2 * comparison.margins.no_effect_log(target))
+        ratio = ratio_interval(item.treatment, item.baseline, statistic=comparison.statistic, confidence=confidence,
+                               n_boot=n_boot, seed=seed)
+        verdict, reason = decide(target, ratio, float(p), comparison.margins, comparison.sizes_comparable)
+        power_ratio = target.ratio or math.exp(target.direction * 2 * comparison.margins.no_effect_log())
         # a non-inferiority target is not a difference to detect: no detection power for it
         power = None if target.no_worse_than is not None else _power(item, power_ratio, alpha / m,
                                                                      comparison.margins.power_goal, seed)
-        if verdict == "inconclusive" and power is not None:
+        if verdict in ("inconclusive", "consistent, not pinned") and power is not None:
             reason += f"; {power.sentence()}" + ("" if target.ratio else f" (at ×{power_ratio:.3g}, twice the no-effect margin)")
-        reason += f"; {precision_note(ratio.low, ratio.high, comparison.margins.no_effect_log(target), item.stopped)}"
+        reason += f"; {precision_note(ratio.low, ratio.high, comparison.margins.precision_log(target), item.stopped)}"
         rows.append(Verdict(
             claim=claim, setup=item.setup, comparison=comparison.comparison, verdict=verdict, reason=reason,
             fresh_effect=ratio.estimate, ci_low=ratio.low, ci_high=ratio.high, ci_level=level, p_holm=float(p),
@@ -209,10 +237,14 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
             cliffs_delta=cliffs_delta(item.treatment, item.baseline),
             power_at_target=None if power is None else power.power,
             runs_needed=None if power is None or math.isinf(power.runs_needed) else power.runs_needed,
-            test=(f"ratio of {STATISTIC_NAMES[comparison.statistic]} ({comparison.metric}), {ratio.method}, {level} CI; "
-                  f"{item.test}, Holm over {m}" + ("" if power is None else f"; {power.method}")),
+            test=(f"{_ratio_words(comparison)} ({comparison.metric}), {ratio.method}, {level} CI; "
+                  f"{item.test}, Holm over this setup's {m}" + ("" if power is None else f"; {power.method}")),
             **_target_columns(comparison)))
     return rows
+
+
+def _ratio_words(comparison: Comparison) -> str:
+    return "ratio" if comparison.statistic == "median" else f"ratio of {STATISTIC_NAMES[comparison.statistic]}"
 
 
 def _power(item: _Tested, ratio: float, alpha: float, goal: float, seed: int):
@@ -244,11 +276,13 @@ def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, com
 
 def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[BundleRef], data_dir, *, summary: str,
                    checks=(), not_in_lab_because: str = "", alpha: float = 0.05, n_boot: int = 10_000,
-                   seed: int = 0) -> list[Verdict]:
+                   seed: int = 0, untestable=None) -> list[Verdict]:
     """Every verdict row of a claim: one per setup and comparison it measured, and one row for all the setups
     that tested nothing of it (each with its reason; ``not_in_lab_because`` says why lab guests have no bundle)."""
     runs, _ = measured_runs(bundles, checks, claim)
-    found = verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed) if not runs.empty else []
+    left_out = untestable(runs, comparisons) if untestable and not runs.empty else {}
+    found = (verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed, untestable=left_out)
+             if not runs.empty else [])
     covered = {v.setup for v in found}
     reasons = {setup: why for setup, why in _setup_reasons(claim, bundles, runs, comparisons).items() if setup not in covered}
     for setup in all_setups(data_dir):

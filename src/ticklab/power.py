@@ -2,12 +2,13 @@
 
 Both answers come from the runs' own spread: each condition's values are turned into log-residuals
 around that condition's median and pooled, so the noise model is "the run-to-run scatter this setup
-showed", and a target ratio is a shift of that scatter on the log scale. The test is the verdict's
-rank test (two-sided Mann-Whitney U) at the level the verdict uses (alpha shared out Bonferroni-style
-over the claim's comparisons, as the simultaneous CIs are).
+showed", and a target ratio is a shift of that scatter on the log scale. "Detect" is what the verdict
+needs to call an effect: its CI (the exact Mann-Whitney inversion CI at the level the verdict uses, alpha
+shared out Bonferroni-style over the setup's comparisons) excludes no change on the target's side.
 
-- ``achieved_power``: resampling (a parametric bootstrap of the pooled residuals) at the runs per
-  condition the data had.
+- ``achieved_power``: resampling (a bootstrap of the pooled residuals) at the runs per condition the data had;
+  a resampled tie counts against detection, and a run count too small for a bounded CI at that level has
+  power exactly 0.
 - ``runs_needed``: Noether's (1987) sample-size formula for the Mann-Whitney test, with P(X < Y) under
   the target taken from the same pooled residuals. It is an approximation (good from ~10 runs up) and
   is labelled as one.
@@ -21,6 +22,8 @@ from typing import Sequence
 
 import numpy as np
 from scipy import stats
+
+from .stats import rank_shift_rank
 
 
 @dataclass(frozen=True)
@@ -63,22 +66,36 @@ def noether_runs(residuals: np.ndarray, target_ratio: float, alpha: float, goal:
     if distance < 1e-9:
         return math.inf
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(goal)
-    return max(2.0, math.ceil(z**2 / (3 * distance**2) / 2))
+    return max(float(smallest_testable_n(alpha)), math.ceil(z**2 / (3 * distance**2) / 2))
+
+
+def smallest_testable_n(alpha: float) -> int:
+    """The fewest runs per condition (equal groups) whose exact two-sided CI at 1 − alpha is bounded."""
+    n = 2
+    while rank_shift_rank(n, n, 1 - alpha)[0] == 0:
+        n += 1
+    return n
 
 
 def detection_power(treatment: Sequence[float], baseline: Sequence[float], target_ratio: float, *, alpha: float,
                     goal: float = 0.8, reps: int = 2000, seed: int = 0) -> Power:
-    """Power of the verdict's test to detect ``target_ratio`` given these runs' scatter, and the runs needed."""
+    """Power of the verdict's CI to exclude no change on the target's side, given these runs' scatter, and the runs
+    needed."""
     if not target_ratio > 0 or target_ratio == 1:
         raise ValueError(f"target ratio {target_ratio!r}: power needs a positive ratio other than 1")
     residuals = pooled_log_residuals(treatment, baseline)
-    n = int(min(len(treatment), len(baseline)))
+    n1, n2 = len(treatment), len(baseline)
+    k, _ = rank_shift_rank(n1, n2, 1 - alpha)
+    method = (f"power of the exact Mann-Whitney inversion CI at {1 - alpha:.4g} to exclude no change on the target's side, "
+              f"by resampling the runs' pooled log-residuals ({reps} reps, seed {seed}); runs needed by Noether's formula")
+    runs_needed = noether_runs(residuals, target_ratio, alpha, goal)
+    if k == 0:
+        return Power(0.0, int(min(n1, n2)), runs_needed, goal, method)
     rng = np.random.default_rng(seed)
-    base = residuals[rng.integers(0, residuals.size, size=(reps, n))]
-    shifted = residuals[rng.integers(0, residuals.size, size=(reps, n))] + math.log(target_ratio)
-    pvalues = stats.mannwhitneyu(shifted, base, alternative="two-sided", axis=1).pvalue
-    direction = np.sign(np.median(shifted, axis=1) - np.median(base, axis=1)) == np.sign(math.log(target_ratio))
-    power = float(np.mean((pvalues < alpha) & direction))
-    return Power(power, n, noether_runs(residuals, target_ratio, alpha, goal), goal,
-                 f"Mann-Whitney at alpha {alpha:.3g}: power by resampling the runs' pooled log-residuals "
-                 f"({reps} reps, seed {seed}); runs needed by Noether's formula")
+    shift = math.log(target_ratio)
+    base = residuals[rng.integers(0, residuals.size, size=(reps, n2))]
+    shifted = residuals[rng.integers(0, residuals.size, size=(reps, n1))] + shift
+    differences = (shifted[:, :, None] - base[:, None, :]) * math.copysign(1, shift)
+    # the CI's lower end on the target's side is D(k): above no change when fewer than k differences are not above it
+    power = float(np.mean((differences <= 0).sum(axis=(1, 2)) < k))
+    return Power(power, int(min(n1, n2)), runs_needed, goal, method)

@@ -4,6 +4,7 @@ correction, and an mmtests-style compare table. Every function takes plain seque
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -83,9 +84,73 @@ def ratio_of_statistic(treatment: Sequence[float], baseline: Sequence[float], *,
     return Interval(estimate, float(low), float(high), confidence, label)
 
 
+@functools.lru_cache(maxsize=256)
+def rank_sum_null(n1: int, n2: int) -> tuple[int, ...]:
+    """How many of the C(n1 + n2, n1) equally likely orderings of two untied samples give each value 0 .. n1 × n2 of
+    the Mann-Whitney U statistic: the coefficients of the Gaussian binomial [n1 + n2 choose n1]_q, exact integers."""
+    counts = [1] + [0] * (n1 * n2)
+    for i in range(1, n1 + 1):
+        for k in range(len(counts) - 1, n2 + i - 1, -1):    # × (1 − q^(n2 + i))
+            counts[k] -= counts[k - n2 - i]
+        for k in range(i, len(counts)):                      # ÷ (1 − q^i)
+            counts[k] += counts[k - i]
+    return tuple(counts)
+
+
+def rank_shift_rank(n1: int, n2: int, confidence: float) -> tuple[int, float]:
+    """k, coverage: [D(k), D(n1·n2 + 1 − k)] of the sorted pairwise differences is the exact distribution-free CI
+    for a shift at ``confidence`` or more (k = 0: no bounded interval reaches it), with its exact coverage."""
+    counts = rank_sum_null(n1, n2)
+    total = math.comb(n1 + n2, n1)
+    tail, k = 0, 0
+    while k < len(counts) and 2 * (tail + counts[k]) <= (1 - confidence) * total:
+        tail += counts[k]
+        k += 1
+    return k, 1 - 2 * tail / total
+
+
+def ratio_by_ranks(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95) -> Interval:
+    """The Hodges-Lehmann ratio, the median of all n1 × n2 treatment/baseline run ratios, with the exact
+    distribution-free CI that inverts the two-sided Mann-Whitney test (Bauer 1972) on the log values.
+
+    Under a shift of the log values the CI covers the true ratio with at least ``confidence`` at any run count,
+    for any distribution; a run count too small for that (3 vs 3 at 95%: the test's smallest p is 0.1) gives the
+    unbounded interval (0, ∞), which no verdict can rest on. Ties make it slightly conservative."""
+    t = np.log(_positive(treatment, "treatment"))
+    b = np.log(_positive(baseline, "baseline"))
+    differences = np.sort((t[:, None] - b[None, :]).ravel())
+    estimate = float(np.exp(np.median(differences)))
+    k, coverage = rank_shift_rank(t.size, b.size, confidence)
+    method = (f"Hodges-Lehmann ratio (median of the {t.size}×{b.size} run ratios), exact Mann-Whitney inversion CI")
+    if k == 0:
+        return Interval(estimate, 0.0, math.inf, confidence,
+                        f"{method}: {t.size} vs {b.size} runs cannot give {confidence:.4g} coverage")
+    low, high = differences[k - 1], differences[differences.size - k]
+    return Interval(estimate, float(np.exp(low)), float(np.exp(high)), confidence,
+                    f"{method}, D({k})..D({differences.size + 1 - k}), exact coverage {coverage:.4f}")
+
+
+def _positive(values: Sequence[float], name: str) -> np.ndarray:
+    array = _sample(values, name, 2)
+    if np.any(array <= 0):
+        raise ValueError(f"{name}: a ratio by ranks needs positive values (it compares logs)")
+    return array
+
+
+def ratio_interval(treatment: Sequence[float], baseline: Sequence[float], *, statistic: str = "median",
+                   confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> Interval:
+    """The ratio and CI a verdict rests on: for the median, :func:`ratio_by_ranks` (exact coverage at any run
+    count); for other statistics (p10), :func:`ratio_of_statistic`'s percentile bootstrap, whose coverage at a
+    few runs is below nominal (the verdict's test column says which)."""
+    if statistic == "median":
+        return ratio_by_ranks(treatment, baseline, confidence=confidence)
+    return ratio_of_statistic(treatment, baseline, statistic=statistic, confidence=confidence, n_boot=n_boot,
+                              seed=seed)
+
+
 def log_half_width(low: float, high: float) -> float:
     """Half the width of a ratio CI on the log scale (inf when a bound is not positive)."""
-    if not (low > 0 and high > 0):
+    if not (low > 0 and high > 0) or not math.isfinite(high):
         return math.inf
     return (math.log(high) - math.log(low)) / 2
 

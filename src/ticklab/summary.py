@@ -99,7 +99,8 @@ def verdict_sentence(verdicts: pd.DataFrame) -> str:
 
 # -- the report's first screen ---------------------------------------------------------------------
 SETUP_KINDS = ("host", "lab guest")
-VERDICT_CLASSES = {"reproduced": "v-yes", "direction only": "v-dir", "not reproduced": "v-no",
+VERDICT_CLASSES = {"reproduced": "v-yes", "consistent, not pinned": "v-con", "smaller than the target": "v-dir",
+                   "larger than the target": "v-dir", "opposite effect": "v-no", "no effect shown": "v-no",
                    "inconclusive": "v-unk", "not testable here": "v-nt"}
 
 
@@ -130,7 +131,8 @@ def _reasons_by_setup(row) -> dict[str, str]:
 
 
 # Which tested row a claim's line shows in words: the strongest evidence first.
-_HEADLINE_ORDER = ["reproduced", "direction only", "not reproduced", "inconclusive", "not testable here"]
+_HEADLINE_ORDER = ["reproduced", "consistent, not pinned", "smaller than the target", "larger than the target",
+                   "opposite effect", "no effect shown", "inconclusive", "not testable here"]
 
 
 def at_a_glance(verdicts: pd.DataFrame) -> list[dict]:

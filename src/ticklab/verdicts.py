@@ -1,26 +1,28 @@
 """Verdicts: what fresh data shows about a claim, one row per claim, setup and comparison.
 
-The vocabulary separates what was shown:
+Every word is a claim the comparison's CI supports (the simultaneous CI of the claim's family on that setup; the
+p-value is shown beside it, never decides). With the CI on the log scale, the source's direction taken as
+positive, the target's log-effect L, the consistent-size band [L / (1 + tolerance), L × (1 + tolerance)] and the
+comparison's declared no-effect margin ±e (in the quantity's own terms, never derived from the target):
 
-- ``reproduced``: an effect in the source's direction (CI excludes no change, adjusted p < alpha) whose
-  estimated size is consistent with the target: its log-effect within a factor (1 + the declared size
-  tolerance) of the target's (or, for a target that states only a direction, the direction).
-- ``direction only``: an effect in the source's direction whose size is not consistent with the target;
-  the reason says by how much, and whether sizes are comparable on this setup at all.
-- ``not reproduced``: an effect opposite to the source's, or equivalence shown (the whole CI inside the
-  comparison's declared no-effect margin).
-
-A source that says something does *not* get worse ("no longer results in regressions") states a
-non-inferiority target (``Target.no_worse_than``, a declared margin): ``reproduced`` when the whole CI lies on the
-good side of that bound (a change within the margin is accepted, as the margin declares), ``not reproduced``
-when the CI reaches past the bound and shows a significant change to the worse side (a regression),
-``inconclusive`` otherwise.
-- ``inconclusive``: neither; the reason gives the achieved power for the target and the runs per
-  condition that would be needed (or says that there were too few runs to test at all).
+- ``no effect shown``: the whole CI lies within ±e (equivalence at the CI's level: two one-sided tests).
+- ``opposite effect``: the whole CI lies on the other side of no change.
+- ``reproduced``: the whole CI lies on the source's side of no change and inside the band; for a target that
+  states only a direction, on the source's side.
+- ``smaller than the target`` / ``larger than the target``: the whole CI lies below / above the band (the reason
+  says whether it also excludes no change).
+- ``consistent, not pinned``: the CI lies on the source's side of no change and overlaps the band but is wider
+  than it: the size is consistent with the target and not yet pinned to it.
+- ``inconclusive``: the CI holds both no change and sizes in or beyond the band; the reason gives the power for
+  the target and the runs per condition that would be needed (or says there were too few runs to test at all).
 - ``not testable here``: with the reason.
 
-Targets carry their provenance: the value as printed in the source (with the quote ids of
-traces/published) and whether the target ratio is printed there or derived by ticklab (and how).
+A source that says something does *not* get worse ("no longer results in regressions") states a non-inferiority
+target (``Target.no_worse_than``, a declared bound): ``reproduced`` when the whole CI lies on the good side of that
+bound, ``opposite effect`` when the whole CI lies past it on the worse side, ``inconclusive`` otherwise.
+
+Targets carry their provenance: the value as printed in the source (with the quote ids of traces/published) and
+whether the target ratio is printed there or derived by ticklab (and how).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from dataclasses import asdict, dataclass
 
 from .stats import Interval
 
-VERDICTS = ("reproduced", "direction only", "not reproduced", "inconclusive", "not testable here")
+VERDICTS = ("reproduced", "consistent, not pinned", "smaller than the target", "larger than the target", "opposite effect",
+            "no effect shown", "inconclusive", "not testable here")
 ROLES = ("claim", "premise")
 
 VERDICT_COLUMNS = [
@@ -80,25 +83,38 @@ class Target:
 
 @dataclass(frozen=True)
 class Margins:
-    """The standards a comparison is judged by, declared with it (never fitted to the data)."""
+    """The standards a comparison is judged by, declared with it (never fitted to the data or derived from the
+    target's size).
+
+    ``no_effect``: the change the quantity itself counts as none (e.g. 0.02: within ±2 % FTQ work), declared per
+    comparison with its reason beside it; equivalence ("no effect shown") is the whole CI inside it, so it must be
+    smaller than the smallest real effect the comparison should not call none."""
+    no_effect: float
     size_tolerance: float = 0.25       # an estimate whose log-effect is within a factor (1 + this) of the target's is consistent
-    no_effect: float | None = None     # |ratio − 1| below this is "no effect"; default: half the target's log-effect
     power_goal: float = 0.8
 
-    def no_effect_log(self, target: Target) -> float:
-        if self.no_effect is not None:
-            return math.log1p(self.no_effect)
+    def __post_init__(self):
+        if not 0 < self.no_effect < 1:
+            raise ValueError(f"no-effect margin {self.no_effect!r}: a declared fraction between 0 and 1 (0.02: ±2 %)")
+
+    def no_effect_log(self) -> float:
+        return math.log1p(self.no_effect)
+
+    def precision_log(self, target: Target) -> float:
+        """The CI half-width (log scale) that lets the words decide: narrow enough to fit inside the consistent-size
+        band (a ratio target), the no-effect margin (a direction target) or the distance to a non-inferiority
+        bound."""
         if target.no_worse_than is not None:
-            return abs(math.log(target.no_worse_than))
+            return abs(math.log(target.no_worse_than)) / 2
         if target.ratio is None:
-            raise ValueError("a target that states only a direction needs a declared no-effect margin")
-        return abs(math.log(target.ratio)) / 2
+            return self.no_effect_log()
+        low, high = consistent_band(target, self.size_tolerance)
+        return (math.log(high) - math.log(low)) / 2
 
     def describe(self, target: Target) -> str:
         if target.no_worse_than is not None:
             return f"non-inferiority: the CI must stay on the good side of ×{target.no_worse_than:.3g} (declared)"
-        no_effect = math.expm1(self.no_effect_log(target))
-        text = f"no effect: ratio within ×{1 / (1 + no_effect):.3g}..×{1 + no_effect:.3g}"
+        text = f"no effect: ratio within ×{1 / (1 + self.no_effect):.3g}..×{1 + self.no_effect:.3g} (declared ±{self.no_effect:.3g})"
         if target.ratio is not None:
             low, high = consistent_band(target, self.size_tolerance)
             text += f"; consistent size: ×{low:.3g}..×{high:.3g} (log-effect within a factor {1 + self.size_tolerance:g})"
@@ -152,45 +168,58 @@ def _log(value: float) -> float:
     return math.log(max(value, 1e-300))
 
 
-def decide(target: Target, fresh: Interval, p_holm: float, alpha: float, margins: Margins,
+def decide(target: Target, fresh: Interval, p_holm: float, margins: Margins,
            sizes_comparable: str = "") -> tuple[str, str]:
     """The verdict and its reason for a fresh ratio CI against a target (the CI at the level the caller chose)."""
-    low, high, estimate = _log(fresh.low), _log(fresh.high), _log(fresh.estimate)
-    ci = f"ratio {fresh.estimate:.3g} [{fresh.low:.3g}, {fresh.high:.3g}], p = {p_holm:.2g}"
-    significant = p_holm < alpha
-    same_side = low > 0 if target.direction > 0 else high < 0
-    opposite = high < 0 if target.direction > 0 else low > 0
-    no_effect = margins.no_effect_log(target)
+    low, high = _log(fresh.low), _log(fresh.high)
+    ci = f"ratio {fresh.estimate:.3g} [{fresh.low:.3g}, {_bound(fresh.high)}], p = {p_holm:.2g}"
     if target.no_worse_than is not None:
-        return _no_worse(target, low, high, significant, ci)
-    if opposite and significant:
-        return "not reproduced", f"effect opposite to the source's: {ci}"
+        return _no_worse(target, low, high, ci)
+    # the source's direction as positive
+    low, high = (low, high) if target.direction > 0 else (-high, -low)
+    no_effect = margins.no_effect_log()
     if -no_effect <= low and high <= no_effect:
-        return "not reproduced", (f"no effect: the whole CI lies within the no-effect margin "
-                                  f"×{math.exp(-no_effect):.3g}..×{math.exp(no_effect):.3g} ({ci})")
-    if same_side and significant:
-        if target.ratio is None:
-            return "reproduced", f"effect in the source's direction, which is all the source states: {ci}"
-        band_low, band_high = consistent_band(target, margins.size_tolerance)
-        if band_low <= fresh.estimate <= band_high:
-            return "reproduced", (f"effect in the source's direction and of a consistent size: {ci}; target {target.text}, "
-                                  f"consistent sizes ×{band_low:.3g}..×{band_high:.3g}")
-        times = estimate / math.log(target.ratio)
-        return "direction only", (f"effect in the source's direction, {times:.2g} times the target's size on the log "
-                                  f"scale: {ci}, outside the consistent sizes ×{band_low:.3g}..×{band_high:.3g} around "
-                                  f"the target {target.text}" + (f"; {sizes_comparable}" if sizes_comparable else ""))
-    return "inconclusive", f"cannot tell the target {target.text} from no effect: {ci}"
+        return "no effect shown", (f"the whole CI lies within the declared no-effect margin "
+                                   f"×{1 / (1 + margins.no_effect):.3g}..×{1 + margins.no_effect:.3g} ({ci})")
+    if high < 0:
+        return "opposite effect", f"the whole CI lies on the other side of no change from the source's effect: {ci}"
+    if target.ratio is None:
+        if low > 0:
+            return "reproduced", f"the whole CI lies on the source's side of no change, which is all the source states: {ci}"
+        return "inconclusive", f"the CI holds no change and the source's direction: {ci}"
+    band_low, band_high = consistent_band(target, margins.size_tolerance)
+    band = f"consistent sizes ×{band_low:.3g}..×{band_high:.3g} around the target {target.text}"
+    size_low, size_high = sorted(abs(_log(x)) for x in (band_low, band_high))
+    comparable = f"; {sizes_comparable}" if sizes_comparable else ""
+    if high < size_low:
+        shown = ("an effect in the source's direction, smaller than the target's" if low > 0
+                 else "no change is not excluded (nor is an effect short of the band)")
+        return "smaller than the target", f"the whole CI falls short of the {band}: {ci}; {shown}{comparable}"
+    if low > size_high:
+        return "larger than the target", (f"the whole CI lies beyond the {band}: {ci}; an effect in the source's "
+                                          f"direction, larger than the target's{comparable}")
+    if low > 0:
+        if size_low <= low and high <= size_high:
+            return "reproduced", f"the whole CI lies on the source's side of no change and inside the {band}: {ci}"
+        return "consistent, not pinned", (f"the CI lies on the source's side of no change and overlaps the {band}, "
+                                          f"but is wider than it: {ci}")
+    return "inconclusive", f"the CI holds no change and sizes consistent with the target {target.text}: {ci}"
 
 
-def _no_worse(target: Target, low: float, high: float, significant: bool, ci: str) -> tuple[str, str]:
+def _bound(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.3g}"
+
+
+def _no_worse(target: Target, low: float, high: float, ci: str) -> tuple[str, str]:
     """A non-inferiority target: the CI (log scale) against the declared bound on the worse side."""
     bound = math.log(target.no_worse_than)
-    worse_side = (lambda x: x > 0) if target.direction > 0 else (lambda x: x < 0)
-    near, far = (high, low) if target.direction > 0 else (low, high)   # the CI end toward worse, and the other
-    if not worse_side(near - bound):
+    if target.direction < 0:   # worse as positive
+        low, high, bound = -high, -low, -bound
+    if high < bound:
         return "reproduced", (f"no worse: the whole CI lies on the good side of the declared bound ×{target.no_worse_than:.3g} "
                               f"({ci})")
-    if worse_side(far) and significant:
-        return "not reproduced", f"worse: a significant change to the worse side ({ci}; bound ×{target.no_worse_than:.3g})"
+    if low > bound:
+        return "opposite effect", (f"worse: the whole CI lies past the declared bound ×{target.no_worse_than:.3g} on the "
+                                   f"worse side ({ci})")
     return "inconclusive", (f"cannot tell whether it is no worse than ×{target.no_worse_than:.3g}: the CI reaches past "
                             f"the bound ({ci})")

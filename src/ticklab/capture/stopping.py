@@ -1,10 +1,12 @@
 """When a capture stops: the precision rule, or the experiment's budget.
 
 After the experiment's initial runs, each comparison of the claim whose two conditions this experiment
-measures is checked the way the verdict will judge it (ratio of the comparison's statistic, seeded
-percentile bootstrap 95% CI). The precision target of a comparison is a CI half-width, on the log scale, no
-wider than its declared no-effect margin (by default half the target's log-effect): a CI that narrow cannot
-contain both "no effect" and the target, so the verdict can decide between them. While some comparison
+measures is checked the way the verdict will judge it (``stats.ratio_interval``: for medians the exact
+Mann-Whitney inversion CI, at the simultaneous level over the comparisons checked here, as the verdict's family
+on one setup is). The precision target of a comparison is the CI half-width, on the log scale, that lets the
+verdict's words decide (``Margins.precision_log``): no wider than half the consistent-size band for a ratio
+target, so the CI can lie inside the band ("reproduced") or clear of it ("smaller"/"larger than the target");
+the no-effect margin for a direction target. While some comparison
 is short of it, another round adds one run of *every* condition of the experiment (a block, in a seeded
 random order), until all meet the target, the time budget would be passed by the next round, or a
 condition has had ``max_runs`` runs. The decision and every check go into the manifest (``stopping``),
@@ -29,14 +31,15 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..bundle import measured_results
-from ..stats import log_half_width, ratio_of_statistic
+from ..stats import log_half_width, ratio_interval
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
-# A bootstrap CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
+# A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
 MIN_RUNS = 5
-RULE = (f"95% CI half-width of each compared ratio, on the log scale, ≤ the comparison's no-effect margin "
-        f"(default: half the target's log-effect), from at least {MIN_RUNS} runs per condition; rounds add one run "
-        f"of every condition")
+ALPHA = 0.05  # the verdicts', shared out over the comparisons checked (Bonferroni), as their simultaneous CIs are
+RULE = (f"simultaneous {1 - ALPHA:.0%} CI half-width of each compared ratio, on the log scale, ≤ the half-width the "
+        f"verdict's words need (half the consistent-size band; the no-effect margin for a direction target), from at "
+        f"least {MIN_RUNS} runs per condition; rounds add one run of every condition")
 
 
 def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | None:
@@ -58,7 +61,7 @@ class PrecisionGoal:
     treatment: str                   # condition names
     baseline: str
     statistic: str                   # the ratio's statistic (median, p10 ...), as the verdict takes it
-    target_log_half_width: float     # the precision target: the comparison's no-effect margin on the log scale
+    target_log_half_width: float     # the precision target: the CI half-width (log scale) the verdict's words need
     experiments: tuple[str, ...] = ()  # only these experiments measure it (all when empty)
 
 
@@ -117,13 +120,13 @@ class StoppingRule:
                 entries.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
                 continue
             try:
-                ratio = ratio_of_statistic(values[goal.treatment], values[goal.baseline],
-                                           statistic=goal.statistic, n_boot=self.n_boot, seed=self.seed)
+                ratio = ratio_interval(values[goal.treatment], values[goal.baseline], statistic=goal.statistic,
+                                       confidence=1 - ALPHA / len(self.goals), n_boot=self.n_boot, seed=self.seed)
             except ValueError as exc:
                 entries.append({**entry, "met": False, "why": str(exc)})
                 continue
             width, target = log_half_width(ratio.low, ratio.high), goal.target_log_half_width
-            entries.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high],
+            entries.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high if math.isfinite(ratio.high) else None],
                           "log_half_width": width if math.isfinite(width) else None, "target_log_half_width": target,
                           "met": width <= target and min(n.values()) >= MIN_RUNS})
         return entries

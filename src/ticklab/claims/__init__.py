@@ -69,8 +69,11 @@ class Claim:
     not_in_lab_because: str = ""  # why lab guests cannot test the claim, for its "not testable here" row
     view: ViewPreset = field(default_factory=ViewPreset)
     # what a claim adds to the shared verdict rules: (ctx, rows, alpha=...) -> rows, at the notebook's alpha
-    # (pvspinlock: a comparison whose treatment never took effect is not testable; hrtick: the spurious-ratio level)
+    # (hrtick: the spurious-ratio level)
     revise_verdicts: Callable[..., list[Verdict]] | None = None
+    # (runs, comparisons) -> {(setup, comparison words): reason}: comparisons the claim knows are untestable on a
+    # setup before any test (pvspinlock: kick-ahead barely ran); they leave the multiple-comparison family
+    untestable: Callable | None = None
 
     def published(self, published_dir: Path | str) -> PublishedClaim:
         from ..published import load_published
@@ -83,7 +86,7 @@ class Claim:
 
         rows = claim_verdicts(self.id, self.comparisons(ctx.published), ctx.bundles, ctx.data_dir,
                               summary=self.untested, checks=self.checks, not_in_lab_because=self.not_in_lab_because,
-                              alpha=alpha, n_boot=n_boot, seed=seed)
+                              alpha=alpha, n_boot=n_boot, seed=seed, untestable=self.untestable)
         return self.revise_verdicts(ctx, rows, alpha=alpha) if self.revise_verdicts else rows
 
 

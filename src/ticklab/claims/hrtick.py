@@ -98,6 +98,14 @@ ABSOLUTE_RATES = ("absolute reprogram rates depend on the CPUs, the workload's s
                   "neither machine nor loop count for them); the ratio between kernels is what can be compared")
 
 
+# ±5 % hackbench runtime: one condition's runs scatter by about that on a busy host (a hackbench run is ~1 s), and
+# a scheduler feature that moves it by less is none the source's "regression" is about.
+RUNTIME_NO_EFFECT = Margins(no_effect=0.05)
+# ±10 % clockevent reprograms: the count follows the work's own timers run to run by that much; the series is about
+# a change of an order of magnitude or more.
+REPROGRAMS_NO_EFFECT = Margins(no_effect=0.10)
+
+
 def comparisons(published: PublishedClaim) -> list[Comparison]:
     """What fresh runs are tested on, on the kernels each is about.
 
@@ -119,29 +127,30 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     sizes = "the printed runtimes come from a 112-CPU Skylake; other machines' sizes differ"
     host = [
         Comparison("premise: HRTICK on vs off without the series, hackbench -p -s 8 runtime", "runtime_s",
-                   "hrtick-on", "hrtick-off", premise, role="premise", margins=Margins(no_effect=0.05),
+                   "hrtick-on", "hrtick-off", premise, role="premise", margins=RUNTIME_NO_EFFECT,
                    kernels=f"<{SERIES[2:]}", kernels_why=f"a kernel without {SERIES_WHY}"),
         Comparison("HRTICK on vs off with the series, hackbench -p -s 8 runtime", "runtime_s", "hrtick-on", "hrtick-off",
-                   runtime, kernels=SERIES, kernels_why=SERIES_WHY, sizes_comparable=sizes),
+                   runtime, margins=RUNTIME_NO_EFFECT, kernels=SERIES, kernels_why=SERIES_WHY, sizes_comparable=sizes),
         Comparison("no regression: HRTICK on vs off with the series, hackbench -p -s 8 runtime", "runtime_s",
-                   "hrtick-on", "hrtick-off", no_regression, kernels=SERIES, kernels_why=SERIES_WHY),
+                   "hrtick-on", "hrtick-off", no_regression, margins=RUNTIME_NO_EFFECT, kernels=SERIES,
+                   kernels_why=SERIES_WHY),
     ]
     guest = [
         Comparison(f"premise: HRTICK on vs off on {BEFORE} (no series), hackbench -p -s 8 runtime", "runtime_s",
-                   f"{BEFORE} hrtick-on", f"{BEFORE} hrtick-off", premise, role="premise", margins=Margins(no_effect=0.05),
+                   f"{BEFORE} hrtick-on", f"{BEFORE} hrtick-off", premise, role="premise", margins=RUNTIME_NO_EFFECT,
                    experiments=GUEST, kernels=f"<{SERIES[2:]}", kernels_why=f"a kernel without {SERIES_WHY}"),
         Comparison(f"series: HRTICK on vs off on {AFTER}, hackbench -p -s 8 runtime", "runtime_s",
-                   f"{AFTER} hrtick-on", f"{AFTER} hrtick-off", runtime, experiments=GUEST, kernels=SERIES,
-                   kernels_why=SERIES_WHY, sizes_comparable=sizes),
+                   f"{AFTER} hrtick-on", f"{AFTER} hrtick-off", runtime, experiments=GUEST, margins=RUNTIME_NO_EFFECT,
+                   kernels=SERIES, kernels_why=SERIES_WHY, sizes_comparable=sizes),
         Comparison(f"no regression: HRTICK on vs off on {AFTER}, hackbench -p -s 8 runtime", "runtime_s",
-                   f"{AFTER} hrtick-on", f"{AFTER} hrtick-off", no_regression, experiments=GUEST, kernels=SERIES,
-                   kernels_why=SERIES_WHY),
+                   f"{AFTER} hrtick-on", f"{AFTER} hrtick-off", no_regression, experiments=GUEST,
+                   margins=RUNTIME_NO_EFFECT, kernels=SERIES, kernels_why=SERIES_WHY),
         Comparison(f"clockevent reprograms per second with HRTICK on, {AFTER} vs {BEFORE}", "clockevent_reprograms_per_s",
                    f"{AFTER} hrtick-on", f"{BEFORE} hrtick-on", reprograms, experiments=GUEST,
-                   sizes_comparable=ABSOLUTE_RATES),
+                   margins=REPROGRAMS_NO_EFFECT, sizes_comparable=ABSOLUTE_RATES),
         Comparison(f"clockevent reprograms per hackbench run with HRTICK on, {AFTER} vs {BEFORE}", "clockevent_reprograms",
                    f"{AFTER} hrtick-on", f"{BEFORE} hrtick-on", reprograms, experiments=GUEST,
-                   sizes_comparable="the same hackbench on both kernels: per-run counts compare the work's reprograms; "
+                   margins=REPROGRAMS_NO_EFFECT, sizes_comparable="the same hackbench on both kernels: per-run counts compare the work's reprograms; "
                                     "seed 002 gives rates per second only, so its ratio is the target"),
     ]
     return host + guest
@@ -271,8 +280,9 @@ SPURIOUS_TOLERANCE = 1.25  # declared: "about 25 %" is consistent within ×1/1.2
 def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, str, object]:
     """The spurious hrtimer interrupt ratio of one setup's runs (7.2, HRTICK on) against the printed ~25 %: a level,
     not a ratio of conditions. The median of the per-run ratios with its order-statistics CI (stats.median_ci,
-    distribution-free); ``reproduced`` when the whole CI lies in the declared band around the printed value, ``not
-    reproduced`` when it lies wholly outside, ``inconclusive`` otherwise. (verdict, reason, interval)"""
+    distribution-free); ``reproduced`` when the whole CI lies in the declared band around the printed value, ``smaller
+    than the target`` / ``larger than the target`` when it lies wholly below / above it, ``consistent, not pinned``
+    when it overlaps the band but is wider. (verdict, reason, interval)"""
     interval = median_ci(values, 1 - alpha)
     low, high = printed / SPURIOUS_TOLERANCE, printed * SPURIOUS_TOLERANCE
     shown = (f"median {interval.estimate:.3g} [{interval.low:.3g}, {interval.high:.3g}] over {len(values)} runs; "
@@ -281,9 +291,11 @@ def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, st
         return "inconclusive", f"too few runs for a {1 - alpha:.0%} CI of the median ({interval.method}); {shown}", interval
     if low <= interval.low and interval.high <= high:
         return "reproduced", f"the whole CI lies in the band: {shown}", interval
-    if interval.high < low or interval.low > high:
-        return "not reproduced", f"the whole CI lies outside the band: {shown}", interval
-    return "inconclusive", f"the CI reaches across the band's edge: {shown}", interval
+    if interval.high < low:
+        return "smaller than the target", f"the whole CI lies below the band: {shown}", interval
+    if interval.low > high:
+        return "larger than the target", f"the whole CI lies above the band: {shown}", interval
+    return "consistent, not pinned", f"the CI overlaps the band but is wider than it: {shown}", interval
 
 
 def spurious_verdicts(ctx, found: list, alpha: float = 0.05) -> list:

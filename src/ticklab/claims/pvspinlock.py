@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..published import PublishedClaim
 from ..checks import FactCheck, MetricBound
-from ..comparisons import Comparison, measured_runs
+from ..comparisons import Comparison
 from ..verdicts import Margins, Target
 from . import Claim, Headline
 
 # Every fresh output of this claim is a lab analogue, and says so.
 LAB_LABEL = "lab analogue (TCG, halt+IPI backend)"
+# What the lab guests time: not a kernel build (the guest image carries no gcc and no kernel tree) but a synthetic
+# tcc build of a generated tree (runners/pvspinlock/guest-kbuild.yaml: 480 files), which forks, execs and contends the
+# way a make -j build does.
+LAB_BUILD = "synthetic tcc build (480 generated C files, make -j<vCPUs>), not a kernel build"
 HOST_LABELS = {"westmere-ex-8s-32c": "Westmere-EX (8 × 4 cores)", "haswell-ex-4s-32c": "Haswell-EX (4 × 8 cores)"}
 
 
@@ -86,8 +88,9 @@ METRIC = "build_time_s"
 # The lab experiment's vCPU levels (runners/pvspinlock/guest-kbuild.yaml: vCPUs per host CPU) and the guest
 # size of the source that each matches on its 32-CPU hosts (None: the source ran no guest that large).
 LEVELS = {"1x": "32", "1.5x": "48", "2x": None}
-# |ratio − 1| below which a 2x build-time change counts as none (that level has no printed ratio to halve).
-NO_EFFECT_AT_2X = 0.05
+# ±2 % build time: the same build under the same condition moves by about that between rounds on a quiet host; a
+# spinlock change that moves a build by less is none a build-time benchmark reports.
+BUILD_NO_EFFECT = 0.02
 SIZES_COMPARABLE = ("not expected: a lab analogue under TCG on this host's CPUs, not KVM guests on 32 physical CPUs; "
                     "the counter table shows how often kick-ahead ran per build")
 KICK_AHEAD = (0, 4)
@@ -103,7 +106,7 @@ def condition_name(kick_ahead: int, level: str) -> str:
 
 def comparisons(published: PublishedClaim) -> list[Comparison]:
     """pv_kick_ahead=4 against upstream (0) per vCPU level, in TCG guests with the lab pv-spinlock backend:
-    build time of the kernel-build-like load, held against seed 001's Westmere-EX ratio at the matching guest
+    time of the synthetic tcc build (LAB_BUILD; not a kernel build), held against seed 001's Westmere-EX ratio at the matching guest
     size ("quite substantially on Westmere"). The source ran no guest of twice its CPUs: that level is held
     against the direction only, with a declared no-effect margin."""
     found = []
@@ -113,12 +116,12 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
             target = Target(None, -1, "derived: direction only; the source ran no guest with twice its CPUs as "
                             "vCPUs (its largest, 48 on 32 CPUs, built faster with kick-ahead)",
                             westmere.as_printed, westmere.quotes)
-            margins = Margins(no_effect=NO_EFFECT_AT_2X)
         else:
             target = published.ratio_target("kernel_build_time", f"westmere_{vcpus}_after", f"westmere_{vcpus}_before")
-            margins = Margins()
+        margins = Margins(no_effect=BUILD_NO_EFFECT)
         found.append(Comparison(
-            f"{LAB_LABEL}: pv_kick_ahead=4 vs 0, build time of make -j<vCPUs> with tcc, vCPUs = {level} host CPUs",
+            f"{LAB_LABEL}: pv_kick_ahead=4 vs 0, time of a synthetic tcc build (480 files, make -j<vCPUs>; not a "
+            f"kernel build), vCPUs = {level} host CPUs",
             METRIC, condition_name(4, level), condition_name(0, level), target, (EXPERIMENT,), margins=margins,
             sizes_comparable=SIZES_COMPARABLE))
     return found
@@ -208,40 +211,37 @@ CHECKS = [
 ]
 
 
-def _kick_ahead_never_ran(runs: pd.DataFrame) -> dict[tuple[str, str], str]:
-    """(setup, treatment condition) -> why a comparison there tests nothing of kick-ahead: no build with
-    pv_kick_ahead=4 kicked ahead even once."""
-    found = {}
-    chosen = runs[(runs["experiment"] == EXPERIMENT) & (runs["metric"] == "lockevent_pv_kick_ahead")
-                  & runs["condition"].str.startswith("kick-ahead-4")]
-    for (setup, condition), group in chosen.groupby(["host_id", "condition"]):
-        if (group["value"] == 0).all():
-            vcpus = _vcpus(runs, setup, condition)
-            found[(setup, condition)] = (
-                f"kick-ahead never ran: 0 kick-aheads in all {len(group)} builds with pv_kick_ahead=4"
+# Fewer kick-aheads than this per build (median over the pv_kick_ahead=4 builds) cannot be what moves a build by the
+# target's 9-18 %: each kick-ahead saves at most one halted vCPU's wake-up, assumed here to be a few milliseconds under
+# TCG, so 100 a build add up to ~0.3 s, 1 % of a 30 s build. Below it the build-time ratio says nothing of kick-ahead.
+MIN_KICK_AHEADS_PER_BUILD = 100
+
+
+def kick_ahead_barely_ran(runs: pd.DataFrame, found: list[Comparison]) -> dict[tuple[str, str], str]:
+    """(setup, comparison) -> why that comparison tests nothing of kick-ahead there: its pv_kick_ahead=4 builds
+    kicked ahead fewer than MIN_KICK_AHEADS_PER_BUILD times each (median), by the bundle's lockevent counter. These
+    rows are "not testable here" and leave the multiple-comparison family."""
+    untestable = {}
+    counters = runs[(runs["experiment"] == EXPERIMENT) & (runs["metric"] == "lockevent_pv_kick_ahead")]
+    builds = runs[(runs["experiment"] == EXPERIMENT) & (runs["metric"] == METRIC)]
+    for comparison in found:
+        for setup, group in counters[counters["condition"] == comparison.treatment].groupby("host_id"):
+            per_build = group["value"]
+            if per_build.median() >= MIN_KICK_AHEADS_PER_BUILD:
+                continue
+            vcpus = _vcpus(runs, setup, comparison.treatment)
+            times = builds[(builds["host_id"] == setup)
+                           & builds["condition"].isin([comparison.treatment, comparison.baseline])]
+            medians = times.groupby("condition")["value"].median()
+            shown = ", ".join(f"{name} median {medians[name]:.1f} s" for name in (comparison.treatment, comparison.baseline)
+                              if name in medians)
+            untestable[(setup, comparison.comparison)] = (
+                f"kick-ahead barely ran: {per_build.sum():g} kick-aheads in {len(per_build)} builds with pv_kick_ahead=4"
                 + (f" on {vcpus} vCPUs" if vcpus else "")
-                + " (it needs a halted waiter queued behind the queue head), so the build-time ratio says nothing "
-                  "of kick-ahead")
-    return found
-
-
-def kick_ahead_verdicts(ctx, found: list, alpha: float = 0.05) -> list:  # noqa: ARG001 - its rows carry no new CI
-    """The lab analogue's verdict rows; where kick-ahead never ran in any build of a setup's treatment condition,
-    the row is "not testable here" with that reason (its ratio and CI move into the reason; Holm's adjustment of
-    the other rows still counts it, which only makes them more conservative)."""
-    runs, _ = measured_runs(ctx.bundles, CHECKS, "pvspinlock")
-    if runs.empty:
-        return found
-    untested = _kick_ahead_never_ran(runs)
-    treatment_of = {c.comparison: c.treatment for c in comparisons(ctx.published)}
-    for index, verdict in enumerate(found):
-        why = untested.get((verdict.setup, treatment_of.get(verdict.comparison)))
-        if why:
-            found[index] = replace(verdict, verdict="not testable here", reason=f"{why}; ratio {verdict.fresh_effect:.3g} "
-                                   f"[{verdict.ci_low:.3g}, {verdict.ci_high:.3g}], n {verdict.n_per_condition}",
-                                   fresh_effect=None, ci_low=None, ci_high=None, p_holm=None, cliffs_delta=None,
-                                   power_at_target=None, runs_needed=None)
-    return found
+                + f" (median {per_build.median():g} a build, below the declared minimum {MIN_KICK_AHEADS_PER_BUILD}: "
+                  "it needs a halted waiter queued behind the queue head), so the build-time ratio says nothing of "
+                  f"kick-ahead ({shown})")
+    return untestable
 
 
 def headlines(published: PublishedClaim) -> list[Headline]:
@@ -253,5 +253,5 @@ CLAIM = Claim(
     id="pvspinlock", seed="001", title="C2 pvqspinlock kick-ahead", notebook="02-pvspinlock.ipynb",
     outputs={"figures": ["kernel_build_time"], "tables": ["kernel_build_time", "setup"]},
     comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
-    revise_verdicts=kick_ahead_verdicts,
+    untestable=kick_ahead_barely_ran,
 )
