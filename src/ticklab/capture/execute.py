@@ -125,14 +125,12 @@ def per_run_extras(experiment: Experiment, host: HostChanges, facts: dict, value
 def _record_workload(experiment: Experiment, host: HostChanges, backend: str | None, argv: list, run_dir: Path):
     """Run ``argv`` in ``run_dir``, traced into run_dir/trace if the experiment asks for it: (outcome, trace
     result or None)."""
-    if not experiment.trace:
+    settings = experiment.trace_settings()
+    if settings is None:
         return run_command(argv, run_dir, experiment.timeout_s, host), None
-    with tracing.recorder(backend, host, experiment.trace["events"], run_dir / "trace",
-                          buffer_kb=int(experiment.trace.get("buffer_kb", 4096)),
-                          symbols=experiment.trace.get("symbols") or [],
-                          functions=experiment.trace.get("functions") or [],
-                          optional_events=experiment.trace.get("optional_events") or [],
-                          clock=experiment.trace.get("clock")) as recording:
+    with tracing.recorder(backend, host, settings.events, run_dir / "trace", buffer_kb=settings.buffer_kb,
+                          symbols=settings.symbols, functions=settings.functions,
+                          optional_events=settings.optional_events, clock=settings.clock) as recording:
         outcome = run_command(argv, run_dir, experiment.timeout_s, host)
     return outcome, recording.result
 

@@ -95,6 +95,27 @@ class Experiment:
         """The cross-checks run once per condition after the measured runs (the ``per_run`` ones run in each run)."""
         return [extra for extra in self.extras if not extra.get("per_run")]
 
+    def trace_settings(self) -> TraceSettings | None:
+        """The ``trace`` section as the recorder takes it, defaults filled in (None: the experiment traces nothing).
+        The one reading of it: a dry run lists the writes these settings make, a run records with them."""
+        if not self.trace:
+            return None
+        return TraceSettings(events=list(self.trace["events"]), buffer_kb=int(self.trace.get("buffer_kb", 4096)),
+                             symbols=list(self.trace.get("symbols") or []),
+                             functions=list(self.trace.get("functions") or []),
+                             optional_events=list(self.trace.get("optional_events") or []),
+                             clock=self.trace.get("clock"))
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    events: list[str]
+    buffer_kb: int                  # per CPU
+    symbols: list[str]              # kallsyms lines to keep beside the trace
+    functions: list[str]            # the function tracer's filter (empty: no function tracer)
+    optional_events: list[str]      # recorded where the running kernel has them
+    clock: str | None               # the trace clock (None: the kernel's default)
+
 
 @dataclass(frozen=True)
 class Budget:

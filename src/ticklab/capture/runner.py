@@ -109,11 +109,10 @@ class Capture:
             self.log(f"{planned.run} {planned.condition.name}{' (warm-up)' if planned.warmup else ''}:")
             with host.scope():
                 apply_knobs(host, experiment, planned.condition, facts)
-                if experiment.trace:
-                    writes = tracing.planned_tracefs_writes(host.root, experiment.trace["events"],
-                                                            int(experiment.trace.get("buffer_kb", 4096)),
-                                                            experiment.trace.get("functions") or [],
-                                                            experiment.trace.get("clock"))
+                settings = experiment.trace_settings()
+                if settings:
+                    writes = tracing.planned_tracefs_writes(host.root, settings.events, settings.buffer_kb,
+                                                            settings.functions, settings.clock)
                     for line in writes:
                         self.log(f"dry-run: would {line}")
                     for extra in experiment.extras:
