@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
@@ -38,3 +39,38 @@ def test_the_build_time_table_shows_every_printed_time_at_its_printed_precision(
         assert row.value_as_printed in text, row.id
         assert f"| {row.value:g} " in text, (row.id, row.value)  # seconds, e.g. 1032.8 for 17m12.8s
     assert "| 1033 " not in text
+
+
+# -- seed 003's row labels as printed ("AMean Stddev", "AMean CoefVar") -------------------------------------------
+
+PRINTED_ROWS = ["Min (MB/s)", "Max (MB/s)", "Median (MB/s)", "AMean (MB/s)", "AMean Stddev", "AMean CoefVar"]
+
+
+def test_the_mmtests_table_labels_its_rows_as_seed_003_prints_them():
+    from ticklab.claims import acpi_idle
+
+    table = acpi_idle.mmtests_table(published("acpi-idle"))
+    assert list(table.index) == PRINTED_ROWS
+    assert table.loc["AMean Stddev", "baseline"] == "17526.70"
+    assert table.loc["AMean CoefVar", "baseline"] == "78.07%"
+
+
+def test_those_labels_are_the_source_documents_own(seeds):
+    source = next(seeds.glob("003_*.txt")).read_text()
+    for label in PRINTED_ROWS:  # each label begins one of the source's table lines, followed by its colon
+        assert any(line.startswith(label) and line[len(label):].lstrip().startswith(":") for line in source.splitlines()), label
+
+
+def test_the_tbench_figure_and_checks_use_the_printed_labels():
+    from ticklab.claims import acpi_idle
+
+    pub = published("acpi-idle")
+    fig = acpi_idle.tbench_summary_figure(pub)
+    [ax] = fig.axes
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sorted(legend) == ["AMean (MB/s) ± AMean Stddev", "Median (MB/s)", "Min (MB/s) .. Max (MB/s)"]
+    assert "AMean Stddev" in ax.get_title() and "printed" in ax.get_title()
+    assert {t.get_text() for t in ax.texts} == {"Min 2215.06", "Min 33072.10", "Min 33016.10"}
+    quantities = acpi_idle.derived_checks(pub)["quantity"].tolist()
+    assert [q for q in quantities if "CoefVar" in q] == [f"AMean CoefVar, {k}" for k in ("baseline", "C2 disabled", "patch")]
+    plt.close(fig)
