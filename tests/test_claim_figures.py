@@ -74,3 +74,50 @@ def test_the_tbench_figure_and_checks_use_the_printed_labels():
     quantities = acpi_idle.derived_checks(pub)["quantity"].tolist()
     assert [q for q in quantities if "CoefVar" in q] == [f"AMean CoefVar, {k}" for k in ("baseline", "C2 disabled", "patch")]
     plt.close(fig)
+
+
+# -- median labels never cover a run -------------------------------------------------------------------------------
+
+def assert_median_labels_clear_every_point(fig) -> list[str]:
+    """Every "median" text of every axes lies wholly outside every plotted point (its marker's radius included);
+    returns the label texts."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = []
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_text().startswith("median")]
+        points = [(line, ax.transData.transform(np.asarray(line.get_xydata(), dtype=float))) for line in ax.lines
+                  if line.get_marker() == "o"]
+        assert labels and points, ax
+        for text in labels:
+            box = text.get_window_extent(renderer)
+            for line, xy in points:
+                radius = line.get_markersize() * fig.dpi / 72 / 2
+                inside = ((xy[:, 0] > box.x0 - radius) & (xy[:, 0] < box.x1 + radius)
+                          & (xy[:, 1] > box.y0 - radius) & (xy[:, 1] < box.y1 + radius))
+                assert not inside.any(), (text.get_text(), xy[inside])
+            texts.append(text.get_text())
+    return texts
+
+
+def synthetic_runs(values: dict[str, list[float]], metric: str, setup: str = "host-a", **extra) -> pd.DataFrame:
+    return pd.DataFrame([{"host_id": setup, "bundle": f"/b/{setup}", "experiment": extra.get("experiment", "x"),
+                          "kernel": extra.get("kernel", "6.12.117-ticklab"), "run": f"{condition}-{i}",
+                          "condition": condition, "metric": metric, "value": value, "unit": ""}
+                         for condition, series in values.items() for i, value in enumerate(series)])
+
+
+def test_hrtick_fresh_figure_writes_medians_above_the_runs_not_over_them():
+    from ticklab.claims import hrtick
+
+    # the audit's case: a median (2.782) level with the next condition's points, which a label beside the bar covered
+    runtime = {"6.12 hrtick-off": [2.70, 2.782, 2.79, 2.85], "6.12 hrtick-on": [2.76, 2.78, 2.80, 2.784],
+               "7.2 hrtick-off": [2.60, 2.79, 2.781, 3.1], "7.2 hrtick-on": [2.782, 2.5, 2.9, 2.783]}
+    reprograms = {c: [2400 + 50 * i for i in range(4)] for c in runtime}
+    runs = pd.concat([synthetic_runs(runtime, "runtime_s"), synthetic_runs(reprograms, hrtick.REPROGRAMS)])
+    fig = hrtick.fresh_figure(runs, "host-a", published("hrtick"))
+    labels = assert_median_labels_clear_every_point(fig)
+    assert "median\n2.782" in labels and "median\n2.785" in labels and "median\n2,475" in labels
+    assert "fresh, 16 runs" in fig._suptitle.get_text()
+    assert [ax.get_ylabel() for ax in fig.axes] == ["hackbench runtime (s)", "clockevent reprograms per second (counted)"]
+    plt.close(fig)
