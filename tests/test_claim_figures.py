@@ -121,3 +121,65 @@ def test_hrtick_fresh_figure_writes_medians_above_the_runs_not_over_them():
     assert "fresh, 16 runs" in fig._suptitle.get_text()
     assert [ax.get_ylabel() for ax in fig.axes] == ["hackbench runtime (s)", "clockevent reprograms per second (counted)"]
     plt.close(fig)
+
+
+# -- seed 004's FTQ shelves, measured --------------------------------------------------------------------------------
+
+def test_the_largest_shelf_is_the_densest_window_of_20_iterations():
+    from ticklab.claims import nohz
+
+    # windows of 20 iterations: [1000, 1020] holds 6 counts, [1005, 1025] and [1010, 1030] hold 7; a tick-hit tail below
+    counts = [1000, 1005, 1010, 1015, 1020, 1020, 1021, 1025, 1030, 900, 850, 10]
+    shelf = nohz.largest_shelf(counts)
+    assert (shelf["quanta"], shelf["in_shelf"]) == (12, 7)
+    assert (shelf["low"], shelf["high"]) == (1005, 1025)  # the lower of the two densest windows
+    assert shelf["share"] == 7 / 12 and shelf["median"] == 1012.5
+    # a window's width is max − min ≤ 20: 21 apart never share a shelf
+    assert nohz.largest_shelf([0, 21])["in_shelf"] == 1 and nohz.largest_shelf([0, 20])["in_shelf"] == 2
+    # ties go to the lowest window
+    assert nohz.largest_shelf([0, 5, 100, 105])["low"] == 0
+    with pytest.raises(ValueError):
+        nohz.largest_shelf([])
+
+
+def test_the_shelf_table_quotes_the_source_and_measures_each_condition():
+    from ticklab.claims import nohz
+
+    rows = []
+    for run in ("r1", "r2", "r3"):
+        flat = [700 + (i % 11) for i in range(80)] + [600] * 20  # 80 % within 10 iterations
+        ragged = [600 + 25 * (i % 8) for i in range(100)]  # steps of 25: one level per 20-wide window, 13 quanta at most
+        rows += [{"host_id": "h", "bundle": "b", "run": f"{run}-{c}", "condition": c, "quantum_ns": 100000,
+                  "index": i, "count": v, "source": "s"} for c, series in (("hz1000-nohz_full", flat), ("hz1000", ragged))
+                 for i, v in enumerate(series)]
+    table = nohz.ftq_shelf_table(pd.DataFrame(rows), published("nohz")).set_index("condition")
+    source = table.loc["nohz hack (tick off)"]
+    assert source["largest shelf (% of quanta, median over runs)"] == "more than half (as printed)"
+    assert source["shelf window (iterations)"] == "within ~20 iterations of each other (as printed)"
+    assert source["measured by"].startswith("seed 004") and "published" not in " ".join(map(str, table.columns))
+    off = table.loc["HZ=1000, nohz_full (tick stopped)"]
+    assert off["largest shelf (% of quanta, median over runs)"] == 80.0 and off["runs"] == 3
+    assert off["runs with more than half in one shelf"] == "3 of 3" and off["quantum (µs)"] == "100"
+    on = table.loc["HZ=1000, tick on"]
+    assert on["largest shelf (% of quanta, median over runs)"] == 13.0 and on["runs with more than half in one shelf"] == "0 of 3"
+    assert "not a published threshold" in nohz.SHELF_CAPTION and "quantum" in nohz.SHELF_CAPTION
+
+
+def test_the_shelf_statement_is_quoted_verbatim(seeds):
+    from ticklab.claims import nohz
+
+    source = " ".join(next(seeds.glob("004_*.txt")).read_text().split())
+    assert nohz.SHELF_STATEMENT in source
+
+
+def test_the_shelf_table_is_a_declared_output_of_notebook_05():
+    from ticklab.claims import nohz
+
+    assert "ftq_shelf" in nohz.CLAIM.outputs["tables"]
+
+
+def test_without_fresh_runs_the_shelf_table_still_holds_the_sources_statement():
+    from ticklab.claims import nohz
+
+    table = nohz.ftq_shelf_table(nohz.fresh_ftq([]), published("nohz"))
+    assert len(table) == 1 and table["measured by"].iloc[0].startswith("seed 004")
