@@ -183,3 +183,40 @@ def test_without_fresh_runs_the_shelf_table_still_holds_the_sources_statement():
 
     table = nohz.ftq_shelf_table(nohz.fresh_ftq([]), published("nohz"))
     assert len(table) == 1 and table["measured by"].iloc[0].startswith("seed 004")
+
+
+# -- fresh per-setup figures: pvspinlock build times, hpet jobs/min --------------------------------------------------
+
+def test_the_pvspinlock_fresh_figure_shows_every_build_and_names_the_lab_build():
+    from ticklab.claims import pvspinlock
+
+    times = {pvspinlock.condition_name(k, level): [30.0 + k + i for i in range(4)]
+             for level in pvspinlock.LEVELS for k in pvspinlock.KICK_AHEAD}
+    vcpus = {condition: [2.0] * 4 for condition in times}
+    runs = pd.concat([synthetic_runs(times, pvspinlock.METRIC, experiment=pvspinlock.EXPERIMENT),
+                      synthetic_runs(vcpus, "guest_vcpus", experiment=pvspinlock.EXPERIMENT)])
+    fig = pvspinlock.fresh_build_time_figure(runs, "host-a")
+    [ax] = fig.axes
+    assert pvspinlock.LAB_LABEL in ax.get_title() and "synthetic tcc build (480 files), not a kernel build" in ax.get_title()
+    assert "fresh, 24 runs" in ax.get_title()
+    assert ax.get_ylabel().startswith("build time (s)")
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks[0] == "pv_kick_ahead=0\n1x host CPUs\n(2 vCPUs)" and len(ticks) == 6
+    assert sum(len(line.get_xdata()) for line in ax.lines if line.get_marker() == "o") == 24
+    labels = assert_median_labels_clear_every_point(fig)
+    assert labels.count("median\n31.50 s") == 3 and labels.count("median\n35.50 s") == 3
+    plt.close(fig)
+
+
+def test_the_hpet_fresh_figure_shows_jobs_per_min_per_clocksource():
+    from ticklab.claims import hpet
+
+    jobs = {"hpet-sharing": [520000.0, 530000.0, 510000.0], "tsc": [1.8e6, 1.7e6, 1.9e6],
+            "hpet-no-sharing": [500000.0, 505000.0, 498000.0]}
+    fig = hpet.fresh_jobs_figure(synthetic_runs(jobs, "jobs_per_min", experiment="guest-timejobs"), "host-a")
+    [ax] = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["TSC\n(tsc)", "HPET w/o sharing\n(hpet-no-sharing)",
+                                                            "HPET with sharing\n(hpet-sharing)"]
+    assert ax.get_ylabel() == "timejobs throughput (jobs/min)" and "fresh, 9 runs" in ax.get_title()
+    assert assert_median_labels_clear_every_point(fig) == ["median\n1,800,000", "median\n500,000", "median\n520,000"]
+    plt.close(fig)
