@@ -141,14 +141,23 @@ def test_summary_json_lists_status_duration_and_outputs(build):
 
 def test_published_tables_are_regenerated_exactly(build):
     mmtests = pd.read_csv(build / "tables/acpi-idle/tbench_mmtests.csv", index_col=0, dtype=str)
-    assert mmtests.loc["Min", "baseline"] == "2215.06"
-    assert mmtests.loc["Min", "baseline + patch"] == "33016.10 (+1390.52%)"  # as printed
-    assert mmtests.loc["Max", "baseline + patch"] == "34774.50 (+5.57%†)"  # recomputed, marked
+    # the row labels seed 003 prints, verbatim ("AMean Stddev", not "Stddev")
+    assert list(mmtests.index) == ["Min (MB/s)", "Max (MB/s)", "Median (MB/s)", "AMean (MB/s)", "AMean Stddev",
+                                   "AMean CoefVar"]
+    assert mmtests.loc["Min (MB/s)", "baseline"] == "2215.06"
+    assert mmtests.loc["Min (MB/s)", "baseline + patch"] == "33016.10 (+1390.52%)"  # as printed
+    assert mmtests.loc["Max (MB/s)", "baseline + patch"] == "34774.50 (+5.57%†)"  # recomputed, marked
+    assert mmtests.loc["AMean Stddev", "baseline"] == "17526.70"
+    assert mmtests.loc["AMean CoefVar", "baseline + patch"] == "2.60%"
     checks = pd.read_csv(build / "tables/acpi-idle/derived_checks.csv")
     odd = checks[checks["finding"] != "matches (rounded)"]["quantity"].tolist()
     assert odd == ["AMean % vs baseline, C2 disabled", "AMean % vs baseline, patch"]
     build_times = pd.read_csv(build / "tables/pvspinlock/kernel_build_time.csv")
     assert build_times["before (as printed)"].tolist() == ["3m21.9s", "11m20.6s", "2m08.6s", "17m12.8s"]
+    # 17m12.8s is 1032.8 s in every form the table is written in, never rounded to 1033
+    assert build_times["before (s)"].tolist() == [201.9, 680.6, 128.6, 1032.8]
+    markdown = (build / "tables/pvspinlock/kernel_build_time.md").read_text()
+    assert "| 1032.8 " in markdown and "1033" not in markdown
 
 
 def test_every_figure_and_table_names_existing_sources(build):

@@ -27,14 +27,19 @@ def _relative(path: Path | str) -> str:
 
 
 def plain_number(value) -> str:
-    """A number as a reader wants it in a table: no scientific notation, four significant figures at most
-    after the point, whole numbers whole; missing values as an em dash."""
+    """A number as a reader wants it in a table: no scientific notation, whole numbers whole, missing values as an
+    em dash. A number whose shortest exact decimal form has at most four digits after the point is shown in that
+    form, never rounded (a transcribed 1032.8 s stays 1032.8, not 1033); only longer ones (ticklab's own
+    arithmetic) are cut to four significant figures after the point."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if float(value).is_integer() and abs(value) < 1e15:
         return f"{int(value):d}"
+    exact = repr(float(value))
+    if "e" not in exact and len(exact.partition(".")[2]) <= 4:
+        return exact
     decimals = max(0, 3 - math.floor(math.log10(abs(value))))
     return f"{value:.{decimals}f}"
 

@@ -24,11 +24,25 @@ def summaries(published: PublishedClaim) -> pd.DataFrame:
     return values.loc[list(COMPARE_STATISTICS), KERNELS]
 
 
+def printed_labels(published: PublishedClaim) -> dict[str, str]:
+    """statistic -> the row label seed 003 prints for it, from the quoted line (the text before its colon):
+    "Min (MB/s)" … "AMean (MB/s)", and "AMean Stddev" / "AMean CoefVar", never shortened to ticklab's keys."""
+    frame = published.table("tbench_mmtests")
+    labels = {}
+    for row in frame.itertuples():
+        label = " ".join(row.quote.partition(":")[0].split())
+        if labels.setdefault(row.statistic, label) != label:
+            raise ValueError(f"tbench_mmtests: statistic {row.statistic} is quoted from two rows "
+                             f"({labels[row.statistic]!r}, {label!r})")
+    return {statistic: labels[statistic] for statistic in COMPARE_STATISTICS}
+
+
 def mmtests_table(published: PublishedClaim) -> pd.DataFrame:
-    """Seed 003's compare table as printed: every value and the two percentages the source prints (Min and
-    AMean), verbatim; where the source prints no percentage, ticklab's recomputation marked with †. The
+    """Seed 003's compare table as printed: every row label, value and the two percentages the source prints (Min
+    and AMean), verbatim; where the source prints no percentage, ticklab's recomputation marked with †. The
     derived checks beside it say which printed percentages the printed values give (two were truncated)."""
     frame = published.table("tbench_mmtests")
+    labels = printed_labels(published)
     recomputed = compare_summaries(summaries(published), BASELINE).set_index(["statistic", "condition"])["pct_diff"]
     cells = pd.DataFrame(index=list(COMPARE_STATISTICS), columns=KERNELS, dtype=object)
     for row in frame[frame["quantity"] == "value"].itertuples():
@@ -40,7 +54,8 @@ def mmtests_table(published: PublishedClaim) -> pd.DataFrame:
         elif row.kernel != BASELINE and row.statistic != "CoefVar":
             text += f" ({recomputed[(row.statistic, row.kernel)]:+.2f}%†)"
         cells.loc[row.statistic, row.kernel] = text
-    cells.index.name = "statistic"
+    cells.index = [labels[statistic] for statistic in cells.index]
+    cells.index.name = "statistic (as printed)"
     cells.attrs["legend"] = ("values and percentages as printed in seed 003; † recomputed by ticklab where the source "
                              "prints no percentage (mmtests' pdiff: value × 100 / baseline − 100)")
     return cells
@@ -61,9 +76,9 @@ def derived_checks(published: PublishedClaim) -> pd.DataFrame:
             ))
     for kernel_id, kernel in [("baseline", "baseline"), ("c2_disabled", "C2 disabled"), ("patch", "patch")]:
         rows.append(check_derived(
-            f"CoefVar, {kernel}", printed(f"coefvar_{kernel_id}"), coefvar,
+            f"AMean CoefVar, {kernel}", printed(f"coefvar_{kernel_id}"), coefvar,
             {"stddev": printed(f"stddev_{kernel_id}"), "mean": printed(f"amean_{kernel_id}")},
-            "Stddev × 100 / AMean",
+            "AMean Stddev × 100 / AMean (mmtests CoefVar)",
         ))
     return pd.DataFrame(rows)
 
@@ -93,18 +108,27 @@ def profile_table(published: PublishedClaim) -> pd.DataFrame:
 
 
 def tbench_summary_figure(published: PublishedClaim):
+    """Seed 003's printed statistics per kernel, each named with the row label the source prints (printed_labels):
+    Min..Max, Median, and AMean ± AMean Stddev; the Min is annotated with its printed text."""
     wide = summaries(published)
+    labels = printed_labels(published)
+    frame = published.table("tbench_mmtests")
+    printed_min = frame[(frame["statistic"] == "Min") & (frame["quantity"] == "value")].set_index("kernel")["value_as_printed"]
     fig, ax = plt.subplots(figsize=(8, 4))
     colors = {"baseline": "#c44e52", "baseline + C2 disabled": "#8172b2", "baseline + patch": "#55a868"}
     for i, kernel in enumerate(KERNELS):
         s = wide[kernel]
-        ax.vlines(i, s["Min"], s["Max"], color=colors[kernel], linewidth=2, label="Min..Max" if i == 0 else None)
-        ax.errorbar(i + 0.08, s["AMean"], yerr=s["Stddev"], fmt="o", color=colors[kernel], capsize=4, label="AMean ± Stddev" if i == 0 else None)
-        ax.plot(i - 0.08, s["Median"], "D", color="black", label="Median" if i == 0 else None)
-        ax.text(i + 0.12, s["Min"], f"Min {s['Min']:.2f}", fontsize=7, va="center")
+        ax.vlines(i, s["Min"], s["Max"], color=colors[kernel], linewidth=2,
+                  label=f"{labels['Min']} .. {labels['Max']}" if i == 0 else None)
+        ax.errorbar(i + 0.08, s["AMean"], yerr=s["Stddev"], fmt="o", color=colors[kernel], capsize=4,
+                    label=f"{labels['AMean']} ± {labels['Stddev']}" if i == 0 else None)
+        ax.plot(i - 0.08, s["Median"], "D", color="black", label=labels["Median"] if i == 0 else None)
+        ax.text(i + 0.12, s["Min"], f"Min {printed_min[kernel]}", fontsize=7, va="center")
     ax.set_xticks(range(len(KERNELS)), KERNELS)
     ax.set_ylabel("tbench throughput (MB/s)")
-    ax.set_title("Seed 003: tbench, 128 clients, 2 × 64C/128T Zen3 — Min..Max, Median, AMean ± Stddev (published)", fontsize=9)
+    ax.set_title(f"Seed 003: tbench, 128 clients, 2 × 64C/128T Zen3 — {labels['Min']} .. {labels['Max']}, "
+                 f"{labels['Median']},\n{labels['AMean']} ± {labels['Stddev']}: printed statistics (n = 1 table per kernel)",
+                 fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     return fig
 

@@ -11,6 +11,7 @@ import pandas as pd
 from ..bundle import BundleError
 from ..checks import FactCheck
 from . import Claim, Headline
+from ._points import runs_and_medians
 from ..comparisons import Comparison, NegativeControl, usable_bundles
 from ..captured import BundleRef
 from ..published import PublishedClaim, PublishedDataError
@@ -222,6 +223,28 @@ def fresh_throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
                      "HPET with, % of TSC": round(100 * median["hpet-sharing"] / median["tsc"], 2),
                      "with / w/o": round(median["hpet-sharing"] / median["hpet-no-sharing"], 3)})
     return pd.DataFrame(rows).set_index("setup") if rows else pd.DataFrame()
+
+
+JOBS_ORDER = ("tsc", "hpet-no-sharing", "hpet-sharing")
+
+
+def fresh_jobs_figure(runs: pd.DataFrame, setup: str):
+    """timejobs throughput on one setup (the guest-timejobs bundles): per clocksource condition every measured run
+    as a point and its median as a bar, the median written above the data (_points)."""
+    chosen = runs[(runs["host_id"] == setup) & (runs["metric"] == "jobs_per_min")]
+    present = set(chosen["condition"])
+    conditions = [c for c in JOBS_ORDER if c in present] + sorted(present - set(JOBS_ORDER))
+    groups = [(x, chosen.loc[chosen["condition"] == c, "value"].to_numpy(), CLOCK_COLORS.get(c, "#777777"))
+              for x, c in enumerate(conditions)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(conditions)), 4.4))
+    runs_and_medians(ax, groups, from_zero=True, label=lambda value: f"{value:,.0f}")
+    ax.set_xticks(range(len(conditions)), [f"{CLOCK_LABELS.get(c, c)}\n({c})" for c in conditions], fontsize=8)
+    ax.set_xlim(-0.5, len(conditions) - 0.5)
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    ax.set_ylabel("timejobs throughput (jobs/min)")
+    ax.set_title(f"timejobs jobs/min per clocksource (fresh, {len(chosen)} runs; points = runs, bar = median);\n"
+                 f"a stand-in for AIM7, not AIM7 — {setup}", fontsize=8)
+    return fig
 
 
 def read_rate_points(runs: pd.DataFrame, values: dict) -> pd.DataFrame:

@@ -15,6 +15,7 @@ from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..tracespots import first_spurious_interrupt
 from ..verdicts import Margins, Target, Verdict
 from . import Claim, Headline, ViewPreset
+from ._points import runs_and_medians
 
 
 
@@ -236,40 +237,38 @@ def reprogram_notes(runs: pd.DataFrame) -> list[str]:
 
 def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | None = None):
     """hackbench runtime and counted clockevent reprograms per second (hrtimer starts where a bundle did not count
-    them), HRTICK off vs on: every run and the median, and seed 002's HRTICK-on rates as dashed lines."""
+    them), HRTICK off vs on: every run and the median, each median written above the data (_points), and seed 002's
+    HRTICK-on rates as lines labelled outside the axes, so no label covers a run."""
     on_setup = runs[runs["host_id"] == setup]
     counted = (on_setup["metric"] == REPROGRAMS).any()
     second = ((REPROGRAMS, "clockevent reprograms per second (counted)") if counted else
               ("hrtimer_start_rate_hz", f"hrtimer starts per second\n(reprograms {NOT_RECORDED})"))
     conditions = sorted(on_setup["condition"].unique(), key=lambda c: (c.split()[0] if " " in c else "", "on" in c))
-    fig, axes = plt.subplots(1, 2, figsize=(max(9, 3.2 * len(conditions)), 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(max(9, 3.2 * len(conditions)), 4.6))
+    seed_lines = []
+    if counted and published is not None:
+        seed_lines = [(when, style, published.row("clockevents", f"reprogram_rate_{when}"))
+                      for when, style in (("before", "--"), ("after", ":"))]
     for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"), (axes[1], *second)):
         chosen = on_setup[on_setup["metric"] == metric]
-        for x, condition in enumerate(conditions):
-            values = chosen.loc[chosen["condition"] == condition, "value"].to_numpy()
-            if len(values) == 0:
-                continue
-            jitter = np.linspace(-0.12, 0.12, len(values))
-            ax.plot(x + jitter, values, "o", alpha=0.6, color="#c44e52" if condition.endswith("hrtick-on") else "#4c72b0")
-            ax.hlines(np.median(values), x - 0.25, x + 0.25, color="black")
-            median = np.median(values)
-            ax.annotate(f"median {median:,.0f}" if median >= 100 else f"median {median:.3f}", (x + 0.27, median),
-                        fontsize=8, va="center")
+        groups = [(x, chosen.loc[chosen["condition"] == condition, "value"].to_numpy(),
+                   "#c44e52" if condition.endswith("hrtick-on") else "#4c72b0") for x, condition in enumerate(conditions)]
+        lines = [row["value"] for _, _, row in seed_lines] if ax is axes[1] else []
+        runs_and_medians(ax, groups, also=lines, from_zero=bool(lines))
         ax.set_xticks(range(len(conditions)), [c.replace(" ", "\n").replace("hrtick-off", "HRTICK off")
                                                .replace("hrtick-on", "HRTICK on") for c in conditions], fontsize=8)
-        ax.set_xlim(-0.5, len(conditions) + 0.2)
+        ax.set_xlim(-0.5, len(conditions) - 0.5)
         ax.set_ylabel(label)
-    if counted and published is not None:
-        for when, style in (("before", "--"), ("after", ":")):
-            row = published.row("clockevents", f"reprogram_rate_{when}")
-            axes[1].axhline(row["value"], color="#555555", linestyle=style, linewidth=1)
-            axes[1].annotate(f"seed 002, HRTICK on, {when} the series: ~{row['value_as_printed']}", (-0.45, row["value"]),
-                             fontsize=7, va="bottom", color="#555555")
-        axes[1].set_ylim(0, None)
+    for when, style, row in seed_lines:
+        axes[1].axhline(row["value"], color="#555555", linestyle=style, linewidth=1)
+        # labelled to the right of the axes, level with its line: outside the data, so it covers no run
+        axes[1].annotate(f"seed 002, HRTICK on,\n{when} the series:\n~{row['value_as_printed']} (printed)",
+                         xy=(1, row["value"]), xycoords=("axes fraction", "data"), xytext=(4, 0),
+                         textcoords="offset points", fontsize=7, va="center", color="#555555")
     fig.subplots_adjust(wspace=0.4)
     kernels = ", ".join(sorted(k for k in on_setup["kernel"].unique() if k)) if "kernel" in on_setup else ""
     fig.suptitle(f"hackbench -p -s 8, HRTICK off vs on, kernel {kernels or 'unrecorded'} (fresh, "
-                 f"{len(on_setup['run'].unique())} runs)\n{setup}", fontsize=9)
+                 f"{len(on_setup['run'].unique())} runs; points = runs, bar = median)\n{setup}", fontsize=9)
     return fig
 
 

@@ -169,6 +169,74 @@ def ftq_sorted_figure(samples: pd.DataFrame, setup: str):
     return fig
 
 
+# Seed 004's statement about its FTQ figure, verbatim (lines 40-43 of the source; a test finds it there).
+SHELF_STATEMENT = ("Notice how with the timer tick turned off, the results show long \"shelves\" of near-identical values. "
+                   "More than half the samples fall into one such shelf, consistently completing almost the same "
+                   "hundreds of thousands of iterations within ~20 iterations of each other.")
+# ticklab's reading of "within ~20 iterations of each other": counts at most 20 apart (max − min ≤ 20), i.e. within ±10
+# of the window's centre. Our threshold for a qualitative statement, not a published number.
+SHELF_WIDTH = 20
+
+
+def largest_shelf(counts, width: int = SHELF_WIDTH) -> dict:
+    """The largest "shelf" of one run's FTQ samples: the most quanta whose work counts lie within ``width``
+    iterations of each other, i.e. in one window [low, low + width] (±width/2 around its centre), placed where it
+    holds the most quanta (the densest window; every window starting at a sample's count is tried, and a densest
+    window can always be slid up to start at one). Ties go to the lowest window. Returns the quanta, how many lie in
+    the shelf and their share, the window's ends, and the run's median count for scale."""
+    ordered = np.sort(np.asarray(counts, dtype=float))
+    if ordered.size == 0:
+        raise ValueError("largest_shelf: no samples")
+    inside = np.searchsorted(ordered, ordered + width, side="right") - np.arange(ordered.size)
+    first = int(np.argmax(inside))
+    return {"quanta": int(ordered.size), "in_shelf": int(inside[first]), "share": float(inside[first] / ordered.size),
+            "low": float(ordered[first]), "high": float(ordered[first] + width), "median": float(np.median(ordered))}
+
+
+SHELF_CAPTION = (f"Seed 004's FTQ shelf statement (its words, first row) and ticklab's measurement of it on fresh FTQ runs: per "
+                 f"run, the largest share of quanta whose counts lie in one window of {SHELF_WIDTH} iterations "
+                 f"(±{SHELF_WIDTH // 2}), placed where it holds the most (the densest window); {SHELF_WIDTH} is ticklab's "
+                 "reading of the source's qualitative \"~20 iterations\", not a published threshold. Our quanta and "
+                 "counts per quantum are not the source's (its quantum is not in the text; its samples completed "
+                 "hundreds of thousands of iterations), so the same window is a larger share of a quantum's work here "
+                 "(last column): compare conditions within a setup, not with the source")
+SHELF_COLUMNS = ["measured by", "setup", "condition", "quantum (µs)", "runs", "median count per quantum (iterations)",
+                 "shelf window (iterations)", "largest shelf (% of quanta, median over runs)", "largest shelf, range over runs",
+                 "runs with more than half in one shelf", "window / median count (%)"]
+
+
+def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int = SHELF_WIDTH) -> pd.DataFrame:
+    """Seed 004's shelf statement (its words, first row) and ticklab's measurement of it on fresh FTQ runs: per setup
+    and condition, each run's largest shelf (largest_shelf: the densest window of ``width`` iterations, ±width/2
+    around its centre), as the median share over runs (%), its range over runs, how many runs put more than half
+    their quanta in one shelf, and the median count per quantum (median over runs) with the window as a share of it
+    for scale. The window width is ticklab's reading of the source's "~20 iterations", not a printed threshold."""
+    row = lambda row_id: published.row("ftq_observations", row_id)  # noqa: E731
+    share, spread = row("shelf_fraction"), row("shelf_width")
+    rows = [{"measured by": "seed 004 (its statement, qualitative; n = 1)", "setup": "ThinkPad T60p (x86_32)",
+             "condition": "nohz hack (tick off)", "quantum (µs)": "not in the text", "runs": "not in the text",
+             "median count per quantum (iterations)": "hundreds of thousands (as printed)",
+             "shelf window (iterations)": f"within {spread['value_as_printed']} of each other (as printed)",
+             "largest shelf (% of quanta, median over runs)": f"{share['qualifier']} {share['value_as_printed']} (as printed)",
+             "largest shelf, range over runs": "—", "runs with more than half in one shelf": "—",
+             "window / median count (%)": "—"}]
+    for (setup, condition), group in samples.groupby(["host_id", "condition"], sort=True):
+        shelves = [largest_shelf(run["count"], width) for _, run in group.groupby(["bundle", "run"], sort=True)]
+        shares = np.array([100 * s["share"] for s in shelves])
+        median_count = float(np.median([s["median"] for s in shelves]))
+        quanta = sorted(group["quantum_ns"].unique())
+        rows.append({"measured by": "ticklab, its measurement of the statement (fresh FTQ runs)", "setup": setup,
+                     "condition": CONDITION_LABELS.get(condition, condition),
+                     "quantum (µs)": ", ".join(f"{q / 1000:g}" for q in quanta), "runs": len(shelves),
+                     "median count per quantum (iterations)": f"{median_count:.10g}",
+                     "shelf window (iterations)": f"densest {width}-iteration window (±{width / 2:g}), per run",
+                     "largest shelf (% of quanta, median over runs)": round(float(np.median(shares)), 2),
+                     "largest shelf, range over runs": f"{shares.min():.2f}–{shares.max():.2f}%",
+                     "runs with more than half in one shelf": f"{int((shares > 50).sum())} of {len(shelves)}",
+                     "window / median count (%)": f"{100 * width / median_count:.3g}" if median_count else "—"})
+    return pd.DataFrame(rows, columns=SHELF_COLUMNS)
+
+
 def tick_spectrum(samples: pd.DataFrame, setup: str, nperseg: int = 2048) -> pd.DataFrame:
     """Welch power spectrum of the FTQ work-count series, averaged over each condition's runs: a periodic
     tick shows as a peak at HZ (and its harmonics) when the quantum samples faster than 2 × HZ."""
@@ -626,7 +694,7 @@ def negative_controls(published: PublishedClaim) -> list[NegativeControl]:
 CLAIM = Claim(
     id="nohz", seed="004", title="C5 nohz tick", notebook="05-nohz.ipynb",
     outputs={"figures": ["tick_overhead_vs_hz"],
-             "tables": ["tick_cost", "tick_overhead_vs_hz", "derived_checks", "ftq_observations", "setup"]},
+             "tables": ["tick_cost", "tick_overhead_vs_hz", "derived_checks", "ftq_observations", "ftq_shelf", "setup"]},
     comparisons=comparisons, untested=WHAT_IS_COMPARED,
     no_headline_because="its figure's data is not in the text", checks=tuple(CHECKS),
     negative_controls=negative_controls,

@@ -10,6 +10,7 @@ from ..checks import FactCheck, MetricBound
 from ..comparisons import Comparison
 from ..verdicts import Margins, Target
 from . import Claim, Headline
+from ._points import runs_and_medians
 
 # Every fresh output of this claim is a lab analogue, and says so.
 LAB_LABEL = "lab analogue (TCG, halt+IPI backend)"
@@ -157,6 +158,35 @@ def fresh_table(runs: pd.DataFrame, published: PublishedClaim) -> pd.DataFrame:
                          "after / before": round(after["median"] / before["median"], 4),
                          "runs per side": f"{int(before['size'])} / {int(after['size'])}"})
     return pd.DataFrame(rows)
+
+
+# The fresh build-time figure's words for what was built (the lab analogue's build, never a kernel build).
+LAB_BUILD_SHORT = "synthetic tcc build (480 files), not a kernel build"
+KICK_AHEAD_COLORS = {0: "#4c72b0", 4: "#c44e52"}
+
+
+def fresh_build_time_figure(runs: pd.DataFrame, setup: str):
+    """The lab analogue's build times on one setup: per condition (pv_kick_ahead 0 and 4 at each vCPU level) every
+    measured run as a point and its median as a bar, the median written above the data (_points)."""
+    chosen = runs[(runs["host_id"] == setup) & (runs["experiment"] == EXPERIMENT) & (runs["metric"] == METRIC)]
+    groups, ticks = [], []
+    for level in LEVELS:
+        for kick_ahead in KICK_AHEAD:
+            condition = condition_name(kick_ahead, level)
+            values = chosen.loc[chosen["condition"] == condition, "value"].to_numpy()
+            if len(values) == 0:
+                continue
+            vcpus = _vcpus(runs, setup, condition)
+            groups.append((len(groups), values, KICK_AHEAD_COLORS[kick_ahead]))
+            ticks.append(f"pv_kick_ahead={kick_ahead}\n{level} host CPUs" + (f"\n({vcpus} vCPUs)" if vcpus else ""))
+    fig, ax = plt.subplots(figsize=(max(7, 1.4 * len(groups)), 4.4))
+    runs_and_medians(ax, groups, from_zero=True, label=lambda value: f"{value:.2f} s")
+    ax.set_xticks(range(len(ticks)), ticks, fontsize=8)
+    ax.set_xlim(-0.5, len(ticks) - 0.5)
+    ax.set_ylabel(f"build time (s): {LAB_BUILD_SHORT}", fontsize=8)
+    ax.set_title(f"{LAB_LABEL}: {LAB_BUILD_SHORT} — time per build (fresh, {len(chosen)} runs; "
+                 f"points = runs, bar = median)\n{setup}", fontsize=8)
+    return fig
 
 
 def _vcpus(runs: pd.DataFrame, setup: str, condition: str) -> int | None:
