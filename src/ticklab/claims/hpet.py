@@ -398,15 +398,26 @@ def read_hpet_beside_source(published: PublishedClaim, profile_runs: pd.DataFram
                      "read_hpet with sharing (%)": f"{with_['qualifier']} {with_['value_as_printed']}".strip(),
                      "with / w/o": f"{'< ' if without['qualifier'] else ''}{ratio:.3f}"})
     for (setup, vcpus), group in profile_runs.groupby(["setup", "vcpus"], sort=True):
-        sides = {clock: part["read_hpet_pct"] for clock, part in group.groupby("clock")}
+        parts = dict(tuple(group.groupby("clock")))
+        sides = {clock: part["read_hpet_pct"] for clock, part in parts.items()}
         off, on = sides.get("hpet-no-sharing"), sides.get("hpet-sharing")
-        # perf prints shares to 2 decimals; a median of an even n adds a third: shown as computed (6 digits)
-        described = lambda s: (f"{s.median():.6g} [{s.min():.6g}–{s.max():.6g}], n = {len(s)}"  # noqa: E731
-                               if s is not None else "no runs")
+
+        def described(clock: str) -> str:
+            if clock not in parts:
+                return "no runs"
+            share, part = sides[clock], parts[clock]
+            # perf prints shares to 2 decimals; a median of an even n adds a third: shown as computed (6 digits)
+            text = f"{share.median():.6g} [{share.min():.6g}–{share.max():.6g}], n = {len(share)}"
+            unlisted = part[~part["read_hpet_listed"]]
+            if len(unlisted):
+                limits = ", ".join(f"{limit:g}%" for limit in sorted(unlisted["percent_limit"].dropna().unique()))
+                text += f" ({len(unlisted)} under the report's {limits or 'percent'} limit, counted as 0)"
+            return text
         ratio = (f"{on.median() / off.median():.3f}" if off is not None and on is not None and off.median() > 0
                  else "n/a")
         rows.append({"where": f"lab analogue, {vcpus} vCPUs, clockbench (TCG guest): {setup}",
-                     "read_hpet w/o sharing (%)": described(off), "read_hpet with sharing (%)": described(on),
+                     "read_hpet w/o sharing (%)": described("hpet-no-sharing"),
+                     "read_hpet with sharing (%)": described("hpet-sharing"),
                      "with / w/o": ratio})
     table = pd.DataFrame(rows).set_index("where")
     table.attrs["legend"] = ("Lab rows: median [min–max] over runs of read_hpet's share of perf samples (cpu-clock, "
