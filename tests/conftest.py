@@ -97,6 +97,7 @@ SLOW_TESTS = {
     "test_a_report_run_keeps_my_file_and_records_what_it_wrote",
     "test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bundle",
     "test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces",
+    "test_perf_profiles_a_tcg_guest_and_resolves_read_hpet",
     "test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_and_kick_aheads",
     "test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle",
     "test_an_unreachable_mirror_is_one_line_and_leaves_no_source",
@@ -145,7 +146,7 @@ SLOW_TESTS = {
 MACHINE_MODULES = {"test_capture.py", "test_host.py", "test_ingest.py", "test_function_tracing.py", "test_doctor.py",
                    "test_fleet.py", "test_bench_keep.py", "test_tools.py", "test_comparisons.py", "test_safefiles.py",
                    "test_stopping.py", "test_validation.py", "test_cli_errors.py"}
-GUEST_MODULES = {"test_lab.py", "test_lab_kexec.py", "test_lab_sources.py", "test_hostkernel.py"}
+GUEST_MODULES = {"test_lab.py", "test_lab_kexec.py", "test_lab_sources.py", "test_hostkernel.py", "test_hpet_profile.py"}
 # single tests elsewhere that play a lab guest's side on this machine (ticklab.lab.guest.run_job takes the host lock)
 MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",
                  "test_a_lab_run_records_the_physical_hosts_load_and_keeps_the_guests_beside_it",

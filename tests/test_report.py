@@ -271,7 +271,11 @@ def test_a_partial_run_without_the_summary_succeeds(tmp_path):
     assert not (tmp_path / "verdicts.csv").exists()
     index = (tmp_path / "report" / "index.html").read_text()
     assert "by the notebooks 01-hpet.ipynb only" in index and "<code>traces</code>" in index
-    assert "No verdict" not in index and 'class="bad"' not in index
+    # runs made on a busy machine are flagged in the bundle table (busy-host runs and the flag), which is no failure:
+    # hpet's guest-clock-profile bundle has them (13 of 20 runs; other jobs shared the 2-CPU machine). Nothing else is bad.
+    unflagged = re.sub(r'<td class="bad">(\d+)</td><td>[^<]*</td>\s*<td class="bad">\1 of \d+ measured run\(s\) on a busy '
+                       r'host:[^<]*</td>', "", index)
+    assert "No verdict" not in index and 'class="bad"' not in unflagged
     assert 'id="hpet"' in index and 'id="nohz"' not in index and 'href="#hpet"' in index
     # with the summary, it summarises the claims that ran, not every claim
     both = tmp_path / "with-summary"

@@ -9,7 +9,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..bundle import BundleError
-from ..checks import FactCheck
+from .. import rawfile
+from ..checks import FactCheck, failed_runs, run_checks
 from . import Claim, Headline
 from ._points import runs_and_medians
 from ..comparisons import Comparison, NegativeControl, usable_bundles
@@ -326,6 +327,127 @@ def profile_shares(bundles: list[BundleRef]) -> pd.DataFrame:
                                        "hottest clock function", "source"])
 
 
+# -- read_hpet's share of perf samples in lab guests (runners/hpet/guest-clock-profile.yaml) ----------------------
+GUEST_PROFILE_EXTRA = "perf-profile"  # the per-run extra that keeps perf-profile/perf-report.txt
+# A line of `perf report --stdio --no-children` of any --sort that ends in the symbol: "  64.32%  [k] name".
+_SYMBOL_LINE = re.compile(r"^\s*([\d.]+)%\s+(?:.*?\s)?\[([.kgu])\]\s+(\S.*?)\s*$", re.M)
+# perf record's last line on stderr: the exact sample count (the report's "# Samples: 3K" is rounded).
+_RECORDED = re.compile(r"perf record: Captured and wrote .* \((\d+) samples\)")
+_PERCENT_LIMIT = re.compile(r"--percent-limit\s+([\d.]+)")
+LAB_ANALOGUE = ("lab analogue: clockbench (every vCPU reading CLOCK_MONOTONIC in a loop) in a QEMU TCG guest, "
+                "where an HPET read is an emulated MMIO access handled by QEMU: its cost and its share of the samples "
+                "are TCG's, not a real HPET's, and the workload is not AIM7")
+
+
+def symbol_shares(report: str) -> dict[str, float]:
+    """From `perf report --stdio --no-children [--sort sym]`: each listed symbol's share of the samples (%), a
+    symbol listed more than once (user and kernel, or one per command) summed. Symbols under the report's
+    --percent-limit are not listed."""
+    shares: dict[str, float] = {}
+    for pct, _, symbol in _SYMBOL_LINE.findall(report):
+        shares[symbol] = shares.get(symbol, 0.0) + float(pct)
+    return shares
+
+
+def recorded_samples(stderr: str) -> int | None:
+    """The sample count perf record printed on stderr (None if it printed none)."""
+    found = _RECORDED.findall(stderr)
+    return int(found[-1]) if found else None
+
+
+def guest_profile_runs(bundles: list[BundleRef], checks=()) -> pd.DataFrame:
+    """One row per measured run with a perf-profile extra (guest-clock-profile): read_hpet's share of the samples
+    (%; 0 where the report does not list it, i.e. it was under the report's --percent-limit, said in
+    ``read_hpet_listed``), the clock-reading functions' share (CLOCK_READ_SYMBOL), the samples perf recorded, and
+    the report it came from. Failed runs and runs a condition check failed for are left out."""
+    gated = failed_runs(run_checks("hpet", checks, bundles)) if checks else set()
+    rows = []
+    for ref, bundle in usable_bundles(bundles):
+        values = {c["name"]: c for c in bundle.manifest.get("conditions", [])}
+        records = {r["run"]: r for r in bundle.manifest["runs"]}
+        for run in bundle.typed.measured_runs():
+            if (str(ref.path), run.run) in gated:
+                continue
+            extra = next((e for e in records[run.run].get("extras") or [] if e.get("name") == GUEST_PROFILE_EXTRA), None)
+            if extra is None or extra.get("status") != "ok":
+                continue
+            directory = ref.path / "raw" / extra["directory"]
+            report_path = directory / "perf-report.txt"
+            if not rawfile.present(report_path):
+                continue
+            shares = symbol_shares(rawfile.read_text(report_path))
+            if not shares:
+                continue
+            stderr = rawfile.read_text(directory / "stderr.txt") if rawfile.present(directory / "stderr.txt") else ""
+            condition = values.get(run.condition, {})
+            limit = _PERCENT_LIMIT.findall(" ".join(map(str, extra.get("argv", []))))
+            rows.append({"setup": ref.host_id, "condition": run.condition, "run": run.run,
+                         "vcpus": condition.get("vcpus"), "clock": condition.get("clock"),
+                         "read_hpet_pct": shares.get("read_hpet", 0.0), "read_hpet_listed": "read_hpet" in shares,
+                         "percent_limit": float(limit[-1]) if limit else None,
+                         "clock_reading_pct": sum(v for k, v in shares.items() if CLOCK_READ_SYMBOL.search(k)),
+                         "samples": recorded_samples(stderr), "source": str(rawfile.locate(report_path))})
+    return pd.DataFrame(rows, columns=["setup", "condition", "run", "vcpus", "clock", "read_hpet_pct", "read_hpet_listed",
+                                       "percent_limit", "clock_reading_pct", "samples", "source"])
+
+
+def guest_profile_table(profile_runs: pd.DataFrame) -> pd.DataFrame:
+    """Per setup and condition: read_hpet's share of the perf samples (%), median over runs with the runs' range
+    and n, the clock-reading functions' share likewise, and the median samples per run."""
+    rows = []
+    for (setup, condition), group in profile_runs.groupby(["setup", "condition"], sort=True):
+        share, clock = group["read_hpet_pct"], group["clock_reading_pct"]
+        rows.append({"setup": setup, "condition": condition, "vCPUs": group["vcpus"].iloc[0],
+                     "read sharing": {"hpet-sharing": "on", "hpet-no-sharing": "off"}.get(group["clock"].iloc[0], "?"),
+                     "n runs": len(group), "read_hpet, % of samples (median)": round(share.median(), 6),
+                     "read_hpet min": round(share.min(), 6), "read_hpet max": round(share.max(), 6),
+                     "runs with read_hpet under the report's limit": int((~group["read_hpet_listed"]).sum()),
+                     "clock-reading functions, % (median)": round(clock.median(), 6),
+                     "samples per run (median)": group["samples"].median()})
+    return pd.DataFrame(rows)
+
+
+def read_hpet_beside_source(published: PublishedClaim, profile_runs: pd.DataFrame) -> pd.DataFrame:
+    """Seed 000's read_hpet shares as printed (without → with the patch) and, per lab setup and vCPU count, the
+    guests' read_hpet share with sharing off → on (medians over runs, with n), and the with / without ratio of
+    each (ours: the source prints no ratio; for IvyBridge-EX the 'more than 34%' makes it an upper bound)."""
+    frame = published.table("read_hpet_profile")
+    rows = []
+    for system, label in SYSTEM_LABELS.items():
+        without, with_ = _cell(frame, system, "hpet", "without"), _cell(frame, system, "hpet", "with")
+        ratio = with_["value"] / without["value"]
+        rows.append({"where": f"seed 000, {label}, AIM7 compute (printed, n = 1)",
+                     "read_hpet w/o sharing (%)": f"{without['qualifier']} {without['value_as_printed']}".strip(),
+                     "read_hpet with sharing (%)": f"{with_['qualifier']} {with_['value_as_printed']}".strip(),
+                     "with / w/o": f"{'< ' if without['qualifier'] else ''}{ratio:.3f}"})
+    for (setup, vcpus), group in profile_runs.groupby(["setup", "vcpus"], sort=True):
+        parts = dict(tuple(group.groupby("clock")))
+        sides = {clock: part["read_hpet_pct"] for clock, part in parts.items()}
+        off, on = sides.get("hpet-no-sharing"), sides.get("hpet-sharing")
+
+        def described(clock: str) -> str:
+            if clock not in parts:
+                return "no runs"
+            share, part = sides[clock], parts[clock]
+            # perf prints shares to 2 decimals; a median of an even n adds a third: shown as computed (6 digits)
+            text = f"{share.median():.6g} [{share.min():.6g}–{share.max():.6g}], n = {len(share)}"
+            unlisted = part[~part["read_hpet_listed"]]
+            if len(unlisted):
+                limits = ", ".join(f"{limit:g}%" for limit in sorted(unlisted["percent_limit"].dropna().unique()))
+                text += f" ({len(unlisted)} under the report's {limits or 'percent'} limit, counted as 0)"
+            return text
+        ratio = (f"{on.median() / off.median():.3f}" if off is not None and on is not None and off.median() > 0
+                 else "n/a")
+        rows.append({"where": f"lab analogue, {vcpus} vCPUs, clockbench (TCG guest): {setup}",
+                     "read_hpet w/o sharing (%)": described("hpet-no-sharing"),
+                     "read_hpet with sharing (%)": described("hpet-sharing"),
+                     "with / w/o": ratio})
+    table = pd.DataFrame(rows).set_index("where")
+    table.attrs["legend"] = ("Lab rows: median [min–max] over runs of read_hpet's share of perf samples (cpu-clock, "
+                             "all vCPUs), n runs; with / w/o is the ratio of the medians. " + LAB_ANALOGUE + ".")
+    return table
+
+
 def headlines(published: PublishedClaim) -> list[Headline]:
     return [Headline(SYSTEM_LABELS[system], "AIM7 throughput, HPET with / without sharing", ratio, "higher")
             for system, ratio in sharing_ratios(published).items()]
@@ -334,7 +456,7 @@ def headlines(published: PublishedClaim) -> list[Headline]:
 CLAIM = Claim(
     id="hpet", seed="000", title="C1 HPET read contention", notebook="01-hpet.ipynb",
     outputs={"figures": ["aim7_throughput", "read_hpet_profile"],
-             "tables": ["aim7_throughput", "read_hpet_profile", "setup"]},
+             "tables": ["aim7_throughput", "read_hpet_profile", "read_hpet_profile_lab", "setup"]},
     comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
     negative_controls=negative_controls,
 )
