@@ -129,6 +129,34 @@ def test_fresh_figures_name_the_bundles_they_came_from(build):
         assert sources and all(source.startswith("traces/") for source in sources), sidecar
 
 
+def test_every_claim_with_a_tested_row_has_its_forest_plot_at_the_top_of_its_section(build):
+    """Issue 29: notebook 00-summary draws each claim's verdict rows (a line per setup with a CI), and the report shows
+    the plot first in the claim's section; a claim no setup could test has none."""
+    verdicts = pd.read_csv(build / "verdicts.csv")
+    index = (build / "report/index.html").read_text()
+    summary = (build / "report/notebooks/00-summary.html").read_text()
+    for claim in CLAIM_IDS:
+        rows = verdicts[verdicts["claim"] == claim]
+        plotted = rows[rows["fresh_effect"].notna() & rows["ci_low"].notna() & rows["ci_high"].notna()]
+        figure, table = build / f"figures/{claim}/forest", build / f"tables/{claim}/forest.csv"
+        if plotted.empty:
+            assert not figure.with_suffix(".png").exists() and f'id="forest-{claim}"' not in index, claim
+            continue
+        for suffix in (".png", ".svg", ".json"):
+            assert figure.with_suffix(suffix).stat().st_size > 0, (claim, suffix)
+        sources = json.loads(figure.with_suffix(".json").read_text())["sources"]
+        assert any(s.endswith(f"verdicts/{claim}.csv") for s in sources), sources
+        assert any(s.startswith(f"traces/") and s.endswith("manifest.json") for s in sources), sources
+        numbers = pd.read_csv(table)
+        assert len(numbers[numbers["shown"].str.startswith("line")]) == len(plotted), claim
+        section = index[index.index(f'<h2 id="{claim}">'):]
+        end = section.find("<h2 id=", 5)
+        section = section[:end if end > 0 else None]
+        assert section.index("<img") == section.index('<img class="forest"'), claim
+    assert summary.count("data:image/png") >= 1 + len({c for c in CLAIM_IDS if (build / f"figures/{c}/forest.png").exists()})
+    assert {c for c in CLAIM_IDS if (build / f"figures/{c}/forest.png").exists()} >= {"hpet", "hrtick", "nohz"}
+
+
 def test_summary_json_lists_status_duration_and_outputs(build):
     summary = json.loads((build / "summary.json").read_text())
     entries = {n["notebook"]: n for n in summary["notebooks"]}
@@ -310,9 +338,12 @@ window.addEventListener("load", () => {
   const verdict = heads.find(h => h.textContent.trim() === "verdict").getBoundingClientRect();
   const out = document.createElement("pre");
   out.id = "ticklab-check";
+  const forests = Array.from(document.querySelectorAll("figure.forest")).map(f => f.getBoundingClientRect());
   out.textContent = JSON.stringify({glance_bottom: glance.bottom, verdict_right: verdict.right,
                                     scroll_width: document.documentElement.scrollWidth,
-                                    height: document.documentElement.scrollHeight});
+                                    height: document.documentElement.scrollHeight,
+                                    forests: forests.length, forest_height: forests.reduce((a, r) => a + r.height, 0),
+                                    forest_right: Math.max(0, ...forests.map(r => r.right))});
   document.body.appendChild(out);
 });
 </script>"""
@@ -348,7 +379,9 @@ def test_the_report_renders_offline_in_headless_chromium(build):
     # at 1400 px the verdict badges are on the first screen and the verdict column needs no sideways scrolling
     layout = rendered(build / "report/index.html", LAYOUT_CHECK, window="1400,900")
     assert layout["glance_bottom"] < 900 and layout["verdict_right"] <= 1400 and layout["scroll_width"] <= 1400, layout
-    assert layout["height"] < 21_570 * 0.8, layout  # the old index was 21,570 px tall
+    # the old index was 21,570 px tall; the forest plots (issue 29) are new content on top of what that measured
+    assert layout["height"] - layout["forest_height"] < 21_570 * 0.8, layout
+    assert layout["forests"] >= 3 and layout["forest_right"] <= 1400, layout
     artifacts = REPO / "test-artifacts"  # not under build/: that is the report's, and it refuses files it did not write
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "report-index.png"

@@ -29,7 +29,7 @@ from .checks import failed_runs, run_checks
 from .captured import BundleRef, all_setups
 from .power import detection_power
 from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_interval, ratio_of_statistic
-from .verdicts import Margins, Target, Verdict, decide
+from .verdicts import Margins, Target, Verdict, consistent_band, decide
 
 RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit"]
 
@@ -143,10 +143,13 @@ def _chosen(runs: pd.DataFrame, metric: str, condition: str, experiments: tuple[
 
 
 def _target_columns(comparison: Comparison) -> dict:
-    target = comparison.target
+    target, margins = comparison.target, comparison.margins
+    band = consistent_band(target, margins.size_tolerance) if target.ratio is not None else (None, None)
     return {"role": comparison.role, "printed_in_source": target.as_printed,
             "source_quotes": ", ".join(target.quotes), "target_ratio": target.ratio,
-            "target_provenance": target.provenance, "margins": comparison.margins.describe(target)}
+            "target_provenance": target.provenance, "margins": margins.describe(target),
+            "no_effect_margin": margins.no_effect, "band_low": band[0], "band_high": band[1],
+            "no_worse_than": target.no_worse_than}
 
 
 @dataclass

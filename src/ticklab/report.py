@@ -25,6 +25,7 @@ from nbconvert import HTMLExporter
 from . import outdir
 from .claims import SUMMARY_NOTEBOOK, all_claims, get_claim
 from .captured import bundle_health
+from .forest import FOREST
 from .notebook import ParameterError, check_parameters
 from .paths import notebooks_dir
 from .summary import SUMMARY, at_a_glance, collect_checks, collect_verdicts, setup_labels, verdict_rows
@@ -147,12 +148,14 @@ def sources_in_words(sources: list[str]) -> str:
 
 
 def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
+    """Per claim its figures and tables; the forest plot (written by 00-summary, absent from a partial run without
+    it) and its table apart, for the top of the section."""
     sections = []
     for claim in claims:
         figures = []
         for p in sorted((output_dir / "figures" / claim).glob("*.png")):
             meta = _sidecar(p)
-            figures.append({"png": f"../figures/{claim}/{p.name}", "svg": f"../figures/{claim}/{p.stem}.svg",
+            figures.append({"name": p.stem, "png": f"../figures/{claim}/{p.name}", "svg": f"../figures/{claim}/{p.stem}.svg",
                             "json": f"../figures/{claim}/{p.stem}.json", **meta,
                             "sources_words": sources_in_words(meta.get("sources", []))})
         tables = []
@@ -163,8 +166,13 @@ def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
                            "json": f"../tables/{claim}/{path.stem}.json",
                            "html": frame.to_html(index=False, classes="data", border=0, escape=True, na_rep="—"), **meta,
                            "sources_words": sources_in_words(meta.get("sources", []))})
+        forest = next((f for f in figures if f["name"] == FOREST), None)
+        if forest is not None:
+            forest["table"] = next((t for t in tables if t["name"] == FOREST), None)
         title = "Summary across claims" if claim == SUMMARY else get_claim(claim).title
-        sections.append({"claim": claim, "title": title, "figures": figures, "tables": tables})
+        sections.append({"claim": claim, "title": title, "forest": forest,
+                         "figures": [f for f in figures if f["name"] != FOREST],
+                         "tables": [t for t in tables if t["name"] != FOREST]})
     return sections
 
 

@@ -39,7 +39,8 @@ ROLES = ("claim", "premise")
 VERDICT_COLUMNS = [
     "claim", "setup", "role", "comparison", "printed_in_source", "source_quotes", "target_ratio",
     "target_provenance", "fresh_effect", "ci_low", "ci_high", "ci_level", "p_holm", "n_per_condition",
-    "cliffs_delta", "power_at_target", "runs_needed", "margins", "test", "verdict", "reason",
+    "cliffs_delta", "power_at_target", "runs_needed", "margins", "no_effect_margin", "band_low", "band_high",
+    "no_worse_than", "test", "verdict", "reason",
 ]
 # What notebooks and the report show of a verdict row (the rest is in build/verdicts.csv).
 SHOWN_COLUMNS = ["setup", "role", "comparison", "printed_in_source", "target_ratio", "target_provenance",
@@ -150,6 +151,12 @@ class Verdict:
     power_at_target: float | None = None
     runs_needed: float | None = None
     margins: str = ""
+    # the margins as numbers, for figures: the declared no-effect margin (0.02: ±2 %), the consistent-size band
+    # around the target (ratios, or a level's declared band) and a non-inferiority bound
+    no_effect_margin: float | None = None
+    band_low: float | None = None
+    band_high: float | None = None
+    no_worse_than: float | None = None
     test: str = ""
 
     def __post_init__(self):

@@ -318,6 +318,7 @@ def spurious_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
             target_provenance="printed", fresh_effect=interval.estimate, ci_low=interval.low, ci_high=interval.high,
             ci_level=f"{1 - alpha:.0%}", n_per_condition=str(len(frame)),
             margins=f"consistent: ×{1 / SPURIOUS_TOLERANCE:.3g}..×{SPURIOUS_TOLERANCE:.3g} of the printed level (declared)",
+            band_low=printed / SPURIOUS_TOLERANCE, band_high=printed * SPURIOUS_TOLERANCE,
             test=(f"median of per-run {SPURIOUS} ({SPURIOUS_COUNTED_SHORT}), {interval.method}; a level against the printed "
                   "value: no test of a difference, so no p")))
     return found
