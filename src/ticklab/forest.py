@@ -75,7 +75,7 @@ def target_words(row) -> str:
         return f"no worse than ×{bound:.3g}"
     if target is None:
         return "the source's direction (no size)"
-    return (f"{target:.3g}" if is_level(row) else f"×{target:.3g}") + (f" ({_provenance(row)})" if _provenance(row) else "")
+    return (f"{target:.4g}" if is_level(row) else f"×{target:.4g}") + (f" ({_provenance(row)})" if _provenance(row) else "")
 
 
 def _bound(value) -> str:
