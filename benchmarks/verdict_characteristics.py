@@ -10,7 +10,7 @@ traces/published). Nothing of the verdict is re-implemented here: the words are 
   target), 0.5 (half), 0.4, 2, 0 (none) and -1 (opposite).
 - Noise: log-normal with coefficient of variation 2%, 10%, 50% (sigma = sqrt(log(1 + CV^2)) on the log scale).
 - n = 3, 5, 10, 20 runs per condition, in rounds of one run of each condition, each round in a seeded order (as a
-  capture's extra rounds are; its first plan shuffles all initial runs at once).
+  capture plans them: each round is a block, ticklab.capture.experiment.schedule).
 - Drift: none, or a linear fall over the run order of --drift-sigmas (default 4) log-scale sigmas from the first
   run to the last, i.e. exp(-4 sigma x (position / (2n - 1) - 1/2)). 4 sigma gives a Spearman rho between run
   order and value of about -0.78 at n = 10 to 20 (-0.80 at n = 5): the pvspinlock build times of issue 31
@@ -50,8 +50,8 @@ from tqdm import tqdm
 from ticklab.claims import get_claim
 from ticklab.comparisons import Comparison, verdicts
 from ticklab.paths import published_dir
-from ticklab.stats import Interval, log_half_width
-from ticklab.verdicts import Verdict, decide
+from ticklab.stats import log_half_width
+from ticklab.verdicts import Verdict
 
 ALPHA = 0.05     # the report's
 N_BOOT = 10_000  # the report's bootstrap resamples
@@ -177,15 +177,19 @@ def synthetic_runs(rng: np.random.Generator, n: int, cv: float, ratio: float, dr
     return Samples(treatment, baseline, treatment_order, baseline_order)
 
 
-def runs_table(comparison: Comparison, samples: Samples, setup: str) -> pd.DataFrame:
-    """The runs as comparisons.measured_runs gives them to the verdict: one row per run and metric."""
+def runs_table(comparison: Comparison, samples: Samples, setup: str, blocks: bool = False) -> pd.DataFrame:
+    """The runs as comparisons.measured_runs gives them to the verdict: one row per run and metric; with ``blocks``,
+    each run's block (its round)."""
     n = samples.treatment.size
     order = np.concatenate([samples.treatment_order, samples.baseline_order])
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "host_id": setup, "bundle": f"synthetic/{setup}", "experiment": "synthetic",
         "stopped": "synthetic: fixed run count", "kernel": "", "run": [f"run-{i + 1:03d}" for i in order],
         "condition": [comparison.treatment] * n + [comparison.baseline] * n, "metric": comparison.metric,
         "value": np.concatenate([samples.treatment, samples.baseline]), "unit": ""})
+    if blocks:
+        table["block"] = pd.array(order // 2 + 1, dtype="Int64")
+    return table
 
 
 def load_comparisons(keys=tuple(COMPARISONS), published=None) -> dict[str, tuple[str, Comparison]]:
@@ -212,13 +216,14 @@ def companions(comparison: Comparison, family: int) -> list[Comparison]:
 
 
 def one_verdict(claim: str, comparison: Comparison, rng: np.random.Generator, n: int, cv: float, ratio: float,
-                drift_sigmas: float, family: int = 1, n_boot: int = N_BOOT, samples: Samples | None = None) -> Verdict:
+                drift_sigmas: float, family: int = 1, n_boot: int = N_BOOT, samples: Samples | None = None,
+                blocks: bool = False) -> Verdict:
     """The verdict row of one synthetic capture (``samples``, or drawn here), with ``family - 1`` no-effect companion
-    comparisons on its setup."""
+    comparisons on its setup; ``blocks``: the runs carry their blocks."""
     others = companions(comparison, family)
     samples = samples if samples is not None else synthetic_runs(rng, n, cv, ratio, drift_sigmas)
-    tables = [runs_table(comparison, samples, SETUP)]
-    tables += [runs_table(other, synthetic_runs(rng, n, cv, 1.0, drift_sigmas), SETUP) for other in others]
+    tables = [runs_table(comparison, samples, SETUP, blocks)]
+    tables += [runs_table(other, synthetic_runs(rng, n, cv, 1.0, drift_sigmas), SETUP, blocks) for other in others]
     rows = verdicts(claim, [comparison, *others], pd.concat(tables, ignore_index=True), alpha=ALPHA, n_boot=n_boot,
                     seed=BOOT_SEED)
     return next(row for row in rows if row.comparison == comparison.comparison)
@@ -229,48 +234,12 @@ def cell_rng(seed: int, *parts) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32("|".join(map(str, parts)).encode())])
 
 
-# The analyses compared (issue 31 item 5): the verdict path as it is, and a blocked one that pairs each round's
-# treatment run with its baseline run (a round holds one run of each condition) and takes the Hodges-Lehmann shift of
-# the per-round log ratios with the exact Wilcoxon signed-rank CI, so drift between rounds cancels.
-ANALYSES = ("independent", "rounds")
-
-
-def signed_rank_null(n: int) -> list[int]:
-    """How many of the 2^n sign patterns give each Wilcoxon signed-rank sum 0 .. n(n+1)/2 (no ties, no zeros)."""
-    counts = [1] + [0] * (n * (n + 1) // 2)
-    for i in range(1, n + 1):
-        for k in range(len(counts) - 1, i - 1, -1):
-            counts[k] += counts[k - i]
-    return counts
-
-
-def paired_interval(samples: Samples, confidence: float) -> Interval:
-    """The blocked analysis: per-round log ratios (treatment run / baseline run of the same round), their
-    Hodges-Lehmann centre (median of the Walsh averages) and the exact signed-rank CI; (0, inf) when n rounds cannot
-    give ``confidence``."""
-    t = np.log(samples.treatment[np.argsort(samples.treatment_order)])
-    b = np.log(samples.baseline[np.argsort(samples.baseline_order)])
-    d = t - b
-    i, j = np.triu_indices(d.size)
-    walsh = np.sort((d[i] + d[j]) / 2)
-    counts, total = signed_rank_null(d.size), 2 ** d.size
-    tail, k = 0, 0
-    while 2 * (tail + counts[k]) <= (1 - confidence) * total:
-        tail += counts[k]
-        k += 1
-    estimate = float(np.exp(np.median(walsh)))
-    if k == 0:
-        return Interval(estimate, 0.0, math.inf, confidence, "rounds: unbounded")
-    return Interval(estimate, float(np.exp(walsh[k - 1])), float(np.exp(walsh[walsh.size - k])), confidence,
-                    f"rounds: signed-rank CI, W({k})..W({walsh.size + 1 - k})")
-
-
-def rounds_verdict(comparison: Comparison, samples: Samples, family: int = 1) -> Verdict:
-    """The verdict's words (ticklab.verdicts.decide) on the blocked analysis's CI at the family's level."""
-    interval = paired_interval(samples, 1 - ALPHA / family)
-    verdict, reason = decide(comparison.target, interval, math.nan, comparison.margins, comparison.sizes_comparable)
-    return Verdict(claim="simulated", setup=SETUP, comparison=comparison.comparison, verdict=verdict, reason=reason,
-                   fresh_effect=interval.estimate, ci_low=interval.low, ci_high=interval.high)
+# The analyses compared (issue 31 item 5), both through the verdict path: "independent" hands it the runs without
+# their blocks (the two conditions' runs as independent samples, as for bundles planned before blocks), "blocks" with
+# them (each round is a block of one run of each condition, as captures now plan their runs), so the verdict pairs
+# each block's runs and takes the exact signed-rank CI of the per-block ratios where the blocks are enough for a
+# bounded CI at the family's level, and the independent CI otherwise.
+ANALYSES = ("independent", "blocks")
 
 
 def word_counts(claim: str, key: str, comparison: Comparison, truth: str, cv: float, n: int, drift_sigmas: float,
@@ -284,12 +253,13 @@ def word_counts(claim: str, key: str, comparison: Comparison, truth: str, cv: fl
     widths = {analysis: [] for analysis in analyses}
     for _ in range(replicates):
         samples = synthetic_runs(rng, n, cv, ratio, drift_sigmas)
+        # the companions of both analyses come from one generator state, so they see the same runs too
+        state = rng.bit_generator.state
         rows = {}
-        if "independent" in analyses:
-            rows["independent"] = one_verdict(claim, comparison, rng, n, cv, ratio, drift_sigmas, family, n_boot,
-                                              samples=samples)
-        if "rounds" in analyses:
-            rows["rounds"] = rounds_verdict(comparison, samples, family)
+        for analysis in analyses:
+            rng.bit_generator.state = state
+            rows[analysis] = one_verdict(claim, comparison, rng, n, cv, ratio, drift_sigmas, family, n_boot,
+                                         samples=samples, blocks=analysis == "blocks")
         for analysis, row in rows.items():
             counts[analysis][word_of(row)] += 1
             widths[analysis].append(log_half_width(row.ci_low, row.ci_high))
@@ -421,7 +391,7 @@ def main(argv=None) -> int:
     parser.add_argument("--family", type=int, default=1, help="Holm/Bonferroni family size m (default 1)")
     parser.add_argument("--n-boot", type=int, default=N_BOOT, help="bootstrap resamples (default: the report's)")
     parser.add_argument("--analysis", nargs="+", choices=list(ANALYSES), default=list(ANALYSES),
-                        help="independent: the verdict path; rounds: the blocked (per-round paired) analysis")
+                        help="independent: the runs without their blocks; blocks: with them (the verdict pairs them)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.family < 1 or min(args.runs) < 2 or args.replicates < 1 or min(args.cv) <= 0:
@@ -436,7 +406,7 @@ def main(argv=None) -> int:
     accepted = acceptance(table)
     header = (f"{replicates} replicates per cell, seed {args.seed}, family m = {args.family}, {args.n_boot} bootstrap "
               f"resamples; drift: none or a linear fall of {args.drift_sigmas:g} log-scale sigmas over the run order; "
-              f"verdict path ticklab.comparisons.verdicts at alpha {ALPHA} (independent) and the blocked analysis (rounds)")
+              f"verdict path ticklab.comparisons.verdicts at alpha {ALPHA} without blocks (independent) and with them (blocks)")
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "characteristics.csv", index=False)
     accepted.to_csv(args.out / "acceptance.csv", index=False)

@@ -88,6 +88,11 @@ def test_schedule_warms_up_first_then_interleaves_reproducibly():
     assert measured != sorted(measured), "conditions must be interleaved, not run in blocks"
     assert [p.condition.name for p in schedule(conditions, 10, 1, 3)] == [p.condition.name for p in plan]
     assert [p.condition.name for p in schedule(conditions, 10, 1, 4)] != [p.condition.name for p in plan]
+    # measured runs come in blocks: block k holds one run of every condition, blocks in order (issue 31 item 5)
+    assert [p.block for p in plan[:3]] == [None] * 3
+    for k in range(1, 11):
+        block = plan[3 * k:3 * k + 3]
+        assert {p.block for p in block} == {k} and sorted(p.condition.name for p in block) == ["a", "b", "c"]
 
 
 @needs_tools

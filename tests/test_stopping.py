@@ -138,6 +138,11 @@ def test_a_capture_adds_rounds_until_precise_and_records_them(tmp_path):
     assert len(manifest["order"]) == len(manifest["runs"]) and rounds, "added runs are in the recorded order"
     assert [o["run"] for o in manifest["order"]] == [r["run"] for r in manifest["runs"]]
     assert len(stopping["checks"]) == len({o["round"] for o in rounds}) + 1
+    # every measured run is in a block of one run per condition, the added rounds too, blocks numbered on
+    blocks = pd.DataFrame([o for o in manifest["order"] if not o["warmup"]])
+    assert blocks.groupby("block")["condition"].apply(sorted).map(tuple).unique().tolist() == [("hrtick-off", "hrtick-on")]
+    assert sorted(blocks["block"].unique()) == list(range(1, len(blocks) // 2 + 1))
+    assert {o["block"] for o in rounds} == set(range(4, len(blocks) // 2 + 1))
 
 
 def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path):

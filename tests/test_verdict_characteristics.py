@@ -129,22 +129,43 @@ def test_a_cell_is_seeded_by_its_own_parameters(comparisons):
 
 
 def test_the_exact_cis_cover_at_any_run_count_and_say_when_they_cannot():
-    """The verdict's CI (exact Mann-Whitney inversion) and the blocked analysis's (exact signed rank): at 5 runs a side
-    one is bounded and the other is not; both hold the truth in at least 95% of 400 draws at 10 rounds with drift."""
-    from ticklab.stats import ratio_by_ranks
+    """The independent CI (exact Mann-Whitney inversion) and the blocked one (exact signed rank): at 5 runs a side one
+    is bounded and the other is not; both hold the truth in at least 95% of 400 draws at 10 rounds with drift, and
+    the blocked one is narrower there."""
+    from ticklab.stats import ratio_by_blocks, ratio_by_ranks, signed_rank_null
 
     rng = np.random.default_rng(7)
     five = vc.synthetic_runs(rng, 5, 0.10, 1.2)
+    paired = [np.argsort(five.treatment_order), np.argsort(five.baseline_order)]
     assert ratio_by_ranks(five.treatment, five.baseline).high < np.inf
-    assert vc.paired_interval(five, 0.95).high == np.inf
-    assert sum(vc.signed_rank_null(10)) == 2 ** 10
-    covered = {"independent": 0, "rounds": 0}
+    assert ratio_by_blocks(five.treatment[paired[0]], five.baseline[paired[1]]).high == np.inf
+    assert sum(signed_rank_null(10)) == 2 ** 10
+    covered, widths = {"independent": 0, "blocks": 0}, {"independent": [], "blocks": []}
     for _ in range(400):
         samples = vc.synthetic_runs(rng, 10, 0.10, 1.2, vc.DRIFT_SIGMAS)
-        for name, interval in (("independent", ratio_by_ranks(samples.treatment, samples.baseline)),
-                               ("rounds", vc.paired_interval(samples, 0.95))):
+        t = samples.treatment[np.argsort(samples.treatment_order)]
+        b = samples.baseline[np.argsort(samples.baseline_order)]
+        for name, interval in (("independent", ratio_by_ranks(t, b)), ("blocks", ratio_by_blocks(t, b))):
             covered[name] += interval.low <= 1.2 <= interval.high
+            widths[name].append(np.log(interval.high / interval.low))
     assert min(covered.values()) >= 0.95 * 400 - 8, covered  # 8: two binomial SDs of 400 draws at p = 0.95
+    assert np.median(widths["blocks"]) < 0.8 * np.median(widths["independent"])
+
+
+def test_the_verdict_pairs_blocks_where_they_give_a_bounded_ci_and_not_otherwise(comparisons):
+    """Runs that carry their blocks: at 10 rounds the verdict takes the signed-rank CI of the per-block ratios, at 5
+    (no bounded 95% signed-rank CI) the independent one; without blocks always the independent one."""
+    claim, comparison = comparisons["hz250-ftq"]
+    rng = np.random.default_rng(11)
+    for n, blocked in ((10, True), (5, False)):
+        samples = vc.synthetic_runs(rng, n, 0.02, 1.065, vc.DRIFT_SIGMAS)
+        with_blocks = vc.one_verdict(claim, comparison, rng, n, 0.02, 1.065, 0, samples=samples, blocks=True)
+        without = vc.one_verdict(claim, comparison, rng, n, 0.02, 1.065, 0, samples=samples, blocks=False)
+        assert ("signed-rank" in with_blocks.test) is blocked, with_blocks.test
+        assert "Mann-Whitney inversion" in without.test and "signed-rank" not in without.test
+        if blocked:
+            assert "Wilcoxon signed-rank of per-block log ratios" in with_blocks.test
+            assert np.log(with_blocks.ci_high / with_blocks.ci_low) < np.log(without.ci_high / without.ci_low)
 
 
 def test_a_small_run_writes_its_tables_and_prints_the_checks_its_truths_have(tmp_path, capsys):
@@ -153,7 +174,7 @@ def test_a_small_run_writes_its_tables_and_prints_the_checks_its_truths_have(tmp
                     "--drift-sigmas", "0", "--n-boot", "500", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "independent: size: a size-inconsistent word" in printed and "same-side:" not in printed  # no 'none' truth ran
-    assert "rounds: size:" in printed
+    assert "blocks: size:" in printed
     assert sorted(p.name for p in out.iterdir()) == ["acceptance.csv", "characteristics.csv", "characteristics.md"]
     assert "## independent: hz250-ftq: P(word | truth)" in (out / "characteristics.md").read_text()
 

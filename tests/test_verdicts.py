@@ -261,3 +261,14 @@ def test_outputs_refuse_empty_tables_and_sourceless_figures(tmp_path):
         out.figure("f", fig, caption="c", sources=[])
     with pytest.raises(ValueError, match="at least one verdict"):
         out.verdicts([])
+
+
+def test_blocked_power_is_zero_where_no_bounded_ci_exists_and_high_for_a_clear_effect():
+    from ticklab.power import blocked_detection_power
+
+    rng = np.random.default_rng(5)
+    base = np.exp(rng.normal(0, 0.02, 10))
+    treated = base * np.exp(rng.normal(0, 0.02, 10))
+    assert blocked_detection_power(treated[:5], base[:5], 1.2, alpha=0.05).power == 0.0   # 5 blocks: p >= 0.0625
+    clear = blocked_detection_power(treated, base, 1.2, alpha=0.05)
+    assert clear.power > 0.95 and clear.runs_needed >= 6 and "signed-rank" in clear.method

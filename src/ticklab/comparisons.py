@@ -27,11 +27,15 @@ import pandas as pd
 from .bundle import BundleError, measured_results, run_failed, stopped_because
 from .checks import failed_runs, run_checks
 from .captured import BundleRef, all_setups
-from .power import detection_power
-from .stats import STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_interval, ratio_of_statistic
+import numpy as np
+
+from .power import blocked_detection_power, detection_power
+from .stats import (STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_by_blocks, ratio_interval,
+                    ratio_of_statistic, signed_rank_rank, wilcoxon_blocks)
 from .verdicts import Margins, Target, Verdict, consistent_band, decide
 
-RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit"]
+RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit",
+               "block"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,9 @@ def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "") -> tuple
         frame["host_id"], frame["bundle"], frame["experiment"] = ref.host_id, str(ref.path), bundle.manifest["experiment"]
         frame["stopped"] = stopped_because(bundle.manifest)
         frame["kernel"] = frame["run"].map(kernels).fillna("")
+        # the block each measured run was planned in (captures planned in blocks; older bundles have none)
+        blocks = {entry["run"]: entry.get("block") for entry in bundle.manifest.get("order") or []}
+        frame["block"] = frame["run"].map(blocks).astype("Int64")
         frames.append(frame)
     return (pd.concat(frames, ignore_index=True)[RUN_COLUMNS] if frames else pd.DataFrame(columns=RUN_COLUMNS)), notes
 
@@ -159,8 +166,23 @@ class _Tested:
     treatment: pd.Series
     baseline: pd.Series
     stopped: list[str]
-    pvalue: float
-    test: str
+    pairs: tuple | None = None   # (treatment, baseline) values block by block, when every run is in a complete block
+    blocked: bool = False        # decided per family: the blocked analysis is used
+    pvalue: float = math.nan
+    test: str = ""
+
+
+def _block_pairs(treatment: pd.DataFrame, baseline: pd.DataFrame):
+    """The two conditions' values paired by block ((bundle, block): one run of each), or None when a run has no block
+    or a block lacks one of them (an older bundle, a failed or left-out run): then the runs are compared as
+    independent samples."""
+    if "block" not in treatment or treatment["block"].isna().any() or baseline["block"].isna().any():
+        return None
+    keyed = [frame.set_index(["bundle", "block"])["value"] for frame in (treatment, baseline)]
+    if any(series.index.has_duplicates for series in keyed) or set(keyed[0].index) != set(keyed[1].index):
+        return None
+    order = sorted(keyed[0].index)
+    return keyed[0].loc[order].to_numpy(), keyed[1].loc[order].to_numpy()
 
 
 def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,
@@ -204,10 +226,10 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
                                     reason=f"too few runs: {n} measured; a CI needs at least 2 runs of each condition",
                                     **_target_columns(comparison)))
                 continue
-            rank = mann_whitney(treatment["value"], baseline["value"])
             families.setdefault(setup, []).append(
                 _Tested(setup, comparison, treatment["value"], baseline["value"],
-                        [*treatment["stopped"], *baseline["stopped"]], rank.pvalue, rank.test))
+                        [*treatment["stopped"], *baseline["stopped"]],
+                        _block_pairs(treatment, baseline) if comparison.statistic == "median" else None))
     for setup, tested in families.items():
         rows += _family_verdicts(claim, tested, alpha, n_boot, seed)
     order = {(c.comparison): i for i, c in enumerate(comparisons)}
@@ -221,10 +243,22 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
     confidence = 1 - alpha / m
     level = (f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over this setup's {m} comparisons: Bonferroni)" if m > 1
              else f"{confidence:.0%}")
+    for item in tested:
+        # blocks are used where the design has them and enough of them for a bounded CI at the family's level (a
+        # choice made from the run count alone, never from the values)
+        item.blocked = (item.pairs is not None and signed_rank_rank(len(item.pairs[0]), confidence)[0] > 0
+                        and np.all(item.pairs[0] > 0) and np.all(item.pairs[1] > 0))
+        if item.blocked:
+            signed = wilcoxon_blocks(*item.pairs)
+            item.pvalue, item.test = signed.pvalue, signed.test
+        else:
+            rank = mann_whitney(item.treatment, item.baseline)
+            item.pvalue, item.test = rank.pvalue, rank.test
     for item, p in zip(tested, holm([t.pvalue for t in tested])):
         comparison, target = item.comparison, item.comparison.target
-        ratio = ratio_interval(item.treatment, item.baseline, statistic=comparison.statistic, confidence=confidence,
-                               n_boot=n_boot, seed=seed)
+        ratio = (ratio_by_blocks(*item.pairs, confidence=confidence) if item.blocked else
+                 ratio_interval(item.treatment, item.baseline, statistic=comparison.statistic, confidence=confidence,
+                                n_boot=n_boot, seed=seed))
         verdict, reason = decide(target, ratio, float(p), comparison.margins, comparison.sizes_comparable)
         power_ratio = target.ratio or math.exp(target.direction * 2 * comparison.margins.no_effect_log())
         # a non-inferiority target is not a difference to detect: no detection power for it
@@ -252,6 +286,8 @@ def _ratio_words(comparison: Comparison) -> str:
 
 def _power(item: _Tested, ratio: float, alpha: float, goal: float, seed: int):
     try:
+        if item.blocked:
+            return blocked_detection_power(*item.pairs, ratio, alpha=alpha, goal=goal, seed=seed)
         return detection_power(item.treatment, item.baseline, ratio, alpha=alpha, goal=goal, seed=seed)
     except ValueError:
         return None  # non-positive values: no log-scale noise model

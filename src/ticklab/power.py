@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
-from .stats import rank_shift_rank
+from .stats import rank_shift_rank, signed_rank_rank
 
 
 @dataclass(frozen=True)
@@ -99,3 +99,39 @@ def detection_power(treatment: Sequence[float], baseline: Sequence[float], targe
     # the CI's lower end on the target's side is D(k): above no change when fewer than k differences are not above it
     power = float(np.mean((differences <= 0).sum(axis=(1, 2)) < k))
     return Power(power, int(min(n1, n2)), runs_needed, goal, method)
+
+
+def blocked_detection_power(treatment: Sequence[float], baseline: Sequence[float], target_ratio: float, *,
+                            alpha: float, goal: float = 0.8, reps: int = 2000, seed: int = 0) -> Power:
+    """The blocked analysis's power: the share of resamples of the per-block log ratios' residuals (around their
+    median), shifted by the target, whose exact signed-rank CI at 1 − alpha excludes no change on the target's side
+    (0 when the block count cannot give a bounded CI); blocks needed by Noether's formula for the signed-rank test."""
+    if not target_ratio > 0 or target_ratio == 1:
+        raise ValueError(f"target ratio {target_ratio!r}: power needs a positive ratio other than 1")
+    t, b = np.asarray(treatment, dtype=float), np.asarray(baseline, dtype=float)
+    if t.size != b.size or t.size < 2 or np.any(t <= 0) or np.any(b <= 0):
+        raise ValueError("blocked power needs at least 2 blocks of positive values")
+    d = np.log(t) - np.log(b)
+    residuals = d - np.median(d)
+    n = d.size
+    shift = math.log(target_ratio)
+    k, _ = signed_rank_rank(n, 1 - alpha)
+    method = (f"power of the exact signed-rank CI at {1 - alpha:.4g} to exclude no change on the target's side, by "
+              f"resampling the per-block log ratios' residuals ({reps} reps, seed {seed}); blocks needed by Noether's "
+              f"formula")
+    pair_sums = residuals[:, None] + residuals[None, :] + 2 * shift
+    p_positive = float((np.sign(shift) * pair_sums > 0).mean() + 0.5 * (pair_sums == 0).mean())
+    distance = abs(p_positive - 0.5)
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(goal)
+    smallest = 2
+    while signed_rank_rank(smallest, 1 - alpha)[0] == 0:
+        smallest += 1
+    needed = math.inf if distance < 1e-9 else max(float(smallest), math.ceil(z**2 / (3 * distance**2)))
+    if k == 0:
+        return Power(0.0, n, needed, goal, method)
+    rng = np.random.default_rng(seed)
+    drawn = (residuals[rng.integers(0, n, size=(reps, n))] + shift) * math.copysign(1, shift)
+    i, j = np.triu_indices(n)
+    walsh = (drawn[:, i] + drawn[:, j]) / 2
+    power = float(np.mean((walsh <= 0).sum(axis=1) < k))
+    return Power(power, n, needed, goal, method)

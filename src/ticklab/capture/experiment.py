@@ -397,14 +397,20 @@ class PlannedRun:
     order: int
     condition: Condition
     warmup: bool
+    block: int | None = None   # measured runs: the round (1, 2 ...) that holds one run of every condition
 
 
 def schedule(conditions: list[Condition], runs: int, warmup: int, seed: int) -> list[PlannedRun]:
-    """Warm-ups first (each condition in turn), then every measured run in a seeded random order."""
-    warmups = [(c, True) for _ in range(warmup) for c in conditions]
-    measured = [(c, False) for c in conditions for _ in range(runs)]
-    random.Random(seed).shuffle(measured)
-    return [PlannedRun(f"run-{i + 1:03d}", i, c, w) for i, (c, w) in enumerate([*warmups, *measured])]
+    """Warm-ups first (each condition in turn), then ``runs`` blocks, each one run of every condition in a seeded
+    random order: the k-th runs of all conditions share block k, so a verdict can pair them and let drift between
+    blocks cancel (comparisons: the blocked analysis)."""
+    rng = random.Random(seed)
+    planned = [(c, True, None) for _ in range(warmup) for c in conditions]
+    for block in range(1, runs + 1):
+        chosen = list(conditions)
+        rng.shuffle(chosen)
+        planned += [(c, False, block) for c in chosen]
+    return [PlannedRun(f"run-{i + 1:03d}", i, c, w, b) for i, (c, w, b) in enumerate(planned)]
 
 
 def fill_argv(argv: list, values: dict, source: str) -> list[str]:

@@ -121,7 +121,8 @@ def open_bundle(out: Path, identity: str, experiment: Experiment, host: dict, co
     manifest = writer.manifest
     manifest.conditions = [c.record() for c in conditions]
     manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
-    manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup} for p in plan]
+    manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup,
+                       **({"block": p.block} if p.block is not None else {})} for p in plan]
     return writer
 
 

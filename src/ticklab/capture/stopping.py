@@ -31,7 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..bundle import measured_results
-from ..stats import log_half_width, ratio_interval
+from ..stats import log_half_width, ratio_by_blocks, ratio_interval, signed_rank_rank
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
@@ -119,9 +119,14 @@ class StoppingRule:
             if min(n.values()) < 2:
                 entries.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
                 continue
+            confidence = 1 - ALPHA / len(self.goals)
+            pairs = _block_pairs(results, goal) if goal.statistic == "median" else None
             try:
-                ratio = ratio_interval(values[goal.treatment], values[goal.baseline], statistic=goal.statistic,
-                                       confidence=1 - ALPHA / len(self.goals), n_boot=self.n_boot, seed=self.seed)
+                if pairs is not None and signed_rank_rank(len(pairs[0]), confidence)[0] > 0:
+                    ratio = ratio_by_blocks(*pairs, confidence=confidence)   # as the verdict will: blocks cancel drift
+                else:
+                    ratio = ratio_interval(values[goal.treatment], values[goal.baseline], statistic=goal.statistic,
+                                           confidence=confidence, n_boot=self.n_boot, seed=self.seed)
             except ValueError as exc:
                 entries.append({**entry, "met": False, "why": str(exc)})
                 continue
@@ -161,11 +166,24 @@ class StoppingRule:
                 "reason": self.reason, "checks": self.checks}
 
 
-def extra_round(conditions: list[Condition], first_order: int, round_number: int, seed: int) -> list[PlannedRun]:
-    """One more measured run of each condition, in a seeded random order that differs per round."""
+def _block_pairs(results: pd.DataFrame, goal: PrecisionGoal):
+    """The goal's two conditions paired by block, or None (no blocks, or a block without one of them)."""
+    if "block" not in results:
+        return None
+    chosen = results[results["metric"] == goal.metric]
+    sides = [chosen[chosen["condition"] == name].set_index("block")["value"] for name in (goal.treatment, goal.baseline)]
+    if any(side.index.isna().any() or side.index.has_duplicates for side in sides) or set(sides[0].index) != set(sides[1].index):
+        return None
+    order = sorted(sides[0].index)
+    return sides[0].loc[order].to_numpy(), sides[1].loc[order].to_numpy()
+
+
+def extra_round(conditions: list[Condition], first_order: int, round_number: int, seed: int,
+                block: int | None = None) -> list[PlannedRun]:
+    """One more measured run of each condition, in a seeded random order that differs per round (one block)."""
     chosen = list(conditions)
     random.Random(f"{seed}/round-{round_number}").shuffle(chosen)
-    return [PlannedRun(f"run-{first_order + i + 1:03d}", first_order + i, c, False) for i, c in enumerate(chosen)]
+    return [PlannedRun(f"run-{first_order + i + 1:03d}", first_order + i, c, False, block) for i, c in enumerate(chosen)]
 
 
 def next_round_runs(rule: StoppingRule, manifest, results: pd.DataFrame, conditions: list[Condition],
@@ -176,12 +194,18 @@ def next_round_runs(rule: StoppingRule, manifest, results: pd.DataFrame, conditi
     counts = {c.name: 0 for c in conditions}
     for record in manifest.measured_runs():
         counts[record.condition] = counts.get(record.condition, 0) + 1
-    wanted = rule.next_round(measured_results(manifest, results), counts, seconds_per_run, conditions)
+    blocks = {entry["run"]: entry.get("block") for entry in manifest.order}
+    measured = measured_results(manifest, results)
+    measured = measured.assign(block=measured["run"].map(blocks).astype("Int64"))
+    wanted = rule.next_round(measured, counts, seconds_per_run, conditions)
     if not wanted:
         return []
-    added = extra_round(wanted, len(manifest.order), round_number, seed)
-    manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number}
-                       for p in added]
+    blocks = [entry["block"] for entry in manifest.order if entry.get("block") is not None]
+    # a capture planned in blocks goes on in blocks (a round is one run of every condition); an older plan has none
+    block = 1 + max(blocks) if blocks and len(wanted) == len(conditions) else None
+    added = extra_round(wanted, len(manifest.order), round_number, seed, block)
+    manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number,
+                        **({"block": block} if block is not None else {})} for p in added]
     return added
 
 
