@@ -5,7 +5,7 @@ run is made; everything around it is here, once:
 
 - :func:`plan_counts` — runs, warm-ups and seed (the command line over the experiment);
 - :func:`open_bundle` — the bundle with its plan: definition, tools, conditions, counts and the ``order``
-  (``schedule``: warm-ups first, then a seeded shuffle of every measured run);
+  (``schedule``: warm-ups first, then blocks of one run of every condition, each in a seeded order);
 - :class:`Session` — iterates :class:`~ticklab.capture.stopping.Rounds` (the plan, then the rounds the
   stopping rule asks for), hands each planned run to an :class:`Executor`, then lets it do its per-condition
   work (profiles, cross-checks); an exception (Ctrl-C included) marks the bundle ``interrupted``, flushes it

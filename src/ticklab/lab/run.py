@@ -1,6 +1,6 @@
 """`ticklab lab run <claim>`: an experiment's runs, each in its own boot of a lab guest, into one sealed bundle.
 
-The host plans the runs exactly as `ticklab capture` does (warm-ups, then a seeded shuffle), boots
+The host plans the runs exactly as `ticklab capture` does (warm-ups, then blocks in a seeded order), boots
 the lab kernel of each run's condition with its command line under QEMU, and leaves the job, the
 experiment file and an empty raw directory in a 9p share. Inside, :mod:`ticklab.lab.guest` makes the
 run with the capture code, compares /proc/cmdline, the lab switches and the clocksource with the condition
