@@ -90,3 +90,22 @@ def test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host(name
     verify = result.stdout.split("TASK [Every fetched bundle verifies against its manifest]", 1)[1].split("TASK [", 1)[0]
     assert "ok: [" in verify and "-> localhost" in verify and "fatal" not in verify, verify  # `ticklab verify` passed
     assert not (fetch_to / "netns-dead").exists()
+    # the fetched directory is a data dir like traces/ (issue 29): nohz's verdicts over it and their forest plot list
+    # every host that ran, each with why it has no line (a host experiment measures the tick on only)
+    import pandas as pd
+
+    from ticklab.captured import find_bundles
+    from ticklab.claims import get_claim
+    from ticklab.forest import save_forest
+    from ticklab.notebook import open_claim
+    from ticklab.verdicts import VERDICT_COLUMNS
+
+    ctx = open_claim("nohz", fetch_to, REPO / "traces" / "published", tmp_path / "out")
+    rows = pd.DataFrame([v.as_row() for v in get_claim("nohz").verdicts(ctx, n_boot=200)], columns=VERDICT_COLUMNS)
+    (tmp_path / "out" / "verdicts").mkdir(parents=True, exist_ok=True)
+    rows.to_csv(tmp_path / "out" / "verdicts" / "nohz.csv", index=False)
+    fig = save_forest(rows, tmp_path / "out", fetch_to)
+    under = "\n".join(t.get_text() for t in fig.texts)
+    assert all(f"netns-{name}" in under for name in hosts) and "netns-dead" not in under, under
+    assert {ref.host_id for ref in find_bundles(fetch_to, "nohz")} == {f"netns-{name}" for name in hosts}
+    assert (tmp_path / "out" / "figures" / "nohz" / "forest.png").is_file()
