@@ -78,11 +78,11 @@ fuzz: $(STAMP)  ## the bad-input campaign: >= 10,000 generated inputs per loader
 
 # The operating characteristics of the verdict words (issue 31): P(word | truth) of the verdict path on synthetic
 # runs of known truth (4 comparisons' real targets × 6 truths × CV 2/10/50% × 3/5/10/20 runs × with and without
-# drift), judged by the verdict path and by the blocked (per-round) analysis, with the issue's acceptance checks; writes
-# bench-out/verdict-characteristics/ (about 21 minutes at 400 replicates a cell on the 2-core reference machine).
-# VC_ARGS="--quick" for 40 replicates, "--family 3", "--analysis independent", "--out DIR".
+# drift), each replicate judged by the verdict path without and with its blocks, with the issue's acceptance checks;
+# writes bench-out/verdict-characteristics/ (about an hour at 400 replicates a cell on the 2-core reference machine:
+# 21 min without blocks, 39 with). VC_ARGS="--quick" for 40 replicates, "--family 3", "--analysis blocks", "--out DIR".
 VC_ARGS ?=
-verdict-characteristics: $(STAMP)  ## P(word | truth) of the verdict words on synthetic runs (issue 31; ~20 min)
+verdict-characteristics: $(STAMP)  ## P(word | truth) of the verdict words on synthetic runs (issue 31; about an hour)
 	$(BIN)/python benchmarks/verdict_characteristics.py $(VC_ARGS)
 
 env: $(STAMP)  ## create or update .venv from requirements.lock
