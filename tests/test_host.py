@@ -116,15 +116,17 @@ def test_changes_outside_the_block_are_refused(fake_host, tmp_path):
 WAIT_BOUND_S = 600
 
 HOLDER = textwrap.dedent("""
-    import sys, threading
+    import sys, time
     from ticklab.host import HostChanges
     root, journal = sys.argv[1], sys.argv[2]
     with HostChanges(journal, root=root, log=lambda _: None) as host:
         host.set_clocksource("hpet")
         host.set_sched_feature("HRTICK", True)
         print("changed", flush=True)
-        while True:  # until a signal ends it: no sleep that a slow test could outlast
-            threading.Event().wait(3600)
+        # until a signal ends it. Short sleeps: a signal that lands between Python's check for signals and the start
+        # of a long blocking wait is only acted on when that wait ends (CI once hung 600 s on a one-hour wait)
+        while True:
+            time.sleep(0.05)
 """)
 
 
