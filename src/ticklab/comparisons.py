@@ -31,7 +31,7 @@ import numpy as np
 
 from .power import blocked_detection_power, detection_power
 from .stats import (STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_by_blocks, ratio_interval,
-                    ratio_of_statistic, signed_rank_rank, wilcoxon_blocks)
+                    ratio_of_statistic, block_pairs, blocks_bound, wilcoxon_blocks)
 from .verdicts import Margins, Target, Verdict, consistent_band, decide
 
 RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit",
@@ -173,16 +173,11 @@ class _Tested:
 
 
 def _block_pairs(treatment: pd.DataFrame, baseline: pd.DataFrame):
-    """The two conditions' values paired by block ((bundle, block): one run of each), or None when a run has no block
-    or a block lacks one of them (an older bundle, a failed or left-out run): then the runs are compared as
-    independent samples."""
+    """The two conditions' values paired by (bundle, block) (``stats.block_pairs``), or None: no blocks (an older
+    bundle), or a block without one of them (a failed or left-out run)."""
     if "block" not in treatment or treatment["block"].isna().any() or baseline["block"].isna().any():
         return None
-    keyed = [frame.set_index(["bundle", "block"])["value"] for frame in (treatment, baseline)]
-    if any(series.index.has_duplicates for series in keyed) or set(keyed[0].index) != set(keyed[1].index):
-        return None
-    order = sorted(keyed[0].index)
-    return keyed[0].loc[order].to_numpy(), keyed[1].loc[order].to_numpy()
+    return block_pairs(*(frame.set_index(["bundle", "block"])["value"] for frame in (treatment, baseline)))
 
 
 def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,
@@ -246,8 +241,7 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
     for item in tested:
         # blocks are used where the design has them and enough of them for a bounded CI at the family's level (a
         # choice made from the run count alone, never from the values)
-        item.blocked = (item.pairs is not None and signed_rank_rank(len(item.pairs[0]), confidence)[0] > 0
-                        and np.all(item.pairs[0] > 0) and np.all(item.pairs[1] > 0))
+        item.blocked = blocks_bound(item.pairs, confidence) and np.all(item.pairs[0] > 0) and np.all(item.pairs[1] > 0)
         if item.blocked:
             signed = wilcoxon_blocks(*item.pairs)
             item.pvalue, item.test = signed.pvalue, signed.test

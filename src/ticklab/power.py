@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
-from .stats import rank_shift_rank, signed_rank_rank
+from .stats import rank_shift_rank, signed_rank_rank, smallest_bounded_n
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,7 @@ def noether_runs(residuals: np.ndarray, target_ratio: float, alpha: float, goal:
 
 def smallest_testable_n(alpha: float) -> int:
     """The fewest runs per condition (equal groups) whose exact two-sided CI at 1 − alpha is bounded."""
-    n = 2
-    while rank_shift_rank(n, n, 1 - alpha)[0] == 0:
-        n += 1
-    return n
+    return smallest_bounded_n(lambda n, confidence: rank_shift_rank(n, n, confidence), 1 - alpha)
 
 
 def detection_power(treatment: Sequence[float], baseline: Sequence[float], target_ratio: float, *, alpha: float,
@@ -123,9 +120,7 @@ def blocked_detection_power(treatment: Sequence[float], baseline: Sequence[float
     p_positive = float((np.sign(shift) * pair_sums > 0).mean() + 0.5 * (pair_sums == 0).mean())
     distance = abs(p_positive - 0.5)
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(goal)
-    smallest = 2
-    while signed_rank_rank(smallest, 1 - alpha)[0] == 0:
-        smallest += 1
+    smallest = smallest_bounded_n(signed_rank_rank, 1 - alpha)
     needed = math.inf if distance < 1e-9 else max(float(smallest), math.ceil(z**2 / (3 * distance**2)))
     if k == 0:
         return Power(0.0, n, needed, goal, method)

@@ -8,7 +8,7 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -100,13 +100,28 @@ def rank_sum_null(n1: int, n2: int) -> tuple[int, ...]:
 def rank_shift_rank(n1: int, n2: int, confidence: float) -> tuple[int, float]:
     """k, coverage: [D(k), D(n1·n2 + 1 − k)] of the sorted pairwise differences is the exact distribution-free CI
     for a shift at ``confidence`` or more (k = 0: no bounded interval reaches it), with its exact coverage."""
-    counts = rank_sum_null(n1, n2)
-    total = math.comb(n1 + n2, n1)
+    return _exact_rank(rank_sum_null(n1, n2), math.comb(n1 + n2, n1), confidence)
+
+
+def _exact_rank(counts: Sequence[int], total: int, confidence: float) -> tuple[int, float]:
+    """The largest k whose two tails (statistic below k, either side) hold at most 1 − confidence of the ``total``
+    equally likely outcomes ``counts`` spreads over, and the exact coverage that leaves."""
     tail, k = 0, 0
     while k < len(counts) and 2 * (tail + counts[k]) <= (1 - confidence) * total:
         tail += counts[k]
         k += 1
     return k, 1 - 2 * tail / total
+
+
+def _order_interval(ordered: np.ndarray, k: int, coverage: float, confidence: float, method: str, label: str,
+                    too_few: str) -> Interval:
+    """exp of the median of ``ordered`` (sorted log values: pairwise differences or Walsh averages), with
+    [ordered(k), ordered(N + 1 − k)] as the CI; (0, ∞) when k = 0."""
+    estimate = float(np.exp(np.median(ordered)))
+    if k == 0:
+        return Interval(estimate, 0.0, math.inf, confidence, f"{method}: {too_few} cannot give {confidence:.4g} coverage")
+    return Interval(estimate, float(np.exp(ordered[k - 1])), float(np.exp(ordered[ordered.size - k])), confidence,
+                    f"{method}, {label}({k})..{label}({ordered.size + 1 - k}), exact coverage {coverage:.4f}")
 
 
 def ratio_by_ranks(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95) -> Interval:
@@ -119,15 +134,10 @@ def ratio_by_ranks(treatment: Sequence[float], baseline: Sequence[float], *, con
     t = np.log(_positive(treatment, "treatment"))
     b = np.log(_positive(baseline, "baseline"))
     differences = np.sort((t[:, None] - b[None, :]).ravel())
-    estimate = float(np.exp(np.median(differences)))
     k, coverage = rank_shift_rank(t.size, b.size, confidence)
-    method = (f"Hodges-Lehmann ratio (median of the {t.size}×{b.size} run ratios), exact Mann-Whitney inversion CI")
-    if k == 0:
-        return Interval(estimate, 0.0, math.inf, confidence,
-                        f"{method}: {t.size} vs {b.size} runs cannot give {confidence:.4g} coverage")
-    low, high = differences[k - 1], differences[differences.size - k]
-    return Interval(estimate, float(np.exp(low)), float(np.exp(high)), confidence,
-                    f"{method}, D({k})..D({differences.size + 1 - k}), exact coverage {coverage:.4f}")
+    return _order_interval(differences, k, coverage, confidence,
+                           f"Hodges-Lehmann ratio (median of the {t.size}×{b.size} run ratios), exact Mann-Whitney "
+                           "inversion CI", "D", f"{t.size} vs {b.size} runs")
 
 
 @functools.lru_cache(maxsize=256)
@@ -143,12 +153,33 @@ def signed_rank_null(n: int) -> tuple[int, ...]:
 def signed_rank_rank(n: int, confidence: float) -> tuple[int, float]:
     """k, coverage: [W(k), W(N + 1 − k)] of the N = n(n+1)/2 sorted Walsh averages is the exact signed-rank CI for
     a centre of symmetry at ``confidence`` or more (k = 0: no bounded interval reaches it)."""
-    counts, total = signed_rank_null(n), 2 ** n
-    tail, k = 0, 0
-    while k < len(counts) and 2 * (tail + counts[k]) <= (1 - confidence) * total:
-        tail += counts[k]
-        k += 1
-    return k, 1 - 2 * tail / total
+    return _exact_rank(signed_rank_null(n), 2 ** n, confidence)
+
+
+def smallest_bounded_n(rank: Callable[[int, float], tuple[int, float]], confidence: float) -> int:
+    """The fewest runs per condition (``rank_shift_rank`` with equal groups) or blocks (``signed_rank_rank``) whose
+    exact CI at ``confidence`` is bounded."""
+    n = 2
+    while rank(n, confidence)[0] == 0:
+        n += 1
+    return n
+
+
+def block_pairs(treatment: pd.Series, baseline: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two conditions' values, each indexed by its run's block (the caller has left out runs with none), paired block
+    by block; None when a block does not hold exactly one run of each (then the runs are compared as independent
+    samples)."""
+    sides = (treatment, baseline)
+    if any(side.index.has_duplicates for side in sides) or set(treatment.index) != set(baseline.index):
+        return None
+    order = sorted(treatment.index)
+    return treatment.loc[order].to_numpy(), baseline.loc[order].to_numpy()
+
+
+def blocks_bound(pairs, confidence: float) -> bool:
+    """Whether block ``pairs`` (or None) are enough for a bounded signed-rank CI at ``confidence``: where they are,
+    the verdict and the stopping rule pair the runs by block."""
+    return pairs is not None and signed_rank_rank(len(pairs[0]), confidence)[0] > 0
 
 
 def ratio_by_blocks(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95) -> Interval:
@@ -163,13 +194,10 @@ def ratio_by_blocks(treatment: Sequence[float], baseline: Sequence[float], *, co
     d = t - b
     i, j = np.triu_indices(d.size)
     walsh = np.sort((d[i] + d[j]) / 2)
-    estimate = float(np.exp(np.median(walsh)))
     k, coverage = signed_rank_rank(d.size, confidence)
-    method = f"Hodges-Lehmann ratio of {d.size} blocks (median of the Walsh averages of per-block ratios), exact signed-rank CI"
-    if k == 0:
-        return Interval(estimate, 0.0, math.inf, confidence, f"{method}: {d.size} blocks cannot give {confidence:.4g} coverage")
-    return Interval(estimate, float(np.exp(walsh[k - 1])), float(np.exp(walsh[walsh.size - k])), confidence,
-                    f"{method}, W({k})..W({walsh.size + 1 - k}), exact coverage {coverage:.4f}")
+    return _order_interval(walsh, k, coverage, confidence,
+                           f"Hodges-Lehmann ratio of {d.size} blocks (median of the Walsh averages of per-block ratios), "
+                           "exact signed-rank CI", "W", f"{d.size} blocks")
 
 
 def _positive(values: Sequence[float], name: str) -> np.ndarray:

@@ -31,7 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..bundle import measured_results
-from ..stats import log_half_width, ratio_by_blocks, ratio_interval, signed_rank_rank
+from ..stats import block_pairs, blocks_bound, log_half_width, ratio_by_blocks, ratio_interval
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
@@ -122,7 +122,7 @@ class StoppingRule:
             confidence = 1 - ALPHA / len(self.goals)
             pairs = _block_pairs(results, goal) if goal.statistic == "median" else None
             try:
-                if pairs is not None and signed_rank_rank(len(pairs[0]), confidence)[0] > 0:
+                if blocks_bound(pairs, confidence):
                     ratio = ratio_by_blocks(*pairs, confidence=confidence)   # as the verdict will: blocks cancel drift
                 else:
                     ratio = ratio_interval(values[goal.treatment], values[goal.baseline], statistic=goal.statistic,
@@ -171,11 +171,11 @@ def _block_pairs(results: pd.DataFrame, goal: PrecisionGoal):
     if "block" not in results:
         return None
     chosen = results[results["metric"] == goal.metric]
-    sides = [chosen[chosen["condition"] == name].set_index("block")["value"] for name in (goal.treatment, goal.baseline)]
-    if any(side.index.isna().any() or side.index.has_duplicates for side in sides) or set(sides[0].index) != set(sides[1].index):
+    chosen = chosen[chosen["condition"].isin([goal.treatment, goal.baseline])]
+    if chosen["block"].isna().any():
         return None
-    order = sorted(sides[0].index)
-    return sides[0].loc[order].to_numpy(), sides[1].loc[order].to_numpy()
+    return block_pairs(*(chosen[chosen["condition"] == name].set_index("block")["value"]
+                         for name in (goal.treatment, goal.baseline)))
 
 
 def extra_round(conditions: list[Condition], first_order: int, round_number: int, seed: int,
