@@ -7,7 +7,7 @@ OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 
-.PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels \
+.PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
         jupyter kernelspec
 
 help:  ## list the targets
@@ -54,6 +54,21 @@ lab-kernels: $(STAMP) tools  ## build the lab kernels and guest image (root; 6-1
 
 lab: lab-kernels  ## every claim's lab experiments in QEMU guests (root; long)
 	@for claim in $(LAB_CLAIMS); do $(BIN)/ticklab lab run $$claim $(LAB_ARGS) || exit $$?; done
+
+# The lab host (issue 28): a Debian 12 disk image booted by BIOS, grub and systemd, where boot plans run as on a
+# user's machine (root; about 10 min to build, cached by content hash). lab-host-bundles: the nohz kexec and grub
+# plans whose bundles are committed; lab-host-test: the plans' end-to-end tests (abort, a refused boot, a missing
+# kernel image; about an hour of TCG boots).
+LAB_HOST_RUNS ?= 3
+lab-host: $(STAMP) tools  ## build the lab host disk image (root; debootstrap, ~10 min)
+	$(BIN)/ticklab lab build-host
+
+lab-host-bundles: lab-host  ## nohz boot plans (kexec, grub) in the lab host, bundles into traces/ (root; long)
+	$(BIN)/ticklab lab host-plan nohz --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces
+	$(BIN)/ticklab lab host-plan nohz --boot grub --runs $(LAB_HOST_RUNS) --warmup 0 --out traces
+
+lab-host-test: lab-host  ## the lab host's end-to-end plan tests (root; about an hour)
+	TICKLAB_LAB_HOST_TESTS=1 $(BIN)/python -m pytest -q -n 1 -m labhost tests/test_labhost.py </dev/null
 
 # JupyterLab on the repository with the environment registered as the "ticklab" kernel.
 JUPYTER_PORT ?= 8888

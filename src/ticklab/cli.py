@@ -195,6 +195,19 @@ def _lab(args: argparse.Namespace) -> int:
                 return 0
             image = build_image(force=args.force)
             print(f"guest image {image.key}: {image.initramfs}")
+        elif args.lab_command == "build-host":
+            from .lab.labhost import build_host
+
+            image = build_host(force=args.force, say=lambda text: print(text, file=sys.stderr, flush=True))
+            print(f"lab host {image.key}: {image.disk}")
+        elif args.lab_command == "host-plan":
+            from .lab.labhost import plan_run, summary_lines
+
+            view = plan_run(args.claim, args.boot, runs=args.runs, warmup=args.warmup, experiment=args.experiment,
+                            abort_when_made=args.abort_after_runs, hide_kernel_when_made=args.hide_kernel_after_runs,
+                            out=args.out, accel=args.accel, keep_disk=args.keep_disk,
+                            say=lambda text: print(text, file=sys.stderr, flush=True))
+            print("\n".join(summary_lines(view)))
         elif args.boot:
             from .lab.bootplan import lab_boot_plan
             from .lab.run import LabOptions
@@ -470,6 +483,28 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument("--list-packages", action="store_true",
                        help="print the Debian packages the image's programs come from (runners/vm/image.yaml) and exit")
     image.set_defaults(func=_lab)
+    build_host = lab_sub.add_parser("build-host", help="build (or find cached) the lab host: a Debian 12 disk image "
+                                    "booted by BIOS and grub, for boot plans (runners/vm/lab-host.yaml)")
+    build_host.add_argument("--force", action="store_true", help="rebuild even when cached")
+    build_host.set_defaults(func=_lab)
+    host_plan = lab_sub.add_parser("host-plan", help="run a boot plan (capture --boot) in the lab host, driven without "
+                                   "interaction, and check the machine from outside afterwards")
+    host_plan.add_argument("claim", choices=list(CLAIM_IDS))
+    host_plan.add_argument("--boot", choices=["kexec", "grub"], required=True)
+    host_plan.add_argument("--runs", type=_whole(1, 1000), help="measured runs per condition (default: the experiment's)")
+    host_plan.add_argument("--warmup", type=_whole(0, 100), help="warm-up runs per condition (default: the experiment's)")
+    host_plan.add_argument("--experiment", help="the boot experiment, as a path inside the checkout "
+                                                "(runners/<claim>/host-boot-*.yaml)")
+    host_plan.add_argument("--abort-after-runs", type=_whole(0, 100000), metavar="N",
+                           help="'ticklab plan abort' at the boot after N runs were made, as a user would")
+    host_plan.add_argument("--hide-kernel-after-runs", type=_whole(0, 100000), metavar="N",
+                           help="move the next run's kernel image away at the boot after N runs were made (put back "
+                                "when the plan has ended)")
+    host_plan.add_argument("--out", type=Path, help="copy the plan's bundle here, under the lab host's host-id "
+                                                    "(default: kept in the run's directory only)")
+    host_plan.add_argument("--accel", choices=["tcg", "kvm"], default="tcg", help="QEMU accelerator (default tcg)")
+    host_plan.add_argument("--keep-disk", action="store_true", help="keep the run's disk image")
+    host_plan.set_defaults(func=_lab)
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))
     lab_run.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",

@@ -1,0 +1,557 @@
+"""The lab host (issue 28): a Debian 12 installation on a disk image that QEMU boots by BIOS — grub from the MBR,
+Debian's kernel and initramfs, systemd — so that boot plans run where users run them.
+
+``build_host`` (``ticklab lab build-host``) makes the image from ``runners/vm/lab-host.yaml``:
+
+1. ``debootstrap`` of the suite into a directory, then the recipe's packages with ``apt-get`` in a chroot, the
+   packages' questions answered from the recipe (kexec-tools never takes over reboots), and a Python environment
+   made from ``requirements.lock`` under the recipe's ``ticklab_dir``;
+2. the directory becomes the ext4 file system of the disk's one partition (``mkfs.ext4 -d``, at a 1 MiB offset
+   inside the disk file, after ``sfdisk`` wrote the partition table): no loop device or mount is needed;
+3. one boot of the image's own kernel (QEMU's ``-kernel``, ``init=`` our installer script) runs ``grub-install``
+   on the disk and ``update-grub``, as the Debian installer's last step does; the console must say it did.
+
+Everything is made in a temporary directory beside the cache entry and renamed into place when complete; the key
+hashes the recipe, the installer, requirements.lock and ``BUILD_STEPS``. The chroot's mounts are undone in
+``finally`` blocks (an interrupted build leaves no mount behind; the next build removes the temporary directory).
+
+``prepare_run`` copies the image for one run (the cached one is never booted), mounts the copy's partition through
+a loop device at its offset, installs this checkout the way README says (its files under ``ticklab_dir``, then
+``make env tools`` in a chroot) with the job the guest's driver runs (``runners/vm/lab-host-job.py`` as
+``ticklab-lab-job-*.service``), and unmounts. ``boot_host`` boots the copy from its disk (no ``-kernel``: every
+boot goes through the firmware and grub; a reboot is a real reset) until the guest powers off. ``collect`` mounts
+the copy again and copies out what the guest left (the job's log, the plan's directory, the bundles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..capture.process import spawn, wait_or_kill
+from ..paths import repo_root
+from .cache import LabError, cache_dir, content_key
+from .qemu import QEMU, require_qemu
+
+RECIPE = Path("runners/vm/lab-host.yaml")
+INSTALLER = Path("runners/vm/lab-host-install")
+JOB_DRIVER = Path("runners/vm/lab-host-job.py")
+# the build's steps, in the key with the recipe, the installer and the lock: raise it when _build_into or
+# _configure change what goes into the image (the run functions below change nothing in it)
+BUILD_STEPS = 1
+PARTITION_OFFSET = 1 << 20
+INSTALL_OK = "ticklab-lab-install: ok"
+PROGRAMS = ("debootstrap", "sfdisk", "mkfs.ext4", "chroot", "mount", "umount", "losetup", QEMU)
+# what the chroot needs mounted for packages' scripts (udev, initramfs-tools) and pip
+CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sys", "sys", ["-t", "sysfs"]),
+                 ("/dev", "dev", ["--bind"]), ("devpts", "dev/pts", ["-t", "devpts"]))
+JOB_UNITS = {  # the guest's job driver, around the plan's own unit (see runners/vm/lab-host-job.py)
+    "ticklab-lab-job-before.service": ("before", "Before=ticklab-plan.service\nAfter=basic.target\n", ""),
+    "ticklab-lab-job-after.service": ("after", "DefaultDependencies=no\nRequires=sysinit.target\n"
+                                      "After=basic.target multi-user.target ticklab-plan.service\n", ""),
+}
+GUEST_STATE = "var/lib/ticklab-lab"  # the driver's log and results, inside the image
+CHECKOUT_EXCLUDE = {".venv", "build", ".git", "traces", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
+
+
+@dataclass
+class HostImage:
+    key: str
+    disk: Path
+    info: dict
+
+
+def recipe() -> dict:
+    path = repo_root() / RECIPE
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise LabError(f"{path}: cannot read the lab host recipe ({' '.join(str(exc).split())})") from None
+    missing = [k for k in ("suite", "mirror", "packages", "disk_gib", "ticklab_dir") if k not in (data or {})]
+    if missing:
+        raise LabError(f"{path}: missing key(s) {', '.join(missing)}")
+    return data
+
+
+def missing_programs() -> list[str]:
+    return [name for name in PROGRAMS if shutil.which(name) is None]
+
+
+def host_key(data: dict | None = None) -> str:
+    root = repo_root()
+    parts = [(str(p), (root / p).read_bytes()) for p in (RECIPE, INSTALLER, Path("requirements.lock"))]
+    parts.append(("builder", str(BUILD_STEPS).encode()))
+    return content_key(parts)
+
+
+def hosts_dir() -> Path:
+    return cache_dir() / "hosts"
+
+
+def cached_host() -> HostImage | None:
+    key = host_key()
+    disk = hosts_dir() / key / "disk.raw"
+    try:
+        return HostImage(key, disk, json.loads((disk.parent / "build.json").read_text())) if disk.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _run(argv: list[str], what: str, log: Path | None = None, env: dict | None = None, timeout_s: float = 3600) -> str:
+    """Run a build step; LabError naming the step and the last lines it printed."""
+    result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                            env=env, timeout=timeout_s, check=False)
+    if log is not None:
+        with log.open("a") as out:
+            out.write(f"$ {' '.join(argv)}\n{result.stdout}{result.stderr}\n")
+    if result.returncode != 0:
+        tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
+        raise LabError(f"{what} failed (exit {result.returncode}): {tail}")
+    return result.stdout
+
+
+@contextlib.contextmanager
+def _mounts(steps: list[tuple[list[str], Path]]):
+    """Mount each (mount argv, target) in order; unmount them all in reverse, whatever happens."""
+    done: list[Path] = []
+    try:
+        for argv, target in steps:
+            target.mkdir(parents=True, exist_ok=True)
+            _run(["mount", *argv, str(target)], f"mount {target}")
+            done.append(target)
+        yield
+    finally:
+        for target in reversed(done):
+            if subprocess.run(["umount", str(target)], capture_output=True, check=False).returncode != 0:
+                subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
+
+
+def _chroot_mounts(root: Path):
+    return _mounts([([*options, source], root / target) for source, target, options in CHROOT_MOUNTS])
+
+
+def _chroot_env() -> dict:
+    ca = {name: f"/{CHROOT_CA}" for name in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")} \
+        if _host_ca_bundle() is not None else {}
+    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+            "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", **ca}
+
+
+def _in_chroot(root: Path, argv: list[str], what: str, log: Path, timeout_s: float = 3600) -> str:
+    return _run(["chroot", str(root), *argv], what, log, env=_chroot_env(), timeout_s=timeout_s)
+
+
+CHROOT_CA = "tmp/ticklab-host-ca.pem"
+
+
+def _host_ca_bundle() -> Path | None:
+    """The certificates this machine trusts (a site's proxy CA included), as pip here finds them."""
+    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+@contextlib.contextmanager
+def _network_in(root: Path):
+    """The chroot reaches the network as this machine does while it installs (apt, pip): its resolv.conf and the
+    certificates it trusts; the image keeps none of it."""
+    resolv = root / "etc/resolv.conf"
+    saved = resolv.read_bytes() if resolv.is_file() and not resolv.is_symlink() else None
+    if resolv.is_symlink():
+        resolv.unlink()
+    shutil.copyfile("/etc/resolv.conf", resolv)
+    bundle = _host_ca_bundle()
+    if bundle is not None:
+        shutil.copyfile(bundle, root / CHROOT_CA)
+    try:
+        yield
+    finally:
+        (root / CHROOT_CA).unlink(missing_ok=True)
+        if saved is None:
+            resolv.unlink(missing_ok=True)
+        else:
+            resolv.write_bytes(saved)
+
+
+def root_uuid(key: str) -> str:
+    return str(uuid.UUID(hashlib.sha256(f"ticklab-lab-host-{key}".encode()).hexdigest()[:32]))
+
+
+def _configure(root: Path, data: dict, key: str) -> None:
+    """What an installer writes: fstab, hostname, grub's settings, no getty on the serial console we log."""
+    (root / "etc/fstab").write_text(f"UUID={root_uuid(key)} / ext4 errors=remount-ro 0 1\n")
+    (root / "etc/hostname").write_text("ticklab-lab-host\n")
+    (root / "etc/hosts").write_text("127.0.0.1 localhost\n127.0.1.1 ticklab-lab-host\n")
+    grub_d = root / "etc/default/grub.d"
+    grub_d.mkdir(parents=True, exist_ok=True)
+    (grub_d / "ticklab-lab.cfg").write_text(
+        "# the lab host's serial console (the builder and tests read it) and a short menu\n"
+        f'GRUB_CMDLINE_LINUX_DEFAULT="{data.get("grub_cmdline", "")}"\n'
+        "GRUB_TIMEOUT=1\nGRUB_TERMINAL=serial\n"
+        'GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"\n')
+    installer = root / "usr/local/sbin/ticklab-lab-install"
+    installer.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(repo_root() / INSTALLER, installer)
+    installer.chmod(0o755)
+    getty = root / "etc/systemd/system/serial-getty@ttyS0.service"
+    getty.parent.mkdir(parents=True, exist_ok=True)
+    if not os.path.lexists(getty):
+        getty.symlink_to("/dev/null")
+
+
+def build_host(force: bool = False, say=print) -> HostImage:
+    """The cached lab host image, built when missing (or ``force``); LabError naming what failed."""
+    if os.geteuid() != 0:
+        raise LabError("ticklab lab build-host: needs root (debootstrap, chroot, mkfs)")
+    missing = missing_programs()
+    if missing:
+        raise LabError(f"ticklab lab build-host: {', '.join(missing)} not installed "
+                       "(apt-get install debootstrap fdisk e2fsprogs qemu-system-x86)")
+    require_qemu()
+    data = recipe()
+    key = host_key(data)
+    final = hosts_dir() / key
+    found = cached_host()
+    if found and not force:
+        say(f"lab host {key}: cached in {final}")
+        return found
+    hosts_dir().mkdir(parents=True, exist_ok=True)
+    for stale in hosts_dir().glob("tmp-*-*"):  # a build interrupted earlier (its process gone)
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    work = hosts_dir() / f"tmp-{key}-{os.getpid()}"
+    work.mkdir()
+    started = time.monotonic()
+    log = work / "build.log"
+    try:
+        info = _build_into(work, data, key, log, say)
+        info["seconds"] = round(time.monotonic() - started)
+        (work / "build.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        shutil.rmtree(work / "root")
+        if final.exists():
+            shutil.rmtree(final)
+        work.rename(final)
+    except BaseException:
+        say(f"lab host build failed; its log: {log}") if log.exists() else None
+        raise
+    say(f"lab host {key}: built in {info['seconds']} s: {final / 'disk.raw'}")
+    return HostImage(key, final / "disk.raw", info)
+
+
+def _build_into(work: Path, data: dict, key: str, log: Path, say) -> dict:
+    root = work / "root"
+    say(f"lab host: debootstrap {data['suite']} from {data['mirror']} (a few minutes)")
+    _run(["debootstrap", "--variant=minbase", "--include=ca-certificates,debconf", str(data["suite"]), str(root),
+          str(data["mirror"])], "debootstrap", log)
+    policy = root / "usr/sbin/policy-rc.d"  # no service starts inside the chroot
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    try:
+        with _chroot_mounts(root), _network_in(root):
+            selections = "\n".join(data.get("debconf", [])) + "\n"
+            answered = subprocess.run(["chroot", str(root), "debconf-set-selections"], input=selections, text=True,
+                                      env=_chroot_env(), check=False, capture_output=True)
+            if answered.returncode != 0:
+                raise LabError(f"{RECIPE}: debconf answers refused: {' '.join(answered.stderr.split())[:300]}")
+            say(f"lab host: apt-get install {len(data['packages'])} packages")
+            _in_chroot(root, ["apt-get", "install", "-y", "--no-install-recommends", *map(str, data["packages"])],
+                       "apt-get install", log)
+            _in_chroot(root, ["apt-get", "clean"], "apt-get clean", log)
+            target = Path(str(data["ticklab_dir"]).lstrip("/"))
+            (root / target).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(repo_root() / "requirements.lock", root / target / "requirements.lock")
+            say("lab host: the Python environment from requirements.lock")
+            venv = f"/{target}/.venv"
+            _in_chroot(root, ["python3", "-m", "venv", venv], "python3 -m venv", log)
+            _in_chroot(root, [f"{venv}/bin/python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                              "-r", f"/{target}/requirements.lock"], "pip install -r requirements.lock", log)
+            versions = _in_chroot(root, ["dpkg-query", "-W", "-f", "${Package} ${Version}\\n"], "dpkg-query", log)
+    finally:
+        policy.unlink(missing_ok=True)
+    _configure(root, data, key)
+    kernels = sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*"))
+    if not kernels:
+        raise LabError(f"{root / 'boot'}: no kernel installed (linux-image-amd64 in {RECIPE}?)")
+    release = kernels[-1]
+    disk = work / "disk.raw"
+    size = int(data["disk_gib"]) << 30
+    with disk.open("wb") as out:
+        out.truncate(size)
+    subprocess.run(["sfdisk", "--quiet", str(disk)], input=f"label: dos\nstart={PARTITION_OFFSET // 512}, type=83, bootable\n",
+                   text=True, check=True, capture_output=True)
+    say("lab host: the root file system (mkfs.ext4 -d)")
+    _run(["mkfs.ext4", "-q", "-F", "-L", "ticklab-root", "-U", root_uuid(key), "-E", f"offset={PARTITION_OFFSET}",
+          "-d", str(root), str(disk), f"{(size - PARTITION_OFFSET) >> 10}k"], "mkfs.ext4", log)
+    say("lab host: installing grub to the disk (one boot of its kernel)")
+    console = work / "install-console.log"
+    argv = [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-monitor", "none",
+            "-machine", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1024M",
+            "-kernel", str(root / "boot" / f"vmlinuz-{release}"), "-initrd", str(root / "boot" / f"initrd.img-{release}"),
+            "-append", f"root=UUID={root_uuid(key)} rw console=ttyS0 panic=-1 init=/usr/local/sbin/ticklab-lab-install",
+            "-drive", f"file={disk},format=raw,if=virtio", "-nic", "none", "-serial", f"file:{console}"]
+    process = spawn(argv, label="qemu", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    status = wait_or_kill(process, 1800)
+    text = console.read_text(errors="replace") if console.exists() else ""
+    if INSTALL_OK not in text:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        raise LabError(f"{console}: grub was not installed ({status}): {tail}")
+    return {"key": key, "suite": data["suite"], "kernel": release, "root_uuid": root_uuid(key),
+            "packages": dict(line.split(" ", 1) for line in versions.splitlines() if " " in line),
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+# -- one run of the lab host -----------------------------------------------------------------------------------------
+GUEST_TICKLAB = "opt/ticklab"
+
+
+def checkout_files(root: Path) -> list[Path]:
+    """The checkout's files as a user has them (git's tracked and untracked-but-not-ignored files where it is a git
+    work tree, else every file), without environments, outputs and bundles (the image keeps its own)."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=False)
+    if listed.returncode == 0 and listed.stdout:
+        names = [Path(n) for n in listed.stdout.decode().split("\0") if n]
+    else:
+        names = [p.relative_to(root) for p in root.rglob("*") if p.is_file() or p.is_symlink()]
+    return sorted(n for n in names if not set(n.parts) & CHECKOUT_EXCLUDE and (root / n).is_file())
+
+
+def _copy_checkout(source: Path, target: Path) -> int:
+    files = checkout_files(source)
+    for name in files:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / name, target / name)
+    return len(files)
+
+
+@contextlib.contextmanager
+def mounted_disk(disk: Path, mountpoint: Path, read_only: bool = False):
+    """The disk image's partition mounted through a loop device at its offset (released when unmounted)."""
+    options = f"loop,offset={PARTITION_OFFSET}" + (",ro" if read_only else "")
+    with _mounts([(["-o", options, str(disk)], mountpoint)]):
+        yield mountpoint
+
+
+def unit_text(name: str) -> str:
+    phase, ordering, _ = JOB_UNITS[name]
+    return (f"[Unit]\nDescription=ticklab lab host job ({phase} the boot plan's unit)\n{ordering}\n"
+            f"[Service]\nType=oneshot\nExecStart=/usr/bin/python3 /usr/local/sbin/ticklab-lab-job {phase}\n"
+            "StandardOutput=journal+console\nStandardError=journal+console\nTimeoutStartSec=infinity\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+
+
+def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_files: dict[str, bytes] | None = None) -> None:
+    """A copy of the image for one run, with this checkout installed (make env tools) and the job in place."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    disk = run_dir / "disk.raw"
+    say(f"lab host run: copying the image to {disk}")
+    _run(["cp", "--sparse=always", str(image.disk), str(disk)], "copying the lab host image")
+    with mounted_disk(disk, run_dir / "mnt") as root:
+        target = root / GUEST_TICKLAB
+        count = _copy_checkout(repo_root(), target)
+        for name, data in (extra_files or {}).items():
+            path = target / name
+            if ".." in Path(name).parts or Path(name).is_absolute():
+                raise LabError(f"{name}: an extra file must be a relative path inside the checkout")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        say(f"lab host run: {count} files of this checkout in /{GUEST_TICKLAB}; make env tools (chroot)")
+        with _chroot_mounts(root), _network_in(root):
+            _in_chroot(root, ["make", "-C", f"/{GUEST_TICKLAB}", "env", "tools"], "make env tools in the lab host",
+                       run_dir / "prepare.log")
+        (root / "etc/ticklab-lab").mkdir(exist_ok=True)
+        (root / "etc/ticklab-lab/job.json").write_text(json.dumps(job, indent=2) + "\n")
+        driver = root / "usr/local/sbin/ticklab-lab-job"
+        shutil.copyfile(repo_root() / JOB_DRIVER, driver)
+        driver.chmod(0o755)
+        wants = root / "etc/systemd/system/multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        for name in JOB_UNITS:
+            (root / "etc/systemd/system" / name).write_text(unit_text(name))
+            link = wants / name
+            if not os.path.lexists(link):
+                link.symlink_to(f"../{name}")
+        grub = root / "boot/grub"
+        (run_dir / "grub-before").mkdir(exist_ok=True)
+        for name in ("grub.cfg", "grubenv"):
+            if (grub / name).is_file():
+                shutil.copyfile(grub / name, run_dir / "grub-before" / name)
+
+
+def _said(line: str) -> str | None:
+    """A console line worth showing: the job driver's, the plan's (its unit's output, as journald prints it)."""
+    for marker in ("ticklab-lab-job: ", "boot plan ", "run-"):
+        at = line.find(marker)
+        if at >= 0 and (marker != "run-" or line[at - 4:at] == "run "):
+            return line[at - 4 if marker == "run-" else at:]
+    return None
+
+
+def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = "tcg", say=print) -> dict:
+    """Boot the run's disk through the firmware until the guest powers off; every console line is stamped with the
+    seconds since QEMU started (console.timeline.tsv), and the driver's and plan's lines are said."""
+    console = run_dir / "console.log"
+    argv = [QEMU, "-name", "ticklab-lab-host", "-nodefaults", "-no-user-config", "-display", "none",
+            "-monitor", "none", "-machine", "pc", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+            "-smp", str(data.get("smp", 2)), "-m", f"{data.get('memory_mb', 2048)}M",
+            "-drive", f"file={run_dir / 'disk.raw'},format=raw,if=virtio", "-nic", "none",
+            "-serial", f"file:{console}"]
+    if "," in str(run_dir):
+        raise LabError(f"{run_dir}: QEMU options cannot take a path with a comma")
+    started = time.monotonic()
+    process = spawn(argv, label="qemu", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen = 0
+    status = "ok"
+    try:
+        with (run_dir / "console.timeline.tsv").open("w") as timeline:
+            while True:
+                ended = process.poll() is not None
+                text = console.read_bytes() if console.exists() else b""
+                complete = text[:text.rfind(b"\n") + 1] if not ended else text
+                for raw in complete[seen:].splitlines():
+                    line = raw.decode(errors="replace").rstrip("\r")
+                    stamp = time.monotonic() - started
+                    timeline.write(f"{stamp:.1f}\t{line}\n")
+                    said = _said(line)
+                    if said:
+                        say(f"[{stamp:6.0f} s] {said}")
+                seen = len(complete)
+                timeline.flush()
+                if ended:
+                    break
+                if time.monotonic() - started > timeout_s:
+                    status = "timeout"
+                    wait_or_kill(process, 0)
+                    break
+                time.sleep(0.5)
+    except BaseException:
+        wait_or_kill(process, 0)
+        raise
+    return {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 1),
+            "accel": accel, "argv": argv}
+
+
+def collect(run_dir: Path) -> dict:
+    """What the guest left, copied out of the stopped image: the driver's state, the plan, the bundles, grub's files;
+    and what a look from outside finds (grub.cfg and grubenv against their copies from before the run)."""
+    out = run_dir / "guest"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir()
+    with mounted_disk(run_dir / "disk.raw", run_dir / "mnt", read_only=True) as root:
+        for source, name in ((root / GUEST_STATE, "state"), (root / "var/lib/ticklab/plans", "plans"),
+                             (root / GUEST_TICKLAB / "traces", "traces"), (root / "boot/grub", "grub")):
+            if source.is_dir():
+                shutil.copytree(source, out / name, symlinks=True,
+                                ignore=shutil.ignore_patterns("*.mod", "*.img", "fonts", "locale", "i386-pc"))
+        view = {"unit": os.path.lexists(root / "etc/systemd/system/ticklab-plan.service"),
+                "unit_link": os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service"),
+                "custom_cfg": (root / "boot/grub/custom.cfg").exists()}
+    before, after = run_dir / "grub-before", out / "grub"
+    view["grub_cfg_unchanged"] = (before / "grub.cfg").read_bytes() == (after / "grub.cfg").read_bytes()
+    env_before = (before / "grubenv").read_text() if (before / "grubenv").exists() else ""
+    env_after = (after / "grubenv").read_text() if (after / "grubenv").exists() else ""
+    view["grubenv_unchanged"] = env_before == env_after
+    view["grubenv_after"] = [line for line in env_after.splitlines() if not line.startswith("#")]
+    final = out / "state" / "final.json"
+    view["final"] = json.loads(final.read_text()) if final.is_file() else None
+    boots = out / "state" / "boots.jsonl"
+    view["boots"] = [json.loads(line) for line in boots.read_text().splitlines()] if boots.is_file() else []
+    plans = sorted((out / "plans").glob("*/plan.json"))
+    view["plan"] = json.loads(plans[-1].read_text()) if plans else None
+    view["bundles"] = sorted(str(p.parent.relative_to(out / "traces")) for p in (out / "traces").glob("*/*/*/manifest.json"))
+    (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
+    return view
+
+
+def runs_dir() -> Path:
+    return cache_dir() / "host-runs"
+
+
+def labhost_id(mode: str, accel: str, smp: int, release: str) -> str:
+    """The bundles' host-id: a lab guest (``guest-…``, as the report sorts setups) that played a real host's plan."""
+    from ..host import collect as host_facts, host_id
+    identity = f"guest-{accel}-{smp}vcpu-{release}-on-{host_id(host_facts())}".lower()
+    identity = "".join(c if c.isalnum() or c in "._-" else "-" for c in identity)[:85].rstrip("-.")
+    return f"{identity}-labhost-{mode}"
+
+
+def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | None = None,
+             experiment: str | None = None, abort_when_made: int | None = None,
+             hide_kernel_when_made: int | None = None, out: Path | None = None, accel: str = "tcg",
+             timeout_s: float = 4 * 3600, keep_disk: bool = False, extra_files: dict[str, bytes] | None = None,
+             say=print) -> dict:
+    """One boot plan in the lab host, driven without interaction: the capture started at its first boot, the user's
+    abort or a hidden kernel image on cue, a check boot at the end; what was found (``host-view.json``), and the
+    bundle copied into ``out`` (when given) under the lab host's host-id. ``extra_files``: files put into the
+    installed checkout beside this one's (a test's own experiment)."""
+    if mode not in ("kexec", "grub"):
+        raise LabError(f"--boot {mode}: the lab host plays kexec or grub plans")
+    image = cached_host()
+    if image is None:
+        raise LabError(f"no lab host image for this recipe (key {host_key()}): ticklab lab build-host (make lab-host)")
+    data = recipe()
+    smp = int(data.get("smp", 2))
+    hid = labhost_id(mode, accel, smp, image.info["kernel"])
+    ticklab = f"/{GUEST_TICKLAB}/.venv/bin/ticklab"
+    argv = [ticklab, "capture", claim, "--boot", mode, "--no-progress", "--host-id", hid]
+    argv += ["--runs", str(runs)] if runs is not None else []
+    argv += ["--warmup", str(warmup)] if warmup is not None else []
+    argv += ["--experiment", experiment] if experiment else []
+    job = {"argv": argv, "cwd": f"/{GUEST_TICKLAB}", "ticklab": ticklab, "abort_when_made": abort_when_made,
+           "hide_kernel_when_made": hide_kernel_when_made, "max_boots": 60}
+    run_dir = runs_dir() / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}"
+    prepare_run(image, run_dir, job, say, extra_files)
+    say(f"lab host run: booting {run_dir / 'disk.raw'} ({accel}); console {run_dir / 'console.log'}")
+    outcome = boot_host(run_dir, data, timeout_s, accel, say)
+    view = collect(run_dir)
+    view.update({"qemu": outcome, "job": job, "host_id": hid, "image": image.key, "run_dir": str(run_dir)})
+    (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
+    if out is not None:
+        for bundle in view["bundles"]:
+            target = Path(out) / bundle
+            if target.exists():
+                raise LabError(f"{target}: exists already; the lab host's bundle stays in {run_dir / 'guest/traces'}")
+            shutil.copytree(run_dir / "guest" / "traces" / bundle, target)
+            say(f"lab host run: bundle {target}")
+    if not keep_disk:
+        (run_dir / "disk.raw").unlink(missing_ok=True)
+    return view
+
+
+def summary_lines(view: dict) -> list[str]:
+    """What a lab host run showed, for its user: the boots in order, the plan's runs, the check boot's findings."""
+    plan = view.get("plan") or {}
+    qemu = view.get("qemu", {})
+    lines = [f"lab host run {view.get('run_dir')}: QEMU {qemu.get('status')} after {qemu.get('seconds')} s "
+             f"({qemu.get('accel')}); plan {plan.get('id')} ({plan.get('mode')}) {plan.get('state')}"
+             + (f": {plan['ended_because']}" if plan.get("ended_because") else "")]
+    for boot in view.get("boots", []):
+        if boot["phase"] == "before":
+            lines.append(f"  boot {boot['boot']}: {boot['release']} up {boot['uptime_s']:.1f} s, plan {boot['plan']} "
+                         f"({boot['made']} made): {' '.join(w for w in boot['cmdline'].split() if not w.startswith('BOOT_IMAGE='))}")
+    for run in plan.get("runs", []):
+        lines.append(f"  run {run['name']} ({run['condition']}): {run['state']}"
+                     + (f", boot {run['boot_id_found']}" if run.get("boot_id_found") else "")
+                     + (f": {run['why']}" if run.get("why") else ""))
+    final = view.get("final") or {}
+    lines.append(f"  after: unit {'left' if view.get('unit') else 'gone'}, grub.cfg "
+                 f"{'unchanged' if view.get('grub_cfg_unchanged') else 'CHANGED'}, grubenv "
+                 f"{'unchanged' if view.get('grubenv_unchanged') else 'changed: ' + ' '.join(view.get('grubenv_after', []))}, "
+                 f"custom.cfg {'present' if view.get('custom_cfg') else 'absent'}, kexec loaded {final.get('kexec_loaded')}")
+    lines.append(f"  check boot: {final.get('release')} '{' '.join(final.get('boot_words', []))}'")
+    lines += [f"  | {line}" for line in str(final.get("plan_status", "")).splitlines()]
+    lines += [f"  bundle: {b}" for b in view.get("bundles", [])]
+    return lines

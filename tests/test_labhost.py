@@ -1,0 +1,190 @@
+"""The lab host (issue 28): a Debian 12 disk image booted by BIOS, grub and systemd, where boot plans run as on a
+user's machine.
+
+The plans themselves take minutes of TCG boots each (a Debian boot is about a minute here), so they run in
+``make lab-host-test`` (marker ``labhost``), which builds the image first; ``make test`` runs them only where the
+image is built already and TICKLAB_LAB_HOST_TESTS=1 says to spend the time. The committed bundles from the lab
+host's kexec and grub plans are checked here on every run.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ticklab import paths
+from ticklab.bundle import load_bundle
+from ticklab.lab import labhost
+
+TRACES = paths.traces_dir()
+
+
+def labhost_bundles(mode: str) -> list[Path]:
+    return sorted(p.parent for p in TRACES.glob(f"*-labhost-{mode}/nohz/*/manifest.json"))
+
+
+# -- what the checkout copies into the image -------------------------------------------------------------------------
+def test_checkout_files_leave_out_environments_outputs_and_bundles(tmp_path):
+    repo = tmp_path / "repo"
+    for name in ("src/ticklab/a.py", "README.md", ".venv/bin/python", "build/report/index.html",
+                 "traces/x/nohz/b/manifest.json", "src/ticklab/__pycache__/a.pyc", "new-untracked.txt", "ignored.log"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("x")
+    (repo / ".gitignore").write_text("*.log\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "src/ticklab/a.py", "README.md", ".gitignore"], check=True)
+    names = [str(p) for p in labhost.checkout_files(repo)]
+    assert names == [".gitignore", "README.md", "new-untracked.txt", "src/ticklab/a.py"]
+
+
+def test_checkout_files_without_git_take_every_file_but_the_excluded(tmp_path):
+    repo = tmp_path / "repo"
+    for name in ("src/ticklab/a.py", ".venv/lib/x.py", "traces/published/x.csv"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("x")
+    assert [str(p) for p in labhost.checkout_files(repo)] == ["src/ticklab/a.py"]
+
+
+def test_the_job_units_sit_on_either_side_of_the_plans_unit():
+    before = labhost.unit_text("ticklab-lab-job-before.service")
+    after = labhost.unit_text("ticklab-lab-job-after.service")
+    assert "Before=ticklab-plan.service" in before and "ExecStart=/usr/bin/python3 /usr/local/sbin/ticklab-lab-job before" in before
+    # the plan's unit is ordered after multi-user.target: a unit after it cannot have the target's default ordering
+    assert "DefaultDependencies=no" in after and "After=basic.target multi-user.target ticklab-plan.service" in after
+
+
+def test_the_image_key_follows_the_recipe_and_not_the_run_code(monkeypatch, tmp_path):
+    key = labhost.host_key()
+    monkeypatch.setattr(labhost, "BUILD_STEPS", labhost.BUILD_STEPS + 1)
+    assert labhost.host_key() != key
+
+
+def test_a_missing_image_is_one_line_naming_the_build_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path))
+    with pytest.raises(labhost.LabError, match=r"no lab host image .*ticklab lab build-host"):
+        labhost.plan_run("nohz", "kexec")
+
+
+def test_only_kexec_and_grub_plans_are_played():
+    with pytest.raises(labhost.LabError, match="--boot manual: the lab host plays kexec or grub plans"):
+        labhost.plan_run("nohz", "manual")
+
+
+# -- the committed bundles from the lab host ---------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["kexec", "grub"])
+def test_the_lab_host_bundle_has_one_verified_boot_per_run_interleaved(mode):
+    bundles = labhost_bundles(mode)
+    if not bundles:
+        pytest.skip(f"no lab host {mode} bundle in traces/ (make lab-host-bundles)")
+    bundle = load_bundle(bundles[-1])
+    manifest = bundle.manifest
+    assert manifest.get("sealed") or (bundles[-1] / "manifest.sha256").is_file()
+    runs = [r for r in bundle.runs if not r.get("warmup")]
+    boots = [r["boot"] for r in bundle.runs]
+    assert all(b.get("mode") == mode for b in boots)
+    ids = [b["boot_id"] for b in boots]
+    assert len(set(ids)) == len(ids), "a run shares its boot with another"
+    for record in bundle.runs:
+        words = record["boot"]["cmdline"].split()
+        has = any(w.startswith("nohz_full=") for w in words)
+        assert has == (record["condition"] == "nohz-full"), record["boot"]["cmdline"]
+        if mode == "grub":
+            assert any(w.startswith("BOOT_IMAGE=") for w in words)  # grub's linux command booted it
+    conditions = [r["condition"] for r in runs]
+    assert set(conditions) == {"tick-on", "nohz-full"}
+    assert conditions[:2] != conditions[-2:] or len(set(conditions[:2])) == 2  # not all of one condition first
+
+
+# -- the plans, end to end in the lab host (make lab-host-test) ----------------------------------------------------------
+def _image_or_skip():
+    if os.environ.get("TICKLAB_LAB_HOST_TESTS") != "1":
+        pytest.skip("the lab host's plans take minutes of TCG boots each: make lab-host-test runs them")
+    if os.geteuid() != 0 or shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("needs root and qemu-system-x86_64")
+    if labhost.cached_host() is None:
+        pytest.skip("no lab host image built for this recipe: make lab-host")
+
+
+def _check_put_back(view: dict) -> None:
+    """After any ending: the unit gone, grub's default untouched, no one-shot left, the machine on its own kernel."""
+    final = view["final"]
+    assert final is not None, "the check boot never came"
+    assert not view["unit"] and not view["unit_link"] and not final["plan_unit"]
+    assert view["grub_cfg_unchanged"] and not view["custom_cfg"]
+    assert not [line for line in view["grubenv_after"] if line.startswith("next_entry=ticklab")]
+    assert final["kexec_loaded"] == "0"
+    original = view["plan"]["original"]
+    assert final["release"] == original["release"]
+    assert final["boot_words"] == [w for w in original["cmdline"].split() if not w.startswith(("BOOT_IMAGE=", "initrd="))]
+    assert final["boot_words"] and not any(w.startswith("nohz_full=") for w in final["boot_words"])
+
+
+def _bundle_of(view: dict):
+    assert len(view["bundles"]) == 1, view["bundles"]
+    return load_bundle(Path(view["run_dir"]) / "guest" / "traces" / view["bundles"][0])
+
+
+@pytest.mark.labhost
+@pytest.mark.parametrize("mode", ["kexec", "grub"])
+def test_plan_abort_in_the_middle_puts_the_machine_back(mode):
+    _image_or_skip()
+    view = labhost.plan_run("nohz", mode, runs=2, warmup=0, abort_when_made=1, say=lambda text: None)
+    plan = view["plan"]
+    assert plan["state"] == "aborted"
+    assert [r["state"] for r in plan["runs"]][:1] == ["made"] and sum(r["state"] == "made" for r in plan["runs"]) == 1
+    _check_put_back(view)
+    assert "aborted" in view["final"]["plan_status"]
+    bundle = _bundle_of(view)
+    assert len(bundle.runs) == 1 and "abort" in json.dumps(bundle.manifest.get("stopping", bundle.manifest)).lower()
+
+
+@pytest.mark.labhost
+def test_a_kernel_image_gone_before_the_next_boot_fails_the_plan_and_puts_the_machine_back():
+    _image_or_skip()
+    view = labhost.plan_run("nohz", "kexec", runs=2, warmup=0, hide_kernel_when_made=1, say=lambda text: None)
+    plan = view["plan"]
+    assert plan["state"] == "failed"
+    failed = [r for r in plan["runs"] if r["state"] == "failed"]
+    assert len(failed) == 1 and "missing" in failed[0]["why"]
+    _check_put_back(view)
+    assert "failed" in view["final"]["plan_status"]
+    bundle = _bundle_of(view)
+    assert any(r.get("problem") or r.get("failed") for r in bundle.runs)
+
+
+REFUSED = """claim: nohz
+name: host-boot-refused
+description: a boot plan whose second condition names a root file system that does not exist (ticklab's lab host test)
+runs: 1
+warmup: 0
+timeout_s: 120
+seed: 1
+requires: [root]
+conditions:
+  - {name: tick-on, kernel: running, boot: "-nohz_full"}
+  - {name: no-root, kernel: running, boot: "root=UUID=00000000-0000-4000-8000-000000000000 rootdelay=2 panic=5"}
+knobs:
+  kernel: host_kernel
+  boot: boot_cmdline
+workload:
+  tool: ftq
+  argv: ["{tools}/ftq", "-q", "1000000", "-n", "500", "-w", "10", "-o", "{run_dir}/ftq.dat"]
+"""
+
+
+@pytest.mark.labhost
+@pytest.mark.parametrize("mode", ["kexec", "grub"])
+def test_a_boot_the_kernel_refuses_ends_in_the_default_entry_and_fails_the_plan(mode):
+    _image_or_skip()
+    view = labhost.plan_run("nohz", mode, experiment="runners/nohz/host-boot-refused.yaml",
+                            extra_files={"runners/nohz/host-boot-refused.yaml": REFUSED.encode()}, say=lambda text: None)
+    plan = view["plan"]
+    assert plan["state"] == "failed"
+    refused = [r for r in plan["runs"] if r["condition"] == "no-root"]
+    assert refused[0]["state"] == "failed" and "/proc/cmdline" in refused[0]["why"]
+    _check_put_back(view)
+    bundle = _bundle_of(view)
+    assert [r for r in bundle.runs if r["condition"] == "no-root"]
