@@ -377,3 +377,33 @@ def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key
     (tmp_path / "guest-ftq.yaml").write_text(guest.replace("lab:", 'lab:\n  cmdline: "a\\rb"', 1))
     with pytest.raises(ExperimentError, match=r"guest-ftq\.yaml: lab\.cmdline: 'a\\rb' holds the control character"):
         load_experiment(tmp_path / "guest-ftq.yaml")
+
+
+@pytest.mark.parametrize("files, refused", [
+    ({"etc/default/kexec": "LOAD_KEXEC=true\n"}, "etc/default/kexec"),
+    ({"etc/default/kexec": 'LOAD_KEXEC="true"  # Debian asked\n'}, "etc/default/kexec"),
+    ({"etc/default/kexec": "LOAD_KEXEC=false\n", "etc/default/kexec.d/local": "LOAD_KEXEC=true\n"},
+     "etc/default/kexec.d/local"),
+    ({"etc/default/kexec": "LOAD_KEXEC=true\n", "etc/default/kexec.d/off": "LOAD_KEXEC=false\n"}, None),
+    ({"etc/default/kexec": "# LOAD_KEXEC=true\nLOAD_KEXEC=false\n"}, None),
+])
+def test_grub_mode_refuses_a_host_whose_kexec_tools_take_over_reboots(host, tmp_path, files, refused):
+    """Debian's kexec-tools with LOAD_KEXEC=true kexecs the default kernel, with the running command line, at every
+    reboot: grub's one-shot entry would never be booted (found on the lab host, issue 28)."""
+    root, log = host
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    if refused is None:
+        bootplan.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
+        return
+    with pytest.raises(PlanError, match=rf"{re.escape(str(root / refused))}: kexec-tools turns every reboot into a kexec"):
+        bootplan.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
+    assert not (root / "var/lib/ticklab/plans/k").exists()
+    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k2")  # kexec mode is fine
+
+
+def test_the_resume_unit_writes_its_lines_unbuffered(host):
+    """systemd stops the unit for the reboot it queued: a buffered stdout would lose the run's lines (lab host)."""
+    root, _ = host
+    assert "Environment=PYTHONUNBUFFERED=1\n" in bootplan.unit_text(root, "p")

@@ -311,6 +311,11 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
         _kernel_files(root, plan, run)  # every kernel must exist before the first reboot
     if mode == "grub":
         grub_menu_entries(plan, root)  # and every menu entry be one grub can take as it is
+        takes_over = kexec_takes_over_reboots(root)
+        if takes_over:
+            raise PlanError(f"{takes_over}: kexec-tools turns every reboot into a kexec of the default kernel with this "
+                            "boot's command line, so no reboot would reach grub's one-shot entry; set LOAD_KEXEC=false "
+                            "(dpkg-reconfigure kexec-tools) or use --boot kexec")
     try:
         private_dir(plans_dir(root))
         os.mkdir(directory, 0o700)  # exclusively: a plan of the same id made meanwhile is never taken over
@@ -331,6 +336,22 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return plan
+
+
+def kexec_takes_over_reboots(root: Path | str) -> str | None:
+    """The file that makes Debian's kexec-tools kexec at every reboot (``LOAD_KEXEC=true`` in /etc/default/kexec or a
+    snippet of /etc/default/kexec.d, as its init script reads them: the last assignment wins), or None."""
+    root = Path(root)
+    files = [root / "etc/default/kexec"] + sorted((root / "etc/default/kexec.d").glob("*"))
+    found = None
+    for path in files:
+        text = facts.read_text(path) or ""
+        for line in text.splitlines():
+            words = line.split("#", 1)[0].strip()
+            if words.startswith("LOAD_KEXEC="):
+                value = words[len("LOAD_KEXEC="):].strip().strip("\"'")
+                found = path if value == "true" else None
+    return str(found) if found else None
 
 
 def _kept_name(directory: Path, name: str) -> str:
@@ -380,6 +401,8 @@ def unit_text(root: Path, plan_id: str) -> str:
             "[Service]\nType=oneshot\n"
             f"ExecStart={shlex.join(argv)}\n"
             "StandardOutput=journal+console\nStandardError=journal+console\n"
+            # the run's lines reach the journal before systemd stops this unit for the reboot it queued
+            "Environment=PYTHONUNBUFFERED=1\n"
             "TimeoutStartSec=infinity\n\n"
             "[Install]\nWantedBy=multi-user.target\n")
 
