@@ -181,6 +181,10 @@ def test_manual_mode_prints_what_to_boot_and_abort_undoes_the_unit(host, tmp_pat
     assert not os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
     assert bootplan.load(root, "m").state == "aborted"
     assert calls(log)[-1] == "systemctl daemon-reload"
+    # the run whose boot was under way is not shown as going on (the lab host's abort said "now: ... booting")
+    status = resume_in_a_new_process(root, "status").stdout
+    assert "plan m (manual), aborted: 0 made, 0 failed, 1 cut short, 1 left of 2" in status
+    assert "not made: run run-001 (nohz_full=off) was booting when the plan aborted" in status and "now:" not in status
 
 
 def test_state_in_a_directory_others_can_write_is_refused(host, tmp_path):

@@ -891,12 +891,16 @@ def status_text(plan: Plan) -> str:
     failed = [r for r in plan.runs if r.state == "failed"]
     left = sum(r.state == "planned" for r in plan.runs)
     current = plan.current()
-    lines = [f"plan {plan.id} ({plan.mode}), {plan.state}: {made} made, {len(failed)} failed, {left} left of "
-             f"{len(plan.runs)}; bundle {plan.bundle}",
+    cut = 1 if current and plan.state != "running" else 0
+    lines = [f"plan {plan.id} ({plan.mode}), {plan.state}: {made} made, {len(failed)} failed, "
+             + (f"{cut} cut short, " if cut else "") + f"{left} left of {len(plan.runs)}; bundle {plan.bundle}",
              f"original: {plan.original['release']} '{plan.original['cmdline']}'"]
-    if current:
+    if current and plan.state == "running":
         lines.append(f"now: run {current.name} ({current.condition}) {current.state}: kernel {current.kernel}, "
                      f"command line '{current.cmdline}'")
+    elif current:  # the plan ended while this run's boot was under way: it was never made
+        lines.append(f"not made: run {current.name} ({current.condition}) was {current.state} when the plan "
+                     f"{plan.state} (command line '{current.cmdline}')")
     lines += [f"failed: {r.name} ({r.condition}): {r.why}" for r in failed]
     if plan.ended_because:
         lines.append(f"ended: {plan.ended_because}")

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -512,7 +513,9 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
     argv += ["--experiment", experiment] if experiment else []
     job = {"argv": argv, "cwd": f"/{GUEST_TICKLAB}", "ticklab": ticklab, "abort_when_made": abort_when_made,
            "hide_kernel_when_made": hide_kernel_when_made, "max_boots": 60}
-    run_dir = runs_dir() / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}"
+    runs_dir().mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}-",
+                                    dir=runs_dir()))
     prepare_run(image, run_dir, job, say, extra_files)
     say(f"lab host run: booting {run_dir / 'disk.raw'} ({accel}); console {run_dir / 'console.log'}")
     outcome = boot_host(run_dir, data, timeout_s, accel, say)
