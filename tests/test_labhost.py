@@ -196,3 +196,20 @@ def test_a_boot_the_kernel_refuses_ends_in_the_default_entry_and_fails_the_plan(
     bundle = _bundle_of(view)
     assert bundle.sealed and bundle.manifest["boot_plan"]["state"] == "failed"
     assert [r["status"] for r in bundle.manifest["runs"] if r["condition"] == "no-root"] == ["failed"]
+
+
+def test_the_timeline_names_each_boot_its_loader_and_the_plans_steps(tmp_path):
+    (tmp_path / "console.timeline.tsv").write_text(
+        "10.5\t[   30.1] python3[2]: ticklab-lab-job: before boot 1 (6.1.0-50-amd64, up 30.1 s): "
+        "'BOOT_IMAGE=/boot/vmlinuz-6.1.0-50-amd64 root=UUID=1 ro'; plan None, 0 made\n"
+        "11.0\t         Starting ticklab-lab-job-b…b (before the boot plan's unit)...\n"
+        "12.0\t[   31.0] python3[3]: ticklab-lab-job: after boot 1 (6.1.0-50-amd64, up 31.0 s): 'x'; plan None, 0 made\n"
+        "90.0\t[   80.0] python[9]: boot plan P: run run-001 (tick-on) made; 1 left\n"
+        "91.0\t[   81.0] python[9]: run run-002 (nohz-full): kexec into /boot/vmlinuz-6.1.0-50-amd64 with 'ro nohz_full=1'\n"
+        "150.2\t[   33.0] python3[2]: ticklab-lab-job: before boot 2 (6.1.0-50-amd64, up 33.0 s): "
+        "'root=UUID=1 ro nohz_full=1 rcu_nocbs=1'; plan running, 1 made\n")
+    assert labhost.timeline(tmp_path) == [
+        (10.5, "boot 1 (6.1.0-50-amd64, by grub): userspace after 30 s; plan None, 0 made"),
+        (90.0, "boot plan P: run run-001 (tick-on) made; 1 left"),
+        (91.0, "run run-002 (nohz-full): kexec into /boot/vmlinuz-6.1.0-50-amd64 with 'ro nohz_full=1'"),
+        (150.2, "boot 2 (6.1.0-50-amd64, by kexec): userspace after 33 s; plan running, 1 made; nohz_full=1")]

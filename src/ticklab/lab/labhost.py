@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -534,6 +535,34 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
     return view
 
 
+_BOOT_LINE = re.compile(r"ticklab-lab-job: before boot (\d+) \(([^,]+), up ([\d.]+) s\): '([^']*)'; plan (\S+), (\d+) made")
+
+
+def timeline(run_dir: Path) -> list[tuple[float, str]]:
+    """The run's boots and the plan's steps, at the seconds since QEMU started (console.timeline.tsv): each boot
+    with the uptime at which its userspace reached the job driver and its command line's words of interest."""
+    try:
+        rows = (run_dir / "console.timeline.tsv").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for row in rows:
+        stamp, _, line = row.partition("\t")
+        boot = _BOOT_LINE.search(line)
+        if boot:
+            number, release, uptime, cmdline, state, made = boot.groups()
+            loader = "grub" if "BOOT_IMAGE=" in cmdline else "kexec"
+            words = " ".join(w for w in cmdline.split() if w.startswith(("nohz_full=", "root=UUID=0")))
+            found.append((float(stamp), f"boot {number} ({release}, by {loader}): userspace after {float(uptime):.0f} s; "
+                                        f"plan {state}, {made} made{'; ' + words if words else ''}"))
+            continue
+        said = _said(line)
+        if said and not said.startswith(("ticklab-lab-job: after boot", "ticklab-lab-job: before boot",
+                                         "ticklab-lab-job: status|", "ticklab-lab-job: |")):
+            found.append((float(stamp), said[:200]))
+    return found
+
+
 def summary_lines(view: dict) -> list[str]:
     """What a lab host run showed, for its user: the boots in order, the plan's runs, the check boot's findings."""
     plan = view.get("plan") or {}
@@ -541,10 +570,8 @@ def summary_lines(view: dict) -> list[str]:
     lines = [f"lab host run {view.get('run_dir')}: QEMU {qemu.get('status')} after {qemu.get('seconds')} s "
              f"({qemu.get('accel')}); plan {plan.get('id')} ({plan.get('mode')}) {plan.get('state')}"
              + (f": {plan['ended_because']}" if plan.get("ended_because") else "")]
-    for boot in view.get("boots", []):
-        if boot["phase"] == "before":
-            lines.append(f"  boot {boot['boot']}: {boot['release']} up {boot['uptime_s']:.1f} s, plan {boot['plan']} "
-                         f"({boot['made']} made): {' '.join(w for w in boot['cmdline'].split() if not w.startswith('BOOT_IMAGE='))}")
+    lines += [f"  {seconds:7.1f} s  {text}" for seconds, text in timeline(Path(view["run_dir"]))] \
+        if view.get("run_dir") else []
     for run in plan.get("runs", []):
         lines.append(f"  run {run['name']} ({run['condition']}): {run['state']}"
                      + (f", boot {run['boot_id_found']}" if run.get("boot_id_found") else "")
