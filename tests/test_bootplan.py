@@ -411,3 +411,24 @@ def test_the_resume_unit_writes_its_lines_unbuffered(host):
     """systemd stops the unit for the reboot it queued: a buffered stdout would lose the run's lines (lab host)."""
     root, _ = host
     assert "Environment=PYTHONUNBUFFERED=1\n" in bootplan.unit_text(root, "p")
+
+
+def test_the_bundle_is_sealed_while_the_resume_unit_is_still_installed(host, tmp_path):
+    """The capture is told before the host is put back: removing the unit under a running resume (and reloading
+    systemd) fails its start job, and on the lab host the reboot that followed cut a 6-run bundle's seal short."""
+    root, _ = host
+    unit = root / "etc/systemd/system/ticklab-plan.service"
+    seen = []
+
+    class Maker(bootplan.RunMaker):
+        def make_run(self, run, boot):
+            return {}
+
+        def finished(self, plan):
+            seen.append((plan.state, unit.is_file()))
+
+    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="s")
+    bootplan.advance("s", root=root, say=lambda _: None)
+    assert unit.is_file()
+    bootplan.abort("s", root=root, say=lambda _: None, maker=Maker())
+    assert seen == [("aborted", True)] and not unit.exists()

@@ -132,6 +132,7 @@ def _bundle_of(view: dict):
 
 
 @pytest.mark.labhost
+@pytest.mark.timeout(3 * 3600)  # minutes of TCG boots each; pytest's 600 s would kill QEMU mid-plan
 @pytest.mark.parametrize("mode", ["kexec", "grub"])
 def test_plan_abort_in_the_middle_puts_the_machine_back(mode):
     _image_or_skip()
@@ -147,6 +148,7 @@ def test_plan_abort_in_the_middle_puts_the_machine_back(mode):
 
 
 @pytest.mark.labhost
+@pytest.mark.timeout(3 * 3600)  # minutes of TCG boots each; pytest's 600 s would kill QEMU mid-plan
 def test_a_kernel_image_gone_before_the_next_boot_fails_the_plan_and_puts_the_machine_back():
     _image_or_skip()
     view = labhost.plan_run("nohz", "kexec", runs=2, warmup=0, hide_kernel_when_made=1, say=lambda text: None)
@@ -183,6 +185,7 @@ workload:
 
 
 @pytest.mark.labhost
+@pytest.mark.timeout(3 * 3600)  # minutes of TCG boots each; pytest's 600 s would kill QEMU mid-plan
 @pytest.mark.parametrize("mode", ["kexec", "grub"])
 def test_a_boot_the_kernel_refuses_ends_in_the_default_entry_and_fails_the_plan(mode):
     _image_or_skip()

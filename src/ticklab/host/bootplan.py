@@ -18,8 +18,9 @@ The lead's seam (the capture session wires these, see :func:`advance`, :func:`re
   then advances or finishes, all under the plan's lock (an abort cannot slip in between).
   ``make_run`` is called with no HostChanges of the plan open, so the executor may open its own.
 
-A plan that ends (finished, failed, aborted) is saved first, then the host is put back, then the maker is told
-(``failed_run``, ``finished``); the maker's errors are said and raised after those steps, never instead of them.
+A plan that ends (finished, failed, aborted) is saved first, then the maker is told (``failed_run``, ``finished``:
+the bundle sealed while the unit that runs the resume is still installed), then the host is put back; the maker's
+errors are said and raised after those steps, never instead of them.
 A process killed part way through an ending leaves an ended plan: the next ``resume`` (the unit, if it is still
 there) or ``abort`` puts back what is left and has the bundle sealed if it is still open.
 
@@ -549,8 +550,8 @@ def _one_line(exc: BaseException) -> str:
 def _end(root: Path, plan: Plan, state: str, say, maker: RunMaker | None, *,
          failed: tuple[PlannedRun, dict, str] | None = None, why: str | None = None) -> list[str]:
     """End a plan (``finished``, ``failed`` or ``aborted``): the state on disk first (and ``why``, which the bundle's
-    stopping reason gives), then every host change put back, then the capture told (``failed``: the run, its boot
-    and why it failed; then the seal), whatever any step before raised. Returns what the capture could not do
+    stopping reason gives), then the capture told (``failed``: the run, its boot and why it failed; then the seal),
+    then every host change put back, whatever any step before raised. Returns what the capture could not do
     (said already), for the caller to raise (:func:`_raise_for`) once its own steps are taken. A process killed
     part way leaves an ended plan whose ending :func:`resume` or :func:`abort` completes."""
     plan.state, plan.ended_because = state, why
@@ -561,10 +562,15 @@ def _end(root: Path, plan: Plan, state: str, say, maker: RunMaker | None, *,
 
 def _put_back_and_tell(root: Path, plan: Plan, say, maker: RunMaker | None,
                        failed: tuple[PlannedRun, dict, str] | None = None) -> list[str]:
+    # The capture first (the bundle sealed), then the host: the unit running this resume is among the changes put
+    # back, and once its file is gone and systemd reloaded, systemd fails its start job and starts what waits for it
+    # (on the lab host, a reboot that cut a 6-run bundle's seal short, issue 28); whatever the capture did, the host
+    # is put back.
+    problems: list[str] = []
     try:
-        _cleanup(root, plan, say)
-    finally:
         problems = _tell(plan, say, maker, failed)
+    finally:
+        _cleanup(root, plan, say)
     return problems
 
 

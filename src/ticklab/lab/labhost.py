@@ -413,7 +413,8 @@ def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = "tcg", s
     if "," in str(run_dir):
         raise LabError(f"{run_dir}: QEMU options cannot take a path with a comma")
     started = time.monotonic()
-    process = spawn(argv, label="qemu", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with (run_dir / "qemu.log").open("w") as qemu_log:
+        process = spawn(argv, label="qemu", stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT)
     seen = 0
     status = "ok"
     try:
