@@ -518,10 +518,15 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
     runs_dir().mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}-",
                                     dir=runs_dir()))
-    prepare_run(image, run_dir, job, say, extra_files)
-    say(f"lab host run: booting {run_dir / 'disk.raw'} ({accel}); console {run_dir / 'console.log'}")
-    outcome = boot_host(run_dir, data, timeout_s, accel, say)
-    view = collect(run_dir)
+    try:
+        prepare_run(image, run_dir, job, say, extra_files)
+        say(f"lab host run: booting {run_dir / 'disk.raw'} ({accel}); console {run_dir / 'console.log'}")
+        outcome = boot_host(run_dir, data, timeout_s, accel, say)
+        view = collect(run_dir)
+    except BaseException:
+        if not keep_disk:  # a copy of the image, gigabytes: what the run left is in its console and logs
+            (run_dir / "disk.raw").unlink(missing_ok=True)
+        raise
     view.update({"qemu": outcome, "job": job, "host_id": hid, "image": image.key, "run_dir": str(run_dir)})
     (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
     if out is not None:
