@@ -33,13 +33,10 @@ from ..host import HostChanges, bootplan, facts, host_id
 from ..safefiles import shown
 from . import requirements, tracing
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
-                         load_experiment, schedule)
+                         is_boot_experiment, load_experiment, schedule)
+from .runner import HOST_ID_PATTERN, HostExecutor
 from .session import check_counts, open_bundle, plan, plan_counts
 from .stopping import PrecisionGoal, StoppingRule, next_round_runs
-
-
-def is_boot_experiment(experiment: Experiment) -> bool:
-    return "host_kernel" in experiment.knobs.values() and experiment.lab is None
 
 
 def _variable(experiment: Experiment, kind: str) -> str | None:
@@ -134,8 +131,6 @@ KEPT_EXPERIMENT = "host-boot-experiment.yaml"  # the plan's copy (a boot experim
 def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> bootplan.Plan | None:
     """The bundle and the boot plan of a boot experiment, then the first boot (``options``: runner.CaptureOptions).
     A host that cannot run the experiment gets a sealed bundle saying why, and no plan."""
-    from .runner import HOST_ID_PATTERN
-
     check_counts(options)
     experiment = boot_experiment(claim, experiment_path)
     root = Path(options.root)
@@ -228,7 +223,6 @@ class BootCapture(bootplan.RunMaker):
         return [Condition(c["name"], {k: v for k, v in c.items() if k != "name"}) for c in writer.manifest.conditions]
 
     def make_run(self, run: bootplan.PlannedRun, boot: dict) -> dict:
-        from .runner import HostExecutor
 
         experiment, writer = self.experiment, self._writer()
         condition = {c.name: c for c in self._conditions(writer)}[run.condition]
