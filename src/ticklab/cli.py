@@ -131,27 +131,27 @@ def _kernel(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .host import bootplan
+    from .host import plan_engine
 
     def maker_for(plan, root):
         """A plan made by 'capture --boot' makes its runs into its bundle; one made otherwise (a lab guest's test
         plan, which has no pandas to import the capture with) records the boots only."""
         if "experiment" not in plan.capture:
             return None
-        from .capture.bootplans import BootCapture
+        from .capture.boot_capture import BootCapture
 
         return BootCapture(plan, root)
 
-    return bootplan.command(args, maker_for=maker_for)
+    return plan_engine.command(args, maker_for=maker_for)
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .capture.bootplans import boot_experiment, planned_runs, start
+    from .capture.boot_capture import boot_experiment, planned_runs, start
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
-    from .host import HostChangeError, bootplan
+    from .host import HostChangeError, plan_engine
     from .published import PublishedDataError
 
     try:
@@ -168,7 +168,8 @@ def _capture_boot(args: argparse.Namespace) -> int:
                                  backend=args.backend, root=args.root, journal=args.journal, progress=False,
                                  seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
         start(args.claim, options, args.experiment, args.boot)
-    except (ExperimentError, bootplan.PlanError, HostChangeError, BundleError, TracingError, PublishedDataError) as exc:
+    except (ExperimentError, plan_engine.PlanError, HostChangeError, BundleError, TracingError,
+            PublishedDataError) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
@@ -196,7 +197,7 @@ def _lab(args: argparse.Namespace) -> int:
             image = build_image(force=args.force)
             print(f"guest image {image.key}: {image.initramfs}")
         elif args.boot:
-            from .lab.bootplan import lab_boot_plan
+            from .lab.guest_plan import lab_boot_plan
             from .lab.run import LabOptions
 
             options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, out=args.out, accel=args.accel,

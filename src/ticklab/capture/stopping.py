@@ -190,7 +190,7 @@ def next_round_runs(rule: StoppingRule, manifest, results: pd.DataFrame, conditi
                     seconds_per_run: float, round_number: int, seed: int) -> list[PlannedRun]:
     """The rule's decision on the bundle so far: the next round's runs, appended to the manifest's ``order``, or []
     when the capture stops (``rule.reason`` says why). In-process rounds (:class:`Rounds`) and a boot plan's rounds
-    across reboots (``capture.bootplans``) both take this step."""
+    across reboots (``capture.boot_capture``) both take this step."""
     counts = {c.name: 0 for c in conditions}
     for record in manifest.measured_runs():
         counts[record.condition] = counts.get(record.condition, 0) + 1
