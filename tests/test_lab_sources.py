@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ticklab.cli import main
 from ticklab.capture.experiment import expand_conditions, load_experiment, schedule
+from ticklab.cli import main
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import sources
 from ticklab.lab.cache import LabError

@@ -14,14 +14,14 @@ from .safefiles import shown
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import run_report
+    from .report.build import run_report
 
     return run_report(args.out, data_dir=args.data_dir, published_dir=args.published_dir, only=args.only,
                       cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout)
 
 
 def _verify_published(args: argparse.Namespace) -> int:
-    from .published import PublishedDataError, load_published, verify_against_source
+    from .analysis.published import PublishedDataError, load_published, verify_against_source
 
     seeds = Path(args.seeds) if args.seeds else seeds_dir()
     unknown = [c for c in args.claims if c not in CLAIM_IDS]
@@ -94,7 +94,7 @@ def _capture(args: argparse.Namespace) -> int:
     from .capture.runner import CaptureOptions, capture
     from .capture.tracing import TracingError
     from .host import HostChangeError
-    from .published import PublishedDataError
+    from .analysis.published import PublishedDataError
 
     try:
         options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
@@ -152,7 +152,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
     from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
     from .host import HostChangeError, plan_engine
-    from .published import PublishedDataError
+    from .analysis.published import PublishedDataError
 
     try:
         if args.dry_run:
@@ -179,7 +179,7 @@ def _lab(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .lab.cache import LabError
-    from .published import PublishedDataError
+    from .analysis.published import PublishedDataError
 
     try:
         if args.lab_command == "build-kernel":
@@ -223,7 +223,7 @@ def _lab(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .compare import CompareError, compare_tables, render
+    from .report.compare import CompareError, compare_tables, render
 
     try:
         tables = compare_tables(args.bundles, args.metric, args.baseline)
@@ -294,7 +294,7 @@ def _seal_manifest(args: argparse.Namespace) -> int:
 
 def _view(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .view import ViewError, build_session, open_in_kernelshark, write_session
+    from .report.view import ViewError, build_session, open_in_kernelshark, write_session
     from .lab.cache import cache_dir
 
     try:
@@ -313,7 +313,7 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from .ingest import TraceFormatError, read_trace, write_tables
+    from .trace.ingest import TraceFormatError, read_trace, write_tables
 
     try:  # tables are built as they are written, so bad records can surface there too
         # the trace the user named may be a link they made (followed once, here); what ticklab finds inside a

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 from tqdm import tqdm
 
+from ..analysis.stats import block_pairs, blocks_bound, log_half_width, ratio_by_blocks, ratio_interval
 from ..bundle import measured_results
-from ..stats import block_pairs, blocks_bound, log_half_width, ratio_by_blocks, ratio_interval
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
@@ -55,7 +55,7 @@ def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | N
 @dataclass(frozen=True)
 class PrecisionGoal:
     """One comparison the stopping rule checks, as plain data: the caller (the CLI) makes these from the claim's
-    comparisons (``ticklab.comparisons.precision_goals``), so capture never loads the analysis itself."""
+    comparisons (``ticklab.analysis.comparisons.precision_goals``), so capture never loads the analysis itself."""
     comparison: str                  # what is compared, in words (the manifest's stopping checks name it)
     metric: str                      # results.csv metric
     treatment: str                   # condition names
