@@ -1,8 +1,7 @@
 """ticklab: reproduce five Linux-kernel timekeeping, idle and locking performance claims."""
 
 import importlib
-import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 
 __version__ = "0.1.0"
@@ -23,13 +22,14 @@ MOVED = {
 }
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``ticklab.<old name>`` (``MOVED``) and hands back the module at its new place."""
+class _MovedModules:
+    """Finds ``ticklab.<old name>`` (``MOVED``) and hands back the module at its new place (a meta path finder and
+    its loader; standard library only, as the lab guest imports this package too)."""
 
     def find_spec(self, fullname, path=None, target=None):
         package, _, name = fullname.partition(".")
         if package == __name__ and name in MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
+            return importlib.machinery.ModuleSpec(fullname, self)
         return None
 
     def create_module(self, spec):
