@@ -102,7 +102,7 @@ verdict-characteristics: $(STAMP)  ## P(word | truth) of the verdict words on sy
 
 env: $(STAMP)  ## create or update .venv from requirements.lock
 
-$(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/_ringbuf.c
+$(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/trace/_ringbuf.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "ticklab needs Python >= 3.10; set PYTHON=/path/to/python3.10+")'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "'$(PYTHON) -m venv' is unavailable: install python3-venv (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

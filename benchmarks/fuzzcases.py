@@ -192,7 +192,7 @@ class BundleFamily:
 
     def case(self, source, work: Path) -> Outcome:
         from ticklab.bundle import load_bundle
-        from ticklab.compare import compare_tables
+        from ticklab.report.compare import compare_tables
 
         path = _writable_copy(self.seed, work / "bundle")
         manifest, results = path / "manifest.json", path / "results.csv"
@@ -303,7 +303,7 @@ class TraceFamily:
     key = "trace"
 
     def prepare(self, seeds: Path) -> None:
-        from ticklab.ingest import read_trace
+        from ticklab.trace.ingest import read_trace
 
         self.seeds = seeds
         self.kinds = []
@@ -330,7 +330,7 @@ class TraceFamily:
         return {"v7": self.seeds / "v7.dat", "v6": self.seeds / "v6.dat", "tracefs": self.seeds / "tracefs"}[kind]
 
     def case(self, source, work: Path) -> Outcome:
-        from ticklab.ingest import read_trace
+        from ticklab.trace.ingest import read_trace
 
         kind = source.choice(self.kinds)
         seed = self._seed(kind)
@@ -527,7 +527,7 @@ class PublishedFamily:
     def case(self, source, work: Path) -> Outcome:
         import yaml
 
-        from ticklab.published import load_published, verify_against_source
+        from ticklab.analysis.published import load_published, verify_against_source
 
         claim = source.choice(self.claims)
         root = work / "published"
@@ -591,7 +591,7 @@ class PublishedFamily:
                 known_bad = False
             table.write_text("\n".join(lines) + "\n", encoding="utf-8")
         elif mutation in ("blank cell", "blank value", "huge value"):
-            from ticklab.published import DESCRIPTIVE_TABLES, MAY_BE_BLANK, parse_printed
+            from ticklab.analysis.published import DESCRIPTIVE_TABLES, MAY_BE_BLANK, parse_printed
 
             table = source.choice(tables)
             with table.open(newline="", encoding="utf-8") as handle:
@@ -613,7 +613,7 @@ class PublishedFamily:
             with table.open("w", newline="", encoding="utf-8") as handle:
                 csv.writer(handle).writerows(rows)
         elif mutation == "huge provenance":  # over the cap: a sparse file, refused before a byte is parsed
-            from ticklab.published import MAX_PROVENANCE_BYTES
+            from ticklab.analysis.published import MAX_PROVENANCE_BYTES
 
             with provenance.open("r+b") as handle:
                 handle.truncate(MAX_PROVENANCE_BYTES + source.integer(1, 100 << 20))
@@ -633,7 +633,7 @@ class PublishedFamily:
             if self.documents.is_dir():
                 problems = verify_against_source(published, self.documents)
                 if problems:
-                    from ticklab.published import PublishedDataError
+                    from ticklab.analysis.published import PublishedDataError
 
                     raise PublishedDataError(problems[0])
             return published

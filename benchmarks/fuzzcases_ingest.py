@@ -44,13 +44,13 @@ class IngestOutLinksFamily:
               "socket", "directory", "hard link to a victim", "temporary name taken", "out is the user's link"]
 
     def prepare(self, seeds: Path) -> None:
-        from ticklab.ingest import read_trace
+        from ticklab.trace.ingest import read_trace
 
         self.trace = COMPRESSED / "trace-zstd.dat"
         self.tables = sorted(key.replace(":", "__") + ".parquet" for key in read_trace(self.trace).counts())
 
     def case(self, source, work: Path) -> Outcome:
-        from ticklab.ingest import read_trace, write_tables
+        from ticklab.trace.ingest import read_trace, write_tables
 
         root = work / "ingest-out"
         _remove(root)
@@ -129,7 +129,7 @@ class TraceSpecialsFamily:
         self.names += ["cpu0.raw.xz", "formats", f"formats/{next((self.tracefs / 'formats').iterdir()).name}"]
 
     def case(self, source, work: Path) -> Outcome:
-        from ticklab.ingest import read_trace
+        from ticklab.trace.ingest import read_trace
 
         for leftover in ("secret-0600", "a-fifo"):
             if os.path.lexists(work / leftover):
@@ -234,7 +234,7 @@ class TraceCountsFamily:
                  "chunk packed size", "page commit", "cut at a page", "flip in cpu data"]
 
     def prepare(self, seeds: Path) -> None:
-        from ticklab.ingest import read_trace
+        from ticklab.trace.ingest import read_trace
 
         self.seeds = {}
         source = seeds / "counts-v7-none.dat"
@@ -261,7 +261,7 @@ class TraceCountsFamily:
                  first + stride * k + skip) for k in range(_u32(data, count_at))]
 
     def case(self, source, work: Path) -> Outcome:
-        from ticklab.ingest import read_trace
+        from ticklab.trace.ingest import read_trace
 
         kind = source.choice(sorted(self.seeds))
         data = bytearray(self.seeds[kind].read_bytes())

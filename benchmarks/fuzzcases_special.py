@@ -109,7 +109,7 @@ class SpecialFilesFamily:
         return (lambda: load_bundle(path)), what
 
     def _published(self, source, special: str, work: Path):
-        from ticklab.published import load_published
+        from ticklab.analysis.published import load_published
 
         claim = source.choice(self.claims)
         root = work / "published"
@@ -133,7 +133,7 @@ class SpecialFilesFamily:
         return (lambda: load_experiment(path)), f"{seed.parent.name}/{seed.name}"
 
     def _data_dir(self, source, special: str, work: Path):
-        from ticklab.captured import find_bundles
+        from ticklab.analysis.captured import find_bundles
 
         data = work / "data"
         if data.exists():

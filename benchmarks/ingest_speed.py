@@ -46,7 +46,7 @@ mode, path = sys.argv[1], sys.argv[2]
 if mode == "reference":
     from reference_ingest import read_trace
 else:
-    from ticklab.ingest import read_trace
+    from ticklab.trace.ingest import read_trace
 import pyarrow, pandas  # imports outside the timed part for every mode
 start, cpu = time.perf_counter(), time.process_time()
 trace = read_trace(path)
@@ -80,7 +80,7 @@ def run(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, float
 
 
 def event_count(path: Path) -> int:
-    from ticklab.ingest import read_trace
+    from ticklab.trace.ingest import read_trace
 
     return sum(read_trace(path).counts().values())
 

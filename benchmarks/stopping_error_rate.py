@@ -21,9 +21,9 @@ import math
 import numpy as np
 from scipy import stats
 
+from ticklab.analysis.stats import ratio_interval
+from ticklab.analysis.verdicts import Margins, Target
 from ticklab.capture.stopping import MIN_RUNS, log_half_width
-from ticklab.stats import ratio_interval
-from ticklab.verdicts import Margins, Target
 
 
 def excludes_no_change(a, b) -> bool:

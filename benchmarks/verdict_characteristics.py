@@ -1,9 +1,9 @@
 """Operating characteristics of the verdict words (issue 31 item 6): P(word | truth) on synthetic runs of known truth.
 
 Every replicate draws runs of two conditions and hands them to the project's own verdict path,
-``ticklab.comparisons.verdicts`` (Mann-Whitney p, Holm over the family, the Bonferroni-simultaneous percentile
+``ticklab.analysis.comparisons.verdicts`` (Mann-Whitney p, Holm over the family, the Bonferroni-simultaneous percentile
 bootstrap CI of the ratio of medians with the report's 10,000 resamples and seed, power, then
-``ticklab.verdicts.decide``), for the real comparisons and targets of the claims (from their ``comparisons()`` on
+``ticklab.analysis.verdicts.decide``), for the real comparisons and targets of the claims (from their ``comparisons()`` on
 traces/published). Nothing of the verdict is re-implemented here: the words are read back from its rows.
 
 - Truths: the treatment's median is the baseline's times exp(k × the target's log-effect), k = 1 (equal to the
@@ -47,11 +47,11 @@ import pandas as pd
 from scipy import stats
 from tqdm import tqdm
 
+from ticklab.analysis.comparisons import Comparison, verdicts
+from ticklab.analysis.stats import log_half_width
+from ticklab.analysis.verdicts import Verdict
 from ticklab.claims import get_claim
-from ticklab.comparisons import Comparison, verdicts
 from ticklab.paths import published_dir
-from ticklab.stats import log_half_width
-from ticklab.verdicts import Verdict
 
 ALPHA = 0.05     # the report's
 N_BOOT = 10_000  # the report's bootstrap resamples
@@ -84,8 +84,8 @@ def _word(verdict: str, reason_has: str, *categories: str) -> Word:
     return Word(verdict, reason_has, frozenset(categories))
 
 
-# Every word and sub-reason the verdict path can return (ticklab.verdicts.decide and _no_worse,
-# ticklab.comparisons.verdicts), and the acceptance categories it falls in:
+# Every word and sub-reason the verdict path can return (ticklab.analysis.verdicts.decide and _no_worse,
+# ticklab.analysis.comparisons.verdicts), and the acceptance categories it falls in:
 #   "size inconsistent": the word asserts the effect's size is not the target's;
 #   "reproduced": the word says reproduced; "no effect": the word says there is no effect;
 #   "same side": the word asserts an effect on the source's side (of whatever size).
@@ -406,7 +406,7 @@ def main(argv=None) -> int:
     accepted = acceptance(table)
     header = (f"{replicates} replicates per cell, seed {args.seed}, family m = {args.family}, {args.n_boot} bootstrap "
               f"resamples; drift: none or a linear fall of {args.drift_sigmas:g} log-scale sigmas over the run order; "
-              f"verdict path ticklab.comparisons.verdicts at alpha {ALPHA} without blocks (independent) and with them (blocks)")
+              f"verdict path ticklab.analysis.comparisons.verdicts at alpha {ALPHA} without blocks (independent) and with them (blocks)")
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "characteristics.csv", index=False)
     accepted.to_csv(args.out / "acceptance.csv", index=False)

@@ -191,9 +191,9 @@ def assert_gaps_match_traced_ticks(bundle: Path, gapdet: dict) -> None:
     """The gap detector ran under its own trace on the mono clock (CLOCK_MONOTONIC, the clock it reads): nearly
     every traced tick lies inside a gap, and the workload loses at least the traced span (issue 26)."""
     from ticklab.capture.workloads import read_gapdet
-    from ticklab.ingest import read_trace
-    from ticklab.tickcost import matched_gap_tick_cost
-    from ticklab.tracemetrics import timer_interrupt_costs
+    from ticklab.trace.ingest import read_trace
+    from ticklab.trace.tickcost import matched_gap_tick_cost
+    from ticklab.trace.tracemetrics import timer_interrupt_costs
 
     assert gapdet["status"] == "ok" and gapdet["trace"]["lost_events"] == 0, gapdet
     trace = read_trace(bundle / "raw" / gapdet["directory"] / gapdet["trace"]["directory"])

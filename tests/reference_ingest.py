@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ticklab import rawfile
-from ticklab.tracefs_stats import stats_lost_count
+from ticklab.trace import rawfile
+from ticklab.trace.tracefs_stats import stats_lost_count
 
 TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 MISSED_EVENTS = 1 << 31

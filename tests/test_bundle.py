@@ -4,9 +4,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ticklab import rawfile
+from ticklab.analysis.captured import find_bundles
 from ticklab.bundle import BundleError, BundleWriter, load_bundle
-from ticklab.captured import find_bundles
+from ticklab.trace import rawfile
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 
@@ -119,7 +119,7 @@ def test_schema_problems_name_the_manifest(tmp_path):
 
 
 def test_bundle_health_flags_lost_events_incomplete_and_tampered_bundles(tmp_path):
-    from ticklab.captured import bundle_health
+    from ticklab.analysis.captured import bundle_health
 
     writer = BundleWriter(tmp_path, "host-a", "nohz", "ftq", definition={}, host={}, when=WHEN)
     writer.add_run({"run": "run-001", "condition": "tick-on", "status": "ok",
@@ -142,8 +142,8 @@ def test_a_claims_analysis_loads_and_verifies_each_bundle_once(monkeypatch, tmp_
 
     from ticklab import bundle, paths
     from ticklab.claims import hpet
-    from ticklab.comparisons import measured_runs
-    from ticklab.notebook import open_claim
+    from ticklab.analysis.comparisons import measured_runs
+    from ticklab.report.notebook import open_claim
 
     loads = Counter()
     real = bundle._load

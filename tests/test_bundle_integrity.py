@@ -190,7 +190,7 @@ def test_lab_results_are_copied_from_the_share_without_following_symlinks(tmp_pa
 def test_a_bundle_whose_manifest_was_replaced_by_a_link_is_reported_not_skipped(tmp_path):
     """A bundle directory whose manifest.json is a dangling link (or gone) shows as unreadable in the report's
     bundle health, naming the file, instead of vanishing from the analysis."""
-    from ticklab.captured import bundle_health, find_bundles
+    from ticklab.analysis.captured import bundle_health, find_bundles
 
     data = tmp_path / "data"
     path = make_bundle(data)

@@ -12,8 +12,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from ticklab import paths  # noqa: E402
-from ticklab.outputs import markdown_table, plain_number  # noqa: E402
-from ticklab.published import load_published  # noqa: E402
+from ticklab.analysis.outputs import markdown_table, plain_number  # noqa: E402
+from ticklab.analysis.published import load_published  # noqa: E402
 
 
 def published(claim: str):

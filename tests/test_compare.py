@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from ticklab.bundle import BundleWriter
-from ticklab.compare import CompareError, compare_tables, render
+from ticklab.report.compare import CompareError, compare_tables, render
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 
@@ -84,7 +84,7 @@ def test_published_only_parameters_give_not_testable_verdicts(tmp_path):
     import yaml
 
     from conftest import REPO
-    from ticklab.report import run_notebook
+    from ticklab.report.build import run_notebook
 
     params = yaml.safe_load((REPO / "notebooks" / "params" / "published-only.yaml").read_text())
     params["output_dir"] = str(tmp_path)
@@ -132,7 +132,7 @@ def test_compare_gives_a_table_or_one_line_for_every_bundle_in_traces(capsys):
 
 
 def test_zero_constant_and_single_run_data_compare_without_errors(tmp_path):
-    from ticklab.compare import compare_tables, render
+    from ticklab.report.compare import compare_tables, render
 
     single = bundle(tmp_path, "host-a", {"off": [1.0], "on": [2.0]})
     zeros = bundle(tmp_path, "host-b", {"off": [0.0, 0.0, 0.0], "on": [0.0, 1.0, 2.0]})

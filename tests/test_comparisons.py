@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.comparisons import Comparison, measured_runs, verdicts
+from ticklab.analysis.verdicts import VERDICTS, Margins, Target
 from ticklab.bundle import BundleWriter
 from ticklab.capture.requirements import tools_bin
 from ticklab.capture.workloads import parse_ftq
 from ticklab.claims import nohz
-from ticklab.comparisons import Comparison, measured_runs, verdicts
-from ticklab.captured import find_bundles
-from ticklab.verdicts import VERDICTS, Margins, Target
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 TWO_PERCENT = Margins(no_effect=0.02)
@@ -99,7 +99,7 @@ def test_fresh_ftq_samples_feed_the_figure_spectrum_and_verdicts(tmp_path):
 def test_every_setup_in_the_data_is_accounted_for_in_one_row(tmp_path):
     from types import SimpleNamespace
 
-    from ticklab.published import load_published
+    from ticklab.analysis.published import load_published
     from ticklab import paths
 
     for host, claim in (("host-a", "nohz"), ("guest-tcg-x", "hpet")):
@@ -147,7 +147,7 @@ def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_
     from ticklab.capture.experiment import load_experiment
     from ticklab.capture.runner import CaptureOptions, capture
     from ticklab.claims import acpi_idle
-    from ticklab.published import load_published
+    from ticklab.analysis.published import load_published
 
     definition = load_experiment(paths.repo_root() / "runners" / "acpi-idle" / "tbench.yaml").definition
     definition = {**definition, "workload": {**definition["workload"], "params": {"seconds": 2}}, "profile": None}
@@ -182,7 +182,7 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
 
     from ticklab import paths
     from ticklab.claims import pvspinlock
-    from ticklab.published import load_published
+    from ticklab.analysis.published import load_published
 
     setup = "guest-tcg-2-3-4vcpu-test"
     writer = BundleWriter(tmp_path, setup, "pvspinlock", "guest-kbuild", definition={}, host={}, when=WHEN)

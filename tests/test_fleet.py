@@ -94,11 +94,11 @@ def test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host(name
     # every host that ran, each with why it has no line (a host experiment measures the tick on only)
     import pandas as pd
 
-    from ticklab.captured import find_bundles
+    from ticklab.analysis.captured import find_bundles
     from ticklab.claims import get_claim
-    from ticklab.forest import save_forest
-    from ticklab.notebook import open_claim
-    from ticklab.verdicts import VERDICT_COLUMNS
+    from ticklab.analysis.forest import save_forest
+    from ticklab.report.notebook import open_claim
+    from ticklab.analysis.verdicts import VERDICT_COLUMNS
 
     ctx = open_claim("nohz", fetch_to, REPO / "traces" / "published", tmp_path / "out")
     rows = pd.DataFrame([v.as_row() for v in get_claim("nohz").verdicts(ctx, n_boot=200)], columns=VERDICT_COLUMNS)

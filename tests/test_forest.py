@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 from matplotlib.text import Annotation
 
+from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.comparisons import Comparison, claim_verdicts
+from ticklab.analysis.forest import VERDICT_COLOURS, forest_figure, forest_table, save_forest
+from ticklab.analysis.verdicts import VERDICT_COLUMNS, Margins, Target, Verdict
 from ticklab.bundle import BundleWriter
-from ticklab.captured import find_bundles
-from ticklab.comparisons import Comparison, claim_verdicts
-from ticklab.forest import VERDICT_COLOURS, forest_figure, forest_table, save_forest
-from ticklab.verdicts import VERDICT_COLUMNS, Margins, Target, Verdict
 
 matplotlib.use("Agg")
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.published import load_published
 from ticklab.bundle import BundleWriter, load_bundle
-from ticklab.captured import find_bundles
 from ticklab.capture import perfprofile
 from ticklab.capture.experiment import load_experiment
 from ticklab.claims import hpet
@@ -20,7 +21,6 @@ from ticklab.lab import image as guest_image
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import qemu
 from ticklab.lab.cache import LabError
-from ticklab.published import load_published
 
 from conftest import REPO
 

@@ -7,10 +7,11 @@ import struct
 import pandas as pd
 import pytest
 
-from ticklab import paths, tracemetrics
+from ticklab import paths
 from ticklab.claims import hrtick
-from ticklab.ingest import read_trace
-from ticklab.tracemetrics import TraceContentError, clockevent_reprograms, reprogram_rows, spurious_ratio
+from ticklab.trace import tracemetrics
+from ticklab.trace.ingest import read_trace
+from ticklab.trace.tracemetrics import TraceContentError, clockevent_reprograms, reprogram_rows, spurious_ratio
 
 SPURIOUS = "spurious_hrtimer_interrupt_ratio"
 
@@ -238,7 +239,7 @@ def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
 def rows_by_comparison(root, alpha: float = 0.05) -> dict:
     from types import SimpleNamespace
 
-    from ticklab.captured import find_bundles
+    from ticklab.analysis.captured import find_bundles
 
     ctx = SimpleNamespace(published=hrtick.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hrtick"),
                           data_dir=root)

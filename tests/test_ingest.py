@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from ticklab.host import HostChanges, facts
-from ticklab.ingest import (MISSED_EVENTS, MISSED_STORED, TraceFormatError, parse_event_format, read_trace,
-                            read_trace_dat)
-from ticklab.tracefs_stats import stats_lost_count
+from ticklab.trace.ingest import (MISSED_EVENTS, MISSED_STORED, TraceFormatError, parse_event_format, read_trace,
+                                  read_trace_dat)
+from ticklab.trace.tracefs_stats import stats_lost_count
 
 FORMAT = """name: fake_event
 ID: 42

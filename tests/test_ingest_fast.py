@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import reference_ingest
 import tracedat
 from conftest import REPO
-from ticklab import ingest, ringbuf
-from ticklab.ingest import TraceFormatError, read_trace
+from ticklab.trace import ingest, ringbuf
+from ticklab.trace.ingest import TraceFormatError, read_trace
 
 COMPRESSED = REPO / "tests" / "data" / "compressed"
 # the trace the compressed fixtures were converted from, kept xz-packed (tests/data/compressed/README.md)
@@ -49,7 +49,7 @@ def test_fast_reader_equals_the_reference_on_every_bundled_trace(trace):
 
 def test_the_python_walk_equals_the_compiled_one(monkeypatch):
     if not ringbuf.COMPILED:
-        pytest.skip("ticklab._ringbuf is not built: only the Python walk is there")
+        pytest.skip("ticklab.trace._ringbuf is not built: only the Python walk is there")
     smallest = min(bundled_traces(), key=lambda p: sum(f.stat().st_size for f in p.iterdir() if f.is_file()))
     compiled = read_trace(smallest)
     compiled.events

@@ -14,7 +14,7 @@ import tracedat
 from conftest import REPO
 from test_ingest_fast import COMPRESSED, read_all, sample_files
 from ticklab.cli import main
-from ticklab.ingest import TraceFormatError, read_trace
+from ticklab.trace.ingest import TraceFormatError, read_trace
 
 SECRET = "root-only-secret-0123456789-abcdefghijklmnopqrstuvwxyz\n"
 

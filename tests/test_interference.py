@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from ticklab.analysis.captured import bundle_health
 from ticklab.bundle import BundleError, BundleWriter, load_bundle
 from ticklab.capture.interference import Sample, read_sample, summarise
 from ticklab.capture.runner import CaptureOptions, capture
-from ticklab.captured import bundle_health
 
 from test_capture import needs_tools, write_experiment
 

@@ -57,17 +57,17 @@ sync
 
 MAKE_PLAN = """import os
 from ticklab.capture.experiment import Condition, schedule
-from ticklab.host import bootplan
+from ticklab.host import plan_engine
 base = open("/proc/cmdline").read().strip()
 words = {"tick": [], "nohz_full": ["nohz_full=1"]}
-runs = [bootplan.PlannedRun(r.run, r.condition.name, "/mnt/share/bzImage", bootplan.condition_cmdline(base, words[r.condition.name]),
-                            initrd="/mnt/share/initrd", release=os.uname().release)
+runs = [plan_engine.PlannedRun(r.run, r.condition.name, "/mnt/share/bzImage", plan_engine.condition_cmdline(base, words[r.condition.name]),
+                               initrd="/mnt/share/initrd", release=os.uname().release)
         for r in schedule([Condition("tick", {}), Condition("nohz_full", {})], runs=2, warmup=0, seed=20261123)]
 # a forced bad boot: this kernel cannot be the release the run expects, as after a panic into the default kernel
-runs.append(bootplan.PlannedRun("run-005", "tick", "/mnt/share/bzImage", base, initrd="/mnt/share/initrd",
-                                release="0.0.0-forced-bad"))
-plan = bootplan.create(runs, mode="kexec", bundle="/mnt/share/bundle", plan_id="lab")
-bootplan.advance(plan.id)
+runs.append(plan_engine.PlannedRun("run-005", "tick", "/mnt/share/bzImage", base, initrd="/mnt/share/initrd",
+                                   release="0.0.0-forced-bad"))
+plan = plan_engine.create(runs, mode="kexec", bundle="/mnt/share/bundle", plan_id="lab")
+plan_engine.advance(plan.id)
 """
 
 
@@ -119,7 +119,7 @@ def test_lab_run_boot_kexec_makes_a_sealed_bundle_one_boot_per_run(tmp_path):
     the bundle the host builds has the runs in the planned order, each in its own boot (its own boot_id) with its
     condition's command line, and the plan's own record beside them."""
     from ticklab.bundle import load_bundle
-    from ticklab.lab.bootplan import lab_boot_plan
+    from ticklab.lab.guest_plan import lab_boot_plan
     from ticklab.lab.run import LabOptions
 
     kexec_kernel()
@@ -149,7 +149,7 @@ def test_lab_run_boot_kexec_moves_between_the_6_12_and_7_2_lab_kernels(tmp_path)
     import yaml
 
     from ticklab.bundle import load_bundle
-    from ticklab.lab.bootplan import lab_boot_plan
+    from ticklab.lab.guest_plan import lab_boot_plan
     from ticklab.lab.run import LabOptions
 
     kexec_kernel()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ticklab.cli import main
 from ticklab.capture.experiment import expand_conditions, load_experiment, schedule
+from ticklab.cli import main
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import sources
 from ticklab.lab.cache import LabError
@@ -233,21 +233,21 @@ def test_the_guest_hrtick_experiment_traces_with_ticklabs_tracefs_backend(tmp_pa
 def test_a_lab_guest_plays_the_host_boot_plan_with_each_conditions_lab_kernel(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from ticklab.lab import bootplan as lab_bootplan
+    from ticklab.lab import guest_plan
 
     built = {name: SimpleNamespace(variant=name, info={"release": release}, image=tmp_path / name)
              for name, release in (("hz1000", "6.12.117-ticklab"), ("7.2-hz1000", "7.2.13-ticklab"))}
     monkeypatch.setattr(lab_kernel, "cached_kernel", lambda name: built.get(name))
     experiment = load_experiment(REPO / "runners" / "hrtick" / "host-boot-kernels.yaml")
     conditions = expand_conditions(experiment, planning_facts(2))
-    kernels = lab_bootplan.plan_kernels(experiment, conditions, built["hz1000"])
+    kernels = guest_plan.plan_kernels(experiment, conditions, built["hz1000"])
     assert {name: k.variant for name, k in kernels.items()} == {
         "6.12 hrtick-off": "hz1000", "6.12 hrtick-on": "hz1000", "7.2 hrtick-off": "7.2-hz1000", "7.2 hrtick-on": "7.2-hz1000"}
     del built["7.2-hz1000"]
     with pytest.raises(LabError, match=r"host-boot-kernels.yaml: kernel '7.2.\*' matches 0 built lab kernels \(have: "
                                        r"hz1000 \(6.12.117-ticklab\)\); build the one it names, e.g. ticklab lab "
                                        r"build-kernel --variant 7.2-hz1000"):
-        lab_bootplan.plan_kernels(experiment, conditions, built["hz1000"])
+        guest_plan.plan_kernels(experiment, conditions, built["hz1000"])
     nohz = load_experiment(REPO / "runners" / "nohz" / "host-boot-ftq.yaml")
-    running = lab_bootplan.plan_kernels(nohz, expand_conditions(nohz, planning_facts(2)), built["hz1000"])
+    running = guest_plan.plan_kernels(nohz, expand_conditions(nohz, planning_facts(2)), built["hz1000"])
     assert {k.variant for k in running.values()} == {"hz1000"}   # "running": the kernel the guest booted first

@@ -22,9 +22,9 @@ TOY_MODULE = '''"""C6 — a toy claim (tests/test_new_claim.py): the slow condit
 
 import matplotlib.pyplot as plt
 
-from ..comparisons import Comparison
-from ..published import PublishedClaim
-from ..verdicts import Margins
+from ..analysis.comparisons import Comparison
+from ..analysis.published import PublishedClaim
+from ..analysis.verdicts import Margins
 from . import Claim, Headline, ViewPreset
 
 
@@ -94,7 +94,7 @@ NOTEBOOK_CELLS = [
     ("markdown", "# C6 — a toy claim\n\nThe source says the slow condition takes twice as long as the fast one."),
     ("parameters", 'data_dir = "traces"\npublished_dir = "traces/published"\noutput_dir = "build"\nalpha = 0.05\n'
                    "n_boot = 2000\nseed = 0"),
-    ("code", "from ticklab.claims import toy as claim\nfrom ticklab.notebook import check_parameters, open_claim\n\n"
+    ("code", "from ticklab.claims import toy as claim\nfrom ticklab.report.notebook import check_parameters, open_claim\n\n"
              "check_parameters(globals(), '06-toy.ipynb')\nctx = open_claim('toy', data_dir, published_dir, output_dir)\n"
              "pub = ctx.published"),
     ("code", "ctx.out.table('speed', pub.table('speed')[['id', 'value']], caption='Toy speeds as printed', "

@@ -8,8 +8,9 @@ import sys
 import nbformat
 import pytest
 
-from ticklab import outdir, paths
-from ticklab.report import run_report
+from ticklab import paths
+from ticklab.report import outdir
+from ticklab.report.build import run_report
 
 from conftest import REPO
 
@@ -178,7 +179,7 @@ def test_a_notebook_writes_no_output_through_a_link_planted_under_the_output_dir
     planted there (between the report's check and the notebook's write) is refused and its target untouched."""
     import pandas as pd
 
-    from ticklab.outputs import Outputs
+    from ticklab.analysis.outputs import Outputs
     from ticklab.safefiles import UnsafeFileError
 
     victim = tmp_path / "victim"

@@ -3,8 +3,8 @@ import math
 import pytest
 
 from ticklab import paths
-from ticklab.published import (PublishedDataError, check_derived, load_published, parse_printed,
-                               printed_decimals, verify_against_source)
+from ticklab.analysis.published import (PublishedDataError, check_derived, load_published, parse_printed,
+                                        printed_decimals, verify_against_source)
 
 from conftest import CLAIM_IDS
 
@@ -168,7 +168,7 @@ def test_issue27_the_hpet_claim_names_a_missing_published_row(published_copy):
 
 def test_issue27_provenance_is_read_with_a_size_cap(published_copy, monkeypatch):
     """A ~100 MB provenance.yaml was read whole (here the cap is lowered so the test stays small)."""
-    from ticklab import published as module
+    from ticklab.analysis import published as module
 
     monkeypatch.setattr(module, "MAX_PROVENANCE_BYTES", 64 << 10, raising=False)
     provenance = published_copy / "hpet" / "provenance.yaml"
@@ -179,7 +179,7 @@ def test_issue27_provenance_is_read_with_a_size_cap(published_copy, monkeypatch)
 
 def test_issue27_a_published_table_is_read_with_a_size_cap_and_never_through_a_link(published_copy, monkeypatch,
                                                                                       tmp_path):
-    from ticklab import published as module
+    from ticklab.analysis import published as module
 
     monkeypatch.setattr(module, "MAX_TABLE_BYTES", 64 << 10, raising=False)
     csv = published_copy / "hpet" / "aim7_compute.csv"

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from ticklab import paths
-from ticklab.captured import find_bundles
+from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.verdicts import VERDICTS
 from ticklab.claims import all_claims
-from ticklab.report import expected_outputs, output_problems, run_report
-from ticklab.verdicts import VERDICTS
+from ticklab.report.build import expected_outputs, output_problems, run_report
 
 from conftest import CLAIM_IDS, REPO
 

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from ticklab import stats
+from ticklab.analysis import stats
 
 
 def test_cliffs_delta_hand_computed():

@@ -8,15 +8,15 @@ import pandas as pd
 import pytest
 import yaml
 
+from ticklab.analysis.captured import BundleRef, bundle_health
+from ticklab.analysis.comparisons import Comparison, measured_runs, verdicts
+from ticklab.analysis.verdicts import Margins, Target
 from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import Condition, ExperimentError, load_experiment
 from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.capture.stopping import MIN_RUNS, PrecisionGoal, StoppingRule, extra_round
 from ticklab.cli import precision_goals
-from ticklab.comparisons import Comparison, measured_runs, verdicts
-from ticklab.captured import BundleRef, bundle_health
 from ticklab.paths import published_dir
-from ticklab.verdicts import Margins, Target
 
 ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()),
                     margins=Margins(no_effect=0.05))
@@ -72,7 +72,7 @@ def test_the_budgets_stop_a_capture_and_say_which():
 
 def test_the_precision_target_is_half_the_consistent_size_band_on_the_log_scale():
     """Issue 31 item 3: the goal is a CI that can lie inside the band (×1.2: ln 1.2 × (1.25 − 0.8) / 2 = 0.041)."""
-    from ticklab.stats import log_half_width, precision_note
+    from ticklab.analysis.stats import log_half_width, precision_note
 
     target = ON_OFF.margins.precision_log(ON_OFF.target)
     assert target == pytest.approx(0.0410, abs=1e-4)
@@ -178,7 +178,7 @@ def test_the_cli_hands_capture_the_claims_goals_from_its_published_dir(tmp_path)
     goals = precision_goals("hrtick", published_dir())
     assert {(g.treatment, g.baseline) for g in goals} >= {("hrtick-on", "hrtick-off")}
     assert all(g.target_log_half_width > 0 for g in goals)
-    from ticklab.published import PublishedDataError
+    from ticklab.analysis.published import PublishedDataError
 
     with pytest.raises(PublishedDataError, match=str(tmp_path / "nowhere")):
         precision_goals("hrtick", tmp_path / "nowhere")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from ticklab.capture.workloads import WorkloadOutputError, read_gapdet
-from ticklab.tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, matched_gap_tick_cost, nominal_period_ns
+from ticklab.trace.tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, matched_gap_tick_cost, nominal_period_ns
 
 QUANTUM, PERIOD, RATE = 1_000_000, 4_000_000, 12.5  # 1 ms quanta, HZ=250, work units per µs
 TICK_US = 20.0  # the planted work lost per tick
@@ -155,10 +155,10 @@ def test_the_bundled_nohz_data_gives_every_setup_a_cost_per_tick_or_a_reason():
     """On the committed nohz bundles: each setup and condition has the workload-side rows, each a number or a reason;
     where the sound lost work is a number it is below the old 1 − mean/max (which also counts speed jitter)."""
     from ticklab import paths
-    from ticklab.captured import find_bundles
+    from ticklab.analysis.captured import find_bundles
     from ticklab.claims import nohz
-    from ticklab.comparisons import measured_runs
-    from ticklab.published import load_published
+    from ticklab.analysis.comparisons import measured_runs
+    from ticklab.analysis.published import load_published
 
     bundles = find_bundles(paths.repo_root() / "traces", "nohz")
     if not bundles:
@@ -193,7 +193,7 @@ def test_every_bundled_nohz_condition_has_its_own_label_and_colour():
     """Issue 31's figure defect: the kexec bundle's nohz-full condition had no colour (drawn in matplotlib's default
     blue beside tick-on's blue) and tick-on was labelled "host kernel" in a lab guest."""
     from ticklab import paths
-    from ticklab.captured import find_bundles
+    from ticklab.analysis.captured import find_bundles
     from ticklab.claims.nohz import CONDITION_COLORS, CONDITION_LABELS
 
     conditions = {c["name"] for ref in find_bundles(paths.repo_root() / "traces", "nohz")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ticklab.ingest import read_trace
-from ticklab.tracemetrics import tick_rows, timer_interrupt_costs
+from ticklab.trace.ingest import read_trace
+from ticklab.trace.tracemetrics import tick_rows, timer_interrupt_costs
 
 from conftest import REPO
 from test_ingest import HEADER_PAGE, page, record

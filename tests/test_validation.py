@@ -8,13 +8,13 @@ import pytest
 import yaml
 
 from ticklab import paths
+from ticklab.analysis.published import PublishedDataError, load_published, verify_against_source
 from ticklab.bundle import BundleError, BundleWriter
 from ticklab.capture.experiment import ExperimentError, load_experiment
 from ticklab.capture.process import WorkloadOutputError
 from ticklab.capture.workloads import parse_clockbench, parse_ftq, parse_hackbench, parse_timejobs
-from ticklab.notebook import ParameterError, check_parameters
-from ticklab.published import PublishedDataError, load_published, verify_against_source
-from ticklab.report import run_report
+from ticklab.report.build import run_report
+from ticklab.report.notebook import ParameterError, check_parameters
 
 from conftest import REPO
 

@@ -12,8 +12,8 @@ import pytest
 from scipy import stats
 
 from conftest import REPO
-from ticklab.stats import Interval
-from ticklab.verdicts import Margins, Target, Verdict, decide
+from ticklab.analysis.stats import Interval
+from ticklab.analysis.verdicts import Margins, Target, Verdict, decide
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -132,7 +132,7 @@ def test_the_exact_cis_cover_at_any_run_count_and_say_when_they_cannot():
     """The independent CI (exact Mann-Whitney inversion) and the blocked one (exact signed rank): at 5 runs a side one
     is bounded and the other is not; both hold the truth in at least 95% of 400 draws at 10 rounds with drift, and
     the blocked one is narrower there."""
-    from ticklab.stats import ratio_by_blocks, ratio_by_ranks, signed_rank_null
+    from ticklab.analysis.stats import ratio_by_blocks, ratio_by_ranks, signed_rank_null
 
     rng = np.random.default_rng(7)
     five = vc.synthetic_runs(rng, 5, 0.10, 1.2)

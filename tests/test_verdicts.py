@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from ticklab import paths
+from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.outputs import Outputs
+from ticklab.analysis.stats import Interval
+from ticklab.analysis.verdicts import Margins, Target, Verdict, consistent_band, decide
 from ticklab.bundle import BundleWriter
 from ticklab.claims import hpet
-from ticklab.captured import find_bundles
-from ticklab.outputs import Outputs
-from ticklab.stats import Interval
-from ticklab.verdicts import Margins, Target, Verdict, consistent_band, decide
 
 UP = Target(1.2, 1, "derived: a test's", "x", ())
 DOWN = Target(0.573, -1, "derived: a test's", "0.481s / 0.840s", ())
@@ -195,8 +195,8 @@ def test_synthetic_the_target_with_a_tight_ci_is_reproduced(tmp_path):
 def test_a_run_whose_condition_check_failed_is_left_out(tmp_path):
     """Runs that booted on the wrong clocksource never reach a verdict; the check table says so."""
     from ticklab.bundle import add_manifest_seal
-    from ticklab.checks import check_table, run_checks
-    from ticklab.comparisons import measured_runs
+    from ticklab.analysis.checks import check_table, run_checks
+    from ticklab.analysis.comparisons import measured_runs
 
     synthetic_bundle(tmp_path, 1.127, 0.02, 6, seed=5)
     [bundle] = find_bundles(tmp_path, "hpet")
@@ -229,7 +229,7 @@ def test_setups_that_tested_nothing_collapse_into_one_row(tmp_path):
 def test_too_few_runs_say_so():
     import pandas as pd
 
-    from ticklab.comparisons import Comparison, verdicts
+    from ticklab.analysis.comparisons import Comparison, verdicts
 
     runs = pd.DataFrame([{"host_id": "h", "bundle": "b", "experiment": "e", "run": f"r{i}", "condition": c,
                           "metric": "work", "value": 1.0 + i, "unit": "u"} for i, c in enumerate(["a", "b", "b"])])
@@ -264,7 +264,7 @@ def test_outputs_refuse_empty_tables_and_sourceless_figures(tmp_path):
 
 
 def test_blocked_power_is_zero_where_no_bounded_ci_exists_and_high_for_a_clear_effect():
-    from ticklab.power import blocked_detection_power
+    from ticklab.analysis.power import blocked_detection_power
 
     rng = np.random.default_rng(5)
     base = np.exp(rng.normal(0, 0.02, 10))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ticklab.captured import find_bundles
-from ticklab.ingest import read_trace_dat
-from ticklab.tracemetrics import TIMER_ENTRY, TIMER_EXIT
-from ticklab.view import ViewError, build_session, entry_order
+from ticklab.analysis.captured import find_bundles
+from ticklab.report.view import ViewError, build_session, entry_order
+from ticklab.trace.ingest import read_trace_dat
+from ticklab.trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 
 from conftest import REPO
 
@@ -57,7 +57,7 @@ def test_nohz_session_shows_the_measured_cpu_and_a_compressed_run_is_decompresse
 def test_a_tracefs_capture_opens_as_a_trace_dat_that_trace_cmd_reads(tmp_path, monkeypatch):
     """Captures made where `trace-cmd record` fails (this host's tracefs backend) are written as trace.dat v6 into
     the cache: the same events as the capture, and `trace-cmd report` counts them the same."""
-    from ticklab.ingest import read_tracefs_dir
+    from ticklab.trace.ingest import read_tracefs_dir
 
     monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path))
     refs = [r for r in find_bundles(REPO / "traces", "nohz") if not r.host_id.startswith("guest-")]
@@ -82,7 +82,7 @@ GUI_TOOLS = ("kernelshark", "Xvfb", "xdotool", "import", "convert")
 @pytest.mark.skipif(any(shutil.which(t) is None for t in GUI_TOOLS),
                     reason="needs kernelshark, xvfb, xdotool and imagemagick (apt-get install kernelshark xvfb xdotool imagemagick)")
 def test_kernelshark_loads_the_session_under_xvfb(tmp_path):
-    from ticklab.view import write_session
+    from ticklab.report.view import write_session
 
     path, session, spot = build_session(guest_bundle("hrtick"))
     session_file = write_session(session, tmp_path / "session.json")

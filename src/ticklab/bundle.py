@@ -267,7 +267,7 @@ class BundleWriter:
         """xz every raw file of ``threshold`` bytes or more (trace.dat, tracefs cpuN.raw, ftq.dat ...) except in
         the first ``keep_per_condition`` measured runs of each condition, which stay as they are so that
         KernelShark and a reader of the bundle can open them directly. ticklab's readers take either form
-        (:mod:`ticklab.rawfile`)."""
+        (:mod:`ticklab.trace.rawfile`)."""
         kept, seen = [], {}
         for record in self.manifest.runs:
             if record.warmup:

@@ -14,14 +14,14 @@ from .safefiles import shown
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import run_report
+    from .report.build import run_report
 
     return run_report(args.out, data_dir=args.data_dir, published_dir=args.published_dir, only=args.only,
                       cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout)
 
 
 def _verify_published(args: argparse.Namespace) -> int:
-    from .published import PublishedDataError, load_published, verify_against_source
+    from .analysis.published import PublishedDataError, load_published, verify_against_source
 
     seeds = Path(args.seeds) if args.seeds else seeds_dir()
     unknown = [c for c in args.claims if c not in CLAIM_IDS]
@@ -94,7 +94,7 @@ def _capture(args: argparse.Namespace) -> int:
     from .capture.runner import CaptureOptions, capture
     from .capture.tracing import TracingError
     from .host import HostChangeError
-    from .published import PublishedDataError
+    from .analysis.published import PublishedDataError
 
     try:
         options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
@@ -131,28 +131,28 @@ def _kernel(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .host import bootplan
+    from .host import plan_engine
 
     def maker_for(plan, root):
         """A plan made by 'capture --boot' makes its runs into its bundle; one made otherwise (a lab guest's test
         plan, which has no pandas to import the capture with) records the boots only."""
         if "experiment" not in plan.capture:
             return None
-        from .capture.bootplans import BootCapture
+        from .capture.boot_capture import BootCapture
 
         return BootCapture(plan, root)
 
-    return bootplan.command(args, maker_for=maker_for)
+    return plan_engine.command(args, maker_for=maker_for)
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .capture.bootplans import boot_experiment, planned_runs, start
+    from .capture.boot_capture import boot_experiment, planned_runs, start
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
-    from .host import HostChangeError, bootplan
-    from .published import PublishedDataError
+    from .host import HostChangeError, plan_engine
+    from .analysis.published import PublishedDataError
 
     try:
         if args.dry_run:
@@ -168,7 +168,8 @@ def _capture_boot(args: argparse.Namespace) -> int:
                                  backend=args.backend, root=args.root, journal=args.journal, progress=False,
                                  seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
         start(args.claim, options, args.experiment, args.boot)
-    except (ExperimentError, bootplan.PlanError, HostChangeError, BundleError, TracingError, PublishedDataError) as exc:
+    except (ExperimentError, plan_engine.PlanError, HostChangeError, BundleError, TracingError,
+            PublishedDataError) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
@@ -178,7 +179,7 @@ def _lab(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .lab.cache import LabError
-    from .published import PublishedDataError
+    from .analysis.published import PublishedDataError
 
     try:
         if args.lab_command == "build-kernel":
@@ -209,7 +210,7 @@ def _lab(args: argparse.Namespace) -> int:
                             say=lambda text: print(text, file=sys.stderr, flush=True))
             print("\n".join(summary_lines(view)))
         elif args.boot:
-            from .lab.bootplan import lab_boot_plan
+            from .lab.guest_plan import lab_boot_plan
             from .lab.run import LabOptions
 
             options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, out=args.out, accel=args.accel,
@@ -235,7 +236,7 @@ def _lab(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .compare import CompareError, compare_tables, render
+    from .report.compare import CompareError, compare_tables, render
 
     try:
         tables = compare_tables(args.bundles, args.metric, args.baseline)
@@ -306,7 +307,7 @@ def _seal_manifest(args: argparse.Namespace) -> int:
 
 def _view(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .view import ViewError, build_session, open_in_kernelshark, write_session
+    from .report.view import ViewError, build_session, open_in_kernelshark, write_session
     from .lab.cache import cache_dir
 
     try:
@@ -325,7 +326,7 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from .ingest import TraceFormatError, read_trace, write_tables
+    from .trace.ingest import TraceFormatError, read_trace, write_tables
 
     try:  # tables are built as they are written, so bad records can surface there too
         # the trace the user named may be a link they made (followed once, here); what ticklab finds inside a

@@ -156,6 +156,12 @@ def boot_experiment_paths(claim: str) -> list[Path]:
     return sorted((runners_dir() / claim).glob(f"{BOOT_EXPERIMENT_PREFIX}*.yaml"))
 
 
+def is_boot_experiment(experiment: Experiment) -> bool:
+    """Whether ``experiment`` is run one boot of this host per run (``capture --boot``): a ``host_kernel`` knob
+    outside the lab."""
+    return "host_kernel" in experiment.knobs.values() and experiment.lab is None
+
+
 def load_experiment(path: Path | str) -> Experiment:
     path = Path(path)
     data = _read_yaml(path)

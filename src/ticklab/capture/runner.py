@@ -21,8 +21,7 @@ from ..host import HostChanges, collect, host_id
 from . import requirements, tracing
 from .execute import apply_knobs, execute_run, run_once, workload_values
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, expand_conditions, experiment_paths,
-                         load_experiment)
-from .bootplans import is_boot_experiment
+                         is_boot_experiment, load_experiment)
 from .session import Session, add_run, check_counts, open_bundle, plan, plan_counts
 from .stopping import StoppingRule, describe
 

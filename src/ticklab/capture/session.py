@@ -47,10 +47,10 @@ from typing import Protocol
 
 from .. import __version__
 from ..bundle import BundleError, BundleWriter
-from ..ingest import read_trace
 from ..paths import repo_root
 from ..schemas import MAX_RUNS
-from ..tracemetrics import METRIC_SETS
+from ..trace.ingest import read_trace
+from ..trace.tracemetrics import METRIC_SETS
 from .experiment import Condition, Experiment, ExperimentError, PlannedRun, schedule
 from .process import WorkloadOutputError
 from .stopping import Rounds, StoppingRule

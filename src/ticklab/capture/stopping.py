@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 from tqdm import tqdm
 
+from ..analysis.stats import block_pairs, blocks_bound, log_half_width, ratio_by_blocks, ratio_interval
 from ..bundle import measured_results
-from ..stats import block_pairs, blocks_bound, log_half_width, ratio_by_blocks, ratio_interval
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
@@ -55,7 +55,7 @@ def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | N
 @dataclass(frozen=True)
 class PrecisionGoal:
     """One comparison the stopping rule checks, as plain data: the caller (the CLI) makes these from the claim's
-    comparisons (``ticklab.comparisons.precision_goals``), so capture never loads the analysis itself."""
+    comparisons (``ticklab.analysis.comparisons.precision_goals``), so capture never loads the analysis itself."""
     comparison: str                  # what is compared, in words (the manifest's stopping checks name it)
     metric: str                      # results.csv metric
     treatment: str                   # condition names
@@ -190,7 +190,7 @@ def next_round_runs(rule: StoppingRule, manifest, results: pd.DataFrame, conditi
                     seconds_per_run: float, round_number: int, seed: int) -> list[PlannedRun]:
     """The rule's decision on the bundle so far: the next round's runs, appended to the manifest's ``order``, or []
     when the capture stops (``rule.reason`` says why). In-process rounds (:class:`Rounds`) and a boot plan's rounds
-    across reboots (``capture.bootplans``) both take this step."""
+    across reboots (``capture.boot_capture``) both take this step."""
     counts = {c.name: 0 for c in conditions}
     for record in manifest.measured_runs():
         counts[record.condition] = counts.get(record.condition, 0) + 1

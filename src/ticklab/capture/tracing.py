@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..host import HostChanges, facts
-from ..tracefs_stats import stats_lost_count
+from ..trace.tracefs_stats import stats_lost_count
 from .process import spawn
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import rawfile
+from ..trace import rawfile
 from .process import WorkloadOutputError
 
 

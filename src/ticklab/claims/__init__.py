@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Callable
 from ..claimids import claim_ids, module_name
 
 if TYPE_CHECKING:
-    from ..comparisons import Comparison, NegativeControl
-    from ..published import PublishedClaim
-    from ..verdicts import Verdict
+    from ..analysis.comparisons import Comparison, NegativeControl
+    from ..analysis.published import PublishedClaim
+    from ..analysis.verdicts import Verdict
 
 SUMMARY_NOTEBOOK = "00-summary.ipynb"
 
@@ -45,7 +45,7 @@ class Headline:
 class ViewPreset:
     """What ``ticklab view`` shows of a run of this claim in KernelShark.
 
-    ``spot(trace, cpus, measured_cpu)`` returns the :class:`ticklab.view.Spot` markers A and B go on, or None
+    ``spot(trace, cpus, measured_cpu)`` returns the :class:`ticklab.report.view.Spot` markers A and B go on, or None
     for the default (the longest local timer interrupt); ``events`` filters the table and graph (empty: all);
     ``measured_cpu_only`` shows only the run's measured (last) CPU."""
     events: tuple[str, ...] = ()
@@ -64,7 +64,7 @@ class Claim:
     untested: str                # the words of the verdict row for setups that tested none of the comparisons
     headlines: Callable[[PublishedClaim], list[Headline]] | None = None
     no_headline_because: str = ""  # when ``headlines`` is None: why the source gives no ratio
-    checks: tuple = ()           # condition checks (ticklab.checks) gating the runs a verdict may use
+    checks: tuple = ()           # condition checks (ticklab.analysis.checks) gating the runs a verdict may use
     negative_controls: Callable[[PublishedClaim], list[NegativeControl]] | None = None
     not_in_lab_because: str = ""  # why lab guests cannot test the claim, for its "not testable here" row
     view: ViewPreset = field(default_factory=ViewPreset)
@@ -76,13 +76,13 @@ class Claim:
     untestable: Callable | None = None
 
     def published(self, published_dir: Path | str) -> PublishedClaim:
-        from ..published import load_published
+        from ..analysis.published import load_published
 
         return load_published(published_dir, self.id)
 
     def verdicts(self, ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
-        """Every verdict row of the claim on the bundles of a notebook context (ticklab.notebook.ClaimContext)."""
-        from ..comparisons import claim_verdicts
+        """Every verdict row of the claim on the bundles of a notebook context (ticklab.report.notebook.ClaimContext)."""
+        from ..analysis.comparisons import claim_verdicts
 
         rows = claim_verdicts(self.id, self.comparisons(ctx.published), ctx.bundles, ctx.data_dir,
                               summary=self.untested, checks=self.checks, not_in_lab_because=self.not_in_lab_because,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..comparisons import Comparison
-from ..published import PublishedClaim, check_derived
-from ..stats import (COMPARE_STATISTICS, STATISTICS, anderson_ksamp, coefficient_of_variation, compare_summaries,
-                     compare_table, format_compare_table)
-from ..verdicts import Margins, Target
+from ..analysis.comparisons import Comparison
+from ..analysis.published import PublishedClaim, check_derived
+from ..analysis.stats import (COMPARE_STATISTICS, STATISTICS, anderson_ksamp, coefficient_of_variation, compare_summaries,
+                              compare_table, format_compare_table)
+from ..analysis.verdicts import Margins, Target
 from . import Claim, Headline
 
 BASELINE = "baseline"

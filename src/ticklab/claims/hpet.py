@@ -8,15 +8,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..analysis.captured import BundleRef
+from ..analysis.checks import FactCheck, failed_runs, run_checks
+from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
+from ..analysis.published import PublishedClaim, PublishedDataError
+from ..analysis.verdicts import Margins, Target
 from ..bundle import BundleError
-from .. import rawfile
-from ..checks import FactCheck, failed_runs, run_checks
+from ..trace import rawfile
 from . import Claim, Headline
 from ._points import runs_and_medians
-from ..comparisons import Comparison, NegativeControl, usable_bundles
-from ..captured import BundleRef
-from ..published import PublishedClaim, PublishedDataError
-from ..verdicts import Margins, Target
 
 SYSTEM_LABELS = {
     "haswell-ex-4s-72c": "4-socket Haswell-EX, 72 cores (HT off)",

@@ -7,13 +7,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ..checks import FactCheck
-from ..comparisons import Comparison, kernel_in_range, measured_runs
-from ..published import PublishedClaim, check_derived
-from ..stats import median_ci
-from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT
-from ..tracespots import first_spurious_interrupt
-from ..verdicts import Margins, Target, Verdict
+from ..analysis.checks import FactCheck
+from ..analysis.comparisons import Comparison, kernel_in_range, measured_runs
+from ..analysis.published import PublishedClaim, check_derived
+from ..analysis.stats import median_ci
+from ..analysis.verdicts import Margins, Target, Verdict
+from ..trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
+from ..trace.tracespots import first_spurious_interrupt
 from . import Claim, Headline, ViewPreset
 from ._points import runs_and_medians
 

@@ -12,17 +12,17 @@ import numpy as np
 import pandas as pd
 from scipy import signal
 
-from .. import rawfile
+from ..analysis.captured import BundleRef
+from ..analysis.checks import FactCheck, MetricCheck
+from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
+from ..analysis.published import PublishedClaim, check_derived
+from ..analysis.verdicts import Margins, Target
 from ..capture.workloads import WorkloadOutputError, read_ftq, read_gapdet
-from ..checks import FactCheck, MetricCheck
-from ..comparisons import Comparison, NegativeControl, usable_bundles
-from ..captured import BundleRef
-from ..published import PublishedClaim, check_derived
-from ..ingest import TraceFormatError, read_trace
-from ..tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, matched_gap_tick_cost, nominal_period_ns
-from ..tracemetrics import TIMER_ENTRY, TIMER_EXIT, timer_interrupt_costs
-from ..tracespots import longest_tick_gap
-from ..verdicts import Margins, Target
+from ..trace import rawfile
+from ..trace.ingest import TraceFormatError, read_trace
+from ..trace.tickcost import TickCostError, ftq_tick_cost, gap_tick_cost, matched_gap_tick_cost, nominal_period_ns
+from ..trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT, timer_interrupt_costs
+from ..trace.tracespots import longest_tick_gap
 from . import Claim, ViewPreset
 
 COMMON_HZ = (100, 250, 300, 1000)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..published import PublishedClaim
-from ..checks import FactCheck, MetricBound
-from ..comparisons import Comparison
-from ..verdicts import Margins, Target
+from ..analysis.checks import FactCheck, MetricBound
+from ..analysis.comparisons import Comparison
+from ..analysis.published import PublishedClaim
+from ..analysis.verdicts import Margins, Target
 from . import Claim, Headline
 from ._points import runs_and_medians
 

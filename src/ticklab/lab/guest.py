@@ -18,7 +18,7 @@ from pathlib import Path
 from ..capture import requirements, tracing
 from ..capture.execute import execute_run, run_once
 from ..capture.experiment import Condition, PlannedRun, load_experiment
-from ..host import HostChanges, bootplan, collect
+from ..host import HostChanges, collect, plan_engine
 
 WORK = Path("/tmp/ticklab-run")
 # Our patches' boot switches and where the running kernel shows the value it took.
@@ -120,11 +120,11 @@ def _extra(experiment, condition: Condition, host: HostChanges, facts: dict, nam
     return {"name": name, "condition": condition.name, **outcome}
 
 
-# -- a boot plan played by the guest (ticklab.lab.bootplan) ------------------------------------------------
+# -- a boot plan played by the guest (ticklab.lab.guest_plan) ------------------------------------------------
 PLAN_ID = "lab"
 
 
-class GuestPlanRuns(bootplan.RunMaker):
+class GuestPlanRuns(plan_engine.RunMaker):
     """The guest's maker of a boot plan's runs: each run as a lab job (``make_job_run``), its result with the boot
     the plan verified in share/runs/<run>.json; the host turns them into the bundle after the guest powers off."""
 
@@ -136,14 +136,14 @@ class GuestPlanRuns(bootplan.RunMaker):
         (self.share / "runs").mkdir(exist_ok=True)
         return self.share / "runs" / f"{run}.json"
 
-    def make_run(self, run: bootplan.PlannedRun, boot: dict) -> dict:
+    def make_run(self, run: plan_engine.PlannedRun, boot: dict) -> dict:
         job = {**self.jobs[run.name], "backend": self.plan_job.get("backend", "auto")}
         result = make_job_run(job, self.share, self._result_path(run.name), known={"boot": boot})
         if "error" in result:
             raise RuntimeError(result["error"].strip().splitlines()[-1])
         return {"run": run.name, "boot_id": boot["boot_id"]}
 
-    def failed_run(self, run: bootplan.PlannedRun, boot: dict, why: str) -> None:
+    def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
         path = self._result_path(run.name)
         if not path.exists():
             path.write_text(json.dumps({"run": run.name, "error": why, "boot": boot}, indent=2) + "\n")
@@ -155,21 +155,21 @@ def plan_start(share: Path) -> None:
     original = (Path("/proc/cmdline").read_text()).strip()
     release = collect()["kernel_release"]
     # each run's kernel: the one its condition names (share/bzImage-<release>), else the one this guest booted
-    runs = [bootplan.PlannedRun(job["run"], job["condition"]["name"], str(share / job.get("kernel_file", "bzImage")),
-                                bootplan.condition_cmdline(original, job["words"]), initrd=str(share / "initrd"),
-                                release=job.get("release", release), warmup=job["warmup"]) for job in plan_job["runs"]]
-    bootplan.create(runs, mode="kexec", bundle=share / "runs", plan_id=PLAN_ID, capture={"kind": "lab-guest"})
-    bootplan.advance(PLAN_ID)
+    runs = [plan_engine.PlannedRun(job["run"], job["condition"]["name"], str(share / job.get("kernel_file", "bzImage")),
+                                   plan_engine.condition_cmdline(original, job["words"]), initrd=str(share / "initrd"),
+                                   release=job.get("release", release), warmup=job["warmup"]) for job in plan_job["runs"]]
+    plan_engine.create(runs, mode="kexec", bundle=share / "runs", plan_id=PLAN_ID, capture={"kind": "lab-guest"})
+    plan_engine.advance(PLAN_ID)
 
 
 def plan_resume(share: Path) -> None:
     """Every later boot: the plan's next step, or nothing when it is over (this is the boot back to the original
     command line, and the guest powers off)."""
-    state = bootplan.load(Path("/"), PLAN_ID).state
+    state = plan_engine.load(Path("/"), PLAN_ID).state
     if state != "running":
         print(f"boot plan {PLAN_ID} is {state}: powering off")
         return
-    bootplan.resume(PLAN_ID, GuestPlanRuns(share, json.loads((share / "plan-job.json").read_text())))
+    plan_engine.resume(PLAN_ID, GuestPlanRuns(share, json.loads((share / "plan-job.json").read_text())))
 
 
 def main(argv: list[str] | None = None) -> int:

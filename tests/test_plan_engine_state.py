@@ -10,17 +10,17 @@ import sys
 
 import pytest
 
-from test_bootplan import calls, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
+from test_plan_engine import calls, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
 from test_boot_capture import start_capture
-from ticklab.host import bootplan
+from ticklab.host import plan_engine
 
 UNIT = "etc/systemd/system/ticklab-plan.service"
 LINK = "etc/systemd/system/multi-user.target.wants/ticklab-plan.service"
 
 
 def a_plan_booting(root, tmp_path, plan_id="s", mode="manual"):
-    plan = bootplan.create(two_conditions(1), mode=mode, bundle=tmp_path / "b", root=root, plan_id=plan_id)
-    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    plan = plan_engine.create(two_conditions(1), mode=mode, bundle=tmp_path / "b", root=root, plan_id=plan_id)
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
     assert (root / UNIT).is_file() and os.path.islink(root / LINK)
     return root / "var/lib/ticklab/plans" / plan_id
 
@@ -87,7 +87,7 @@ def test_a_huge_plan_json_is_refused_not_read_whole(host, tmp_path):
     root, _ = host
     directory = a_plan_booting(root, tmp_path)
     with open(directory / "plan.json", "r+b") as handle:
-        handle.truncate(bootplan.MAX_PLAN_BYTES + 1)
+        handle.truncate(plan_engine.MAX_PLAN_BYTES + 1)
     one_line_exit_2(resume_in_a_new_process(root, "status", "--id", "s"), "plan.json: larger than")
 
 
@@ -152,7 +152,7 @@ def test_in_process_cli_main_never_reports_a_ticklab_bug_for_plan_state(host, tm
 def test_a_fifo_as_custom_cfg_is_refused_without_blocking(host, tmp_path):
     root, log = host
     os.mkfifo(root / "boot/grub/custom.cfg")
-    bootplan.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="f")
+    plan_engine.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="f")
     done = subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", "resume", "--id", "f", "--root", str(root)],
                           capture_output=True, text=True, timeout=120)
     one_line_exit_2(done, "custom.cfg: a FIFO, not a regular file")

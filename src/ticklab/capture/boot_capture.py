@@ -1,5 +1,5 @@
 """`ticklab capture <claim> --boot kexec|grub|manual`: an experiment whose conditions name a kernel and command-line
-words becomes a boot plan (:mod:`ticklab.host.bootplan`): the same seeded, interleaved order ``schedule`` gives a
+words becomes a boot plan (:mod:`ticklab.host.plan_engine`): the same seeded, interleaved order ``schedule`` gives a
 host capture, one boot per run.
 
 A boot experiment has a ``host_kernel`` knob (``running``, or a release pattern matched against
@@ -29,17 +29,14 @@ from pathlib import Path
 import yaml
 
 from ..bundle import BundleError, BundleWriter, load_bundle
-from ..host import HostChanges, bootplan, facts, host_id
+from ..host import HostChanges, facts, host_id, plan_engine
 from ..safefiles import shown
 from . import requirements, tracing
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
-                         load_experiment, schedule)
+                         is_boot_experiment, load_experiment, schedule)
+from .runner import HOST_ID_PATTERN, HostExecutor
 from .session import check_counts, open_bundle, plan, plan_counts
 from .stopping import PrecisionGoal, StoppingRule, next_round_runs
-
-
-def is_boot_experiment(experiment: Experiment) -> bool:
-    return "host_kernel" in experiment.knobs.values() and experiment.lab is None
 
 
 def _variable(experiment: Experiment, kind: str) -> str | None:
@@ -96,7 +93,8 @@ def condition_words(experiment: Experiment, condition: Condition, fill: dict, so
     return words
 
 
-def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict) -> list[bootplan.PlannedRun]:
+def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path,
+              host: dict) -> list[plan_engine.PlannedRun]:
     """The capture's planned runs as boots of this host (``host``: its facts): each condition's kernel and the
     command line it has now with the condition's words."""
     cpus = host.get("online_cpus") or facts.online_cpus(root)
@@ -108,8 +106,8 @@ def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path, hos
         source = f"{experiment.path}: conditions.{run.condition.name}"
         kernel = resolve_kernel(str(run.condition.values.get(kernel_var, "running")), root, source)
         words = condition_words(experiment, run.condition, fill, source)
-        booted.append(bootplan.PlannedRun(run.run, run.condition.name, kernel,
-                                          bootplan.condition_cmdline(original, words), warmup=run.warmup))
+        booted.append(plan_engine.PlannedRun(run.run, run.condition.name, kernel,
+                                             plan_engine.condition_cmdline(original, words), warmup=run.warmup))
     return booted
 
 
@@ -121,7 +119,7 @@ def _conditions_here(experiment: Experiment, host: dict) -> list[Condition]:
 
 
 def planned_runs(experiment: Experiment, root: Path, *, runs: int | None = None, warmup: int | None = None,
-                 seed: int | None = None) -> list[bootplan.PlannedRun]:
+                 seed: int | None = None) -> list[plan_engine.PlannedRun]:
     host = facts.collect(root)
     order = schedule(_conditions_here(experiment, host), runs or experiment.runs,
                      experiment.warmup if warmup is None else warmup, experiment.seed if seed is None else seed)
@@ -131,15 +129,13 @@ def planned_runs(experiment: Experiment, root: Path, *, runs: int | None = None,
 KEPT_EXPERIMENT = "host-boot-experiment.yaml"  # the plan's copy (a boot experiment's file name, as the loader requires)
 
 
-def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> bootplan.Plan | None:
+def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> plan_engine.Plan | None:
     """The bundle and the boot plan of a boot experiment, then the first boot (``options``: runner.CaptureOptions).
     A host that cannot run the experiment gets a sealed bundle saying why, and no plan."""
-    from .runner import HOST_ID_PATTERN
-
     check_counts(options)
     experiment = boot_experiment(claim, experiment_path)
     root = Path(options.root)
-    bootplan.refuse_if_running(root)
+    plan_engine.refuse_if_running(root)
     host = HostChanges(options.journal, root=root, log=log)
     with host:
         if experiment.trace:
@@ -168,29 +164,29 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
                "journal": str(options.journal) if options.journal else None,
                "runs_fixed": options.runs is not None, "budget_s": options.budget_s, "seed": counts[2],
                "goals": None if options.goals is None else [asdict(g) for g in options.goals]}
-    plan_id = bootplan.new_plan_id()
+    plan_id = plan_engine.new_plan_id()
     # the bundle is written for the last time in this process before the plan exists: from then on an abort may
     # seal it at any moment
     writer.manifest.details["boot_plan"] = {"id": plan_id, "mode": mode}
     writer.flush()
     try:
-        created = bootplan.create(runs, mode=mode, bundle=writer.path, root=root, plan_id=plan_id, capture=context,
-                                  keep={KEPT_EXPERIMENT: kept})
+        created = plan_engine.create(runs, mode=mode, bundle=writer.path, root=root, plan_id=plan_id, capture=context,
+                                     keep={KEPT_EXPERIMENT: kept})
     except Exception:
         writer.discard()  # no plan, no run: the bundle opened for it holds nothing
         raise
     log(f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
         "'ticklab plan abort' ends it (the runs made are kept)")
-    bootplan.advance(created.id, root=root, say=log, maker=BootCapture(created, root, log))
+    plan_engine.advance(created.id, root=root, say=log, maker=BootCapture(created, root, log))
     return created
 
 
-class BootCapture(bootplan.RunMaker):
+class BootCapture(plan_engine.RunMaker):
     """The capture's side of a boot plan, in the process ``ticklab plan resume`` starts after each boot. It runs the
     experiment kept with the plan (the user's file may move or change mid-plan) and reads nothing until asked: an
     abort needs neither the experiment nor the bundle."""
 
-    def __init__(self, plan: bootplan.Plan, root: Path | str = "/", log=print):
+    def __init__(self, plan: plan_engine.Plan, root: Path | str = "/", log=print):
         self.plan, self.root, self.log = plan, Path(root), log
         self.context = plan.capture
         self._experiment: Experiment | None = None
@@ -200,24 +196,24 @@ class BootCapture(bootplan.RunMaker):
         if self._experiment is None:
             try:
                 kept = self.context.get("experiment_file")  # a plan made before plans kept it: the user's file
-                self._experiment = load_experiment(bootplan.kept_file(self.root, self.plan.id, kept) if kept
+                self._experiment = load_experiment(plan_engine.kept_file(self.root, self.plan.id, kept) if kept
                                                    else self.context["experiment"])
             except Exception as exc:  # no later run could be made either
-                raise bootplan.CannotGoOn(f"the plan's experiment: {exc}") from None
+                raise plan_engine.CannotGoOn(f"the plan's experiment: {exc}") from None
         return self._experiment
 
     def _writer(self) -> BundleWriter:
         try:
             return BundleWriter.reopen(self.plan.bundle)
         except (BundleError, OSError) as exc:
-            raise bootplan.CannotGoOn(f"the plan's bundle: {exc}") from None
+            raise plan_engine.CannotGoOn(f"the plan's bundle: {exc}") from None
 
     def _writer_unless_sealed(self) -> BundleWriter | None:
         """The bundle to finish, or None when it is sealed already (an ending completed again): a bundle gone or
         unreadable raises, and the plan's ending says so."""
         try:
             return self._writer()
-        except bootplan.CannotGoOn:
+        except plan_engine.CannotGoOn:
             if _sealed(self.plan.bundle):
                 self.log(f"boot plan {self.plan.id}: {self.plan.bundle}: sealed already")
                 return None
@@ -227,8 +223,7 @@ class BootCapture(bootplan.RunMaker):
     def _conditions(writer: BundleWriter) -> list[Condition]:
         return [Condition(c["name"], {k: v for k, v in c.items() if k != "name"}) for c in writer.manifest.conditions]
 
-    def make_run(self, run: bootplan.PlannedRun, boot: dict) -> dict:
-        from .runner import HostExecutor
+    def make_run(self, run: plan_engine.PlannedRun, boot: dict) -> dict:
 
         experiment, writer = self.experiment, self._writer()
         condition = {c.name: c for c in self._conditions(writer)}[run.condition]
@@ -246,7 +241,7 @@ class BootCapture(bootplan.RunMaker):
         writer.flush()
         return record.to_json()
 
-    def failed_run(self, run: bootplan.PlannedRun, boot: dict, why: str) -> None:
+    def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
         writer = self._writer_unless_sealed()
         if writer is None:
             return
@@ -255,7 +250,7 @@ class BootCapture(bootplan.RunMaker):
         writer.add_run({"run": run.name, "condition": run.condition, "warmup": run.warmup, "status": "failed",
                         "problem": why, "boot": boot}, [])
 
-    def more_runs(self, plan: bootplan.Plan) -> list[bootplan.PlannedRun]:
+    def more_runs(self, plan: plan_engine.Plan) -> list[plan_engine.PlannedRun]:
         """A round of one more run per condition while the stopping rule asks for it ([] when it does not). A round
         already in the manifest's order but not in the plan (a process killed before the plan was saved) is that
         round: the rule is not asked twice."""
@@ -281,14 +276,14 @@ class BootCapture(bootplan.RunMaker):
         return self._booted(plan, [(p.run, p.condition.name) for p in added])
 
     @staticmethod
-    def _booted(plan: bootplan.Plan, runs: list[tuple[str, str]]) -> list[bootplan.PlannedRun]:
+    def _booted(plan: plan_engine.Plan, runs: list[tuple[str, str]]) -> list[plan_engine.PlannedRun]:
         """Runs of a later round, each booted as its condition was first planned (kernel, command line)."""
         booted = {r.condition: r for r in plan.runs}
-        return [bootplan.PlannedRun(name, condition, booted[condition].kernel, booted[condition].cmdline,
-                                    initrd=booted[condition].initrd, release=booted[condition].release)
+        return [plan_engine.PlannedRun(name, condition, booted[condition].kernel, booted[condition].cmdline,
+                                       initrd=booted[condition].initrd, release=booted[condition].release)
                 for name, condition in runs]
 
-    def finished(self, plan: bootplan.Plan) -> None:
+    def finished(self, plan: plan_engine.Plan) -> None:
         """The plan ended (made, stopped by a bad boot, or aborted): the bundle is sealed with every run it has."""
         writer = self._writer_unless_sealed()
         if writer is None:

@@ -22,12 +22,12 @@ import nbformat
 import pandas as pd
 from nbconvert import HTMLExporter
 
+from ..analysis.captured import bundle_health
+from ..analysis.forest import FOREST
+from ..claims import SUMMARY_NOTEBOOK, all_claims, get_claim
+from ..paths import notebooks_dir
 from . import outdir
-from .claims import SUMMARY_NOTEBOOK, all_claims, get_claim
-from .captured import bundle_health
-from .forest import FOREST
 from .notebook import ParameterError, check_parameters
-from .paths import notebooks_dir
 from .summary import SUMMARY, at_a_glance, collect_checks, collect_verdicts, setup_labels, verdict_rows
 
 
@@ -127,7 +127,7 @@ def _sidecar(path: Path) -> dict:
 
 def _shown_path(path) -> str:
     """A directory as the report names it: relative to the repository when inside it."""
-    from .paths import repo_root
+    from ..paths import repo_root
 
     resolved = Path(path).resolve()
     try:
@@ -179,7 +179,7 @@ def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
 def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.DataFrame | None,
                 bundles: pd.DataFrame | None = None, checks: pd.DataFrame | None = None, *, data_dir="traces",
                 published_dir="traces/published", only: list[str] | None = None, claims: list[str] | None = None) -> Path:
-    environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab", "templates"),
+    environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab.report", "templates"),
                                      autoescape=jinja2.select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
     claims = claims if claims is not None else [SUMMARY] + [c.id for c in all_claims()]

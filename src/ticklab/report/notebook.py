@@ -7,12 +7,12 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
-from .checks import check_table, run_checks
-from .claims import get_claim
-from .captured import BundleRef, describe, find_bundles
-from .outputs import Outputs
-from .paths import repo_root
-from .published import PublishedClaim, load_published
+from ..analysis.captured import BundleRef, describe, find_bundles
+from ..analysis.checks import check_table, run_checks
+from ..analysis.outputs import Outputs
+from ..analysis.published import PublishedClaim, load_published
+from ..claims import get_claim
+from ..paths import repo_root
 
 
 class ParameterError(ValueError):
@@ -22,7 +22,7 @@ class ParameterError(ValueError):
 def check_parameters(values: dict, source: str = "notebook parameters") -> None:
     """Check the parameters papermill injected (alpha in (0, 1), n_boot and seed whole numbers, paths as text):
     ``check_parameters(globals(), "01-hpet.ipynb")`` in a notebook's first code cell after the parameters."""
-    from . import schemas
+    from .. import schemas
 
     known = schemas.NOTEBOOK_PARAMETERS["properties"]
     schemas.check({k: v for k, v in values.items() if k in known}, schemas.NOTEBOOK_PARAMETERS, source, ParameterError)

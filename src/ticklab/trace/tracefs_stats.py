@@ -1,6 +1,6 @@
 """The per-CPU ``stats`` text of a tracefs ring buffer (per_cpu/cpuN/stats), read by capture and by ingest.
 
-Its own module, with no imports of ticklab, so that :mod:`ticklab.ingest` reads a capture's stats without
+Its own module, with no imports of ticklab, so that :mod:`ticklab.trace.ingest` reads a capture's stats without
 importing capture (and the host modules behind it), and the capture code that runs in a lab guest keeps
 to the standard library.
 """

@@ -1,4 +1,4 @@
-"""Ring-buffer page walk and record gathers: the compiled ``ticklab._ringbuf`` (built by the package's
+"""Ring-buffer page walk and record gathers: the compiled ``ticklab.trace._ringbuf`` (built by the package's
 own build, see setup.py), or the same functions in Python where it was not built.
 
 ``walk`` returns each data record's payload offset, timestamp and event type id, the lost-event count from the

@@ -7,11 +7,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from .claims import all_claims
-from .outputs import Outputs
-from .published import load_published
-from .checks import CHECK_COLUMNS
-from .verdicts import VERDICT_COLUMNS
+from ..analysis.checks import CHECK_COLUMNS
+from ..analysis.outputs import Outputs
+from ..analysis.published import load_published
+from ..analysis.verdicts import VERDICT_COLUMNS
+from ..claims import all_claims
 
 SUMMARY = "summary"
 

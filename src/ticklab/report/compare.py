@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .bundle import load_bundle
-from .stats import compare_table, format_compare_table
+from ..analysis.stats import compare_table, format_compare_table
+from ..bundle import load_bundle
 
 FORMATS = ("text", "csv", "md", "json")
 
@@ -28,9 +28,9 @@ def _label(path: Path) -> str:
 
 def claim_metrics(claim: str | None, available: list[str]) -> list[str]:
     """The metrics the claim's verdicts compare, where the bundle has them (else none: then every metric)."""
-    from .claimids import claim_ids
-    from .claims import get_claim
-    from .paths import published_dir
+    from ..claimids import claim_ids
+    from ..claims import get_claim
+    from ..paths import published_dir
 
     if claim not in claim_ids():
         return []

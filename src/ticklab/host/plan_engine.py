@@ -474,7 +474,7 @@ def grub_menu_entries(plan: Plan, root: Path | str = "/") -> list[str]:
 
 
 class RunMaker(abc.ABC):
-    """What makes a plan's runs (``capture.bootplans.BootCapture`` for ``capture --boot``): ``make_run`` after a
+    """What makes a plan's runs (``capture.boot_capture.BootCapture`` for ``capture --boot``): ``make_run`` after a
     verified boot; ``failed_run`` for a run whose boot was wrong or whose making raised; ``more_runs`` when every
     planned run is done (a stopping rule's next round; [] ends the plan); ``finished`` when the plan ends (made,
     stopped by a bad boot, or aborted)."""

@@ -12,8 +12,8 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from .paths import repo_root
-from .safefiles import OwnedDir
+from ..paths import repo_root
+from ..safefiles import OwnedDir
 from .checks import CHECK_COLUMNS
 from .verdicts import VERDICT_COLUMNS, Verdict
 
@@ -110,7 +110,7 @@ class Outputs:
 
 
     def checks(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """The claim's condition checks (ticklab.checks.check_table); written even when empty, so the report can
+        """The claim's condition checks (ticklab.analysis.checks.check_table); written even when empty, so the report can
         tell "nothing to check" from "not run"."""
         frame = frame[CHECK_COLUMNS]
         self._write(f"checks/{self.claim}.csv", self._csv(frame, index=False))

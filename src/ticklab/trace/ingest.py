@@ -8,7 +8,7 @@ Two inputs carry the same ring-buffer pages:
   and one ``cpu<N>.raw`` per CPU (pages read from ``per_cpu/cpu<N>/trace_pipe_raw``), ``cpu<N>.stats``.
 
 The page walk follows the kernel's ring-buffer layout (include/linux/ring_buffer.h and the
-``events/header_page`` / ``header_event`` files it exports) and is compiled (ticklab.ringbuf); it
+``events/header_page`` / ``header_event`` files it exports) and is compiled (ticklab.trace.ringbuf); it
 keeps only each record's offset, timestamp and CPU. Tables are gathered per event type from those
 offsets, in batches, straight into Arrow arrays; an uncompressed trace.dat is mapped, not read.
 Lost events are counted from the pages' "missed events" flags and, where present, from the
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..safefiles import OwnedDir, UnsafeFileError, open_fd, shown
 from . import rawfile, ringbuf
-from .safefiles import OwnedDir, UnsafeFileError, open_fd, shown
 from .ringbuf import COMMIT_MASK, MISSED_EVENTS, MISSED_STORED  # noqa: F401  (re-exported: tests build pages)
 from .tracefs_stats import stats_lost_count
 

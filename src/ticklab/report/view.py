@@ -3,7 +3,7 @@ what the claim's finding is about (KernelShark 2.x session documents, type "ksha
 
 The session shows the CPUs that matter, filters the table and graph to the claim's events, and puts
 markers A and B on the interesting spot, zoomed around it; each claim says which in its ``ViewPreset``
-(ticklab.claims; the finders are in ticklab.tracespots). Without a preset: every CPU, every event, and
+(ticklab.claims; the finders are in ticklab.trace.tracespots). Without a preset: every CPU, every event, and
 A/B on the longest local timer interrupt.
 
 KernelShark places markers by entry row (its index in the trace's entries in time order), not by
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import rawfile
-from .bundle import load_bundle
-from .ingest import Trace, read_trace_dat
-from .lab.cache import cache_dir
-from .tracedat import tracefs_to_trace_dat
-from .claimids import claim_ids
-from .claims import ViewPreset, get_claim
-from .tracespots import Spot, longest_timer_interrupt
+from ..bundle import load_bundle
+from ..claimids import claim_ids
+from ..claims import ViewPreset, get_claim
+from ..lab.cache import cache_dir
+from ..trace import rawfile
+from ..trace.ingest import Trace, read_trace_dat
+from ..trace.tracedat import tracefs_to_trace_dat
+from ..trace.tracespots import Spot, longest_timer_interrupt
 
 class ViewError(ValueError):
     """The bundle or run cannot be viewed; the message says why."""
@@ -75,7 +75,7 @@ def _measured_run(bundle, run: str | None) -> dict:
 
 def trace_file(directory: Path) -> Path:
     """The run's trace.dat as KernelShark can open it: decompressed into the cache when stored xz'd, or written
-    there from a tracefs capture (ticklab.tracedat) when the run was not recorded with trace-cmd."""
+    there from a tracefs capture (ticklab.trace.tracedat) when the run was not recorded with trace-cmd."""
     plain, packed = directory / "trace.dat", directory / "trace.dat.xz"
     if plain.is_file():
         return plain

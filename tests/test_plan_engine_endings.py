@@ -8,31 +8,31 @@ import sys
 
 import pytest
 
-from test_bootplan import ORIGINAL, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401
+from test_plan_engine import ORIGINAL, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401
 from test_boot_capture import bundle_of, capture_in_a_new_process, start_capture
 from ticklab.bundle import load_bundle
-from ticklab.host import bootplan
+from ticklab.host import plan_engine
 
 
 # 1. create's rmtree removes a plan directory another process made (two captures in the same second share the
 #    plan id new_plan_id gives: private_dir accepts the existing directory, the O_EXCL of the kept file fails)
 def test_create_failure_does_not_remove_a_directory_it_did_not_make(host, tmp_path, monkeypatch):
     root, _ = host
-    real = bootplan.private_dir
+    real = plan_engine.private_dir
     state = {"first": True}
 
     def other_process_creates_the_same_id_meanwhile(directory):
         if state["first"]:
             state["first"] = False
-            monkeypatch.setattr(bootplan, "private_dir", real)
-            bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "bundle-A", root=root, plan_id="same",
-                            keep={"host-boot-experiment.yaml": b"A's experiment\n"})
+            monkeypatch.setattr(plan_engine, "private_dir", real)
+            plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "bundle-A", root=root, plan_id="same",
+                               keep={"host-boot-experiment.yaml": b"A's experiment\n"})
         return real(directory)
 
-    monkeypatch.setattr(bootplan, "private_dir", other_process_creates_the_same_id_meanwhile)
+    monkeypatch.setattr(plan_engine, "private_dir", other_process_creates_the_same_id_meanwhile)
     with pytest.raises(Exception):
-        bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "bundle-B", root=root, plan_id="same",
-                        keep={"host-boot-experiment.yaml": b"B's experiment\n"})
+        plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "bundle-B", root=root, plan_id="same",
+                           keep={"host-boot-experiment.yaml": b"B's experiment\n"})
     # A's plan must survive B's failure
     assert (root / "var/lib/ticklab/plans/same/plan.json").is_file(), "B's rmtree removed A's plan"
 
@@ -66,8 +66,8 @@ def test_a_boot_tool_error_on_two_lines_is_one_line_on_the_cli(host, tmp_path):
 
 def test_a_daemon_reload_error_on_two_lines_is_one_line_on_plan_abort(host, tmp_path):
     root, _ = host
-    plan = bootplan.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="two")
-    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    plan = plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="two")
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
     (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\necho 'Failed to reload daemon:' >&2\n"
                                                "echo 'Access denied' >&2\nexit 1\n")
     done = resume_in_a_new_process(root, "abort")
@@ -94,7 +94,7 @@ def test_an_ending_cut_short_still_records_the_failed_run(host, tmp_path):
     run = plan.runs[0]
     run.state, run.why = "failed", "booted kernel 6.1.0-21-amd64, expected x"
     plan.state, plan.ended_because = "failed", f"run {run.name}: {run.why}"
-    bootplan._save(root, plan)  # killed right after _end saved the state
+    plan_engine._save(root, plan)  # killed right after _end saved the state
     reboot(root, "boot-1", ORIGINAL, release="6.1.0-21-amd64")
     done = resume_in_a_new_process(root)
     assert done.returncode == 0, done.stderr

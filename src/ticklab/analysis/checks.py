@@ -111,7 +111,7 @@ class MetricBound:
 
 def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
     """One row per bundle, run and applicable check: setup, bundle, run, condition, check, expected, observed, passed."""
-    from .bundle import BundleError
+    from ..bundle import BundleError
 
     rows = []
     for ref in bundles:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import pandas as pd
 import yaml
 
-from . import schemas
-from .safefiles import UnsafeFileError, read_bytes, read_text, shown
+from .. import schemas
+from ..safefiles import UnsafeFileError, read_bytes, read_text, shown
 
 if TYPE_CHECKING:
     from .verdicts import Target

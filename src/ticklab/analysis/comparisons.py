@@ -2,7 +2,7 @@
 
 A *setup* is a bundle's host-id (a host, or a guest with its accelerator and kernel). Each comparison
 takes one metric per run from results.csv (runs whose condition checks failed are left out), the ratio of
-treatment over baseline with its CI (:func:`ticklab.stats.ratio_interval`: for medians the Hodges-Lehmann ratio
+treatment over baseline with its CI (:func:`ticklab.analysis.stats.ratio_interval`: for medians the Hodges-Lehmann ratio
 with the exact CI that inverts the Mann-Whitney test; for other statistics a seeded percentile bootstrap), a
 two-sided Mann-Whitney U test and Cliff's delta.
 
@@ -10,8 +10,8 @@ The multiple-comparison family is fixed: one claim on one setup, i.e. the claim'
 with at least two runs of each condition and that the claim does not call untestable there (a treatment that never
 took effect). Bundles of other setups never change it. Within the family p-values are Holm-adjusted and the CIs
 are simultaneous (Bonferroni: each at 1 − alpha/m), so a verdict rests on its CI alone.
-:func:`ticklab.verdicts.decide` turns the CI into a word against the comparison's target and declared margins;
-:mod:`ticklab.power` adds the power to detect the target and the runs it needs.
+:func:`ticklab.analysis.verdicts.decide` turns the CI into a word against the comparison's target and declared margins;
+:mod:`ticklab.analysis.power` adds the power to detect the target and the runs it needs.
 
 Setups that tested nothing of a claim (no bundle, not testable there, nothing comparable) collapse into
 one "not testable here" row per claim that gives each setup's reason.
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .bundle import BundleError, measured_results, run_failed, stopped_because
-from .checks import failed_runs, run_checks
+from ..bundle import BundleError, measured_results, run_failed, stopped_because
 from .captured import BundleRef, all_setups
+from .checks import failed_runs, run_checks
 import numpy as np
 
 from .power import blocked_detection_power, detection_power
@@ -46,7 +46,7 @@ class Comparison:
     baseline: str
     target: Target
     experiments: tuple[str, ...] = ()   # only bundles of these experiments (all when empty)
-    statistic: str = "median"           # of each condition's runs (ticklab.stats.STATISTICS)
+    statistic: str = "median"           # of each condition's runs (ticklab.analysis.stats.STATISTICS)
     role: str = "claim"                 # "premise": what the claim presupposes, tested as such
     margins: Margins | None = None      # declared per comparison, with its no-effect margin (required)
     sizes_comparable: str = ""          # whether the target's size can be expected on lab setups, and why

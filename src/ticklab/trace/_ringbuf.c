@@ -1,5 +1,5 @@
 /* The two loops of trace ingest that Python is slow at: walking ring-buffer pages record by record,
- * and gathering each record's bytes (and its strings) by offset. ticklab/ringbuf.py holds the same
+ * and gathering each record's bytes (and its strings) by offset. ticklab/trace/ringbuf.py holds the same
  * functions in Python (used when this module is not built); both give identical results.
  *
  * Page layout (include/linux/ring_buffer.h, events/header_page): u64 timestamp, a commit word

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .bundle import Bundle, BundleError, check_complete, load_bundle
+from ..bundle import Bundle, BundleError, check_complete, load_bundle
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
 
     ``flag`` is empty for a clean bundle; otherwise it says what a reader must know (tampered,
     incomplete, failed runs, lost events, runs on a busy host, not testable). Flags only: no verdict changes."""
-    from .bundle import run_failed, stopped_because
+    from ..bundle import run_failed, stopped_because
 
     rows = []
     root = Path(data_dir)

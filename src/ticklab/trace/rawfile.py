@@ -12,8 +12,8 @@ import lzma
 import os
 from pathlib import Path
 
-from .safefiles import UnsafeFileError, shown
-from .safefiles import read_bytes as safe_read_bytes
+from ..safefiles import UnsafeFileError, shown
+from ..safefiles import read_bytes as safe_read_bytes
 
 # A raw file is read whole into memory: a per-CPU ring buffer, an FTQ sample file or a tool's output is MBs; this
 # bounds what a planted or damaged file (an .xz that unpacks to terabytes) can make ticklab allocate.

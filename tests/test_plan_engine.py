@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_fake_host
-from ticklab.host import bootplan
+from ticklab.host import plan_engine
 from ticklab.host import HostChangeError
-from ticklab.host.bootplan import PlanError, PlannedRun
+from ticklab.host.plan_engine import PlanError, PlannedRun
 
 RELEASE = "6.12.57-ticklab"
 ORIGINAL = "BOOT_IMAGE=/boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro quiet"
@@ -72,10 +72,10 @@ def calls(log: Path) -> list[str]:
 
 def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     root, log = host
-    plan = bootplan.create(two_conditions(), mode="kexec", bundle=tmp_path / "bundle", root=root, plan_id="p1")
+    plan = plan_engine.create(two_conditions(), mode="kexec", bundle=tmp_path / "bundle", root=root, plan_id="p1")
     directory = root / "var/lib/ticklab/plans/p1"
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
     unit = root / "etc/systemd/system/ticklab-plan.service"
     assert "Type=oneshot" in unit.read_text() and "After=basic.target multi-user.target" in unit.read_text()
     assert "plan resume --id p1 --root" in unit.read_text()
@@ -88,7 +88,7 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
         reboot(root, f"boot-{number}", run.cmdline)  # kexec keeps exactly the --append line: no BOOT_IMAGE
         done = resume_in_a_new_process(root)
         assert done.returncode == 0, done.stderr
-    final = bootplan.load(root, "p1")
+    final = plan_engine.load(root, "p1")
     assert final.state == "finished"
     assert [r.state for r in final.runs] == ["made"] * 4
     assert [r.boot_id_found for r in final.runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
@@ -105,8 +105,8 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     (root / "boot/grub/custom.cfg").write_text("menuentry 'mine' { }\n")
     runs = [PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
             PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro")]
-    bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="g")
-    bootplan.advance("g", root=root, say=lambda _: None)
+    plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="g")
+    plan_engine.advance("g", root=root, say=lambda _: None)
     custom = (root / "boot/grub/custom.cfg").read_text()
     assert custom.startswith("menuentry 'mine' { }\n")
     assert "menuentry 'ticklab-plan-g' --id 'ticklab-plan-g'" in custom
@@ -122,7 +122,7 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     assert (root / "boot/grub/custom.cfg").read_text().count("menuentry 'ticklab-plan-g'") == 1
     reboot(root, "boot-2", "BOOT_IMAGE=/boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro")
     assert resume_in_a_new_process(root).returncode == 0
-    plan = bootplan.load(root, "g")
+    plan = plan_engine.load(root, "g")
     assert plan.state == "finished" and [r.state for r in plan.runs] == ["made", "made"]
     assert (root / "boot/grub/custom.cfg").read_text() == "menuentry 'mine' { }\n"
     assert f"grub-editenv {root}/boot/grub/grubenv unset next_entry" in calls(log)
@@ -133,12 +133,12 @@ def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, t
     root, log = host
     runs = [PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
             PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro")]
-    bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="bad")
-    bootplan.advance("bad", root=root, say=lambda _: None)
+    plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="bad")
+    plan_engine.advance("bad", root=root, say=lambda _: None)
     reboot(root, "boot-after-panic", ORIGINAL)  # panic= reset: the default entry came up
     done = resume_in_a_new_process(root)
     assert done.returncode == 0
-    plan = bootplan.load(root, "bad")
+    plan = plan_engine.load(root, "bad")
     assert plan.state == "failed"
     assert plan.runs[0].state == "failed"
     assert plan.runs[0].why == (f"booted kernel {RELEASE}, expected 6.12.99-ticklab-abc "
@@ -152,22 +152,22 @@ def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, t
 
 def test_a_cmdline_mismatch_and_no_reboot_are_named(host, tmp_path):
     root, _ = host
-    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="c")
-    bootplan.advance("c", root=root, say=lambda _: None)
+    plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="c")
+    plan_engine.advance("c", root=root, say=lambda _: None)
     done = resume_in_a_new_process(root)  # the same boot: kexec did not happen
     assert "no reboot happened (boot_id boot-0 is the one before)" in done.stdout
-    plan = bootplan.load(root, "c")
+    plan = plan_engine.load(root, "c")
     assert plan.state == "failed"
     run = PlannedRun("r", "c", "running", "ro nohz_full=1", release=RELEASE, boot_id_before="x")
-    why = bootplan.verify_boot(plan, run, {"boot_id": "y", "release": RELEASE, "cmdline": "BOOT_IMAGE=/v initrd=\\i ro"})
+    why = plan_engine.verify_boot(plan, run, {"boot_id": "y", "release": RELEASE, "cmdline": "BOOT_IMAGE=/v initrd=\\i ro"})
     assert why == "/proc/cmdline is 'BOOT_IMAGE=/v initrd=\\i ro', expected 'ro nohz_full=1' (BOOT_IMAGE= and initrd= ignored)"
 
 
 def test_manual_mode_prints_what_to_boot_and_abort_undoes_the_unit(host, tmp_path):
     root, log = host
-    bootplan.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="m")
+    plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="m")
     said = []
-    bootplan.advance("m", root=root, say=said.append)
+    plan_engine.advance("m", root=root, say=said.append)
     assert said[-1].startswith(f"boot run run-001 (nohz_full=off): kernel {root}/boot/vmlinuz-{RELEASE}, "
                                f"initrd {root}/boot/initrd.img-{RELEASE}, command line: root=/dev/vda1 ro quiet")
     assert "kexec" not in " ".join(calls(log)) and "reboot" not in " ".join(calls(log))
@@ -179,7 +179,7 @@ def test_manual_mode_prints_what_to_boot_and_abort_undoes_the_unit(host, tmp_pat
     assert "aborted: unit removed" in done.stdout
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     assert not os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
-    assert bootplan.load(root, "m").state == "aborted"
+    assert plan_engine.load(root, "m").state == "aborted"
     assert calls(log)[-1] == "systemctl daemon-reload"
     # the run whose boot was under way is not shown as going on (the lab host's abort said "now: ... booting")
     status = resume_in_a_new_process(root, "status").stdout
@@ -191,22 +191,22 @@ def test_state_in_a_directory_others_can_write_is_refused(host, tmp_path):
     root, _ = host
     (root / "var/lib").chmod(0o777)
     with pytest.raises(PlanError, match=r"var/lib: another user can replace what is under it"):
-        bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="w")
+        plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="w")
 
 
 def test_a_missing_kernel_is_refused_before_any_reboot(host, tmp_path):
     root, log = host
     runs = [PlannedRun("run-001", "x", "6.99.0-nope", "ro")]
     with pytest.raises(PlanError, match=r"boot/vmlinuz-6\.99\.0-nope: missing, the kernel of run run-001 \(x\)"):
-        bootplan.create(runs, mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k")
+        plan_engine.create(runs, mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k")
     assert not calls(log)
 
 
 def test_condition_cmdline_replaces_and_removes_words():
-    assert bootplan.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
-    assert bootplan.condition_cmdline("a=1 b c=3", ["a=2"]) == "b c=3 a=2"
+    assert plan_engine.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
+    assert plan_engine.condition_cmdline("a=1 b c=3", ["a=2"]) == "b c=3 a=2"
     # words after "--" belong to init: kernel words go before them
-    assert bootplan.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"]) == \
+    assert plan_engine.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"]) == \
         "ro quiet nohz_full=1 -- --init-flag x=1"
 
 
@@ -249,10 +249,10 @@ def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_p
     root, log = host
     kexec = Path(os.environ["PATH"].split(":")[0]) / "kexec"
     kexec.write_text("#!/bin/sh\necho 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
-    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="lock")
+    plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="lock")
     with pytest.raises(HostChangeError, match=r"kexec -l .*: exit 1: kexec_load failed: Operation not permitted"):
-        bootplan.advance("lock", root=root, say=lambda _: None)
-    plan = bootplan.load(root, "lock")
+        plan_engine.advance("lock", root=root, say=lambda _: None)
+    plan = plan_engine.load(root, "lock")
     assert plan.state == "failed" and plan.runs[0].state == "failed"
     assert plan.runs[0].why.startswith("could not boot: ") and "Operation not permitted" in plan.runs[0].why
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
@@ -263,7 +263,7 @@ def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
     root, log = host
     runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
     with pytest.raises(PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"):
-        bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="q")  # refused before any boot
+        plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="q")  # refused before any boot
     assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
     assert not (root / "var/lib/ticklab/plans/q").exists()
 
@@ -273,9 +273,9 @@ def test_a_unit_already_installed_is_not_replaced(host, tmp_path):
     unit = root / "etc/systemd/system/ticklab-plan.service"
     unit.parent.mkdir(parents=True)
     unit.write_text("someone else's\n")
-    bootplan.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="u")
+    plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="u")
     with pytest.raises(PlanError, match=r"ticklab-plan\.service: exists already"):
-        bootplan.advance("u", root=root, say=lambda _: None)
+        plan_engine.advance("u", root=root, say=lambda _: None)
     assert unit.read_text() == "someone else's\n"
 
 
@@ -283,8 +283,8 @@ def test_an_abort_cannot_slip_in_between_a_run_and_the_next_boot(host, tmp_path)
     """resume holds the plan's lock until the next boot is under way: an abort started meanwhile (here, by the fake
     kexec that loads the next kernel) is refused, and does not end a plan that then boots on."""
     root, log = host
-    plan = bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="race")
-    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="race")
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
     aborted = tmp_path / "abort.out"
     kexec = Path(os.environ["PATH"].split(":")[0]) / "kexec"
     kexec.write_text(f"#!/bin/sh\necho kexec \"$@\" >> {log}\n"
@@ -295,7 +295,7 @@ def test_an_abort_cannot_slip_in_between_a_run_and_the_next_boot(host, tmp_path)
     assert aborted.read_text().splitlines()[-2:] == [
         f"ticklab plan abort: {root}/var/lib/ticklab/plans/race/plan.lock: another ticklab process is acting on this "
         "plan; wait for it", "exit 2"]
-    after = bootplan.load(root, "race")
+    after = plan_engine.load(root, "race")
     assert after.state == "running" and [r.state for r in after.runs] == ["made", "booting"]
     assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
 
@@ -303,21 +303,21 @@ def test_an_abort_cannot_slip_in_between_a_run_and_the_next_boot(host, tmp_path)
 def test_a_seal_that_fails_still_puts_the_host_back_and_returns_to_the_original_kernel(host, tmp_path):
     root, log = host
 
-    class SealFails(bootplan.RunMaker):
+    class SealFails(plan_engine.RunMaker):
         def make_run(self, run, boot):
             return {"run": run.name}
 
         def finished(self, plan):
             raise OSError(f"{plan.bundle}/manifest.json: Read-only file system")
 
-    plan = bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="seal")
-    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="seal")
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
     reboot(root, "boot-1", plan.runs[0].cmdline)
-    bootplan.resume(plan.id, SealFails(), root=root, say=lambda _: None)
+    plan_engine.resume(plan.id, SealFails(), root=root, say=lambda _: None)
     reboot(root, "boot-2", plan.runs[1].cmdline)
     with pytest.raises(PlanError, match=r"/b: .*/b/manifest.json: Read-only file system$"):
-        bootplan.resume(plan.id, SealFails(), root=root, say=lambda _: None)
-    assert bootplan.load(root, "seal").state == "finished"
+        plan_engine.resume(plan.id, SealFails(), root=root, say=lambda _: None)
+    assert plan_engine.load(root, "seal").state == "finished"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     assert calls(log)[-2:] == [f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
                                "--append root=/dev/vda1 ro quiet", "systemctl --no-block kexec"]
@@ -325,14 +325,14 @@ def test_a_seal_that_fails_still_puts_the_host_back_and_returns_to_the_original_
 
 def test_a_plan_cut_short_between_a_run_and_the_next_boot_goes_on_at_the_next_resume(host, tmp_path):
     root, log = host
-    plan = bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="cut")
-    bootplan.advance(plan.id, root=root, say=lambda _: None)
+    plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="cut")
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
     reboot(root, "boot-1", plan.runs[0].cmdline)
-    bootplan.resume(plan.id, bootplan.record_boot_only, root=root, say=lambda _: None, go_on=False)  # killed here
+    plan_engine.resume(plan.id, plan_engine.record_boot_only, root=root, say=lambda _: None, go_on=False)  # killed here
     assert "'ticklab plan resume' boots the next run" in resume_in_a_new_process(root, "status").stdout
     done = resume_in_a_new_process(root)
     assert done.returncode == 0, done.stderr
-    assert [r.state for r in bootplan.load(root, "cut").runs] == ["made", "booting"]
+    assert [r.state for r in plan_engine.load(root, "cut").runs] == ["made", "booting"]
     assert calls(log)[-2].endswith("--append root=/dev/vda1 ro quiet nohz_full=1")
 
 
@@ -348,14 +348,14 @@ def test_grub_mode_refuses_a_command_line_holding_a_newline_before_any_boot(host
     root, log = host
     runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")]
     with pytest.raises(PlanError, match=r"plans/nl: the command line of run run-001 holds the control character '\\n'"):
-        bootplan.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="nl")
-        bootplan.advance("nl", root=root, say=lambda _: None)
+        plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="nl")
+        plan_engine.advance("nl", root=root, say=lambda _: None)
     assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
     assert not (root / "var/lib/ticklab/plans/nl").exists()  # refused when made: no plan to abort
     # and the grub writer itself, whatever handed it the command line
-    plan = bootplan.Plan("nl", "grub", "b", {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "x"}, runs)
+    plan = plan_engine.Plan("nl", "grub", "b", {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "x"}, runs)
     with pytest.raises(PlanError, match=r"custom\.cfg: the command line of run run-001 holds the control character '\\n'"):
-        bootplan.grub_menu_entries(plan, root)
+        plan_engine.grub_menu_entries(plan, root)
 
 
 def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key(tmp_path):
@@ -399,18 +399,18 @@ def test_grub_mode_refuses_a_host_whose_kexec_tools_take_over_reboots(host, tmp_
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     if refused is None:
-        bootplan.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
+        plan_engine.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
         return
     with pytest.raises(PlanError, match=rf"{re.escape(str(root / refused))}: kexec-tools turns every reboot into a kexec"):
-        bootplan.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
+        plan_engine.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
     assert not (root / "var/lib/ticklab/plans/k").exists()
-    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k2")  # kexec mode is fine
+    plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k2")  # kexec mode is fine
 
 
 def test_the_resume_unit_writes_its_lines_unbuffered(host):
     """systemd stops the unit for the reboot it queued: a buffered stdout would lose the run's lines (lab host)."""
     root, _ = host
-    assert "Environment=PYTHONUNBUFFERED=1\n" in bootplan.unit_text(root, "p")
+    assert "Environment=PYTHONUNBUFFERED=1\n" in plan_engine.unit_text(root, "p")
 
 
 def test_the_bundle_is_sealed_while_the_resume_unit_is_still_installed(host, tmp_path):
@@ -420,15 +420,15 @@ def test_the_bundle_is_sealed_while_the_resume_unit_is_still_installed(host, tmp
     unit = root / "etc/systemd/system/ticklab-plan.service"
     seen = []
 
-    class Maker(bootplan.RunMaker):
+    class Maker(plan_engine.RunMaker):
         def make_run(self, run, boot):
             return {}
 
         def finished(self, plan):
             seen.append((plan.state, unit.is_file()))
 
-    bootplan.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="s")
-    bootplan.advance("s", root=root, say=lambda _: None)
+    plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="s")
+    plan_engine.advance("s", root=root, say=lambda _: None)
     assert unit.is_file()
-    bootplan.abort("s", root=root, say=lambda _: None, maker=Maker())
+    plan_engine.abort("s", root=root, say=lambda _: None, maker=Maker())
     assert seen == [("aborted", True)] and not unit.exists()

@@ -3,7 +3,7 @@
 One QEMU process, many boots. The guest boots the hz1000 lab kernel (CONFIG_KEXEC, kexec-tools in the image);
 after every boot the image's init runs the share's ``after-boot.sh``, which keeps /var/lib/ticklab on the share
 and runs ``python3 -m ticklab.lab.guest plan-start`` on the first boot and ``plan-resume`` on every later one:
-the same plan engine (``ticklab.host.bootplan``) a real host's systemd unit resumes, verifying each boot
+the same plan engine (``ticklab.host.plan_engine``) a real host's systemd unit resumes, verifying each boot
 (a new boot_id, the release, /proc/cmdline) and kexecing into the next run's command line. Each run is made
 in its own boot with the capture code, as a lab job (``lab.guest.GuestPlanRuns``); the last kexecs back to the
 original command line, whose boot finds the plan over and powers the guest off.
@@ -26,7 +26,7 @@ from pathlib import Path
 from ..bundle import BundleWriter
 import fnmatch
 
-from ..capture.bootplans import boot_experiment, condition_words
+from ..capture.boot_capture import boot_experiment, condition_words
 from ..capture.experiment import Condition, Experiment, PlannedRun, expand_conditions
 from ..capture.session import Session, open_bundle, plan, plan_counts
 from ..capture.stopping import StoppingRule

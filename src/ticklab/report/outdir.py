@@ -26,7 +26,7 @@ import stat
 from pathlib import Path
 
 MARKER = ".ticklab-report"
-# where a report writes (report.py's output contract): after an interruption, only new files here are its own
+# where a report writes (build.py's output contract): after an interruption, only new files here are its own
 REPORT_PLACES = ("notebooks", "report", "figures", "tables", "verdicts", "checks",
                  "summary.json", "verdicts.csv", "checks.csv")
 
