@@ -42,10 +42,12 @@ def test_checkout_files_leave_out_environments_outputs_and_bundles(tmp_path):
 
 def test_checkout_files_without_git_take_every_file_but_the_excluded(tmp_path):
     repo = tmp_path / "repo"
-    for name in ("src/ticklab/a.py", ".venv/lib/x.py", "traces/published/x.csv"):
+    for name in ("src/ticklab/a.py", ".venv/lib/x.py", "traces/published/nohz/x.csv", "traces/host/nohz/b/results.csv"):
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_text("x")
-    assert [str(p) for p in labhost.checkout_files(repo)] == ["src/ticklab/a.py"]
+    # the published layer goes in: a capture without --runs reads its precision targets there (the lab host's
+    # first refused-boot plan failed without it)
+    assert [str(p) for p in labhost.checkout_files(repo)] == ["src/ticklab/a.py", "traces/published/nohz/x.csv"]
 
 
 def test_the_job_units_sit_on_either_side_of_the_plans_unit():

@@ -63,7 +63,7 @@ JOB_UNITS = {  # the guest's job driver, around the plan's own unit (see runners
                                       "After=basic.target multi-user.target ticklab-plan.service\n", ""),
 }
 GUEST_STATE = "var/lib/ticklab-lab"  # the driver's log and results, inside the image
-CHECKOUT_EXCLUDE = {".venv", "build", ".git", "traces", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
+CHECKOUT_EXCLUDE = {".venv", "build", ".git", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
 
 
 @dataclass
@@ -320,14 +320,20 @@ GUEST_TICKLAB = "opt/ticklab"
 
 def checkout_files(root: Path) -> list[Path]:
     """The checkout's files as a user has them (git's tracked and untracked-but-not-ignored files where it is a git
-    work tree, else every file), without environments, outputs and bundles (the image keeps its own)."""
+    work tree, else every file), without environments, outputs and bundles (the image keeps its own); the published
+    layer stays (a capture's stopping rule reads its targets)."""
     listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             capture_output=True, check=False)
     if listed.returncode == 0 and listed.stdout:
         names = [Path(n) for n in listed.stdout.decode().split("\0") if n]
     else:
         names = [p.relative_to(root) for p in root.rglob("*") if p.is_file() or p.is_symlink()]
-    return sorted(n for n in names if not set(n.parts) & CHECKOUT_EXCLUDE and (root / n).is_file())
+    return sorted(n for n in names if not set(n.parts) & CHECKOUT_EXCLUDE and not _a_bundle(n) and (root / n).is_file())
+
+
+def _a_bundle(name: Path) -> bool:
+    """Under traces/ but not the published layer (which a capture's stopping rule reads its targets from)."""
+    return name.parts[:1] == ("traces",) and name.parts[1:2] != ("published",)
 
 
 def _copy_checkout(source: Path, target: Path) -> int:
