@@ -157,7 +157,7 @@ def test_a_kernel_image_gone_before_the_next_boot_fails_the_plan_and_puts_the_ma
     plan = view["plan"]
     assert plan["state"] == "failed"
     failed = [r for r in plan["runs"] if r["state"] == "failed"]
-    assert len(failed) == 1 and "missing" in failed[0]["why"]
+    assert len(failed) == 1 and "missing" in failed[0]["why"] and "moved or removed since" in failed[0]["why"]
     _check_put_back(view)
     assert "failed" in view["final"]["plan_status"]
     bundle = _bundle_of(view)

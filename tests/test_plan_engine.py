@@ -432,3 +432,18 @@ def test_the_bundle_is_sealed_while_the_resume_unit_is_still_installed(host, tmp
     assert unit.is_file()
     plan_engine.abort("s", root=root, say=lambda _: None, maker=Maker())
     assert seen == [("aborted", True)] and not unit.exists()
+
+
+def test_a_kernel_image_gone_mid_plan_fails_the_next_boot_saying_it_was_there_when_planned(host, tmp_path):
+    """The lab host's hidden-kernel run said 'build and install it first' of a kernel the plan had booted twice."""
+    root, _ = host
+    plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="g")
+    plan_engine.advance("g", root=root, say=lambda _: None)
+    reboot(root, "boot-1", "root=/dev/vda1 ro quiet")
+    (root / f"boot/vmlinuz-{RELEASE}").unlink()
+    done = resume_in_a_new_process(root)
+    plan = plan_engine.load(root, "g")
+    assert plan.state == "failed" and plan.runs[0].state == "made", done.stdout + done.stderr
+    assert plan.runs[1].why == (f"could not boot: {root}/boot/vmlinuz-{RELEASE}: missing, the kernel of run run-002 "
+                                "(nohz_full=on); it was there when the plan was made, so it was moved or removed since")
+    assert not (root / "etc/systemd/system/ticklab-plan.service").exists()

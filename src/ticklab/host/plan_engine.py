@@ -372,7 +372,9 @@ def kept_file(root: Path | str, plan_id: str, name: str) -> Path:
     return path
 
 
-def _kernel_files(root: Path, plan: Plan, run: PlannedRun) -> tuple[Path, Path | None]:
+def _kernel_files(root: Path, plan: Plan, run: PlannedRun, *, planned: bool = False) -> tuple[Path, Path | None]:
+    """The run's kernel image and initrd; ``planned``: the plan was made with them (checked then), so a missing image
+    was moved or removed since."""
     if "/" in run.kernel:
         image, initrd = Path(run.kernel), Path(run.initrd) if run.initrd else None
     else:
@@ -380,6 +382,9 @@ def _kernel_files(root: Path, plan: Plan, run: PlannedRun) -> tuple[Path, Path |
         image = root / "boot" / f"vmlinuz-{release}"
         initrd = root / "boot" / f"initrd.img-{release}"
         initrd = initrd if initrd.is_file() else None
+    if not image.is_file() and planned:
+        raise PlanError(f"{image}: missing, the kernel of run {run.name} ({run.condition}); it was there when the plan "
+                        "was made, so it was moved or removed since")
     if not image.is_file():
         raise PlanError(f"{image}: missing, the kernel of run {run.name} ({run.condition}); "
                         "build and install it first (ticklab kernel build --host)")
@@ -610,7 +615,7 @@ def _tell(plan: Plan, say, maker: RunMaker | None, failed: tuple[PlannedRun, dic
 
 
 def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
-    image, initrd = _kernel_files(root, plan, run)
+    image, initrd = _kernel_files(root, plan, run, planned=True)
     with _changes(root, plan, say) as host:
         _install_unit(host, root, plan)
         custom = root / GRUB_CUSTOM
