@@ -81,7 +81,11 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     ftq = verdicts[verdicts["comparison"].str.contains("FTQ work per quantum") & verdicts["fresh_effect"].notna()]
     # the guests recaptured on the AMD host (2026-11-26) are noisier run to run: their two in-guest FTQ rows hold no
     # change; the kexec boot plan's row lies on the source's side and overlaps the band around ×1.087
-    amd = ftq[ftq["setup"].str.contains("-on-amd-epyc-")].set_index("comparison")
+    # the lab host's kexec and grub plans (issue 28): 3 vs 3 runs bound no exact rank CI at 95%
+    labhost = ftq[ftq["setup"].str.contains("-labhost-")]
+    assert len(labhost) == 2 and set(labhost["verdict"]) == {"inconclusive"}
+    assert (labhost["ci_low"] == 0).all() and (labhost["ci_high"] == float("inf")).all()
+    amd = ftq[ftq["setup"].str.contains("-on-amd-epyc-") & ~ftq["setup"].str.contains("-labhost-")].set_index("comparison")
     assert len(amd) == 3
     in_guest = amd[~amd["setup"].str.endswith("-kexec")]
     assert set(in_guest["verdict"]) == {"inconclusive"} and ((in_guest["ci_low"] < 1) & (in_guest["ci_high"] > 1)).all()
@@ -103,6 +107,10 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     assert not verdicts["comparison"].str.contains("nohz_full vs HZ=1000: busy CPU's time").any()
     checks = pd.read_csv(build / "checks.csv")
     stop = checks[checks["check"].str.startswith("nohz_full stopped the tick")]
+    # the lab host's runs are a host capture's: no guest.hz to hold the rate against, so the check is not recorded
+    labhost = stop["setup"].str.contains("-labhost-")
+    assert labhost.sum() == 2 and (stop[labhost]["status"] == "not recorded").all()
+    stop = stop[~labhost]
     assert len(stop) == 4 and (stop["status"] == "passed").all() and (stop["runs"] >= 8).all()
     hrtick = verdicts[(verdicts["claim"] == "hrtick") & verdicts["setup"].str.startswith("guest-tcg-2vcpu")]
     assert set(hrtick["role"]) == {"premise", "claim"}
@@ -379,8 +387,9 @@ def test_the_report_renders_offline_in_headless_chromium(build):
     # at 1400 px the verdict badges are on the first screen and the verdict column needs no sideways scrolling
     layout = rendered(build / "report/index.html", LAYOUT_CHECK, window="1400,900")
     assert layout["glance_bottom"] < 900 and layout["verdict_right"] <= 1400 and layout["scroll_width"] <= 1400, layout
-    # the old index was 21,570 px tall; the forest plots (issue 29) are new content on top of what that measured
-    assert layout["height"] - layout["forest_height"] < 21_570 * 0.8, layout
+    # the old index was 21,570 px tall; the forest plots (issue 29) are new content on top of what that measured, and
+    # the lab host's two setups (issue 28) add their verdict rows and legend lines (18,425 px with them)
+    assert layout["height"] - layout["forest_height"] < 21_570 * 0.9, layout
     assert layout["forests"] >= 3 and layout["forest_right"] <= 1400, layout
     artifacts = REPO / "test-artifacts"  # not under build/: that is the report's, and it refuses files it did not write
     artifacts.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ from conftest import REPO
 
 
 def guest_bundle(claim: str) -> Path:
-    refs = [r for r in find_bundles(REPO / "traces", claim) if r.host_id.startswith("guest-")]
+    # a lab guest's bundle (its runs record the guest's boot), not the lab host's, whose runs are a host capture's
+    refs = [r for r in find_bundles(REPO / "traces", claim) if r.host_id.startswith("guest-") and "-labhost-" not in r.host_id]
     if not refs:
         pytest.skip(f"no guest {claim} bundle in traces/")
     return refs[0].path
