@@ -58,9 +58,9 @@ PROGRAMS = ("debootstrap", "sfdisk", "mkfs.ext4", "chroot", "mount", "umount", "
 CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sys", "sys", ["-t", "sysfs"]),
                  ("/dev", "dev", ["--bind"]), ("devpts", "dev/pts", ["-t", "devpts"]))
 JOB_UNITS = {  # the guest's job driver, around the plan's own unit (see runners/vm/lab-host-job.py)
-    "ticklab-lab-job-before.service": ("before", "Before=ticklab-plan.service\nAfter=basic.target\n", ""),
+    "ticklab-lab-job-before.service": ("before", "Before=ticklab-plan.service\nAfter=basic.target\n"),
     "ticklab-lab-job-after.service": ("after", "DefaultDependencies=no\nRequires=sysinit.target\n"
-                                      "After=basic.target multi-user.target ticklab-plan.service\n", ""),
+                                      "After=basic.target multi-user.target ticklab-plan.service\n"),
 }
 GUEST_STATE = "var/lib/ticklab-lab"  # the driver's log and results, inside the image
 CHECKOUT_EXCLUDE = {".venv", "build", ".git", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
@@ -353,7 +353,7 @@ def mounted_disk(disk: Path, mountpoint: Path, read_only: bool = False):
 
 
 def unit_text(name: str) -> str:
-    phase, ordering, _ = JOB_UNITS[name]
+    phase, ordering = JOB_UNITS[name]
     return (f"[Unit]\nDescription=ticklab lab host job ({phase} the boot plan's unit)\n{ordering}\n"
             f"[Service]\nType=oneshot\nExecStart=/usr/bin/python3 /usr/local/sbin/ticklab-lab-job {phase}\n"
             "StandardOutput=journal+console\nStandardError=journal+console\nTimeoutStartSec=infinity\n\n"
@@ -490,11 +490,10 @@ def runs_dir() -> Path:
 
 
 def labhost_id(mode: str, accel: str, smp: int, release: str) -> str:
-    """The bundles' host-id: a lab guest (``guest-…``, as the report sorts setups) that played a real host's plan."""
-    from ..host import collect as host_facts, host_id
-    identity = f"guest-{accel}-{smp}vcpu-{release}-on-{host_id(host_facts())}".lower()
-    identity = "".join(c if c.isalnum() or c in "._-" else "-" for c in identity)[:85].rstrip("-.")
-    return f"{identity}-labhost-{mode}"
+    """The bundles' host-id: a lab guest's (``guest-…``, as the report sorts setups) that played a real host's plan."""
+    from ..host import collect as host_facts
+    from .run import guest_host_id
+    return f"{guest_host_id(accel, {smp}, release, host_facts())[:85].rstrip('-.')}-labhost-{mode}"
 
 
 def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | None = None,
