@@ -11,8 +11,11 @@ comparison's declared no-effect margin ±e (in the quantity's own terms, never d
   states only a direction, on the source's side.
 - ``smaller than the target`` / ``larger than the target``: the whole CI lies below / above the band (the reason
   says whether it also excludes no change).
-- ``consistent, not pinned``: the CI lies on the source's side of no change and overlaps the band but is wider
-  than it: the size is consistent with the target and not yet pinned to it.
+- ``consistent, not pinned``: the CI lies on the source's side of no change and reaches into the band without
+  lying wholly inside it: it may be wider than the band, or narrower and straddle one of its edges. The size is
+  consistent with the target and not yet pinned to it; the reason (:func:`band_overlap`) says how much of the CI
+  (log scale) lies inside the band, whether the estimate lies inside it or on which side, and whether the CI is
+  wider than the band.
 - ``inconclusive``: the CI holds both no change and sizes in or beyond the band; the reason gives the power for
   the target and the runs per condition that would be needed (or says there were too few runs to test at all).
 - ``not testable here``: with the reason.
@@ -208,9 +211,56 @@ def decide(target: Target, fresh: Interval, p_holm: float, margins: Margins,
     if low > 0:
         if size_low <= low and high <= size_high:
             return "reproduced", f"the whole CI lies on the source's side of no change and inside the {band}: {ci}"
-        return "consistent, not pinned", (f"the CI lies on the source's side of no change and overlaps the {band}, "
-                                          f"but is wider than it: {ci}")
+        return "consistent, not pinned", (f"the CI lies on the source's side of no change and reaches into the {band} "
+                                          f"without lying wholly inside it: {ci}; "
+                                          f"{band_overlap(fresh.low, fresh.high, fresh.estimate, band_low, band_high)}")
     return "inconclusive", f"the CI holds no change and sizes consistent with the target {target.text}: {ci}"
+
+
+def _log_or_inf(value: float) -> float:
+    """The log of a positive value; -inf for 0 or less (an unbounded CI's low end), inf for inf."""
+    return math.log(value) if value > 0 else -math.inf
+
+
+def _share_of_ci(share: float) -> str:
+    if share <= 0:
+        return "none of the CI"
+    if share >= 1:
+        return "all of the CI"
+    percent = share * 100
+    return f"{'under 1%' if percent < 1 else 'over 99%' if percent > 99 else f'{percent:.0f}%'} of the CI"
+
+
+def band_overlap(low: float, high: float, estimate: float, band_low: float, band_high: float) -> str:
+    """How a CI ``[low, high]`` with its point ``estimate`` stands against a band ``[band_low, band_high]``, as one
+    clause for a verdict's reason. All five are positive values (ratios, or a level such as a share) compared on the
+    log scale; a low end of 0 or an infinite high end is an unbounded CI. The clause says how much of the CI's log
+    width lies inside the band (a percentage), whether the estimate lies inside the band or below / above it, and
+    whether the CI is wider than the band, narrower than it, or as wide (it says "wider" only when it is), e.g.
+    "18% of the CI lies inside the band (log scale), the estimate lies above the band, and the CI is narrower than
+    the band (log half-width 0.115 against the band's 0.312)"."""
+    lo, hi = _log_or_inf(low), _log_or_inf(high)
+    b_lo, b_hi = sorted((_log_or_inf(band_low), _log_or_inf(band_high)))
+    width, band_width = hi - lo, b_hi - b_lo
+    inside = max(0.0, min(hi, b_hi) - max(lo, b_lo))
+    if math.isinf(width):
+        shares = "none of the CI" if inside == 0 else "a vanishing share of the CI (it is unbounded)"
+    elif width == 0:
+        shares = _share_of_ci(1.0 if b_lo <= lo <= b_hi else 0.0)
+    else:
+        shares = _share_of_ci(inside / width)
+    point = _log_or_inf(estimate)
+    where = "inside the band" if b_lo <= point <= b_hi else "below the band" if point < b_lo else "above the band"
+    if math.isclose(width, band_width, rel_tol=1e-9):
+        wide = "as wide as the band"
+    else:
+        wide = "wider than the band" if width > band_width else "narrower than the band"
+    return (f"{shares} lies inside the band (log scale), the estimate lies {where}, and the CI is {wide} "
+            f"(log half-width {_half(width)} against the band's {_half(band_width)})")
+
+
+def _half(width: float) -> str:
+    return "∞" if math.isinf(width) else f"{width / 2:.3f}"
 
 
 def _bound(value: float) -> str:
