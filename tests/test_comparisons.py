@@ -61,6 +61,41 @@ def test_no_effect_is_shown_and_the_family_is_the_claim_on_one_setup():
         assert (again[name].p_holm, again[name].ci_low, again[name].ci_high) == (row.p_holm, row.ci_low, row.ci_high)
 
 
+
+def test_two_comparisons_of_the_same_data_are_one_test_in_the_family():
+    """hrtick's "series" and "no regression" rows test the same runs against different targets: one p-value, one
+    CI. The family counts distinct tests (issue 44 item 4): with one other comparison m is 2, not 3."""
+    from ticklab.analysis.stats import holm, mann_whitney, ratio_by_ranks
+
+    rng = np.random.default_rng(5)
+    a, b, c = (100 * np.exp(rng.normal(shift, 0.05, 7)) for shift in (0.0, 0.06, 0.04))
+    runs = runs_frame({("guest", "a"): a, ("guest", "b"): b, ("guest", "c"): c})
+    series = FASTER
+    no_regression = Comparison("no regression: b vs a", "work", "b", "a",
+                               Target(None, -1, "derived: a test's", "no slower", (), no_worse_than=0.95),
+                               margins=TWO_PERCENT)
+    other = Comparison("c vs a", "work", "c", "a", Target(1.05, 1, "derived: a test's", "+5%", ()), margins=TWO_PERCENT)
+    found = {v.comparison: v for v in verdicts("nohz", [series, no_regression, other], runs, n_boot=500)}
+    assert len(found) == 3
+    raw = [mann_whitney(b, a).pvalue, mann_whitney(c, a).pvalue]
+    expected = holm(raw)
+    assert expected[0] != pytest.approx(holm(raw + raw[:1])[0]), "the data must tell m = 2 from m = 3"
+    assert found["b vs a"].p_holm == found["no regression: b vs a"].p_holm == pytest.approx(expected[0])
+    assert found["c vs a"].p_holm == pytest.approx(expected[1])
+    same_ci = ratio_by_ranks(b, a, confidence=1 - 0.05 / 2)
+    for name in ("b vs a", "no regression: b vs a"):
+        row = found[name]
+        assert (row.ci_low, row.ci_high) == pytest.approx((same_ci.low, same_ci.high))
+        assert row.ci_level.startswith("0.975 (simultaneous 95% over this setup's 2 distinct tests: Bonferroni)")
+        assert "Holm over this setup's 2 distinct tests (the same test as " in row.test
+    assert "the same test as no regression: b vs a: counted once" in found["b vs a"].test
+    assert "Holm over this setup's 2 distinct tests;" in found["c vs a"].test and "same test" not in found["c vs a"].test
+    # two comparisons of the same data and nothing else: one test, at the family's full level
+    alone = {v.comparison: v for v in verdicts("nohz", [series, no_regression], runs, n_boot=500)}
+    assert {row.ci_level for row in alone.values()} == {"95%"}
+    assert alone["b vs a"].p_holm == pytest.approx(raw[0])
+    assert all("Holm over this setup's 1 distinct test (" in row.test for row in alone.values())
+
 OSNOISE = """duration:   0 00:00:05 | time is in us
 CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single          HW          NMI          IRQ      Softirq       Thread
   1 #5           5004789       776728    84.48030      210715         9609        9412            0         4528           93            5

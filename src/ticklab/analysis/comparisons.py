@@ -231,12 +231,26 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
     return sorted(rows, key=lambda row: (row.setup, order.get(row.comparison, len(order))))
 
 
+def _test_key(item: _Tested) -> tuple:
+    """What makes two comparisons of a family one test: the same statistic of the same runs (the same rows of the
+    same metric as treatment and as baseline, with their values and blocks). Such comparisons differ only in their
+    target (hrtick's "series" and "no regression" rows): the same p-value, blocking and CI."""
+    pairs = None if item.pairs is None else tuple(tuple(side) for side in item.pairs)
+    return (item.comparison.statistic, item.comparison.metric, tuple(item.treatment.index), tuple(item.treatment),
+            tuple(item.baseline.index), tuple(item.baseline), pairs)
+
+
 def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: int, seed: int) -> list[Verdict]:
-    """The verdicts of one family (a claim's tested comparisons on one setup): Holm p, simultaneous CIs."""
+    """The verdicts of one family (a claim's tested comparisons on one setup): Holm p, simultaneous CIs. The family
+    counts each distinct test once (``_test_key``): comparisons of the same data share one p-value in Holm's m and
+    one CI in Bonferroni's, and each keeps its own row."""
     rows = []
-    m = len(tested)
+    keys = [_test_key(item) for item in tested]
+    distinct = list(dict.fromkeys(keys))
+    m = len(distinct)
     confidence = 1 - alpha / m
-    level = (f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over this setup's {m} comparisons: Bonferroni)" if m > 1
+    tests = f"{m} distinct test{'s' if m != 1 else ''}"
+    level = (f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over this setup's {tests}: Bonferroni)" if m > 1
              else f"{confidence:.0%}")
     for item in tested:
         # blocks are used where the design has them and enough of them for a bounded CI at the family's level (a
@@ -248,8 +262,16 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
         else:
             rank = mann_whitney(item.treatment, item.baseline)
             item.pvalue, item.test = rank.pvalue, rank.test
-    for item, p in zip(tested, holm([t.pvalue for t in tested])):
+    first: dict[tuple, _Tested] = {}
+    for key, item in zip(keys, tested):
+        first.setdefault(key, item)
+    adjusted = dict(zip(distinct, holm([first[key].pvalue for key in distinct])))
+    for item, key in zip(tested, keys):
+        p = adjusted[key]
         comparison, target = item.comparison, item.comparison.target
+        same = [other.comparison.comparison for other, other_key in zip(tested, keys)
+                if other_key == key and other is not item]
+        shared = f" (the same test as {'; '.join(same)}: counted once)" if same else ""
         ratio = (ratio_by_blocks(*item.pairs, confidence=confidence) if item.blocked else
                  ratio_interval(item.treatment, item.baseline, statistic=comparison.statistic, confidence=confidence,
                                 n_boot=n_boot, seed=seed))
@@ -269,7 +291,7 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
             power_at_target=None if power is None else power.power,
             runs_needed=None if power is None or math.isinf(power.runs_needed) else power.runs_needed,
             test=(f"{_ratio_words(comparison)} ({comparison.metric}), {ratio.method}, {level} CI; "
-                  f"{item.test}, Holm over this setup's {m}" + ("" if power is None else f"; {power.method}")),
+                  f"{item.test}, Holm over this setup's {tests}{shared}" + ("" if power is None else f"; {power.method}")),
             **_target_columns(comparison)))
     return rows
 
