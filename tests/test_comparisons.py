@@ -96,6 +96,33 @@ def test_two_comparisons_of_the_same_data_are_one_test_in_the_family():
     assert alone["b vs a"].p_holm == pytest.approx(raw[0])
     assert all("Holm over this setup's 1 distinct test (" in row.test for row in alone.values())
 
+
+def test_negative_controls_use_the_verdicts_estimator_and_ci():
+    """Issue 44 item 4: a control's ratio and CI are the verdicts' (stats.ratio_interval of medians: Hodges-Lehmann
+    with the exact Mann-Whitney inversion CI), not a bootstrap ratio of medians."""
+    from ticklab.analysis.comparisons import NegativeControl, negative_controls
+    from ticklab.analysis.stats import mann_whitney, ratio_interval, ratio_of_medians
+
+    baseline = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0]
+    treatment = [99.0, 100.0, 101.0, 103.0, 115.0, 118.0, 120.0]   # ratio of medians ×1, Hodges-Lehmann ×1.0098
+    runs = runs_frame({("guest", "on"): treatment, ("guest", "off"): baseline})
+    control = NegativeControl("on vs off, nothing to change", "work", "on", "off", 0.05)
+    [row] = negative_controls([control], runs, n_boot=500).to_dict("records")
+    verdicts_ci = ratio_interval(treatment, baseline, confidence=0.95)
+    assert "Hodges-Lehmann" in verdicts_ci.method
+    assert (row["fresh_effect"], row["ci_low"], row["ci_high"]) == pytest.approx(
+        (verdicts_ci.estimate, verdicts_ci.low, verdicts_ci.high))
+    assert row["fresh_effect"] == pytest.approx(np.median(np.array(treatment)[:, None] / np.array(baseline)[None, :]))
+    medians = ratio_of_medians(treatment, baseline, n_boot=500)
+    assert abs(row["fresh_effect"] - medians.estimate) > 0.005, "the data must tell the two estimators apart"
+    assert row["p"] == pytest.approx(mann_whitney(treatment, baseline).pvalue)
+    assert row["outcome"].startswith("passed: no effect detected")
+    # too few runs for a bounded exact CI at 95 % (3 vs 3): the control says it tested nothing, not that it passed
+    few = runs_frame({("guest", "on"): treatment[:3], ("guest", "off"): baseline[:3]})
+    [row] = negative_controls([control], few, n_boot=500).to_dict("records")
+    assert (row["ci_low"], row["ci_high"]) == (0.0, float("inf"))
+    assert row["outcome"].startswith("not tested: 3 vs 3 runs cannot give a bounded 95% CI")
+
 OSNOISE = """duration:   0 00:00:05 | time is in us
 CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single          HW          NMI          IRQ      Softirq       Thread
   1 #5           5004789       776728    84.48030      210715         9609        9412            0         4528           93            5

@@ -31,7 +31,7 @@ import numpy as np
 
 from .power import blocked_detection_power, detection_power
 from .stats import (STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_by_blocks, ratio_interval,
-                    ratio_of_statistic, block_pairs, blocks_bound, wilcoxon_blocks)
+                    block_pairs, blocks_bound, wilcoxon_blocks)
 from .verdicts import Margins, Target, Verdict, consistent_band, decide
 
 RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit",
@@ -362,7 +362,9 @@ CONTROL_COLUMNS = ["setup", "control", "fresh_effect", "ci_low", "ci_high", "p",
 
 def negative_controls(controls: list[NegativeControl], runs: pd.DataFrame, *, alpha: float = 0.05,
                       n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
-    """Per setup and control the data holds: the ratio, its CI and p, and whether the control stayed still."""
+    """Per setup and control the data holds: the ratio, its CI and p, and whether the control stayed still. The ratio
+    and CI are the verdicts' (``stats.ratio_interval`` of medians: the Hodges-Lehmann ratio with the exact CI that
+    inverts the Mann-Whitney test, at 1 − alpha: a control is not in a claim's family), the p the same test's."""
     rows = []
     for setup in sorted(runs["host_id"].unique()) if not runs.empty else []:
         on_setup = runs[runs["host_id"] == setup]
@@ -375,11 +377,14 @@ def negative_controls(controls: list[NegativeControl], runs: pd.DataFrame, *, al
                 baseline, treatment = ordered.iloc[:half], ordered.iloc[half:]
             if len(treatment) < 2 or len(baseline) < 2:
                 continue
-            ratio = ratio_of_statistic(treatment["value"], baseline["value"], confidence=1 - alpha, n_boot=n_boot, seed=seed)
+            ratio = ratio_interval(treatment["value"], baseline["value"], confidence=1 - alpha, n_boot=n_boot, seed=seed)
             p = mann_whitney(treatment["value"], baseline["value"]).pvalue
             margin = math.log1p(control.no_effect)
             low, high = math.log(max(ratio.low, 1e-300)), math.log(max(ratio.high, 1e-300))
-            if -margin <= low and high <= margin:
+            if not (ratio.low > 0 and math.isfinite(ratio.high)):
+                outcome = (f"not tested: {len(treatment)} vs {len(baseline)} runs cannot give a bounded "
+                           f"{1 - alpha:.0%} CI ({ratio.method})")
+            elif -margin <= low and high <= margin:
                 outcome = f"passed: no effect shown (the CI lies within ±{control.no_effect:.0%})"
             elif p >= alpha and ratio.low <= 1 <= ratio.high:
                 outcome = f"passed: no effect detected (CI contains 1), but not shown to be within ±{control.no_effect:.0%}"
