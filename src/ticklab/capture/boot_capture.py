@@ -237,7 +237,10 @@ class BootCapture(plan_engine.RunMaker):
             HostExecutor(experiment, host, here, backend, self.log).make_run(
                 writer, PlannedRun(run.name, order, condition, run.warmup))
         record = writer.manifest.runs[-1]
-        record.details["boot"] = {**boot, "kernel_release": boot["release"]}  # as a lab run's boot names its kernel
+        # as a lab run's boot names its kernel; with the booted kernel's HZ and clocksource, which the run's checks
+        # need (the bundle's host facts describe the kernel the plan was made on, not necessarily this one)
+        record.details["boot"] = {**boot, "kernel_release": boot["release"], "hz": here["kernel_config"]["hz"],
+                                  "clocksource": here["clocksources"]["current"]}
         writer.flush()
         return record.to_json()
 
