@@ -7,7 +7,8 @@
  *
  * Output: a self-describing header of "# key: value" lines, then one line per sample:
  *     index  end_ns  count
- * end_ns is the time at which the quantum's last unit finished, relative to t0.  The first
+ * end_ns is the time at which the quantum's last unit finished, relative to t0, which the header gives
+ * (t0_ns, CLOCK_MONOTONIC) so that a trace on the same clock can place every tick among the quanta.  The first
  * `warmup` samples are written too and marked in the header; analyses drop them.
  */
 #define _GNU_SOURCE
@@ -101,9 +102,9 @@ int main(int argc, char **argv)
 	read_first_line(CURRENT_CLOCKSOURCE, clocksource, sizeof(clocksource));
 	fprintf(out, "# ftq: 1\n# quantum_ns: %ld\n# frequency_hz: %.6f\n# samples: %ld\n# warmup: %ld\n"
 		"# work_bits: %ld\n# cpu: %ld\n# policy: %s\n# priority: %ld\n# kernel: %s\n# clocksource: %s\n"
-		"# clock: CLOCK_MONOTONIC\n# columns: index end_ns count\n",
+		"# clock: CLOCK_MONOTONIC\n# t0_ns: %llu\n# columns: index end_ns count\n",
 		quantum, 1e9 / (double)quantum, samples, warmup, bits, cpu, prio ? "SCHED_FIFO" : "SCHED_OTHER",
-		prio, uts.release, clocksource);
+		prio, uts.release, clocksource, (unsigned long long)t0);
 	for (long i = 0; i < total; i++)
 		fprintf(out, "%ld %llu %llu\n", i, (unsigned long long)ends[i], (unsigned long long)counts[i]);
 	if (out != stdout && fclose(out)) {
