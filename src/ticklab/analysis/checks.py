@@ -3,8 +3,9 @@ stopped the tick)? A check is not a verdict: it says whether a run may be used f
 declared by each claim as data; each applies to the conditions its patterns match, is evaluated per run
 from what the bundle recorded, and a run whose check failed is left out of every verdict.
 
-A fact the bundle did not record (an older bundle, a host run without a guest section) is reported as
-"not recorded" and does not gate: the table says which runs went unchecked.
+A check that cannot be computed for a run (a fact the bundle did not record, a file it lacks) makes the run
+"unchecked": it is left out of every verdict too, and checks.csv says why. A run counts only if every check that
+applies to its condition was computed and passed (issue 44).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from pathlib import Path
+from typing import Callable, Mapping
 
 import pandas as pd
 
@@ -56,38 +58,100 @@ class FactCheck:
     expected: Mapping[str, object]      # condition pattern (fnmatch) -> expected value; first match wins
     contains: bool = False
 
-    def evaluate(self, record: Mapping, results: pd.DataFrame):
+    def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
         """(expected, observed, passed) for a run this check applies to, else None; passed is None when unrecorded."""
         wanted = _expected_for(record.get("condition", ""), self.expected)
         if wanted is MISSING:
             return None
         seen = fact(record, self.path)
         if seen is MISSING:
-            return str(wanted), "not recorded", None
+            return str(wanted), f"not recorded: no {self.path} for this run", None
         passed = str(wanted) in str(seen) if self.contains else str(seen) == str(wanted)
         return (f"contains {wanted}" if self.contains else str(wanted)), str(seen), passed
 
 
+BUNDLE_HOST = "_bundle_host"  # run_checks adds the bundle's host facts to each record under this key
+
+
+def run_hz(record: Mapping):
+    """The HZ the run's kernel ran at, from what the run recorded: a lab guest's own (``guest.hz``); a boot plan's
+    booted kernel (``boot.hz``, its CONFIG_HZ read at the run); else the bundle's host facts (CONFIG_HZ of the kernel
+    the capture ran on), where the run booted no other kernel. MISSING when none applies."""
+    for path in ("guest.hz", "boot.hz"):
+        value = fact(record, path)
+        if value is not MISSING and value is not None:
+            return value
+    host = record.get(BUNDLE_HOST) or {}
+    booted = fact(record, "boot.release")
+    if booted is not MISSING and booted != host.get("kernel_release"):
+        return MISSING  # a kernel other than the one the facts describe, and its HZ not recorded
+    value = fact(host, "kernel_config.hz")
+    return MISSING if value is MISSING or value is None else value
+
+
+RUN_HZ = "the run's HZ"  # MetricCheck.of: run_hz
+
+
+def _metric_value(results: pd.DataFrame, metrics: tuple[str, ...]):
+    for metric in metrics:
+        values = results.loc[results["metric"] == metric, "value"]
+        if not values.empty:
+            return metric, float(values.iloc[0])
+    return None, None
+
+
 @dataclass(frozen=True)
 class MetricCheck:
-    """A run's metric stays at or below a share of a recorded fact (e.g. timer interrupts/s ≤ 10% of HZ)."""
+    """A run's metric stays at or below (or, with ``at_least``, at or above) a share of a recorded fact (e.g. timer
+    interrupts/s ≤ 10% of HZ). ``metric`` may name alternatives, the first the run has is used; ``of`` is a dotted
+    path into the run record, or RUN_HZ for the HZ the run's kernel ran at (run_hz)."""
     name: str
-    metric: str
+    metric: str | tuple[str, ...]
     conditions: tuple[str, ...]         # condition patterns it applies to
     at_most: float                      # share of ``of``
-    of: str                             # dotted path of the fact it is a share of
+    of: str                             # dotted path of the fact it is a share of, or RUN_HZ
+    at_least: bool = False
 
-    def evaluate(self, record: Mapping, results: pd.DataFrame):
+    def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
         if not any(fnmatch.fnmatchcase(record.get("condition", ""), p) for p in self.conditions):
             return None
-        reference = fact(record, self.of)
-        values = results.loc[results["metric"] == self.metric, "value"]
-        bound = f"≤ {self.at_most:g} × {self.of}"
-        if reference is MISSING or values.empty:
-            return bound, "not recorded", None
+        reference = run_hz(record) if self.of == RUN_HZ else fact(record, self.of)
+        metrics = (self.metric,) if isinstance(self.metric, str) else tuple(self.metric)
+        metric, value = _metric_value(results, metrics)
+        bound = f"{'≥' if self.at_least else '≤'} {self.at_most:g} × {self.of}"
+        if reference is MISSING:
+            return bound, f"not recorded: no {self.of} for this run", None
+        if metric is None:
+            return bound, f"not recorded: the run has no {' or '.join(metrics)}", None
         limit = self.at_most * float(reference)
-        value = float(values.iloc[0])
-        return f"{bound} = {limit:g}", f"{value:.4g}", value <= limit
+        return (f"{bound} = {limit:g}", f"{value:.4g}",
+                value >= limit if self.at_least else value <= limit)
+
+
+@dataclass(frozen=True)
+class RawCheck:
+    """A property of the run's own raw files (its workload's output): ``observe`` reads it from the run's raw
+    directory (None, or an OSError/ValueError, where it cannot) and ``accept`` says whether it passes; ``expected``
+    is what checks.csv shows as wanted."""
+    name: str
+    conditions: tuple[str, ...]
+    expected: str
+    observe: Callable[[Path], object]
+    accept: Callable[[object], bool]
+    shown: Callable[[object], str] = str
+
+    def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
+        if not any(fnmatch.fnmatchcase(record.get("condition", ""), p) for p in self.conditions):
+            return None
+        if raw is None:
+            return self.expected, "not recorded: no raw directory", None
+        try:
+            seen = self.observe(raw)
+        except (OSError, ValueError) as exc:
+            return self.expected, f"not recorded: {str(exc)[:200]}", None
+        if seen is None:
+            return self.expected, "not recorded", None
+        return self.expected, self.shown(seen), bool(self.accept(seen))
 
 
 @dataclass(frozen=True)
@@ -98,19 +162,20 @@ class MetricBound:
     conditions: tuple[str, ...]         # condition patterns it applies to
     at_most: float
 
-    def evaluate(self, record: Mapping, results: pd.DataFrame):
+    def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
         if not any(fnmatch.fnmatchcase(record.get("condition", ""), p) for p in self.conditions):
             return None
         values = results.loc[results["metric"] == self.metric, "value"]
         bound = f"{self.metric} ≤ {self.at_most:g}"
         if values.empty:
-            return bound, "not recorded", None
+            return bound, f"not recorded: the run has no {self.metric}", None
         value = float(values.iloc[0])
         return bound, f"{value:.4g}", value <= self.at_most
 
 
 def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
-    """One row per bundle, run and applicable check: setup, bundle, run, condition, check, expected, observed, passed."""
+    """One row per bundle, run and applicable check: setup, bundle, run, condition, check, expected, observed, passed
+    (None where the check could not be computed: the run is unchecked)."""
     from ..bundle import BundleError
 
     rows = []
@@ -123,11 +188,13 @@ def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
             continue
         by_run = dict(tuple(bundle.results.groupby("run"))) if not bundle.results.empty else {}
         for record in bundle.manifest["runs"]:
-            if record.get("warmup"):
-                continue
+            if record.get("warmup") or record.get("status", "ok") != "ok":
+                continue  # failed runs are left out as failed, not as unchecked
             results = by_run.get(record["run"], pd.DataFrame(columns=["metric", "value"]))
+            seen = {**record, BUNDLE_HOST: bundle.manifest.get("host") or {}}
+            raw = ref.path / "raw" / record["run"]
             for check in checks:
-                outcome = check.evaluate(record, results)
+                outcome = check.evaluate(seen, results, raw)
                 if outcome is None:
                     continue
                 expected, observed, passed = outcome
@@ -138,22 +205,33 @@ def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
                                        "passed"])
 
 
+def excluded_runs(per_run: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(bundle, run) → why, for every run a check failed for or could not be computed for: none of them may enter a
+    verdict."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for row in per_run.itertuples():
+        if row.passed is True:
+            continue
+        why = f"{row.check}: " + ("failed, observed " if row.passed is False else "unchecked, ") + f"{row.observed}"
+        out.setdefault((row.bundle, row.run), []).append(why)
+    return {key: "; ".join(value) for key, value in out.items()}
+
+
 def failed_runs(per_run: pd.DataFrame) -> set[tuple[str, str]]:
-    """(bundle, run) of every run a check failed for."""
-    failed = per_run[per_run["passed"].eq(False)]
-    return set(zip(failed["bundle"], failed["run"]))
+    """(bundle, run) of every run a check failed for or could not be computed for."""
+    return set(excluded_runs(per_run))
 
 
 def check_table(per_run: pd.DataFrame) -> pd.DataFrame:
-    """Per setup, bundle, condition and check: how many runs passed, failed or went unrecorded, and what was seen."""
+    """Per setup, bundle, condition and check: how many runs passed, failed or went unchecked, and what was seen."""
     rows = []
     for (claim, setup, bundle, condition, check), group in per_run.groupby(
             ["claim", "setup", "bundle", "condition", "check"], sort=True):
         passed, failed = int(group["passed"].eq(True).sum()), int(group["passed"].eq(False).sum())
         unrecorded = int(group["passed"].isna().sum())
-        status = (f"FAILED in {failed} of {len(group)} runs (left out of the verdicts)" if failed
-                  else "not recorded" if unrecorded == len(group)
-                  else "passed" + (f" ({unrecorded} runs not recorded)" if unrecorded else ""))
+        left_out = failed + unrecorded
+        parts = ([f"FAILED in {failed}"] if failed else []) + ([f"unchecked in {unrecorded}"] if unrecorded else [])
+        status = (f"{' and '.join(parts)} of {len(group)} runs (left out of the verdicts)" if left_out else "passed")
         rows.append({"claim": claim, "setup": setup, "bundle": bundle.rsplit("/", 1)[-1], "condition": condition,
                      "check": check, "expected": "; ".join(dict.fromkeys(group["expected"])),
                      "observed": "; ".join(dict.fromkeys(group["observed"])), "runs": len(group), "passed": passed,

@@ -26,7 +26,7 @@ import pandas as pd
 
 from ..bundle import BundleError, measured_results, run_failed, stopped_because
 from .captured import BundleRef, all_setups
-from .checks import failed_runs, run_checks
+from .checks import excluded_runs, run_checks
 import numpy as np
 
 from .power import blocked_detection_power, detection_power
@@ -110,9 +110,10 @@ def usable_bundles(bundles: list[BundleRef]):
 
 def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "") -> tuple[pd.DataFrame, list[str]]:
     """results.csv rows of every sealed, testable bundle (with host_id, bundle, experiment, stopped and kernel
-    columns), less failed runs and runs whose condition checks failed; and one note per thing left out."""
+    columns), less failed runs and runs whose condition checks failed or could not be computed; and one note per
+    thing left out."""
     frames, notes = [], []
-    gated = failed_runs(run_checks(claim, checks, bundles)) if checks else set()
+    gated = excluded_runs(run_checks(claim, checks, bundles)) if checks else {}
     for ref in bundles:
         try:
             bundle = ref.load()
@@ -130,7 +131,7 @@ def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "") -> tuple
         if unchecked:
             frame = frame[~frame["run"].isin(unchecked)]
             notes.append(f"{ref.host_id}/{ref.path.name}: {len(unchecked)} run(s) left out because a condition check "
-                         f"failed ({', '.join(unchecked)}; build/checks.csv)")
+                         f"failed or could not be computed ({', '.join(unchecked)}; build/checks.csv)")
         kernels = {r["run"]: _kernel_release(bundle.manifest, r) for r in bundle.manifest["runs"]}
         frame["host_id"], frame["bundle"], frame["experiment"] = ref.host_id, str(ref.path), bundle.manifest["experiment"]
         frame["stopped"] = stopped_because(bundle.manifest)
@@ -309,10 +310,22 @@ def _power(item: _Tested, ratio: float, alpha: float, goal: float, seed: int):
         return None  # non-positive values: no log-scale noise model
 
 
-def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, comparisons: list[Comparison]) -> dict[str, list[str]]:
+def _why_summary(left_out: dict[str, str]) -> str:
+    """The checks that left runs out, each with how many runs: one clause a check (its first observation shown)."""
+    counts: dict[str, list] = {}
+    for why in left_out.values():
+        for part in why.split("; "):
+            name, _, seen = part.partition(": ")
+            counts.setdefault(name, [0, seen])[0] += 1
+    return "; ".join(f"{name} in {n} of {len(left_out)} runs ({seen})" for name, (n, seen) in counts.items())
+
+
+def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, comparisons: list[Comparison],
+                   checks=()) -> dict[str, list[str]]:
     """Why each setup with bundles of this claim tested none of its comparisons."""
     wanted = sorted({name for c in comparisons for name in (c.treatment, c.baseline)})
     reasons: dict[str, list[str]] = {}
+    gated = excluded_runs(run_checks(claim, checks, bundles)) if checks else {}
     for ref in bundles:
         try:
             manifest = ref.load().manifest
@@ -323,6 +336,13 @@ def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, com
             reasons.setdefault(ref.host_id, []).append(f"{manifest['experiment']}: {manifest['not_testable']}")
             continue
         measured = sorted(runs.loc[runs["bundle"] == str(ref.path), "condition"].unique())
+        left_out = {run: why for (path, run), why in gated.items() if path == str(ref.path)}
+        if left_out and not measured:
+            reasons.setdefault(ref.host_id, []).append(
+                f"{manifest['experiment']}: its condition did not take effect, or could not be shown to, in any run: "
+                f"all {len(left_out)} measured runs are left out by the condition checks ({_why_summary(left_out)}; "
+                "build/checks.csv)")
+            continue
         reasons.setdefault(ref.host_id, []).append(
             f"{manifest['experiment']} measured {', '.join(measured) or 'no usable runs'}; the comparisons need "
             f"{', '.join(wanted)}")
@@ -339,7 +359,8 @@ def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[Bund
     found = (verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed, untestable=left_out)
              if not runs.empty else [])
     covered = {v.setup for v in found}
-    reasons = {setup: why for setup, why in _setup_reasons(claim, bundles, runs, comparisons).items() if setup not in covered}
+    reasons = {setup: why for setup, why in _setup_reasons(claim, bundles, runs, comparisons, checks).items()
+               if setup not in covered}
     for setup in all_setups(data_dir):
         if setup not in covered and setup not in reasons:
             reasons[setup] = [f"no {claim} bundle from this setup" + (

@@ -13,7 +13,7 @@ import pandas as pd
 from scipy import signal
 
 from ..analysis.captured import BundleRef
-from ..analysis.checks import FactCheck, MetricCheck
+from ..analysis.checks import RUN_HZ, FactCheck, MetricCheck, RawCheck
 from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
 from ..analysis.published import PublishedClaim, check_derived
 from ..analysis.verdicts import Margins, Target
@@ -92,13 +92,42 @@ WHAT_IS_COMPARED = "tick stopped vs HZ=1000 / HZ=250: FTQ work per quantum and i
 
 
 # Did each run's condition take effect? Checked per run; a run that fails is left out of the verdicts.
+# A run whose check fails, or cannot be computed, is left out with why (analysis/checks.py, build/checks.csv).
+STARVED_SHARE = 0.05  # declared: a run whose FTQ quanta did no work at all in more than 5 % of them was starved
+TICK_ON_SHARE = 0.5   # declared: a tick-on run's busy CPU took at least half of HZ's ticks a second
+_TICK_ON = ("hz1000", "hz250", "tick-on")
+_TICK_OFF = ("*nohz_full*", "nohz-full")
+
+
+def ftq_header(raw: Path) -> dict:
+    """The header of a run's ftq.dat (the run's own record of its clocksource)."""
+    return read_ftq(raw / "ftq.dat")[0]
+
+
+def ftq_starved_share(raw: Path) -> float:
+    """The share of a run's measured FTQ quanta that did no work at all: quanta in which the busy thread never ran
+    (its vCPU was not scheduled, or it was preempted for the whole quantum)."""
+    _, samples = read_ftq(raw / "ftq.dat")
+    return float((samples.loc[~samples["warmup"], "count"] == 0).mean())
+
+
 CHECKS = [
     FactCheck("kernel HZ as the condition says", "guest.hz", {"hz1000*": 1000, "hz250*": 250}),
     FactCheck("nohz_full on the kernel command line", "guest.cmdline", {"*nohz_full*": "nohz_full="}, contains=True),
     # a boot plan's run: the command line its boot was verified to have (runners/nohz/host-boot-ftq.yaml)
     FactCheck("nohz_full on the booted command line", "boot.cmdline", {"nohz-full": "nohz_full="}, contains=True),
+    # against the HZ the run's kernel ran at: a guest's own, a boot plan's booted kernel, else the host facts' CONFIG_HZ
     MetricCheck("nohz_full stopped the tick on the busy CPU (timer interrupts/s ≤ 10% of HZ)", "local_timer_irq_rate_hz",
-                ("*nohz_full*", "nohz-full"), 0.10, "guest.hz"),
+                _TICK_OFF, 0.10, RUN_HZ),
+    MetricCheck(f"the tick ran on the busy CPU (ticks/s ≥ {TICK_ON_SHARE:g} × HZ)",
+                ("tick_rate_hz", "local_timer_irq_rate_hz"), _TICK_ON, TICK_ON_SHARE, RUN_HZ, at_least=True),
+    # interference: what the experiment assumes of the machine, from the run's own FTQ output
+    RawCheck("FTQ read the clock through the TSC (the experiment's assumption: a vDSO read, no system call)",
+             ("*",), "clocksource tsc", lambda raw: ftq_header(raw).get("clocksource"), lambda seen: seen == "tsc",
+             lambda seen: f"clocksource {seen}"),
+    RawCheck(f"the busy CPU was not starved (FTQ quanta with no work ≤ {STARVED_SHARE:.0%})", ("*",),
+             f"≤ {STARVED_SHARE:.0%} of quanta with no work", ftq_starved_share, lambda seen: seen <= STARVED_SHARE,
+             lambda seen: f"{seen:.1%} of quanta with no work"),
 ]
 
 
@@ -126,9 +155,31 @@ def _measured_ftq(path: str) -> tuple[dict, pd.DataFrame]:
 
 @functools.lru_cache(maxsize=None)
 def _ftq_run_cost(path: str, period_ns: int | None) -> dict:
-    """tickcost.ftq_tick_cost of one run's ftq.dat for a tick period, computed once per process."""
+    """tickcost.ftq_tick_cost of one run's ftq.dat for a tick period, computed once per process: each tick placed by
+    its traced timestamp where the run's own trace (``trace/`` beside ftq.dat) is on the mono clock and ftq wrote
+    its t0 (tools/ftq.c since issue 44), else by the fold (the reason is in the result's ``method``)."""
     header, samples = _measured_ftq(path)
-    return ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period_ns)
+    ticks = _traced_ticks(Path(path).parent / "trace", header) if period_ns is not None else None
+    return ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period_ns, tick_ns=ticks)
+
+
+def _traced_ticks(trace_dir: Path, header: dict):
+    """The run's traced ticks on ftq's CPU in ns since ftq's t0, or None where they cannot be placed among the
+    quanta: no t0 in ftq.dat (captures before issue 44), no trace, a trace clock other than mono (CLOCK_MONOTONIC,
+    ftq's clock), or no tick callback address to tell the tick from other hrtimers."""
+    if "t0_ns" not in header or not trace_dir.is_dir():
+        return None
+    try:
+        trace = read_trace(trace_dir)
+    except TraceFormatError:
+        return None
+    if trace.clock != "mono":
+        return None
+    interrupts = timer_interrupt_costs(trace, int(header["cpu"]))
+    if interrupts is None:
+        return None
+    ticks = interrupts.loc[interrupts["tick"], "entry_ns"].to_numpy(dtype=np.int64)
+    return ticks - int(header["t0_ns"])
 
 
 def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
@@ -445,7 +496,7 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
 
 NO_GAPDET = "not recorded in this bundle (captured before the gap detector ran per run)"
 TICK_COST_COLUMNS = ["setup", "condition", "bundle", "run", "period_ns", "ftq_lost_fraction", "ftq_lost_fraction_max",
-                     "ftq_ticks", "ftq_tick_us_median", "ftq_tick_us_p99", "ftq_tick_us_mean", "ftq_reason", "gap_ticks",
+                     "ftq_ticks", "ftq_tick_us_median", "ftq_tick_us_p99", "ftq_tick_us_mean", "ftq_method", "ftq_reason", "gap_ticks",
                      "gap_tick_us_median", "gap_tick_us_p99", "gap_tick_share_of_gaps", "gap_tick_fraction", "gap_reason",
                      "matched_ticks", "matched_unmatched", "matched_tick_us_median", "matched_tick_us_p99",
                      "matched_span_us_median", "matched_before_entry_us_median", "matched_after_span_us_median",
@@ -511,7 +562,7 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
                 row.update(ftq_lost_fraction=ftq["lost_fraction"], ftq_lost_fraction_max=ftq["lost_fraction_max"],
                            ftq_ticks=ftq["n"], ftq_tick_us_median=ftq["tick_lost_us_median"],
                            ftq_tick_us_p99=ftq["tick_lost_us_p99"], ftq_tick_us_mean=ftq["tick_lost_us_mean"],
-                           ftq_reason=ftq["reason"])
+                           ftq_method=ftq["method"], ftq_reason=ftq["reason"])
             except (WorkloadOutputError, TickCostError) as exc:
                 row["ftq_reason"] = str(exc)
             entry = _gapdet_entry(records.get(record.run, {}))
@@ -535,7 +586,9 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
 
 # (column of tick_cost_runs, quantity shown, scale, compared with seed 004's µs per tick?)
 WORKLOAD_COST_ROWS = [
-    ("ftq_tick_us_median", "µs of work lost per tick, FTQ (quanta near a tick vs the median tick-free quantum), median", 1, True),
+    ("ftq_tick_us_median", "µs of work lost per tick, FTQ (the quanta holding a tick vs the median tick-free quantum), "
+                           "median", 1, True),
+    ("ftq_method", "how FTQ's quanta were matched to ticks", 1, False),
     ("ftq_tick_us_p99", "µs of work lost per tick, FTQ, p99", 1, True),
     ("ftq_ticks", "ticks measured by FTQ (per run)", 1, False),
     ("ftq_tick_share", "tick's share of the CPU from FTQ's cost (%, median µs lost per tick × tick rate)", 100, False),
@@ -565,6 +618,12 @@ def _workload_cost_rows(costs: pd.DataFrame, head: dict, seed_us: float, seed_ce
     costs = costs.assign(ftq_tick_share=pd.to_numeric(costs["ftq_tick_us_median"], errors="coerce") * hz / 1e6)
     rows = []
     for column, quantity, scale, seeded in WORKLOAD_COST_ROWS:
+        if column == "ftq_method":
+            methods = [m for m in costs[column].dropna().unique() if m]
+            if methods:
+                rows.append({**head, "quantity": quantity, "measured": "; ".join(
+                    f"{m} ({int((costs[column] == m).sum())} runs)" for m in methods)})
+            continue
         values = pd.to_numeric(costs[column], errors="coerce").dropna()
         reason_column = {"gap": "gap_reason", "matched": "matched_reason"}.get(column.split("_")[0], "ftq_reason")
         if values.empty:

@@ -1,0 +1,110 @@
+"""Issue 44 item 3: a run counts only if its condition took effect, shown from what the run itself recorded."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.checks import (BUNDLE_HOST, MISSING, RUN_HZ, FactCheck, MetricCheck, check_table, excluded_runs,
+                                     run_checks, run_hz)
+from ticklab.analysis.comparisons import measured_runs
+from ticklab.claims import nohz
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+STOP = "nohz_full stopped the tick on the busy CPU (timer interrupts/s ≤ 10% of HZ)"
+
+
+def _results(**metrics) -> pd.DataFrame:
+    return pd.DataFrame([{"metric": k, "value": v} for k, v in metrics.items()])
+
+
+def test_the_runs_hz_comes_from_the_guest_the_booted_kernel_or_the_host_facts_of_the_same_kernel():
+    host = {"kernel_release": "6.1.0-50-amd64", "kernel_config": {"hz": 250}}
+    assert run_hz({"guest": {"hz": 1000}, BUNDLE_HOST: host}) == 1000
+    assert run_hz({"boot": {"release": "7.2.0", "hz": 1000}, BUNDLE_HOST: host}) == 1000
+    # a boot plan on the kernel the facts describe: their CONFIG_HZ
+    assert run_hz({"boot": {"release": "6.1.0-50-amd64"}, BUNDLE_HOST: host}) == 250
+    assert run_hz({BUNDLE_HOST: host}) == 250
+    # another kernel booted and its HZ not recorded: nothing to hold the rate against
+    assert run_hz({"boot": {"release": "7.2.0"}, BUNDLE_HOST: host}) is MISSING
+
+
+def test_the_tick_stop_check_is_computed_from_the_host_facts_where_no_guest_hz_was_recorded():
+    check = MetricCheck("stopped", "local_timer_irq_rate_hz", ("nohz-full",), 0.10, RUN_HZ)
+    record = {"condition": "nohz-full", "boot": {"release": "6.1.0-50-amd64"},
+              BUNDLE_HOST: {"kernel_release": "6.1.0-50-amd64", "kernel_config": {"hz": 250}}}
+    assert check.evaluate(record, _results(local_timer_irq_rate_hz=111.1)) == ("≤ 0.1 × the run's HZ = 25", "111.1", False)
+    assert check.evaluate(record, _results(local_timer_irq_rate_hz=1.7))[2] is True
+    expected, observed, passed = check.evaluate({**record, BUNDLE_HOST: {}}, _results(local_timer_irq_rate_hz=1.7))
+    assert passed is None and observed.startswith("not recorded: no the run's HZ")
+
+
+def test_an_unchecked_run_is_left_out_with_why():
+    rows = pd.DataFrame([
+        {"claim": "c", "setup": "s", "bundle": "b", "run": "run-001", "condition": "x", "check": "k", "expected": "1",
+         "observed": "1", "passed": True},
+        {"claim": "c", "setup": "s", "bundle": "b", "run": "run-002", "condition": "x", "check": "k", "expected": "1",
+         "observed": "not recorded: no guest.hz for this run", "passed": None},
+        {"claim": "c", "setup": "s", "bundle": "b", "run": "run-003", "condition": "x", "check": "k", "expected": "1",
+         "observed": "2", "passed": False},
+    ])
+    assert excluded_runs(rows) == {("b", "run-002"): "k: unchecked, not recorded: no guest.hz for this run",
+                                   ("b", "run-003"): "k: failed, observed 2"}
+    [row] = check_table(rows).to_dict("records")
+    assert row["status"] == "FAILED in 1 and unchecked in 1 of 3 runs (left out of the verdicts)"
+
+
+def test_a_fact_check_that_cannot_be_computed_says_what_is_missing():
+    check = FactCheck("HZ", "guest.hz", {"hz250": 250})
+    assert check.evaluate({"condition": "hz250"}, _results()) == ("250", "not recorded: no guest.hz for this run", None)
+
+
+def _labhost_bundles():
+    refs = [r for r in find_bundles(TRACES, "nohz") if "-labhost-" in r.host_id]
+    if not refs:
+        pytest.skip("no lab host nohz bundle in traces/")
+    return refs
+
+
+def test_the_lab_hosts_runs_are_named_for_their_hpet_clocksource_and_starved_cpu_and_none_enters_a_verdict():
+    refs = _labhost_bundles()
+    table = check_table(run_checks("nohz", nohz.CHECKS, refs))
+    clock = table[table["check"].str.startswith("FTQ read the clock through the TSC")]
+    assert set(clock["observed"]) == {"clocksource hpet"} and (clock["failed"] == clock["runs"]).all()
+    starved = table[table["check"].str.startswith("the busy CPU was not starved")]
+    assert (starved["failed"] == starved["runs"]).all()
+    assert all("% of quanta with no work" in seen for seen in starved["observed"])
+    # the tick-stop check is computed now (HZ=250 from the host facts): the kexec run whose tick ran (111/s) fails it
+    stop = table[table["check"] == STOP]
+    assert (stop["not_recorded"] == 0).all() and stop["failed"].sum() >= 1
+    runs, notes = measured_runs(refs, nohz.CHECKS, "nohz")
+    assert runs.empty and any("could not be computed" in note for note in notes)
+
+
+def test_the_lab_hosts_rows_are_not_testable_here_naming_why_and_the_forest_shows_no_point_for_them():
+    from types import SimpleNamespace
+
+    from ticklab import paths
+    from ticklab.analysis.forest import forest_table
+
+    refs = _labhost_bundles()
+    ctx = SimpleNamespace(published=nohz.CLAIM.published(paths.published_dir()), bundles=refs, data_dir=TRACES)
+    rows = nohz.CLAIM.verdicts(ctx, n_boot=200)
+    assert [r.verdict for r in rows] == ["not testable here"]
+    reason = rows[0].reason
+    for setup in {r.host_id for r in refs}:
+        assert f"{setup}: host-boot-ftq: its condition did not take effect, or could not be shown to" in reason
+    assert "FTQ read the clock through the TSC" in reason and "clocksource hpet" in reason
+    assert "the busy CPU was not starved" in reason
+    shown = forest_table(pd.DataFrame([vars(r) for r in rows]))
+    assert not (shown["shown"].str.startswith("line")).any()
+    assert {r.host_id for r in refs} <= set(shown["setup"]) and set(shown["shown"]) == {"listed under the plot"}
+
+
+def test_the_guest_and_host_runs_pass_the_new_checks():
+    refs = [r for r in find_bundles(TRACES, "nohz") if "-labhost-" not in r.host_id]
+    if not refs:
+        pytest.skip("no nohz bundle in traces/")
+    table = check_table(run_checks("nohz", nohz.CHECKS, refs))
+    assert (table["status"] == "passed").all(), table[table["status"] != "passed"][["setup", "check", "observed"]]
