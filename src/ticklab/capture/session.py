@@ -166,7 +166,8 @@ def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dic
         results = PARSERS[experiment.workload["tool"]](run_dir)
         if record.get("trace") and experiment.trace.get("metrics"):
             metrics = METRIC_SETS[experiment.trace["metrics"]]
-            results += metrics(read_trace(run_dir / record["trace"]["directory"]), values)
+            # the run's argv too: a metric per unit of work needs the work's size (hackbench's messages)
+            results += metrics(read_trace(run_dir / record["trace"]["directory"]), {**values, "argv": record.get("argv")})
     except (WorkloadOutputError, KeyError, ValueError, OverflowError, TypeError) as exc:
         return [], str(exc)
     rows = [{**row, "value": float(row["value"])} for row in results]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -363,6 +365,192 @@ def rearm_rows(trace: Trace, span_s: float) -> list[dict]:
     return rows
 
 
+# -- which timer caused each clockevent reprogram (seed 002's quantity) -----------------------------------------------
+# Seed 002 counts the reprogramming the HRTICK timer causes ("the hrtick deadline changes on every context switch ...
+# about 2500 clockevent reprogramming cycles per second"; ~100/s after the series, below any HZ's tick rate, so its
+# count cannot include the periodic tick). Every call of clockevents_program_event is attributed to the hrtimer whose
+# event, on the same CPU, led to it. What the attribution rests on, in Debian's linux-source-6.12 (6.12.x):
+#   kernel/time/hrtimer.c:492-496     debug_activate() emits timer:hrtimer_start when a timer is enqueued
+#                                     (enqueue_hrtimer, 1092), i.e. in hrtimer_start_range_ns's path
+#   kernel/time/hrtimer.c:1246-1306   __hrtimer_start_range_ns(): enqueue, then (not inside the hrtimer interrupt,
+#                                     1268-1269) hrtimer_reprogram() when the timer is the first to expire, or
+#                                     hrtimer_force_reprogram() for a first timer moved in place (1300-1305); both
+#                                     end in __hrtimer_reprogram -> tick_program_event (689) ->
+#                                     clockevents_program_event: the start event comes right before the call
+#   kernel/time/hrtimer.c:1113-1138   __remove_hrtimer(): removing the first timer reprograms (force_reprogram);
+#   kernel/time/hrtimer.c:1364-1385   hrtimer_try_to_cancel() emits timer:hrtimer_cancel after remove_hrtimer()
+#                                     returned, i.e. right after the reprogram it made (a restarted timer emits
+#                                     hrtimer_start with was_armed=1 instead)
+#   kernel/time/hrtimer.c:1849-1936   hrtimer_interrupt(): runs the expired timers (hrtimer_expire_entry/exit; a
+#                                     timer its callback restarts is enqueued with no reprogram, in_hrtirq being
+#                                     set) and then programs the device once (1892, 1936): that reprogram is the
+#                                     expired timers' — with no expiry there would be no interrupt to end
+#   kernel/sched/core.c:830-915       the HRTICK timer: hrtick_clear() cancels it in __schedule, hrtick_start()
+#                                     starts it (on a remote rq through an IPI, __hrtick_start, on its own CPU)
+# and in Linux 7.2.13 (Debian's linux-source-7.2 7.2.13-1), where the series adds timer:hrtimer_rearm right before
+# every tick_program_event the hrtimer code makes (hrtimer_rearm_event, kernel/time/hrtimer.c:704-708): from the start
+# path, where it follows the start event (1250-1258 updates a queued timer in place and emits hrtimer_start), from a
+# removal (__remove_hrtimer, 1139-1180; hrtimer_try_to_cancel traces the cancel after it, 1636-1639), and from the
+# end of the interrupt, at once or deferred (deferred=1, __hrtimer_rearm_deferred, 2152-2169), which is the last
+# interrupt's expired timers' rearm. The HRTICK timer there is armed with HRTIMER_MODE_LAZY_REARM
+# (kernel/sched/core.c:1033-1034): moved later, it reprograms nothing.
+# So, per CPU, in time order: a call inside a local timer interrupt is that interrupt's (the timers that expired in
+# it); outside one, a call right after an hrtimer_start (only an hrtimer_rearm between them) is that timer's, a call
+# right after a deferred rearm is the last interrupt's, a call right before an hrtimer_cancel is the cancelled
+# timer's (where a start comes right before and a cancel right after, the nearer in time); any other call (the tick's own nohz code calls tick_program_event directly, 6.12 tick-sched.c:857, 1074,
+# 1494, 1604) is "unattributed". A timer is the HRTICK timer when its function is at ``hrtick``'s address, the tick
+# when at one of TICK_CALLBACKS' (their addresses come from the capture's kallsyms lines: ``trace.symbols``). An
+# interrupt where both expired is counted as "tick and hrtick", in neither alone.
+HRTIMER_START, HRTIMER_CANCEL = "timer:hrtimer_start", "timer:hrtimer_cancel"
+HRTICK_CALLBACK = "hrtick"
+REPROGRAM_CAUSES = ("hrtick", "tick", "tick and hrtick", "other timer", "unattributed")
+
+
+def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
+    """Every counted clockevent reprogram (timestamp, cpu) with ``cause`` (one of REPROGRAM_CAUSES) and ``via``
+    (start, cancel, interrupt, deferred rearm, none), or None where the trace cannot attribute them: no
+    function-tracer calls of clockevents_program_event, no hrtimer_cancel events, or no address for ``hrtick``."""
+    calls = clockevent_reprograms(trace)
+    addresses = trace.symbol_addresses((HRTICK_CALLBACK, *TICK_CALLBACKS))
+    if calls is None or HRTIMER_CANCEL not in trace.keys() or HRTICK_CALLBACK not in addresses:
+        return None
+    hrtick = addresses[HRTICK_CALLBACK]
+    ticks = {address for name, address in addresses.items() if name in TICK_CALLBACKS}
+
+    def kind(function: int) -> str:
+        return "hrtick" if function == hrtick else "tick" if function in ticks else "other timer"
+
+    # the order a CPU's events happened in where timestamps tie: as the kernel emits them around the call
+    frames = []
+
+    def add(table: pd.DataFrame, rank: int, what, pointer=None, function=None, call=None) -> None:
+        n = len(table)
+        frames.append(pd.DataFrame({
+            "timestamp": table["timestamp"].to_numpy(dtype=np.int64), "cpu": table["cpu"].to_numpy(dtype=np.int64),
+            "rank": np.full(n, rank), "what": what if not isinstance(what, str) else np.full(n, what, dtype=object),
+            # addresses stay unsigned 64-bit: a float column would round them
+            "hrtimer": np.zeros(n, np.uint64) if pointer is None else table[pointer].to_numpy(dtype=np.uint64),
+            "function": np.zeros(n, np.uint64) if function is None else table[function].to_numpy(dtype=np.uint64),
+            "call": np.full(n, -1, dtype=np.int64) if call is None else call}))
+
+    add(trace.table(HRTIMER_START), 1, "start", "hrtimer", "function")
+    add(trace.table(HRTIMER_CANCEL), 3, "cancel", "hrtimer")  # traced after the reprogram it made
+    add(trace.table(HRTIMER_EXPIRE), 1, "expire", "hrtimer", "function")
+    add(trace.table(TIMER_ENTRY), 0, "irq_entry")
+    add(trace.table(TIMER_EXIT), 4, "irq_exit")
+    add(calls, 2, "call", call=np.arange(len(calls), dtype=np.int64))
+    if HRTIMER_REARM in trace.keys():
+        rearms = trace.table(HRTIMER_REARM)
+        add(rearms, 1, np.where(rearms["deferred"].to_numpy() != 0, "deferred", "rearm").astype(object))
+    events = pd.concat(frames, ignore_index=True).sort_values(["cpu", "timestamp", "rank"], kind="stable")
+    cause = np.full(len(calls), "unattributed", dtype=object)
+    via = np.full(len(calls), "none", dtype=object)
+    for _, mine in events.groupby("cpu", sort=False):
+        what = mine["what"].to_numpy()
+        pointers, functions = mine["hrtimer"].to_numpy(dtype=np.uint64), mine["function"].to_numpy(dtype=np.uint64)
+        call_of, stamps = mine["call"].to_numpy(), mine["timestamp"].to_numpy(dtype=np.int64)
+        owner: dict[int, int] = {}          # hrtimer pointer -> its function, from its starts and expiries
+        in_irq, expired, last_irq = False, set(), "unattributed"
+        for i, event in enumerate(what):
+            if event == "irq_entry":
+                in_irq, expired = True, set()
+            elif event == "irq_exit":
+                in_irq, last_irq = False, _irq_cause(expired)
+            elif event in ("expire", "start"):
+                owner[int(pointers[i])] = int(functions[i])
+                if event == "expire":
+                    expired.add(kind(int(functions[i])))
+            elif event == "call":
+                index = int(call_of[i])
+                if in_irq:
+                    cause[index], via[index] = _irq_cause(expired), "interrupt"
+                    continue
+                before = i - 1 - (i >= 1 and what[i - 1] == "rearm")  # a rearm sits between a start and its call
+                after = i + 1 if i + 1 < len(what) and what[i + 1] == "cancel" else -1  # traced after its reprogram
+                started = before >= 0 and what[before] == "start"
+                if started and after >= 0:  # both adjacent: the nearer in time made the call (each is sub-µs away)
+                    started = stamps[i] - stamps[before] <= stamps[after] - stamps[i]
+                if started:
+                    cause[index], via[index] = kind(int(functions[before])), "start"
+                elif after >= 0:
+                    known = owner.get(int(pointers[after]))
+                    cause[index], via[index] = (kind(known) if known is not None else "other timer"), "cancel"
+                elif before >= 0 and what[before] == "deferred":
+                    cause[index], via[index] = last_irq, "deferred rearm"
+    return calls.assign(cause=cause, via=via)
+
+
+def _irq_cause(expired: set) -> str:
+    if {"tick", "hrtick"} <= expired:
+        return "tick and hrtick"
+    for one in ("hrtick", "tick", "other timer"):
+        if one in expired:
+            return one
+    return "unattributed"  # a spurious interrupt: nothing expired
+
+
+def hrtick_starts(trace: Trace) -> pd.DataFrame | None:
+    """Every hrtimer_start of the HRTICK timer (timestamp, cpu) with ``reprogrammed``: the next of the CPU's hrtimer
+    events and reprogram calls is a reprogram this start caused (see reprogram_causes). None where not attributable."""
+    causes = reprogram_causes(trace)
+    if causes is None:
+        return None
+    hrtick = trace.symbol_addresses((HRTICK_CALLBACK,))[HRTICK_CALLBACK]
+    starts = trace.table(HRTIMER_START)
+    mine = starts[starts["function"].astype("uint64") == np.uint64(hrtick)][["timestamp", "cpu"]].reset_index(drop=True)
+    caused = causes[(causes["cause"] == "hrtick") & (causes["via"] == "start")]
+    reprogrammed = np.zeros(len(mine), dtype=bool)
+    for cpu, group in mine.groupby("cpu"):
+        stamps = group["timestamp"].to_numpy(dtype=np.int64)
+        hits = np.sort(caused.loc[caused["cpu"] == cpu, "timestamp"].to_numpy(dtype=np.int64))
+        # each caused call belongs to the latest hrtick start at or before it
+        owner = np.searchsorted(stamps, hits, side="right") - 1
+        reprogrammed[group.index.to_numpy()[owner[owner >= 0]]] = True
+    return mine.assign(reprogrammed=reprogrammed)
+
+
+def attributed_reprogram_rows(trace: Trace, span_s: float, messages: float | None) -> list[dict]:
+    """Per cause (REPROGRAM_CAUSES): reprograms, per second of ``span_s`` and per 1000 hackbench messages; the
+    HRTICK timer's starts and the share of them that reprogrammed (the series' mechanism). Empty where the trace
+    cannot attribute reprograms (reprogram_causes)."""
+    causes = reprogram_causes(trace)
+    if causes is None:
+        return []
+    rows = []
+    for cause in REPROGRAM_CAUSES:
+        name = cause.replace(" ", "_")
+        count = int((causes["cause"] == cause).sum())
+        rows += [{"metric": f"{name}_reprograms", "value": count, "unit": "count"},
+                 {"metric": f"{name}_reprograms_per_s", "value": count / span_s, "unit": "1/s"}]
+        if messages:
+            rows.append({"metric": f"{name}_reprograms_per_kmsg", "value": count / messages * 1000,
+                         "unit": "1/1000 messages"})
+    if messages:
+        rows.append({"metric": "clockevent_reprograms_per_kmsg", "value": len(causes) / messages * 1000,
+                     "unit": "1/1000 messages"})
+    starts = hrtick_starts(trace)
+    rows += [{"metric": "hrtick_starts", "value": len(starts), "unit": "count"},
+             {"metric": "hrtick_starts_per_s", "value": len(starts) / span_s, "unit": "1/s"},
+             {"metric": "hrtick_start_reprogram_share",
+              "value": float(starts["reprogrammed"].mean()) if len(starts) else float("nan"), "unit": "fraction"}]
+    return rows
+
+
+def hackbench_messages(argv: list[str]) -> float | None:
+    """The messages a hackbench run sends: groups × senders × receivers × loops (-g, -f: 20 senders and 20 receivers
+    a group by default, -l), None where the argv is not hackbench's or does not say."""
+    if not argv or Path(str(argv[0])).name != "hackbench":
+        return None
+    values = {"-g": 10, "-f": 20, "-l": 100}  # hackbench's defaults (rt-tests)
+    for flag, value in zip(argv, argv[1:]):
+        if flag in values:
+            try:
+                values[flag] = int(value)
+            except ValueError:
+                return None
+    return float(values["-g"] * values["-f"] * values["-f"] * values["-l"])
+
+
 # -- what a run's trace gives its results.csv (an experiment's ``trace.metrics`` names one) -----------------------
 def tick_metrics(trace: Trace, values: dict) -> list[dict]:
     """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
@@ -396,6 +584,7 @@ def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
          "unit": "fraction"},
         *reprogram_rows(trace, span_s),
         *rearm_rows(trace, span_s),
+        *attributed_reprogram_rows(trace, span_s, hackbench_messages(values.get("argv") or [])),
     ]
 
 
