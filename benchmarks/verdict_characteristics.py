@@ -94,7 +94,7 @@ WORDS = {
     "reproduced": _word("reproduced", "inside the consistent sizes", "reproduced", "same side"),
     # the whole CI on the source's side, for a target that states a direction only
     "reproduced: direction target": _word("reproduced", "which is all the source states", "reproduced", "same side"),
-    # on the source's side, overlapping the band, wider than it
+    # on the source's side, reaching into the band without lying wholly inside it
     "consistent, not pinned": _word("consistent, not pinned", "", "same side"),
     # the whole CI short of the band, and of no change too / or holding no change
     "smaller: effect shown": _word("smaller than the target", "an effect in the source's direction",
