@@ -447,3 +447,69 @@ def test_a_kernel_image_gone_mid_plan_fails_the_next_boot_saying_it_was_there_wh
     assert plan.runs[1].why == (f"could not boot: {root}/boot/vmlinuz-{RELEASE}: missing, the kernel of run run-002 "
                                 "(nohz_full=on); it was there when the plan was made, so it was moved or removed since")
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
+
+
+class PowerLoss(BaseException):
+    """The machine going down mid-run: nothing after it runs in that process (no except Exception catches it)."""
+
+
+class Recorder(plan_engine.RunMaker):
+    def __init__(self, crash_in: str | None = None):
+        self.crash_in, self.made, self.failed = crash_in, [], []
+
+    def make_run(self, run, boot):
+        if run.name == self.crash_in:
+            raise PowerLoss()
+        self.made.append((run.name, boot["boot_id"]))
+        return {"run": run.name}
+
+    def failed_run(self, run, boot, why):
+        self.failed.append((run.name, boot["boot_id"], why))
+
+
+# issue 39, item 5a: a run cut by a crash was made again when the default entry's command line was the condition's
+def test_a_machine_that_rebooted_during_a_run_fails_that_run_and_the_plan_goes_on(host, tmp_path):
+    root, log = host
+    plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="crash")
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
+    reboot(root, "boot-1", plan.runs[0].cmdline)  # the plan's own kexec into run-001
+    with pytest.raises(PowerLoss):
+        plan_engine.resume(plan.id, Recorder(crash_in="run-001"), root=root, say=lambda _: None)
+    assert [r.state for r in plan_engine.load(root, "crash").runs] == ["booted", "planned"]
+    # the machine comes back through the default entry, whose command line is run-001's but for BOOT_IMAGE=
+    reboot(root, "boot-2", ORIGINAL)
+    maker, said = Recorder(), []
+    plan_engine.resume(plan.id, maker, root=root, say=said.append)
+    why = (f"the machine rebooted during the run: boot_id boot-2, release {RELEASE}, /proc/cmdline '{ORIGINAL}' came "
+           "up; the run was being made in boot_id boot-1")
+    after = plan_engine.load(root, "crash")
+    assert after.state == "running" and [r.state for r in after.runs] == ["failed", "booting"]
+    assert after.runs[0].why == why and after.runs[0].record is None
+    assert (after.runs[0].boot_id_found, after.runs[0].cmdline_found) == ("boot-1", plan.runs[0].cmdline)
+    assert maker.made == [] and maker.failed == [("run-001", "boot-1", why)]
+    assert said[0] == f"boot plan crash: run run-001 (nohz_full=off) failed: {why}; 1 left"
+    assert calls(log)[-2:] == [f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+                               "--append root=/dev/vda1 ro quiet nohz_full=1", "systemctl --no-block kexec"]
+    reboot(root, "boot-3", plan.runs[1].cmdline)
+    plan_engine.resume(plan.id, maker, root=root, say=lambda _: None)
+    final = plan_engine.load(root, "crash")
+    assert final.state == "finished" and [r.state for r in final.runs] == ["failed", "made"]
+    assert maker.made == [("run-002", "boot-3")]
+    status = resume_in_a_new_process(root, "status", "--id", "crash").stdout
+    assert "plan crash (kexec), finished: 1 made, 1 failed, 0 left of 2" in status
+    assert f"failed: run-001 (nohz_full=off): {why}" in status
+
+
+def test_a_run_whose_process_was_killed_in_its_boot_is_not_made_twice(host, tmp_path):
+    root, _ = host
+    plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="kill")
+    plan_engine.advance(plan.id, root=root, say=lambda _: None)
+    reboot(root, "boot-1", plan.runs[0].cmdline)
+    with pytest.raises(PowerLoss):
+        plan_engine.resume(plan.id, Recorder(crash_in="run-001"), root=root, say=lambda _: None)
+    done = resume_in_a_new_process(root, "resume", "--id", "kill")  # by hand, in the same boot
+    assert done.returncode == 0, done.stderr
+    after = plan_engine.load(root, "kill")
+    assert [r.state for r in after.runs] == ["failed", "booting"]
+    assert after.runs[0].why == ("the run's process ended before the run was made (no reboot: boot_id boot-1 is the "
+                                 "run's boot); it is not made again")

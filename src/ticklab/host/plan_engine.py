@@ -31,6 +31,12 @@ command) and ``initrd=…`` (EFI stub loaders) — equals the condition's comman
 A mismatch (the default kernel after a panic= or watchdog reset, someone booting by hand) fails the run and
 stops the plan: the unit is removed and the machine is left on the kernel it booted.
 
+A run's states: ``planned``, ``booting`` (its boot is under way: the plan's own kexec, reboot or manual boot),
+``booted`` (its boot verified and its making started), ``made`` or ``failed``. A run ``resume`` finds ``booted`` was
+being made when the machine rebooted (a crash, a power loss) or its process was killed: it is recorded failed
+("the machine rebooted during the run: ..." naming the boot that came up), never made again in whatever boot came
+up, and the plan goes on with the next run.
+
 At the end: every host change is put back (unit and link removed, custom.cfg as it was, next_entry unset,
 kexec kernel unloaded); then kexec mode kexecs back into the original kernel and command line if this boot
 differs from it, grub mode reboots into the default entry (never changed), manual mode prints what to boot.
@@ -689,8 +695,12 @@ def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict]
 
 
 def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool:
-    """Verify the boot and make its run; False when the plan ended."""
+    """Verify the boot and make its run; False when the plan ended. A run found ``booted`` was being made when its
+    process ended (the machine crashed, lost power or was reset, or the process was killed): it is recorded failed,
+    never made again in whatever boot came up (the default entry may have the condition's command line)."""
     found = _boot_facts(root)
+    if run.state == "booted":
+        return _cut_short(root, plan, run, found, maker, say)
     run.boot_id_found, run.release_found, run.cmdline_found = found["boot_id"], found["release"], found["cmdline"]
     why = verify_boot(plan, run, found)
     boot = {**found, "plan": plan.id, "mode": plan.mode}
@@ -711,14 +721,45 @@ def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool
         if isinstance(exc, CannotGoOn):
             _end(root, plan, "failed", say, maker, failed=(run, boot, run.why), why=f"run {run.name}: {run.why}")
             raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: {_one_line(exc)}") from None
-        try:
-            maker.failed_run(run, boot, run.why)
-        except Exception as told:  # the bundle takes no record: no later run could be kept either
-            _end(root, plan, "failed", say, maker, why=f"run {run.name}: not recorded: {_one_line(told)}")
-            raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: run {run.name} not recorded: {_one_line(told)}") from None
+        _tell_failed(root, plan, run, boot, maker, say)
     _save(root, plan)
+    _say_done(plan, run, say)
+    return True
+
+
+def _say_done(plan: Plan, run: PlannedRun, say) -> None:
     say(f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
         + (f": {run.why}" if run.why else "") + f"; {sum(r.state == 'planned' for r in plan.runs)} left")
+
+
+def _tell_failed(root: Path, plan: Plan, run: PlannedRun, boot: dict, maker: RunMaker, say) -> None:
+    """The capture records the failed run; when it cannot (the bundle takes no record: no later run could be kept
+    either), the plan ends, failed."""
+    try:
+        maker.failed_run(run, boot, run.why)
+    except Exception as told:
+        _end(root, plan, "failed", say, maker, why=f"run {run.name}: not recorded: {_one_line(told)}")
+        raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: run {run.name} not recorded: {_one_line(told)}") from None
+
+
+def _cut_short(root: Path, plan: Plan, run: PlannedRun, found: dict, maker: RunMaker, say) -> bool:
+    """A run found ``booted`` at resume: its making had started (the plan's own boot into it was verified, its state
+    saved) when its process ended. A new boot_id is a machine that rebooted during the run (a crash, a power loss, a
+    watchdog reset): whatever came up is not a boot the plan asked for, so the run is recorded failed naming that
+    boot, and the plan goes on with the next run. The same boot_id is a process killed mid-run: failed too, the run
+    is not made twice in one boot."""
+    if found["boot_id"] != run.boot_id_found:
+        why = (f"the machine rebooted during the run: boot_id {found['boot_id']}, release {found['release']}, "
+               f"/proc/cmdline '{found['cmdline']}' came up; the run was being made in boot_id {run.boot_id_found}")
+    else:
+        why = (f"the run's process ended before the run was made (no reboot: boot_id {found['boot_id']} is the run's "
+               "boot); it is not made again")
+    run.state, run.why = "failed", why
+    _save(root, plan)
+    boot = {"boot_id": run.boot_id_found, "release": run.release_found, "cmdline": run.cmdline_found,
+            "plan": plan.id, "mode": plan.mode}  # the boot the run was being made in
+    _tell_failed(root, plan, run, boot, maker, say)
+    _say_done(plan, run, say)
     return True
 
 
