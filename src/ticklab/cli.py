@@ -453,13 +453,16 @@ def build_parser() -> argparse.ArgumentParser:
     host_build.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     host_build.set_defaults(func=_kernel)
 
-    plan = sub.add_parser("plan", help="boot plans (capture --boot): status, resume after a reboot, abort")
+    plan = sub.add_parser("plan", help="boot plans (capture --boot): list, status, resume after a reboot, abort")
     plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="COMMAND")
-    for name, text in (("status", "runs done and left, the current state, what to do next"),
+    for name, text in (("list", "one line per plan: id, claim/experiment, mode, state, runs made and left, created"),
+                       ("status", "runs done and left, the current state, what to do next"),
                        ("resume", "verify this boot and go on (run by ticklab-plan.service after each reboot)"),
                        ("abort", "remove the unit, put back every host change; keep the bundle and the runs made")):
         one = plan_sub.add_parser(name, help=text)
-        one.add_argument("--id", dest="plan_id", help="the plan (default: the only one)")
+        if name != "list":
+            one.add_argument("--id", dest="plan_id",
+                             help="the plan (default: the running one, else the newest; 'ticklab plan list')")
         one.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
         one.set_defaults(func=_plan)
 

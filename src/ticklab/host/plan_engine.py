@@ -37,6 +37,8 @@ being made when the machine rebooted (a crash, a power loss) or its process was 
 ("the machine rebooted during the run: ..." naming the boot that came up), never made again in whatever boot came
 up, and the plan goes on with the next run.
 
+Without ``--id`` the commands act on the running plan, else the newest (``ticklab plan list`` lists them).
+
 At the end: every host change is put back (unit and link removed, custom.cfg as it was, next_entry unset,
 kexec kernel unloaded); then kexec mode kexecs back into the original kernel and command line if this boot
 differs from it, grub mode reboots into the default entry (never changed), manual mode prints what to boot.
@@ -246,11 +248,50 @@ def _plan_ids(root: Path | str) -> list[str]:
     return sorted(p.name for p in directory.glob("*") if (p / "plan.json").is_file()) if directory.is_dir() else []
 
 
-def only_plan(root: Path | str) -> str:
-    found = _plan_ids(root)
-    if len(found) != 1:
-        raise PlanError(f"{plans_dir(root)}: {'no plan' if not found else 'plans ' + ', '.join(found) + '; name one with --id'}")
-    return found[0]
+class NoPlan(PlanError):
+    """No plan on this host (what ``plan status`` and ``plan list`` say, exit 0)."""
+
+
+def _plans(root: Path | str) -> list[Plan]:
+    """Every plan on this host, oldest first; NoPlan when there is none, PlanError when one is unreadable (it might be
+    the running one)."""
+    ids = _plan_ids(root)
+    if not ids:
+        raise NoPlan(f"no boot plan on this host ({plans_dir(root)} holds none)")
+    plans = []
+    for plan_id in ids:
+        try:
+            plans.append(load(root, plan_id))
+        except PlanError as exc:
+            raise PlanError(f"{exc}; name a plan with --id ('ticklab plan list' lists them)") from None
+    return sorted(plans, key=lambda p: (p.created, p.id))
+
+
+def default_plan(root: Path | str) -> str:
+    """The plan a command acts on without ``--id``: the running one (the newest, were there several), else the newest
+    (by its creation time)."""
+    return _default_of(_plans(root)).id
+
+
+def _default_of(plans: list[Plan]) -> Plan:
+    running = [p for p in plans if p.state == "running"]
+    return (running or plans)[-1]
+
+
+def list_lines(root: Path | str) -> list[str]:
+    """One line per plan, oldest first: id, what it captures (claim/experiment), mode, state, runs made and left,
+    when it was made; the one ``--id`` defaults to is marked."""
+    plans = _plans(root)
+    chosen = _default_of(plans).id
+    lines = []
+    for plan in plans:
+        experiment = plan.capture.get("experiment") if isinstance(plan.capture, dict) else None
+        what = f"{Path(experiment).parent.name}/{Path(experiment).stem}" if experiment else "(no capture)"
+        made, failed = sum(r.state == "made" for r in plan.runs), sum(r.state == "failed" for r in plan.runs)
+        left = sum(r.state == "planned" for r in plan.runs)
+        lines.append(f"{plan.id}  {what}  {plan.mode}  {plan.state}  {made} made, {failed} failed, {left} left of "
+                     f"{len(plan.runs)}  created {plan.created or '?'}" + ("  (default for --id)" if plan.id == chosen else ""))
+    return lines
 
 
 @contextlib.contextmanager
@@ -969,11 +1010,15 @@ def record_boot_only(run: PlannedRun, boot: dict) -> dict:
 
 
 def command(args: argparse.Namespace, maker_for: Callable[[Plan, Path], RunMaker | None] = lambda plan, root: None) -> int:
-    """``ticklab plan status|resume|abort``; ``maker_for(plan, root)`` gives the capture's :class:`RunMaker` (None:
-    a plan made without a capture, whose runs record the boot only)."""
+    """``ticklab plan list|status|resume|abort``; ``maker_for(plan, root)`` gives the capture's :class:`RunMaker`
+    (None: a plan made without a capture, whose runs record the boot only). Without ``--id`` a command acts on
+    :func:`default_plan`; ``list`` and ``status`` with no plan on the host say so and exit 0."""
     root = Path(args.root)
     try:
-        plan_id = args.plan_id or only_plan(root)
+        if args.plan_command == "list":
+            print("\n".join(list_lines(root)))
+            return 0
+        plan_id = getattr(args, "plan_id", None) or default_plan(root)
         if args.plan_command == "status":
             print(status_text(load(root, plan_id)))
         elif args.plan_command == "resume":
@@ -986,6 +1031,12 @@ def command(args: argparse.Namespace, maker_for: Callable[[Plan, Path], RunMaker
                 print(f"ticklab plan abort: the bundle will not be sealed ({_one_line(exc)})", file=sys.stderr)
                 maker = None
             abort(plan_id, root=root, maker=maker)
+    except NoPlan as exc:
+        if args.plan_command in ("list", "status"):
+            print(exc)
+            return 0
+        print(f"ticklab plan {args.plan_command}: {exc}", file=sys.stderr)
+        return 2
     except (PlanError, HostChangeError) as exc:
         print(f"ticklab plan {args.plan_command}: {exc}", file=sys.stderr)
         return 2
