@@ -1,6 +1,8 @@
-"""`ticklab plan list|status|abort` on a fake root with several plans or none (issue 39, item 5)."""
+"""`ticklab plan list|status|abort` on a fake root with several plans or none, and an abort while the resume unit's
+start job is still queued, against a fake systemctl that keeps the unit's state as systemd would (issue 39, item 5)."""
 
 import json
+import os
 from pathlib import Path
 
 from test_plan_engine import calls, host, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
@@ -71,3 +73,68 @@ def test_an_unreadable_plan_among_several_names_itself_and_asks_for_an_id(host, 
     assert done.stderr.startswith(f"ticklab plan status: {root}/var/lib/ticklab/plans/b/plan.json: not a plan's JSON")
     assert done.stderr.endswith("; name a plan with --id ('ticklab plan list' lists them)\n")
     assert resume_in_a_new_process(root, "status", "--id", "a").returncode == 0
+
+
+def systemd_like_systemctl(tmp_path: Path, root: Path, log: Path) -> Path:
+    """A systemctl that logs its argv and keeps ticklab-plan.service's state in a directory: ``start-job`` (its start
+    job queued at this boot), ``failed``, and the journal's lines. A daemon-reload that finds the unit file gone
+    while its start job is queued fails the job, as systemd does."""
+    state = tmp_path / "systemd"
+    state.mkdir()
+    tool = tmp_path / "bin" / "systemctl"
+    tool.write_text(f"""#!/bin/sh
+echo systemctl "$@" >> {log}
+case "$*" in
+  "--no-block stop ticklab-plan.service") rm -f {state}/start-job ;;
+  "reset-failed ticklab-plan.service") rm -f {state}/failed ;;
+  "daemon-reload")
+    if [ -e {state}/start-job ] && [ ! -e {root / UNIT} ]; then
+      rm {state}/start-job; touch {state}/failed
+      echo "Failed to start ticklab-plan.service" >> {state}/journal
+    fi ;;
+esac
+""")
+    return state
+
+
+# 5d: 'plan abort' while the unit's start job was queued left "Failed to start ticklab-plan.service" in the journal
+def test_abort_with_the_units_start_job_queued_leaves_no_failed_unit(host, tmp_path):
+    root, log = host
+    state = systemd_like_systemctl(tmp_path, root, log)
+    plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="q")
+    plan_engine.advance("q", root=root, say=lambda _: None)
+    (state / "start-job").touch()  # the boot queued the unit's start (after multi-user.target); the user aborts first
+    before = len(calls(log))
+    done = resume_in_a_new_process(root, "abort")
+    assert done.returncode == 0, done.stderr
+    assert calls(log)[before:] == ["systemctl --no-block stop ticklab-plan.service",
+                                   "systemctl reset-failed ticklab-plan.service", "systemctl daemon-reload"]
+    assert sorted(p.name for p in state.iterdir()) == []  # no job left, not failed, nothing in the journal
+    assert not (root / UNIT).exists()
+
+
+def test_abort_resets_a_unit_that_failed_earlier_in_this_boot(host, tmp_path):
+    root, log = host
+    state = systemd_like_systemctl(tmp_path, root, log)
+    plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="f")
+    plan_engine.advance("f", root=root, say=lambda _: None)
+    (state / "failed").touch()  # a resume of this boot exited 2
+    assert resume_in_a_new_process(root, "abort").returncode == 0
+    assert not (state / "failed").exists()
+    # an abort of a plan that has ended, with no unit left: nothing asked of systemd but the reload
+    before = len(calls(log))
+    assert resume_in_a_new_process(root, "abort").returncode == 0
+    assert calls(log)[before:] == ["systemctl daemon-reload"]
+
+
+def test_abort_leaves_another_plans_unit_and_its_start_job_alone(host, tmp_path):
+    root, log = host
+    state = systemd_like_systemctl(tmp_path, root, log)
+    plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="mine")
+    (root / UNIT).parent.mkdir(parents=True)
+    (root / UNIT).write_text(plan_engine.unit_text(root, "other"))
+    (state / "start-job").touch()
+    before = len(calls(log))
+    assert resume_in_a_new_process(root, "abort", "--id", "mine").returncode == 0
+    assert calls(log)[before:] == ["systemctl daemon-reload"]
+    assert (state / "start-job").exists() and os.path.isfile(root / UNIT)

@@ -37,7 +37,9 @@ being made when the machine rebooted (a crash, a power loss) or its process was 
 ("the machine rebooted during the run: ..." naming the boot that came up), never made again in whatever boot came
 up, and the plan goes on with the next run.
 
-Without ``--id`` the commands act on the running plan, else the newest (``ticklab plan list`` lists them).
+Without ``--id`` the commands act on the running plan, else the newest (``ticklab plan list`` lists them). An
+abort first cancels the unit's start job queued at this boot (``systemctl --no-block stop``) and resets a failed
+state, so removing the unit leaves systemd no job to fail and no failed unit.
 
 At the end: every host change is put back (unit and link removed, custom.cfg as it was, next_entry unset,
 kexec kernel unloaded); then kexec mode kexecs back into the original kernel and command line if this boot
@@ -965,6 +967,7 @@ def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = 
     with _plan_lock(root, plan_id):
         plan = load(root, plan_id)
         made = sum(r.state == "made" for r in plan.runs)
+        _stop_unit(root, plan, say)
         if plan.state == "running":
             problems = _end(root, plan, "aborted", say, maker)
             unit = ("unit removed" if not os.path.lexists(root / UNIT_PATH) else
@@ -977,6 +980,28 @@ def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = 
                 f"{made} run(s) made are kept in {plan.bundle}")
         _raise_for(plan, problems)
     return plan
+
+
+def _stop_unit(root: Path, plan: Plan, say) -> None:
+    """Before an abort removes this plan's unit: its start job, queued at this boot (the unit starts after
+    multi-user.target), is cancelled by queueing a stop (``--no-block``: the cancel is done when the stop job is
+    queued, and nothing waits on the unit's ordering), and a failed state from an earlier resume of this boot is
+    reset. Otherwise systemd fails the queued job once the unit file is gone and reloaded ("Failed to start
+    ticklab-plan.service") and lists the unit failed. Never from the unit itself: only an abort, which the unit does
+    not run (a resume that ends its plan removes the unit it runs in)."""
+    if not _systemd_running(root) or not os.path.lexists(root / UNIT_PATH):
+        return
+    try:
+        text = read_plan_file(root / UNIT_PATH) or ""
+    except HostChangeError:
+        return  # not a file ticklab wrote: the abort says so when putting things back
+    if not _is_plan_unit(text, plan.id):
+        return
+    for argv in (["systemctl", "--no-block", "stop", UNIT_NAME], ["systemctl", "reset-failed", UNIT_NAME]):
+        try:
+            _run(argv)
+        except HostChangeError as exc:  # the unit is removed all the same; systemd may list it failed
+            say(f"boot plan {plan.id}: {_one_line(exc)}; systemd may report {UNIT_NAME} failed")
 
 
 def status_text(plan: Plan) -> str:
