@@ -21,13 +21,15 @@ def tree_snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*"))}
 
 
-def fake_tarball(path: Path, version=(6, 12, 99)) -> Path:
-    makefile = f"VERSION = {version[0]}\nPATCHLEVEL = {version[1]}\nSUBLEVEL = {version[2]}\nEXTRAVERSION =\n".encode()
+def fake_tarball(path: Path, version=(6, 12, 99), files: dict[str, str] | None = None) -> Path:
+    makefile = f"VERSION = {version[0]}\nPATCHLEVEL = {version[1]}\nSUBLEVEL = {version[2]}\nEXTRAVERSION =\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w:xz") as archive:
-        info = tarfile.TarInfo(f"linux-source-{version[0]}.{version[1]}/Makefile")
-        info.size = len(makefile)
-        archive.addfile(info, io.BytesIO(makefile))
+        for name, text in {"Makefile": makefile, **(files or {})}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"linux-source-{version[0]}.{version[1]}/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
     return path
 
 
@@ -35,6 +37,7 @@ def fake_tarball(path: Path, version=(6, 12, 99)) -> Path:
 def host_root(tmp_path):
     root = make_fake_host(tmp_path / "root")
     (root / "boot").mkdir()
+    (root / "boot/vmlinuz-6.12.57-ticklab").write_bytes(b"kernel")  # /boot is what boots this fake host
     (root / "boot/config-6.12.57-ticklab").write_text("CONFIG_64BIT=y\nCONFIG_LOCALVERSION=\"\"\n")
     (root / "proc/modules").write_text("kvm_intel 401408 0 - Live 0x0\nkvm 1404928 1 kvm_intel, Live 0x0\n")
     fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
@@ -67,6 +70,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(host_root, tmp_path):
 
 def test_config_falls_back_to_proc_config_gz_and_says_what_to_install(tmp_path):
     root = make_fake_host(tmp_path / "root")
+    (root / "boot").mkdir()
+    (root / "boot/vmlinuz-6.12.57-ticklab").write_bytes(b"kernel")
     (root / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_64BIT=y\n"))
     with pytest.raises(HostKernelError, match=r"usr/src: no linux-source-\*\.tar\.xz; install Debian's kernel source "
                                               r"with 'apt-get install linux-source-6\.12'"):
@@ -146,3 +151,29 @@ def test_a_hook_that_changes_grub_cfg_is_an_error_naming_it(host_root, tmp_path,
     plan.build_steps = []
     with pytest.raises(HostKernelError, match=r"boot/grub/grub\.cfg: changed while installing"):
         build_and_install(plan, host_root, say=lambda _: None)
+
+
+# issue 39, item 4: `kernel build --host` tells the truth first
+@pytest.mark.parametrize("boot, expected", [
+    (None, "boot: no such directory, so /boot is not what boots this machine"),
+    ({"vmlinuz-6.1.0-21-amd64": b"k", "config-6.12.57-ticklab": b"CONFIG_64BIT=y\n"},
+     "boot: no vmlinuz-6.12.57-ticklab, the running kernel's image (has vmlinuz-6.1.0-21-amd64), so /boot is not what "
+     "boots this machine"),
+])
+def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(tmp_path, boot, expected):
+    """4f: a VM whose kernel the VMM supplies (Firecracker): a kernel installed in /boot would never be booted."""
+    root = make_fake_host(tmp_path / "root")
+    fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
+    (root / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_64BIT=y\n"))
+    if boot is not None:
+        (root / "boot").mkdir()
+        for name, data in boot.items():
+            (root / "boot" / name).write_bytes(data)
+    before = tree_snapshot(root)
+    for argv in (["--dry-run"], []):
+        done = run_cli("kernel", "build", "--host", *argv, "--root", str(root), env={"TICKLAB_CACHE": str(tmp_path / "c")})
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == (f"ticklab kernel build: {root}/{expected} (its kernel is supplied from outside, as a "
+                               "Firecracker VM's by the VMM) and a kernel installed there would never be booted; "
+                               "refused\n")
+    assert tree_snapshot(root) == before and not (tmp_path / "c").exists()

@@ -1,5 +1,9 @@
 """`ticklab kernel build --host`: a kernel for this machine with ticklab's patches, installed beside the others.
 
+It refuses first where /boot is not what boots the machine (:func:`check_boots_from_boot`: no /boot, or no
+``/boot/vmlinuz-<running release>``, as in a VM whose kernel the VMM supplies, e.g. Firecracker): a kernel
+installed there would never be booted.
+
 The plan (:func:`plan_host_kernel`) is computed without changing anything, and is all ``--dry-run`` prints:
 
 - **config**: the file given, else the running kernel's (``/boot/config-<release>``, else ``/proc/config.gz``);
@@ -131,6 +135,21 @@ def running_release(root: Path) -> str:
         return os.uname().release
 
 
+def check_boots_from_boot(root: Path, release: str) -> None:
+    """HostKernelError unless /boot holds the running kernel's image (``vmlinuz-<release>``): without it /boot is not
+    what boots this machine (a Firecracker VM's kernel comes from its VMM), and a kernel installed there would never
+    be booted, by a boot plan's kexec or by grub."""
+    boot = root / "boot"
+    why = ("so /boot is not what boots this machine (its kernel is supplied from outside, as a Firecracker VM's by "
+           "the VMM) and a kernel installed there would never be booted; refused")
+    if not boot.is_dir():
+        raise HostKernelError(f"{boot}: no such directory, {why}")
+    if not (boot / f"vmlinuz-{release}").is_file():
+        have = sorted(p.name for p in boot.glob("vmlinuz-*"))
+        raise HostKernelError(f"{boot}: no vmlinuz-{release}, the running kernel's image (has "
+                              f"{', '.join(have[:3]) + (', ...' if len(have) > 3 else '') if have else 'none'}), {why}")
+
+
 def find_config(root: Path, release: str, given: Path | None) -> tuple[str, bytes]:
     if given is not None:
         try:
@@ -243,6 +262,7 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
     """Everything the build would do, computed without changing anything."""
     root = Path(root)
     release = running_release(root)
+    check_boots_from_boot(root, release)
     config_source, config_bytes = find_config(root, release, config)
     source = find_source(root, release, source)
     version = _tarball_version(source) if source.is_file() else _tree_version(source)
