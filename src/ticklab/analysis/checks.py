@@ -205,16 +205,16 @@ def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
                                        "passed"])
 
 
-def excluded_runs(per_run: pd.DataFrame) -> dict[tuple[str, str], str]:
-    """(bundle, run) → why, for every run a check failed for or could not be computed for: none of them may enter a
-    verdict."""
-    out: dict[tuple[str, str], list[str]] = {}
+def excluded_runs(per_run: pd.DataFrame) -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+    """(bundle, run) → [(check, "failed" or "unchecked", what was observed)], for every run a check failed for or
+    could not be computed for: none of them may enter a verdict."""
+    out: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
     for row in per_run.itertuples():
         if row.passed is True:
             continue
-        why = f"{row.check}: " + ("failed, observed " if row.passed is False else "unchecked, ") + f"{row.observed}"
-        out.setdefault((row.bundle, row.run), []).append(why)
-    return {key: "; ".join(value) for key, value in out.items()}
+        out.setdefault((row.bundle, row.run), []).append(
+            (row.check, "failed" if row.passed is False else "unchecked", str(row.observed)))
+    return out
 
 
 def failed_runs(per_run: pd.DataFrame) -> set[tuple[str, str]]:

@@ -310,14 +310,14 @@ def _power(item: _Tested, ratio: float, alpha: float, goal: float, seed: int):
         return None  # non-positive values: no log-scale noise model
 
 
-def _why_summary(left_out: dict[str, str]) -> str:
-    """The checks that left runs out, each with how many runs: one clause a check (its first observation shown)."""
+def _why_summary(left_out: dict[str, list[tuple[str, str, str]]]) -> str:
+    """The checks that left runs out, each with how many runs and its first observation: one clause a check."""
     counts: dict[str, list] = {}
-    for why in left_out.values():
-        for part in why.split("; "):
-            name, _, seen = part.partition(": ")
-            counts.setdefault(name, [0, seen])[0] += 1
-    return "; ".join(f"{name} in {n} of {len(left_out)} runs ({seen})" for name, (n, seen) in counts.items())
+    for found in left_out.values():
+        for check, status, seen in found:
+            counts.setdefault(check, [0, status, seen])[0] += 1
+    return "; ".join(f"{check} {status} in {n} of {len(left_out)} runs (e.g. {seen})"
+                     for check, (n, status, seen) in counts.items())
 
 
 def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, comparisons: list[Comparison],
@@ -343,9 +343,14 @@ def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, com
                 f"all {len(left_out)} measured runs are left out by the condition checks ({_why_summary(left_out)}; "
                 "build/checks.csv)")
             continue
+        # only what is missing: for each comparison with a condition measured here, the other one
+        partners = sorted({other for c in comparisons for have, other in ((c.treatment, c.baseline),
+                                                                           (c.baseline, c.treatment))
+                           if have in measured and other not in measured})
+        missing = (f"a comparison with it needs {', '.join(partners)} too" if partners else
+                   f"the comparisons need {', '.join(wanted)}")
         reasons.setdefault(ref.host_id, []).append(
-            f"{manifest['experiment']} measured {', '.join(measured) or 'no usable runs'}; the comparisons need "
-            f"{', '.join(wanted)}")
+            f"{manifest['experiment']} measured {', '.join(measured) or 'no usable runs'}; {missing}")
     return reasons
 
 

@@ -541,7 +541,8 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
     FTQ's own quanta (tickcost.ftq_tick_cost: quanta near a tick against the median tick-free quantum, and lost work
     against that median) and from the gap detector run right after it (tickcost.gap_tick_cost), each with the
     reason where a run cannot give it. The tick period is TICK_NSEC for the HZ nearest the run's traced tick rate
-    (``tick_rate_hz``, else ``local_timer_irq_rate_hz``, in ``runs``)."""
+    (``tick_rate_hz``, else ``local_timer_irq_rate_hz``, in ``runs``). Runs not in ``runs`` (left out by their
+    condition checks) are not measured."""
     needed = {"host_id", "bundle", "run", "metric", "value"}
     if not needed <= set(runs.columns):
         raise ValueError(f"tick_cost_runs needs runs with columns {sorted(needed)}, got {sorted(runs.columns)}")
@@ -552,6 +553,8 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
         mine = runs[runs["bundle"] == str(ref.path)]
         records = {r["run"]: r for r in bundle.manifest["runs"]}
         for record in bundle.typed.measured_runs():
+            if record.run not in set(mine["run"]):
+                continue  # left out of ``runs`` (a condition check failed or could not be computed): not measured here
             metrics = mine[mine["run"] == record.run].set_index("metric")["value"]
             rate = metrics.get("tick_rate_hz", metrics.get("local_timer_irq_rate_hz", np.nan))
             period = nominal_period_ns(float(rate))

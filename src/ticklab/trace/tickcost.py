@@ -156,6 +156,8 @@ def folded_tick_loss(counts, end_ns, quantum_ns: int, period_ns: int) -> dict:
         in_tick = np.isin(slot, [h % slots for h in held])
         free = values[~in_tick]
         reference = _median(free)
+        if not reference > 0:
+            continue  # the thread did no work in most of this block (a starved CPU): nothing to measure a loss against
         # a tick's quanta: its slot and the held neighbours, the one before it belonging to the same tick
         anchor = index[mine] - held[0]
         tick_of = np.floor_divide(anchor, slots)[in_tick]
