@@ -154,6 +154,60 @@ def test_a_hook_that_changes_grub_cfg_is_an_error_naming_it(host_root, tmp_path,
 
 
 # issue 39, item 4: `kernel build --host` tells the truth first
+CONFIG_OF_6_12_57 = ("CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n# CONFIG_OLD_GONE is not set\nCONFIG_NEW_A=y\nCONFIG_NEW_B=m\n"
+                     "CONFIG_LOCALVERSION=\"\"\nCONFIG_NEW_C=\"x\"\nCONFIG_NEW_D=y\nCONFIG_NEW_E=y\nCONFIG_NEW_F=y\n"
+                     "CONFIG_NEW_A=y\n")
+KCONFIG_OF_6_1 = {"init/Kconfig": "config LOCALVERSION\n\tstring \"Local version\"\n\thelp\n\t  config NEW_A is in 6.12\n",
+                  "arch/x86/Kconfig": "config 64BIT\n\tbool\nchoice\n\tmenuconfig  HZ_1000 # the tick\n",
+                  "kernel/Kconfig.hz": "config OLD_GONE\n"}
+
+
+def test_an_older_source_is_said_first_with_what_olddefconfig_drops(host_root, tmp_path):
+    """4e: a source older than the running kernel: one line before the plan naming the options set in the config that
+    the source's Kconfig does not define (olddefconfig drops them)."""
+    (host_root / "boot/config-6.12.57-ticklab").write_text(CONFIG_OF_6_12_57)
+    fake_tarball(host_root / "usr/src/linux-source-6.1.tar.xz", (6, 1, 90), KCONFIG_OF_6_1)
+    (host_root / "usr/src/linux-source-6.12.tar.xz").unlink()
+    cache = tmp_path / "cache"
+    done = run_cli("kernel", "build", "--host", "--dry-run", "--root", str(host_root), env={"TICKLAB_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        "ticklab kernel build: warning: the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: "
+        f"olddefconfig will drop 6 of the 9 options set in {host_root}/boot/config-6.12.57-ticklab, which Linux 6.1.90 "
+        "does not know: CONFIG_NEW_A, CONFIG_NEW_B, CONFIG_NEW_C, CONFIG_NEW_D, CONFIG_NEW_E and 1 more\n")
+    assert done.stdout.startswith("running kernel: 6.12.57-ticklab\n") and "dry run: nothing built" in done.stdout
+    assert not cache.exists()
+    # a tree: its Kconfig files are read the same way; a config the source knows whole is said to lose nothing
+    tree = tmp_path / "tree"
+    for name, text in {"Makefile": "VERSION = 6\nPATCHLEVEL = 1\nSUBLEVEL = 90\n", **KCONFIG_OF_6_1}.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(text)
+    (tree / ".git").mkdir()
+    (tree / ".git/Kconfig").write_text("config NEW_B\n")  # not the source's
+    plan = plan_host_kernel(host_root, source=tree, work=tmp_path / "w")
+    assert plan.warnings == [
+        "the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: olddefconfig will drop 6 of the 9 "
+        f"options set in {host_root}/boot/config-6.12.57-ticklab, which Linux 6.1.90 does not know: CONFIG_NEW_A, "
+        "CONFIG_NEW_B, CONFIG_NEW_C, CONFIG_NEW_D, CONFIG_NEW_E and 1 more"]
+    (tmp_path / "known.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n")
+    plan = plan_host_kernel(host_root, source=tree, config=tmp_path / "known.config", work=tmp_path / "w")
+    assert plan.warnings == ["the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: olddefconfig "
+                             f"drops none of the 2 options set in {tmp_path}/known.config"]
+
+
+def test_a_source_as_new_as_the_running_kernel_warns_nothing(host_root, tmp_path):
+    assert plan_host_kernel(host_root, work=tmp_path / "w").warnings == []  # 6.12.99 against 6.12.57
+    (host_root / "proc/version").write_text("Linux version 6.12.0-1-amd64 (debian-kernel@lists.debian.org) #1 SMP "
+                                            "PREEMPT_DYNAMIC Debian 6.12.100-1 (2026-01-01)\n")
+    (host_root / "proc/sys/kernel/osrelease").write_text("6.12.0-1-amd64\n")
+    (host_root / "boot/vmlinuz-6.12.0-1-amd64").write_bytes(b"kernel")
+    (host_root / "boot/config-6.12.0-1-amd64").write_text("CONFIG_64BIT=y\n")
+    # Debian's release names the ABI (6.12.0-1), /proc/version the upstream version the source is older than
+    [warning] = plan_host_kernel(host_root, work=tmp_path / "w").warnings
+    assert warning.startswith("the source is Linux 6.12.99, older than the running kernel 6.12.0-1-amd64 "
+                              "(Linux 6.12.100): olddefconfig will drop 1 of the 1 options")
+
+
 @pytest.mark.parametrize("boot, expected", [
     (None, "boot: no such directory, so /boot is not what boots this machine"),
     ({"vmlinuz-6.1.0-21-amd64": b"k", "config-6.12.57-ticklab": b"CONFIG_64BIT=y\n"},

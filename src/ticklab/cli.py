@@ -119,6 +119,8 @@ def _kernel(args: argparse.Namespace) -> int:
         return 2
     plan = plan_host_kernel(args.root, config=args.config, source=args.source, localmodconfig=args.localmodconfig,
                             jobs=args.jobs)
+    for warning in plan.warnings:  # before the plan and before any work
+        print(f"ticklab kernel build: warning: {warning}", file=sys.stderr, flush=True)
     print(plan.describe())
     if args.dry_run:
         print("dry run: nothing built, nothing installed")

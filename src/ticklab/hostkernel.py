@@ -2,7 +2,9 @@
 
 It refuses first where /boot is not what boots the machine (:func:`check_boots_from_boot`: no /boot, or no
 ``/boot/vmlinuz-<running release>``, as in a VM whose kernel the VMM supplies, e.g. Firecracker): a kernel
-installed there would never be booted.
+installed there would never be booted. A source older than the running kernel is said first, in one line
+(``warnings``): the options set in the config that the source's Kconfig files do not define, which ``olddefconfig``
+drops.
 
 The plan (:func:`plan_host_kernel`) is computed without changing anything, and is all ``--dry-run`` prints:
 
@@ -86,6 +88,7 @@ class HostKernelPlan:
     work: Path                  # where the tree (from a tarball), the config copy, lsmod list and build.log go
     build_steps: list[list[str]] = field(default_factory=list)
     install_steps: list[list[str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # one line each, said before anything else
 
     @property
     def series(self) -> str:
@@ -148,6 +151,76 @@ def check_boots_from_boot(root: Path, release: str) -> None:
         have = sorted(p.name for p in boot.glob("vmlinuz-*"))
         raise HostKernelError(f"{boot}: no vmlinuz-{release}, the running kernel's image (has "
                               f"{', '.join(have[:3]) + (', ...' if len(have) > 3 else '') if have else 'none'}), {why}")
+
+
+def _version_numbers(text: str) -> tuple[int, int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)) if match else None
+
+
+def running_version(root: Path, release: str) -> str:
+    """X.Y.Z of the running kernel: Debian's upstream version from /proc/version (``... Debian 6.1.90-1 ...``) where
+    the release names only the ABI (``6.1.0-21-amd64``), else the release's leading numbers."""
+    try:
+        text = (root / "proc/version").read_text(errors="replace")[:4096]
+    except OSError:
+        text = ""
+    debian = re.search(r"\bDebian (\d+\.\d+\.\d+)", text)
+    numbers = _version_numbers(release)
+    if debian and (numbers is None or _version_numbers(debian.group(1))[:2] == numbers[:2]):
+        return debian.group(1)
+    return ".".join(str(n) for n in numbers) if numbers else release
+
+
+_KCONFIG_SYMBOL = re.compile(rb"^[ \t]*(?:menu)?config[ \t]+([A-Za-z0-9_]+)[ \t]*(?:#.*)?$", re.M)
+
+
+def config_symbols(config: bytes) -> list[str]:
+    """The options a .config sets (``CONFIG_X=...``; not ``# CONFIG_X is not set``), in its order, without CONFIG_."""
+    return [m.group(1).decode() for m in re.finditer(rb"^CONFIG_([A-Za-z0-9_]+)=", config, re.M)]
+
+
+def source_symbols(source: Path) -> set[str]:
+    """The symbols the source's Kconfig files define (``config X`` / ``menuconfig X``), read by streaming a
+    tarball (xz cannot seek) or walking a tree."""
+    found: set[str] = set()
+    if source.is_file():
+        try:
+            with tarfile.open(source, "r:xz") as archive:
+                for member in archive:
+                    if member.isfile() and member.name.rsplit("/", 1)[-1].startswith("Kconfig"):
+                        found.update(m.group(1).decode() for m in _KCONFIG_SYMBOL.finditer(archive.extractfile(member).read()))
+        except (OSError, tarfile.TarError, EOFError) as exc:
+            raise HostKernelError(f"{source}: unreadable ({exc})") from None
+        return found
+    for directory, subdirectories, files in os.walk(source):
+        subdirectories[:] = [d for d in subdirectories if not d.startswith(".")]
+        for name in files:
+            if name.startswith("Kconfig"):
+                try:
+                    found.update(m.group(1).decode() for m in _KCONFIG_SYMBOL.finditer(Path(directory, name).read_bytes()))
+                except OSError as exc:
+                    raise HostKernelError(f"{Path(directory, name)}: unreadable ({exc.strerror or exc})") from None
+    return found
+
+
+def older_source_warning(root: Path, release: str, version: str, source: Path, config_source: str,
+                         config: bytes) -> str | None:
+    """One line when the source is older than the running kernel: how many of the options set in the config the
+    source does not know (olddefconfig drops them), and the first few; None otherwise."""
+    running = running_version(root, release)
+    if not (_version_numbers(version) and _version_numbers(running) and _version_numbers(version) < _version_numbers(running)):
+        return None
+    options = list(dict.fromkeys(config_symbols(config)))
+    known = source_symbols(source)
+    dropped = [name for name in options if name not in known]
+    head = (f"the source is Linux {version}, older than the running kernel {release}"
+            + (f" (Linux {running})" if not release.startswith(running) else ""))
+    if not dropped:
+        return f"{head}: olddefconfig drops none of the {len(options)} options set in {config_source}"
+    shown_names = ", ".join(f"CONFIG_{name}" for name in dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+    return (f"{head}: olddefconfig will drop {len(dropped)} of the {len(options)} options set in {config_source}, "
+            f"which Linux {version} does not know: {shown_names}")
 
 
 def find_config(root: Path, release: str, given: Path | None) -> tuple[str, bytes]:
@@ -266,6 +339,7 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
     config_source, config_bytes = find_config(root, release, config)
     source = find_source(root, release, source)
     version = _tarball_version(source) if source.is_file() else _tree_version(source)
+    older = older_source_warning(root, release, version, source, config_source, config_bytes)
     series = ".".join(version.split(".")[:2])
     checks = check_patches(source, patch_paths(series))
     digest = hashlib.sha256(config_bytes)
@@ -296,7 +370,8 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
                ["install", "-m", "0644", str(tree / ".config"), str(boot / f"config-{new_release}")],
                ["update-initramfs", "-c", "-k", new_release]]
     return HostKernelPlan(release, config_source, config_bytes, source, version, checks, localversion, new_release,
-                          localmodconfig, loaded_modules(root) if localmodconfig else None, jobs, work, build, install)
+                          localmodconfig, loaded_modules(root) if localmodconfig else None, jobs, work, build, install,
+                          [older] if older else [])
 
 
 def _boot_digests(root: Path) -> dict[str, str | None]:
