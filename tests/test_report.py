@@ -81,10 +81,12 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     ftq = verdicts[verdicts["comparison"].str.contains("FTQ work per quantum") & verdicts["fresh_effect"].notna()]
     # the guests recaptured on the AMD host (2026-11-26) are noisier run to run: their two in-guest FTQ rows hold no
     # change; the kexec boot plan's row lies on the source's side and overlaps the band around ×1.087
-    # the lab host's kexec and grub plans (issue 28): 3 vs 3 runs bound no exact rank CI at 95%
-    labhost = ftq[ftq["setup"].str.contains("-labhost-")]
-    assert len(labhost) == 2 and set(labhost["verdict"]) == {"inconclusive"}
-    assert (labhost["ci_low"] == 0).all() and (labhost["ci_high"] == float("inf")).all()
+    # the lab host's kexec and grub plans (issue 28): every run read the clock through the HPET and its busy vCPU was
+    # starved, so no run enters a verdict (issue 44): the setups are "not testable here", with why, and have no row
+    assert not ftq["setup"].str.contains("-labhost-").any()
+    [untested] = verdicts[(verdicts["claim"] == "nohz") & (verdicts["verdict"] == "not testable here")].itertuples()
+    for mode in ("kexec", "grub"):
+        assert f"-labhost-{mode}: host-boot-ftq: its condition did not take effect" in untested.reason
     amd = ftq[ftq["setup"].str.contains("-on-amd-epyc-") & ~ftq["setup"].str.contains("-labhost-")].set_index("comparison")
     assert len(amd) == 3
     in_guest = amd[~amd["setup"].str.endswith("-kexec")]
@@ -107,9 +109,14 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     assert not verdicts["comparison"].str.contains("nohz_full vs HZ=1000: busy CPU's time").any()
     checks = pd.read_csv(build / "checks.csv")
     stop = checks[checks["check"].str.startswith("nohz_full stopped the tick")]
-    # the lab host's runs are a host capture's: no guest.hz to hold the rate against, so the check is not recorded
+    # the lab host's runs are a host capture's: their rate is held against the host facts' CONFIG_HZ (250), and the
+    # kexec run whose tick kept running (111 timer interrupts/s) fails
     labhost = stop["setup"].str.contains("-labhost-")
-    assert labhost.sum() == 2 and (stop[labhost]["status"] == "not recorded").all()
+    assert labhost.sum() == 2 and (stop[labhost]["not_recorded"] == 0).all()
+    assert stop.loc[labhost & stop["setup"].str.endswith("-kexec"), "status"].iloc[0].startswith("FAILED in 1 of 3")
+    clock = checks[checks["check"].str.startswith("FTQ read the clock through the TSC")]
+    assert set(clock.loc[clock["setup"].str.contains("-labhost-"), "observed"]) == {"clocksource hpet"}
+    assert (clock.loc[~clock["setup"].str.contains("-labhost-"), "status"] == "passed").all()
     stop = stop[~labhost]
     assert len(stop) == 4 and (stop["status"] == "passed").all() and (stop["runs"] >= 8).all()
     hrtick = verdicts[(verdicts["claim"] == "hrtick") & verdicts["setup"].str.startswith("guest-tcg-2vcpu")]

@@ -400,7 +400,8 @@ def rearm_rows(trace: Trace, span_s: float) -> list[dict]:
 # timer's (where a start comes right before and a cancel right after, the nearer in time); any other call (the tick's own nohz code calls tick_program_event directly, 6.12 tick-sched.c:857, 1074,
 # 1494, 1604) is "unattributed". A timer is the HRTICK timer when its function is at ``hrtick``'s address, the tick
 # when at one of TICK_CALLBACKS' (their addresses come from the capture's kallsyms lines: ``trace.symbols``). An
-# interrupt where both expired is counted as "tick and hrtick", in neither alone.
+# interrupt where both expired is counted as "tick and hrtick", not as the HRTICK timer's: with HRTICK off the tick
+# would have raised that interrupt and its reprogram anyway, so it is not reprogramming HRTICK adds.
 HRTIMER_START, HRTIMER_CANCEL = "timer:hrtimer_start", "timer:hrtimer_cancel"
 HRTICK_CALLBACK = "hrtick"
 REPROGRAM_CAUSES = ("hrtick", "tick", "tick and hrtick", "other timer", "unattributed")
