@@ -70,6 +70,7 @@ def planned_runs_made_short_of_a_goal(root, tmp_path):
 
 def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host, tmp_path):
     root, log = host
+    (root / f"boot/config-{RELEASE}").write_text("CONFIG_HZ_300=y\nCONFIG_HZ=300\n")  # the booted kernel's, read at each run
     plan = start_capture(root, tmp_path)
     bundle_path = tmp_path / "traces" / "fake-boots" / "nohz"
     [bundle_path] = list(bundle_path.iterdir())
@@ -94,6 +95,8 @@ def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host,
         assert record["boot"]["cmdline"] == planned.cmdline and record["status"] == "ok"
         assert ("nohz_full=1" in record["boot"]["cmdline"].split()) == (record["condition"] == "nohz-full")
         assert record["boot"]["kernel_release"] == RELEASE
+        # what the run's checks hold the tick rate against, and the clock its workload read (issue 44)
+        assert (record["boot"]["hz"], record["boot"]["clocksource"]) == (300, "tsc")
     assert "BOOT_IMAGE=" not in plan.runs[0].cmdline and "quiet" in plan.runs[0].cmdline.split()
     results = pd.read_csv(bundle_path / "results.csv")
     assert sorted(results.groupby("condition").size().items()) == [("nohz-full", 2), ("tick-on", 2)]
