@@ -53,6 +53,7 @@ def test_an_unchecked_run_is_left_out_with_why():
                                    ("b", "run-003"): [("k", "failed", "2")]}
     [row] = check_table(rows).to_dict("records")
     assert row["status"] == "FAILED in 1 and unchecked in 1 of 3 runs (left out of the verdicts)"
+    assert row["left_out"] == "run-002 run-003"
 
 
 def test_a_fact_check_that_cannot_be_computed_says_what_is_missing():

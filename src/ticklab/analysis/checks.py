@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import pandas as pd
 
 CHECK_COLUMNS = ["claim", "setup", "bundle", "condition", "check", "expected", "observed", "runs", "passed", "failed",
-                 "not_recorded", "status"]
+                 "not_recorded", "status", "left_out"]
 _SELECTOR = re.compile(r"^(?P<key>[^\[]+)\[(?P<field>[^=\]]+)=(?P<value>[^\]]*)\]$")
 MISSING = object()
 
@@ -235,5 +235,7 @@ def check_table(per_run: pd.DataFrame) -> pd.DataFrame:
         rows.append({"claim": claim, "setup": setup, "bundle": bundle.rsplit("/", 1)[-1], "condition": condition,
                      "check": check, "expected": "; ".join(dict.fromkeys(group["expected"])),
                      "observed": "; ".join(dict.fromkeys(group["observed"])), "runs": len(group), "passed": passed,
-                     "failed": failed, "not_recorded": unrecorded, "status": status})
+                     "failed": failed, "not_recorded": unrecorded, "status": status,
+                     # each run this check left out of the verdicts, by name
+                     "left_out": " ".join(sorted(group.loc[group["passed"].ne(True), "run"]))})
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)
