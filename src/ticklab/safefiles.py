@@ -8,12 +8,30 @@ Two halves:
   descriptor is a regular file before reading a byte, so a planted link is refused instead of followed, a
   FIFO cannot hang the reader and a device or ``/proc`` file is never read. Sizes are bounded: a file over
   the limit is an error, never silently cut.
-- Writing under a directory ticklab owns (``--out DIR``, a bundle, a plan directory): ``OwnedDir`` walks
-  and creates each component below its root with directory descriptors (``mkdir``/``open`` relative to the
-  parent's descriptor, ``O_NOFOLLOW``), so a link another user planted anywhere below the root is refused,
-  never written through; files are created with ``O_NOFOLLOW`` (and ``O_EXCL`` where nothing may be
-  replaced) and replaced atomically by ``rename`` in the same directory, whose temporary file is removed
-  when the write fails (a full disk leaves no half file behind).
+- Writing. Every write ticklab makes goes through ``OwnedDir`` (issue 40: one way to write as root): it
+  walks and creates each component below its root with directory descriptors (``mkdir``/``open`` relative to
+  the parent's descriptor, ``O_NOFOLLOW``), so a link another user planted anywhere below the root is
+  refused, never written through. A file it writes is
+
+  * replaced, never written in place (``write_atomic`` / ``replacing``): the new content goes to a temporary
+    file created ``O_EXCL | O_NOFOLLOW`` beside it, synced, and renamed over the old one in the same
+    directory (``renameat2``: ``RENAME_NOREPLACE`` where nothing was, ``RENAME_EXCHANGE`` and a check that
+    what it took away is what it checked where a file was), so whatever is put at the name between the check
+    and the rename is refused, not replaced; the temporary file is removed when the write fails (a full disk
+    leaves no half file behind);
+  * or new (``write_new``, ``create(exclusive=True)``): ``O_EXCL | O_NOFOLLOW``, never replacing anything;
+  * or, for ``append`` (a bundle's results.csv as runs end) and ``create`` without ``exclusive``, a file of
+    ticklab's own written in place after the same check, through an ``O_PATH`` descriptor checked to be the file
+    checked and reopened through /proc (no second lookup of the name, nothing opened that is not that file);
+  * its mode set on the open descriptor (``fchmod``), never by path.
+
+  What is at a name ticklab writes must be nothing or a regular file with one link (``st_nlink == 1``): a
+  symbolic link (dangling or not), a hard link to a file elsewhere, a FIFO, a socket, a device node or a
+  directory is refused with one line naming the path and what it is, found by ``lstat`` through the
+  directory's descriptor, so a FIFO or a device is never opened.
+  ``between_check_and_write`` is called between that check and the write (a no-op; tests plant a link there
+  to show the window is closed). SECURITY.md ("One way to write") states the rule and lists the writers not
+  moved onto this module yet.
 
 The root itself is the user's choice and is used as given (it may be a link the user made).
 ``shown`` bounds any value that goes into an error line (control characters escaped, long text cut).
@@ -22,14 +40,25 @@ The root itself is the user's choice and is used as given (it may be a link the 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import stat
 from pathlib import Path
+from typing import Callable
 
 # An error line quotes at most this many characters of a value it names.
 SHOWN_CHARS = 200
 READ_CHUNK = 1 << 24
+
+
+def _no_op(path: Path) -> None:
+    return None
+
+
+# Called with the path about to be written, after ticklab checked what is there and before it creates, opens or
+# renames anything at that name: a test sets it to plant a link in that window. No-op otherwise.
+between_check_and_write: Callable[[Path], None] = _no_op
 
 
 class UnsafeFileError(ValueError):
@@ -64,6 +93,100 @@ def kind_of(mode: int) -> str:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     return "not a regular file"
+
+
+def replaceable(info: os.stat_result | None) -> bool:
+    """Whether ticklab may put a file of its own where ``info`` (``lstat``) is: nothing, or a regular file with
+    one link."""
+    return info is None or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1)
+
+
+def _refused(target: object, info: os.stat_result, *, appeared: bool = False) -> UnsafeFileError:
+    """The one line refusing to write ``target``, where ``info`` (``lstat``) is."""
+    if stat.S_ISLNK(info.st_mode):
+        what = "is a symbolic link"
+    elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        what = f"a regular file with {info.st_nlink} links (a hard link)"
+    elif stat.S_ISREG(info.st_mode):
+        what = "a regular file other than the one ticklab checked"
+    else:
+        what = f"{kind_of(info.st_mode)}, not a regular file"
+    if appeared:
+        what += ", put there while ticklab was writing it"
+    return UnsafeFileError(f"{shown(target)}: {what}; ticklab does not write through links or replace what it did "
+                           "not write")
+
+
+def _lstat(name: str, dir_fd: int, target: object) -> os.stat_result | None:
+    try:
+        return os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _failed(target, exc, "write") from None
+
+
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
+_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
+try:
+    _renameat2_call = ctypes.CDLL(None, use_errno=True).renameat2
+    _renameat2_call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+except (AttributeError, OSError):  # a C library without renameat2 (glibc < 2.28): rename after a second look
+    _renameat2_call = None
+
+
+def _renameat2(source: str, target: str, dir_fd: int, flags: int) -> None:
+    """renameat2(2) within one directory; OSError (ENOSYS where the C library lacks it)."""
+    if _renameat2_call is None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+    if _renameat2_call(dir_fd, os.fsencode(source), dir_fd, os.fsencode(target), flags) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number))
+
+
+def _same(one: os.stat_result | None, other: os.stat_result | None) -> bool:
+    if one is None or other is None:
+        return one is other
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _put_in_place(temporary: str, name: str, parent: int, target: object, checked: os.stat_result | None) -> None:
+    """Rename ``temporary`` to ``name`` (both in ``parent``), which held ``checked`` when it was checked: whatever
+    else is there now (a link planted since) is refused and left as it is, never replaced or written through."""
+    if checked is None:
+        try:
+            _renameat2(temporary, name, parent, _RENAME_NOREPLACE)
+            return
+        except FileExistsError:
+            found = _lstat(name, parent, target)
+            raise _refused(target, found, appeared=True) if found is not None else \
+                UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused") from None
+        except OSError as exc:
+            if exc.errno not in _UNSUPPORTED:
+                raise
+    else:
+        try:
+            _renameat2(temporary, name, parent, _RENAME_EXCHANGE)
+        except FileNotFoundError:  # the old file went away meanwhile: nothing may appear in its place either
+            return _put_in_place(temporary, name, parent, target, None)
+        except OSError as exc:
+            if exc.errno not in _UNSUPPORTED:
+                raise
+        else:
+            taken = _lstat(temporary, parent, target)  # what was at the name: it must be the file checked
+            if _same(taken, checked) and stat.S_ISREG(taken.st_mode):
+                os.unlink(temporary, dir_fd=parent)
+                return
+            _renameat2(temporary, name, parent, _RENAME_EXCHANGE)  # put it back as it was; ours is removed
+            raise _refused(target, taken, appeared=True) if taken is not None else \
+                UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+    # a file system without renameat2's flags (NFS, older kernels): look again, then rename (which never follows
+    # a link either: the worst a name planted in between can get is replaced)
+    found = _lstat(name, parent, target)
+    if not _same(found, checked):
+        raise _refused(target, found, appeared=True) if found is not None else \
+            UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+    os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
 
 
 def _failed(path: object, exc: OSError, doing: str) -> UnsafeFileError:
@@ -228,26 +351,94 @@ class OwnedDir:
         return self.root / relative
 
     def create(self, relative: Path | str, *, mode: int = 0o644, exclusive: bool = False):
-        """A new (``exclusive``) or truncated regular file root/relative opened for binary writing."""
+        """A new (``exclusive``: nothing may be there) or emptied regular file root/relative opened for binary
+        writing; what is there must be nothing or a regular file with one link (a link, a hard link, a FIFO or a
+        device is refused without being opened)."""
         parts = self._parts(relative)
         parent = self._dir_fd(parts[:-1], create=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+        target = self.root / relative
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            try:
-                fd = os.open(parts[-1], flags | os.O_NONBLOCK, mode, dir_fd=parent)
-            except FileExistsError:
-                raise UnsafeFileError(f"{shown(self.root / relative)}: exists already; nothing is overwritten") \
-                    from None
-            except OSError as exc:
-                raise _failed(self.root / relative, exc, "write") from None
+            found = _lstat(parts[-1], parent, target)
+            if found is not None and exclusive:
+                raise UnsafeFileError(f"{shown(target)}: exists already; nothing is overwritten")
+            if not replaceable(found):
+                raise _refused(target, found)
+            between_check_and_write(target)
+            fd = self._open_new(parts[-1], parent, target, flags, mode) if exclusive or found is None else \
+                self._reopen(parts[-1], parent, target, found, os.O_WRONLY)
         finally:
             os.close(parent)
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            os.close(fd)
-            raise UnsafeFileError(f"{shown(self.root / relative)}: {kind_of(info.st_mode)}, not a regular file; "
-                                  "refused")
+        if info.st_size:
+            os.ftruncate(fd, 0)
         return os.fdopen(fd, "wb")
+
+    @staticmethod
+    def _open_new(name: str, parent: int, target: Path, flags: int, mode: int) -> int:
+        try:
+            return os.open(name, flags | os.O_EXCL, mode, dir_fd=parent)
+        except FileExistsError:
+            raise UnsafeFileError(f"{shown(target)}: exists already; nothing is overwritten") from None
+        except OSError as exc:
+            raise _failed(target, exc, "write") from None
+
+    @staticmethod
+    def _reopen(name: str, parent: int, target: Path, checked: os.stat_result, flags: int) -> int:
+        """A descriptor for writing on the regular file ``checked`` at ``name``: first an ``O_PATH`` one (which opens
+        nothing: a FIFO or device swapped in meanwhile is not opened), checked to be that file still, then reopened
+        for writing through /proc (the same inode, no second lookup of the name). Never O_TRUNC."""
+        try:
+            handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as exc:
+            raise _failed(target, exc, "write") from None
+        try:
+            info = os.fstat(handle)
+            if not (stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and _same(info, checked)):
+                raise _refused(target, info, appeared=True)
+            try:
+                return os.open(f"/proc/self/fd/{handle}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+            except FileNotFoundError:
+                pass  # no /proc (a bare chroot): open the name again, and check it is still that file
+            except OSError as exc:
+                raise _failed(target, exc, "write") from None
+        finally:
+            os.close(handle)
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as exc:
+            raise _failed(target, exc, "write") from None
+        info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and _same(info, checked)):
+            os.close(fd)
+            raise _refused(target, info, appeared=True)
+        return fd
+
+    def entry(self, relative: Path | str) -> os.stat_result | None:
+        """``lstat`` of root/relative (a link is a link, never followed), None when nothing is there."""
+        parts = self._parts(relative)
+        parent = self._dir_fd(parts[:-1], create=False, doing="read")
+        try:
+            return _lstat(parts[-1], parent, self.root / relative)
+        finally:
+            os.close(parent)
+
+    def check_replaceable(self, relative: Path | str) -> None:
+        """Refuse (one line) what ticklab would not replace at root/relative: anything but nothing or a regular
+        file with one link. For a writer that checks every name before it writes the first."""
+        parts = self._parts(relative)
+        try:
+            parent = self._dir_fd(parts[:-1], create=False)
+        except UnsafeFileError as exc:
+            if "No such file" in str(exc):
+                return  # the directory is not there yet: nothing below it either
+            raise
+        try:
+            found = _lstat(parts[-1], parent, self.root / relative)
+        finally:
+            os.close(parent)
+        if not replaceable(found):
+            raise _refused(self.root / relative, found)
 
     def write_atomic(self, relative: Path | str, data: bytes, *, mode: int = 0o644) -> Path:
         """Replace root/relative with ``data`` whole or not at all (see ``replacing``)."""
@@ -259,20 +450,17 @@ class OwnedDir:
     def replacing(self, relative: Path | str, *, mode: int = 0o644):
         """A binary file to write root/relative's new content to: a temporary file beside it, synced and renamed
         over it when the block ends normally, removed when anything fails (a full disk leaves no half file); what is
-        there now must be a regular file or nothing (a link or FIFO is refused, never written through)."""
+        there now must be nothing or a regular file with one link (a link, a hard link, a FIFO or a device is
+        refused, never opened or written through), and must still be that file when the new one takes its place
+        (a link planted meanwhile is refused, not replaced)."""
         parts = self._parts(relative)
         parent = self._dir_fd(parts[:-1], create=True)
         target = self.root / relative
         temporary = f".{parts[-1]}.tmp-{os.getpid()}"
         try:
-            try:
-                mode_now = os.lstat(parts[-1], dir_fd=parent).st_mode
-            except FileNotFoundError:
-                mode_now = None
-            if mode_now is not None and not stat.S_ISREG(mode_now):
-                what = "is a symbolic link" if stat.S_ISLNK(mode_now) else f"{kind_of(mode_now)}, not a regular file"
-                raise UnsafeFileError(f"{shown(target)}: {what}; ticklab does not write through links or replace "
-                                      "what it did not write")
+            checked = _lstat(parts[-1], parent, target)
+            if not replaceable(checked):
+                raise _refused(target, checked)
             try:
                 fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                              dir_fd=parent)
@@ -283,7 +471,8 @@ class OwnedDir:
                     yield handle
                     handle.flush()
                     os.fsync(handle.fileno())
-                os.replace(temporary, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
+                between_check_and_write(target)
+                _put_in_place(temporary, parts[-1], parent, target, checked)
             except BaseException as exc:
                 try:
                     os.unlink(temporary, dir_fd=parent)
@@ -294,6 +483,46 @@ class OwnedDir:
                 raise
         finally:
             os.close(parent)
+
+    def write_new(self, relative: Path | str, data: bytes, *, mode: int = 0o644) -> Path:
+        """Add root/relative holding ``data``, whole or not at all, where nothing is (anything there, or put there
+        while it is written, is refused and left as it is); ``mode`` is set on the open descriptor (``fchmod``),
+        so it holds whatever the umask."""
+        parts = self._parts(relative)
+        parent = self._dir_fd(parts[:-1], create=True)
+        target = self.root / relative
+        temporary = f".{parts[-1]}.tmp-{os.getpid()}"
+        try:
+            if _lstat(parts[-1], parent, target) is not None:
+                raise UnsafeFileError(f"{shown(target)}: exists already; nothing is overwritten")
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=parent)
+            except OSError as exc:
+                raise _failed(target, exc, "write") from None
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fchmod(handle.fileno(), mode)
+                    os.fsync(handle.fileno())
+                between_check_and_write(target)
+                try:
+                    _put_in_place(temporary, parts[-1], parent, target, None)
+                except UnsafeFileError:
+                    raise UnsafeFileError(f"{shown(target)}: exists already (put there while ticklab was writing "
+                                          "it); nothing is overwritten") from None
+            except BaseException as exc:
+                try:
+                    os.unlink(temporary, dir_fd=parent)
+                except OSError:
+                    pass
+                if isinstance(exc, OSError):
+                    raise _failed(target, exc, "write") from None
+                raise
+        finally:
+            os.close(parent)
+        return target
 
     def subdir(self, relative: Path | str, *, new: bool = False, mode: int = 0o755) -> OwnedDir:
         """root/relative as an ``OwnedDir`` of its own, opened by descriptor from this one (no component a link, no
@@ -313,17 +542,26 @@ class OwnedDir:
         parent = self._dir_fd(parts[:-1], create=True)
         target = self.root / relative
         try:
-            try:
-                fd = os.open(parts[-1], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                             | os.O_CLOEXEC, 0o644, dir_fd=parent)
-            except OSError as exc:
-                raise _failed(target, exc, "write") from None
+            found = _lstat(parts[-1], parent, target)
+            if not replaceable(found):
+                raise _refused(target, found)
+            between_check_and_write(target)
+            if found is None:
+                try:
+                    fd = os.open(parts[-1], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o644, dir_fd=parent)
+                except FileExistsError:
+                    now = _lstat(parts[-1], parent, target)
+                    raise (_refused(target, now, appeared=True) if now is not None else
+                           UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")) from None
+                except OSError as exc:
+                    raise _failed(target, exc, "write") from None
+            else:
+                fd = self._reopen(parts[-1], parent, target, found, os.O_WRONLY | os.O_APPEND)
         finally:
             os.close(parent)
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise UnsafeFileError(f"{shown(target)}: {kind_of(info.st_mode)}, not a regular file; refused")
             try:
                 view = memoryview(data)
                 while view:
@@ -337,13 +575,19 @@ class OwnedDir:
         finally:
             os.close(fd)
 
-    def remove(self, relative: Path | str) -> None:
-        """Remove the regular file or empty directory root/relative (a link there is refused, not followed)."""
+    def remove(self, relative: Path | str, *, missing_ok: bool = False) -> None:
+        """Remove the regular file or empty directory root/relative (a link there is refused, not followed);
+        ``missing_ok``: nothing there is not an error."""
         parts = self._parts(relative)
         parent = self._dir_fd(parts[:-1], create=False)
         target = self.root / relative
         try:
-            mode = os.lstat(parts[-1], dir_fd=parent).st_mode
+            try:
+                mode = os.lstat(parts[-1], dir_fd=parent).st_mode
+            except FileNotFoundError:
+                if missing_ok:
+                    return
+                raise
             if stat.S_ISDIR(mode):
                 os.rmdir(parts[-1], dir_fd=parent)
             elif stat.S_ISREG(mode):

@@ -1,0 +1,180 @@
+"""One way to write as root (issue 40, item 1): every write site that bypassed ticklab.safefiles now goes through
+it. At each site's name another user plants a symbolic link to a file outside, a dangling link, a hard link to a
+file outside, a FIFO or a device node, before the write or (through ``safefiles.between_check_and_write``) in the
+window between ticklab's check and its write. Every time the outside file keeps its bytes and its mode, nothing is
+created outside, what was planted is left as it was, the command refuses in one line naming the path (no
+traceback), and nothing hangs (a FIFO is never opened). Names ticklab no longer writes (the report marker's and
+the view cache's old temporary names) are left alone."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ticklab import bundle as bundle_module
+from ticklab import paths, safefiles
+from ticklab.bundle import SEAL, load_bundle
+from ticklab.cli import main
+from ticklab.report import outdir
+from ticklab.report.build import run_report
+from ticklab.report.view import ViewError, trace_file, write_session
+
+from conftest import REPO
+from test_bundle import make_bundle
+from test_ingest_fast import sample_files
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import ingest_speed  # noqa: E402
+
+KINDS = ["symlink", "dangling symlink", "hard link", "fifo", "device"]
+RACES = ["symlink", "dangling symlink", "hard link"]  # links planted between the check and the write
+VICTIM_BYTES = b"someone else's file: root must not write here\n"
+TRACE = REPO / "tests" / "data" / "compressed" / "trace-zstd.dat"
+TABLES = ["irq_vectors__local_timer_entry.parquet", "irq_vectors__local_timer_exit.parquet",
+          "timer__hrtimer_expire_entry.parquet", "timer__tick_stop.parquet"]  # what ingest writes of TRACE
+# a hang (a FIFO opened for writing) fails the test instead of stopping the run
+pytestmark = pytest.mark.timeout(300)
+
+
+@dataclass
+class Outside:
+    """A directory outside every place ticklab writes: a root-only file (mode 0600) and where a dangling link
+    points (nothing must appear there)."""
+    root: Path
+    victim: Path
+    nowhere: Path
+
+    def plant(self, kind: str, where: Path) -> None:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "symlink":
+            where.symlink_to(self.victim)
+        elif kind == "dangling symlink":
+            where.symlink_to(self.nowhere)
+        elif kind == "directory symlink":
+            where.symlink_to(self.root / "directory")
+        elif kind == "hard link":
+            os.link(self.victim, where)
+        elif kind == "fifo":
+            os.mkfifo(where)
+            os.chmod(where, 0o644)
+        elif kind == "device":
+            if os.geteuid() != 0:
+                pytest.skip("making a device node needs root (mknod)")
+            os.mknod(where, stat.S_IFCHR | 0o644, os.makedev(1, 3))  # /dev/null's numbers
+            os.chmod(where, 0o644)
+        else:
+            raise AssertionError(kind)
+
+    def plant_in_window(self, monkeypatch, kind: str, where: Path) -> list[Path]:
+        """Plant ``kind`` at ``where`` when ticklab has checked it and is about to write it (safefiles' hook);
+        the paths the hook was called with."""
+        seen = []
+
+        def hook(path: Path) -> None:
+            seen.append(Path(path))
+            if Path(path) == where and not os.path.lexists(self.root / "planted"):
+                (self.root / "planted").touch()
+                if where.is_dir() and not where.is_symlink():
+                    where.rmdir()  # the empty directory ticklab just made
+                elif os.path.lexists(where):
+                    where.unlink()
+                self.plant(kind, where)
+
+        monkeypatch.setattr(safefiles, "between_check_and_write", hook)
+        return seen
+
+    def assert_untouched(self) -> None:
+        assert self.victim.read_bytes() == VICTIM_BYTES, "the outside file was written through the planted name"
+        assert stat.S_IMODE(self.victim.stat().st_mode) == 0o600, "the outside file's mode was changed"
+        assert not os.path.lexists(self.nowhere), "a file was created where the dangling link points"
+        assert {p.name for p in self.root.iterdir()} <= {"directory", "planted", "victim"}, "a file appeared outside"
+        assert list((self.root / "directory").iterdir()) == [], "files were written into the outside directory"
+
+    def assert_planted_left(self, kind: str, where: Path) -> None:
+        info = os.lstat(where)
+        if kind in ("symlink", "dangling symlink", "directory symlink"):
+            assert stat.S_ISLNK(info.st_mode) and os.readlink(where) == str(
+                {"symlink": self.victim, "dangling symlink": self.nowhere}.get(kind, self.root / "directory"))
+        elif kind == "hard link":
+            assert info.st_ino == self.victim.stat().st_ino
+        elif kind == "fifo":
+            assert stat.S_ISFIFO(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644, "the FIFO was changed"
+        else:
+            assert stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3)
+            assert stat.S_IMODE(info.st_mode) == 0o644, "the device node's mode was changed"
+
+
+@pytest.fixture
+def outside(tmp_path) -> Outside:
+    root = tmp_path / "outside"
+    root.mkdir()
+    (root / "directory").mkdir()
+    victim = root / "victim"
+    victim.write_bytes(VICTIM_BYTES)
+    victim.chmod(0o600)
+    return Outside(root, victim, root / "created-through-a-dangling-link")
+
+
+def one_line_naming(text: str, path: Path) -> str:
+    text = text.strip()
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
+    assert str(path) in text, f"{path} not named in: {text}"
+    return text
+
+
+# -- the rule, in safefiles itself ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("write", ["write_atomic", "write_new", "create", "append"])
+def test_safefiles_refuses_every_planted_kind_before_and_during_a_write(tmp_path, outside, monkeypatch, kind, write):
+    def attempt(owned):
+        if write == "write_atomic":
+            owned.write_atomic("f", b"new\n")
+        elif write == "write_new":
+            owned.write_new("f", b"new\n", mode=0o444)
+        elif write == "create":
+            with owned.create("f") as handle:
+                handle.write(b"new\n")
+        else:
+            owned.append("f", b"new\n")
+
+    before, during = tmp_path / "before", tmp_path / "during"
+    outside.plant(kind, before / "f")
+    with safefiles.OwnedDir(before) as owned, pytest.raises(safefiles.UnsafeFileError) as refused:
+        attempt(owned)
+    one_line_naming(str(refused.value), before / "f")
+    outside.assert_planted_left(kind, before / "f")
+    if kind in RACES:
+        during.mkdir()
+        if write != "write_new":  # a file of ticklab's own to replace (write_new only adds one where nothing is)
+            (during / "f").write_bytes(b"ticklab's old file\n")
+        outside.plant_in_window(monkeypatch, kind, during / "f")
+        with safefiles.OwnedDir(during) as owned, pytest.raises(safefiles.UnsafeFileError) as refused:
+            attempt(owned)
+        one_line_naming(str(refused.value), during / "f")
+        outside.assert_planted_left(kind, during / "f")
+        assert sorted(os.listdir(during)) == ["f"]  # no temporary file left behind
+    outside.assert_untouched()
+
+
+def test_safefiles_replaces_its_own_file_and_sets_a_new_files_mode_on_its_descriptor(tmp_path):
+    old_umask = os.umask(0o077)
+    try:
+        with safefiles.OwnedDir(tmp_path) as owned:
+            owned.write_atomic("a", b"one")
+            owned.write_atomic("a", b"two")
+            owned.write_new("b", b"sealed\n", mode=0o444)
+            with pytest.raises(safefiles.UnsafeFileError, match=r"/b: exists already; nothing is overwritten"):
+                owned.write_new("b", b"again\n", mode=0o444)
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "a").read_bytes() == b"two" and (tmp_path / "b").read_bytes() == b"sealed\n"
+    assert stat.S_IMODE((tmp_path / "b").stat().st_mode) == 0o444 and sorted(os.listdir(tmp_path)) == ["a", "b"]
