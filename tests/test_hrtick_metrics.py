@@ -392,6 +392,18 @@ def test_a_trace_that_cannot_attribute_gives_no_attributed_rows(tmp_path):
     assert "clockevent_reprograms" in rows and not any(m.startswith("hrtick_") for m in rows)
 
 
+def test_a_run_with_hrtick_off_has_no_start_share_and_all_its_rows_are_finite(tmp_path):
+    import math
+
+    no_hrtick = {cpu: [e for e in timeline if not (len(e) > 3 and e[3] == HRTICK_FN) and
+                       not (e[1] == EXPIRE and e[4] == HRTICK_FN)] for cpu, timeline in CAUSES.items()}
+    directory = write_trace(tmp_path / "trace", no_hrtick)
+    (directory / "kallsyms").write_text(f"{HRTICK_FN:016x} t hrtick\n{TICK_FN:016x} t tick_nohz_handler\n")
+    rows = {r["metric"]: r["value"] for r in tracemetrics.hrtimer_metrics(read_trace(directory), {})}
+    assert rows["hrtick_starts"] == 0 and "hrtick_start_reprogram_share" not in rows
+    assert all(math.isfinite(v) for v in rows.values()), rows
+
+
 def test_hackbench_messages_from_its_argv():
     assert tracemetrics.hackbench_messages(["hackbench", "-p", "-s", "8", "-l", "500", "-g", "2"]) == 400_000
     assert tracemetrics.hackbench_messages(["/usr/bin/hackbench", "-l", "10", "-g", "1", "-f", "4"]) == 160

@@ -531,9 +531,10 @@ def attributed_reprogram_rows(trace: Trace, span_s: float, messages: float | Non
                      "unit": "1/1000 messages"})
     starts = hrtick_starts(trace)
     rows += [{"metric": "hrtick_starts", "value": len(starts), "unit": "count"},
-             {"metric": "hrtick_starts_per_s", "value": len(starts) / span_s, "unit": "1/s"},
-             {"metric": "hrtick_start_reprogram_share",
-              "value": float(starts["reprogrammed"].mean()) if len(starts) else float("nan"), "unit": "fraction"}]
+             {"metric": "hrtick_starts_per_s", "value": len(starts) / span_s, "unit": "1/s"}]
+    if len(starts):  # no share where the timer never started (HRTICK off): a run's results must be finite
+        rows.append({"metric": "hrtick_start_reprogram_share", "value": float(starts["reprogrammed"].mean()),
+                     "unit": "fraction"})
     return rows
 
 
