@@ -178,3 +178,54 @@ def test_safefiles_replaces_its_own_file_and_sets_a_new_files_mode_on_its_descri
         os.umask(old_umask)
     assert (tmp_path / "a").read_bytes() == b"two" and (tmp_path / "b").read_bytes() == b"sealed\n"
     assert stat.S_IMODE((tmp_path / "b").stat().st_mode) == 0o444 and sorted(os.listdir(tmp_path)) == ["a", "b"]
+
+
+# -- 1. ticklab seal-manifest ------------------------------------------------------------------------------------
+def _unsealed_manifest(tmp_path) -> Path:
+    path = make_bundle(tmp_path / "traces")
+    (path / SEAL).unlink()  # as a bundle sealed by an older ticklab
+    return path
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seal_manifest_refuses_a_file_planted_while_it_hashes_the_bundle(tmp_path, outside, monkeypatch, capsys, kind):
+    path = _unsealed_manifest(tmp_path)
+    hash_file = bundle_module._hash_regular
+
+    def hashing(file):  # the bundle's files are being hashed: the absent seal was checked long ago
+        if not os.path.lexists(path / SEAL):
+            outside.plant(kind, path / SEAL)
+        return hash_file(file)
+
+    monkeypatch.setattr(bundle_module, "_hash_regular", hashing)
+    assert main(["seal-manifest", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert one_line_naming(captured.err, path / SEAL).startswith("ticklab seal-manifest: ")
+    outside.assert_planted_left(kind, path / SEAL)
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", RACES)
+def test_seal_manifest_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch, capsys,
+                                                                              kind):
+    path = _unsealed_manifest(tmp_path)
+    seen = outside.plant_in_window(monkeypatch, kind, path / SEAL)
+    assert main(["seal-manifest", str(path)]) == 2
+    assert path / SEAL in seen
+    assert one_line_naming(capsys.readouterr().err, path / SEAL).startswith("ticklab seal-manifest: ")
+    outside.assert_planted_left(kind, path / SEAL)
+    outside.assert_untouched()
+
+
+def test_seal_manifest_still_writes_a_read_only_seal_whatever_the_umask(tmp_path, capsys):
+    path = _unsealed_manifest(tmp_path)
+    old_umask = os.umask(0o077)
+    try:
+        assert main(["seal-manifest", str(path)]) == 0
+    finally:
+        os.umask(old_umask)
+    digest = hashlib.sha256((path / "manifest.json").read_bytes()).hexdigest()
+    assert (path / SEAL).read_text() == f"{digest}  manifest.json\n"
+    assert stat.S_IMODE((path / SEAL).stat().st_mode) == 0o444
+    load_bundle(path)

@@ -516,15 +516,25 @@ def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
 
 def add_manifest_seal(path: Path | str) -> Path:
     """For a bundle sealed before the manifest had its own seal: check every file, then write manifest.sha256.
-    The one change ever made to a sealed bundle, and only by adding that file (see SECURITY.md)."""
+    The one change ever made to a sealed bundle, and only by adding that file (see SECURITY.md): through the
+    bundle directory's descriptor, created where nothing is (a link or anything else put there while the files
+    are hashed is refused, never written through) and made read-only on its descriptor."""
     path = Path(path)
     seal = path / SEAL
     if os.path.lexists(seal):
         raise BundleError(f"{seal}: exists already")
-    bundle = load_bundle(path, require_seal=False)
-    if not bundle.sealed:
-        raise BundleError(f"{path / MANIFEST}: not sealed; only a sealed bundle gets a manifest seal")
-    seal.write_text(_seal_text(_read_regular(path / MANIFEST, MAX_MANIFEST_BYTES)))
-    seal.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    try:
+        files = OwnedDir(path, create=False)
+    except UnsafeFileError as exc:
+        raise BundleError(str(exc)) from None
+    with files:
+        bundle = load_bundle(path, require_seal=False)
+        if not bundle.sealed:
+            raise BundleError(f"{path / MANIFEST}: not sealed; only a sealed bundle gets a manifest seal")
+        try:
+            manifest = files.read_bytes(MANIFEST, MAX_MANIFEST_BYTES)
+            files.write_new(SEAL, _seal_text(manifest).encode(), mode=stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        except UnsafeFileError as exc:
+            raise BundleError(str(exc)) from None
     load_bundle(path)
     return seal
