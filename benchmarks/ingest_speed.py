@@ -21,6 +21,12 @@ Wall times are medians with min-max; "x trace-cmd" is trace-cmd's median over ti
 seconds (user + system, GNU time) are printed too: on a shared machine they are less disturbed than wall time.
 Peak memory is each process's maximum RSS (GNU time %M), interpreter and imports included.
 The numbers are as measured on this machine at this moment: on a shared or busy host they are noisy.
+
+Run as root, it writes only through ticklab.safefiles (SECURITY.md, "What ticklab writes as root"): in --keep DIR
+a link, FIFO, device or other non-directory at DIR/parquet or DIR/capture, and anything but a regular file at the
+name of a trace it writes, is refused with one line, never followed or removed through; the tables of each round
+go to a DIR/parquet made for it and opened by descriptor, which `ticklab ingest` is run in (`--out .`), so a link
+put at DIR/parquet afterwards is never followed either.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import argparse
 import lzma
 import os
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -61,8 +68,10 @@ print(time.perf_counter() - start, time.process_time() - cpu)
 GNU_TIME = Path("/usr/bin/time")
 
 
-def run(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, float, str]:
-    """(wall seconds, CPU seconds, peak RSS in MB, stdout) of one process, measured from outside.
+def run(argv: list[str], stdout=subprocess.DEVNULL, in_directory: int | None = None) -> tuple[float, float, float, str]:
+    """(wall seconds, CPU seconds, peak RSS in MB, stdout) of one process, measured from outside; ``in_directory``:
+    a directory descriptor the process starts in (its working directory, reached through that descriptor and no
+    name).
 
     The peak comes from GNU time (%M): a child forked from this Python process would start its
     high-water mark at this process's RSS (Linux carries it across exec), hiding a small tool's."""
@@ -70,13 +79,61 @@ def run(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, float
         raise SystemExit(f"{GNU_TIME} (GNU time) is needed to measure each process's peak memory: apt-get install time")
     with tempfile.NamedTemporaryFile() as peak, tempfile.TemporaryFile() as errors:
         start = time.perf_counter()
-        done = subprocess.run([str(GNU_TIME), "-f", "%M %U %S", "-o", peak.name, *argv], stdout=stdout, stderr=errors)
+        where = {} if in_directory is None else {"cwd": f"/proc/self/fd/{in_directory}", "pass_fds": (in_directory,)}
+        done = subprocess.run([str(GNU_TIME), "-f", "%M %U %S", "-o", peak.name, *argv], stdout=stdout, stderr=errors,
+                              **where)
         wall = time.perf_counter() - start
         errors.seek(0)
         if done.returncode:
             raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {errors.read().decode(errors='replace')[:300]}")
         kilobytes, user, system = Path(peak.name).read_text().split()[-3:]
     return wall, float(user) + float(system), int(kilobytes) / 1024, done.stdout.decode() if done.stdout else ""
+
+
+def refused(exc: Exception) -> SystemExit:
+    return SystemExit(f"ingest_speed: {' '.join(str(exc).split())}")
+
+
+def fresh_directory(work: Path, name: str):
+    """work/name as an empty directory made now (the last round's removed first), an OwnedDir opened by descriptor:
+    a link or anything but a directory there is refused with one line, never followed or removed through."""
+    from ticklab import safefiles
+    from ticklab.safefiles import OwnedDir, UnsafeFileError, kind_of, shown
+
+    try:
+        with OwnedDir(work) as owned:
+            found = owned.entry(name)
+            if found is not None and not stat.S_ISDIR(found.st_mode):
+                what = "a regular file" if stat.S_ISREG(found.st_mode) else kind_of(found.st_mode)
+                raise SystemExit(f"ingest_speed: {shown(work / name)}: {what}, not a directory; "
+                                 "the benchmark does not write through it (remove it or choose another --keep)")
+            if found is not None:
+                try:  # by descriptor, each directory checked to be the one found: never through a link
+                    shutil.rmtree(name, dir_fd=owned.fd)
+                except OSError as exc:
+                    raise SystemExit(f"ingest_speed: {shown(work / name)}: cannot remove the last round's files "
+                                     f"({exc.strerror or exc})") from None
+            owned.mkdir_new(name)
+            safefiles.between_check_and_write(work / name)
+            return owned.subdir(name)  # O_NOFOLLOW: a link put there meanwhile is refused
+    except UnsafeFileError as exc:
+        raise refused(exc) from None
+
+
+def make_room(work: Path, name: str) -> Path:
+    """work/name, where a tool (trace-cmd) is about to write a file: the last one removed if it is a regular file;
+    a link, FIFO, device or directory there is refused with one line."""
+    from ticklab.safefiles import OwnedDir, UnsafeFileError
+
+    try:
+        with OwnedDir(work) as owned:
+            found = owned.entry(name)
+            if found is not None and not stat.S_ISREG(found.st_mode):
+                owned.check_replaceable(name)  # the one-line refusal naming what it is
+            owned.remove(name, missing_ok=True)
+    except UnsafeFileError as exc:
+        raise refused(exc) from None
+    return work / name
 
 
 def event_count(path: Path) -> int:
@@ -93,8 +150,13 @@ def bundled_largest(directory: Path) -> Path:
     largest = max(dats, key=event_count)
     if largest.suffix != ".xz":
         return largest
-    target = directory / "bundled.dat"
-    target.write_bytes(lzma.decompress(largest.read_bytes()))
+    from ticklab.safefiles import OwnedDir, UnsafeFileError
+
+    try:
+        with OwnedDir(directory) as owned:
+            target = owned.write_atomic("bundled.dat", lzma.decompress(largest.read_bytes()))
+    except UnsafeFileError as exc:
+        raise refused(exc) from None
     print(f"(a) is {largest.relative_to(REPO)}, decompressed", file=sys.stderr)
     return target
 
@@ -124,13 +186,13 @@ def record(directory: Path, events: int) -> Path:
     loops = max(1000, events // 90)
     for _ in range(4):
         capture = directory / "capture"
-        shutil.rmtree(capture, ignore_errors=True)
+        fresh_directory(directory, "capture").close()
         with host_changes() as host:
             with recorder("tracefs", host, EVENTS, capture, buffer_kb=16384):
                 subprocess.run(["hackbench", "-p", "-s", "8", "-l", str(loops), "-g", "4"], check=True, capture_output=True)
         with host_changes() as host:
-            trace_cmd(host, "restore", "-c", "-o", str(directory / "head.dat"))
-            trace_cmd(host, "restore", "-i", str(directory / "head.dat"), "-o", str(directory / "recorded.dat"),
+            trace_cmd(host, "restore", "-c", "-o", str(make_room(directory, "head.dat")))
+            trace_cmd(host, "restore", "-i", str(directory / "head.dat"), "-o", str(make_room(directory, "recorded.dat")),
                       *sorted(str(p) for p in capture.glob("cpu*.raw")))
         found = event_count(directory / "recorded.dat")
         if found >= events:
@@ -140,7 +202,7 @@ def record(directory: Path, events: int) -> Path:
 
 
 def compressed(source: Path, directory: Path) -> Path:
-    target = directory / (source.stem + "-zstd.dat")
+    target = make_room(directory, source.stem + "-zstd.dat")
     with host_changes() as host:
         trace_cmd(host, "convert", "-i", str(source), "-o", str(target), "--compression", "zstd")
     return target
@@ -152,10 +214,12 @@ def is_compressed(path: Path) -> bool:
     return head[10:12] == b"7\0" and head[18:22] != b"none"
 
 
-def commands(path: Path, out: Path) -> dict[str, list[str]]:
+def commands(path: Path) -> dict[str, list[str]]:
+    """The commands timed on ``path``; "ticklab CLI" writes its tables to its working directory (``--out .``: run
+    in the round's fresh directory, see ``run``)."""
     ticklab = shutil.which("ticklab", path=str(Path(sys.executable).parent)) or "ticklab"
     api = API.format(tests=str(REPO / "tests"))
-    chosen = {"ticklab CLI": [ticklab, "ingest", str(path), "--out", str(out)],
+    chosen = {"ticklab CLI": [ticklab, "ingest", os.path.abspath(path), "--out", "."],
               "API arrow": [sys.executable, "-c", api, "arrow", str(path)],
               "API pandas": [sys.executable, "-c", api, "pandas", str(path)],
               "reference": [sys.executable, "-c", api, "reference", str(path)],
@@ -203,17 +267,18 @@ def main() -> int:
             help_times.append(run([shutil.which("ticklab", path=str(Path(sys.executable).parent)) or "ticklab",
                                    "--help"])[0])
             for label, path in inputs.items():
-                out = work / "parquet"
-                shutil.rmtree(out, ignore_errors=True)
-                todo = list(commands(path, out).items())
+                todo = list(commands(path).items())
                 shift = round_number % len(todo)
-                for name, argv in todo[shift:] + todo[:shift]:
-                    wall, cpu, peak, printed = run(argv, stdout=subprocess.PIPE if name.startswith(("API", "ref")) else subprocess.DEVNULL)
-                    if printed.strip():  # the API rows time themselves, after their imports
-                        wall, cpu = map(float, printed.split())
-                    times.setdefault((label, name), []).append(wall)
-                    cpu_times.setdefault((label, name), []).append(cpu)
-                    memory.setdefault((label, name), []).append(peak)
+                with fresh_directory(work, "parquet") as out:  # ticklab's tables, written in it by descriptor
+                    for name, argv in todo[shift:] + todo[:shift]:
+                        wall, cpu, peak, printed = run(argv, stdout=subprocess.PIPE if name.startswith(("API", "ref"))
+                                                       else subprocess.DEVNULL,
+                                                       in_directory=out.fd if name == "ticklab CLI" else None)
+                        if printed.strip():  # the API rows time themselves, after their imports
+                            wall, cpu = map(float, printed.split())
+                        times.setdefault((label, name), []).append(wall)
+                        cpu_times.setdefault((label, name), []).append(cpu)
+                        memory.setdefault((label, name), []).append(peak)
         rows = []
         for label, (events, size) in sizes.items():
             theirs = statistics.median(times[(label, "trace-cmd")])

@@ -229,3 +229,84 @@ def test_seal_manifest_still_writes_a_read_only_seal_whatever_the_umask(tmp_path
     assert (path / SEAL).read_text() == f"{digest}  manifest.json\n"
     assert stat.S_IMODE((path / SEAL).stat().st_mode) == 0o444
     load_bundle(path)
+
+
+# -- 2. make bench BENCH_ARGS="--keep DIR" -----------------------------------------------------------------------
+def _bench(monkeypatch, keep: Path, before_ingest=lambda argv: None) -> list[list[str]]:
+    """benchmarks/ingest_speed.py's main with --keep: the ticklab CLI's ingest runs for real (as the benchmark runs
+    it), the other commands are not timed (no trace-cmd or GNU time needed). The ingest commands it ran."""
+    ran = []
+    which = shutil.which
+
+    def run(argv, stdout=subprocess.DEVNULL, in_directory=None):
+        if argv[1:2] == ["ingest"]:
+            before_ingest(argv)
+            ran.append(argv)
+            where = {} if in_directory is None else {"cwd": f"/proc/self/fd/{in_directory}",
+                                                      "pass_fds": (in_directory,)}
+            done = subprocess.run(argv, capture_output=True, text=True, **where)
+            if done.returncode:
+                raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[:300]}")
+        return 1.0, 1.0, 1.0, ""
+
+    monkeypatch.setattr(ingest_speed, "run", run)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/trace-cmd" if name == "trace-cmd"
+                        else which(name, *a, **k))
+    monkeypatch.setattr(sys, "argv", ["ingest_speed.py", "--keep", str(keep), "--runs", "5", str(TRACE)])
+    ingest_speed.main()
+    return ran
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "directory symlink"])
+def test_bench_keep_refuses_what_is_planted_at_its_parquet_directory(tmp_path, outside, monkeypatch, capsys, kind):
+    keep = tmp_path / "keep"
+    outside.plant(kind, keep / "parquet")
+    with pytest.raises(SystemExit) as refused:
+        _bench(monkeypatch, keep)
+    one_line_naming(str(refused.value.code), keep / "parquet")
+    outside.assert_planted_left(kind, keep / "parquet")
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", ["directory symlink", "symlink", "dangling symlink"])
+def test_bench_keep_refuses_a_link_planted_between_its_check_and_ingest(tmp_path, outside, monkeypatch, kind):
+    keep = tmp_path / "keep"
+    (keep / "parquet").mkdir(parents=True)
+    (keep / "parquet" / "last-round.parquet").write_bytes(b"x")
+    outside.plant_in_window(monkeypatch, kind, keep / "parquet")
+    with pytest.raises(SystemExit) as refused:
+        _bench(monkeypatch, keep)
+    one_line_naming(str(refused.value.code), keep / "parquet")
+    outside.assert_planted_left(kind, keep / "parquet")
+    outside.assert_untouched()
+
+
+def test_bench_keep_ingests_into_the_directory_it_opened_even_if_a_link_replaces_its_name(tmp_path, outside,
+                                                                                         monkeypatch):
+    """ticklab ingest runs in the round's directory, reached by its descriptor: a link put at DIR/parquet after the
+    benchmark opened it is never followed (the tables land in the directory the benchmark made), and the next
+    round refuses the link."""
+    keep = tmp_path / "keep"
+    swapped = []
+
+    def swap_first(argv):
+        if not swapped:
+            (keep / "parquet").rename(keep / "moved")
+            outside.plant("directory symlink", keep / "parquet")
+            swapped.append(argv)
+
+    with pytest.raises(SystemExit) as refused:
+        _bench(monkeypatch, keep, before_ingest=swap_first)
+    one_line_naming(str(refused.value.code), keep / "parquet")
+    assert len(swapped) == 1
+    assert sorted(p.name for p in (keep / "moved").iterdir()) == TABLES
+    outside.assert_untouched()
+
+
+def test_bench_keep_without_anything_planted_writes_its_tables_there(tmp_path, monkeypatch):
+    keep = tmp_path / "keep"
+    (keep / "parquet").mkdir(parents=True)
+    (keep / "parquet" / "last-round.parquet").write_bytes(b"x")
+    ran = _bench(monkeypatch, keep)
+    assert len(ran) == 5
+    assert sorted(p.name for p in (keep / "parquet").iterdir()) == TABLES
