@@ -310,3 +310,127 @@ def test_bench_keep_without_anything_planted_writes_its_tables_there(tmp_path, m
     ran = _bench(monkeypatch, keep)
     assert len(ran) == 5
     assert sorted(p.name for p in (keep / "parquet").iterdir()) == TABLES
+
+
+# -- 3. ticklab view's cache --------------------------------------------------------------------------------------
+SESSION = {"type": "kshark.config.session", "ticklab": {"run": "run-000"}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_view_session_refuses_what_is_planted_at_its_cache_file(tmp_path, outside, monkeypatch, kind):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    session = tmp_path / "cache" / "view" / "20261121T180000Z-ftq-first.json"
+    outside.plant(kind, session)
+    with pytest.raises(ViewError) as refused:
+        write_session(SESSION, session)
+    one_line_naming(str(refused.value), session)
+    outside.assert_planted_left(kind, session)
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", RACES)
+def test_view_session_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch, kind):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    session = tmp_path / "cache" / "view" / "20261121T180000Z-ftq-first.json"
+    session.parent.mkdir(parents=True)
+    session.write_text("{}\n")  # the last session, replaced
+    outside.plant_in_window(monkeypatch, kind, session)
+    with pytest.raises(ViewError) as refused:
+        write_session(SESSION, session)
+    one_line_naming(str(refused.value), session)
+    outside.assert_planted_left(kind, session)
+    outside.assert_untouched()
+
+
+def test_view_cache_directory_planted_as_a_link_is_refused(tmp_path, outside, monkeypatch):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    outside.plant("directory symlink", tmp_path / "cache" / "view")
+    with pytest.raises(ViewError) as refused:
+        write_session(SESSION, tmp_path / "cache" / "view" / "b-first.json")
+    one_line_naming(str(refused.value), tmp_path / "cache" / "view")
+    outside.assert_untouched()
+
+
+def test_view_from_the_command_line_names_a_planted_session_file_in_one_line(tmp_path, outside, monkeypatch, capsys):
+    from ticklab.analysis.captured import find_bundles
+
+    refs = [r for r in find_bundles(REPO / "traces", "hrtick") if r.host_id.startswith("guest-")]
+    if not refs:
+        pytest.skip("no guest hrtick bundle in traces/")
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    session = tmp_path / "cache" / "view" / f"{refs[0].path.name}-first.json"
+    outside.plant("symlink", session)
+    assert main(["view", str(refs[0].path), "--session-only"]) == 2
+    assert one_line_naming(capsys.readouterr().err, session).startswith("ticklab view: ")
+    outside.assert_untouched()
+
+
+def _packed_run(tmp_path) -> tuple[Path, Path]:
+    """A run directory whose trace.dat is stored xz'd, and the cache file it is decompressed to."""
+    run = tmp_path / "bundle" / "raw" / "run-000" / "trace"
+    run.mkdir(parents=True)
+    shutil.copyfile(REPO / "tests" / "data" / "compressed" / "source-trace.dat.xz", run / "trace.dat.xz")
+    digest = hashlib.sha256((run / "trace.dat.xz").read_bytes()).hexdigest()[:16]
+    return run, tmp_path / "cache" / "view" / f"{digest}-trace.dat"
+
+
+def _tracefs_run(tmp_path) -> tuple[Path, Path]:
+    """A run directory holding a tracefs capture, and the cache file its trace.dat is written to."""
+    run = sample_files(tmp_path / "bundle")["tracefs"]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in run.rglob("*") if p.is_file()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return run, tmp_path / "cache" / "view" / f"{digest.hexdigest()[:16]}-tracefs.dat"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("stored", ["xz", "tracefs"])
+def test_view_trace_cache_refuses_what_is_planted_at_its_name(tmp_path, outside, monkeypatch, stored, kind):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    run, cached = (_packed_run if stored == "xz" else _tracefs_run)(tmp_path)
+    outside.plant(kind, cached)
+    with pytest.raises(ViewError) as refused:
+        trace_file(run)
+    one_line_naming(str(refused.value), cached)
+    outside.assert_planted_left(kind, cached)
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", RACES)
+@pytest.mark.parametrize("stored", ["xz", "tracefs"])
+def test_view_trace_cache_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch,
+                                                                                 stored, kind):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    run, cached = (_packed_run if stored == "xz" else _tracefs_run)(tmp_path)
+    outside.plant_in_window(monkeypatch, kind, cached)
+    with pytest.raises(ViewError) as refused:
+        trace_file(run)
+    one_line_naming(str(refused.value), cached)
+    outside.assert_planted_left(kind, cached)
+    assert sorted(os.listdir(cached.parent)) == [cached.name]  # no temporary or partial file left
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_view_trace_cache_never_writes_through_a_planted_partial_file(tmp_path, outside, monkeypatch, kind):
+    """The tracefs conversion used to write ``<name>.part`` in the cache and rename it: it is made in a private
+    directory now, so what is planted under that name is left alone (and the trace still written)."""
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    run, cached = _tracefs_run(tmp_path)
+    partial = cached.with_name(cached.name + ".part")
+    outside.plant(kind, partial)
+    assert trace_file(run) == cached and cached.read_bytes()[:3] == b"\x17\x08D"
+    assert stat.S_ISREG(os.lstat(cached).st_mode) and os.lstat(cached).st_nlink == 1
+    outside.assert_planted_left(kind, partial)
+    outside.assert_untouched()
+
+
+def test_view_trace_cache_is_the_same_bytes_and_a_second_call_is_a_hit(tmp_path, monkeypatch):
+    from ticklab.trace import rawfile
+
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
+    run, cached = _packed_run(tmp_path)
+    assert trace_file(run) == cached and cached.read_bytes() == rawfile.read_bytes(run / "trace.dat.xz")
+    stamp = os.stat(cached).st_mtime_ns
+    assert trace_file(run) == cached and os.stat(cached).st_mtime_ns == stamp
+    assert sorted(os.listdir(cached.parent)) == [cached.name]

@@ -9,6 +9,10 @@ A/B on the longest local timer interrupt.
 KernelShark places markers by entry row (its index in the trace's entries in time order), not by
 timestamp, so the rows are computed from the trace. The session also carries the file's mtime,
 which KernelShark checks. A run whose trace.dat is stored xz'd is decompressed to the cache first.
+
+The cache (``$TICKLAB_CACHE/view``: the session file and the traces made for KernelShark) is written through
+ticklab.safefiles only: each file replaced whole through the directory's descriptor, and a link, hard link, FIFO
+or device at its name refused with one line, never written through or opened.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +31,7 @@ from ..bundle import load_bundle
 from ..claimids import claim_ids
 from ..claims import ViewPreset, get_claim
 from ..lab.cache import cache_dir
+from ..safefiles import OwnedDir, UnsafeFileError, read_bytes, replaceable
 from ..trace import rawfile
 from ..trace.ingest import Trace, read_trace_dat
 from ..trace.tracedat import tracefs_to_trace_dat
@@ -73,6 +79,43 @@ def _measured_run(bundle, run: str | None) -> dict:
     return found
 
 
+def _owned_parent(path: Path) -> OwnedDir:
+    """The directory ``path`` is written in, opened by descriptor: below the cache root each component is made or
+    opened without following a link (the root, like a --session path's directory, is the user's choice)."""
+    root = cache_dir()
+    try:
+        relative = path.parent.relative_to(root)
+    except ValueError:
+        return OwnedDir(path.parent)
+    if not relative.parts:
+        return OwnedDir(root)
+    with OwnedDir(root) as owned:
+        return owned.subdir(relative)
+
+
+def _cached(target: Path, make) -> Path:
+    """``target`` in the cache: there already as a regular file of its own (a cache hit), else written whole from
+    ``make()``; a link, hard link, FIFO or device at its name is refused (one line), never read or written through."""
+    try:
+        with _owned_parent(target) as owned:
+            found = owned.entry(target.name)
+            if not replaceable(found):
+                owned.check_replaceable(target.name)  # the one line naming what is there
+            if found is None:
+                owned.write_atomic(target.name, make())
+    except UnsafeFileError as exc:
+        raise ViewError(str(exc)) from None
+    return target
+
+
+def _tracefs_bytes(directory: Path) -> bytes:
+    """A tracefs capture as trace.dat bytes, made in a private directory of this process's (nobody else can plant
+    anything where tracefs_to_trace_dat writes)."""
+    with tempfile.TemporaryDirectory(prefix="ticklab-view-") as private:
+        made = tracefs_to_trace_dat(directory, Path(private) / "trace.dat")
+        return read_bytes(made, 2 * rawfile.RAW_FILE_LIMIT)  # a header and the CPUs' raw data
+
+
 def trace_file(directory: Path) -> Path:
     """The run's trace.dat as KernelShark can open it: decompressed into the cache when stored xz'd, or written
     there from a tracefs capture (ticklab.trace.tracedat) when the run was not recorded with trace-cmd."""
@@ -86,17 +129,9 @@ def trace_file(directory: Path) -> Path:
         for path in sorted(p for p in directory.rglob("*") if p.is_file()):
             digest.update(path.name.encode() + path.read_bytes())
         target = cache_dir() / "view" / (digest.hexdigest()[:16] + "-tracefs.dat")
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + ".part")
-            tracefs_to_trace_dat(directory, partial)
-            partial.replace(target)
-        return target
+        return _cached(target, lambda: _tracefs_bytes(directory))
     target = cache_dir() / "view" / (hashlib.sha256(packed.read_bytes()).hexdigest()[:16] + "-trace.dat")
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(rawfile.read_bytes(packed))
-    return target
+    return _cached(target, lambda: rawfile.read_bytes(packed))
 
 
 def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path, dict, Spot]:
@@ -144,8 +179,14 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
 
 
 def write_session(session: dict, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(session, indent=2) + "\n")
+    """Write the session file ``out`` whole, through its directory's descriptor (a link, hard link, FIFO or device
+    at its name is refused with one line)."""
+    out = Path(out)
+    try:
+        with _owned_parent(out) as owned:
+            owned.write_atomic(out.name, (json.dumps(session, indent=2) + "\n").encode())
+    except UnsafeFileError as exc:
+        raise ViewError(str(exc)) from None
     return out
 
 
