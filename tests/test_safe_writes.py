@@ -434,3 +434,84 @@ def test_view_trace_cache_is_the_same_bytes_and_a_second_call_is_a_hit(tmp_path,
     stamp = os.stat(cached).st_mtime_ns
     assert trace_file(run) == cached and os.stat(cached).st_mtime_ns == stamp
     assert sorted(os.listdir(cached.parent)) == [cached.name]
+
+
+# -- 4. ticklab report --out DIR -----------------------------------------------------------------------------------
+@pytest.fixture
+def hollow_notebooks(tmp_path) -> Path:
+    """A notebook directory whose 03-hrtick notebook does nothing (the report's writes are what is tested)."""
+    hollow = nbformat.v4.new_notebook()
+    hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    hollow.cells = [nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]})]
+    directory = tmp_path / "notebooks"
+    directory.mkdir()
+    nbformat.write(hollow, directory / "03-hrtick.ipynb")
+    return directory
+
+
+def _report_dir(tmp_path) -> Path:
+    """A report directory a previous (empty) report made: its marker lists nothing."""
+    out = tmp_path / "out"
+    outdir.record(out, outdir.claim(out, replace=True))
+    return out
+
+
+def _report(out: Path, notebooks: Path) -> tuple[int, list[str]]:
+    log = []
+    code = run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["03-hrtick"],
+                      notebook_dir=notebooks, log=log.append)
+    return code, log
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["summary.json", "report/index.html", "notebooks/03-hrtick.ipynb",
+                                  "report/notebooks/03-hrtick.html"])
+def test_report_refuses_what_is_planted_where_it_writes(tmp_path, outside, hollow_notebooks, kind, name):
+    out = _report_dir(tmp_path)
+    outside.plant(kind, out / name)
+    code, log = _report(out, hollow_notebooks)
+    assert code == 2 and len(log) == 1, log
+    assert one_line_naming(log[0], out / name).startswith("error: ")
+    assert not (out / "notebooks" / "03-hrtick.ipynb").is_file() or name == "notebooks/03-hrtick.ipynb"
+    outside.assert_planted_left(kind, out / name)
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_report_marker_planted_as_a_hard_link_fifo_or_device_is_refused(tmp_path, outside, hollow_notebooks, kind):
+    out = _report_dir(tmp_path)
+    (out / outdir.MARKER).unlink()
+    outside.plant(kind, out / outdir.MARKER)
+    code, log = _report(out, hollow_notebooks)
+    assert code == 2 and len(log) == 1, log
+    assert one_line_naming(log[0], out).startswith("error: ")
+    outside.assert_planted_left(kind, out / outdir.MARKER)
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_report_never_writes_through_a_file_planted_at_the_markers_old_temporary_name(tmp_path, outside, kind):
+    out = _report_dir(tmp_path)
+    outside.plant(kind, out / ".ticklab-report.tmp")
+    try:
+        outdir.claim(out, replace=True)
+    except outdir.OutputDirError as exc:  # a link anywhere in the directory is refused as before
+        one_line_naming(str(exc), out / ".ticklab-report.tmp")
+    outside.assert_planted_left(kind, out / ".ticklab-report.tmp")
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", RACES)
+@pytest.mark.parametrize("name", ["summary.json", outdir.MARKER])
+def test_report_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch,
+                                                                       hollow_notebooks, kind, name):
+    out = _report_dir(tmp_path)
+    (out / "summary.json").write_text("{}\n")  # the last report's, to be replaced
+    outside.plant_in_window(monkeypatch, kind, out / name)
+    code, log = _report(out, hollow_notebooks)
+    assert code == 2, log
+    errors = [line for line in log if line.startswith("error: ")]
+    assert len(errors) == 1, log
+    one_line_naming(errors[0], out / name)
+    outside.assert_planted_left(kind, out / name)
+    outside.assert_untouched()

@@ -6,10 +6,15 @@ then check and assemble the output contract (docs/ARCHITECTURE.md, "6. Report ou
     <out>/figures/<claim>/<name>.png|.svg, <out>/tables/<claim>/<name>.csv|.md
     <out>/verdicts.csv, <out>/checks.csv, <out>/summary.json
 
-A notebook that errors, times out, or leaves an expected output missing or empty fails the run."""
+A notebook that errors, times out, or leaves an expected output missing or empty fails the run.
+
+Every file written here goes through ticklab.safefiles (replaced whole through its directory's descriptor; a link,
+hard link, FIFO or device at its name refused with one line); papermill writes each executed notebook itself, to a
+name cleared for it first (a regular file of ours removed, anything else refused)."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -26,6 +31,7 @@ from ..analysis.captured import bundle_health
 from ..analysis.forest import FOREST
 from ..claims import SUMMARY_NOTEBOOK, all_claims, get_claim
 from ..paths import notebooks_dir
+from ..safefiles import OwnedDir, UnsafeFileError
 from . import outdir
 from .notebook import ParameterError, check_parameters
 from .summary import SUMMARY, at_a_glance, collect_checks, collect_verdicts, setup_labels, verdict_rows
@@ -110,14 +116,26 @@ def run_notebook(notebook: Path, executed: Path, parameters: dict, *, cell_timeo
     return NotebookResult(notebook.name, claim, "ok", duration)
 
 
-def _export_html(executed: Path, target: Path) -> None:
+def _write(output_dir: Path, relative: str, text: str) -> Path:
+    """output_dir/relative holding ``text`` (UTF-8), replaced whole, never through a link (ticklab.safefiles)."""
+    with OwnedDir(output_dir) as owned:
+        return owned.write_atomic(relative, text.encode("utf-8"))
+
+
+def _csv_text(frame: pd.DataFrame) -> str:
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False)
+    return buffer.getvalue()
+
+
+def _export_html(executed: Path, output_dir: Path, relative: str) -> None:
     exporter = HTMLExporter(template_name="lab", embed_images=True)
     # The report must read offline: no MathJax or require.js from a CDN.
     for trait in ("mathjax_url", "require_js_url", "jquery_url", "widget_renderer_url",
                   "mermaid_js_url", "mermaid_layout_elk_js_url"):
         setattr(exporter, trait, "")
     body, _ = exporter.from_filename(str(executed))
-    target.write_text(body)
+    _write(output_dir, relative, body)
 
 
 def _sidecar(path: Path) -> dict:
@@ -196,9 +214,7 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         data_dir=_shown_path(data_dir), published_dir=_shown_path(published_dir), only=only or [],
     )
-    index = output_dir / "report" / "index.html"
-    index.write_text(page)
-    return index
+    return _write(output_dir, "report/index.html", page)
 
 
 def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: Path | str,
@@ -227,19 +243,28 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
     except outdir.OutputDirError as exc:
         log(f"error: {exc}")
         return 2
+    code = 2
     try:
-        return _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
+        code = _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
                               cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, parameters=parameters,
                               notebook_dir=notebook_dir, only=only, log=log,
                               progress=lambda: outdir.progress(output_dir, foreign))
+    except (UnsafeFileError, outdir.OutputDirError) as exc:  # a file it would not write through: one line
+        log(f"error: {exc}")
     finally:
-        outdir.record(output_dir, foreign)
+        try:
+            outdir.record(output_dir, foreign)
+        except outdir.OutputDirError as exc:
+            log(f"error: {exc}")
+            code = 2
+    return code
 
 
 def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_dir, published_dir, cell_timeout,
                    notebook_timeout, parameters, notebook_dir, only, log, progress=lambda: None) -> int:
-    for sub in ("notebooks", "report/notebooks"):
-        (output_dir / sub).mkdir(parents=True, exist_ok=True)
+    with OwnedDir(output_dir) as owned:
+        for sub in ("notebooks", "report/notebooks"):
+            owned.mkdirs(sub)
 
     params = {"data_dir": str(Path(data_dir).resolve()), "published_dir": str(Path(published_dir).resolve()),
               "output_dir": str(output_dir), **(parameters or {})}
@@ -251,6 +276,9 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         executed = output_dir / "notebooks" / name
         # a summary of a partial run covers the claims that ran, not stale outputs of others
         extra = {"claims": ",".join(ran)} if name == SUMMARY_NOTEBOOK and only else {}
+        with OwnedDir(output_dir) as owned:  # papermill writes it in place: only where nothing is
+            owned.check_replaceable(f"notebooks/{name}")
+            owned.remove(f"notebooks/{name}", missing_ok=True)
         result = run_notebook((notebook_dir or notebooks_dir()) / name, executed, {**params, **extra},
                               cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, claim=claim)
         if result.status == "ok":
@@ -259,7 +287,7 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
                 result.status, result.error = "missing outputs", "; ".join(problems)
         result.outputs = written_outputs(output_dir, claim)
         if executed.is_file():
-            _export_html(executed, output_dir / "report" / "notebooks" / name.replace(".ipynb", ".html"))
+            _export_html(executed, output_dir, f"report/notebooks/{name.replace('.ipynb', '.html')}")
         log(f"    {result.status} in {result.duration_s:.1f} s" + (f": {result.error}" if result.error else ""))
         results.append(result)
         progress()
@@ -273,12 +301,12 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         log(f"error: {exc}")
     checks = collect_checks(output_dir, ran) if ran else None
     if aggregate and verdicts is not None:
-        verdicts.to_csv(output_dir / "verdicts.csv", index=False)
-        checks.to_csv(output_dir / "checks.csv", index=False)
+        _write(output_dir, "verdicts.csv", _csv_text(verdicts))
+        _write(output_dir, "checks.csv", _csv_text(checks))
     bundles = bundle_health(data_dir, ran or [c.id for c in all_claims()])
     for flagged in bundles[bundles["flag"] != ""].itertuples():
         log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
-    (output_dir / "summary.json").write_text(json.dumps(
+    _write(output_dir, "summary.json", json.dumps(
         {"notebooks": [asdict(r) for r in results],
          "verdicts": "verdicts.csv" if aggregate and verdicts is not None else None,
          "checks": "checks.csv" if aggregate and verdicts is not None else None,

@@ -16,6 +16,12 @@ owned by the user running ticklab and writable by no other user, below directori
 change (a world-writable parent must be sticky, as /tmp is) (a marker planted in a shared
 directory would otherwise make root delete what it lists). Nothing is removed or written through a
 symbolic link: a directory holding one is refused.
+
+Every file the report writes goes through ticklab.safefiles (the marker too): replaced whole through its
+directory's descriptor, never opened for writing in place. What is at a name the report will write (the marker,
+or anything under REPORT_PLACES) must be a regular file with one link or a directory: a hard link (a file whose
+other name is elsewhere), a FIFO, a socket or a device there is refused before any notebook runs, with one line
+naming it, without being opened.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import json
 import os
 import stat
 from pathlib import Path
+
+from ..safefiles import OwnedDir, UnsafeFileError, kind_of, read_text, shown
 
 MARKER = ".ticklab-report"
 # where a report writes (build.py's output contract): after an interruption, only new files here are its own
@@ -89,19 +97,40 @@ def _read_marker(root: Path) -> dict:
     marker = root / MARKER
     _check_own(marker, "its report marker")
     try:
-        data = json.loads(marker.read_text())
+        data = json.loads(read_text(marker, 64 << 20))
         if not isinstance(data, dict) or not isinstance(data.get("files", []), list):
             raise ValueError("not a ticklab report marker")
         return data
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # UnsafeFileError too (a FIFO or a hard link is never read)
         raise OutputDirError(f"{marker}: unreadable ({exc}); remove the directory's contents yourself "
                              "or choose another --out") from None
 
 
 def _write_marker(root: Path, data: dict) -> None:
-    temporary = root / (MARKER + ".tmp")
-    temporary.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(temporary, root / MARKER)
+    """The marker, replaced whole through the directory's descriptor (ticklab.safefiles)."""
+    try:
+        with OwnedDir(root, create=False) as owned:
+            owned.write_atomic(MARKER, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    except UnsafeFileError as exc:
+        raise OutputDirError(str(exc)) from None
+
+
+def _not_replaceable(root: Path) -> list[tuple[str, str]]:
+    """(relative path, what it is) of everything at a name the report writes (the marker, REPORT_PLACES) that it
+    would not replace: a hard-linked file, a FIFO, a socket, a device. Found by lstat; nothing is opened."""
+    found = []
+    for directory, dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            relative = os.path.relpath(path, root)
+            if relative != MARKER and Path(relative).parts[0] not in REPORT_PLACES:
+                continue  # someone's own file: the report never writes there
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                found.append((relative, f"a regular file with {info.st_nlink} links (a hard link)"))
+            elif not stat.S_ISREG(info.st_mode) and not stat.S_ISLNK(info.st_mode):
+                found.append((relative, f"{kind_of(info.st_mode)}, not a regular file"))
+    return sorted(found)
 
 
 def _owned(root: Path, data: dict) -> set[str]:
@@ -151,6 +180,11 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
         if links:
             raise OutputDirError(f"{output_dir / links[0]}: a symbolic link in the output directory; ticklab report "
                                  "does not write through links (remove it or choose another --out)")
+        unsafe = _not_replaceable(output_dir)
+        if unsafe:
+            relative, what = unsafe[0]
+            raise OutputDirError(f"{shown(output_dir / relative)}: {what} where the report writes; ticklab report "
+                                 "replaces only regular files of its own (remove it or choose another --out)")
         before = _files(output_dir)
         _write_marker(output_dir, {"writing": True, "files": sorted(owned), "foreign": sorted(before - owned)})
     except OSError as exc:
