@@ -515,3 +515,43 @@ def test_report_refuses_a_link_planted_between_its_check_and_its_write(tmp_path,
     one_line_naming(errors[0], out / name)
     outside.assert_planted_left(kind, out / name)
     outside.assert_untouched()
+
+
+# -- 5. ticklab ingest --out ---------------------------------------------------------------------------------------
+TABLE = "timer__tick_stop.parquet"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ingest_out_refuses_what_is_planted_at_a_tables_name(tmp_path, outside, capsys, kind):
+    out = tmp_path / "out"
+    outside.plant(kind, out / TABLE)
+    assert main(["ingest", str(TRACE), "--out", str(out)]) == 2
+    assert one_line_naming(capsys.readouterr().err, out / TABLE).startswith("ticklab ingest: ")
+    assert sorted(os.listdir(out)) == [TABLE]  # checked before the first table is written: nothing else there
+    outside.assert_planted_left(kind, out / TABLE)
+    outside.assert_untouched()
+
+
+@pytest.mark.parametrize("kind", RACES)
+def test_ingest_out_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch, capsys,
+                                                                           kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / TABLE).write_bytes(b"the last ingest's table\n")
+    outside.plant_in_window(monkeypatch, kind, out / TABLE)
+    assert main(["ingest", str(TRACE), "--out", str(out)]) == 2
+    assert one_line_naming(capsys.readouterr().err, out / TABLE).startswith("ticklab ingest: ")
+    assert not any(name.startswith(".") for name in os.listdir(out))  # no temporary file left
+    outside.assert_planted_left(kind, out / TABLE)
+    outside.assert_untouched()
+
+
+def test_ingest_out_replaces_its_own_tables_with_the_same_bytes(tmp_path, capsys):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["ingest", str(TRACE), "--out", str(first)]) == 0
+    second.mkdir()
+    for table in os.listdir(first):
+        (second / table).write_bytes(b"an older table\n")
+    assert main(["ingest", str(TRACE), "--out", str(second)]) == 0
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == {p.name: p.read_bytes() for p in second.iterdir()}
+    assert all(os.lstat(p).st_nlink == 1 for p in second.iterdir())

@@ -914,13 +914,19 @@ def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
     out_dir = Path(out_dir)
     written = []
     try:
-        # root may write here on behalf of a user who can write to out_dir: a link planted in it is refused, never
-        # written through, and each table replaces its file whole or not at all
+        # root may write here on behalf of a user who can write to out_dir: a link, hard link, FIFO or device planted
+        # in it is refused, never written through or opened, and each table replaces its file whole or not at all.
+        # Every table's name is checked before the first is written, so a refusal leaves the directory as it was.
+        names = {}
+        for key in sorted(trace.keys()):
+            name = key.replace(":", "__") + ".parquet"
+            if "/" in name or name.startswith("."):
+                raise TraceFormatError(f"{trace.source}: event {shown(key)} cannot name a table file")
+            names[key] = name
         with OwnedDir(out_dir) as out:
-            for key in sorted(trace.keys()):
-                name = key.replace(":", "__") + ".parquet"
-                if "/" in name or name.startswith("."):
-                    raise TraceFormatError(f"{trace.source}: event {shown(key)} cannot name a table file")
+            for name in names.values():
+                out.check_replaceable(name)
+            for key, name in names.items():
                 with out.replacing(name) as handle:
                     writer = None
                     try:
