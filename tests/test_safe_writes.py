@@ -354,9 +354,10 @@ def test_view_cache_directory_planted_as_a_link_is_refused(tmp_path, outside, mo
 def test_view_from_the_command_line_names_a_planted_session_file_in_one_line(tmp_path, outside, monkeypatch, capsys):
     from ticklab.analysis.captured import find_bundles
 
-    refs = [r for r in find_bundles(REPO / "traces", "hrtick") if r.host_id.startswith("guest-")]
+    refs = [r for r in find_bundles(REPO / "traces", "hrtick")
+            if r.host_id.startswith("guest-") and (r.path / SEAL).is_file()]  # sealed: not one being captured now
     if not refs:
-        pytest.skip("no guest hrtick bundle in traces/")
+        pytest.skip("no sealed guest hrtick bundle in traces/")
     monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
     session = tmp_path / "cache" / "view" / f"{refs[0].path.name}-first.json"
     outside.plant("symlink", session)
