@@ -125,3 +125,12 @@ def test_issue27_a_non_string_key_through_the_cli_is_one_line(tmp_path):
     proc = _ticklab("capture", "nohz", "--experiment", experiment, "--dry-run", "--out", tmp_path)
     assert proc.returncode == 2
     assert _one_line_of(proc.stderr) == f"ticklab capture: {experiment}: key 1 is not a string (quote it)"
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+def test_capture_of_a_claim_with_no_host_experiment_says_what_to_run_instead(dry_run):
+    """Issue 41, item 3: 'capture pvspinlock' printed nothing and exited 0 (its only experiment is a guest-lab one)."""
+    proc = _ticklab("capture", "pvspinlock", *dry_run)
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("ticklab capture: pvspinlock has no host experiment") and "'ticklab lab run pvspinlock'" in line

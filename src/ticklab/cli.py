@@ -86,6 +86,23 @@ def _goals(args: argparse.Namespace) -> list | None:
     return None if args.runs is not None else precision_goals(args.claim, args.published_dir)
 
 
+def no_host_experiment(claim: str) -> str | None:
+    """Why ``ticklab capture <claim>`` has nothing to run on this host, and what to run instead (one line), or None
+    when the claim has a host experiment (or none at all: capture says so itself)."""
+    from .capture.experiment import boot_experiment_paths, experiment_paths, load_experiment
+
+    found = experiment_paths(claim)
+    lab = [path.name for path in found if load_experiment(path).lab is not None]
+    if not found or len(lab) < len(found):
+        return None
+    instead = [f"'ticklab lab run {claim}' (in QEMU guests: {', '.join(lab)})"] if lab else []
+    boot = [path.name for path in boot_experiment_paths(claim)]
+    if boot:
+        instead.append(f"'ticklab capture {claim} --boot kexec' (one boot of this host per run: {', '.join(boot)})")
+    held = "guest-lab experiments only" if lab else "no experiment to run without rebooting"
+    return f"{claim} has no host experiment (runners/{claim}/ holds {held}); run {' or '.join(instead)} instead"
+
+
 def _capture(args: argparse.Namespace) -> int:
     if args.boot:
         return _capture_boot(args)
@@ -97,6 +114,10 @@ def _capture(args: argparse.Namespace) -> int:
     from .analysis.published import PublishedDataError
 
     try:
+        gap = None if args.experiment else no_host_experiment(args.claim)
+        if gap:
+            print(f"ticklab capture: {gap}", file=sys.stderr)
+            return 2
         options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
                                  dry_run=args.dry_run, backend=args.backend, root=args.root, journal=args.journal,
                                  progress=_progress(args), seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
