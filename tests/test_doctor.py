@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from ticklab import doctor
+from ticklab.capture import requirements
+from ticklab.capture.experiment import experiment_paths, load_experiment
 from ticklab.claimids import CLAIM_IDS as CLAIMS
 from ticklab.doctor import diagnose, render
-from ticklab.host import facts
+from ticklab.host import HostChanges, collect, facts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="doctor's probes (tracefs, trace-cmd, perf) need root")
 
@@ -20,7 +23,8 @@ def test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were():
     report = diagnose()
     assert facts.mounts(Path("/")) == before
     for name in ("root", "tracefs", "trace-cmd record", "perf tracepoints", "clocksources", "cpuidle",
-                 "sched features (HRTICK)", "kvm guest", "qemu", "hackbench", "tbench", "ftq", "clockbench"):
+                 "sched features (HRTICK)", "/dev/kvm", "lab guests under KVM", "qemu", "hackbench", "tbench", "ftq",
+                 "clockbench"):
         assert report["checks"][name]["why"], name
     assert set(report["claims"]) == set(CLAIMS)
     for claim, experiments in report["claims"].items():
@@ -45,3 +49,40 @@ def test_doctor_on_a_host_without_tracefs_says_so_and_goes_on(fake_host, tmp_pat
     assert not report["checks"]["tracefs"]["ok"]
     assert not report["checks"]["trace-cmd record"]["ok"] and "tracefs" in report["checks"]["trace-cmd record"]["why"]
     assert report["claims"]["nohz"]["ftq"]["runs"] is False
+
+
+@pytest.mark.parametrize("driver, states, runs", [
+    ("haltpoll", ["POLL", "haltpoll"], False),   # a KVM guest: idle states, but not ACPI's (issue 41, item 3)
+    ("intel_idle", ["POLL", "C1", "C1E", "C6"], False),  # MWAIT entry: never acpi_idle's I/O-port path
+    ("acpi_idle", ["POLL", "C1", "C2"], True),
+])
+def test_acpi_idle_experiments_run_only_where_acpi_idle_is_the_cpuidle_driver(tmp_path, driver, states, runs):
+    """doctor's row for an acpi-idle experiment is check_all of its requires: on another driver's states a capture
+    would record them as acpi-idle data, so it is 'no', naming the driver."""
+    from conftest import make_fake_host
+
+    root = make_fake_host(tmp_path / "host", idle_states=tuple(states))
+    (root / "sys/devices/system/cpu/cpuidle/current_driver").write_text(driver + "\n")
+    host_facts = collect(root)
+    with HostChanges(tmp_path / "j.json", root=root, log=lambda _: None) as host:
+        for path in experiment_paths("acpi-idle"):
+            experiment = load_experiment(path)
+            assert "cpuidle_driver:acpi_idle" in experiment.requires, path
+            unmet = requirements.check_all(experiment.requires, host, host_facts)[1]
+            assert ("cpuidle_driver:acpi_idle" not in unmet) == runs, unmet
+            if not runs:
+                assert f"cpuidle driver is {driver}, not acpi_idle" in unmet["cpuidle_driver:acpi_idle"]
+    ok, why = requirements.check("cpuidle_driver:acpi_idle", None, {"cpuidle": {"driver": None, "states": []}})
+    assert not ok and "no cpuidle driver" in why
+
+
+def test_kvm_rows_name_the_device_and_the_guest_boot_apart_from_what_the_host_is():
+    """'/dev/kvm answers' is whether this host can run KVM guests; whether it is a VM is the head line's fact."""
+    device = doctor.kvm_device()
+    assert device[1].startswith(("/dev/kvm answers (KVM API", "no /dev/kvm", "/dev/kvm does not answer"))
+    assert "guest" not in device[1].split(":")[0]
+    assert doctor.kvm_guests((False, "no /dev/kvm: x")) == (False, "no /dev/kvm: x")
+    assert doctor.virtualization({"virtualization": {"hypervisor_flag": True, "detect_virt": "kvm"}}) == \
+        "a virtual machine (hypervisor flag in /proc/cpuinfo; systemd-detect-virt: kvm)"
+    assert doctor.virtualization({"virtualization": {"hypervisor_flag": False, "detect_virt": None}}).startswith(
+        "not a virtual machine")

@@ -41,22 +41,45 @@ def perf_tracepoints() -> tuple[bool, str]:
         return False, f"perf record fails (exit {result.returncode}: {result.stderr.strip()[-200:]})"
 
 
-def kvm() -> tuple[bool, str]:
-    """Whether /dev/kvm answers; a guest boot test needs a lab kernel (ticklab lab), which is tried there."""
+KVM_DEVICE = "/dev/kvm"
+KVM_GUESTS = "lab guests under KVM"
+
+
+def kvm_device() -> tuple[bool, str]:
+    """Whether /dev/kvm answers here: this host can run KVM guests (not whether it is one: see ``virtualization``)."""
     if not os.path.exists("/dev/kvm"):
-        return False, "no /dev/kvm"
+        return False, "no /dev/kvm: this host offers QEMU no KVM (lab guests run under TCG)"
     try:
         with open("/dev/kvm", "rb") as device:
             version = fcntl.ioctl(device, KVM_GET_API_VERSION)
     except OSError as exc:
-        return False, f"/dev/kvm does not answer ({exc.strerror})"
+        return False, f"/dev/kvm does not answer ({exc.strerror}): lab guests run under TCG"
+    return True, f"/dev/kvm answers (KVM API {version})"
+
+
+def kvm_guests(device: tuple[bool, str]) -> tuple[bool, str]:
+    """Whether a lab guest boots under KVM here: known only from a test guest booted on this host boot
+    ('ticklab lab run' boots one first and falls back to TCG)."""
+    if not device[0]:
+        return False, device[1]
     if shutil.which("qemu-system-x86_64") is None:
-        return False, f"/dev/kvm answers (API {version}) but QEMU is not installed, so no guest boot was tried"
+        return False, "QEMU is not installed, so no guest boot was tried"
     probed = qemu.cached_kvm_probe()
     if probed is not None:
         return probed
-    return False, (f"/dev/kvm answers (API {version}); whether a guest boots is only known by booting one "
-                   "('ticklab lab run' tries it and falls back to TCG)")
+    return False, ("not known yet: no test guest was booted under KVM since this host booted ('ticklab lab run' "
+                   "boots one first and falls back to TCG)")
+
+
+def virtualization(facts: dict) -> str:
+    """What this host is: a virtual machine (the CPU's hypervisor flag; systemd-detect-virt names the hypervisor)
+    or not — a fact about the host, apart from whether it can run KVM guests itself."""
+    virt = facts.get("virtualization") or {}
+    detected = virt.get("detect_virt")
+    named = f"; systemd-detect-virt: {detected}" if detected else ""
+    if virt.get("hypervisor_flag"):
+        return f"a virtual machine (hypervisor flag in /proc/cpuinfo{named})"
+    return f"not a virtual machine (no hypervisor flag in /proc/cpuinfo{named})"
 
 
 def source_check(series: str) -> str:
@@ -99,10 +122,10 @@ def lab_experiment(experiment, checks: dict) -> dict:
                 missing.append(f"{source_check(series)}: {why}")
     except (LabError, ExperimentError) as exc:
         missing.append(str(exc))
-    if (experiment.lab or {}).get("accel") == "kvm" and not checks["kvm guest"][0]:
-        missing.append(f"needs KVM: {checks['kvm guest'][1]}")
+    if (experiment.lab or {}).get("accel") == "kvm" and not checks[KVM_GUESTS][0]:
+        missing.append(f"needs KVM: {checks[KVM_GUESTS][1]}")
     return {"runs": not missing, "why": "; ".join(missing) or "in the guest lab: ticklab lab run "
-            + experiment.claim + (" (KVM)" if checks["kvm guest"][0] else " (TCG)")}
+            + experiment.claim + (" (KVM)" if checks[KVM_GUESTS][0] else " (TCG)")}
 
 
 def _tried(check) -> tuple[bool, str]:
@@ -150,7 +173,8 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
         checks["clocksources"] = (True, f"available: {' '.join(sources['available'])}; current: {sources['current']}")
         checks["cpuidle"] = requirements.check_cpuidle(host, facts)
         checks["sched features (HRTICK)"] = requirements.check_sched_features(host, facts, "HRTICK")
-        checks["kvm guest"] = kvm()
+        checks[KVM_DEVICE] = kvm_device()
+        checks[KVM_GUESTS] = kvm_guests(checks[KVM_DEVICE])
         checks.update(lab_checks())
         by_claim = {claim: [load_experiment(path) for path in experiment_paths(claim)] for claim in claim_ids()}
         for requirement in named_requirements([e for experiments in by_claim.values() for e in experiments]):
@@ -180,7 +204,7 @@ def render(report: dict) -> str:
               for claim, experiments in report["claims"].items() for name, e in experiments.items()]
     host = report["host"]
     head = (f"host: {host['cpu_model']}, {host['nproc']} CPUs, kernel {host['kernel_release']}, "
-            f"HZ={host['kernel_config']['hz'] or 'unknown'}")
+            f"HZ={host['kernel_config']['hz'] or 'unknown'}, {virtualization(host)}")
     return "\n\n".join([head, tabulate(checks, headers=["check", "ok", "why"], tablefmt="simple", maxcolwidths=[None, None, 90]),
                         tabulate(claims, headers=["claim", "experiment", "runs here", "why"], tablefmt="simple",
                                  maxcolwidths=[None, None, None, 80])])

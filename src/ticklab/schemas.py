@@ -117,7 +117,7 @@ CONDITION_VALUE = {"anyOf": [
 ]}
 
 # what capture/requirements.check knows how to check
-REQUIREMENT = {"type": "string", "pattern": r"^(root|tracefs|cpuidle_states|sched_feature(:[A-Z_]+)?|"
+REQUIREMENT = {"type": "string", "pattern": r"^(root|tracefs|cpuidle_states|cpuidle_driver:[a-z0-9_]+|sched_feature(:[A-Z_]+)?|"
                                             r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$"}
 
 EXPERIMENT = {

@@ -63,6 +63,20 @@ def check_cpuidle(host: HostChanges, facts: dict) -> tuple[bool, str]:
     return True, f"cpuidle driver {idle['driver']}: {names}"
 
 
+def check_cpuidle_driver(host: HostChanges, facts: dict, wanted: str) -> tuple[bool, str]:
+    """Whether the cpuidle driver in charge is ``wanted`` (cpuidle/current_driver): an experiment about one driver's
+    idle path (acpi-idle: acpi_idle's I/O-port C-state entry) records another driver's states as data otherwise."""
+    idle = facts["cpuidle"]
+    states = "; ".join(f"{s['name']}" + (f" ({s['desc']})" if s.get("desc") and s["desc"] != s["name"] else "")
+                       for s in idle["states"])
+    listed = f" (states: {states})" if states else ""
+    if not idle["driver"]:
+        return False, f"no cpuidle driver (cpuidle/current_driver: none), not {wanted}"
+    if idle["driver"] != wanted:
+        return False, f"cpuidle driver is {idle['driver']}, not {wanted}{listed}"
+    return True, f"cpuidle driver {wanted}{listed}"
+
+
 def check_program(name: str) -> tuple[bool, str]:
     where = shutil.which(name)
     return (True, where) if where else (False, f"{name} is not installed")
@@ -83,6 +97,8 @@ def check(requirement: str, host: HostChanges, facts: dict) -> tuple[bool, str]:
         return check_sched_features(host, facts, argument or "HRTICK")
     if kind == "cpuidle_states":
         return check_cpuidle(host, facts)
+    if kind == "cpuidle_driver":
+        return check_cpuidle_driver(host, facts, argument)
     if kind == "program":
         return check_program(argument)
     if kind == "tool":
