@@ -11,12 +11,17 @@ import yaml
 from conftest import REPO
 
 
+def _name(text: str) -> str:
+    """A package name as PEP 503 compares them: conda-forge spells jupyter_client, pip's lock jupyter-client."""
+    return re.sub(r"[-_.]+", "-", text).lower()
+
+
 def _lock() -> dict[str, str]:
     pins = {}
     for line in (REPO / "requirements.lock").read_text().splitlines():
         if line and not line.startswith("#"):
             name, version = line.split("==")
-            pins[name.lower().replace("_", "-")] = version
+            pins[_name(name)] = version
     return pins
 
 
@@ -26,7 +31,7 @@ def _conda_pins() -> dict[str, str]:
     for dep in env["dependencies"]:
         if isinstance(dep, str) and "=" in dep and not dep.startswith("python"):
             name, version = dep.split("=", 1)
-            pins[name.lower()] = version
+            pins[_name(name)] = version
     return pins
 
 
@@ -42,7 +47,7 @@ def test_every_direct_dependency_is_locked_and_in_conda():
     for line in (REPO / "requirements.in").read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
-            direct.append(re.split(r"[<>=!~ ]", line)[0].lower())
+            direct.append(_name(re.split(r"[<>=!~ ]", line)[0]))
     lock, conda = _lock(), _conda_pins()
     assert [d for d in direct if d not in lock] == []
     assert [d for d in direct if d not in conda] == []
