@@ -133,6 +133,9 @@ SLOW_TESTS = {
     "test_ticklab_verify_names_a_tampered_bundle",
     "test_verify_checks_every_bundle_and_reports_each_bad_one",
     "test_verify_imports_no_scipy_or_claims",
+    "test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project",
+    "test_a_missing_jsonschema_is_an_import_error_and_the_lab_guest_runner_still_starts",
+    "test_every_package_ticklab_imports_is_declared_with_a_floor",
 }
 
 
@@ -152,7 +155,9 @@ MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",
                  "test_a_lab_run_records_the_physical_hosts_load_and_keeps_the_guests_beside_it",
                  # pins each vCPU thread to a host CPU: a real capture beside it moves this process off the measured
                  # CPU while it runs, so the lab sees one CPU and pins nothing
-                 "test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces"}
+                 "test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces",
+                 # runs ticklab doctor (it mounts tracefs and debugfs, as test_doctor.py does) from an installed wheel
+                 "test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project"}
 # The groups that take longest, handed out first (xdist's --no-loadscope-reorder keeps this order) so that the two
 # long ones start at once on different workers and the short modules fill in around them.
 LONGEST_FIRST = ["guests", "machine", "test_report.py", "test_new_claim.py", "test_compare.py", "test_tickcost.py"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from . import __version__
 from .claimids import CLAIM_IDS
-from .paths import published_dir, repo_root, seeds_dir, traces_dir
+from . import paths
+from .paths import ProjectError, seeds_dir
 from .safefiles import shown
 
 
@@ -307,6 +308,10 @@ class _LateEpilogParser(argparse.ArgumentParser):
 def _kernel_sources_epilog() -> str:
     from .lab import sources
 
+    try:
+        paths.repo_root()
+    except ProjectError as exc:
+        return f"kernel sources (kernel/sources.yaml): unknown, {exc}"
     return "kernel sources here (kernel/sources.yaml):\n" + "\n".join(f"  {line}" for line in sources.describe().splitlines())
 
 
@@ -400,9 +405,41 @@ def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=_seconds,
                         help="seconds of measured runs the capture may spend adding rounds for precision "
                              "(default: the experiment's budget.time_s; 0: none)")
-    parser.add_argument("--published-dir", type=Path, default=published_dir(),
+    parser.add_argument("--published-dir", type=Path, default=_InProject("traces", "published"),
                         help="transcribed published numbers the stopping rule's precision targets come from "
                              "(default: traces/published/)")
+
+
+class _InProject:
+    """A default path inside the project directory, resolved only once the command line is read (``--project``
+    comes first), and only for a command that has it: ``--help`` and commands that need no project never look."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def resolve(self) -> Path:
+        return paths.repo_root().joinpath(*self.parts)
+
+    def __repr__(self) -> str:
+        return "/".join(self.parts) + "/"
+
+
+# Commands that read the project's files (runners, notebooks, kernel/, tools/bin, traces/published): without a
+# project directory they stop at once with one line. The others (ingest, verify, compare of bundles named, view,
+# seal-manifest, plan) look for it only if they need it.
+NEEDS_PROJECT = {"report", "doctor", "capture", "kernel", "lab"}
+
+
+def _resolve_project(args: argparse.Namespace) -> None:
+    """Apply --project, then the defaults inside the project; ProjectError when the command needs one and there is
+    none."""
+    if args.project is not None:
+        paths.set_project(args.project)
+    for key, value in vars(args).items():
+        if isinstance(value, _InProject):
+            setattr(args, key, value.resolve())
+    if args.command in NEEDS_PROJECT or (args.command == "claims" and (args.host or args.lab)):
+        paths.repo_root()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -416,12 +453,16 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ticklab", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ticklab {__version__}")
+    parser.add_argument("--project", type=Path, metavar="DIR",
+                        help=f"the ticklab checkout whose notebooks, runners, kernel/ and traces/ to use (default: "
+                             f"${paths.ENV}, else the checkout this ticklab runs from or was installed from)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     report = sub.add_parser("report", help="run every notebook with papermill and build the report")
-    report.add_argument("--out", type=Path, default=repo_root() / "build", help="output directory (default: build/)")
-    report.add_argument("--data-dir", type=Path, default=traces_dir(), help="where captured bundles live (default: traces/)")
-    report.add_argument("--published-dir", type=Path, default=published_dir(), help="transcribed published numbers")
+    report.add_argument("--out", type=Path, default=_InProject("build"), help="output directory (default: build/)")
+    report.add_argument("--data-dir", type=Path, default=_InProject("traces"), help="where captured bundles live (default: traces/)")
+    report.add_argument("--published-dir", type=Path, default=_InProject("traces", "published"),
+                        help="transcribed published numbers (default: traces/published/)")
     report.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (e.g. 03-hrtick)")
     report.add_argument("--cell-timeout", type=_whole(1, 86400), default=600, help="seconds one cell may run (default 600)")
     report.add_argument("--notebook-timeout", type=_whole(1, 7 * 86400), default=1800, help="seconds one notebook may run (default 1800)")
@@ -429,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")
     verify.add_argument("claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIM_IDS)})")
-    verify.add_argument("--published-dir", type=Path, default=published_dir())
+    verify.add_argument("--published-dir", type=Path, default=_InProject("traces", "published"),
+                        help="transcribed published numbers (default: traces/published/)")
     verify.add_argument("--seeds", help="directory of the source documents (default: $TICKLAB_SEEDS or ../shared/seeds)")
     verify.set_defaults(func=_verify_published)
 
@@ -447,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
     cap.add_argument("claim", choices=list(CLAIM_IDS))
     _run_count_arguments(cap)
-    cap.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
+    cap.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
     cap.add_argument("--experiment", type=Path, help="one experiment file instead of every runners/<claim>/*.yaml")
     cap.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
@@ -539,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
-    lab_run.add_argument("--out", type=Path, default=traces_dir(), help="where bundles go (default: traces/)")
+    lab_run.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
     lab_run.add_argument("--experiment", type=Path, help="one lab experiment file instead of all of the claim's")
     lab_run.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
                          help="tracing backend inside the guest (default: trace-cmd where it works)")
@@ -606,7 +648,11 @@ def main(argv: list[str] | None = None) -> int:
     name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None),
                                   getattr(args, "kernel_command", None), getattr(args, "plan_command", None)]))
     try:
+        _resolve_project(args)
         return args.func(args)
+    except ProjectError as exc:  # what is missing is the same for every command: one line, no command name
+        print(f"ticklab: {_line(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:
         print(f"{name}: interrupted ({exc or 'SIGINT'})", file=sys.stderr)
         return 130

@@ -1,20 +1,101 @@
-"""Where things live: the repository, its bundled data, and the source documents."""
+"""Where things live: the project directory (a ticklab checkout: its notebooks, runners, kernel/ and traces/),
+its bundled data, and the source documents.
+
+The project directory is, in this order: the one ``--project DIR`` named (:func:`set_project`, which also sets
+``TICKLAB_PROJECT`` so the processes ticklab starts agree), ``$TICKLAB_PROJECT``, the checkout this package runs
+from (an editable or in-tree install: the package's source tree is ``<checkout>/src/ticklab``; the lab guest's
+``/opt/ticklab`` is one too), the checkout ``pip install DIR`` installed it from (PEP 610's direct_url.json). Never
+the working directory: a wheel installed elsewhere, with none of these, has no project directory, and asking for
+one raises :class:`ProjectError` (one line saying what to pass). Standard library only: the lab guest imports it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from functools import lru_cache
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+ENV = "TICKLAB_PROJECT"
+NO_PROJECT = f"no project directory: pass --project DIR or set {ENV} to a ticklab checkout"
+
+_explicit: Path | None = None
+
+
+class ProjectError(Exception):
+    """No project directory, or one named that is not a ticklab checkout."""
+
+
+def is_project(directory: Path) -> bool:
+    """A ticklab checkout: pyproject.toml and traces/ (what the lab guest's /opt/ticklab has too)."""
+    return (directory / "pyproject.toml").is_file() and (directory / "traces").is_dir()
+
+
+def _checked(directory: Path | str, named_by: str) -> Path:
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise ProjectError(f"{named_by} {path}: no such directory (it must name a ticklab checkout)")
+    path = path.resolve()
+    if not is_project(path):
+        raise ProjectError(f"{named_by} {path}: not a ticklab checkout (no pyproject.toml and traces/ there)")
+    return path
+
+
+def set_project(directory: Path | str | None) -> None:
+    """Use ``directory`` as the project (``--project``); None forgets it. Exported as $TICKLAB_PROJECT for the
+    processes ticklab starts (papermill, notebook kernels, workloads)."""
+    global _explicit
+    if directory is None:
+        _explicit = None
+        return
+    _explicit = _checked(directory, "--project")
+    os.environ[ENV] = str(_explicit)
+
+
+def _in_tree() -> Path | None:
+    """The checkout holding this package's source (src layout: two levels above the package)."""
+    candidate = PACKAGE_DIR.parent.parent
+    return candidate if is_project(candidate) else None
+
+
+@lru_cache(maxsize=1)
+def _installed_from() -> Path | None:
+    """The local directory ``pip install DIR`` installed this package from, when that directory is a checkout
+    (PEP 610 direct_url.json: ``dir_info``; a wheel or an index install names an archive or nothing)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        text = distribution("ticklab").read_text("direct_url.json")
+        data = json.loads(text) if text else {}
+    except (PackageNotFoundError, OSError, ValueError):
+        return None
+    url = urlparse(str(data.get("url", ""))) if isinstance(data, dict) else None
+    if url is None or "dir_info" not in data or url.scheme != "file":
+        return None
+    directory = Path(unquote(url.path))
+    return directory if is_project(directory) else None
+
+
+def find_project() -> tuple[Path, str]:
+    """(the project directory, what named it); ProjectError when there is none."""
+    if _explicit is not None:
+        return _explicit, "--project"
+    if os.environ.get(ENV):
+        return _checked(os.environ[ENV], ENV), ENV
+    found = _in_tree()
+    if found is not None:
+        return found, "the checkout this package runs from"
+    found = _installed_from()
+    if found is not None:
+        return found, "the checkout this package was installed from"
+    raise ProjectError(NO_PROJECT)
 
 
 def repo_root() -> Path:
-    """The checkout this package is installed from (src layout: two levels above the package)."""
-    candidate = PACKAGE_DIR.parent.parent
-    if (candidate / "pyproject.toml").is_file() and (candidate / "traces").is_dir():
-        return candidate
-    # An installed (non-editable) package: fall back to the working directory.
-    return Path.cwd()
+    """The project directory (see the module's docstring); ProjectError when there is none."""
+    return find_project()[0]
 
 
 def traces_dir() -> Path:
@@ -30,10 +111,13 @@ def notebooks_dir() -> Path:
 
 
 def seeds_dir() -> Path | None:
-    """The five source documents, if present: $TICKLAB_SEEDS, else ../shared/seeds beside the repo."""
+    """The five source documents, if present: $TICKLAB_SEEDS, else ../shared/seeds beside the project."""
     env = os.environ.get("TICKLAB_SEEDS")
     candidates = [Path(env)] if env else []
-    candidates.append(repo_root().parent / "shared" / "seeds")
+    try:
+        candidates.append(repo_root().parent / "shared" / "seeds")
+    except ProjectError:
+        pass
     for path in candidates:
         if path.is_dir():
             return path
