@@ -70,9 +70,11 @@ lab-host-bundles: lab-host  ## nohz boot plans (kexec, grub) in the lab host, bu
 lab-host-test: lab-host  ## the lab host's end-to-end plan tests (root; about an hour)
 	TICKLAB_LAB_HOST_TESTS=1 $(BIN)/python -m pytest -q -n 1 -m labhost tests/test_labhost.py </dev/null
 
-# JupyterLab on the repository with the environment registered as the "ticklab" kernel.
+# JupyterLab on the repository with the environment registered as the "ticklab" kernel, the kernelspec every notebook
+# declares (name ticklab, display name "Python (ticklab)"). papermill --engine ticklab and ticklab report need none
+# installed: where it is missing the engine runs the notebooks in the interpreter papermill runs in.
 JUPYTER_PORT ?= 8888
-kernelspec: $(STAMP)
+kernelspec: $(STAMP)  ## register .venv as the "Python (ticklab)" Jupyter kernel the notebooks declare
 	$(BIN)/python -m ipykernel install --sys-prefix --name ticklab --display-name "Python (ticklab)"
 
 jupyter: kernelspec  ## JupyterLab on the repository with the ticklab kernel

@@ -277,7 +277,7 @@ def test_unknown_notebook_is_a_usage_error(tmp_path):
 def test_papermill_runs_one_notebook_on_its_own(tmp_path):
     """The README's rerun recipe, from another working directory."""
     out = tmp_path / "x"
-    proc = subprocess.run([sys.executable, "-m", "papermill", str(REPO / "notebooks/03-hrtick.ipynb"),
+    proc = subprocess.run([sys.executable, "-m", "papermill", "--engine", "ticklab", str(REPO / "notebooks/03-hrtick.ipynb"),
                            str(tmp_path / "out.ipynb"), "-p", "output_dir", str(out), "--no-progress-bar"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -298,7 +298,24 @@ def test_notebooks_have_literal_parameters_and_no_stored_outputs(notebook):
     for cell in book.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
-    assert book.metadata["kernelspec"]["name"] == "python3"
+    # the kernel `make kernelspec` installs; papermill --engine ticklab runs it as its own interpreter where it is not
+    assert book.metadata["kernelspec"] == {"name": "ticklab", "display_name": "Python (ticklab)", "language": "python"}
+
+
+# Warnings the notebooks' code raised (issue 41: "RuntimeWarning: divide by zero" in an executed 05-nohz); each
+# known one names where it comes from.
+KNOWN_WARNINGS = {"05-nohz.ipynb": "claims/nohz.py _gapdet_summary: np.nanmedian of per-tick gap costs that are all "
+                                   "NaN ('All-NaN slice encountered', in ftq_vs_osnoise's cell)"}
+
+
+@pytest.mark.parametrize("notebook", [
+    pytest.param(p.name, marks=pytest.mark.xfail(reason=KNOWN_WARNINGS[p.name], strict=False))
+    if p.name in KNOWN_WARNINGS else p.name for p in NOTEBOOKS])
+def test_no_executed_notebook_shows_a_runtime_warning(build, notebook):
+    book = nbformat.read(build / "notebooks" / notebook, as_version=4)
+    shown = [(index, output.get("text") or json.dumps(output.get("data", {})) + str(output.get("evalue", "")))
+             for index, cell in enumerate(book.cells) for output in cell.get("outputs", [])]
+    assert [(index, text[:300]) for index, text in shown if "RuntimeWarning" in text] == []
 
 
 def test_every_claim_has_a_notebook():

@@ -1,21 +1,52 @@
-"""A papermill engine (`papermill --engine ticklab …`) that talks to its kernel over encrypted ZeroMQ.
+"""A papermill engine (`papermill --engine ticklab …`) that talks to its kernel over encrypted ZeroMQ, and runs the
+notebooks' own kernel, ``ticklab``, wherever papermill runs.
 
 ipykernel 7.4 warns on every start that "Kernel is running over TCP without encryption" unless the
 kernel manager asks for CurveZMQ, and jupyter_client 8.10 leaves that off by default; papermill's
 own command line has no way to ask. The kernel is local either way: the point is a clean stderr,
 so that a warning a notebook does print is seen.
+
+The notebooks declare the ``ticklab`` kernelspec, the one ``make kernelspec`` (and ``make jupyter``) installs into
+the environment as "Python (ticklab)". Where it is not installed (a fresh ``make env``, CI, a plain ``pip install``),
+this engine runs ``ticklab`` as the interpreter papermill runs in, as ipykernel's own ``python3`` kernel would, so
+``papermill --engine ticklab`` and ``ticklab report`` need no kernelspec installed.
 """
 
 from __future__ import annotations
 
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import KernelManager
 from papermill.engines import NBClientEngine
+from traitlets import default
+
+KERNEL_NAME = "ticklab"
+KERNEL_DISPLAY_NAME = "Python (ticklab)"  # as `make kernelspec` installs it
+
+
+class TicklabKernelSpecs(KernelSpecManager):
+    """The installed kernelspecs, and ``ticklab`` as the running interpreter where none of that name is installed."""
+
+    def get_kernel_spec(self, kernel_name: str):
+        try:
+            return super().get_kernel_spec(kernel_name)
+        except NoSuchKernel:
+            if kernel_name.lower() != KERNEL_NAME:
+                raise
+        from ipykernel.kernelspec import RESOURCES, get_kernel_dict  # argv: [sys.executable, -m, ipykernel_launcher …]
+
+        spec = get_kernel_dict()
+        spec["display_name"] = KERNEL_DISPLAY_NAME
+        return self.kernel_spec_class(resource_dir=RESOURCES, **spec)
 
 
 class EncryptedKernelManager(KernelManager):
     def __init__(self, **kwargs):
         kwargs.setdefault("transport_encryption", "auto")
         super().__init__(**kwargs)
+
+    @default("kernel_spec_manager")
+    def _ticklab_kernel_specs(self) -> KernelSpecManager:
+        return TicklabKernelSpecs(data_dir=self.data_dir)
 
 
 class TicklabEngine(NBClientEngine):
