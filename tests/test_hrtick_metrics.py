@@ -79,7 +79,7 @@ def write_trace(directory, events: dict[int, list[tuple]], ip_of=lambda at: PROG
             body += record(stamp - last, struct.pack("<HBBi", type_id, 0, 0, 1) + struct.pack(layout, *fields))
             last = stamp
         (directory / f"cpu{cpu}.raw").write_bytes(page(T0, body))
-        (directory / f"cpu{cpu}.stats").write_text("entries: 0\noverrun: 0\n")
+        (directory / f"cpu{cpu}.stats").write_text(f"entries: 0\noverrun: 0\nread events: {len(timeline)}\n")
     return directory
 
 
@@ -425,3 +425,27 @@ def test_the_reprogram_table_shows_total_tick_and_hrtick_per_kernel_with_the_on_
     assert table.loc[("7.2", "cross-check: the HRTICK timer's attributed per s / (on − off)"), "HRTICK on"] == \
         pytest.approx(683 / 699, abs=1e-4)
     assert hrtick.reprogram_table(pd.DataFrame(rows)[lambda f: f["metric"] != "hrtick_reprograms_per_s"]).empty
+
+
+def test_a_spurious_interrupt_on_72_is_the_timer_the_device_was_armed_for(tmp_path):
+    """7.2: the HRTICK timer armed the device for 9 ms, was moved lazily to 12 ms (no reprogram), so the interrupt at
+    9 ms finds nothing expired; its deferred rearm (next_event 12 ms) is the HRTICK timer's, and so is the armed-for
+    expiry: both via the rearm's next_event matched to the timer's last start."""
+    rearm = "timer:hrtimer_rearm"
+    timeline = {0: [(1_000, START, HRTICK_T, HRTICK_FN, 9_000_000), (1_001, rearm, 9_000_000, 0), (1_002, CALL),
+                    (2_000, START, HRTICK_T, HRTICK_FN, 12_000_000),
+                    (9_000, ENTRY), (9_001, EXIT), (9_002, rearm, 12_000_000, 1), (9_003, CALL),
+                    (20_000, CANCEL, SLEEP_T),  # the events traced: a cancel that reprogrammed nothing, a sleep's expiry
+                    (21_000, ENTRY), (21_001, EXPIRE, SLEEP_T, 0, SLEEP_FN), (21_002, EXIT)]}
+    directory = write_trace(tmp_path / "trace", timeline)
+    (directory / "kallsyms").write_text(f"{HRTICK_FN:016x} t hrtick\n{TICK_FN:016x} t tick_nohz_handler\n")
+    causes = tracemetrics.reprogram_causes(read_trace(directory))
+    assert list(zip(causes["cause"], causes["via"])) == [("hrtick", "start"), ("hrtick", "deferred rearm")]
+    # without the rearm's next_event (6.12, which reprograms inside the interrupt) the same spurious interrupt's
+    # reprogram cannot be attributed
+    timeline[0] = [e for e in timeline[0] if e[1] != rearm and e[0] != 9_003] + [(9_000, CALL)]
+    timeline[0].sort(key=lambda e: (e[0], e[1] != ENTRY))
+    directory = write_trace(tmp_path / "trace612", timeline)
+    (directory / "kallsyms").write_text(f"{HRTICK_FN:016x} t hrtick\n")
+    causes = tracemetrics.reprogram_causes(read_trace(directory))
+    assert list(zip(causes["cause"], causes["via"])) == [("hrtick", "start"), ("unattributed", "spurious interrupt")]

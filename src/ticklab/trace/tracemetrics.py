@@ -401,19 +401,25 @@ def rearm_rows(trace: Trace, span_s: float) -> list[dict]:
 # 1494, 1604) is "unattributed". A timer is the HRTICK timer when its function is at ``hrtick``'s address, the tick
 # when at one of TICK_CALLBACKS' (their addresses come from the capture's kallsyms lines: ``trace.symbols``). An
 # interrupt where both expired is counted as "tick and hrtick", not as the HRTICK timer's: with HRTICK off the tick
-# would have raised that interrupt and its reprogram anyway, so it is not reprogramming HRTICK adds.
+# would have raised that interrupt and its reprogram anyway, so it is not reprogramming HRTICK adds. An interrupt that
+# found nothing expired (spurious: on 7.2 mostly the lazily moved HRTICK timer's old expiry) is the timer's the device
+# was armed for: hrtimer_rearm's next_event (7.1+) matched to the expiry of the latest hrtimer_start for it on that
+# CPU; before the series no event says what the device was armed for, and such reprograms stay "unattributed".
 HRTIMER_START, HRTIMER_CANCEL = "timer:hrtimer_start", "timer:hrtimer_cancel"
 HRTICK_CALLBACK = "hrtick"
 REPROGRAM_CAUSES = ("hrtick", "tick", "tick and hrtick", "other timer", "unattributed")
+# remove_hrtimer's reprogram and the hrtimer_cancel tracepoint after it run back to back under the base lock with
+# interrupts off: a cancel further than this after a call is not that call's (declared; a TCG guest's few µs × 20)
+CANCEL_TRACED_WITHIN_NS = 100_000
 
 
 def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
     """Every counted clockevent reprogram (timestamp, cpu) with ``cause`` (one of REPROGRAM_CAUSES) and ``via``
-    (start, cancel, interrupt, deferred rearm, none), or None where the trace cannot attribute them: no
+    (start, cancel, interrupt, spurious interrupt, deferred rearm, none), or None where the trace cannot attribute them: no
     function-tracer calls of clockevents_program_event, no hrtimer_cancel events, or no address for ``hrtick``."""
     calls = clockevent_reprograms(trace)
     addresses = trace.symbol_addresses((HRTICK_CALLBACK, *TICK_CALLBACKS))
-    if calls is None or HRTIMER_CANCEL not in trace.keys() or HRTICK_CALLBACK not in addresses:
+    if calls is None or not _recorded(trace, HRTIMER_CANCEL) or HRTICK_CALLBACK not in addresses:
         return None
     hrtick = addresses[HRTICK_CALLBACK]
     ticks = {address for name, address in addresses.items() if name in TICK_CALLBACKS}
@@ -424,9 +430,10 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
     # the order a CPU's events happened in where timestamps tie: as the kernel emits them around the call
     frames = []
 
-    def add(table: pd.DataFrame, rank: int, what, pointer=None, function=None, call=None) -> None:
+    def add(table: pd.DataFrame, rank: int, what, pointer=None, function=None, call=None, expires=None) -> None:
         n = len(table)
         frames.append(pd.DataFrame({
+            "expires": np.zeros(n, np.int64) if expires is None else table[expires].to_numpy(dtype=np.int64),
             "timestamp": table["timestamp"].to_numpy(dtype=np.int64), "cpu": table["cpu"].to_numpy(dtype=np.int64),
             "rank": np.full(n, rank), "what": what if not isinstance(what, str) else np.full(n, what, dtype=object),
             # addresses stay unsigned 64-bit: a float column would round them
@@ -434,7 +441,7 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
             "function": np.zeros(n, np.uint64) if function is None else table[function].to_numpy(dtype=np.uint64),
             "call": np.full(n, -1, dtype=np.int64) if call is None else call}))
 
-    add(trace.table(HRTIMER_START), 1, "start", "hrtimer", "function")
+    add(trace.table(HRTIMER_START), 1, "start", "hrtimer", "function", expires="expires")
     add(trace.table(HRTIMER_CANCEL), 3, "cancel", "hrtimer")  # traced after the reprogram it made
     add(trace.table(HRTIMER_EXPIRE), 1, "expire", "hrtimer", "function")
     add(trace.table(TIMER_ENTRY), 0, "irq_entry")
@@ -442,7 +449,8 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
     add(calls, 2, "call", call=np.arange(len(calls), dtype=np.int64))
     if HRTIMER_REARM in trace.keys():
         rearms = trace.table(HRTIMER_REARM)
-        add(rearms, 1, np.where(rearms["deferred"].to_numpy() != 0, "deferred", "rearm").astype(object))
+        add(rearms, 1, np.where(rearms["deferred"].to_numpy() != 0, "deferred", "rearm").astype(object),
+            expires="next_event")
     events = pd.concat(frames, ignore_index=True).sort_values(["cpu", "timestamp", "rank"], kind="stable")
     cause = np.full(len(calls), "unattributed", dtype=object)
     via = np.full(len(calls), "none", dtype=object)
@@ -451,34 +459,54 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
         pointers, functions = mine["hrtimer"].to_numpy(dtype=np.uint64), mine["function"].to_numpy(dtype=np.uint64)
         call_of, stamps = mine["call"].to_numpy(), mine["timestamp"].to_numpy(dtype=np.int64)
         owner: dict[int, int] = {}          # hrtimer pointer -> its function, from its starts and expiries
+        expires = mine["expires"].to_numpy(dtype=np.int64)
+        due: dict[int, str] = {}            # expiry -> the kind of the timer last started for it (7.1+: see below)
         in_irq, expired, last_irq = False, set(), "unattributed"
+        armed_for = armed_at_entry = "unattributed"
         for i, event in enumerate(what):
             if event == "irq_entry":
-                in_irq, expired = True, set()
+                in_irq, expired, armed_at_entry = True, set(), armed_for
             elif event == "irq_exit":
-                in_irq, last_irq = False, _irq_cause(expired)
+                # an interrupt that found nothing expired fired for the timer the device was armed for (7.1+)
+                in_irq, last_irq = False, _irq_cause(expired) if expired else armed_at_entry
             elif event in ("expire", "start"):
                 owner[int(pointers[i])] = int(functions[i])
                 if event == "expire":
                     expired.add(kind(int(functions[i])))
+                else:
+                    due[int(expires[i])] = kind(int(functions[i]))
+            elif event in ("rearm", "deferred"):
+                armed_for = due.get(int(expires[i]), "unattributed")
             elif event == "call":
                 index = int(call_of[i])
                 if in_irq:
-                    cause[index], via[index] = _irq_cause(expired), "interrupt"
+                    cause[index], via[index] = (_irq_cause(expired), "interrupt") if expired else \
+                        (armed_at_entry, "spurious interrupt")
                     continue
                 before = i - 1 - (i >= 1 and what[i - 1] == "rearm")  # a rearm sits between a start and its call
-                after = i + 1 if i + 1 < len(what) and what[i + 1] == "cancel" else -1  # traced after its reprogram
+                # a cancel is traced right after the reprogram it made (within CANCEL_TRACED_WITHIN_NS)
+                after = i + 1 if (i + 1 < len(what) and what[i + 1] == "cancel"
+                                  and stamps[i + 1] - stamps[i] <= CANCEL_TRACED_WITHIN_NS) else -1
                 started = before >= 0 and what[before] == "start"
                 if started and after >= 0:  # both adjacent: the nearer in time made the call (each is sub-µs away)
                     started = stamps[i] - stamps[before] <= stamps[after] - stamps[i]
-                if started:
+                if i >= 1 and what[i - 1] == "deferred":  # the tracepoint right before tick_program_event
+                    cause[index], via[index] = last_irq, "deferred rearm"
+                elif started:
                     cause[index], via[index] = kind(int(functions[before])), "start"
                 elif after >= 0:
                     known = owner.get(int(pointers[after]))
                     cause[index], via[index] = (kind(known) if known is not None else "other timer"), "cancel"
-                elif before >= 0 and what[before] == "deferred":
-                    cause[index], via[index] = last_irq, "deferred rearm"
     return calls.assign(cause=cause, via=via)
+
+
+def _recorded(trace: Trace, key: str) -> bool:
+    """Was the event traced (its format is in the capture), even if it never fired?"""
+    try:
+        trace.table(key)
+    except KeyError:
+        return False
+    return True
 
 
 def _irq_cause(expired: set) -> str:
