@@ -105,18 +105,18 @@ verdict-characteristics: $(STAMP)  ## P(word | truth) of the verdict words on sy
 env: $(STAMP)  ## create or update .venv from requirements.lock
 
 $(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/trace/_ringbuf.c
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "ticklab needs Python >= 3.10; set PYTHON=/path/to/python3.10+")'
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ticklab needs Python >= 3.11 (ipykernel 7.4 does); set PYTHON=/path/to/python3.11+")'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "'$(PYTHON) -m venv' is unavailable: install python3-venv (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
-# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.10), in a scratch
+# Re-resolve requirements.in into requirements.lock for the oldest supported Python (3.11: ipykernel 7.4 needs it), in a scratch
 # directory of its own (build/ is the report's: ticklab report refuses a directory it did not make).
 lock: $(STAMP)
 	@scratch=$$(mktemp -d) && trap 'rm -rf "$$scratch"' EXIT && \
-	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.10 \
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --python-version 3.11 \
 	    --only-binary=:all: --target $$scratch/target --report $$scratch/report.json -r requirements.in && \
 	$(BIN)/python -m ticklab.lockfile $$scratch/report.json requirements.lock
 
