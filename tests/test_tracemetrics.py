@@ -62,7 +62,7 @@ def write_capture(directory: Path, events: dict[int, list[tuple[int, str, tuple]
             body += record(stamp - last, payload(name, *values))
             last = stamp
         (directory / f"cpu{cpu}.raw").write_bytes(page(listed[0][0], body))
-        (directory / f"cpu{cpu}.stats").write_text("entries: 0\noverrun: 0\n")
+        (directory / f"cpu{cpu}.stats").write_text(f"entries: 0\noverrun: 0\nread events: {len(listed)}\n")
     if kallsyms is not None:
         (directory / "kallsyms").write_text(kallsyms)
     return directory

@@ -52,7 +52,12 @@ OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_KALLSYMS,
 SECTION_COMPRESSED = 1
 RELEASE_ROWS = 8192  # records gathered between releases of a mapped trace's memory
 WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
-IN_MEMORY = 64 << 20  # decompressed CPU data beyond this goes to a temporary file (see _inflate_cpu_data)
+IN_MEMORY = 64 << 20  # CPU data unpacked or copied beyond this goes to an unlinked temporary file (see _Spool)
+# All of one trace's CPU data (issue 40): a tracefs capture's cpuN.raw files, plain or unpacked, a trace.dat's CPU
+# data, decompressed or not, or a trace.dat.xz unpacked, is at most TRACE_DATA_LIMIT bytes, and what is compressed
+# decompresses to at most rawfile.UNPACK_RATIO times the compressed file's size. The largest bundled capture holds
+# 15 MB a CPU; beyond the limit a trace is refused in one line before it is unpacked further or walked.
+TRACE_DATA_LIMIT = 2 << 30
 MAX_BLOCK = 1 << 28  # one compressed section or chunk; trace-cmd's are a few pages (data) or MiB (kallsyms)
 # rows gathered at a time: bounds the memory a table build needs beyond the tables themselves
 BATCH_ROWS = 1 << 16
@@ -415,6 +420,37 @@ def _release(buffer) -> None:
         buffer.madvise(mmap.MADV_DONTNEED)
 
 
+class _Spool:
+    """Bytes appended in order (a file object for rawfile.copy_into): in memory up to IN_MEMORY bytes, beyond that in
+    an unlinked temporary file, which ``buffer`` maps read-only, so unpacked data costs page cache, not memory that
+    stays with the process (the walk and the gathers release mapped pages as they go)."""
+
+    def __init__(self) -> None:
+        self.file, self.size, self.spilled = io.BytesIO(), 0, False
+
+    def write(self, data) -> int:
+        if not self.spilled and self.size + len(data) > IN_MEMORY:
+            spill = tempfile.TemporaryFile(prefix="ticklab-trace-")
+            spill.write(self.file.getbuffer())
+            self.file, self.spilled = spill, True
+        written = self.file.write(data)
+        self.size += written
+        return written
+
+    def buffer(self):
+        """What was written: bytes, or a read-only map of the temporary file (which outlives the file's closing)."""
+        if not self.spilled:
+            return self.file.getvalue()
+        self.file.flush()
+        return mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
+
+    def __enter__(self) -> _Spool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
 @dataclass
 class _Segment:
     """One CPU's pages: ``length`` bytes at ``start`` of the trace's buffer."""
@@ -430,6 +466,13 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
     commit_size, data_offset = parse_header_page(header_page, source)
     if page_size <= data_offset or page_size > 1 << 24:
         raise TraceFormatError(f"{source}: page size {page_size} is not a ring-buffer page size")
+    numbers = [segment.cpu for segment in segments]
+    if len(set(numbers)) != len(numbers):  # one CPU's events would be filed under another's, its lost count replaced
+        raise TraceFormatError(f"{source}: CPU {next(n for n in numbers if numbers.count(n) > 1)} has two blocks of data")
+    total = sum(segment.length for segment in segments)
+    if total > TRACE_DATA_LIMIT:
+        raise TraceFormatError(f"{source}: {total} bytes of CPU data, more than the {TRACE_DATA_LIMIT} ticklab reads of "
+                               "a trace")
     offsets, stamps, cpus, types, lost = [], [], [], [], {}
     step = max(1, WALK_BYTES // page_size) * page_size
     for segment in sorted(segments, key=lambda s: s.cpu):
@@ -467,10 +510,13 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
                  clock=clock, stats_lost=stats_lost, kallsyms=kallsyms)
 
 
+READ_EVENTS = re.compile(r"^\s*read events:\s*(\d+)", re.M)
+
+
 def _check_read_events(source: str, cpu: int, found: int, stats: str) -> None:
     """A capture's stats are taken after its last read: its file must hold at least the events read (whatever
     'entries' says was left in the buffer, which are not in the file either way)."""
-    read = re.search(r"^\s*read events:\s*(\d+)", stats, re.M)
+    read = READ_EVENTS.search(stats)
     if read and found < int(read.group(1)):
         raise TraceFormatError(f"{source}: cpu{cpu}.raw holds {found} events but cpu{cpu}.stats says {read.group(1)} "
                                "were read: the file is truncated")
@@ -513,16 +559,12 @@ def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
         if int(number) in files:
             raise TraceFormatError(f"{path}: cpu{number} is there both plain and .xz")
         files[int(number)] = path
-    blobs, segments, start = [], [], 0
-    for cpu, path in sorted(files.items()):
-        blob = _read_bytes(path)
-        blobs.append(blob)
-        segments.append(_Segment(cpu, start, len(blob)))
-        start += len(blob)
     stats = {}
     for path in directory.glob("cpu*.stats"):
         if not path.stem[3:].isdigit():
             raise TraceFormatError(f"{shown(path)}: not a cpu<N>.stats file name")
+        if int(path.stem[3:]) in stats:
+            raise TraceFormatError(f"{shown(path)}: a second stats file for CPU {int(path.stem[3:])}")
         stats[int(path.stem[3:])] = files_dir.read_text(path.name, TEXT_LIMIT)
     for cpu in sorted(set(stats) - set(files)):  # a capture writes cpuN.raw for every CPU it has stats of
         raise TraceFormatError(f"{directory / f'cpu{cpu}.raw'}: missing, but cpu{cpu}.stats is there (a ticklab "
@@ -530,6 +572,23 @@ def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
     for cpu in sorted(set(files) - set(stats)):  # without it a truncated cpuN.raw would pass for a whole one
         raise TraceFormatError(f"{directory / f'cpu{cpu}.stats'}: missing (a ticklab tracefs capture writes one beside "
                                f"every cpu<N>.raw), so nothing tells whether {files[cpu].name} is complete")
+    for cpu in sorted(stats):
+        # 'read events' is the one count of what the capture read: the pages' own headers (commit sizes, missed
+        # events) describe only the pages that are there, so a cpuN.raw cut at a page boundary looks whole to them
+        if not READ_EVENTS.search(stats[cpu]):
+            raise TraceFormatError(f"{directory / f'cpu{cpu}.stats'}: no 'read events:' line, so nothing tells whether "
+                                   f"{files[cpu].name} is complete (its pages' headers describe only the pages there)")
+    spool, segments = _Spool(), []
+    with spool:
+        for cpu, path in sorted(files.items()):  # streamed into one buffer, never held whole twice
+            start = spool.size
+            try:
+                rawfile.copy_into(path, spool, TRACE_DATA_LIMIT - start,
+                                  over=f" (a trace's CPU data is at most {TRACE_DATA_LIMIT} bytes in all)")
+            except rawfile.RawFileError as exc:
+                raise TraceFormatError(str(exc)) from None
+            segments.append(_Segment(cpu, start, spool.size - start))
+        buffer = spool.buffer()
     clock = None
     if os.path.lexists(directory / "trace_clock"):
         found = re.search(r"\[(\w+)\]", files_dir.read_text("trace_clock", TEXT_LIMIT))
@@ -542,7 +601,7 @@ def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
         page_size = int(text)
     kallsyms = _read_bytes(directory / KALLSYMS_FILE, KALLSYMS_LIMIT) if rawfile.present(directory / KALLSYMS_FILE) \
         else b""
-    return _assemble(str(directory), formats, b"".join(blobs), segments, page_size, header_text, stats, clock,
+    return _assemble(str(directory), formats, buffer, segments, page_size, header_text, stats, clock,
                      check_read_events=True, kallsyms=kallsyms)
 
 
@@ -626,10 +685,17 @@ def _read_bytes(path: Path, limit: int = rawfile.RAW_FILE_LIMIT) -> bytes:
 
 
 def _map_file(path: Path):
-    """An uncompressed regular file (not reached through a link) mapped read-only; bytes for an .xz or an empty file."""
+    """An uncompressed regular file (not reached through a link) mapped read-only; an .xz unpacked as a stream (into
+    memory, or beyond IN_MEMORY into a mapped temporary file), at most TRACE_DATA_LIMIT bytes; bytes for an empty
+    file."""
     located = rawfile.locate(path)
     if located.suffix == ".xz":
-        return _read_bytes(path)
+        with _Spool() as spool:
+            try:
+                rawfile.copy_into(path, spool, TRACE_DATA_LIMIT)
+            except rawfile.RawFileError as exc:
+                raise TraceFormatError(str(exc)) from None
+            return spool.buffer()
     try:
         fd = open_fd(located)
     except UnsafeFileError as exc:
@@ -686,8 +752,7 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
             start = reader.position + 4
             payload = reader.take(reader.u32())
             if option == OPTION_CPUSTAT:
-                text = reader.text(payload.rstrip(b"\0"), start)
-                stats[_cpu_of_stats(text, len(stats))] = text
+                _add_stats(stats, reader.text(payload.rstrip(b"\0"), start), source)
             elif option == OPTION_TRACECLOCK:
                 clock = _clock_of(payload)
         marker = reader.take(10)
@@ -734,14 +799,24 @@ def _inflate_zlib(blob: bytes, size: int) -> bytes:
     return plain
 
 
-def _decompress(reader: _Reader, inflate, what: str) -> bytes:
-    """One compressed block at the reader: u32 compressed size, u32 uncompressed size, the data."""
+def _decompressed_limit(file_size: int) -> int:
+    """The most a compressed trace.dat of ``file_size`` bytes may decompress to, sections and CPU data each."""
+    return rawfile.unpack_limit(file_size, TRACE_DATA_LIMIT)
+
+
+def _decompress(reader: _Reader, inflate, what: str, room: int = MAX_BLOCK) -> bytes:
+    """One compressed block at the reader: u32 compressed size, u32 uncompressed size, the data; at most ``room``
+    bytes of it (what is left of the file's decompression limit)."""
     start = reader.position
     packed, size = reader.u32(), reader.u32()
     blob = reader.take(packed)
     if size > MAX_BLOCK:
         raise reader.error(f"{what} claims {size} bytes uncompressed (trace-cmd writes blocks of at most "
                            f"{MAX_BLOCK >> 20} MiB)", start)
+    if size > room:
+        raise reader.error(f"{what} claims {size} bytes uncompressed, beyond what ticklab decompresses of a "
+                           f"{len(reader.data)}-byte trace.dat (at most {rawfile.UNPACK_RATIO} times its size, "
+                           f"{TRACE_DATA_LIMIT} bytes in all)", start)
     try:
         plain = inflate(blob, size)
     except _LongerThanStated as exc:
@@ -758,6 +833,9 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     next_options = reader.u64()
     header_page, stats, clock, kallsyms = None, {}, None, b""
     cpu_data: list[tuple[int, int, int, bool]] = []
+    top_level, instances = False, []
+    inflated = 0  # bytes the compressed sections decompressed to, so far
+    limit = _decompressed_limit(len(reader.data))
 
     def section(offset: int) -> _Reader:
         """A reader placed after the header of the section at ``offset`` (over its decompressed bytes if compressed)."""
@@ -770,7 +848,9 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
             return opened
         if inflate is None:
             raise opened.error("compressed section in a file that names no compression", offset)
-        plain = _decompress(opened, inflate, f"section at byte {offset}")
+        nonlocal inflated
+        plain = _decompress(opened, inflate, f"section at byte {offset}", limit - inflated)
+        inflated += len(plain)
         return _Reader(plain, source, 0, f" of the section at byte {offset} (decompressed)")
 
     seen: set[int] = set()
@@ -798,23 +878,33 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
                 symbols = section(value.u64())
                 kallsyms = bytes(symbols.take(symbols.u32()))
             elif option == OPTION_CPUSTAT:
-                text = value.text(payload.rstrip(b"\0"), 0)
-                stats[_cpu_of_stats(text, len(stats))] = text
+                _add_stats(stats, value.text(payload.rstrip(b"\0"), 0), source)
             elif option == OPTION_BUFFER:
                 flyrecord = value.u64()
                 instance = value.string()
                 buffer_clock = value.string()
-                if instance == "":
-                    clock = buffer_clock
-                    remaining = len(payload) - value.position
-                    if remaining >= 8 and remaining - 8 == 20 * struct.unpack_from("<I", payload, value.position + 4)[0]:
-                        page_size = value.u32()  # newer trace-cmd records the sub-buffer size here
-                    flags = _Reader(reader.data, source, flyrecord + 2).u16()
-                    for _ in range(value.u32()):
-                        cpu, offset, size = value.u32(), value.u64(), value.u64()
-                        cpu_data.append((cpu, offset, size, bool(flags & SECTION_COMPRESSED)))
+                if instance != "":
+                    instances.append(instance)
+                    continue
+                if top_level:  # a second list of the CPUs' data: which one is the trace?
+                    raise options.error("a second buffer option for the top-level instance", start - 6)
+                top_level = True
+                clock = buffer_clock
+                remaining = len(payload) - value.position
+                if remaining >= 8 and remaining - 8 == 20 * struct.unpack_from("<I", payload, value.position + 4)[0]:
+                    page_size = value.u32()  # newer trace-cmd records the sub-buffer size here
+                flags = _Reader(reader.data, source, flyrecord + 2).u16()
+                for _ in range(value.u32()):
+                    cpu, offset, size = value.u32(), value.u64(), value.u64()
+                    if any(cpu == listed for listed, *_ in cpu_data):  # two data blocks for one CPU: one would be
+                        raise options.error(f"a second data entry for CPU {cpu} in the buffer option", start - 6)
+                    cpu_data.append((cpu, offset, size, bool(flags & SECTION_COMPRESSED)))
     if header_page is None:
         raise TraceFormatError(f"{source}: no HEADER_INFO section")
+    if not top_level:  # trace-cmd writes one for the top-level buffer even when it recorded no CPU
+        also = f" (only instance(s) {shown(', '.join(instances), 120)}, which ticklab does not read)" if instances else ""
+        raise TraceFormatError(f"{source}: no buffer option for the top-level instance{also}: nothing says where the "
+                               "CPU data is, so its events cannot be counted")
     if any(compressed for *_, compressed in cpu_data):
         buffer, segments = _inflate_cpu_data(reader, inflate, cpu_data, page_size)
     else:
@@ -844,7 +934,12 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
     then mapped like an uncompressed trace.dat (so a large compressed trace needs no more memory than its pages)."""
     if inflate is None:
         raise TraceFormatError(f"{reader.source}: compressed CPU data in a file that names no compression")
-    spill = _inflated_size(reader, cpu_data) > IN_MEMORY
+    total, limit = _inflated_size(reader, cpu_data), _decompressed_limit(len(reader.data))
+    if total > limit:  # found from the chunk headers, before a byte is decompressed; each chunk is then held to its own
+        raise TraceFormatError(f"{reader.source}: its CPU data's chunk headers say {total} bytes decompressed, beyond "
+                               f"what ticklab decompresses of a {len(reader.data)}-byte trace.dat (at most "
+                               f"{rawfile.UNPACK_RATIO} times its size, {TRACE_DATA_LIMIT} bytes in all)")
+    spill = total > IN_MEMORY
     out = tempfile.TemporaryFile(prefix="ticklab-trace-") if spill else io.BytesIO()
     with out:
         segments, written = [], 0
@@ -878,6 +973,14 @@ def _check_cpu_count(source: str, cpus: int, stats: dict[int, str]) -> None:
     if stats and len(stats) != cpus:
         raise TraceFormatError(f"{source}: the header counts {cpus} CPUs of data but the file has the stats of "
                                f"{len(stats)} CPUs: the CPU count is wrong or the file is damaged")
+
+
+def _add_stats(stats: dict[int, str], text: str, source: str) -> None:
+    """One CPU's stats option; a second one for the same CPU (its lost events would replace the first's) is refused."""
+    cpu = _cpu_of_stats(text, len(stats))
+    if cpu in stats:
+        raise TraceFormatError(f"{source}: two stats options for CPU {cpu}: the lost events of one would be lost")
+    stats[cpu] = text
 
 
 def _cpu_of_stats(text: str, fallback: int) -> int:
