@@ -1,5 +1,5 @@
 """Issue 40, item 2: the trace readers refuse what they cannot account for, in one line naming the file, found by a
-fuzzing campaign against trace-cmd's counts (its facts 5, 6, 8, 9):
+fuzzing campaign against trace-cmd's counts (its facts 5, 6, 8, 9, 10 and the event names):
 
 5  a trace.dat v7 whose buffer option lists one CPU number twice (CPU 1's events were filed under CPU 0, and the
    first entry's lost-event count replaced);
@@ -8,8 +8,12 @@ fuzzing campaign against trace-cmd's counts (its facts 5, 6, 8, 9):
    whose chunks claim more than it can hold (each took ~2 bytes of memory a byte, 8 GiB a file, any number of files);
 9  a cpuN.stats without 'read events:' (the one truncation check was skipped: a cpu1.raw cut to one page gave 416 of
    1718 local_timer_entry events, exit 0);
+10 ``ingest --out`` of a bundled hrtick capture (ftrace:function's zero-size ``unsigned long args[]``: nothing was
+   written and the message blamed the output file);
+   and event names with control or bidi characters, which were printed as they are.
 """
 
+import json
 import lzma
 import os
 import shutil
@@ -18,11 +22,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 import tracedat
 from conftest import REPO
-from test_ingest import page
+from test_ingest import FORMAT, page, payload, record
 from test_ingest_fast import COMPRESSED_SOURCE, read_all
 from ticklab.cli import main
 from ticklab.trace import ingest, rawfile
@@ -160,6 +165,62 @@ def test_with_its_read_events_the_same_cut_is_refused_as_truncated(tmp_path):
     with pytest.raises(TraceFormatError, match=r"cpu1.raw holds \d+ events but cpu1.stats says 17061 were read: the "
                                                "file is truncated"):
         read_trace(cut_capture(tmp_path, keep_read_events=True))
+
+
+# -- fact 10: ingest --out of a bundled hrtick capture -----------------------------------------------------------
+def test_ingest_out_of_a_bundled_hrtick_capture_writes_every_table(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["ingest", str(HRTICK_RUN), "--out", str(out)]) == 0
+    trace = read_trace(HRTICK_RUN)
+    assert sorted(p.name for p in out.iterdir()) == sorted(k.replace(":", "__") + ".parquet" for k in trace.keys())
+    function = pq.read_table(out / "ftrace__function.parquet")
+    assert "args" not in function.column_names and function.num_rows == trace.counts()["ftrace:function"]
+    left_out = json.loads(function.schema.metadata[ingest.NOT_INGESTED])
+    assert list(left_out) == ["args"] and left_out["args"].startswith("unsigned long args[]: size 0")
+    assert function.equals(trace.arrow("ftrace:function").drop_columns(["args"]).replace_schema_metadata(
+        function.schema.metadata))
+    for key in trace.keys():
+        if key != "ftrace:function":
+            table = pq.read_table(out / (key.replace(":", "__") + ".parquet"))
+            assert table.schema.metadata is None or ingest.NOT_INGESTED not in table.schema.metadata
+            assert table.equals(trace.arrow(key).replace_schema_metadata(table.schema.metadata))
+
+
+def test_a_table_parquet_cannot_store_is_blamed_on_its_column_not_the_output_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ingest, "not_ingested", lambda fmt: {})  # as before: the zero-size column kept
+    out = tmp_path / "out"
+    assert main(["ingest", str(HRTICK_RUN), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"ticklab ingest: {HRTICK_RUN}: event ftrace:function: its column args (fixed_size_binary[0]) cannot "
+                   "be stored in Parquet (Invalid FIXED_LEN_BYTE_ARRAY length: 0); ftrace__function.parquet was not "
+                   "written")
+    assert not any(p.name.startswith("ftrace__function") for p in out.iterdir())
+
+
+# -- event names ---------------------------------------------------------------------------------------------------
+def test_event_names_with_control_or_bidi_characters_are_shown_escaped(tmp_path, capsys):
+    capture = tmp_path / "capture"
+    tracedat.write_tracefs(capture, {0: tracedat.pages_for([(1, 1, "a", 1, "b")])}, {0: tracedat.stats_text(0, 1)})
+    fmt = capture / "formats" / "fake" / "fake_event" / "format"
+    fmt.write_text(FORMAT.replace("name: fake_event", "name: fake\x1b[2J\u202eevent"))
+    shown_name = "fake:fake\\x1b[2J\\u202eevent"
+    assert list(read_trace(capture).counts()) == [shown_name]
+    assert main(["ingest", str(capture)]) == 0
+    out = capsys.readouterr().out
+    assert f"{shown_name}: 1 events" in out and "\x1b" not in out and "\u202e" not in out
+
+
+def test_two_recorded_types_of_one_name_are_refused(tmp_path):
+    capture = tmp_path / "capture"
+    tracedat.write_tracefs(capture, {0: tracedat.pages_for([(1, 1, "a", 1, "b")])}, {0: tracedat.stats_text(0, 2)})
+    twin = capture / "formats" / "fake" / "fake_twin"
+    twin.mkdir()
+    (twin / "format").write_text(FORMAT.replace("ID: 42", "ID: 43"))  # the same name:, another type id
+    other = payload(1, "a", 2, "b")
+    (capture / "cpu0.raw").write_bytes(page(1000, record(1, payload(1, "a", 1, "b")) +
+                                            record(1, struct.pack("<H", 43) + other[2:])))
+    with pytest.raises(TraceFormatError, match=r"capture: event fake:fake_event has records of two types, 42 and 43"):
+        read_trace(capture)
 
 
 # -- fact 8: memory ------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import mmap
 import os
 import re
@@ -134,6 +135,19 @@ FIELD_LINE = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*siz
 ID_LINE = re.compile(r"^ID:\s*(\d+)", re.M)
 
 
+MAX_NAME_CHARS = 256  # an event or system name: a C identifier in the kernel, never this long
+
+
+def _escaped(name: str, what: str, source: str) -> str:
+    """An event or system name as ticklab shows it everywhere (counts, table names, errors): control and bidi
+    characters escaped (``shown``), so a name from the input cannot rewrite the terminal line it is printed on; the
+    same text for every kernel name."""
+    if len(name) > MAX_NAME_CHARS:
+        raise TraceFormatError(f"{source}: {what} name of {len(name)} characters ({shown(name, 40)}): not a kernel "
+                               "event name")
+    return shown(name, MAX_NAME_CHARS)
+
+
 def parse_event_format(text: str, system: str | None = None, source: str = "<format>") -> EventFormat:
     name = re.search(r"^name:\s*(\S+)", text, re.M)
     ident = ID_LINE.search(text)
@@ -144,11 +158,12 @@ def parse_event_format(text: str, system: str | None = None, source: str = "<for
         declaration = match["decl"].strip()
         words = re.sub(r"\[.*\]$", "", declaration).split()
         if not words:
-            raise TraceFormatError(f"{source}: event {name.group(1)} has a field with no name")
+            raise TraceFormatError(f"{source}: event {shown(name.group(1), 80)} has a field with no name")
         bare = words[-1]
         fields.append(Field(name=bare, type=declaration[: declaration.rfind(bare)].strip(), offset=int(match["offset"]),
                             size=int(match["size"]), signed=match["signed"] == "1", name_decl=declaration))
-    return EventFormat(system=system or "", name=name.group(1), id=int(ident.group(1)), fields=fields)
+    return EventFormat(system=_escaped(system or "", "system", source), name=_escaped(name.group(1), "event", source),
+                       id=int(ident.group(1)), fields=fields)
 
 
 class EventFormats(Mapping):
@@ -244,6 +259,12 @@ class Trace:
         missing = [t for t in self._type_ids.tolist() if t not in formats]
         if missing:
             raise TraceFormatError(f"{source}: records of event type {missing[0]}, which has no format in the trace")
+        keys: dict[str, int] = {}
+        for type_id in self._type_ids.tolist():  # one table per name: two types of one name would merge or be lost
+            key = formats[type_id].key
+            if key in keys:
+                raise TraceFormatError(f"{source}: event {key} has records of two types, {keys[key]} and {type_id}")
+            keys[key] = type_id
         self._arrow: dict[str, pa.Table] = {}
         self._frames: dict[str, pd.DataFrame] | None = None
 
@@ -1010,10 +1031,8 @@ def read_trace(path: Path | str) -> Trace:
 
 
 def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
-    """One Parquet file per event (``<system>__<event>.parquet``), written batch by batch (bounded memory)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """One Parquet file per event (``<system>__<event>.parquet``), written batch by batch (bounded memory); a field
+    no table can hold (``not_ingested``) is left out and named, with why, in the file's metadata."""
     out_dir = Path(out_dir)
     written = []
     try:
@@ -1031,22 +1050,75 @@ def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
                 out.check_replaceable(name)
             for key, name in names.items():
                 with out.replacing(name) as handle:
-                    writer = None
-                    try:
-                        for batch in trace.batches(key):
-                            if writer is None:  # dictionary-encode the strings (comm names repeat)
-                                strings = [f.name for f in batch.schema if pa.types.is_string(f.type)]
-                                writer = pq.ParquetWriter(handle, batch.schema, use_dictionary=strings)
-                            # a table per batch is its own row group, written now (write_batch would buffer the event)
-                            writer.write_table(pa.Table.from_batches([batch]), row_group_size=max(batch.num_rows, 1))
-                            del batch
-                            pa.default_memory_pool().release_unused()  # the allocator keeps encoding buffers otherwise
-                    finally:
-                        if writer is not None:
-                            writer.close()
+                    _write_table(trace, key, name, handle)
                 written.append(out_dir / name)
     except UnsafeFileError as exc:
         raise TraceFormatError(str(exc)) from None
     except OSError as exc:
         raise TraceFormatError(f"{out_dir}: cannot write the tables ({exc.strerror or exc})") from None
     return written
+
+
+# Parquet key-value metadata of a table that leaves a field of the event's format out: {field: why}, as JSON
+NOT_INGESTED = b"ticklab.not_ingested"
+
+
+def not_ingested(fmt: EventFormat) -> dict[str, str]:
+    """The fields of ``fmt`` a written table leaves out, each with why: a field of size 0 holds no bytes in the
+    record's fixed part — ftrace:function's ``unsigned long args[]`` (the function's arguments where the func-args
+    option is on) runs to the record's end, a length the format states nowhere and the walk does not keep."""
+    return {f.name: f"{shown(f.name_decl, 120)}: size 0 in the event's format (a variable-length array runs to the "
+                    "record's end, a length no field gives); not ingested" for f in fmt.fields if f.size == 0}
+
+
+def _write_table(trace: Trace, key: str, name: str, handle) -> None:
+    """One event's table into ``handle`` (Parquet), batch by batch. A table Parquet cannot store is a
+    TraceFormatError naming the event and the column; an error of the file system (an errno: a full disk) is left to
+    the caller, which names the file."""
+    import contextlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    left_out = not_ingested(trace._format_of(key))
+    writer = table = None
+    try:
+        for batch in trace.batches(key):
+            table = pa.Table.from_batches([batch])
+            del batch
+            if left_out:  # said in the file's metadata, so a reader sees what is missing and why
+                table = table.drop_columns([c for c in left_out if c in table.column_names]).replace_schema_metadata(
+                    {NOT_INGESTED: json.dumps(left_out, sort_keys=True).encode()})
+            if writer is None:  # dictionary-encode the strings (comm names repeat)
+                strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+                writer = pq.ParquetWriter(handle, table.schema, use_dictionary=strings)
+            # a table per batch is its own row group, written now (write_batch would buffer the event)
+            writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            table = None
+            pa.default_memory_pool().release_unused()  # the allocator keeps encoding buffers otherwise
+        done, writer = writer, None
+        if done is not None:
+            done.close()
+    except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise
+        column = _unstorable_column(table) if table is not None else None
+        raise TraceFormatError(f"{trace.source}: event {key}: {'its column ' + column if column else 'its table'} "
+                               f"cannot be stored in Parquet ({' '.join(str(exc).split())[:200]}); {name} was not "
+                               "written") from None
+    finally:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+
+def _unstorable_column(table) -> str | None:
+    """The first column of ``table`` Parquet refuses on its own, as 'name (type)'."""
+    import pyarrow.parquet as pq
+
+    for index, field in enumerate(table.schema):
+        try:
+            pq.write_table(table.select([index]).slice(0, 1), io.BytesIO())
+        except Exception:  # noqa: BLE001 - whichever error Parquet raises names the column
+            return f"{shown(field.name, 80)} ({field.type})"
+    return None
