@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 import pandas as pd
-import yaml
 
-from .. import schemas
+from .. import schemas, yamlsafe
 from ..safefiles import UnsafeFileError, read_bytes, read_text, shown
 
 if TYPE_CHECKING:
@@ -207,23 +206,18 @@ def _load_published(directory: Path, claim: str) -> PublishedClaim:
     provenance_path = directory / "provenance.yaml"
     if not os.path.lexists(provenance_path):
         raise PublishedDataError(f"{shown(provenance_path)}: missing (no published data for claim {shown(repr(claim))})")
-    try:  # no link, no FIFO or device (which would block or never end), at most MAX_PROVENANCE_BYTES
-        provenance = yaml.safe_load(read_text(provenance_path, MAX_PROVENANCE_BYTES))
+    try:  # no link, no FIFO or device (which would block or never end), at most MAX_PROVENANCE_BYTES; the shared
+        # loader refuses anchors and aliases (an alias bomb) and empty typed values, each in one line
+        provenance = yamlsafe.load(read_text(provenance_path, MAX_PROVENANCE_BYTES))
     except UnsafeFileError as exc:
         raise PublishedDataError(str(exc)) from None
-    except yaml.YAMLError as exc:
-        raise PublishedDataError(f"{shown(provenance_path)}: not valid YAML ({shown(' '.join(str(exc).split()))})") \
-            from None
-    except RecursionError:
-        raise PublishedDataError(f"{shown(provenance_path)}: nested too deeply") from None
-    except ValueError as exc:  # raised by PyYAML's constructors outside its own errors: int(), a date
-        raise PublishedDataError(f"{shown(provenance_path)}: not valid YAML ({schemas.yaml_value_problem(exc)})") \
-            from None
+    except yamlsafe.YamlError as exc:
+        raise PublishedDataError(f"{shown(provenance_path)}: {exc}") from None
     if not isinstance(provenance, dict) or "source" not in provenance or "tables" not in provenance:
         raise PublishedDataError(f"{provenance_path}: needs top-level 'source' and 'tables'")
     schemas.check(provenance, schemas.PROVENANCE, str(provenance_path), PublishedDataError)
     if provenance.get("claim", claim) != claim:
-        raise PublishedDataError(f"{shown(provenance_path)}: claim: {shown(repr(provenance['claim']))} is not "
+        raise PublishedDataError(f"{shown(provenance_path)}: claim: {yamlsafe.preview(provenance['claim'])} is not "
                                  f"{claim!r}, the claim its directory is named for")
 
     listed = set(provenance["tables"])

@@ -35,11 +35,10 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from .. import schemas
+from .. import schemas, yamlsafe
 from ..paths import repo_root
 from ..safefiles import UnsafeFileError, read_bytes, shown
+from ..yamlsafe import preview
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
 KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
@@ -186,13 +185,13 @@ def load_experiment(path: Path | str) -> Experiment:
                               "and such a file needs a host_kernel knob")
     for variable, kind in (data.get("knobs") or {}).items():
         if kind not in KNOB_KINDS and not str(kind).startswith("sched_feature:"):
-            raise ExperimentError(f"{path}: knobs.{shown(variable, 80)}: unknown knob {shown(repr(kind), 80)} "
+            raise ExperimentError(f"{path}: knobs.{shown(variable, 80)}: unknown knob {preview(kind, 80)} "
                                   f"(known: {', '.join(KNOB_KINDS)}, sched_feature:<NAME>)")
     for index, extra in enumerate(data.get("extras") or []):
         if not isinstance(extra, dict) or not {"name", "argv"} <= set(extra) or not isinstance(extra["argv"], list):
             raise ExperimentError(f"{path}: extras[{index}] needs a name and an argv list")
         if extra["name"] == "trace" or [e.get("name") for e in data["extras"]].count(extra["name"]) > 1:
-            raise ExperimentError(f"{path}: extras[{index}]: name {shown(repr(extra['name']), 80)} is taken (by another "
+            raise ExperimentError(f"{path}: extras[{index}]: name {preview(extra['name'], 80)} is taken (by another "
                                   "extra, or 'trace', the run's own trace directory)")
         if extra.get("traced") and not (extra.get("per_run") and data.get("trace")):
             raise ExperimentError(f"{path}: extras[{index}] is traced: it must be per_run and the experiment must have a "
@@ -208,21 +207,18 @@ def load_experiment(path: Path | str) -> Experiment:
 
 
 def _read_yaml(path: Path):
-    """The experiment file's YAML: a regular file reached without a link (ticklab.safefiles), bounded; every
-    problem one ExperimentError naming the file."""
+    """The experiment file's YAML: a regular file reached without a link (ticklab.safefiles), bounded, read by the
+    shared loader (ticklab.yamlsafe: no anchors or aliases, no empty typed values); every problem one
+    ExperimentError naming the file."""
     try:
         raw = read_bytes(path, MAX_EXPERIMENT_BYTES)
-        return yaml.safe_load(raw.decode("utf-8"))
+        return yamlsafe.load(raw.decode("utf-8"))
     except UnsafeFileError as exc:
         raise ExperimentError(str(exc)) from None
     except UnicodeDecodeError as exc:
         raise ExperimentError(f"{shown(path)}: not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise ExperimentError(f"{shown(path)}: not valid YAML ({shown(' '.join(str(exc).split()))})") from None
-    except RecursionError:
-        raise ExperimentError(f"{shown(path)}: nested too deeply") from None
-    except ValueError as exc:  # raised by PyYAML's constructors outside its own errors: int(), a date
-        raise ExperimentError(f"{shown(path)}: not valid YAML ({schemas.yaml_value_problem(exc)})") from None
+    except yamlsafe.YamlError as exc:
+        raise ExperimentError(f"{shown(path)}: {exc}") from None
 
 
 def _listed(names) -> str:
@@ -244,7 +240,7 @@ def check_keys_are_text(data, path: Path, where: str = "") -> None:
         if isinstance(node, dict):
             for key, value in node.items():
                 if not isinstance(key, str):
-                    raise ExperimentError(f"{shown(path)}: {at + ': ' if at else ''}key {shown(repr(key), 80)} is not "
+                    raise ExperimentError(f"{shown(path)}: {at + ': ' if at else ''}key {preview(key, 80)} is not "
                                           "a string (quote it)")
                 stack.append((value, f"{at}.{shown(key, 80)}" if at else shown(key, 80)))
         elif isinstance(node, list):
@@ -270,7 +266,7 @@ def check_idle_configs(data: dict, path: Path) -> None:
                 if value is None or value in IDLE_HOST_VALUES:
                     continue
                 if not idle_config_form(value):
-                    raise ExperimentError(f"{shown(path)}: {shown(where, 120)}: {shown(repr(value), 80)} is not an "
+                    raise ExperimentError(f"{shown(path)}: {shown(where, 120)}: {preview(value, 80)} is not an "
                                           "idle config (all, max=<cpuidle state>, @idle_configs or @deepest_disabled)")
 
 
@@ -284,7 +280,7 @@ def idle_states_to_disable(value, names: list[str], source: str) -> list[str]:
         return []
     deepest = str(value)[4:] if idle_config_form(value) else None
     if deepest not in names:
-        raise ExperimentError(f"{source}: idle config {shown(repr(value), 80)} names no cpuidle state of this host "
+        raise ExperimentError(f"{source}: idle config {preview(value, 80)} names no cpuidle state of this host "
                               f"(states: {_listed(names)})")
     return names[names.index(deepest) + 1:]
 
@@ -302,7 +298,7 @@ def _cmdline_problem(value, *, words_list: bool) -> str | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return None
     if not isinstance(value, str):
-        return f"{shown(repr(value))} is not a string of command-line words"
+        return f"{preview(value, 200)} is not a string of command-line words"
     bad = next((c for c in value if not c.isprintable() and c != " "), None)
     if bad is not None:
         return (f"'{shown(value)}' holds the control character {bad!r}; kernel command-line words are printable text, "
@@ -366,7 +362,7 @@ def resolve_value(value, host: dict, source: str):
         configs = idle_configs(host["cpuidle"]["states"])
         return configs[-1] if len(configs) > 1 else []
     if isinstance(value, str) and value.startswith("@"):
-        raise ExperimentError(f"{source}: unknown host value {shown(repr(value), 80)} "
+        raise ExperimentError(f"{source}: unknown host value {preview(value, 80)} "
                              "(known: @clocksources, @threads, @idle_configs, @deepest_disabled)")
     return value
 

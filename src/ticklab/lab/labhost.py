@@ -38,8 +38,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from .. import yamlsafe
 from ..capture.process import spawn, wait_or_kill
 from ..paths import repo_root
 from .cache import LabError, cache_dir, content_key
@@ -76,8 +75,8 @@ class HostImage:
 def recipe() -> dict:
     path = repo_root() / RECIPE
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        data = yamlsafe.load(path.read_text())
+    except (OSError, yamlsafe.YamlError) as exc:
         raise LabError(f"{path}: cannot read the lab host recipe ({' '.join(str(exc).split())})") from None
     missing = [k for k in ("suite", "mirror", "packages", "disk_gib", "ticklab_dir") if k not in (data or {})]
     if missing:

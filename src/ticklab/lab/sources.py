@@ -22,8 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from .. import yamlsafe
 from ..paths import repo_root
 from .cache import LabError, cache_dir
 
@@ -76,8 +75,8 @@ def sources_file() -> Path:
 @functools.lru_cache(maxsize=4)
 def _load(path: Path, mtime: float) -> tuple[str, dict[str, SourceSpec]]:
     try:
-        data = yaml.safe_load(path.read_text()[:1 << 20])
-    except (OSError, yaml.YAMLError) as exc:
+        data = yamlsafe.load(path.read_text()[:1 << 20])
+    except (OSError, yamlsafe.YamlError) as exc:
         raise LabError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("sources"), dict) or not data["sources"]:
         raise LabError(f"{path}: needs a 'sources' mapping of series to packages")
