@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from scipy import signal
 
+from ..analysis import derived
 from ..analysis.captured import BundleRef
 from ..analysis.checks import RUN_HZ, FactCheck, MetricCheck, RawCheck
 from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
@@ -101,14 +102,13 @@ _TICK_OFF = ("*nohz_full*", "nohz-full")
 
 def ftq_header(raw: Path) -> dict:
     """The header of a run's ftq.dat (the run's own record of its clocksource)."""
-    return read_ftq(raw / "ftq.dat")[0]
+    return dict(_ftq_check_values(str(raw / "ftq.dat"))[0])
 
 
 def ftq_starved_share(raw: Path) -> float:
     """The share of a run's measured FTQ quanta that did no work at all: quanta in which the busy thread never ran
     (its vCPU was not scheduled, or it was preempted for the whole quantum)."""
-    _, samples = read_ftq(raw / "ftq.dat")
-    return float((samples.loc[~samples["warmup"], "count"] == 0).mean())
+    return _ftq_check_values(str(raw / "ftq.dat"))[1]
 
 
 CHECKS = [
@@ -145,22 +145,62 @@ _OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\
                           r"\s+(\d+)\s+(\d+)", re.M)
 
 
-@functools.lru_cache(maxsize=None)
-def _measured_ftq(path: str) -> tuple[dict, pd.DataFrame]:
-    """One run's ftq.dat: its header and its measured quanta (warm-up dropped). Read once per process: a notebook's
-    tables each need every run's samples (callers must not change the frame)."""
-    header, samples = read_ftq(Path(path))
+# What the per-run derivations below are computed by (analysis/derived.py: a change to any of these files is a new
+# code version, and what a sealed bundle's raw files gave before is derived again): this module, the workload
+# parsers, and every module of trace/ (raw files, the trace reader and its C extension, the metrics, tickcost).
+DERIVED_BY = ("claims/nohz.py", "capture/workloads.py", "trace/", "safefiles.py")
+
+
+def _derived_from_run_file(path: str, kind: str, params: dict, compute, *, inputs: tuple[str, ...], frame=False):
+    """``compute()`` for a file of a run, ``<bundle>/raw/<run>/<name>`` (a condition check has only the path), through
+    the per-bundle cache (analysis/derived.py: the bundle's seal checked and ``inputs`` — names under the run's raw
+    directory — checked against its manifest); computed directly for a path outside a bundle's raw/."""
+    file = Path(path)
+    if len(file.parts) < 4 or file.parent.parent.name != "raw":
+        return compute()
+    run = file.parent.name
+    return derived.per_run(file.parents[2], kind, DERIVED_BY, run, params, compute,
+                           inputs=tuple(f"raw/{run}/{name}" for name in inputs), frame=frame)
+
+
+def _read_measured_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
+    header, samples = read_ftq(path)
     return header, samples[~samples["warmup"]]
 
 
 @functools.lru_cache(maxsize=None)
+def _measured_ftq(path: str) -> tuple[dict, pd.DataFrame]:
+    """One run's ftq.dat: its header and its measured quanta (warm-up dropped). Read once per process, and parsed
+    once per sealed bundle (analysis/derived.py): a notebook's tables and its condition checks each need every run's
+    samples (callers must not change the frame)."""
+    file = Path(path)
+    return _derived_from_run_file(path, "ftq-measured", {"file": file.name}, lambda: _read_measured_ftq(file),
+                                  inputs=(file.name,), frame=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _ftq_check_values(path: str) -> tuple[dict, float]:
+    """What the condition checks read of a run's ftq.dat (ftq_header, ftq_starved_share): its header and the share of
+    its measured quanta with no work, once per process and once per sealed bundle (analysis/derived.py), so checking
+    a run reads no quanta where they were derived before."""
+    def compute() -> tuple[dict, float]:
+        header, samples = _measured_ftq(path)
+        return dict(header), float((samples["count"] == 0).mean())
+    return _derived_from_run_file(path, "ftq-checks", {"file": Path(path).name}, compute, inputs=(Path(path).name,))
+
+
+@functools.lru_cache(maxsize=None)
 def _ftq_run_cost(path: str, period_ns: int | None) -> dict:
-    """tickcost.ftq_tick_cost of one run's ftq.dat for a tick period, computed once per process: each tick placed by
-    its traced timestamp where the run's own trace (``trace/`` beside ftq.dat) is on the mono clock and ftq wrote
-    its t0 (tools/ftq.c since issue 44), else by the fold (the reason is in the result's ``method``)."""
-    header, samples = _measured_ftq(path)
-    ticks = _traced_ticks(Path(path).parent / "trace", header) if period_ns is not None else None
-    return ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period_ns, tick_ns=ticks)
+    """tickcost.ftq_tick_cost of one run's ftq.dat for a tick period, computed once per process and once per sealed
+    bundle (analysis/derived.py): each tick placed by its traced timestamp where the run's own trace (``trace/``
+    beside ftq.dat) is on the mono clock and ftq wrote its t0 (tools/ftq.c since issue 44), else by the fold (the
+    reason is in the result's ``method``)."""
+    def compute() -> dict:
+        header, samples = _measured_ftq(path)
+        ticks = _traced_ticks(Path(path).parent / "trace", header) if period_ns is not None else None
+        return ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period_ns, tick_ns=ticks)
+    return _derived_from_run_file(path, "ftq-tick-cost", {"file": Path(path).name, "period_ns": period_ns}, compute,
+                                  inputs=(Path(path).name, "trace"))
 
 
 def _traced_ticks(trace_dir: Path, header: dict):
@@ -327,13 +367,19 @@ def osnoise_rows(text: str) -> list[dict]:
             for m in _OSNOISE_ROW.finditer(text)]
 
 
+def _osnoise_rows_of(ref: BundleRef, run: str | None, extra: dict) -> list[dict]:
+    """osnoise_rows of one osnoise extra's stdout.txt, once per sealed bundle (analysis/derived.py)."""
+    return derived.per_run(ref, "osnoise-rows", DERIVED_BY, run, {"extra": extra}, lambda: osnoise_rows(
+        rawfile.read_text(ref.path / "raw" / extra["directory"] / "stdout.txt")))
+
+
 def _osnoise_by_run(ref: BundleRef, entries: list[tuple[str, str, dict]]) -> list[dict]:
     """(condition, run, extras entry) -> one row per osnoise run that gave a reading."""
     rows = []
     for condition, run, extra in entries:
         if extra.get("name") != "osnoise" or extra.get("status") != "ok":
             continue
-        parsed = osnoise_rows(rawfile.read_text(ref.path / "raw" / extra["directory"] / "stdout.txt"))
+        parsed = _osnoise_rows_of(ref, run, extra)
         if parsed and parsed[-1]["runtime_us"] > 0:
             last, seconds = parsed[-1], parsed[-1]["runtime_us"] / 1e6
             rows.append({"condition": condition, "run": run, "noise_pct": 100 - last["cpu_available_pct"],
@@ -347,6 +393,18 @@ OSNOISE_COLUMNS = ["setup", "condition", "runs", "FTQ: work lost (%)", "osnoise 
                    "gap detector runs", "gap detector: µs lost per tick (median)", "gap detector: lost (% of CPU)"]
 
 
+def _gap_cost(ref: BundleRef, run: str | None, extra: dict, period_ns: int | None) -> dict | None:
+    """tickcost.gap_tick_cost of one gapdet extra for a tick period, or None where its output cannot be read, once
+    per sealed bundle (analysis/derived.py)."""
+    def compute() -> dict | None:
+        try:
+            header, gaps = read_gapdet(ref.path / "raw" / extra["directory"] / "stdout.txt")
+        except WorkloadOutputError:
+            return None
+        return gap_tick_cost(gaps, header, period_ns)
+    return derived.per_run(ref, "gapdet-cost", DERIVED_BY, run, {"extra": extra, "period_ns": period_ns}, compute)
+
+
 def _gapdet_summary(ref: BundleRef, entries: list[tuple[str, str, dict]], condition: str, rates: pd.Series) -> dict:
     """The gap detector's per-run readings for one condition (medians over runs): µs lost per tick period at the
     tick's phase (TICK_NSEC for the HZ nearest the run's traced tick rate, ``rates`` by run), and all its lost time
@@ -355,11 +413,9 @@ def _gapdet_summary(ref: BundleRef, entries: list[tuple[str, str, dict]], condit
     for cond, run, extra in entries:
         if cond != condition or extra.get("name") != "gapdet" or extra.get("status") != "ok":
             continue
-        try:
-            header, gaps = read_gapdet(ref.path / "raw" / extra["directory"] / "stdout.txt")
-        except WorkloadOutputError:
+        cost = _gap_cost(ref, run, extra, nominal_period_ns(float(rates.get(run, np.nan))))
+        if cost is None:
             continue
-        cost = gap_tick_cost(gaps, header, nominal_period_ns(float(rates.get(run, np.nan))))
         per_tick.append(cost["tick_gap_us_median"])
         lost.append(100 * cost["gap_fraction"])
     return {"gap detector runs": len(lost),
@@ -536,6 +592,25 @@ def _matched_gap_row(ref: BundleRef, entry: dict, header: dict, gaps: pd.DataFra
             "matched_reason": matched["reason"]}
 
 
+def _gap_columns(ref: BundleRef, run: str, entry: dict, period_ns: int | None) -> dict:
+    """The gap_* and matched_* columns of tick_cost_runs for one run's gapdet extra (tickcost.gap_tick_cost for the
+    run's tick period and _matched_gap_row), or its gap_reason where the output cannot be read; once per sealed bundle
+    (analysis/derived.py)."""
+    def compute() -> dict:
+        columns = {}
+        try:
+            header, gaps = read_gapdet(ref.path / "raw" / entry["directory"] / "stdout.txt")
+            gap = gap_tick_cost(gaps, header, period_ns)
+            columns.update(gap_ticks=gap["n"], gap_tick_us_median=gap["tick_gap_us_median"],
+                           gap_tick_us_p99=gap["tick_gap_us_p99"], gap_tick_share_of_gaps=gap["tick_share_of_gap_time"],
+                           gap_tick_fraction=gap["tick_fraction"], gap_reason=gap["reason"])
+            columns.update(_matched_gap_row(ref, entry, header, gaps))
+        except WorkloadOutputError as exc:
+            columns["gap_reason"] = str(exc)
+        return columns
+    return derived.per_run(ref, "gapdet-columns", DERIVED_BY, run, {"extra": entry, "period_ns": period_ns}, compute)
+
+
 def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame:
     """Per measured run of every testable FTQ bundle: the work the tick takes from the workload (issue 26), from
     FTQ's own quanta (tickcost.ftq_tick_cost: quanta near a tick against the median tick-free quantum, and lost work
@@ -573,15 +648,7 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
                 row["gap_reason"] = NO_GAPDET if entry is None else f"gapdet {entry.get('status') or 'skipped'}: " \
                                                                      f"{entry.get('skipped') or entry.get('error') or ''}"
             else:
-                try:
-                    header, gaps = read_gapdet(ref.path / "raw" / entry["directory"] / "stdout.txt")
-                    gap = gap_tick_cost(gaps, header, period)
-                    row.update(gap_ticks=gap["n"], gap_tick_us_median=gap["tick_gap_us_median"],
-                               gap_tick_us_p99=gap["tick_gap_us_p99"], gap_tick_share_of_gaps=gap["tick_share_of_gap_time"],
-                               gap_tick_fraction=gap["tick_fraction"], gap_reason=gap["reason"])
-                    row.update(_matched_gap_row(ref, entry, header, gaps))
-                except WorkloadOutputError as exc:
-                    row["gap_reason"] = str(exc)
+                row.update(_gap_columns(ref, record.run, entry, period))
             row.setdefault("matched_reason", row.get("gap_reason") or NO_GAPDET_TRACE)
             rows.append(row)
     return pd.DataFrame(rows).reindex(columns=TICK_COST_COLUMNS)
