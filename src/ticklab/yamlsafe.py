@@ -78,27 +78,27 @@ def _where(path: tuple) -> str:
 def _build_scalars(loader: _Loader, root: yaml.Node) -> None:
     """Build every scalar of the composed document on its own (the loader keeps what it built for the document), so
     that one PyYAML cannot build is refused with its key's path. Without aliases the document is a tree."""
-    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    stack: list[tuple[yaml.Node, tuple, bool]] = [(root, (), False)]
     while stack:
-        node, path = stack.pop()
+        node, path, is_key = stack.pop()
         if isinstance(node, yaml.MappingNode):
             for key, value in reversed(node.value):
-                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
-                stack.append((value, (*path, name)))
-                stack.append((key, (*path, f"{name} (a key)")))
+                stack.append((value, (*path, key.value if isinstance(key, yaml.ScalarNode) else "?"), False))
+                stack.append((key, path, True))
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend((item, (*path, index)) for index, item in reversed(list(enumerate(node.value))))
+            stack.extend((item, (*path, index), False) for index, item in reversed(list(enumerate(node.value))))
         elif isinstance(node, yaml.ScalarNode) and node.tag not in KEY_ONLY:
+            where = f"{_where(path)}: {'a key: ' if is_key else ''}"
             kind = TYPED.get(node.tag)
             if kind and not node.value.strip():
-                raise YamlError(f"{_where(path)}: empty !!{kind} value")
+                raise YamlError(f"{where}empty !!{kind} value")
             try:
                 loader.construct_object(node)
             except RecursionError:
                 raise
             except _BUILD_ERRORS as exc:
                 what = f"!!{kind} value {shown(node.value, 40)!r}" if kind else f"value {shown(node.value, 40)!r}"
-                raise YamlError(f"{_where(path)}: {what} cannot be read ({_problem(exc)})") from None
+                raise YamlError(f"{where}{what} cannot be read ({_problem(exc)})") from None
 
 
 def _problem(exc: BaseException) -> str:
