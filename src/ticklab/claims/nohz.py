@@ -419,7 +419,9 @@ def _gapdet_summary(ref: BundleRef, entries: list[tuple[str, str, dict]], condit
         per_tick.append(cost["tick_gap_us_median"])
         lost.append(100 * cost["gap_fraction"])
     return {"gap detector runs": len(lost),
-            "gap detector: µs lost per tick (median)": float(np.nanmedian(per_tick)) if per_tick else np.nan,
+            # NaN where no run had a periodic tick (nohz_full): no all-NaN median warning in the notebook
+            "gap detector: µs lost per tick (median)": (float(np.nanmedian(per_tick)) if np.isfinite(per_tick).any()
+                                                       else np.nan),
             "gap detector: lost (% of CPU)": float(np.median(lost)) if lost else np.nan}
 
 
@@ -690,9 +692,10 @@ def _workload_cost_rows(costs: pd.DataFrame, head: dict, seed_us: float, seed_ce
     for column, quantity, scale, seeded in WORKLOAD_COST_ROWS:
         if column == "ftq_method":
             methods = [m for m in costs[column].dropna().unique() if m]
-            if methods:
-                rows.append({**head, "quantity": quantity, "measured": "; ".join(
-                    f"{m} ({int((costs[column] == m).sum())} runs)" for m in methods)})
+            reasons = [r for r in costs["ftq_reason"].dropna().unique() if r]
+            rows.append({**head, "quantity": quantity, "measured": "; ".join(
+                f"{m} ({int((costs[column] == m).sum())} runs)" for m in methods) or
+                (f"no tick placed: {reasons[0]}" if reasons else "not measurable")})
             continue
         values = pd.to_numeric(costs[column], errors="coerce").dropna()
         reason_column = {"gap": "gap_reason", "matched": "matched_reason"}.get(column.split("_")[0], "ftq_reason")
