@@ -312,11 +312,24 @@ def test_a_compressed_trace_dat_whose_chunks_claim_too_much_is_refused_before_de
         read_trace(path)
 
 
-def test_a_trace_dat_xz_bomb_is_refused(tmp_path):
-    (tmp_path / "trace.dat.xz").write_bytes(zero_pages_xz(64))
+@pytest.mark.parametrize("tail", [b"", b"not a stream"], ids=["by its index", "while unpacking"])
+def test_a_trace_dat_xz_bomb_is_refused(tmp_path, tail):
+    """Refused from what its streams' indexes state, before a byte is unpacked; where they cannot be read (bytes after
+    the last stream, which lzma ignores), once the unpacking passes the bound."""
+    (tmp_path / "trace.dat.xz").write_bytes(zero_pages_xz(64) + tail)
     with pytest.raises(TraceFormatError, match=r"trace.dat.xz: unpacks to more than the \d+ bytes ticklab reads \(an "
                                                r".xz unpacks to at most 1024 times its \d+ bytes\)$"):
         read_trace(tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_an_xz_bomb_whose_index_cannot_be_read_is_refused_within_bounded_memory(tmp_path):
+    capture = bomb_capture(tmp_path, "bomb", 2100)
+    with open(capture / "cpu1.raw.xz", "ab") as handle:
+        handle.write(b"trailing bytes that are no stream")
+    status, err, peak_kib = run_capped(["ingest", str(capture)])
+    assert status == 2 and len(err) == 1 and "cpu1.raw.xz: unpacks to more than the" in err[0], err
+    assert peak_kib < 400 << 10, f"peak RSS {peak_kib >> 10} MiB"
 
 
 def test_the_limits_are_the_declared_ones():

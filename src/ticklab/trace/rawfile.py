@@ -84,7 +84,72 @@ def copy_into(path: Path | str, out, limit: int = RAW_FILE_LIMIT, *, over: str =
         bound = unpack_limit(size, limit)
         if bound < limit:
             over = f" (an .xz unpacks to at most {UNPACK_RATIO} times its {size} bytes)"
+        # what the streams' indexes say they hold, before a byte is unpacked (liblzma checks each index against its
+        # blocks as it unpacks, and the count below stops at the bound whatever an index says)
+        if (_stated_size(handle, size, bound) or 0) > bound:
+            raise RawFileError(f"{shown(path)}: unpacks to more than the {bound} bytes ticklab reads{over}")
+        handle.seek(0)
         return _unpack(handle, path, out, bound, over)
+
+
+XZ_HEADER_MAGIC, XZ_FOOTER_MAGIC = b"\xfd7zXZ\x00", b"YZ"
+
+
+def _stated_size(handle, size: int, enough: int) -> int | None:
+    """The uncompressed size the .xz's stream indexes state, summed from its last stream back to its first (stopping
+    once past ``enough``), or None where the file is not a clean sequence of streams (then only the count made while
+    unpacking bounds it). The .xz format (xz-file-format.txt): each stream ends with its index (records of unpadded
+    and uncompressed block sizes, as multibyte integers) and a 12-byte footer that gives the index's size."""
+    total, end = 0, size
+    try:
+        while end > 0:
+            handle.seek(max(0, end - 4))
+            while end >= 4 and handle.read(4) == b"\0\0\0\0":  # stream padding
+                end -= 4
+                handle.seek(max(0, end - 4))
+            if end < 24:
+                return None
+            handle.seek(end - 12)
+            footer = handle.read(12)
+            if footer[10:] != XZ_FOOTER_MAGIC:
+                return None
+            index_size = (int.from_bytes(footer[4:8], "little") + 1) * 4
+            if index_size > end - 24:
+                return None
+            handle.seek(end - 12 - index_size)
+            index = handle.read(index_size)
+            if index[:1] != b"\0":
+                return None
+            at, records = _multibyte(index, 1)
+            blocks = 0
+            for _ in range(records):
+                at, unpadded = _multibyte(index, at)
+                at, uncompressed = _multibyte(index, at)
+                blocks += -(-unpadded // 4) * 4
+                total += uncompressed
+                if total > enough:
+                    return total
+            end -= 12 + index_size + blocks + 12
+            if end < 0:
+                return None
+            handle.seek(end)
+            if handle.read(6) != XZ_HEADER_MAGIC:
+                return None
+    except (IndexError, OSError, ValueError):
+        return None
+    return total
+
+
+def _multibyte(data: bytes, at: int) -> tuple[int, int]:
+    """The .xz format's variable-length integer at ``at``: (where the next one starts, its value)."""
+    value = 0
+    for shift in range(0, 63, 7):
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return at, value
+    raise ValueError("multibyte integer too long")
 
 
 def _read(handle, path: Path, size: int) -> bytes:
