@@ -153,7 +153,7 @@ def _read_seal(bundle_dir: Path) -> tuple[str, dict] | None:
         if not words or words[0] != manifest_digest(manifest_bytes):
             return None
         manifest = json.loads(manifest_bytes.decode("utf-8"))
-    except (UnsafeFileError, OSError, ValueError):
+    except (UnsafeFileError, OSError, ValueError, RecursionError):  # a manifest nested too deeply: no cache either
         return None
     if not isinstance(manifest, dict) or manifest.get("status") != "sealed" or not isinstance(manifest.get("files"), dict):
         return None
