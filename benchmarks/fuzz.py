@@ -5,7 +5,7 @@ finish in time is a hang, the worker is killed and a fresh one goes on. Memory i
 so a huge allocation fails as a MemoryError instead of swapping. Prints the table of the issue; every
 traceback, hang and wrong result is listed with the command that replays it:
 
-    .venv/bin/python benchmarks/fuzz.py [--inputs N] [--family bundle trace workload published cli]
+    .venv/bin/python benchmarks/fuzz.py [--inputs N] [--family bundle trace workload published cli ...]
     .venv/bin/python benchmarks/fuzz.py --replay trace:1234     # one input, in this process, with its traceback
 """
 
@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fuzzcases import FAMILIES, RandomSource  # noqa: E402
+from fuzzcases import RandomSource  # noqa: E402
+from fuzzcases_all import FAMILIES  # noqa: E402
 
 BY_KEY = {family.key: family for family in FAMILIES}
 
@@ -171,10 +172,16 @@ def replay(spec: str, seed: int) -> int:
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
 
-    fuzzcases.classify = loud
+    # every family module's classify: those that imported the name as well as those that call fuzzcases.classify
+    patched = [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("fuzzcases")
+               and getattr(m, "classify", None) is original]
+    for module in patched:
+        module.classify = loud
     try:
         outcome = family.case(source_for(key, seed, int(index)), work)
     finally:
+        for module in patched:
+            module.classify = original
         _remove(seeds)
     print(f"{outcome.kind}: {outcome.detail}")
     return 0

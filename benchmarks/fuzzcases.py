@@ -13,6 +13,9 @@ classifies what happened:
 
 ``source`` is a :class:`RandomSource` (make fuzz: seeded, reproducible by index) or a hypothesis
 ``DrawSource`` (the property tests in tests/test_fuzz.py), so both drive the same mutations.
+
+The other families live in fuzzcases_*.py, which import this module; the list of all of them is
+fuzzcases_all.FAMILIES (this module imports none of them: issue 43).
 """
 
 from __future__ import annotations
@@ -772,9 +775,3 @@ class CliYamlFamily:
         outcome = classify(run, known_bad=known_bad, bounded=True)
         outcome.detail = f"{seed.parent.name}/{seed.name} {mutation}: {outcome.detail}"
         return outcome
-
-
-FAMILIES = [BundleFamily(), TraceFamily(), WorkloadFamily(), PublishedFamily(), CliYamlFamily()]
-from fuzzcases_special import SpecialFilesFamily; FAMILIES += [SpecialFilesFamily()]  # noqa: E402
-from fuzzcases_plans import CmdlineWordsFamily, PlanStateFamily; FAMILIES += [PlanStateFamily(), CmdlineWordsFamily()]  # noqa: E402
-from fuzzcases_ingest import IngestOutLinksFamily, TraceCountsFamily, TraceSpecialsFamily; FAMILIES += [IngestOutLinksFamily(), TraceSpecialsFamily(), TraceCountsFamily()]  # noqa: E402

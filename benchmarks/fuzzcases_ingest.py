@@ -2,9 +2,10 @@
 
 ingest-out-links  ``ticklab ingest --out DIR`` where another user prepared DIR: a link, FIFO, socket or directory
                   planted under a table's name, a dangling link, a hard link to a file of someone else's, the
-                  temporary name taken. A planted special file must be refused (one line) and nothing written
-                  through it: the victim file keeps its bytes, no file appears where a dangling link points; a
-                  hard link or an old table is replaced (renamed over), never written into.
+                  temporary name taken. A planted special file or hard link must be refused (one line; since
+                  issue 40 a hard link is refused, no longer replaced) and nothing written through it: the victim
+                  file keeps its bytes, no file appears where a dangling link points; an old table of ours is
+                  replaced (renamed over), never written into.
 trace-fifos       a FIFO, socket, device, directory or link (to /dev/zero, a root-only file, a FIFO, a good copy,
                   nowhere) in place of every file of a tracefs capture and of a run directory's trace.dat, and a
                   linked formats/ directory: always a one-line error, never a hang, never a refused file's content
@@ -91,7 +92,7 @@ class IngestOutLinksFamily:
             shutil.rmtree(out)
             out.symlink_to(real)
         known_bad = plant in ("link to a victim", "link to a victim directory", "dangling link", "fifo", "socket",
-                              "directory")
+                              "directory", "hard link to a victim")
 
         def check(written):
             if sorted(p.name for p in written) != self.tables:

@@ -82,7 +82,7 @@ def test_trace_files_through_the_public_read_api(data):
 
 
 def _other_families():
-    from fuzzcases import FAMILIES
+    from fuzzcases_all import FAMILIES
 
     named = (BundleFamily, CliYamlFamily, PublishedFamily, TraceFamily, WorkloadFamily)
     return [type(f) for f in FAMILIES if not isinstance(f, named)]
