@@ -120,5 +120,9 @@ class _Preview(reprlib.Repr):
 
 def preview(value, limit: int = PREVIEW_CHARS) -> str:
     """``value`` as an error line quotes it: a repr of at most ~``limit`` characters (a few items of a list or
-    mapping, a few levels deep), built from the pieces it shows, never from the whole value; escaped."""
+    mapping, a few levels deep), built from the pieces it shows, never from the whole value; escaped. A long string
+    is shown by its head and how many characters its repr has (as safefiles.shown says it)."""
+    if isinstance(value, str) and len(value) > limit:
+        head = shown(repr(value[:limit + 1]), limit).removesuffix(f" ({len(repr(value[:limit + 1]))} characters)")
+        return f"{head} ({len(value) + 2 + sum(1 for c in value if c in chr(92) + chr(39))} characters)"
     return shown(_Preview(limit).repr(value), limit)
