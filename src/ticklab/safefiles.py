@@ -266,6 +266,15 @@ def is_regular(path: Path | str) -> bool:
         return False
 
 
+def _abandon(temporary: str, parent: int, target: Path, exc: BaseException) -> UnsafeFileError | None:
+    """Remove a write's temporary file after ``exc``; the one-line error an OSError becomes (None: re-raise ``exc``)."""
+    try:
+        os.unlink(temporary, dir_fd=parent)
+    except OSError:
+        pass
+    return _failed(target, exc, "write") if isinstance(exc, OSError) else None
+
+
 class OwnedDir:
     """A directory ticklab writes below: ``root`` as given; every component under it is made or opened without
     following a link. Use as a context manager or call ``close``."""
@@ -474,12 +483,9 @@ class OwnedDir:
                 between_check_and_write(target)
                 _put_in_place(temporary, parts[-1], parent, target, checked)
             except BaseException as exc:
-                try:
-                    os.unlink(temporary, dir_fd=parent)
-                except OSError:
-                    pass
-                if isinstance(exc, OSError):
-                    raise _failed(target, exc, "write") from None
+                failure = _abandon(temporary, parent, target, exc)
+                if failure is not None:
+                    raise failure from None
                 raise
         finally:
             os.close(parent)
@@ -513,12 +519,9 @@ class OwnedDir:
                     raise UnsafeFileError(f"{shown(target)}: exists already (put there while ticklab was writing "
                                           "it); nothing is overwritten") from None
             except BaseException as exc:
-                try:
-                    os.unlink(temporary, dir_fd=parent)
-                except OSError:
-                    pass
-                if isinstance(exc, OSError):
-                    raise _failed(target, exc, "write") from None
+                failure = _abandon(temporary, parent, target, exc)
+                if failure is not None:
+                    raise failure from None
                 raise
         finally:
             os.close(parent)
