@@ -217,11 +217,6 @@ def excluded_runs(per_run: pd.DataFrame) -> dict[tuple[str, str], list[tuple[str
     return out
 
 
-def failed_runs(per_run: pd.DataFrame) -> set[tuple[str, str]]:
-    """(bundle, run) of every run a check failed for or could not be computed for."""
-    return set(excluded_runs(per_run))
-
-
 def check_table(per_run: pd.DataFrame) -> pd.DataFrame:
     """Per setup, bundle, condition and check: how many runs passed, failed or went unchecked, and what was seen."""
     rows = []

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..analysis.captured import BundleRef
-from ..analysis.checks import FactCheck, failed_runs, run_checks
+from ..analysis.checks import FactCheck, excluded_runs, run_checks
 from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
 from ..analysis.published import PublishedClaim, PublishedDataError
 from ..analysis.verdicts import Margins, Target
@@ -360,7 +360,7 @@ def guest_profile_runs(bundles: list[BundleRef], checks=()) -> pd.DataFrame:
     (%; 0 where the report does not list it, i.e. it was under the report's --percent-limit, said in
     ``read_hpet_listed``), the clock-reading functions' share (CLOCK_READ_SYMBOL), the samples perf recorded, and
     the report it came from. Failed runs and runs a condition check failed for or could not check are left out."""
-    gated = failed_runs(run_checks("hpet", checks, bundles)) if checks else set()
+    gated = excluded_runs(run_checks("hpet", checks, bundles)) if checks else {}
     rows = []
     for ref, bundle in usable_bundles(bundles):
         values = {c["name"]: c for c in bundle.manifest.get("conditions", [])}

@@ -518,10 +518,11 @@ def _irq_cause(expired: set) -> str:
     return "unattributed"  # a spurious interrupt: nothing expired
 
 
-def hrtick_starts(trace: Trace) -> pd.DataFrame | None:
+def hrtick_starts(trace: Trace, causes: pd.DataFrame | None = None) -> pd.DataFrame | None:
     """Every hrtimer_start of the HRTICK timer (timestamp, cpu) with ``reprogrammed``: the next of the CPU's hrtimer
-    events and reprogram calls is a reprogram this start caused (see reprogram_causes). None where not attributable."""
-    causes = reprogram_causes(trace)
+    events and reprogram calls is a reprogram this start caused (see reprogram_causes; ``causes``: its result, where
+    the caller has it already). None where not attributable."""
+    causes = reprogram_causes(trace) if causes is None else causes
     if causes is None:
         return None
     hrtick = trace.symbol_addresses((HRTICK_CALLBACK,))[HRTICK_CALLBACK]
@@ -557,7 +558,7 @@ def attributed_reprogram_rows(trace: Trace, span_s: float, messages: float | Non
     if messages:
         rows.append({"metric": "clockevent_reprograms_per_kmsg", "value": len(causes) / messages * 1000,
                      "unit": "1/1000 messages"})
-    starts = hrtick_starts(trace)
+    starts = hrtick_starts(trace, causes)
     rows += [{"metric": "hrtick_starts", "value": len(starts), "unit": "count"},
              {"metric": "hrtick_starts_per_s", "value": len(starts) / span_s, "unit": "1/s"}]
     if len(starts):  # no share where the timer never started (HRTICK off): a run's results must be finite
