@@ -71,6 +71,17 @@ def test_a_fifo_or_a_link_as_plan_state_is_refused_without_blocking(host, tmp_pa
     one_line_exit_2(resume_in_a_new_process(root, command, "--id", "s"), str(target), "link")
 
 
+def test_a_fifo_as_the_only_plan_state_is_a_refused_plan_not_no_plan(host, tmp_path):
+    """Without --id the plan is looked up: a plan.json that is not a regular file was skipped, and ``plan status``
+    said 'no boot plan on this host' with exit 0 (the fuzz campaign's plan-state family found it)."""
+    root, _ = host
+    directory = a_plan_booting(root, tmp_path)
+    (directory / "plan.json").unlink()
+    os.mkfifo(directory / "plan.json", 0o600)
+    for command in ("status", "list"):
+        one_line_exit_2(resume_in_a_new_process(root, command), f"{directory / 'plan.json'}: a FIFO, not a regular file")
+
+
 def test_a_fifo_as_the_kept_experiment_is_refused_without_blocking(host, tmp_path):
     root, _ = host
     plan = start_capture(root, tmp_path)

@@ -11,31 +11,21 @@ from typing import Any
 from .safefiles import shown
 
 
-def _lab_guest_runner() -> bool:
-    """Whether this process is the lab guest's runner (``python3 -m ticklab.lab.guest``): its image carries no
-    jsonschema, and the host validated every file it hands the guest before the boot."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == "ticklab.lab.guest"
-
-
 class DependencyError(ImportError):
     """A package ticklab needs is missing or too old (the CLI says so in one line)."""
 
 
-# Validation is never silently off: without jsonschema >= 4 (Draft 2020-12) this module does not import, except in
-# the lab guest's runner.
+# Validation is never silently off: without jsonschema >= 4 (Draft 2020-12) this module does not import (the lab
+# guest's image carries it too, runners/vm/image.yaml).
 try:
     import jsonschema
     import jsonschema.exceptions
 except ImportError as exc:
-    if not _lab_guest_runner():
-        raise DependencyError(f"ticklab needs jsonschema >= 4 to validate what it reads ({exc}); install it: "
-                              "pip install 'jsonschema>=4' (make env installs requirements.lock)") from exc
-    jsonschema = None
-else:
-    if not hasattr(jsonschema, "Draft202012Validator"):
-        raise DependencyError(f"ticklab needs jsonschema >= 4 (Draft 2020-12 schemas); this is jsonschema "
-                              f"{getattr(jsonschema, '__version__', 'older than 4')}: pip install 'jsonschema>=4'")
+    raise DependencyError(f"ticklab needs jsonschema >= 4 to validate what it reads ({exc}); install it: "
+                          "pip install 'jsonschema>=4' (make env installs requirements.lock)") from exc
+if not hasattr(jsonschema, "Draft202012Validator"):
+    raise DependencyError(f"ticklab needs jsonschema >= 4 (Draft 2020-12 schemas); this is jsonschema "
+                          f"{getattr(jsonschema, '__version__', 'older than 4')}: pip install 'jsonschema>=4'")
 
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # also claim, experiment and host ids: never a path separator
 # a directory a manifest names under raw/ or a run's directory (run-001/gapdet, trace): names as above, no '..'
@@ -313,8 +303,6 @@ def problem(instance: Any, schema: dict) -> str | None:
         if isinstance(value, int):
             return f"{_where(bad)}: {shown(value)} is too large a number"
         return f"{_where(bad)}: {value!r} is not a finite number"
-    if jsonschema is None:  # only in the lab guest's runner: the host checked its inputs before the boot
-        return None
     validator = jsonschema.Draft202012Validator(schema)
     try:
         error = jsonschema.exceptions.best_match(validator.iter_errors(instance))

@@ -233,7 +233,7 @@ def load(root: Path | str, plan_id: str) -> Plan:
     problem = schema_problem(data, PLAN_SCHEMA)
     if problem:
         raise PlanError(f"{path}: {problem}; not a plan state ticklab wrote, refused")
-    try:  # without jsonschema (the lab guest, whose plan only it writes) the dataclasses check what they can
+    try:
         runs = [PlannedRun(**r) for r in data.pop("runs")]
         plan = Plan(runs=runs, **data)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -246,8 +246,10 @@ def load(root: Path | str, plan_id: str) -> Plan:
 
 
 def _plan_ids(root: Path | str) -> list[str]:
+    """Every directory holding a plan.json of any kind: one that is a link, a FIFO or a directory is a plan
+    :func:`load` refuses, not a host with no plan."""
     directory = plans_dir(root)
-    return sorted(p.name for p in directory.glob("*") if (p / "plan.json").is_file()) if directory.is_dir() else []
+    return sorted(p.name for p in directory.glob("*") if os.path.lexists(p / "plan.json")) if directory.is_dir() else []
 
 
 class NoPlan(PlanError):

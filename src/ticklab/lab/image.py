@@ -98,11 +98,17 @@ class Inputs:
             self.links[_canonical(str(host_path))] = "/" + target
 
 
-def _python_module_dir(name: str) -> Path:
+def _python_module_files(name: str) -> list[tuple[Path, str]]:
+    """(file in this environment, its path under the guest's site directory) for a package or a one-file module
+    (typing_extensions)."""
     spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise LabError(f"{RECIPE}: python module {name!r} is not in this environment (run 'make env')")
-    return Path(list(spec.submodule_search_locations)[0])
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+        return [(path, str(Path(name) / path.relative_to(root))) for path in sorted(root.rglob("*"))
+                if path.is_file() and "__pycache__" not in path.parts]
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        return [(Path(spec.origin), Path(spec.origin).name)]
+    raise LabError(f"{RECIPE}: python module {name!r} is not in this environment (run 'make env')")
 
 
 def gather(data: dict) -> Inputs:
@@ -126,12 +132,10 @@ def gather(data: dict) -> Inputs:
         if path.suffix == ".so":
             elves.append(path)
     for module in python.get("modules", []):
-        root = _python_module_dir(str(module))
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                inputs.add_file(path, str(GUEST_REPO / "site" / module / path.relative_to(root)))
-                if path.suffix == ".so":
-                    elves.append(path)
+        for path, under_site in _python_module_files(str(module)):
+            inputs.add_file(path, str(GUEST_REPO / "site" / under_site))
+            if path.suffix == ".so":
+                elves.append(path)
     repo = repo_root()
     for entry in data["ticklab"]:
         source = repo / entry
