@@ -6,7 +6,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
+from ..analysis import palette
 from ..analysis.checks import CHECK_COLUMNS
 from ..analysis.outputs import Outputs
 from ..analysis.published import load_published
@@ -34,19 +36,39 @@ def save_effects(effects: pd.DataFrame, output_dir: Path, published_dir: Path) -
         sources=sources)
 
 
+# The ratio axis's ticks: each factor and its inverse, so ×0.5 sits as far left of ×1 as ×2 sits right of it.
+RATIO_TICK_FACTORS = (1.5, 2, 3, 5, 10, 20, 50, 100)
+
+
 def effects_figure(effects: pd.DataFrame):
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(effects) + 1.2))
+    """Each headline ratio as a bar from ×1 on a log axis centred on ×1, so a bar's length is |log ratio| (halving
+    and doubling look the same size). Colour, hatch and the word beside the value all say whether the ratio went the
+    way the claim says is better (Okabe-Ito colours, palette.py)."""
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(effects) + 1.4))
     labels = [f"{r.claim}: {r.setup}" for r in effects.itertuples()]
-    colors = ["#55a868" if (r.ratio > 1) == (r.better == "higher") else "#c44e52" for r in effects.itertuples()]
-    ax.barh(range(len(effects)), effects["ratio"], left=0, color=colors)
-    ax.axvline(1, color="black", linewidth=0.8)
-    for i, r in enumerate(effects.itertuples()):
-        # beyond both the bar and the ×1 line, so no label sits on either
-        ax.text(max(r.ratio, 1) + 0.03, i, f"×{r.ratio:.3f}", va="center", fontsize=8)
-    ax.set_xlim(0, max(effects["ratio"].max(), 1) * 1.12)
+    better = [(r.ratio > 1) == (r.better == "higher") for r in effects.itertuples()]
+    bars = ax.barh(range(len(effects)), effects["ratio"] - 1, left=1, edgecolor=palette.BLACK, linewidth=0.5,
+                   color=[palette.CLAIMED_DIRECTION if b else palette.OPPOSITE_DIRECTION for b in better])
+    for bar, is_better in zip(bars, better):
+        bar.set_hatch(None if is_better else palette.OPPOSITE_HATCH)
+    ax.axvline(1, color=palette.BLACK, linewidth=0.8)
+    for i, (r, is_better) in enumerate(zip(effects.itertuples(), better)):
+        # beyond the bar's outer end, so no label sits on the bar or on the ×1 line
+        outward = r.ratio >= 1
+        ax.text(r.ratio * 1.04 if outward else r.ratio / 1.04, i, f"×{r.ratio:.3f} {'better' if is_better else 'worse'}",
+                va="center", ha="left" if outward else "right", fontsize=8)
+    ax.set_xscale("log")
+    # as far below ×1 as above it, with room beyond the longest bar for its label
+    reach = max(max(r, 1 / r) for r in effects["ratio"]) ** 1.45
+    ax.set_xlim(1 / reach, reach)
+    ticks = sorted({1.0, *(t for f in RATIO_TICK_FACTORS if f < reach for t in (f, 1 / f))})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"×{value:.3g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_yticks(range(len(effects)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ratio of the printed values (green: improvement in the claimed direction)")
+    ax.set_xlabel("ratio of the printed values (log scale, bars drawn from ×1)\n"
+                  "plain green: better in the direction the claim names; hatched vermillion: worse", fontsize=8)
     without = "; ".join(f"{c.id} has no ratio: {c.no_headline_because}" for c in all_claims() if not c.headlines)
     ax.set_title("Headline effects: ratios of values printed in the sources, computed by ticklab"
                  + (f"\n({without})" if without else ""), fontsize=9)
