@@ -35,7 +35,7 @@ THIRD = REDDISH_PURPLE
 # An effect in the direction a claim names, and the opposite (as forest.py's "reproduced" and "opposite effect").
 CLAIMED_DIRECTION, OPPOSITE_DIRECTION = BLUISH_GREEN, VERMILLION
 # The hatches that say again what those colours say, for bars (the cue that is not colour).
-CHANGED_HATCH, OPPOSITE_HATCH = "//", "xx"
+CHANGED_HATCH, THIRD_HATCH, OPPOSITE_HATCH = "//", "..", "xx"
 
 # 15 CIE76 units, between the two sides of what the simulation shows: the red and green the figures used before
 # (#c44e52 and #55a868, seaborn's) come out 9.6 apart and matplotlib's tab:red and tab:green 7.3, while the closest

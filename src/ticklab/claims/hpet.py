@@ -8,6 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..analysis import palette
 from ..analysis.captured import BundleRef
 from ..analysis.checks import FactCheck, excluded_runs, run_checks
 from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
@@ -63,14 +64,17 @@ def throughput_figure(published: PublishedClaim):
     frame = published.table("aim7_compute")
     fig, ax = plt.subplots(figsize=(8, 4.2))
     width = 0.26
-    colors = ["#4c72b0", "#c44e52", "#55a868"]
+    # TSC the reference, the patch the change; each also hatched its own way, so the bars read without colour
+    colors = [palette.THIRD, palette.BASELINE, palette.CHANGED]
+    hatches = [palette.THIRD_HATCH, None, palette.CHANGED_HATCH]
     for i, (system, label) in enumerate(SYSTEM_LABELS.items()):
         tsc = _cell(frame, system, "tsc", "n/a")["value"]
         for j, (cs, patch, name) in enumerate(CONDITIONS):
             row = _cell(frame, system, cs, patch)
             x = i + (j - 1) * width
             pct = 100 * row["value"] / tsc
-            ax.bar(x, pct, width, color=colors[j], label=name if i == 0 else None)
+            ax.bar(x, pct, width, color=colors[j], hatch=hatches[j], edgecolor=palette.BLACK, linewidth=0.5,
+                   label=name if i == 0 else None)
             ax.text(x, pct + 1.5, f"{row['value_as_printed']}\n({pct:.1f}%)", ha="center", va="bottom", fontsize=7)
         without = _cell(frame, system, "hpet", "without")["value"]
         with_ = _cell(frame, system, "hpet", "with")["value"]
@@ -102,12 +106,15 @@ def profile_figure(published: PublishedClaim):
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     width = 0.35
     for i, system in enumerate(SYSTEM_LABELS):
-        for j, (patch, color) in enumerate([("without", "#c44e52"), ("with", "#55a868")]):
+        for j, (patch, color) in enumerate([("without", palette.BASELINE), ("with", palette.CHANGED)]):
             row = _cell(frame, system, "hpet", patch)
             x = i + (j - 0.5) * width
             ax.bar(x, row["value"], width, color=color, label=f"HPET {patch} patch" if i == 0 else None,
                    hatch="//" if row["qualifier"] else None)
-            ax.text(x, row["value"] + 0.6, f"{row['qualifier']} {row['value_as_printed']}".strip(), ha="center", fontsize=8)
+            # the hatch here says "lower bound", so the word above each bar says which side of the patch it is
+            words = "w/o" if patch == "without" else "with"
+            ax.text(x, row["value"] + 0.6, f"{words}: {row['qualifier']} {row['value_as_printed']}".replace("  ", " "),
+                    ha="center", fontsize=8)
     ax.set_xticks(range(len(SYSTEM_LABELS)), list(SYSTEM_LABELS.values()), fontsize=8)
     ax.set_ylabel("read_hpet, % of CPU time (perf)")
     ax.set_title("Seed 000: read_hpet share of CPU time — published")
@@ -123,8 +130,11 @@ WHAT_IS_COMPARED = "HPET clocksource, read sharing on vs off: throughput ratio"
 # -- fresh data ------------------------------------------------------------------------------------
 # Guest conditions (runners/hpet/guest-*.yaml): clock = tsc | hpet-no-sharing | hpet-sharing, optionally per vCPU count.
 CLOCK_LABELS = {"tsc": "TSC", "hpet-no-sharing": "HPET w/o sharing", "hpet-sharing": "HPET with sharing"}
-CLOCK_COLORS = {"tsc": "#4c72b0", "hpet-no-sharing": "#c44e52", "hpet-sharing": "#55a868", "kvm-clock": "#8172b2",
-                "acpi_pm": "#937860"}
+# TSC the reference, HPET without sharing the baseline, with sharing the change (as in the published figures); each
+# clock also has its own marker, so the read-rate lines read without colour
+CLOCK_COLORS = {"tsc": palette.THIRD, "hpet-no-sharing": palette.BASELINE, "hpet-sharing": palette.CHANGED,
+                "kvm-clock": palette.SKY_BLUE, "acpi_pm": palette.BLUISH_GREEN}
+CLOCK_MARKERS = {"tsc": "s", "hpet-no-sharing": "o", "hpet-sharing": "^", "kvm-clock": "D", "acpi_pm": "v"}
 REFERENCE_SYSTEM = "haswell-ex-4s-72c"  # the smaller of the two published machines: its ratios are the reference
 
 
@@ -235,7 +245,7 @@ def fresh_jobs_figure(runs: pd.DataFrame, setup: str):
     chosen = runs[(runs["host_id"] == setup) & (runs["metric"] == "jobs_per_min")]
     present = set(chosen["condition"])
     conditions = [c for c in JOBS_ORDER if c in present] + sorted(present - set(JOBS_ORDER))
-    groups = [(x, chosen.loc[chosen["condition"] == c, "value"].to_numpy(), CLOCK_COLORS.get(c, "#777777"))
+    groups = [(x, chosen.loc[chosen["condition"] == c, "value"].to_numpy(), CLOCK_COLORS.get(c, palette.GREY))
               for x, c in enumerate(conditions)]
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(conditions)), 4.4))
     runs_and_medians(ax, groups, from_zero=True, label=lambda value: f"{value:,.0f}")
@@ -274,7 +284,8 @@ def read_rate_figure(points: pd.DataFrame, setup: str):
         for clock, group in on_setup[on_setup["metric"] == metric].groupby("clock"):
             summary = group.groupby("threads")["value"].agg(["median", "min", "max"])
             ax.errorbar(summary.index, summary["median"], yerr=[summary["median"] - summary["min"], summary["max"] - summary["median"]],
-                        marker="o", capsize=3, color=CLOCK_COLORS.get(clock), label=CLOCK_LABELS.get(clock, clock))
+                        marker=CLOCK_MARKERS.get(clock, "x"), capsize=3, color=CLOCK_COLORS.get(clock, palette.GREY),
+                        label=CLOCK_LABELS.get(clock, clock))
         ax.set_xticks(sorted(on_setup["threads"].unique()))
         ax.set_xlabel("threads reading at once (one per vCPU / CPU)")
         ax.set_ylabel(label)
