@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ..analysis import palette
 from ..analysis.checks import FactCheck
 from ..analysis.comparisons import Comparison, kernel_in_range, measured_runs
 from ..analysis.published import PublishedClaim, check_derived
@@ -61,7 +62,10 @@ def runtime_and_reprogramming_figure(published: PublishedClaim):
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
     off = published.row("hackbench", "runtime_no_hrtick")
     on = published.row("hackbench", "runtime_hrtick")
-    left.bar(["NO HRTICK[_DL]", "HRTICK[_DL]"], [off["value"], on["value"]], color=["#8c8c8c", "#4c72b0"])
+    # HRTICK and the series are the changes: their bars hatched as well as coloured, so they read without colour
+    bar_style = {"color": [palette.BASELINE, palette.CHANGED], "hatch": [None, palette.CHANGED_HATCH],
+                 "edgecolor": palette.BLACK, "linewidth": 0.5}
+    left.bar(["NO HRTICK[_DL]", "HRTICK[_DL]"], [off["value"], on["value"]], **bar_style)
     for x, row in enumerate([off, on]):
         left.text(x, row["value"] + 0.01, row["value_as_printed"], ha="center")
     left.set_ylabel("hackbench -l$LOOPS -p -s8 runtime (s)")
@@ -71,7 +75,7 @@ def runtime_and_reprogramming_figure(published: PublishedClaim):
     before = published.row("clockevents", "reprogram_rate_before")
     after = published.row("clockevents", "reprogram_rate_after")
     spurious = published.row("clockevents", "spurious_ratio_after")
-    right.bar(["before series", "after series"], [before["value"], after["value"]], color=["#c44e52", "#55a868"])
+    right.bar(["before series", "after series"], [before["value"], after["value"]], **bar_style)
     for x, row in enumerate([before, after]):
         right.text(x, row["value"] * 1.15, f"~{row['value_as_printed']}", ha="center")
     right.set_yscale("log")
@@ -266,7 +270,7 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
     for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"), (axes[1], *second)):
         chosen = on_setup[on_setup["metric"] == metric]
         groups = [(x, chosen.loc[chosen["condition"] == condition, "value"].to_numpy(),
-                   "#c44e52" if condition.endswith("hrtick-on") else "#4c72b0") for x, condition in enumerate(conditions)]
+                   palette.CHANGED if condition.endswith("hrtick-on") else palette.BASELINE) for x, condition in enumerate(conditions)]
         lines = [row["value"] for _, _, row in seed_lines] if ax is axes[1] else []
         runs_and_medians(ax, groups, also=lines, from_zero=bool(lines))
         ax.set_xticks(range(len(conditions)), [c.replace(" ", "\n").replace("hrtick-off", "HRTICK off")
