@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..analysis import palette
 from ..analysis.comparisons import Comparison
 from ..analysis.published import PublishedClaim, check_derived
 from ..analysis.stats import (COMPARE_STATISTICS, STATISTICS, anderson_ksamp, coefficient_of_variation, compare_summaries,
@@ -115,7 +116,8 @@ def tbench_summary_figure(published: PublishedClaim):
     frame = published.table("tbench_mmtests")
     printed_min = frame[(frame["statistic"] == "Min") & (frame["quantity"] == "value")].set_index("kernel")["value_as_printed"]
     fig, ax = plt.subplots(figsize=(8, 4))
-    colors = {"baseline": "#c44e52", "baseline + C2 disabled": "#8172b2", "baseline + patch": "#55a868"}
+    # each kernel at its own x, named by its tick label: the colour is not the only cue
+    colors = {"baseline": palette.BASELINE, "baseline + C2 disabled": palette.THIRD, "baseline + patch": palette.CHANGED}
     for i, kernel in enumerate(KERNELS):
         s = wide[kernel]
         ax.vlines(i, s["Min"], s["Max"], color=colors[kernel], linewidth=2,
