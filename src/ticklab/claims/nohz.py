@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from scipy import signal
 
-from ..analysis import derived
+from ..analysis import derived, palette
 from ..analysis.captured import BundleRef
 from ..analysis.checks import RUN_HZ, FactCheck, MetricCheck, RawCheck
 from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
@@ -65,16 +65,16 @@ def tick_overhead_figure(published: PublishedClaim):
     tick_us = published.value("tick_cost", "tick_duration")
     hz = np.linspace(50, 1200, 200)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(hz, [tick_overhead_pct(tick_us, h) for h in hz], color="#4c72b0",
+    ax.plot(hz, [tick_overhead_pct(tick_us, h) for h in hz], color=palette.BASELINE,
             label=f"~{tick_us:g} µs per tick × HZ (arithmetic, not measured)")
     for h in COMMON_HZ:
-        ax.plot(h, tick_overhead_pct(tick_us, h), "o", color="#4c72b0")
+        ax.plot(h, tick_overhead_pct(tick_us, h), "o", color=palette.BASELINE)
         # HZ=250 and HZ=300 sit close together: one label above the curve, the other below it
         ax.annotate(f"HZ={h}: {tick_overhead_pct(tick_us, h):g}%", (h, tick_overhead_pct(tick_us, h)),
                     textcoords="offset points", xytext=(6, -14) if h == 300 else (-10, 8), fontsize=8)
     published_pct = published.value("tick_cost", "tick_overhead_hz1000")
-    ax.plot(1000, published_pct, "*", color="#c44e52", markersize=14, label="published: 8% at HZ=1000 (ThinkPad T60p)")
-    ax.axhline(0, color="#55a868", linestyle="--", label="nohz (tick stopped): no periodic tick cost")
+    ax.plot(1000, published_pct, "*", color=palette.BLACK, markersize=14, label="published: 8% at HZ=1000 (ThinkPad T60p)")
+    ax.axhline(0, color=palette.CHANGED, linestyle="--", label="nohz (tick stopped): no periodic tick cost")
     ax.set_xlabel("HZ (ticks per second)")
     ax.set_ylabel("CPU time spent in the tick (%)")
     ax.set_title("Seed 004: tick overhead vs HZ from the published ~80 µs per tick", fontsize=10)
@@ -137,8 +137,11 @@ CHECKS = [
 CONDITION_LABELS = {"hz1000": "HZ=1000, tick on", "hz250": "HZ=250, tick on",
                     "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)", "tick-on": "booted kernel, tick on",
                     "nohz-full": "booted kernel, nohz_full (tick stopped)"}
-CONDITION_COLORS = {"hz1000": "#c44e52", "hz250": "#dd8452", "hz1000-nohz_full": "#55a868", "tick-on": "#4c72b0",
-                    "nohz-full": "#55a868"}
+# Tick on in blues, tick stopped in orange (the palette's baseline and change); the line style says it again:
+# solid at HZ=1000 (or the booted kernel's HZ), dotted at HZ=250, dashed with the tick stopped.
+CONDITION_COLORS = {"hz1000": palette.BASELINE, "hz250": palette.SKY_BLUE, "hz1000-nohz_full": palette.CHANGED,
+                    "tick-on": palette.BASELINE, "nohz-full": palette.CHANGED}
+CONDITION_STYLES = {"hz1000": "-", "hz250": ":", "hz1000-nohz_full": "--", "tick-on": "-", "nohz-full": "--"}
 # rtla osnoise top -q: CPU #periods, runtime, noise (µs), % CPU available, max noise, max single, then counts of
 # HW, NMI, IRQ, softirq and thread interference
 _OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)"
@@ -249,7 +252,8 @@ def ftq_sorted_figure(samples: pd.DataFrame, setup: str):
     for condition, group in on_setup.groupby("condition"):
         counts = np.sort(group["count"].to_numpy()) / peak
         share = np.arange(1, len(counts) + 1) / len(counts)
-        ax.plot(share, counts, color=CONDITION_COLORS.get(condition), linewidth=1.5,
+        ax.plot(share, counts, color=CONDITION_COLORS.get(condition), linestyle=CONDITION_STYLES.get(condition, "-."),
+                linewidth=1.5,
                 label=f"{CONDITION_LABELS.get(condition, condition)} ({group['run'].nunique()} runs, "
                       f"{len(counts)} quanta of {group['quantum_ns'].iloc[0] / 1000:g} µs)")
     ax.set_xlabel("fraction of quanta (sorted by work done)")
@@ -346,7 +350,8 @@ def tick_spectrum(samples: pd.DataFrame, setup: str, nperseg: int = 2048) -> pd.
 def tick_spectrum_figure(spectrum: pd.DataFrame, setup: str):
     fig, ax = plt.subplots(figsize=(7, 4))
     for condition, group in spectrum.groupby("condition"):
-        ax.semilogy(group["frequency_hz"], group["power"], color=CONDITION_COLORS.get(condition), linewidth=1,
+        ax.semilogy(group["frequency_hz"], group["power"], color=CONDITION_COLORS.get(condition),
+                    linestyle=CONDITION_STYLES.get(condition, "-."), linewidth=1,
                     label=CONDITION_LABELS.get(condition, condition))
     for hz in (250, 1000):
         if spectrum["frequency_hz"].max() >= hz:
