@@ -79,7 +79,7 @@ def throughput_figure(published: PublishedClaim):
         without = _cell(frame, system, "hpet", "without")["value"]
         with_ = _cell(frame, system, "hpet", "with")["value"]
         ax.annotate(f"patch: {100 * (with_ / without - 1):+.1f}%", xy=(i + width / 2, 112), ha="center", fontsize=9,
-                    color="#2d6a3e")
+                    color=palette.BLACK)
     ax.set_xticks(range(len(SYSTEM_LABELS)), list(SYSTEM_LABELS.values()), fontsize=8)
     ax.set_ylabel("AIM7 compute throughput, % of TSC")
     ax.set_ylim(0, 125)
