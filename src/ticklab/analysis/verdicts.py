@@ -178,11 +178,18 @@ def _log(value: float) -> float:
     return math.log(max(value, 1e-300))
 
 
+def format_p(p: float) -> str:
+    """A p-value as ticklab prints it everywhere: three significant digits, scientific below 0.001."""
+    if p is None or math.isnan(p):
+        return "—"
+    return f"{p:.3g}" if p >= 1e-3 else f"{p:.2e}"
+
+
 def decide(target: Target, fresh: Interval, p_holm: float, margins: Margins,
            sizes_comparable: str = "") -> tuple[str, str]:
     """The verdict and its reason for a fresh ratio CI against a target (the CI at the level the caller chose)."""
     low, high = _log(fresh.low), _log(fresh.high)
-    ci = f"ratio {fresh.estimate:.3g} [{fresh.low:.3g}, {_bound(fresh.high)}], p = {p_holm:.2g}"
+    ci = f"ratio {fresh.estimate:.3g} [{fresh.low:.3g}, {_bound(fresh.high)}], p = {format_p(p_holm)}"
     if target.no_worse_than is not None:
         return _no_worse(target, low, high, ci)
     # the source's direction as positive

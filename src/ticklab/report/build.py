@@ -4,7 +4,7 @@ then check and assemble the output contract (docs/ARCHITECTURE.md, "6. Report ou
     <out>/notebooks/*.ipynb            executed notebooks
     <out>/report/index.html            offline report (+ report/notebooks/*.html)
     <out>/figures/<claim>/<name>.png|.svg, <out>/tables/<claim>/<name>.csv|.md
-    <out>/verdicts.csv, <out>/checks.csv, <out>/summary.json
+    <out>/verdicts.csv, <out>/checks.csv (the claims that ran), <out>/summary.json
 
 A notebook that errors, times out, or leaves an expected output missing or empty fails the run.
 
@@ -34,7 +34,8 @@ from ..paths import notebooks_dir
 from ..safefiles import OwnedDir, UnsafeFileError
 from . import outdir
 from .notebook import ParameterError, check_parameters
-from .summary import SUMMARY, at_a_glance, collect_checks, collect_verdicts, setup_labels, verdict_rows
+from .firstscreen import HEADLINE_RULE, badge, claim_grid, legend, verdict_table
+from .summary import SUMMARY, collect_checks, collect_verdicts
 
 
 
@@ -201,12 +202,18 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
                                      autoescape=jinja2.select_autoescape(["html", "j2"]))
     template = environment.get_template("report.html.j2")
     claims = claims if claims is not None else [SUMMARY] + [c.id for c in all_claims()]
-    shown = None if verdicts is None else verdicts.assign(target_provenance=verdicts["target_provenance"].fillna(""))
+    grid = None
+    if verdicts is not None:
+        published = Path(published_dir)
+        titles = {c.id: c.title for c in all_claims()}
+        declared = {c.id: [x.comparison for x in c.comparisons(c.published(published))] for c in all_claims()
+                    if c.id in set(verdicts["claim"])}
+        grid = claim_grid(verdicts, titles, declared)
     page = template.render(
         results=results,
-        glance=None if shown is None else at_a_glance(shown),
-        verdicts=None if shown is None else verdict_rows(shown),
-        setups=[] if shown is None else [(label, setup) for setup, label in setup_labels(shown).items() if label != "—"],
+        grid=grid, headline_rule=HEADLINE_RULE, legend=legend(), nt_badge=badge("not testable here"),
+        verdicts=None if grid is None else verdict_table(verdicts, grid["names"]),
+        setups=[] if grid is None else sorted((name, setup) for setup, name in grid["names"].items()),
         checks_html=None if checks is None or checks.empty else
         checks.drop(columns=["bundle"]).to_html(index=False, classes="data", border=0, na_rep="—"),
         sections=_claim_sections(output_dir, claims),
@@ -299,17 +306,17 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         verdicts = collect_verdicts(output_dir, ran if aggregate else succeeded) if (aggregate or succeeded) else None
     except FileNotFoundError as exc:
         log(f"error: {exc}")
-    checks = collect_checks(output_dir, ran) if ran else None
-    if aggregate and verdicts is not None:
+    checks = collect_checks(output_dir, ran if aggregate else succeeded) if ran else None
+    if verdicts is not None:  # a partial run writes the verdicts of the claims it ran (issue 41)
         _write(output_dir, "verdicts.csv", _csv_text(verdicts))
-        _write(output_dir, "checks.csv", _csv_text(checks))
+        _write(output_dir, "checks.csv", _csv_text(checks if checks is not None else collect_checks(output_dir, [])))
     bundles = bundle_health(data_dir, ran or [c.id for c in all_claims()])
     for flagged in bundles[bundles["flag"] != ""].itertuples():
         log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
     _write(output_dir, "summary.json", json.dumps(
         {"notebooks": [asdict(r) for r in results],
-         "verdicts": "verdicts.csv" if aggregate and verdicts is not None else None,
-         "checks": "checks.csv" if aggregate and verdicts is not None else None,
+         "verdicts": "verdicts.csv" if verdicts is not None else None,
+         "checks": "checks.csv" if verdicts is not None else None,
          "bundles": bundles.to_dict("records")}, indent=2, default=int) + "\n")
     index = write_index(output_dir, results, verdicts, bundles, checks, data_dir=data_dir, published_dir=published_dir,
                         only=[r.notebook for r in results] if only else None,
