@@ -260,13 +260,16 @@ def _lab(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .report.compare import CompareError, compare_tables, render
+    from .report.compare import CompareError, compare_bundles, render
 
     try:
-        tables = compare_tables(args.bundles, args.metric, args.baseline)
-        if not tables:
-            raise CompareError("nothing to compare: no metric has runs on both sides")
-        print(render(tables, args.format))
+        comparison = compare_bundles(args.bundles, args.metric, args.baseline, args.map)
+        text = render(comparison, args.format)
+        for warning in comparison.warnings:
+            print(f"ticklab compare: warning: {_line(warning)}", file=sys.stderr)
+        if comparison.note:
+            print(f"ticklab compare: {comparison.note}", file=sys.stderr)
+        print(text)
     except BrokenPipeError:  # `ticklab compare ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (CompareError, BundleError) as exc:
@@ -594,8 +597,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help="mmtests-format compare table of one bundle's conditions or of two bundles")
     compare.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE", help="one bundle (its conditions) or two (A is the baseline)")
-    compare.add_argument("--metric", nargs="+", help="metrics to compare (default: every metric both sides have)")
+    compare.add_argument("--metric", nargs="+",
+                         help="metrics to compare, or 'all' (default: the metrics the claim's verdicts compare, "
+                              "the first bundle's claim, those the bundles have; every metric they have when the "
+                              "claim compares none of them; --metric all for every one)")
     compare.add_argument("--baseline", help="with one bundle: the baseline condition (default: its first)")
+    compare.add_argument("--map", action="append", metavar="A=B",
+                         help="with two bundles: compare condition A of the first with condition B of the second "
+                              "(repeatable; conditions no map names pair by name)")
     compare.add_argument("--format", choices=["text", "csv", "md", "json"], default="text")
     compare.set_defaults(func=_compare)
 

@@ -401,9 +401,12 @@ def compare_table(samples: Mapping[str, Sequence[float]], baseline: str, *, alph
     return table
 
 
-def format_compare_table(table: pd.DataFrame, *, decimals: int = 2) -> pd.DataFrame:
+def format_compare_table(table: pd.DataFrame, *, decimals: int = 2,
+                         number: Callable[[float], str] | None = None) -> pd.DataFrame:
     """Render a long compare table the way mmtests prints it: 'value (+pct%)' per cell, statistics
-    as rows, conditions as columns, '*' after conditions that differ significantly."""
+    as rows, conditions as columns, '*' after conditions that differ significantly. ``number`` formats
+    each value and percentage (default: ``decimals`` places, as mmtests does)."""
+    number = number or (lambda x: f"{x:.{decimals}f}")
     conditions = list(dict.fromkeys(table["condition"]))
     statistics = list(dict.fromkeys(table["statistic"]))
     cells = pd.DataFrame(index=statistics, columns=conditions, dtype=object)
@@ -412,9 +415,10 @@ def format_compare_table(table: pd.DataFrame, *, decimals: int = 2) -> pd.DataFr
         if not math.isfinite(row["value"]):
             cells.loc[row["statistic"], row["condition"]] = "—"
             continue
-        text = f"{row['value']:.{decimals}f}{unit}"
+        text = f"{number(row['value'])}{unit}"
         if row["pct_diff"] is not None and not pd.isna(row["pct_diff"]) and row["statistic"] != "CoefVar":
-            text += f" ({row['pct_diff']:+.{decimals}f}%)"
+            pct = number(row["pct_diff"])
+            text += f" ({pct if pct.startswith('-') else '+' + pct}%)"
         cells.loc[row["statistic"], row["condition"]] = text
     if "significant" in table.columns:
         marks = table.drop_duplicates("condition").set_index("condition")["significant"]
