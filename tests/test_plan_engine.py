@@ -413,6 +413,24 @@ def test_the_resume_unit_writes_its_lines_unbuffered(host):
     assert "Environment=PYTHONUNBUFFERED=1\n" in plan_engine.unit_text(root, "p")
 
 
+def test_the_resume_unit_names_the_project_the_plan_was_made_with(host, tmp_path, monkeypatch):
+    """systemd starts the unit without the environment ticklab ran in: a plan made with $TICKLAB_PROJECT (or
+    --project) resumes in that project, and the unit is still recognised as the plan's."""
+    from conftest import REPO
+
+    from ticklab import paths
+
+    root, _ = host
+    monkeypatch.setattr(paths, "_explicit", None)
+    monkeypatch.setenv(paths.ENV, str(REPO))
+    text = plan_engine.unit_text(root, "p")
+    [exec_start] = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+    assert f"-m ticklab.cli --project {REPO} plan resume --id p" in exec_start
+    assert plan_engine._is_plan_unit(text, "p") and not plan_engine._is_plan_unit(text, "q")
+    monkeypatch.delenv(paths.ENV)  # the checkout it runs from needs no naming
+    assert "--project" not in plan_engine.unit_text(root, "p")
+
+
 def test_the_bundle_is_sealed_while_the_resume_unit_is_still_installed(host, tmp_path):
     """The capture is told before the host is put back: removing the unit under a running resume (and reloading
     systemd) fails its start job, and on the lab host the reboot that followed cut a 6-run bundle's seal short."""

@@ -443,8 +443,20 @@ def _kernel_files(root: Path, plan: Plan, run: PlannedRun, *, planned: bool = Fa
 
 
 # -- the steps ---------------------------------------------------------------------------------------------
+def _named_project() -> list[str]:
+    """``--project DIR`` when the plan's project was named (--project or $TICKLAB_PROJECT): the unit starts with
+    systemd's environment, where neither is, and a wheel installed elsewhere would find no project at boot."""
+    from ..paths import ProjectError, find_project
+
+    try:
+        directory, named_by = find_project()
+    except ProjectError:
+        return []
+    return ["--project", str(directory)] if named_by in ("--project", "TICKLAB_PROJECT") else []
+
+
 def unit_text(root: Path, plan_id: str) -> str:
-    argv = [sys.executable, "-m", "ticklab.cli", "plan", "resume", "--id", plan_id]
+    argv = [sys.executable, "-m", "ticklab.cli", *_named_project(), "plan", "resume", "--id", plan_id]
     if str(root) != "/":
         argv += ["--root", str(root)]
     # DefaultDependencies=no: multi-user.target would otherwise order itself after the units it wants,
@@ -852,6 +864,9 @@ def _is_plan_unit(text: str, plan_id: str | None = None) -> bool:
                 argv = shlex.split(line[len("ExecStart="):])
             except ValueError:
                 return False
+            if "--project" in argv[:-1]:  # the unit names the plan's project (_named_project)
+                at = argv.index("--project")
+                argv = argv[:at] + argv[at + 2:]
             marker = ["-m", "ticklab.cli", "plan", "resume", "--id"]
             at = next((i for i in range(len(argv)) if argv[i:i + len(marker)] == marker), None)
             if at is not None and at + len(marker) < len(argv):
