@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from ticklab.analysis.forest import VERDICT_COLOURS
+from ticklab.analysis.palette import confusable_for_deuteranopes
 from ticklab.analysis.verdicts import VERDICTS, format_p
 from ticklab.report.firstscreen import (badge, claim_grid, setup_family, short_reason, short_setup_name,
                                         short_setup_names, verdict_table)
@@ -51,6 +52,13 @@ def test_every_verdict_badge_says_it_with_its_word_a_marker_and_an_okabe_ito_col
     assert len({b["glyph"] for b in badges}) == len(VERDICTS)
     assert len({b["cls"] for b in badges}) == len(VERDICTS)
     assert [b["colour"] for b in badges] == [VERDICT_COLOURS[v] for v in VERDICTS]
+
+
+def test_no_two_verdict_colours_are_confusable_for_a_deuteranope():
+    """The badges' and forest plots' colours, by the figures' check (analysis.palette: Machado 2009 at severity 1.0,
+    CIE76 ΔE >= 15); the light grey "not testable here" had was 7.1 from "larger than the target"."""
+    assert confusable_for_deuteranopes(list(VERDICT_COLOURS.values())) == []
+    assert confusable_for_deuteranopes(["#999999", VERDICT_COLOURS["larger than the target"]]) != []
 
 
 def row(claim, setup, comparison, verdict="inconclusive", effect=1.1, low=0.9, high=1.3, n="10 vs 10",

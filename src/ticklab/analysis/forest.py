@@ -22,13 +22,15 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
+from .palette import GREY
 from .verdicts import VERDICTS
 
-# Okabe-Ito (colour-blind safe), one colour and one marker per word, the same in every figure; the marker and the
+# Okabe-Ito (colour-blind safe; "not testable here" the palette's dark grey: a light one is 7 ΔE from the reddish
+# purple for a deuteranope), one colour and one marker per word, the same in every figure and the report's badges; the marker and the
 # word at the right of each line say it again, so nothing rests on colour alone.
 VERDICT_COLOURS = {"reproduced": "#009E73", "consistent, not pinned": "#56B4E9", "smaller than the target": "#E69F00",
                    "larger than the target": "#CC79A7", "opposite effect": "#D55E00", "no effect shown": "#0072B2",
-                   "inconclusive": "#000000", "not testable here": "#999999"}
+                   "inconclusive": "#000000", "not testable here": GREY}
 VERDICT_MARKERS = {"reproduced": "o", "consistent, not pinned": "h", "smaller than the target": "<",
                    "larger than the target": ">", "opposite effect": "X", "no effect shown": "D", "inconclusive": "s",
                    "not testable here": "."}
