@@ -4,15 +4,27 @@ Both backends leave a directory ``ingest.read_trace`` reads, and report the even
 
 * ``trace-cmd``: ``trace-cmd record`` in the background, stopped with SIGINT; writes ``trace.dat``.
   The global tracefs files it changes are guarded through :class:`HostChanges` and put back.
-* ``tracefs``: a private tracefs instance (``instances/ticklab-<pid>``), so the global tracing state
-  is never touched; a thread reads each CPU's ``trace_pipe_raw`` pages into ``cpu<N>.raw`` and the
-  event formats are copied beside them, with the /proc/kallsyms lines of the symbols the experiment names
-  (``kallsyms``: what a trace-cmd trace.dat carries in full, needed to name hrtimer callbacks). Used where ``trace-cmd record`` fails (for example when
-  /proc/sys/kernel/ftrace_enabled cannot be written).
+* ``tracefs``: a private tracefs instance (``instances/ticklab-<pid>``); a thread reads each CPU's
+  ``trace_pipe_raw`` pages into ``cpu<N>.raw`` and the event formats are copied beside them. Used where
+  ``trace-cmd record`` fails (for example when /proc/sys/kernel/ftrace_enabled cannot be written).
+  Beside the pages go what a trace-cmd trace.dat carries so that KernelShark and ``trace-cmd report`` name what
+  they show (ticklab.trace.tracedat writes both into the trace.dat it makes of the capture):
+
+  - ``saved_cmdlines``: the kernel's pid → command cache as tracing stopped, all of it. The cache and the
+    ``record-cmd`` option that fills it are global, the only global tracing state this backend touches: the
+    cache is raised to ``SAVED_CMDLINES_SIZE`` entries where it keeps fewer (which empties it: it then holds the
+    tasks that ran while the run was traced, none of an earlier task whose pid was reused) and the option turned
+    on where it is off, both through :class:`HostChanges` and put back when the run ends.
+  - ``kallsyms``: the /proc/kallsyms lines of the symbols the experiment names (``trace.symbols``: their
+    addresses tell the tick's and HRTICK's timers apart) and of every function the trace's records point into
+    (hrtimer callbacks, the function tracer's ip and parent_ip, ...), read after tracing stopped. A trace-cmd
+    trace.dat carries all of kallsyms (5.4 MB, 0.6 MB xz'd, on this project's 6.18 hosts): too much to keep
+    beside each run of a bundle, whose traces are tens to hundreds of kB.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import pty
 import shutil
@@ -21,16 +33,24 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..host import HostChanges, facts
+from ..safefiles import OwnedDir, UnsafeFileError
 from ..trace.tracefs_stats import stats_lost_count
 from .process import spawn
 
 TRACEFS_RELATIVE = "sys/kernel/tracing"
 GUARDED = ("tracing_on", "current_tracer", "buffer_size_kb", "trace_clock")
 FUNCTION_EVENT = "ftrace:function"  # what the function tracer records: ip (the traced function) and parent_ip
+# The most pid -> command entries one may ask the kernel's cache for (PID_MAX_DEFAULT; 6.8 and later round it up to
+# fill their allocation: 45,874 on 6.18): a kernel build starts thousands of short-lived tasks in one run, more than
+# the 128 entries kernels before 6.8 keep by default (6.8 and later: 6,552)
+SAVED_CMDLINES_SIZE = 32768
+FUNCTION_SYMBOL_TYPES = frozenset("tTwW")  # kallsyms types of code: what a function pointer or an ip points into
+SCAN_CHUNK = 1 << 24  # raw bytes searched for kernel addresses at a time: whole pages, so no value is cut in two
 
 
 class TracingError(RuntimeError):
@@ -95,6 +115,77 @@ def kallsyms_lines(text: str, names: list[str]) -> list[str]:
         if len(fields) >= 3 and fields[2] in wanted and fields[0].strip("0"):
             found.append(line)
     return found
+
+
+def _knob_value(path: Path) -> str | None:
+    """A tracefs file's text, stripped; None where this kernel has no such file."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return None
+
+
+class KernelFunctions:
+    """/proc/kallsyms's functions in address order: which function an address in a trace lies in."""
+
+    def __init__(self, kallsyms: str):
+        entries = []
+        for line in kallsyms.splitlines():
+            fields = line.split(maxsplit=3)
+            # an address of 0 is what a reader without CAP_SYSLOG sees under kptr_restrict: no address at all
+            if len(fields) >= 3 and fields[1] in FUNCTION_SYMBOL_TYPES and fields[0].strip("0"):
+                entries.append((int(fields[0], 16), line))
+        entries.sort(key=lambda entry: entry[0])
+        self.addresses = [address for address, _ in entries]
+        self.lines = [line for _, line in entries]
+
+    def upper_halves(self) -> set[int]:
+        """The upper 32 bits kernel code addresses have here (0xffffffff on x86-64, 0xffff8000 on arm64): those in
+        the kernel's half of a 64-bit address space only (a 32-bit kernel's would be 0, which every small number
+        has: there the capture keeps the named symbols' lines alone)."""
+        return {address >> 32 for address in self.addresses if address >> 63}
+
+    def lines_of(self, address: int) -> list[str]:
+        """The kallsyms lines of the function ``address`` lies in (every name at its start), or [] below them all."""
+        after = bisect.bisect_right(self.addresses, address)
+        if after == 0:
+            return []
+        first = bisect.bisect_left(self.addresses, self.addresses[after - 1])
+        return self.lines[first:after]
+
+
+def kernel_addresses(chunks: Iterable[bytes], upper_halves: set[int]) -> set[int]:
+    """Every 64-bit little-endian value at a 4-byte boundary of ``chunks`` (ring-buffer pages) whose upper half is
+    one of ``upper_halves``: every kernel code address the records hold, whatever field holds it (a record starts
+    at a 4-byte boundary of its page and its 8-byte fields are aligned within it), and rarely a value that only
+    looks like one (its kallsyms line is kept too, and shown by nothing)."""
+    needles = [upper.to_bytes(4, "little") for upper in upper_halves]
+    found: set[int] = set()
+    for chunk in chunks:
+        for needle in needles:
+            at = chunk.find(needle, 4)
+            while at >= 0:
+                if at % 4 == 0:
+                    found.add(int.from_bytes(chunk[at - 4:at + 4], "little"))
+                at = chunk.find(needle, at + 1)
+    return found
+
+
+def _raw_chunks(paths: list[Path]) -> Iterable[bytes]:
+    for path in paths:
+        with path.open("rb") as raw:
+            while chunk := raw.read(SCAN_CHUNK):
+                yield chunk
+
+
+def kept_kallsyms(kallsyms: str, names: list[str], raw_files: list[Path]) -> list[str]:
+    """The kallsyms lines a capture keeps: those of ``names`` and of every function the raw pages point into,
+    in address order."""
+    functions = KernelFunctions(kallsyms)
+    kept = dict.fromkeys(kallsyms_lines(kallsyms, names))
+    for address in kernel_addresses(_raw_chunks(raw_files), functions.upper_halves()):
+        kept.update(dict.fromkeys(functions.lines_of(address)))
+    return sorted(kept, key=lambda line: int(line.split()[0], 16))
 
 
 def check_clock(tracefs: Path, clock: str) -> None:
@@ -176,10 +267,14 @@ def choose_backend(host: HostChanges, preference: str = "auto") -> tuple[str, st
 def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int, functions: list[str] = (),
                            clock: str | None = None) -> list[str]:
     """What TracefsRecorder writes, in order, for a dry run (trace-cmd, when used, writes the same kind of files)."""
-    instance = root / TRACEFS_RELATIVE / "instances" / "ticklab-<pid>"
+    tracefs = root / TRACEFS_RELATIVE
+    instance = tracefs / "instances" / "ticklab-<pid>"
     tracer = [f"write '{' '.join(functions)}' to {instance}/set_ftrace_filter",
               f"write 'function' to {instance}/current_tracer"] if functions else []
-    return [f"mkdir {instance} (removed after the run)", f"write '0' to {instance}/tracing_on",
+    return [f"write '{SAVED_CMDLINES_SIZE}' to {tracefs}/saved_cmdlines_size where it keeps fewer "
+            "(put back after the run)",
+            f"write '1' to {tracefs}/options/record-cmd where it is 0 (put back after the run)",
+            f"mkdir {instance} (removed after the run)", f"write '0' to {instance}/tracing_on",
             f"write '{buffer_kb}' to {instance}/buffer_size_kb",
             *([f"write '{clock}' to {instance}/trace_clock"] if clock else []),
             *[f"write '1' to {instance}/events/{event.replace(':', '/')}/enable" for event in events],
@@ -221,7 +316,8 @@ class TracefsRecorder:
     def _start(self, tracefs: Path) -> None:
         instance = tracefs / "instances" / f"ticklab-{os.getpid()}"
         relative = str(instance.relative_to(self.host.root))
-        self.instance, self.relative = instance, relative
+        self.tracefs, self.instance, self.relative = tracefs, instance, relative
+        self._keep_command_lines(tracefs)  # before the instance: it takes record-cmd from the top level when made
         self.host.make_dir(relative, label="tracefs instance")
         self.host.write(f"{relative}/tracing_on", "0", label="tracing_on")
         self.host.write(f"{relative}/buffer_size_kb", str(self.buffer_kb), label="buffer_size_kb")
@@ -241,10 +337,6 @@ class TracefsRecorder:
             target = self.directory / "formats" / system / name
             target.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(tracefs / "events" / system / name / "format", target / "format")
-        if self.symbols:  # read before tracing starts: a few MB of text the traced CPUs need not see being parsed
-            lines = kallsyms_lines((self.host.root / "proc" / "kallsyms").read_text(errors="replace"), self.symbols)
-            (self.directory / "kallsyms").write_text("".join(f"{line}\n" for line in lines))
-            self._symbols_found = {line.split()[2]: f"0x{line.split()[0]}" for line in lines}
         (self.directory / "trace_clock").write_text((instance / "trace_clock").read_text())
         (self.directory / "page_size").write_text(f"{os.sysconf('SC_PAGE_SIZE')}\n")
         for cpu_dir in sorted((instance / "per_cpu").glob("cpu[0-9]*")):
@@ -259,6 +351,50 @@ class TracefsRecorder:
         self._thread = threading.Thread(target=self._pump, name="ticklab-tracefs-reader", daemon=True)
         self._thread.start()
         self.host.write(f"{relative}/tracing_on", "1", label="tracing_on")
+
+    def _keep_command_lines(self, tracefs: Path) -> None:
+        """Make the kernel's pid -> command cache hold every task of a run: as large as it goes and filled."""
+        relative = tracefs.relative_to(self.host.root)
+        size = _knob_value(tracefs / "saved_cmdlines_size")
+        if size is not None and size.isdigit() and int(size) < SAVED_CMDLINES_SIZE:
+            # refused where the kernel cannot allocate so much (it keeps the size it had): fewer names, same trace
+            self.host.write(f"{relative}/saved_cmdlines_size", str(SAVED_CMDLINES_SIZE), label="saved_cmdlines_size",
+                            may_refuse=True)
+        if _knob_value(tracefs / "options" / "record-cmd") == "0":
+            self.host.write(f"{relative}/options/record-cmd", "1", label="record-cmd")
+
+    def _write_names(self, raw_files: list[Path]) -> None:
+        """saved_cmdlines and kallsyms beside the pages (module docstring), read after tracing stopped: the traced
+        CPUs never see /proc/kallsyms's few MB being parsed, and the cache holds the tasks of the whole run."""
+        try:  # bytes: a task may name itself anything (prctl PR_SET_NAME), and is kept as it named itself
+            command_lines = (self.tracefs / "saved_cmdlines").read_bytes()
+        except OSError:
+            command_lines = None
+        kallsyms_path = self.host.root / "proc" / "kallsyms"
+        try:
+            kallsyms = kallsyms_path.read_text(errors="replace")
+        except OSError as exc:
+            if self.symbols:  # the experiment's metrics need their addresses
+                self._error = self._error or (f"{kallsyms_path}: cannot read ({exc.strerror or exc}); the addresses "
+                                              f"of {', '.join(self.symbols)} are not known")
+                return
+            kallsyms = ""  # nothing to name the trace's functions with: tools show their addresses
+        try:
+            lines = kept_kallsyms(kallsyms, self.symbols, raw_files)
+        except OSError as exc:
+            self._error = self._error or f"{exc.filename}: cannot read back ({exc.strerror or exc})"
+            return
+        if self.symbols:
+            wanted = set(self.symbols)
+            self._symbols_found = {fields[2]: f"0x{fields[0]}" for fields in map(str.split, lines)
+                                   if fields[2] in wanted}
+        try:
+            with OwnedDir(self.directory, create=False) as capture:
+                if command_lines is not None:  # a kernel without the cache: the tasks go unnamed, as with trace-cmd
+                    capture.write_new("saved_cmdlines", command_lines)
+                capture.write_new("kallsyms", "".join(f"{line}\n" for line in lines).encode())
+        except UnsafeFileError as exc:
+            self._error = self._error or str(exc)
 
     def _drain_once(self) -> bool:
         """Move what the kernel has buffered into the cpu<N>.raw files; a file that cannot be written (a full disk)
@@ -312,7 +448,10 @@ class TracefsRecorder:
                 self._thread.join()
                 self._drain_once()
                 cpus = list(self._files)
+                raw_files = [path for _, _, path in self._files.values()]
                 self._close_files()
+                if self._error is None:
+                    self._write_names(raw_files)
                 lost = {}
                 for cpu in cpus:
                     stats = (self.instance / "per_cpu" / f"cpu{cpu}" / "stats").read_text()
