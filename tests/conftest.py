@@ -148,7 +148,7 @@ SLOW_TESTS = {
 # notebooks) is built once, on one worker.
 MACHINE_MODULES = {"test_capture.py", "test_host.py", "test_ingest.py", "test_function_tracing.py", "test_doctor.py",
                    "test_fleet.py", "test_bench_keep.py", "test_tools.py", "test_comparisons.py", "test_safefiles.py",
-                   "test_stopping.py", "test_validation.py", "test_cli_errors.py"}
+                   "test_stopping.py", "test_validation.py", "test_cli_errors.py", "test_kernelshark_names.py"}
 GUEST_MODULES = {"test_lab.py", "test_lab_kexec.py", "test_lab_sources.py", "test_hostkernel.py", "test_hpet_profile.py"}
 # single tests elsewhere that play a lab guest's side on this machine (ticklab.lab.guest.run_job takes the host lock)
 MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",
