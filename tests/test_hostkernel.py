@@ -4,6 +4,7 @@ root with fake build tools, the guard on the default boot entry. A real host ker
 import gzip
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -175,7 +176,7 @@ def test_an_older_source_is_said_first_with_what_olddefconfig_drops(host_root, t
         "ticklab kernel build: warning: the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: "
         f"olddefconfig will drop 6 of the 9 options set in {host_root}/boot/config-6.12.57-ticklab, which Linux 6.1.90 "
         "does not know: CONFIG_NEW_A, CONFIG_NEW_B, CONFIG_NEW_C, CONFIG_NEW_D, CONFIG_NEW_E and 1 more\n")
-    assert done.stdout.startswith("running kernel: 6.12.57-ticklab\n") and "dry run: nothing built" in done.stdout
+    assert done.stdout.startswith("base kernel: 6.12.57-ticklab\n") and "dry run: nothing built" in done.stdout
     assert not cache.exists()
     # a tree: its Kconfig files are read the same way; a config the source knows whole is said to lose nothing
     tree = tmp_path / "tree"
@@ -231,3 +232,90 @@ def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(tmp_path,
                                "Firecracker VM's by the VMM) and a kernel installed there would never be booted; "
                                "refused\n")
     assert tree_snapshot(root) == before and not (tmp_path / "c").exists()
+
+
+# issue 39 item 1: a kernel for a system at rest (a disk image's mounted root), by the same code path
+@pytest.fixture
+def image_root(tmp_path):
+    """A Debian root as a disk image holds it: /boot with its kernel, no /proc contents, empty mount points."""
+    root = tmp_path / "image"
+    for relative in ("proc", "sys", "dev", "boot/grub", "usr/src"):
+        (root / relative).mkdir(parents=True)
+    (root / "boot/vmlinuz-6.1.0-50-amd64").write_bytes(b"debian kernel")
+    (root / "boot/config-6.1.0-50-amd64").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\n")
+    (root / "boot/grub/grub.cfg").write_text("set default=0\n")
+    return root
+
+
+def test_a_root_at_rest_builds_from_its_own_kernel_never_this_machines(image_root, tmp_path):
+    source = fake_tree(tmp_path)
+    plan = plan_host_kernel(image_root, source=source, work=tmp_path / "w")
+    assert plan.running_release == "6.1.0-50-amd64" and plan.config_source == str(image_root / "boot/config-6.1.0-50-amd64")
+    assert plan.install_steps[-1] == ["chroot", str(image_root), "update-initramfs", "-c", "-k", plan.release]
+    (image_root / "boot/vmlinuz-6.1.0-49-amd64").write_bytes(b"older")
+    with pytest.raises(HostKernelError, match=r"boot: 2 kernel images \(6\.1\.0-49-amd64, 6\.1\.0-50-amd64\) in a "
+                                              r"system that is not running here; name the one it boots with --release"):
+        plan_host_kernel(image_root, source=source, work=tmp_path / "w")
+    assert plan_host_kernel(image_root, source=source, work=tmp_path / "w", release="6.1.0-50-amd64").release == plan.release
+
+
+def test_localmodconfig_on_a_root_at_rest_takes_the_modules_recorded_at_its_boot(image_root, tmp_path):
+    source = fake_tree(tmp_path)
+    with pytest.raises(HostKernelError, match=r"image: not a running system, so it has no /proc/modules; "
+                                              r"--localmodconfig needs --modules FILE"):
+        plan_host_kernel(image_root, source=source, localmodconfig=True, work=tmp_path / "w")
+    recorded = tmp_path / "modules"
+    recorded.write_text("virtio_net 65536 0 - Live 0x0\next4 1007616 1 - Live 0x0\n")
+    plan = plan_host_kernel(image_root, source=source, localmodconfig=True, modules=recorded, work=tmp_path / "w")
+    assert plan.module_count == 2 and plan.modules.splitlines()[0].startswith("virtio_net 65536")
+    # other modules kept: another kernel, so another release name and another cached build
+    recorded.write_text("virtio_net 65536 0 - Live 0x0\n")
+    assert plan_host_kernel(image_root, source=source, localmodconfig=True, modules=recorded,
+                            work=tmp_path / "w").release != plan.release
+    recorded.write_text("not a module list\n")
+    with pytest.raises(HostKernelError, match=r"modules: not a /proc/modules list \('not a module list'\)"):
+        plan_host_kernel(image_root, source=source, localmodconfig=True, modules=recorded, work=tmp_path / "w")
+
+
+def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_reuses_the_build(image_root, tmp_path,
+                                                                                                monkeypatch):
+    log = tmp_path / "argv.log"
+    fake_tools(tmp_path / "bin", log)
+    for name in ("chroot", "mount", "umount"):  # recorded, not run: the real ones need root and a real system
+        tool = tmp_path / "bin" / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    plan = plan_host_kernel(image_root, source=fake_tree(tmp_path), work=tmp_path / "work")
+    plan.build_steps = [["make", "-C", "tree", "bzImage"]]
+    said = []
+    release = build_and_install(plan, image_root, say=said.append)
+    calls = log.read_text().splitlines()
+    assert calls[0] == "make -C tree bzImage" and calls[1].endswith(f"modules_install INSTALL_MOD_PATH={image_root}")
+    assert calls[2:] == [f"mount -t proc proc {image_root}/proc", f"mount -t sysfs sysfs {image_root}/sys",
+                         f"mount --bind /dev {image_root}/dev",
+                         f"chroot {image_root} update-initramfs -c -k {release}",
+                         f"umount {image_root}/dev", f"umount {image_root}/sys", f"umount {image_root}/proc"], calls
+    assert (image_root / f"boot/vmlinuz-{release}").read_bytes() == b"kernel"
+    assert (image_root / "boot/grub/grub.cfg").read_text() == "set default=0\n"
+    # a second system (another copy of the image) gets the same build, not a second compile
+    second = tmp_path / "second"
+    shutil.copytree(image_root, second)
+    (second / f"boot/vmlinuz-{release}").unlink()
+    log.write_text("")
+    assert build_and_install(plan_host_kernel(second, source=fake_tree(tmp_path / "t2"), work=tmp_path / "work"),
+                             second, say=said.append) == release
+    assert not any(line.startswith("make -C tree bzImage") for line in log.read_text().splitlines())
+    assert any("built before" in line for line in said)
+
+
+def test_a_mount_point_that_is_not_empty_is_refused_before_anything_is_mounted(image_root, tmp_path, monkeypatch):
+    log = tmp_path / "argv.log"
+    fake_tools(tmp_path / "bin", log)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    (image_root / "proc/left-behind").write_text("x")
+    plan = plan_host_kernel(image_root, source=fake_tree(tmp_path), work=tmp_path / "work")
+    plan.build_steps = []
+    with pytest.raises(HostKernelError, match=r"image/proc: not an empty directory to mount proc on for the chroot"):
+        build_and_install(plan, image_root, say=lambda _: None)
+    assert not log.exists() or not any(line.startswith("mount") for line in log.read_text().splitlines())

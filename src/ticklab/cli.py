@@ -139,8 +139,12 @@ def _kernel(args: argparse.Namespace) -> int:
         print("ticklab kernel build: only --host kernels are built here; lab kernels: ticklab lab build-kernel",
               file=sys.stderr)
         return 2
+    if args.modules and not args.localmodconfig:
+        print("ticklab kernel build: --modules lists the modules --localmodconfig keeps; add --localmodconfig",
+              file=sys.stderr)
+        return 2
     plan = plan_host_kernel(args.root, config=args.config, source=args.source, localmodconfig=args.localmodconfig,
-                            jobs=args.jobs)
+                            jobs=args.jobs, release=args.release, modules=args.modules)
     for warning in plan.warnings:  # before the plan and before any work
         print(f"ticklab kernel build: warning: {warning}", file=sys.stderr, flush=True)
     print(plan.describe())
@@ -515,10 +519,19 @@ def build_parser() -> argparse.ArgumentParser:
     host_build.add_argument("--host", action="store_true", help="a kernel for this machine (the only kind built here)")
     host_build.add_argument("--config", type=Path, help="kernel config (default: /boot/config-$(uname -r), else /proc/config.gz)")
     host_build.add_argument("--source", type=Path, help="a Linux source tree or tarball (default: /usr/src/linux-source-X.Y.tar.xz)")
-    host_build.add_argument("--localmodconfig", action="store_true", help="keep only the modules loaded now (faster build)")
+    host_build.add_argument("--localmodconfig", action="store_true",
+                            help="keep only the modules loaded now, or those --modules lists (faster build)")
     host_build.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
     host_build.add_argument("--dry-run", action="store_true", help="print config, patches, localversion and steps; change nothing")
-    host_build.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    host_build.add_argument("--root", type=Path, default=Path("/"), metavar="DIR",
+                            help="the system to build for and install into (default: /): e.g. a disk image's mounted "
+                                 "root; its own update-initramfs runs in a chroot")
+    host_build.add_argument("--release", metavar="RELEASE",
+                            help="the kernel the system boots, whose config is the base (default: the running one; "
+                                 "for a --root at rest, its only /boot/vmlinuz-*)")
+    host_build.add_argument("--modules", type=Path, metavar="FILE",
+                            help="with --localmodconfig: the /proc/modules recorded at a boot of the system "
+                                 "(default: /proc/modules of --root, which a system at rest does not have)")
     host_build.set_defaults(func=_kernel)
 
     plan = sub.add_parser("plan", help="boot plans (capture --boot): list, status, resume after a reboot, abort")

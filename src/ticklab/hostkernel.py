@@ -25,6 +25,15 @@ Checked on this machine up to the compile (not run: > 1 h on 2 cores): the tarba
 apply, ``scripts/config``, ``localmodconfig`` and ``olddefconfig`` succeed and ``make kernelrelease`` prints the
 planned release.
 
+A system at rest — a disk image's mounted root, ``--root DIR`` (the lab host's image, issue 39) — is built for by
+the same steps: its release is ``--release`` or its only ``/boot/vmlinuz-*`` (never this machine's kernel), its
+config ``DIR/boot/config-<release>``, the modules ``--localmodconfig`` keeps come from ``--modules FILE`` (its
+/proc/modules recorded at a boot of it; they enter the localversion hash, so other modules make another release),
+and its initramfs is made by its own ``update-initramfs`` in a chroot, with /proc, /sys and /dev mounted on its
+empty mount points for that step only and unmounted after it. The work directory is named by the release, i.e. by
+the config, patches and modules: a build that finished there (the ``built`` marker) is installed again without
+compiling, into another copy of the image.
+
 Installing never changes which kernel the machine boots by default. Debian's ``make install`` runs
 installkernel, whose ``/etc/kernel/postinst.d/zz-update-grub`` regenerates grub.cfg; with ``GRUB_DEFAULT=0`` a
 kernel that sorts newer than the running one would become the first entry, i.e. the default. So ticklab does
@@ -38,6 +47,7 @@ change is reported as an error naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -89,6 +99,7 @@ class HostKernelPlan:
     build_steps: list[list[str]] = field(default_factory=list)
     install_steps: list[list[str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # one line each, said before anything else
+    modules: str | None = None  # the /proc/modules lines localmodconfig keeps (None without it)
 
     @property
     def series(self) -> str:
@@ -98,7 +109,7 @@ class HostKernelPlan:
         cores = os.cpu_count() or 1
         if self.localmodconfig and self.module_count is not None:
             cpu_minutes = CORE_CPU_MINUTES + self.module_count * CPU_SECONDS_PER_MODULE / 60
-            basis = f"localmodconfig keeps about {self.module_count} modules loaded now"
+            basis = f"localmodconfig keeps about {self.module_count} modules"
         else:
             cpu_minutes = FULL_CONFIG_CPU_MINUTES
             basis = "the whole config"
@@ -108,7 +119,7 @@ class HostKernelPlan:
                 f"core{'' if cores == 1 else 's'} ({basis})")
 
     def describe(self) -> str:
-        lines = [f"running kernel: {self.running_release}",
+        lines = [f"base kernel: {self.running_release}",
                  f"config: {self.config_source}",
                  f"source: {self.source} (Linux {self.source_version})",
                  f"patches (kernel/patches/{self.series}/):"]
@@ -118,7 +129,7 @@ class HostKernelPlan:
             lines.append(f"  {check.path.name}: {'applies' if check.applies else 'does NOT apply, left out'}"
                          + ("" if check.applies else f" ({check.why})"))
         lines += [f"localversion: {self.localversion} (new kernel release {self.release})",
-                  f"localmodconfig: {'yes, ' + str(self.module_count) + ' modules loaded now' if self.localmodconfig else 'no'}",
+                  f"localmodconfig: {'yes, ' + str(self.module_count) + ' modules loaded' if self.localmodconfig else 'no'}",
                   f"build time: {self.estimate()}",
                   "build steps:"] + [f"  {shown(step)}" for step in self.build_steps]
         lines += ["install steps (the default boot entry is not changed: no 'make install', no update-grub):"]
@@ -130,12 +141,29 @@ def shown(argv: list[str]) -> str:
     return " ".join(a if a and re.fullmatch(r"[\w@%+=:,./-]+", a) else repr(a) for a in argv)
 
 
-def running_release(root: Path) -> str:
+def is_live(root: Path) -> bool:
+    """Whether ``root`` is a running system (``/``, or a tree that carries its own /proc, as the tests' fake hosts),
+    not a system at rest such as a disk image's mounted root."""
+    return str(root) == "/" or (root / "proc/sys/kernel/osrelease").is_file()
+
+
+def running_release(root: Path, given: str | None = None) -> str:
+    """The release the build starts from: ``given`` (``--release``), else the running kernel's; for a system at rest
+    (a disk image's root) the only ``/boot/vmlinuz-*`` it has, never this machine's kernel."""
+    if given:
+        return given
     osrelease = root / "proc/sys/kernel/osrelease"
     try:
         return osrelease.read_text().strip()
     except OSError:
+        pass
+    if str(root) == "/":
         return os.uname().release
+    images = sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*"))
+    if len(images) == 1:
+        return images[0]
+    raise HostKernelError(f"{root / 'boot'}: {len(images)} kernel images ({', '.join(images[:4]) or 'none'}) in a "
+                          "system that is not running here; name the one it boots with --release")
 
 
 def check_boots_from_boot(root: Path, release: str) -> None:
@@ -322,19 +350,39 @@ def check_patches(source: Path, patches: list[Path]) -> list[PatchCheck]:
     return checks
 
 
-def loaded_modules(root: Path) -> int:
+def modules_list(root: Path, given: Path | None = None) -> str:
+    """The loaded modules (/proc/modules format) localmodconfig keeps: ``given`` (``--modules``, recorded at a boot
+    of the system), else ``root``'s /proc/modules; a system at rest has none of its own."""
+    path = given or root / "proc/modules"
+    if given is None and not is_live(root):
+        raise HostKernelError(f"{root}: not a running system, so it has no /proc/modules; --localmodconfig needs "
+                              "--modules FILE, the /proc/modules recorded at a boot of it")
     try:
-        return sum(1 for line in (root / "proc/modules").read_text().splitlines() if line.strip())
-    except OSError:
+        text = path.read_text()
+    except OSError as exc:
+        raise HostKernelError(f"{path}: cannot read the loaded modules ({exc.strerror or exc})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    bad = next((line for line in lines if len(line.split()) < 2 or not line.split()[1].isdigit()), None)
+    if bad is not None:
+        raise HostKernelError(f"{path}: not a /proc/modules list ({bad[:60]!r})")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def loaded_modules(root: Path, given: Path | None = None) -> int:
+    try:
+        return len(modules_list(root, given).splitlines())
+    except HostKernelError:
         return 0
 
 
 def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, source: Path | None = None,
-                     localmodconfig: bool = False, jobs: int | None = None,
-                     work: Path | None = None) -> HostKernelPlan:
-    """Everything the build would do, computed without changing anything."""
+                     localmodconfig: bool = False, jobs: int | None = None, work: Path | None = None,
+                     release: str | None = None, modules: Path | None = None) -> HostKernelPlan:
+    """Everything the build would do, computed without changing anything. ``root`` other than ``/`` is the system
+    the kernel is for: a disk image's mounted root (``release``: the kernel it boots; ``modules``: its recorded
+    /proc/modules for localmodconfig), whose own update-initramfs makes the initramfs, in a chroot."""
     root = Path(root)
-    release = running_release(root)
+    release = running_release(root, release)
     check_boots_from_boot(root, release)
     config_source, config_bytes = find_config(root, release, config)
     source = find_source(root, release, source)
@@ -342,10 +390,13 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
     older = older_source_warning(root, release, version, source, config_source, config_bytes)
     series = ".".join(version.split(".")[:2])
     checks = check_patches(source, patch_paths(series))
+    kept_modules = modules_list(root, modules) if localmodconfig else None
     digest = hashlib.sha256(config_bytes)
     for check in checks:
         if check.applies:
             digest.update(check.path.name.encode() + b"\0" + check.path.read_bytes())
+    if kept_modules is not None:  # the modules kept make another kernel: another name, another cached build
+        digest.update(b"localmodconfig\0" + " ".join(sorted(line.split()[0] for line in kept_modules.splitlines())).encode())
     localversion = f"-ticklab-{digest.hexdigest()[:8]}"
     new_release = version + localversion
     jobs = jobs or os.cpu_count() or 1
@@ -368,10 +419,38 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
                ["install", "-m", "0644", str(tree / "arch/x86/boot/bzImage"), str(boot / f"vmlinuz-{new_release}")],
                ["install", "-m", "0644", str(tree / "System.map"), str(boot / f"System.map-{new_release}")],
                ["install", "-m", "0644", str(tree / ".config"), str(boot / f"config-{new_release}")],
-               ["update-initramfs", "-c", "-k", new_release]]
-    return HostKernelPlan(release, config_source, config_bytes, source, version, checks, localversion, new_release,
-                          localmodconfig, loaded_modules(root) if localmodconfig else None, jobs, work, build, install,
-                          [older] if older else [])
+               (["update-initramfs"] if is_live(root) else ["chroot", str(root), "update-initramfs"])
+               + ["-c", "-k", new_release]]
+    plan = HostKernelPlan(release, config_source, config_bytes, source, version, checks, localversion, new_release,
+                          localmodconfig, len(kept_modules.splitlines()) if kept_modules is not None else None, jobs,
+                          work, build, install, [older] if older else [])
+    plan.modules = kept_modules
+    return plan
+
+
+BUILT_MARKER = "built"  # in the work directory: the release whose build steps all finished there
+# what the system's own update-initramfs needs mounted in a chroot (its hooks read /proc, /sys and /dev)
+CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sysfs", "sys", ["-t", "sysfs"]), ("/dev", "dev", ["--bind"]))
+
+
+@contextlib.contextmanager
+def _system_mounts(root: Path, log):
+    """/proc, /sys and /dev inside a system at rest for its update-initramfs, unmounted again whatever happens (in
+    reverse order; a running system needs none). Only mount points that are empty directories of that root are
+    used: nothing there is hidden."""
+    mounted = []
+    try:
+        if not is_live(root):
+            for source, relative, options in CHROOT_MOUNTS:
+                target = root / relative
+                if target.is_symlink() or not target.is_dir() or any(target.iterdir()):
+                    raise HostKernelError(f"{target}: not an empty directory to mount {relative} on for the chroot")
+                _step(["mount", *options, source, str(target)], log, dies_with_ticklab=False)
+                mounted.append(target)
+        yield
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", str(target)], stdout=log, stderr=subprocess.STDOUT, check=False)
 
 
 def _boot_digests(root: Path) -> dict[str, str | None]:
@@ -410,23 +489,29 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
             raise HostKernelError(f"{target}: exists already; ticklab never overwrites an installed kernel "
                                   f"(remove it by hand if it is a stale ticklab build)")
     work = plan.work
-    if plan.source.is_file() and (work / "linux").exists():
-        raise HostKernelError(f"{work / 'linux'}: left by an earlier build; remove it to build again")
+    built = work / BUILT_MARKER
+    cached = built.is_file() and built.read_text().strip() == plan.release
+    if not cached and plan.source.is_file() and (work / "linux").exists():
+        raise HostKernelError(f"{work / 'linux'}: left by an interrupted build; remove it to build again")
     work.mkdir(parents=True, exist_ok=True)
-    (work / "config").write_bytes(plan.config)
-    if plan.localmodconfig:
-        (work / "lsmod").write_text("Module Size Used by\n" + "".join(
-            f"{line.split()[0]} {line.split()[1]} 0\n" for line in (root / "proc/modules").read_text().splitlines()
-            if line.strip()))
     before = _boot_digests(root)
     log_path = work / "build.log"
-    say(f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}")
     with log_path.open("a") as log:
-        for argv in plan.build_steps:
-            _step(argv, log, dies_with_ticklab=True)
-        say(f"installing {plan.release} (modules, /boot files, initramfs); the default boot entry stays")
+        if cached:  # the same config, patches, modules and source: the tree built before is this kernel
+            say(f"Linux {plan.release}: built before ({work}); installing that build")
+        else:
+            (work / "config").write_bytes(plan.config)
+            if plan.localmodconfig:
+                (work / "lsmod").write_text("Module Size Used by\n" + "".join(
+                    f"{line.split()[0]} {line.split()[1]} 0\n" for line in (plan.modules or "").splitlines()))
+            say(f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}")
+            for argv in plan.build_steps:
+                _step(argv, log, dies_with_ticklab=True)
+            built.write_text(plan.release + "\n")
+        say(f"installing {plan.release} into {root} (modules, /boot files, initramfs); the default boot entry stays")
         for argv in plan.install_steps:
-            _step(argv, log, dies_with_ticklab=False)
+            with _system_mounts(root, log) if argv[0] == "chroot" else contextlib.nullcontext():
+                _step(argv, log, dies_with_ticklab=False)
     changed = [path for path, digest in _boot_digests(root).items() if digest != before[path]]
     if changed:
         raise HostKernelError(f"{changed[0]}: changed while installing {plan.release} (a distribution hook?); "
