@@ -234,7 +234,7 @@ def _lab(args: argparse.Namespace) -> int:
 
             view = plan_run(args.claim, args.boot, runs=args.runs, warmup=args.warmup, experiment=args.experiment,
                             abort_when_made=args.abort_after_runs, hide_kernel_when_made=args.hide_kernel_after_runs,
-                            out=args.out, accel=args.accel, keep_disk=args.keep_disk,
+                            out=args.out, accel=args.accel, keep_disk=args.keep_disk, kernels=tuple(args.kernel),
                             say=lambda text: print(text, file=sys.stderr, flush=True))
             print("\n".join(summary_lines(view)))
         elif args.boot:
@@ -589,6 +589,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(default: kept in the run's directory only)")
     host_plan.add_argument("--accel", choices=["tcg", "kvm"], default="tcg", help="QEMU accelerator (default tcg)")
     host_plan.add_argument("--keep-disk", action="store_true", help="keep the run's disk image")
+    host_plan.add_argument("--kernel", type=Path, action="append", default=[], metavar="SOURCE",
+                           help="build a kernel from this source (tarball or tree; kernel/patches/<X.Y> applied) with "
+                                "'ticklab kernel build --host --root' against the run's copy of the image, keeping the "
+                                "modules a recorded boot of it loaded, and install it there before the plan (repeat "
+                                "for several; each build is cached)")
     host_plan.set_defaults(func=_lab)
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))

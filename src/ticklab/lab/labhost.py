@@ -18,7 +18,9 @@ hashes the recipe, the installer, requirements.lock and ``BUILD_STEPS``. The chr
 ``prepare_run`` copies the image for one run (the cached one is never booted), mounts the copy's partition through
 a loop device at its offset, installs this checkout the way README says (its files under ``ticklab_dir``, then
 ``make env tools`` in a chroot) with the job the guest's driver runs (``runners/vm/lab-host-job.py`` as
-``ticklab-lab-job-*.service``), and unmounts. ``boot_host`` boots the copy from its disk (no ``-kernel``: every
+``ticklab-lab-job-*.service``), builds and installs the kernels the plan needs by the user's command (``kernel build
+--host --root`` against the copy, the modules a recorded boot of the image loaded kept; ``modules_record``), and
+unmounts. ``boot_host`` boots the copy from its disk (no ``-kernel``: every
 boot goes through the firmware and grub; a reboot is a real reset) until the guest powers off. ``collect`` mounts
 the copy again and copies out what the guest left (the job's log, the plan's directory, the bundles).
 """
@@ -359,25 +361,32 @@ def unit_text(name: str) -> str:
             "[Install]\nWantedBy=multi-user.target\n")
 
 
-def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_files: dict[str, bytes] | None = None) -> None:
-    """A copy of the image for one run, with this checkout installed (make env tools) and the job in place."""
+def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_files: dict[str, bytes] | None = None,
+                kernels: tuple[Path, ...] = (), modules: Path | None = None, install_checkout: bool = True) -> list[dict]:
+    """A copy of the image for one run, with this checkout installed (make env tools), the kernels built from
+    ``kernels`` (sources) installed as a user would (``kernel build --host`` against the copy's root, the modules its
+    recorded boot loaded kept: ``modules``), and the job in place. Returns what each kernel is."""
     run_dir.mkdir(parents=True, exist_ok=True)
     disk = run_dir / "disk.raw"
     say(f"lab host run: copying the image to {disk}")
     _run(["cp", "--sparse=always", str(image.disk), str(disk)], "copying the lab host image")
+    built = []
     with mounted_disk(disk, run_dir / "mnt") as root:
-        target = root / GUEST_TICKLAB
-        count = _copy_checkout(repo_root(), target)
-        for name, data in (extra_files or {}).items():
-            path = target / name
-            if ".." in Path(name).parts or Path(name).is_absolute():
-                raise LabError(f"{name}: an extra file must be a relative path inside the checkout")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        say(f"lab host run: {count} files of this checkout in /{GUEST_TICKLAB}; make env tools (chroot)")
-        with _chroot_mounts(root), _network_in(root):
-            _in_chroot(root, ["make", "-C", f"/{GUEST_TICKLAB}", "env", "tools"], "make env tools in the lab host",
-                       run_dir / "prepare.log")
+        if install_checkout:
+            target = root / GUEST_TICKLAB
+            count = _copy_checkout(repo_root(), target)
+            for name, data in (extra_files or {}).items():
+                path = target / name
+                if ".." in Path(name).parts or Path(name).is_absolute():
+                    raise LabError(f"{name}: an extra file must be a relative path inside the checkout")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            say(f"lab host run: {count} files of this checkout in /{GUEST_TICKLAB}; make env tools (chroot)")
+            with _chroot_mounts(root), _network_in(root):
+                _in_chroot(root, ["make", "-C", f"/{GUEST_TICKLAB}", "env", "tools"], "make env tools in the lab host",
+                           run_dir / "prepare.log")
+        for source in kernels:
+            built.append(install_host_kernel(root, Path(source), image.info["kernel"], modules, say))
         (root / "etc/ticklab-lab").mkdir(exist_ok=True)
         (root / "etc/ticklab-lab/job.json").write_text(json.dumps(job, indent=2) + "\n")
         driver = root / "usr/local/sbin/ticklab-lab-job"
@@ -395,6 +404,54 @@ def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_fil
         for name in ("grub.cfg", "grubenv"):
             if (grub / name).is_file():
                 shutil.copyfile(grub / name, run_dir / "grub-before" / name)
+    return built
+
+
+def install_host_kernel(root: Path, source: Path, release: str, modules: Path | None, say=print) -> dict:
+    """``ticklab kernel build --host --root <the copy's root> --release <its kernel> --source <source>
+    --localmodconfig --modules <its recorded boot's>``: the user's command, by the same code (hostkernel), built once
+    per config, patches, modules and source (cached in its work directory) and installed into this copy."""
+    from ..hostkernel import HostKernelError, build_and_install, plan_host_kernel
+
+    try:
+        plan = plan_host_kernel(root, source=source, release=release, localmodconfig=modules is not None,
+                                modules=modules)
+        say(f"lab host run: kernel build --host --root {root} --source {source}: {plan.release} "
+            f"({sum(c.applies for c in plan.patches)} patches apply)")
+        installed = build_and_install(plan, root, say=lambda line: say(f"lab host run: {line}"))
+    except HostKernelError as exc:
+        raise LabError(f"kernel build --host for the lab host: {exc}") from None
+    return {"release": installed, "source": str(source), "source_version": plan.source_version,
+            "patches": [c.path.name for c in plan.patches if c.applies],
+            "config_sha256": hashlib.sha256(plan.config).hexdigest(), "modules_kept": plan.module_count,
+            "build_log": str(plan.work / "build.log"),
+            "command": f"ticklab kernel build --host --root DIR --release {release} --source {source}"
+                       + (f" --localmodconfig --modules {modules}" if modules is not None else "")}
+
+
+def modules_record(image: HostImage, say=print, accel: str = "tcg") -> Path:
+    """The /proc/modules of a boot of this image (the job driver's proc-modules.txt), recorded once per image and
+    kept beside the runs: what a kernel built for it keeps with localmodconfig."""
+    recorded = runs_dir() / "modules" / f"{image.key}.txt"
+    if recorded.is_file():
+        return recorded
+    runs_dir().mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="record-modules-", dir=runs_dir()))
+    try:
+        prepare_run(image, run_dir, {"record_only": True}, say, install_checkout=False)
+        say("lab host run: one boot of the image to record the modules it loads")
+        outcome = boot_host(run_dir, recipe(), 1800, accel, say)
+        collect(run_dir)
+        found = run_dir / "guest" / "state" / "proc-modules.txt"
+        if outcome["status"] != "ok" or not found.is_file():
+            raise LabError(f"{run_dir}: the recording boot left no proc-modules.txt ({outcome['status']}; console "
+                           f"{run_dir / 'console.log'})")
+        recorded.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(found, recorded)
+    finally:
+        (run_dir / "disk.raw").unlink(missing_ok=True)
+    say(f"lab host run: {len(recorded.read_text().splitlines())} modules recorded in {recorded}")
+    return recorded
 
 
 def _said(line: str) -> str | None:
@@ -499,7 +556,7 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
              experiment: str | None = None, abort_when_made: int | None = None,
              hide_kernel_when_made: int | None = None, out: Path | None = None, accel: str = "tcg",
              timeout_s: float = 4 * 3600, keep_disk: bool = False, extra_files: dict[str, bytes] | None = None,
-             say=print) -> dict:
+             kernels: tuple[Path, ...] = (), say=print) -> dict:
     """One boot plan in the lab host, driven without interaction: the capture started at its first boot, the user's
     abort or a hidden kernel image on cue, a check boot at the end; what was found (``host-view.json``), and the
     bundle copied into ``out`` (when given) under the lab host's host-id. ``extra_files``: files put into the
@@ -522,8 +579,9 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
     runs_dir().mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}-",
                                     dir=runs_dir()))
+    modules = modules_record(image, say, accel) if kernels else None
     try:
-        prepare_run(image, run_dir, job, say, extra_files)
+        built = prepare_run(image, run_dir, job, say, extra_files, kernels=tuple(kernels), modules=modules)
         say(f"lab host run: booting {run_dir / 'disk.raw'} ({accel}); console {run_dir / 'console.log'}")
         outcome = boot_host(run_dir, data, timeout_s, accel, say)
         view = collect(run_dir)
@@ -531,7 +589,8 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
         if not keep_disk:  # a copy of the image, gigabytes: what the run left is in its console and logs
             (run_dir / "disk.raw").unlink(missing_ok=True)
         raise
-    view.update({"qemu": outcome, "job": job, "host_id": hid, "image": image.key, "run_dir": str(run_dir)})
+    view.update({"qemu": outcome, "job": job, "host_id": hid, "image": image.key, "run_dir": str(run_dir),
+                 "kernels_built": built})
     (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
     if out is not None:
         for bundle in view["bundles"]:
@@ -593,5 +652,7 @@ def summary_lines(view: dict) -> list[str]:
                  f"custom.cfg {'present' if view.get('custom_cfg') else 'absent'}, kexec loaded {final.get('kexec_loaded')}")
     lines.append(f"  check boot: {final.get('release')} '{' '.join(final.get('boot_words', []))}'")
     lines += [f"  | {line}" for line in str(final.get("plan_status", "")).splitlines()]
+    lines += [f"  kernel built: {k['release']} from {k['source']} ({', '.join(k['patches']) or 'no patches'}; "
+              f"{k['modules_kept']} modules kept; log {k['build_log']})" for k in view.get("kernels_built", [])]
     lines += [f"  bundle: {b}" for b in view.get("bundles", [])]
     return lines
