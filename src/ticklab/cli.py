@@ -73,13 +73,50 @@ def precision_goals(claim: str, published_dir: Path) -> list:
     The one place the claim's analysis meets capture (capture imports none of it): the comparison's words,
     metric, conditions, statistic, experiments, and as the target the CI half-width (log scale) that lets the verdict's
     words decide (``Margins.precision_log``: the consistent-size band's half-width for a ratio target)."""
-    from .capture.stopping import PrecisionGoal
     from .claims import get_claim
 
     found = get_claim(claim)
+    return _goals_of(found, found.published(published_dir))
+
+
+def _goals_of(found, published) -> list:
+    from .capture.stopping import PrecisionGoal
+
     return [PrecisionGoal(c.comparison, c.metric, c.treatment, c.baseline, c.statistic,
                           c.margins.precision_log(c.target), tuple(c.experiments))
-            for c in found.comparisons(found.published(published_dir))]
+            for c in found.comparisons(published)]
+
+
+def answer_context(claim: str, published_dir: Path, out: Path):
+    """What a capture's answer needs of the claim (capture/answer.py), as plain data, as the stopping rule's goals
+    are: every row of its published layer, all its comparisons, its notebook, and where the bundles go."""
+    import math
+
+    from .capture.answer import AnswerContext, PrintedValue
+    from .claims import get_claim
+
+    found = get_claim(claim)
+    published = found.published(published_dir)
+    printed = {}
+    for table, frame in published.tables.items():
+        for row in frame.to_dict("records"):
+            def text(key: str) -> str:
+                value = row.get(key)
+                return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).strip()
+            value = row.get("value")
+            context = {key: text(key) for key in row
+                       if key not in ("id", "value", "unit", "value_as_printed", "qualifier", "metric", "quantity",
+                                      "quote", "token")
+                       and text(key)}
+            printed[f"{table}/{row['id']}"] = PrintedValue(
+                f"{table}/{row['id']}", published.quote_id(table, row["id"]), text("value_as_printed"),
+                text("qualifier"), None if value is None or not math.isfinite(float(value)) else float(value),
+                text("unit"), context)
+    default_out, default_published = _InProject("traces").resolve(), _InProject("traces", "published").resolve()
+    return AnswerContext(claim, f"seed {found.seed}", printed, tuple(_goals_of(found, published)),
+                         found.notebook.removesuffix(".ipynb"), out,
+                         pass_out=out.resolve() != default_out.resolve(),
+                         published_dir=None if published_dir.resolve() == default_published.resolve() else published_dir)
 
 
 def _goals(args: argparse.Namespace) -> list | None:
@@ -119,10 +156,16 @@ def _capture(args: argparse.Namespace) -> int:
         if gap:
             print(f"ticklab capture: {gap}", file=sys.stderr)
             return 2
+        # the answer's context before the first run, so that a published row it cannot name stops the capture there
+        answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out)
+        goals = None if args.runs is not None else list(answer.goals) if answer else _goals(args)
+        progress = _progress(args)
         options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
                                  dry_run=args.dry_run, backend=args.backend, root=args.root, journal=args.journal,
-                                 progress=_progress(args), seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
-        capture(args.claim, options, experiment_path=args.experiment)
+                                 progress=progress, seed=args.seed, budget_s=args.budget_s, goals=goals,
+                                 answer=answer, run_lines=not progress or not sys.stdout.isatty())
+        # flushed line by line: a log or a pipe shows each run as it ends, not all of them at exit
+        capture(args.claim, options, experiment_path=args.experiment, log=lambda line: print(line, flush=True))
     except (ExperimentError, BundleError, HostChangeError, TracingError, PublishedDataError) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -507,7 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "resumed by a systemd unit after each reboot: kexec (default choice), grub (one-shot "
                           "grub-reboot, where kexec is locked down) or manual (you boot what it says); the default "
                           "boot entry is never changed. See 'ticklab plan status|abort'")
-    cap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cap.add_argument("--no-progress", action="store_true",
+                     help="no progress bar: one line per run instead (as when the output is not a terminal)")
     cap.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     cap.set_defaults(func=_capture)

@@ -134,6 +134,9 @@ CONDITION_VALUE = {"anyOf": [
      "properties": {"per_cpu": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024}}},
 ]}
 
+# a row of a claim's published layer, as an experiment's answer names it: <table>/<row id>
+PUBLISHED_ROW = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"}
+
 # what capture/requirements.check knows how to check
 REQUIREMENT = {"type": "string", "pattern": r"^(root|tracefs|cpuidle_states|cpuidle_driver:[a-z0-9_]+|sched_feature(:[A-Z_]+)?|"
                                             r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$"}
@@ -205,6 +208,19 @@ EXPERIMENT = {
         "budget": {"type": ["object", "null"], "properties": {
             "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
             "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}}},
+        # what 'ticklab capture' prints once the bundle is sealed (capture/answer.py): the quantities the source
+        # names, as results.csv metrics, each beside the rows of traces/published/<claim>/ (<table>/<row id>) the
+        # source printed it in; cost_at_rate: a printed cost per event (a time) times this host's measured rate
+        "answer": {"type": "array", "items": {
+            "type": "object", "required": ["metric", "says"], "additionalProperties": False,
+            "properties": {"metric": {"type": "string", "pattern": RUN_NAME},
+                           "says": {"type": "string", "minLength": 1, "maxLength": 200},
+                           "percent": {"type": "boolean"},
+                           "printed": {"type": "array", "items": PUBLISHED_ROW},
+                           "cost_at_rate": {"type": "object", "required": ["cost", "rate"],
+                                            "additionalProperties": False,
+                                            "properties": {"cost": PUBLISHED_ROW,
+                                                           "rate": {"type": "string", "pattern": RUN_NAME}}}}}},
     },
 }
 

@@ -42,7 +42,7 @@ from ..yamlsafe import preview
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
 KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
-         "lab", "budget", "isolate"}
+         "lab", "budget", "isolate", "answer"}
 BUDGET_KEYS = {"time_s", "max_runs"}
 # host_kernel: the kernel a boot plan boots for the condition ("running" or a release pattern; capture --boot)
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp", "host_kernel")
@@ -85,6 +85,7 @@ class Experiment:
     lab: dict | None = None
     budget: dict | None = None
     isolate: dict | None = None  # {cpu: last, rt_throttling: on|off}: interrupts and other tasks moved off the measured CPU per run
+    answer: list[dict] = field(default_factory=list)  # what capture prints once sealed (capture/answer.py)
 
     def all_requires(self) -> list[str]:
         """What the experiment and its extras require, each once, in order."""

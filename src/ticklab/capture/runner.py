@@ -19,6 +19,7 @@ from ..bundle import BundleError, BundleWriter
 from ..claimids import CLAIM_IDS
 from ..host import HostChanges, collect, host_id
 from . import requirements, tracing
+from .answer import AnswerContext, answer_lines, check_refs
 from .execute import apply_knobs, execute_run, run_once, workload_values
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, expand_conditions, experiment_paths,
                          is_boot_experiment, load_experiment)
@@ -42,6 +43,8 @@ class CaptureOptions:
     seed: int | None = None
     budget_s: float | None = None  # overrides the experiment's budget.time_s (0: no added rounds)
     goals: list | None = None      # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
+    answer: AnswerContext | None = None  # what the answer printed once the bundles are sealed needs (None: no answer)
+    run_lines: bool = False        # one line per run (a log: no progress bar is seen)
 
 
 class Capture:
@@ -93,7 +96,8 @@ class Capture:
             else:
                 executor = HostExecutor(experiment, host, facts, backend, self.log)
                 Session(experiment, executor, writer, planned, rule, conditions, counts[2], what="capture",
-                        desc=f"{experiment.claim}/{experiment.name}", progress=options.progress, log=self.log).run()
+                        desc=f"{experiment.claim}/{experiment.name}", progress=options.progress, log=self.log,
+                        run_lines=options.run_lines).run()
         writer.manifest.knobs = host.records()  # now with the values read back after restoring
         return writer.seal()
 
@@ -185,13 +189,17 @@ class HostExecutor:
 
 
 def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
-    """Run one experiment (the given file) or every experiment of the claim; the bundles written."""
+    """Run one experiment (the given file) or every experiment of the claim; the bundles written. With
+    ``options.answer``, the capture ends with its answer (capture/answer.py), read back from the sealed bundles."""
     if claim not in CLAIM_IDS:
         raise ExperimentError(f"unknown claim {claim!r}; claims are: {', '.join(CLAIM_IDS)}")
     check_counts(options)
     paths = [experiment_path] if experiment_path else experiment_paths(claim)
     if not paths:
         raise ExperimentError(f"runners/{claim}/: no experiment definitions (*.yaml)")
+    if options.answer is not None:  # a wrong published row stops the capture before its first run, not after
+        for path in paths:
+            check_refs(load_experiment(path), options.answer)
     bundles = []
     for path in paths:
         experiment = load_experiment(path)
@@ -208,4 +216,7 @@ def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = 
         if bundle:
             log(f"{bundle}: sealed")
             bundles.append(bundle)
+    if options.answer is not None and bundles:
+        for line in answer_lines(bundles, options.answer):
+            log(line)
     return bundles

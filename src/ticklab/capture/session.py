@@ -42,6 +42,7 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -71,10 +72,11 @@ class Session:
 
     def __init__(self, experiment: Experiment, executor: Executor, writer: BundleWriter, plan: list[PlannedRun],
                  rule: StoppingRule, conditions: list[Condition], seed: int, *, what: str, desc: str,
-                 progress: bool = True, log=print):
+                 progress: bool = True, log=print, run_lines: bool = False):
         self.experiment, self.executor, self.writer = experiment, executor, writer
         self.plan, self.rule, self.conditions, self.seed = plan, rule, conditions, seed
         self.what, self.desc, self.progress, self.log = what, desc, progress, log
+        self.run_lines = run_lines  # one line per run made (a log, where no progress bar is seen)
 
     def run(self) -> bool:
         """Make every run; False when the executor found the experiment not testable where it makes runs."""
@@ -82,8 +84,11 @@ class Session:
         try:
             rounds = Rounds(self.plan, self.rule, self.conditions, self.seed, writer)
             for planned in rounds.shown(self.desc, self.executor.unit, self.progress):
+                began = time.monotonic()
                 if not self.executor.make_run(writer, planned):
                     return False
+                if self.run_lines:
+                    self.log(run_line(writer, self.experiment, planned, time.monotonic() - began))
             self.log(f"{experiment.claim}/{experiment.name}: stopped — {writer.manifest.stopping['reason']}")
             self.executor.after_runs(writer, self.conditions)
         except BaseException as exc:
@@ -95,6 +100,32 @@ class Session:
             self.log(f"{self.what} interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
             raise
         return True
+
+
+def run_line(writer: BundleWriter, experiment: Experiment, planned: PlannedRun, seconds: float) -> str:
+    """One line for a run just made: its id, how far the capture is, its condition, how long it took (the run and its
+    per-run extras) and the value of the experiment's first headline metric (its ``answer``), as results.csv has it."""
+    manifest = writer.manifest
+    record = next((r for r in reversed(manifest.runs) if r.run == planned.run), None)
+    made, planned_count = len(manifest.runs), max(len(manifest.order or []), len(manifest.runs))
+    line = (f"{planned.run} ({made} of {planned_count}) {planned.condition.name}"
+            f"{' (warm-up)' if planned.warmup else ''}: {seconds:.1f} s")
+    if record is None:
+        return line + ", not recorded"
+    if record.failed:
+        return line + f", {record.status}{' with a problem' if record.problem else ''} (left out of the analysis)"
+    metric = (experiment.answer or [{}])[0].get("metric")
+    if metric is None:
+        return line
+    if record.warmup:
+        rows = record.details.get("warmup_results") or []
+    else:
+        results = writer.results()
+        rows = results[results["run"] == record.run].to_dict("records")
+    found = next((row for row in rows if row.get("metric") == metric), None)
+    if found is None:
+        return line + f", no {metric}"
+    return line + f", {metric} {float(found['value']):.4g} {found.get('unit', '')}".rstrip()
 
 
 def plan(conditions: list[Condition], counts: tuple[int, int, int]) -> list[PlannedRun]:
