@@ -136,6 +136,13 @@ SLOW_TESTS = {
     "test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project",
     "test_a_missing_jsonschema_is_an_import_error_everywhere",
     "test_every_package_ticklab_imports_is_declared_with_a_floor",
+    # test_capture_answer.py: each runs `ticklab capture` (the claim's analysis imported for its answer, 4-5 s)
+    "test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_what_the_source_printed",
+    "test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparison_measured_is_said_tested",
+    "test_an_experiment_without_an_answer_says_what_it_recorded",
+    "test_a_published_row_the_answer_cannot_name_stops_the_capture_before_its_first_run",
+    "test_on_a_terminal_a_progress_bar_and_no_line_per_run",
+    "test_a_real_nohz_capture_ends_with_the_tick_cost_the_bundle_holds_beside_seed_004s",
 }
 
 
@@ -148,7 +155,8 @@ SLOW_TESTS = {
 # notebooks) is built once, on one worker.
 MACHINE_MODULES = {"test_capture.py", "test_host.py", "test_ingest.py", "test_function_tracing.py", "test_doctor.py",
                    "test_fleet.py", "test_bench_keep.py", "test_tools.py", "test_comparisons.py", "test_safefiles.py",
-                   "test_stopping.py", "test_validation.py", "test_cli_errors.py", "test_kernelshark_names.py"}
+                   "test_stopping.py", "test_validation.py", "test_cli_errors.py", "test_kernelshark_names.py",
+                   "test_capture_answer.py"}
 GUEST_MODULES = {"test_lab.py", "test_lab_kexec.py", "test_lab_sources.py", "test_hostkernel.py", "test_hpet_profile.py"}
 # single tests elsewhere that play a lab guest's side on this machine (ticklab.lab.guest.run_job takes the host lock)
 MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",
