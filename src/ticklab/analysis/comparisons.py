@@ -108,12 +108,17 @@ def usable_bundles(bundles: list[BundleRef]):
             yield ref, bundle
 
 
-def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "") -> tuple[pd.DataFrame, list[str]]:
+def _gated(claim: str, checks, bundles: list[BundleRef]) -> dict:
+    return excluded_runs(run_checks(claim, checks, bundles)) if checks else {}
+
+
+def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "", gated: dict | None = None
+                  ) -> tuple[pd.DataFrame, list[str]]:
     """results.csv rows of every sealed, testable bundle (with host_id, bundle, experiment, stopped and kernel
     columns), less failed runs and runs whose condition checks failed or could not be computed; and one note per
-    thing left out."""
+    thing left out. ``gated``: the checks' excluded runs when the caller has them already."""
     frames, notes = [], []
-    gated = excluded_runs(run_checks(claim, checks, bundles)) if checks else {}
+    gated = _gated(claim, checks, bundles) if gated is None else gated
     for ref in bundles:
         try:
             bundle = ref.load()
@@ -321,11 +326,11 @@ def _why_summary(left_out: dict[str, list[tuple[str, str, str]]]) -> str:
 
 
 def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, comparisons: list[Comparison],
-                   checks=()) -> dict[str, list[str]]:
+                   checks=(), gated: dict | None = None) -> dict[str, list[str]]:
     """Why each setup with bundles of this claim tested none of its comparisons."""
     wanted = sorted({name for c in comparisons for name in (c.treatment, c.baseline)})
     reasons: dict[str, list[str]] = {}
-    gated = excluded_runs(run_checks(claim, checks, bundles)) if checks else {}
+    gated = _gated(claim, checks, bundles) if gated is None else gated
     for ref in bundles:
         try:
             manifest = ref.load().manifest
@@ -359,12 +364,13 @@ def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[Bund
                    seed: int = 0, untestable=None) -> list[Verdict]:
     """Every verdict row of a claim: one per setup and comparison it measured, and one row for all the setups
     that tested nothing of it (each with its reason; ``not_in_lab_because`` says why lab guests have no bundle)."""
-    runs, _ = measured_runs(bundles, checks, claim)
+    gated = _gated(claim, checks, bundles)  # the checks read the runs' raw files: once
+    runs, _ = measured_runs(bundles, checks, claim, gated=gated)
     left_out = untestable(runs, comparisons) if untestable and not runs.empty else {}
     found = (verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed, untestable=left_out)
              if not runs.empty else [])
     covered = {v.setup for v in found}
-    reasons = {setup: why for setup, why in _setup_reasons(claim, bundles, runs, comparisons, checks).items()
+    reasons = {setup: why for setup, why in _setup_reasons(claim, bundles, runs, comparisons, checks, gated).items()
                if setup not in covered}
     for setup in all_setups(data_dir):
         if setup not in covered and setup not in reasons:
