@@ -136,6 +136,11 @@ SLOW_TESTS = {
     "test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project",
     "test_a_missing_jsonschema_is_an_import_error_everywhere",
     "test_every_package_ticklab_imports_is_declared_with_a_floor",
+    "test_doctor_reports_what_a_killed_capture_left_and_restore_puts_it_back",
+    "test_restore_is_refused_while_the_capture_that_wrote_the_journal_runs",
+    "test_a_journal_of_another_boot_is_removed_without_writing_anything",
+    "test_a_change_that_cannot_be_put_back_is_one_line_naming_it",
+    "test_kill_9_of_a_real_capture_then_restore_puts_this_host_back",
     # test_capture_answer.py: each runs `ticklab capture` (the claim's analysis imported for its answer, 4-5 s)
     "test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_what_the_source_printed",
     "test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparison_measured_is_said_tested",
@@ -156,7 +161,7 @@ SLOW_TESTS = {
 MACHINE_MODULES = {"test_capture.py", "test_host.py", "test_ingest.py", "test_function_tracing.py", "test_doctor.py",
                    "test_fleet.py", "test_bench_keep.py", "test_tools.py", "test_comparisons.py", "test_safefiles.py",
                    "test_stopping.py", "test_validation.py", "test_cli_errors.py", "test_kernelshark_names.py",
-                   "test_capture_answer.py"}
+                   "test_capture_answer.py", "test_restore.py"}
 GUEST_MODULES = {"test_lab.py", "test_lab_kexec.py", "test_lab_sources.py", "test_hostkernel.py", "test_hpet_profile.py"}
 # single tests elsewhere that play a lab guest's side on this machine (ticklab.lab.guest.run_job takes the host lock)
 MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",

@@ -65,7 +65,30 @@ def _claims(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import main as doctor_main
 
-    return doctor_main(args.json, root=args.root)
+    return doctor_main(args.json, root=args.root, journal=args.journal)
+
+
+def _restore(args: argparse.Namespace) -> int:
+    """Put back what a capture killed outright left changed (host/restore.py): 0 restored or nothing to restore, 2
+    with one line when it cannot."""
+    from .host import HostChangeError
+    from .host.restore import journals, restore, summary
+
+    def say(line: str) -> None:
+        print(_line(line), flush=True)
+
+    try:
+        restored = restore(args.journal, root=args.root, log=say)
+    except HostChangeError as exc:
+        print(f"ticklab restore: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    if restored is None:
+        say(f"nothing to restore: no journal of host changes at {journals(args.journal)[0]}")
+        return 0
+    for line in summary(restored):
+        say(f"put back: {line}")
+    say(f"restored {len(restored)} host change(s); the journal is removed")
+    return 0
 
 
 def precision_goals(claim: str, published_dir: Path) -> list:
@@ -534,7 +557,14 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="what this host can run for each claim, and why not")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    doctor.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     doctor.set_defaults(func=_doctor)
+
+    restore = sub.add_parser("restore", help="put back what a capture killed outright (kill -9, a crash) left changed "
+                                             "on this host, from its journal")
+    restore.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    restore.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
+    restore.set_defaults(func=_restore)
 
     cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
     cap.add_argument("claim", choices=list(CLAIM_IDS))

@@ -1,7 +1,10 @@
 """`ticklab doctor`: what this host can run for each claim, and why not. Everything is tried, not assumed.
 
 Anything the checks change (mounting tracefs/debugfs, writing a sched feature back to its own value)
-goes through HostChanges and is put back before doctor returns.
+goes through HostChanges and is put back before doctor returns. Doctor journals these in a journal of its own
+(host/restore.py: ``doctor-changes.json`` beside the capture journal), so that a journal a killed capture left is
+reported — what it changed, by which process, when, whether that process is gone — and left for ``ticklab restore``,
+never put back behind the user's back.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .capture import requirements, tracing
 from .capture.experiment import ExperimentError, experiment_paths, load_experiment
 from .claimids import claim_ids
 from .host import HostChangeError, HostChanges, collect
+from .host import restore as host_restore
 from .lab import kernel as lab_kernel
 from .lab import qemu
 from .lab import sources as lab_sources
@@ -155,10 +159,36 @@ def _requirement_label(requirement: str) -> str:
     return f"{name} tracer" if kind == "tracer" else name
 
 
+LEFT_BEHIND = "host changes left behind"
+
+
+def left_behind_check(left: host_restore.LeftBehind | None, journal: Path) -> tuple[bool, str]:
+    """Doctor's row for a capture's journal: none, its capture still running, or what a killed one left and the
+    command that puts it back."""
+    if left is None:
+        return True, f"none: no journal of host changes at {journal}"
+    if left.problem:
+        return False, f"{left.problem} ({host_restore.RESTORE_COMMAND} refuses it too)"
+    if left.other_boot:
+        return False, (f"{left.journal}: written in another boot by {left.who()}; the reboot reset what it lists: "
+                       f"{host_restore.RESTORE_COMMAND} removes it and writes nothing")
+    if left.running:
+        return True, (f"{left.journal}: {left.who()} is running and puts back its {len(left.changes)} change(s) "
+                      "when it ends")
+    return False, (f"{left.journal}: {len(left.changes)} change(s) left by pid {left.pid}, which is gone; put them "
+                   f"back: {host_restore.RESTORE_COMMAND}")
+
+
 def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
+    """``journal``: the capture journal to report on (default: the host's); doctor's own probes are journalled
+    beside it (:func:`ticklab.host.restore.doctor_journal`)."""
     root = Path(root)
-    with HostChanges(journal, root=root, log=lambda _: None) as host:
+    journal = Path(journal) if journal else host_restore.default_journal()
+    # before doctor takes the host lock: the lock file still names the process a kill left holding it
+    left = host_restore.left_behind(journal, root)
+    with HostChanges(host_restore.doctor_journal(journal), root=root, log=lambda _: None) as host:
         checks: dict[str, tuple[bool, str]] = {}
+        checks[LEFT_BEHIND] = left_behind_check(left, journal)
         checks["root"] = requirements.check_root(host, {})
         try:
             tracing.ensure_tracefs(host)
@@ -195,7 +225,10 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
             if not experiments:
                 experiments["(none)"] = {"runs": False, "why": "no host experiment; this claim needs the guest lab (ticklab lab)"}
             claims[claim] = experiments
-    return {"host": facts, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims}
+    report = {"host": facts, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims}
+    if left is not None:
+        report["checks"][LEFT_BEHIND]["left"] = left.record()
+    return report
 
 
 def render(report: dict) -> str:
@@ -205,12 +238,19 @@ def render(report: dict) -> str:
     host = report["host"]
     head = (f"host: {host['cpu_model']}, {host['nproc']} CPUs, kernel {host['kernel_release']}, "
             f"HZ={host['kernel_config']['hz'] or 'unknown'}, {virtualization(host)}")
+    left = report["checks"].get(LEFT_BEHIND, {}).get("left")
+    if left and left["writer"] == "gone":
+        # what a killed capture left changed comes first: every other answer is about a host still changed
+        head += "\n\n" + "\n".join([
+            f"This host is still changed by {left['owner'] or 'pid ' + str(left['pid'])}, which is gone (killed "
+            f"outright?); its journal {left['journal']}, last written {left['written']}, lists:",
+            *(f"  {line}" for line in left["summary"]), f"Put it back: {left['restore']}"])
     return "\n\n".join([head, tabulate(checks, headers=["check", "ok", "why"], tablefmt="simple", maxcolwidths=[None, None, 90]),
                         tabulate(claims, headers=["claim", "experiment", "runs here", "why"], tablefmt="simple",
                                  maxcolwidths=[None, None, None, 80])])
 
 
-def main(as_json: bool, root: Path | str = "/") -> int:
-    report = diagnose(root)
+def main(as_json: bool, root: Path | str = "/", journal: Path | None = None) -> int:
+    report = diagnose(root, journal)
     print(json.dumps(report, indent=2, default=str) if as_json else render(report))
     return 0

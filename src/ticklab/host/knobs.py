@@ -52,6 +52,10 @@ class HostChangeError(RuntimeError):
 class HostBusy(HostChangeError):
     """Another ticklab process holds the host (:class:`HostLock`): nothing was touched."""
 
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder  # what the lock file says of its holder: "pid N (command) since T"
+
 
 class Interrupted(KeyboardInterrupt):
     """SIGTERM or SIGHUP arrived; raised so that every ``finally`` and ``with`` block unwinds."""
@@ -183,7 +187,7 @@ class HostLock:
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process that has not said who it is"
             os.close(fd)
             raise HostBusy(f"{self.path}: the host is held by {holder}; "
-                           "one privileged capture at a time: wait for it or stop it") from None
+                           "one privileged capture at a time: wait for it or stop it", holder) from None
         command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         os.ftruncate(fd, 0)
@@ -505,7 +509,8 @@ class HostChanges:
                 self._lock.release()
 
     def _save_journal(self) -> None:
-        data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "root": str(self.root),
+        data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "boot_id": facts.boot_id(),
+                "root": str(self.root),
                 "changes": [c.record_full() for c in self.changes if not c.dry_run and c.after is None]}
         _write_journal(self.journal, data)
 
@@ -880,6 +885,7 @@ JOURNAL_SCHEMA = {
     "properties": {
         "pid": {"type": ["integer", "null"], "minimum": 0},
         "pid_start": _TEXT_OR_NULL,
+        "boot_id": _TEXT_OR_NULL,
         "root": {"type": "string"},
         "changes": {"type": "array", "items": {
             "type": "object", "required": ["kind", "path"], "additionalProperties": False,
@@ -921,19 +927,46 @@ def _checked_journal(journal: Path, root: Path) -> tuple[dict, list[Change]]:
     return data, changes
 
 
+# What a reboot puts back by itself: the running kernel's state. (A boot plan's files and grub's one-shot entry
+# outlive a reboot; a boot plan's journal is put back by its own engine, never by recover.)
+REBOOT_RESETS = frozenset({"write", "sched_feature", "task_affinity", "mkdir", "mount", "process", "kexec_load"})
+
+
+def journal_boot(data: dict, changes: list[Change]) -> str | None:
+    """The boot a journal was written in (its own field, else what its task or process entries say), or None."""
+    return data.get("boot_id") or next((c.boot_id for c in changes if c.boot_id), None)
+
+
+def owner_running(data: dict) -> bool:
+    """The process that wrote a journal still runs (its pid has the start time the journal records, in this boot):
+    what it lists is its own to put back."""
+    pid = data.get("pid")
+    return bool(pid and pid != os.getpid() and data.get("pid_start") and _process_start(pid) == data["pid_start"])
+
+
 def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None] = print) -> list[Change]:
     """Restore what a killed capture left changed, as listed in its journal. The journal must sit in a
-    private directory (mode 0700, ours) and be our own file; it may only name knobs under /sys or /proc/sys."""
+    private directory (mode 0700, ours) and be our own file; it may only name knobs under /sys or /proc/sys.
+    A journal of another boot (a state directory on disk) lists kernel state the reboot reset: none of it is
+    written back (the previous boot's interrupt numbers and values mean nothing now)."""
     journal, root = Path(journal), Path(root)
     if not os.path.lexists(journal):
         return []
     data, changes = _checked_journal(journal, root)
     pid = data.get("pid")
-    if pid and pid != os.getpid() and data.get("pid_start") and _process_start(pid) == data["pid_start"]:
+    boot = journal_boot(data, changes)
+    pending = changes
+    if boot and boot != facts.boot_id():
+        pending = [c for c in changes if c.kind not in REBOOT_RESETS]
+        for change in changes:
+            if change.kind in REBOOT_RESETS:
+                change.after = "another boot: reset by the reboot"
+        log(f"{journal}: written in another boot (pid {pid}); the reboot reset the kernel state it lists")
+    elif owner_running(data):
         raise HostChangeError(f"{journal}: held by a running ticklab process (pid {pid}); wait for it or stop it")
-    if changes:
-        log(f"{journal}: restoring {len(changes)} host change(s) left by an interrupted capture (pid {pid})")
-    failures = _undo_all(changes, log)
+    if pending:
+        log(f"{journal}: restoring {len(pending)} host change(s) left by an interrupted capture (pid {pid})")
+    failures = _undo_all(pending, log)
     if failures:
         # only what is still to be put back stays listed: the rest is not written again at every later start
         _write_journal(journal, {**data, "changes": [c.record_full() for c in failures]})
