@@ -340,3 +340,27 @@ def test_the_bundle_says_which_run_ended_the_plan_and_why(host, tmp_path):
     assert bundle.manifest["stopping"]["reason"] == (f"boot plan failed: run {plan.runs[1].name}: booted kernel "
                                                      f"6.1.0-21-amd64, expected {RELEASE} (a failed boot fell back to the default?)")
     assert f"ended: run {plan.runs[1].name}: booted kernel 6.1.0-21-amd64" in resume_in_a_new_process(root, "status").stdout
+
+
+def test_a_host_without_acpi_idle_is_refused_before_any_reboot_even_without_the_kernel(host, tmp_path):
+    """Issue 39 item 2: acpi-idle's boot plan on a host whose cpuidle driver is haltpoll (a KVM guest; QEMU offers no
+    ACPI C-states) learns it before the first reboot — a sealed bundle saying why, no plan, no kexec — even where the
+    patched kernel its conditions name is not installed (that was asked for first, and the user built a kernel for
+    nothing)."""
+    from conftest import REPO
+
+    root, log = host
+    (root / "sys/devices/system/cpu/cpuidle/current_driver").write_text("haltpoll\n")
+    for image in (root / "boot").glob("*-ticklab-*"):
+        image.unlink()
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "acpi-idle", "--boot", "kexec",
+                           "--experiment", str(REPO / "runners/acpi-idle/host-boot-tbench.yaml"), "--root", str(root),
+                           "--journal", str(tmp_path / "journal.json"), "--out", str(tmp_path / "out"),
+                           "--host-id", "fake-haltpoll"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "not testable on this host" in done.stdout + done.stderr and "haltpoll" in done.stdout + done.stderr
+    [manifest] = (tmp_path / "out").glob("*/acpi-idle/*/manifest.json")
+    sealed = json.loads(manifest.read_text())
+    assert sealed["status"] == "sealed" and "haltpoll" in sealed["not_testable"] and sealed["runs"] == []
+    assert not (root / "var/lib/ticklab/plans").exists() or not any((root / "var/lib/ticklab/plans").iterdir())
+    assert calls(log) == []  # no kexec, no systemctl: nothing was booted

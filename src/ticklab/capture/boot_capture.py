@@ -148,17 +148,19 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
     conditions = _conditions_here(experiment, here)
     counts = plan_counts(experiment, options)
     first = plan(conditions, counts)
+    if failed:  # said before the kernels are looked for: a host that cannot test the claim needs none built
+        writer = open_bundle(options.out, identity, experiment, here, conditions, counts, first)
+        writer.manifest.requirements = checked
+        writer.manifest.not_testable = requirements.unmet_text(failed)
+        log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest.not_testable}")
+        writer.seal()
+        return None
     runs = boot_runs(experiment, first, root, here)  # every condition's kernel must exist before the bundle does
     kept = experiment.path.read_bytes()  # the plan runs this copy: the user's file may move or change mid-plan
     if yaml.safe_load(kept) != experiment.definition:
         raise ExperimentError(f"{experiment.path}: changed while the capture started; start it again")
     writer = open_bundle(options.out, identity, experiment, here, conditions, counts, first)
     writer.manifest.requirements = checked
-    if failed:
-        writer.manifest.not_testable = requirements.unmet_text(failed)
-        log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest.not_testable}")
-        writer.seal()
-        return None
     context = {"experiment": str(experiment.path.resolve()), "experiment_file": KEPT_EXPERIMENT,
                "backend": options.backend,
                "journal": str(options.journal) if options.journal else None,
