@@ -35,6 +35,7 @@ import pandas as pd
 
 from . import __version__, schemas
 from .safefiles import OwnedDir, UnsafeFileError, is_regular, kind_of, open_fd, open_regular, read_bytes, shown
+from .trace import gapfile, rawfile
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -42,6 +43,7 @@ SEAL = "manifest.sha256"  # sha256 of manifest.json, written last when sealing
 RESULTS = "results.csv"
 RESULT_COLUMNS = ["run", "condition", "metric", "value", "unit"]
 COMPRESS_FROM_BYTES = 64 * 1024
+XZ_PRESET = 6  # preset 9 packs a trace.dat 0.1 % tighter in 25 % more time
 REQUIRED_KEYS = ("schema_version", "status", "claim", "experiment", "definition", "host", "runs")
 
 
@@ -119,6 +121,7 @@ class Manifest:
     lab: dict | None = None
     raw_files: dict | None = None
     files: dict | None = None
+    resealed: list | None = None         # each re-seal (ticklab bundle repack): when, from which seal, what, why
     details: dict = field(default_factory=dict)
 
     def measured_runs(self) -> list[RunRecord]:
@@ -263,37 +266,23 @@ class BundleWriter:
         """results.csv as written so far."""
         return pd.read_csv(self.path / RESULTS)
 
-    def compress_raw(self, keep_per_condition: int = 1, threshold: int = COMPRESS_FROM_BYTES) -> None:
-        """xz every raw file of ``threshold`` bytes or more (trace.dat, tracefs cpuN.raw, ftq.dat ...) except in
-        the first ``keep_per_condition`` measured runs of each condition, which stay as they are so that
-        KernelShark and a reader of the bundle can open them directly. ticklab's readers take either form
-        (:mod:`ticklab.trace.rawfile`)."""
-        kept, seen = [], {}
-        for record in self.manifest.runs:
-            if record.warmup:
+    def compress_raw(self, threshold: int = COMPRESS_FROM_BYTES) -> None:
+        """Every raw file in the form a sealed bundle keeps it (:func:`pack_raw_file`): the gap detector's text as its
+        numbers (gaps.parquet.xz), any other file of ``threshold`` bytes or more xz'd, in every run (``ticklab view``
+        unpacks a run's trace for KernelShark into its cache). ticklab's readers take either form
+        (:mod:`ticklab.trace.rawfile`, ``capture.workloads.read_gapdet``)."""
+        counts = {"xz": 0, "gapdet": 0}
+        raw = self.path / RAW
+        for path in sorted(raw.rglob("*")) if os.path.isdir(raw) else []:
+            if not is_regular(path):
                 continue
-            seen[record.condition] = seen.get(record.condition, 0) + 1
-            if seen[record.condition] <= keep_per_condition:
-                kept.append(record.run)
-        packed = 0
-        for record in self.manifest.runs:
-            if record.run in kept:
-                continue
-            for path in sorted((self.path / "raw" / record.run).rglob("*")):
-                if is_regular(path) and path.suffix != ".xz" and path.lstat().st_size >= threshold:
-                    relative = path.relative_to(self.path)
-                    with open_regular(path) as source, \
-                            self._write(lambda: self.files.create(f"{relative}.xz", exclusive=True)) as packed_file, \
-                            lzma.open(packed_file, "wb", preset=6) as target:
-                        try:
-                            shutil.copyfileobj(source, target)
-                        except OSError as exc:
-                            raise BundleError(f"{self.path / relative}.xz: cannot write ({exc.strerror or exc})") from None
-                    self._write(lambda: self.files.remove(relative))
-                    packed += 1
-        if packed:
-            self.manifest.raw_files = {"uncompressed_runs": kept, "compressed": packed,
-                                          "how": f"files of {threshold} bytes or more in the other runs are xz'd (xz -d for other tools)"}
+            relative = path.relative_to(self.path)
+            packed = self._write(lambda: pack_raw_file(path, relative, self.files, threshold))
+            if packed is not None:
+                self._write(lambda: self.files.remove(relative))
+                counts[packed[1]] += 1
+        if any(counts.values()):
+            self.manifest.raw_files = raw_files_record(counts["xz"], counts["gapdet"], threshold)
 
     def seal(self) -> Path:
         self.compress_raw()
@@ -302,16 +291,85 @@ class BundleWriter:
         self.manifest.status = "sealed"
         self.manifest.sealed = datetime.now(timezone.utc).isoformat()
         self.flush()
-        manifest = self._write(lambda: self.files.read_bytes(MANIFEST, MAX_MANIFEST_BYTES))
-        self._write(lambda: self.files.write_atomic(SEAL, _seal_text(manifest).encode()))
-        for relative in [*relatives, MANIFEST, SEAL]:
-            fd = self._write(lambda: open_fd(relative, dir_fd=self.files.fd, shown_as=self.path / relative))
-            try:
-                os.fchmod(fd, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-            finally:
-                os.close(fd)
+        self._write(lambda: seal_manifest(self.files, self.path, relatives))
         self.files.close()
         return self.path
+
+
+RAW = "raw"
+PACKED_HOW = ("raw files of {threshold} bytes or more are xz'd (xz -d for other tools; ticklab view unpacks a trace "
+              "for KernelShark); the gap detector's output is kept as its numbers, gaps.parquet.xz in place of its "
+              "stdout.txt (ticklab.trace.gapfile: lossless, its text given back byte for byte)")
+
+
+def raw_files_record(compressed: int, compacted: int, threshold: int = COMPRESS_FROM_BYTES) -> dict:
+    """The manifest's ``raw_files``: how many raw files the seal xz'd and how many gap detector outputs it kept as
+    numbers, and how."""
+    return {"compressed": compressed, "compacted": compacted, "how": PACKED_HOW.format(threshold=threshold)}
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file (unpacked, for an .xz) begins with ``prefix``; read without following a link."""
+    try:
+        with open_regular(path) as handle:
+            if path.suffix != ".xz":
+                return handle.read(len(prefix)) == prefix
+            with lzma.open(handle) as unpacked:
+                return unpacked.read(len(prefix)) == prefix
+    except (UnsafeFileError, OSError, lzma.LZMAError, EOFError):
+        return False
+
+
+def packs(source: Path, relative: Path | str, threshold: int = COMPRESS_FROM_BYTES) -> bool:
+    """Whether :func:`pack_raw_file` would rewrite the raw file, as far as its name, size and first line say: the gap
+    detector's text (which stays text where its numbers would not give it back), or a file of ``threshold`` bytes or
+    more not yet xz'd."""
+    name = Path(relative).name
+    if name in (gapfile.TEXT_NAME, gapfile.TEXT_NAME + ".xz") and _starts_with(source, gapfile.FIRST_LINE):
+        return True
+    return not name.endswith(".xz") and source.lstat().st_size >= threshold
+
+
+def pack_raw_file(source: Path, relative: Path | str, out: OwnedDir, threshold: int = COMPRESS_FROM_BYTES
+                  ) -> tuple[str, str] | None:
+    """Write the raw file ``relative`` (read from ``source``) into ``out`` in the form a sealed bundle keeps it, and
+    say where and how: (new relative path, "gapdet") for the gap detector's text (``stdout.txt`` or its .xz),
+    written as its numbers to ``gaps.parquet.xz`` beside it (:func:`ticklab.trace.gapfile.compact`, which packs only
+    what it gives back byte for byte); (relative + ".xz", "xz") for any other file of ``threshold`` bytes or more
+    not yet xz'd; None where the file stays as it is (nothing written). The new file must not exist in ``out``."""
+    relative = Path(relative)
+    if relative.name in (gapfile.TEXT_NAME, gapfile.TEXT_NAME + ".xz") and _starts_with(source, gapfile.FIRST_LINE):
+        try:
+            numbers = gapfile.compact(rawfile.read_bytes(source, gapfile.TEXT_LIMIT))
+        except rawfile.RawFileError:
+            numbers = None
+        if numbers is not None:
+            target = relative.with_name(gapfile.COMPACT_NAME + ".xz")
+            out.write_new(target, lzma.compress(numbers, preset=XZ_PRESET))
+            return str(target), "gapdet"
+    if relative.suffix == ".xz" or source.lstat().st_size < threshold:
+        return None
+    target = relative.with_name(relative.name + ".xz")
+    with open_regular(source) as plain, out.create(target, exclusive=True) as packed_file, \
+            lzma.open(packed_file, "wb", preset=XZ_PRESET) as packed:
+        try:
+            shutil.copyfileobj(plain, packed)
+        except OSError as exc:
+            raise BundleError(f"{out.root / target}: cannot write ({exc.strerror or exc})") from None
+    return str(target), "xz"
+
+
+def seal_manifest(files: OwnedDir, path: Path, relatives: list[str]) -> None:
+    """Seal the bundle ``files`` holds (at ``path``), whose manifest.json is written: its manifest.sha256 written,
+    then every file (``relatives``, the manifest and the seal) made read-only on its descriptor."""
+    manifest = files.read_bytes(MANIFEST, MAX_MANIFEST_BYTES)
+    files.write_atomic(SEAL, _seal_text(manifest).encode())
+    for relative in [*relatives, MANIFEST, SEAL]:
+        fd = open_fd(relative, dir_fd=files.fd, shown_as=path / relative)
+        try:
+            os.fchmod(fd, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        finally:
+            os.close(fd)
 
 
 def _csv_rows(rows: list[list]) -> bytes:
@@ -349,6 +407,11 @@ def _read_regular(path: Path, limit: int) -> bytes:
         return read_bytes(path, limit)
     except UnsafeFileError as exc:
         raise BundleError(str(exc)) from None
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a regular file, as the manifest's ``files`` lists it (read without following a link)."""
+    return _hash_regular(path)
 
 
 def _hash_regular(path: Path) -> str:

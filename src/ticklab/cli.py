@@ -393,6 +393,12 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
+def _repack(args: argparse.Namespace) -> int:
+    from .repack import WHY, main
+
+    return main(args.paths, args.why or WHY)
+
+
 def _seal_manifest(args: argparse.Namespace) -> int:
     from .bundle import BundleError, add_manifest_seal
 
@@ -703,6 +709,15 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check bundles against their manifests (schema, every file's sha256)")
     verify.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
     verify.set_defaults(func=_verify)
+
+    bundle_cmd = sub.add_parser("bundle", help="sealed bundles: ticklab bundle repack")
+    bundle_sub = bundle_cmd.add_subparsers(dest="bundle_command", required=True, metavar="COMMAND")
+    repack = bundle_sub.add_parser("repack", help="re-seal sealed bundles with their raw files as the seal keeps them "
+                                                  "now (xz, the gap detector's numbers), after checking their per-run "
+                                                  "values do not change (docs/ARCHITECTURE.md §4)")
+    repack.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
+    repack.add_argument("--why", help="what the resealed record says (default: the reason of issue 42 item 3)")
+    repack.set_defaults(func=_repack)
 
     seal = sub.add_parser("seal-manifest", help="one-off: give a bundle sealed by an older ticklab its manifest.sha256 "
                                                 "(after checking every file; see SECURITY.md)")

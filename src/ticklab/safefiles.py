@@ -602,6 +602,27 @@ class OwnedDir:
         finally:
             os.close(parent)
 
+    def exchange(self, one: str, other: str) -> None:
+        """Swap two directories of root, ``one`` and ``other``, in one step (``renameat2`` ``RENAME_EXCHANGE``): a
+        reader, or a kill at any moment, finds one or the other at each name, never neither (a bundle replaced whole,
+        ``ticklab bundle repack``). Anything but a real directory at either name is refused; so is a file system
+        that cannot swap in one step (UnsafeFileError, one line)."""
+        for name in (one, other):
+            if len(self._parts(name)) != 1:
+                raise UnsafeFileError(f"{shown(self.root / name)}: not a name in {shown(self.root)}; nothing swapped")
+            found = _lstat(name, self.fd, self.root / name)
+            if found is None or not stat.S_ISDIR(found.st_mode):
+                what = "missing" if found is None else "a regular file" if stat.S_ISREG(found.st_mode) else \
+                    kind_of(found.st_mode)
+                raise UnsafeFileError(f"{shown(self.root / name)}: {what}, not a directory; nothing swapped")
+        try:
+            _renameat2(one, other, self.fd, _RENAME_EXCHANGE)
+        except OSError as exc:
+            if exc.errno in _UNSUPPORTED:
+                raise UnsafeFileError(f"{shown(self.root)}: this file system cannot swap two directories in one step "
+                                      "(renameat2 RENAME_EXCHANGE); nothing swapped") from None
+            raise _failed(self.root / one, exc, "swap") from None
+
     def read_bytes(self, relative: Path | str, limit: int) -> bytes:
         """A regular file below root, no component a link, at most ``limit`` bytes."""
         return self._read(read_bytes, relative, limit)

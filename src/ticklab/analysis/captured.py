@@ -40,7 +40,9 @@ class BundleRef:
 def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
     """Every bundle directory of ``claim`` (``<host-id>/<claim>/<bundle>/``); the published layer is skipped. A
     directory there without a regular manifest.json is listed too, so that loading it says what is wrong
-    instead of the bundle vanishing from the analysis."""
+    instead of the bundle vanishing from the analysis. A name starting with '.' is no bundle (a bundle's name is its
+    time and experiment): ``ticklab bundle repack`` builds a bundle's new copy, and after the swap holds the old one,
+    at ``.<bundle>.repack`` beside it, which the analysis must not count twice."""
     root = Path(data_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: data directory does not exist")
@@ -50,6 +52,8 @@ def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
         if host_dir.name == "published" or not claim_dir.is_dir():
             continue
         for entry in sorted(claim_dir.iterdir()):
+            if entry.name.startswith("."):
+                continue
             if entry.is_dir() or os.path.lexists(entry / "manifest.json"):
                 refs.append(BundleRef(host_id=host_dir.name, claim=claim, path=entry))
     return refs

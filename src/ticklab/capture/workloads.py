@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..trace import rawfile
+from ..trace import gapfile, rawfile
 from .process import WorkloadOutputError
 
 
@@ -93,8 +93,24 @@ GAPDET_HEADER = ("threshold_ns", "duration_ns", "t0_ns", "reads", "read_ns_min",
 
 
 def read_gapdet(path: Path) -> tuple[dict, pd.DataFrame]:
-    """gapdet's header (its counts as ints) and gaps (start_ns, gap_ns): what tools/gapdet.c wrote."""
+    """gapdet's header (its counts as ints) and gaps (start_ns, gap_ns): what tools/gapdet.c wrote, read from its text
+    (``path``, or its .xz) or, where a bundle keeps only its compact form beside it (gaps.parquet.xz,
+    ticklab.trace.gapfile), from that: the same header and numbers either way."""
+    compact = gapfile.compact_path(path)
+    if compact is not None:
+        try:
+            pairs, gaps = gapfile.read_compact(compact)
+        except (gapfile.GapFileError, rawfile.RawFileError) as exc:
+            raise WorkloadOutputError(str(exc)) from None
+        return _gapdet_header(dict(pairs), len(gaps), rawfile.locate(compact)), gaps
     header, lines = _header(path)
+    _gapdet_header(header, None, path)
+    rows = _whole_number_rows(path, lines, 2, "gap", "'start_ns gap_ns', two whole numbers below 10^18")
+    return _gapdet_header(header, len(rows), path), pd.DataFrame(rows, columns=["start_ns", "gap_ns"])
+
+
+def _gapdet_header(header: dict, gap_count: int | None, path: Path) -> dict:
+    """gapdet's header with its counts as ints, checked (and against the number of gaps read, where given)."""
     if header.get("gapdet") != "1":
         raise WorkloadOutputError(f"{path}: not gapdet output (no '# gapdet: 1' header)")
     values = {}
@@ -105,11 +121,9 @@ def read_gapdet(path: Path) -> tuple[dict, pd.DataFrame]:
         values[key] = int(text)
     if values["duration_ns"] <= 0:
         raise WorkloadOutputError(f"{path}: header '# duration_ns:' is 0; a run must last")
-    rows = _whole_number_rows(path, lines, 2, "gap", "'start_ns gap_ns', two whole numbers below 10^18")
-    if len(rows) != values["gaps_kept"]:
-        raise WorkloadOutputError(f"{path}: {len(rows)} gap lines, header says {values['gaps_kept']} kept")
-    gaps = pd.DataFrame(rows, columns=["start_ns", "gap_ns"])
-    return {**header, **values}, gaps
+    if gap_count is not None and gap_count != values["gaps_kept"]:
+        raise WorkloadOutputError(f"{path}: {gap_count} gap lines, header says {values['gaps_kept']} kept")
+    return {**header, **values}
 
 
 CLOCKBENCH_COLUMNS = ("reads", "reads_per_s", "cost_mean_ns", "cost_p50_ns", "cost_p99_ns")

@@ -74,6 +74,10 @@ class Claim:
     # (runs, comparisons) -> {(setup, comparison words): reason}: comparisons the claim knows are untestable on a
     # setup before any test (pvspinlock: kick-ahead barely ran); they leave the multiple-comparison family
     untestable: Callable | None = None
+    # (runs, bundles) -> {name: DataFrame}: what the notebook derives per run from the bundles' raw files rather than
+    # from results.csv (nohz: FTQ's quanta, the tick cost per run, osnoise and the gap detector; hpet: perf profiles);
+    # ``ticklab bundle repack`` computes it before and after re-packing a bundle and refuses where anything differs
+    derived_from_raw: Callable | None = None
 
     def published(self, published_dir: Path | str) -> PublishedClaim:
         from ..analysis.published import load_published

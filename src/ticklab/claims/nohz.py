@@ -837,4 +837,6 @@ CLAIM = Claim(
     negative_controls=negative_controls,
     view=ViewPreset(events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/tick_stop"),
                     spot=longest_tick_gap, measured_cpu_only=True),
+    derived_from_raw=lambda runs, bundles: {"fresh_ftq": fresh_ftq(bundles), "tick_cost_runs": tick_cost_runs(runs, bundles),
+                                            "ftq_vs_osnoise": ftq_vs_osnoise(bundles)},
 )
