@@ -155,7 +155,8 @@ def test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparis
         tmp_path, claim="hrtick", runs=1, warmup=0,
         conditions=[{"name": "hrtick-off", "hrtick": "off", "threads": 1}, {"name": "hrtick-on", "hrtick": "on", "threads": 1}],
         knobs={}, answer=[{"metric": "reads_per_s_total", "says": "clock reads per second",
-                           "printed": ["hackbench/runtime_no_hrtick", "hackbench/runtime_hrtick"]}])
+                           "printed": ["hackbench/runtime_no_hrtick", "hackbench/runtime_hrtick"]},
+                          {"metric": "read_cost_mean_ns", "says": "ns per clock read"}])
     done = fake_capture("hrtick", experiment, fake_host, tmp_path)
     assert done.returncode == 0, done.stderr
     answer = answer_of(done.stdout)
@@ -164,6 +165,8 @@ def test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparis
     assert [line.split(" (")[0] for line in answer[("hrtick-on", "reads_per_s_total")]["under"]] == [
         '      printed in the source: "0.481s" = 0.481 s']
     lines = done.stdout.splitlines()
+    assert answer[("hrtick-on", "read_cost_mean_ns")]["under"] == []
+    assert "  seed 002 prints no number for: ns per clock read" in lines  # said once, not under every condition
     tested = lines.index("  tested by this capture (the report gives the verdict):")
     assert lines[tested + 1] == "    premise: HRTICK on vs off without the series, hackbench -p -s 8 runtime"
 

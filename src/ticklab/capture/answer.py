@@ -127,6 +127,9 @@ def _bundle_lines(bundle: Bundle, context: AnswerContext) -> list[str]:
         mine = results[results["condition"] == condition]
         for entry in entries:
             lines += _quantity_lines(entry, mine, values_of.get(condition, {}), context)
+    unprinted = [entry["says"] for entry in entries if not entry.get("printed") and "cost_at_rate" not in entry]
+    if unprinted:
+        lines.append(f"  {context.source} prints no number for: {'; '.join(unprinted)}")
     return lines
 
 
@@ -257,8 +260,9 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
             if not {goal.treatment, goal.baseline} <= _condition_names(experiment, facts):
                 continue
             if experiment.name in captured:
-                why = not_testable.get(experiment.name) or "this host did not run both conditions"
-                commands.append(f"a host where {_shown(experiment.path)} runs both conditions (here: {why}; "
+                why = ("not testable here, as said above" if experiment.name in not_testable
+                       else "its runs here did not measure both")
+                commands.append(f"a host where {_shown(experiment.path)} runs both conditions ({why}; "
                                 f"'ticklab doctor' says what each experiment needs)")
             else:
                 commands.append(_command(experiment, claim_experiments, context))
@@ -272,6 +276,7 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
         lines.append(f"  not tested by this capture: the claim's comparisons whose two conditions it did not measure, "
                      f"under the command that would")
         for commands, comparisons in by_command.items():
-            lines.append(f"    {' — or — '.join(commands)}")
+            lines.append(f"    {commands[0]}")
+            lines += [f"    or: {command}" for command in commands[1:]]
             lines += [f"      {comparison}" for comparison in dict.fromkeys(comparisons)]
     return lines
