@@ -319,3 +319,39 @@ def test_a_mount_point_that_is_not_empty_is_refused_before_anything_is_mounted(i
     with pytest.raises(HostKernelError, match=r"image/proc: not an empty directory to mount proc on for the chroot"):
         build_and_install(plan, image_root, say=lambda _: None)
     assert not log.exists() or not any(line.startswith("mount") for line in log.read_text().splitlines())
+
+
+def test_an_interrupted_compile_resumes_and_a_build_cut_before_its_config_is_refused(image_root, tmp_path, monkeypatch):
+    """A compile stopped half-way (Ctrl-C, a reboot) resumes with make, which is incremental; a tree cut before its
+    config was made is refused, naming it."""
+    log = tmp_path / "argv.log"
+    fake_tools(tmp_path / "bin", log)
+    for name in ("chroot", "mount", "umount", "tar"):
+        tool = tmp_path / "bin" / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.chmod(0o755)
+    (tmp_path / "bin/make").write_text(f"#!/bin/sh\necho make \"$@\" >> {log}\n"
+                                       f"case \"$*\" in *bzImage*) [ -e {tmp_path}/compiled ] || exit 2;; esac\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    tarball = fake_tarball(tmp_path / "src/linux-source-6.12.tar.xz")
+    plan = plan_host_kernel(image_root, source=tarball, work=tmp_path / "work")
+    plan.build_steps = [step for step in plan.build_steps if step[0] in ("tar", "make")]
+    (tmp_path / "work/linux").mkdir(parents=True)  # what tar extracted before the compile failed
+    with pytest.raises(HostKernelError, match=r"work/linux: left by a build interrupted before its config was made"):
+        build_and_install(plan, image_root, say=lambda _: None)
+    (tmp_path / "work/linux").rmdir()
+    with pytest.raises(HostKernelError, match=r"exited 2"):
+        build_and_install(plan, image_root, say=lambda _: None)
+    tree = tmp_path / "work/linux"
+    (tree / "arch/x86/boot").mkdir(parents=True, exist_ok=True)
+    (tree / "arch/x86/boot/bzImage").write_bytes(b"kernel")
+    (tree / "System.map").write_text("map")
+    (tree / ".config").write_text("CONFIG_64BIT=y\n")
+    (tmp_path / "compiled").write_text("")
+    log.write_text("")
+    said = []
+    release = build_and_install(plan, image_root, say=said.append)
+    ran = log.read_text().splitlines()
+    assert [line for line in ran if line.startswith("tar ") or "olddefconfig" in line] == []  # not prepared again
+    assert any("bzImage" in line for line in ran) and any("resuming an interrupted compile" in line for line in said)
+    assert (image_root / f"boot/vmlinuz-{release}").read_bytes() == b"kernel"

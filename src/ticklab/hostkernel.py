@@ -429,6 +429,13 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
 
 
 BUILT_MARKER = "built"  # in the work directory: the release whose build steps all finished there
+# the release whose tree is extracted, patched and configured there: an interrupted compile resumes (make is
+# incremental) instead of a 1-2 GB tree being removed and made again
+PREPARED_MARKER = "prepared"
+
+
+def _is_compile(argv: list[str]) -> bool:
+    return argv[:1] == ["make"] and "bzImage" in argv
 # what the system's own update-initramfs needs mounted in a chroot (its hooks read /proc, /sys and /dev)
 CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sysfs", "sys", ["-t", "sysfs"]), ("/dev", "dev", ["--bind"]))
 
@@ -491,8 +498,11 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
     work = plan.work
     built = work / BUILT_MARKER
     cached = built.is_file() and built.read_text().strip() == plan.release
-    if not cached and plan.source.is_file() and (work / "linux").exists():
-        raise HostKernelError(f"{work / 'linux'}: left by an interrupted build; remove it to build again")
+    prepared_marker = work / PREPARED_MARKER
+    prepared = prepared_marker.is_file() and prepared_marker.read_text().strip() == plan.release
+    if not cached and not prepared and plan.source.is_file() and (work / "linux").exists():
+        raise HostKernelError(f"{work / 'linux'}: left by a build interrupted before its config was made; remove it "
+                              "to build again")
     work.mkdir(parents=True, exist_ok=True)
     before = _boot_digests(root)
     log_path = work / "build.log"
@@ -504,8 +514,14 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
             if plan.localmodconfig:
                 (work / "lsmod").write_text("Module Size Used by\n" + "".join(
                     f"{line.split()[0]} {line.split()[1]} 0\n" for line in (plan.modules or "").splitlines()))
-            say(f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}")
-            for argv in plan.build_steps:
+            compile_steps = [argv for argv in plan.build_steps if _is_compile(argv)]
+            steps = compile_steps if prepared else plan.build_steps
+            say(f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}"
+                + (" (resuming an interrupted compile: make picks up where it stopped)" if prepared else ""))
+            for argv in steps:
+                if _is_compile(argv) and not prepared:
+                    prepared_marker.write_text(plan.release + "\n")
+                    prepared = True
                 _step(argv, log, dies_with_ticklab=True)
             built.write_text(plan.release + "\n")
         say(f"installing {plan.release} into {root} (modules, /boot files, initramfs); the default boot entry stays")
