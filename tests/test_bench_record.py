@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import tracedat
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -16,14 +18,14 @@ import ingest_speed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def two_traces() -> tuple[Path, Path]:
-    """Two bundled runs' trace.dat files (real recordings), the second holding more events than the first."""
-    found = sorted((p for p in (REPO / "traces").rglob("trace.dat") if p.parents[2].name == "raw"),
-                   key=lambda p: p.stat().st_size)
-    if len(found) < 2:
-        pytest.skip("fewer than two bundled trace.dat files under traces/")
-    small, large = found[0], found[-1]
-    assert ingest_speed.event_count(small) < ingest_speed.event_count(large)
+def two_traces(tmp_path_factory) -> tuple[Path, Path]:
+    """Two trace.dat files, the second holding more events than the first."""
+    made = tmp_path_factory.mktemp("traces")
+    small, large = made / "small.dat", made / "large.dat"
+    for path, count in ((small, 300), (large, 900)):
+        events = [(100, 1000 + n, "hackbench", n, "name") for n in range(count)]
+        tracedat.write_v7(path, {0: tracedat.pages_for(events), 1: tracedat.pages_for(events, start=1050)})
+    assert (ingest_speed.event_count(small), ingest_speed.event_count(large)) == (600, 1800)
     return small, large
 
 

@@ -9,8 +9,11 @@ Two inputs carry the same ring-buffer pages:
 
 The page walk follows the kernel's ring-buffer layout (include/linux/ring_buffer.h and the
 ``events/header_page`` / ``header_event`` files it exports) and is compiled (ticklab.trace.ringbuf); it
-keeps only each record's offset, timestamp and CPU. Tables are gathered per event type from those
-offsets, in batches, straight into Arrow arrays; an uncompressed trace.dat is mapped, not read.
+keeps only each record's offset, timestamp and event type (14 bytes a record; the CPU follows from where
+each CPU's records start). Tables are gathered per event type from those offsets, in batches, straight into
+Arrow arrays; an uncompressed trace.dat is mapped, not read, and its pages are released as the walk and
+the gathers go (a rare event's records a few at a time: each page fault maps the 64 KiB around it). A
+trace.dat's kallsyms (MBs) is checked while reading and copied out only when asked for.
 Lost events are counted from the pages' "missed events" flags and, where present, from the
 per-CPU stats (overrun, dropped events).
 
@@ -20,6 +23,7 @@ offset where it applies); nothing else escapes :func:`read_trace` and the table 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -29,7 +33,7 @@ import re
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,7 +55,11 @@ TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 OPTION_DONE, OPTION_CPUSTAT, OPTION_BUFFER, OPTION_TRACECLOCK = 0, 2, 3, 4
 OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_KALLSYMS, OPTION_CMDLINES = 16, 17, 18, 19, 21
 SECTION_COMPRESSED = 1
-RELEASE_ROWS = 8192  # records gathered between releases of a mapped trace's memory
+# A page fault in a mapped file maps the 64 KiB around it (the kernel's fault-around) where those pages are cached, as a
+# trace just written or read is: a rare event's records, each in a window of its own, map 16 pages each. Records are
+# gathered in pieces touching at most RELEASE_WINDOWS such windows (4 MiB) between releases of the trace's memory.
+FAULT_WINDOW_SHIFT = 16
+RELEASE_WINDOWS = 64
 WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
 IN_MEMORY = 64 << 20  # CPU data unpacked or copied beyond this goes to an unlinked temporary file (see _Spool)
 # All of one trace's CPU data (issue 40): a tracefs capture's cpuN.raw files, plain or unpacked, a trace.dat's CPU
@@ -60,8 +68,12 @@ IN_MEMORY = 64 << 20  # CPU data unpacked or copied beyond this goes to an unlin
 # 15 MB a CPU; beyond the limit a trace is refused in one line before it is unpacked further or walked.
 TRACE_DATA_LIMIT = 2 << 30
 MAX_BLOCK = 1 << 28  # one compressed section or chunk; trace-cmd's are a few pages (data) or MiB (kallsyms)
-# rows gathered at a time: bounds the memory a table build needs beyond the tables themselves
-BATCH_ROWS = 1 << 16
+# rows gathered at a time, and a written table's row group: bounds the memory a table build needs beyond the tables
+# themselves (65,536 kept ~10 MB more resident writing a 600,000-event trace)
+BATCH_ROWS = 1 << 14
+# rows written between asking the allocator to give back what it freed (malloc_trim: it walks the heap, so once a
+# batch took a quarter more CPU time)
+RELEASE_ROWS = 1 << 16
 
 
 class TraceFormatError(ValueError):
@@ -208,19 +220,33 @@ def parse_header_page(text: str, source: str) -> tuple[int, int]:
 
 @dataclass
 class _Records:
-    """Every data record of a trace, CPU by CPU in ring-buffer order: where its payload is in ``buffer``, its time,
-    CPU and event type. Tables put one event's records in time order (a stable sort: ties stay in CPU order)."""
+    """Every data record of a trace, CPU by CPU in ring-buffer order: where its payload is in ``buffer``, its time
+    and event type; the records of ``cpu_numbers[i]`` start at index ``cpu_firsts[i]``. Tables put one event's records
+    in time order (a stable sort: ties stay in CPU order). 14 bytes a record where the buffer is under 4 GiB (4-byte
+    offsets), 18 beyond: what a read trace holds until its tables are built."""
 
     buffer: object  # bytes, bytearray or mmap: the pages the offsets point into
-    offsets: np.ndarray
+    offsets: np.ndarray  # uint32, or int64 for a buffer of 4 GiB or more
     stamps: np.ndarray
-    cpus: np.ndarray
     types: np.ndarray
+    cpu_numbers: np.ndarray
+    cpu_firsts: np.ndarray
     page_size: int = 4096
+
+    def cpus(self, indices: np.ndarray) -> np.ndarray:
+        """The CPU of each record at ``indices`` (a CPU without records has the same first index as the next one:
+        the last CPU starting at or before an index is the one it belongs to)."""
+        firsts = self.cpu_firsts.astype(indices.dtype)  # one type: numpy would convert every index to the other
+        return self.cpu_numbers[np.searchsorted(firsts, indices, side="right") - 1]
 
 
 def _empty_records() -> _Records:
-    return _Records(b"", np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint16), np.zeros(0, np.uint16))
+    return _Records(b"", np.zeros(0, np.uint32), np.zeros(0, np.uint64), np.zeros(0, np.uint16),
+                    np.zeros(0, np.uint16), np.zeros(0, np.int64))
+
+
+def _offset_type(buffer) -> np.dtype:
+    return np.dtype(np.uint32 if len(buffer) <= np.iinfo(np.uint32).max else np.int64)
 
 
 def _kallsyms_line(kallsyms: bytes, name: bytes) -> re.Match | None:
@@ -247,9 +273,9 @@ class Trace:
 
     def __init__(self, source: str, formats: Mapping[int, EventFormat], records: _Records | None = None,
                  lost_events: dict[int, int] | None = None, stats_lost: dict[int, int] | None = None,
-                 page_size: int = 4096, clock: str | None = None, kallsyms: bytes = b""):
+                 page_size: int = 4096, clock: str | None = None, kallsyms: bytes | Callable[[], bytes] = b""):
         self.source, self.formats, self.page_size, self.clock = source, formats, page_size, clock
-        self.kallsyms = kallsyms  # /proc/kallsyms lines as recorded: all of them (trace-cmd) or the few asked for
+        self._kallsyms = kallsyms
         self.lost_events = lost_events or {}
         self.stats_lost = stats_lost or {}
         self._records = records if records is not None else _empty_records()
@@ -267,6 +293,15 @@ class Trace:
             keys[key] = type_id
         self._arrow: dict[str, pa.Table] = {}
         self._frames: dict[str, pd.DataFrame] | None = None
+
+    @property
+    def kallsyms(self) -> bytes:
+        """/proc/kallsyms lines as recorded: all of them (trace-cmd), or the few a tracefs capture asked for. A
+        trace.dat's (MBs, which ingest never reads) is checked when the trace is read and copied out of the file
+        when first asked for."""
+        if callable(self._kallsyms):
+            self._kallsyms = self._kallsyms()
+        return self._kallsyms
 
     @property
     def total_lost(self) -> int:
@@ -300,15 +335,20 @@ class Trace:
         """One recorded event's rows, ``rows`` at a time, as Arrow record batches (bounded memory)."""
         fmt = self._format_of(key)
         chosen = np.flatnonzero(self._records.types == fmt.id)
-        chosen = chosen[np.argsort(self._records.stamps[chosen], kind="stable")]
+        if len(self._records.types) <= np.iinfo(np.uint32).max:  # half the memory of the 8-byte indices
+            chosen = chosen.astype(np.uint32)
+        order = np.argsort(self._records.stamps[chosen], kind="stable")
+        chosen = chosen[order]
+        del order
+        piece_rows = _piece_rows(self._records.buffer, len(chosen))
         for start in range(0, len(chosen), rows):
-            batch = self._batch(fmt, chosen[start:start + rows])
+            batch = self._batch(fmt, chosen[start:start + rows], piece_rows)
             _release(self._records.buffer)
             yield batch
 
-    def _batch(self, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
+    def _batch(self, fmt: EventFormat, chosen: np.ndarray, piece_rows: int) -> pa.RecordBatch:
         try:
-            return _guarded(lambda *_: self.source)(_gather_batch)(self._records, fmt, chosen)
+            return _guarded(lambda *_: self.source)(_gather_batch)(self._records, fmt, chosen, piece_rows)
         except TraceFormatError as exc:
             if str(exc).startswith(self.source):
                 raise
@@ -375,17 +415,57 @@ def _dtype(fmt: EventFormat, width: int) -> np.dtype:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": width})
 
 
-def _strings(buffer, starts: np.ndarray, limits: np.ndarray) -> pa.Array:
-    """NUL-terminated strings at ``starts`` of ``buffer`` (at most ``limits`` bytes), decoded as UTF-8 with replacement."""
+def _piece_rows(buffer, count: int) -> int:
+    """How many of an event's ``count`` records to read between releases of a mapped trace's memory: as many as lie
+    in RELEASE_WINDOWS fault-around windows were they spread evenly over the trace (a rare event's each in a window of
+    its own, a frequent one's many to a window); all of them from a buffer that is not mapped."""
+    if not isinstance(buffer, mmap.mmap) or not count:
+        return max(count, 1)
+    spacing = len(buffer) / count  # bytes of the trace from one of these records to the next
+    return max(RELEASE_WINDOWS, int(RELEASE_WINDOWS * (1 << FAULT_WINDOW_SHIFT) / spacing))
+
+
+def _gathered(buffer, starts: np.ndarray, width: int, piece_rows: int) -> np.ndarray:
+    """Each record's first ``width`` bytes (ringbuf.gather), ``piece_rows`` records at a time, the mapped trace's
+    memory released after each piece; into one array, never held twice."""
+    if piece_rows >= len(starts):
+        raw = np.frombuffer(ringbuf.gather(buffer, starts, width), dtype=np.uint8)
+        _release(buffer)
+        return raw
+    raw = np.empty(len(starts) * width, dtype=np.uint8)
+    for first in range(0, len(starts), piece_rows):
+        last = min(first + piece_rows, len(starts))
+        raw[first * width:last * width] = np.frombuffer(ringbuf.gather(buffer, starts[first:last], width), np.uint8)
+        _release(buffer)
+    return raw
+
+
+def _strings(buffer, starts: np.ndarray, limits: np.ndarray, piece_rows: int | None = None) -> pa.Array:
+    """NUL-terminated strings at ``starts`` of ``buffer`` (at most ``limits`` bytes), decoded as UTF-8 with
+    replacement; read ``piece_rows`` at a time (all at once if None), the mapped trace's memory released after each."""
     import pyarrow as pa
 
-    offsets, data = ringbuf.cstrings(buffer, np.ascontiguousarray(starts, dtype=np.int64),
-                                     np.ascontiguousarray(limits, dtype=np.int64))
-    _release(buffer)
-    binary = pa.Array.from_buffers(pa.binary(), len(starts), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    try:
-        return binary.cast(pa.string())
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    limits = np.ascontiguousarray(limits, dtype=np.int64)
+    step = max(len(starts), 1) if piece_rows is None else piece_rows
+    offset_parts, data_parts, size = [np.zeros(1, np.int32)], [], 0
+    for first in range(0, max(len(starts), 1), step):
+        offsets, data = ringbuf.cstrings(buffer, starts[first:first + step], limits[first:first + step])
+        _release(buffer)
+        offset_parts.append(np.frombuffer(offsets, dtype=np.int32)[1:] + size)
+        data_parts.append(data)
+        size += len(data)
+    if len(data_parts) == 1:
+        offsets, data = np.frombuffer(offsets, dtype=np.int32), data_parts[0]
+    else:
+        offsets, data = np.concatenate(offset_parts), b"".join(data_parts)
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    strings = pa.Array.from_buffers(pa.string(), len(starts), buffers)
+    try:  # UTF-8 checked in place: a cast to string would import pyarrow.compute, ~40 ms of the CLI's start-up
+        strings.validate(full=True)
+        return strings
     except pa.ArrowInvalid:  # not UTF-8: decode each value as the kernel's bytes with U+FFFD, like bytes.decode
+        binary = pa.Array.from_buffers(pa.binary(), len(starts), buffers)
         return pa.array([value.decode(errors="replace") for value in binary.to_pylist()], pa.string())
 
 
@@ -397,25 +477,19 @@ def _numeric(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 
-def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
+def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray, piece_rows: int) -> pa.RecordBatch:
     import pyarrow as pa
 
-    starts = records.offsets[chosen]
+    starts = records.offsets[chosen].astype(np.int64)
     if not fmt.fields:
         raise TraceFormatError(f"event {fmt.key} has no fields")
     width = max(f.offset + f.size for f in fmt.fields)
     if width > max(records.page_size, 4096):
         raise TraceFormatError(f"event {fmt.key}: fields reach byte {width}, beyond a {records.page_size}-byte page")
-    starts = np.ascontiguousarray(starts)
-    pieces = []
-    for first in range(0, len(starts), RELEASE_ROWS):  # a rare event's records are spread over the whole trace
-        pieces.append(ringbuf.gather(records.buffer, starts[first:first + RELEASE_ROWS], width))
-        _release(records.buffer)
-    raw_bytes = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    raw = np.frombuffer(raw_bytes, dtype=np.uint8)
+    raw = _gathered(records.buffer, starts, width, piece_rows)
     rows = raw.view(_dtype(fmt, width)).reshape(-1)
     at_row = np.arange(len(starts), dtype=np.int64) * width
-    columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(records.cpus[chosen])}
+    columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(records.cpus(chosen))}
     for f in fmt.fields:
         if f.name == "common_type" or f.name not in rows.dtype.names:
             continue
@@ -423,9 +497,9 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa
         if f.dynamic:
             locs = column.astype(np.int64)
             begin = starts + (locs & 0xFFFF) + (f.offset + f.size if f.dynamic == "__rel_loc" else 0)
-            columns[f.name] = _strings(records.buffer, begin, locs >> 16)
+            columns[f.name] = _strings(records.buffer, begin, locs >> 16, piece_rows)
         elif f.char_array:  # read from the gathered rows: the trace's pages are not touched again
-            columns[f.name] = _strings(raw_bytes, at_row + f.offset, np.full(len(starts), f.size, dtype=np.int64))
+            columns[f.name] = _strings(raw, at_row + f.offset, np.full(len(starts), f.size, dtype=np.int64))
         elif column.dtype.kind == "V":
             packed = np.ascontiguousarray(column).tobytes()
             columns[f.name] = pa.Array.from_buffers(pa.binary(f.size), len(starts), [None, pa.py_buffer(packed)])
@@ -483,7 +557,7 @@ class _Segment:
 
 def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments: list[_Segment], page_size: int,
               header_page: str, stats_text: dict[int, str], clock: str | None, check_read_events: bool = False,
-              kallsyms: bytes = b"") -> Trace:
+              kallsyms: bytes | Callable[[], bytes] = b"") -> Trace:
     commit_size, data_offset = parse_header_page(header_page, source)
     if page_size <= data_offset or page_size > 1 << 24:
         raise TraceFormatError(f"{source}: page size {page_size} is not a ring-buffer page size")
@@ -494,10 +568,16 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
     if total > TRACE_DATA_LIMIT:
         raise TraceFormatError(f"{source}: {total} bytes of CPU data, more than the {TRACE_DATA_LIMIT} ticklab reads of "
                                "a trace")
-    offsets, stamps, cpus, types, lost = [], [], [], [], {}
+    # each column grows in place (realloc: a large block is remapped, not copied), so the records are never held
+    # twice, as joining per-chunk arrays would
+    offsets, stamps, types, lost = bytearray(), bytearray(), bytearray(), {}
+    offset_type = _offset_type(buffer)
+    cpu_numbers, cpu_firsts, walked = [], [], 0  # the CPUs in order, where each one's records start
     step = max(1, WALK_BYTES // page_size) * page_size
     for segment in sorted(segments, key=lambda s: s.cpu):
         cpu = segment.cpu
+        cpu_numbers.append(cpu)
+        cpu_firsts.append(walked)
         if segment.length % page_size:
             raise TraceFormatError(f"{source}: CPU {cpu} data is {segment.length} bytes, not a whole number of "
                                    f"{page_size}-byte pages")
@@ -510,23 +590,20 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
                 raise TraceFormatError(f"{source}: CPU {cpu} page at byte {bad_page - segment.start} claims more data "
                                        f"than a {page_size}-byte page holds")
             _release(buffer)
-            offsets.append(np.frombuffer(where, dtype=np.int64))
-            stamps.append(np.frombuffer(times, dtype=np.uint64))
-            types.append(np.frombuffer(kinds, dtype="<u2"))
-            cpus.append(np.full(len(offsets[-1]), cpu, dtype=np.uint16))
+            offsets += memoryview(np.frombuffer(where, dtype=np.int64).astype(offset_type))  # bytes, not a sum
+            stamps += times
+            types += kinds
             lost[cpu] += missed
-            found += len(offsets[-1])
+            found += len(times) // 8
+        walked += found
         if check_read_events and cpu in stats_text:
             _check_read_events(source, cpu, found, stats_text[cpu])
     stats_lost = {cpu: stats_lost_count(text) for cpu, text in stats_text.items()}
     trace_records = None
-    if offsets:
-        if sum(len(chunk) for chunk in stamps):
-            columns = []
-            for chunks in (offsets, stamps, cpus, types):  # one at a time, each list emptied as it is joined
-                columns.append(np.concatenate(chunks))
-                chunks.clear()
-            trace_records = _Records(buffer, *columns, page_size)
+    if walked:
+        trace_records = _Records(buffer, np.frombuffer(offsets, dtype=offset_type), np.frombuffer(stamps, np.uint64),
+                                 np.frombuffer(types, "<u2"), np.asarray(cpu_numbers, dtype=np.uint16),
+                                 np.asarray(cpu_firsts, dtype=np.int64), page_size)
     return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
                  clock=clock, stats_lost=stats_lost, kallsyms=kallsyms)
 
@@ -668,6 +745,20 @@ class _Reader:
             raise self.error(f"text that is not UTF-8 ({exc.reason})", at + exc.start) from exc
 
 
+def _copied(data, start: int, size: int) -> bytes:
+    return bytes(data[start:start + size])
+
+
+def _section_bytes(reader: _Reader, inflate, section_at: int, start: int, size: int) -> bytes:
+    """``size`` bytes at ``start`` of the trace.dat v7 section at ``section_at``, decompressed again if it is
+    compressed (it was once, checked, while the trace was read)."""
+    opened = _Reader(reader.data, reader.source, section_at + 2)
+    if not opened.u16() & SECTION_COMPRESSED:
+        return _copied(reader.data, start, size)
+    plain = _decompress(_Reader(reader.data, reader.source, section_at + 16), inflate, f"section at byte {section_at}")
+    return _copied(plain, start, size)
+
+
 def _read_header_info(reader: _Reader) -> str:
     if reader.take(12) != b"header_page\0":
         raise reader.error("expected header_page", reader.position - 12)
@@ -762,7 +853,9 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     header_page = _read_header_info(reader)
     _read_ftrace_formats(reader, formats)
     _read_event_formats(reader, formats)
-    kallsyms = reader.take(reader.u32())
+    kallsyms_size = reader.u32()
+    kallsyms = functools.partial(_copied, reader.data, reader.position, kallsyms_size)  # read when asked for
+    reader.skip(kallsyms_size)
     reader.take(reader.u32())  # printk formats
     reader.take(reader.u64())  # saved cmdlines
     cpus = reader.u32()
@@ -789,7 +882,7 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     if len(reader.data) - end >= page_size:
         raise TraceFormatError(f"{source}: {len(reader.data) - end} bytes of data after the last of the {cpus} CPUs "
                                "the header counts: the CPU count is wrong or the file is damaged")
-    return _assemble(source, formats, reader.data, segments, page_size, header_page, stats, clock, kallsyms=bytes(kallsyms))
+    return _assemble(source, formats, reader.data, segments, page_size, header_page, stats, clock, kallsyms=kallsyms)
 
 
 def _decompressor(name: str, source: str):
@@ -896,8 +989,11 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
             elif option == OPTION_EVENT_FORMATS:
                 _read_event_formats(section(value.u64()), formats)
             elif option == OPTION_KALLSYMS:
-                symbols = section(value.u64())
-                kallsyms = bytes(symbols.take(symbols.u32()))
+                at = value.u64()
+                symbols = section(at)  # decompressed (and checked against the limit) now, kept only if asked for
+                size = symbols.u32()
+                kallsyms = functools.partial(_section_bytes, reader, inflate, at, symbols.position, size)
+                symbols.skip(size)
             elif option == OPTION_CPUSTAT:
                 _add_stats(stats, value.text(payload.rstrip(b"\0"), 0), source)
             elif option == OPTION_BUFFER:
@@ -1075,13 +1171,12 @@ def _write_table(trace: Trace, key: str, name: str, handle) -> None:
     """One event's table into ``handle`` (Parquet), batch by batch. A table Parquet cannot store is a
     TraceFormatError naming the event and the column; an error of the file system (an errno: a full disk) is left to
     the caller, which names the file."""
-    import contextlib
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     left_out = not_ingested(trace._format_of(key))
     writer = table = None
+    unreleased = 0  # rows written since the allocator last gave back what it holds
     try:
         for batch in trace.batches(key):
             table = pa.Table.from_batches([batch])
@@ -1094,8 +1189,11 @@ def _write_table(trace: Trace, key: str, name: str, handle) -> None:
                 writer = pq.ParquetWriter(handle, table.schema, use_dictionary=strings)
             # a table per batch is its own row group, written now (write_batch would buffer the event)
             writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            unreleased += table.num_rows
             table = None
-            pa.default_memory_pool().release_unused()  # the allocator keeps encoding buffers otherwise
+            if unreleased >= RELEASE_ROWS:  # the allocator keeps encoding buffers otherwise
+                pa.default_memory_pool().release_unused()
+                unreleased = 0
         done, writer = writer, None
         if done is not None:
             done.close()
