@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ticklab.bundle import BundleError, load_bundle
+from ticklab.trace import rawfile
 from ticklab.capture.experiment import (Condition, ExperimentError, expand_conditions, experiment_paths, load_experiment,
                                         schedule, thread_counts)
 from ticklab.capture.requirements import tools_bin
@@ -258,7 +259,7 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
             assert [e["name"] for e in run["extras"]] == ["gapdet", "osnoise"]
             assert_gaps_match_traced_ticks(path, run["extras"][0])
             # FTQ as seed 004's author ran it: SCHED_FIFO, interrupts and other tasks moved off its CPU, put back
-            header = (path / "raw" / run["run"] / "ftq.dat").read_text().splitlines()[:12]
+            header = rawfile.read_text(path / "raw" / run["run"] / "ftq.dat").splitlines()[:12]  # sealed: xz'd
             assert "# policy: SCHED_FIFO" in header and "# priority: 99" in header
             labels = {k["label"]: k for k in run["knobs"]}
             assert labels["RT throttling off"]["during"] == "-1"

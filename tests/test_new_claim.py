@@ -17,6 +17,7 @@ import pytest
 
 from conftest import REPO, make_fake_host
 from ticklab.bundle import BundleWriter
+from ticklab.trace import rawfile
 
 TOY_MODULE = '''"""C6 — a toy claim (tests/test_new_claim.py): the slow condition takes twice as long as the fast one."""
 
@@ -194,14 +195,15 @@ def test_capture_report_verdicts_summary_and_view_pick_up_the_new_claim(repo_wit
 
 def make_traced_bundle(traces: Path, claim: str) -> Path:
     """A sealed bundle of ``claim`` with one run holding the smallest trace.dat bundled in the repository."""
-    trace = min((REPO / "traces").rglob("trace.dat"), key=lambda p: p.stat().st_size, default=None)
+    trace = min((p for p in (REPO / "traces").rglob("trace.dat*") if p.name in ("trace.dat", "trace.dat.xz")),
+                key=lambda p: p.stat().st_size, default=None)  # a sealed bundle keeps it xz'd
     if trace is None:
         pytest.skip("no bundled trace.dat under traces/")
     writer = BundleWriter(traces, "guest-toy", claim, "traced", definition={"name": "traced"},
                           host={"nproc": 2, "kernel_release": "6.12.0"})
     run_dir = writer.run_dir("run-001")
     (run_dir / "trace").mkdir()
-    shutil.copy2(trace, run_dir / "trace/trace.dat")
+    (run_dir / "trace/trace.dat").write_bytes(rawfile.read_bytes(trace))
     writer.add_run({"run": "run-001", "condition": "fast", "warmup": False, "status": "ok",
                     "trace": {"directory": "trace", "backend": "trace-cmd"}}, [])
     return writer.seal()
