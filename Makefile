@@ -80,7 +80,8 @@ kernelspec: $(STAMP)  ## register .venv as the "Python (ticklab)" Jupyter kernel
 jupyter: kernelspec  ## JupyterLab on the repository with the ticklab kernel
 	$(BIN)/jupyter lab --no-browser --port $(JUPYTER_PORT) --ServerApp.root_dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Ingest speed and memory against 'trace-cmd report' (root: records a >= 1M-event trace first; a few minutes).
+# Ingest speed and memory against 'trace-cmd report' (root: records up to 1M events first, as many as the host gives;
+# a few minutes).
 # BENCH_ARGS="--runs 7" or "--keep DIR" or trace files to use instead of the recorded ones.
 BENCH_ARGS ?=
 bench: $(STAMP) tools  ## ingest speed against trace-cmd report (root)

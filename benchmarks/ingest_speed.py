@@ -6,9 +6,9 @@ Inputs (each a trace.dat both tools read):
   (a) the bundled trace.dat with the most events (traces/; an .xz one is decompressed first),
   (b) a trace recorded here (root, tracefs): hackbench -p -s 8 -g 4 under ticklab's tracefs backend with
       sched_switch/sched_wakeup/hrtimer_start/hrtimer_expire_entry/local_timer_entry/exit, the loop count raised
-      until the trace holds --events events or the host records no more (a 2-core VM's tracefs reader stops near
-      830,000: the benchmark then uses what it recorded and says how many), then made a trace.dat v7 with
-      `trace-cmd restore` (the same events every time it is run; the count varies with the host),
+      until the trace holds --events events or the host records no more (a busy 2-core VM gave 827,384 of
+      1,000,000 in four attempts: the benchmark then uses what it recorded and says how many), then made a
+      trace.dat v7 with `trace-cmd restore` (the same events every time it is run; the count varies with the host),
   (c) (b) compressed as trace-cmd compresses by default: `trace-cmd convert --compression zstd`,
   (d) the first --small-events events of (b) (`trace-cmd split -e`), where the CLI's start-up weighs most.
 TRACE arguments replace (a)-(d).
@@ -19,8 +19,12 @@ Each round runs every command on every input once, rotating the order (interleav
   API pandas   the same, then every table as a pandas DataFrame (`trace.events`)
   reference    the reader before issue 15 (tests/reference_ingest.py) to pandas, timed inside
   trace-cmd    `trace-cmd report -i FILE > /dev/null`
-Wall times are medians with min-max; "x trace-cmd" is trace-cmd's median over ticklab's (> 1: faster). CPU
+Wall times are medians with min-max; "x trace-cmd" is trace-cmd's time over ticklab's in the same round, the median
+of the rounds' ratios [min-max] (> 1: faster; paired, so a load that changes between rounds cancels out). CPU
 seconds (user + system, GNU time) are printed too: on a shared machine they are less disturbed than wall time.
+Python's bytecode cache is on for the commands timed, as it is for an installed ticklab (a private temporary
+directory, PYTHONPYCACHEPREFIX, filled before the first round): with PYTHONDONTWRITEBYTECODE set, as in this
+project's CI, every start compiles ticklab's modules again; `ticklab --help` is timed both ways.
 Peak memory is each process's maximum RSS (GNU time %M), interpreter and imports included: GNU time forks the
 command from its own ~1 MB process, so the high-water mark Linux carries across exec is time's, not this
 benchmark's (a `true` run under it shows < 1 MB while the benchmark holds hundreds), the command's own VmHWM.
@@ -30,12 +34,14 @@ Run as root, it writes only through ticklab.safefiles (SECURITY.md, "What tickla
 a link, FIFO, device or other non-directory at DIR/parquet or DIR/capture, and anything but a regular file at the
 name of a trace it writes, is refused with one line, never followed or removed through; the tables of each round
 go to a DIR/parquet made for it and opened by descriptor, which `ticklab ingest` is run in (`--out .`), so a link
-put at DIR/parquet afterwards is never followed either.
+put at DIR/parquet afterwards is never followed either. Python writes the bytecode cache itself, in the benchmark's
+own temporary directory (made by tempfile, mode 0700), never in --keep DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import lzma
 import os
 import shutil
@@ -66,6 +72,15 @@ if mode == "arrow":
 else:
     trace.events
 print(time.perf_counter() - start, time.process_time() - cpu)
+"""
+
+
+# What the timed commands import, compiled into the bytecode cache before the first round
+WARM = """
+import sys
+sys.path.insert(0, {tests!r})
+import ticklab.cli, ticklab.trace.ingest, reference_ingest, numpy, pyarrow, pyarrow.parquet, pandas
+import pyarrow.pandas_compat
 """
 
 
@@ -207,9 +222,9 @@ def record(directory: Path, events: int, record_once=None) -> tuple[Path, int]:
 
     ``record_once(directory, loops, name)`` records one trace (``record_hackbench``). The loop count is raised
     until a trace holds ``events`` events, an attempt adds less than 10 % to the most recorded so far, or
-    ``ATTEMPTS`` attempts were made: the tracefs reader of a small host keeps up with only so much of hackbench
-    (a 2-core VM stops near 830,000 events however many loops it runs). The attempt with the most events is
-    kept, the others' files removed; falling short of ``events`` is said on stderr, never an error."""
+    ``ATTEMPTS`` attempts were made: what the tracefs reader keeps of hackbench varies with the host and its load
+    (a busy 2-core VM gave 827,384 of 1,000,000, another time 675,331 of 700,000). The attempt with the most events
+    is kept, the others' files removed; falling short of ``events`` is said on stderr, never an error."""
     record_once = record_once or record_hackbench
     loops = max(1000, events // 90)
     best: tuple[int, Path] | None = None
@@ -273,6 +288,40 @@ def commands(path: Path) -> dict[str, list[str]]:
     return chosen
 
 
+@contextlib.contextmanager
+def bytecode_cache(scratch: str):
+    """Python's bytecode cache on for the commands timed meanwhile (the environment they inherit), kept in the
+    benchmark's own temporary directory (never --keep, never the checkout): an installed ticklab's modules are
+    compiled once (pip compiles them, a checkout on first import), but with PYTHONDONTWRITEBYTECODE set, as in this
+    project's CI and sandboxes, every start compiles ticklab's ~10 modules again. Yields what the report says of it;
+    the environment is put back after."""
+    saved = {name: os.environ.get(name) for name in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(scratch, "pycache")
+    try:
+        print("compiling what the commands import into the bytecode cache ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-c", WARM.format(tests=str(REPO / "tests"))], check=True)
+        was = saved["PYTHONDONTWRITEBYTECODE"]
+        yield ("Python's bytecode cache is on for the timed commands (in the benchmark's temporary directory, filled "
+               f"before the first round){'; this environment sets PYTHONDONTWRITEBYTECODE=' + was if was else ''}.")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def paired(times: dict[tuple[str, str], list[float]], label: str, name: str) -> str:
+    """trace-cmd's time over this command's, round by round (the two ran within the same round, so a load that
+    changed between rounds cancels out): the median ratio [min-max]; > 1 is faster than trace-cmd."""
+    ratios = [theirs / ours for theirs, ours in zip(times[(label, "trace-cmd")], times[(label, name)])
+              if ours > 0 and theirs > 0]
+    if not ratios:  # GNU time counts CPU time in hundredths of a second: a small file's run can read 0
+        return "-"
+    return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
@@ -316,33 +365,36 @@ def main() -> int:
             if recorded > args.small_events:
                 inputs["(d) (b)'s first events"] = first_events(big, args.small_events, work)
         sizes = {label: (event_count(path), path.stat().st_size) for label, path in inputs.items()}
-        help_times = []
+        ticklab = shutil.which("ticklab", path=str(Path(sys.executable).parent)) or "ticklab"
+        help_times, help_uncached = [], []
         times: dict[tuple[str, str], list[float]] = {}
         cpu_times: dict[tuple[str, str], list[float]] = {}
         memory: dict[tuple[str, str], list[float]] = {}
-        loads = [os.getloadavg()[0]]  # the 1-minute load average before each round and after the last
-        for round_number in range(args.runs):
-            print(f"round {round_number + 1}/{args.runs} (load average {loads[-1]:.2f})", file=sys.stderr)
-            help_times.append(run([shutil.which("ticklab", path=str(Path(sys.executable).parent)) or "ticklab",
-                                   "--help"])[0])
-            for label, path in inputs.items():
-                todo = list(commands(path).items())
-                shift = round_number % len(todo)
-                with fresh_directory(work, "parquet") as out:  # ticklab's tables, written in it by descriptor
-                    for name, argv in todo[shift:] + todo[:shift]:
-                        wall, cpu, peak, printed = run(argv, stdout=subprocess.PIPE if name.startswith(("API", "ref"))
-                                                       else subprocess.DEVNULL,
-                                                       in_directory=out.fd if name == "ticklab CLI" else None)
-                        if printed.strip():  # the API rows time themselves, after their imports
-                            wall, cpu = map(float, printed.split())
-                        times.setdefault((label, name), []).append(wall)
-                        cpu_times.setdefault((label, name), []).append(cpu)
-                        memory.setdefault((label, name), []).append(peak)
-            loads.append(os.getloadavg()[0])
+        with bytecode_cache(scratch) as bytecode:
+            loads = [os.getloadavg()[0]]  # the 1-minute load average before each round and after the last
+            for round_number in range(args.runs):
+                print(f"round {round_number + 1}/{args.runs} (load average {loads[-1]:.2f})", file=sys.stderr)
+                help_times.append(run([ticklab, "--help"])[0])
+                help_uncached.append(run(["env", "-u", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE=1", ticklab,
+                                          "--help"])[0])
+                for label, path in inputs.items():
+                    todo = list(commands(path).items())
+                    shift = round_number % len(todo)
+                    with fresh_directory(work, "parquet") as out:  # ticklab's tables, written in it by descriptor
+                        for name, argv in todo[shift:] + todo[:shift]:
+                            self_timed = name.startswith(("API", "ref"))
+                            wall, cpu, peak, printed = run(argv, stdout=subprocess.PIPE if self_timed
+                                                           else subprocess.DEVNULL,
+                                                           in_directory=out.fd if name == "ticklab CLI" else None)
+                            if printed.strip():  # the API rows time themselves, after their imports
+                                wall, cpu = map(float, printed.split())
+                            times.setdefault((label, name), []).append(wall)
+                            cpu_times.setdefault((label, name), []).append(cpu)
+                            memory.setdefault((label, name), []).append(peak)
+                loads.append(os.getloadavg()[0])
         rows = []
         for label, (events, size) in sizes.items():
             theirs = statistics.median(times[(label, "trace-cmd")])
-            their_cpu = statistics.median(cpu_times[(label, "trace-cmd")])
             their_memory = statistics.median(memory[(label, "trace-cmd")])
             for name in ("ticklab CLI", "API arrow", "API pandas", "reference", "trace-cmd"):
                 if (label, name) not in times:
@@ -352,8 +404,8 @@ def main() -> int:
                 peak = statistics.median(memory[(label, name)])
                 cpu = statistics.median(cpu_times[(label, name)])
                 rows.append([label if name == "ticklab CLI" else "", name, summary(times[(label, name)]),
-                             f"{events / wall:,.0f}", f"{theirs / wall:.2f}", f"{cpu:.3f}", f"{their_cpu / cpu:.2f}",
-                             f"{peak:.0f}", f"{peak / their_memory:.2f}"])
+                             f"{events / wall:,.0f}", paired(times, label, name), f"{cpu:.3f}",
+                             paired(cpu_times, label, name), f"{peak:.0f}", f"{peak / their_memory:.2f}"])
         print(f"host: {os.uname().nodename}, {os.cpu_count()} CPUs; n = {args.runs} interleaved rounds; 1-minute load "
               f"average {loads[0]:.2f} before the first round, {max(loads):.2f} at most, {loads[-1]:.2f} after the "
               "last (a shared machine: expect noise)")
@@ -361,10 +413,12 @@ def main() -> int:
             print(f"{label}: {inputs[label]}  ({events:,} events, {size / 1e6:.1f} MB)")
         for note in notes:
             print(note)
-        print(tabulate(rows, headers=["input", "command", "wall s: median [min-max]", "events/s", "x trace-cmd",
-                                      "CPU s", "x trace-cmd CPU", "peak MB", "memory / trace-cmd"],
-                       disable_numparse=True))
-        print(f"`ticklab --help`: {summary(help_times)} s (goal < 0.3 s)")
+        print(tabulate(rows, headers=["input", "command", "wall s: median [min-max]", "events/s",
+                                      "x trace-cmd [min-max]", "CPU s", "x trace-cmd CPU", "peak MB",
+                                      "memory / trace-cmd"], disable_numparse=True))
+        print(f"`ticklab --help`: {summary(help_times)} s (goal < 0.3 s); {summary(help_uncached)} s with "
+              "PYTHONDONTWRITEBYTECODE=1 (every start compiles ticklab's modules)")
+        print(bytecode)
         print("API rows time the read in a fresh interpreter after its imports; their peak memory includes them.")
     return 0
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -70,7 +71,9 @@ def test_the_benchmark_goes_on_with_the_recorded_count_and_says_so(tmp_path, cap
                         else which(name, *a, **k))
     monkeypatch.setattr(sys, "argv", ["ingest_speed.py", "--keep", str(tmp_path), "--runs", "5", "--small-events",
                                       "1000"])
+    environment = dict(os.environ)
     assert ingest_speed.main() == 0
+    assert dict(os.environ) == environment  # the bytecode cache's settings were the timed commands' only
     recorded = ingest_speed.event_count(large)
     printed = capsys.readouterr().out
     assert f"(b) recorded: {tmp_path / 'recorded-1.dat'}  ({recorded:,} events" in printed

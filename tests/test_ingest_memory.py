@@ -1,6 +1,6 @@
 """`ticklab ingest --out` in bounded memory (issue 42 item 5: 150 MB against trace-cmd report's 58 MB on a
-582,000-event trace.dat): a read trace holds 14 bytes a record, tables are gathered in pieces with the mapped trace
-released between them, and Arrow allocates from malloc. Peak memory is the child's own VmHWM (ru_maxrss would carry
+582,000-event trace.dat): a read trace holds 14 bytes a record, tables are gathered in pieces that map at most a few
+2 MiB regions of the trace, released between them, and Arrow allocates from malloc. Peak memory is the child's own VmHWM (ru_maxrss would carry
 the pytest worker's across vfork and exec)."""
 
 import os
@@ -54,18 +54,41 @@ def test_a_table_gathered_in_pieces_is_the_table_gathered_whole(tmp_path, monkey
     trace_path = tmp_path / "trace.dat"
     count = two_cpu_trace(trace_path, 3000)
     whole = read_trace(trace_path).arrow("fake:fake_event")
-    gathers = []
-    monkeypatch.setattr(ingest, "RELEASE_WINDOWS", 3)
-    monkeypatch.setattr(ingest, "FAULT_WINDOW_SHIFT", 0)  # 3 records a piece
+    gathers, strings = [], []
+    monkeypatch.setattr(ingest, "RELEASE_REGIONS", 3)
+    monkeypatch.setattr(ingest, "FAULT_REGION_SHIFT", 0)  # every record a region of its own: 3 records a piece
     monkeypatch.setattr(ringbuf, "gather", lambda buffer, starts, width, real=ringbuf.gather:
                         gathers.append(len(starts)) or real(buffer, starts, width))
+    monkeypatch.setattr(ringbuf, "cstrings", lambda buffer, starts, limits, real=ringbuf.cstrings:
+                        strings.append((type(buffer).__name__, len(starts))) or real(buffer, starts, limits))
     trace = read_trace(trace_path)
     assert type(trace._records.buffer).__name__ == "mmap"
     pieces = trace.arrow("fake:fake_event")
     assert max(gathers) == 3 and sum(gathers) == count == whole.num_rows
+    assert max(n for kind, n in strings if kind == "mmap") == 3  # the __data_loc strings, read from the trace
     assert pieces.equals(whole)
     assert set(pieces.column("name").to_pylist()) == {f"n{k}" for k in range(7)}
     assert set(pieces.column("comm").to_pylist()) == {"hackbench", "kworker/0:1", "a" * 15}
+
+
+def test_rows_far_apart_in_the_file_are_gathered_a_few_regions_at_a_time(tmp_path):
+    """A rare event's records lie each in its own 2 MiB region, which a fault may map whole (a large folio): a piece
+    enters at most RELEASE_REGIONS regions its CPU was not already in; rows close together stay one piece."""
+    import mmap
+
+    (tmp_path / "mapped").write_bytes(b"\0" * 4096)
+    with open(tmp_path / "mapped", "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        region = 1 << ingest.FAULT_REGION_SHIFT
+        cpus = np.array([0, 1] * 20, dtype=np.uint16)
+        sparse = np.where(cpus == 0, np.arange(40) * region, 200 * region + np.arange(40) * 64)  # CPU 1: one region
+        cuts = ingest._cuts(mapped, sparse, cpus)
+        assert cuts[0] == 0 and cuts[-1] == 40 and len(cuts) - 1 == -(-21 // ingest.RELEASE_REGIONS)
+        for first, last in zip(cuts, cuts[1:]):
+            entered = {(int(c), int(at) // region) for c, at in zip(cpus[first:last], sparse[first:last])}
+            assert len(entered) <= ingest.RELEASE_REGIONS + 2  # plus the region each CPU was in
+        dense = 100 * region + np.arange(40) * 64
+        assert ingest._cuts(mapped, dense, cpus) == [0, 40]
+        assert ingest._cuts(b"\0" * 4096, sparse, cpus) == [0, 40]  # not mapped: nothing to release
 
 
 def test_a_read_trace_holds_14_bytes_a_record(tmp_path):
@@ -78,8 +101,9 @@ def test_a_read_trace_holds_14_bytes_a_record(tmp_path):
 
 
 def peak_kib(*argv: str) -> int:
+    environment = {name: value for name, value in os.environ.items() if name != "ARROW_DEFAULT_MEMORY_POOL"}
     done = subprocess.run([sys.executable, "-c", PEAK, *argv], capture_output=True, text=True, timeout=600,
-                          env={name: value for name, value in os.environ.items() if name != "ARROW_DEFAULT_MEMORY_POOL"})
+                          env=environment)
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stderr.strip().splitlines()[-1])
 

@@ -55,11 +55,12 @@ TRACE_DAT_MAGIC = b"\x17\x08Dtracing"
 OPTION_DONE, OPTION_CPUSTAT, OPTION_BUFFER, OPTION_TRACECLOCK = 0, 2, 3, 4
 OPTION_HEADER_INFO, OPTION_FTRACE_EVENTS, OPTION_EVENT_FORMATS, OPTION_KALLSYMS, OPTION_CMDLINES = 16, 17, 18, 19, 21
 SECTION_COMPRESSED = 1
-# A page fault in a mapped file maps the 64 KiB around it (the kernel's fault-around) where those pages are cached, as a
-# trace just written or read is: a rare event's records, each in a window of its own, map 16 pages each. Records are
-# gathered in pieces touching at most RELEASE_WINDOWS such windows (4 MiB) between releases of the trace's memory.
-FAULT_WINDOW_SHIFT = 16
-RELEASE_WINDOWS = 64
+# A page fault in a mapped file maps more than its page where the file is cached, as a trace just written or read is:
+# the 64 KiB around it (the kernel's fault-around), or the whole large folio it is in, up to 2 MiB (a trace.dat
+# Python wrote mapped 2 MiB a byte read). A rare event's records lie each in a region of its own, so they are gathered
+# in pieces that enter at most RELEASE_REGIONS new 2 MiB regions, the trace's memory released after each.
+FAULT_REGION_SHIFT = 21
+RELEASE_REGIONS = 4
 WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
 IN_MEMORY = 64 << 20  # CPU data unpacked or copied beyond this goes to an unlinked temporary file (see _Spool)
 # All of one trace's CPU data (issue 40): a tracefs capture's cpuN.raw files, plain or unpacked, a trace.dat's CPU
@@ -340,15 +341,14 @@ class Trace:
         order = np.argsort(self._records.stamps[chosen], kind="stable")
         chosen = chosen[order]
         del order
-        piece_rows = _piece_rows(self._records.buffer, len(chosen))
         for start in range(0, len(chosen), rows):
-            batch = self._batch(fmt, chosen[start:start + rows], piece_rows)
+            batch = self._batch(fmt, chosen[start:start + rows])
             _release(self._records.buffer)
             yield batch
 
-    def _batch(self, fmt: EventFormat, chosen: np.ndarray, piece_rows: int) -> pa.RecordBatch:
+    def _batch(self, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
         try:
-            return _guarded(lambda *_: self.source)(_gather_batch)(self._records, fmt, chosen, piece_rows)
+            return _guarded(lambda *_: self.source)(_gather_batch)(self._records, fmt, chosen)
         except TraceFormatError as exc:
             if str(exc).startswith(self.source):
                 raise
@@ -415,42 +415,49 @@ def _dtype(fmt: EventFormat, width: int) -> np.dtype:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": width})
 
 
-def _piece_rows(buffer, count: int) -> int:
-    """How many of an event's ``count`` records to read between releases of a mapped trace's memory: as many as lie
-    in RELEASE_WINDOWS fault-around windows were they spread evenly over the trace (a rare event's each in a window of
-    its own, a frequent one's many to a window); all of them from a buffer that is not mapped."""
-    if not isinstance(buffer, mmap.mmap) or not count:
-        return max(count, 1)
-    spacing = len(buffer) / count  # bytes of the trace from one of these records to the next
-    return max(RELEASE_WINDOWS, int(RELEASE_WINDOWS * (1 << FAULT_WINDOW_SHIFT) / spacing))
+def _cuts(buffer, starts: np.ndarray, cpus: np.ndarray) -> list[int]:
+    """Where to cut rows (``starts``: their offsets in ``buffer``, in time order; ``cpus``: their CPUs) into pieces
+    that each enter at most RELEASE_REGIONS 2 MiB regions of a mapped trace not entered by the row before them on the
+    same CPU (a CPU's records lie in file order in its own part of the file): a piece maps at most RELEASE_REGIONS
+    plus one region a CPU. One piece for a buffer that is not mapped."""
+    if not isinstance(buffer, mmap.mmap) or len(starts) < 2:
+        return [0, len(starts)]
+    by_cpu = np.argsort(cpus, kind="stable")  # each CPU's rows together, in time order
+    regions, grouped_cpus = starts[by_cpu] >> FAULT_REGION_SHIFT, cpus[by_cpu]
+    entered = np.ones(len(starts), dtype=bool)
+    entered[1:] = (regions[1:] != regions[:-1]) | (grouped_cpus[1:] != grouped_cpus[:-1])
+    new_regions = np.empty(len(starts), dtype=np.int64)
+    new_regions[by_cpu] = entered
+    np.cumsum(new_regions, out=new_regions)
+    cuts = np.searchsorted(new_regions, np.arange(RELEASE_REGIONS, new_regions[-1], RELEASE_REGIONS), side="right")
+    return [0, *cuts.tolist(), len(starts)]
 
 
-def _gathered(buffer, starts: np.ndarray, width: int, piece_rows: int) -> np.ndarray:
-    """Each record's first ``width`` bytes (ringbuf.gather), ``piece_rows`` records at a time, the mapped trace's
-    memory released after each piece; into one array, never held twice."""
-    if piece_rows >= len(starts):
+def _gathered(buffer, starts: np.ndarray, width: int, cuts: list[int]) -> np.ndarray:
+    """Each record's first ``width`` bytes (ringbuf.gather), piece by piece (``cuts``), the mapped trace's memory
+    released after each piece; into one array, never held twice."""
+    if len(cuts) <= 2:
         raw = np.frombuffer(ringbuf.gather(buffer, starts, width), dtype=np.uint8)
         _release(buffer)
         return raw
     raw = np.empty(len(starts) * width, dtype=np.uint8)
-    for first in range(0, len(starts), piece_rows):
-        last = min(first + piece_rows, len(starts))
+    for first, last in zip(cuts, cuts[1:]):
         raw[first * width:last * width] = np.frombuffer(ringbuf.gather(buffer, starts[first:last], width), np.uint8)
         _release(buffer)
     return raw
 
 
-def _strings(buffer, starts: np.ndarray, limits: np.ndarray, piece_rows: int | None = None) -> pa.Array:
+def _strings(buffer, starts: np.ndarray, limits: np.ndarray, cuts: list[int] | None = None) -> pa.Array:
     """NUL-terminated strings at ``starts`` of ``buffer`` (at most ``limits`` bytes), decoded as UTF-8 with
-    replacement; read ``piece_rows`` at a time (all at once if None), the mapped trace's memory released after each."""
+    replacement; read piece by piece (``cuts``, default one piece), the mapped trace's memory released after each."""
     import pyarrow as pa
 
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     limits = np.ascontiguousarray(limits, dtype=np.int64)
-    step = max(len(starts), 1) if piece_rows is None else piece_rows
     offset_parts, data_parts, size = [np.zeros(1, np.int32)], [], 0
-    for first in range(0, max(len(starts), 1), step):
-        offsets, data = ringbuf.cstrings(buffer, starts[first:first + step], limits[first:first + step])
+    cuts = cuts or [0, len(starts)]
+    for first, last in zip(cuts, cuts[1:]):
+        offsets, data = ringbuf.cstrings(buffer, starts[first:last], limits[first:last])
         _release(buffer)
         offset_parts.append(np.frombuffer(offsets, dtype=np.int32)[1:] + size)
         data_parts.append(data)
@@ -477,7 +484,7 @@ def _numeric(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 
-def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray, piece_rows: int) -> pa.RecordBatch:
+def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray) -> pa.RecordBatch:
     import pyarrow as pa
 
     starts = records.offsets[chosen].astype(np.int64)
@@ -486,10 +493,12 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray, piece
     width = max(f.offset + f.size for f in fmt.fields)
     if width > max(records.page_size, 4096):
         raise TraceFormatError(f"event {fmt.key}: fields reach byte {width}, beyond a {records.page_size}-byte page")
-    raw = _gathered(records.buffer, starts, width, piece_rows)
+    cpus = records.cpus(chosen)
+    cuts = _cuts(records.buffer, starts, cpus)
+    raw = _gathered(records.buffer, starts, width, cuts)
     rows = raw.view(_dtype(fmt, width)).reshape(-1)
     at_row = np.arange(len(starts), dtype=np.int64) * width
-    columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(records.cpus(chosen))}
+    columns = {"timestamp": _numeric(records.stamps[chosen]), "cpu": _numeric(cpus)}
     for f in fmt.fields:
         if f.name == "common_type" or f.name not in rows.dtype.names:
             continue
@@ -497,7 +506,7 @@ def _gather_batch(records: _Records, fmt: EventFormat, chosen: np.ndarray, piece
         if f.dynamic:
             locs = column.astype(np.int64)
             begin = starts + (locs & 0xFFFF) + (f.offset + f.size if f.dynamic == "__rel_loc" else 0)
-            columns[f.name] = _strings(records.buffer, begin, locs >> 16, piece_rows)
+            columns[f.name] = _strings(records.buffer, begin, locs >> 16, cuts)
         elif f.char_array:  # read from the gathered rows: the trace's pages are not touched again
             columns[f.name] = _strings(raw, at_row + f.offset, np.full(len(starts), f.size, dtype=np.int64))
         elif column.dtype.kind == "V":
