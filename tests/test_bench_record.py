@@ -56,6 +56,7 @@ def test_a_recorder_that_stops_short_gives_the_most_it_recorded(tmp_path, capsys
     assert f"recorded {count:,} events, not the 1,000,000 asked" in said
 
 
+@pytest.mark.slow
 def test_the_benchmark_goes_on_with_the_recorded_count_and_says_so(tmp_path, capsys, monkeypatch, two_traces):
     """main() as `make bench` runs it (nothing timed: the commands are not run), its recording step stopping short
     of --events: it makes its inputs of what was recorded and its report says how many events (b) holds."""
