@@ -227,6 +227,7 @@ def _reseal_results(path, edit):
     (lambda lines: [*lines[:2], lines[2].replace("hz1000", "hz250")],
      r"row 3: condition 'hz250' is not run run-001's condition in manifest\.json, 'hz1000'$"),
 ])
+@pytest.mark.slow
 def test_issue27_resealed_results_rows_must_match_the_manifest(tmp_path, edit, message):
     """A re-sealed results.csv with a duplicated row, or a row for a run the manifest does not have, loaded fine."""
     path = make_bundle(tmp_path)
