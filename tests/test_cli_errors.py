@@ -68,6 +68,7 @@ def _one_line_of(text):
     return lines[0]
 
 
+@pytest.mark.slow
 def test_issue27_a_100000_character_value_is_not_echoed_whole(tmp_path):
     experiment = tmp_path / "exp.yaml"
     experiment.write_text((REPO / "runners/nohz/ftq.yaml").read_text() + "knobs: {cpu_mode: " + "x" * 100_000 + "}\n")
@@ -83,6 +84,7 @@ def test_issue27_a_5000_digit_number_is_not_echoed_whole(tmp_path):
     assert "argument --runs: '99999" in proc.stderr and len(proc.stderr) < 2000, proc.stderr[-300:]
 
 
+@pytest.mark.slow
 def test_issue27_a_5000_digit_published_value_is_not_echoed_whole(published_copy):
     csv = published_copy / "hpet" / "aim7_compute.csv"
     csv.write_text(csv.read_text().replace("646515,jobs/min", "9" * 5000 + ",jobs/min", 1))
@@ -92,6 +94,7 @@ def test_issue27_a_5000_digit_published_value_is_not_echoed_whole(published_copy
                                              "a published cell")
 
 
+@pytest.mark.slow
 def test_issue27_verify_published_refuses_a_blank_value_beside_a_printed_number(published_copy):
     """verify-published said the tables load with a blank value (NaN) beside the printed 646515."""
     csv = published_copy / "hpet" / "aim7_compute.csv"
@@ -102,6 +105,7 @@ def test_issue27_verify_published_refuses_a_blank_value_beside_a_printed_number(
                                          "value_as_printed '646515' states 646515")
 
 
+@pytest.mark.slow
 def test_issue27_a_newline_in_a_bundle_name_does_not_split_the_verify_line(tmp_path):
     path = make_bundle(tmp_path / "first\nFAIL  second")
     (path / "manifest.json").chmod(0o644)
@@ -111,6 +115,7 @@ def test_issue27_a_newline_in_a_bundle_name_does_not_split_the_verify_line(tmp_p
     assert proc.returncode == 1 and line.startswith(f"FAIL  {tmp_path}/first\\nFAIL  second/")
 
 
+@pytest.mark.slow
 def test_issue27_a_newline_in_an_experiment_path_does_not_split_the_error_line(tmp_path):
     missing = tmp_path / "a\nticklab capture: forged.yaml"
     proc = _ticklab("capture", "nohz", "--experiment", missing, "--dry-run", "--out", tmp_path)
@@ -119,6 +124,7 @@ def test_issue27_a_newline_in_an_experiment_path_does_not_split_the_error_line(t
                                          "(No such file or directory)")
 
 
+@pytest.mark.slow
 def test_issue27_a_non_string_key_through_the_cli_is_one_line(tmp_path):
     experiment = tmp_path / "exp.yaml"
     experiment.write_text((REPO / "runners/nohz/ftq.yaml").read_text() + "1: x\n")
@@ -128,6 +134,7 @@ def test_issue27_a_non_string_key_through_the_cli_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["run", "dry-run"])
+@pytest.mark.slow
 def test_capture_of_a_claim_with_no_host_experiment_says_what_to_run_instead(dry_run):
     """Issue 41, item 3: 'capture pvspinlock' printed nothing and exited 0 (its only experiment is a guest-lab one)."""
     proc = _ticklab("capture", "pvspinlock", *dry_run)
