@@ -88,7 +88,12 @@ def _other_families():
     return [type(f) for f in FAMILIES if not isinstance(f, named)]
 
 
-@pytest.mark.parametrize("kind", _other_families(), ids=lambda kind: kind.key)
+# the families whose campaign takes over a second of CPU: make test runs them, make check leaves them out
+SLOW_FAMILIES = {"bombs", "trace-counts", "plan-state"}
+
+
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind.key in SLOW_FAMILIES else kind
+                                  for kind in _other_families()], ids=lambda kind: kind.key)
 def test_every_other_family_answers_clearly(kind):
     """The families issue 27 added (special files, plan state, command-line words, out-directory links, trace
     counts ...): the same property, a few dozen drawn inputs each."""
