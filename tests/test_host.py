@@ -138,6 +138,7 @@ def start_holder(root: Path, journal: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.slow
 def test_a_signal_restores_every_knob(fake_host, tmp_path, signum):
     journal = tmp_path / "j.json"
     process = start_holder(fake_host, journal)
@@ -149,6 +150,7 @@ def test_a_signal_restores_every_knob(fake_host, tmp_path, signum):
     assert not journal.exists()
 
 
+@pytest.mark.slow
 def test_a_killed_process_is_restored_by_the_next_run(fake_host, tmp_path):
     journal = tmp_path / "j.json"
     process = start_holder(fake_host, journal)
@@ -163,6 +165,7 @@ def test_a_killed_process_is_restored_by_the_next_run(fake_host, tmp_path):
     assert "left by an interrupted capture" in said[0]
 
 
+@pytest.mark.slow
 def test_a_journal_held_by_a_live_process_is_not_touched(fake_host, tmp_path):
     journal = tmp_path / "j.json"
     process = start_holder(fake_host, journal)
@@ -385,6 +388,7 @@ def test_isolating_a_cpu_moves_every_interrupt_that_may_leave_it_and_puts_them_b
     assert value(fake_host, "proc/irq/default_smp_affinity") == "3"
 
 
+@pytest.mark.slow
 def test_interrupt_affinities_left_by_a_killed_capture_are_put_back(fake_host, tmp_path):
     _irqs(fake_host, {30: "0-1"})
     journal = tmp_path / "j.json"
