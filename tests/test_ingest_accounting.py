@@ -326,6 +326,7 @@ def test_a_trace_dat_xz_bomb_is_refused(tmp_path, tail):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_an_xz_bomb_whose_index_cannot_be_read_is_refused_within_bounded_memory(tmp_path):
     capture = bomb_capture(tmp_path, "bomb", 2100)
     with open(capture / "cpu1.raw.xz", "ab") as handle:
