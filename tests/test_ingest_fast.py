@@ -177,6 +177,7 @@ def mutate(data: bytes, edits: list[tuple[int, int]], cut: int | None) -> bytes:
        edits=st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 255)), max_size=6),
        cut=st.none() | st.integers(0, 2**16))
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_mutated_trace_dat_gives_a_table_or_one_trace_format_error(samples, tmp_path_factory, kind, edits, cut):
     target = tmp_path_factory.mktemp("m") / "trace.dat"
     target.write_bytes(mutate(samples[kind].read_bytes(), edits, cut))
