@@ -184,6 +184,7 @@ def test_a_v6_trace_whose_cpu_count_was_lowered_is_refused(tmp_path, with_stats)
         read_all(tmp_path / "one.dat")
 
 
+@pytest.mark.slow
 def test_no_bundled_trace_is_refused_by_the_new_checks():
     """The cross-checks above hold for every trace ticklab's runners wrote (tracefs and trace-cmd)."""
     roots = {p.parent for p in (REPO / "traces").rglob("trace.dat*")} | \
