@@ -108,6 +108,7 @@ def test_a_malformed_interference_record_is_refused_naming_the_field(tmp_path):
         load_bundle(writer.seal())
 
 
+@pytest.mark.slow
 def test_every_bundle_in_traces_still_loads():
     from conftest import REPO
 
