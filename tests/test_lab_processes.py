@@ -63,6 +63,7 @@ def assert_dies(pids: list[int], what: str) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_killed_lab_run_takes_its_qemu_with_it(tmp_path):
     """kill -9 of the process in run_boot: QEMU (here a stand-in) dies with it instead of running to its timeout."""
     bin_dir = tmp_path / "bin"
