@@ -8,6 +8,8 @@ modules import each other, however far round."""
 import ast
 from pathlib import Path
 
+import pytest
+
 import ticklab
 
 PACKAGE = Path(ticklab.__file__).parent
@@ -110,10 +112,12 @@ def test_imports_run_down_the_floors():
     assert upward_imports(PACKAGE) == []
 
 
+@pytest.mark.slow
 def test_no_module_imports_an_old_name():
     assert old_name_imports(PACKAGE) == []
 
 
+@pytest.mark.slow
 def test_no_import_circle():
     assert import_circles(PACKAGE) == []
 
