@@ -70,6 +70,7 @@ def calls(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+@pytest.mark.slow
 def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     root, log = host
     plan = plan_engine.create(two_conditions(), mode="kexec", bundle=tmp_path / "bundle", root=root, plan_id="p1")
@@ -100,6 +101,7 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     assert not (directory / "host-changes.json").exists()
 
 
+@pytest.mark.slow
 def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host, tmp_path):
     root, log = host
     (root / "boot/grub/custom.cfg").write_text("menuentry 'mine' { }\n")
@@ -129,6 +131,7 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     assert "grub.cfg" not in " ".join(calls(log))  # never regenerated
 
 
+@pytest.mark.slow
 def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, tmp_path):
     root, log = host
     runs = [PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
@@ -150,6 +153,7 @@ def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, t
     assert "plan bad (grub), failed: 0 made, 1 failed, 1 left of 2" in status.stdout
 
 
+@pytest.mark.slow
 def test_a_cmdline_mismatch_and_no_reboot_are_named(host, tmp_path):
     root, _ = host
     plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="c")
@@ -163,6 +167,7 @@ def test_a_cmdline_mismatch_and_no_reboot_are_named(host, tmp_path):
     assert why == "/proc/cmdline is 'BOOT_IMAGE=/v initrd=\\i ro', expected 'ro nohz_full=1' (BOOT_IMAGE= and initrd= ignored)"
 
 
+@pytest.mark.slow
 def test_manual_mode_prints_what_to_boot_and_abort_undoes_the_unit(host, tmp_path):
     root, log = host
     plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="m")
@@ -279,6 +284,7 @@ def test_a_unit_already_installed_is_not_replaced(host, tmp_path):
     assert unit.read_text() == "someone else's\n"
 
 
+@pytest.mark.slow
 def test_an_abort_cannot_slip_in_between_a_run_and_the_next_boot(host, tmp_path):
     """resume holds the plan's lock until the next boot is under way: an abort started meanwhile (here, by the fake
     kexec that loads the next kernel) is refused, and does not end a plan that then boots on."""
@@ -323,6 +329,7 @@ def test_a_seal_that_fails_still_puts_the_host_back_and_returns_to_the_original_
                                "--append root=/dev/vda1 ro quiet", "systemctl --no-block kexec"]
 
 
+@pytest.mark.slow
 def test_a_plan_cut_short_between_a_run_and_the_next_boot_goes_on_at_the_next_resume(host, tmp_path):
     root, log = host
     plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="cut")
@@ -336,6 +343,7 @@ def test_a_plan_cut_short_between_a_run_and_the_next_boot_goes_on_at_the_next_re
     assert calls(log)[-2].endswith("--append root=/dev/vda1 ro quiet nohz_full=1")
 
 
+@pytest.mark.slow
 def test_abort_of_a_plan_that_does_not_exist_says_so_in_one_line(host, tmp_path):
     root, _ = host
     done = resume_in_a_new_process(root, "abort", "--id", "nope")
@@ -452,6 +460,7 @@ def test_the_bundle_is_sealed_while_the_resume_unit_is_still_installed(host, tmp
     assert seen == [("aborted", True)] and not unit.exists()
 
 
+@pytest.mark.slow
 def test_a_kernel_image_gone_mid_plan_fails_the_next_boot_saying_it_was_there_when_planned(host, tmp_path):
     """The lab host's hidden-kernel run said 'build and install it first' of a kernel the plan had booted twice."""
     root, _ = host
@@ -486,6 +495,7 @@ class Recorder(plan_engine.RunMaker):
 
 
 # issue 39, item 5a: a run cut by a crash was made again when the default entry's command line was the condition's
+@pytest.mark.slow
 def test_a_machine_that_rebooted_during_a_run_fails_that_run_and_the_plan_goes_on(host, tmp_path):
     root, log = host
     plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="crash")
@@ -518,6 +528,7 @@ def test_a_machine_that_rebooted_during_a_run_fails_that_run_and_the_plan_goes_o
     assert f"failed: run-001 (nohz_full=off): {why}" in status
 
 
+@pytest.mark.slow
 def test_a_run_whose_process_was_killed_in_its_boot_is_not_made_twice(host, tmp_path):
     root, _ = host
     plan = plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="kill")
