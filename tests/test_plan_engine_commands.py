@@ -5,6 +5,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from test_plan_engine import calls, host, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
 from ticklab.host import plan_engine
 
@@ -19,6 +21,7 @@ def set_created(root: Path, plan_id: str, created: str) -> None:
 
 
 # 5b: 'plan status' with no plan exited 2 ("…/plans: no plan")
+@pytest.mark.slow
 def test_status_and_list_with_no_plan_say_so_and_exit_0(host):
     root, _ = host
     for command in ("status", "list"):
@@ -33,6 +36,7 @@ def test_status_and_list_with_no_plan_say_so_and_exit_0(host):
 
 
 # 5c: with two plans every command needed --id, and nothing listed the plans
+@pytest.mark.slow
 def test_list_shows_every_plan_and_id_defaults_to_the_running_one_else_the_newest(host, tmp_path):
     root, _ = host
     plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b1", root=root, plan_id="newer",
@@ -62,6 +66,7 @@ def test_list_shows_every_plan_and_id_defaults_to_the_running_one_else_the_newes
     assert explicit.stdout.startswith("plan older (manual), aborted:")
 
 
+@pytest.mark.slow
 def test_an_unreadable_plan_among_several_names_itself_and_asks_for_an_id(host, tmp_path):
     root, _ = host
     for plan_id in ("a", "b"):
@@ -98,6 +103,7 @@ esac
 
 
 # 5d: 'plan abort' while the unit's start job was queued left "Failed to start ticklab-plan.service" in the journal
+@pytest.mark.slow
 def test_abort_with_the_units_start_job_queued_leaves_no_failed_unit(host, tmp_path):
     root, log = host
     state = systemd_like_systemctl(tmp_path, root, log)
@@ -113,6 +119,7 @@ def test_abort_with_the_units_start_job_queued_leaves_no_failed_unit(host, tmp_p
     assert not (root / UNIT).exists()
 
 
+@pytest.mark.slow
 def test_abort_resets_a_unit_that_failed_earlier_in_this_boot(host, tmp_path):
     root, log = host
     state = systemd_like_systemctl(tmp_path, root, log)
@@ -127,6 +134,7 @@ def test_abort_resets_a_unit_that_failed_earlier_in_this_boot(host, tmp_path):
     assert calls(log)[before:] == ["systemctl daemon-reload"]
 
 
+@pytest.mark.slow
 def test_abort_leaves_another_plans_unit_and_its_start_job_alone(host, tmp_path):
     root, log = host
     state = systemd_like_systemctl(tmp_path, root, log)
