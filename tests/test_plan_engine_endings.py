@@ -39,6 +39,7 @@ def test_create_failure_does_not_remove_a_directory_it_did_not_make(host, tmp_pa
 
 # 2. --boot kexec on a host without kexec-tools: the load never happened, yet its journal entry cannot be undone;
 #    the CLI error names the cleanup, not the cause, and every later abort fails
+@pytest.mark.slow
 def test_a_missing_kexec_tool_leaves_no_journal_entry_abort_cannot_clear(host, tmp_path):
     root, log = host
     bin_dir = tmp_path / "bin"
@@ -55,6 +56,7 @@ def test_a_missing_kexec_tool_leaves_no_journal_entry_abort_cannot_clear(host, t
 
 
 # 3. an error a boot tool prints on two lines is a two-line error on the CLI
+@pytest.mark.slow
 def test_a_boot_tool_error_on_two_lines_is_one_line_on_the_cli(host, tmp_path):
     root, _ = host
     (tmp_path / "bin" / "kexec").write_text("#!/bin/sh\necho 'Cannot load /boot/vmlinuz' >&2\n"
@@ -64,6 +66,7 @@ def test_a_boot_tool_error_on_two_lines_is_one_line_on_the_cli(host, tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_daemon_reload_error_on_two_lines_is_one_line_on_plan_abort(host, tmp_path):
     root, _ = host
     plan = plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="two")
@@ -76,6 +79,7 @@ def test_a_daemon_reload_error_on_two_lines_is_one_line_on_plan_abort(host, tmp_
 
 
 # 4. abort with the bundle moved away: exit 0, "N run(s) made are kept in <bundle>" although nothing was sealed
+@pytest.mark.slow
 def test_abort_with_the_bundle_gone_does_not_exit_0(host, tmp_path):
     root, _ = host
     plan = start_capture(root, tmp_path)
@@ -88,6 +92,7 @@ def test_abort_with_the_bundle_gone_does_not_exit_0(host, tmp_path):
 
 
 # 5. an ending cut short after a wrong boot: the failed run never reaches the bundle when resume completes it
+@pytest.mark.slow
 def test_an_ending_cut_short_still_records_the_failed_run(host, tmp_path):
     root, _ = host
     plan = start_capture(root, tmp_path)
