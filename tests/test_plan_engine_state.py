@@ -47,6 +47,7 @@ def one_line_exit_2(done, *expected):
     ("status", lambda d: d.update(id="other"), "plan.json: id: 'other' is not the plan's directory 's'"),
     ("abort", lambda d: d.update(bundle="b\nExecStart=/bin/sh"), "plan.json: bundle: "),
 ])
+@pytest.mark.slow
 def test_a_tampered_plan_json_is_one_line_naming_the_file_and_key(host, tmp_path, command, change, expected):
     root, _ = host
     directory = a_plan_booting(root, tmp_path)
@@ -58,6 +59,7 @@ def test_a_tampered_plan_json_is_one_line_naming_the_file_and_key(host, tmp_path
 @pytest.mark.parametrize("name, command", [("plan.json", "status"), ("plan.json", "abort"),
                                            ("host-changes.json", "abort"), ("host-changes.json", "resume"),
                                            ("plan.lock", "abort")])
+@pytest.mark.slow
 def test_a_fifo_or_a_link_as_plan_state_is_refused_without_blocking(host, tmp_path, name, command):
     root, _ = host
     directory = a_plan_booting(root, tmp_path)
@@ -71,6 +73,7 @@ def test_a_fifo_or_a_link_as_plan_state_is_refused_without_blocking(host, tmp_pa
     one_line_exit_2(resume_in_a_new_process(root, command, "--id", "s"), str(target), "link")
 
 
+@pytest.mark.slow
 def test_a_fifo_as_the_only_plan_state_is_a_refused_plan_not_no_plan(host, tmp_path):
     """Without --id the plan is looked up: a plan.json that is not a regular file was skipped, and ``plan status``
     said 'no boot plan on this host' with exit 0 (the fuzz campaign's plan-state family found it)."""
@@ -82,6 +85,7 @@ def test_a_fifo_as_the_only_plan_state_is_a_refused_plan_not_no_plan(host, tmp_p
         one_line_exit_2(resume_in_a_new_process(root, command), f"{directory / 'plan.json'}: a FIFO, not a regular file")
 
 
+@pytest.mark.slow
 def test_a_fifo_as_the_kept_experiment_is_refused_without_blocking(host, tmp_path):
     root, _ = host
     plan = start_capture(root, tmp_path)
@@ -94,6 +98,7 @@ def test_a_fifo_as_the_kept_experiment_is_refused_without_blocking(host, tmp_pat
     assert not (root / UNIT).exists()
 
 
+@pytest.mark.slow
 def test_a_huge_plan_json_is_refused_not_read_whole(host, tmp_path):
     root, _ = host
     directory = a_plan_booting(root, tmp_path)
@@ -103,6 +108,7 @@ def test_a_huge_plan_json_is_refused_not_read_whole(host, tmp_path):
 
 
 # item 11: abort with the journal missing said "unit removed, host changes put back", exit 0, the unit still there
+@pytest.mark.slow
 def test_abort_with_the_journal_missing_removes_the_unit_and_link_it_recognises(host, tmp_path):
     root, log = host
     directory = a_plan_booting(root, tmp_path)
@@ -114,6 +120,7 @@ def test_abort_with_the_journal_missing_removes_the_unit_and_link_it_recognises(
     assert calls(log)[-1] == "systemctl daemon-reload"
 
 
+@pytest.mark.slow
 def test_abort_with_the_journal_broken_removes_what_it_recognises_and_says_what_it_could_not(host, tmp_path):
     root, _ = host
     (root / "boot/grub/custom.cfg").write_text("menuentry 'mine' { }\n")
@@ -127,6 +134,7 @@ def test_abort_with_the_journal_broken_removes_what_it_recognises_and_says_what_
     assert (root / "boot/grub/custom.cfg").read_text() == "menuentry 'mine' { }\n"
 
 
+@pytest.mark.slow
 def test_abort_leaves_a_unit_that_is_not_this_plans_and_says_so(host, tmp_path):
     root, _ = host
     directory = a_plan_booting(root, tmp_path)
@@ -140,6 +148,7 @@ def test_abort_leaves_a_unit_that_is_not_this_plans_and_says_so(host, tmp_path):
     assert os.path.islink(root / LINK)  # it enables that unit now: not ours to remove
 
 
+@pytest.mark.slow
 def test_a_unit_removed_by_hand_with_its_link_left_is_cleaned_up(host, tmp_path):
     root, _ = host
     directory = a_plan_booting(root, tmp_path)
@@ -160,6 +169,7 @@ def test_in_process_cli_main_never_reports_a_ticklab_bug_for_plan_state(host, tm
     assert "plan.json: not a plan's JSON" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_fifo_as_custom_cfg_is_refused_without_blocking(host, tmp_path):
     root, log = host
     os.mkfifo(root / "boot/grub/custom.cfg")
