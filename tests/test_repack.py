@@ -317,6 +317,7 @@ repack.repack(sys.argv[1], step=step)
 
 
 @pytest.mark.parametrize("stop", ["wrote raw/run-000/big.dat", "checked", "swapped"])
+@pytest.mark.slow
 def test_a_kill_at_any_point_leaves_the_old_bundle_or_the_new_never_a_mix(tmp_path, stop):
     path = small_bundle(tmp_path)
     kept = snapshot(path)
