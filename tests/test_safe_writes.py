@@ -258,6 +258,7 @@ def _bench(monkeypatch, keep: Path, before_ingest=lambda argv: None) -> list[lis
 
 
 @pytest.mark.parametrize("kind", [*KINDS, "directory symlink"])
+@pytest.mark.slow
 def test_bench_keep_refuses_what_is_planted_at_its_parquet_directory(tmp_path, outside, monkeypatch, capsys, kind):
     keep = tmp_path / "keep"
     outside.plant(kind, keep / "parquet")
@@ -269,6 +270,7 @@ def test_bench_keep_refuses_what_is_planted_at_its_parquet_directory(tmp_path, o
 
 
 @pytest.mark.parametrize("kind", ["directory symlink", "symlink", "dangling symlink"])
+@pytest.mark.slow
 def test_bench_keep_refuses_a_link_planted_between_its_check_and_ingest(tmp_path, outside, monkeypatch, kind):
     keep = tmp_path / "keep"
     (keep / "parquet").mkdir(parents=True)
@@ -281,6 +283,7 @@ def test_bench_keep_refuses_a_link_planted_between_its_check_and_ingest(tmp_path
     outside.assert_untouched()
 
 
+@pytest.mark.slow
 def test_bench_keep_ingests_into_the_directory_it_opened_even_if_a_link_replaces_its_name(tmp_path, outside,
                                                                                          monkeypatch):
     """ticklab ingest runs in the round's directory, reached by its descriptor: a link put at DIR/parquet after the
@@ -303,6 +306,7 @@ def test_bench_keep_ingests_into_the_directory_it_opened_even_if_a_link_replaces
     outside.assert_untouched()
 
 
+@pytest.mark.slow
 def test_bench_keep_without_anything_planted_writes_its_tables_there(tmp_path, monkeypatch):
     keep = tmp_path / "keep"
     (keep / "parquet").mkdir(parents=True)
@@ -503,7 +507,7 @@ def test_report_never_writes_through_a_file_planted_at_the_markers_old_temporary
 
 
 @pytest.mark.parametrize("kind", RACES)
-@pytest.mark.parametrize("name", ["summary.json", outdir.MARKER])
+@pytest.mark.parametrize("name", [pytest.param("summary.json", marks=pytest.mark.slow), outdir.MARKER])
 def test_report_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch,
                                                                        hollow_notebooks, kind, name):
     out = _report_dir(tmp_path)
