@@ -145,6 +145,7 @@ def test_a_capture_adds_rounds_until_precise_and_records_them(tmp_path):
     assert {o["block"] for o in rounds} == set(range(4, len(blocks) // 2 + 1))
 
 
+@pytest.mark.slow
 def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path):
     manifest = run(write(tmp_path, workload={"tool": "hackbench", "argv": [
         "sh", "-c", 'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"'],
@@ -160,6 +161,7 @@ def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path)
     assert health["stopped"].iloc[0].startswith("run budget spent")
 
 
+@pytest.mark.slow
 def test_fixed_counts_say_why(tmp_path):
     fixed = run(write(tmp_path), tmp_path / "a", runs=2)
     assert fixed["stopping"]["reason"] == "fixed run count (set on the command line)"
