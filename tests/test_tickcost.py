@@ -212,6 +212,7 @@ def test_gapdet_reader_rejects_bad_output_in_one_line(tmp_path):
         read_gapdet(path)
 
 
+@pytest.mark.slow
 def test_the_bundled_nohz_data_gives_every_setup_a_cost_per_tick_or_a_reason():
     """On the committed nohz bundles: each setup and condition has the workload-side rows, each a number or a reason;
     where the sound lost work is a number it is below the old 1 − mean/max (which also counts speed jitter)."""
