@@ -11,7 +11,8 @@ Inputs (each a trace.dat both tools read):
       trace.dat v7 with `trace-cmd restore` (the same events every time it is run; the count varies with the host),
   (c) (b) compressed as trace-cmd compresses by default: `trace-cmd convert --compression zstd`,
   (d) the first --small-events events of (b) (`trace-cmd split -e`), where the CLI's start-up weighs most.
-TRACE arguments replace (a)-(d).
+TRACE arguments replace (a)-(d). After recording, the rounds wait (at most 5 minutes) for the load average to fall
+back to where it was before hackbench.
 
 Each round runs every command on every input once, rotating the order (interleaved, n = --runs rounds):
   ticklab CLI  `ticklab ingest FILE --out DIR` (Parquet tables; process start and imports included)
@@ -251,6 +252,19 @@ def record(directory: Path, events: int, record_once=None) -> tuple[Path, int]:
     return path, found
 
 
+SETTLE_S = 300
+
+
+def settle(before: float) -> None:
+    """The load average, a one-minute moving average, still counts hackbench's hundreds of tasks after recording (36
+    on a 2-core VM): wait until it is back within 0.5 of what it was before, at most SETTLE_S seconds."""
+    deadline = time.monotonic() + SETTLE_S
+    print(f"waiting for the load average to settle (it was {before:.2f} before recording) ...", file=sys.stderr)
+    while os.getloadavg()[0] > before + 0.5 and time.monotonic() < deadline:
+        time.sleep(5)
+    print(f"  load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
+
+
 def first_events(source: Path, events: int, directory: Path) -> Path:
     """The first ``events`` events of ``source`` as a trace.dat of their own (``trace-cmd split -e``, which writes
     <name>.1): real records, sized where the CLI's start-up weighs most."""
@@ -356,6 +370,7 @@ def main() -> int:
             bundled = bundled_largest(work)
             if os.geteuid() != 0:
                 raise SystemExit("ingest_speed: recording a trace needs root (tracefs); pass TRACE files instead")
+            load_before = os.getloadavg()[0]
             print(f"recording up to {args.events:,} events (tracefs, hackbench) ...", file=sys.stderr)
             big, recorded = record(work, args.events)
             if recorded < args.events:
@@ -364,6 +379,7 @@ def main() -> int:
             inputs = {"(a) bundled": bundled, "(b) recorded": big, "(c) recorded, zstd v7": compressed(big, work)}
             if recorded > args.small_events:
                 inputs["(d) (b)'s first events"] = first_events(big, args.small_events, work)
+            settle(load_before)
         sizes = {label: (event_count(path), path.stat().st_size) for label, path in inputs.items()}
         ticklab = shutil.which("ticklab", path=str(Path(sys.executable).parent)) or "ticklab"
         help_times, help_uncached = [], []

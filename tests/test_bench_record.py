@@ -67,6 +67,7 @@ def test_the_benchmark_goes_on_with_the_recorded_count_and_says_so(tmp_path, cap
     monkeypatch.setattr(ingest_speed, "first_events", lambda source, events, directory: small)
     monkeypatch.setattr(ingest_speed, "run", lambda argv, stdout=None, in_directory=None: (1.0, 1.0, 1.0, ""))
     monkeypatch.setattr(ingest_speed.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(ingest_speed, "settle", lambda before: None)  # no hackbench ran: nothing to settle
     which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/trace-cmd" if name == "trace-cmd"
                         else which(name, *a, **k))
