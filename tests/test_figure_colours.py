@@ -130,11 +130,16 @@ def test_the_effects_figure_puts_ratios_on_a_log_axis_centred_on_x1():
     plt.close(fig)
 
 
-def test_each_effect_bar_runs_from_x1_to_its_ratio_so_halving_and_doubling_look_the_same_size():
+def _effects_bars():
+    """The published effects, their figure, its axes and its bars top to bottom."""
     effects = summary.published_effects(paths.published_dir())
     fig = summary.effects_figure(effects)
     [ax] = fig.axes
-    bars = sorted((p for p in ax.patches if isinstance(p, Rectangle)), key=lambda p: p.get_y())
+    return effects, fig, ax, sorted((p for p in ax.patches if isinstance(p, Rectangle)), key=lambda p: p.get_y())
+
+
+def test_each_effect_bar_runs_from_x1_to_its_ratio_so_halving_and_doubling_look_the_same_size():
+    effects, fig, ax, bars = _effects_bars()
     assert len(bars) == len(effects)
     fig.canvas.draw()
     per_log_unit = []
@@ -148,10 +153,7 @@ def test_each_effect_bar_runs_from_x1_to_its_ratio_so_halving_and_doubling_look_
 
 
 def test_the_effects_figure_says_better_or_worse_without_colour():
-    effects = summary.published_effects(paths.published_dir())
-    fig = summary.effects_figure(effects)
-    [ax] = fig.axes
-    bars = sorted((p for p in ax.patches if isinstance(p, Rectangle)), key=lambda p: p.get_y())
+    effects, fig, ax, bars = _effects_bars()
     better = [(r.ratio > 1) == (r.better == "higher") for r in effects.itertuples()]
     assert set(better) == {True, False}  # the bundled data has both, so the test sees both cues
     hatches = {b: {bar.get_hatch() for bar, is_better in zip(bars, better) if is_better == b} for b in (True, False)}
