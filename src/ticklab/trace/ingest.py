@@ -31,7 +31,6 @@ import mmap
 import os
 import re
 import struct
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -524,6 +523,14 @@ def _release(buffer) -> None:
         buffer.madvise(mmap.MADV_DONTNEED)
 
 
+def _temporary_file():
+    """An unlinked temporary file for CPU data beyond IN_MEMORY (tempfile imported only then: with shutil, random,
+    bz2 and lzma behind it, it is ~4 ms of every start)."""
+    import tempfile
+
+    return tempfile.TemporaryFile(prefix="ticklab-trace-")
+
+
 class _Spool:
     """Bytes appended in order (a file object for rawfile.copy_into): in memory up to IN_MEMORY bytes, beyond that in
     an unlinked temporary file, which ``buffer`` maps read-only, so unpacked data costs page cache, not memory that
@@ -534,7 +541,7 @@ class _Spool:
 
     def write(self, data) -> int:
         if not self.spilled and self.size + len(data) > IN_MEMORY:
-            spill = tempfile.TemporaryFile(prefix="ticklab-trace-")
+            spill = _temporary_file()
             spill.write(self.file.getbuffer())
             self.file, self.spilled = spill, True
         written = self.file.write(data)
@@ -1066,7 +1073,7 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
                                f"what ticklab decompresses of a {len(reader.data)}-byte trace.dat (at most "
                                f"{rawfile.UNPACK_RATIO} times its size, {TRACE_DATA_LIMIT} bytes in all)")
     spill = total > IN_MEMORY
-    out = tempfile.TemporaryFile(prefix="ticklab-trace-") if spill else io.BytesIO()
+    out = _temporary_file() if spill else io.BytesIO()
     with out:
         segments, written = [], 0
         for cpu, offset, size, compressed in cpu_data:
