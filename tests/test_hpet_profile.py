@@ -21,6 +21,7 @@ from ticklab.lab import image as guest_image
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import qemu
 from ticklab.lab.cache import LabError
+from ticklab.trace import rawfile
 
 from conftest import REPO
 
@@ -205,7 +206,7 @@ def test_perf_profiles_a_tcg_guest_and_resolves_read_hpet(tmp_path, monkeypatch)
     assert extra["status"] == "ok" and extra["exit_status"] == 0, extra
     directory = bundle_path / "raw" / extra["directory"]
     assert not (directory / "perf.data").exists() and not (directory / "perf.data.xz").exists()
-    report = (directory / "perf-report.txt").read_text()
+    report = rawfile.read_text(directory / "perf-report.txt")  # sealed: xz'd when 64 KiB or more
     assert "of event 'cpu-clock'" in report
     shares = hpet.symbol_shares(report)
     # kernel symbols resolve from the guest's /proc/kallsyms: clock reads go through the system call to read_hpet

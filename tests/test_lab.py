@@ -28,6 +28,7 @@ from ticklab.lab.cache import LabError, content_key
 from ticklab.lab.guest import boot_mismatches, run_job
 from ticklab.lab import kbuild
 from ticklab.lab.run import LabOptions, boot_settings, guest_host_id, host_cpus, lab_run, planning_facts, vcpu_count
+from ticklab.trace import rawfile
 
 from conftest import CLAIM_IDS, REPO, assert_gaps_match_traced_ticks
 
@@ -342,10 +343,10 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
         # our patches' switches are in the running kernel, at their upstream defaults here
         assert record["guest"]["switches"] == {"hpet_read_share": "Y", "pv_kick_ahead": "0", "processor.dummy_wait": "-1"}
         assert record["trace"]["backend"] == "trace-cmd"
-        assert (bundles[0] / "raw" / record["run"] / "trace" / "trace.dat").stat().st_size > 0
+        assert rawfile.locate(bundles[0] / "raw" / record["run"] / "trace" / "trace.dat").stat().st_size > 0  # xz'd
         # FTQ as seed 004's author ran it, inside the guest: SCHED_FIFO, the guest's interrupts and other tasks
         # moved off the measured vCPU; each vCPU thread on its own host CPU where the host has enough
-        header = (bundles[0] / "raw" / record["run"] / "ftq.dat").read_text().splitlines()[:12]
+        header = rawfile.read_text(bundles[0] / "raw" / record["run"] / "ftq.dat").splitlines()[:12]  # sealed: xz'd
         assert "# policy: SCHED_FIFO" in header
         labels = [k["label"] for k in record["knobs"]]
         assert "tasks moved off the measured CPU" in labels and any(label.startswith("IRQ ") for label in labels)
@@ -365,7 +366,7 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
             assert_gaps_match_traced_ticks(bundles[0], gapdet)
         [osnoise] = [e for e in record["extras"] if e["name"] == "osnoise"]
         assert osnoise["status"] == "ok", osnoise
-        assert "Operating System Noise" in (bundles[0] / "raw" / osnoise["directory"] / "stdout.txt").read_text()
+        assert "Operating System Noise" in rawfile.read_text(bundles[0] / "raw" / osnoise["directory"] / "stdout.txt")
     assert not _qemu_processes(temp) and not list(temp.iterdir())
 
 
@@ -420,7 +421,7 @@ def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_a
     for condition, record in runs.items():
         assert record["status"] == "ok" and not record["problem"], record
         assert record["guest"]["nproc"] == 16 and "lab_pvspin=1" in record["guest"]["cmdline"].split()
-        console = (bundles[0] / "raw" / record["run"] / "console.log").read_text()
+        console = rawfile.read_text(bundles[0] / "raw" / record["run"] / "console.log")
         assert "lab_pvspin: PV spinlocks enabled (wait: HLT, kick: NMI IPI)" in console
         assert "NMI received for unknown reason" not in console
     metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
