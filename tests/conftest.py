@@ -172,10 +172,8 @@ MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",
                  # runs ticklab doctor (it mounts tracefs and debugfs, as test_doctor.py does) from an installed wheel
                  "test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project"}
 # The groups that take longest, handed out first (xdist's --no-loadscope-reorder keeps this order) so that the two
-# long ones start at once on different workers and the short modules fill in around them. test_ingest_fast.py is
-# the longest group make check runs (~30 s of its ~70 s of CPU): handed out late it would run on alone at the end.
-LONGEST_FIRST = ["guests", "machine", "test_report.py", "test_new_claim.py", "test_compare.py", "test_tickcost.py",
-                 "test_ingest_fast.py"]
+# long ones start at once on different workers and the short modules fill in around them.
+LONGEST_FIRST = ["guests", "machine", "test_report.py", "test_new_claim.py", "test_compare.py", "test_tickcost.py"]
 
 
 def group_of(nodeid: str) -> str:
