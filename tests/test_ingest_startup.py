@@ -11,7 +11,7 @@ import tracedat
 
 # Nothing an ingest of a plain trace.dat needs: the analysis stack, the other layers, Arrow's compute functions
 # (pyarrow.compute wraps ~280 functions with their docs when imported, ~40 ms; a cast to string imported it), the
-# zstd decompressor, tempfile (only for CPU data beyond 64 MiB unpacked)
+# zstd decompressor, tempfile (only for CPU data beyond 16 MiB unpacked)
 NOT_FOR_INGEST = ("pyarrow.compute", "pyarrow.dataset", "pandas", "scipy", "matplotlib", "ticklab.claims",
                   "ticklab.analysis", "ticklab.report", "ticklab.capture", "ticklab.lab", "ticklab.host", "zstandard",
                   "tempfile")

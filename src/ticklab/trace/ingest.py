@@ -61,7 +61,10 @@ SECTION_COMPRESSED = 1
 FAULT_REGION_SHIFT = 21
 RELEASE_REGIONS = 4
 WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
-IN_MEMORY = 64 << 20  # CPU data unpacked or copied beyond this goes to an unlinked temporary file (see _Spool)
+# CPU data unpacked or copied beyond this goes to an unlinked temporary file, mapped and released as it is read like
+# an uncompressed trace.dat (see _Spool): page cache the kernel can reclaim, not memory the process holds (a 668,627-
+# event zstd trace.dat held 133 MB at 64 MiB, 102 MB at 16)
+IN_MEMORY = 16 << 20
 # All of one trace's CPU data (issue 40): a tracefs capture's cpuN.raw files, plain or unpacked, a trace.dat's CPU
 # data, decompressed or not, or a trace.dat.xz unpacked, is at most TRACE_DATA_LIMIT bytes, and what is compressed
 # decompresses to at most rawfile.UNPACK_RATIO times the compressed file's size. The largest bundled capture holds
@@ -1094,7 +1097,7 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
                                            f"not {offset + 4 + size}: the chunk count or a size is wrong")
             segments.append(_Segment(cpu, start, written - start))
         if not spill:
-            return out.getbuffer().tobytes(), segments
+            return out.getvalue(), segments  # the buffer itself, not a copy (nothing else refers to it)
         out.flush()
         return (mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ) if written else b""), segments
 
