@@ -59,7 +59,7 @@ SECTION_COMPRESSED = 1
 # Python wrote mapped 2 MiB a byte read). A rare event's records lie each in a region of its own, so they are gathered
 # in pieces that enter at most RELEASE_REGIONS new 2 MiB regions, the trace's memory released after each.
 FAULT_REGION_SHIFT = 21
-RELEASE_REGIONS = 4
+RELEASE_REGIONS = 2
 WALK_BYTES = 8 << 20  # pages walked between releases of a mapped trace's memory
 # CPU data unpacked or copied beyond this goes to an unlinked temporary file, mapped and released as it is read like
 # an uncompressed trace.dat (see _Spool): page cache the kernel can reclaim, not memory the process holds (a 668,627-
@@ -185,20 +185,22 @@ class EventFormats(Mapping):
     """Event formats by id, each parsed on first use (a trace-cmd restore file carries ~2,300; a trace uses few)."""
 
     def __init__(self) -> None:
-        self._texts: dict[int, tuple[str, str, str]] = {}
+        self._texts: dict[int, tuple[str | Callable[[], str], str, str]] = {}
         self._parsed: dict[int, EventFormat] = {}
 
-    def add_text(self, text: str, system: str, source: str) -> None:
+    def add_text(self, text: str, system: str, source: str, again: Callable[[], str] | None = None) -> None:
+        """One format's text; ``again`` reads it again when it is parsed, so the text is not kept (a trace.dat's
+        ~2,300 formats are ~2 MB of text, of which a trace uses a few)."""
         ident = ID_LINE.search(text)
         if not ident:
             raise TraceFormatError(f"{source}: not an event format (no name/ID line)")
-        self._texts[int(ident.group(1))] = (text, system, source)
+        self._texts[int(ident.group(1))] = (again or text, system, source)
         self._parsed.pop(int(ident.group(1)), None)
 
     def __getitem__(self, type_id: int) -> EventFormat:
         if type_id not in self._parsed:
             text, system, source = self._texts[type_id]
-            self._parsed[type_id] = parse_event_format(text, system, source)
+            self._parsed[type_id] = parse_event_format(text() if callable(text) else text, system, source)
         return self._parsed[type_id]
 
     def __iter__(self) -> Iterator[int]:
@@ -792,18 +794,27 @@ def _read_header_info(reader: _Reader) -> str:
 
 def _read_ftrace_formats(reader: _Reader, formats: EventFormats) -> None:
     for _ in range(reader.u32()):
-        size = reader.u64()
-        start = reader.position
-        formats.add_text(reader.text(reader.take(size), start), "ftrace", f"{reader.source} (byte {start})")
+        _add_format(reader, reader.u64(), "ftrace", formats)
 
 
 def _read_event_formats(reader: _Reader, formats: EventFormats) -> None:
     for _ in range(reader.u32()):
         system = reader.string()
         for _ in range(reader.u32()):
-            size = reader.u64()
-            start = reader.position
-            formats.add_text(reader.text(reader.take(size), start), system, f"{reader.source} (byte {start})")
+            _add_format(reader, reader.u64(), system, formats)
+
+
+def _add_format(reader: _Reader, size: int, system: str, formats: EventFormats) -> None:
+    """The format text of ``size`` bytes at the reader, checked now (UTF-8, an ID line) and read again from the
+    file's bytes when it is parsed."""
+    start = reader.position
+    text = reader.text(reader.take(size), start)
+    formats.add_text(text, system, f"{reader.source} (byte {start})",
+                     again=functools.partial(_decoded, reader.data, start, size))
+
+
+def _decoded(data, start: int, size: int) -> str:
+    return bytes(data[start:start + size]).decode()
 
 
 def _read_bytes(path: Path, limit: int = rawfile.RAW_FILE_LIMIT) -> bytes:
@@ -1163,6 +1174,7 @@ def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
         with OwnedDir(out_dir) as out:
             for name in names.values():
                 out.check_replaceable(name)
+            _give_back_freed_memory()  # what reading the trace freed, before the tables need theirs
             for key, name in names.items():
                 with out.replacing(name) as handle:
                     _write_table(trace, key, name, handle)
@@ -1172,6 +1184,14 @@ def write_tables(trace: Trace, out_dir: Path | str) -> list[Path]:
     except OSError as exc:
         raise TraceFormatError(f"{out_dir}: cannot write the tables ({exc.strerror or exc})") from None
     return written
+
+
+def _give_back_freed_memory() -> None:
+    """Ask the allocator Arrow uses to return what is freed (malloc_trim for the C library's: it keeps freed blocks
+    for reuse, ~4 MB of them after reading a 600,000-event trace)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 # Parquet key-value metadata of a table that leaves a field of the event's format out: {field: why}, as JSON
@@ -1211,7 +1231,7 @@ def _write_table(trace: Trace, key: str, name: str, handle) -> None:
             unreleased += table.num_rows
             table = None
             if unreleased >= RELEASE_ROWS:  # the allocator keeps encoding buffers otherwise
-                pa.default_memory_pool().release_unused()
+                _give_back_freed_memory()
                 unreleased = 0
         done, writer = writer, None
         if done is not None:
