@@ -532,8 +532,8 @@ def _release(buffer) -> None:
 
 
 def _temporary_file():
-    """An unlinked temporary file for CPU data beyond IN_MEMORY (tempfile imported only then: with shutil, random,
-    bz2 and lzma behind it, it is ~4 ms of every start)."""
+    """An unlinked temporary file for CPU data beyond IN_MEMORY (tempfile, and random behind it, imported only then:
+    an ingest of a plain trace.dat needs neither)."""
     import tempfile
 
     return tempfile.TemporaryFile(prefix="ticklab-trace-")
