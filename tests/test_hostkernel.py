@@ -321,6 +321,32 @@ def test_a_mount_point_that_is_not_empty_is_refused_before_anything_is_mounted(i
     assert not log.exists() or not any(line.startswith("mount") for line in log.read_text().splitlines())
 
 
+def test_a_dev_holding_debootstraps_static_nodes_is_mounted_on_but_a_dev_symlink_is_refused(image_root, tmp_path,
+                                                                                         monkeypatch):
+    """A debootstrapped root at rest has /dev/null, /dev/console… in its /dev (the lab host image's had): the bind
+    mount covers them for update-initramfs, as devtmpfs does at boot. A /dev that is a link is refused."""
+    log = tmp_path / "argv.log"
+    fake_tools(tmp_path / "bin", log)
+    for name in ("chroot", "mount", "umount"):  # recorded, not run: the real ones need root and a real system
+        tool = tmp_path / "bin" / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    (image_root / "dev").rename(tmp_path / "real-dev")
+    (image_root / "dev").symlink_to(tmp_path / "real-dev")
+    plan = plan_host_kernel(image_root, source=fake_tree(tmp_path), work=tmp_path / "work")
+    plan.build_steps = []
+    with pytest.raises(HostKernelError, match=r"image/dev: not a directory to mount dev on for the chroot"):
+        build_and_install(plan, image_root, say=lambda _: None)
+    assert not log.exists() or not any(line.startswith("mount") for line in log.read_text().splitlines())
+    (image_root / "dev").unlink()
+    (tmp_path / "real-dev").rename(image_root / "dev")
+    (image_root / "dev/null").write_text("")
+    build_and_install(plan, image_root, say=lambda _: None)
+    mounts = [line for line in log.read_text().splitlines() if line.startswith("mount")]
+    assert any(line.endswith(str(image_root / "dev")) for line in mounts), mounts
+
+
 def test_an_interrupted_compile_resumes_and_a_build_cut_before_its_config_is_refused(image_root, tmp_path, monkeypatch):
     """A compile stopped half-way (Ctrl-C, a reboot) resumes with make, which is incremental; a tree cut before its
     config was made is refused, naming it."""

@@ -440,18 +440,29 @@ def _is_compile(argv: list[str]) -> bool:
 CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sysfs", "sys", ["-t", "sysfs"]), ("/dev", "dev", ["--bind"]))
 
 
+def _check_mount_points(root: Path) -> None:
+    """Every mount point :func:`_system_mounts` uses, checked before any is mounted (and before anything is
+    installed: a refusal there leaves no half-installed kernel)."""
+    for _source, relative, _options in CHROOT_MOUNTS:
+        target = root / relative
+        if target.is_symlink() or not target.is_dir():
+            raise HostKernelError(f"{target}: not a directory to mount {relative} on for the chroot")
+        if relative != "dev" and any(target.iterdir()):
+            raise HostKernelError(f"{target}: not an empty directory to mount {relative} on for the chroot")
+
+
 @contextlib.contextmanager
 def _system_mounts(root: Path, log):
     """/proc, /sys and /dev inside a system at rest for its update-initramfs, unmounted again whatever happens (in
-    reverse order; a running system needs none). Only mount points that are empty directories of that root are
-    used: nothing there is hidden."""
+    reverse order; a running system needs none). /proc and /sys must be empty directories of that root; /dev must be a
+    directory, and may hold the static nodes debootstrap makes (null, zero, console…), which a booted system's
+    devtmpfs covers too: the bind mount hides them only for the step, and nothing under them is written."""
     mounted = []
     try:
         if not is_live(root):
+            _check_mount_points(root)
             for source, relative, options in CHROOT_MOUNTS:
                 target = root / relative
-                if target.is_symlink() or not target.is_dir() or any(target.iterdir()):
-                    raise HostKernelError(f"{target}: not an empty directory to mount {relative} on for the chroot")
                 _step(["mount", *options, source, str(target)], log, dies_with_ticklab=False)
                 mounted.append(target)
         yield
@@ -503,6 +514,8 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
     if not cached and not prepared and plan.source.is_file() and (work / "linux").exists():
         raise HostKernelError(f"{work / 'linux'}: left by a build interrupted before its config was made; remove it "
                               "to build again")
+    if not is_live(root) and any(argv[0] == "chroot" for argv in plan.install_steps):
+        _check_mount_points(root)  # before an hour of compiling, not after it
     work.mkdir(parents=True, exist_ok=True)
     before = _boot_digests(root)
     log_path = work / "build.log"
