@@ -18,7 +18,7 @@ def _report(args: argparse.Namespace) -> int:
     from .report.build import run_report
 
     return run_report(args.out, data_dir=args.data_dir, published_dir=args.published_dir, only=args.only,
-                      cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout)
+                      cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout, jobs=args.jobs)
 
 
 def _verify_published(args: argparse.Namespace) -> int:
@@ -548,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (e.g. 03-hrtick)")
     report.add_argument("--cell-timeout", type=_whole(1, 86400), default=600, help="seconds one cell may run (default 600)")
     report.add_argument("--notebook-timeout", type=_whole(1, 7 * 86400), default=1800, help="seconds one notebook may run (default 1800)")
+    report.add_argument("--jobs", type=_whole(1, 64), default=None,
+                        help="claims' notebooks run at once (default: one per CPU this process may use)")
     report.set_defaults(func=_report)
 
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")

@@ -18,7 +18,9 @@ class DependencyError(ImportError):
 # Validation is never silently off: without jsonschema >= 4 (Draft 2020-12) this module does not import (the lab
 # guest's image carries it too, runners/vm/image.yaml).
 try:
-    import jsonschema
+    from .importcost import import_jsonschema
+
+    jsonschema = import_jsonschema()
     import jsonschema.exceptions
 except ImportError as exc:
     raise DependencyError(f"ticklab needs jsonschema >= 4 to validate what it reads ({exc}); install it: "

@@ -52,6 +52,29 @@ def markdown_table(frame: pd.DataFrame, *, index: bool) -> str:
     return shown.to_markdown(index=keep_index, disable_numparse=True)
 
 
+def plt_rc(name: str):
+    import matplotlib
+
+    return matplotlib.rcParams[name]
+
+
+def _show_in_notebook(fig, png: bytes) -> None:
+    """In a notebook's kernel, the PNG just written is what the cell shows, and the figure is closed: the inline
+    backend would otherwise draw it twice more at the cell's end (once to find its tight box, once to render)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    display(Image(data=png, format="png"))
+    plt.close(fig)
+
+
 class Outputs:
     """One claim's output writer; notebooks create one and hand it figures, tables and verdicts."""
 
@@ -79,14 +102,18 @@ class Outputs:
 
     def figure(self, name: str, fig, *, caption: str, sources: Sequence[Path | str]) -> Path:
         relative = f"figures/{self.claim}/{name}"
-        written = {}
+        # savefig's bbox_inches="tight" lays the figure out once more for every file; laid out once here, the same
+        # box (in inches, so the same at any dpi) serves both files.
+        box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(plt_rc("savefig.pad_inches"))
+        written, images = {}, {}
         for form, options in (("png", {"dpi": 120}), ("svg", {})):
             image = io.BytesIO()
-            fig.savefig(image, format=form, bbox_inches="tight", **options)
-            written[form] = self._write(f"{relative}.{form}", image.getvalue())
-        png = written["png"]
+            fig.savefig(image, format=form, bbox_inches=box, **options)
+            images[form] = image.getvalue()
+            written[form] = self._write(f"{relative}.{form}", images[form])
         self._sidecar(relative + ".png", "figure", caption, sources)
-        return png
+        _show_in_notebook(fig, images["png"])
+        return written["png"]
 
     def table(self, name: str, frame: pd.DataFrame, *, caption: str, sources: Sequence[Path | str]) -> Path:
         if frame.empty:

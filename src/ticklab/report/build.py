@@ -1,5 +1,5 @@
-"""`make reproduce` / `ticklab report`: run every notebook with papermill, each in its own process,
-then check and assemble the output contract (docs/ARCHITECTURE.md, "6. Report output contract"):
+"""`make reproduce` / `ticklab report`: run every notebook with papermill, each in its own process (the claims'
+notebooks side by side, one per CPU by default, then the summary, which reads what they wrote), then check and assemble the output contract (docs/ARCHITECTURE.md, "6. Report output contract"):
 
     <out>/notebooks/*.ipynb            executed notebooks
     <out>/report/index.html            offline report (+ report/notebooks/*.html)
@@ -14,18 +14,24 @@ name cleared for it first (a regular file of ours removed, anything else refused
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
+import os
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import jinja2
-import nbformat
-import pandas as pd
-from nbconvert import HTMLExporter
+from ..importcost import import_jsonschema
+
+import_jsonschema()  # before nbformat imports it: 2.4 s less (importcost)
+
+import jinja2  # noqa: E402
+import nbformat  # noqa: E402
+import pandas as pd  # noqa: E402
+from nbconvert import HTMLExporter  # noqa: E402
 
 from ..analysis.captured import bundle_health
 from ..analysis.forest import FOREST
@@ -100,7 +106,7 @@ def _failing_cell(executed: Path) -> str | None:
 
 def run_notebook(notebook: Path, executed: Path, parameters: dict, *, cell_timeout: int, notebook_timeout: int,
                  claim: str) -> NotebookResult:
-    command = [sys.executable, "-m", "papermill", str(notebook), str(executed), "-k", "python3", "--engine", "ticklab",
+    command = [sys.executable, "-m", "ticklab.report.papermill_main", str(notebook), str(executed), "-k", "python3", "--engine", "ticklab",
                "--execution-timeout", str(cell_timeout), "--no-progress-bar", "--log-level", "WARNING",
                "-y", json.dumps(parameters)]
     start = time.monotonic()
@@ -224,9 +230,30 @@ def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.Da
     return _write(output_dir, "report/index.html", page)
 
 
+def _last_durations(output_dir: Path) -> dict[str, float]:
+    """Seconds each notebook took in the last report written here (its summary.json), where there is one."""
+    path = output_dir / "summary.json"
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:  # only a plain file of ours
+            return {}
+        notebooks = json.loads(path.read_text())["notebooks"]
+        return {str(n["notebook"]): float(n["duration_s"]) for n in notebooks}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def default_jobs() -> int:
+    """Notebooks run at once by default: one per CPU this process may use (each is one busy Python process)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: Path | str,
                only: list[str] | None = None, cell_timeout: int = 600, notebook_timeout: int = 1800,
-               parameters: dict | None = None, notebook_dir: Path | None = None, log=print) -> int:
+               parameters: dict | None = None, notebook_dir: Path | None = None, jobs: int | None = None,
+               log=print) -> int:
     """Run the notebooks and assemble the report. Returns the process exit code (0: all good)."""
     output_dir = Path(output_dir).resolve()
     order = [c.notebook for c in all_claims()] + [SUMMARY_NOTEBOOK]
@@ -245,6 +272,7 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         return 2
     # A full run starts clean, so stale outputs can never satisfy the checks; only files an earlier
     # report wrote are removed (outdir.py), and a directory of someone else's is refused.
+    last_durations = _last_durations(output_dir)  # read before a full run clears what the last one wrote
     try:
         foreign = outdir.claim(output_dir, replace=not only)
     except outdir.OutputDirError as exc:
@@ -254,7 +282,8 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
     try:
         code = _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
                               cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, parameters=parameters,
-                              notebook_dir=notebook_dir, only=only, log=log,
+                              notebook_dir=notebook_dir, only=only, jobs=jobs, log=log,
+                              last_durations=last_durations,
                               progress=lambda: outdir.progress(output_dir, foreign))
     except (UnsafeFileError, outdir.OutputDirError) as exc:  # a file it would not write through: one line
         log(f"error: {exc}")
@@ -268,36 +297,60 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
 
 
 def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_dir, published_dir, cell_timeout,
-                   notebook_timeout, parameters, notebook_dir, only, log, progress=lambda: None) -> int:
+                   notebook_timeout, parameters, notebook_dir, only, log, jobs=None, last_durations=None,
+                   progress=lambda: None) -> int:
     with OwnedDir(output_dir) as owned:
         for sub in ("notebooks", "report/notebooks"):
             owned.mkdirs(sub)
 
     params = {"data_dir": str(Path(data_dir).resolve()), "published_dir": str(Path(published_dir).resolve()),
               "output_dir": str(output_dir), **(parameters or {})}
-    results = []
     ran = [claim_of[n] for n in order if claim_of[n] != SUMMARY]
-    for position, name in enumerate(order, 1):
-        claim = claim_of[name]
-        log(f"[{position}/{len(order)}] {name} …")
-        executed = output_dir / "notebooks" / name
-        # a summary of a partial run covers the claims that ran, not stale outputs of others
-        extra = {"claims": ",".join(ran)} if name == SUMMARY_NOTEBOOK and only else {}
+    for name in order:
         with OwnedDir(output_dir) as owned:  # papermill writes it in place: only where nothing is
             owned.check_replaceable(f"notebooks/{name}")
             owned.remove(f"notebooks/{name}", missing_ok=True)
-        result = run_notebook((notebook_dir or notebooks_dir()) / name, executed, {**params, **extra},
-                              cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, claim=claim)
+
+    def run(name: str) -> NotebookResult:
+        claim = claim_of[name]
+        # a summary of a partial run covers the claims that ran, not stale outputs of others
+        extra = {"claims": ",".join(ran)} if name == SUMMARY_NOTEBOOK and only else {}
+        return run_notebook((notebook_dir or notebooks_dir()) / name, output_dir / "notebooks" / name,
+                            {**params, **extra}, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
+                            claim=claim)
+
+    def finish(result: NotebookResult, position: int) -> NotebookResult:
+        claim, name = result.claim, result.notebook
         if result.status == "ok":
             problems = output_problems(output_dir, claim)
             if problems:
                 result.status, result.error = "missing outputs", "; ".join(problems)
         result.outputs = written_outputs(output_dir, claim)
+        executed = output_dir / "notebooks" / name
         if executed.is_file():
             _export_html(executed, output_dir, f"report/notebooks/{name.replace('.ipynb', '.html')}")
-        log(f"    {result.status} in {result.duration_s:.1f} s" + (f": {result.error}" if result.error else ""))
-        results.append(result)
+        log(f"[{position}/{len(order)}] {name} {result.status} in {result.duration_s:.1f} s"
+            + (f": {result.error}" if result.error else ""))
         progress()
+        return result
+
+    # The claims' notebooks are independent (each reads bundles and writes its own outputs): they run side by side,
+    # a process each; the summary reads what they wrote, so it runs after them.
+    # the longest first (by the last run's seconds), so the slowest notebook is not the one left running alone
+    claim_notebooks = sorted((n for n in order if n != SUMMARY_NOTEBOOK),
+                             key=lambda n: -(last_durations or {}).get(n, 0.0))
+    workers = max(1, min(jobs or default_jobs(), len(claim_notebooks) or 1))
+    if claim_notebooks:
+        log(f"running {len(claim_notebooks)} notebook(s), {workers} at a time: {', '.join(claim_notebooks)}")
+    by_name: dict[str, NotebookResult] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = {pool.submit(run, name): name for name in claim_notebooks}
+        for done in concurrent.futures.as_completed(pending):
+            by_name[pending[done]] = finish(done.result(), len(by_name) + 1)
+    if SUMMARY_NOTEBOOK in order:
+        log(f"running {SUMMARY_NOTEBOOK} (reads what the claims' notebooks wrote)")
+        by_name[SUMMARY_NOTEBOOK] = finish(run(SUMMARY_NOTEBOOK), len(by_name) + 1)
+    results = [by_name[name] for name in order]
 
     verdicts = checks = None
     aggregate = SUMMARY_NOTEBOOK in order  # only a run with the summary writes verdicts.csv and checks.csv
