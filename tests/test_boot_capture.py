@@ -3,7 +3,9 @@ their argv, a "reboot" is the test writing a new boot_id, release and /proc/cmdl
 with the plan's order, each `ticklab plan resume` (a new process, as the unit runs it) makes the booted run into
 the bundle with the boot it verified, a wrong boot is a failed run, and the bundle is sealed when the plan ends."""
 
+import hashlib
 import json
+import lzma
 import stat
 import subprocess
 import sys
@@ -71,6 +73,13 @@ def planned_runs_made_short_of_a_goal(root, tmp_path):
 def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host, tmp_path):
     root, log = host
     (root / f"boot/config-{RELEASE}").write_text("CONFIG_HZ_300=y\nCONFIG_HZ=300\n")  # the booted kernel's, read at each run
+    # what `kernel build --host` installs beside a kernel it built (hostkernel.write_build_record)
+    build_log = b"  CC      kernel/time/clocksource.o\n"
+    (root / f"lib/modules/{RELEASE}").mkdir(parents=True)
+    (root / f"lib/modules/{RELEASE}/ticklab-build.log.xz").write_bytes(lzma.compress(build_log))
+    build_record = {"built_by": "ticklab kernel build --host", "release": RELEASE, "config_sha256": "c" * 64,
+                    "build_log": "ticklab-build.log.xz", "build_log_sha256": hashlib.sha256(build_log).hexdigest()}
+    (root / f"lib/modules/{RELEASE}/ticklab-build.json").write_text(json.dumps(build_record))
     plan = start_capture(root, tmp_path)
     bundle_path = tmp_path / "traces" / "fake-boots" / "nohz"
     [bundle_path] = list(bundle_path.iterdir())
@@ -97,6 +106,11 @@ def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host,
         assert record["boot"]["kernel_release"] == RELEASE
         # what the run's checks hold the tick rate against, and the clock its workload read (issue 44)
         assert (record["boot"]["hz"], record["boot"]["clocksource"]) == (300, "tsc")
+        # the kernel's build record and its log, in the bundle (issue 39)
+        kernel_build = record["boot"]["kernel_build"]
+        assert {k: kernel_build[k] for k in build_record} == build_record and kernel_build["build_log_matches"]
+        assert kernel_build["build_log_in_bundle"] == f"raw/{record['run']}/kernel-build.log"
+        assert (bundle_path / kernel_build["build_log_in_bundle"]).read_bytes() == build_log
     assert "BOOT_IMAGE=" not in plan.runs[0].cmdline and "quiet" in plan.runs[0].cmdline.split()
     results = pd.read_csv(bundle_path / "results.csv")
     assert sorted(results.groupby("condition").size().items()) == [("nohz-full", 2), ("tick-on", 2)]

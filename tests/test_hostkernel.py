@@ -2,7 +2,10 @@
 root with fake build tools, the guard on the default boot entry. A real host kernel build is not run here (> 1 h)."""
 
 import gzip
+import hashlib
 import io
+import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_fake_host
+from ticklab.host import facts
 from ticklab.hostkernel import HostKernelError, build_and_install, plan_host_kernel
 
 DEBIAN_SOURCE = Path("/usr/src/linux-source-6.12.tar.xz")
@@ -298,10 +302,20 @@ def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_r
                          f"umount {image_root}/dev", f"umount {image_root}/sys", f"umount {image_root}/proc"], calls
     assert (image_root / f"boot/vmlinuz-{release}").read_bytes() == b"kernel"
     assert (image_root / "boot/grub/grub.cfg").read_text() == "set default=0\n"
+    # beside its modules, what made the kernel: a capture on it records this (facts.kernel_build)
+    record = json.loads((image_root / f"lib/modules/{release}/ticklab-build.json").read_text())
+    log_text = lzma.decompress((image_root / f"lib/modules/{release}/ticklab-build.log.xz").read_bytes())
+    assert record["release"] == release and record["built_by"] == "ticklab kernel build --host"
+    assert record["config_sha256"] == hashlib.sha256((image_root / f"boot/config-{release}").read_bytes()).hexdigest()
+    assert record["build_log_sha256"] == hashlib.sha256(log_text).hexdigest() and log_text
+    assert record["patches"] == [{"name": c.path.name, "sha256": hashlib.sha256(c.path.read_bytes()).hexdigest()}
+                                 for c in plan.patches if c.applies]
+    assert facts.kernel_build(image_root, release) == record
     # a second system (another copy of the image) gets the same build, not a second compile
     second = tmp_path / "second"
     shutil.copytree(image_root, second)
     (second / f"boot/vmlinuz-{release}").unlink()
+    shutil.rmtree(second / f"lib/modules/{release}")
     log.write_text("")
     assert build_and_install(plan_host_kernel(second, source=fake_tree(tmp_path / "t2"), work=tmp_path / "work"),
                              second, say=said.append) == release

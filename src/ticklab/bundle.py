@@ -245,6 +245,12 @@ class BundleWriter:
         self._write(lambda: self.files.mkdir_new(Path("raw") / run))
         return self.path / "raw" / run
 
+    def add_run_file(self, run: str, name: str, data: bytes) -> str:
+        """A new file in a made run's raw/<run>/ (never over one there); its path inside the bundle."""
+        relative = Path("raw") / run / name
+        self._write(lambda: self.files.write_new(relative, data))
+        return str(relative)
+
     def add_run(self, record: dict | RunRecord, results: list[dict]) -> None:
         """Record one finished run and its tidy results; the manifest on disk stays current. The rows are appended
         whole or not at all (a full disk leaves results.csv as it was, and the run unrecorded)."""

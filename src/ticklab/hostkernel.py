@@ -50,6 +50,8 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import json
+import lzma
 import os
 import re
 import subprocess
@@ -59,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .capture.process import kill_group, spawn
+from . import __version__
 from .paths import repo_root
 
 
@@ -498,6 +501,49 @@ def _step(argv: list[str], log, *, dies_with_ticklab: bool) -> None:
         raise HostKernelError(f"{log.name}: '{shown(argv)[:120]}' exited {returncode}")
 
 
+BUILD_RECORD = "ticklab-build.json"  # in /lib/modules/<release>/, the directory modules_install just made
+BUILD_LOG = "ticklab-build.log.xz"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _create(path: Path, data: bytes) -> None:
+    """A new file (never through a link, never over an existing file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as stream:
+        stream.write(data)
+
+
+def write_build_record(plan: HostKernelPlan, root: Path, log_path: Path) -> dict:
+    """What made this kernel, beside its modules: the source, the patches applied, the config's digest, the build's
+    log (xz) and its digest. A capture that runs on the kernel records it (facts.kernel_build), so a bundle says which
+    build it ran on."""
+    modules_dir = root / "lib/modules" / plan.release
+    if modules_dir.is_symlink() or (modules_dir.exists() and not modules_dir.is_dir()):
+        raise HostKernelError(f"{modules_dir}: not the directory modules_install made; no build record written")
+    modules_dir.mkdir(parents=True, exist_ok=True)  # the release is this build's own name (a kernel without modules)
+    config = root / "boot" / f"config-{plan.release}"
+    log_bytes = log_path.read_bytes()
+    record = {
+        "built_by": "ticklab kernel build --host", "ticklab_version": __version__, "release": plan.release,
+        "source": str(plan.source), "source_version": plan.source_version,
+        "patches": [{"name": c.path.name, "sha256": _sha256(c.path)} for c in plan.patches if c.applies],
+        "config_source": plan.config_source, "config_sha256": _sha256(config) if config.is_file() else None,
+        "localmodconfig": plan.localmodconfig, "modules_kept": plan.module_count,
+        "build_log": BUILD_LOG, "build_log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+        "build_log_bytes": len(log_bytes),
+    }
+    _create(modules_dir / BUILD_LOG, lzma.compress(log_bytes, preset=6))
+    _create(modules_dir / BUILD_RECORD, (json.dumps(record, indent=2) + "\n").encode())
+    return record
+
+
 def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -> str:
     """Build and install; returns the new release. Refuses to overwrite an installed release; checks afterwards
     that grub.cfg and grubenv (the default boot entry) are byte for byte what they were."""
@@ -541,6 +587,7 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
         for argv in plan.install_steps:
             with _system_mounts(root, log) if argv[0] == "chroot" else contextlib.nullcontext():
                 _step(argv, log, dies_with_ticklab=False)
+    write_build_record(plan, root, log_path)
     changed = [path for path, digest in _boot_digests(root).items() if digest != before[path]]
     if changed:
         raise HostKernelError(f"{changed[0]}: changed while installing {plan.release} (a distribution hook?); "

@@ -20,6 +20,8 @@ plan's creation across reboots); when it does not, or the plan stops or is abort
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import lzma
 import re
 import time
 from dataclasses import asdict
@@ -242,9 +244,25 @@ class BootCapture(plan_engine.RunMaker):
         # as a lab run's boot names its kernel; with the booted kernel's HZ and clocksource, which the run's checks
         # need (the bundle's host facts describe the kernel the plan was made on, not necessarily this one)
         record.details["boot"] = {**boot, "kernel_release": boot["release"], "hz": here["kernel_config"]["hz"],
-                                  "clocksource": here["clocksources"]["current"]}
+                                  "clocksource": here["clocksources"]["current"],
+                                  "kernel_build": self._kernel_build(writer, run.name, here.get("kernel_build"))}
         writer.flush()
         return record.to_json()
+
+    def _kernel_build(self, writer, run: str, record: dict | None) -> dict | None:
+        """The booted kernel's build record (facts.kernel_build), its build log copied into the run's raw files
+        (sealed and compressed with them) and named there; None for a kernel ticklab did not build."""
+        if record is None:
+            return None
+        log = self.root / "lib/modules" / record.get("release", "") / str(record.get("build_log", ""))
+        try:
+            if log.is_symlink() or not log.is_file() or log.name != "ticklab-build.log.xz":
+                raise OSError("not the build log a ticklab install writes")
+            text = lzma.decompress(log.read_bytes())
+        except (OSError, lzma.LZMAError) as exc:
+            return {**record, "build_log_in_bundle": None, "build_log_problem": f"{log}: {exc}"}
+        return {**record, "build_log_in_bundle": writer.add_run_file(run, "kernel-build.log", text),
+                "build_log_matches": hashlib.sha256(text).hexdigest() == record.get("build_log_sha256")}
 
     def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
         writer = self._writer_unless_sealed()

@@ -7,9 +7,11 @@ Nothing here writes; privileged writes live in :mod:`ticklab.host.knobs`.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -157,6 +159,24 @@ def kernel_hz(root: Path, release: str) -> dict:
     return {"hz": None, "source": None, "config": {}}
 
 
+KERNEL_BUILD_RECORD = "ticklab-build.json"  # hostkernel.BUILD_RECORD: what `ticklab kernel build --host` installed
+
+
+def kernel_build(root: Path, release: str) -> dict | None:
+    """The record `ticklab kernel build --host` installed beside this kernel's modules (source, patches, config and
+    build log digests), or None for a kernel it did not build. Read only from a plain file of root (or of this user)
+    that no one else may write."""
+    path = root / "lib/modules" / release / KERNEL_BUILD_RECORD
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022 or info.st_size > 1 << 16:
+            return None
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def tracefs_mount(root: Path) -> Path | None:
     """Where tracefs is mounted (its 'trace' file is present), if anywhere."""
     for candidate in TRACEFS_MOUNTS:
@@ -194,6 +214,7 @@ def collect(root: Path | str = "/") -> dict:
         "cpuidle": cpuidle(root),
         "sched_features": sched_features(root),
         "kernel_config": kernel_hz(root, release),
+        "kernel_build": kernel_build(root, release),
         "tracefs": str(tracefs) if tracefs else None,
         "tracers": (read_text(tracefs / "available_tracers") or "").split() if tracefs else [],
     }
