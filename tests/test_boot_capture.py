@@ -378,3 +378,24 @@ def test_a_host_without_acpi_idle_is_refused_before_any_reboot_even_without_the_
     assert sealed["status"] == "sealed" and "haltpoll" in sealed["not_testable"] and sealed["runs"] == []
     assert not (root / "var/lib/ticklab/plans").exists() or not any((root / "var/lib/ticklab/plans").iterdir())
     assert calls(log) == []  # no kexec, no systemctl: nothing was booted
+
+
+def test_a_condition_whose_kernel_is_not_installed_names_the_kernel_build_command_in_one_line(host, tmp_path):
+    """Before any plan or bundle: the patterns no installed kernel matches, their conditions, and the exact command
+    the experiment's kernel_builds gives (issue 39 item 3)."""
+    root, _ = host
+    wanted = "6.12.*-ticklab-ffffffff"
+    text = (EXPERIMENT.replace('kernel: running, boot: "-nohz_full"', f'kernel: "{wanted}", boot: "-nohz_full"')
+            .replace('kernel: running, boot: "nohz_full', 'kernel: "7.2.*", boot: "nohz_full')
+            .replace("knobs:", f'kernel_builds:\n  - {{kernel: "{wanted}", series: "6.12", localmodconfig: true}}\n'
+                               "knobs:", 1))
+    done = capture_in_a_new_process(root, tmp_path, text=text)
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"ticklab capture: {tmp_path / 'host-boot-echo.yaml'}: no installed kernel matches "
+                           "'6.12.*-ticklab-ffffffff' (conditions tick-on); build it: ticklab kernel build --host --source "
+                           "/usr/src/linux-source-6.12.tar.xz --localmodconfig; no installed kernel matches '7.2.*' "
+                           "(conditions nohz-full); build one with 'ticklab kernel build --host'"), line
+    installed = ", ".join(sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*")))
+    assert line.endswith(f"(installed in {root / 'boot'}: {installed})") and RELEASE in installed
+    assert not (tmp_path / "traces").exists() and not (root / "var/lib/ticklab/plans").exists()

@@ -199,6 +199,11 @@ EXPERIMENT = {
                                                                        # raw/<run>/<name>/trace (per_run extras only)
                                                                        "traced": {"type": "boolean"}}}},
         "notes": {"type": ["string", "null"]},
+        "kernel_builds": {"type": "array", "items": {
+            "type": "object", "required": ["kernel", "series"], "additionalProperties": False,
+            "properties": {"kernel": {"type": "string", "minLength": 1, "maxLength": 100},
+                           "series": {"type": "string", "pattern": r"^[0-9]+\.[0-9]+$"},
+                           "localmodconfig": {"type": "boolean"}}}},
         "lab": {"type": ["object", "null"], "properties": {
             "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},
             "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},

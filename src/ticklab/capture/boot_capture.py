@@ -60,6 +60,35 @@ def resolve_kernel(value: str, root: Path, source: str) -> str:
     return matches[0]
 
 
+def kernel_build_command(build: dict) -> str:
+    """The user's command that makes a kernel a boot experiment names (its ``kernel_builds`` entry)."""
+    return (f"ticklab kernel build --host --source /usr/src/linux-source-{build['series']}.tar.xz"
+            + (" --localmodconfig" if build.get("localmodconfig", True) else ""))
+
+
+def check_kernels_installed(experiment: Experiment, conditions: list[Condition], root: Path) -> None:
+    """Before any plan: every condition's kernel pattern matches exactly one installed kernel, or one line names
+    the patterns with no kernel and the exact `ticklab kernel build` command(s) that make them."""
+    kernel_var = _variable(experiment, "host_kernel")
+    patterns: dict[str, list[str]] = {}
+    for condition in conditions:
+        value = str(condition.values.get(kernel_var, "running"))
+        if value != "running":
+            patterns.setdefault(value, []).append(condition.name)
+    installed = installed_releases(root)
+    missing = {p: names for p, names in patterns.items() if not any(fnmatch.fnmatchcase(r, p) for r in installed)}
+    if not missing:
+        return
+    builds = {b["kernel"]: b for b in experiment.kernel_builds}
+    said = []
+    for pattern, names in missing.items():
+        how = (f"build it: {kernel_build_command(builds[pattern])}" if pattern in builds
+               else "build one with 'ticklab kernel build --host'")
+        said.append(f"no installed kernel matches {pattern!r} (conditions {', '.join(names)}); {how}")
+    raise ExperimentError(f"{experiment.path}: {'; '.join(said)} (installed in {root / 'boot'}: "
+                          f"{', '.join(installed) or 'none'})")
+
+
 def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
     paths = [experiment_path] if experiment_path else boot_experiment_paths(claim)
     found = [e for e in (load_experiment(p) for p in paths) if is_boot_experiment(e)]
@@ -103,6 +132,7 @@ def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path,
     fill = {"last_cpu": cpus[-1] if cpus else 0, "nproc": len(cpus) or 1}
     original = (facts.read_text(root / "proc/cmdline") or "").strip()
     kernel_var = _variable(experiment, "host_kernel")
+    check_kernels_installed(experiment, list({id(r.condition): r.condition for r in planned}.values()), root)
     booted = []
     for run in planned:
         source = f"{experiment.path}: conditions.{run.condition.name}"

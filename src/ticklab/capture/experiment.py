@@ -42,7 +42,7 @@ from ..yamlsafe import preview
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
 KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
-         "lab", "budget", "isolate", "answer"}
+         "lab", "budget", "isolate", "answer", "kernel_builds"}
 BUDGET_KEYS = {"time_s", "max_runs"}
 # host_kernel: the kernel a boot plan boots for the condition ("running" or a release pattern; capture --boot)
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp", "host_kernel")
@@ -86,6 +86,9 @@ class Experiment:
     budget: dict | None = None
     isolate: dict | None = None  # {cpu: last, rt_throttling: on|off}: interrupts and other tasks moved off the measured CPU per run
     answer: list[dict] = field(default_factory=list)  # what capture prints once sealed (capture/answer.py)
+    # a boot experiment's kernels that `ticklab kernel build --host` makes: {kernel: <host_kernel pattern>,
+    # series: "X.Y", localmodconfig: bool}; a missing kernel's error names the command (capture/boot_capture.py)
+    kernel_builds: list[dict] = field(default_factory=list)
 
     def all_requires(self) -> list[str]:
         """What the experiment and its extras require, each once, in order."""
