@@ -61,12 +61,17 @@ lab: lab-kernels  ## every claim's lab experiments in QEMU guests (root; long)
 # plans whose bundles are committed; lab-host-test: the plans' end-to-end tests (abort, a refused boot, a missing
 # kernel image; about an hour of TCG boots).
 LAB_HOST_RUNS ?= 3
+KERNEL_612 ?= /usr/src/linux-source-6.12.tar.xz
 lab-host: $(STAMP) tools  ## build the lab host disk image (root; debootstrap, ~10 min)
 	$(BIN)/ticklab lab build-host
 
-lab-host-bundles: lab-host  ## nohz boot plans (kexec, grub) in the lab host, bundles into traces/ (root; long)
+lab-host-bundles: lab-host  ## the lab host's boot plans (nohz kexec/grub/HZ, hpet on the patched 6.12), bundles into traces/ (root; hours)
 	$(BIN)/ticklab lab host-plan nohz --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces
 	$(BIN)/ticklab lab host-plan nohz --boot grub --runs $(LAB_HOST_RUNS) --warmup 0 --out traces
+	$(BIN)/ticklab lab host-plan hpet --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces \
+	  --experiment runners/hpet/host-boot-clock-read.yaml --kernel $(KERNEL_612)
+	$(BIN)/ticklab lab host-plan nohz --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces \
+	  --experiment runners/nohz/host-boot-hz.yaml --kernel $(KERNEL_612) --kernel-fragment $(KERNEL_612) kernel/fragments/hz1000.config
 
 lab-host-test: lab-host  ## the lab host's end-to-end plan tests (root; about an hour)
 	TICKLAB_LAB_HOST_TESTS=1 $(BIN)/python -m pytest -q -n 1 -m labhost tests/test_labhost.py </dev/null

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from test_plan_engine import ORIGINAL, RELEASE, calls, host, reboot, resume_in_a_new_process  # noqa: F401 (fixture)
 from ticklab.bundle import load_bundle
@@ -399,3 +400,24 @@ def test_a_condition_whose_kernel_is_not_installed_names_the_kernel_build_comman
     installed = ", ".join(sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*")))
     assert line.endswith(f"(installed in {root / 'boot'}: {installed})") and RELEASE in installed
     assert not (tmp_path / "traces").exists() and not (root / "var/lib/ticklab/plans").exists()
+
+
+def test_nohz_defaults_to_the_boot_experiment_that_needs_no_kernel_and_its_hz_plan_names_both_builds(host, tmp_path):
+    """runners/nohz holds host-boot-ftq (the running kernel) and host-boot-hz (a kernel per HZ): without --experiment
+    the first; the second on a host without its kernels names both `kernel build` commands, the fragment in one."""
+    from ticklab.capture.boot_capture import boot_experiment
+
+    assert boot_experiment("nohz", None).name == "host-boot-ftq"
+    root, _ = host
+    from ticklab.capture.boot_capture import check_kernels_installed, load_experiment
+    from ticklab.capture.experiment import ExperimentError, expand_conditions
+    from ticklab.host import facts
+
+    hz = load_experiment(Path(__file__).resolve().parents[1] / "runners/nohz/host-boot-hz.yaml")
+    with pytest.raises(ExperimentError) as refused:
+        check_kernels_installed(hz, expand_conditions(hz, facts.collect(root)), root)
+    line = str(refused.value)
+    assert "\n" not in line
+    assert ("no installed kernel matches '*-ticklab-hz1000-*' (conditions hz1000); build it: ticklab kernel build "
+            "--host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig --fragment "
+            "kernel/fragments/hz1000.config") in line, line

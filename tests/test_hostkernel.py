@@ -395,3 +395,54 @@ def test_an_interrupted_compile_resumes_and_a_build_cut_before_its_config_is_ref
     assert [line for line in ran if line.startswith("tar ") or "olddefconfig" in line] == []  # not prepared again
     assert any("bzImage" in line for line in ran) and any("resuming an interrupted compile" in line for line in said)
     assert (image_root / f"boot/vmlinuz-{release}").read_bytes() == b"kernel"
+
+
+HZ1000 = Path(__file__).resolve().parents[1] / "kernel/fragments/hz1000.config"
+
+
+def test_a_fragment_is_set_after_localmodconfig_names_the_release_and_is_checked_before_install(image_root, tmp_path,
+                                                                                                monkeypatch):
+    """nohz's HZ comparison needs a kernel per HZ (issue 39): --fragment sets options after the base config, the
+    release says which fragment made it, and a built config that lost an option is never installed."""
+    plain = plan_host_kernel(image_root, source=fake_tree(tmp_path / "a"), work=tmp_path / "w1")
+    plan = plan_host_kernel(image_root, source=fake_tree(tmp_path / "b"), work=tmp_path / "w2", fragment=HZ1000)
+    assert plan.localversion.startswith("-ticklab-hz1000-") and plan.release != plain.release
+    config_steps = [step for step in plan.build_steps if step[0].endswith("scripts/config")]
+    assert config_steps[-1][3:] == ["--enable", "HZ_1000", "--disable", "HZ_100", "--disable", "HZ_250",
+                                    "--disable", "HZ_300", "--set-val", "HZ", "1000"]
+    olddefconfig = next(i for i, step in enumerate(plan.build_steps) if step[-1] == "olddefconfig")
+    assert plan.build_steps.index(config_steps[-1]) == olddefconfig - 1
+    assert "fragment: " + str(HZ1000) in plan.describe()
+
+    log = tmp_path / "argv.log"
+    fake_tools(tmp_path / "bin", log)
+    for name in ("chroot", "mount", "umount"):
+        tool = tmp_path / "bin" / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    plan.build_steps = []  # the fake tree's .config is what "olddefconfig" left: HZ 250
+    (tmp_path / "b/tree/.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n")
+    with pytest.raises(HostKernelError, match=r"hz1000\.config: the built config does not hold CONFIG_HZ_1000=y "
+                                              r"\(it has it unset\); CONFIG_HZ_250=n \(it has CONFIG_HZ_250=y\); "
+                                              r"CONFIG_HZ=1000 \(it has CONFIG_HZ=250\); nothing installed"):
+        build_and_install(plan, image_root, say=lambda _: None)
+    assert not (image_root / f"boot/vmlinuz-{plan.release}").exists()
+    (tmp_path / "b/tree/.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n# CONFIG_HZ_250 is not set\n"
+                                             "CONFIG_HZ=1000\n")
+    assert build_and_install(plan, image_root, say=lambda _: None) == plan.release
+    record = facts.kernel_build(image_root, plan.release)
+    assert record["fragment"] == {"name": "hz1000.config", "options": {
+        "CONFIG_HZ_1000": "y", "CONFIG_HZ_100": "n", "CONFIG_HZ_250": "n", "CONFIG_HZ_300": "n", "CONFIG_HZ": "1000"}}
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("CONFIG_HZ=1000\nHZ_250=y\n", r"bad\.config:2: not CONFIG_X=value or '# CONFIG_X is not set': 'HZ_250=y'"),
+    ("# only a comment\n", r"bad\.config: sets no option"),
+    ("CONFIG_X=$(shell id)\n", r"bad\.config:1: not CONFIG_X=value"),
+])
+def test_a_fragment_that_is_not_config_lines_is_refused_naming_the_line(image_root, tmp_path, text, problem):
+    fragment = tmp_path / "bad.config"
+    fragment.write_text(text)
+    with pytest.raises(HostKernelError, match=problem):
+        plan_host_kernel(image_root, source=fake_tree(tmp_path), work=tmp_path / "w", fragment=fragment)

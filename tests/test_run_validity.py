@@ -61,6 +61,17 @@ def test_a_fact_check_that_cannot_be_computed_says_what_is_missing():
     assert check.evaluate({"condition": "hz250"}, _results()) == ("250", "not recorded: no guest.hz for this run", None)
 
 
+def test_a_fact_check_with_alternative_paths_takes_the_first_recorded():
+    """nohz's HZ check: a lab guest's own HZ, else a boot plan's booted kernel's (runners/nohz/host-boot-hz.yaml)."""
+    check = FactCheck("HZ", "guest.hz|boot.hz", {"hz1000*": 1000})
+    assert check.evaluate({"condition": "hz1000", "boot": {"hz": 1000}}, _results()) == ("1000", "1000", True)
+    assert check.evaluate({"condition": "hz1000", "boot": {"hz": 250}}, _results()) == ("1000", "250", False)
+    assert check.evaluate({"condition": "hz1000", "guest": {"hz": 1000}, "boot": {"hz": 250}},
+                          _results()) == ("1000", "1000", True)
+    assert check.evaluate({"condition": "hz1000"}, _results()) == (
+        "1000", "not recorded: no guest.hz|boot.hz for this run", None)
+
+
 def _labhost_bundles():
     refs = [r for r in find_bundles(TRACES, "nohz") if "-labhost-" in r.host_id]
     if not refs:

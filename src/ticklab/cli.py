@@ -210,7 +210,7 @@ def _kernel(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     plan = plan_host_kernel(args.root, config=args.config, source=args.source, localmodconfig=args.localmodconfig,
-                            jobs=args.jobs, release=args.release, modules=args.modules)
+                            jobs=args.jobs, release=args.release, modules=args.modules, fragment=args.fragment)
     for warning in plan.warnings:  # before the plan and before any work
         print(f"ticklab kernel build: warning: {warning}", file=sys.stderr, flush=True)
     print(plan.describe())
@@ -300,7 +300,9 @@ def _lab(args: argparse.Namespace) -> int:
 
             view = plan_run(args.claim, args.boot, runs=args.runs, warmup=args.warmup, experiment=args.experiment,
                             abort_when_made=args.abort_after_runs, hide_kernel_when_made=args.hide_kernel_after_runs,
-                            out=args.out, accel=args.accel, keep_disk=args.keep_disk, kernels=tuple(args.kernel),
+                            out=args.out, accel=args.accel, keep_disk=args.keep_disk,
+                            kernels=tuple((source, None) for source in args.kernel)
+                            + tuple((Path(source), Path(fragment)) for source, fragment in args.kernel_fragment),
                             say=lambda text: print(text, file=sys.stderr, flush=True))
             print("\n".join(summary_lines(view)))
         elif args.boot:
@@ -617,6 +619,11 @@ def build_parser() -> argparse.ArgumentParser:
     host_build.add_argument("--modules", type=Path, metavar="FILE",
                             help="with --localmodconfig: the /proc/modules recorded at a boot of the system "
                                  "(default: /proc/modules of --root, which a system at rest does not have)")
+    host_build.add_argument("--fragment", type=Path, metavar="FILE",
+                            help="config options set after the base config and --localmodconfig (lines CONFIG_X=value "
+                                 "or '# CONFIG_X is not set'; e.g. kernel/fragments/hz1000.config), checked in the "
+                                 "built config before anything is installed; its name goes into the release "
+                                 "(-ticklab-hz1000-<hash>)")
     host_build.set_defaults(func=_kernel)
 
     plan = sub.add_parser("plan", help="boot plans (capture --boot): list, status, resume after a reboot, abort")
@@ -679,6 +686,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "'ticklab kernel build --host --root' against the run's copy of the image, keeping the "
                                 "modules a recorded boot of it loaded, and install it there before the plan (repeat "
                                 "for several; each build is cached)")
+    host_plan.add_argument("--kernel-fragment", nargs=2, action="append", default=[], metavar=("SOURCE", "FRAGMENT"),
+                           help="as --kernel, with 'kernel build --host --fragment FRAGMENT' (a config fragment, e.g. "
+                                "kernel/fragments/hz1000.config; repeat for several)")
     host_plan.set_defaults(func=_lab)
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))

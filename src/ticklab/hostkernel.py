@@ -103,6 +103,8 @@ class HostKernelPlan:
     install_steps: list[list[str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # one line each, said before anything else
     modules: str | None = None  # the /proc/modules lines localmodconfig keeps (None without it)
+    fragment: Path | None = None  # --fragment: config options set after the base config (and localmodconfig)
+    fragment_options: dict[str, str] | None = None
 
     @property
     def series(self) -> str:
@@ -133,6 +135,9 @@ class HostKernelPlan:
                          + ("" if check.applies else f" ({check.why})"))
         lines += [f"localversion: {self.localversion} (new kernel release {self.release})",
                   f"localmodconfig: {'yes, ' + str(self.module_count) + ' modules loaded' if self.localmodconfig else 'no'}",
+                  f"fragment: " + (f"{self.fragment} ({', '.join(f'{k}={v}' for k, v in self.fragment_options.items())};"
+                                   " checked in the built config before anything is installed)"
+                                   if self.fragment_options else "none"),
                   f"build time: {self.estimate()}",
                   "build steps:"] + [f"  {shown(step)}" for step in self.build_steps]
         lines += ["install steps (the default boot entry is not changed: no 'make install', no update-grub):"]
@@ -378,9 +383,83 @@ def loaded_modules(root: Path, given: Path | None = None) -> int:
         return 0
 
 
+_FRAGMENT_SET = re.compile(r'^(CONFIG_[A-Za-z0-9_]+)=(y|m|n|-?[0-9]+|0x[0-9a-fA-F]+|"[^"\\]*")$')
+_FRAGMENT_UNSET = re.compile(r"^# (CONFIG_[A-Za-z0-9_]+) is not set$")
+MAX_FRAGMENT_BYTES = 1 << 16
+
+
+def read_fragment(path: Path) -> dict[str, str]:
+    """A config fragment: ``CONFIG_X=value`` and ``# CONFIG_X is not set`` lines (other comments and blank lines
+    skipped), as option -> value ("n" for not set). Anything else is refused naming the file and line."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise HostKernelError(f"{path}: not a plain file (a config fragment)")
+        if path.stat().st_size > MAX_FRAGMENT_BYTES:
+            raise HostKernelError(f"{path}: over {MAX_FRAGMENT_BYTES} bytes; not a config fragment")
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise HostKernelError(f"{path}: not text (a config fragment is CONFIG_X=value lines)") from None
+    except OSError as exc:
+        raise HostKernelError(f"{path}: cannot read the config fragment ({exc.strerror or exc})") from None
+    options: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        unset, setting = _FRAGMENT_UNSET.match(line), _FRAGMENT_SET.match(line)
+        if unset:
+            options[unset.group(1)] = "n"
+        elif setting:
+            options[setting.group(1)] = setting.group(2)
+        elif line and not line.startswith("#"):
+            raise HostKernelError(f"{path}:{number}: not CONFIG_X=value or '# CONFIG_X is not set': {line[:60]!r}")
+    if not options:
+        raise HostKernelError(f"{path}: sets no option (lines CONFIG_X=value or '# CONFIG_X is not set')")
+    return options
+
+
+def fragment_name(path: Path) -> str:
+    """The fragment's file name as it goes into the release: lower-case letters and digits, at most 16."""
+    name = re.sub(r"[^a-z0-9]", "", path.stem.lower())[:16]
+    if not name:
+        raise HostKernelError(f"{path}: a fragment's file name needs a letter or digit (it names the kernel)")
+    return name
+
+
+def _scripts_config_args(options: dict[str, str]) -> list[str]:
+    args = []
+    for option, value in options.items():
+        name = option[len("CONFIG_"):]
+        if value == "y":
+            args += ["--enable", name]
+        elif value == "m":
+            args += ["--module", name]
+        elif value == "n":
+            args += ["--disable", name]
+        elif value.startswith('"'):
+            args += ["--set-str", name, value[1:-1]]
+        else:
+            args += ["--set-val", name, value]
+    return args
+
+
+def fragment_problems(config_text: str, options: dict[str, str]) -> list[str]:
+    """The fragment's options the final .config does not hold as asked (olddefconfig drops what a dependency
+    forbids)."""
+    found = {}
+    for line in config_text.splitlines():
+        unset, setting = _FRAGMENT_UNSET.match(line), _FRAGMENT_SET.match(line)
+        if unset:
+            found[unset.group(1)] = "n"
+        elif setting:
+            found[setting.group(1)] = setting.group(2)
+    return [f"{option}={value} (it has " + (f"{option}={found[option]}" if option in found and found[option] != "n"
+                                            else "it unset") + ")"
+            for option, value in options.items() if found.get(option, "n") != value]
+
+
 def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, source: Path | None = None,
                      localmodconfig: bool = False, jobs: int | None = None, work: Path | None = None,
-                     release: str | None = None, modules: Path | None = None) -> HostKernelPlan:
+                     release: str | None = None, modules: Path | None = None,
+                     fragment: Path | None = None) -> HostKernelPlan:
     """Everything the build would do, computed without changing anything. ``root`` other than ``/`` is the system
     the kernel is for: a disk image's mounted root (``release``: the kernel it boots; ``modules``: its recorded
     /proc/modules for localmodconfig), whose own update-initramfs makes the initramfs, in a chroot."""
@@ -400,7 +479,11 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
             digest.update(check.path.name.encode() + b"\0" + check.path.read_bytes())
     if kept_modules is not None:  # the modules kept make another kernel: another name, another cached build
         digest.update(b"localmodconfig\0" + " ".join(sorted(line.split()[0] for line in kept_modules.splitlines())).encode())
-    localversion = f"-ticklab-{digest.hexdigest()[:8]}"
+    fragment_options = read_fragment(fragment) if fragment is not None else None
+    if fragment_options is not None:  # another config, another release: the fragment's name and options in it
+        digest.update(b"fragment\0" + "\n".join(f"{k}={v}" for k, v in fragment_options.items()).encode())
+    named = f"{fragment_name(fragment)}-" if fragment is not None else ""
+    localversion = f"-ticklab-{named}{digest.hexdigest()[:8]}"
     new_release = version + localversion
     jobs = jobs or os.cpu_count() or 1
     work = work or Path(os.environ.get("TICKLAB_CACHE", Path.home() / ".cache" / "ticklab")) / "host-kernels" / new_release
@@ -415,6 +498,9 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
                   "--set-str", "SYSTEM_REVOCATION_KEYS", ""])
     if localmodconfig:
         build.append(["make", "-C", str(tree), f"LSMOD={work / 'lsmod'}", "localmodconfig"])
+    if fragment_options:
+        build.append([str(tree / "scripts/config"), "--file", str(tree / ".config"),
+                      *_scripts_config_args(fragment_options)])
     build += [["make", "-C", str(tree), "olddefconfig"],
               ["make", "-C", str(tree), f"-j{jobs}", "bzImage", "modules"]]
     boot = root / "boot"
@@ -428,6 +514,7 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
                           localmodconfig, len(kept_modules.splitlines()) if kept_modules is not None else None, jobs,
                           work, build, install, [older] if older else [])
     plan.modules = kept_modules
+    plan.fragment, plan.fragment_options = fragment, fragment_options
     return plan
 
 
@@ -536,6 +623,8 @@ def write_build_record(plan: HostKernelPlan, root: Path, log_path: Path) -> dict
         "patches": [{"name": c.path.name, "sha256": _sha256(c.path)} for c in plan.patches if c.applies],
         "config_source": plan.config_source, "config_sha256": _sha256(config) if config.is_file() else None,
         "localmodconfig": plan.localmodconfig, "modules_kept": plan.module_count,
+        "fragment": ({"name": plan.fragment.name, "options": plan.fragment_options}
+                     if plan.fragment_options else None),
         "build_log": BUILD_LOG, "build_log_sha256": hashlib.sha256(log_bytes).hexdigest(),
         "build_log_bytes": len(log_bytes),
     }
@@ -583,6 +672,12 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
                     prepared = True
                 _step(argv, log, dies_with_ticklab=True)
             built.write_text(plan.release + "\n")
+        if plan.fragment_options:
+            tree = work / "linux" if plan.source.is_file() else plan.source
+            dropped = fragment_problems((tree / ".config").read_text(errors="replace"), plan.fragment_options)
+            if dropped:
+                raise HostKernelError(f"{plan.fragment}: the built config does not hold {'; '.join(dropped)}; "
+                                      "nothing installed")
         say(f"installing {plan.release} into {root} (modules, /boot files, initramfs); the default boot entry stays")
         for argv in plan.install_steps:
             with _system_mounts(root, log) if argv[0] == "chroot" else contextlib.nullcontext():

@@ -203,7 +203,9 @@ EXPERIMENT = {
             "type": "object", "required": ["kernel", "series"], "additionalProperties": False,
             "properties": {"kernel": {"type": "string", "minLength": 1, "maxLength": 100},
                            "series": {"type": "string", "pattern": r"^[0-9]+\.[0-9]+$"},
-                           "localmodconfig": {"type": "boolean"}}}},
+                           "localmodconfig": {"type": "boolean"},
+                           # a config fragment in the checkout (kernel/fragments/*.config): --fragment
+                           "fragment": {"type": "string", "pattern": r"^kernel/fragments/[a-z0-9-]+\.config$"}}}},
         "lab": {"type": ["object", "null"], "properties": {
             "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},
             "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},

@@ -54,7 +54,7 @@ def _expected_for(condition: str, expected: Mapping[str, object]):
 class FactCheck:
     """A recorded fact of the run equals (or, with ``contains``, includes) the value its condition expects."""
     name: str
-    path: str                           # dotted path into the run record (see ``fact``)
+    path: str                           # dotted path into the run record (see ``fact``); a|b: the first recorded
     expected: Mapping[str, object]      # condition pattern (fnmatch) -> expected value; first match wins
     contains: bool = False
 
@@ -63,7 +63,8 @@ class FactCheck:
         wanted = _expected_for(record.get("condition", ""), self.expected)
         if wanted is MISSING:
             return None
-        seen = fact(record, self.path)
+        seen = next((found for found in (fact(record, p) for p in self.path.split("|")) if found is not MISSING),
+                    MISSING)
         if seen is MISSING:
             return str(wanted), f"not recorded: no {self.path} for this run", None
         passed = str(wanted) in str(seen) if self.contains else str(seen) == str(wanted)

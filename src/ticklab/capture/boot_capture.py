@@ -63,7 +63,8 @@ def resolve_kernel(value: str, root: Path, source: str) -> str:
 def kernel_build_command(build: dict) -> str:
     """The user's command that makes a kernel a boot experiment names (its ``kernel_builds`` entry)."""
     return (f"ticklab kernel build --host --source /usr/src/linux-source-{build['series']}.tar.xz"
-            + (" --localmodconfig" if build.get("localmodconfig", True) else ""))
+            + (" --localmodconfig" if build.get("localmodconfig", True) else "")
+            + (f" --fragment {build['fragment']}" if build.get("fragment") else ""))
 
 
 def check_kernels_installed(experiment: Experiment, conditions: list[Condition], root: Path) -> None:
@@ -96,6 +97,13 @@ def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
         raise ExperimentError(f"{experiment_path or 'runners/' + claim}: no boot experiment (one with a host_kernel "
                               "knob); --boot runs those only")
     if len(found) > 1:
+        # the default is the one that needs no kernel built: every condition boots the running kernel (nohz's
+        # host-boot-ftq beside host-boot-hz, whose HZ kernels are built first)
+        kernel_var = {id(e): _variable(e, "host_kernel") for e in found}
+        running = [e for e in found if all(str(c.get(kernel_var[id(e)], "running")) == "running"
+                                           for c in (e.conditions if isinstance(e.conditions, list) else []))]
+        if len(running) == 1:
+            return running[0]
         raise ExperimentError(f"runners/{claim}: {len(found)} boot experiments ({', '.join(e.path.name for e in found)}); "
                               "name one with --experiment")
     return found[0]

@@ -362,9 +362,10 @@ def unit_text(name: str) -> str:
 
 
 def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_files: dict[str, bytes] | None = None,
-                kernels: tuple[Path, ...] = (), modules: Path | None = None, install_checkout: bool = True) -> list[dict]:
+                kernels: tuple[tuple[Path, Path | None], ...] = (), modules: Path | None = None,
+                install_checkout: bool = True) -> list[dict]:
     """A copy of the image for one run, with this checkout installed (make env tools), the kernels built from
-    ``kernels`` (sources) installed as a user would (``kernel build --host`` against the copy's root, the modules its
+    ``kernels`` ((source, config fragment or None) pairs) installed as a user would (``kernel build --host`` against the copy's root, the modules its
     recorded boot loaded kept: ``modules``), and the job in place. Returns what each kernel is."""
     run_dir.mkdir(parents=True, exist_ok=True)
     disk = run_dir / "disk.raw"
@@ -385,8 +386,8 @@ def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_fil
             with _chroot_mounts(root), _network_in(root):
                 _in_chroot(root, ["make", "-C", f"/{GUEST_TICKLAB}", "env", "tools"], "make env tools in the lab host",
                            run_dir / "prepare.log")
-        for source in kernels:
-            built.append(install_host_kernel(root, Path(source), image.info["kernel"], modules, say))
+        for source, fragment in kernels:
+            built.append(install_host_kernel(root, Path(source), image.info["kernel"], modules, say, fragment))
         (root / "etc/ticklab-lab").mkdir(exist_ok=True)
         (root / "etc/ticklab-lab/job.json").write_text(json.dumps(job, indent=2) + "\n")
         driver = root / "usr/local/sbin/ticklab-lab-job"
@@ -407,7 +408,8 @@ def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_fil
     return built
 
 
-def install_host_kernel(root: Path, source: Path, release: str, modules: Path | None, say=print) -> dict:
+def install_host_kernel(root: Path, source: Path, release: str, modules: Path | None, say=print,
+                        fragment: Path | None = None) -> dict:
     """``ticklab kernel build --host --root <the copy's root> --release <its kernel> --source <source>
     --localmodconfig --modules <its recorded boot's>``: the user's command, by the same code (hostkernel), built once
     per config, patches, modules and source (cached in its work directory) and installed into this copy."""
@@ -415,7 +417,7 @@ def install_host_kernel(root: Path, source: Path, release: str, modules: Path | 
 
     try:
         plan = plan_host_kernel(root, source=source, release=release, localmodconfig=modules is not None,
-                                modules=modules)
+                                modules=modules, fragment=fragment)
         say(f"lab host run: kernel build --host --root {root} --source {source}: {plan.release} "
             f"({sum(c.applies for c in plan.patches)} patches apply)")
         installed = build_and_install(plan, root, say=lambda line: say(f"lab host run: {line}"))
@@ -425,8 +427,10 @@ def install_host_kernel(root: Path, source: Path, release: str, modules: Path | 
             "patches": [c.path.name for c in plan.patches if c.applies],
             "config_sha256": hashlib.sha256(plan.config).hexdigest(), "modules_kept": plan.module_count,
             "build_log": str(plan.work / "build.log"),
+            "fragment": str(fragment) if fragment is not None else None,
             "command": f"ticklab kernel build --host --root DIR --release {release} --source {source}"
-                       + (f" --localmodconfig --modules {modules}" if modules is not None else "")}
+                       + (f" --localmodconfig --modules {modules}" if modules is not None else "")
+                       + (f" --fragment {fragment}" if fragment is not None else "")}
 
 
 def modules_record(image: HostImage, say=print, accel: str = "tcg") -> Path:
@@ -556,7 +560,7 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
              experiment: str | None = None, abort_when_made: int | None = None,
              hide_kernel_when_made: int | None = None, out: Path | None = None, accel: str = "tcg",
              timeout_s: float = 4 * 3600, keep_disk: bool = False, extra_files: dict[str, bytes] | None = None,
-             kernels: tuple[Path, ...] = (), say=print) -> dict:
+             kernels: tuple[tuple[Path, Path | None], ...] = (), say=print) -> dict:
     """One boot plan in the lab host, driven without interaction: the capture started at its first boot, the user's
     abort or a hidden kernel image on cue, a check boot at the end; what was found (``host-view.json``), and the
     bundle copied into ``out`` (when given) under the lab host's host-id. ``extra_files``: files put into the
