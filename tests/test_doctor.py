@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 from ticklab import doctor
 from ticklab.capture import requirements
 from ticklab.capture.experiment import experiment_paths, load_experiment
@@ -40,7 +42,7 @@ def test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were():
 
 def test_doctor_json_is_machine_readable():
     result = subprocess.run([sys.executable, "-m", "ticklab.cli", "doctor", "--json"], capture_output=True, text=True, check=True)
-    assert set(json.loads(result.stdout)) == {"host", "checks", "claims"}
+    assert set(json.loads(result.stdout)) == {"host", "checks", "claims", "boot_plans"}
 
 
 def test_doctor_on_a_host_without_tracefs_says_so_and_goes_on(fake_host, tmp_path):
@@ -86,3 +88,31 @@ def test_kvm_rows_name_the_device_and_the_guest_boot_apart_from_what_the_host_is
         "a virtual machine (hypervisor flag in /proc/cpuinfo; systemd-detect-virt: kvm)"
     assert doctor.virtualization({"virtualization": {"hypervisor_flag": False, "detect_virt": None}}).startswith(
         "not a virtual machine")
+
+
+def test_doctor_lists_each_boot_plans_steps_here_or_why_it_cannot_run(tmp_path):
+    """Issue 39 item 3: per boot experiment, the kernel builds this host needs and then the capture, or why not:
+    /boot that does not boot the machine (a VMM's kernel), a clocksource the hardware lacks, an unmet requirement."""
+    from conftest import make_fake_host
+
+    from ticklab.doctor import boot_plan_steps
+
+    root = make_fake_host(tmp_path / "host", clocksources=("tsc", "acpi_pm"))  # no HPET
+    host_facts = collect(root)
+    hz = load_experiment(REPO / "runners/nohz/host-boot-hz.yaml")
+    hpet = load_experiment(REPO / "runners/hpet/host-boot-clock-read.yaml")
+    with HostChanges(tmp_path / "j.json", root=root, log=lambda _: None) as host:
+        hpet.requires = ["root"]  # the tool and tracefs rows are other checks' business here
+        hz.requires = ["root"]
+        vmm = boot_plan_steps(hz, host, host_facts, root)  # no /boot/vmlinuz-<running>: the kernel comes from outside
+        assert not vmm["runs"] and "so /boot is not what boots this machine" in vmm["why"]
+        (root / "boot").mkdir(exist_ok=True)
+        (root / f"boot/vmlinuz-{host_facts['kernel_release']}").write_bytes(b"kernel")
+        no_hpet = boot_plan_steps(hpet, host, host_facts, root)
+        assert not no_hpet["runs"] and no_hpet["why"] == (
+            "condition hpet-share-on boots with clocksource=hpet, and this machine has no hpet (available: acpi_pm tsc)")
+        steps = boot_plan_steps(hz, host, host_facts, root)
+    assert steps["runs"] and steps["why"] == (
+        "ticklab kernel build --host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig; then "
+        "ticklab kernel build --host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig --fragment "
+        "kernel/fragments/hz1000.config; then ticklab capture nohz --boot kexec --experiment runners/nohz/host-boot-hz.yaml")

@@ -20,7 +20,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from .capture import requirements, tracing
-from .capture.experiment import ExperimentError, experiment_paths, load_experiment
+from .capture.experiment import (ExperimentError, boot_experiment_paths, expand_conditions, experiment_paths,
+                                 load_experiment)
 from .claimids import claim_ids
 from .host import HostChangeError, HostChanges, collect
 from .host import restore as host_restore
@@ -179,6 +180,40 @@ def left_behind_check(left: host_restore.LeftBehind | None, journal: Path) -> tu
                    f"back: {host_restore.RESTORE_COMMAND}")
 
 
+def boot_plan_steps(experiment, host, facts: dict, root: Path) -> dict:
+    """A boot experiment (``capture <claim> --boot``) on this host: the steps it needs here (the kernels to build,
+    then the capture), or why it cannot run here at all — what no kernel built or booted can change."""
+    from .capture.boot_capture import missing_kernels
+    from .hostkernel import HostKernelError, check_boots_from_boot
+
+    try:
+        missing = requirements.check_all(experiment.requires, host, facts)[1]
+    except (tracing.TracingError, HostChangeError) as exc:
+        missing = {"host": str(exc)}
+    if missing:
+        return {"runs": False, "why": requirements.unmet_text(missing)}
+    try:
+        check_boots_from_boot(root, facts["kernel_release"])
+    except HostKernelError as exc:
+        return {"runs": False, "why": str(exc)}
+    conditions = expand_conditions(experiment, facts)
+    available = set(facts["clocksources"].get("available") or [])
+    for condition in conditions:  # a clocksource the hardware lacks: no boot makes one
+        for word in str(condition.values.get("boot", "")).split():
+            if word.startswith("clocksource=") and word.split("=", 1)[1] not in available:
+                return {"runs": False, "why": f"condition {condition.name} boots with {word}, and this machine has no "
+                                              f"{word.split('=', 1)[1]} (available: {' '.join(sorted(available))})"}
+    steps = []
+    for pattern, names, command in missing_kernels(experiment, conditions, root):
+        if command is None:
+            return {"runs": False, "why": f"conditions {', '.join(names)} need a kernel matching {pattern!r}, which "
+                                          "this experiment does not say how to build"}
+        steps.append(command)
+    relative = experiment.path.relative_to(experiment.path.parents[2]) if len(experiment.path.parents) > 2 else experiment.path
+    steps.append(f"ticklab capture {experiment.claim} --boot kexec --experiment {relative}")
+    return {"runs": True, "why": "; then ".join(steps)}
+
+
 def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
     """``journal``: the capture journal to report on (default: the host's); doctor's own probes are journalled
     beside it (:func:`ticklab.host.restore.doctor_journal`)."""
@@ -225,7 +260,16 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
             if not experiments:
                 experiments["(none)"] = {"runs": False, "why": "no host experiment; this claim needs the guest lab (ticklab lab)"}
             claims[claim] = experiments
-    report = {"host": facts, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims}
+        boot_plans = {}
+        for claim in claim_ids():
+            for path in boot_experiment_paths(claim):
+                try:
+                    experiment = load_experiment(path)
+                    boot_plans.setdefault(claim, {})[experiment.name] = boot_plan_steps(experiment, host, facts, root)
+                except ExperimentError as exc:
+                    boot_plans.setdefault(claim, {})[path.stem] = {"runs": False, "why": str(exc)}
+    report = {"host": facts, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims,
+              "boot_plans": boot_plans}
     if left is not None:
         report["checks"][LEFT_BEHIND]["left"] = left.record()
     return report
@@ -245,9 +289,15 @@ def render(report: dict) -> str:
             f"This host is still changed by {left['owner'] or 'pid ' + str(left['pid'])}, which is gone (killed "
             f"outright?); its journal {left['journal']}, last written {left['written']}, lists:",
             *(f"  {line}" for line in left["summary"]), f"Put it back: {left['restore']}"])
-    return "\n\n".join([head, tabulate(checks, headers=["check", "ok", "why"], tablefmt="simple", maxcolwidths=[None, None, 90]),
-                        tabulate(claims, headers=["claim", "experiment", "runs here", "why"], tablefmt="simple",
-                                 maxcolwidths=[None, None, None, 80])])
+    boots = [[claim, name, "yes" if e["runs"] else "no", e["why"]]
+             for claim, experiments in report.get("boot_plans", {}).items() for name, e in experiments.items()]
+    parts = [head, tabulate(checks, headers=["check", "ok", "why"], tablefmt="simple", maxcolwidths=[None, None, 90]),
+             tabulate(claims, headers=["claim", "experiment", "runs here", "why"], tablefmt="simple",
+                      maxcolwidths=[None, None, None, 80])]
+    if boots:  # own hardware, a kernel per condition: what to do here, in order, or why it cannot be done
+        parts.append(tabulate(boots, headers=["claim", "boot plan", "possible", "steps here, or why not"],
+                              tablefmt="simple", maxcolwidths=[None, None, None, 80]))
+    return "\n\n".join(parts)
 
 
 def main(as_json: bool, root: Path | str = "/", journal: Path | None = None) -> int:

@@ -67,9 +67,9 @@ def kernel_build_command(build: dict) -> str:
             + (f" --fragment {build['fragment']}" if build.get("fragment") else ""))
 
 
-def check_kernels_installed(experiment: Experiment, conditions: list[Condition], root: Path) -> None:
-    """Before any plan: every condition's kernel pattern matches exactly one installed kernel, or one line names
-    the patterns with no kernel and the exact `ticklab kernel build` command(s) that make them."""
+def missing_kernels(experiment: Experiment, conditions: list[Condition], root: Path) -> list[tuple[str, list[str], str | None]]:
+    """(pattern, its conditions, the `kernel build` command or None) for each condition kernel pattern no installed
+    kernel matches, in the conditions' order."""
     kernel_var = _variable(experiment, "host_kernel")
     patterns: dict[str, list[str]] = {}
     for condition in conditions:
@@ -77,17 +77,22 @@ def check_kernels_installed(experiment: Experiment, conditions: list[Condition],
         if value != "running":
             patterns.setdefault(value, []).append(condition.name)
     installed = installed_releases(root)
-    missing = {p: names for p, names in patterns.items() if not any(fnmatch.fnmatchcase(r, p) for r in installed)}
+    builds = {b["kernel"]: b for b in experiment.kernel_builds}
+    return [(pattern, names, kernel_build_command(builds[pattern]) if pattern in builds else None)
+            for pattern, names in patterns.items() if not any(fnmatch.fnmatchcase(r, pattern) for r in installed)]
+
+
+def check_kernels_installed(experiment: Experiment, conditions: list[Condition], root: Path) -> None:
+    """Before any plan: every condition's kernel pattern matches an installed kernel, or one line names the patterns
+    with none and the exact `ticklab kernel build` command(s) that make them."""
+    missing = missing_kernels(experiment, conditions, root)
     if not missing:
         return
-    builds = {b["kernel"]: b for b in experiment.kernel_builds}
-    said = []
-    for pattern, names in missing.items():
-        how = (f"build it: {kernel_build_command(builds[pattern])}" if pattern in builds
-               else "build one with 'ticklab kernel build --host'")
-        said.append(f"no installed kernel matches {pattern!r} (conditions {', '.join(names)}); {how}")
+    said = [f"no installed kernel matches {pattern!r} (conditions {', '.join(names)}); "
+            + (f"build it: {command}" if command else "build one with 'ticklab kernel build --host'")
+            for pattern, names, command in missing]
     raise ExperimentError(f"{experiment.path}: {'; '.join(said)} (installed in {root / 'boot'}: "
-                          f"{', '.join(installed) or 'none'})")
+                          f"{', '.join(installed_releases(root)) or 'none'})")
 
 
 def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
