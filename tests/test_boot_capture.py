@@ -421,3 +421,61 @@ def test_nohz_defaults_to_the_boot_experiment_that_needs_no_kernel_and_its_hz_pl
     assert ("no installed kernel matches '*-ticklab-hz1000-*' (conditions hz1000); build it: ticklab kernel build "
             "--host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig --fragment "
             "kernel/fragments/hz1000.config") in line, line
+
+
+def test_build_kernels_builds_what_is_missing_in_the_conditions_order_after_saying_the_estimate(host, tmp_path,
+                                                                                                 monkeypatch):
+    """capture --boot --build-kernels (issue 39 item 3): each missing kernel planned by `kernel build --host` from the
+    experiment's kernel_builds (series source, localmodconfig, fragment), its estimate said, then built and installed;
+    afterwards every condition has its kernel. A pattern without a kernel_builds entry is refused before any build."""
+    from ticklab import hostkernel
+    from ticklab.capture import boot_capture
+    from ticklab.capture.experiment import ExperimentError, expand_conditions
+    from ticklab.host import facts
+
+    root, _ = host
+    planned, built = [], []
+
+    class Plan:
+        def __init__(self, release):
+            self.release, self.warnings = release, []
+
+        def estimate(self):
+            return "an estimate, not a measurement: 7-20 min"
+
+    def fake_plan(root_, *, source, localmodconfig, fragment):
+        planned.append((source, localmodconfig, fragment and fragment.name))
+        return Plan("6.12.117-ticklab-hz1000-0123abcd" if fragment else "6.12.117-ticklab-89abcdef")
+
+    def fake_build(plan, root_, say):
+        (root_ / f"boot/vmlinuz-{plan.release}").write_bytes(b"kernel")
+        built.append(plan.release)
+        return plan.release
+
+    monkeypatch.setattr(hostkernel, "plan_host_kernel", fake_plan)
+    monkeypatch.setattr(hostkernel, "build_and_install", fake_build)
+    hz = boot_capture.load_experiment(Path(__file__).resolve().parents[1] / "runners/nohz/host-boot-hz.yaml")
+    conditions = expand_conditions(hz, facts.collect(root))
+    said = []
+    assert boot_capture.build_missing_kernels(hz, conditions, root, said.append, dry_run=True) == [
+        "6.12.117-ticklab-89abcdef", "6.12.117-ticklab-hz1000-0123abcd"]
+    assert built == [] and all("an estimate, not a measurement" in line for line in said)
+    assert boot_capture.build_missing_kernels(hz, conditions, root, said.append) == built == [
+        "6.12.117-ticklab-89abcdef", "6.12.117-ticklab-hz1000-0123abcd"]
+    assert planned[-2:] == [(root / "usr/src/linux-source-6.12.tar.xz", True, None),
+                            (root / "usr/src/linux-source-6.12.tar.xz", True, "hz1000.config")]
+    boot_capture.check_kernels_installed(hz, conditions, root)  # every condition has its kernel now
+    hz.kernel_builds = hz.kernel_builds[:1]
+    (root / "boot/vmlinuz-6.12.117-ticklab-hz1000-0123abcd").unlink()
+    built.clear()
+    with pytest.raises(ExperimentError, match=r"no kernel_builds entry says how to build '\*-ticklab-hz1000-\*' "
+                                              r"\(conditions hz1000\); --build-kernels builds only those"):
+        boot_capture.build_missing_kernels(hz, conditions, root, said.append)
+    assert built == []
+
+
+def test_build_kernels_without_boot_is_refused_in_one_line():
+    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--build-kernels"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr == (
+        "ticklab capture: --build-kernels builds the kernels a boot plan boots; add --boot kexec|grub|manual\n")

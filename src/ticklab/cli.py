@@ -167,6 +167,10 @@ def no_host_experiment(claim: str) -> str | None:
 def _capture(args: argparse.Namespace) -> int:
     if args.boot:
         return _capture_boot(args)
+    if args.build_kernels:
+        print("ticklab capture: --build-kernels builds the kernels a boot plan boots; add --boot kexec|grub|manual",
+              file=sys.stderr)
+        return 2
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions, capture
@@ -248,7 +252,20 @@ def _capture_boot(args: argparse.Namespace) -> int:
     from .host import HostChangeError, plan_engine
     from .analysis.published import PublishedDataError
 
+    from .hostkernel import HostKernelError
+
     try:
+        if args.dry_run and args.build_kernels:
+            from .capture.boot_capture import build_missing_kernels
+            from .capture.experiment import expand_conditions
+            from .host import facts
+
+            experiment = boot_experiment(args.claim, args.experiment)
+            conditions = expand_conditions(experiment, facts.collect(args.root))
+            built = build_missing_kernels(experiment, conditions, args.root, log=print, dry_run=True)
+            print(f"dry run: {len(built)} kernel(s) would be built and installed first"
+                  + (f" ({', '.join(built)})" if built else "") + "; nothing built, no plan written")
+            return 0
         if args.dry_run:
             experiment = boot_experiment(args.claim, args.experiment)
             runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
@@ -260,10 +277,11 @@ def _capture_boot(args: argparse.Namespace) -> int:
             return 0
         options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
                                  backend=args.backend, root=args.root, journal=args.journal, progress=False,
-                                 seed=args.seed, budget_s=args.budget_s, goals=_goals(args))
+                                 seed=args.seed, budget_s=args.budget_s, goals=_goals(args),
+                                 build_kernels=args.build_kernels)
         start(args.claim, options, args.experiment, args.boot)
     except (ExperimentError, plan_engine.PlanError, HostChangeError, BundleError, TracingError,
-            PublishedDataError) as exc:
+            PublishedDataError, HostKernelError) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
@@ -593,6 +611,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "resumed by a systemd unit after each reboot: kexec (default choice), grub (one-shot "
                           "grub-reboot, where kexec is locked down) or manual (you boot what it says); the default "
                           "boot entry is never changed. See 'ticklab plan status|abort'")
+    cap.add_argument("--build-kernels", action="store_true",
+                     help="with --boot: first build and install (ticklab kernel build --host) the kernels the "
+                          "conditions name that are not installed, as the experiment's kernel_builds says, the "
+                          "estimate said first; with --dry-run, only the estimates")
     cap.add_argument("--no-progress", action="store_true",
                      help="no progress bar: one line per run instead (as when the output is not a terminal)")
     cap.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)

@@ -95,6 +95,35 @@ def check_kernels_installed(experiment: Experiment, conditions: list[Condition],
                           f"{', '.join(installed_releases(root)) or 'none'})")
 
 
+def build_missing_kernels(experiment: Experiment, conditions: list[Condition], root: Path, log=print,
+                          dry_run: bool = False) -> list[str]:
+    """``capture --boot --build-kernels``: each kernel the conditions name that is not installed, built and installed
+    by ``ticklab kernel build --host`` (its plan's estimate said first), in the conditions' order; the releases.
+    A pattern the experiment's kernel_builds does not cover is refused before anything is built."""
+    from ..hostkernel import build_and_install, plan_host_kernel
+    from ..paths import repo_root
+
+    missing = missing_kernels(experiment, conditions, root)
+    unknown = [(pattern, names) for pattern, names, command in missing if command is None]
+    if unknown:
+        raise ExperimentError(f"{experiment.path}: no kernel_builds entry says how to build {unknown[0][0]!r} "
+                              f"(conditions {', '.join(unknown[0][1])}); --build-kernels builds only those")
+    builds = {b["kernel"]: b for b in experiment.kernel_builds}
+    plans = []
+    for pattern, _names, command in missing:
+        build = builds[pattern]
+        plan = plan_host_kernel(root, source=root / f"usr/src/linux-source-{build['series']}.tar.xz",
+                                localmodconfig=build.get("localmodconfig", True),
+                                fragment=repo_root() / build["fragment"] if build.get("fragment") else None)
+        for warning in plan.warnings:
+            log(f"warning: {warning}")
+        log(f"{pattern}: {command}: Linux {plan.release}, {plan.estimate()}")
+        plans.append(plan)
+    if dry_run:
+        return [plan.release for plan in plans]
+    return [build_and_install(plan, root, say=log) for plan in plans]
+
+
 def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
     paths = [experiment_path] if experiment_path else boot_experiment_paths(claim)
     found = [e for e in (load_experiment(p) for p in paths) if is_boot_experiment(e)]
@@ -200,6 +229,8 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest.not_testable}")
         writer.seal()
         return None
+    if getattr(options, "build_kernels", False):
+        build_missing_kernels(experiment, conditions, root, log)
     runs = boot_runs(experiment, first, root, here)  # every condition's kernel must exist before the bundle does
     kept = experiment.path.read_bytes()  # the plan runs this copy: the user's file may move or change mid-plan
     if yaml.safe_load(kept) != experiment.definition:

@@ -45,6 +45,7 @@ class CaptureOptions:
     goals: list | None = None      # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
     answer: AnswerContext | None = None  # what the answer printed once the bundles are sealed needs (None: no answer)
     run_lines: bool = False        # one line per run (a log: no progress bar is seen)
+    build_kernels: bool = False    # capture --boot: build and install the conditions' missing kernels first
 
 
 class Capture:
