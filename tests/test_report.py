@@ -102,10 +102,16 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     assert (guests["ci_low"] > 1).all() and guests["reason"].str.contains("an effect in the source's direction").all()
     [intel_kexec] = intel[intel["setup"].str.endswith("-kexec")].itertuples()
     assert intel_kexec.verdict == "consistent, not pinned"
-    [hpet_tsc] = verdicts.loc[verdicts["comparison"].str.startswith("HPET without sharing vs TSC"), "verdict"]
+    [hpet_tsc] = verdicts.loc[verdicts["comparison"].str.startswith("HPET without sharing vs TSC: jobs/min"), "verdict"]
     assert hpet_tsc == "larger than the target"
+    # the lab host's boot plan on the patched 6.12 it built (issue 39): 3 boots a condition under TCG, an exact CI
+    # that cannot exclude anything at n = 3, so inconclusive on both comparisons, not a verdict on the HPET
+    boots = verdicts[verdicts["comparison"].str.endswith("(a boot each)") & (verdicts["claim"] == "hpet")]
+    assert len(boots) == 2 and set(boots["setup"].str.contains("-labhost-kexec")) == {True}
+    assert set(boots["verdict"]) == {"inconclusive"} and set(boots["n_per_condition"]) == {"3 vs 3"}
     # clock reads/s have no size in the source: a direction target, and under TCG sharing slows them (opposite effect)
-    reads = verdicts[verdicts["comparison"].str.startswith("HPET read sharing on vs off: clock reads/s")]
+    reads = verdicts[verdicts["comparison"].str.startswith("HPET read sharing on vs off: clock reads/s")
+                     & ~verdicts["comparison"].str.endswith("(a boot each)") & (verdicts["claim"] == "hpet")]
     assert reads["target_ratio"].isna().all() and set(reads["verdict"]) == {"opposite effect"}
     assert reads["target_provenance"].str.contains("the source prints no read rate, so there is no size target").all()
     assert not verdicts["comparison"].str.contains("nohz_full vs HZ=1000: busy CPU's time").any()

@@ -200,9 +200,14 @@ def negative_controls(published: PublishedClaim) -> list[NegativeControl]:
 
 # Did each guest run on the clocksource and sharing switch its condition names?
 CHECKS = [
-    FactCheck("clocksource as the condition says", "guest.clocksource", {"tsc*": "tsc", "hpet-*": "hpet"}),
+    # a lab guest's clocksource, else a boot plan's run's (the booted kernel's current_clocksource at the run)
+    FactCheck("clocksource as the condition says", "guest.clocksource|boot.clocksource",
+              {"tsc*": "tsc", "hpet-*": "hpet"}),
     FactCheck("HPET read sharing switch as the condition says", "guest.switches.hpet_read_share",
               {"hpet-sharing*": "Y", "hpet-no-sharing*": "N"}),
+    # a boot plan's run (runners/hpet/host-boot-clock-read.yaml): the command line its boot was verified to have
+    FactCheck("HPET read sharing on the booted command line", "boot.cmdline",
+              {"hpet-share-on": "hpet_read_share=1", "hpet-share-off": "hpet_read_share=0"}, contains=True),
 ]
 
 
