@@ -116,6 +116,19 @@ def fake_tools(bin_dir: Path, log: Path, grub_cfg: Path | None = None) -> None:
         tool.chmod(0o755)
 
 
+def fake_system_tools(tmp_path: Path, monkeypatch) -> Path:
+    """fake_tools, and chroot, mount and umount recorded, not run (the real ones need root and a real system), first
+    on PATH; the log of every call."""
+    log = tmp_path / "argv.log"
+    fake_tools(tmp_path / "bin", log)
+    for name in ("chroot", "mount", "umount"):
+        tool = tmp_path / "bin" / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    return log
+
+
 def fake_tree(tmp_path: Path) -> Path:
     tree = tmp_path / "tree"
     (tree / "arch/x86/boot").mkdir(parents=True)
@@ -283,13 +296,7 @@ def test_localmodconfig_on_a_root_at_rest_takes_the_modules_recorded_at_its_boot
 
 def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_reuses_the_build(image_root, tmp_path,
                                                                                                 monkeypatch):
-    log = tmp_path / "argv.log"
-    fake_tools(tmp_path / "bin", log)
-    for name in ("chroot", "mount", "umount"):  # recorded, not run: the real ones need root and a real system
-        tool = tmp_path / "bin" / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
-        tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    log = fake_system_tools(tmp_path, monkeypatch)
     plan = plan_host_kernel(image_root, source=fake_tree(tmp_path), work=tmp_path / "work")
     plan.build_steps = [["make", "-C", "tree", "bzImage"]]
     said = []
@@ -339,13 +346,7 @@ def test_a_dev_holding_debootstraps_static_nodes_is_mounted_on_but_a_dev_symlink
                                                                                          monkeypatch):
     """A debootstrapped root at rest has /dev/null, /dev/console… in its /dev (the lab host image's had): the bind
     mount covers them for update-initramfs, as devtmpfs does at boot. A /dev that is a link is refused."""
-    log = tmp_path / "argv.log"
-    fake_tools(tmp_path / "bin", log)
-    for name in ("chroot", "mount", "umount"):  # recorded, not run: the real ones need root and a real system
-        tool = tmp_path / "bin" / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
-        tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    log = fake_system_tools(tmp_path, monkeypatch)
     (image_root / "dev").rename(tmp_path / "real-dev")
     (image_root / "dev").symlink_to(tmp_path / "real-dev")
     plan = plan_host_kernel(image_root, source=fake_tree(tmp_path), work=tmp_path / "work")
@@ -414,13 +415,7 @@ def test_a_fragment_is_set_after_localmodconfig_names_the_release_and_is_checked
     assert plan.build_steps.index(config_steps[-1]) == olddefconfig - 1
     assert "fragment: " + str(HZ1000) in plan.describe()
 
-    log = tmp_path / "argv.log"
-    fake_tools(tmp_path / "bin", log)
-    for name in ("chroot", "mount", "umount"):
-        tool = tmp_path / "bin" / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
-        tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    log = fake_system_tools(tmp_path, monkeypatch)
     plan.build_steps = []  # the fake tree's .config is what "olddefconfig" left: HZ 250
     (tmp_path / "b/tree/.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n")
     with pytest.raises(HostKernelError, match=r"hz1000\.config: the built config does not hold CONFIG_HZ_1000=y "
