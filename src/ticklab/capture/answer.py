@@ -225,7 +225,11 @@ def _command(experiment: Experiment, claim_experiments: list[Experiment], contex
         kind, words, what = "host", ["ticklab", "capture", context.claim], "this host"
     same_kind = [e for e in claim_experiments
                  if ("lab" if e.lab is not None else "boot" if is_boot_experiment(e) else "host") == kind]
-    if len(same_kind) > 1:
+    # --boot without --experiment runs the claim's default boot experiment
+    from .boot_capture import default_boot_experiment  # here: boot_capture imports the runner, which imports this
+
+    default = default_boot_experiment(same_kind) if kind == "boot" else None
+    if len(same_kind) > 1 and (default is None or default.path != experiment.path):
         words += ["--experiment", _shown(experiment.path)]
     return f"{shlex.join(words + out)}   ({what}: {_shown(experiment.path)})"
 

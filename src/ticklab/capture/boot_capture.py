@@ -124,6 +124,16 @@ def build_missing_kernels(experiment: Experiment, conditions: list[Condition], r
     return [build_and_install(plan, root, say=log) for plan in plans]
 
 
+def default_boot_experiment(found: list[Experiment]) -> Experiment | None:
+    """Of a claim's several boot experiments, the one ``capture --boot`` runs without ``--experiment``: the only one
+    that needs no kernel built, every condition booting the running kernel (nohz's host-boot-ftq beside
+    host-boot-hz, whose HZ kernels are built first); None when there is not exactly one."""
+    running = [e for e in found
+               if all(str(c.get(_variable(e, "host_kernel"), "running")) == "running"
+                      for c in (e.conditions if isinstance(e.conditions, list) else []))]
+    return running[0] if len(running) == 1 else None
+
+
 def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
     paths = [experiment_path] if experiment_path else boot_experiment_paths(claim)
     found = [e for e in (load_experiment(p) for p in paths) if is_boot_experiment(e)]
@@ -131,13 +141,9 @@ def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
         raise ExperimentError(f"{experiment_path or 'runners/' + claim}: no boot experiment (one with a host_kernel "
                               "knob); --boot runs those only")
     if len(found) > 1:
-        # the default is the one that needs no kernel built: every condition boots the running kernel (nohz's
-        # host-boot-ftq beside host-boot-hz, whose HZ kernels are built first)
-        kernel_var = {id(e): _variable(e, "host_kernel") for e in found}
-        running = [e for e in found if all(str(c.get(kernel_var[id(e)], "running")) == "running"
-                                           for c in (e.conditions if isinstance(e.conditions, list) else []))]
-        if len(running) == 1:
-            return running[0]
+        default = default_boot_experiment(found)
+        if default is not None:
+            return default
         raise ExperimentError(f"runners/{claim}: {len(found)} boot experiments ({', '.join(e.path.name for e in found)}); "
                               "name one with --experiment")
     return found[0]
