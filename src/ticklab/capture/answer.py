@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ..bundle import Bundle, load_bundle, measured_results
 from ..paths import repo_root
-from .experiment import (Experiment, ExperimentError, boot_experiment_paths, expand_conditions, experiment_paths,
-                         is_boot_experiment, load_experiment)
+from .experiment import (Experiment, ExperimentError, boot_experiment_paths, default_boot_experiment, expand_conditions,
+                         experiment_paths, is_boot_experiment, load_experiment)
 
 SECONDS_PER = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
@@ -226,8 +226,6 @@ def _command(experiment: Experiment, claim_experiments: list[Experiment], contex
     same_kind = [e for e in claim_experiments
                  if ("lab" if e.lab is not None else "boot" if is_boot_experiment(e) else "host") == kind]
     # --boot without --experiment runs the claim's default boot experiment
-    from .boot_capture import default_boot_experiment  # here: boot_capture imports the runner, which imports this
-
     default = default_boot_experiment(same_kind) if kind == "boot" else None
     if len(same_kind) > 1 and (default is None or default.path != experiment.path):
         words += ["--experiment", _shown(experiment.path)]

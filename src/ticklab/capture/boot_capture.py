@@ -35,7 +35,7 @@ from ..host import HostChanges, facts, host_id, plan_engine
 from ..safefiles import shown
 from . import requirements, tracing
 from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
-                         is_boot_experiment, load_experiment, schedule)
+                         default_boot_experiment, is_boot_experiment, load_experiment, schedule)
 from .runner import HOST_ID_PATTERN, HostExecutor
 from .session import check_counts, open_bundle, plan, plan_counts
 from .stopping import PrecisionGoal, StoppingRule, next_round_runs
@@ -122,16 +122,6 @@ def build_missing_kernels(experiment: Experiment, conditions: list[Condition], r
     if dry_run:
         return [plan.release for plan in plans]
     return [build_and_install(plan, root, say=log) for plan in plans]
-
-
-def default_boot_experiment(found: list[Experiment]) -> Experiment | None:
-    """Of a claim's several boot experiments, the one ``capture --boot`` runs without ``--experiment``: the only one
-    that needs no kernel built, every condition booting the running kernel (nohz's host-boot-ftq beside
-    host-boot-hz, whose HZ kernels are built first); None when there is not exactly one."""
-    running = [e for e in found
-               if all(str(c.get(_variable(e, "host_kernel"), "running")) == "running"
-                      for c in (e.conditions if isinstance(e.conditions, list) else []))]
-    return running[0] if len(running) == 1 else None
 
 
 def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:

@@ -159,6 +159,19 @@ def boot_experiment_paths(claim: str) -> list[Path]:
     return sorted((runners_dir() / claim).glob(f"{BOOT_EXPERIMENT_PREFIX}*.yaml"))
 
 
+def default_boot_experiment(found: list[Experiment]) -> Experiment | None:
+    """Of a claim's several boot experiments, the one ``capture --boot`` runs without ``--experiment``: the only one
+    that needs no kernel built, every condition booting the running kernel (nohz's host-boot-ftq beside
+    host-boot-hz, whose HZ kernels are built first); None when there is not exactly one."""
+    def kernel_knob(experiment: Experiment) -> str | None:
+        return next((name for name, kind in experiment.knobs.items() if kind == "host_kernel"), None)
+
+    running = [e for e in found
+               if all(str(c.get(kernel_knob(e), "running")) == "running"
+                      for c in (e.conditions if isinstance(e.conditions, list) else []))]
+    return running[0] if len(running) == 1 else None
+
+
 def is_boot_experiment(experiment: Experiment) -> bool:
     """Whether ``experiment`` is run one boot of this host per run (``capture --boot``): a ``host_kernel`` knob
     outside the lab."""
