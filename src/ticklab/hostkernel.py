@@ -62,6 +62,9 @@ from pathlib import Path
 
 from .capture.process import kill_group, spawn
 from . import __version__
+from .bundle import file_sha256
+from .host.facts import KERNEL_BUILD_LOG, KERNEL_BUILD_RECORD
+from .safefiles import OwnedDir
 from .paths import repo_root
 
 
@@ -401,6 +404,16 @@ def read_fragment(path: Path) -> dict[str, str]:
         raise HostKernelError(f"{path}: not text (a config fragment is CONFIG_X=value lines)") from None
     except OSError as exc:
         raise HostKernelError(f"{path}: cannot read the config fragment ({exc.strerror or exc})") from None
+    options = config_options(text, refuse=lambda number, line: HostKernelError(
+        f"{path}:{number}: not CONFIG_X=value or '# CONFIG_X is not set': {line[:60]!r}"))
+    if not options:
+        raise HostKernelError(f"{path}: sets no option (lines CONFIG_X=value or '# CONFIG_X is not set')")
+    return options
+
+
+def config_options(text: str, refuse=None) -> dict[str, str]:
+    """A .config's or a fragment's options, option -> value ("n" for '# CONFIG_X is not set'); other comments and
+    blank lines skipped. ``refuse(number, line)``: the error another line raises (None: such lines are skipped)."""
     options: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -409,10 +422,8 @@ def read_fragment(path: Path) -> dict[str, str]:
             options[unset.group(1)] = "n"
         elif setting:
             options[setting.group(1)] = setting.group(2)
-        elif line and not line.startswith("#"):
-            raise HostKernelError(f"{path}:{number}: not CONFIG_X=value or '# CONFIG_X is not set': {line[:60]!r}")
-    if not options:
-        raise HostKernelError(f"{path}: sets no option (lines CONFIG_X=value or '# CONFIG_X is not set')")
+        elif refuse is not None and line and not line.startswith("#"):
+            raise refuse(number, line)
     return options
 
 
@@ -444,13 +455,7 @@ def _scripts_config_args(options: dict[str, str]) -> list[str]:
 def fragment_problems(config_text: str, options: dict[str, str]) -> list[str]:
     """The fragment's options the final .config does not hold as asked (olddefconfig drops what a dependency
     forbids)."""
-    found = {}
-    for line in config_text.splitlines():
-        unset, setting = _FRAGMENT_UNSET.match(line), _FRAGMENT_SET.match(line)
-        if unset:
-            found[unset.group(1)] = "n"
-        elif setting:
-            found[setting.group(1)] = setting.group(2)
+    found = config_options(config_text)
     return [f"{option}={value} (it has " + (f"{option}={found[option]}" if option in found and found[option] != "n"
                                             else "it unset") + ")"
             for option, value in options.items() if found.get(option, "n") != value]
@@ -588,25 +593,6 @@ def _step(argv: list[str], log, *, dies_with_ticklab: bool) -> None:
         raise HostKernelError(f"{log.name}: '{shown(argv)[:120]}' exited {returncode}")
 
 
-BUILD_RECORD = "ticklab-build.json"  # in /lib/modules/<release>/, the directory modules_install just made
-BUILD_LOG = "ticklab-build.log.xz"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _create(path: Path, data: bytes) -> None:
-    """A new file (never through a link, never over an existing file)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as stream:
-        stream.write(data)
-
-
 def write_build_record(plan: HostKernelPlan, root: Path, log_path: Path) -> dict:
     """What made this kernel, beside its modules: the source, the patches applied, the config's digest, the build's
     log (xz) and its digest. A capture that runs on the kernel records it (facts.kernel_build), so a bundle says which
@@ -620,16 +606,17 @@ def write_build_record(plan: HostKernelPlan, root: Path, log_path: Path) -> dict
     record = {
         "built_by": "ticklab kernel build --host", "ticklab_version": __version__, "release": plan.release,
         "source": str(plan.source), "source_version": plan.source_version,
-        "patches": [{"name": c.path.name, "sha256": _sha256(c.path)} for c in plan.patches if c.applies],
-        "config_source": plan.config_source, "config_sha256": _sha256(config) if config.is_file() else None,
+        "patches": [{"name": c.path.name, "sha256": file_sha256(c.path)} for c in plan.patches if c.applies],
+        "config_source": plan.config_source, "config_sha256": file_sha256(config) if config.is_file() else None,
         "localmodconfig": plan.localmodconfig, "modules_kept": plan.module_count,
         "fragment": ({"name": plan.fragment.name, "options": plan.fragment_options}
                      if plan.fragment_options else None),
-        "build_log": BUILD_LOG, "build_log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+        "build_log": KERNEL_BUILD_LOG, "build_log_sha256": hashlib.sha256(log_bytes).hexdigest(),
         "build_log_bytes": len(log_bytes),
     }
-    _create(modules_dir / BUILD_LOG, lzma.compress(log_bytes, preset=6))
-    _create(modules_dir / BUILD_RECORD, (json.dumps(record, indent=2) + "\n").encode())
+    with OwnedDir(modules_dir, create=False) as owned:  # new files only: never through a link, never over a file
+        owned.write_new(KERNEL_BUILD_LOG, lzma.compress(log_bytes, preset=6))
+        owned.write_new(KERNEL_BUILD_RECORD, (json.dumps(record, indent=2) + "\n").encode())
     return record
 
 

@@ -52,12 +52,6 @@ def markdown_table(frame: pd.DataFrame, *, index: bool) -> str:
     return shown.to_markdown(index=keep_index, disable_numparse=True)
 
 
-def plt_rc(name: str):
-    import matplotlib
-
-    return matplotlib.rcParams[name]
-
-
 def _show_in_notebook(fig, png: bytes) -> None:
     """In a notebook's kernel, the PNG just written is what the cell shows, and the figure is closed: the inline
     backend would otherwise draw it twice more at the cell's end (once to find its tight box, once to render)."""
@@ -104,7 +98,9 @@ class Outputs:
         relative = f"figures/{self.claim}/{name}"
         # savefig's bbox_inches="tight" lays the figure out once more for every file; laid out once here, the same
         # box (in inches, so the same at any dpi) serves both files.
-        box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(plt_rc("savefig.pad_inches"))
+        import matplotlib
+
+        box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(matplotlib.rcParams["savefig.pad_inches"])
         written, images = {}, {}
         for form, options in (("png", {"dpi": 120}), ("svg", {})):
             image = io.BytesIO()

@@ -326,7 +326,7 @@ class BootCapture(plan_engine.RunMaker):
             return None
         log = self.root / "lib/modules" / record.get("release", "") / str(record.get("build_log", ""))
         try:
-            if log.is_symlink() or not log.is_file() or log.name != "ticklab-build.log.xz":
+            if log.is_symlink() or not log.is_file() or log.name != facts.KERNEL_BUILD_LOG:
                 raise OSError("not the build log a ticklab install writes")
             text = lzma.decompress(log.read_bytes())
         except (OSError, lzma.LZMAError) as exc:

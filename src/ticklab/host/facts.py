@@ -159,7 +159,9 @@ def kernel_hz(root: Path, release: str) -> dict:
     return {"hz": None, "source": None, "config": {}}
 
 
-KERNEL_BUILD_RECORD = "ticklab-build.json"  # hostkernel.BUILD_RECORD: what `ticklab kernel build --host` installed
+# what `ticklab kernel build --host` installs in /lib/modules/<release>/ (hostkernel.write_build_record)
+KERNEL_BUILD_RECORD = "ticklab-build.json"
+KERNEL_BUILD_LOG = "ticklab-build.log.xz"
 
 
 def kernel_build(root: Path, release: str) -> dict | None:
