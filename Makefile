@@ -61,17 +61,21 @@ lab: lab-kernels  ## every claim's lab experiments in QEMU guests (root; long)
 # plans whose bundles are committed; lab-host-test: the plans' end-to-end tests (abort, a refused boot, a missing
 # kernel image; about an hour of TCG boots).
 LAB_HOST_RUNS ?= 3
-KERNEL_612 ?= /usr/src/linux-source-6.12.tar.xz
+# a series of kernel/sources.yaml (Debian's linux-source-X.Y, installed or fetched) or a tarball's path
+KERNEL_612 ?= 6.12
+KERNEL_72 ?= 7.2
 lab-host: $(STAMP) tools  ## build the lab host disk image (root; debootstrap, ~10 min)
 	$(BIN)/ticklab lab build-host
 
-lab-host-bundles: lab-host  ## the lab host's boot plans (nohz kexec/grub/HZ, hpet on the patched 6.12), bundles into traces/ (root; hours)
+lab-host-bundles: lab-host  ## the lab host's boot plans (nohz kexec/grub/HZ, hpet on the patched 6.12, hrtick on 6.12 and 7.2), bundles into traces/ (root; hours)
 	$(BIN)/ticklab lab host-plan nohz --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces
 	$(BIN)/ticklab lab host-plan nohz --boot grub --runs $(LAB_HOST_RUNS) --warmup 0 --out traces
 	$(BIN)/ticklab lab host-plan hpet --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces \
 	  --experiment runners/hpet/host-boot-clock-read.yaml --kernel $(KERNEL_612)
 	$(BIN)/ticklab lab host-plan nohz --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces \
 	  --experiment runners/nohz/host-boot-hz.yaml --kernel $(KERNEL_612) --kernel-fragment $(KERNEL_612) kernel/fragments/hz1000.config
+	$(BIN)/ticklab lab host-plan hrtick --boot kexec --runs $(LAB_HOST_RUNS) --warmup 0 --out traces \
+	  --experiment runners/hrtick/host-boot-kernels.yaml --kernel $(KERNEL_612) --kernel $(KERNEL_72)
 
 lab-host-test: lab-host  ## the lab host's end-to-end plan tests (root; about an hour)
 	TICKLAB_LAB_HOST_TESTS=1 $(BIN)/python -m pytest -q -n 1 -m labhost tests/test_labhost.py </dev/null

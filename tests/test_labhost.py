@@ -218,3 +218,27 @@ def test_the_timeline_names_each_boot_its_loader_and_the_plans_steps(tmp_path):
         (90.0, "boot plan P: run run-001 (tick-on) made; 1 left"),
         (91.0, "run run-002 (nohz-full): kexec into /boot/vmlinuz-6.1.0-50-amd64 with 'ro nohz_full=1'"),
         (150.2, "boot 2 (6.1.0-50-amd64, by kexec): userspace after 33 s; plan running, 1 made; nohz_full=1")]
+
+
+# -- a kernel source named by its series ------------------------------------------------------------------------------
+def test_host_plan_kernel_by_series_resolves_to_the_series_tarball(monkeypatch, tmp_path, capsys):
+    from ticklab import cli
+    from ticklab.lab import sources
+
+    tarball = tmp_path / "linux-source-7.2.tar.xz"
+    tarball.write_bytes(b"not read here")
+    spec = sources.spec("7.2")
+    monkeypatch.setattr(sources, "find", lambda series: sources.Source(spec, "7.2.13-1", tarball, "fetched from X sid")
+                        if series == "7.2" else None)
+    assert cli._kernel_source("7.2") == tarball
+    assert "kernel source 7.2: " + str(tarball) + " (linux-source-7.2 7.2.13-1, fetched from X sid)" in capsys.readouterr().err
+    assert cli._kernel_source("/usr/src/linux-source-6.12.tar.xz") == Path("/usr/src/linux-source-6.12.tar.xz")
+
+
+def test_host_plan_kernel_series_not_in_sources_yaml_is_one_line(capsys):
+    from ticklab.cli import main
+
+    assert main(["lab", "host-plan", "hrtick", "--boot", "kexec", "--kernel", "9.9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ticklab lab host-plan: no kernel source 9.9 in kernel/sources.yaml (have: ")
+    assert "\n" not in err and "Traceback" not in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -319,8 +320,8 @@ def _lab(args: argparse.Namespace) -> int:
             view = plan_run(args.claim, args.boot, runs=args.runs, warmup=args.warmup, experiment=args.experiment,
                             abort_when_made=args.abort_after_runs, hide_kernel_when_made=args.hide_kernel_after_runs,
                             out=args.out, accel=args.accel, keep_disk=args.keep_disk,
-                            kernels=tuple((source, None) for source in args.kernel)
-                            + tuple((Path(source), Path(fragment)) for source, fragment in args.kernel_fragment),
+                            kernels=tuple((_kernel_source(source), None) for source in args.kernel)
+                            + tuple((_kernel_source(source), Path(fragment)) for source, fragment in args.kernel_fragment),
                             say=lambda text: print(text, file=sys.stderr, flush=True))
             print("\n".join(summary_lines(view)))
         elif args.boot:
@@ -396,6 +397,21 @@ class _LateEpilogParser(argparse.ArgumentParser):
         if late is not None:
             self.epilog = late()
         return super().format_help()
+
+
+def _kernel_source(given: str) -> Path:
+    """A lab host kernel's source: a tarball or tree, or a series (\"7.2\") of kernel/sources.yaml, installed or
+    fetched from the suite it names, as the lab kernels' are."""
+    if not re.fullmatch(r"\d+\.\d+", given):
+        return Path(given)
+    from .lab import sources
+
+    found = sources.find(given)
+    if found is None:
+        found = sources.fetch_source(sources.spec(given), say=lambda text: print(text, file=sys.stderr, flush=True))
+    print(f"kernel source {given}: {found.tarball} ({found.package} {found.version}, {found.origin})",
+          file=sys.stderr, flush=True)
+    return found.tarball
 
 
 def _kernel_sources_epilog() -> str:
@@ -703,8 +719,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(default: kept in the run's directory only)")
     host_plan.add_argument("--accel", choices=["tcg", "kvm"], default="tcg", help="QEMU accelerator (default tcg)")
     host_plan.add_argument("--keep-disk", action="store_true", help="keep the run's disk image")
-    host_plan.add_argument("--kernel", type=Path, action="append", default=[], metavar="SOURCE",
-                           help="build a kernel from this source (tarball or tree; kernel/patches/<X.Y> applied) with "
+    host_plan.add_argument("--kernel", action="append", default=[], metavar="SOURCE",
+                           help="build a kernel from this source (tarball or tree, or a series of kernel/sources.yaml "
+                                "such as 7.2: Debian's linux-source-7.2, fetched if not installed; kernel/patches/<X.Y> "
+                                "applied) with "
                                 "'ticklab kernel build --host --root' against the run's copy of the image, keeping the "
                                 "modules a recorded boot of it loaded, and install it there before the plan (repeat "
                                 "for several; each build is cached)")
