@@ -315,6 +315,18 @@ def _non_finite(instance: Any, path: tuple = ()) -> tuple | None:
     return None
 
 
+_VALIDATORS: dict[int, tuple[dict, Any]] = {}
+
+
+def _validator(schema: dict):
+    """One validator per schema for the process: building one costs more than checking a results.csv row with it
+    (a bundle has thousands). Keyed by identity, the schema kept beside it so that its id is never reused."""
+    found = _VALIDATORS.get(id(schema))
+    if found is None or found[0] is not schema:
+        found = _VALIDATORS[id(schema)] = (schema, jsonschema.Draft202012Validator(schema))
+    return found[1]
+
+
 def problem(instance: Any, schema: dict) -> str | None:
     """The first schema violation as 'field: what is wrong', or None. No number may be NaN or infinite."""
     try:
@@ -328,8 +340,10 @@ def problem(instance: Any, schema: dict) -> str | None:
         if isinstance(value, int):
             return f"{_where(bad)}: {shown(value)} is too large a number"
         return f"{_where(bad)}: {value!r} is not a finite number"
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _validator(schema)
     try:
+        if validator.is_valid(instance):
+            return None
         error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
     except RecursionError:
         return "nested too deeply"
