@@ -72,6 +72,20 @@ def test_a_fact_check_with_alternative_paths_takes_the_first_recorded():
         "1000", "not recorded: no guest.hz|boot.hz for this run", None)
 
 
+def test_hrtick_checks_that_a_runs_kernel_is_the_series_its_condition_names():
+    """hrtick's kernel conditions: a boot plan's run verified on a 6.12 kernel fails a "7.2 …" condition's check."""
+    from ticklab.claims import hrtick
+
+    check = next(c for c in hrtick.CHECKS if c.path == "guest.kernel|boot.release")
+    assert check.evaluate({"condition": "7.2 hrtick-on", "boot": {"release": "7.2.13-ticklab-0a1b2c3d"}},
+                          _results()) == ("starts with 7.2.", "7.2.13-ticklab-0a1b2c3d", True)
+    assert check.evaluate({"condition": "7.2 hrtick-on", "boot": {"release": "6.12.117-ticklab-7971d723"}},
+                          _results()) == ("starts with 7.2.", "6.12.117-ticklab-7971d723", False)
+    assert check.evaluate({"condition": "6.12 hrtick-off", "guest": {"kernel": "6.12.117-ticklab"}},
+                          _results())[2] is True
+    assert check.evaluate({"condition": "hrtick-on", "boot": {"release": "6.12.117"}}, _results()) is None
+
+
 def _labhost_bundles():
     refs = [r for r in find_bundles(TRACES, "nohz") if "-labhost-" in r.host_id]
     if not refs:

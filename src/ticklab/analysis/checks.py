@@ -57,6 +57,7 @@ class FactCheck:
     path: str                           # dotted path into the run record (see ``fact``); a|b: the first recorded
     expected: Mapping[str, object]      # condition pattern (fnmatch) -> expected value; first match wins
     contains: bool = False
+    starts_with: bool = False           # the recorded value begins with the expected one (a kernel series: "6.12.")
 
     def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
         """(expected, observed, passed) for a run this check applies to, else None; passed is None when unrecorded."""
@@ -67,6 +68,8 @@ class FactCheck:
                     MISSING)
         if seen is MISSING:
             return str(wanted), f"not recorded: no {self.path} for this run", None
+        if self.starts_with:
+            return f"starts with {wanted}", str(seen), str(seen).startswith(str(wanted))
         passed = str(wanted) in str(seen) if self.contains else str(seen) == str(wanted)
         return (f"contains {wanted}" if self.contains else str(wanted)), str(seen), passed
 

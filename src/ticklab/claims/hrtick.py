@@ -168,8 +168,12 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
 
 # HRTICK is a scheduler feature switched per run: it must have been on (off) while the run ran. Conditions are
 # "hrtick-on" or, where the kernel is a condition too, "<series> hrtick-on".
+# Where the kernel is a condition too, the run's kernel (a lab guest's, or the one a boot plan's run was verified to
+# have booted) is of the series the condition names.
 CHECKS = [FactCheck("HRTICK sched feature during the run", "knobs[feature=HRTICK].during",
-                    {"*hrtick-on": "HRTICK", "*hrtick-off": "NO_HRTICK"})]
+                    {"*hrtick-on": "HRTICK", "*hrtick-off": "NO_HRTICK"}),
+          FactCheck("the run's kernel is the condition's series", "guest.kernel|boot.release",
+                    {f"{BEFORE} *": f"{BEFORE}.", f"{AFTER} *": f"{AFTER}."}, starts_with=True)]
 
 
 HRTICK_REPROGRAMS, HRTICK_REPROGRAMS_PER_WORK = "hrtick_reprograms_per_s", "hrtick_reprograms_per_kmsg"
