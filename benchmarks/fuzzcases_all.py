@@ -7,10 +7,12 @@ from __future__ import annotations
 from fuzzcases import BundleFamily, CliYamlFamily, PublishedFamily, TraceFamily, WorkloadFamily
 from fuzzcases_accounting import CompressedBombFamily, TraceFieldsFamily
 from fuzzcases_ingest import IngestOutLinksFamily, TraceCountsFamily, TraceSpecialsFamily
+from fuzzcases_outputs import OutputPlacesFamily
 from fuzzcases_plans import CmdlineWordsFamily, PlanStateFamily
 from fuzzcases_special import SpecialFilesFamily
 from fuzzcases_yaml import YamlAliasFamily, YamlEmptyTypedFamily
 
 FAMILIES = [BundleFamily(), TraceFamily(), WorkloadFamily(), PublishedFamily(), CliYamlFamily(), SpecialFilesFamily(),
             PlanStateFamily(), CmdlineWordsFamily(), IngestOutLinksFamily(), TraceSpecialsFamily(), TraceCountsFamily(),
-            TraceFieldsFamily(), CompressedBombFamily(), YamlAliasFamily(), YamlEmptyTypedFamily()]
+            TraceFieldsFamily(), CompressedBombFamily(), YamlAliasFamily(), YamlEmptyTypedFamily(),
+            OutputPlacesFamily()]

@@ -89,7 +89,7 @@ def _other_families():
 
 
 # the families whose campaign takes over a second of CPU: make test runs them, make check leaves them out
-SLOW_FAMILIES = {"bombs", "trace-counts", "plan-state"}
+SLOW_FAMILIES = {"bombs", "trace-counts", "plan-state", "output-places"}
 
 
 @pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind.key in SLOW_FAMILIES else kind
