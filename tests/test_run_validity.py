@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from ticklab.analysis.captured import find_bundles
+from ticklab.bundle import load_bundle
 from ticklab.analysis.checks import (BUNDLE_HOST, MISSING, RUN_HZ, FactCheck, MetricCheck, check_table, excluded_runs,
                                      run_checks, run_hz)
 from ticklab.analysis.comparisons import measured_runs
@@ -86,10 +87,10 @@ def test_hrtick_checks_that_a_runs_kernel_is_the_series_its_condition_names():
     assert check.evaluate({"condition": "hrtick-on", "boot": {"release": "6.12.117"}}, _results()) is None
 
 
-def _labhost_bundles():
-    refs = [r for r in find_bundles(TRACES, "nohz") if "-labhost-" in r.host_id]
+def _labhost_bundles(experiment: str = "host-boot-ftq"):
+    refs = [r for r in find_bundles(TRACES, "nohz") if "-labhost-" in r.host_id and r.path.name.endswith(experiment)]
     if not refs:
-        pytest.skip("no lab host nohz bundle in traces/")
+        pytest.skip(f"no lab host nohz {experiment} bundle in traces/")
     return refs
 
 
@@ -106,6 +107,32 @@ def test_the_lab_hosts_runs_are_named_for_their_hpet_clocksource_and_starved_cpu
     assert (stop["not_recorded"] == 0).all() and stop["failed"].sum() >= 1
     runs, notes = measured_runs(refs, nohz.CHECKS, "nohz")
     assert runs.empty and any("could not be computed" in note for note in notes)
+
+
+def test_the_lab_hosts_hz_plan_booted_each_runs_own_build_at_its_hz_and_its_starved_vcpu_keeps_it_out():
+    """The HZ plan (issue 39): each run booted the kernel its condition names, built by kernel build --host (the build
+    record in its boot), at the HZ the condition says; the 6.12 kernels read the clock through the TSC even under TCG,
+    but the busy vCPU was starved in every run, so none enters a verdict."""
+    refs = _labhost_bundles("host-boot-hz")
+    table = check_table(run_checks("nohz", nohz.CHECKS, refs))
+    hz = table[table["check"] == "kernel HZ as the condition says"].set_index("condition")
+    assert hz.loc["hz250", "observed"] == "250" and hz.loc["hz1000", "observed"] == "1000"
+    assert (hz["passed"] == hz["runs"]).all() and set(hz["runs"]) == {3}
+    clock = table[table["check"].str.startswith("FTQ read the clock through the TSC")]
+    assert set(clock["observed"]) == {"clocksource tsc"} and (clock["status"] == "passed").all()
+    starved = table[table["check"].str.startswith("the busy CPU was not starved")]
+    assert (starved["failed"] == starved["runs"]).all()
+    for ref in refs:
+        runs = load_bundle(ref.path).manifest["runs"]
+        for run in runs:
+            boot = run["boot"]
+            want = "-ticklab-hz1000-" if run["condition"] == "hz1000" else "-ticklab-"
+            assert want in boot["release"] and boot["release"].startswith("6.12.")
+            assert boot["kernel_build"]["build_log_matches"] is True and len(boot["kernel_build"]["config_sha256"]) == 64
+        assert {r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz1000"} != \
+            {r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz250"}
+    runs, notes = measured_runs(refs, nohz.CHECKS, "nohz")
+    assert runs.empty
 
 
 def test_the_lab_hosts_rows_are_not_testable_here_naming_why_and_the_forest_shows_no_point_for_them():
