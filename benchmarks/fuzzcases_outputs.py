@@ -51,6 +51,38 @@ RACE_KINDS = ["symlink", "dangling symlink", "directory symlink", "hard link", "
 SITES = ["seal-manifest", "view session", "view trace cache", "report --out", "bench --keep", "safefiles"]
 
 
+def plant(kind: str, where: Path, victim: Path, nowhere: Path, directory: Path) -> None:
+    """Put ``kind`` at ``where``: a link to the victim, to nowhere or to a directory outside, a hard link to the victim,
+    a FIFO, a device (/dev/null's numbers as root, else a link to /dev/null), a regular file, or a directory holding
+    a link and a hard link to the victim (tests/test_safe_writes.py plants with it too)."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "symlink":
+        where.symlink_to(victim)
+    elif kind == "dangling symlink":
+        where.symlink_to(nowhere)
+    elif kind == "directory symlink":
+        where.symlink_to(directory)
+    elif kind == "hard link":
+        os.link(victim, where)
+    elif kind == "fifo":
+        os.mkfifo(where)
+        os.chmod(where, 0o644)
+    elif kind == "device":
+        if os.geteuid() == 0:
+            os.mknod(where, stat.S_IFCHR | 0o644, os.makedev(1, 3))  # /dev/null's numbers
+            os.chmod(where, 0o644)
+        else:
+            where.symlink_to("/dev/null")
+    elif kind == "regular file":
+        where.write_bytes(b"someone else's regular file\n")
+    elif kind == "directory":
+        where.mkdir()
+        (where / "planted-link").symlink_to(victim)
+        os.link(victim, where / "planted-hard-link")
+    else:
+        raise AssertionError(kind)
+
+
 @dataclass
 class Outside:
     """What lies outside every output place: the victim (root's, 0600), a directory, where a dangling link points."""
@@ -65,32 +97,7 @@ class Outside:
         self.victim.chmod(0o600)
 
     def plant(self, kind: str, where: Path) -> None:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        if kind == "symlink":
-            where.symlink_to(self.victim)
-        elif kind == "dangling symlink":
-            where.symlink_to(self.nowhere)
-        elif kind == "directory symlink":
-            where.symlink_to(self.directory)
-        elif kind == "hard link":
-            os.link(self.victim, where)
-        elif kind == "fifo":
-            os.mkfifo(where)
-            os.chmod(where, 0o644)
-        elif kind == "device":
-            if os.geteuid() == 0:
-                os.mknod(where, stat.S_IFCHR | 0o644, os.makedev(1, 3))  # /dev/null's numbers
-                os.chmod(where, 0o644)
-            else:
-                where.symlink_to("/dev/null")
-        elif kind == "regular file":
-            where.write_bytes(b"someone else's regular file\n")
-        elif kind == "directory":
-            where.mkdir()
-            (where / "planted-link").symlink_to(self.victim)
-            os.link(self.victim, where / "planted-hard-link")
-        else:
-            raise AssertionError(kind)
+        plant(kind, where, self.victim, self.nowhere, self.directory)
 
     def escape(self) -> str | None:
         """What was done outside: the victim written or its mode changed, something created there."""

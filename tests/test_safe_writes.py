@@ -33,6 +33,7 @@ from test_bundle import make_bundle
 from test_ingest_fast import sample_files
 
 sys.path.insert(0, str(REPO / "benchmarks"))
+import fuzzcases_outputs  # noqa: E402
 import ingest_speed  # noqa: E402
 
 KINDS = ["symlink", "dangling symlink", "hard link", "fifo", "device"]
@@ -54,25 +55,9 @@ class Outside:
     nowhere: Path
 
     def plant(self, kind: str, where: Path) -> None:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        if kind == "symlink":
-            where.symlink_to(self.victim)
-        elif kind == "dangling symlink":
-            where.symlink_to(self.nowhere)
-        elif kind == "directory symlink":
-            where.symlink_to(self.root / "directory")
-        elif kind == "hard link":
-            os.link(self.victim, where)
-        elif kind == "fifo":
-            os.mkfifo(where)
-            os.chmod(where, 0o644)
-        elif kind == "device":
-            if os.geteuid() != 0:
-                pytest.skip("making a device node needs root (mknod)")
-            os.mknod(where, stat.S_IFCHR | 0o644, os.makedev(1, 3))  # /dev/null's numbers
-            os.chmod(where, 0o644)
-        else:
-            raise AssertionError(kind)
+        if kind == "device" and os.geteuid() != 0:
+            pytest.skip("making a device node needs root (mknod)")
+        fuzzcases_outputs.plant(kind, where, self.victim, self.nowhere, self.root / "directory")
 
     def plant_in_window(self, monkeypatch, kind: str, where: Path) -> list[Path]:
         """Plant ``kind`` at ``where`` when ticklab has checked it and is about to write it (safefiles' hook);
