@@ -23,7 +23,7 @@ TRACES = paths.traces_dir()
 
 
 def labhost_bundles(mode: str) -> list[Path]:
-    return sorted(p.parent for p in TRACES.glob(f"*-labhost-{mode}/nohz/*/manifest.json"))
+    return sorted(p.parent for p in TRACES.glob(f"*-labhost-{mode}/nohz/*-host-boot-ftq/manifest.json"))
 
 
 # -- what the checkout copies into the image -------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_a_guest_trace_dat_names_the_tick_from_its_own_kallsyms():
     import json
 
     # the guest-ftq bundles (HZ=1000/250/nohz_full lab kernels), not the lab host's or kexec plans' bundles
-    bundles = sorted(p for p in (REPO / "traces").glob("guest-tcg-2vcpu-*/nohz/*")
+    bundles = sorted(p for p in (REPO / "traces").glob("guest-tcg-2vcpu-*/nohz/*-guest-ftq")
                      if any(c["name"] == "hz250" for c in json.loads((p / "manifest.json").read_text())["conditions"]))
     if not bundles:
         pytest.skip("no bundled guest nohz bundle with an hz250 condition")
