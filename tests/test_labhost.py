@@ -228,8 +228,9 @@ def test_host_plan_kernel_by_series_resolves_to_the_series_tarball(monkeypatch, 
     tarball = tmp_path / "linux-source-7.2.tar.xz"
     tarball.write_bytes(b"not read here")
     spec = sources.spec("7.2")
-    monkeypatch.setattr(sources, "find", lambda series: sources.Source(spec, "7.2.13-1", tarball, "fetched from X sid")
-                        if series == "7.2" else None)
+    monkeypatch.setattr(sources, "installed", lambda source: None)
+    monkeypatch.setattr(sources, "fetched", lambda source: sources.Source(spec, "7.2.13-1", tarball, "fetched from X sid")
+                        if source == spec else None)
     assert cli._kernel_source("7.2") == tarball
     assert "kernel source 7.2: " + str(tarball) + " (linux-source-7.2 7.2.13-1, fetched from X sid)" in capsys.readouterr().err
     assert cli._kernel_source("/usr/src/linux-source-6.12.tar.xz") == Path("/usr/src/linux-source-6.12.tar.xz")

@@ -406,9 +406,7 @@ def _kernel_source(given: str) -> Path:
         return Path(given)
     from .lab import sources
 
-    found = sources.find(given)
-    if found is None:
-        found = sources.fetch_source(sources.spec(given), say=lambda text: print(text, file=sys.stderr, flush=True))
+    found = sources.require(given, progress=False, say=lambda text: print(text, file=sys.stderr, flush=True))
     print(f"kernel source {given}: {found.tarball} ({found.package} {found.version}, {found.origin})",
           file=sys.stderr, flush=True)
     return found.tarball

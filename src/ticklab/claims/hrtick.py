@@ -167,9 +167,8 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
 
 
 # HRTICK is a scheduler feature switched per run: it must have been on (off) while the run ran. Conditions are
-# "hrtick-on" or, where the kernel is a condition too, "<series> hrtick-on".
-# Where the kernel is a condition too, the run's kernel (a lab guest's, or the one a boot plan's run was verified to
-# have booted) is of the series the condition names.
+# "hrtick-on" or, where the kernel is a condition too, "<series> hrtick-on", whose run's kernel (a lab guest's, or the
+# one a boot plan's run was verified to have booted) must be of that series.
 CHECKS = [FactCheck("HRTICK sched feature during the run", "knobs[feature=HRTICK].during",
                     {"*hrtick-on": "HRTICK", "*hrtick-off": "NO_HRTICK"}),
           FactCheck("the run's kernel is the condition's series", "guest.kernel|boot.release",
