@@ -86,6 +86,42 @@ def test_an_unfiltered_ftrace_filter_is_put_back_as_empty(tmp_path):
     assert (instance / "set_ftrace_filter").read_text() == ""  # written empty: the kernel lists all functions again
 
 
+def test_a_function_tracing_experiment_is_not_given_to_trace_cmd_and_the_reason_is_said(monkeypatch):
+    from ticklab.capture import tracing
+
+    # trace-cmd works here, as in a lab guest: still not chosen when the experiment traces a function, because its
+    # teardown empties set_ftrace_filter while the function tracer is on (every kernel function traced for a moment)
+    monkeypatch.setitem(tracing._PROBED, "result", (True, "trace-cmd record works"))
+    functions = load_experiment(REPO / "runners/hrtick/host-boot-kernels.yaml").trace_settings().functions
+    backend, why = tracing.choose_backend(None, "auto", functions)
+    assert backend == "tracefs" and "set_ftrace_filter" in why and "every kernel function" in why
+    assert tracing.choose_backend(None, "auto", []) == ("trace-cmd", "trace-cmd record works")
+    assert tracing.choose_backend(None, "trace-cmd", functions) == ("trace-cmd", "asked for")
+
+
+def test_the_instance_tracer_is_put_back_to_nop_before_its_filter_is_emptied(tmp_path, monkeypatch):
+    from ticklab.host import knobs
+
+    root = tmp_path / "root"
+    instance = root / "sys/kernel/tracing/instances/ticklab-1"
+    instance.mkdir(parents=True)
+    (instance / "set_ftrace_filter").write_text("#### all functions enabled ####\n")
+    (instance / "current_tracer").write_text("nop\n")
+    undone, undo = [], knobs._undo
+
+    def recording_undo(change):
+        undone.append((Path(change.path).name, (instance / "current_tracer").read_text().strip()))
+        return undo(change)
+
+    monkeypatch.setattr(knobs, "_undo", recording_undo)
+    with HostChanges(tmp_path / "j.json", root=root, log=lambda _: None) as host:  # the order TracefsRecorder writes
+        host.write("sys/kernel/tracing/instances/ticklab-1/set_ftrace_filter", "clockevents_program_event")
+        host.write("sys/kernel/tracing/instances/ticklab-1/current_tracer", "function")
+    assert [name for name, _ in undone] == ["current_tracer", "set_ftrace_filter"]
+    assert dict(undone)["set_ftrace_filter"] == "nop"  # the tracer was off before the filter was emptied
+    assert (instance / "set_ftrace_filter").read_text() == "" and (instance / "current_tracer").read_text() == "nop"
+
+
 def test_function_names_in_an_experiment_must_be_identifiers(tmp_path):
     definition = yaml.safe_load((REPO / "runners/hrtick/guest-hackbench.yaml").read_text())
     assert load_experiment(REPO / "runners/hrtick/guest-hackbench.yaml").trace["functions"] == ["clockevents_program_event"]

@@ -307,7 +307,8 @@ class BootCapture(plan_engine.RunMaker):
             if experiment.trace:
                 tracing.ensure_tracefs(host)
             here = facts.collect(self.root)
-            backend = tracing.choose_backend(host, self.context["backend"])[0] if experiment.trace else None
+            backend = (tracing.choose_backend(host, self.context["backend"], experiment.trace_settings().functions)[0]
+                       if experiment.trace else None)
             HostExecutor(experiment, host, here, backend, self.log).make_run(
                 writer, PlannedRun(run.name, order, condition, run.warmup))
         record = writer.manifest.runs[-1]

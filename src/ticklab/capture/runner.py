@@ -76,8 +76,8 @@ class Capture:
             conditions = expand_conditions(experiment, facts)
             if not conditions and not failed:
                 failed["conditions"] = "no condition of this experiment exists on this host"
-            backend, backend_why = (tracing.choose_backend(host, options.backend) if experiment.trace and not failed
-                                    else (None, None))
+            backend, backend_why = (tracing.choose_backend(host, options.backend, experiment.trace_settings().functions)
+                                    if experiment.trace and not failed else (None, None))
             identity = options.host_id or host_id(facts)
             if not HOST_ID_PATTERN.match(identity):
                 raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")

@@ -94,7 +94,8 @@ def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK, k
                 result["extra"] = _extra(experiment, planned.condition, host, facts, job["extra"], run_dir)
                 result["extra"]["boot_mismatch"] = mismatch
                 return result
-            backend, why = tracing.choose_backend(host, job.get("backend", "auto")) if experiment.trace else (None, None)
+            backend, why = (tracing.choose_backend(host, job.get("backend", "auto"), experiment.trace_settings().functions)
+                            if experiment.trace else (None, None))
             result["tracing"] = {"backend": backend, "why": why}
             record = execute_run(experiment, planned, host, facts, backend, run_dir)
             record["boot_mismatch"] = mismatch
