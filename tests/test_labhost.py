@@ -75,6 +75,22 @@ def test_only_kexec_and_grub_plans_are_played():
         labhost.plan_run("nohz", "manual")
 
 
+def test_the_recipes_vcpus_take_turns_in_one_tcg_thread():
+    # a thread per vCPU oopsed while the hrtick plan enabled its tracing (code patched through int3): see the recipe
+    assert labhost._accel_option("tcg", labhost.recipe()) == "tcg,thread=single"
+    assert labhost._accel_option("tcg", {}) == "tcg" and labhost._accel_option("kvm", {"tcg_thread": "single"}) == "kvm"
+    with pytest.raises(labhost.LabError, match=r"lab-host.yaml: tcg_thread 'two': use single or multi"):
+        labhost._accel_option("tcg", {"tcg_thread": "two"})
+
+
+def test_a_boot_line_a_guest_crash_cut_off_is_kept_as_unreadable_and_the_later_boots_read():
+    # what the hrtick plan's oops left (2026-11-28): the third boot's line a block of zeros, three boots after it
+    first, later = json.dumps({"phase": "before", "boot": 1}), json.dumps({"phase": "before", "boot": 4})
+    boots = labhost._boot_lines(f"{first}\n".encode() + b"\0" * 622 + f"\n{later}\n{{broken\n".encode())
+    assert boots == [{"phase": "before", "boot": 1}, {"unreadable": "622 zero bytes (a write the guest's crash cut off)"},
+                     {"phase": "before", "boot": 4}, {"unreadable": "7 bytes that are not JSON"}]
+
+
 # -- the committed bundles from the lab host ---------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["kexec", "grub"])
 def test_the_lab_host_bundle_has_one_verified_boot_per_run_interleaved(mode):

@@ -102,6 +102,8 @@ def main(phase):
             "plan": plan["state"] if plan else None, "made": made}
     with open(f"{STATE}/boots.jsonl", "a") as log:
         log.write(json.dumps(line) + "\n")
+        log.flush()
+        os.fsync(log.fileno())  # a kernel that panics soon after leaves the line, not a zero-filled block
     say(f"{phase} boot {state['boots']} ({release}, up {line['uptime_s']:.1f} s): '{cmdline}'; "
         f"plan {line['plan']}, {made} made")
     save_json(f"{STATE}/state.json", state)

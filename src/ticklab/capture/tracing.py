@@ -255,10 +255,10 @@ def _probe(host: HostChanges) -> tuple[bool, str]:
 # Why ``auto`` does not give a function-tracing experiment to trace-cmd: when it ends, trace-cmd
 # (finalize_record_trace, read in 3.4; Debian 12's 3.1.6 behaves the same) empties set_ftrace_filter before it writes
 # nop to current_tracer, so for a moment the function tracer is on every traceable function: tens of thousands of
-# call sites patched through int3 and patched back, during the run's teardown. On the lab host under QEMU TCG that
-# batch oopsed ("Oops: int3" at the entry of an unrelated function, function_trace_call on the stack) in 3 of 7 runs,
-# on 6.12 and on 7.2. ticklab's own recorder traces through an instance of its own and puts its tracer back to nop
-# before its filter.
+# call sites patched through int3 and patched back, during the run's teardown. On the lab host under QEMU TCG three
+# runs oopsed in that batch ("Oops: int3" at the entry of an unrelated function, function_trace_call on the stack).
+# ticklab's own recorder traces through an instance of its own, patches only the filtered functions' sites, and puts
+# its tracer back to nop before its filter.
 FUNCTIONS_NOT_TRACE_CMD = ("the experiment traces functions, and trace-cmd empties set_ftrace_filter before it stops "
                            "the function tracer when it ends (every kernel function traced for a moment)")
 

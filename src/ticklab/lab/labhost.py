@@ -467,12 +467,23 @@ def _said(line: str) -> str | None:
     return None
 
 
+def _accel_option(accel: str, data: dict) -> str:
+    """QEMU's -accel value: TCG with the recipe's ``tcg_thread`` (single: the vCPUs take turns in one thread)."""
+    thread = data.get("tcg_thread")
+    if accel != "tcg" or thread is None:
+        return accel
+    if thread not in ("single", "multi"):
+        raise LabError(f"{repo_root() / RECIPE}: tcg_thread {thread!r}: use single or multi")
+    return f"tcg,thread={thread}"
+
+
 def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = "tcg", say=print) -> dict:
     """Boot the run's disk through the firmware until the guest powers off; every console line is stamped with the
     seconds since QEMU started (console.timeline.tsv), and the driver's and plan's lines are said."""
     console = run_dir / "console.log"
     argv = [QEMU, "-name", "ticklab-lab-host", "-nodefaults", "-no-user-config", "-display", "none",
-            "-monitor", "none", "-machine", "pc", "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+            "-monitor", "none", "-machine", "pc", "-accel", _accel_option(accel, data),
+            "-cpu", "host" if accel == "kvm" else "max",
             "-smp", str(data.get("smp", 2)), "-m", f"{data.get('memory_mb', 2048)}M",
             "-drive", f"file={run_dir / 'disk.raw'},format=raw,if=virtio", "-nic", "none",
             "-serial", f"file:{console}"]
@@ -537,12 +548,28 @@ def collect(run_dir: Path) -> dict:
     final = out / "state" / "final.json"
     view["final"] = json.loads(final.read_text()) if final.is_file() else None
     boots = out / "state" / "boots.jsonl"
-    view["boots"] = [json.loads(line) for line in boots.read_text().splitlines()] if boots.is_file() else []
+    view["boots"] = _boot_lines(boots.read_bytes()) if boots.is_file() else []
     plans = sorted((out / "plans").glob("*/plan.json"))
     view["plan"] = json.loads(plans[-1].read_text()) if plans else None
     view["bundles"] = sorted(str(p.parent.relative_to(out / "traces")) for p in (out / "traces").glob("*/*/*/manifest.json"))
     (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
     return view
+
+
+def _boot_lines(text: bytes) -> list[dict]:
+    """The driver's boots.jsonl; a line a crash left unreadable (ext4 fills an unwritten block with zeros) is kept
+    as what it is, not fatal: the boots after it were recorded."""
+    boots = []
+    for line in text.split(b"\n"):
+        if not line.strip(b"\0 \t\r"):
+            if line:
+                boots.append({"unreadable": f"{len(line)} zero bytes (a write the guest's crash cut off)"})
+            continue
+        try:
+            boots.append(json.loads(line))
+        except ValueError:
+            boots.append({"unreadable": f"{len(line)} bytes that are not JSON"})
+    return boots
 
 
 def runs_dir() -> Path:
