@@ -158,6 +158,23 @@ def test_fresh_ftq_samples_feed_the_figure_spectrum_and_verdicts(tmp_path):
     assert set(runs["metric"]) >= {"ftq_count_mean", "ftq_noise_fraction"} and not notes
 
 
+def test_the_sorted_ftq_curve_is_drawn_through_evenly_spaced_ranks_with_both_ends():
+    import numpy as np
+    import pandas as pd
+
+    counts = np.random.default_rng(4).integers(1000, 90000, size=50_001)
+    samples = pd.DataFrame({"host_id": "h", "condition": "hz1000", "run": "run-001", "quantum_ns": 100000,
+                            "index": np.arange(len(counts)), "count": counts})
+    line = nohz.ftq_sorted_figure(samples, "h").axes[0].lines[0]
+    share, drawn = line.get_xdata(), line.get_ydata()
+    assert len(drawn) == nohz.SORTED_CURVE_POINTS and (np.diff(drawn) >= 0).all()
+    assert drawn[0] == counts.min() / counts.max() and drawn[-1] == 1.0  # the fewest and the most work both drawn
+    assert share[0] == 1 / len(counts) and share[-1] == 1.0
+    assert "50001 quanta" in line.get_label()  # the legend counts every quantum, not the points drawn
+    few = samples.head(300)
+    assert len(nohz.ftq_sorted_figure(few, "h").axes[0].lines[0].get_ydata()) == 300  # fewer quanta: every one
+
+
 def test_every_setup_in_the_data_is_accounted_for_in_one_row(tmp_path):
     from types import SimpleNamespace
 
