@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from ticklab.claims import SUMMARY_NOTEBOOK, all_claims
 from ticklab.report import build
@@ -16,10 +17,11 @@ def test_claims_notebooks_run_at_most_jobs_at_once_longest_first_and_the_summary
     claims = [c.notebook for c in all_claims()]
     last = {name: float(i) for i, name in enumerate(claims)}  # the last claim's notebook was the slowest
     out = tmp_path / "out"
-    lock, running, events = threading.Lock(), set(), []
+    lock, running, events, servers = threading.Lock(), set(), [], set()
 
-    def fake_run(notebook, executed, parameters, *, cell_timeout, notebook_timeout, claim):
+    def fake_run(notebook, executed, parameters, *, cell_timeout, notebook_timeout, claim, kernel_server):
         with lock:
+            servers.add(kernel_server)
             running.add(notebook.name)
             events.append(("start", notebook.name, len(running)))
         time.sleep(0.05)
@@ -31,6 +33,9 @@ def test_claims_notebooks_run_at_most_jobs_at_once_longest_first_and_the_summary
     monkeypatch.setattr(build, "run_notebook", fake_run)
     said = []
     build.run_report(out, data_dir=tmp_path, published_dir=tmp_path, jobs=2, log=said.append)  # writes summary.json
+    # every notebook, the summary too, had its kernel from the one fork server (report/kernelfork.py), now gone
+    (server,) = servers
+    assert server.endswith("/kernels.sock") and not Path(server).parent.exists()
     assert [n["duration_s"] for n in json.loads((out / "summary.json").read_text())["notebooks"]][:len(claims)] == \
         [last[n] for n in claims], said
     events.clear()

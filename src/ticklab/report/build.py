@@ -38,7 +38,7 @@ from ..analysis.forest import FOREST
 from ..claims import SUMMARY_NOTEBOOK, all_claims, get_claim
 from ..paths import notebooks_dir
 from ..safefiles import OwnedDir, UnsafeFileError
-from . import outdir
+from . import kernelfork, outdir
 from .notebook import ParameterError, check_parameters
 from .firstscreen import HEADLINE_RULE, badge, claim_grid, legend, verdict_table
 from .summary import SUMMARY, collect_checks, collect_verdicts
@@ -105,13 +105,14 @@ def _failing_cell(executed: Path) -> str | None:
 
 
 def run_notebook(notebook: Path, executed: Path, parameters: dict, *, cell_timeout: int, notebook_timeout: int,
-                 claim: str) -> NotebookResult:
+                 claim: str, kernel_server: str | None = None) -> NotebookResult:
     command = [sys.executable, "-m", "ticklab.report.papermill_main", str(notebook), str(executed), "-k", "python3", "--engine", "ticklab",
                "--execution-timeout", str(cell_timeout), "--no-progress-bar", "--log-level", "WARNING",
                "-y", json.dumps(parameters)]
     start = time.monotonic()
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=notebook_timeout)
+        environment = {**os.environ, kernelfork.SOCKET_ENV: kernel_server} if kernel_server else None
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=notebook_timeout, env=environment)
     except subprocess.TimeoutExpired:
         return NotebookResult(notebook.name, claim, "timeout", time.monotonic() - start,
                               error=f"did not finish within {notebook_timeout} s")
@@ -311,13 +312,15 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
             owned.check_replaceable(f"notebooks/{name}")
             owned.remove(f"notebooks/{name}", missing_ok=True)
 
+    kernel_server = None
+
     def run(name: str) -> NotebookResult:
         claim = claim_of[name]
         # a summary of a partial run covers the claims that ran, not stale outputs of others
         extra = {"claims": ",".join(ran)} if name == SUMMARY_NOTEBOOK and only else {}
         return run_notebook((notebook_dir or notebooks_dir()) / name, output_dir / "notebooks" / name,
                             {**params, **extra}, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
-                            claim=claim)
+                            claim=claim, kernel_server=kernel_server)
 
     def finish(result: NotebookResult, position: int) -> NotebookResult:
         claim, name = result.claim, result.notebook
@@ -343,13 +346,14 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
     if claim_notebooks:
         log(f"running {len(claim_notebooks)} notebook(s), {workers} at a time: {', '.join(claim_notebooks)}")
     by_name: dict[str, NotebookResult] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    # each notebook's kernel forked from one process that imported what they import (kernelfork)
+    with kernelfork.started() as kernel_server, concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         pending = {pool.submit(run, name): name for name in claim_notebooks}
         for done in concurrent.futures.as_completed(pending):
             by_name[pending[done]] = finish(done.result(), len(by_name) + 1)
-    if SUMMARY_NOTEBOOK in order:
-        log(f"running {SUMMARY_NOTEBOOK} (reads what the claims' notebooks wrote)")
-        by_name[SUMMARY_NOTEBOOK] = finish(run(SUMMARY_NOTEBOOK), len(by_name) + 1)
+        if SUMMARY_NOTEBOOK in order:
+            log(f"running {SUMMARY_NOTEBOOK} (reads what the claims' notebooks wrote)")
+            by_name[SUMMARY_NOTEBOOK] = finish(run(SUMMARY_NOTEBOOK), len(by_name) + 1)
     results = [by_name[name] for name in order]
 
     verdicts = checks = None

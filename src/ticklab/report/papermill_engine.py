@@ -14,10 +14,14 @@ this engine runs ``ticklab`` as the interpreter papermill runs in, as ipykernel'
 
 from __future__ import annotations
 
+import os
+
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import KernelManager
 from papermill.engines import NBClientEngine
 from traitlets import default
+
+from . import kernelfork
 
 KERNEL_NAME = "ticklab"
 KERNEL_DISPLAY_NAME = "Python (ticklab)"  # as `make kernelspec` installs it
@@ -43,6 +47,10 @@ class EncryptedKernelManager(KernelManager):
     def __init__(self, **kwargs):
         kwargs.setdefault("transport_encryption", "auto")
         super().__init__(**kwargs)
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        # under ticklab report: a kernel forked from the report's fork server, imports done (report/kernelfork.py)
+        return kernelfork.kernel_command(super().format_kernel_cmd(extra_arguments), os.environ.get(kernelfork.SOCKET_ENV))
 
     @default("kernel_spec_manager")
     def _ticklab_kernel_specs(self) -> KernelSpecManager:

@@ -1,0 +1,297 @@
+"""Notebook kernels forked from one process that has imported what the notebooks import (``ticklab report``).
+
+Every notebook ran in a kernel of its own that started Python, imported ipykernel and then pandas, scipy, matplotlib
+and ticklab's analysis: about 2.5 s of CPU per notebook before its first cell did any work, six times per report on
+two cores. ``ticklab report`` now starts one *fork server* (``serve``): it imports those modules once, then for each
+kernel asked of it forks a child that becomes that kernel (``ipykernel.kernelapp.launch_new_instance`` with the
+kernel's own arguments, working directory and environment). A fork starts with the imports done; each notebook still
+has a kernel and a user namespace of its own, and nothing it does reaches another.
+
+The server only forks from its one thread, and before anything starts a thread of its own (as multiprocessing's
+forkserver does). It listens on a socket in a private directory (mode 0700) the report made; it ends, killing any
+kernel still running, when its standard input closes (the report ended, however it ended).
+
+papermill asks for a kernel as always (``papermill_engine``); where ``TICKLAB_KERNEL_FORKSERVER`` names the
+server's socket, the kernel command it runs is this file as a script (``client``: standard library only, ``-I -S``,
+a few milliseconds): it hands the server its standard streams, working directory, environment and arguments, then
+stands in for the kernel — a signal it gets (an interrupt, a terminate) goes to the kernel, it exits with the
+kernel's status, and if it is killed the server kills the kernel. Where the server cannot be reached the client
+becomes an ordinary kernel (``python -m ipykernel_launcher``), so a report is never worse off than before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+SOCKET_ENV = "TICKLAB_KERNEL_FORKSERVER"
+SOCKET_NAME = "kernels.sock"
+# what the notebooks import, in the order their first cells do (importing more is harmless, missing one costs its time)
+PREIMPORTS = ("ipykernel.kernelapp", "numpy", "pandas", "scipy.stats", "scipy.signal", "matplotlib.pyplot",
+              "IPython.display", "ticklab.report.notebook", "ticklab.report.summary", "ticklab.analysis.forest",
+              "ticklab.analysis.comparisons", "ticklab.analysis.verdicts", "ticklab.claims.hpet",
+              "ticklab.claims.pvspinlock", "ticklab.claims.hrtick", "ticklab.claims.acpi_idle", "ticklab.claims.nohz")
+_MAX_REQUEST = 1 << 20
+
+
+def _send(connection: socket.socket, message: dict) -> None:
+    connection.sendall(json.dumps(message).encode() + b"\n")
+
+
+def _receive_line(connection: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > _MAX_REQUEST:
+            raise ValueError("request too large")
+    return data
+
+
+# -- the client: the kernel command papermill runs -------------------------------------------------------------------
+def client(socket_path: str, arguments: list[str]) -> int:
+    """Ask the server for a kernel with ``arguments`` and stand in for it until it ends; become an ordinary kernel
+    where the server cannot be reached."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(socket_path)
+        request = {"arguments": arguments, "cwd": os.getcwd(), "env": dict(os.environ)}
+        socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+        reply = json.loads(_receive_line(connection) or b"{}")
+        pid = int(reply["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        connection.close()
+        os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *arguments])
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward)
+    while True:
+        try:
+            line = _receive_line(connection)
+        except InterruptedError:
+            continue
+        except OSError:
+            line = b""
+        if not line:
+            return 1  # the server went away: it killed the kernel as it went
+        status = json.loads(line).get("exit")
+        if isinstance(status, int):
+            return status
+
+
+# -- the server ---------------------------------------------------------------------------------------------------------
+def serve(directory: str) -> None:
+    """Listen at ``directory``/kernels.sock, import the notebooks' modules, and fork a kernel for each request, until
+    standard input closes."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(directory, SOCKET_NAME))
+    listener.listen(16)  # bound before the imports: a client that comes early waits in the backlog
+    print("listening", flush=True)  # what started() waits for; then nothing more is written there
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # as ipykernel sets it
+    _preimport()
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    kernels: dict[socket.socket, int] = {}
+    try:
+        while True:
+            readable, _, _ = select.select([listener, sys.stdin, wakeup_read, *kernels], [], [])
+            if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
+                return
+            if wakeup_read in readable:
+                os.read(wakeup_read, 4096)
+            _reap(kernels)
+            for connection in [c for c in readable if c in kernels]:
+                if not connection.recv(4096):  # the client is gone (killed): so is its kernel
+                    _kill(kernels.pop(connection))
+                    connection.close()
+            if listener in readable:
+                connection, _ = listener.accept()
+                pid = _fork_kernel(connection, listener, wakeup_read, wakeup_write, kernels)
+                if pid is None:
+                    connection.close()
+                else:
+                    kernels[connection] = pid
+    finally:
+        for connection, pid in kernels.items():
+            _kill(pid)
+            connection.close()
+            try:
+                os.waitpid(pid, 0)  # reaped here: under an init that does not reap, it would stay a zombie
+            except ChildProcessError:
+                pass
+
+
+def _preimport() -> None:
+    from ..importcost import import_jsonschema
+
+    import_jsonschema()
+    import importlib
+
+    for name in PREIMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # the kernel imports it itself, or the notebook says what is missing
+
+
+def _fork_kernel(connection, listener, *keep_closed_in_child) -> int | None:
+    try:
+        message, fds, _, _ = socket.recv_fds(connection, _MAX_REQUEST, 3)
+        while not message.endswith(b"\n") and len(message) < _MAX_REQUEST:
+            more = connection.recv(_MAX_REQUEST)
+            if not more:
+                break
+            message += more
+        request = json.loads(message)
+        arguments, cwd, env = list(request["arguments"]), str(request["cwd"]), dict(request["env"])
+        if len(fds) != 3 or not all(isinstance(a, str) for a in arguments):
+            raise ValueError("malformed request")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _become_kernel(arguments, cwd, env, fds, [connection, listener], keep_closed_in_child)
+    for fd in fds:
+        os.close(fd)
+    try:
+        _send(connection, {"pid": pid})
+    except OSError:
+        _kill(pid)
+        return None
+    return pid
+
+
+def _become_kernel(arguments, cwd, env, fds, sockets, others) -> None:
+    status = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_IGN if signum == signal.SIGPIPE else signal.SIG_DFL)
+        wakeup_read, wakeup_write, kernels = others
+        for connection in [*sockets, *kernels]:
+            connection.close()
+        os.close(wakeup_read)
+        os.close(wakeup_write)
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        import random
+
+        import numpy
+
+        random.seed()  # a kernel of its own draws as a fresh process would, not as its siblings
+        numpy.random.seed()
+        sys.argv = ["ipykernel_launcher", *arguments]
+        from ipykernel import kernelapp
+
+        kernelapp.launch_new_instance()
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 (a kernel that failed to start: say why where papermill reads its stderr)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+
+
+def _reap(kernels: dict) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for connection, kernel in list(kernels.items()):
+            if kernel == pid:
+                del kernels[connection]
+                try:
+                    _send(connection, {"exit": os.waitstatus_to_exitcode(status) % 256})
+                except OSError:
+                    pass
+                connection.close()
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@contextlib.contextmanager
+def started():
+    """A fork server for this report's kernels, ended with the block: yields its socket's path."""
+    with tempfile.TemporaryDirectory(prefix="ticklab-kernels-") as directory:  # mkdtemp: mode 0700, a name of ours
+        server = subprocess.Popen([sys.executable, "-m", "ticklab.report.kernelfork", "serve", directory],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            # its socket bound (a fraction of a second): a kernel asked for after this line waits for the server's
+            # imports, not for nothing; a server that failed to start says nothing, and kernels start as before
+            listening = server.stdout.readline() == b"listening\n"
+            server.stdout.close()
+            yield os.path.join(directory, SOCKET_NAME) if listening else None
+        finally:
+            server.stdin.close()  # the server's signal to end, and to kill any kernel still running
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def kernel_command(command: list[str], socket_path: str | None) -> list[str]:
+    """``command`` (an ipykernel kernel's, as jupyter_client formatted it) as a client of the fork server at
+    ``socket_path``; unchanged where there is none, or for a kernel of another interpreter or another kind."""
+    if not socket_path or len(command) < 3 or command[1:3] != ["-m", "ipykernel_launcher"]:
+        return command
+    if os.path.realpath(command[0]) != os.path.realpath(sys.executable):
+        return command
+    return client_command(socket_path) + command[3:]
+
+
+def client_command(socket_path: str) -> list[str]:
+    """The kernel command for papermill: this file run as a script by this interpreter, standard library only."""
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), "client", socket_path]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "client":
+        sys.exit(client(sys.argv[2], sys.argv[3:]))
+    if len(sys.argv) == 3 and sys.argv[1] == "serve":
+        serve(sys.argv[2])
+        sys.exit(0)
+    print("usage: kernelfork.py serve DIRECTORY | client SOCKET ARGUMENT...", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,155 @@
+"""ticklab report's notebook kernels, forked from one server that imported what the notebooks import
+(report/kernelfork.py): a kernel per notebook as before, its imports done, its signals and its end its own."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import papermill  # noqa: F401 (first, as papermill loads its engines: ticklab's among them)
+
+from ticklab.report import kernelfork
+from ticklab.report.papermill_engine import EncryptedKernelManager
+
+GENEROUS_S = 300  # a bound for a loaded machine, never a timing
+
+
+def run_cell(client, code: str) -> tuple[dict, str]:
+    """(execute_reply content, the cell's printed text)."""
+    msg_id = client.execute(code)
+    reply = client.get_shell_msg(timeout=GENEROUS_S)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=GENEROUS_S)
+    printed = []
+    while True:
+        message = client.get_iopub_msg(timeout=GENEROUS_S)
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        if message["msg_type"] == "stream":
+            printed.append(message["content"]["text"])
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return reply["content"], "".join(printed)
+
+
+def started_kernel(tmp_path: Path):
+    manager = EncryptedKernelManager(kernel_name="python3")
+    manager.start_kernel(env={**os.environ, "TICKLAB_PROBE": "from the manager"}, cwd=str(tmp_path))
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=GENEROUS_S)
+    return manager, client
+
+
+def gone(pid: int) -> bool:
+    deadline = time.monotonic() + GENEROUS_S
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                return True  # exited, its parent not yet told
+        except OSError:
+            break
+        time.sleep(0.05)
+    return not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+def test_a_kernel_is_forked_from_the_server_with_the_imports_done_in_its_own_cwd_and_env(tmp_path, monkeypatch):
+    with kernelfork.started() as socket_path:
+        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
+        manager, client = started_kernel(tmp_path)
+        try:
+            reply, printed = run_cell(client, "import os, sys\n"
+                                              "print(open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')[1:4])\n"
+                                              "print('pandas' in sys.modules, os.getcwd(), os.environ['TICKLAB_PROBE'])\n"
+                                              "print(os.getsid(0) == os.getpid())")
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=False)
+    assert reply["status"] == "ok", reply
+    parent, state, own_session = printed.splitlines()
+    assert parent == "['-m', 'ticklab.report.kernelfork', 'serve']"  # its parent is the fork server
+    assert state == f"True {tmp_path} from the manager"  # imports done; the manager's cwd and environment
+    assert own_session == "True"  # a terminal's Ctrl-C reaches the report, which ends the server and its kernels
+
+
+def test_an_interrupt_reaches_the_forked_kernel_and_it_goes_on(tmp_path, monkeypatch):
+    with kernelfork.started() as socket_path:
+        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
+        manager, client = started_kernel(tmp_path)
+        try:
+            msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
+            while True:
+                message = client.get_iopub_msg(timeout=GENEROUS_S)
+                if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
+                    break
+            manager.interrupt_kernel()  # what nbclient does when a cell outlives --execution-timeout
+            reply = client.get_shell_msg(timeout=GENEROUS_S)
+            while reply["parent_header"].get("msg_id") != msg_id:
+                reply = client.get_shell_msg(timeout=GENEROUS_S)
+            after, printed = run_cell(client, "print(6 * 7)")
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=False)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert after["status"] == "ok" and printed == "42\n"
+
+
+def test_a_killed_client_takes_its_kernel_with_it_and_a_kernel_that_exits_ends_its_client(tmp_path, monkeypatch):
+    with kernelfork.started() as socket_path:
+        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
+        manager, client = started_kernel(tmp_path)
+        _, printed = run_cell(client, "import os\nprint(os.getpid())")
+        kernel = int(printed)
+        client.stop_channels()
+        client_process = manager.provisioner.process
+        client_process.kill()  # SIGKILL: what jupyter_client ends with when a kernel will not shut down
+        client_process.wait()
+        assert gone(kernel)
+        manager.cleanup_resources()
+        manager, client = started_kernel(tmp_path)
+        msg_id = client.execute("import os\nos._exit(3)")
+        deadline = time.monotonic() + GENEROUS_S
+        while manager.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.stop_channels()
+        assert not manager.is_alive() and manager.provisioner.process.returncode == 3
+        assert msg_id
+
+
+def test_the_server_ends_the_kernels_still_running_when_the_report_ends(tmp_path, monkeypatch):
+    with kernelfork.started() as socket_path:
+        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
+        manager, client = started_kernel(tmp_path)
+        _, printed = run_cell(client, "import os\nprint(os.getpid())")
+        client.stop_channels()
+    assert gone(int(printed))
+    deadline = time.monotonic() + GENEROUS_S
+    while manager.is_alive() and time.monotonic() < deadline:  # its client saw the server go and ended too
+        time.sleep(0.05)
+    assert not manager.is_alive()
+    assert not Path(socket_path).parent.exists()  # the server's private directory is removed
+
+
+def test_without_a_server_the_kernel_starts_as_an_ordinary_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv(kernelfork.SOCKET_ENV, str(tmp_path / "no-server" / kernelfork.SOCKET_NAME))
+    manager, client = started_kernel(tmp_path)
+    try:
+        reply, printed = run_cell(client, "import os\nprint(os.getppid())")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    assert reply["status"] == "ok" and int(printed) == os.getpid()  # the client became the kernel (exec)
+
+
+@pytest.mark.parametrize("command", [
+    ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "c.json"],  # another interpreter: its own environment
+    ["R", "--slave", "-e", "IRkernel::main()", "--args", "c.json"],  # another kind of kernel
+])
+def test_only_an_ipykernel_of_this_interpreter_is_forked(command):
+    assert kernelfork.kernel_command(command, "/s/kernels.sock") == command
+    import sys
+
+    ours = [sys.executable, "-m", "ipykernel_launcher", "-f", "c.json"]
+    assert kernelfork.kernel_command(ours, "/s/kernels.sock") == [
+        sys.executable, "-I", "-S", kernelfork.__file__, "client", "/s/kernels.sock", "-f", "c.json"]
+    assert kernelfork.kernel_command(ours, None) == ours
