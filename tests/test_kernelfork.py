@@ -53,6 +53,7 @@ def gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
 
 
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_a_kernel_is_forked_from_the_server_with_the_imports_done_in_its_own_cwd_and_env(tmp_path, monkeypatch):
     with kernelfork.started() as socket_path:
         monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
@@ -72,6 +73,7 @@ def test_a_kernel_is_forked_from_the_server_with_the_imports_done_in_its_own_cwd
     assert own_session == "True"  # a terminal's Ctrl-C reaches the report, which ends the server and its kernels
 
 
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_an_interrupt_reaches_the_forked_kernel_and_it_goes_on(tmp_path, monkeypatch):
     with kernelfork.started() as socket_path:
         monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
@@ -94,6 +96,7 @@ def test_an_interrupt_reaches_the_forked_kernel_and_it_goes_on(tmp_path, monkeyp
     assert after["status"] == "ok" and printed == "42\n"
 
 
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_a_killed_client_takes_its_kernel_with_it_and_a_kernel_that_exits_ends_its_client(tmp_path, monkeypatch):
     with kernelfork.started() as socket_path:
         monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
@@ -116,6 +119,7 @@ def test_a_killed_client_takes_its_kernel_with_it_and_a_kernel_that_exits_ends_i
         assert msg_id
 
 
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_the_server_ends_the_kernels_still_running_when_the_report_ends(tmp_path, monkeypatch):
     with kernelfork.started() as socket_path:
         monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
@@ -130,6 +134,7 @@ def test_the_server_ends_the_kernels_still_running_when_the_report_ends(tmp_path
     assert not Path(socket_path).parent.exists()  # the server's private directory is removed
 
 
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_without_a_server_the_kernel_starts_as_an_ordinary_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv(kernelfork.SOCKET_ENV, str(tmp_path / "no-server" / kernelfork.SOCKET_NAME))
     manager, client = started_kernel(tmp_path)
