@@ -1,6 +1,7 @@
 """ticklab report's notebook kernels, forked from one server that imported what the notebooks import
 (report/kernelfork.py): a kernel per notebook as before, its imports done, its signals and its end its own."""
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -41,6 +42,36 @@ def started_kernel(tmp_path: Path):
     return manager, client
 
 
+@contextlib.contextmanager
+def forked_kernel(tmp_path: Path, monkeypatch):
+    """A kernel from a fork server of its own, shut down (and the server ended) after the block."""
+    with kernelfork.started() as socket_path:
+        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
+        manager, client = started_kernel(tmp_path)
+        try:
+            yield manager, client
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=False)
+
+
+def served_kernel(tmp_path: Path, monkeypatch, socket_path: str):
+    """A kernel of the server at ``socket_path``, its channels closed: (its manager, the kernel's pid)."""
+    monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
+    manager, client = started_kernel(tmp_path)
+    pid = int(run_cell(client, "import os\nprint(os.getpid())")[1])
+    client.stop_channels()
+    return manager, pid
+
+
+def ended(manager) -> bool:
+    """The kernel command papermill started (the client) has exited (waited for, never a fixed sleep)."""
+    deadline = time.monotonic() + GENEROUS_S
+    while manager.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not manager.is_alive()
+
+
 def gone(pid: int) -> bool:
     deadline = time.monotonic() + GENEROUS_S
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
@@ -55,17 +86,11 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_a_kernel_is_forked_from_the_server_with_the_imports_done_in_its_own_cwd_and_env(tmp_path, monkeypatch):
-    with kernelfork.started() as socket_path:
-        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
-        manager, client = started_kernel(tmp_path)
-        try:
-            reply, printed = run_cell(client, "import os, sys\n"
-                                              "print(open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')[1:4])\n"
-                                              "print('pandas' in sys.modules, os.getcwd(), os.environ['TICKLAB_PROBE'])\n"
-                                              "print(os.getsid(0) == os.getpid())")
-        finally:
-            client.stop_channels()
-            manager.shutdown_kernel(now=False)
+    with forked_kernel(tmp_path, monkeypatch) as (_, client):
+        reply, printed = run_cell(client, "import os, sys\n"
+                                          "print(open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')[1:4])\n"
+                                          "print('pandas' in sys.modules, os.getcwd(), os.environ['TICKLAB_PROBE'])\n"
+                                          "print(os.getsid(0) == os.getpid())")
     assert reply["status"] == "ok", reply
     parent, state, own_session = printed.splitlines()
     assert parent == "['-m', 'ticklab.report.kernelfork', 'serve']"  # its parent is the fork server
@@ -75,23 +100,17 @@ def test_a_kernel_is_forked_from_the_server_with_the_imports_done_in_its_own_cwd
 
 @pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_an_interrupt_reaches_the_forked_kernel_and_it_goes_on(tmp_path, monkeypatch):
-    with kernelfork.started() as socket_path:
-        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
-        manager, client = started_kernel(tmp_path)
-        try:
-            msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
-            while True:
-                message = client.get_iopub_msg(timeout=GENEROUS_S)
-                if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
-                    break
-            manager.interrupt_kernel()  # what nbclient does when a cell outlives --execution-timeout
+    with forked_kernel(tmp_path, monkeypatch) as (manager, client):
+        msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
+        while True:
+            message = client.get_iopub_msg(timeout=GENEROUS_S)
+            if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "stream":
+                break
+        manager.interrupt_kernel()  # what nbclient does when a cell outlives --execution-timeout
+        reply = client.get_shell_msg(timeout=GENEROUS_S)
+        while reply["parent_header"].get("msg_id") != msg_id:
             reply = client.get_shell_msg(timeout=GENEROUS_S)
-            while reply["parent_header"].get("msg_id") != msg_id:
-                reply = client.get_shell_msg(timeout=GENEROUS_S)
-            after, printed = run_cell(client, "print(6 * 7)")
-        finally:
-            client.stop_channels()
-            manager.shutdown_kernel(now=False)
+        after, printed = run_cell(client, "print(6 * 7)")
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     assert after["status"] == "ok" and printed == "42\n"
 
@@ -99,38 +118,24 @@ def test_an_interrupt_reaches_the_forked_kernel_and_it_goes_on(tmp_path, monkeyp
 @pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_a_killed_client_takes_its_kernel_with_it_and_a_kernel_that_exits_ends_its_client(tmp_path, monkeypatch):
     with kernelfork.started() as socket_path:
-        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
-        manager, client = started_kernel(tmp_path)
-        _, printed = run_cell(client, "import os\nprint(os.getpid())")
-        kernel = int(printed)
-        client.stop_channels()
+        manager, kernel = served_kernel(tmp_path, monkeypatch, socket_path)
         client_process = manager.provisioner.process
         client_process.kill()  # SIGKILL: what jupyter_client ends with when a kernel will not shut down
         client_process.wait()
         assert gone(kernel)
         manager.cleanup_resources()
         manager, client = started_kernel(tmp_path)
-        msg_id = client.execute("import os\nos._exit(3)")
-        deadline = time.monotonic() + GENEROUS_S
-        while manager.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        client.execute("import os\nos._exit(3)")
+        assert ended(manager) and manager.provisioner.process.returncode == 3
         client.stop_channels()
-        assert not manager.is_alive() and manager.provisioner.process.returncode == 3
-        assert msg_id
 
 
 @pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_the_server_ends_the_kernels_still_running_when_the_report_ends(tmp_path, monkeypatch):
     with kernelfork.started() as socket_path:
-        monkeypatch.setenv(kernelfork.SOCKET_ENV, socket_path)
-        manager, client = started_kernel(tmp_path)
-        _, printed = run_cell(client, "import os\nprint(os.getpid())")
-        client.stop_channels()
-    assert gone(int(printed))
-    deadline = time.monotonic() + GENEROUS_S
-    while manager.is_alive() and time.monotonic() < deadline:  # its client saw the server go and ended too
-        time.sleep(0.05)
-    assert not manager.is_alive()
+        manager, kernel = served_kernel(tmp_path, monkeypatch, socket_path)
+    assert gone(kernel)
+    assert ended(manager)  # its client saw the server go and ended too
     assert not Path(socket_path).parent.exists()  # the server's private directory is removed
 
 
