@@ -163,3 +163,61 @@ def test_only_an_ipykernel_of_this_interpreter_is_forked(command):
     assert kernelfork.kernel_command(ours, "/s/kernels.sock") == [
         sys.executable, "-I", "-S", kernelfork.__file__, "client", "/s/kernels.sock", "-f", "c.json"]
     assert kernelfork.kernel_command(ours, None) == ours
+
+
+PAPERMILL_STAND_IN = """
+import os, sys, time
+import papermill
+from ticklab.report.papermill_engine import EncryptedKernelManager
+manager = EncryptedKernelManager(kernel_name="python3")
+manager.start_kernel()
+client = manager.client()
+client.start_channels()
+client.wait_for_ready(timeout=300)
+client.execute("import os; print(os.getpid())")
+while True:
+    message = client.get_iopub_msg(timeout=300)
+    if message["msg_type"] == "stream":
+        print(message["content"]["text"].strip(), flush=True)
+        break
+time.sleep(3600)
+"""
+
+
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
+def test_a_notebook_killed_for_its_timeout_takes_its_forked_kernel_with_it(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+
+    with kernelfork.started() as socket_path:
+        # what run_notebook's timeout does to papermill: SIGKILL, nothing of it left to shut its kernel down
+        stand_in = subprocess.Popen([sys.executable, "-c", PAPERMILL_STAND_IN], stdout=subprocess.PIPE, text=True,
+                                    env={**os.environ, kernelfork.SOCKET_ENV: socket_path})
+        kernel = int(stand_in.stdout.readline())
+        assert open(f"/proc/{kernel}/cmdline").read().split("\0")[1:3] == ["-m", "ticklab.report.kernelfork"]
+        stand_in.send_signal(signal.SIGKILL)
+        stand_in.wait()
+        assert gone(kernel)  # its client died with papermill, and the server killed the kernel
+
+
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
+def test_a_server_that_dies_takes_its_kernels_with_it(tmp_path, monkeypatch):
+    import signal
+
+    with kernelfork.started() as socket_path:
+        manager, kernel = served_kernel(tmp_path, monkeypatch, socket_path)
+        server = int(Path(f"/proc/{kernel}/stat").read_text().split(")")[-1].split()[1])
+        os.kill(server, signal.SIGKILL)  # the OOM killer, or started() giving up on it
+        assert gone(kernel) and ended(manager)
+
+
+@pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
+def test_a_kernel_started_with_other_start_up_settings_is_an_ordinary_kernel(tmp_path, monkeypatch):
+    with kernelfork.started() as socket_path:
+        monkeypatch.setenv("PYTHONHASHSEED", "7")  # read at start-up: a fork of the server cannot have it
+        manager, kernel = served_kernel(tmp_path, monkeypatch, socket_path)
+        try:
+            assert int(Path(f"/proc/{kernel}/stat").read_text().split(")")[-1].split()[1]) == os.getpid()
+        finally:
+            manager.shutdown_kernel(now=False)

@@ -39,35 +39,40 @@ PREIMPORTS = ("ipykernel.kernelapp", "numpy", "pandas", "scipy.stats", "scipy.si
               "ticklab.analysis.comparisons", "ticklab.analysis.verdicts", "ticklab.claims.hpet",
               "ticklab.claims.pvspinlock", "ticklab.claims.hrtick", "ticklab.claims.acpi_idle", "ticklab.claims.nohz")
 _MAX_REQUEST = 1 << 20
+REQUEST_TIMEOUT_S = 10
+STARTUP_PREFIXES = ("PYTHON", "MPL", "OMP_", "OPENBLAS_", "MKL_", "LC_")
+STARTUP_NAMES = {"LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV"}
 
 
 def _send(connection: socket.socket, message: dict) -> None:
     connection.sendall(json.dumps(message).encode() + b"\n")
 
 
-def _receive_line(connection: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = connection.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > _MAX_REQUEST:
-            raise ValueError("request too large")
-    return data
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> None:
+    """This process is killed when its parent ends (prctl PR_SET_PDEATHSIG); ended now if it already has."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 # -- the client: the kernel command papermill runs -------------------------------------------------------------------
 def client(socket_path: str, arguments: list[str]) -> int:
     """Ask the server for a kernel with ``arguments`` and stand in for it until it ends; become an ordinary kernel
-    where the server cannot be reached."""
+    where the server cannot be reached or will not fork this one (a start-up setting that differs from its own)."""
+    # papermill killed (a notebook's timeout): this client dies with it, and the server kills the kernel
+    _die_with_parent(os.getppid())
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(socket_path)
         request = {"arguments": arguments, "cwd": os.getcwd(), "env": dict(os.environ)}
         socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
-        reply = json.loads(_receive_line(connection) or b"{}")
-        pid = int(reply["pid"])
+        replies = connection.makefile("rb")
+        pid = int(json.loads(replies.readline(_MAX_REQUEST) or b"{}")["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         connection.close()
         os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *arguments])
@@ -82,14 +87,15 @@ def client(socket_path: str, arguments: list[str]) -> int:
         signal.signal(signum, forward)
     while True:
         try:
-            line = _receive_line(connection)
-        except InterruptedError:
-            continue
+            line = replies.readline(_MAX_REQUEST)
         except OSError:
             line = b""
         if not line:
-            return 1  # the server went away: it killed the kernel as it went
-        status = json.loads(line).get("exit")
+            return 1  # the server went away: its kernels went with it
+        try:
+            status = json.loads(line).get("exit")
+        except ValueError:
+            return 1
         if isinstance(status, int):
             return status
 
@@ -105,6 +111,8 @@ def serve(directory: str) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
+    settings = _startup_settings(os.environ)
+    path_head = sys.path[0] if sys.path else None  # python -m puts its working directory first
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")  # as ipykernel sets it
     _preimport()
     wakeup_read, wakeup_write = os.pipe()
@@ -121,24 +129,31 @@ def serve(directory: str) -> None:
                 os.read(wakeup_read, 4096)
             _reap(kernels)
             for connection in [c for c in readable if c in kernels]:
-                if not connection.recv(4096):  # the client is gone (killed): so is its kernel
-                    _kill(kernels.pop(connection))
+                try:
+                    said = connection.recv(4096)
+                except OSError:
+                    said = b""
+                if not said:  # the client is gone (killed): so is its kernel
+                    _end(kernels.pop(connection))
                     connection.close()
             if listener in readable:
                 connection, _ = listener.accept()
-                pid = _fork_kernel(connection, listener, wakeup_read, wakeup_write, kernels)
-                if pid is None:
-                    connection.close()
-                else:
-                    kernels[connection] = pid
+                connection.settimeout(REQUEST_TIMEOUT_S)  # a client that says nothing holds up no one for long
+                stop = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+                signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # no kernel forked and then lost to a signal
+                try:
+                    pid = _fork_kernel(connection, settings, path_head,
+                                       [listener, *kernels], [wakeup_read, wakeup_write])
+                    if pid is None:
+                        connection.close()
+                    else:
+                        kernels[connection] = pid
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
     finally:
         for connection, pid in kernels.items():
-            _kill(pid)
+            _end(pid)
             connection.close()
-            try:
-                os.waitpid(pid, 0)  # reaped here: under an init that does not reap, it would stay a zombie
-            except ChildProcessError:
-                pass
 
 
 def _preimport() -> None:
@@ -154,9 +169,19 @@ def _preimport() -> None:
             pass  # the kernel imports it itself, or the notebook says what is missing
 
 
-def _fork_kernel(connection, listener, *keep_closed_in_child) -> int | None:
+def _startup_settings(env) -> dict:
+    """The variables Python and the imported libraries read when they start (hash seed, paths, matplotlib's backend,
+    BLAS threads, locale, time zone): a kernel whose differ from the server's cannot be forked from it."""
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) or k.endswith("_NUM_THREADS")
+            or k in STARTUP_NAMES}
+
+
+def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_close: list) -> int | None:
+    """Fork a kernel for the request on ``connection``; None (the client then starts an ordinary kernel) for a request
+    that cannot be read or whose start-up settings differ from the server's."""
+    received = []
     try:
-        message, fds, _, _ = socket.recv_fds(connection, _MAX_REQUEST, 3)
+        message, received, _, _ = socket.recv_fds(connection, _MAX_REQUEST, 3)
         while not message.endswith(b"\n") and len(message) < _MAX_REQUEST:
             more = connection.recv(_MAX_REQUEST)
             if not more:
@@ -164,36 +189,43 @@ def _fork_kernel(connection, listener, *keep_closed_in_child) -> int | None:
             message += more
         request = json.loads(message)
         arguments, cwd, env = list(request["arguments"]), str(request["cwd"]), dict(request["env"])
-        if len(fds) != 3 or not all(isinstance(a, str) for a in arguments):
+        if len(received) != 3 or not all(isinstance(a, str) for a in arguments) or \
+                not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ValueError("malformed request")
+        if _startup_settings(env) != settings:
+            raise ValueError("start-up settings differ from the server's")
     except (OSError, ValueError, KeyError, TypeError):
+        for fd in received:
+            os.close(fd)
         return None
     sys.stdout.flush()
     sys.stderr.flush()
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _become_kernel(arguments, cwd, env, fds, [connection, listener], keep_closed_in_child)
-    for fd in fds:
+        _become_kernel(server, arguments, cwd, env, received, path_head, [connection, *sockets], fds_to_close)
+    for fd in received:
         os.close(fd)
     try:
         _send(connection, {"pid": pid})
     except OSError:
-        _kill(pid)
+        _end(pid)
         return None
     return pid
 
 
-def _become_kernel(arguments, cwd, env, fds, sockets, others) -> None:
+def _become_kernel(server, arguments, cwd, env, fds, path_head, sockets, fds_to_close) -> None:
     status = 1
     try:
+        _die_with_parent(server)  # a server that dies takes its kernels with it
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
-            signal.signal(signum, signal.SIG_IGN if signum == signal.SIGPIPE else signal.SIG_DFL)
-        wakeup_read, wakeup_write, kernels = others
-        for connection in [*sockets, *kernels]:
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+        for connection in sockets:
             connection.close()
-        os.close(wakeup_read)
-        os.close(wakeup_write)
+        for fd in fds_to_close:
+            os.close(fd)
         os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -201,13 +233,18 @@ def _become_kernel(arguments, cwd, env, fds, sockets, others) -> None:
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
+        if path_head is not None and sys.path and sys.path[0] == path_head:
+            sys.path[0] = cwd  # what python -m ipykernel_launcher in the kernel's cwd puts first
         import random
 
         import numpy
 
         random.seed()  # a kernel of its own draws as a fresh process would, not as its siblings
         numpy.random.seed()
-        sys.argv = ["ipykernel_launcher", *arguments]
+        # ipykernel read JPY_PARENT_PID when the server imported it: the kernel's own, so that it watches its manager
+        parent = env.get("JPY_PARENT_PID", "")
+        sys.argv = ["ipykernel_launcher", *arguments,
+                    *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
         from ipykernel import kernelapp
 
         kernelapp.launch_new_instance()
@@ -244,10 +281,12 @@ def _reap(kernels: dict) -> None:
                 connection.close()
 
 
-def _kill(pid: int) -> None:
+def _end(pid: int) -> None:
+    """Kill a kernel and reap it (under an init that does not reap, it would stay a zombie)."""
     try:
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
         pass
 
 
@@ -277,7 +316,7 @@ def kernel_command(command: list[str], socket_path: str | None) -> list[str]:
     ``socket_path``; unchanged where there is none, or for a kernel of another interpreter or another kind."""
     if not socket_path or len(command) < 3 or command[1:3] != ["-m", "ipykernel_launcher"]:
         return command
-    if os.path.realpath(command[0]) != os.path.realpath(sys.executable):
+    if os.path.abspath(command[0]) != os.path.abspath(sys.executable):  # a venv's python, not what it links to
         return command
     return client_command(socket_path) + command[3:]
 
