@@ -16,10 +16,15 @@ from .safefiles import shown
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report.build import run_report
+    from .report import kernelfork
 
-    return run_report(args.out, data_dir=args.data_dir, published_dir=args.published_dir, only=args.only,
-                      cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout, jobs=args.jobs)
+    # the kernels' fork server first: its imports run beside this process's own (report/kernelfork.py)
+    with kernelfork.started() as kernel_server:
+        from .report.build import run_report
+
+        return run_report(args.out, data_dir=args.data_dir, published_dir=args.published_dir, only=args.only,
+                          cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout, jobs=args.jobs,
+                          kernel_server=kernel_server)
 
 
 def _verify_published(args: argparse.Namespace) -> int:

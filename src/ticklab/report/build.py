@@ -15,6 +15,7 @@ name cleared for it first (a regular file of ours removed, anything else refused
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
@@ -31,7 +32,6 @@ import_jsonschema()  # before nbformat imports it: 2.4 s less (importcost)
 import jinja2  # noqa: E402
 import nbformat  # noqa: E402
 import pandas as pd  # noqa: E402
-from nbconvert import HTMLExporter  # noqa: E402
 
 from ..analysis.captured import bundle_health
 from ..analysis.forest import FOREST
@@ -137,6 +137,8 @@ def _csv_text(frame: pd.DataFrame) -> str:
 
 
 def _export_html(executed: Path, output_dir: Path, relative: str) -> None:
+    from nbconvert import HTMLExporter  # here: its import runs while the notebooks do, not before them
+
     exporter = HTMLExporter(template_name="lab", embed_images=True)
     # The report must read offline: no MathJax or require.js from a CDN.
     for trait in ("mathjax_url", "require_js_url", "jquery_url", "widget_renderer_url",
@@ -254,8 +256,9 @@ def default_jobs() -> int:
 def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: Path | str,
                only: list[str] | None = None, cell_timeout: int = 600, notebook_timeout: int = 1800,
                parameters: dict | None = None, notebook_dir: Path | None = None, jobs: int | None = None,
-               log=print) -> int:
-    """Run the notebooks and assemble the report. Returns the process exit code (0: all good)."""
+               log=print, kernel_server: str | None = None) -> int:
+    """Run the notebooks and assemble the report. Returns the process exit code (0: all good). ``kernel_server``: the
+    socket of a kernel fork server already started (kernelfork.started); else the run starts its own."""
     output_dir = Path(output_dir).resolve()
     order = [c.notebook for c in all_claims()] + [SUMMARY_NOTEBOOK]
     claim_of = {c.notebook: c.id for c in all_claims()} | {SUMMARY_NOTEBOOK: SUMMARY}
@@ -284,7 +287,7 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         code = _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
                               cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, parameters=parameters,
                               notebook_dir=notebook_dir, only=only, jobs=jobs, log=log,
-                              last_durations=last_durations,
+                              last_durations=last_durations, kernel_server=kernel_server,
                               progress=lambda: outdir.progress(output_dir, foreign))
     except (UnsafeFileError, outdir.OutputDirError) as exc:  # a file it would not write through: one line
         log(f"error: {exc}")
@@ -299,7 +302,7 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
 
 def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_dir, published_dir, cell_timeout,
                    notebook_timeout, parameters, notebook_dir, only, log, jobs=None, last_durations=None,
-                   progress=lambda: None) -> int:
+                   kernel_server=None, progress=lambda: None) -> int:
     with OwnedDir(output_dir) as owned:
         for sub in ("notebooks", "report/notebooks"):
             owned.mkdirs(sub)
@@ -311,8 +314,6 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         with OwnedDir(output_dir) as owned:  # papermill writes it in place: only where nothing is
             owned.check_replaceable(f"notebooks/{name}")
             owned.remove(f"notebooks/{name}", missing_ok=True)
-
-    kernel_server = None
 
     def run(name: str) -> NotebookResult:
         claim = claim_of[name]
@@ -347,7 +348,8 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         log(f"running {len(claim_notebooks)} notebook(s), {workers} at a time: {', '.join(claim_notebooks)}")
     by_name: dict[str, NotebookResult] = {}
     # each notebook's kernel forked from one process that imported what they import (kernelfork)
-    with kernelfork.started() as kernel_server, concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    server = contextlib.nullcontext(kernel_server) if kernel_server else kernelfork.started()
+    with server as kernel_server, concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         pending = {pool.submit(run, name): name for name in claim_notebooks}
         for done in concurrent.futures.as_completed(pending):
             by_name[pending[done]] = finish(done.result(), len(by_name) + 1)
