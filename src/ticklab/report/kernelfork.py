@@ -163,6 +163,8 @@ def _preimport() -> None:
     import importlib
 
     for name in PREIMPORTS:
+        if select.select([sys.stdin], [], [], 0)[0]:
+            return  # the report has ended already (standard input closed): nothing left to import for
         try:
             importlib.import_module(name)
         except ImportError:
