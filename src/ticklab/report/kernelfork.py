@@ -104,6 +104,7 @@ def client(socket_path: str, arguments: list[str]) -> int:
 def serve(directory: str) -> None:
     """Listen at ``directory``/kernels.sock, import the notebooks' modules, and fork a kernel for each request, until
     standard input closes."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the report: its kernels killed and reaped first
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(os.path.join(directory, SOCKET_NAME))
     listener.listen(16)  # bound before the imports: a client that comes early waits in the backlog
@@ -163,8 +164,6 @@ def _preimport() -> None:
     import importlib
 
     for name in PREIMPORTS:
-        if select.select([sys.stdin], [], [], 0)[0]:
-            return  # the report has ended already (standard input closed): nothing left to import for
         try:
             importlib.import_module(name)
         except ImportError:
@@ -305,7 +304,8 @@ def started():
             server.stdout.close()
             yield os.path.join(directory, SOCKET_NAME) if listening else None
         finally:
-            server.stdin.close()  # the server's signal to end, and to kill any kernel still running
+            server.stdin.close()  # how a server learns that a report killed outright has gone
+            server.terminate()  # this one ends now, even midway through its imports, its kernels killed first
             try:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
