@@ -135,6 +135,34 @@ def test_the_lab_hosts_hz_plan_booted_each_runs_own_build_at_its_hz_and_its_star
     assert runs.empty
 
 
+def test_the_lab_hosts_hrtick_plan_booted_each_conditions_kernel_with_its_hrtick_setting_and_its_build_record():
+    """The hrtick plan (issue 39): 6.12 and 7.2, each built by kernel build --host against the image's config, HRTICK
+    on and off in each; every run's boot is the release its condition's series names, the feature was as the
+    condition says during the run, and the trace was recorded by ticklab's tracefs instance (the experiment traces a
+    function: trace-cmd's teardown would trace every function for a moment) with nothing lost."""
+    from ticklab.claims import hrtick
+
+    refs = [r for r in find_bundles(TRACES, "hrtick") if "-labhost-" in r.host_id]
+    if not refs:
+        pytest.skip("no lab host hrtick bundle in traces/")
+    table = check_table(run_checks("hrtick", hrtick.CHECKS, refs))
+    assert set(table["check"]) >= {"HRTICK sched feature during the run", "the run's kernel is the condition's series"}
+    assert (table["passed"] == table["runs"]).all() and table.groupby("check")["runs"].sum().eq(12).all()
+    for ref in refs:
+        manifest = load_bundle(ref.path).manifest
+        assert manifest["status"] == "sealed" and len(manifest["runs"]) == 12
+        for run in manifest["runs"]:
+            series = run["condition"].split()[0]
+            assert run["status"] == "ok" and run["boot"]["release"].startswith(f"{series}.")
+            assert "-ticklab-" in run["boot"]["release"] and run["boot"]["kernel_build"]["build_log_matches"] is True
+            assert run["trace"]["backend"] == "tracefs" and run["trace"]["lost_events"] == 0
+        builds = {r["boot"]["release"]: r["boot"]["kernel_build"]["source_version"] for r in manifest["runs"]}
+        assert sorted(builds.values()) == ["6.12.117", "7.2.13"]
+    runs, _ = measured_runs(refs, hrtick.CHECKS, "hrtick")
+    assert set(runs["condition"]) == {"6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on"}
+    assert runs.groupby("condition")["run"].nunique().eq(3).all()
+
+
 def test_the_lab_hosts_rows_are_not_testable_here_naming_why_and_the_forest_shows_no_point_for_them():
     from types import SimpleNamespace
 
