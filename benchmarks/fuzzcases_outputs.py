@@ -379,7 +379,7 @@ class OutputPlacesFamily:
         files = ["summary.json", "report/index.html", "notebooks/03-hrtick.ipynb", "report/notebooks/03-hrtick.html",
                  outdir.MARKER]
 
-        def papermill(notebook, executed, parameters, *, cell_timeout, notebook_timeout, claim):
+        def papermill(notebook, executed, parameters, *, cell_timeout, notebook_timeout, claim, kernel_server=None):
             import nbformat  # as papermill: the executed notebook written at its name, cleared for it by the report
 
             nbformat.write(nbformat.read(notebook, as_version=4), str(executed))
