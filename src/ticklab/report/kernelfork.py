@@ -40,6 +40,7 @@ PREIMPORTS = ("ipykernel.kernelapp", "numpy", "pandas", "scipy.stats", "scipy.si
               "ticklab.claims.pvspinlock", "ticklab.claims.hrtick", "ticklab.claims.acpi_idle", "ticklab.claims.nohz")
 _MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT_S = 10
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STARTUP_PREFIXES = ("PYTHON", "MPL", "OMP_", "OPENBLAS_", "MKL_", "LC_")
 STARTUP_NAMES = {"LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV"}
 
@@ -72,18 +73,21 @@ def client(socket_path: str, arguments: list[str]) -> int:
         request = {"arguments": arguments, "cwd": os.getcwd(), "env": dict(os.environ)}
         socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         replies = connection.makefile("rb")
-        pid = int(json.loads(replies.readline(_MAX_REQUEST) or b"{}")["pid"])
+        int(json.loads(replies.readline(_MAX_REQUEST) or b"{}")["pid"])  # the server forked it
     except (OSError, ValueError, KeyError, TypeError):
         connection.close()
         os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *arguments])
 
+    # a signal for the kernel goes through the server, which signals it only while it has not reaped it: a pid this
+    # client remembered could, once the kernel had ended, be another process's (jupyter_client interrupts a kernel
+    # at every shutdown, and pids wrap at 32768 here)
     def forward(signum, _frame):
         try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
+            _send(connection, {"signal": signum})
+        except OSError:
             pass
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    for signum in FORWARDED:
         signal.signal(signum, forward)
     while True:
         try:
@@ -137,6 +141,14 @@ def serve(directory: str) -> None:
                 if not said:  # the client is gone (killed): so is its kernel
                     _end(kernels.pop(connection))
                     connection.close()
+                    continue
+                for line in said.splitlines():  # a signal the client got, for its kernel (still unreaped here)
+                    try:
+                        signum = json.loads(line).get("signal")
+                    except (ValueError, AttributeError):
+                        continue
+                    if signum in FORWARDED:
+                        os.kill(kernels[connection], signum)
             if listener in readable:
                 connection, _ = listener.accept()
                 connection.settimeout(REQUEST_TIMEOUT_S)  # a client that says nothing holds up no one for long
