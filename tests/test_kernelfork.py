@@ -221,3 +221,101 @@ def test_a_kernel_started_with_other_start_up_settings_is_an_ordinary_kernel(tmp
             assert int(Path(f"/proc/{kernel}/stat").read_text().split(")")[-1].split()[1]) == os.getpid()
         finally:
             manager.shutdown_kernel(now=False)
+
+
+def test_papermill_is_forked_from_the_server_where_there_is_one_and_run_as_a_module_where_not():
+    import sys
+
+    arguments = ["in.ipynb", "out.ipynb", "-k", "python3"]
+    assert kernelfork.driver_command("/s/kernels.sock", arguments) == [
+        sys.executable, "-I", "-S", kernelfork.__file__, "papermill", "/s/kernels.sock", *arguments]
+    assert kernelfork.driver_command(None, arguments) == [
+        sys.executable, "-m", "ticklab.report.papermill_main", *arguments]
+
+
+def _probe_notebook(path: Path, code: str) -> Path:
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("probe = None", metadata={"tags": ["parameters"]}),
+                      nbformat.v4.new_code_cell(code)]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, path)
+    return path
+
+
+# the kernel's manager is papermill (JPY_PARENT_PID): its parent's command line, and the kernel's own parent's
+PARENTS = ("import os\n"
+           "def cmdline(pid): return open(f'/proc/{pid}/cmdline').read().split('\\0')[1:4]\n"
+           "def parent(pid): return int(open(f'/proc/{pid}/stat').read().split(')')[-1].split()[1])\n"
+           "driver = int(os.environ['JPY_PARENT_PID'])\n"
+           "print(cmdline(parent(driver)), cmdline(os.getppid()), probe)")
+
+
+@pytest.mark.slow  # runs notebooks: seconds of CPU (make check leaves it to make test)
+def test_a_notebook_is_driven_by_a_papermill_forked_from_the_server_and_its_failure_is_reported(tmp_path):
+    import nbformat
+
+    from ticklab.report.build import run_notebook
+
+    good = _probe_notebook(tmp_path / "good.ipynb", PARENTS)
+    bad = _probe_notebook(tmp_path / "bad.ipynb", "raise ValueError('planted')")
+    with kernelfork.started() as socket_path:
+        ran = run_notebook(good, tmp_path / "good-out.ipynb", {"probe": "given"}, cell_timeout=GENEROUS_S,
+                           notebook_timeout=GENEROUS_S, claim="probe", kernel_server=socket_path)
+        failed = run_notebook(bad, tmp_path / "bad-out.ipynb", {}, cell_timeout=GENEROUS_S,
+                              notebook_timeout=GENEROUS_S, claim="probe", kernel_server=socket_path)
+    assert ran.status == "ok", ran.error
+    printed = nbformat.read(tmp_path / "good-out.ipynb", as_version=4).cells[-1].outputs[0]["text"].strip()
+    server = "['-m', 'ticklab.report.kernelfork', 'serve']"
+    assert printed == f"{server} {server} given"  # papermill and its kernel both forked from the server
+    assert failed.status == "failed" and "ValueError: planted" in failed.error
+
+
+@pytest.mark.slow  # runs a notebook: seconds of CPU (make check leaves it to make test)
+def test_without_a_server_papermill_runs_as_a_process_of_its_own(tmp_path):
+    import nbformat
+
+    from ticklab.report.build import run_notebook
+
+    good = _probe_notebook(tmp_path / "good.ipynb", "import os, sys\nprint(os.getppid() == int(os.environ['JPY_PARENT_PID']), probe)")
+    ran = run_notebook(good, tmp_path / "out.ipynb", {"probe": "given"}, cell_timeout=GENEROUS_S,
+                       notebook_timeout=GENEROUS_S, claim="probe",
+                       kernel_server=str(tmp_path / "no-server" / kernelfork.SOCKET_NAME))
+    assert ran.status == "ok", ran.error
+    assert nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[-1].outputs[0]["text"].strip() == "True given"
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def _server_of(socket_path: str) -> int:
+    directory = str(Path(socket_path).parent)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "cmdline").read_text().split("\0")[-2:-1] == [directory]:
+                    return int(entry.name)
+    raise AssertionError(f"no fork server for {socket_path}")
+
+
+@pytest.mark.slow  # runs a notebook until its timeout
+def test_a_notebook_past_its_timeout_leaves_neither_its_papermill_nor_its_kernel(tmp_path):
+    from ticklab.report.build import run_notebook
+
+    sleeper = _probe_notebook(tmp_path / "sleeps.ipynb", "import time\ntime.sleep(3600)")
+    with kernelfork.started() as socket_path:
+        server = _server_of(socket_path)
+        ran = run_notebook(sleeper, tmp_path / "out.ipynb", {}, cell_timeout=3600, notebook_timeout=15,
+                           claim="probe", kernel_server=socket_path)
+        deadline = time.monotonic() + GENEROUS_S
+        while _children(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _children(server)
+    assert ran.status == "timeout"
+    assert not left  # the server killed the papermill it forked; the kernel's client died with it, so its kernel too

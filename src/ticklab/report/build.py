@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import io
 import json
 import os
@@ -106,9 +107,10 @@ def _failing_cell(executed: Path) -> str | None:
 
 def run_notebook(notebook: Path, executed: Path, parameters: dict, *, cell_timeout: int, notebook_timeout: int,
                  claim: str, kernel_server: str | None = None) -> NotebookResult:
-    command = [sys.executable, "-m", "ticklab.report.papermill_main", str(notebook), str(executed), "-k", "python3", "--engine", "ticklab",
-               "--execution-timeout", str(cell_timeout), "--no-progress-bar", "--log-level", "WARNING",
-               "-y", json.dumps(parameters)]
+    # papermill forked from the kernels' fork server, imports done, where there is one (kernelfork.driver_command)
+    command = kernelfork.driver_command(kernel_server, [
+        str(notebook), str(executed), "-k", "python3", "--engine", "ticklab", "--execution-timeout", str(cell_timeout),
+        "--no-progress-bar", "--log-level", "WARNING", "-y", json.dumps(parameters)])
     start = time.monotonic()
     try:
         environment = {**os.environ, kernelfork.SOCKET_ENV: kernel_server} if kernel_server else None
@@ -136,7 +138,9 @@ def _csv_text(frame: pd.DataFrame) -> str:
     return buffer.getvalue()
 
 
-def _export_html(executed: Path, output_dir: Path, relative: str) -> None:
+@functools.cache
+def _html_exporter():
+    """One exporter for the run: its templates are compiled once, not once per notebook."""
     from nbconvert import HTMLExporter  # here: its import runs while the notebooks do, not before them
 
     exporter = HTMLExporter(template_name="lab", embed_images=True)
@@ -144,7 +148,11 @@ def _export_html(executed: Path, output_dir: Path, relative: str) -> None:
     for trait in ("mathjax_url", "require_js_url", "jquery_url", "widget_renderer_url",
                   "mermaid_js_url", "mermaid_layout_elk_js_url"):
         setattr(exporter, trait, "")
-    body, _ = exporter.from_filename(str(executed))
+    return exporter
+
+
+def _export_html(executed: Path, output_dir: Path, relative: str) -> None:
+    body, _ = _html_exporter().from_filename(str(executed))
     _write(output_dir, relative, body)
 
 
@@ -353,9 +361,12 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         pending = {pool.submit(run, name): name for name in claim_notebooks}
         for done in concurrent.futures.as_completed(pending):
             by_name[pending[done]] = finish(done.result(), len(by_name) + 1)
+        # the bundles' health reads only the data directory: worked out while the summary runs on the other core
+        health = pool.submit(bundle_health, data_dir, ran or [c.id for c in all_claims()])
         if SUMMARY_NOTEBOOK in order:
             log(f"running {SUMMARY_NOTEBOOK} (reads what the claims' notebooks wrote)")
             by_name[SUMMARY_NOTEBOOK] = finish(run(SUMMARY_NOTEBOOK), len(by_name) + 1)
+        bundles = health.result()
     results = [by_name[name] for name in order]
 
     verdicts = checks = None
@@ -369,7 +380,6 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
     if verdicts is not None:  # a partial run writes the verdicts of the claims it ran (issue 41)
         _write(output_dir, "verdicts.csv", _csv_text(verdicts))
         _write(output_dir, "checks.csv", _csv_text(checks if checks is not None else collect_checks(output_dir, [])))
-    bundles = bundle_health(data_dir, ran or [c.id for c in all_claims()])
     for flagged in bundles[bundles["flag"] != ""].itertuples():
         log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
     _write(output_dir, "summary.json", json.dumps(

@@ -17,6 +17,11 @@ a few milliseconds): it hands the server its standard streams, working directory
 stands in for the kernel — a signal it gets (an interrupt, a terminate) goes to the kernel, it exits with the
 kernel's status, and if it is killed the server kills the kernel. Where the server cannot be reached the client
 becomes an ordinary kernel (``python -m ipykernel_launcher``), so a report is never worse off than before.
+
+The papermill process that drives each notebook is forked from the same server (``driver_command``): starting Python
+and importing papermill, nbclient and jupyter_client cost about 1 s of CPU per notebook. Its client
+(``kernelfork.py papermill SOCKET ARGUMENT…``) stands in for it as a kernel's does, and falls back to ``python -m
+ticklab.report.papermill_main`` where the server cannot be reached.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import tempfile
 SOCKET_ENV = "TICKLAB_KERNEL_FORKSERVER"
 SOCKET_NAME = "kernels.sock"
 # what the notebooks import, in the order their first cells do (importing more is harmless, missing one costs its time)
-PREIMPORTS = ("ipykernel.kernelapp", "numpy", "pandas", "scipy.stats", "scipy.signal", "matplotlib.pyplot",
+PREIMPORTS = ("ticklab.report.papermill_main", "papermill.cli", "ticklab.report.papermill_engine", "ipykernel.kernelapp", "numpy", "pandas", "scipy.stats", "scipy.signal", "matplotlib.pyplot",
               "IPython.display", "ticklab.report.notebook", "ticklab.report.summary", "ticklab.analysis.forest",
               "ticklab.analysis.comparisons", "ticklab.analysis.verdicts", "ticklab.claims.hpet",
               "ticklab.claims.pvspinlock", "ticklab.claims.hrtick", "ticklab.claims.acpi_idle", "ticklab.claims.nohz")
@@ -43,6 +48,8 @@ REQUEST_TIMEOUT_S = 10
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STARTUP_PREFIXES = ("PYTHON", "MPL", "OMP_", "OPENBLAS_", "MKL_", "LC_")
 STARTUP_NAMES = {"LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV"}
+KERNEL, DRIVER = "kernel", "papermill"  # what a forked child becomes: a notebook's kernel, or papermill driving one
+FALLBACK = {KERNEL: ["-m", "ipykernel_launcher"], DRIVER: ["-m", "ticklab.report.papermill_main"]}
 
 
 def _send(connection: socket.socket, message: dict) -> None:
@@ -62,21 +69,22 @@ def _die_with_parent(parent: int) -> None:
 
 
 # -- the client: the kernel command papermill runs -------------------------------------------------------------------
-def client(socket_path: str, arguments: list[str]) -> int:
-    """Ask the server for a kernel with ``arguments`` and stand in for it until it ends; become an ordinary kernel
-    where the server cannot be reached or will not fork this one (a start-up setting that differs from its own)."""
+def client(socket_path: str, arguments: list[str], role: str = KERNEL) -> int:
+    """Ask the server for a kernel (or a papermill driver, ``role``) with ``arguments`` and stand in for it until it
+    ends; become an ordinary one where the server cannot be reached or will not fork this one (a start-up setting that
+    differs from its own)."""
     # papermill killed (a notebook's timeout): this client dies with it, and the server kills the kernel
     _die_with_parent(os.getppid())
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(socket_path)
-        request = {"arguments": arguments, "cwd": os.getcwd(), "env": dict(os.environ)}
+        request = {"role": role, "arguments": arguments, "cwd": os.getcwd(), "env": dict(os.environ)}
         socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         replies = connection.makefile("rb")
         int(json.loads(replies.readline(_MAX_REQUEST) or b"{}")["pid"])  # the server forked it
     except (OSError, ValueError, KeyError, TypeError):
         connection.close()
-        os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *arguments])
+        os.execv(sys.executable, [sys.executable, *FALLBACK[role], *arguments])
 
     # a signal for the kernel goes through the server, which signals it only while it has not reaped it: a pid this
     # client remembered could, once the kernel had ended, be another process's (jupyter_client interrupts a kernel
@@ -202,7 +210,8 @@ def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_cl
             message += more
         request = json.loads(message)
         arguments, cwd, env = list(request["arguments"]), str(request["cwd"]), dict(request["env"])
-        if len(received) != 3 or not all(isinstance(a, str) for a in arguments) or \
+        role = request.get("role", KERNEL)
+        if len(received) != 3 or role not in FALLBACK or not all(isinstance(a, str) for a in arguments) or \
                 not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise ValueError("malformed request")
         if _startup_settings(env) != settings:
@@ -216,7 +225,7 @@ def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_cl
     server = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _become_kernel(server, arguments, cwd, env, received, path_head, [connection, *sockets], fds_to_close)
+        _become(role, server, arguments, cwd, env, received, path_head, [connection, *sockets], fds_to_close)
     for fd in received:
         os.close(fd)
     try:
@@ -227,7 +236,7 @@ def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_cl
     return pid
 
 
-def _become_kernel(server, arguments, cwd, env, fds, path_head, sockets, fds_to_close) -> None:
+def _become(role, server, arguments, cwd, env, fds, path_head, sockets, fds_to_close) -> None:
     status = 1
     try:
         _die_with_parent(server)  # a server that dies takes its kernels with it
@@ -254,13 +263,20 @@ def _become_kernel(server, arguments, cwd, env, fds, path_head, sockets, fds_to_
 
         random.seed()  # a kernel of its own draws as a fresh process would, not as its siblings
         numpy.random.seed()
-        # ipykernel read JPY_PARENT_PID when the server imported it: the kernel's own, so that it watches its manager
-        parent = env.get("JPY_PARENT_PID", "")
-        sys.argv = ["ipykernel_launcher", *arguments,
-                    *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
-        from ipykernel import kernelapp
+        if role == DRIVER:
+            from .papermill_main import main
 
-        kernelapp.launch_new_instance()
+            sys.argv = ["papermill", *arguments]
+            main()
+        else:
+            # ipykernel read JPY_PARENT_PID when the server imported it: the kernel's own, so that it watches its
+            # manager
+            parent = env.get("JPY_PARENT_PID", "")
+            sys.argv = ["ipykernel_launcher", *arguments,
+                        *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
+            from ipykernel import kernelapp
+
+            kernelapp.launch_new_instance()
         status = 0
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -335,6 +351,15 @@ def kernel_command(command: list[str], socket_path: str | None) -> list[str]:
     return client_command(socket_path) + command[3:]
 
 
+def driver_command(socket_path: str | None, arguments: list[str]) -> list[str]:
+    """The command that runs papermill with ``arguments`` for ``ticklab report``: forked from the server at
+    ``socket_path`` (this file as a script, standard library only), or ``python -m ticklab.report.papermill_main``
+    where there is none."""
+    if not socket_path:
+        return [sys.executable, *FALLBACK[DRIVER], *arguments]
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), DRIVER, socket_path, *arguments]
+
+
 def client_command(socket_path: str) -> list[str]:
     """The kernel command for papermill: this file run as a script by this interpreter, standard library only."""
     return [sys.executable, "-I", "-S", os.path.abspath(__file__), "client", socket_path]
@@ -343,8 +368,15 @@ def client_command(socket_path: str) -> list[str]:
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "client":
         sys.exit(client(sys.argv[2], sys.argv[3:]))
+    if len(sys.argv) >= 3 and sys.argv[1] == DRIVER:
+        sys.exit(client(sys.argv[2], sys.argv[3:], DRIVER))
     if len(sys.argv) == 3 and sys.argv[1] == "serve":
-        serve(sys.argv[2])
-        sys.exit(0)
-    print("usage: kernelfork.py serve DIRECTORY | client SOCKET ARGUMENT...", file=sys.stderr)
+        try:
+            serve(sys.argv[2])
+        finally:
+            # its kernels were ended in serve(); an interpreter's teardown of everything it imported took 0.5 s of
+            # every report's wall time, and nothing in this process needs it
+            os._exit(0)
+    print("usage: kernelfork.py serve DIRECTORY | client SOCKET ARGUMENT... | papermill SOCKET ARGUMENT...",
+          file=sys.stderr)
     sys.exit(2)
