@@ -8,6 +8,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ticklab-installed
 # the installer of the lock (not a dependency of ticklab: it only installs requirements.lock faster than pip)
 UV_VERSION := 0.13.8
+# Python's bytecode (and pytest's rewritten tests) kept in ~/.cache/ticklab/pycache, never in the tree, and kept even
+# where PYTHONDONTWRITEBYTECODE is set (a sandbox's default): compiled anew each time, the sources and the tests cost
+# every make check worker 6 s before its first test, and every report's fork server 1 s.
+export PYTHONPYCACHEPREFIX ?= $(HOME)/.cache/ticklab/pycache
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
         jupyter kernelspec

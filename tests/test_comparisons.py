@@ -313,3 +313,20 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
     assert overcommitted.n_per_condition == "6 vs 5" and "Holm over this setup's 1" in overcommitted.test
     assert overcommitted.printed_in_source == "9m21.1s / 11m20.6s" and overcommitted.target_ratio == pytest.approx(561.1 / 680.6)
     assert overcommitted.target_provenance.startswith("derived: ratio of two printed values")
+
+
+def test_runs_of_two_bundles_of_one_setup_are_two_series_in_the_spectrum_not_one_interleaved():
+    import numpy as np
+    import pandas as pd
+    from scipy import signal
+
+    rng = np.random.default_rng(7)
+    # two bundles of one setup, each with its run-001: a pure 1 kHz tone in one, noise in the other
+    tone = 1000 + 500 * np.sin(2 * np.pi * 1000 * np.arange(4096) / 10_000)
+    noise = rng.normal(1000, 50, size=4096)
+    samples = pd.concat([pd.DataFrame({"host_id": "h", "bundle": bundle, "run": "run-001", "condition": "hz1000",
+                                       "quantum_ns": 100_000, "index": np.arange(4096), "count": counts})
+                         for bundle, counts in (("b1", tone), ("b2", noise))], ignore_index=True)
+    spectrum = nohz.tick_spectrum(samples, "h")
+    expected = np.mean([signal.welch(c - c.mean(), fs=10_000, nperseg=2048)[1] for c in (tone, noise)], axis=0)
+    assert np.allclose(spectrum["power"].to_numpy(), expected)  # the mean of the two runs' own spectra

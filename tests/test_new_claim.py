@@ -102,7 +102,8 @@ NOTEBOOK_CELLS = [
              "sources=pub.files('speed'))\nctx.out.figure('speed', claim.speed_figure(pub), caption='Toy speeds', "
              "sources=pub.files('speed'))"),
     ("code", "ctx.condition_checks(claim.CLAIM.checks)\n"
-             "verdicts = ctx.out.verdicts(claim.CLAIM.verdicts(ctx, alpha=alpha, n_boot=n_boot, seed=seed))"),
+             "verdicts = ctx.out.verdicts(claim.CLAIM.verdicts(ctx, alpha=alpha, n_boot=n_boot, seed=seed))\n"
+             "ctx.forest_plot()"),
 ]
 
 
@@ -180,8 +181,12 @@ def test_capture_report_verdicts_summary_and_view_pick_up_the_new_claim(repo_wit
     assert 1.8 < row["fresh_effect"] < 2.2 and row["n_per_condition"] == "4 vs 4"
     effects = pd.read_csv(build / "tables/summary/published_effects.csv")
     assert effects[effects["claim"] == "toy"][["setup", "ratio", "better"]].values.tolist() == [["toy machine", 2.0, "lower"]]
-    assert {"figures/toy/speed.png", "tables/toy/speed.csv", "verdicts/toy.csv"} <= {
-        str(p.relative_to(build)) for p in build.rglob("*") if p.is_file()}
+    assert {"figures/toy/speed.png", "tables/toy/speed.csv", "verdicts/toy.csv", "figures/toy/forest.png",
+            "tables/toy/forest.csv"} <= {str(p.relative_to(build)) for p in build.rglob("*") if p.is_file()}
+    forest = pd.read_csv(build / "tables/toy/forest.csv")  # drawn by the toy's notebook from its verdict row
+    assert forest["comparison"].tolist() == ["slow vs fast: runtime"]
+    summary_notebook = (build / "notebooks/00-summary.ipynb").read_text()
+    assert summary_notebook.count('"image/png"') >= 2  # the published effects, and the forest plots the claims drew
     assert "C6 toy claim" in (build / "report/index.html").read_text()
 
     traced = make_traced_bundle(repo / "traces", claim="toy")

@@ -367,7 +367,7 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
     return fig
 
 
-FOREST = "forest"   # figures/<claim>/forest.png|.svg and tables/<claim>/forest.csv|.md, written by notebook 00-summary
+FOREST = "forest"   # figures/<claim>/forest.png|.svg and tables/<claim>/forest.csv|.md, written by the claim's notebook
 
 
 def has_lines(rows: pd.DataFrame) -> bool:

@@ -323,11 +323,18 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
              "largest shelf (% of quanta, median over runs)": f"{share['qualifier']} {share['value_as_printed']} (as printed)",
              "largest shelf, range over runs": "—", "runs with more than half in one shelf": "—",
              "window / median count (%)": "—"}]
-    for (setup, condition), group in samples.groupby(["host_id", "condition"], sort=True):
-        shelves = [largest_shelf(run["count"], width) for _, run in group.groupby(["bundle", "run"], sort=True)]
+    # one pass over the runs, taking only their numbers (a group's string columns cost more to copy than to group)
+    runs = samples.groupby(["host_id", "condition", "bundle", "run"], sort=True)
+    per_run = {key: (largest_shelf(counts.to_numpy(), width), quantum)
+               for (key, counts), quantum in zip(runs["count"], runs["quantum_ns"].first())}
+    by_condition: dict[tuple, list] = {}
+    for (setup, condition, _, _), shelf_and_quantum in per_run.items():
+        by_condition.setdefault((setup, condition), []).append(shelf_and_quantum)
+    for (setup, condition), found in by_condition.items():
+        shelves = [shelf for shelf, _ in found]
         shares = np.array([100 * s["share"] for s in shelves])
         median_count = float(np.median([s["median"] for s in shelves]))
-        quanta = sorted(group["quantum_ns"].unique())
+        quanta = sorted({int(quantum) for _, quantum in found})
         rows.append({"measured by": "ticklab, its measurement of the statement (fresh FTQ runs)", "setup": setup,
                      "condition": CONDITION_LABELS.get(condition, condition),
                      "quantum (µs)": ", ".join(f"{q / 1000:g}" for q in quanta), "runs": len(shelves),
@@ -344,7 +351,9 @@ def tick_spectrum(samples: pd.DataFrame, setup: str, nperseg: int = 2048) -> pd.
     """Welch power spectrum of the FTQ work-count series, averaged over each condition's runs: a periodic
     tick shows as a peak at HZ (and its harmonics) when the quantum samples faster than 2 × HZ."""
     rows = []
-    for (condition, run), group in samples[samples["host_id"] == setup].groupby(["condition", "run"]):
+    # each run of each bundle a series of its own (runs of two bundles share names); only its numbers are copied
+    on_setup = samples.loc[samples["host_id"] == setup, ["condition", "bundle", "run", "index", "count", "quantum_ns"]]
+    for (condition, _, run), group in on_setup.groupby(["condition", "bundle", "run"])[["index", "count", "quantum_ns"]]:
         counts = group.sort_values("index")["count"].to_numpy(dtype=float)
         rate = 1e9 / group["quantum_ns"].iloc[0]
         freq, power = signal.welch(counts - counts.mean(), fs=rate, nperseg=min(nperseg, len(counts)))

@@ -184,8 +184,8 @@ def sources_in_words(sources: list[str]) -> str:
 
 
 def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
-    """Per claim its figures and tables; the forest plot (written by 00-summary, absent from a partial run without
-    it) and its table apart, for the top of the section."""
+    """Per claim its figures and tables; the forest plot (written by the claim's notebook,
+    ClaimContext.forest_plot) and its table apart, for the top of the section."""
     sections = []
     for claim in claims:
         figures = []

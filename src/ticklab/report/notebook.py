@@ -47,6 +47,20 @@ class ClaimContext:
     def fresh_data_summary(self) -> str:
         return describe(self.bundles, self.data_dir, self.claim)
 
+    def forest_plot(self):
+        """The claim's forest plot (analysis/forest.py) from the verdict rows this notebook wrote, read back as the
+        report reads them (verdicts/<claim>.csv): written to figures/<claim>/forest and tables/<claim>/forest and
+        shown; where no row has a CI, a sentence saying so. Drawn here, beside the claims' other notebooks, not after
+        them in 00-summary."""
+        from ..analysis import forest
+        from .summary import collect_verdicts
+
+        rows = collect_verdicts(self.output_dir, self.claim)
+        if forest.has_lines(rows):
+            forest.save_forest(rows, self.output_dir, self.data_dir)
+        else:
+            say(no_forest_sentence(self.claim))
+
     def condition_checks(self, checks):
         """The claim's condition checks over its bundles, written to checks/<claim>.csv (one row per setup,
         condition and check)."""
@@ -61,6 +75,10 @@ def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, outp
         claim=claim, data_dir=data, published_dir=published, output_dir=output,
         published=load_published(published, claim), bundles=find_bundles(data, claim), out=Outputs(output, claim),
     )
+
+
+def no_forest_sentence(claim: str) -> str:
+    return f"{claim}: no setup gave a comparison a CI, so no forest plot (the verdict table above says why)."
 
 
 def say(text: str) -> None:

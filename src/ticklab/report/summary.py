@@ -117,3 +117,24 @@ def verdict_sentence(verdicts: pd.DataFrame) -> str:
     counts = verdicts["verdict"].value_counts()
     parts = [f"{n} {v}" for v, n in counts.items()]
     return f"{len(verdicts)} verdict row(s) across {verdicts['claim'].nunique()} claims: " + ", ".join(parts) + "."
+
+
+def show_forests(verdicts: pd.DataFrame, output_dir: Path | str) -> list[str]:
+    """Show the forest plot each claim's notebook wrote (figures/<claim>/forest.png), in the verdicts' claim order;
+    for a claim without one, a sentence saying why. Returns the claims shown."""
+    from IPython.display import Image, display
+
+    from ..analysis.forest import FOREST, has_lines
+    from .notebook import no_forest_sentence, say
+
+    shown = []
+    for claim, rows in verdicts.groupby("claim", sort=False):
+        png = Path(output_dir) / "figures" / str(claim) / f"{FOREST}.png"
+        if not has_lines(rows):
+            say(no_forest_sentence(str(claim)))
+        elif png.is_file():
+            display(Image(filename=str(png)))
+            shown.append(str(claim))
+        else:
+            say(f"{claim}: its notebook wrote no forest plot ({png} is missing).")
+    return shown
