@@ -74,8 +74,9 @@ def test_a_hit_is_exactly_the_recomputation_of_a_real_nohz_bundle(cache, monkeyp
     runs, _ = measured_runs(refs, nohz.CHECKS, "nohz")
     cold = nohz.tick_cost_runs(runs, refs)
     noise_cold = nohz.ftq_vs_osnoise(refs)
+    samples_cold = nohz.fresh_ftq(refs)
     kinds = {p.parent.name for p in entries(cache)}
-    assert {"ftq-measured", "ftq-tick-cost", "gapdet-columns", "gapdet-cost"} <= kinds, kinds
+    assert {"ftq-measured", "ftq-tick-cost", "gapdet-columns", "gapdet-cost", "ftq-fresh"} <= kinds, kinds
     assert cold["matched_tick_us_median"].notna().any() and cold["ftq_tick_us_median"].notna().any()
 
     # warm, in a fresh process's state: nothing is read or parsed again
@@ -89,6 +90,7 @@ def test_a_hit_is_exactly_the_recomputation_of_a_real_nohz_bundle(cache, monkeyp
     warm = nohz.tick_cost_runs(warm_runs, refs)
     pd.testing.assert_frame_equal(warm, cold, check_exact=True)
     pd.testing.assert_frame_equal(nohz.ftq_vs_osnoise(refs), noise_cold, check_exact=True)
+    pd.testing.assert_frame_equal(nohz.fresh_ftq(refs), samples_cold, check_exact=True)
     assert [type(v) for v in warm.iloc[0]] == [type(v) for v in cold.iloc[0]]
 
 
