@@ -1,3 +1,5 @@
+import ast
+import functools
 import os
 import shutil
 import subprocess
@@ -80,109 +82,53 @@ def fake_host(tmp_path: Path) -> Path:
     return make_fake_host(tmp_path / "root")
 
 
-# `make check` (the fast lane) leaves these out; `make test` runs everything. Whole modules that boot guests, run
-# notebooks or start servers, and single tests measured at >= 0.7 s on the 2-core reference machine.
-SLOW_MODULES = {"test_report.py", "test_lab.py", "test_lab_kexec.py", "test_fleet.py", "test_jupyter.py", "test_view.py",
-                "test_new_claim.py", "test_boot_capture.py"}
-SLOW_TESTS = {
-    "test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_flagged",
-    "test_a_failing_notebook_fails_the_run_and_names_the_cell",
-    "test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back",
-    "test_a_killed_capture_is_put_back_by_the_next_one",
-    "test_a_killed_capture_takes_its_workload_with_it",
-    "test_a_partial_run_without_the_summary_succeeds",
-    "test_a_project_error_exits_2_with_the_command_name",
-    "test_a_real_capture_on_this_host_seals_and_puts_the_host_back",
-    "test_a_real_tracefs_capture_matches_trace_cmd_report",
-    "test_a_report_run_keeps_my_file_and_records_what_it_wrote",
-    "test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bundle",
-    "test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces",
-    "test_perf_profiles_a_tcg_guest_and_resolves_read_hpet",
-    "test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_and_kick_aheads",
-    "test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle",
-    "test_an_unreachable_mirror_is_one_line_and_leaves_no_source",
-    "test_the_kernel_is_a_condition_interleaved_in_the_seeded_order",
-    "test_the_host_boot_plan_kexecs_between_two_installed_kernels_interleaved",
-    "test_bad_input_is_one_line_naming_the_file",
-    "test_bad_requests_say_why",
-    "test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs",
-    "test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothing_there",
-    "test_compare_gives_a_table_or_one_line_for_every_bundle_in_traces",
-    "test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were",
-    "test_doctor_json_is_machine_readable",
-    "test_doctor_on_a_host_without_tracefs_says_so_and_goes_on",
-    "test_empty_success_is_a_failure",
-    "test_every_expected_output_is_written_and_not_empty",
-    "test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_and_a_verdict",
-    "test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session",
-    "test_kernelshark_loads_the_session_under_xvfb",
-    "test_one_changed_byte_of_the_manifest_fails_verify_naming_it",
-    "test_out_dot_at_the_repository_root_refuses",
-    "test_papermill_runs_one_notebook_on_its_own",
-    "test_papermill_with_the_ticklab_engine_prints_no_kernel_warning",
-    "test_patches_apply_to_the_real_linux_source_6_12",
-    "test_published_only_parameters_give_not_testable_verdicts",
-    "test_the_guest_image_is_reproducible_and_holds_what_a_run_needs",
-    "test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host",
-    "test_the_published_loader_never_tracebacks_or_reads_outside",
-    "test_the_repository_patches_apply_to_debians_6_12",
-    "test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment",
-    "test_capture_boot_names_a_kernel_pattern_that_matches_two",
-    "test_the_report_renders_offline_in_headless_chromium",
-    "test_the_shipped_bundles_verify_with_their_manifest_seals",
-    "test_ticklab_verify_names_a_tampered_bundle",
-    "test_verify_checks_every_bundle_and_reports_each_bad_one",
-    "test_verify_imports_no_scipy_or_claims",
-    "test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project",
-    "test_a_missing_jsonschema_is_an_import_error_everywhere",
-    "test_every_package_ticklab_imports_is_declared_with_a_floor",
-    "test_doctor_reports_what_a_killed_capture_left_and_restore_puts_it_back",
-    "test_restore_is_refused_while_the_capture_that_wrote_the_journal_runs",
-    "test_a_journal_of_another_boot_is_removed_without_writing_anything",
-    "test_a_change_that_cannot_be_put_back_is_one_line_naming_it",
-    "test_kill_9_of_a_real_capture_then_restore_puts_this_host_back",
-    # test_capture_answer.py: each runs `ticklab capture` (the claim's analysis imported for its answer, 4-5 s)
-    "test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_what_the_source_printed",
-    "test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparison_measured_is_said_tested",
-    "test_an_experiment_without_an_answer_says_what_it_recorded",
-    "test_a_published_row_the_answer_cannot_name_stops_the_capture_before_its_first_run",
-    "test_on_a_terminal_a_progress_bar_and_no_line_per_run",
-    "test_a_real_nohz_capture_ends_with_the_tick_cost_the_bundle_holds_beside_seed_004s",
-}
-
-
-# `make test` runs on two workers (pytest-xdist): each group below runs on one worker, one test at a time, in file
-# order. Tests that change this machine itself run in MACHINE_MODULES' group: the host lock is taken without
-# waiting (by every capture on the real root, dry runs included), a real capture moves every task and interrupt off
-# the measured CPU and checks the mounts and affinities it found are back, and the fleet's namespaces and the tmpfs
-# "full disks" are mounts. The guest lab's boots share the kernel and image cache (~/.cache/ticklab) in
-# GUEST_MODULES' group. Every other module is a group of its own, so a module-scoped fixture (the report's
-# notebooks) is built once, on one worker.
-MACHINE_MODULES = {"test_capture.py", "test_host.py", "test_ingest.py", "test_function_tracing.py", "test_doctor.py",
-                   "test_fleet.py", "test_bench_keep.py", "test_tools.py", "test_comparisons.py", "test_safefiles.py",
-                   "test_stopping.py", "test_validation.py", "test_cli_errors.py", "test_kernelshark_names.py",
-                   "test_capture_answer.py", "test_restore.py"}
-GUEST_MODULES = {"test_lab.py", "test_lab_kexec.py", "test_lab_sources.py", "test_hostkernel.py", "test_hpet_profile.py"}
-# single tests elsewhere that play a lab guest's side on this machine (ticklab.lab.guest.run_job takes the host lock)
-MACHINE_TESTS = {"test_the_guest_side_makes_one_run_into_the_share",
-                 "test_a_lab_run_records_the_physical_hosts_load_and_keeps_the_guests_beside_it",
-                 # pins each vCPU thread to a host CPU: a real capture beside it moves this process off the measured
-                 # CPU while it runs, so the lab sees one CPU and pins nothing
-                 "test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces",
-                 # runs ticklab doctor (it mounts tracefs and debugfs, as test_doctor.py does) from an installed wheel
-                 "test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project"}
+# `make check` (the fast lane) leaves out the tests marked slow (@pytest.mark.slow, or a module's pytestmark: whole
+# modules that boot guests, run notebooks or start servers, and single tests measured at >= 0.7 s on the 2-core
+# reference machine); `make test` runs everything.
+#
+# `make test` runs on two workers (pytest-xdist): the tests of one xdist_group mark run on one worker, one at a time,
+# in file order. Tests that change this machine itself are in the group "machine" (the host lock is taken without
+# waiting by every capture on the real root, dry runs included; a real capture moves every task and interrupt off
+# the measured CPU and checks the mounts and affinities it found are back; the fleet's namespaces and the tmpfs "full
+# disks" are mounts; a lab guest's side played on this machine takes the host lock). The guest lab's boots share the
+# kernel and image cache (~/.cache/ticklab) in the group "guests". Every other module is a group of its own, so a
+# module-scoped fixture (the report's notebooks) is built once, on one worker.
 # The groups that take longest, handed out first (xdist's --no-loadscope-reorder keeps this order) so that the two
 # long ones start at once on different workers and the short modules fill in around them.
 LONGEST_FIRST = ["guests", "machine", "test_report.py", "test_new_claim.py", "test_compare.py", "test_tickcost.py"]
 
 
+def _xdist_group(expression: ast.AST) -> str | None:
+    """The name in a ``pytest.mark.xdist_group("name")`` within ``expression`` (a decorator, a pytestmark)."""
+    for node in ast.walk(expression):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "xdist_group" \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            return node.args[0].value
+    return None
+
+
+@functools.cache
+def xdist_groups(module: Path) -> tuple[str | None, dict[str, str]]:
+    """A test module's xdist_group marks: its pytestmark's, and its test functions' own. Read from its source: the
+    scheduler runs in xdist's controller, which has node ids, not collected items with their marks."""
+    tree = ast.parse(module.read_text(), filename=str(module))
+    whole, tests = None, {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            whole = _xdist_group(node.value)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            own = next(filter(None, map(_xdist_group, node.decorator_list)), None)
+            if own is not None:
+                tests[node.name] = own
+    return whole, tests
+
+
 def group_of(nodeid: str) -> str:
-    """The group of a test, from its node id (tests/<module>.py::<name>[<parameters>])."""
+    """The group of a test, from its node id (tests/<module>.py::<name>[<parameters>]): its xdist_group mark, its
+    module's, or else the module itself."""
     path, _, name = nodeid.partition("::")
-    module = path.rsplit("/", 1)[-1]
-    if module in MACHINE_MODULES or name.split("[", 1)[0] in MACHINE_TESTS:
-        return "machine"
-    return "guests" if module in GUEST_MODULES else module
+    whole, tests = xdist_groups(REPO / path)
+    return tests.get(name.split("[", 1)[0]) or whole or path.rsplit("/", 1)[-1]
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -198,9 +144,6 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in SLOW_MODULES or getattr(item, "originalname", item.name) in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
     rank = {group: index for index, group in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))  # stable: file order otherwise
 

@@ -15,6 +15,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import ingest_speed  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("trace-cmd") is None,
                     reason="needs root and trace-cmd (the benchmark's steps change tracefs mounts)")

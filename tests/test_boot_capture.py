@@ -18,6 +18,8 @@ from test_plan_engine import ORIGINAL, RELEASE, calls, host, reboot, resume_in_a
 from ticklab.bundle import load_bundle
 from ticklab.host import plan_engine
 
+pytestmark = pytest.mark.slow
+
 EXPERIMENT = """claim: nohz
 name: host-boot-echo
 description: Two command lines, one boot per run; the workload prints a hackbench-like time.

@@ -30,6 +30,7 @@ def _verify(*paths):
                           text=True, timeout=600, cwd=REPO)  # a bound for a hung run only (a loaded host is slow)
 
 
+@pytest.mark.slow
 def test_one_changed_byte_of_the_manifest_fails_verify_naming_it(tmp_path):
     path = make_bundle(tmp_path)
     manifest = path / "manifest.json"
@@ -151,6 +152,7 @@ def test_a_wrong_type_names_the_field(tmp_path):
         load_bundle(path, require_seal=False)
 
 
+@pytest.mark.slow
 def test_verify_checks_every_bundle_and_reports_each_bad_one(tmp_path):
     good = make_bundle(tmp_path / "good")
     bad = make_bundle(tmp_path / "bad")
@@ -167,6 +169,7 @@ def test_verify_checks_every_bundle_and_reports_each_bad_one(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_shipped_bundles_verify_with_their_manifest_seals():
     proc = _verify(REPO / "traces")
     assert proc.returncode == 0, proc.stdout

@@ -22,6 +22,8 @@ from ticklab.host import collect
 
 from conftest import REPO, WAIT_BOUND_S, assert_gaps_match_traced_ticks, gone, wait_for
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 CLOCK = "sys/devices/system/clocksource/clocksource0/current_clocksource"
 needs_tools = pytest.mark.skipif(not (tools_bin() / "clockbench").exists(), reason="tools not built: run 'make tools'")
 
@@ -96,6 +98,7 @@ def test_schedule_warms_up_first_then_interleaves_reproducibly():
         assert {p.block for p in block} == {k} and sorted(p.condition.name for p in block) == ["a", "b", "c"]
 
 
+@pytest.mark.slow
 @needs_tools
 def test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs(fake_host, tmp_path):
     path = write_experiment(tmp_path)
@@ -177,6 +180,7 @@ def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Pope
     return process, int(started()[0].read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bundle(fake_host, tmp_path, signum):
     process, workload = start_slow_capture(fake_host, tmp_path)
@@ -195,6 +199,7 @@ def test_a_signal_during_capture_restores_every_knob_and_leaves_an_incomplete_bu
         load_bundle(manifest.parent)
 
 
+@pytest.mark.slow
 @needs_tools
 def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
     process, _ = start_slow_capture(fake_host, tmp_path)
@@ -209,6 +214,7 @@ def test_a_killed_capture_is_put_back_by_the_next_one(fake_host, tmp_path):
     assert not (tmp_path / "j.json").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_capture_takes_its_workload_with_it(fake_host, tmp_path):
     """Issue 27 item 5: after kill -9 of a capture its workload (FTQ at SCHED_FIFO 99 on the isolated CPU, here a
     sleep) must not go on running and writing into the bundle: it dies with the capture (PR_SET_PDEATHSIG)."""
@@ -223,6 +229,7 @@ def test_a_killed_capture_takes_its_workload_with_it(fake_host, tmp_path):
             os.kill(workload, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @needs_tools
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
 @pytest.mark.parametrize("claim", ["nohz", "hpet"])
@@ -285,6 +292,7 @@ def test_a_tbench_run_inside_its_warm_up_is_a_problem_not_a_zero(tmp_path):
         parse_tbench(tmp_path)
 
 
+@pytest.mark.slow
 def test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothing_there(fake_host, tmp_path):
     """Issue 27 item 2: `ticklab capture --out DIR` must not follow a planted DIR/<host-id> symlink."""
     out, elsewhere = tmp_path / "traces", tmp_path / "elsewhere"
@@ -302,6 +310,7 @@ def test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothin
     assert list(elsewhere.iterdir()) == [] and not (tmp_path / "j.json").exists()
 
 
+@pytest.mark.slow
 @needs_tools
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
 def test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back(tmp_path):

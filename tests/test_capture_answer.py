@@ -23,6 +23,8 @@ from ticklab.capture.requirements import tools_bin
 
 from conftest import REPO, WAIT_BOUND_S
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 needs_tools = pytest.mark.skipif(not (tools_bin() / "clockbench").exists(), reason="tools not built: run 'make tools'")
 RUN_LINE = re.compile(r"^(?P<run>run-\d{3}) \((?P<made>\d+) of (?P<planned>\d+)\) (?P<condition>.+?)(?P<warmup> \(warm-up\))?: "
                       r"(?P<seconds>[\d.]+) s(?:, (?P<metric>\w+) (?P<value>[-\d.e+]+) (?P<unit>\S+))?$")
@@ -114,6 +116,7 @@ def the_bundle(out: Path):
     return load_bundle(path)
 
 
+@pytest.mark.slow
 @needs_tools
 def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_what_the_source_printed(fake_host, tmp_path):
     done = fake_capture("nohz", fake_experiment(tmp_path), fake_host, tmp_path)
@@ -148,6 +151,7 @@ def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_wha
     assert lines[-1] == f"  verdicts: ticklab report --data-dir {out} --only 05-nohz"
 
 
+@pytest.mark.slow
 @needs_tools
 def test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparison_measured_is_said_tested(
         fake_host, tmp_path):
@@ -171,6 +175,7 @@ def test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparis
     assert lines[tested + 1] == "    premise: HRTICK on vs off without the series, hackbench -p -s 8 runtime"
 
 
+@pytest.mark.slow
 @needs_tools
 def test_an_experiment_without_an_answer_says_what_it_recorded(fake_host, tmp_path):
     experiment = fake_experiment(tmp_path, claim="hpet", runs=1, warmup=0)
@@ -187,6 +192,7 @@ def test_an_experiment_without_an_answer_says_what_it_recorded(fake_host, tmp_pa
             "(QEMU guests: runners/hpet/guest-timejobs.yaml)") in done.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_a_published_row_the_answer_cannot_name_stops_the_capture_before_its_first_run(fake_host, tmp_path):
     experiment = fake_experiment(tmp_path, answer=[{"metric": "read_cost_mean_ns", "says": "ns per clock read",
                                                     "printed": ["tick_cost/no_such_row"]}])
@@ -198,6 +204,7 @@ def test_a_published_row_the_answer_cannot_name_stops_the_capture_before_its_fir
     assert not (tmp_path / "traces").exists()
 
 
+@pytest.mark.slow
 @needs_tools
 def test_on_a_terminal_a_progress_bar_and_no_line_per_run(fake_host, tmp_path):
     controller, terminal = pty.openpty()
@@ -223,6 +230,7 @@ def test_on_a_terminal_a_progress_bar_and_no_line_per_run(fake_host, tmp_path):
     assert "  verdicts: ticklab report --data-dir" in text
 
 
+@pytest.mark.slow
 @needs_tools
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
 def test_a_real_nohz_capture_ends_with_the_tick_cost_the_bundle_holds_beside_seed_004s(tmp_path):

@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO
 from test_bundle import make_bundle
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 
 def _ticklab(*argv, cwd=REPO):
     env = {k: v for k, v in os.environ.items() if k != "TICKLAB_TRACEBACK"}
@@ -31,6 +33,7 @@ def bad_experiment(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, named", [
     (lambda p, b, e: ["verify", b], "manifest.json"),
     (lambda p, b, e: ["compare", b], "manifest.json"),
@@ -54,6 +57,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, bad_bundle, bad_experim
         assert named in lines[0], output
 
 
+@pytest.mark.slow
 def test_a_project_error_exits_2_with_the_command_name(tmp_path):
     proc = _ticklab("capture", "nohz", "--experiment", tmp_path / "missing.yaml", "--dry-run")
     assert proc.returncode == 2

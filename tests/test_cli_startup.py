@@ -53,6 +53,7 @@ def test_ingest_imports_no_pandas_or_scipy(tmp_path):
     assert [m for m in HEAVY if m in modules] == []
 
 
+@pytest.mark.slow
 def test_verify_imports_no_scipy_or_claims():
     bundle = a_bundled_trace().parents[3]
     code, modules = imported_by("verify", str(bundle))

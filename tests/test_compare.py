@@ -54,6 +54,7 @@ def test_two_bundles_compare_shared_conditions_and_formats(tmp_path):
     assert "| Median" in render(comparison, "md")
 
 
+@pytest.mark.slow
 def test_bad_requests_say_why(tmp_path):
     a = bundle(tmp_path, "host-a", {"off": [1.0, 1.1]})
     b = bundle(tmp_path, "host-b", {"on": [1.0, 1.1]})
@@ -87,6 +88,7 @@ def test_papermill_parameter_files_set_only_notebook_parameters():
             assert all(isinstance(v, (str, int, float)) for v in params.values()), path.name
 
 
+@pytest.mark.slow
 def test_published_only_parameters_give_not_testable_verdicts(tmp_path):
     import yaml
 
@@ -109,6 +111,7 @@ def test_published_only_parameters_give_not_testable_verdicts(tmp_path):
     assert not empty, empty
 
 
+@pytest.mark.slow
 def test_ticklab_verify_names_a_tampered_bundle(tmp_path):
     good = bundle(tmp_path, "host-a", {"off": [1.0, 1.1]})
     bad = bundle(tmp_path, "host-b", {"off": [1.0, 1.1]})
@@ -120,6 +123,7 @@ def test_ticklab_verify_names_a_tampered_bundle(tmp_path):
     assert f"ok    {good}" in run.stdout and f"FAIL  {bad}" in run.stdout and "results.csv" in run.stdout
 
 
+@pytest.mark.slow
 def test_compare_gives_a_table_or_one_line_for_every_bundle_in_traces(capsys):
     """The README's own examples: every bundle shipped in traces/, with the claim's metric chosen for it (through the
     CLI's own entry point, in this process: a bug that is not ticklab's own error would surface as an exception)."""

@@ -16,6 +16,8 @@ from ticklab.capture.requirements import tools_bin
 from ticklab.capture.workloads import parse_ftq
 from ticklab.claims import nohz
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 TWO_PERCENT = Margins(no_effect=0.02)
 FASTER = Comparison("b vs a", "work", "b", "a", Target(1.10, 1, "derived: a test's", "+10% work", ("nohz/t/r",)),
@@ -213,6 +215,7 @@ def test_clock_read_share_sums_vdso_and_clock_functions_from_perf_report():
     assert share == pytest.approx(57.08 + 11.09 + 4.50 + 1.82) and hottest == "[vdso] +0x79b (unnamed)"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v tbench tbench_srv"], capture_output=True).returncode != 0,
                     reason="tbench is not installed (Debian: dbench)")
 def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_and_a_verdict(fake_host, tmp_path):

@@ -17,9 +17,11 @@ from ticklab.claimids import CLAIM_IDS as CLAIMS
 from ticklab.doctor import diagnose, render
 from ticklab.host import HostChanges, collect, facts
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="doctor's probes (tracefs, trace-cmd, perf) need root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="doctor's probes (tracefs, trace-cmd, perf) need root"),
+              pytest.mark.xdist_group("machine")]
 
 
+@pytest.mark.slow
 def test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were():
     before = facts.mounts(Path("/"))
     report = diagnose()
@@ -40,11 +42,13 @@ def test_doctor_answers_every_check_and_claim_and_leaves_mounts_as_they_were():
     assert "claim" in render(report) and "trace-cmd record" in render(report)
 
 
+@pytest.mark.slow
 def test_doctor_json_is_machine_readable():
     result = subprocess.run([sys.executable, "-m", "ticklab.cli", "doctor", "--json"], capture_output=True, text=True, check=True)
     assert set(json.loads(result.stdout)) == {"host", "checks", "claims", "boot_plans"}
 
 
+@pytest.mark.slow
 def test_doctor_on_a_host_without_tracefs_says_so_and_goes_on(fake_host, tmp_path):
     """Issue 14, defect 8: no tracefs once escaped from the trace-cmd probe as a traceback."""
     report = diagnose(fake_host, journal=tmp_path / "j.json")

@@ -17,8 +17,9 @@ from conftest import REPO, shortened_nohz_experiment
 
 NEEDED = ("ansible-playbook", "sshd", "ssh-keygen", "ip")
 missing = [tool for tool in NEEDED if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists()]
-pytestmark = pytest.mark.skipif(bool(missing) or os.geteuid() != 0,
-                                reason=f"needs root and {', '.join(NEEDED)} (missing: {', '.join(missing) or 'none'})")
+pytestmark = [pytest.mark.skipif(bool(missing) or os.geteuid() != 0,
+                                 reason=f"needs root and {', '.join(NEEDED)} (missing: {', '.join(missing) or 'none'})"),
+              pytest.mark.slow, pytest.mark.xdist_group("machine")]
 
 
 def _run(*argv, check=True):

@@ -16,6 +16,8 @@ from ticklab.host.knobs import restorable
 
 from conftest import REPO
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 
 def fake_tracefs(root: Path, tracers: str, functions: str | None) -> Path:
     root.mkdir(parents=True)

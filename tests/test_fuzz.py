@@ -59,6 +59,7 @@ def test_workload_parsers_refuse_bad_output_with_the_file_named(data):
     _holds(WorkloadFamily, data)
 
 
+@pytest.mark.slow
 @BOUNDED
 @given(st.data())
 def test_the_published_loader_never_tracebacks_or_reads_outside(data):

@@ -16,6 +16,8 @@ from ticklab.host.facts import format_cpu_list, parse_cpu_list
 
 from conftest import make_fake_host
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 CLOCK = "sys/devices/system/clocksource/clocksource0/current_clocksource"
 FEATURES = "sys/kernel/debug/sched/features"
 

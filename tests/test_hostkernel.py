@@ -19,6 +19,8 @@ from conftest import make_fake_host
 from ticklab.host import facts
 from ticklab.hostkernel import HostKernelError, build_and_install, plan_host_kernel
 
+pytestmark = pytest.mark.xdist_group("guests")
+
 DEBIAN_SOURCE = Path("/usr/src/linux-source-6.12.tar.xz")
 
 
@@ -98,6 +100,7 @@ def test_localversion_follows_the_config_and_localmodconfig_counts_modules(host_
     assert first.localversion != second.localversion and second.localversion.startswith("-ticklab-")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEBIAN_SOURCE.is_file(), reason=f"{DEBIAN_SOURCE} missing (apt-get install linux-source-6.12)")
 def test_the_repository_patches_apply_to_debians_6_12(host_root, tmp_path):
     plan = plan_host_kernel(host_root, source=DEBIAN_SOURCE, work=tmp_path / "w")

@@ -25,6 +25,8 @@ from ticklab.trace import rawfile
 
 from conftest import REPO
 
+pytestmark = pytest.mark.xdist_group("guests")
+
 DATA = Path(__file__).parent / "data" / "hpet"
 WHEN = datetime(2026, 11, 27, 3, 0, 0, tzinfo=timezone.utc)
 EXPERIMENT = REPO / "runners" / "hpet" / "guest-clock-profile.yaml"
@@ -182,6 +184,7 @@ def _why_no_guest() -> str:
     return ""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(_why_no_guest()), reason=_why_no_guest() or "ready")
 def test_perf_profiles_a_tcg_guest_and_resolves_read_hpet(tmp_path, monkeypatch):
     from ticklab.lab.run import LabOptions, lab_run

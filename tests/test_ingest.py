@@ -18,6 +18,8 @@ from ticklab.trace.ingest import (MISSED_EVENTS, MISSED_STORED, TraceFormatError
                                   read_trace_dat)
 from ticklab.trace.tracefs_stats import stats_lost_count
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 FORMAT = """name: fake_event
 ID: 42
 format:
@@ -134,6 +136,7 @@ def can_trace() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(can_trace() is not None, reason=str(can_trace()))
 def test_a_real_tracefs_capture_matches_trace_cmd_report(tmp_path):
     from ticklab.capture.tracing import recorder

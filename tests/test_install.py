@@ -57,6 +57,7 @@ def _imported_packages() -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_package_ticklab_imports_is_declared_with_a_floor():
     declared = _declared()
     imported = _imported_packages()
@@ -84,6 +85,7 @@ def test_pyproject_floors_are_what_the_code_needs_and_requirements_in_asks():
     assert lower == {}, "pyproject.toml's floor is below requirements.in's"
 
 
+@pytest.mark.slow
 def test_a_missing_jsonschema_is_an_import_error_everywhere(tmp_path):
     blocker = tmp_path / "blocked" / "jsonschema"
     blocker.mkdir(parents=True)
@@ -187,6 +189,8 @@ def _copy_sources(target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("machine")
 def test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project(tmp_path):
     """Build the wheel offline, install it alone into a fresh environment (its dependencies come from this one's
     site-packages, appended after its own), and run it from a directory outside the checkout."""

@@ -119,6 +119,7 @@ def test_every_bundle_in_traces_still_loads():
             load_bundle(manifest.parent, allow_incomplete=True)
 
 
+@pytest.mark.slow
 @needs_tools
 def test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_flagged(fake_host, tmp_path):
     # a fake /proc that does not change: three foreign runnable tasks on the fake host's two CPUs, load 5
@@ -142,6 +143,7 @@ def test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_
                         "2 CPU(s), load average up to 5.0")
 
 
+@pytest.mark.xdist_group("machine")
 def test_a_lab_run_records_the_physical_hosts_load_and_keeps_the_guests_beside_it(fake_host, tmp_path, monkeypatch):
     """The guest side runs in this process instead of under QEMU; the host side samples a fake busy /proc."""
     import functools

@@ -17,6 +17,8 @@ from ticklab.capture.process import stop
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 websocket = pytest.importorskip("websocket", reason="websocket-client is not installed (make env)")
 pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (make env)")
 

@@ -27,6 +27,8 @@ from ticklab.trace import rawfile
 from ticklab.trace.ingest import read_trace
 from ticklab.trace.tracedat import tracefs_to_trace_dat
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 TRACEFS = Path("/sys/kernel/tracing")
 EVENTS = ["timer:hrtimer_start", "timer:hrtimer_expire_entry", "irq_vectors:local_timer_entry"]
 TRACED_FUNCTION = "hrtimer_start_range_ns"  # called from many places: its callers are many parent_ip values

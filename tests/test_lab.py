@@ -32,6 +32,8 @@ from ticklab.trace import rawfile
 
 from conftest import CLAIM_IDS, REPO, assert_gaps_match_traced_ticks
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("guests")]
+
 has_source = lab_kernel.SOURCE_TARBALL.is_file()
 has_qemu = qemu.qemu_version() is not None
 
@@ -231,6 +233,7 @@ def test_host_capture_refuses_a_lab_experiment_and_lab_run_a_host_one(tmp_path):
         lab_run("nohz", LabOptions(out=tmp_path), experiment_path=REPO / "runners" / "nohz" / "ftq.yaml")
 
 
+@pytest.mark.xdist_group("machine")
 def test_the_guest_side_makes_one_run_into_the_share(tmp_path):
     """run_job on this machine, as the guest would: the run's files and result.json land in the share."""
     share = tmp_path / "share"
@@ -321,6 +324,7 @@ def test_a_tcg_hrtick_run_boots_both_kernels_and_counts_rearms_only_where_the_ke
     assert not _qemu_processes(temp) and not list(temp.iterdir())
 
 
+@pytest.mark.xdist_group("machine")
 @needs_lab
 @needs_image_tools
 def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path, monkeypatch):

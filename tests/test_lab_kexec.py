@@ -14,6 +14,8 @@ from ticklab.lab import image as guest_image
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import qemu
 
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("guests")]
+
 def kexec_kernel():
     if os.geteuid() != 0 or qemu.qemu_version() is None or not lab_kernel.SOURCE_TARBALL.is_file():
         pytest.skip("needs root, qemu-system-x86 and linux-source-6.12")

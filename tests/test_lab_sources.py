@@ -21,6 +21,8 @@ from ticklab.lab.run import LabOptions, boot_settings, experiment_kernels, plann
 
 from conftest import REPO
 
+pytestmark = pytest.mark.xdist_group("guests")
+
 
 def test_a_kernel_name_says_its_series_and_variant():
     assert sources.split_name("hz1000") == ("6.12", "hz1000")
@@ -102,6 +104,7 @@ def test_a_fetched_source_is_found_in_the_cache_without_the_network(tmp_path, mo
     assert "7.2: linux-source-7.2 7.2.13-1, fetched from" in sources.describe() or sources.installed(spec)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("apt-get") is None or not Path("/usr/share/keyrings/debian-archive-keyring.gpg").is_file(),
                     reason="needs apt-get and debian-archive-keyring")
 def test_an_unreachable_mirror_is_one_line_and_leaves_no_source(tmp_path, monkeypatch):
@@ -150,6 +153,7 @@ def test_the_cli_names_the_sources_and_refuses_an_unknown_series_in_one_line(cap
                                  "(have: 6.12, 7.2)\n")
 
 
+@pytest.mark.slow
 def test_the_kernel_is_a_condition_interleaved_in_the_seeded_order():
     experiment = load_experiment(REPO / "runners" / "hrtick" / "guest-hackbench.yaml")
     assert experiment_kernels(experiment) == ["7.2-hz1000", "hz1000"]
@@ -177,6 +181,7 @@ def test_a_guest_that_booted_another_kernel_is_a_mismatch():
     assert boot_mismatches([], None, facts) == []
 
 
+@pytest.mark.slow
 def test_the_host_boot_plan_kexecs_between_two_installed_kernels_interleaved(tmp_path):
     from conftest import make_fake_host
 

@@ -47,3 +47,24 @@ def test_make_check_runs_on_the_workers_of_make_test_with_its_scheduling():
 def test_make_check_leaves_out_the_tests_marked_slow_and_make_test_runs_them():
     assert option_value(pytest_options("check"), "-m") == "not slow"
     assert option_value(pytest_options("test"), "-m") is None
+
+
+def test_a_tests_group_is_its_xdist_group_mark_or_its_modules_or_else_its_module(tmp_path):
+    from conftest import group_of, xdist_groups
+
+    module = tmp_path / "test_planted.py"
+    module.write_text("import pytest\n\npytestmark = [pytest.mark.slow, pytest.mark.xdist_group('guests')]\n\n\n"
+                      "@pytest.mark.xdist_group('machine')\n@pytest.mark.parametrize('x', [1])\ndef test_own(x):\n"
+                      "    pass\n\n\ndef test_inherits():\n    pass\n")
+    assert xdist_groups(module) == ("guests", {"test_own": "machine"})
+    assert group_of("tests/test_capture.py::test_anything") == "machine"  # a module marked as a whole
+    assert group_of("tests/test_lab_sources.py::test_anything[p]") == "guests"
+    assert group_of("tests/test_lab.py::test_the_guest_side_makes_one_run_into_the_share") == "machine"  # its own mark first
+    assert group_of("tests/test_ingest_fast.py::test_anything") == "test_ingest_fast.py"  # no mark: its own group
+
+
+def test_the_slow_and_group_marks_are_marks_not_name_lists():
+    conftest_source = (REPO / "tests" / "conftest.py").read_text()
+    for name_list in ("SLOW_TESTS", "SLOW_MODULES", "MACHINE_MODULES", "MACHINE_TESTS", "GUEST_MODULES"):
+        assert name_list not in conftest_source
+    assert "--strict-markers" in (REPO / "pyproject.toml").read_text()  # a mistyped mark fails collection

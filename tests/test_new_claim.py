@@ -19,6 +19,8 @@ from conftest import REPO, make_fake_host
 from ticklab.bundle import BundleWriter
 from ticklab.trace import rawfile
 
+pytestmark = pytest.mark.slow
+
 TOY_MODULE = '''"""C6 — a toy claim (tests/test_new_claim.py): the slow condition takes twice as long as the fast one."""
 
 import matplotlib.pyplot as plt

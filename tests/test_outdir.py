@@ -47,6 +47,7 @@ def test_a_directory_not_made_by_report_is_refused_and_left_as_it_was(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["figures", "mine.png", "summary.json"]
 
 
+@pytest.mark.slow
 def test_out_dot_at_the_repository_root_refuses(tmp_path):
     tracked = subprocess.run(["git", "ls-files", "notebooks"], cwd=REPO, capture_output=True, text=True).stdout.split()
     proc = subprocess.run([sys.executable, "-m", "ticklab.cli", "report", "--out", "."], cwd=REPO,
@@ -66,6 +67,7 @@ def test_an_unwritable_out_is_one_line(tmp_path):
     assert len(log) == 1 and str(blocker / "sub") in log[0] and "cannot write" in log[0]
 
 
+@pytest.mark.slow
 def test_a_report_run_keeps_my_file_and_records_what_it_wrote(tmp_path):
     hollow = nbformat.v4.new_notebook()
     hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -215,6 +215,7 @@ def test_condition_cmdline_replaces_and_removes_words():
         "ro quiet nohz_full=1 -- --init-flag x=1"
 
 
+@pytest.mark.slow
 def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(host, tmp_path):
     root, log = host
     done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--dry-run",
@@ -230,6 +231,7 @@ def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(ho
     assert not (root / "var/lib/ticklab").exists() and not calls(log)
 
 
+@pytest.mark.slow
 def test_capture_boot_names_a_kernel_pattern_that_matches_two(host, tmp_path):
     root, _ = host
     (root / "boot/vmlinuz-6.12.100-ticklab-def").write_bytes(b"kernel")

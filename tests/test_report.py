@@ -22,6 +22,8 @@ from ticklab.report.build import expected_outputs, output_problems, run_report
 
 from conftest import CLAIM_IDS, REPO
 
+pytestmark = pytest.mark.slow
+
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 PARAMETERS = {"data_dir", "published_dir", "output_dir", "alpha", "n_boot", "seed"}
 

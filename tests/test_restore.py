@@ -17,6 +17,8 @@ from ticklab.host.knobs import HostBusy, HostLock, lock_path, _write_journal
 
 from conftest import REPO, WAIT_BOUND_S, gone, wait_for
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 CLOCK = "sys/devices/system/clocksource/clocksource0/current_clocksource"
 RT_RUNTIME = "proc/sys/kernel/sched_rt_runtime_us"
 IRQ_LISTS = {24: "0-1", 25: "0-1", 26: "1", 27: "0"}
@@ -68,6 +70,7 @@ def start_isolating_capture(root: Path, tmp_path: Path) -> tuple[subprocess.Pope
     return process, int(started()[0].read_text()), journal
 
 
+@pytest.mark.slow
 def test_doctor_reports_what_a_killed_capture_left_and_restore_puts_it_back(isolating_host, tmp_path):
     root = isolating_host
     before = host_state(root)
@@ -111,6 +114,7 @@ def test_doctor_reports_what_a_killed_capture_left_and_restore_puts_it_back(isol
     assert again.stdout.strip() == f"nothing to restore: no journal of host changes at {journal}"
 
 
+@pytest.mark.slow
 def test_restore_is_refused_while_the_capture_that_wrote_the_journal_runs(isolating_host, tmp_path):
     root = isolating_host
     before = host_state(root)
@@ -134,6 +138,7 @@ def _dead_pid() -> tuple[int, str]:
     return owner.pid, start
 
 
+@pytest.mark.slow
 def test_a_journal_of_another_boot_is_removed_without_writing_anything(isolating_host, tmp_path):
     """A state directory on disk keeps a journal across a reboot: what it lists, the reboot reset (and the previous
     boot's interrupt numbers mean nothing now): restore writes nothing and removes it."""
@@ -151,6 +156,7 @@ def test_a_journal_of_another_boot_is_removed_without_writing_anything(isolating
     assert value(root, RT_RUNTIME) == "950000" and not journal.exists()
 
 
+@pytest.mark.slow
 def test_a_change_that_cannot_be_put_back_is_one_line_naming_it(isolating_host, tmp_path):
     root = isolating_host
     stuck = root / "sys/kernel/stuck"
@@ -234,6 +240,7 @@ def _restored(journal: Path) -> bool:
 
 
 # online CPUs, not this process's CPU list: started while another capture isolates a CPU, it has one CPU fewer
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir()
                     or len(facts.online_cpus(Path("/"))) < 2, reason="a real isolating capture needs root, tracefs and "
                                                                       "two CPUs")

@@ -9,6 +9,8 @@ import pytest
 
 from ticklab.safefiles import OwnedDir, UnsafeFileError, read_bytes, read_text, shown
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 
 def test_a_link_planted_below_the_root_is_refused_and_its_target_untouched(tmp_path):
     victim = tmp_path / "victim"

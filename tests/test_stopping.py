@@ -18,6 +18,8 @@ from ticklab.capture.stopping import MIN_RUNS, PrecisionGoal, StoppingRule, extr
 from ticklab.cli import precision_goals
 from ticklab.paths import published_dir
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()),
                     margins=Margins(no_effect=0.05))
 CONDITIONS = [Condition("hrtick-off", {}), Condition("hrtick-on", {})]

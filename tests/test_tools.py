@@ -8,7 +8,8 @@ from ticklab.capture.requirements import tools_bin
 from ticklab.capture.workloads import (WorkloadOutputError, parse_clockbench, parse_ftq, parse_timejobs, read_clockbench,
                                        read_ftq, read_gapdet)
 
-pytestmark = pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'")
+pytestmark = [pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'"),
+              pytest.mark.xdist_group("machine")]
 
 
 def test_ftq_writes_its_header_and_one_line_per_sample(tmp_path):

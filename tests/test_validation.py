@@ -18,6 +18,8 @@ from ticklab.report.notebook import ParameterError, check_parameters
 
 from conftest import REPO
 
+pytestmark = pytest.mark.xdist_group("machine")
+
 FTQ = REPO / "runners/nohz/ftq.yaml"
 
 

@@ -17,6 +17,8 @@ from ticklab.trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 
 def guest_bundle(claim: str) -> Path:
     # a lab guest's bundle (its runs record the guest's boot), not the lab host's, whose runs are a host capture's
