@@ -59,7 +59,8 @@ def test_a_tests_group_is_its_xdist_group_mark_or_its_modules_or_else_its_module
     assert xdist_groups(module) == ("guests", {"test_own": "machine"})
     assert group_of("tests/test_capture.py::test_anything") == "machine"  # a module marked as a whole
     assert group_of("tests/test_lab_sources.py::test_anything[p]") == "guests"
-    assert group_of("tests/test_lab.py::test_the_guest_side_makes_one_run_into_the_share") == "machine"  # its own mark first
+    # its own mark before its module's
+    assert group_of("tests/test_lab.py::test_the_guest_side_makes_one_run_into_the_share") == "machine"
     assert group_of("tests/test_ingest_fast.py::test_anything") == "test_ingest_fast.py"  # no mark: its own group
 
 
