@@ -14,7 +14,7 @@ UV_VERSION := 0.13.8
 export PYTHONPYCACHEPREFIX ?= $(HOME)/.cache/ticklab/pycache
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: help reproduce test check env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
+.PHONY: help reproduce test check lint env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
         jupyter kernelspec
 
 help:  ## list the targets
@@ -34,8 +34,12 @@ test: $(STAMP) tools  ## the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder </dev/null
 
 # make check: the same workers and groups, without the tests marked slow (tests/test_make_check.py keeps it so).
-check: $(STAMP) tools  ## the fast lane for the edit-test loop: every test not marked slow (2 workers; 48-56 s wall on 2 quiet cores, 2026-11-28)
+check: $(STAMP) tools lint  ## the fast lane for the edit-test loop: ruff, then every test not marked slow (2 workers; 48-56 s wall on 2 quiet cores, 2026-11-28)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder -m "not slow" --durations=5 </dev/null
+
+lint: $(STAMP)  ## ruff: the linter and the formatter's check (pyproject.toml's [tool.ruff]; 'ruff format .' formats)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Our C measurement programs (tools/bin/ftq, tools/bin/clockbench).
 tools:  ## build our C measurement programs (tools/bin)

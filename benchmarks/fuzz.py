@@ -134,19 +134,25 @@ def _campaign(seeds: Path, keys: list[str], inputs: int, seed: int, timeout: flo
             print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
         rows.append((family, counts, time.monotonic() - started))
         examples[key] = samples
-    print("| campaign | inputs | clear error | traceback | hang | silently accepted or wrong | accepted (valid or undetectable) | seconds |")
+    print(
+        "| campaign | inputs | clear error | traceback | hang | silently accepted or wrong | accepted (valid or undetectable) | seconds |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for family, counts, seconds in rows:
         total = sum(counts[k] for k in ("error", "traceback", "hang", "wrong", "accepted"))
-        print(f"| {family.name} | {total:,} | {counts['error']:,} | {counts['traceback']:,} | {counts['hang']:,} | "
-              f"{counts['wrong']:,} | {counts['accepted']:,} | {seconds:.0f} |")
+        print(
+            f"| {family.name} | {total:,} | {counts['error']:,} | {counts['traceback']:,} | {counts['hang']:,} | "
+            f"{counts['wrong']:,} | {counts['accepted']:,} | {seconds:.0f} |"
+        )
     bad = 0
     for family, counts, _ in rows:
         for kind, cases in examples[family.key].items():
             bad += len(cases)
             kinds = Counter(detail.split(":", 1)[0] for _, detail in cases)
-            print(f"\n{family.name}: {len(cases)} {kind}(s); by input kind: "
-                  + ", ".join(f"{name} {n}" for name, n in kinds.most_common(8)))
+            print(
+                f"\n{family.name}: {len(cases)} {kind}(s); by input kind: "
+                + ", ".join(f"{name} {n}" for name, n in kinds.most_common(8))
+            )
             for index, detail in cases[:show]:
                 print(f"  --replay {family.key}:{index} (seed {seed})  {detail[:240]}")
     return 1 if bad else 0
@@ -173,8 +179,11 @@ def replay(spec: str, seed: int) -> int:
                 traceback.print_exc()
 
     # every family module's classify: those that imported the name as well as those that call fuzzcases.classify
-    patched = [m for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("fuzzcases")
-               and getattr(m, "classify", None) is original]
+    patched = [
+        m
+        for m in list(sys.modules.values())
+        if getattr(m, "__name__", "").startswith("fuzzcases") and getattr(m, "classify", None) is original
+    ]
     for module in patched:
         module.classify = loud
     try:

@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass
 class Outcome:
-    kind: str          # error | traceback | wrong | accepted
+    kind: str  # error | traceback | wrong | accepted
     detail: str = ""
     known_bad: bool = False
 
@@ -99,8 +99,9 @@ def classify(call, *, known_bad: bool, check=None, bounded: bool = False) -> Out
             if bounded and len(text) > MAX_ERROR_CHARS:
                 return Outcome("wrong", f"unbounded error line ({len(text)} characters): {text[:200]}", known_bad)
             return Outcome("error", text[:300], known_bad)
-        return Outcome("traceback", f"{type(exc).__module__}.{type(exc).__name__}: {' '.join(text.split())[:300]}",
-                       known_bad)
+        return Outcome(
+            "traceback", f"{type(exc).__module__}.{type(exc).__name__}: {' '.join(text.split())[:300]}", known_bad
+        )
     if known_bad:
         return Outcome("wrong", "a known-bad input was accepted", known_bad)
     problem = check(result) if check else None
@@ -111,7 +112,7 @@ def _flip(data: bytes, source) -> bytes:
     if not data:
         return b"\x00"
     position = source.integer(0, len(data) - 1)
-    return data[:position] + bytes([data[position] ^ source.integer(1, 255)]) + data[position + 1:]
+    return data[:position] + bytes([data[position] ^ source.integer(1, 255)]) + data[position + 1 :]
 
 
 def _remove(target: Path) -> None:
@@ -134,6 +135,7 @@ def _writable_copy(seed: Path, target: Path) -> Path:
 
 # -- bundles ---------------------------------------------------------------------------------------------
 
+
 class BundleFamily:
     name = "bundle load / verify / compare"
     key = "bundle"
@@ -146,8 +148,15 @@ class BundleFamily:
         self.seed = seeds / "bundle"
         if (self.seed / "manifest.json").is_file():
             return
-        writer = BundleWriter(seeds / "bundle-build", "fuzz-host", "nohz", "ftq", definition={"runs": 3},
-                              host={"nproc": 2}, when=datetime(2026, 11, 22, tzinfo=timezone.utc))
+        writer = BundleWriter(
+            seeds / "bundle-build",
+            "fuzz-host",
+            "nohz",
+            "ftq",
+            definition={"runs": 3},
+            host={"nproc": 2},
+            when=datetime(2026, 11, 22, tzinfo=timezone.utc),
+        )
         writer.manifest.conditions = [{"name": "hz1000"}, {"name": "hz250"}]
         run = 0
         for condition in ("hz1000", "hz250"):
@@ -156,20 +165,47 @@ class BundleFamily:
                 name = f"run-{run:03d}"
                 raw = writer.run_dir(name)
                 (raw / "stdout.txt").write_text(f"Time: {1 + run / 10}\n")
-                writer.add_run({"run": name, "condition": condition, "order": run, "status": "ok", "warmup": False,
-                                "problem": None, "trace": {"lost_events": 0}},
-                               [{"metric": "runtime_s", "value": 1 + run / 10 + index, "unit": "s"}])
+                writer.add_run(
+                    {
+                        "run": name,
+                        "condition": condition,
+                        "order": run,
+                        "status": "ok",
+                        "warmup": False,
+                        "problem": None,
+                        "trace": {"lost_events": 0},
+                    },
+                    [{"metric": "runtime_s", "value": 1 + run / 10 + index, "unit": "s"}],
+                )
         built = writer.seal()
         shutil.copytree(built, self.seed, symlinks=True)
 
     # edits that a schema must refuse, applied to the manifest and then re-sealed like an attacker would
-    BAD_FIELDS = [("runs.0.warmup", "yes"), ("runs.1.run", 5), ("runs.2.run", "../x"), ("status", "done"),
-                  ("claim", 1), ("runs", "many"), ("schema_version", 2), ("runs.0.trace", {"lost_events": -1}),
-                  ("runs.0.trace", {"lost_events": "many"}), ("files.../outside.txt", "0" * 64),
-                  ("files./etc/hostname", "0" * 64), ("files.results.csv", "zz"), ("experiment", "../../x"),
-                  ("runs.3.condition", ""), ("host", []), ("definition", None), ("runs.0", "run-001")]
-    GOOD_FIELDS = [("runs.0.status", "failed"), ("runs.1.problem", "a guest booted wrong"),
-                   ("runs.2.trace", {"lost_events": 7}), ("not_testable", "no HPET here")]
+    BAD_FIELDS = [
+        ("runs.0.warmup", "yes"),
+        ("runs.1.run", 5),
+        ("runs.2.run", "../x"),
+        ("status", "done"),
+        ("claim", 1),
+        ("runs", "many"),
+        ("schema_version", 2),
+        ("runs.0.trace", {"lost_events": -1}),
+        ("runs.0.trace", {"lost_events": "many"}),
+        ("files.../outside.txt", "0" * 64),
+        ("files./etc/hostname", "0" * 64),
+        ("files.results.csv", "zz"),
+        ("experiment", "../../x"),
+        ("runs.3.condition", ""),
+        ("host", []),
+        ("definition", None),
+        ("runs.0", "run-001"),
+    ]
+    GOOD_FIELDS = [
+        ("runs.0.status", "failed"),
+        ("runs.1.problem", "a guest booted wrong"),
+        ("runs.2.trace", {"lost_events": 7}),
+        ("not_testable", "no HPET here"),
+    ]
 
     @staticmethod
     def _set(data, dotted: str, value):
@@ -188,8 +224,11 @@ class BundleFamily:
         manifest = path / MANIFEST
         data = json.loads(manifest.read_text()) if data is None else data
         if files:
-            data["files"] = {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-                             for p in sorted(path.rglob("*")) if p.is_file() and p.name not in (MANIFEST, SEAL)}
+            data["files"] = {
+                str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(path.rglob("*"))
+                if p.is_file() and p.name not in (MANIFEST, SEAL)
+            }
         manifest.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         (path / SEAL).write_text(hashlib.sha256(manifest.read_bytes()).hexdigest() + "  manifest.json\n")
 
@@ -199,11 +238,31 @@ class BundleFamily:
 
         path = _writable_copy(self.seed, work / "bundle")
         manifest, results = path / "manifest.json", path / "results.csv"
-        kind = source.choice(["intact", "flip manifest", "flip results", "flip raw", "edit manifest",
-                              "bad field resealed", "good field resealed", "bad value resealed", "add file",
-                              "symlink", "fifo", "delete", "truncate manifest", "random manifest", "nested manifest",
-                              "truncate results", "short row resealed", "duplicate row resealed",
-                              "foreign row resealed", "huge value resealed", "newline in a name"])
+        kind = source.choice(
+            [
+                "intact",
+                "flip manifest",
+                "flip results",
+                "flip raw",
+                "edit manifest",
+                "bad field resealed",
+                "good field resealed",
+                "bad value resealed",
+                "add file",
+                "symlink",
+                "fifo",
+                "delete",
+                "truncate manifest",
+                "random manifest",
+                "nested manifest",
+                "truncate results",
+                "short row resealed",
+                "duplicate row resealed",
+                "foreign row resealed",
+                "huge value resealed",
+                "newline in a name",
+            ]
+        )
         known_bad = kind not in ("intact", "good field resealed")
         if kind == "flip manifest":
             manifest.write_bytes(_flip(manifest.read_bytes(), source))
@@ -248,7 +307,7 @@ class BundleFamily:
         elif kind == "short row resealed":
             rows = results.read_text().splitlines()
             line = source.integer(1, len(rows) - 1)
-            rows[line] = ",".join(rows[line].split(",")[:source.integer(1, 4)])
+            rows[line] = ",".join(rows[line].split(",")[: source.integer(1, 4)])
             results.write_text("\n".join(rows) + "\n")
             self._reseal(path, files=True)
         elif kind == "add file":
@@ -256,7 +315,9 @@ class BundleFamily:
         elif kind == "symlink":
             target = path / "raw" / f"run-{source.integer(1, 6):03d}" / "stdout.txt"
             target.unlink()
-            target.symlink_to(source.choice(["/proc/self/pagemap", "/etc/hostname", "../run-001/stdout.txt", "/dev/zero"]))
+            target.symlink_to(
+                source.choice(["/proc/self/pagemap", "/etc/hostname", "../run-001/stdout.txt", "/dev/zero"])
+            )
         elif kind == "fifo":
             target = path / "raw" / f"run-{source.integer(1, 6):03d}" / "stdout.txt"
             target.unlink()
@@ -266,7 +327,7 @@ class BundleFamily:
             target.unlink()
         elif kind == "truncate manifest":
             data = manifest.read_bytes()
-            manifest.write_bytes(data[:source.integer(0, len(data) - 1)])
+            manifest.write_bytes(data[: source.integer(0, len(data) - 1)])
         elif kind == "random manifest":
             manifest.write_bytes(source.binary(200))
         elif kind == "nested manifest":
@@ -274,7 +335,7 @@ class BundleFamily:
             manifest.write_text("[" * depth + "]" * depth)
         elif kind == "truncate results":
             data = results.read_bytes()
-            results.write_bytes(data[:source.integer(0, len(data) - 1)])
+            results.write_bytes(data[: source.integer(0, len(data) - 1)])
 
         def load():
             bundle = load_bundle(path)
@@ -316,8 +377,12 @@ class TraceFamily:
         self.kinds.append("v7")
         v6 = seeds / "v6.dat"
         if not v6.is_file() and shutil.which("trace-cmd"):
-            subprocess.run(["trace-cmd", "convert", "-i", str(v7), "-o", str(v6), "--file-version", "6",
-                            "--compression", "none"], capture_output=True, timeout=120, check=False)
+            subprocess.run(
+                ["trace-cmd", "convert", "-i", str(v7), "-o", str(v6), "--file-version", "6", "--compression", "none"],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
         if v6.is_file():
             self.kinds.append("v6")
         tracefs = seeds / "tracefs"
@@ -339,17 +404,29 @@ class TraceFamily:
         seed = self._seed(kind)
         if kind == "tracefs":
             target = _writable_copy(seed, work / "tracefs")
-            victim = target / source.choice(["cpu0.raw", "cpu1.raw", "cpu0.raw", "cpu1.raw", "header_page",
-                                             "cpu0.stats", "page_size", "trace_clock",
-                                             "formats/irq_vectors/local_timer_entry/format"])
+            victim = target / source.choice(
+                [
+                    "cpu0.raw",
+                    "cpu1.raw",
+                    "cpu0.raw",
+                    "cpu1.raw",
+                    "header_page",
+                    "cpu0.stats",
+                    "page_size",
+                    "trace_clock",
+                    "formats/irq_vectors/local_timer_entry/format",
+                ]
+            )
         else:
             target = work / "trace.dat"
             shutil.copyfile(seed, target)
             victim = target
         data = victim.read_bytes()
-        mutation = source.choice(["intact", "truncate", "truncate at page", "flip", "flip header", "word",
-                                  "insert", "delete victim"] if victim.suffix == ".raw" or victim == target else
-                                 ["flip", "truncate", "insert", "delete victim", "intact"])
+        mutation = source.choice(
+            ["intact", "truncate", "truncate at page", "flip", "flip header", "word", "insert", "delete victim"]
+            if victim.suffix == ".raw" or victim == target
+            else ["flip", "truncate", "insert", "delete victim", "intact"]
+        )
         truncated = False
         if mutation == "truncate" and data:
             cut = source.integer(0, len(data) - 1)
@@ -366,9 +443,16 @@ class TraceFamily:
             victim.write_bytes(_flip(data[:head], source) + data[head:])
         elif mutation == "word" and len(data) >= 8:
             at = source.integer(0, len(data) - 8)
-            word = source.choice([b"\xff" * 8, b"\x7f" + b"\xff" * 7, b"\x00" * 8, (1 << 40).to_bytes(8, "little"),
-                                  (at).to_bytes(8, "little")])
-            victim.write_bytes(data[:at] + word + data[at + 8:])
+            word = source.choice(
+                [
+                    b"\xff" * 8,
+                    b"\x7f" + b"\xff" * 7,
+                    b"\x00" * 8,
+                    (1 << 40).to_bytes(8, "little"),
+                    (at).to_bytes(8, "little"),
+                ]
+            )
+            victim.write_bytes(data[:at] + word + data[at + 8 :])
         elif mutation == "insert":
             at = source.integer(0, len(data))
             victim.write_bytes(data[:at] + source.binary(64) + data[at:])
@@ -390,6 +474,7 @@ class TraceFamily:
 
 # -- workload outputs --------------------------------------------------------------------------------------
 
+
 class WorkloadFamily:
     name = "workload parsers"
     key = "workload"
@@ -403,22 +488,33 @@ class WorkloadFamily:
         if tool == "ftq":
             warmup, samples = source.integer(0, 3), source.integer(2, 6)
             lines = [f"{i} {(i + 1) * 1000000 + 17} {source.integer(1, 50000)}" for i in range(warmup + samples)]
-            return "ftq.dat", (f"# ftq: 1\n# quantum_ns: 1000000\n# samples: {samples}\n# warmup: {warmup}\n"
-                               + "\n".join(lines) + "\n")
+            return "ftq.dat", (
+                f"# ftq: 1\n# quantum_ns: 1000000\n# samples: {samples}\n# warmup: {warmup}\n" + "\n".join(lines) + "\n"
+            )
         if tool == "clockbench":
             threads = source.integer(1, 4)
-            rows = [f"{t} {t} {source.integer(1, 10**7)} 1000000000 {source.integer(1, 10**7)}.0 "
-                    f"{source.integer(10, 900)}.50 20 30 40 50" for t in range(threads)]
-            return "stdout.txt", ("# clockbench: 1\n# clock: monotonic\n# threads: " + str(threads) + "\n"
-                                  "thread cpu reads elapsed_ns reads_per_s cost_mean_ns cost_p50_ns cost_p90_ns "
-                                  "cost_p99_ns cost_max_ns\n" + "\n".join(rows) + "\n")
+            rows = [
+                f"{t} {t} {source.integer(1, 10**7)} 1000000000 {source.integer(1, 10**7)}.0 "
+                f"{source.integer(10, 900)}.50 20 30 40 50"
+                for t in range(threads)
+            ]
+            return "stdout.txt", (
+                "# clockbench: 1\n# clock: monotonic\n# threads: " + str(threads) + "\n"
+                "thread cpu reads elapsed_ns reads_per_s cost_mean_ns cost_p50_ns cost_p90_ns "
+                "cost_p99_ns cost_max_ns\n" + "\n".join(rows) + "\n"
+            )
         if tool == "timejobs":
             threads = source.integer(1, 4)
-            return "stdout.txt", (f"# timejobs: 1\n# threads: {threads}\n# jobs_per_min: {source.integer(1, 10**6)}.5\n"
-                                  "thread cpu jobs ns\n" + "".join(f"{t} {t} 100 1000000000\n" for t in range(threads)))
+            return "stdout.txt", (
+                f"# timejobs: 1\n# threads: {threads}\n# jobs_per_min: {source.integer(1, 10**6)}.5\n"
+                "thread cpu jobs ns\n" + "".join(f"{t} {t} 100 1000000000\n" for t in range(threads))
+            )
         if tool == "hackbench":
             return "stdout.txt", f"Running in process mode with 2 groups\nTime: {source.integer(1, 9999) / 1000}\n"
-        return "stdout.txt", f"Throughput {source.integer(1, 99999) / 10} MB/sec  8 clients  8 procs  max_latency=1.0 ms\n"
+        return (
+            "stdout.txt",
+            f"Throughput {source.integer(1, 99999) / 10} MB/sec  8 clients  8 procs  max_latency=1.0 ms\n",
+        )
 
     BAD_NUMBERS = ["nan", "inf", "-inf", "-5", "-0.5", "99999999999999999999999999", "1e999", "NaN"]
 
@@ -427,14 +523,20 @@ class WorkloadFamily:
 
         tool = source.choice(sorted(PARSERS))
         name, text = self._valid(tool, source)
-        mutation = source.choice(["intact", "bad number", "short row", "drop line", "flip", "truncate", "non-utf8",
-                                  "header count", "insert"])
+        mutation = source.choice(
+            ["intact", "bad number", "short row", "drop line", "flip", "truncate", "non-utf8", "header count", "insert"]
+        )
         known_bad = mutation in ("bad number", "short row", "drop line", "non-utf8", "header count")
         lines = text.splitlines()
-        numeric = [(i, j) for i, line in enumerate(lines) for j, field in enumerate(line.replace(":", " ").split())
-                   if _number(field) and not (line.startswith("#") and tool != "timejobs")
-                   and not (tool == "hackbench" and not line.startswith("Time"))
-                   and not (tool == "tbench" and j != 1)]
+        numeric = [
+            (i, j)
+            for i, line in enumerate(lines)
+            for j, field in enumerate(line.replace(":", " ").split())
+            if _number(field)
+            and not (line.startswith("#") and tool != "timejobs")
+            and not (tool == "hackbench" and not line.startswith("Time"))
+            and not (tool == "tbench" and j != 1)
+        ]
         if mutation == "bad number" and numeric:
             i, j = source.choice(numeric)
             fields = lines[i].replace(":", ": ").split() if lines[i].startswith("#") else lines[i].split()
@@ -450,17 +552,30 @@ class WorkloadFamily:
                 known_bad = fields[j] != self.BAD_NUMBERS[5] or tool == "ftq"
             text = "\n".join(lines) + "\n"
         elif mutation == "short row":
-            rows = [i for i, line in enumerate(lines) if line and not line.startswith("#") and len(line.split()) > 2
-                    and not line.startswith("thread") and tool in ("ftq", "clockbench")]
+            rows = [
+                i
+                for i, line in enumerate(lines)
+                if line
+                and not line.startswith("#")
+                and len(line.split()) > 2
+                and not line.startswith("thread")
+                and tool in ("ftq", "clockbench")
+            ]
             if rows:
                 i = source.choice(rows)
-                lines[i] = " ".join(lines[i].split()[:source.integer(1, len(lines[i].split()) - 1)])
+                lines[i] = " ".join(lines[i].split()[: source.integer(1, len(lines[i].split()) - 1)])
             else:
                 known_bad = False
             text = "\n".join(lines) + "\n"
         elif mutation == "drop line":
-            rows = [i for i, line in enumerate(lines) if line and not line.startswith("#") and tool in ("ftq", "clockbench", "timejobs")
-                    and not line.startswith("thread")]
+            rows = [
+                i
+                for i, line in enumerate(lines)
+                if line
+                and not line.startswith("#")
+                and tool in ("ftq", "clockbench", "timejobs")
+                and not line.startswith("thread")
+            ]
             if rows:
                 del lines[source.choice(rows)]
             else:
@@ -469,8 +584,12 @@ class WorkloadFamily:
         elif mutation == "header count":
             if tool in ("ftq", "clockbench", "timejobs"):
                 key = {"ftq": "# samples:", "clockbench": "# threads:", "timejobs": "# threads:"}[tool]
-                lines = [f"{key} {source.choice(['0', '-1', 'x', '99999999999999999999999', '7'])}" if l.startswith(key)
-                         else l for l in lines]
+                lines = [
+                    f"{key} {source.choice(['0', '-1', 'x', '99999999999999999999999', '7'])}"
+                    if l.startswith(key)
+                    else l
+                    for l in lines
+                ]
                 text = "\n".join(lines) + "\n"
             else:
                 known_bad = False
@@ -478,7 +597,7 @@ class WorkloadFamily:
         if mutation == "flip":
             data = _flip(data, source)
         elif mutation == "truncate":
-            data = data[:source.integer(0, len(data))]
+            data = data[: source.integer(0, len(data))]
         elif mutation == "non-utf8":
             at = source.integer(0, len(data))
             data = data[:at] + b"\xff\xfe" + data[at:]
@@ -491,8 +610,11 @@ class WorkloadFamily:
         (directory / name).write_bytes(data)
 
         def check(rows):
-            odd = [r for r in rows if not isinstance(r.get("value"), (int, float)) or not math.isfinite(r["value"])
-                   or r["value"] < 0]
+            odd = [
+                r
+                for r in rows
+                if not isinstance(r.get("value"), (int, float)) or not math.isfinite(r["value"]) or r["value"] < 0
+            ]
             return f"non-finite or negative metric {odd[0]}" if odd else None
 
         outcome = classify(lambda: PARSERS[tool](directory), known_bad=known_bad, check=check)
@@ -510,6 +632,7 @@ def _number(text: str) -> bool:
 
 # -- the published layer -----------------------------------------------------------------------------------
 
+
 class PublishedFamily:
     name = "published loader"
     key = "published"
@@ -524,8 +647,15 @@ class PublishedFamily:
         env_seeds = os.environ.get("TICKLAB_SEEDS")
         self.documents = Path(env_seeds) if env_seeds else seeds_dir() or (REPO.parent.parent / "shared" / "seeds")
 
-    BAD_PROVENANCE = [("source.file", "../../etc/hostname"), ("source.file", "/etc/hostname"), ("source", "text"),
-                      ("source.sha256", 5), ("tables", []), ("tables", {}), ("source.file", 7)]
+    BAD_PROVENANCE = [
+        ("source.file", "../../etc/hostname"),
+        ("source.file", "/etc/hostname"),
+        ("source", "text"),
+        ("source.sha256", 5),
+        ("tables", []),
+        ("tables", {}),
+        ("source.file", 7),
+    ]
 
     def case(self, source, work: Path) -> Outcome:
         import yaml
@@ -538,10 +668,29 @@ class PublishedFamily:
         directory = root / claim
         provenance = directory / "provenance.yaml"
         tables = sorted(directory.glob("*.csv"))
-        mutation = source.choice(["intact", "flip provenance", "flip csv", "bad provenance field", "value mismatch",
-                                  "value inf", "duplicate id", "drop column", "truncate csv", "non-utf8",
-                                  "table key outside", "quote type", "token", "yaml garbage", "blank cell",
-                                  "blank value", "huge value", "huge provenance", "newline in a name"])
+        mutation = source.choice(
+            [
+                "intact",
+                "flip provenance",
+                "flip csv",
+                "bad provenance field",
+                "value mismatch",
+                "value inf",
+                "duplicate id",
+                "drop column",
+                "truncate csv",
+                "non-utf8",
+                "table key outside",
+                "quote type",
+                "token",
+                "yaml garbage",
+                "blank cell",
+                "blank value",
+                "huge value",
+                "huge provenance",
+                "newline in a name",
+            ]
+        )
         known_bad = mutation not in ("intact", "flip provenance", "flip csv", "truncate csv")
         if mutation == "flip provenance":
             provenance.write_bytes(_flip(provenance.read_bytes(), source))
@@ -551,7 +700,7 @@ class PublishedFamily:
         elif mutation == "truncate csv":
             table = source.choice(tables)
             data = table.read_bytes()
-            table.write_bytes(data[:source.integer(0, len(data))])
+            table.write_bytes(data[: source.integer(0, len(data))])
         elif mutation in ("bad provenance field", "table key outside", "quote type", "token"):
             data = yaml.safe_load(provenance.read_text(encoding="utf-8"))
             if mutation == "bad provenance field":
@@ -581,7 +730,9 @@ class PublishedFamily:
             header = lines[0].split(",")
             numbered = [i for i, line in enumerate(lines[1:], 1) if line.split(",")[header.index("value")] not in ("",)]
             if mutation == "drop column":
-                lines = [",".join(f for k, f in enumerate(line.split(",")) if k != header.index("unit")) for line in lines]
+                lines = [
+                    ",".join(f for k, f in enumerate(line.split(",")) if k != header.index("unit")) for line in lines
+                ]
             elif mutation == "duplicate id" and len(lines) > 1:
                 lines.append(lines[1])
             elif numbered:
@@ -611,8 +762,9 @@ class PublishedFamily:
                     known_bad = table.name not in DESCRIPTIVE_TABLES and parse_printed(printed) is not None
                     row[header.index("value")] = ""
                 else:
-                    row[header.index(source.choice(["value", "id", "value_as_printed"]))] = \
-                        source.choice(["9" * 5000, "1" * 100_000, "x" * 100_000])
+                    row[header.index(source.choice(["value", "id", "value_as_printed"]))] = source.choice(
+                        ["9" * 5000, "1" * 100_000, "x" * 100_000]
+                    )
             with table.open("w", newline="", encoding="utf-8") as handle:
                 csv.writer(handle).writerows(rows)
         elif mutation == "huge provenance":  # over the cap: a sparse file, refused before a byte is parsed
@@ -628,8 +780,18 @@ class PublishedFamily:
             at = source.integer(0, len(data))
             target.write_bytes(data[:at] + b"\xff\xfe\xfa" + data[at:])
         elif mutation == "yaml garbage":
-            provenance.write_bytes(source.choice([b"[" * 5000, b"a: &x [*x]", b"source: [\n", b"- 1\n- 2\n", b"",
-                                                  b"tables: !!python/object:os.system {}\n"]))
+            provenance.write_bytes(
+                source.choice(
+                    [
+                        b"[" * 5000,
+                        b"a: &x [*x]",
+                        b"source: [\n",
+                        b"- 1\n- 2\n",
+                        b"",
+                        b"tables: !!python/object:os.system {}\n",
+                    ]
+                )
+            )
 
         def load():
             published = load_published(root, claim)
@@ -648,8 +810,12 @@ class PublishedFamily:
 
 # -- CLI arguments and experiment YAML ---------------------------------------------------------------------
 
-FAKE_HOST = {"nproc": 2, "online_cpus": [0, 1], "clocksources": {"available": ["tsc", "hpet"], "current": "tsc"},
-             "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}]}}
+FAKE_HOST = {
+    "nproc": 2,
+    "online_cpus": [0, 1],
+    "clocksources": {"available": ["tsc", "hpet"], "current": "tsc"},
+    "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}]},
+}
 
 
 class _NoHost:
@@ -666,34 +832,114 @@ class CliYamlFamily:
     name = "CLI and experiment YAML"
     key = "cli"
 
-    BAD_EXPERIMENT = [("runs", -1), ("runs", 0), ("runs", 10**9), ("runs", True), ("runs", "10"), ("warmup", -2),
-                      ("seed", "x"), ("timeout_s", "soon"), ("timeout_s", -1), ("name", "../../x"), ("name", "a/b"),
-                      ("claim", 5), ("conditions", 5), ("conditions", {"matrix": "threads"}),
-                      ("conditions", [{"name": "a", "clients": {"per_cpu": "half"}}]), ("conditions", [5]),
-                      ("workload", []), ("workload", {"argv": "ftq"}), ("workload", {"argv": []}), ("knobs", {"x": "warp"}),
-                      ("knobs", []), ("trace", {"events": "x"}), ("trace", {"buffer_kb": -1}), ("lab", {"smp": "two"}),
-                      ("lab", {"memory_mb": 1}), ("budget", {"time_s": "x"}), ("budget", {"time_s": 10, "max_runs": 10**9}),
-                      ("extras", [{"name": "x"}]), ("extras", "x"), ("requires", "root"), ("unknown_key", 1),
-                      ("description", None)]
+    BAD_EXPERIMENT = [
+        ("runs", -1),
+        ("runs", 0),
+        ("runs", 10**9),
+        ("runs", True),
+        ("runs", "10"),
+        ("warmup", -2),
+        ("seed", "x"),
+        ("timeout_s", "soon"),
+        ("timeout_s", -1),
+        ("name", "../../x"),
+        ("name", "a/b"),
+        ("claim", 5),
+        ("conditions", 5),
+        ("conditions", {"matrix": "threads"}),
+        ("conditions", [{"name": "a", "clients": {"per_cpu": "half"}}]),
+        ("conditions", [5]),
+        ("workload", []),
+        ("workload", {"argv": "ftq"}),
+        ("workload", {"argv": []}),
+        ("knobs", {"x": "warp"}),
+        ("knobs", []),
+        ("trace", {"events": "x"}),
+        ("trace", {"buffer_kb": -1}),
+        ("lab", {"smp": "two"}),
+        ("lab", {"memory_mb": 1}),
+        ("budget", {"time_s": "x"}),
+        ("budget", {"time_s": 10, "max_runs": 10**9}),
+        ("extras", [{"name": "x"}]),
+        ("extras", "x"),
+        ("requires", "root"),
+        ("unknown_key", 1),
+        ("description", None),
+    ]
     GOOD_EXPERIMENT = [("runs", 3), ("warmup", 0), ("seed", 7), ("timeout_s", 30.5), ("notes", "n")]
 
-    WORDS = ["capture", "lab", "run", "verify", "compare", "report", "doctor", "ingest", "view", "seal-manifest",
-             "verify-published", "nohz", "hpet", "bogus", "--runs", "--warmup", "--seed", "--budget-s", "--out", "--only",
-             "--cell-timeout", "--smp", "--format", "--metric", "-1", "0", "1", "3", "10001", "99999999999999999999",
-             "nan", "inf", "-inf", "1e9", "abc", "../x", "/", "", "--dry-run", "--help", "text", "--version", "\x00",
-             "9" * 5000, "x" * 100_000, "a\nb"]
+    WORDS = [
+        "capture",
+        "lab",
+        "run",
+        "verify",
+        "compare",
+        "report",
+        "doctor",
+        "ingest",
+        "view",
+        "seal-manifest",
+        "verify-published",
+        "nohz",
+        "hpet",
+        "bogus",
+        "--runs",
+        "--warmup",
+        "--seed",
+        "--budget-s",
+        "--out",
+        "--only",
+        "--cell-timeout",
+        "--smp",
+        "--format",
+        "--metric",
+        "-1",
+        "0",
+        "1",
+        "3",
+        "10001",
+        "99999999999999999999",
+        "nan",
+        "inf",
+        "-inf",
+        "1e9",
+        "abc",
+        "../x",
+        "/",
+        "",
+        "--dry-run",
+        "--help",
+        "text",
+        "--version",
+        "\x00",
+        "9" * 5000,
+        "x" * 100_000,
+        "a\nb",
+    ]
 
     # appended to an experiment's text (a later key wins in PyYAML): what reached a traceback before issue 27
-    RAW_BAD = ["seed: " + "1" * 5000, "seed: 0x" + "f" * 5000, "runs: " + "9" * 5000, "1: x", "null: x", "on: 1",
-               "trace: {buffer_kb: 1024}", "knobs: {x: " + "y" * 100_000 + "}", "name: " + "x" * 100_000,
-               "workload: {argv: [true], params: {1: 2}}", "when: 2026-13-45",
-               "conditions: [{name: a, idle: shallow}]\nknobs: {idle: idle_config}",
-               "conditions: [{name: a, idle: 'max='}]\nknobs: {idle: idle_config}",
-               "conditions: {matrix: {idle: [all, 5]}}\nknobs: {idle: idle_config}"]
+    RAW_BAD = [
+        "seed: " + "1" * 5000,
+        "seed: 0x" + "f" * 5000,
+        "runs: " + "9" * 5000,
+        "1: x",
+        "null: x",
+        "on: 1",
+        "trace: {buffer_kb: 1024}",
+        "knobs: {x: " + "y" * 100_000 + "}",
+        "name: " + "x" * 100_000,
+        "workload: {argv: [true], params: {1: 2}}",
+        "when: 2026-13-45",
+        "conditions: [{name: a, idle: shallow}]\nknobs: {idle: idle_config}",
+        "conditions: [{name: a, idle: 'max='}]\nknobs: {idle: idle_config}",
+        "conditions: {matrix: {idle: [all, 5]}}\nknobs: {idle: idle_config}",
+    ]
     # known good or undetectable (a state this host lacks is found when the knob is applied: an error then)
-    RAW_IDLE = ["conditions: [{name: a, idle: all}, {name: b, idle: 'max=POLL'}]\nknobs: {idle: idle_config}",
-                "conditions: [{name: a, idle: 'max=C9'}]\nknobs: {idle: idle_config}",
-                "conditions: {matrix: {idle: '@idle_configs'}}\nknobs: {idle: idle_config}"]
+    RAW_IDLE = [
+        "conditions: [{name: a, idle: all}, {name: b, idle: 'max=POLL'}]\nknobs: {idle: idle_config}",
+        "conditions: [{name: a, idle: 'max=C9'}]\nknobs: {idle: idle_config}",
+        "conditions: {matrix: {idle: '@idle_configs'}}\nknobs: {idle: idle_config}",
+    ]
 
     def prepare(self, seeds: Path) -> None:
         self.experiments = sorted(p for p in (REPO / "runners").glob("*/*.yaml"))
@@ -708,13 +954,21 @@ class CliYamlFamily:
         from ticklab.cli import build_parser
 
         argv = [source.choice(self.WORDS) for _ in range(source.integer(1, 6))]
-        counts = {"--runs": (1, 10000), "--warmup": (0, 1000), "--seed": (0, 2**63 - 1), "--budget-s": (0, 7 * 86400),
-                  "--smp": (1, 256), "--cell-timeout": (1, 86400)}
+        counts = {
+            "--runs": (1, 10000),
+            "--warmup": (0, 1000),
+            "--seed": (0, 2**63 - 1),
+            "--budget-s": (0, 7 * 86400),
+            "--smp": (1, 256),
+            "--cell-timeout": (1, 86400),
+        }
 
         def bad_count(args) -> bool:
             for option, (low, high) in counts.items():
                 value = getattr(args, option[2:].replace("-", "_"), None)
-                if value is not None and (isinstance(value, float) and not math.isfinite(value) or not low <= value <= high):
+                if value is not None and (
+                    isinstance(value, float) and not math.isfinite(value) or not low <= value <= high
+                ):
                     return True
             return False
 
@@ -724,8 +978,12 @@ class CliYamlFamily:
                 check_counts(args)
             return args
 
-        outcome = classify(parse, known_bad=False, check=lambda a: "out-of-range count accepted" if bad_count(a) else None,
-                           bounded=True)
+        outcome = classify(
+            parse,
+            known_bad=False,
+            check=lambda a: "out-of-range count accepted" if bad_count(a) else None,
+            bounded=True,
+        )
         outcome.detail = f"argv {argv!r}: {outcome.detail}"
         return outcome
 
@@ -737,8 +995,9 @@ class CliYamlFamily:
 
         seed = source.choice(self.experiments)
         text = seed.read_text()
-        mutation = source.choice(["intact", "good field", "bad field", "flip", "truncate", "non-utf8", "garbage",
-                                  "raw bad", "raw idle"])
+        mutation = source.choice(
+            ["intact", "good field", "bad field", "flip", "truncate", "non-utf8", "garbage", "raw bad", "raw idle"]
+        )
         known_bad = mutation in ("bad field", "non-utf8", "garbage", "raw bad")
         if mutation in ("good field", "bad field"):
             data = yaml.safe_load(text)
@@ -751,13 +1010,21 @@ class CliYamlFamily:
         if mutation == "flip":
             raw = _flip(raw, source)
         elif mutation == "truncate":
-            raw = raw[:source.integer(0, len(raw))]
+            raw = raw[: source.integer(0, len(raw))]
         elif mutation == "non-utf8":
             at = source.integer(0, len(raw))
             raw = raw[:at] + b"\xff\xfe" + raw[at:]
         elif mutation == "garbage":
-            raw = source.choice([b"[" * 3000, b"- a\n- b\n", b"", b"claim: [", b"!!python/object/apply:os.system ['true']",
-                                 b"a: &a [*a, *a]\n"])
+            raw = source.choice(
+                [
+                    b"[" * 3000,
+                    b"- a\n- b\n",
+                    b"",
+                    b"claim: [",
+                    b"!!python/object/apply:os.system ['true']",
+                    b"a: &a [*a, *a]\n",
+                ]
+            )
         path = work / "experiment.yaml"
         path.write_bytes(raw)
 
@@ -766,8 +1033,15 @@ class CliYamlFamily:
             conditions = expand_conditions(experiment, FAKE_HOST)
             plan = schedule(conditions, experiment.runs, experiment.warmup, experiment.seed)
             for planned in plan[:3]:
-                values = {"tools": "/t", "repo": "/r", "run_dir": ".", "nproc": 2, "last_cpu": 1,
-                          **(experiment.workload.get("params") or {}), **planned.condition.values}
+                values = {
+                    "tools": "/t",
+                    "repo": "/r",
+                    "run_dir": ".",
+                    "nproc": 2,
+                    "last_cpu": 1,
+                    **(experiment.workload.get("params") or {}),
+                    **planned.condition.values,
+                }
                 fill_argv(experiment.workload["argv"], values, str(path))
                 apply_knobs(_NoHost(), experiment, planned.condition, FAKE_HOST)  # the knobs as a run applies them
             return plan

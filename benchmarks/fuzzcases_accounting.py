@@ -33,9 +33,16 @@ PAGE = 4096
 OPTION_CPUSTAT, OPTION_BUFFER, UNKNOWN_OPTION = 2, 3, 0x7FF0
 
 
-def _u16(data, at): return struct.unpack_from("<H", data, at)[0]
-def _u32(data, at): return struct.unpack_from("<I", data, at)[0]
-def _u64(data, at): return struct.unpack_from("<Q", data, at)[0]
+def _u16(data, at):
+    return struct.unpack_from("<H", data, at)[0]
+
+
+def _u32(data, at):
+    return struct.unpack_from("<I", data, at)[0]
+
+
+def _u64(data, at):
+    return struct.unpack_from("<Q", data, at)[0]
 
 
 def v7_options(data: bytes) -> list[tuple[int, int, int]]:
@@ -76,7 +83,7 @@ def v6_stats(data: bytes) -> list[int]:
         option, size = _u16(data, at), _u32(data, at + 2)
         if option == 0:
             break
-        if option == OPTION_CPUSTAT and data[at + 6:at + 11] == b"CPU: ":
+        if option == OPTION_CPUSTAT and data[at + 6 : at + 11] == b"CPU: ":
             found.append(at + 6)
         at += 6 + size
     return found
@@ -108,8 +115,12 @@ def _seed_trace_dats(seeds: Path) -> dict[str, Path]:
     if not v6.is_file() and shutil.which("trace-cmd"):
         import subprocess
 
-        subprocess.run(["trace-cmd", "convert", "-i", str(plain), "-o", str(v6), "--file-version", "6",
-                        "--compression", "none"], capture_output=True, timeout=120, check=False)
+        subprocess.run(
+            ["trace-cmd", "convert", "-i", str(plain), "-o", str(v6), "--file-version", "6", "--compression", "none"],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
     if v6.is_file():
         found["v6"] = v6
     return found
@@ -130,9 +141,16 @@ def _plain_tracefs(seeds: Path, name: str) -> Path:
 class TraceFieldsFamily:
     name = "trace fields duplicated or missing"
     key = "trace-fields"
-    MUTATIONS = ["intact", "duplicate cpu entry", "second top-level buffer", "no top-level buffer",
-                 "duplicate stats option", "stats without read events", "stats without read events, raw cut",
-                 "second stats file"]
+    MUTATIONS = [
+        "intact",
+        "duplicate cpu entry",
+        "second top-level buffer",
+        "no top-level buffer",
+        "duplicate stats option",
+        "stats without read events",
+        "stats without read events, raw cut",
+        "second stats file",
+    ]
 
     def prepare(self, seeds: Path) -> None:
         from ticklab.trace.ingest import read_trace
@@ -147,14 +165,16 @@ class TraceFieldsFamily:
         from ticklab.trace.ingest import read_trace
 
         mutation = source.choice(self.MUTATIONS)
-        if mutation in ("stats without read events", "stats without read events, raw cut", "second stats file") or \
-                (mutation == "intact" and source.integer(0, 4) == 0):
+        if mutation in ("stats without read events", "stats without read events, raw cut", "second stats file") or (
+            mutation == "intact" and source.integer(0, 4) == 0
+        ):
             kind = "tracefs"
         elif mutation == "duplicate stats option":
             kind = source.choice([k for k in ("v6", "v7", "v7-zstd", "v7-zlib") if k in self.dats])
         else:
-            kind = source.choice(["v7", "v7-zstd", "v7-zlib"] + (["v6"] if mutation == "intact" and "v6" in self.dats
-                                                                 else []))
+            kind = source.choice(
+                ["v7", "v7-zstd", "v7-zlib"] + (["v6"] if mutation == "intact" and "v6" in self.dats else [])
+            )
         if kind == "tracefs":
             target, detail = self._tracefs(mutation, source, work)
         else:
@@ -164,7 +184,11 @@ class TraceFieldsFamily:
 
         def check(trace):
             found = _counts(trace)
-            return None if found == expected else f"{sum(found.values())} events where the seed has {sum(expected.values())}"
+            return (
+                None
+                if found == expected
+                else f"{sum(found.values())} events where the seed has {sum(expected.values())}"
+            )
 
         outcome = cases.classify(lambda: read_trace(target), known_bad=known_bad, check=check, bounded=True)
         outcome.detail = f"{kind} {mutation} {detail}: {outcome.detail}"
@@ -182,7 +206,7 @@ class TraceFieldsFamily:
                 detail = f"entry {one} says CPU {other}"
             else:  # the top-level buffer option written again after the others: a second list of the CPUs' data
                 at, _, size = next(o for o in v7_options(data) if o[1] == OPTION_BUFFER)
-                copy = bytes(data[at:at + 6 + size])
+                copy = bytes(data[at : at + 6 + size])
                 data[at:at] = copy
                 detail = "buffer option twice"
         elif mutation == "no top-level buffer":
@@ -194,8 +218,11 @@ class TraceFieldsFamily:
             if kind == "v6":
                 texts = v6_stats(bytes(data))
             else:
-                texts = [at + 6 for at, option, _ in v7_options(data)
-                         if option == OPTION_CPUSTAT and data[at + 6:at + 11] == b"CPU: "]
+                texts = [
+                    at + 6
+                    for at, option, _ in v7_options(data)
+                    if option == OPTION_CPUSTAT and data[at + 6 : at + 11] == b"CPU: "
+                ]
             one, other = source.integer(0, len(texts) - 1), source.integer(0, len(texts) - 2)
             other += other >= one
             data[texts[one] + 5] = data[texts[other] + 5]  # 'CPU: N': one digit, the other option's
@@ -218,10 +245,12 @@ class TraceFieldsFamily:
                 raw = target / f"cpu{cpu}.raw"
                 data = raw.read_bytes()
                 pages = source.integer(0, max(0, len(data) // PAGE - 1))
-                raw.write_bytes(data[:pages * PAGE])
+                raw.write_bytes(data[: pages * PAGE])
                 detail += f" cut to {pages} page(s)"
         elif mutation == "second stats file":
-            (target / f"cpu{'0' * source.integer(1, 3)}{cpu}.stats").write_bytes((target / f"cpu{cpu}.stats").read_bytes())
+            (target / f"cpu{'0' * source.integer(1, 3)}{cpu}.stats").write_bytes(
+                (target / f"cpu{cpu}.stats").read_bytes()
+            )
         return target, detail
 
 
@@ -238,13 +267,15 @@ class CompressedBombFamily:
         self.cpus = sorted(int(p.name[3:-4]) for p in self.tracefs.glob("cpu*.raw"))
         self.zero = lzma.compress(b"\0" * (1 << 20))  # 1 MiB of empty pages: ~300 bytes
         real = (self.tracefs / f"cpu{self.cpus[-1]}.raw").read_bytes()
-        block = (real * ((1 << 20) // max(len(real), 1) + 1))[:1 << 20]
+        block = (real * ((1 << 20) // max(len(real), 1) + 1))[: 1 << 20]
         self.real = lzma.compress(block)  # 1 MiB of real pages: tens of KB
         self.source_xz = TRACE_SEED_V7.read_bytes()
         self.source_size = len(lzma.decompress(self.source_xz))
         self.dats = _seed_trace_dats(seeds)
-        self.intact = {"tracefs": _counts(read_trace(self.tracefs)),
-                       "trace.dat.xz": _counts(read_trace(self.dats["v7"]))}
+        self.intact = {
+            "tracefs": _counts(read_trace(self.tracefs)),
+            "trace.dat.xz": _counts(read_trace(self.dats["v7"])),
+        }
 
     def case(self, source, work: Path) -> Outcome:
         from ticklab.trace.ingest import read_trace
@@ -261,7 +292,7 @@ class CompressedBombFamily:
             if order == 1:
                 pieces.reverse()
             elif order == 2:
-                pieces = [p for pair in zip(pieces[::2], pieces[1::2]) for p in pair] + pieces[len(pieces) // 2 * 2:]
+                pieces = [p for pair in zip(pieces[::2], pieces[1::2]) for p in pair] + pieces[len(pieces) // 2 * 2 :]
             if kind == "tracefs xz":
                 target = _writable_copy(self.tracefs, work / "bomb-tracefs")
                 cpu = source.choice(self.cpus)
@@ -271,8 +302,12 @@ class CompressedBombFamily:
                 (target / f"cpu{cpu}.raw.xz").write_bytes(packed)
                 # what it holds is not the capture's: its count check is left out (the stats say 0 were read)
                 stats = target / f"cpu{cpu}.stats"
-                stats.write_text("".join(line if not line.startswith("read events") else "read events: 0\n"
-                                         for line in stats.read_text().splitlines(keepends=True)))
+                stats.write_text(
+                    "".join(
+                        line if not line.startswith("read events") else "read events: 0\n"
+                        for line in stats.read_text().splitlines(keepends=True)
+                    )
+                )
                 unpacked = (zeros + reals) << 20
                 limit = unpack_limit(len(packed), data_limit - others)
                 expected = None  # the other CPUs' events plus whatever the new pages hold: not checked by count

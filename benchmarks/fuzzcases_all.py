@@ -12,7 +12,21 @@ from fuzzcases_plans import CmdlineWordsFamily, PlanStateFamily
 from fuzzcases_special import SpecialFilesFamily
 from fuzzcases_yaml import YamlAliasFamily, YamlEmptyTypedFamily
 
-FAMILIES = [BundleFamily(), TraceFamily(), WorkloadFamily(), PublishedFamily(), CliYamlFamily(), SpecialFilesFamily(),
-            PlanStateFamily(), CmdlineWordsFamily(), IngestOutLinksFamily(), TraceSpecialsFamily(), TraceCountsFamily(),
-            TraceFieldsFamily(), CompressedBombFamily(), YamlAliasFamily(), YamlEmptyTypedFamily(),
-            OutputPlacesFamily()]
+FAMILIES = [
+    BundleFamily(),
+    TraceFamily(),
+    WorkloadFamily(),
+    PublishedFamily(),
+    CliYamlFamily(),
+    SpecialFilesFamily(),
+    PlanStateFamily(),
+    CmdlineWordsFamily(),
+    IngestOutLinksFamily(),
+    TraceSpecialsFamily(),
+    TraceCountsFamily(),
+    TraceFieldsFamily(),
+    CompressedBombFamily(),
+    YamlAliasFamily(),
+    YamlEmptyTypedFamily(),
+    OutputPlacesFamily(),
+]

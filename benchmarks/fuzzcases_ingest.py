@@ -41,8 +41,19 @@ VICTIM_TEXT = b"someone else's file: must keep these bytes\n"
 class IngestOutLinksFamily:
     name = "ingest --out planted files"
     key = "ingest-out-links"
-    PLANTS = ["nothing", "old tables", "link to a victim", "link to a victim directory", "dangling link", "fifo",
-              "socket", "directory", "hard link to a victim", "temporary name taken", "out is the user's link"]
+    PLANTS = [
+        "nothing",
+        "old tables",
+        "link to a victim",
+        "link to a victim directory",
+        "dangling link",
+        "fifo",
+        "socket",
+        "directory",
+        "hard link to a victim",
+        "temporary name taken",
+        "out is the user's link",
+    ]
 
     def prepare(self, seeds: Path) -> None:
         from ticklab.trace.ingest import read_trace
@@ -91,27 +102,41 @@ class IngestOutLinksFamily:
             real.mkdir()
             shutil.rmtree(out)
             out.symlink_to(real)
-        known_bad = plant in ("link to a victim", "link to a victim directory", "dangling link", "fifo", "socket",
-                              "directory", "hard link to a victim")
+        known_bad = plant in (
+            "link to a victim",
+            "link to a victim directory",
+            "dangling link",
+            "fifo",
+            "socket",
+            "directory",
+            "hard link to a victim",
+        )
 
         def check(written):
             if sorted(p.name for p in written) != self.tables:
                 return f"wrote {sorted(p.name for p in written)}"
             return None
 
-        outcome = classify(lambda: write_tables(read_trace(self.trace), out), known_bad=known_bad, check=check,
-                           bounded=True)
+        outcome = classify(
+            lambda: write_tables(read_trace(self.trace), out), known_bad=known_bad, check=check, bounded=True
+        )
         if victim.read_bytes() != VICTIM_TEXT:
             outcome = Outcome("wrong", "the victim file was written through the planted name", known_bad)
         elif any(victim_dir.iterdir()):
             outcome = Outcome("wrong", "a table was written into the victim directory", known_bad)
         elif os.path.lexists(root / "created-through-a-link"):
             outcome = Outcome("wrong", "a file was created where a dangling link pointed", known_bad)
-        elif plant == "temporary name taken" and outcome.kind == "accepted" and \
-                (out / f".{table}.tmp-{os.getpid()}").is_symlink() is False:
+        elif (
+            plant == "temporary name taken"
+            and outcome.kind == "accepted"
+            and (out / f".{table}.tmp-{os.getpid()}").is_symlink() is False
+        ):
             outcome = Outcome("wrong", "the planted temporary name was replaced", known_bad)
-        elif plant == "hard link to a victim" and outcome.kind == "accepted" and \
-                os.stat(out / table).st_ino == os.stat(victim).st_ino:
+        elif (
+            plant == "hard link to a victim"
+            and outcome.kind == "accepted"
+            and os.stat(out / table).st_ino == os.stat(victim).st_ino
+        ):
             outcome = Outcome("wrong", "the table was written into a hard link's inode", known_bad)
         outcome.detail = f"{plant} as {table}: {outcome.detail}"
         return outcome
@@ -175,8 +200,9 @@ def trace_cmd_counts(path: Path) -> Counter | None:
     if shutil.which("trace-cmd") is None:
         return None
     try:
-        done = subprocess.run(["trace-cmd", "report", "-i", str(path)], capture_output=True, text=True, timeout=60,
-                              errors="replace")
+        done = subprocess.run(
+            ["trace-cmd", "report", "-i", str(path)], capture_output=True, text=True, timeout=60, errors="replace"
+        )
     except subprocess.TimeoutExpired:
         return None
     if done.returncode or re.search(r"^\s*(trace-cmd: |\s*error)", done.stderr, re.M):
@@ -195,15 +221,23 @@ def _disagreement(ours: Counter, theirs: Counter) -> str | None:
     at least as often, and the records trace-cmd could not name no more than ticklab's surplus."""
     named = {name: n for name, n in theirs.items() if name != UNNAMED}
     surplus = sum(ours.values()) - sum(named.values())
-    if sum(ours.values()) == sum(theirs.values()) and all(ours[name] >= n for name, n in named.items()) \
-            and surplus == theirs[UNNAMED]:
+    if (
+        sum(ours.values()) == sum(theirs.values())
+        and all(ours[name] >= n for name, n in named.items())
+        and surplus == theirs[UNNAMED]
+    ):
         return None
-    return (f"{sum(ours.values())} events where trace-cmd report reads {sum(theirs.values())}: "
-            f"{_difference(ours, theirs)}")
+    return (
+        f"{sum(ours.values())} events where trace-cmd report reads {sum(theirs.values())}: {_difference(ours, theirs)}"
+    )
 
 
-def _u32(data, at): return struct.unpack_from("<I", data, at)[0]
-def _u64(data, at): return struct.unpack_from("<Q", data, at)[0]
+def _u32(data, at):
+    return struct.unpack_from("<I", data, at)[0]
+
+
+def _u64(data, at):
+    return struct.unpack_from("<Q", data, at)[0]
 
 
 def cpu_table(data: bytes) -> tuple[int, int, int] | None:
@@ -220,10 +254,14 @@ def cpu_table(data: bytes) -> tuple[int, int, int] | None:
         count = _u32(data, at)
         if not 1 <= count <= 64 or at + 4 + 20 * count > len(data):
             continue
-        entries = [(_u32(data, at + 4 + 20 * k), _u64(data, at + 8 + 20 * k), _u64(data, at + 16 + 20 * k))
-                   for k in range(count)]
-        if all(cpu == k and offset % PAGE == 0 and 0 < offset < len(data) and offset + size <= len(data)
-               for k, (cpu, offset, size) in enumerate(entries)):
+        entries = [
+            (_u32(data, at + 4 + 20 * k), _u64(data, at + 8 + 20 * k), _u64(data, at + 16 + 20 * k))
+            for k in range(count)
+        ]
+        if all(
+            cpu == k and offset % PAGE == 0 and 0 < offset < len(data) and offset + size <= len(data)
+            for k, (cpu, offset, size) in enumerate(entries)
+        ):
             return at, at + 4, 20
     return None
 
@@ -231,8 +269,18 @@ def cpu_table(data: bytes) -> tuple[int, int, int] | None:
 class TraceCountsFamily:
     name = "trace counts against trace-cmd"
     key = "trace-counts"
-    MUTATIONS = ["intact", "cpu count", "cpu data offset", "cpu data size", "chunk count", "chunk plain size",
-                 "chunk packed size", "page commit", "cut at a page", "flip in cpu data"]
+    MUTATIONS = [
+        "intact",
+        "cpu count",
+        "cpu data offset",
+        "cpu data size",
+        "chunk count",
+        "chunk plain size",
+        "chunk packed size",
+        "page commit",
+        "cut at a page",
+        "flip in cpu data",
+    ]
 
     def prepare(self, seeds: Path) -> None:
         from ticklab.trace.ingest import read_trace
@@ -246,20 +294,43 @@ class TraceCountsFamily:
         self.seeds["v7-zlib"] = COMPRESSED / "trace-zlib.dat"
         v6 = seeds / "counts-v6.dat"
         if not v6.is_file() and shutil.which("trace-cmd"):
-            subprocess.run(["trace-cmd", "convert", "-i", str(source), "-o", str(v6), "--file-version", "6",
-                            "--compression", "none"], capture_output=True, timeout=120, check=False)
+            subprocess.run(
+                [
+                    "trace-cmd",
+                    "convert",
+                    "-i",
+                    str(source),
+                    "-o",
+                    str(v6),
+                    "--file-version",
+                    "6",
+                    "--compression",
+                    "none",
+                ],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
         if v6.is_file():
             self.seeds["v6"] = v6
-        self.intact = {kind: Counter({k.split(":")[1]: n for k, n in read_trace(path).counts().items()})
-                       for kind, path in self.seeds.items()}
+        self.intact = {
+            kind: Counter({k.split(":")[1]: n for k, n in read_trace(path).counts().items()})
+            for kind, path in self.seeds.items()
+        }
         self.tables = {kind: cpu_table(path.read_bytes()) for kind, path in self.seeds.items()}
 
     def _entries(self, kind: str, data: bytes) -> list[tuple[int, int, int]]:
         """(offset, size, where the entry's offset field is) per CPU."""
         count_at, first, stride = self.tables[kind]
         skip = 4 if stride == 20 else 0
-        return [(_u64(data, first + stride * k + skip), _u64(data, first + stride * k + skip + 8),
-                 first + stride * k + skip) for k in range(_u32(data, count_at))]
+        return [
+            (
+                _u64(data, first + stride * k + skip),
+                _u64(data, first + stride * k + skip + 8),
+                first + stride * k + skip,
+            )
+            for k in range(_u32(data, count_at))
+        ]
 
     def case(self, source, work: Path) -> Outcome:
         from ticklab.trace.ingest import read_trace
@@ -291,10 +362,11 @@ class TraceCountsFamily:
                 struct.pack_into("<I", data, at + which, max(0, _u32(data, at + which) + delta))
         elif mutation == "page commit" and not compressed and size >= PAGE:
             page = offset + PAGE * source.integer(0, size // PAGE - 1)
-            struct.pack_into("<Q", data, page + 8, source.choice([0, 1, 8, PAGE - 16, PAGE, 1 << 40,
-                                                                 _u64(data, page + 8) - 8]))
+            struct.pack_into(
+                "<Q", data, page + 8, source.choice([0, 1, 8, PAGE - 16, PAGE, 1 << 40, _u64(data, page + 8) - 8])
+            )
         elif mutation == "cut at a page":
-            data = data[:max(0, offset + PAGE * source.integer(0, max(0, size // PAGE)))]
+            data = data[: max(0, offset + PAGE * source.integer(0, max(0, size // PAGE)))]
         elif mutation == "flip in cpu data" and size:
             at = offset + source.integer(0, size - 1)
             data[at] ^= source.integer(1, 255)
@@ -308,13 +380,17 @@ class TraceCountsFamily:
             if reference is not None:
                 return _disagreement(counts, reference)
             if mutation != "flip in cpu data" and counts != intact:
-                return (f"{sum(counts.values())} events where the intact file has {sum(intact.values())} and "
-                        f"trace-cmd cannot read it: {_difference(counts, intact)}")
+                return (
+                    f"{sum(counts.values())} events where the intact file has {sum(intact.values())} and "
+                    f"trace-cmd cannot read it: {_difference(counts, intact)}"
+                )
             return None
 
         outcome = classify(lambda: read_trace(path), known_bad=False, check=check, bounded=True)
-        outcome.detail = (f"{kind} {mutation} cpu {cpu} ({'trace-cmd ' + str(sum(reference.values())) if reference is not None else 'trace-cmd refuses or absent'}): "
-                          f"{outcome.detail}")
+        outcome.detail = (
+            f"{kind} {mutation} cpu {cpu} ({'trace-cmd ' + str(sum(reference.values())) if reference is not None else 'trace-cmd refuses or absent'}): "
+            f"{outcome.detail}"
+        )
         return outcome
 
 

@@ -32,9 +32,9 @@ import lzma
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from fuzzcases import MAX_ERROR_CHARS, REPO, Outcome, classify, tracefs_seed
 
@@ -43,10 +43,28 @@ OLD_BYTES = b"ticklab's earlier output\n"
 TRACE = REPO / "tests" / "data" / "compressed" / "trace-zstd.dat"
 PACKED = REPO / "tests" / "data" / "compressed" / "source-trace.dat.xz"
 # planted at a file's name / at a directory's name / in the window between the check and the write
-FILE_KINDS = ["nothing", "symlink", "dangling symlink", "directory symlink", "hard link", "fifo", "device",
-              "directory", "own earlier output"]
-DIR_KINDS = ["symlink", "dangling symlink", "directory symlink", "hard link", "fifo", "device", "regular file",
-             "directory", "own earlier output"]
+FILE_KINDS = [
+    "nothing",
+    "symlink",
+    "dangling symlink",
+    "directory symlink",
+    "hard link",
+    "fifo",
+    "device",
+    "directory",
+    "own earlier output",
+]
+DIR_KINDS = [
+    "symlink",
+    "dangling symlink",
+    "directory symlink",
+    "hard link",
+    "fifo",
+    "device",
+    "regular file",
+    "directory",
+    "own earlier output",
+]
 RACE_KINDS = ["symlink", "dangling symlink", "directory symlink", "hard link", "fifo", "device", "directory"]
 SITES = ["seal-manifest", "view session", "view trace cache", "report --out", "bench --keep", "safefiles"]
 
@@ -86,12 +104,16 @@ def plant(kind: str, where: Path, victim: Path, nowhere: Path, directory: Path) 
 @dataclass
 class Outside:
     """What lies outside every output place: the victim (root's, 0600), a directory, where a dangling link points."""
+
     root: Path
 
     def __post_init__(self):
         self.root.mkdir(parents=True)
-        self.victim, self.directory, self.nowhere = (self.root / "victim", self.root / "directory",
-                                                     self.root / "created-through-a-dangling-link")
+        self.victim, self.directory, self.nowhere = (
+            self.root / "victim",
+            self.root / "directory",
+            self.root / "created-through-a-dangling-link",
+        )
         self.directory.mkdir()
         self.victim.write_bytes(VICTIM_BYTES)
         self.victim.chmod(0o600)
@@ -122,21 +144,29 @@ class Outside:
         except FileNotFoundError:
             return f"the planted {kind} was removed"
         if kind in ("symlink", "dangling symlink", "directory symlink") or (kind == "device" and os.geteuid()):
-            want = {"symlink": self.victim, "dangling symlink": self.nowhere, "directory symlink": self.directory,
-                    "device": "/dev/null"}[kind]
+            want = {
+                "symlink": self.victim,
+                "dangling symlink": self.nowhere,
+                "directory symlink": self.directory,
+                "device": "/dev/null",
+            }[kind]
             good = stat.S_ISLNK(info.st_mode) and os.readlink(where) == str(want)
         elif kind == "hard link":
             good = stat.S_ISREG(info.st_mode) and info.st_ino == os.stat(self.victim).st_ino
         elif kind == "fifo":
             good = stat.S_ISFIFO(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
         elif kind == "device":
-            good = stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3) and \
-                stat.S_IMODE(info.st_mode) == 0o644
+            good = (
+                stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3) and stat.S_IMODE(info.st_mode) == 0o644
+            )
         elif kind == "regular file":
             good = stat.S_ISREG(info.st_mode) and where.read_bytes() == b"someone else's regular file\n"
         elif kind == "directory":
-            good = stat.S_ISDIR(info.st_mode) and os.path.islink(where / "planted-link") and \
-                os.lstat(where / "planted-hard-link").st_ino == os.stat(self.victim).st_ino
+            good = (
+                stat.S_ISDIR(info.st_mode)
+                and os.path.islink(where / "planted-link")
+                and os.lstat(where / "planted-hard-link").st_ino == os.stat(self.victim).st_ino
+            )
         else:
             return None
         return None if good else f"the planted {kind} was changed"
@@ -145,16 +175,17 @@ class Outside:
 @dataclass
 class Place:
     """One output place of one input: names relative to ``base``."""
+
     base: Path
-    files: list[str]                          # files ticklab writes there
+    files: list[str]  # files ticklab writes there
     run: Callable[[], tuple[int, list[str]]]  # (exit code, its refusal lines); raises what the command raises
-    check: Callable[[str, str], str | None]   # (name, kind) after a run that wrote: what is wrong with what it wrote
+    check: Callable[[str, str], str | None]  # (name, kind) after a run that wrote: what is wrong with what it wrote
     directories: list[str] = field(default_factory=list)  # directories it makes or opens below base
-    unwritten: list[str] = field(default_factory=list)    # names it does not write (any more), or temporary names
-    raced: list[str] = field(default_factory=list)        # names whose write calls between_check_and_write first
+    unwritten: list[str] = field(default_factory=list)  # names it does not write (any more), or temporary names
+    raced: list[str] = field(default_factory=list)  # names whose write calls between_check_and_write first
     race_priors: tuple = ("nothing", "own earlier output")  # what is at a raced name when the command starts
-    removes: tuple = ()                       # directories it may remove (its last round's): planted there, gone
-    own: Callable[[str], None] = None         # put ticklab's own earlier output at a name
+    removes: tuple = ()  # directories it may remove (its last round's): planted there, gone
+    own: Callable[[str], None] = None  # put ticklab's own earlier output at a name
     ready: Callable[[], None] = lambda: None  # after planting, before the run
 
 
@@ -229,15 +260,20 @@ class OutputPlacesFamily:
         self.seeds = seeds / "output-places"
         self.seeds.mkdir(exist_ok=True)
         # the smallest sealed bundle in traces/, its seal removed as if sealed by an older ticklab
-        sealed = sorted((sum(f.stat().st_size for f in p.parent.rglob("*") if f.is_file()), str(p.parent))
-                        for p in (REPO / "traces").glob("*/*/*/" + SEAL))
+        sealed = sorted(
+            (sum(f.stat().st_size for f in p.parent.rglob("*") if f.is_file()), str(p.parent))
+            for p in (REPO / "traces").glob("*/*/*/" + SEAL)
+        )
         self.bundle = self.seeds / "bundle" / Path(sealed[0][1]).name
         if not self.bundle.is_dir():
             shutil.copytree(sealed[0][1], self.bundle, copy_function=shutil.copyfile)
             (self.bundle / SEAL).unlink()
         # ticklab view's bundle (as in tests/test_safe_writes.py), with its trace already in a cache to copy from
-        refs = [r for r in find_bundles(REPO / "traces", "hrtick")
-                if r.host_id.startswith("guest-") and (r.path / SEAL).is_file()]
+        refs = [
+            r
+            for r in find_bundles(REPO / "traces", "hrtick")
+            if r.host_id.startswith("guest-") and (r.path / SEAL).is_file()
+        ]
         self.view_bundle = refs[0].path if refs else None
         self.view_cache = self.seeds / "view-cache"
         if self.view_bundle is not None and not (self.view_cache / "view").is_dir():
@@ -294,11 +330,18 @@ class OutputPlacesFamily:
             return _regular(bundle / SEAL)
 
         def own(name):
-            (bundle / SEAL).write_text(hashlib.sha256((bundle / MANIFEST).read_bytes()).hexdigest()
-                                       + f"  {MANIFEST}\n")
+            (bundle / SEAL).write_text(hashlib.sha256((bundle / MANIFEST).read_bytes()).hexdigest() + f"  {MANIFEST}\n")
 
-        return Place(bundle, [SEAL], lambda: _cli(["seal-manifest", str(bundle)]), check,
-                     unwritten=[_temporary(SEAL)], raced=[SEAL], race_priors=("nothing",), own=own)
+        return Place(
+            bundle,
+            [SEAL],
+            lambda: _cli(["seal-manifest", str(bundle)]),
+            check,
+            unwritten=[_temporary(SEAL)],
+            raced=[SEAL],
+            race_priors=("nothing",),
+            own=own,
+        )
 
     def _view_session(self, source, root: Path) -> Place:
         from ticklab.report.view import write_session
@@ -332,8 +375,17 @@ class OutputPlacesFamily:
                 (cache / relative).write_text('{"type": "kshark.config.session"}\n')
 
         cache.mkdir()
-        return Place(cache, [f"view/{name}"], run, check, directories=["view"],
-                     unwritten=[_temporary(f"view/{name}")], raced=[f"view/{name}"], own=own, ready=ready)
+        return Place(
+            cache,
+            [f"view/{name}"],
+            run,
+            check,
+            directories=["view"],
+            unwritten=[_temporary(f"view/{name}")],
+            raced=[f"view/{name}"],
+            own=own,
+            ready=ready,
+        )
 
     def _view_trace(self, source, root: Path) -> Place:
         from ticklab.report.view import trace_file
@@ -366,9 +418,17 @@ class OutputPlacesFamily:
                 (cache / relative).write_bytes(OLD_BYTES)
 
         cache.mkdir()
-        return Place(cache, [target], run, check, directories=["view"],
-                     unwritten=[target + ".part", _temporary(target)], raced=[target], race_priors=("nothing",),
-                     own=own)
+        return Place(
+            cache,
+            [target],
+            run,
+            check,
+            directories=["view"],
+            unwritten=[target + ".part", _temporary(target)],
+            raced=[target],
+            race_priors=("nothing",),
+            own=own,
+        )
 
     def _report(self, source, root: Path) -> Place:
         from ticklab import paths
@@ -376,8 +436,13 @@ class OutputPlacesFamily:
 
         out = root / "out"
         outdir.record(out, outdir.claim(out, replace=True))  # a report directory an earlier (empty) report made
-        files = ["summary.json", "report/index.html", "notebooks/03-hrtick.ipynb", "report/notebooks/03-hrtick.html",
-                 outdir.MARKER]
+        files = [
+            "summary.json",
+            "report/index.html",
+            "notebooks/03-hrtick.ipynb",
+            "report/notebooks/03-hrtick.html",
+            outdir.MARKER,
+        ]
 
         def papermill(notebook, executed, parameters, *, cell_timeout, notebook_timeout, claim, kernel_server=None):
             import nbformat  # as papermill: the executed notebook written at its name, cleared for it by the report
@@ -388,8 +453,14 @@ class OutputPlacesFamily:
         def run():
             log = []
             with _set(build, "run_notebook", papermill):
-                code = build.run_report(out, data_dir=self.data, published_dir=paths.published_dir(),
-                                        only=["03-hrtick"], notebook_dir=self.notebooks, log=log.append)
+                code = build.run_report(
+                    out,
+                    data_dir=self.data,
+                    published_dir=paths.published_dir(),
+                    only=["03-hrtick"],
+                    notebook_dir=self.notebooks,
+                    log=log.append,
+                )
             errors = [line for line in log if line.startswith("error: ")]
             if code == 1 and not errors:  # ran: the hollow notebook leaves the claim's outputs missing
                 return 0, []
@@ -419,15 +490,24 @@ class OutputPlacesFamily:
                 (out / relative).write_bytes(b"{}\n" if relative == "summary.json" else OLD_BYTES)
                 outdir.record(out, set())  # listed in the marker: the earlier report's
 
-        return Place(out, files, run, check, directories=["report", "notebooks", "report/notebooks"],
-                     unwritten=[".ticklab-report.tmp", _temporary(outdir.MARKER), _temporary("summary.json"),
-                                _temporary("report/index.html")],
-                     raced=["summary.json", "report/index.html", "report/notebooks/03-hrtick.html", outdir.MARKER],
-                     own=own)
+        return Place(
+            out,
+            files,
+            run,
+            check,
+            directories=["report", "notebooks", "report/notebooks"],
+            unwritten=[
+                ".ticklab-report.tmp",
+                _temporary(outdir.MARKER),
+                _temporary("summary.json"),
+                _temporary("report/index.html"),
+            ],
+            raced=["summary.json", "report/index.html", "report/notebooks/03-hrtick.html", outdir.MARKER],
+            own=own,
+        )
 
     def _bench(self, source, root: Path) -> Place:
         import ingest_speed
-
         from ticklab.trace.ingest import read_trace, write_tables
 
         keep = root / "keep"
@@ -456,8 +536,17 @@ class OutputPlacesFamily:
             (keep / relative).mkdir()
             (keep / relative / "last-round.parquet").write_bytes(OLD_BYTES)
 
-        return Place(keep, [], run, check, directories=["parquet"], raced=["parquet"],
-                     race_priors=("nothing", "own earlier output"), removes=("parquet",), own=own)
+        return Place(
+            keep,
+            [],
+            run,
+            check,
+            directories=["parquet"],
+            raced=["parquet"],
+            race_priors=("nothing", "own earlier output"),
+            removes=("parquet",),
+            own=own,
+        )
 
     def _safefiles(self, source, root: Path) -> Place:
         from ticklab.safefiles import OwnedDir
@@ -469,8 +558,11 @@ class OutputPlacesFamily:
         had = []
 
         def run():
-            had.append((base / target).read_bytes() if os.path.isfile(base / target) and
-                       not os.path.islink(base / target) else b"")
+            had.append(
+                (base / target).read_bytes()
+                if os.path.isfile(base / target) and not os.path.islink(base / target)
+                else b""
+            )
             with OwnedDir(base) as owned:
                 if how == "write_atomic":
                     owned.write_atomic(target, b"new\n")
@@ -499,9 +591,17 @@ class OutputPlacesFamily:
                 (base / relative).write_bytes(OLD_BYTES)
 
         unwritten = [_temporary(target)] if how in ("write_atomic", "write_new") else []
-        return Place(base, [target], run, check, directories=["sub"] if target == "sub/f" else [],
-                     unwritten=unwritten, raced=[target],
-                     race_priors=("nothing",) if how == "write_new" else ("nothing", "own earlier output"), own=own)
+        return Place(
+            base,
+            [target],
+            run,
+            check,
+            directories=["sub"] if target == "sub/f" else [],
+            unwritten=unwritten,
+            raced=[target],
+            race_priors=("nothing",) if how == "write_new" else ("nothing", "own earlier output"),
+            own=own,
+        )
 
     # -- one input -----------------------------------------------------------------------------------------------
     def case(self, source, work: Path) -> Outcome:
@@ -512,9 +612,14 @@ class OutputPlacesFamily:
         root.mkdir(parents=True)
         outside = Outside(root / "outside")
         site = source.choice(SITES)
-        place = {"seal-manifest": self._seal_manifest, "view session": self._view_session,
-                 "view trace cache": self._view_trace, "report --out": self._report, "bench --keep": self._bench,
-                 "safefiles": self._safefiles}[site](source, root)
+        place = {
+            "seal-manifest": self._seal_manifest,
+            "view session": self._view_session,
+            "view trace cache": self._view_trace,
+            "report --out": self._report,
+            "bench --keep": self._bench,
+            "safefiles": self._safefiles,
+        }[site](source, root)
         name = source.choice(place.files + place.directories + place.unwritten)
         is_dir = name in place.directories
         timing = source.choice(["before", "race"]) if name in place.raced else "before"
@@ -589,12 +694,19 @@ class OutputPlacesFamily:
             known_bad = kind not in ("nothing", "own earlier output")
         outcome.known_bad = known_bad
         problem = outside.escape()
-        if problem is None and kind not in ("nothing", "own earlier output") and (timing == "before" or planted) \
-                and not (kind == "directory" and name in place.removes):
+        if (
+            problem is None
+            and kind not in ("nothing", "own earlier output")
+            and (timing == "before" or planted)
+            and not (kind == "directory" and name in place.removes)
+        ):
             problem = outside.left(kind, where)
         if problem is None:
-            left = sorted(str(p.relative_to(place.base)) for p in place.base.rglob(f".*.tmp-{os.getpid()}")
-                          if str(p.relative_to(place.base)) != name)
+            left = sorted(
+                str(p.relative_to(place.base))
+                for p in place.base.rglob(f".*.tmp-{os.getpid()}")
+                if str(p.relative_to(place.base)) != name
+            )
             if left:
                 problem = f"a temporary file was left behind: {left[0]}"
         if problem is not None:
@@ -612,7 +724,10 @@ class OutputPlacesFamily:
                 problem = f"what it wrote cannot be read back: {type(exc).__name__}: {exc}"
             if problem:
                 outcome = Outcome("wrong", problem, known_bad)
-        race = f"race ({'after ' + prior if prior != 'nothing' else 'nothing before'}" + \
-            ("" if planted or timing == "before" else ", the window never came") + ")"
+        race = (
+            f"race ({'after ' + prior if prior != 'nothing' else 'nothing before'}"
+            + ("" if planted or timing == "before" else ", the window never came")
+            + ")"
+        )
         outcome.detail = f"{site} {name} {kind} {timing if timing == 'before' else race}: {outcome.detail}"
         return outcome

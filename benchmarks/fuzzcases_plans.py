@@ -51,6 +51,7 @@ LINK = "etc/systemd/system/multi-user.target.wants/ticklab-plan.service"
 
 def fake_host(root: Path) -> Path:
     """A fake root a boot plan runs on (the tree of tests/conftest.make_fake_host, with boot files and grub)."""
+
     def put(relative: str, text: str) -> None:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,8 +66,11 @@ def fake_host(root: Path) -> Path:
     put("sys/devices/system/clocksource/clocksource0/current_clocksource", "tsc")
     put("sys/devices/system/cpu/cpuidle/current_driver", "none")
     put("sys/kernel/debug/sched/features", "GENTLE_FAIR_SLEEPERS NO_HRTICK")
-    put("boot/grub/grub.cfg", "### BEGIN /etc/grub.d/41_custom ###\nif [ -f  ${config_directory}/custom.cfg ]; then\n"
-                              "  source ${config_directory}/custom.cfg\nfi")
+    put(
+        "boot/grub/grub.cfg",
+        "### BEGIN /etc/grub.d/41_custom ###\nif [ -f  ${config_directory}/custom.cfg ]; then\n"
+        "  source ${config_directory}/custom.cfg\nfi",
+    )
     put("boot/grub/custom.cfg", "menuentry 'mine' { }")
     for release in (RELEASE, "6.12.99-ticklab-abc"):
         put(f"boot/vmlinuz-{release}", "kernel")
@@ -100,11 +104,53 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 
 REQUIRED_PLAN_KEYS = ("id", "mode", "bundle", "original", "runs", "state")
 REQUIRED_RUN_KEYS = ("name", "condition", "kernel", "cmdline", "state")
-NULLABLE = {"pid", "pid_start", "before", "wanted", "during", "after", "feature", "label", "error", "tasks", "moved_at",
-            "cpu", "boot_id", "initrd", "release", "boot_id_before", "boot_id_found", "release_found", "cmdline_found",
-            "why", "record", "ended_because"}
-VALUES = ["x", "", 5, -1, 0, 1.5, 1e308, None, True, False, [], {}, ["a"], {"a": 1}, "a\nb", "../../etc/passwd",
-          "running", "booting", "kexec", "\x00", "é" * 3]
+NULLABLE = {
+    "pid",
+    "pid_start",
+    "before",
+    "wanted",
+    "during",
+    "after",
+    "feature",
+    "label",
+    "error",
+    "tasks",
+    "moved_at",
+    "cpu",
+    "boot_id",
+    "initrd",
+    "release",
+    "boot_id_before",
+    "boot_id_found",
+    "release_found",
+    "cmdline_found",
+    "why",
+    "record",
+    "ended_because",
+}
+VALUES = [
+    "x",
+    "",
+    5,
+    -1,
+    0,
+    1.5,
+    1e308,
+    None,
+    True,
+    False,
+    [],
+    {},
+    ["a"],
+    {"a": 1},
+    "a\nb",
+    "../../etc/passwd",
+    "running",
+    "booting",
+    "kexec",
+    "\x00",
+    "é" * 3,
+]
 
 
 def _json_type(value) -> str:
@@ -140,9 +186,24 @@ class PlanStateFamily:
             live = seeds / f"plan-{mode}"
             root = fake_host(live / "root")
             (live / "host-boot-echo.yaml").write_text(EXPERIMENT)
-            code, _, err = _cli(["capture", "nohz", "--boot", mode, "--experiment", str(live / "host-boot-echo.yaml"),
-                                 "--root", str(root), "--journal", str(live / "state" / "journal.json"), "--out",
-                                 str(live / "traces"), "--host-id", "fake-boots"])
+            code, _, err = _cli(
+                [
+                    "capture",
+                    "nohz",
+                    "--boot",
+                    mode,
+                    "--experiment",
+                    str(live / "host-boot-echo.yaml"),
+                    "--root",
+                    str(root),
+                    "--journal",
+                    str(live / "state" / "journal.json"),
+                    "--out",
+                    str(live / "traces"),
+                    "--host-id",
+                    "fake-boots",
+                ]
+            )
             if code != 0:
                 raise SystemExit(f"plan-state: the seed capture failed: {err}")
             shutil.copytree(live, pristine, symlinks=True)
@@ -162,8 +223,17 @@ class PlanStateFamily:
         mode = source.choice(self.MODES)
         root = self._fresh(mode)
         [directory] = list((root / "var/lib/ticklab/plans").iterdir())
-        target = source.choice(["plan.json", "plan.json", "plan.json", "host-changes.json", "host-changes.json",
-                                "plan.lock", "host-boot-experiment.yaml"])
+        target = source.choice(
+            [
+                "plan.json",
+                "plan.json",
+                "plan.json",
+                "host-changes.json",
+                "host-changes.json",
+                "plan.lock",
+                "host-boot-experiment.yaml",
+            ]
+        )
         path = directory / target
         command = source.choice(["status", "abort", "resume"])
         rebooted = source.integer(0, 7) == 0  # a real next boot: resume makes the run (slower: the workload runs)
@@ -204,10 +274,29 @@ class PlanStateFamily:
 
     def _tamper(self, source, path: Path, target: str, command: str) -> tuple[str, bool]:
         """One tampering of ``path``; whether the command must refuse it."""
-        reads = {"plan.json": True, "host-changes.json": command in ("abort", "resume"),
-                 "plan.lock": command in ("abort", "resume"), "host-boot-experiment.yaml": False}[target]
-        kind = source.choice(["intact", "remove key", "type change", "huge value", "flip", "truncate", "link",
-                              "fifo", "directory", "delete", "deep nesting", "empty", "not json"])
+        reads = {
+            "plan.json": True,
+            "host-changes.json": command in ("abort", "resume"),
+            "plan.lock": command in ("abort", "resume"),
+            "host-boot-experiment.yaml": False,
+        }[target]
+        kind = source.choice(
+            [
+                "intact",
+                "remove key",
+                "type change",
+                "huge value",
+                "flip",
+                "truncate",
+                "link",
+                "fifo",
+                "directory",
+                "delete",
+                "deep nesting",
+                "empty",
+                "not json",
+            ]
+        )
         if kind == "intact":
             return kind, False
         if kind in ("link", "fifo", "directory", "delete"):
@@ -229,18 +318,18 @@ class PlanStateFamily:
             raw = path.read_bytes() if path.is_file() else b""
             if kind == "flip" and raw:
                 at = source.integer(0, len(raw) - 1)
-                raw = raw[:at] + bytes([raw[at] ^ source.integer(1, 255)]) + raw[at + 1:]
+                raw = raw[:at] + bytes([raw[at] ^ source.integer(1, 255)]) + raw[at + 1 :]
             elif kind == "huge value":
-                raw = raw + b"#" * source.choice([10, 10 ** 5, 3 * 10 ** 6])
+                raw = raw + b"#" * source.choice([10, 10**5, 3 * 10**6])
             elif kind in ("truncate", "empty"):
-                raw = raw[:source.integer(0, len(raw))] if kind == "truncate" and raw else b""
+                raw = raw[: source.integer(0, len(raw))] if kind == "truncate" and raw else b""
             path.write_bytes(raw)
             return f"{kind} (unstructured)", False
         data = json.loads(path.read_text())
         if kind == "flip":
             raw = path.read_bytes()
             at = source.integer(0, len(raw) - 1)
-            raw = raw[:at] + bytes([raw[at] ^ source.integer(1, 255)]) + raw[at + 1:]
+            raw = raw[:at] + bytes([raw[at] ^ source.integer(1, 255)]) + raw[at + 1 :]
             path.write_bytes(raw)
             try:
                 same = json.loads(raw) == data
@@ -249,13 +338,13 @@ class PlanStateFamily:
             return f"flip{' (same JSON)' if same else ''}", False
         if kind == "truncate":
             raw = path.read_bytes()
-            path.write_bytes(raw[:source.integer(0, len(raw) - 1)])
+            path.write_bytes(raw[: source.integer(0, len(raw) - 1)])
             return kind, reads
         if kind == "empty":
             path.write_bytes(b"")
             return kind, reads
         if kind == "not json":
-            path.write_bytes(source.choice([b"[]", b"null", b"42", b"\"plan\"", b"{", b"NaN", b"\xff\xfe"]))
+            path.write_bytes(source.choice([b"[]", b"null", b"42", b'"plan"', b"{", b"NaN", b"\xff\xfe"]))
             return kind, reads
         if kind == "deep nesting":
             depth = source.choice([50, 5000, 200000])
@@ -272,9 +361,15 @@ class PlanStateFamily:
                 bad = target == "plan.json" and where == ("runs", 0) and len(parent) == 0
             else:
                 parent.pop(where[-1])
-                required = (REQUIRED_PLAN_KEYS if len(where) == 1 else REQUIRED_RUN_KEYS if where[0] == "runs"
-                            and len(where) == 3 else ("release", "cmdline", "boot_id") if where[0] == "original"
-                            else ())
+                required = (
+                    REQUIRED_PLAN_KEYS
+                    if len(where) == 1
+                    else REQUIRED_RUN_KEYS
+                    if where[0] == "runs" and len(where) == 3
+                    else ("release", "cmdline", "boot_id")
+                    if where[0] == "original"
+                    else ()
+                )
                 journal_required = ("changes",) if len(where) == 1 else ("kind", "path") if len(where) == 3 else ()
                 bad = where[-1] in (required if target == "plan.json" else journal_required)
             path.write_text(json.dumps(data))
@@ -284,24 +379,73 @@ class PlanStateFamily:
             parent[where[-1]] = new
             path.write_text(json.dumps(data))
             # null where ticklab itself may write null (an optional field, a pid_start /proc did not give) is valid
-            bad = value is not None and _json_type(new) != _json_type(value) and not (new is None
-                                                                                   and where[-1] in NULLABLE)
+            bad = (
+                value is not None
+                and _json_type(new) != _json_type(value)
+                and not (new is None and where[-1] in NULLABLE)
+            )
             return f"{'.'.join(map(str, where))}: {_json_type(value)} -> {new!r}"[:120], bad and reads
         # huge value: a long string in place of a value
-        size = source.choice([10 ** 3, 10 ** 5, 17 * 2 ** 20])
+        size = source.choice([10**3, 10**5, 17 * 2**20])
         parent[where[-1]] = "x" * size
         path.write_text(json.dumps(data))
-        over = size > (16 if target == "plan.json" else 64) * 2 ** 20  # more than a plan or journal holds
+        over = size > (16 if target == "plan.json" else 64) * 2**20  # more than a plan or journal holds
         return f"huge {'.'.join(map(str, where))} ({size} characters)", reads and (
-            over or (value is not None and not isinstance(value, str)))
+            over or (value is not None and not isinstance(value, str))
+        )
 
 
 # -- cmdline-words -----------------------------------------------------------------------------------------
 
-PIECES = ["nohz_full=1", "quiet", "-rcu_nocbs", "{last_cpu}", "{nproc}", "init=/bin/sh", "console=ttyS0,115200",
-          "\n", "\r", "\t", "\x00", "\x1b", "\x7f", "\x85", "\u2028", "\x0b", "\x0c", " ", "  ", "'", '"', "$", ";",
-          "{", "}", "\\", "linux", "initrd", "menuentry", "search", "set", "source", "#", "`", "&&", "|", "é", "=",
-          "a" * 300, ".", "[0]", ":>99999999", "!r", "{{", "}}", "{last_cpu:>9}", "{nproc.real}"]
+PIECES = [
+    "nohz_full=1",
+    "quiet",
+    "-rcu_nocbs",
+    "{last_cpu}",
+    "{nproc}",
+    "init=/bin/sh",
+    "console=ttyS0,115200",
+    "\n",
+    "\r",
+    "\t",
+    "\x00",
+    "\x1b",
+    "\x7f",
+    "\x85",
+    "\u2028",
+    "\x0b",
+    "\x0c",
+    " ",
+    "  ",
+    "'",
+    '"',
+    "$",
+    ";",
+    "{",
+    "}",
+    "\\",
+    "linux",
+    "initrd",
+    "menuentry",
+    "search",
+    "set",
+    "source",
+    "#",
+    "`",
+    "&&",
+    "|",
+    "é",
+    "=",
+    "a" * 300,
+    ".",
+    "[0]",
+    ":>99999999",
+    "!r",
+    "{{",
+    "}}",
+    "{last_cpu:>9}",
+    "{nproc.real}",
+]
 
 
 class CmdlineWordsFamily:
@@ -326,16 +470,26 @@ class CmdlineWordsFamily:
             return "".join(parts)
 
         shape = source.choice(["string", "string", "list", "number"])
-        value = text() if shape == "string" else [text() for _ in range(source.integer(1, 3))] if shape == "list" \
+        value = (
+            text()
+            if shape == "string"
+            else [text() for _ in range(source.integer(1, 3))]
+            if shape == "list"
             else source.choice([7, 1.5, -3])
+        )
         definition = yaml.safe_load(EXPERIMENT)
         index = source.integer(0, 1)
         definition["conditions"][index]["boot"] = value
         changed = definition["conditions"][index]["name"]
         path = work / "host-boot-words.yaml"
         path.write_text(yaml.safe_dump(definition))
-        words = value.split() if isinstance(value, str) else [str(w) for w in value] if isinstance(value, list) \
+        words = (
+            value.split()
+            if isinstance(value, str)
+            else [str(w) for w in value]
+            if isinstance(value, list)
             else [str(value)]
+        )
         flat = " ".join(value) if isinstance(value, list) else str(value)
         known_bad = any(not c.isprintable() and c != " " for c in flat)
         entries_made = []
@@ -343,8 +497,13 @@ class CmdlineWordsFamily:
         def run():
             experiment = boot_experiment("nohz", path)
             runs = planned_runs(experiment, self.root, runs=1, warmup=0, seed=1)
-            plan = plan_engine.Plan("words", "grub", str(work / "bundle"), {"release": RELEASE, "cmdline": ORIGINAL,
-                                                                             "boot_id": "boot-0"}, runs)
+            plan = plan_engine.Plan(
+                "words",
+                "grub",
+                str(work / "bundle"),
+                {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "boot-0"},
+                runs,
+            )
             for planned in runs:
                 planned.release = planned.release or RELEASE
             entries_made.extend(plan_engine.grub_menu_entries(plan, self.root))

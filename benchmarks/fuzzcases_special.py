@@ -16,8 +16,17 @@ from pathlib import Path
 
 from fuzzcases import REPO, BundleFamily, Outcome, _writable_copy, classify
 
-SPECIALS = ["fifo", "socket", "device", "directory", "link to /dev/zero", "link to a root-only file",
-            "link to a FIFO", "link to a good copy", "dangling link"]
+SPECIALS = [
+    "fifo",
+    "socket",
+    "device",
+    "directory",
+    "link to /dev/zero",
+    "link to a root-only file",
+    "link to a FIFO",
+    "link to a good copy",
+    "dangling link",
+]
 
 
 def _plant(target: Path, special: str, work: Path) -> bool:
@@ -103,8 +112,9 @@ class SpecialFilesFamily:
         from ticklab.bundle import load_bundle
 
         path = _writable_copy(self.bundles.seed, work / "bundle")
-        what = source.choice(["manifest.json", "manifest.sha256", "results.csv", "raw", "raw/run-003",
-                              "raw/run-002/stdout.txt"])
+        what = source.choice(
+            ["manifest.json", "manifest.sha256", "results.csv", "raw", "raw/run-003", "raw/run-002/stdout.txt"]
+        )
         _plant(path / what, special, work)
         return (lambda: load_bundle(path)), what
 

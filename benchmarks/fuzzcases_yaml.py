@@ -72,14 +72,25 @@ def _timed(call):
             return call()
         finally:
             took.append(time.monotonic() - started)
+
     return run, took
 
 
 class YamlAliasFamily(_Targets):
     name = "YAML anchors and aliases (alias bombs)"
     key = "yaml-aliases"
-    SHAPES = ["bomb", "bomb", "bomb under a key", "mapping bomb", "lone anchor", "scalar alias", "merge alias",
-              "alias as a key", "self reference", "anchor on an existing key"]
+    SHAPES = [
+        "bomb",
+        "bomb",
+        "bomb under a key",
+        "mapping bomb",
+        "lone anchor",
+        "scalar alias",
+        "merge alias",
+        "alias as a key",
+        "self reference",
+        "anchor on an existing key",
+    ]
 
     def case(self, source, work: Path) -> Outcome:
         import yaml
@@ -120,8 +131,11 @@ class YamlAliasFamily(_Targets):
             if index is None or key == "extra_key":
                 added, detail = f"{key}: &a {leaf}", f"anchor on {key}"
             else:
-                lines[index] = lines[index].replace(f"{key}:", f"{key}: &a", 1) if lines[index].rstrip() != f"{key}:" \
+                lines[index] = (
+                    lines[index].replace(f"{key}:", f"{key}: &a", 1)
+                    if lines[index].rstrip() != f"{key}:"
                     else f"{key}: &a"
+                )
                 text, added, detail = "\n".join(lines) + "\n", "", f"anchor on existing {key}"
         path.write_text(text + ("\n" + added + "\n" if added else ""), encoding="utf-8")
         run, took = _timed(load)
@@ -187,6 +201,7 @@ class YamlEmptyTypedFamily(_Targets):
         outcome = cases.classify(load, known_bad=True, bounded=True)
         if outcome.kind == "error" and not outcome.detail.endswith(expected):
             outcome = Outcome("wrong", f"refused without the key's path ({expected!r}): {outcome.detail}", True)
-        outcome.detail = f"{what} !!{tag} {empty} at {_where(where)}{' (a key)' if kind == 'key' else ''}: " \
-                         f"{outcome.detail}"
+        outcome.detail = (
+            f"{what} !!{tag} {empty} at {_where(where)}{' (a key)' if kind == 'key' else ''}: {outcome.detail}"
+        )
         return outcome

@@ -55,8 +55,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-EVENTS = ["sched:sched_switch", "sched:sched_wakeup", "timer:hrtimer_start", "timer:hrtimer_expire_entry",
-          "irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit"]
+EVENTS = [
+    "sched:sched_switch",
+    "sched:sched_wakeup",
+    "timer:hrtimer_start",
+    "timer:hrtimer_expire_entry",
+    "irq_vectors:local_timer_entry",
+    "irq_vectors:local_timer_exit",
+]
 API = """
 import sys, time
 sys.path.insert(0, {tests!r})
@@ -100,12 +106,15 @@ def run(argv: list[str], stdout=subprocess.DEVNULL, in_directory: int | None = N
     with tempfile.NamedTemporaryFile() as peak, tempfile.TemporaryFile() as errors:
         start = time.perf_counter()
         where = {} if in_directory is None else {"cwd": f"/proc/self/fd/{in_directory}", "pass_fds": (in_directory,)}
-        done = subprocess.run([str(GNU_TIME), "-f", "%M %U %S", "-o", peak.name, *argv], stdout=stdout, stderr=errors,
-                              **where)
+        done = subprocess.run(
+            [str(GNU_TIME), "-f", "%M %U %S", "-o", peak.name, *argv], stdout=stdout, stderr=errors, **where
+        )
         wall = time.perf_counter() - start
         errors.seek(0)
         if done.returncode:
-            raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {errors.read().decode(errors='replace')[:300]}")
+            raise SystemExit(
+                f"{' '.join(argv)} failed ({done.returncode}): {errors.read().decode(errors='replace')[:300]}"
+            )
         kilobytes, user, system = Path(peak.name).read_text().split()[-3:]
     return wall, float(user) + float(system), int(kilobytes) / 1024, done.stdout.decode() if done.stdout else ""
 
@@ -125,14 +134,18 @@ def fresh_directory(work: Path, name: str):
             found = owned.entry(name)
             if found is not None and not stat.S_ISDIR(found.st_mode):
                 what = "a regular file" if stat.S_ISREG(found.st_mode) else kind_of(found.st_mode)
-                raise SystemExit(f"ingest_speed: {shown(work / name)}: {what}, not a directory; "
-                                 "the benchmark does not write through it (remove it or choose another --keep)")
+                raise SystemExit(
+                    f"ingest_speed: {shown(work / name)}: {what}, not a directory; "
+                    "the benchmark does not write through it (remove it or choose another --keep)"
+                )
             if found is not None:
                 try:  # by descriptor, each directory checked to be the one found: never through a link
                     shutil.rmtree(name, dir_fd=owned.fd)
                 except OSError as exc:
-                    raise SystemExit(f"ingest_speed: {shown(work / name)}: cannot remove the last round's files "
-                                     f"({exc.strerror or exc})") from None
+                    raise SystemExit(
+                        f"ingest_speed: {shown(work / name)}: cannot remove the last round's files "
+                        f"({exc.strerror or exc})"
+                    ) from None
             owned.mkdir_new(name)
             safefiles.between_check_and_write(work / name)
             return owned.subdir(name)  # O_NOFOLLOW: a link put there meanwhile is refused
@@ -209,8 +222,15 @@ def record_hackbench(directory: Path, loops: int, name: str) -> Path:
             subprocess.run(["hackbench", "-p", "-s", "8", "-l", str(loops), "-g", "4"], check=True, capture_output=True)
     with host_changes() as host:
         trace_cmd(host, "restore", "-c", "-o", str(make_room(directory, "head.dat")))
-        trace_cmd(host, "restore", "-i", str(directory / "head.dat"), "-o", str(make_room(directory, name)),
-                  *sorted(str(p) for p in capture.glob("cpu*.raw")))
+        trace_cmd(
+            host,
+            "restore",
+            "-i",
+            str(directory / "head.dat"),
+            "-o",
+            str(make_room(directory, name)),
+            *sorted(str(p) for p in capture.glob("cpu*.raw")),
+        )
     return directory / name
 
 
@@ -247,8 +267,11 @@ def record(directory: Path, events: int, record_once=None) -> tuple[Path, int]:
         if name != path.name:
             make_room(directory, name)
     if found < events:
-        print(f"recorded {found:,} events, not the {events:,} asked: this host's recorder gives no more; the "
-              "benchmark uses what it recorded", file=sys.stderr)
+        print(
+            f"recorded {found:,} events, not the {events:,} asked: this host's recorder gives no more; the "
+            "benchmark uses what it recorded",
+            file=sys.stderr,
+        )
     return path, found
 
 
@@ -292,11 +315,13 @@ def commands(path: Path) -> dict[str, list[str]]:
     in the round's fresh directory, see ``run``)."""
     ticklab = shutil.which("ticklab", path=str(Path(sys.executable).parent)) or "ticklab"
     api = API.format(tests=str(REPO / "tests"))
-    chosen = {"ticklab CLI": [ticklab, "ingest", os.path.abspath(path), "--out", "."],
-              "API arrow": [sys.executable, "-c", api, "arrow", str(path)],
-              "API pandas": [sys.executable, "-c", api, "pandas", str(path)],
-              "reference": [sys.executable, "-c", api, "reference", str(path)],
-              "trace-cmd": ["trace-cmd", "report", "-i", str(path)]}
+    chosen = {
+        "ticklab CLI": [ticklab, "ingest", os.path.abspath(path), "--out", "."],
+        "API arrow": [sys.executable, "-c", api, "arrow", str(path)],
+        "API pandas": [sys.executable, "-c", api, "pandas", str(path)],
+        "reference": [sys.executable, "-c", api, "reference", str(path)],
+        "trace-cmd": ["trace-cmd", "report", "-i", str(path)],
+    }
     if is_compressed(path):  # the reader before issue 15 refused compressed files
         del chosen["reference"]
     return chosen
@@ -316,8 +341,10 @@ def bytecode_cache(scratch: str):
         print("compiling what the commands import into the bytecode cache ...", file=sys.stderr)
         subprocess.run([sys.executable, "-c", WARM.format(tests=str(REPO / "tests"))], check=True)
         was = saved["PYTHONDONTWRITEBYTECODE"]
-        yield ("Python's bytecode cache is on for the timed commands (in the benchmark's temporary directory, filled "
-               f"before the first round){'; this environment sets PYTHONDONTWRITEBYTECODE=' + was if was else ''}.")
+        yield (
+            "Python's bytecode cache is on for the timed commands (in the benchmark's temporary directory, filled "
+            f"before the first round){'; this environment sets PYTHONDONTWRITEBYTECODE=' + was if was else ''}."
+        )
     finally:
         for name, value in saved.items():
             if value is None:
@@ -329,8 +356,11 @@ def bytecode_cache(scratch: str):
 def paired(times: dict[tuple[str, str], list[float]], label: str, name: str) -> str:
     """trace-cmd's time over this command's, round by round (the two ran within the same round, so a load that
     changed between rounds cancels out): the median ratio [min-max]; > 1 is faster than trace-cmd."""
-    ratios = [theirs / ours for theirs, ours in zip(times[(label, "trace-cmd")], times[(label, name)])
-              if ours > 0 and theirs > 0]
+    ratios = [
+        theirs / ours
+        for theirs, ours in zip(times[(label, "trace-cmd")], times[(label, name)])
+        if ours > 0 and theirs > 0
+    ]
     if not ratios:  # GNU time counts CPU time in hundredths of a second: a small file's run can read 0
         return "-"
     return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
@@ -344,11 +374,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--runs", type=int, default=5, help="rounds (n per command and input; default 5)")
-    parser.add_argument("--events", type=int, default=1_000_000,
-                        help="events to record for (b): the most asked for; a host that records fewer gives fewer "
-                             "(default 1,000,000)")
-    parser.add_argument("--small-events", type=int, default=100_000,
-                        help="events of (d), the start of (b), where start-up weighs most (default 100,000)")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=1_000_000,
+        help="events to record for (b): the most asked for; a host that records fewer gives fewer (default 1,000,000)",
+    )
+    parser.add_argument(
+        "--small-events",
+        type=int,
+        default=100_000,
+        help="events of (d), the start of (b), where start-up weighs most (default 100,000)",
+    )
     parser.add_argument("--keep", type=Path, help="keep the recorded traces here (default: a temporary directory)")
     args = parser.parse_args()
     if args.runs < 5:
@@ -374,8 +411,10 @@ def main() -> int:
             print(f"recording up to {args.events:,} events (tracefs, hackbench) ...", file=sys.stderr)
             big, recorded = record(work, args.events)
             if recorded < args.events:
-                notes.append(f"(b) holds {recorded:,} events, not the {args.events:,} asked (--events): what this "
-                             "host's recorder gave")
+                notes.append(
+                    f"(b) holds {recorded:,} events, not the {args.events:,} asked (--events): what this "
+                    "host's recorder gave"
+                )
             inputs = {"(a) bundled": bundled, "(b) recorded": big, "(c) recorded, zstd v7": compressed(big, work)}
             if recorded > args.small_events:
                 inputs["(d) (b)'s first events"] = first_events(big, args.small_events, work)
@@ -391,17 +430,20 @@ def main() -> int:
             for round_number in range(args.runs):
                 print(f"round {round_number + 1}/{args.runs} (load average {loads[-1]:.2f})", file=sys.stderr)
                 help_times.append(run([ticklab, "--help"])[0])
-                help_uncached.append(run(["env", "-u", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE=1", ticklab,
-                                          "--help"])[0])
+                help_uncached.append(
+                    run(["env", "-u", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE=1", ticklab, "--help"])[0]
+                )
                 for label, path in inputs.items():
                     todo = list(commands(path).items())
                     shift = round_number % len(todo)
                     with fresh_directory(work, "parquet") as out:  # ticklab's tables, written in it by descriptor
                         for name, argv in todo[shift:] + todo[:shift]:
                             self_timed = name.startswith(("API", "ref"))
-                            wall, cpu, peak, printed = run(argv, stdout=subprocess.PIPE if self_timed
-                                                           else subprocess.DEVNULL,
-                                                           in_directory=out.fd if name == "ticklab CLI" else None)
+                            wall, cpu, peak, printed = run(
+                                argv,
+                                stdout=subprocess.PIPE if self_timed else subprocess.DEVNULL,
+                                in_directory=out.fd if name == "ticklab CLI" else None,
+                            )
                             if printed.strip():  # the API rows time themselves, after their imports
                                 wall, cpu = map(float, printed.split())
                             times.setdefault((label, name), []).append(wall)
@@ -419,21 +461,49 @@ def main() -> int:
                 wall = statistics.median(times[(label, name)])
                 peak = statistics.median(memory[(label, name)])
                 cpu = statistics.median(cpu_times[(label, name)])
-                rows.append([label if name == "ticklab CLI" else "", name, summary(times[(label, name)]),
-                             f"{events / wall:,.0f}", paired(times, label, name), f"{cpu:.3f}",
-                             paired(cpu_times, label, name), f"{peak:.0f}", f"{peak / their_memory:.2f}"])
-        print(f"host: {os.uname().nodename}, {os.cpu_count()} CPUs; n = {args.runs} interleaved rounds; 1-minute load "
-              f"average {loads[0]:.2f} before the first round, {max(loads):.2f} at most, {loads[-1]:.2f} after the "
-              "last (a shared machine: expect noise)")
+                rows.append(
+                    [
+                        label if name == "ticklab CLI" else "",
+                        name,
+                        summary(times[(label, name)]),
+                        f"{events / wall:,.0f}",
+                        paired(times, label, name),
+                        f"{cpu:.3f}",
+                        paired(cpu_times, label, name),
+                        f"{peak:.0f}",
+                        f"{peak / their_memory:.2f}",
+                    ]
+                )
+        print(
+            f"host: {os.uname().nodename}, {os.cpu_count()} CPUs; n = {args.runs} interleaved rounds; 1-minute load "
+            f"average {loads[0]:.2f} before the first round, {max(loads):.2f} at most, {loads[-1]:.2f} after the "
+            "last (a shared machine: expect noise)"
+        )
         for label, (events, size) in sizes.items():
             print(f"{label}: {inputs[label]}  ({events:,} events, {size / 1e6:.1f} MB)")
         for note in notes:
             print(note)
-        print(tabulate(rows, headers=["input", "command", "wall s: median [min-max]", "events/s",
-                                      "x trace-cmd [min-max]", "CPU s", "x trace-cmd CPU", "peak MB",
-                                      "memory / trace-cmd"], disable_numparse=True))
-        print(f"`ticklab --help`: {summary(help_times)} s (goal < 0.3 s); {summary(help_uncached)} s with "
-              "PYTHONDONTWRITEBYTECODE=1 (every start compiles ticklab's modules)")
+        print(
+            tabulate(
+                rows,
+                headers=[
+                    "input",
+                    "command",
+                    "wall s: median [min-max]",
+                    "events/s",
+                    "x trace-cmd [min-max]",
+                    "CPU s",
+                    "x trace-cmd CPU",
+                    "peak MB",
+                    "memory / trace-cmd",
+                ],
+                disable_numparse=True,
+            )
+        )
+        print(
+            f"`ticklab --help`: {summary(help_times)} s (goal < 0.3 s); {summary(help_uncached)} s with "
+            "PYTHONDONTWRITEBYTECODE=1 (every start compiles ticklab's modules)"
+        )
         print(bytecode)
         print("API rows time the read in a fresh interpreter after its imports; their peak memory includes them.")
     return 0

@@ -47,30 +47,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--captures", type=int, default=400)
     parser.add_argument("--cv", type=float, default=0.2, help="run-to-run coefficient of variation")
-    parser.add_argument("--target", type=float, default=1.3, help="target ratio; the precision target is half the band around it")
+    parser.add_argument(
+        "--target", type=float, default=1.3, help="target ratio; the precision target is half the band around it"
+    )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--max-runs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    sigma = math.sqrt(math.log1p(args.cv ** 2))
+    sigma = math.sqrt(math.log1p(args.cv**2))
     direction = 1 if args.target > 1 else -1
     target_log = Margins(no_effect=0.01).precision_log(Target(args.target, direction, "derived: a benchmark's", "", ()))
     rng = np.random.default_rng(args.seed)
-    stopped = {"with the stopping rule": [one_capture(rng, sigma, args.runs, args.max_runs, target_log)
-                                          for _ in range(args.captures)]}
-    fixed = [excludes_no_change(np.exp(rng.normal(0, sigma, args.runs)), np.exp(rng.normal(0, sigma, args.runs)))
-             for _ in range(args.captures)]
-    rows = [(label, [hit for hit, _ in runs]) for label, runs in stopped.items()] + [(f"fixed at {args.runs} runs", fixed)]
+    stopped = {
+        "with the stopping rule": [
+            one_capture(rng, sigma, args.runs, args.max_runs, target_log) for _ in range(args.captures)
+        ]
+    }
+    fixed = [
+        excludes_no_change(np.exp(rng.normal(0, sigma, args.runs)), np.exp(rng.normal(0, sigma, args.runs)))
+        for _ in range(args.captures)
+    ]
+    rows = [(label, [hit for hit, _ in runs]) for label, runs in stopped.items()] + [
+        (f"fixed at {args.runs} runs", fixed)
+    ]
     for label, excluded in rows:
         hits = sum(excluded)
         low, high = stats.binomtest(hits, len(excluded)).proportion_ci()
-        print(f"{label:>28}: CI excludes no change in {hits}/{len(excluded)} = {hits / len(excluded):.3f} "
-              f"[{low:.3f}, {high:.3f}]")
+        print(
+            f"{label:>28}: CI excludes no change in {hits}/{len(excluded)} = {hits / len(excluded):.3f} "
+            f"[{low:.3f}, {high:.3f}]"
+        )
     for label, runs in stopped.items():
         sizes = [n for _, n in runs]
         print(f"runs per condition, {label}: median {int(np.median(sizes))}, max {max(sizes)}")
-    print(f"(cv {args.cv}, target ×{args.target}, precision target {target_log:.3f} on the log scale, "
-          f"{args.runs} initial runs, at most {args.max_runs})")
+    print(
+        f"(cv {args.cv}, target ×{args.target}, precision target {target_log:.3f} on the log scale, "
+        f"{args.runs} initial runs, at most {args.max_runs})"
+    )
 
 
 if __name__ == "__main__":

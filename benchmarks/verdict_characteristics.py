@@ -53,18 +53,18 @@ from ticklab.analysis.verdicts import Verdict
 from ticklab.claims import get_claim
 from ticklab.paths import published_dir
 
-ALPHA = 0.05     # the report's
+ALPHA = 0.05  # the report's
 N_BOOT = 10_000  # the report's bootstrap resamples
-BOOT_SEED = 0    # the report's bootstrap seed
-LIMIT = 0.05     # the issue's acceptance: each word at most 5% of the time under its truth
+BOOT_SEED = 0  # the report's bootstrap seed
+LIMIT = 0.05  # the issue's acceptance: each word at most 5% of the time under its truth
 SETUP = "simulated"
 
 # The comparisons whose real targets are tested: key -> (claim, comparison name in the claim's comparisons()).
 COMPARISONS = {
-    "nohz-full-ftq": ("nohz", "nohz_full vs HZ=1000: FTQ work per quantum"),                           # ×1.087
-    "hz250-ftq": ("nohz", "HZ=250 vs HZ=1000: FTQ work per quantum"),                                  # ×1.065
+    "nohz-full-ftq": ("nohz", "nohz_full vs HZ=1000: FTQ work per quantum"),  # ×1.087
+    "hz250-ftq": ("nohz", "HZ=250 vs HZ=1000: FTQ work per quantum"),  # ×1.065
     "hz250-timer-share": ("nohz", "HZ=250 vs HZ=1000: busy CPU's time in the timer interrupt (trace)"),  # ×0.25
-    "hrtick-series": ("hrtick", "series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"),          # ×0.573
+    "hrtick-series": ("hrtick", "series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"),  # ×0.573
 }
 # the truth's log-effect as a multiple of the target's
 TRUTHS = {"equal": 1.0, "half": 0.5, "0.4x": 0.4, "double": 2.0, "none": 0.0, "opposite": -1.0}
@@ -76,8 +76,8 @@ DRIFT_SIGMAS = 4.0
 @dataclass(frozen=True)
 class Word:
     verdict: str
-    reason_has: str               # what the reason says that tells this word from the verdict's others ("": any)
-    categories: frozenset[str]    # which acceptance categories the word falls in
+    reason_has: str  # what the reason says that tells this word from the verdict's others ("": any)
+    categories: frozenset[str]  # which acceptance categories the word falls in
 
 
 def _word(verdict: str, reason_has: str, *categories: str) -> Word:
@@ -97,9 +97,12 @@ WORDS = {
     # on the source's side, reaching into the band without lying wholly inside it
     "consistent, not pinned": _word("consistent, not pinned", "", "same side"),
     # the whole CI short of the band, and of no change too / or holding no change
-    "smaller: effect shown": _word("smaller than the target", "an effect in the source's direction",
-                                   "size inconsistent", "same side"),
-    "smaller: no change not excluded": _word("smaller than the target", "no change is not excluded", "size inconsistent"),
+    "smaller: effect shown": _word(
+        "smaller than the target", "an effect in the source's direction", "size inconsistent", "same side"
+    ),
+    "smaller: no change not excluded": _word(
+        "smaller than the target", "no change is not excluded", "size inconsistent"
+    ),
     # the whole CI beyond the band
     "larger than the target": _word("larger than the target", "", "size inconsistent", "same side"),
     # the whole CI on the other side of no change
@@ -131,10 +134,18 @@ class Check:
 # The acceptance of issue 31, at every n and CV: the category's rate under each of these truths is at most LIMIT.
 CHECKS = (
     Check("size", "a size-inconsistent word when the truth equals the target", "size inconsistent", ("equal",)),
-    Check("reproduced", "'reproduced' when the truth is half the target's log-effect or less", "reproduced",
-          ("half", "0.4x", "none", "opposite")),
-    Check("no-effect", "'no effect' when the truth is 0.4x the target's log-effect or more", "no effect",
-          ("0.4x", "half", "equal", "double")),
+    Check(
+        "reproduced",
+        "'reproduced' when the truth is half the target's log-effect or less",
+        "reproduced",
+        ("half", "0.4x", "none", "opposite"),
+    ),
+    Check(
+        "no-effect",
+        "'no effect' when the truth is 0.4x the target's log-effect or more",
+        "no effect",
+        ("0.4x", "half", "equal", "double"),
+    ),
     Check("same-side", "'reproduced' or a same-side word when there is no effect", "same side", ("none",)),
 )
 
@@ -143,21 +154,23 @@ def word_of(row: Verdict) -> str:
     """The WORDS key of a verdict row; a word or reason this harness does not know is an error, not a guess."""
     found = [key for key, word in WORDS.items() if row.verdict == word.verdict and word.reason_has in row.reason]
     if len(found) != 1:
-        raise ValueError(f"verdict {row.verdict!r} with reason {row.reason[:80]!r} matches {found or 'no word'} "
-                         "of WORDS: update the mapping")
+        raise ValueError(
+            f"verdict {row.verdict!r} with reason {row.reason[:80]!r} matches {found or 'no word'} "
+            "of WORDS: update the mapping"
+        )
     return found[0]
 
 
 def sigma_of(cv: float) -> float:
     """The log-scale standard deviation of a log-normal with this coefficient of variation."""
-    return math.sqrt(math.log1p(cv ** 2))
+    return math.sqrt(math.log1p(cv**2))
 
 
 @dataclass(frozen=True)
 class Samples:
     treatment: np.ndarray
     baseline: np.ndarray
-    treatment_order: np.ndarray   # each run's position in the run order (0 first)
+    treatment_order: np.ndarray  # each run's position in the run order (0 first)
     baseline_order: np.ndarray
 
 
@@ -182,11 +195,20 @@ def runs_table(comparison: Comparison, samples: Samples, setup: str, blocks: boo
     each run's block (its round)."""
     n = samples.treatment.size
     order = np.concatenate([samples.treatment_order, samples.baseline_order])
-    table = pd.DataFrame({
-        "host_id": setup, "bundle": f"synthetic/{setup}", "experiment": "synthetic",
-        "stopped": "synthetic: fixed run count", "kernel": "", "run": [f"run-{i + 1:03d}" for i in order],
-        "condition": [comparison.treatment] * n + [comparison.baseline] * n, "metric": comparison.metric,
-        "value": np.concatenate([samples.treatment, samples.baseline]), "unit": ""})
+    table = pd.DataFrame(
+        {
+            "host_id": setup,
+            "bundle": f"synthetic/{setup}",
+            "experiment": "synthetic",
+            "stopped": "synthetic: fixed run count",
+            "kernel": "",
+            "run": [f"run-{i + 1:03d}" for i in order],
+            "condition": [comparison.treatment] * n + [comparison.baseline] * n,
+            "metric": comparison.metric,
+            "value": np.concatenate([samples.treatment, samples.baseline]),
+            "unit": "",
+        }
+    )
     if blocks:
         table["block"] = pd.array(order // 2 + 1, dtype="Int64")
     return table
@@ -211,21 +233,39 @@ def truth_ratio(comparison: Comparison, truth: str) -> float:
 def companions(comparison: Comparison, family: int) -> list[Comparison]:
     """``family - 1`` more comparisons of the claim on the same setup (the verdict's family), each with conditions of
     its own."""
-    return [dataclasses.replace(comparison, comparison=f"companion {i}", treatment=f"companion-{i} treatment",
-                                baseline=f"companion-{i} baseline") for i in range(1, family)]
+    return [
+        dataclasses.replace(
+            comparison,
+            comparison=f"companion {i}",
+            treatment=f"companion-{i} treatment",
+            baseline=f"companion-{i} baseline",
+        )
+        for i in range(1, family)
+    ]
 
 
-def one_verdict(claim: str, comparison: Comparison, rng: np.random.Generator, n: int, cv: float, ratio: float,
-                drift_sigmas: float, family: int = 1, n_boot: int = N_BOOT, samples: Samples | None = None,
-                blocks: bool = False) -> Verdict:
+def one_verdict(
+    claim: str,
+    comparison: Comparison,
+    rng: np.random.Generator,
+    n: int,
+    cv: float,
+    ratio: float,
+    drift_sigmas: float,
+    family: int = 1,
+    n_boot: int = N_BOOT,
+    samples: Samples | None = None,
+    blocks: bool = False,
+) -> Verdict:
     """The verdict row of one synthetic capture (``samples``, or drawn here), with ``family - 1`` no-effect companion
     comparisons on its setup; ``blocks``: the runs carry their blocks."""
     others = companions(comparison, family)
     samples = samples if samples is not None else synthetic_runs(rng, n, cv, ratio, drift_sigmas)
     tables = [runs_table(comparison, samples, SETUP, blocks)]
     tables += [runs_table(other, synthetic_runs(rng, n, cv, 1.0, drift_sigmas), SETUP, blocks) for other in others]
-    rows = verdicts(claim, [comparison, *others], pd.concat(tables, ignore_index=True), alpha=ALPHA, n_boot=n_boot,
-                    seed=BOOT_SEED)
+    rows = verdicts(
+        claim, [comparison, *others], pd.concat(tables, ignore_index=True), alpha=ALPHA, n_boot=n_boot, seed=BOOT_SEED
+    )
     return next(row for row in rows if row.comparison == comparison.comparison)
 
 
@@ -242,9 +282,21 @@ def cell_rng(seed: int, *parts) -> np.random.Generator:
 ANALYSES = ("independent", "blocks")
 
 
-def word_counts(claim: str, key: str, comparison: Comparison, truth: str, cv: float, n: int, drift_sigmas: float,
-                replicates: int, *, seed: int = 0, family: int = 1, n_boot: int = N_BOOT,
-                analyses=ANALYSES) -> tuple[dict[str, Counter], dict[str, list[float]]]:
+def word_counts(
+    claim: str,
+    key: str,
+    comparison: Comparison,
+    truth: str,
+    cv: float,
+    n: int,
+    drift_sigmas: float,
+    replicates: int,
+    *,
+    seed: int = 0,
+    family: int = 1,
+    n_boot: int = N_BOOT,
+    analyses=ANALYSES,
+) -> tuple[dict[str, Counter], dict[str, list[float]]]:
     """How often each word comes out of ``replicates`` synthetic captures of one cell, per analysis, and each
     replicate's CI half-width on the log scale (inf: unbounded). Both analyses see the same runs."""
     rng = cell_rng(seed, key, truth, cv, n, drift_sigmas, family)
@@ -258,8 +310,19 @@ def word_counts(claim: str, key: str, comparison: Comparison, truth: str, cv: fl
         rows = {}
         for analysis in analyses:
             rng.bit_generator.state = state
-            rows[analysis] = one_verdict(claim, comparison, rng, n, cv, ratio, drift_sigmas, family, n_boot,
-                                         samples=samples, blocks=analysis == "blocks")
+            rows[analysis] = one_verdict(
+                claim,
+                comparison,
+                rng,
+                n,
+                cv,
+                ratio,
+                drift_sigmas,
+                family,
+                n_boot,
+                samples=samples,
+                blocks=analysis == "blocks",
+            )
         for analysis, row in rows.items():
             counts[analysis][word_of(row)] += 1
             widths[analysis].append(log_half_width(row.ci_low, row.ci_high))
@@ -270,28 +333,71 @@ def drift_label(drift_sigmas: float) -> str:
     return "none" if drift_sigmas == 0 else f"linear {drift_sigmas:g} sigma"
 
 
-def characteristics(comparisons: dict, truths, cvs, runs, drifts, replicates: int, *, seed: int = 0, family: int = 1,
-                    n_boot: int = N_BOOT, progress: bool = False, analyses=ANALYSES) -> pd.DataFrame:
+def characteristics(
+    comparisons: dict,
+    truths,
+    cvs,
+    runs,
+    drifts,
+    replicates: int,
+    *,
+    seed: int = 0,
+    family: int = 1,
+    n_boot: int = N_BOOT,
+    progress: bool = False,
+    analyses=ANALYSES,
+) -> pd.DataFrame:
     """One row per analysis, comparison, drift, CV, n, truth and word: its count and rate over the replicates, and
     the cell's median CI half-width on the log scale."""
-    cells = [(key, drift, cv, n, truth) for key in comparisons for drift in drifts for cv in cvs for n in runs
-             for truth in truths]
+    cells = [
+        (key, drift, cv, n, truth)
+        for key in comparisons
+        for drift in drifts
+        for cv in cvs
+        for n in runs
+        for truth in truths
+    ]
     rows = []
     with tqdm(total=len(cells) * replicates, unit="capture", disable=not progress, file=sys.stderr) as bar:
         for key, drift, cv, n, truth in cells:
             claim, comparison = comparisons[key]
             bar.set_postfix_str(f"{key} {drift_label(drift)} CV {cv:.0%} n={n} {truth}")
-            counts, widths = word_counts(claim, key, comparison, truth, cv, n, drift, replicates, seed=seed,
-                                         family=family, n_boot=n_boot, analyses=analyses)
+            counts, widths = word_counts(
+                claim,
+                key,
+                comparison,
+                truth,
+                cv,
+                n,
+                drift,
+                replicates,
+                seed=seed,
+                family=family,
+                n_boot=n_boot,
+                analyses=analyses,
+            )
             bar.update(replicates)
             for analysis in analyses:
                 width = float(np.median(widths[analysis]))
                 for word in WORDS:
-                    rows.append({"analysis": analysis, "comparison": key, "target": comparison.target.ratio,
-                                 "family": family, "drift": drift_label(drift), "cv": cv, "n": n, "truth": truth,
-                                 "truth_ratio": truth_ratio(comparison, truth), "word": word,
-                                 "count": counts[analysis][word], "replicates": replicates,
-                                 "rate": counts[analysis][word] / replicates, "median_ci_log_half_width": width})
+                    rows.append(
+                        {
+                            "analysis": analysis,
+                            "comparison": key,
+                            "target": comparison.target.ratio,
+                            "family": family,
+                            "drift": drift_label(drift),
+                            "cv": cv,
+                            "n": n,
+                            "truth": truth,
+                            "truth_ratio": truth_ratio(comparison, truth),
+                            "word": word,
+                            "count": counts[analysis][word],
+                            "replicates": replicates,
+                            "rate": counts[analysis][word] / replicates,
+                            "median_ci_log_half_width": width,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -306,9 +412,18 @@ def acceptance(table: pd.DataFrame) -> pd.DataFrame:
         for cell, group in chosen.groupby(cells, sort=False):
             hits, replicates = int(group["count"].sum()), int(group["replicates"].iloc[0])
             ci = stats.binomtest(hits, replicates).proportion_ci()
-            rows.append({"check": check.key, **dict(zip(cells, cell)), "hits": hits, "replicates": replicates,
-                         "rate": hits / replicates, "ci_low": ci.low, "ci_high": ci.high,
-                         "result": "PASS" if hits / replicates <= LIMIT else "FAIL"})
+            rows.append(
+                {
+                    "check": check.key,
+                    **dict(zip(cells, cell)),
+                    "hits": hits,
+                    "replicates": replicates,
+                    "rate": hits / replicates,
+                    "ci_low": ci.low,
+                    "ci_high": ci.high,
+                    "result": "PASS" if hits / replicates <= LIMIT else "FAIL",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -335,10 +450,18 @@ def summary_lines(accepted: pd.DataFrame) -> list[str]:
                 continue  # none of its truths ran
             cells = mine.groupby(["comparison", "drift", "cv", "n"])["result"].apply(lambda r: (r == "FAIL").any())
             worst = mine.loc[mine["rate"].idxmax()]
-            where = (f" ({worst['comparison']}, drift {worst['drift']}, CV {worst['cv']:.0%}, n={worst['n']}, truth "
-                     f"{worst['truth']})") if worst["hits"] else ""
-            lines.append(f"{analysis}: {check.key}: {check.says} <= {LIMIT:.0%}: {int(cells.sum())} of {cells.size} "
-                         f"cells FAIL; worst {worst['hits']}/{worst['replicates']}{where}")
+            where = (
+                (
+                    f" ({worst['comparison']}, drift {worst['drift']}, CV {worst['cv']:.0%}, n={worst['n']}, truth "
+                    f"{worst['truth']})"
+                )
+                if worst["hits"]
+                else ""
+            )
+            lines.append(
+                f"{analysis}: {check.key}: {check.says} <= {LIMIT:.0%}: {int(cells.sum())} of {cells.size} "
+                f"cells FAIL; worst {worst['hits']}/{worst['replicates']}{where}"
+            )
     return lines
 
 
@@ -347,33 +470,45 @@ def widths_table(table: pd.DataFrame) -> pd.DataFrame:
     the first truth that ran)."""
     truth = "equal" if (table["truth"] == "equal").any() else table["truth"].iloc[0]
     chosen = table[(table["truth"] == truth)].drop_duplicates(["analysis", "comparison", "drift", "cv", "n"])
-    wide = chosen.pivot_table(index=["comparison", "drift", "cv", "n"], columns="analysis",
-                              values="median_ci_log_half_width", sort=False).reset_index()
+    wide = chosen.pivot_table(
+        index=["comparison", "drift", "cv", "n"], columns="analysis", values="median_ci_log_half_width", sort=False
+    ).reset_index()
     wide["cv"] = wide["cv"].map(lambda cv: f"{cv:.0%}")
     return wide.round(4)
 
 
 def markdown(table: pd.DataFrame, accepted: pd.DataFrame, comparisons: dict, header: str) -> str:
     seen = [word for word in WORDS if table.loc[table["word"] == word, "count"].sum() > 0]
-    parts = [f"# Operating characteristics of the verdict words\n\n{header}\n", "## Acceptance (issue 31)\n",
-             *[f"- {line}" for line in summary_lines(accepted)], "",
-             "Each cell: the worst truth of the check, hits/replicates.\n",
-             acceptance_grid(accepted).to_markdown(index=False), "",
-             "## Median CI half-width on the log scale (inf: no bounded CI at that n)\n",
-             widths_table(table).to_markdown(index=False), ""]
+    parts = [
+        f"# Operating characteristics of the verdict words\n\n{header}\n",
+        "## Acceptance (issue 31)\n",
+        *[f"- {line}" for line in summary_lines(accepted)],
+        "",
+        "Each cell: the worst truth of the check, hits/replicates.\n",
+        acceptance_grid(accepted).to_markdown(index=False),
+        "",
+        "## Median CI half-width on the log scale (inf: no bounded CI at that n)\n",
+        widths_table(table).to_markdown(index=False),
+        "",
+    ]
     for analysis in dict.fromkeys(table["analysis"]):
         for key, (claim, comparison) in comparisons.items():
             mine = table[(table["analysis"] == analysis) & (table["comparison"] == key) & table["word"].isin(seen)]
             if mine.empty:
                 continue
-            wide = mine.pivot_table(index=["drift", "cv", "n", "truth", "truth_ratio"], columns="word", values="rate",
-                                    sort=False)
+            wide = mine.pivot_table(
+                index=["drift", "cv", "n", "truth", "truth_ratio"], columns="word", values="rate", sort=False
+            )
             wide = (wide[[w for w in seen if w in wide.columns]] * 100).round(2).reset_index()
             wide["cv"] = wide["cv"].map(lambda cv: f"{cv:.0%}")
             wide["truth_ratio"] = wide["truth_ratio"].map(lambda r: f"×{r:.4g}")
-            parts += [f"## {analysis}: {key}: P(word | truth), % of replicates\n",
-                      f"{claim}: {comparison.comparison}; target ×{comparison.target.ratio:.4g}; "
-                      f"{comparison.margins.describe(comparison.target)}\n", wide.to_markdown(index=False), ""]
+            parts += [
+                f"## {analysis}: {key}: P(word | truth), % of replicates\n",
+                f"{claim}: {comparison.comparison}; target ×{comparison.target.ratio:.4g}; "
+                f"{comparison.margins.describe(comparison.target)}\n",
+                wide.to_markdown(index=False),
+                "",
+            ]
     return "\n".join(parts) + "\n"
 
 
@@ -381,17 +516,28 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicates", type=int, default=400, help="synthetic captures per cell (default 400)")
     parser.add_argument("--quick", action="store_true", help="40 replicates per cell")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/verdict-characteristics"))  # not build/: the report owns it
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-out/verdict-characteristics")
+    )  # not build/: the report owns it
     parser.add_argument("--comparison", nargs="+", choices=list(COMPARISONS), default=list(COMPARISONS))
     parser.add_argument("--truth", nargs="+", choices=list(TRUTHS), default=list(TRUTHS))
     parser.add_argument("--cv", nargs="+", type=float, default=list(CVS), help="coefficients of variation (0.1 = 10%%)")
     parser.add_argument("--runs", nargs="+", type=int, default=list(RUNS), help="runs per condition")
-    parser.add_argument("--drift-sigmas", type=float, default=DRIFT_SIGMAS,
-                        help="total linear drift over the run order, in log-scale sigmas (0: no drifting scenario)")
+    parser.add_argument(
+        "--drift-sigmas",
+        type=float,
+        default=DRIFT_SIGMAS,
+        help="total linear drift over the run order, in log-scale sigmas (0: no drifting scenario)",
+    )
     parser.add_argument("--family", type=int, default=1, help="Holm/Bonferroni family size m (default 1)")
     parser.add_argument("--n-boot", type=int, default=N_BOOT, help="bootstrap resamples (default: the report's)")
-    parser.add_argument("--analysis", nargs="+", choices=list(ANALYSES), default=list(ANALYSES),
-                        help="independent: the runs without their blocks; blocks: with them (the verdict pairs them)")
+    parser.add_argument(
+        "--analysis",
+        nargs="+",
+        choices=list(ANALYSES),
+        default=list(ANALYSES),
+        help="independent: the runs without their blocks; blocks: with them (the verdict pairs them)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.family < 1 or min(args.runs) < 2 or args.replicates < 1 or min(args.cv) <= 0:
@@ -400,13 +546,25 @@ def main(argv=None) -> int:
     drifts = [0.0] + ([args.drift_sigmas] if args.drift_sigmas else [])
     comparisons = load_comparisons(args.comparison)
     started = time.monotonic()
-    table = characteristics(comparisons, args.truth, args.cv, args.runs, drifts, replicates, seed=args.seed,
-                            family=args.family, n_boot=args.n_boot, progress=sys.stderr.isatty(),
-                            analyses=tuple(args.analysis))
+    table = characteristics(
+        comparisons,
+        args.truth,
+        args.cv,
+        args.runs,
+        drifts,
+        replicates,
+        seed=args.seed,
+        family=args.family,
+        n_boot=args.n_boot,
+        progress=sys.stderr.isatty(),
+        analyses=tuple(args.analysis),
+    )
     accepted = acceptance(table)
-    header = (f"{replicates} replicates per cell, seed {args.seed}, family m = {args.family}, {args.n_boot} bootstrap "
-              f"resamples; drift: none or a linear fall of {args.drift_sigmas:g} log-scale sigmas over the run order; "
-              f"verdict path ticklab.analysis.comparisons.verdicts at alpha {ALPHA} without blocks (independent) and with them (blocks)")
+    header = (
+        f"{replicates} replicates per cell, seed {args.seed}, family m = {args.family}, {args.n_boot} bootstrap "
+        f"resamples; drift: none or a linear fall of {args.drift_sigmas:g} log-scale sigmas over the run order; "
+        f"verdict path ticklab.analysis.comparisons.verdicts at alpha {ALPHA} without blocks (independent) and with them (blocks)"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "characteristics.csv", index=False)
     accepted.to_csv(args.out / "acceptance.csv", index=False)
@@ -415,8 +573,9 @@ def main(argv=None) -> int:
     if not accepted.empty:
         print(acceptance_grid(accepted).to_string(index=False))
         print("\n".join(summary_lines(accepted)))
-    print(f"wrote {args.out}/characteristics.csv, acceptance.csv, characteristics.md "
-          f"({time.monotonic() - started:.0f} s)")
+    print(
+        f"wrote {args.out}/characteristics.csv, acceptance.csv, characteristics.md ({time.monotonic() - started:.0f} s)"
+    )
     return 0
 
 

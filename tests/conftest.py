@@ -52,9 +52,16 @@ def published_copy(tmp_path: Path) -> Path:
     return target
 
 
-def make_fake_host(root: Path, *, cpus: int = 2, clocksources=("tsc", "hpet", "acpi_pm"),
-                   idle_states=("POLL", "C1", "C2"), features=("GENTLE_FAIR_SLEEPERS", "NO_HRTICK", "WAKEUP_PREEMPTION")) -> Path:
+def make_fake_host(
+    root: Path,
+    *,
+    cpus: int = 2,
+    clocksources=("tsc", "hpet", "acpi_pm"),
+    idle_states=("POLL", "C1", "C2"),
+    features=("GENTLE_FAIR_SLEEPERS", "NO_HRTICK", "WAKEUP_PREEMPTION"),
+) -> Path:
     """A directory tree shaped like the sysfs/procfs/debugfs files ticklab reads and writes."""
+
     def put(relative: str, text: str) -> None:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +69,13 @@ def make_fake_host(root: Path, *, cpus: int = 2, clocksources=("tsc", "hpet", "a
 
     put("proc/sys/kernel/osrelease", "6.12.57-ticklab")
     put("proc/cmdline", "console=ttyS0 quiet")
-    put("proc/cpuinfo", "".join(f"processor\t: {n}\nmodel name\t: Fake(R) CPU 9000 @ 3.00GHz\nflags\t\t: fpu tsc hypervisor\n\n" for n in range(cpus)))
+    put(
+        "proc/cpuinfo",
+        "".join(
+            f"processor\t: {n}\nmodel name\t: Fake(R) CPU 9000 @ 3.00GHz\nflags\t\t: fpu tsc hypervisor\n\n"
+            for n in range(cpus)
+        ),
+    )
     put("sys/devices/system/cpu/online", f"0-{cpus - 1}")
     put("sys/devices/system/clocksource/clocksource0/available_clocksource", " ".join(clocksources))
     put("sys/devices/system/clocksource/clocksource0/current_clocksource", clocksources[0])
@@ -101,8 +114,14 @@ LONGEST_FIRST = ["guests", "machine", "test_report.py", "test_new_claim.py", "te
 def _xdist_group(expression: ast.AST) -> str | None:
     """The name in a ``pytest.mark.xdist_group("name")`` within ``expression`` (a decorator, a pytestmark)."""
     for node in ast.walk(expression):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "xdist_group" \
-                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "xdist_group"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             return node.args[0].value
     return None
 

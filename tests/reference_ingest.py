@@ -79,7 +79,9 @@ class EventFormat:
         return f"{self.system}:{self.name}"
 
 
-FIELD_LINE = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*size:(?P<size>\d+);\s*signed:(?P<signed>-?\d+);")
+FIELD_LINE = re.compile(
+    r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*size:(?P<size>\d+);\s*signed:(?P<signed>-?\d+);"
+)
 
 
 def parse_event_format(text: str, system: str | None = None, source: str = "<format>") -> EventFormat:
@@ -91,8 +93,16 @@ def parse_event_format(text: str, system: str | None = None, source: str = "<for
     for match in FIELD_LINE.finditer(text):
         declaration = match["decl"].strip()
         bare = re.sub(r"\[.*\]$", "", declaration).split()[-1]
-        fields.append(Field(name=bare, type=declaration[: declaration.rfind(bare)].strip(), offset=int(match["offset"]),
-                            size=int(match["size"]), signed=match["signed"] == "1", name_decl=declaration))
+        fields.append(
+            Field(
+                name=bare,
+                type=declaration[: declaration.rfind(bare)].strip(),
+                offset=int(match["offset"]),
+                size=int(match["size"]),
+                signed=match["signed"] == "1",
+                name_decl=declaration,
+            )
+        )
     return EventFormat(system=system or "", name=name.group(1), id=int(ident.group(1)), fields=fields)
 
 
@@ -127,7 +137,9 @@ class Trace:
         if key not in self.events:
             if key in {f.key for f in self.formats.values()}:
                 return _empty_table(next(f for f in self.formats.values() if f.key == key))
-            raise KeyError(f"{self.source}: event {key} was not recorded (has: {', '.join(sorted(self.events)) or 'none'})")
+            raise KeyError(
+                f"{self.source}: event {key} was not recorded (has: {', '.join(sorted(self.events)) or 'none'})"
+            )
         return self.events[key]
 
     def counts(self) -> dict[str, int]:
@@ -135,12 +147,18 @@ class Trace:
 
 
 def _empty_table(fmt: EventFormat) -> pd.DataFrame:
-    return pd.DataFrame({"timestamp": pd.Series(dtype="uint64"), "cpu": pd.Series(dtype="uint16"),
-                         **{f.name: pd.Series(dtype="object") for f in fmt.fields if f.name != "common_type"}})
+    return pd.DataFrame(
+        {
+            "timestamp": pd.Series(dtype="uint64"),
+            "cpu": pd.Series(dtype="uint16"),
+            **{f.name: pd.Series(dtype="object") for f in fmt.fields if f.name != "common_type"},
+        }
+    )
 
 
-def walk_pages(blob: bytes, base: int, cpu: int, page_size: int, commit_size: int, data_offset: int,
-               source: str) -> tuple[list[int], list[int], list[int], int]:
+def walk_pages(
+    blob: bytes, base: int, cpu: int, page_size: int, commit_size: int, data_offset: int, source: str
+) -> tuple[list[int], list[int], list[int], int]:
     """Record offsets (into ``blob`` + ``base``), timestamps and lengths of every data record; lost count."""
     offsets: list[int] = []
     stamps: list[int] = []
@@ -149,7 +167,9 @@ def walk_pages(blob: bytes, base: int, cpu: int, page_size: int, commit_size: in
     unpack_u32 = struct.Struct("<I").unpack_from
     commit_format = struct.Struct("<Q" if commit_size == 8 else "<I").unpack_from
     if len(blob) % page_size:
-        raise TraceFormatError(f"{source}: CPU {cpu} data is {len(blob)} bytes, not a whole number of {page_size}-byte pages")
+        raise TraceFormatError(
+            f"{source}: CPU {cpu} data is {len(blob)} bytes, not a whole number of {page_size}-byte pages"
+        )
     for page in range(0, len(blob), page_size):
         timestamp = struct.unpack_from("<Q", blob, page)[0]
         commit = commit_format(blob, page + 8)[0]
@@ -215,13 +235,20 @@ def _decode_dynamic(data: np.ndarray, starts: np.ndarray, locs: np.ndarray, f: F
         offset, length = loc & 0xFFFF, loc >> 16
         if f.dynamic == "__rel_loc":
             offset += field_end
-        raw = data[start + offset: start + offset + length].tobytes()
+        raw = data[start + offset : start + offset + length].tobytes()
         values.append(raw.split(b"\0", 1)[0].decode(errors="replace"))
     return values
 
 
-def build_tables(data: np.ndarray, formats: dict[int, EventFormat], offsets: np.ndarray, stamps: np.ndarray,
-                 cpus: np.ndarray, lengths: np.ndarray, source: str) -> dict[str, pd.DataFrame]:
+def build_tables(
+    data: np.ndarray,
+    formats: dict[int, EventFormat],
+    offsets: np.ndarray,
+    stamps: np.ndarray,
+    cpus: np.ndarray,
+    lengths: np.ndarray,
+    source: str,
+) -> dict[str, pd.DataFrame]:
     """Gather each event type's records into a typed table, ordered by time."""
     order = np.argsort(stamps, kind="stable")
     offsets, stamps, cpus, lengths = offsets[order], stamps[order], cpus[order], lengths[order]
@@ -254,8 +281,15 @@ def build_tables(data: np.ndarray, formats: dict[int, EventFormat], offsets: np.
     return tables
 
 
-def _assemble(source: str, formats: dict[int, EventFormat], cpu_blobs: dict[int, bytes], page_size: int,
-              header_page: str, stats_text: dict[int, str], clock: str | None) -> Trace:
+def _assemble(
+    source: str,
+    formats: dict[int, EventFormat],
+    cpu_blobs: dict[int, bytes],
+    page_size: int,
+    header_page: str,
+    stats_text: dict[int, str],
+    clock: str | None,
+) -> Trace:
     commit_size, data_offset = parse_header_page(header_page, source)
     all_offsets, all_stamps, all_cpus, all_lengths, lost = [], [], [], [], {}
     chunks, base = [], 0
@@ -269,12 +303,24 @@ def _assemble(source: str, formats: dict[int, EventFormat], cpu_blobs: dict[int,
         chunks.append(np.frombuffer(blob, dtype=np.uint8))
         base += len(blob)
     data = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.uint8)
-    trace = Trace(source=source, formats=formats, lost_events=lost, page_size=page_size, clock=clock,
-                  stats_lost={cpu: stats_lost_count(text) for cpu, text in stats_text.items()})
+    trace = Trace(
+        source=source,
+        formats=formats,
+        lost_events=lost,
+        page_size=page_size,
+        clock=clock,
+        stats_lost={cpu: stats_lost_count(text) for cpu, text in stats_text.items()},
+    )
     if all_offsets:
-        trace.events = build_tables(data, formats, np.asarray(all_offsets, dtype=np.int64),
-                                    np.asarray(all_stamps, dtype=np.uint64), np.asarray(all_cpus, dtype=np.uint16),
-                                    np.asarray(all_lengths, dtype=np.int64), source)
+        trace.events = build_tables(
+            data,
+            formats,
+            np.asarray(all_offsets, dtype=np.int64),
+            np.asarray(all_stamps, dtype=np.uint64),
+            np.asarray(all_cpus, dtype=np.uint16),
+            np.asarray(all_lengths, dtype=np.int64),
+            source,
+        )
     return trace
 
 
@@ -288,7 +334,10 @@ def read_tracefs_dir(directory: Path | str) -> Trace:
     for path in sorted((directory / "formats").glob("*/*/format")):
         fmt = parse_event_format(path.read_text(), system=path.parent.parent.name, source=str(path))
         formats[fmt.id] = fmt
-    blobs = {int(p.name.split(".")[0][3:]): _read_bytes(p) for p in [*directory.glob("cpu*.raw"), *directory.glob("cpu*.raw.xz")]}
+    blobs = {
+        int(p.name.split(".")[0][3:]): _read_bytes(p)
+        for p in [*directory.glob("cpu*.raw"), *directory.glob("cpu*.raw.xz")]
+    }
     stats = {int(p.stem[3:]): p.read_text() for p in directory.glob("cpu*.stats")}
     clock_file = directory / "trace_clock"
     clock = re.search(r"\[(\w+)\]", clock_file.read_text()).group(1) if clock_file.is_file() else None
@@ -304,7 +353,7 @@ class _Reader:
     def take(self, size: int) -> bytes:
         if self.position + size > len(self.data):
             raise TraceFormatError(f"{self.source}: truncated at byte {self.position} (wanted {size} more bytes)")
-        chunk = self.data[self.position:self.position + size]
+        chunk = self.data[self.position : self.position + size]
         self.position += size
         return chunk
 
@@ -319,7 +368,7 @@ class _Reader:
 
     def string(self) -> str:
         end = self.data.index(b"\0", self.position)
-        text = self.data[self.position:end].decode()
+        text = self.data[self.position : end].decode()
         self.position = end + 1
         return text
 
@@ -396,11 +445,13 @@ def _read_v6(reader: _Reader, formats: dict, page_size: int, source: str) -> Tra
                 clock = _clock_of(payload)
         marker = reader.take(10)
     if marker != b"flyrecord\0":
-        raise TraceFormatError(f"{source}: expected flyrecord data, found {marker!r} (latency traces are not supported)")
+        raise TraceFormatError(
+            f"{source}: expected flyrecord data, found {marker!r} (latency traces are not supported)"
+        )
     blobs = {}
     for cpu in range(cpus):
         offset, size = reader.u64(), reader.u64()
-        blobs[cpu] = reader.data[offset:offset + size]
+        blobs[cpu] = reader.data[offset : offset + size]
     return _assemble(source, formats, blobs, page_size, header_page, stats, clock)
 
 
@@ -408,7 +459,9 @@ def _read_v7(reader: _Reader, formats: dict, page_size: int, source: str, long_s
     compression = reader.string()
     reader.string()  # compression version
     if compression != "none":
-        raise TraceFormatError(f"{source}: compressed with {compression}; record with --file-version 6 or no compression")
+        raise TraceFormatError(
+            f"{source}: compressed with {compression}; record with --file-version 6 or no compression"
+        )
     next_options = reader.u64()
     header_page, stats, clock, blobs = None, {}, None, {}
 
@@ -448,11 +501,14 @@ def _read_v7(reader: _Reader, formats: dict, page_size: int, source: str, long_s
                 if instance == "":
                     clock = buffer_clock
                     remaining = len(payload) - value.position
-                    if remaining >= 8 and remaining - 8 == 20 * struct.unpack_from("<I", payload, value.position + 4)[0]:
+                    if (
+                        remaining >= 8
+                        and remaining - 8 == 20 * struct.unpack_from("<I", payload, value.position + 4)[0]
+                    ):
                         page_size = value.u32()  # newer trace-cmd records the sub-buffer size here
                     for _ in range(value.u32()):
                         cpu, offset, size = value.u32(), value.u64(), value.u64()
-                        blobs[cpu] = reader.data[offset:offset + size]
+                        blobs[cpu] = reader.data[offset : offset + size]
     if header_page is None:
         raise TraceFormatError(f"{source}: no HEADER_INFO section")
     return _assemble(source, formats, blobs, page_size, header_page, stats, clock)

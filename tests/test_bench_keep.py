@@ -18,8 +18,10 @@ import ingest_speed  # noqa: E402
 pytestmark = pytest.mark.xdist_group("machine")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("trace-cmd") is None,
-                    reason="needs root and trace-cmd (the benchmark's steps change tracefs mounts)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("trace-cmd") is None,
+    reason="needs root and trace-cmd (the benchmark's steps change tracefs mounts)",
+)
 def test_a_keep_directory_of_mode_0755_is_used_not_refused(tmp_path):
     keep = tmp_path / "keep"
     keep.mkdir(mode=0o755)

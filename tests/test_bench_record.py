@@ -33,6 +33,7 @@ def two_traces(tmp_path_factory) -> tuple[Path, Path]:
 def recorder_giving(*traces: Path):
     """A recording step that records ``traces`` in turn (the last one again and again) whatever loop count it is
     asked for: a host whose recorder stops short. Its calls' loop counts are kept in ``.loops``."""
+
     def record_once(directory: Path, loops: int, name: str) -> Path:
         record_once.loops.append(loops)
         target = directory / name
@@ -69,10 +70,12 @@ def test_the_benchmark_goes_on_with_the_recorded_count_and_says_so(tmp_path, cap
     monkeypatch.setattr(ingest_speed.os, "geteuid", lambda: 0)
     monkeypatch.setattr(ingest_speed, "settle", lambda before: None)  # no hackbench ran: nothing to settle
     which = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/trace-cmd" if name == "trace-cmd"
-                        else which(name, *a, **k))
-    monkeypatch.setattr(sys, "argv", ["ingest_speed.py", "--keep", str(tmp_path), "--runs", "5", "--small-events",
-                                      "1000"])
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: "/usr/bin/trace-cmd" if name == "trace-cmd" else which(name, *a, **k)
+    )
+    monkeypatch.setattr(
+        sys, "argv", ["ingest_speed.py", "--keep", str(tmp_path), "--runs", "5", "--small-events", "1000"]
+    )
     environment = dict(os.environ)
     assert ingest_speed.main() == 0
     assert dict(os.environ) == environment  # the bytecode cache's settings were the timed commands' only
@@ -81,4 +84,3 @@ def test_the_benchmark_goes_on_with_the_recorded_count_and_says_so(tmp_path, cap
     assert f"(b) recorded: {tmp_path / 'recorded-1.dat'}  ({recorded:,} events" in printed
     assert f"(b) holds {recorded:,} events, not the 1,000,000 asked" in printed
     assert "(d) (b)'s first events" in printed
-

@@ -43,10 +43,32 @@ def capture_in_a_new_process(root, tmp_path, *extra, text=EXPERIMENT, out="trace
     """`ticklab capture nohz --boot kexec` of ``text``, written to tmp_path/host-boot-echo.yaml, into tmp_path/out."""
     experiment = tmp_path / "host-boot-echo.yaml"
     experiment.write_text(text)
-    return subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--experiment",
-                           str(experiment), "--root", str(root), "--journal", str(tmp_path / "journal.json"),
-                           "--out", str(tmp_path / out), "--host-id", "fake-boots", *extra],
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "capture",
+            "nohz",
+            "--boot",
+            "kexec",
+            "--experiment",
+            str(experiment),
+            "--root",
+            str(root),
+            "--journal",
+            str(tmp_path / "journal.json"),
+            "--out",
+            str(tmp_path / out),
+            "--host-id",
+            "fake-boots",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def start_capture(root, tmp_path, *extra, text=EXPERIMENT):
@@ -61,10 +83,20 @@ def planned_runs_made_short_of_a_goal(root, tmp_path):
     ask for one more run of each condition."""
     from ticklab.capture.boot_capture import BootCapture
 
-    plan = start_capture(root, tmp_path, text=EXPERIMENT.replace("seed: 11", "seed: 11\nbudget: {time_s: 3600, max_runs: 3}"))
-    plan.capture["goals"] = [{"comparison": "nohz-full vs tick-on", "metric": "runtime_s", "treatment": "nohz-full",
-                              "baseline": "tick-on", "statistic": "median", "target_log_half_width": 1e-9,
-                              "experiments": []}]
+    plan = start_capture(
+        root, tmp_path, text=EXPERIMENT.replace("seed: 11", "seed: 11\nbudget: {time_s: 3600, max_runs: 3}")
+    )
+    plan.capture["goals"] = [
+        {
+            "comparison": "nohz-full vs tick-on",
+            "metric": "runtime_s",
+            "treatment": "nohz-full",
+            "baseline": "tick-on",
+            "statistic": "median",
+            "target_log_half_width": 1e-9,
+            "experiments": [],
+        }
+    ]
     plan.capture["runs_fixed"] = False
     maker = BootCapture(plan, root, log=lambda _: None)
     for number, run in enumerate(plan.runs, start=1):
@@ -75,13 +107,20 @@ def planned_runs_made_short_of_a_goal(root, tmp_path):
 
 def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host, tmp_path):
     root, log = host
-    (root / f"boot/config-{RELEASE}").write_text("CONFIG_HZ_300=y\nCONFIG_HZ=300\n")  # the booted kernel's, read at each run
+    (root / f"boot/config-{RELEASE}").write_text(
+        "CONFIG_HZ_300=y\nCONFIG_HZ=300\n"
+    )  # the booted kernel's, read at each run
     # what `kernel build --host` installs beside a kernel it built (hostkernel.write_build_record)
     build_log = b"  CC      kernel/time/clocksource.o\n"
     (root / f"lib/modules/{RELEASE}").mkdir(parents=True)
     (root / f"lib/modules/{RELEASE}/ticklab-build.log.xz").write_bytes(lzma.compress(build_log))
-    build_record = {"built_by": "ticklab kernel build --host", "release": RELEASE, "config_sha256": "c" * 64,
-                    "build_log": "ticklab-build.log.xz", "build_log_sha256": hashlib.sha256(build_log).hexdigest()}
+    build_record = {
+        "built_by": "ticklab kernel build --host",
+        "release": RELEASE,
+        "config_sha256": "c" * 64,
+        "build_log": "ticklab-build.log.xz",
+        "build_log_sha256": hashlib.sha256(build_log).hexdigest(),
+    }
     (root / f"lib/modules/{RELEASE}/ticklab-build.json").write_text(json.dumps(build_record))
     plan = start_capture(root, tmp_path)
     bundle_path = tmp_path / "traces" / "fake-boots" / "nohz"
@@ -120,7 +159,9 @@ def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host,
     assert bundle.manifest["stopping"]["reason"] == "fixed run count (the experiment sets no budget)"
     assert bundle.manifest["boot_plan"]["state"] == "finished" and bundle.manifest["boot_plan"]["mode"] == "kexec"
     # back to the kernel and command line the machine had
-    assert calls(log)[-2].endswith(f"--append {' '.join(w for w in ORIGINAL.split() if not w.startswith('BOOT_IMAGE='))}")
+    assert calls(log)[-2].endswith(
+        f"--append {' '.join(w for w in ORIGINAL.split() if not w.startswith('BOOT_IMAGE='))}"
+    )
 
 
 def test_a_wrong_boot_is_a_failed_run_and_the_bundle_keeps_the_runs_made(host, tmp_path):
@@ -138,8 +179,9 @@ def test_a_wrong_boot_is_a_failed_run_and_the_bundle_keeps_the_runs_made(host, t
     made, failed = bundle.manifest["runs"]
     assert made["status"] == "ok" and made["boot"]["boot_id"] == "boot-1"
     assert failed["status"] == "failed" and failed["run"] == second.name
-    assert failed["problem"] == (f"wrong boot: booted kernel 6.1.0-21-amd64, expected {RELEASE} "
-                                 "(a failed boot fell back to the default?)")
+    assert failed["problem"] == (
+        f"wrong boot: booted kernel 6.1.0-21-amd64, expected {RELEASE} (a failed boot fell back to the default?)"
+    )
     assert bundle.manifest["stopping"]["reason"].startswith(f"boot plan failed: run {second.name}: booted kernel")
     assert len(pd.read_csv(bundle_path / "results.csv")) == 1
 
@@ -149,7 +191,10 @@ def test_the_stopping_rule_adds_rounds_across_boots(host, tmp_path):
     root, _ = host
     plan, maker = planned_runs_made_short_of_a_goal(root, tmp_path)
     more = maker.more_runs(plan)
-    assert sorted(r.condition for r in more) == ["nohz-full", "tick-on"] and [r.name for r in more] == ["run-005", "run-006"]
+    assert sorted(r.condition for r in more) == ["nohz-full", "tick-on"] and [r.name for r in more] == [
+        "run-005",
+        "run-006",
+    ]
     assert {r.cmdline for r in more} == {r.cmdline for r in plan.runs}
     manifest = json.loads(Path(plan.bundle, "manifest.json").read_text())
     assert [o.get("round") for o in manifest["order"]] == [None] * 4 + [1, 1]
@@ -160,16 +205,34 @@ def test_the_stopping_rule_adds_rounds_across_boots(host, tmp_path):
 def test_a_boot_experiment_without_boot_is_refused_naming_the_file(tmp_path):
     experiment = tmp_path / "host-boot-echo.yaml"
     experiment.write_text(EXPERIMENT)
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--experiment", str(experiment),
-                           "--out", str(tmp_path / "traces")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "capture",
+            "nohz",
+            "--experiment",
+            str(experiment),
+            "--out",
+            str(tmp_path / "traces"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and not (tmp_path / "traces").exists()
-    assert done.stderr.strip() == (f"ticklab capture: {experiment}: a boot experiment (a host_kernel knob); run it with "
-                                   f"'ticklab capture nohz --boot kexec|grub|manual --experiment {experiment}'")
+    assert done.stderr.strip() == (
+        f"ticklab capture: {experiment}: a boot experiment (a host_kernel knob); run it with "
+        f"'ticklab capture nohz --boot kexec|grub|manual --experiment {experiment}'"
+    )
 
 
 def test_a_first_boot_that_cannot_start_fails_its_run_and_seals_the_bundle(host, tmp_path):
     root, _ = host
-    (tmp_path / "bin" / "kexec").write_text("#!/bin/sh\necho 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
+    (tmp_path / "bin" / "kexec").write_text(
+        "#!/bin/sh\necho 'kexec_load failed: Operation not permitted' >&2\nexit 1\n"
+    )
     done = capture_in_a_new_process(root, tmp_path)
     assert done.returncode == 2 and done.stderr.strip().endswith("exit 1: kexec_load failed: Operation not permitted")
     assert len(done.stderr.strip().splitlines()) == 1
@@ -264,8 +327,9 @@ def test_a_round_in_the_manifest_but_not_in_the_plan_is_not_drawn_twice(host, tm
     first = maker.more_runs(plan)
     again = maker.more_runs(plan)  # plan.json never took the first answer
     assert [(r.name, r.condition, r.cmdline) for r in again] == [(r.name, r.condition, r.cmdline) for r in first]
-    assert [o["run"] for o in json.loads(Path(plan.bundle, "manifest.json").read_text())["order"]] == \
-        [r.name for r in plan.runs] + ["run-005", "run-006"]
+    assert [o["run"] for o in json.loads(Path(plan.bundle, "manifest.json").read_text())["order"]] == [
+        r.name for r in plan.runs
+    ] + ["run-005", "run-006"]
 
 
 def test_an_ended_plan_whose_bundle_came_back_is_sealed_by_abort(host, tmp_path):
@@ -284,7 +348,9 @@ def test_an_ended_plan_whose_bundle_came_back_is_sealed_by_abort(host, tmp_path)
     sealed = load_bundle(bundle)
     assert [r["status"] for r in sealed.manifest["runs"]] == ["ok", "failed"]  # the run the plan ended on, too
     assert sealed.manifest["runs"][1]["problem"].startswith("the plan's bundle:")
-    assert sealed.manifest["stopping"]["reason"].startswith(f"boot plan failed: run {plan.runs[1].name}: the plan's bundle:")
+    assert sealed.manifest["stopping"]["reason"].startswith(
+        f"boot plan failed: run {plan.runs[1].name}: the plan's bundle:"
+    )
 
 
 def test_an_ending_cut_short_is_completed_by_the_next_resume(host, tmp_path):
@@ -301,7 +367,10 @@ def test_an_ending_cut_short_is_completed_by_the_next_resume(host, tmp_path):
     assert f"boot plan {plan.id}: nothing to resume (plan failed); host changes put back" in done.stdout
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists() and calls(log)[-2] == "kexec -u"
     sealed = load_bundle(bundle_of(tmp_path))
-    assert sealed.manifest["runs"] == [] and sealed.manifest["stopping"]["reason"] == "boot plan failed: run run-001: killed"
+    assert (
+        sealed.manifest["runs"] == []
+        and sealed.manifest["stopping"]["reason"] == "boot plan failed: run run-001: killed"
+    )
 
 
 def test_a_plan_made_before_plans_kept_their_experiment_runs_the_users_file(host, tmp_path):
@@ -320,8 +389,10 @@ def test_a_capture_refused_by_a_running_plan_opens_no_bundle(host, tmp_path):
     plan = start_capture(root, tmp_path)
     done = capture_in_a_new_process(root, tmp_path, out="more")
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"ticklab capture: {root}/var/lib/ticklab/plans/{plan.id}: a plan is running; "
-                                   "'ticklab plan status' or 'ticklab plan abort'")
+    assert done.stderr.strip() == (
+        f"ticklab capture: {root}/var/lib/ticklab/plans/{plan.id}: a plan is running; "
+        "'ticklab plan status' or 'ticklab plan abort'"
+    )
     assert not (tmp_path / "more").exists()
 
 
@@ -352,11 +423,18 @@ def test_the_bundle_says_which_run_ended_the_plan_and_why(host, tmp_path):
     reboot(root, "boot-2", ORIGINAL, release="6.1.0-21-amd64")
     plan_engine.resume(plan.id, FirstRunBreaks(plan, root, log=lambda _: None), root=root, say=lambda _: None)
     bundle = load_bundle(bundle_of(tmp_path))
-    assert [(r["run"], r["status"]) for r in bundle.manifest["runs"]] == [(plan.runs[0].name, "failed"),
-                                                                         (plan.runs[1].name, "failed")]
-    assert bundle.manifest["stopping"]["reason"] == (f"boot plan failed: run {plan.runs[1].name}: booted kernel "
-                                                     f"6.1.0-21-amd64, expected {RELEASE} (a failed boot fell back to the default?)")
-    assert f"ended: run {plan.runs[1].name}: booted kernel 6.1.0-21-amd64" in resume_in_a_new_process(root, "status").stdout
+    assert [(r["run"], r["status"]) for r in bundle.manifest["runs"]] == [
+        (plan.runs[0].name, "failed"),
+        (plan.runs[1].name, "failed"),
+    ]
+    assert bundle.manifest["stopping"]["reason"] == (
+        f"boot plan failed: run {plan.runs[1].name}: booted kernel "
+        f"6.1.0-21-amd64, expected {RELEASE} (a failed boot fell back to the default?)"
+    )
+    assert (
+        f"ended: run {plan.runs[1].name}: booted kernel 6.1.0-21-amd64"
+        in resume_in_a_new_process(root, "status").stdout
+    )
 
 
 def test_a_host_without_acpi_idle_is_refused_before_any_reboot_even_without_the_kernel(host, tmp_path):
@@ -370,10 +448,30 @@ def test_a_host_without_acpi_idle_is_refused_before_any_reboot_even_without_the_
     (root / "sys/devices/system/cpu/cpuidle/current_driver").write_text("haltpoll\n")
     for image in (root / "boot").glob("*-ticklab-*"):
         image.unlink()
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "acpi-idle", "--boot", "kexec",
-                           "--experiment", str(REPO / "runners/acpi-idle/host-boot-tbench.yaml"), "--root", str(root),
-                           "--journal", str(tmp_path / "journal.json"), "--out", str(tmp_path / "out"),
-                           "--host-id", "fake-haltpoll"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "capture",
+            "acpi-idle",
+            "--boot",
+            "kexec",
+            "--experiment",
+            str(REPO / "runners/acpi-idle/host-boot-tbench.yaml"),
+            "--root",
+            str(root),
+            "--journal",
+            str(tmp_path / "journal.json"),
+            "--out",
+            str(tmp_path / "out"),
+            "--host-id",
+            "fake-haltpoll",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "not testable on this host" in done.stdout + done.stderr and "haltpoll" in done.stdout + done.stderr
     [manifest] = (tmp_path / "out").glob("*/acpi-idle/*/manifest.json")
@@ -388,18 +486,23 @@ def test_a_condition_whose_kernel_is_not_installed_names_the_kernel_build_comman
     the experiment's kernel_builds gives (issue 39 item 3)."""
     root, _ = host
     wanted = "6.12.*-ticklab-ffffffff"
-    text = (EXPERIMENT.replace('kernel: running, boot: "-nohz_full"', f'kernel: "{wanted}", boot: "-nohz_full"')
-            .replace('kernel: running, boot: "nohz_full', 'kernel: "7.2.*", boot: "nohz_full')
-            .replace("knobs:", f'kernel_builds:\n  - {{kernel: "{wanted}", series: "6.12", localmodconfig: true}}\n'
-                               "knobs:", 1))
+    text = (
+        EXPERIMENT.replace('kernel: running, boot: "-nohz_full"', f'kernel: "{wanted}", boot: "-nohz_full"')
+        .replace('kernel: running, boot: "nohz_full', 'kernel: "7.2.*", boot: "nohz_full')
+        .replace(
+            "knobs:", f'kernel_builds:\n  - {{kernel: "{wanted}", series: "6.12", localmodconfig: true}}\nknobs:', 1
+        )
+    )
     done = capture_in_a_new_process(root, tmp_path, text=text)
     assert done.returncode == 2 and done.stdout == ""
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith(f"ticklab capture: {tmp_path / 'host-boot-echo.yaml'}: no installed kernel matches "
-                           "'6.12.*-ticklab-ffffffff' (conditions tick-on); build it: ticklab kernel build --host --source "
-                           "/usr/src/linux-source-6.12.tar.xz --localmodconfig; no installed kernel matches '7.2.*' "
-                           "(conditions nohz-full); build one with 'ticklab kernel build --host'"), line
-    installed = ", ".join(sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*")))
+    assert line.startswith(
+        f"ticklab capture: {tmp_path / 'host-boot-echo.yaml'}: no installed kernel matches "
+        "'6.12.*-ticklab-ffffffff' (conditions tick-on); build it: ticklab kernel build --host --source "
+        "/usr/src/linux-source-6.12.tar.xz --localmodconfig; no installed kernel matches '7.2.*' "
+        "(conditions nohz-full); build one with 'ticklab kernel build --host'"
+    ), line
+    installed = ", ".join(sorted(p.name[len("vmlinuz-") :] for p in (root / "boot").glob("vmlinuz-*")))
     assert line.endswith(f"(installed in {root / 'boot'}: {installed})") and RELEASE in installed
     assert not (tmp_path / "traces").exists() and not (root / "var/lib/ticklab/plans").exists()
 
@@ -420,13 +523,16 @@ def test_nohz_defaults_to_the_boot_experiment_that_needs_no_kernel_and_its_hz_pl
         check_kernels_installed(hz, expand_conditions(hz, facts.collect(root)), root)
     line = str(refused.value)
     assert "\n" not in line
-    assert ("no installed kernel matches '*-ticklab-hz1000-*' (conditions hz1000); build it: ticklab kernel build "
-            "--host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig --fragment "
-            "kernel/fragments/hz1000.config") in line, line
+    assert (
+        "no installed kernel matches '*-ticklab-hz1000-*' (conditions hz1000); build it: ticklab kernel build "
+        "--host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig --fragment "
+        "kernel/fragments/hz1000.config"
+    ) in line, line
 
 
-def test_build_kernels_builds_what_is_missing_in_the_conditions_order_after_saying_the_estimate(host, tmp_path,
-                                                                                                 monkeypatch):
+def test_build_kernels_builds_what_is_missing_in_the_conditions_order_after_saying_the_estimate(
+    host, tmp_path, monkeypatch
+):
     """capture --boot --build-kernels (issue 39 item 3): each missing kernel planned by `kernel build --host` from the
     experiment's kernel_builds (series source, localmodconfig, fragment), its estimate said, then built and installed;
     afterwards every condition has its kernel. A pattern without a kernel_builds entry is refused before any build."""
@@ -460,24 +566,39 @@ def test_build_kernels_builds_what_is_missing_in_the_conditions_order_after_sayi
     conditions = expand_conditions(hz, facts.collect(root))
     said = []
     assert boot_capture.build_missing_kernels(hz, conditions, root, said.append, dry_run=True) == [
-        "6.12.117-ticklab-89abcdef", "6.12.117-ticklab-hz1000-0123abcd"]
+        "6.12.117-ticklab-89abcdef",
+        "6.12.117-ticklab-hz1000-0123abcd",
+    ]
     assert built == [] and all("an estimate, not a measurement" in line for line in said)
-    assert boot_capture.build_missing_kernels(hz, conditions, root, said.append) == built == [
-        "6.12.117-ticklab-89abcdef", "6.12.117-ticklab-hz1000-0123abcd"]
-    assert planned[-2:] == [(root / "usr/src/linux-source-6.12.tar.xz", True, None),
-                            (root / "usr/src/linux-source-6.12.tar.xz", True, "hz1000.config")]
+    assert (
+        boot_capture.build_missing_kernels(hz, conditions, root, said.append)
+        == built
+        == ["6.12.117-ticklab-89abcdef", "6.12.117-ticklab-hz1000-0123abcd"]
+    )
+    assert planned[-2:] == [
+        (root / "usr/src/linux-source-6.12.tar.xz", True, None),
+        (root / "usr/src/linux-source-6.12.tar.xz", True, "hz1000.config"),
+    ]
     boot_capture.check_kernels_installed(hz, conditions, root)  # every condition has its kernel now
     hz.kernel_builds = hz.kernel_builds[:1]
     (root / "boot/vmlinuz-6.12.117-ticklab-hz1000-0123abcd").unlink()
     built.clear()
-    with pytest.raises(ExperimentError, match=r"no kernel_builds entry says how to build '\*-ticklab-hz1000-\*' "
-                                              r"\(conditions hz1000\); --build-kernels builds only those"):
+    with pytest.raises(
+        ExperimentError,
+        match=r"no kernel_builds entry says how to build '\*-ticklab-hz1000-\*' "
+        r"\(conditions hz1000\); --build-kernels builds only those",
+    ):
         boot_capture.build_missing_kernels(hz, conditions, root, said.append)
     assert built == []
 
 
 def test_build_kernels_without_boot_is_refused_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--build-kernels"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--build-kernels"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr == (
-        "ticklab capture: --build-kernels builds the kernels a boot plan boots; add --boot kexec|grub|manual\n")
+        "ticklab capture: --build-kernels builds the kernels a boot plan boots; add --boot kexec|grub|manual\n"
+    )

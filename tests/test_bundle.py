@@ -12,13 +12,22 @@ WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 
 
 def make_bundle(traces, *, runs=2, seal=True):
-    writer = BundleWriter(traces, "qemu-tcg-x86_64-2c-6.12", "nohz", "ftq", definition={"runs": runs},
-                          host={"kernel": "6.12.0", "nproc": 2}, when=WHEN)
+    writer = BundleWriter(
+        traces,
+        "qemu-tcg-x86_64-2c-6.12",
+        "nohz",
+        "ftq",
+        definition={"runs": runs},
+        host={"kernel": "6.12.0", "nproc": 2},
+        when=WHEN,
+    )
     for index in range(runs):
         raw = writer.run_dir(f"run-{index:03d}")
         (raw / "ftq.dat").write_text(f"# quantum 1000000\n{index} 12345\n")
-        writer.add_run({"run": f"run-{index:03d}", "condition": "hz1000", "order": index, "exit_status": 0},
-                       [{"metric": "work_per_quantum_median", "value": 12345 + index, "unit": "iterations"}])
+        writer.add_run(
+            {"run": f"run-{index:03d}", "condition": "hz1000", "order": index, "exit_status": 0},
+            [{"metric": "work_per_quantum_median", "value": 12345 + index, "unit": "iterations"}],
+        )
     return writer.seal() if seal else writer.path
 
 
@@ -45,8 +54,13 @@ def test_sealing_xzs_large_raw_files_in_every_run(tmp_path):
     import lzma
 
     writer = BundleWriter(tmp_path, "host", "nohz", "ftq", definition={}, host={}, when=WHEN)
-    plan = [("run-001", "a", True), ("run-002", "a", False), ("run-003", "b", False), ("run-004", "a", False),
-            ("run-005", "b", False)]
+    plan = [
+        ("run-001", "a", True),
+        ("run-002", "a", False),
+        ("run-003", "b", False),
+        ("run-004", "a", False),
+        ("run-005", "b", False),
+    ]
     for run, condition, warmup in plan:
         trace = writer.run_dir(run) / "trace"
         trace.mkdir()
@@ -106,9 +120,14 @@ def test_schema_problems_name_the_manifest(tmp_path):
     with pytest.raises(BundleError, match=r"manifest\.json: schema version 99"):
         load_bundle(path)
     data["schema_version"] = 1
-    data["runs"][0]["extras"] = [{"name": "gapdet", "directory": "run-001/gapdet", "trace": {"directory": "../../root"}}]
+    data["runs"][0]["extras"] = [
+        {"name": "gapdet", "directory": "run-001/gapdet", "trace": {"directory": "../../root"}}
+    ]
     manifest.write_text(json.dumps(data))
-    with pytest.raises(BundleError, match=r"manifest\.json: runs\[0\]\.extras\[0\]\.trace\.directory: '\.\./\.\./root' is not of the allowed form"):
+    with pytest.raises(
+        BundleError,
+        match=r"manifest\.json: runs\[0\]\.extras\[0\]\.trace\.directory: '\.\./\.\./root' is not of the allowed form",
+    ):
         load_bundle(path)  # analyses open files below the directories a manifest names: never outside the bundle
     manifest.write_text("{not json")
     with pytest.raises(BundleError, match=r"manifest\.json: not valid JSON"):
@@ -121,8 +140,10 @@ def test_bundle_health_flags_lost_events_incomplete_and_tampered_bundles(tmp_pat
     from ticklab.analysis.captured import bundle_health
 
     writer = BundleWriter(tmp_path, "host-a", "nohz", "ftq", definition={}, host={}, when=WHEN)
-    writer.add_run({"run": "run-001", "condition": "tick-on", "status": "ok",
-                    "trace": {"backend": "tracefs", "lost_events": 5}}, [])
+    writer.add_run(
+        {"run": "run-001", "condition": "tick-on", "status": "ok", "trace": {"backend": "tracefs", "lost_events": 5}},
+        [],
+    )
     writer.seal()
     make_bundle(tmp_path / "other", seal=False)
     tampered = make_bundle(tmp_path / "third")
@@ -140,8 +161,8 @@ def test_a_claims_analysis_loads_and_verifies_each_bundle_once(monkeypatch, tmp_
     from collections import Counter
 
     from ticklab import bundle, paths
-    from ticklab.claims import hpet
     from ticklab.analysis.comparisons import measured_runs
+    from ticklab.claims import hpet
     from ticklab.report.notebook import open_claim
 
     loads = Counter()
@@ -179,8 +200,9 @@ def test_every_committed_manifest_reads_into_the_typed_manifest_and_back_exactly
         manifest = Manifest.from_json(json.loads(text))
         assert json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n" == text, path
         plain = json.loads(text)["runs"]
-        assert [r.run for r in manifest.measured_runs()] == \
-            [r["run"] for r in plain if not r.get("warmup") and r.get("status") == "ok" and not r.get("problem")], path
+        assert [r.run for r in manifest.measured_runs()] == [
+            r["run"] for r in plain if not r.get("warmup") and r.get("status") == "ok" and not r.get("problem")
+        ], path
 
 
 def test_a_run_record_keeps_absent_keys_absent_and_says_whether_it_was_measured():
@@ -196,11 +218,15 @@ def test_a_run_record_keeps_absent_keys_absent_and_says_whether_it_was_measured(
 
 def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tmp_path):
     writer = BundleWriter(tmp_path, "host-a", "hpet", "exp", definition={"name": "exp"}, host={"nproc": 2})
-    writer.add_run({"run": "run-001", "condition": "a", "warmup": False, "status": "ok"},
-                   [{"metric": "m", "value": 1.0, "unit": "s"}])
+    writer.add_run(
+        {"run": "run-001", "condition": "a", "warmup": False, "status": "ok"},
+        [{"metric": "m", "value": 1.0, "unit": "s"}],
+    )
     again = BundleWriter.reopen(writer.path)  # as a new process after a reboot would
-    again.add_run({"run": "run-002", "condition": "b", "warmup": False, "status": "ok"},
-                  [{"metric": "m", "value": 2.0, "unit": "s"}])
+    again.add_run(
+        {"run": "run-002", "condition": "b", "warmup": False, "status": "ok"},
+        [{"metric": "m", "value": 2.0, "unit": "s"}],
+    )
     again.seal()
     bundle = load_bundle(writer.path)
     assert [r["run"] for r in bundle.manifest["runs"]] == ["run-001", "run-002"]
@@ -211,14 +237,16 @@ def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tm
 
 # -- issue 27 item 2: a bundle is made and written below --out without following a planted link ------------------
 
+
 @pytest.mark.parametrize("planted", ["host", "host/nohz"])
 def test_a_link_planted_below_the_traces_directory_is_refused_and_nothing_lands_outside(tmp_path, planted):
     traces, elsewhere = tmp_path / "traces", tmp_path / "elsewhere"
     elsewhere.mkdir()
     (traces / planted).parent.mkdir(parents=True, exist_ok=True)
     (traces / planted).symlink_to(elsewhere)
-    with pytest.raises(BundleError, match=f"traces/{planted}: a symbolic link, not a directory; ticklab does not "
-                                          "write through links"):
+    with pytest.raises(
+        BundleError, match=f"traces/{planted}: a symbolic link, not a directory; ticklab does not write through links"
+    ):
         BundleWriter(traces, "host", "nohz", "ftq", definition={}, host={}, when=WHEN)
     assert list(elsewhere.iterdir()) == []
 
@@ -234,5 +262,7 @@ def test_every_bundle_file_is_written_below_the_bundle_directory_it_made(tmp_pat
     writer.add_run({"run": "run-001", "condition": "c"}, [{"metric": "m", "value": 1.0, "unit": "u"}])
     assert list((tmp_path / "elsewhere").iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "moved").iterdir()) == ["manifest.json", "raw", "results.csv"]
-    assert (tmp_path / "moved" / "results.csv").read_text().splitlines() == ["run,condition,metric,value,unit",
-                                                                            "run-001,c,m,1.0,u"]
+    assert (tmp_path / "moved" / "results.csv").read_text().splitlines() == [
+        "run,condition,metric,value,unit",
+        "run-001,c,m,1.0,u",
+    ]

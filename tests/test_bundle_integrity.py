@@ -9,11 +9,10 @@ import sys
 
 import pytest
 
-from ticklab.bundle import SEAL, BundleError, add_manifest_seal, load_bundle
-from ticklab.lab.run import copy_from_share
-
 from conftest import REPO
 from test_bundle import make_bundle
+from ticklab.bundle import SEAL, BundleError, add_manifest_seal, load_bundle
+from ticklab.lab.run import copy_from_share
 
 
 def _rewrite(path, edit, *, reseal_files=False):
@@ -26,8 +25,13 @@ def _rewrite(path, edit, *, reseal_files=False):
 
 
 def _verify(*paths):
-    return subprocess.run([sys.executable, "-m", "ticklab.cli", "verify", *map(str, paths)], capture_output=True,
-                          text=True, timeout=600, cwd=REPO)  # a bound for a hung run only (a loaded host is slow)
+    return subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "verify", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )  # a bound for a hung run only (a loaded host is slow)
 
 
 @pytest.mark.slow
@@ -115,15 +119,18 @@ def test_a_symlinked_manifest_is_refused(tmp_path):
         load_bundle(path)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("run,condition,metric,value,unit\nrun-000,a,m,nan,s\n", r"row 2: value: 'nan' is not of the allowed form"),
-    ("run,condition,metric,value,unit\nrun-000,a,m,inf,s\n", r"row 2: value: 'inf' is not of the allowed form"),
-    ("run,condition,metric,value,unit\nrun-000,a,m,1e999,s\n", r"row 2: value: '1e999' is not a finite number"),
-    ("run,condition,metric,value,unit\nrun-000,a,m,fast,s\n", r"row 2: value: 'fast' is not of the allowed form"),
-    ("run,condition,metric,value,unit\nrun-000,a,m,1\n", r"row 2: unit: '' is not|not a readable CSV|row 2"),
-    (b"\xff\xfe\x00garbage", r"not a readable CSV"),
-    ("", r"not a readable CSV"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("run,condition,metric,value,unit\nrun-000,a,m,nan,s\n", r"row 2: value: 'nan' is not of the allowed form"),
+        ("run,condition,metric,value,unit\nrun-000,a,m,inf,s\n", r"row 2: value: 'inf' is not of the allowed form"),
+        ("run,condition,metric,value,unit\nrun-000,a,m,1e999,s\n", r"row 2: value: '1e999' is not a finite number"),
+        ("run,condition,metric,value,unit\nrun-000,a,m,fast,s\n", r"row 2: value: 'fast' is not of the allowed form"),
+        ("run,condition,metric,value,unit\nrun-000,a,m,1\n", r"row 2: unit: '' is not|not a readable CSV|row 2"),
+        (b"\xff\xfe\x00garbage", r"not a readable CSV"),
+        ("", r"not a readable CSV"),
+    ],
+)
 def test_non_finite_or_text_values_in_results_are_refused(tmp_path, content, message):
     path = make_bundle(tmp_path, seal=False)
     results = path / "results.csv"
@@ -132,11 +139,19 @@ def test_non_finite_or_text_values_in_results_are_refused(tmp_path, content, mes
         load_bundle(path, allow_incomplete=True)
 
 
-@pytest.mark.parametrize("manifest", [
-    b"\xff\xfe not utf-8", b"[" * 100000 + b"]" * 100000, b'{"schema_version": 1, "status": "sealed"}',
-    b'{"schema_version": 1, "status": "sealed", "claim": "nohz", "experiment": "ftq", "definition": {}, '
-    b'"host": {}, "runs": "many", "files": {}}', b"[]", b'"text"', b"1e999",
-])
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        b"\xff\xfe not utf-8",
+        b"[" * 100000 + b"]" * 100000,
+        b'{"schema_version": 1, "status": "sealed"}',
+        b'{"schema_version": 1, "status": "sealed", "claim": "nohz", "experiment": "ftq", "definition": {}, '
+        b'"host": {}, "runs": "many", "files": {}}',
+        b"[]",
+        b'"text"',
+        b"1e999",
+    ],
+)
 def test_no_foreign_exception_escapes_load_bundle(tmp_path, manifest):
     path = make_bundle(tmp_path)
     (path / "manifest.json").chmod(0o644)
@@ -208,6 +223,7 @@ def test_a_bundle_whose_manifest_was_replaced_by_a_link_is_reported_not_skipped(
 
 # -- issue 27, item 12: results.csv rows cross-checked against the manifest's runs -----------------------------------
 
+
 def _reseal_results(path, edit):
     """Edit a sealed bundle's results.csv and re-seal everything, as one who can write the bundle would."""
     from ticklab.bundle import MANIFEST
@@ -223,13 +239,23 @@ def _reseal_results(path, edit):
     (path / SEAL).write_text(hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest() + "  manifest.json\n")
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda lines: [*lines, lines[1]],
-     r"row 4: a second work_per_quantum_median row for run run-000 \(the first is row 2\)$"),
-    (lambda lines: [*lines, lines[1].replace("run-000", "run-007")], r"row 4: run run-007 is not a run of manifest\.json$"),
-    (lambda lines: [*lines[:2], lines[2].replace("hz1000", "hz250")],
-     r"row 3: condition 'hz250' is not run run-001's condition in manifest\.json, 'hz1000'$"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda lines: [*lines, lines[1]],
+            r"row 4: a second work_per_quantum_median row for run run-000 \(the first is row 2\)$",
+        ),
+        (
+            lambda lines: [*lines, lines[1].replace("run-000", "run-007")],
+            r"row 4: run run-007 is not a run of manifest\.json$",
+        ),
+        (
+            lambda lines: [*lines[:2], lines[2].replace("hz1000", "hz250")],
+            r"row 3: condition 'hz250' is not run run-001's condition in manifest\.json, 'hz1000'$",
+        ),
+    ],
+)
 @pytest.mark.slow
 def test_issue27_resealed_results_rows_must_match_the_manifest(tmp_path, edit, message):
     """A re-sealed results.csv with a duplicated row, or a row for a run the manifest does not have, loaded fine."""

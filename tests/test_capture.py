@@ -11,16 +11,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO, WAIT_BOUND_S, assert_gaps_match_traced_ticks, gone, wait_for
 from ticklab.bundle import BundleError, load_bundle
-from ticklab.trace import rawfile
-from ticklab.capture.experiment import (Condition, ExperimentError, expand_conditions, experiment_paths, load_experiment,
-                                        schedule, thread_counts)
+from ticklab.capture.experiment import (
+    Condition,
+    ExperimentError,
+    expand_conditions,
+    experiment_paths,
+    load_experiment,
+    schedule,
+    thread_counts,
+)
 from ticklab.capture.requirements import tools_bin
 from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.claimids import CLAIM_IDS as CLAIMS
 from ticklab.host import collect
-
-from conftest import REPO, WAIT_BOUND_S, assert_gaps_match_traced_ticks, gone, wait_for
+from ticklab.trace import rawfile
 
 pytestmark = pytest.mark.xdist_group("machine")
 
@@ -30,8 +36,14 @@ needs_tools = pytest.mark.skipif(not (tools_bin() / "clockbench").exists(), reas
 
 def write_experiment(directory: Path, **overrides) -> Path:
     definition = {
-        "claim": "hpet", "name": "fake-clock-read", "description": "clock reads on a fake host",
-        "runs": 2, "warmup": 1, "timeout_s": 60, "seed": 7, "requires": [],
+        "claim": "hpet",
+        "name": "fake-clock-read",
+        "description": "clock reads on a fake host",
+        "runs": 2,
+        "warmup": 1,
+        "timeout_s": 60,
+        "seed": 7,
+        "requires": [],
         "conditions": {"matrix": {"clocksource": "@clocksources", "threads": [1]}},
         "knobs": {"clocksource": "clocksource"},
         "workload": {"tool": "clockbench", "argv": ["{tools}/clockbench", "-t", "{threads}", "-s", "0.05"]},
@@ -56,8 +68,10 @@ def test_malformed_experiments_name_the_file_and_key(tmp_path):
     with pytest.raises(ExperimentError, match=f"{path}: knobs.clocksource: unknown knob 'voltage'"):
         load_experiment(path)
     untraced = write_experiment(tmp_path, extras=[{"name": "gaps", "argv": ["true"], "per_run": True, "traced": True}])
-    with pytest.raises(ExperimentError, match=f"{untraced}: extras\\[0\\] is traced: it must be per_run and the "
-                                              "experiment must have a trace section"):
+    with pytest.raises(
+        ExperimentError,
+        match=f"{untraced}: extras\\[0\\] is traced: it must be per_run and the experiment must have a trace section",
+    ):
         load_experiment(untraced)
     clock = write_experiment(tmp_path, trace={"events": ["irq_vectors:local_timer_entry"], "clock": "sundial"})
     with pytest.raises(ExperimentError, match=f"{clock}: .*sundial"):
@@ -73,11 +87,19 @@ def test_malformed_experiments_name_the_file_and_key(tmp_path):
 
 def test_host_values_expand_on_a_fake_host(fake_host, tmp_path):
     found = collect(fake_host)
-    experiment = load_experiment(write_experiment(tmp_path, conditions={"matrix": {
-        "clocksource": "@clocksources", "idle": "@idle_configs", "clients": {"per_cpu": 0.5}}}))
+    experiment = load_experiment(
+        write_experiment(
+            tmp_path,
+            conditions={
+                "matrix": {"clocksource": "@clocksources", "idle": "@idle_configs", "clients": {"per_cpu": 0.5}}
+            },
+        )
+    )
     conditions = expand_conditions(experiment, found)
     assert len(conditions) == 3 * 3
-    assert conditions[0] == Condition("clocksource=tsc idle=all clients=1", {"clocksource": "tsc", "idle": "all", "clients": 1})
+    assert conditions[0] == Condition(
+        "clocksource=tsc idle=all clients=1", {"clocksource": "tsc", "idle": "all", "clients": 1}
+    )
     assert {c.values["idle"] for c in conditions} == {"all", "max=POLL", "max=C1"}
     assert thread_counts(6) == [1, 2, 4, 6] and thread_counts(1) == [1]
 
@@ -94,7 +116,7 @@ def test_schedule_warms_up_first_then_interleaves_reproducibly():
     # measured runs come in blocks: block k holds one run of every condition, blocks in order (issue 31 item 5)
     assert [p.block for p in plan[:3]] == [None] * 3
     for k in range(1, 11):
-        block = plan[3 * k:3 * k + 3]
+        block = plan[3 * k : 3 * k + 3]
         assert {p.block for p in block} == {k} and sorted(p.condition.name for p in block) == ["a", "b", "c"]
 
 
@@ -108,7 +130,10 @@ def test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs(fak
     bundle = load_bundle(bundle_path)
     assert bundle.sealed and bundle.manifest["host_id"] == "fake-9000-2c-6.12.57-ticklab-vm"
     assert Counter(bundle.results.query("metric == 'reads_per_s_total'")["condition"]) == {
-        "clocksource=tsc threads=1": 2, "clocksource=hpet threads=1": 2, "clocksource=acpi_pm threads=1": 2}
+        "clocksource=tsc threads=1": 2,
+        "clocksource=hpet threads=1": 2,
+        "clocksource=acpi_pm threads=1": 2,
+    }
     runs = {r["run"]: r for r in bundle.manifest["runs"]}
     assert sum(r["warmup"] for r in runs.values()) == 3
     for record in runs.values():
@@ -128,12 +153,16 @@ def test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs(fak
 @needs_tools
 def test_an_experiment_the_host_cannot_run_is_recorded_with_its_reason(fake_host, tmp_path):
     path = write_experiment(tmp_path, requires=["cpuidle_states", "program:no-such-benchmark"])
-    options = CaptureOptions(out=tmp_path / "traces", root=make_idle_less(fake_host), journal=tmp_path / "j.json",
-                             progress=False)
+    options = CaptureOptions(
+        out=tmp_path / "traces", root=make_idle_less(fake_host), journal=tmp_path / "j.json", progress=False
+    )
     [bundle_path] = capture("hpet", options, experiment_path=path, log=lambda _: None)
     manifest = load_bundle(bundle_path).manifest
     assert manifest["runs"] == []
-    assert "no cpuidle driver" in manifest["not_testable"] and "no-such-benchmark is not installed" in manifest["not_testable"]
+    assert (
+        "no cpuidle driver" in manifest["not_testable"]
+        and "no-such-benchmark is not installed" in manifest["not_testable"]
+    )
 
 
 def make_idle_less(root: Path) -> Path:
@@ -143,8 +172,9 @@ def make_idle_less(root: Path) -> Path:
 
 def test_dry_run_prints_each_write_and_changes_nothing(fake_host, tmp_path, capsys):
     path = write_experiment(tmp_path, warmup=0, runs=1)
-    options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", dry_run=True,
-                             progress=False)
+    options = CaptureOptions(
+        out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", dry_run=True, progress=False
+    )
     assert capture("hpet", options, experiment_path=path) == []
     said = capsys.readouterr().out
     assert f"dry-run: would write 'hpet' to {fake_host / CLOCK} (now 'tsc')" in said
@@ -153,11 +183,17 @@ def test_dry_run_prints_each_write_and_changes_nothing(fake_host, tmp_path, caps
 
 
 def test_dry_run_of_a_traced_experiment_says_its_clock_and_its_traced_extra(fake_host, tmp_path, capsys):
-    path = write_experiment(tmp_path, warmup=0, runs=1, trace={"events": ["irq_vectors:local_timer_entry"], "clock": "mono"},
-                            extras=[{"name": "gaps", "argv": ["true"], "per_run": True, "traced": True}])
+    path = write_experiment(
+        tmp_path,
+        warmup=0,
+        runs=1,
+        trace={"events": ["irq_vectors:local_timer_entry"], "clock": "mono"},
+        extras=[{"name": "gaps", "argv": ["true"], "per_run": True, "traced": True}],
+    )
     (fake_host / "sys/kernel/tracing").mkdir(parents=True, exist_ok=True)  # a mounted tracefs (nothing is written)
-    options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", dry_run=True,
-                             progress=False)
+    options = CaptureOptions(
+        out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", dry_run=True, progress=False
+    )
     assert capture("hpet", options, experiment_path=path) == []
     said = capsys.readouterr().out
     instance = fake_host / "sys/kernel/tracing/instances/ticklab-<pid>"
@@ -168,11 +204,33 @@ def test_dry_run_of_a_traced_experiment_says_its_clock_and_its_traced_extra(fake
 
 def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Popen, int]:
     """A capture whose workload (a shell that execs sleep) is running: (the capture, the workload's pid)."""
-    path = write_experiment(tmp_path, name="slow", warmup=0, runs=3, conditions=[{"name": "on-hpet", "clocksource": "hpet"}],
-                            workload={"tool": "hackbench", "argv": ["sh", "-c", "echo $$ > workload.pid.tmp && "
-                                                                    "mv workload.pid.tmp workload.pid && exec sleep 600"]})
-    argv = [sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(path), "--root", str(fake_host),
-            "--journal", str(tmp_path / "j.json"), "--out", str(tmp_path / "traces"), "--no-progress"]
+    path = write_experiment(
+        tmp_path,
+        name="slow",
+        warmup=0,
+        runs=3,
+        conditions=[{"name": "on-hpet", "clocksource": "hpet"}],
+        workload={
+            "tool": "hackbench",
+            "argv": ["sh", "-c", "echo $$ > workload.pid.tmp && mv workload.pid.tmp workload.pid && exec sleep 600"],
+        },
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "ticklab.cli",
+        "capture",
+        "hpet",
+        "--experiment",
+        str(path),
+        "--root",
+        str(fake_host),
+        "--journal",
+        str(tmp_path / "j.json"),
+        "--out",
+        str(tmp_path / "traces"),
+        "--no-progress",
+    ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     started = lambda: list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
     wait_for(started, "the capture never started its workload", process)
@@ -231,7 +289,9 @@ def test_a_killed_capture_takes_its_workload_with_it(fake_host, tmp_path):
 
 @pytest.mark.slow
 @needs_tools
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs"
+)
 @pytest.mark.parametrize("claim", ["nohz", "hpet"])
 def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_path):
     from ticklab.host import facts
@@ -300,10 +360,30 @@ def test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothin
     elsewhere.mkdir()
     (out / "planted").symlink_to(elsewhere)
     path = write_experiment(tmp_path, warmup=0, runs=1, workload={"tool": "hackbench", "argv": ["true"]})
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(path),
-                           "--root", str(fake_host), "--journal", str(tmp_path / "j.json"), "--out", str(out),
-                           "--host-id", "planted", "--no-progress"], capture_output=True, text=True, cwd=REPO,
-                          timeout=WAIT_BOUND_S)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "capture",
+            "hpet",
+            "--experiment",
+            str(path),
+            "--root",
+            str(fake_host),
+            "--journal",
+            str(tmp_path / "j.json"),
+            "--out",
+            str(out),
+            "--host-id",
+            "planted",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=WAIT_BOUND_S,
+    )
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.splitlines()
     assert f"{out / 'planted'}: a symbolic link, not a directory; ticklab does not write through links" in line
@@ -312,7 +392,9 @@ def test_capture_refuses_a_link_planted_for_its_host_directory_and_writes_nothin
 
 @pytest.mark.slow
 @needs_tools
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs"
+)
 def test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back(tmp_path):
     """Issue 27 item 6: disk full while capturing gave a reader-thread traceback, left the tracefs instance behind
     and a 0-byte manifest.json.tmp, and said "No space left on device" without naming the file."""
@@ -323,10 +405,30 @@ def test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back(
     try:
         state = tmp_path / "state"
         state.mkdir(mode=0o700)
-        process = subprocess.Popen([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--experiment",
-                                    str(REPO / "runners/nohz/ftq.yaml"), "--runs", "1", "--warmup", "0", "--out",
-                                    str(tiny), "--journal", str(state / "j.json"), "--no-progress"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ticklab.cli",
+                "capture",
+                "nohz",
+                "--experiment",
+                str(REPO / "runners/nohz/ftq.yaml"),
+                "--runs",
+                "1",
+                "--warmup",
+                "0",
+                "--out",
+                str(tiny),
+                "--journal",
+                str(state / "j.json"),
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         stdout, stderr = process.communicate(timeout=WAIT_BOUND_S)
         if "the host is held by" in stderr:
             pytest.skip(f"another capture holds the host: {stderr.strip()}")
@@ -342,6 +444,7 @@ def test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back(
     finally:
         if (tmp_path / "state" / "j.json").exists():  # the test failed: put the host back all the same
             from ticklab.host import HostChanges
+
             with HostChanges(tmp_path / "state" / "j.json", log=lambda _: None):
                 pass
         subprocess.run(["umount", str(tiny)], check=True)

@@ -18,21 +18,26 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO, WAIT_BOUND_S
 from ticklab.bundle import load_bundle
 from ticklab.capture.requirements import tools_bin
-
-from conftest import REPO, WAIT_BOUND_S
 
 pytestmark = pytest.mark.xdist_group("machine")
 
 needs_tools = pytest.mark.skipif(not (tools_bin() / "clockbench").exists(), reason="tools not built: run 'make tools'")
-RUN_LINE = re.compile(r"^(?P<run>run-\d{3}) \((?P<made>\d+) of (?P<planned>\d+)\) (?P<condition>.+?)(?P<warmup> \(warm-up\))?: "
-                      r"(?P<seconds>[\d.]+) s(?:, (?P<metric>\w+) (?P<value>[-\d.e+]+) (?P<unit>\S+))?$")
+RUN_LINE = re.compile(
+    r"^(?P<run>run-\d{3}) \((?P<made>\d+) of (?P<planned>\d+)\) (?P<condition>.+?)(?P<warmup> \(warm-up\))?: "
+    r"(?P<seconds>[\d.]+) s(?:, (?P<metric>\w+) (?P<value>[-\d.e+]+) (?P<unit>\S+))?$"
+)
 CONDITION = re.compile(r"^  (?P<condition>.+), (?P<runs>\d+) measured runs?:$")
-QUANTITY = re.compile(r"^    (?P<says>.+): median (?P<median>[\d,.]+) (?P<unit>\S+) \(runs (?P<low>[\d,.]+)–(?P<high>[\d,.]+), "
-                      r"n=(?P<n>\d+); (?P<metric>[\w.-]+)\)$")
-DERIVED = re.compile(r"^      derived \(not printed\): (?P<value>[\d,.]+)(?: %)? = the printed (?P<cost>[\d.]+) (?P<unit>\w+) "
-                     r"\((?P<quote>[\w/.-]+)\) × this host's (?P<rate>[\d,.]+)/s \((?P<metric>\w+), median of these runs\)$")
+QUANTITY = re.compile(
+    r"^    (?P<says>.+): median (?P<median>[\d,.]+) (?P<unit>\S+) \(runs (?P<low>[\d,.]+)–(?P<high>[\d,.]+), "
+    r"n=(?P<n>\d+); (?P<metric>[\w.-]+)\)$"
+)
+DERIVED = re.compile(
+    r"^      derived \(not printed\): (?P<value>[\d,.]+)(?: %)? = the printed (?P<cost>[\d.]+) (?P<unit>\w+) "
+    r"\((?P<quote>[\w/.-]+)\) × this host's (?P<rate>[\d,.]+)/s \((?P<metric>\w+), median of these runs\)$"
+)
 
 
 def three_digits_of(shown: str, value: float) -> bool:
@@ -45,7 +50,7 @@ def answer_of(stdout: str) -> dict:
     """The answer's quantity lines by (condition, metric), each with the lines printed under it."""
     found, condition, current = {}, None, None
     for line in stdout.splitlines():
-        if (match := CONDITION.match(line)):
+        if match := CONDITION.match(line):
             condition, current = match["condition"], None
         elif (match := QUANTITY.match(line)) and condition is not None:
             current = found[(condition, match["metric"])] = {**match.groupdict(), "under": []}
@@ -58,8 +63,11 @@ def answer_of(stdout: str) -> dict:
 
 def measured(bundle, condition: str, metric: str) -> list[float]:
     failed = {r["run"] for r in bundle.manifest["runs"] if r["status"] != "ok" or r.get("problem")}
-    rows = bundle.results[(bundle.results["condition"] == condition) & (bundle.results["metric"] == metric)
-                          & ~bundle.results["run"].isin(failed)]
+    rows = bundle.results[
+        (bundle.results["condition"] == condition)
+        & (bundle.results["metric"] == metric)
+        & ~bundle.results["run"].isin(failed)
+    ]
     return [float(v) for v in rows["value"]]
 
 
@@ -73,8 +81,7 @@ def assert_quantity_is_the_bundles(line: dict, values: list[float], scale: float
 def assert_one_line_per_run(stdout: str, bundle) -> None:
     """Every run of the bundle has its one line, in the order it was made, naming its condition; a measured run's
     line holds its first headline metric as results.csv has it."""
-    lines = [RUN_LINE.match(line) for line in stdout.splitlines() if line.startswith("run-")
-             and RUN_LINE.match(line)]
+    lines = [RUN_LINE.match(line) for line in stdout.splitlines() if line.startswith("run-") and RUN_LINE.match(line)]
     runs = bundle.manifest["runs"]
     assert [m["run"] for m in lines] == [r["run"] for r in runs], stdout
     metric = bundle.manifest["definition"]["answer"][0]["metric"]
@@ -84,20 +91,33 @@ def assert_one_line_per_run(stdout: str, bundle) -> None:
         if record["warmup"]:
             continue
         assert match["metric"] == metric, match.string
-        [value] = bundle.results[(bundle.results["run"] == record["run"]) & (bundle.results["metric"] == metric)]["value"]
+        [value] = bundle.results[(bundle.results["run"] == record["run"]) & (bundle.results["metric"] == metric)][
+            "value"
+        ]
         assert math.isclose(float(match["value"]), value, rel_tol=5e-4), (match.string, value)
 
 
 def fake_experiment(directory: Path, claim: str = "nohz", **overrides) -> Path:
     definition = {
-        "claim": claim, "name": "fake-answer", "description": "clock reads on a fake host, with an answer",
-        "runs": 2, "warmup": 1, "timeout_s": 60, "seed": 7, "requires": [],
+        "claim": claim,
+        "name": "fake-answer",
+        "description": "clock reads on a fake host, with an answer",
+        "runs": 2,
+        "warmup": 1,
+        "timeout_s": 60,
+        "seed": 7,
+        "requires": [],
         "conditions": {"matrix": {"clocksource": "@clocksources", "threads": [1]}},
         "knobs": {"clocksource": "clocksource"},
         "workload": {"tool": "clockbench", "argv": ["{tools}/clockbench", "-t", "{threads}", "-s", "0.05"]},
-        "answer": [{"metric": "read_cost_mean_ns", "says": "ns per clock read", "printed": ["tick_cost/tick_duration"]},
-                   {"metric": "reads_per_s_total", "says": "clock reads per second",
-                    "cost_at_rate": {"cost": "tick_cost/tick_duration", "rate": "reads_per_s_total"}}],
+        "answer": [
+            {"metric": "read_cost_mean_ns", "says": "ns per clock read", "printed": ["tick_cost/tick_duration"]},
+            {
+                "metric": "reads_per_s_total",
+                "says": "clock reads per second",
+                "cost_at_rate": {"cost": "tick_cost/tick_duration", "rate": "reads_per_s_total"},
+            },
+        ],
     }
     definition.update(overrides)
     path = directory / f"{definition['name']}.yaml"
@@ -106,8 +126,22 @@ def fake_experiment(directory: Path, claim: str = "nohz", **overrides) -> Path:
 
 
 def fake_capture(claim: str, experiment: Path, fake_host: Path, tmp_path: Path, *words: str, **popen):
-    argv = [sys.executable, "-m", "ticklab.cli", "capture", claim, "--experiment", str(experiment), "--root",
-            str(fake_host), "--journal", str(tmp_path / "j.json"), "--out", str(tmp_path / "traces"), *words]
+    argv = [
+        sys.executable,
+        "-m",
+        "ticklab.cli",
+        "capture",
+        claim,
+        "--experiment",
+        str(experiment),
+        "--root",
+        str(fake_host),
+        "--journal",
+        str(tmp_path / "j.json"),
+        "--out",
+        str(tmp_path / "traces"),
+        *words,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=WAIT_BOUND_S, **popen)
 
 
@@ -118,7 +152,9 @@ def the_bundle(out: Path):
 
 @pytest.mark.slow
 @needs_tools
-def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_what_the_source_printed(fake_host, tmp_path):
+def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_what_the_source_printed(
+    fake_host, tmp_path
+):
     done = fake_capture("nohz", fake_experiment(tmp_path), fake_host, tmp_path)
     assert done.returncode == 0, done.stderr
     bundle = the_bundle(tmp_path / "traces")
@@ -131,8 +167,10 @@ def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_wha
         assert_quantity_is_the_bundles(cost, measured(bundle, condition, "read_cost_mean_ns"))
         assert cost["says"] == "ns per clock read" and cost["unit"] == "ns"
         # the row as the source printed it, labelled so, with the id verdicts quote it by
-        assert cost["under"] == ['      printed in the source: "80us" = about 80 us (system thinkpad-t60p-x86_32, '
-                                 'hz 1000; nohz/tick_cost/tick_duration)']
+        assert cost["under"] == [
+            '      printed in the source: "80us" = about 80 us (system thinkpad-t60p-x86_32, '
+            "hz 1000; nohz/tick_cost/tick_duration)"
+        ]
         reads = answer[(condition, "reads_per_s_total")]
         assert_quantity_is_the_bundles(reads, measured(bundle, condition, "reads_per_s_total"))
         [derived] = [DERIVED.match(line) for line in reads["under"]]
@@ -145,8 +183,10 @@ def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_wha
     lines = done.stdout.splitlines()
     lab = lines.index(f"    ticklab lab run nohz --out {out}   (QEMU guests: runners/nohz/guest-ftq.yaml)")
     assert lines[lab + 1] == "      nohz_full vs HZ=1000: FTQ work per quantum"
-    boot = lines.index(f"    ticklab capture nohz --boot kexec --out {out}   (one boot of this host per run: "
-                       "runners/nohz/host-boot-ftq.yaml)")
+    boot = lines.index(
+        f"    ticklab capture nohz --boot kexec --out {out}   (one boot of this host per run: "
+        "runners/nohz/host-boot-ftq.yaml)"
+    )
     assert lines[boot + 1] == "      nohz_full vs tick on, this kernel's HZ: FTQ work per quantum (a boot each)"
     assert lines[-1] == f"  verdicts: ticklab report --data-dir {out} --only 05-nohz"
 
@@ -154,20 +194,36 @@ def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_wha
 @pytest.mark.slow
 @needs_tools
 def test_printed_rows_of_one_condition_stand_under_that_condition_and_a_comparison_measured_is_said_tested(
-        fake_host, tmp_path):
+    fake_host, tmp_path
+):
     experiment = fake_experiment(
-        tmp_path, claim="hrtick", runs=1, warmup=0,
-        conditions=[{"name": "hrtick-off", "hrtick": "off", "threads": 1}, {"name": "hrtick-on", "hrtick": "on", "threads": 1}],
-        knobs={}, answer=[{"metric": "reads_per_s_total", "says": "clock reads per second",
-                           "printed": ["hackbench/runtime_no_hrtick", "hackbench/runtime_hrtick"]},
-                          {"metric": "read_cost_mean_ns", "says": "ns per clock read"}])
+        tmp_path,
+        claim="hrtick",
+        runs=1,
+        warmup=0,
+        conditions=[
+            {"name": "hrtick-off", "hrtick": "off", "threads": 1},
+            {"name": "hrtick-on", "hrtick": "on", "threads": 1},
+        ],
+        knobs={},
+        answer=[
+            {
+                "metric": "reads_per_s_total",
+                "says": "clock reads per second",
+                "printed": ["hackbench/runtime_no_hrtick", "hackbench/runtime_hrtick"],
+            },
+            {"metric": "read_cost_mean_ns", "says": "ns per clock read"},
+        ],
+    )
     done = fake_capture("hrtick", experiment, fake_host, tmp_path)
     assert done.returncode == 0, done.stderr
     answer = answer_of(done.stdout)
     assert [line.split(" (")[0] for line in answer[("hrtick-off", "reads_per_s_total")]["under"]] == [
-        '      printed in the source: "0.840s" = 0.84 s']
+        '      printed in the source: "0.840s" = 0.84 s'
+    ]
     assert [line.split(" (")[0] for line in answer[("hrtick-on", "reads_per_s_total")]["under"]] == [
-        '      printed in the source: "0.481s" = 0.481 s']
+        '      printed in the source: "0.481s" = 0.481 s'
+    ]
     lines = done.stdout.splitlines()
     assert answer[("hrtick-on", "read_cost_mean_ns")]["under"] == []
     assert "  seed 002 prints no number for: ns per clock read" in lines  # said once, not under every condition
@@ -184,23 +240,31 @@ def test_an_experiment_without_an_answer_says_what_it_recorded(fake_host, tmp_pa
     experiment.write_text(yaml.safe_dump(definition))
     done = fake_capture("hpet", experiment, fake_host, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert ("  fake-answer names no headline quantity (no answer section); it recorded 3 measured run(s) of 3 "
-            "condition(s) with 5 metric(s) in results.csv: read_cost_mean_ns, read_cost_p50_ns, read_cost_p99_ns, "
-            "reads_per_s_per_thread, reads_per_s_total") in done.stdout.splitlines()
+    assert (
+        "  fake-answer names no headline quantity (no answer section); it recorded 3 measured run(s) of 3 "
+        "condition(s) with 5 metric(s) in results.csv: read_cost_mean_ns, read_cost_p50_ns, read_cost_p99_ns, "
+        "reads_per_s_per_thread, reads_per_s_total"
+    ) in done.stdout.splitlines()
     # hpet has three lab experiments: the command names the one that has the comparison's conditions
-    assert (f"    ticklab lab run hpet --experiment runners/hpet/guest-timejobs.yaml --out {tmp_path / 'traces'}   "
-            "(QEMU guests: runners/hpet/guest-timejobs.yaml)") in done.stdout.splitlines()
+    assert (
+        f"    ticklab lab run hpet --experiment runners/hpet/guest-timejobs.yaml --out {tmp_path / 'traces'}   "
+        "(QEMU guests: runners/hpet/guest-timejobs.yaml)"
+    ) in done.stdout.splitlines()
 
 
 @pytest.mark.slow
 def test_a_published_row_the_answer_cannot_name_stops_the_capture_before_its_first_run(fake_host, tmp_path):
-    experiment = fake_experiment(tmp_path, answer=[{"metric": "read_cost_mean_ns", "says": "ns per clock read",
-                                                    "printed": ["tick_cost/no_such_row"]}])
+    experiment = fake_experiment(
+        tmp_path,
+        answer=[{"metric": "read_cost_mean_ns", "says": "ns per clock read", "printed": ["tick_cost/no_such_row"]}],
+    )
     done = fake_capture("nohz", experiment, fake_host, tmp_path)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.splitlines() == [f"ticklab capture: {experiment}: answer[0].printed[0]: 'tick_cost/no_such_row' "
-                                        "is no row of the published layer of nohz (<table>/<row id>, "
-                                        "traces/published/nohz/)"]
+    assert done.stderr.splitlines() == [
+        f"ticklab capture: {experiment}: answer[0].printed[0]: 'tick_cost/no_such_row' "
+        "is no row of the published layer of nohz (<table>/<row id>, "
+        "traces/published/nohz/)"
+    ]
     assert not (tmp_path / "traces").exists()
 
 
@@ -209,8 +273,21 @@ def test_a_published_row_the_answer_cannot_name_stops_the_capture_before_its_fir
 def test_on_a_terminal_a_progress_bar_and_no_line_per_run(fake_host, tmp_path):
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal's size, as a user's has
-    argv = [sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--experiment", str(fake_experiment(tmp_path)),
-            "--root", str(fake_host), "--journal", str(tmp_path / "j.json"), "--out", str(tmp_path / "traces")]
+    argv = [
+        sys.executable,
+        "-m",
+        "ticklab.cli",
+        "capture",
+        "nohz",
+        "--experiment",
+        str(fake_experiment(tmp_path)),
+        "--root",
+        str(fake_host),
+        "--journal",
+        str(tmp_path / "j.json"),
+        "--out",
+        str(tmp_path / "traces"),
+    ]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, cwd=REPO)
     os.close(terminal)
     shown = b""
@@ -232,15 +309,35 @@ def test_on_a_terminal_a_progress_bar_and_no_line_per_run(fake_host, tmp_path):
 
 @pytest.mark.slow
 @needs_tools
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir(), reason="a real capture needs root and tracefs"
+)
 def test_a_real_nohz_capture_ends_with_the_tick_cost_the_bundle_holds_beside_seed_004s(tmp_path):
     """The new-user trial's command: `ticklab capture nohz --runs 2 --warmup 0`, piped, on this host."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     out = tmp_path / "traces"
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--runs", "2", "--warmup", "0",
-                           "--out", str(out), "--journal", str(state / "j.json")],
-                          capture_output=True, text=True, cwd=REPO, timeout=WAIT_BOUND_S)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "capture",
+            "nohz",
+            "--runs",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            "--journal",
+            str(state / "j.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=WAIT_BOUND_S,
+    )
     if "the host is held by" in done.stderr:
         pytest.skip(f"another capture holds the host: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr

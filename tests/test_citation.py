@@ -14,9 +14,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from ticklab import paths
-
 from conftest import REPO
+from ticklab import paths
 
 CFF = yaml.safe_load((REPO / "CITATION.cff").read_text())
 CLAIM_OF_SEED = {"000": "hpet", "001": "pvspinlock", "002": "hrtick", "003": "acpi-idle", "004": "nohz"}
@@ -40,7 +39,9 @@ def test_the_five_source_documents_are_references_as_their_provenance_names_them
     for reference in references:
         assert reference["type"] and reference["title"] and reference["authors"], reference
         [seed] = re.findall(r"\b(00[0-4])_[0-9a-f]{16}\.txt\b", reference["notes"])
-        source = yaml.safe_load((REPO / "traces/published" / CLAIM_OF_SEED[seed] / "provenance.yaml").read_text())["source"]
+        source = yaml.safe_load((REPO / "traces/published" / CLAIM_OF_SEED[seed] / "provenance.yaml").read_text())[
+            "source"
+        ]
         assert source["file"] in reference["notes"] and source["sha256"] in reference["notes"].replace("\n", " ")
         if source.get("date"):
             assert str(reference["date-published"]) == str(source["date"])

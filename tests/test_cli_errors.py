@@ -14,8 +14,14 @@ pytestmark = pytest.mark.xdist_group("machine")
 
 def _ticklab(*argv, cwd=REPO):
     env = {k: v for k, v in os.environ.items() if k != "TICKLAB_TRACEBACK"}
-    return subprocess.run([sys.executable, "-m", "ticklab.cli", *map(str, argv)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -34,17 +40,20 @@ def bad_experiment(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command, named", [
-    (lambda p, b, e: ["verify", b], "manifest.json"),
-    (lambda p, b, e: ["compare", b], "manifest.json"),
-    (lambda p, b, e: ["seal-manifest", p], "manifest.json"),
-    (lambda p, b, e: ["view", b, "--session-only"], "manifest.json"),
-    (lambda p, b, e: ["capture", "nohz", "--experiment", e, "--dry-run", "--out", p], "exp.yaml"),
-    (lambda p, b, e: ["lab", "run", "nohz", "--experiment", e, "--out", p, "--no-build"], "exp.yaml"),
-    (lambda p, b, e: ["ingest", p], str),
-    (lambda p, b, e: ["report", "--out", REPO], str(REPO)),
-    (lambda p, b, e: ["verify-published", "--published-dir", p], "provenance.yaml"),
-])
+@pytest.mark.parametrize(
+    "command, named",
+    [
+        (lambda p, b, e: ["verify", b], "manifest.json"),
+        (lambda p, b, e: ["compare", b], "manifest.json"),
+        (lambda p, b, e: ["seal-manifest", p], "manifest.json"),
+        (lambda p, b, e: ["view", b, "--session-only"], "manifest.json"),
+        (lambda p, b, e: ["capture", "nohz", "--experiment", e, "--dry-run", "--out", p], "exp.yaml"),
+        (lambda p, b, e: ["lab", "run", "nohz", "--experiment", e, "--out", p, "--no-build"], "exp.yaml"),
+        (lambda p, b, e: ["ingest", p], str),
+        (lambda p, b, e: ["report", "--out", REPO], str(REPO)),
+        (lambda p, b, e: ["verify-published", "--published-dir", p], "provenance.yaml"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_file(tmp_path, bad_bundle, bad_experiment, command, named):
     argv = command(tmp_path, bad_bundle, bad_experiment)
     proc = _ticklab(*argv)
@@ -61,10 +70,13 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, bad_bundle, bad_experim
 def test_a_project_error_exits_2_with_the_command_name(tmp_path):
     proc = _ticklab("capture", "nohz", "--experiment", tmp_path / "missing.yaml", "--dry-run")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"ticklab capture: {tmp_path / 'missing.yaml'}: cannot read (No such file or directory)"
+    assert (
+        proc.stderr.strip() == f"ticklab capture: {tmp_path / 'missing.yaml'}: cannot read (No such file or directory)"
+    )
 
 
 # -- issue 27, item 16: an error line is bounded and no file name can split it ------------------------------------
+
 
 def _one_line_of(text):
     lines = text.splitlines()
@@ -94,8 +106,9 @@ def test_issue27_a_5000_digit_published_value_is_not_echoed_whole(published_copy
     csv.write_text(csv.read_text().replace("646515,jobs/min", "9" * 5000 + ",jobs/min", 1))
     proc = _ticklab("verify-published", "--published-dir", published_copy, "hpet")
     line = _one_line_of(proc.stdout)
-    assert proc.returncode == 1 and line == (f"hpet: {csv}: row 2, column value: 5000 characters, more than the 1000 of "
-                                             "a published cell")
+    assert proc.returncode == 1 and line == (
+        f"hpet: {csv}: row 2, column value: 5000 characters, more than the 1000 of a published cell"
+    )
 
 
 @pytest.mark.slow
@@ -105,8 +118,9 @@ def test_issue27_verify_published_refuses_a_blank_value_beside_a_printed_number(
     csv.write_text(csv.read_text().replace("646515,jobs/min", ",jobs/min", 1))
     proc = _ticklab("verify-published", "--published-dir", published_copy, "hpet")
     assert proc.returncode == 1
-    assert _one_line_of(proc.stdout) == (f"hpet: {csv}: row 2 (id 'haswell_tsc'), column value: blank, but "
-                                         "value_as_printed '646515' states 646515")
+    assert _one_line_of(proc.stdout) == (
+        f"hpet: {csv}: row 2 (id 'haswell_tsc'), column value: blank, but value_as_printed '646515' states 646515"
+    )
 
 
 @pytest.mark.slow
@@ -124,8 +138,9 @@ def test_issue27_a_newline_in_an_experiment_path_does_not_split_the_error_line(t
     missing = tmp_path / "a\nticklab capture: forged.yaml"
     proc = _ticklab("capture", "nohz", "--experiment", missing, "--dry-run", "--out", tmp_path)
     assert proc.returncode == 2
-    assert _one_line_of(proc.stderr) == (f"ticklab capture: {tmp_path}/a\\nticklab capture: forged.yaml: cannot read "
-                                         "(No such file or directory)")
+    assert _one_line_of(proc.stderr) == (
+        f"ticklab capture: {tmp_path}/a\\nticklab capture: forged.yaml: cannot read (No such file or directory)"
+    )
 
 
 @pytest.mark.slow
@@ -144,4 +159,6 @@ def test_capture_of_a_claim_with_no_host_experiment_says_what_to_run_instead(dry
     proc = _ticklab("capture", "pvspinlock", *dry_run)
     assert proc.returncode == 2 and proc.stdout == ""
     [line] = proc.stderr.splitlines()
-    assert line.startswith("ticklab capture: pvspinlock has no host experiment") and "'ticklab lab run pvspinlock'" in line
+    assert (
+        line.startswith("ticklab capture: pvspinlock has no host experiment") and "'ticklab lab run pvspinlock'" in line
+    )

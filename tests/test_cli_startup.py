@@ -30,16 +30,30 @@ def imported_by(*argv: str) -> tuple[int, set[str]]:
 
 def a_bundled_trace():
     # a run's own trace (raw/<run>/trace/trace.dat), not a traced extra's (raw/<run>/<extra>/trace/trace.dat)
-    found = sorted(p for p in (REPO / "traces").rglob("trace.dat*") if p.parents[2].name == "raw"
-                   and p.name in ("trace.dat", "trace.dat.xz"))  # a sealed bundle keeps it xz'd (ingest reads either)
+    found = sorted(
+        p
+        for p in (REPO / "traces").rglob("trace.dat*")
+        if p.parents[2].name == "raw" and p.name in ("trace.dat", "trace.dat.xz")
+    )  # a sealed bundle keeps it xz'd (ingest reads either)
     if not found:
         pytest.skip("no bundled trace.dat under traces/")
     return min(found, key=lambda p: p.stat().st_size)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["ingest", "--help"], ["doctor", "--help"],
-                                  ["capture", "--help"], ["verify", "--help"], ["lab", "run", "--help"],
-                                  ["kernel", "build", "--help"], ["plan", "status", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["--version"],
+        ["ingest", "--help"],
+        ["doctor", "--help"],
+        ["capture", "--help"],
+        ["verify", "--help"],
+        ["lab", "run", "--help"],
+        ["kernel", "build", "--help"],
+        ["plan", "status", "--help"],
+    ],
+)
 def test_help_imports_no_analysis(argv):
     code, modules = imported_by(*argv)
     assert code == 0
@@ -69,9 +83,11 @@ def test_claim_ids_match_the_claims():
 
 
 def test_capture_help_documents_boot_plans_and_plan_status_exists():
-    capture_help = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "--help"], capture_output=True, text=True,
-                                  timeout=120)
+    capture_help = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "capture", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert "--boot {kexec,grub,manual}" in capture_help.stdout
-    status = subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", "status", "--help"], capture_output=True,
-                            text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "plan", "status", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert status.returncode == 0 and "--id PLAN_ID" in status.stdout

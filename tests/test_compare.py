@@ -14,8 +14,19 @@ from ticklab.report.compare import CompareError, compare_bundles, render
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 
 
-def bundle(root, host, values: dict, when=WHEN, *, claim="hrtick", facts=None, lab=None, metric="runtime_s",
-           unit="s", more: dict | None = None):
+def bundle(
+    root,
+    host,
+    values: dict,
+    when=WHEN,
+    *,
+    claim="hrtick",
+    facts=None,
+    lab=None,
+    metric="runtime_s",
+    unit="s",
+    more: dict | None = None,
+):
     """A sealed bundle of `host` with `values` {condition: [one value a run]} of `metric`; `more` {metric: (unit,
     factor)} adds metrics whose value is the run's times factor; `facts` the manifest's host facts, `lab` its lab."""
     writer = BundleWriter(root, host, claim, "hackbench", definition={}, host=facts or {}, when=when)
@@ -46,7 +57,9 @@ def test_two_bundles_compare_shared_conditions_and_formats(tmp_path):
     a = bundle(tmp_path, "host-a", {"off": [1.0, 1.1, 0.9]})
     b = bundle(tmp_path, "host-b", {"off": [1.5, 1.6, 1.4]})
     comparison = compare_bundles([a, b])
-    assert [t.title for t in comparison.tables] == ["runtime_s, condition off — baseline host-a/20261121T180000Z-hackbench"]
+    assert [t.title for t in comparison.tables] == [
+        "runtime_s, condition off — baseline host-a/20261121T180000Z-hackbench"
+    ]
     parsed = json.loads(render(comparison, "json"))
     assert parsed["tables"][0]["n"] == {"host-a/20261121T180000Z-hackbench": 3, "host-b/20261121T180000Z-hackbench": 3}
     assert parsed["warnings"] == []  # the same (empty) host facts: nothing differs
@@ -81,7 +94,9 @@ def test_papermill_parameter_files_set_only_notebook_parameters():
     for notebook in sorted((REPO / "notebooks").glob("*.ipynb")):
         book = nbformat.read(notebook, as_version=4)
         [cell] = [c for c in book.cells if "parameters" in c.metadata.get("tags", [])]
-        names = {line.split("=")[0].strip() for line in cell.source.splitlines() if "=" in line and not line.startswith("#")}
+        names = {
+            line.split("=")[0].strip() for line in cell.source.splitlines() if "=" in line and not line.startswith("#")
+        }
         for path in files:
             params = yaml.safe_load(path.read_text())
             assert set(params) <= names, (path.name, notebook.name)
@@ -97,15 +112,25 @@ def test_published_only_parameters_give_not_testable_verdicts(tmp_path):
 
     params = yaml.safe_load((REPO / "notebooks" / "params" / "published-only.yaml").read_text())
     params["output_dir"] = str(tmp_path)
-    result = run_notebook(REPO / "notebooks" / "05-nohz.ipynb", tmp_path / "05.ipynb", params, cell_timeout=300,
-                          notebook_timeout=600, claim="nohz")
+    result = run_notebook(
+        REPO / "notebooks" / "05-nohz.ipynb",
+        tmp_path / "05.ipynb",
+        params,
+        cell_timeout=300,
+        notebook_timeout=600,
+        claim="nohz",
+    )
     assert result.status == "ok", result.error
     verdicts = (tmp_path / "verdicts" / "nohz.csv").read_text()
     assert "not testable here" in verdicts and "no captured bundles" in verdicts
     # without fresh data the fresh cells say so in words; an empty table is what a reader must not get
     executed = json.loads((tmp_path / "05.ipynb").read_text())
-    tables = ["".join(out["data"]["text/html"]) for cell in executed["cells"] for out in cell.get("outputs", [])
-              if "text/html" in out.get("data", {})]
+    tables = [
+        "".join(out["data"]["text/html"])
+        for cell in executed["cells"]
+        for out in cell.get("outputs", [])
+        if "text/html" in out.get("data", {})
+    ]
     assert tables, "the notebook shows no table at all"
     empty = [html[:200] for html in tables if not re.search(r"<tbody>.*<tr", html, re.S)]
     assert not empty, empty
@@ -189,10 +214,21 @@ def test_a_host_a_lab_guest_and_the_lab_host_are_three_setup_kinds(tmp_path):
     from ticklab.report.compare import setup_kind
 
     host = bundle(tmp_path, "intel-xeon-2c-6.18.44-fc-v669-vm", {"off": OFF}, claim="demo", facts=INTEL)
-    guest = bundle(tmp_path, "guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v669-vm", {"off": ON},
-                   claim="demo", facts=GUEST, lab={"physical_host": INTEL, "physical_host_id": "intel-xeon-2c-6.18.44-fc-v669-vm"})
-    labhost = bundle(tmp_path, "guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v669-vm-labhost-kexec",
-                     {"off": ON}, claim="demo", facts=GUEST)
+    guest = bundle(
+        tmp_path,
+        "guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v669-vm",
+        {"off": ON},
+        claim="demo",
+        facts=GUEST,
+        lab={"physical_host": INTEL, "physical_host_id": "intel-xeon-2c-6.18.44-fc-v669-vm"},
+    )
+    labhost = bundle(
+        tmp_path,
+        "guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v669-vm-labhost-kexec",
+        {"off": ON},
+        claim="demo",
+        facts=GUEST,
+    )
     from ticklab.bundle import load_bundle
 
     assert [setup_kind(load_bundle(p).manifest) for p in (host, guest, labhost)] == ["host", "lab guest", "lab host"]
@@ -216,12 +252,16 @@ def test_map_pairs_a_condition_of_the_first_bundle_with_one_of_the_second(tmp_pa
     assert [(s.condition) for s in table.columns.values()] == ["tick-on", "hz1000"]
     assert table.frame.set_index(["statistic", "condition"]).loc[("Median", table.baseline), "value"] == 1.0
     two = compare_bundles([host, guest], pairs=["tick-on=hz1000", "tick-on=hz250"]).tables
-    assert [t.title.split(" — ")[0] for t in two] == ["runtime_s, condition tick-on vs hz1000",
-                                                      "runtime_s, condition tick-on vs hz250"]
+    assert [t.title.split(" — ")[0] for t in two] == [
+        "runtime_s, condition tick-on vs hz1000",
+        "runtime_s, condition tick-on vs hz250",
+    ]
     # a bad map: one line naming what does not exist and what does, exit 2
-    for arg, missing, listed in (("tick-on=hz100", "hz100", "hz1000, hz250, hz1000-nohz_full"),
-                                 ("tick=hz1000", "tick", "tick-on"),
-                                 ("tick-on", "tick-on", "")):
+    for arg, missing, listed in (
+        ("tick-on=hz100", "hz100", "hz1000, hz250, hz1000-nohz_full"),
+        ("tick=hz1000", "tick", "tick-on"),
+        ("tick-on", "tick-on", ""),
+    ):
         code, out, err = run_cli(capsys, host, guest, "--map", arg)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (arg, err)
         assert f"--map {arg}" in err and repr(missing) in err or arg == "tick-on", (arg, err)
@@ -263,13 +303,28 @@ def test_the_default_metrics_are_the_claims_and_all_shows_every_one(tmp_path, ca
 def test_numbers_print_three_significant_digits_or_scientific():
     from ticklab.report.compare import by_magnitude
 
-    assert [by_magnitude(x) for x in (0.0042, 0.05527, 1.78, 224.83, 12655.85, 0.0, -33.25, 2.5e-5, 3.2e7)] == \
-        ["0.00420", "0.0553", "1.78", "225", "12656", "0", "-33.2", "2.50e-05", "3.20e+07"]
+    assert [by_magnitude(x) for x in (0.0042, 0.05527, 1.78, 224.83, 12655.85, 0.0, -33.25, 2.5e-5, 3.2e7)] == [
+        "0.00420",
+        "0.0553",
+        "1.78",
+        "225",
+        "12656",
+        "0",
+        "-33.2",
+        "2.50e-05",
+        "3.20e+07",
+    ]
 
 
 def test_a_fraction_never_prints_as_zero(tmp_path):
-    fractions = bundle(tmp_path, "host-a", {"off": [0.0042, 0.0044, 0.0041], "on": [0.0031, 0.0030, 0.0032]},
-                       claim="demo", metric="tick_time_fraction", unit="fraction")
+    fractions = bundle(
+        tmp_path,
+        "host-a",
+        {"off": [0.0042, 0.0044, 0.0041], "on": [0.0031, 0.0030, 0.0032]},
+        claim="demo",
+        metric="tick_time_fraction",
+        unit="fraction",
+    )
     text = render(compare_bundles([fractions]), "text")
     assert "0.00420" in text and "0.00310 (-26.2%)" in text
     assert not re.search(r"(?<![\d.])0\.00(?![\d])", text), text
@@ -284,8 +339,21 @@ def test_csv_is_one_table_with_a_number_in_each_cell_and_plain_headers(tmp_path)
     b = bundle(tmp_path, "host-b", {"off": ON, "on": [1.0, 1.1, 0.9, 1.05]}, claim="demo")
     comparison = compare_bundles([a, b])
     table = pd.read_csv(io.StringIO(render(comparison, "csv")), converters={"significant": str})
-    assert list(table.columns) == ["metric", "statistic", "a_bundle", "a_condition", "b_bundle", "b_condition", "unit",
-                                   "a", "b", "difference", "relative_change_pct", "p_holm", "significant"]
+    assert list(table.columns) == [
+        "metric",
+        "statistic",
+        "a_bundle",
+        "a_condition",
+        "b_bundle",
+        "b_condition",
+        "unit",
+        "a",
+        "b",
+        "difference",
+        "relative_change_pct",
+        "p_holm",
+        "significant",
+    ]
     for column in ("a", "b", "difference", "relative_change_pct", "p_holm"):
         assert pd.api.types.is_float_dtype(table[column]), column
     assert len(table) == 2 * 6  # two condition pairs, six statistics
@@ -294,7 +362,10 @@ def test_csv_is_one_table_with_a_number_in_each_cell_and_plain_headers(tmp_path)
     assert median_off.difference == pytest.approx(1.05) and median_off.relative_change_pct == pytest.approx(105)
     assert median_off.significant == "*" and median_off.p_holm < 0.05
     assert (table[table.a_condition == "on"].significant == "").all()
-    assert table.loc[table.statistic == "CoefVar", "unit"].eq("%").all() and table.loc[table.statistic == "Min", "unit"].eq("s").all()
+    assert (
+        table.loc[table.statistic == "CoefVar", "unit"].eq("%").all()
+        and table.loc[table.statistic == "Min", "unit"].eq("s").all()
+    )
     # one bundle: the baseline condition is a, each other condition b
     one = pd.read_csv(io.StringIO(render(compare_bundles([b]), "csv")))
     assert set(one.a_condition) == {"off"} and set(one.b_condition) == {"on"} and (one.a_bundle == one.b_bundle).all()

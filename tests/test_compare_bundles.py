@@ -14,7 +14,7 @@ NOHZ = {
     "intel host": REPO / "traces/intel-xeon-2c-6.18.44-fc-v669-vm/nohz/20261122T215204Z-ftq",
     "amd host": REPO / "traces/amd-epyc-2c-6.18.44-fc-v595-vm/nohz/20261126T195227Z-ftq",
     "intel guest": REPO / "traces/guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v669-vm/nohz/"
-                          "20261122T213730Z-guest-ftq",
+    "20261122T213730Z-guest-ftq",
 }
 
 
@@ -34,22 +34,30 @@ def test_intel_and_amd_hosts_warn_that_cpus_and_kernels_differ_and_print_fractio
     assert "Intel(R) Xeon(R) Processor" in warnings[0] and "AMD EPYC" in warnings[0]
     assert "6.18.44-fc-v669" in warnings[1] and "6.18.44-fc-v595" in warnings[1]
     # the tick's share of the time is ~0.0017: never shown as 0.00
-    fraction = out[out.index("local_timer_irq_time_fraction"):]
+    fraction = out[out.index("local_timer_irq_time_fraction") :]
     assert not re.search(r"(?<![\d.])0\.00(?![\d])", fraction), fraction
-    median = pd.read_csv(NOHZ["intel host"] / "results.csv").query("metric == 'local_timer_irq_time_fraction'")["value"].median()
+    median = (
+        pd.read_csv(NOHZ["intel host"] / "results.csv")
+        .query("metric == 'local_timer_irq_time_fraction'")["value"]
+        .median()
+    )
     assert f"{median:.3g}" in fraction
     code, out, _ = run_cli(capsys, NOHZ["intel host"], NOHZ["amd host"], "--format", "json")
     assert len(json.loads(out)["warnings"]) == 2
 
 
 def test_the_csv_of_two_hosts_has_plain_headers_and_numbers_that_match_the_bundles(capsys):
-    code, out, err = run_cli(capsys, NOHZ["intel host"], NOHZ["amd host"], "--format", "csv", "--metric", "ftq_count_mean")
+    code, out, err = run_cli(
+        capsys, NOHZ["intel host"], NOHZ["amd host"], "--format", "csv", "--metric", "ftq_count_mean"
+    )
     assert code == 0
     table = pd.read_csv(io.StringIO(out))
     assert not any(str(c).endswith("*") for c in table.columns)
     row = table[table.statistic == "Min"].iloc[0]
-    runs = {side: pd.read_csv(NOHZ[side] / "results.csv").query("metric == 'ftq_count_mean'")["value"]
-            for side in ("intel host", "amd host")}
+    runs = {
+        side: pd.read_csv(NOHZ[side] / "results.csv").query("metric == 'ftq_count_mean'")["value"]
+        for side in ("intel host", "amd host")
+    }
     assert (row.a, row.b) == (runs["intel host"].min(), runs["amd host"].min())
     assert row.difference == pytest.approx(row.b - row.a)
     assert row.relative_change_pct == pytest.approx((row.b / row.a - 1) * 100)
@@ -62,7 +70,9 @@ def test_the_default_metrics_are_the_nohz_claims_and_all_is_every_shared_one(cap
 
     claim = get_claim("nohz")
     compared = {c.metric for c in claim.comparisons(claim.published(published_dir()))}
-    shared = set.intersection(*(set(pd.read_csv(NOHZ[s] / "results.csv")["metric"]) for s in ("intel host", "amd host")))
+    shared = set.intersection(
+        *(set(pd.read_csv(NOHZ[s] / "results.csv")["metric"]) for s in ("intel host", "amd host"))
+    )
     code, out, err = run_cli(capsys, NOHZ["intel host"], NOHZ["amd host"], "--format", "json")
     assert code == 0 and set(json.loads(out)["metrics"]) == compared & shared
     assert f"of the {len(shared)} metrics" in err

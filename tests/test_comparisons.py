@@ -20,21 +20,38 @@ pytestmark = pytest.mark.xdist_group("machine")
 
 WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
 TWO_PERCENT = Margins(no_effect=0.02)
-FASTER = Comparison("b vs a", "work", "b", "a", Target(1.10, 1, "derived: a test's", "+10% work", ("nohz/t/r",)),
-                    margins=TWO_PERCENT)
+FASTER = Comparison(
+    "b vs a", "work", "b", "a", Target(1.10, 1, "derived: a test's", "+10% work", ("nohz/t/r",)), margins=TWO_PERCENT
+)
 
 
 def runs_frame(values: dict) -> pd.DataFrame:
-    rows = [{"host_id": setup, "bundle": "x", "experiment": "e", "run": f"run-{i}", "condition": condition,
-             "metric": "work", "value": v, "unit": "u"}
-            for (setup, condition), vs in values.items() for i, v in enumerate(vs)]
+    rows = [
+        {
+            "host_id": setup,
+            "bundle": "x",
+            "experiment": "e",
+            "run": f"run-{i}",
+            "condition": condition,
+            "metric": "work",
+            "value": v,
+            "unit": "u",
+        }
+        for (setup, condition), vs in values.items()
+        for i, v in enumerate(vs)
+    ]
     return pd.DataFrame(rows)
 
 
 def test_a_clear_effect_is_reproduced_and_a_setup_without_the_conditions_gets_no_row():
     rng = np.random.default_rng(1)
-    runs = runs_frame({("guest", "a"): 100 + rng.normal(0, 1, 10), ("guest", "b"): 111 + rng.normal(0, 1, 10),
-                       ("host", "a"): 100 + rng.normal(0, 1, 10)})
+    runs = runs_frame(
+        {
+            ("guest", "a"): 100 + rng.normal(0, 1, 10),
+            ("guest", "b"): 111 + rng.normal(0, 1, 10),
+            ("host", "a"): 100 + rng.normal(0, 1, 10),
+        }
+    )
     found = {v.setup: v for v in verdicts("nohz", [FASTER], runs, n_boot=2000)}
     assert set(found) == {"guest"}, "claim_verdicts, not verdicts, gives untested setups their row"
     guest = found["guest"]
@@ -47,21 +64,37 @@ def test_a_clear_effect_is_reproduced_and_a_setup_without_the_conditions_gets_no
 
 def test_no_effect_is_shown_and_the_family_is_the_claim_on_one_setup():
     rng = np.random.default_rng(2)
-    runs = runs_frame({("guest", "a"): 100 + rng.normal(0, 0.5, 12), ("guest", "b"): 100 + rng.normal(0, 0.5, 12),
-                       ("guest", "c"): 130 + rng.normal(0, 0.5, 12)})
-    slower = Comparison("c vs a", "work", "c", "a", Target(1.3, 1, "derived: a test's", "+30%", ()), margins=TWO_PERCENT)
+    runs = runs_frame(
+        {
+            ("guest", "a"): 100 + rng.normal(0, 0.5, 12),
+            ("guest", "b"): 100 + rng.normal(0, 0.5, 12),
+            ("guest", "c"): 130 + rng.normal(0, 0.5, 12),
+        }
+    )
+    slower = Comparison(
+        "c vs a", "work", "c", "a", Target(1.3, 1, "derived: a test's", "+30%", ()), margins=TWO_PERCENT
+    )
     found = {v.comparison: v for v in verdicts("nohz", [FASTER, slower], runs, n_boot=2000)}
     assert found["b vs a"].verdict == "no effect shown" and "no-effect margin" in found["b vs a"].reason
     assert found["c vs a"].verdict == "reproduced"
-    assert "Holm over this setup's 2" in found["c vs a"].test and found["c vs a"].ci_level.startswith("0.975 (simultaneous 95%")
+    assert "Holm over this setup's 2" in found["c vs a"].test and found["c vs a"].ci_level.startswith(
+        "0.975 (simultaneous 95%"
+    )
     # another setup's bundle does not change this setup's family: same p, same CI
-    other = runs_frame({("other", "a"): 100 + rng.normal(0, 0.5, 12), ("other", "b"): 100 + rng.normal(0, 0.5, 12),
-                        ("other", "c"): 100 + rng.normal(0, 0.5, 12)})
-    again = {v.comparison: v for v in verdicts("nohz", [FASTER, slower], pd.concat([runs, other]), n_boot=2000)
-             if v.setup == "guest"}
+    other = runs_frame(
+        {
+            ("other", "a"): 100 + rng.normal(0, 0.5, 12),
+            ("other", "b"): 100 + rng.normal(0, 0.5, 12),
+            ("other", "c"): 100 + rng.normal(0, 0.5, 12),
+        }
+    )
+    again = {
+        v.comparison: v
+        for v in verdicts("nohz", [FASTER, slower], pd.concat([runs, other]), n_boot=2000)
+        if v.setup == "guest"
+    }
     for name, row in found.items():
         assert (again[name].p_holm, again[name].ci_low, again[name].ci_high) == (row.p_holm, row.ci_low, row.ci_high)
-
 
 
 def test_two_comparisons_of_the_same_data_are_one_test_in_the_family():
@@ -73,9 +106,14 @@ def test_two_comparisons_of_the_same_data_are_one_test_in_the_family():
     a, b, c = (100 * np.exp(rng.normal(shift, 0.05, 7)) for shift in (0.0, 0.06, 0.04))
     runs = runs_frame({("guest", "a"): a, ("guest", "b"): b, ("guest", "c"): c})
     series = FASTER
-    no_regression = Comparison("no regression: b vs a", "work", "b", "a",
-                               Target(None, -1, "derived: a test's", "no slower", (), no_worse_than=0.95),
-                               margins=TWO_PERCENT)
+    no_regression = Comparison(
+        "no regression: b vs a",
+        "work",
+        "b",
+        "a",
+        Target(None, -1, "derived: a test's", "no slower", (), no_worse_than=0.95),
+        margins=TWO_PERCENT,
+    )
     other = Comparison("c vs a", "work", "c", "a", Target(1.05, 1, "derived: a test's", "+5%", ()), margins=TWO_PERCENT)
     found = {v.comparison: v for v in verdicts("nohz", [series, no_regression, other], runs, n_boot=500)}
     assert len(found) == 3
@@ -91,7 +129,9 @@ def test_two_comparisons_of_the_same_data_are_one_test_in_the_family():
         assert row.ci_level.startswith("0.975 (simultaneous 95% over this setup's 2 distinct tests: Bonferroni)")
         assert "Holm over this setup's 2 distinct tests (the same test as " in row.test
     assert "the same test as no regression: b vs a: counted once" in found["b vs a"].test
-    assert "Holm over this setup's 2 distinct tests;" in found["c vs a"].test and "same test" not in found["c vs a"].test
+    assert (
+        "Holm over this setup's 2 distinct tests;" in found["c vs a"].test and "same test" not in found["c vs a"].test
+    )
     # two comparisons of the same data and nothing else: one test, at the family's full level
     alone = {v.comparison: v for v in verdicts("nohz", [series, no_regression], runs, n_boot=500)}
     assert {row.ci_level for row in alone.values()} == {"95%"}
@@ -106,14 +146,15 @@ def test_negative_controls_use_the_verdicts_estimator_and_ci():
     from ticklab.analysis.stats import mann_whitney, ratio_interval, ratio_of_medians
 
     baseline = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0]
-    treatment = [99.0, 100.0, 101.0, 103.0, 115.0, 118.0, 120.0]   # ratio of medians ×1, Hodges-Lehmann ×1.0098
+    treatment = [99.0, 100.0, 101.0, 103.0, 115.0, 118.0, 120.0]  # ratio of medians ×1, Hodges-Lehmann ×1.0098
     runs = runs_frame({("guest", "on"): treatment, ("guest", "off"): baseline})
     control = NegativeControl("on vs off, nothing to change", "work", "on", "off", 0.05)
     [row] = negative_controls([control], runs, n_boot=500).to_dict("records")
     verdicts_ci = ratio_interval(treatment, baseline, confidence=0.95)
     assert "Hodges-Lehmann" in verdicts_ci.method
     assert (row["fresh_effect"], row["ci_low"], row["ci_high"]) == pytest.approx(
-        (verdicts_ci.estimate, verdicts_ci.low, verdicts_ci.high))
+        (verdicts_ci.estimate, verdicts_ci.low, verdicts_ci.high)
+    )
     assert row["fresh_effect"] == pytest.approx(np.median(np.array(treatment)[:, None] / np.array(baseline)[None, :]))
     medians = ratio_of_medians(treatment, baseline, n_boot=500)
     assert abs(row["fresh_effect"] - medians.estimate) > 0.005, "the data must tell the two estimators apart"
@@ -125,6 +166,7 @@ def test_negative_controls_use_the_verdicts_estimator_and_ci():
     assert (row["ci_low"], row["ci_high"]) == (0.0, float("inf"))
     assert row["outcome"].startswith("not tested: 3 vs 3 runs cannot give a bounded 95% CI")
 
+
 OSNOISE = """duration:   0 00:00:05 | time is in us
 CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single          HW          NMI          IRQ      Softirq       Thread
   1 #5           5004789       776728    84.48030      210715         9609        9412            0         4528           93            5
@@ -132,22 +174,34 @@ CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single      
 
 
 def test_osnoise_rows_parse_rtla_top_output():
-    assert nohz.osnoise_rows(OSNOISE) == [{"cpu": 1, "runtime_us": 5004789, "noise_us": 776728,
-                                           "cpu_available_pct": 84.4803, "max_noise_us": 210715, "irqs": 4528,
-                                           "softirqs": 93}]
+    assert nohz.osnoise_rows(OSNOISE) == [
+        {
+            "cpu": 1,
+            "runtime_us": 5004789,
+            "noise_us": 776728,
+            "cpu_available_pct": 84.4803,
+            "max_noise_us": 210715,
+            "irqs": 4528,
+            "softirqs": 93,
+        }
+    ]
 
 
 @pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'")
 def test_fresh_ftq_samples_feed_the_figure_spectrum_and_verdicts(tmp_path):
-    writer = BundleWriter(tmp_path, "guest-test", "nohz", "ftq", definition={"workload": {"tool": "ftq"}},
-                          host={}, when=WHEN)
+    writer = BundleWriter(
+        tmp_path, "guest-test", "nohz", "ftq", definition={"workload": {"tool": "ftq"}}, host={}, when=WHEN
+    )
     for index, condition in enumerate(["hz1000", "hz1000-nohz_full"] * 2):
         run = f"run-{index + 1:03d}"
         directory = writer.run_dir(run)
-        subprocess.run([tools_bin() / "ftq", "-q", "100000", "-n", "400", "-w", "20", "-c", "0", "-o",
-                        directory / "ftq.dat"], check=True)
-        writer.add_run({"run": run, "condition": condition, "warmup": False, "status": "ok", "problem": None},
-                       parse_ftq(directory))
+        subprocess.run(
+            [tools_bin() / "ftq", "-q", "100000", "-n", "400", "-w", "20", "-c", "0", "-o", directory / "ftq.dat"],
+            check=True,
+        )
+        writer.add_run(
+            {"run": run, "condition": condition, "warmup": False, "status": "ok", "problem": None}, parse_ftq(directory)
+        )
     writer.seal()
     bundles = find_bundles(tmp_path, "nohz")
     samples = nohz.fresh_ftq(bundles)
@@ -165,8 +219,16 @@ def test_the_sorted_ftq_curve_is_drawn_through_evenly_spaced_ranks_with_both_end
     import pandas as pd
 
     counts = np.random.default_rng(4).integers(1000, 90000, size=50_001)
-    samples = pd.DataFrame({"host_id": "h", "condition": "hz1000", "run": "run-001", "quantum_ns": 100000,
-                            "index": np.arange(len(counts)), "count": counts})
+    samples = pd.DataFrame(
+        {
+            "host_id": "h",
+            "condition": "hz1000",
+            "run": "run-001",
+            "quantum_ns": 100000,
+            "index": np.arange(len(counts)),
+            "count": counts,
+        }
+    )
     line = nohz.ftq_sorted_figure(samples, "h").axes[0].lines[0]
     share, drawn = line.get_xdata(), line.get_ydata()
     assert len(drawn) == nohz.SORTED_CURVE_POINTS and (np.diff(drawn) >= 0).all()
@@ -180,8 +242,8 @@ def test_the_sorted_ftq_curve_is_drawn_through_evenly_spaced_ranks_with_both_end
 def test_every_setup_in_the_data_is_accounted_for_in_one_row(tmp_path):
     from types import SimpleNamespace
 
-    from ticklab.analysis.published import load_published
     from ticklab import paths
+    from ticklab.analysis.published import load_published
 
     for host, claim in (("host-a", "nohz"), ("guest-tcg-x", "hpet")):
         writer = BundleWriter(tmp_path, host, claim, "e", definition={}, host={}, when=WHEN)
@@ -193,11 +255,18 @@ def test_every_setup_in_the_data_is_accounted_for_in_one_row(tmp_path):
     [row] = acpi_idle.CLAIM.verdicts(ctx, n_boot=200)
     assert row.setup == "guest-tcg-x, host-a" and row.verdict == "not testable here"
     assert "guest-tcg-x: no acpi-idle bundle from this setup (QEMU offers guests no ACPI C-states" in row.reason
-    assert "host-a: no acpi-idle bundle from this setup |" not in row.reason and row.reason.endswith("host-a: no acpi-idle bundle from this setup")
-    ctx = SimpleNamespace(published=load_published(paths.published_dir(), "nohz"), bundles=find_bundles(tmp_path, "nohz"),
-                          data_dir=tmp_path)
+    assert "host-a: no acpi-idle bundle from this setup |" not in row.reason and row.reason.endswith(
+        "host-a: no acpi-idle bundle from this setup"
+    )
+    ctx = SimpleNamespace(
+        published=load_published(paths.published_dir(), "nohz"),
+        bundles=find_bundles(tmp_path, "nohz"),
+        data_dir=tmp_path,
+    )
     [row] = nohz.CLAIM.verdicts(ctx, n_boot=200)
-    assert "host-a: e: nothing to run with" in row.reason and "guest-tcg-x: no nohz bundle from this setup" in row.reason
+    assert (
+        "host-a: e: nothing to run with" in row.reason and "guest-tcg-x: no nohz bundle from this setup" in row.reason
+    )
 
 
 def test_clock_read_share_sums_vdso_and_clock_functions_from_perf_report():
@@ -216,8 +285,10 @@ def test_clock_read_share_sums_vdso_and_clock_functions_from_perf_report():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v tbench tbench_srv"], capture_output=True).returncode != 0,
-                    reason="tbench is not installed (Debian: dbench)")
+@pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v tbench tbench_srv"], capture_output=True).returncode != 0,
+    reason="tbench is not installed (Debian: dbench)",
+)
 def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_and_a_verdict(fake_host, tmp_path):
     """A fake host with POLL, C1, C2 (knobs in a directory tree) and real tbench over loopback."""
     import json
@@ -226,17 +297,24 @@ def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_
     import yaml
 
     from ticklab import paths
+    from ticklab.analysis.published import load_published
     from ticklab.capture.experiment import load_experiment
     from ticklab.capture.runner import CaptureOptions, capture
     from ticklab.claims import acpi_idle
-    from ticklab.analysis.published import load_published
 
     definition = load_experiment(paths.repo_root() / "runners" / "acpi-idle" / "tbench.yaml").definition
     definition = {**definition, "workload": {**definition["workload"], "params": {"seconds": 2}}, "profile": None}
     path = tmp_path / "tbench.yaml"
     path.write_text(yaml.safe_dump(definition))
-    options = CaptureOptions(runs=3, warmup=0, out=tmp_path / "traces", host_id="fake-idle", root=fake_host,
-                             journal=tmp_path / "j.json", progress=False)
+    options = CaptureOptions(
+        runs=3,
+        warmup=0,
+        out=tmp_path / "traces",
+        host_id="fake-idle",
+        root=fake_host,
+        journal=tmp_path / "j.json",
+        progress=False,
+    )
     [bundle] = capture("acpi-idle", options, experiment_path=path, log=lambda _: None)
     conditions = {c["name"]: c for c in json.loads((bundle / "manifest.json").read_text())["conditions"]}
     assert conditions["deepest-disabled"]["idle"] == "max=C1" and conditions["all-states"]["idle"] == "all"
@@ -246,8 +324,9 @@ def test_fresh_tbench_runs_on_a_host_with_cpuidle_states_give_the_mmtests_table_
     assert list(table.index) == ["Min", "Max", "Median", "AMean", "Stddev", "CoefVar"]
     assert [c.rstrip(" *") for c in table.columns] == ["all-states", "deepest-disabled"]
     assert "%)" in table.iloc[0, 1] and "%)" not in table.iloc[0, 0]
-    ctx = SimpleNamespace(published=load_published(paths.published_dir(), "acpi-idle"), bundles=bundles,
-                          data_dir=tmp_path / "traces")
+    ctx = SimpleNamespace(
+        published=load_published(paths.published_dir(), "acpi-idle"), bundles=bundles, data_dir=tmp_path / "traces"
+    )
     median, tail = acpi_idle.CLAIM.verdicts(ctx, n_boot=500)
     assert median.setup == tail.setup == "fake-idle" and median.n_per_condition == "3 vs 3"
     assert median.verdict in VERDICTS and median.verdict != "not testable here" and median.fresh_effect > 0
@@ -263,13 +342,17 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
     from types import SimpleNamespace
 
     from ticklab import paths
-    from ticklab.claims import pvspinlock
     from ticklab.analysis.published import load_published
+    from ticklab.claims import pvspinlock
 
     setup = "guest-tcg-2-3-4vcpu-test"
     writer = BundleWriter(tmp_path, setup, "pvspinlock", "guest-kbuild", definition={}, host={}, when=WHEN)
-    times = {"0 1.5x": [30.0, 31.0, 29.5, 30.5, 30.2, 29.8], "4 1.5x": [27.0, 27.5, 26.8, 27.2, 27.1, 26.9],
-             "0 1x": [20.0, 20.4, 19.8, 20.2], "4 1x": [20.1, 20.3, 19.9, 20.0]}
+    times = {
+        "0 1.5x": [30.0, 31.0, 29.5, 30.5, 30.2, 29.8],
+        "4 1.5x": [27.0, 27.5, 26.8, 27.2, 27.1, 26.9],
+        "0 1x": [20.0, 20.4, 19.8, 20.2],
+        "4 1x": [20.1, 20.3, 19.9, 20.0],
+    }
     index = 0
     for key, values in times.items():
         kick_ahead, level = key.split()
@@ -279,17 +362,37 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
             kicks = 150.0 if (kick_ahead == "4" and vcpus >= 3) else 0.0
             if index == 2:
                 kicks = 1.0  # a kick-ahead with pv_kick_ahead=0: the switch did not work, the run is left out
-            rows = [{"metric": "build_time_s", "value": value, "unit": "s"},
-                    {"metric": "guest_vcpus", "value": vcpus, "unit": "CPUs"}]
-            rows += [{"metric": f"lockevent_{name}", "value": count, "unit": "events"}
-                     for name, count in (("pv_lab_wait", 900), ("pv_lab_halt", 700), ("pv_wait_head", 400),
-                                         ("pv_wait_node", 500), ("pv_kick_unlock", 650), ("pv_kick_ahead", kicks))]
-            writer.add_run({"run": f"run-{index:03d}", "condition": f"kick-ahead-{kick_ahead} {level}", "warmup": False,
-                            "status": "ok", "guest": {"switches": {"pv_kick_ahead": kick_ahead}}}, rows)
+            rows = [
+                {"metric": "build_time_s", "value": value, "unit": "s"},
+                {"metric": "guest_vcpus", "value": vcpus, "unit": "CPUs"},
+            ]
+            rows += [
+                {"metric": f"lockevent_{name}", "value": count, "unit": "events"}
+                for name, count in (
+                    ("pv_lab_wait", 900),
+                    ("pv_lab_halt", 700),
+                    ("pv_wait_head", 400),
+                    ("pv_wait_node", 500),
+                    ("pv_kick_unlock", 650),
+                    ("pv_kick_ahead", kicks),
+                )
+            ]
+            writer.add_run(
+                {
+                    "run": f"run-{index:03d}",
+                    "condition": f"kick-ahead-{kick_ahead} {level}",
+                    "warmup": False,
+                    "status": "ok",
+                    "guest": {"switches": {"pv_kick_ahead": kick_ahead}},
+                },
+                rows,
+            )
     writer.seal()
     bundles = find_bundles(tmp_path, "pvspinlock")
     runs, notes = measured_runs(bundles, pvspinlock.CHECKS, "pvspinlock")
-    assert "run-002" not in set(runs["run"]) and any("condition check failed or could not be computed (run-002" in n for n in notes)
+    assert "run-002" not in set(runs["run"]) and any(
+        "condition check failed or could not be computed (run-002" in n for n in notes
+    )
     published = load_published(paths.published_dir(), "pvspinlock")
     table = pvspinlock.fresh_table(runs, published)
     lab = table[table["source"] == "lab analogue (TCG, halt+IPI backend)"].set_index("guest vCPUs")
@@ -305,16 +408,20 @@ def test_kick_ahead_lab_runs_give_seed_001s_table_counters_checks_and_lab_analog
     found = {v.comparison.rsplit("= ", 1)[1]: v for v in pvspinlock.CLAIM.verdicts(ctx, n_boot=1000)}
     assert set(found) == {"1x host CPUs", "1.5x host CPUs"}
     assert found["1x host CPUs"].verdict == "not testable here"
-    assert found["1x host CPUs"].reason.startswith("kick-ahead barely ran: 0 kick-aheads in 4 builds with "
-                                                   "pv_kick_ahead=4 on 2 vCPUs (median 0 a build, below the declared "
-                                                   "minimum 100")
+    assert found["1x host CPUs"].reason.startswith(
+        "kick-ahead barely ran: 0 kick-aheads in 4 builds with "
+        "pv_kick_ahead=4 on 2 vCPUs (median 0 a build, below the declared "
+        "minimum 100"
+    )
     assert found["1x host CPUs"].reason.endswith("left out of the multiple-comparison family")
     overcommitted = found["1.5x host CPUs"]
     assert overcommitted.comparison.startswith("lab analogue (TCG, halt+IPI backend): ")
     treated, base = np.array(times["4 1.5x"]), np.array([v for i, v in enumerate(times["0 1.5x"]) if i != 1])
     assert overcommitted.fresh_effect == pytest.approx(np.median(treated[:, None] / base[None, :]))
     assert overcommitted.n_per_condition == "6 vs 5" and "Holm over this setup's 1" in overcommitted.test
-    assert overcommitted.printed_in_source == "9m21.1s / 11m20.6s" and overcommitted.target_ratio == pytest.approx(561.1 / 680.6)
+    assert overcommitted.printed_in_source == "9m21.1s / 11m20.6s" and overcommitted.target_ratio == pytest.approx(
+        561.1 / 680.6
+    )
     assert overcommitted.target_provenance.startswith("derived: ratio of two printed values")
 
 
@@ -327,9 +434,23 @@ def test_runs_of_two_bundles_of_one_setup_are_two_series_in_the_spectrum_not_one
     # two bundles of one setup, each with its run-001: a pure 1 kHz tone in one, noise in the other
     tone = 1000 + 500 * np.sin(2 * np.pi * 1000 * np.arange(4096) / 10_000)
     noise = rng.normal(1000, 50, size=4096)
-    samples = pd.concat([pd.DataFrame({"host_id": "h", "bundle": bundle, "run": "run-001", "condition": "hz1000",
-                                       "quantum_ns": 100_000, "index": np.arange(4096), "count": counts})
-                         for bundle, counts in (("b1", tone), ("b2", noise))], ignore_index=True)
+    samples = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "host_id": "h",
+                    "bundle": bundle,
+                    "run": "run-001",
+                    "condition": "hz1000",
+                    "quantum_ns": 100_000,
+                    "index": np.arange(4096),
+                    "count": counts,
+                }
+            )
+            for bundle, counts in (("b1", tone), ("b2", noise))
+        ],
+        ignore_index=True,
+    )
     spectrum = nohz.tick_spectrum(samples, "h")
     expected = np.mean([signal.welch(c - c.mean(), fs=10_000, nperseg=2048)[1] for c in (tone, noise)], axis=0)
     assert np.allclose(spectrum["power"].to_numpy(), expected)  # the mean of the two runs' own spectra

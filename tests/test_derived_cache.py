@@ -81,8 +81,10 @@ def test_a_hit_is_exactly_the_recomputation_of_a_real_nohz_bundle(cache, monkeyp
 
     # warm, in a fresh process's state: nothing is read or parsed again
     clear_process_caches()
+
     def parsed(*args, **kwargs):
         raise AssertionError("a raw file was parsed again on a warm cache")
+
     for name in ("read_ftq", "read_gapdet", "read_trace"):
         monkeypatch.setattr(nohz, name, parsed)
     warm_runs, _ = measured_runs([ref_of(paths.traces_dir() / NOHZ_GAPDET)], nohz.CHECKS, "nohz")
@@ -110,8 +112,17 @@ def test_the_condition_checks_read_the_same_header_and_share_through_the_cache(c
 
 
 def test_values_come_back_with_their_types():
-    value = {"nan": float("nan"), "inf": -float("inf"), "n": np.int64(3), "f": np.float64(0.1), "b": np.bool_(True),
-             "none": None, "text": "µs", "nested": [1, (2.5, "x"), {"k": False}], "big": 2 ** 70}
+    value = {
+        "nan": float("nan"),
+        "inf": -float("inf"),
+        "n": np.int64(3),
+        "f": np.float64(0.1),
+        "b": np.bool_(True),
+        "none": None,
+        "text": "µs",
+        "nested": [1, (2.5, "x"), {"k": False}],
+        "big": 2**70,
+    }
     again = derived._load_json(derived._dump_json({"k": 1}, value), {"k": 1})
     assert derived._same(value, again)
     assert type(again["n"]) is np.int64 and type(again["nested"][1]) is tuple and np.isnan(again["nan"])
@@ -130,8 +141,14 @@ def test_a_value_that_cannot_be_stored_is_returned_uncached(cache, tmp_path):
 
 def test_a_frame_and_its_meta_come_back_exactly(cache, tmp_path):
     ref = ref_of(copied(SMALL, tmp_path))
-    frame = pd.DataFrame({"a": np.arange(5, dtype=np.int64), "b": [0.5, np.nan, 1.0, 2.0, 3.0], "c": list("vwxyz"),
-                          "d": [True, False, True, True, False]}).iloc[1:]
+    frame = pd.DataFrame(
+        {
+            "a": np.arange(5, dtype=np.int64),
+            "b": [0.5, np.nan, 1.0, 2.0, 3.0],
+            "c": list("vwxyz"),
+            "d": [True, False, True, True, False],
+        }
+    ).iloc[1:]
     compute = Counted(({"quantum_ns": "1000"}, frame))
     first = derived.per_run(ref, "frames", MODULES, "run-001", {"p": 1}, compute, frame=True)
     second = derived.per_run(ref, "frames", MODULES, "run-001", {"p": 1}, compute, frame=True)
@@ -161,8 +178,13 @@ def test_a_changed_seal_misses_and_a_copy_of_the_same_bundle_hits(cache, tmp_pat
 def test_another_run_kind_or_params_misses(cache, tmp_path):
     ref = ref_of(copied(SMALL, tmp_path))
     compute = Counted([1, 2])
-    for run, kind, params in [("run-001", "k", {}), ("run-002", "k", {}), ("run-001", "j", {}),
-                              ("run-001", "k", {"period_ns": 1_000_000}), ("run-001", "k", {"period_ns": None})]:
+    for run, kind, params in [
+        ("run-001", "k", {}),
+        ("run-002", "k", {}),
+        ("run-001", "j", {}),
+        ("run-001", "k", {"period_ns": 1_000_000}),
+        ("run-001", "k", {"period_ns": None}),
+    ]:
         derived.per_run(ref, kind, MODULES, run, params, compute)
     assert compute.calls == 5 and len(entries(cache)) == 5
 
@@ -299,6 +321,7 @@ def test_a_run_file_whose_bytes_differ_from_the_manifest_is_not_cached(cache, tm
     shutil.copyfile(path / "raw" / "run-004" / "ftq.dat.xz", packed)  # another run's quanta under this run's name
     assert derived.seal_key(path, ["raw/run-003/ftq.dat"]) is None
     from ticklab.capture.workloads import read_ftq
+
     assert nohz.ftq_header(raw) == read_ftq(packed.with_suffix(""))[0]  # read from the file, not the cache
     assert len(entries(cache)) == 2
 

@@ -1,6 +1,7 @@
 """The pip lock and the conda environment pin the same versions; the packaging metadata is sane."""
 
 import re
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10

@@ -62,18 +62,26 @@ def assert_deuteranope_tells_every_colour_apart(fig, name: str) -> None:
     assert len(colours) >= 2, f"{name}: drew fewer than two colours ({colours}); the test looked in the wrong place"
     confused = palette.confusable_for_deuteranopes(colours)
     plt.close(fig)
-    assert not confused, f"{name}: a deuteranope sees these less than {palette.DISTINCT_DELTA_E} ΔE apart: " + \
-        ", ".join(f"{a} and {b} ({d:.1f})" for a, b, d in confused)
+    assert not confused, (
+        f"{name}: a deuteranope sees these less than {palette.DISTINCT_DELTA_E} ΔE apart: "
+        + ", ".join(f"{a} and {b} ({d:.1f})" for a, b, d in confused)
+    )
 
 
 # -- the check itself ----------------------------------------------------------------------------------------------
 
+
 def test_the_simulation_matches_an_independent_implementation():
     """colorspacious 1.1.2 (sRGB1+CVD, deuteranomaly, severity 100, to sRGB1; clipped; to CIELab), run once by hand:
     the Lab values a deuteranope sees for these colours."""
-    reference = {SEABORN_RED: (52.807, -3.239, 27.084), SEABORN_GREEN: (61.139, -2.846, 22.388),
-                 palette.BLUE: (43.785, 9.495, -44.076), palette.ORANGE: (72.95, -6.676, 72.925),
-                 palette.VERMILLION: (57.995, -5.534, 62.357), palette.BLUISH_GREEN: (55.843, -1.284, 9.212)}
+    reference = {
+        SEABORN_RED: (52.807, -3.239, 27.084),
+        SEABORN_GREEN: (61.139, -2.846, 22.388),
+        palette.BLUE: (43.785, 9.495, -44.076),
+        palette.ORANGE: (72.95, -6.676, 72.925),
+        palette.VERMILLION: (57.995, -5.534, 62.357),
+        palette.BLUISH_GREEN: (55.843, -1.284, 9.212),
+    }
     for colour, lab in reference.items():
         assert palette.deuteranope_lab(colour) == pytest.approx(lab, abs=0.02), colour
 
@@ -86,11 +94,17 @@ def test_a_grey_looks_the_same_to_a_deuteranope():
 
 def test_the_check_fails_for_the_red_and_green_the_figures_used():
     assert palette.deuteranopia_delta_e(SEABORN_RED, SEABORN_GREEN) < palette.DISTINCT_DELTA_E
-    assert [(a, b) for a, b, _ in palette.confusable_for_deuteranopes([SEABORN_RED, SEABORN_GREEN])] == \
-        [(SEABORN_GREEN, SEABORN_RED)]
+    assert [(a, b) for a, b, _ in palette.confusable_for_deuteranopes([SEABORN_RED, SEABORN_GREEN])] == [
+        (SEABORN_GREEN, SEABORN_RED)
+    ]
     # with normal colour vision the two are far apart: it is the simulation that brings them together
-    assert np.linalg.norm(palette._cielab(palette._linear(np.array(matplotlib.colors.to_rgb(SEABORN_RED))))
-                          - palette._cielab(palette._linear(np.array(matplotlib.colors.to_rgb(SEABORN_GREEN))))) > 60
+    assert (
+        np.linalg.norm(
+            palette._cielab(palette._linear(np.array(matplotlib.colors.to_rgb(SEABORN_RED))))
+            - palette._cielab(palette._linear(np.array(matplotlib.colors.to_rgb(SEABORN_GREEN))))
+        )
+        > 60
+    )
 
 
 def test_the_eight_okabe_ito_colours_pass_the_check():
@@ -99,8 +113,15 @@ def test_the_eight_okabe_ito_colours_pass_the_check():
 
 
 def test_the_palettes_named_roles_pass_the_check():
-    roles = [palette.BASELINE, palette.CHANGED, palette.THIRD, palette.CLAIMED_DIRECTION, palette.OPPOSITE_DIRECTION,
-             palette.GREY, palette.BLACK]
+    roles = [
+        palette.BASELINE,
+        palette.CHANGED,
+        palette.THIRD,
+        palette.CLAIMED_DIRECTION,
+        palette.OPPOSITE_DIRECTION,
+        palette.GREY,
+        palette.BLACK,
+    ]
     assert len(set(roles)) == len(roles)
     assert palette.confusable_for_deuteranopes(roles) == []
 
@@ -114,6 +135,7 @@ def test_the_figure_check_finds_red_and_green_bars():
 
 # -- the ratio figure: a log axis centred on ×1, bars drawn from ×1 -----------------------------------------------
 
+
 def effects_figure():
     return summary.effects_figure(summary.published_effects(paths.published_dir()))
 
@@ -126,7 +148,9 @@ def test_the_effects_figure_puts_ratios_on_a_log_axis_centred_on_x1():
     assert math.sqrt(low * high) == pytest.approx(1.0), (low, high)  # as far below ×1 as above, on the log scale
     fig.canvas.draw()
     assert "×1" in [t.get_text() for t in ax.get_xticklabels()]
-    assert any(isinstance(line, Line2D) and set(np.asarray(line.get_xdata(), dtype=float)) == {1.0} for line in ax.lines)
+    assert any(
+        isinstance(line, Line2D) and set(np.asarray(line.get_xdata(), dtype=float)) == {1.0} for line in ax.lines
+    )
     plt.close(fig)
 
 

@@ -25,35 +25,97 @@ DERIVED = Target(1.1, 1, "derived: a ratio of two printed values", "+10 %", ("x/
 MARGINS = Margins(no_effect=0.02)
 
 
-def _row(setup, comparison, verdict, target, *, role="claim", effect=None, low=None, high=None, n="6 vs 6", p=0.01,
-         reason="the CI says so"):
-    band = (None, None) if target is None or target.ratio is None else \
-        tuple(sorted((math.exp(math.log(target.ratio) / 1.25), math.exp(math.log(target.ratio) * 1.25))))
-    return Verdict(claim="x", setup=setup, comparison=comparison, verdict=verdict, reason=reason, role=role,
-                   target_ratio=None if target is None else target.ratio,
-                   target_provenance="" if target is None else target.provenance,
-                   fresh_effect=effect, ci_low=low, ci_high=high, ci_level="95%", p_holm=None if effect is None else p,
-                   n_per_condition=n, no_effect_margin=None if target is None else 0.02, band_low=band[0],
-                   band_high=band[1]).as_row()
+def _row(
+    setup,
+    comparison,
+    verdict,
+    target,
+    *,
+    role="claim",
+    effect=None,
+    low=None,
+    high=None,
+    n="6 vs 6",
+    p=0.01,
+    reason="the CI says so",
+):
+    band = (
+        (None, None)
+        if target is None or target.ratio is None
+        else tuple(sorted((math.exp(math.log(target.ratio) / 1.25), math.exp(math.log(target.ratio) * 1.25))))
+    )
+    return Verdict(
+        claim="x",
+        setup=setup,
+        comparison=comparison,
+        verdict=verdict,
+        reason=reason,
+        role=role,
+        target_ratio=None if target is None else target.ratio,
+        target_provenance="" if target is None else target.provenance,
+        fresh_effect=effect,
+        ci_low=low,
+        ci_high=high,
+        ci_level="95%",
+        p_holm=None if effect is None else p,
+        n_per_condition=n,
+        no_effect_margin=None if target is None else 0.02,
+        band_low=band[0],
+        band_high=band[1],
+    ).as_row()
 
 
 def synthetic_rows() -> pd.DataFrame:
     runtime, work = "treatment vs baseline: runtime", "treatment vs baseline: work"
     rows = [
         _row(HOST, runtime, "reproduced", PRINTED, effect=0.79, low=0.75, high=0.83),
-        _row(GUEST, runtime, "inconclusive", PRINTED, effect=0.9, low=0.0, high=math.inf, n="2 vs 2",
-             reason="unbounded: too few runs for a bounded CI"),
+        _row(
+            GUEST,
+            runtime,
+            "inconclusive",
+            PRINTED,
+            effect=0.9,
+            low=0.0,
+            high=math.inf,
+            n="2 vs 2",
+            reason="unbounded: too few runs for a bounded CI",
+        ),
         _row(FLEET, runtime, "smaller than the target", PRINTED, effect=0.95, low=0.93, high=0.97),
         _row(HOST, work, "consistent, not pinned", DERIVED, effect=1.12, low=1.03, high=1.25),
         _row(GUEST, work, "no effect shown", DERIVED, effect=1.0, low=0.99, high=1.01),
         _row(FLEET, work, "inconclusive", DERIVED, n="1 vs 3", reason="too few runs: 1 vs 3 measured"),
-        _row(HOST, "premise: the feature is on", "opposite effect", DERIVED, role="premise", effect=0.9, low=0.85,
-             high=0.95),
-        Verdict(claim="x", setup=GUEST, comparison="a level, beside ~25 %", verdict="smaller than the target",
-                reason="below the band", target_ratio=0.25, target_provenance="printed", fresh_effect=0.1, ci_low=0.09,
-                ci_high=0.12, n_per_condition="12", band_low=0.2, band_high=0.3125).as_row(),
-        _row("guest-tcg-x, host-z", "the claim", "not testable here", None,
-             reason="guest-tcg-x: no x bundle from this setup | host-z: x: no driver to switch"),
+        _row(
+            HOST,
+            "premise: the feature is on",
+            "opposite effect",
+            DERIVED,
+            role="premise",
+            effect=0.9,
+            low=0.85,
+            high=0.95,
+        ),
+        Verdict(
+            claim="x",
+            setup=GUEST,
+            comparison="a level, beside ~25 %",
+            verdict="smaller than the target",
+            reason="below the band",
+            target_ratio=0.25,
+            target_provenance="printed",
+            fresh_effect=0.1,
+            ci_low=0.09,
+            ci_high=0.12,
+            n_per_condition="12",
+            band_low=0.2,
+            band_high=0.3125,
+        ).as_row(),
+        _row(
+            "guest-tcg-x, host-z",
+            "the claim",
+            "not testable here",
+            None,
+            reason="guest-tcg-x: no x bundle from this setup | host-z: x: no driver to switch",
+        ),
     ]
     return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
 
@@ -97,15 +159,21 @@ def test_a_panel_per_comparison_a_line_per_setup_and_the_target_in_its_provenanc
     assert "fleet-c — inconclusive: too few runs: 1 vs 3 measured" in text
     assert "no x bundle from this setup: guest-tcg-x" in text and "x: no driver to switch: host-z" in text
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert {"target printed in the source", "target derived by ticklab", "reproduced",
-            "CI unbounded: too few runs (arrow to the edge)"} <= set(legend)
+    assert {
+        "target printed in the source",
+        "target derived by ticklab",
+        "reproduced",
+        "CI unbounded: too few runs (arrow to the edge)",
+    } <= set(legend)
 
 
 def test_the_table_gives_the_plotted_numbers_and_every_listed_setup():
     table = forest_table(synthetic_rows())
     lines = table[table["shown"].str.startswith("line")]
     assert len(lines) == 7 and list(lines["role"]).count("premise") == 1
-    assert lines.set_index(["comparison", "setup"]).loc[("treatment vs baseline: runtime", GUEST), "ci_high"] == math.inf
+    assert (
+        lines.set_index(["comparison", "setup"]).loc[("treatment vs baseline: runtime", GUEST), "ci_high"] == math.inf
+    )
     assert set(table.loc[table["shown"] == "listed under the plot", "setup"]) == {"guest-tcg-x", "host-z"}
     [panel_note] = table[table["shown"] == "listed under the panel"].itertuples()
     assert panel_note.setup == FLEET and panel_note._13 == "too few runs: 1 vs 3 measured"
@@ -126,8 +194,16 @@ def test_fleet_bundles_of_three_hosts_give_one_line_per_host_and_list_the_host_t
         for index in range(12):
             condition = ("a", "b")[index % 2]
             value = 100 * (effect if condition == "b" else 1) * (1 + rng.normal(0, 0.01))
-            writer.add_run({"run": f"run-{index + 1:03d}", "condition": condition, "warmup": False, "status": "ok",
-                            "problem": None}, [{"metric": "work", "value": value, "unit": "u"}])
+            writer.add_run(
+                {
+                    "run": f"run-{index + 1:03d}",
+                    "condition": condition,
+                    "warmup": False,
+                    "status": "ok",
+                    "problem": None,
+                },
+                [{"metric": "work", "value": value, "unit": "u"}],
+            )
         writer.seal()
     dead = BundleWriter(fleet, "fleet-d", "nohz", "e", definition={}, host={}, when=WHEN)
     dead.manifest.not_testable = "no nohz_full in this kernel"

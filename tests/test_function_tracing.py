@@ -7,14 +7,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO
 from ticklab import paths
 from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import ExperimentError, load_experiment
-from ticklab.capture.tracing import TraceResult, TracingError, check_events, check_functions, planned_tracefs_writes, present_events
+from ticklab.capture.tracing import (
+    TraceResult,
+    TracingError,
+    check_events,
+    check_functions,
+    planned_tracefs_writes,
+    present_events,
+)
 from ticklab.host import HostChanges
 from ticklab.host.knobs import restorable
-
-from conftest import REPO
 
 pytestmark = pytest.mark.xdist_group("machine")
 
@@ -29,12 +35,16 @@ def fake_tracefs(root: Path, tracers: str, functions: str | None) -> Path:
 
 def test_a_function_the_kernel_cannot_trace_is_refused_naming_the_file(tmp_path):
     no_tracer = fake_tracefs(tmp_path / "a", "nop", None)
-    with pytest.raises(TracingError, match=f"{no_tracer}/available_tracers: no function tracer in this kernel.*"
-                                           "clockevents_program_event"):
+    with pytest.raises(
+        TracingError,
+        match=f"{no_tracer}/available_tracers: no function tracer in this kernel.*clockevents_program_event",
+    ):
         check_functions(no_tracer, ["clockevents_program_event"])
     inlined = fake_tracefs(tmp_path / "b", "function nop", "hrtimer_start_range_ns\nlapic_next_event\n")
-    with pytest.raises(TracingError, match=f"{inlined}/available_filter_functions: the function tracer cannot trace "
-                                           "clockevents_program_event"):
+    with pytest.raises(
+        TracingError,
+        match=f"{inlined}/available_filter_functions: the function tracer cannot trace clockevents_program_event",
+    ):
         check_functions(inlined, ["clockevents_program_event"])
     refused = fake_tracefs(tmp_path / "c", "function nop", None)
     (refused / "available_filter_functions").mkdir()  # unreadable as a file, as EPERM is on a locked-down host
@@ -50,8 +60,8 @@ def test_an_optional_event_is_traced_where_the_kernel_has_it_and_its_absence_rec
     for event in ("timer/hrtimer_start", "timer/hrtimer_rearm"):
         (tracefs / "events" / event).mkdir(parents=True)
         (tracefs / "events" / event / "format").write_text("name: x\n")
-    assert present_events(tracefs, ["timer:hrtimer_rearm"]) == (["timer:hrtimer_rearm"], [])   # 7.1 and later
-    (tracefs / "events" / "timer" / "hrtimer_rearm" / "format").unlink()                       # 6.12
+    assert present_events(tracefs, ["timer:hrtimer_rearm"]) == (["timer:hrtimer_rearm"], [])  # 7.1 and later
+    (tracefs / "events" / "timer" / "hrtimer_rearm" / "format").unlink()  # 6.12
     assert present_events(tracefs, ["timer:hrtimer_rearm"]) == ([], ["timer:hrtimer_rearm"])
     with pytest.raises(TracingError, match="no tracepoint\\(s\\) timer:hrtimer_rearm"):
         check_events(tracefs, ["timer:hrtimer_start", "timer:hrtimer_rearm"])  # a required event stays required
@@ -64,8 +74,12 @@ def test_a_dry_run_lists_the_instance_filter_and_tracer(tmp_path):
     writes = planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024, ["clockevents_program_event"])
     instance = tmp_path / "sys/kernel/tracing/instances/ticklab-<pid>"
     assert f"write 'clockevents_program_event' to {instance}/set_ftrace_filter" in writes
-    assert writes.index(f"write 'function' to {instance}/current_tracer") < writes.index(f"write '1' to {instance}/tracing_on")
-    assert not any("ftrace" in w or "current_tracer" in w for w in planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024))
+    assert writes.index(f"write 'function' to {instance}/current_tracer") < writes.index(
+        f"write '1' to {instance}/tracing_on"
+    )
+    assert not any(
+        "ftrace" in w or "current_tracer" in w for w in planned_tracefs_writes(tmp_path, ["timer:hrtimer_start"], 1024)
+    )
 
 
 def test_a_dry_run_lists_the_trace_clock_before_tracing_starts(tmp_path):
@@ -126,7 +140,9 @@ def test_the_instance_tracer_is_put_back_to_nop_before_its_filter_is_emptied(tmp
 
 def test_function_names_in_an_experiment_must_be_identifiers(tmp_path):
     definition = yaml.safe_load((REPO / "runners/hrtick/guest-hackbench.yaml").read_text())
-    assert load_experiment(REPO / "runners/hrtick/guest-hackbench.yaml").trace["functions"] == ["clockevents_program_event"]
+    assert load_experiment(REPO / "runners/hrtick/guest-hackbench.yaml").trace["functions"] == [
+        "clockevents_program_event"
+    ]
     definition["trace"]["functions"] = ["clockevents_program_event; rm -rf /"]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(definition))
@@ -134,8 +150,9 @@ def test_function_names_in_an_experiment_must_be_identifiers(tmp_path):
         load_experiment(path)
 
 
-
-@pytest.mark.parametrize("bundle_dir", sorted(paths.traces_dir().glob("guest-tcg-*/hrtick/*")), ids=lambda p: p.parent.parent.name)
+@pytest.mark.parametrize(
+    "bundle_dir", sorted(paths.traces_dir().glob("guest-tcg-*/hrtick/*")), ids=lambda p: p.parent.parent.name
+)
 def test_the_bundled_guest_hrtick_data_counts_reprograms_in_every_run(bundle_dir):
     bundle = load_bundle(bundle_dir)
     measured = [r for r in bundle.manifest["runs"] if not r["warmup"] and r["status"] == "ok"]
@@ -151,7 +168,9 @@ def test_the_bundled_guest_hrtick_data_counts_reprograms_in_every_run(bundle_dir
     assert on_72 and set(rearms["run"]) == on_72 and (rearms["value"] >= 0.999).all() and rearms["value"].median() == 1
     assert all(r["trace"].get("absent_events") == ["timer:hrtimer_rearm"] for r in measured if r["run"] not in on_72)
     # a lab guest's kernel names its source package; a lab host's (kernel build --host) the tarball it was built from
-    assert all(r["boot"]["kernel_source"]["package"] == f"linux-source-{r['condition'].split()[0]}"
-               if "kernel_source" in r["boot"] else
-               f"/linux-source-{r['condition'].split()[0]}.tar.xz" in r["boot"]["kernel_build"]["source"]
-               for r in measured)
+    assert all(
+        r["boot"]["kernel_source"]["package"] == f"linux-source-{r['condition'].split()[0]}"
+        if "kernel_source" in r["boot"]
+        else f"/linux-source-{r['condition'].split()[0]}.tar.xz" in r["boot"]["kernel_build"]["source"]
+        for r in measured
+    )

@@ -19,12 +19,22 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from fuzzcases import (BundleFamily, CliYamlFamily, DrawSource, PublishedFamily, TraceFamily,  # noqa: E402
-                       WorkloadFamily)
+from fuzzcases import (
+    BundleFamily,
+    CliYamlFamily,
+    DrawSource,
+    PublishedFamily,
+    TraceFamily,  # noqa: E402
+    WorkloadFamily,
+)
 
-BOUNDED = settings(derandomize=True, max_examples=40, deadline=None, database=None,
-                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                          HealthCheck.function_scoped_fixture])
+BOUNDED = settings(
+    derandomize=True,
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 
 _SEEDS = Path(tempfile.mkdtemp(prefix="ticklab-fuzz-seeds-"))
 _WORK = Path(tempfile.mkdtemp(prefix="ticklab-fuzz-work-"))
@@ -81,7 +91,6 @@ def test_trace_files_through_the_public_read_api(data):
     _holds(TraceFamily, data)
 
 
-
 def _other_families():
     from fuzzcases_all import FAMILIES
 
@@ -93,8 +102,11 @@ def _other_families():
 SLOW_FAMILIES = {"bombs", "trace-counts", "plan-state", "output-places"}
 
 
-@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.slow) if kind.key in SLOW_FAMILIES else kind
-                                  for kind in _other_families()], ids=lambda kind: kind.key)
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(kind, marks=pytest.mark.slow) if kind.key in SLOW_FAMILIES else kind for kind in _other_families()],
+    ids=lambda kind: kind.key,
+)
 def test_every_other_family_answers_clearly(kind):
     """The families issue 27 added (special files, plan state, command-line words, out-directory links, trace
     counts ...): the same property, a few dozen drawn inputs each."""

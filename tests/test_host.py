@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import make_fake_host
 from ticklab.host import HostChangeError, HostChanges, collect, host_id
 from ticklab.host.facts import format_cpu_list, parse_cpu_list
-
-from conftest import make_fake_host
 
 pytestmark = pytest.mark.xdist_group("machine")
 
@@ -93,8 +92,10 @@ def test_dry_run_prints_every_write_and_writes_nothing(fake_host, tmp_path):
         host.set_clocksource("hpet")
         host.set_sched_feature("HRTICK", True)
     assert value(fake_host, CLOCK) == "tsc" and value(fake_host, FEATURES).startswith("GENTLE")
-    assert said == [f"dry-run: would write 'hpet' to {fake_host / CLOCK} (now 'tsc')",
-                    f"dry-run: would write 'HRTICK' to {fake_host / FEATURES} (now 'NO_HRTICK')"]
+    assert said == [
+        f"dry-run: would write 'hpet' to {fake_host / CLOCK} (now 'tsc')",
+        f"dry-run: would write 'HRTICK' to {fake_host / FEATURES} (now 'NO_HRTICK')",
+    ]
     assert not (tmp_path / "j.json").exists()
 
 
@@ -133,7 +134,9 @@ HOLDER = textwrap.dedent("""
 
 
 def start_holder(root: Path, journal: Path) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(root), str(journal)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(root), str(journal)], stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline().strip() == "changed"
     assert value(root, CLOCK) == "hpet"
     return process
@@ -184,6 +187,7 @@ def test_a_journal_held_by_a_live_process_is_not_touched(fake_host, tmp_path):
 
 # -- issue 27 item 5: a workload a killed capture left running is killed by the next recovery --------------------
 
+
 def _process_start(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
 
@@ -191,20 +195,38 @@ def _process_start(pid: int) -> str:
 def _journal_of_a_dead_owner(fake_host: Path, journal: Path, entries: list[dict]) -> None:
     from ticklab.host import facts
     from ticklab.host.knobs import _write_journal
+
     owner = subprocess.Popen(["true"])
     owner_start = _process_start(owner.pid)
     owner.wait()  # gone: the journal's owner was killed
     journal.parent.mkdir(mode=0o700, exist_ok=True)
-    _write_journal(journal, {"pid": owner.pid, "pid_start": owner_start, "root": str(fake_host), "changes": [
-        {"kind": "process", "path": str(fake_host / "proc"), "label": "workload ftq", "during": "running",
-         "boot_id": facts.boot_id(), **entry} for entry in entries]})
+    _write_journal(
+        journal,
+        {
+            "pid": owner.pid,
+            "pid_start": owner_start,
+            "root": str(fake_host),
+            "changes": [
+                {
+                    "kind": "process",
+                    "path": str(fake_host / "proc"),
+                    "label": "workload ftq",
+                    "during": "running",
+                    "boot_id": facts.boot_id(),
+                    **entry,
+                }
+                for entry in entries
+            ],
+        },
+    )
 
 
 def test_recovery_kills_a_workload_a_killed_capture_left_running(fake_host, tmp_path):
     # the workload and a child it forked (which does not inherit the parent-death signal), in a session of its own
     # (echo is the shell's own: no third process of the session may be about when recovery counts them)
-    workload = subprocess.Popen(["sh", "-c", "sleep 600 & echo $! > child.pid; wait"], cwd=tmp_path,
-                                start_new_session=True)
+    workload = subprocess.Popen(
+        ["sh", "-c", "sleep 600 & echo $! > child.pid; wait"], cwd=tmp_path, start_new_session=True
+    )
     try:
         child = tmp_path / "child.pid"
         while not (child.exists() and child.read_text().endswith("\n")):
@@ -218,8 +240,10 @@ def test_recovery_kills_a_workload_a_killed_capture_left_running(fake_host, tmp_
             assert host.recovered[0].after == "killed 2 process(es)"
         assert workload.wait(timeout=WAIT_BOUND_S) == -signal.SIGKILL
         deadline = time.monotonic() + WAIT_BOUND_S
-        while os.path.exists(f"/proc/{child_pid}") and \
-                Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        while (
+            os.path.exists(f"/proc/{child_pid}")
+            and Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        ):
             assert time.monotonic() < deadline, f"the workload's child {child_pid} survived recovery"
             time.sleep(0.05)
         assert not journal.exists()
@@ -267,10 +291,19 @@ def test_processes_started_are_journalled_but_are_not_knobs_in_the_manifest(fake
 
 # -- issue 14: root trusts only its own files; one privileged capture at a time ---------------------------
 
+
 def _planted_journal(directory: Path, root: Path, target: Path) -> Path:
     journal = directory / "host-changes.json"
-    journal.write_text(json.dumps({"pid": 1, "pid_start": None, "root": str(root),
-                                   "changes": [{"kind": "write", "path": str(target), "before": "owned"}]}))
+    journal.write_text(
+        json.dumps(
+            {
+                "pid": 1,
+                "pid_start": None,
+                "root": str(root),
+                "changes": [{"kind": "write", "path": str(target), "before": "owned"}],
+            }
+        )
+    )
     return journal
 
 
@@ -382,8 +415,12 @@ def test_isolating_a_cpu_moves_every_interrupt_that_may_leave_it_and_puts_them_b
         assert value(fake_host, "proc/irq/26/smp_affinity_list") == "1"  # only the measured CPU: it stays
         assert value(fake_host, "proc/irq/27/smp_affinity_list") == "0"
         assert value(fake_host, "proc/irq/default_smp_affinity") == "1"
-        assert [c.label for c in changes] == ["default IRQ affinity", "IRQ 24 affinity", "IRQ 25 affinity",
-                                              "tasks moved off the measured CPU"]
+        assert [c.label for c in changes] == [
+            "default IRQ affinity",
+            "IRQ 24 affinity",
+            "IRQ 25 affinity",
+            "tasks moved off the measured CPU",
+        ]
         assert changes[-1].tasks == {}  # under a fake root no task of the real system is touched
     assert value(fake_host, "proc/irq/24/smp_affinity_list") == "0-1"
     assert value(fake_host, "proc/irq/25/smp_affinity_list") == "0-3"
@@ -402,8 +439,9 @@ def test_interrupt_affinities_left_by_a_killed_capture_are_put_back(fake_host, t
             print("changed", flush=True)
             time.sleep(3600)  # until killed
     """)
-    process = subprocess.Popen([sys.executable, "-c", script, str(fake_host), str(journal)], stdout=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, str(fake_host), str(journal)], stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline().strip() == "changed"
     process.kill()
     process.wait(timeout=WAIT_BOUND_S)
@@ -413,8 +451,10 @@ def test_interrupt_affinities_left_by_a_killed_capture_are_put_back(fake_host, t
         assert value(fake_host, "proc/irq/default_smp_affinity") == "3"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2,
-                    reason="moving another process's CPUs needs root and two CPUs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2,
+    reason="moving another process's CPUs needs root and two CPUs",
+)
 def test_a_task_moved_off_the_measured_cpu_gets_its_cpus_back(tmp_path):
     child = subprocess.Popen(["sleep", "60"])
     try:
@@ -436,8 +476,13 @@ def test_a_journal_over_a_megabyte_is_still_recovered(fake_host, tmp_path):
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     journal = state / "j.json"
-    change = {"kind": "write", "path": str(fake_host / CLOCK), "before": "tsc", "wanted": "hpet",
-              "label": "x" * (2 << 20)}  # as big as the task list of a host with ~40,000 threads
+    change = {
+        "kind": "write",
+        "path": str(fake_host / CLOCK),
+        "before": "tsc",
+        "wanted": "hpet",
+        "label": "x" * (2 << 20),
+    }  # as big as the task list of a host with ~40,000 threads
     (fake_host / CLOCK).write_text("hpet\n")
     journal.write_text(json.dumps({"pid": 999999, "root": str(fake_host), "changes": [change]}))
     journal.chmod(0o600)
@@ -463,11 +508,15 @@ def test_a_recovery_that_fails_in_part_keeps_only_what_is_left(fake_host, tmp_pa
     (fake_host / CLOCK).write_text("hpet\n")
     stuck = fake_host / "sys/kernel/stuck"
     stuck.mkdir(parents=True)  # a directory: cannot be read or written as a knob
-    changes = [{"kind": "write", "path": str(fake_host / CLOCK), "before": "tsc", "wanted": "hpet"},
-               {"kind": "write", "path": str(stuck), "before": "1", "wanted": "0"}]
+    changes = [
+        {"kind": "write", "path": str(fake_host / CLOCK), "before": "tsc", "wanted": "hpet"},
+        {"kind": "write", "path": str(stuck), "before": "1", "wanted": "0"},
+    ]
     journal.write_text(json.dumps({"pid": 999999, "root": str(fake_host), "changes": changes}))
     journal.chmod(0o600)
-    with pytest.raises(HostChangeError, match=rf"could not restore {stuck} .*; set these by hand, then delete {journal}"):
+    with pytest.raises(
+        HostChangeError, match=rf"could not restore {stuck} .*; set these by hand, then delete {journal}"
+    ):
         with HostChanges(journal, root=fake_host, log=lambda _: None):
             pass
     assert value(fake_host, CLOCK) == "tsc"
@@ -478,22 +527,40 @@ def test_isolating_needs_a_second_cpu(fake_host, tmp_path):
     from ticklab.capture.execute import apply_knobs
     from ticklab.capture.experiment import Condition, Experiment
 
-    experiment = Experiment(path=tmp_path / "x.yaml", claim="nohz", name="x", description="", conditions={},
-                            workload={"argv": ["true"]}, isolate={"cpu": "last", "rt_throttling": "off"})
+    experiment = Experiment(
+        path=tmp_path / "x.yaml",
+        claim="nohz",
+        name="x",
+        description="",
+        conditions={},
+        workload={"argv": ["true"]},
+        isolate={"cpu": "last", "rt_throttling": "off"},
+    )
     with HostChanges(tmp_path / "j.json", root=fake_host, log=lambda _: None) as host:
         with pytest.raises(HostChangeError, match=r"isolate needs a second online CPU .*\(online here: \[0\]\)"):
             apply_knobs(host, experiment, Condition("c", {}), {"online_cpus": [0]})
         assert host.changes == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2,
-                    reason="moving another process's CPUs needs root and two CPUs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2,
+    reason="moving another process's CPUs needs root and two CPUs",
+)
 def test_tasks_started_during_the_run_get_the_cpu_back_and_a_list_set_meanwhile_is_kept(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import subprocess, sys
         for line in sys.stdin:
             print(subprocess.Popen(["sleep", "60"]).pid, flush=True)
-    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     other = subprocess.Popen(["sleep", "60"])
     try:
         allowed = os.sched_getaffinity(parent.pid)

@@ -45,21 +45,28 @@ def host_root(tmp_path):
     root = make_fake_host(tmp_path / "root")
     (root / "boot").mkdir()
     (root / "boot/vmlinuz-6.12.57-ticklab").write_bytes(b"kernel")  # /boot is what boots this fake host
-    (root / "boot/config-6.12.57-ticklab").write_text("CONFIG_64BIT=y\nCONFIG_LOCALVERSION=\"\"\n")
+    (root / "boot/config-6.12.57-ticklab").write_text('CONFIG_64BIT=y\nCONFIG_LOCALVERSION=""\n')
     (root / "proc/modules").write_text("kvm_intel 401408 0 - Live 0x0\nkvm 1404928 1 kvm_intel, Live 0x0\n")
     fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
     return root
 
 
 def run_cli(*argv, env=None):
-    return subprocess.run([sys.executable, "-m", "ticklab.cli", *argv], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(host_root, tmp_path):
     cache = tmp_path / "cache"
     before = tree_snapshot(host_root)
-    done = run_cli("kernel", "build", "--host", "--dry-run", "--root", str(host_root), env={"TICKLAB_CACHE": str(cache)})
+    done = run_cli(
+        "kernel", "build", "--host", "--dry-run", "--root", str(host_root), env={"TICKLAB_CACHE": str(cache)}
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert f"config: {host_root}/boot/config-6.12.57-ticklab" in out
@@ -69,7 +76,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(host_root, tmp_path):
     assert "localversion: -ticklab-" in out and "new kernel release 6.12.99-ticklab-" in out
     assert "an estimate, not a measurement" in out
     assert "update-initramfs -c -k 6.12.99-ticklab-" in out
-    assert "make install" not in out.replace("no 'make install'", "") and "update-grub" not in out.replace("no update-grub", "")
+    assert "make install" not in out.replace("no 'make install'", "") and "update-grub" not in out.replace(
+        "no update-grub", ""
+    )
     assert "dry run: nothing built, nothing installed" in out
     assert tree_snapshot(host_root) == before
     assert not cache.exists()
@@ -80,8 +89,11 @@ def test_config_falls_back_to_proc_config_gz_and_says_what_to_install(tmp_path):
     (root / "boot").mkdir()
     (root / "boot/vmlinuz-6.12.57-ticklab").write_bytes(b"kernel")
     (root / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_64BIT=y\n"))
-    with pytest.raises(HostKernelError, match=r"usr/src: no linux-source-\*\.tar\.xz; install Debian's kernel source "
-                                              r"with 'apt-get install linux-source-6\.12'"):
+    with pytest.raises(
+        HostKernelError,
+        match=r"usr/src: no linux-source-\*\.tar\.xz; install Debian's kernel source "
+        r"with 'apt-get install linux-source-6\.12'",
+    ):
         plan_host_kernel(root)
     fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
     plan = plan_host_kernel(root, work=tmp_path / "work")
@@ -106,8 +118,11 @@ def test_the_repository_patches_apply_to_debians_6_12(host_root, tmp_path):
     plan = plan_host_kernel(host_root, source=DEBIAN_SOURCE, work=tmp_path / "w")
     assert plan.series == "6.12"
     assert [(c.path.name, c.applies) for c in plan.patches] == [
-        ("0001-hpet-read-share.patch", True), ("0002-pv-kick-ahead.patch", True),
-        ("0003-acpi-dummy-wait.patch", True), ("0004-lab-pvspin.patch", True)]
+        ("0001-hpet-read-share.patch", True),
+        ("0002-pv-kick-ahead.patch", True),
+        ("0003-acpi-dummy-wait.patch", True),
+        ("0004-lab-pvspin.patch", True),
+    ]
 
 
 def fake_tools(bin_dir: Path, log: Path, grub_cfg: Path | None = None) -> None:
@@ -115,7 +130,7 @@ def fake_tools(bin_dir: Path, log: Path, grub_cfg: Path | None = None) -> None:
     touch = f"echo changed >> {grub_cfg}\n" if grub_cfg else ""
     for name in ("make", "update-initramfs"):
         tool = bin_dir / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n" + (touch if name == "update-initramfs" else ""))
+        tool.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n' + (touch if name == "update-initramfs" else ""))
         tool.chmod(0o755)
 
 
@@ -126,7 +141,7 @@ def fake_system_tools(tmp_path: Path, monkeypatch) -> Path:
     fake_tools(tmp_path / "bin", log)
     for name in ("chroot", "mount", "umount"):
         tool = tmp_path / "bin" / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n')
         tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     return log
@@ -175,12 +190,16 @@ def test_a_hook_that_changes_grub_cfg_is_an_error_naming_it(host_root, tmp_path,
 
 
 # issue 39, item 4: `kernel build --host` tells the truth first
-CONFIG_OF_6_12_57 = ("CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n# CONFIG_OLD_GONE is not set\nCONFIG_NEW_A=y\nCONFIG_NEW_B=m\n"
-                     "CONFIG_LOCALVERSION=\"\"\nCONFIG_NEW_C=\"x\"\nCONFIG_NEW_D=y\nCONFIG_NEW_E=y\nCONFIG_NEW_F=y\n"
-                     "CONFIG_NEW_A=y\n")
-KCONFIG_OF_6_1 = {"init/Kconfig": "config LOCALVERSION\n\tstring \"Local version\"\n\thelp\n\t  config NEW_A is in 6.12\n",
-                  "arch/x86/Kconfig": "config 64BIT\n\tbool\nchoice\n\tmenuconfig  HZ_1000 # the tick\n",
-                  "kernel/Kconfig.hz": "config OLD_GONE\n"}
+CONFIG_OF_6_12_57 = (
+    "CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n# CONFIG_OLD_GONE is not set\nCONFIG_NEW_A=y\nCONFIG_NEW_B=m\n"
+    'CONFIG_LOCALVERSION=""\nCONFIG_NEW_C="x"\nCONFIG_NEW_D=y\nCONFIG_NEW_E=y\nCONFIG_NEW_F=y\n'
+    "CONFIG_NEW_A=y\n"
+)
+KCONFIG_OF_6_1 = {
+    "init/Kconfig": 'config LOCALVERSION\n\tstring "Local version"\n\thelp\n\t  config NEW_A is in 6.12\n',
+    "arch/x86/Kconfig": "config 64BIT\n\tbool\nchoice\n\tmenuconfig  HZ_1000 # the tick\n",
+    "kernel/Kconfig.hz": "config OLD_GONE\n",
+}
 
 
 def test_an_older_source_is_said_first_with_what_olddefconfig_drops(host_root, tmp_path):
@@ -190,12 +209,15 @@ def test_an_older_source_is_said_first_with_what_olddefconfig_drops(host_root, t
     fake_tarball(host_root / "usr/src/linux-source-6.1.tar.xz", (6, 1, 90), KCONFIG_OF_6_1)
     (host_root / "usr/src/linux-source-6.12.tar.xz").unlink()
     cache = tmp_path / "cache"
-    done = run_cli("kernel", "build", "--host", "--dry-run", "--root", str(host_root), env={"TICKLAB_CACHE": str(cache)})
+    done = run_cli(
+        "kernel", "build", "--host", "--dry-run", "--root", str(host_root), env={"TICKLAB_CACHE": str(cache)}
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr == (
         "ticklab kernel build: warning: the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: "
         f"olddefconfig will drop 6 of the 9 options set in {host_root}/boot/config-6.12.57-ticklab, which Linux 6.1.90 "
-        "does not know: CONFIG_NEW_A, CONFIG_NEW_B, CONFIG_NEW_C, CONFIG_NEW_D, CONFIG_NEW_E and 1 more\n")
+        "does not know: CONFIG_NEW_A, CONFIG_NEW_B, CONFIG_NEW_C, CONFIG_NEW_D, CONFIG_NEW_E and 1 more\n"
+    )
     assert done.stdout.startswith("base kernel: 6.12.57-ticklab\n") and "dry run: nothing built" in done.stdout
     assert not cache.exists()
     # a tree: its Kconfig files are read the same way; a config the source knows whole is said to lose nothing
@@ -209,32 +231,44 @@ def test_an_older_source_is_said_first_with_what_olddefconfig_drops(host_root, t
     assert plan.warnings == [
         "the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: olddefconfig will drop 6 of the 9 "
         f"options set in {host_root}/boot/config-6.12.57-ticklab, which Linux 6.1.90 does not know: CONFIG_NEW_A, "
-        "CONFIG_NEW_B, CONFIG_NEW_C, CONFIG_NEW_D, CONFIG_NEW_E and 1 more"]
+        "CONFIG_NEW_B, CONFIG_NEW_C, CONFIG_NEW_D, CONFIG_NEW_E and 1 more"
+    ]
     (tmp_path / "known.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n")
     plan = plan_host_kernel(host_root, source=tree, config=tmp_path / "known.config", work=tmp_path / "w")
-    assert plan.warnings == ["the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: olddefconfig "
-                             f"drops none of the 2 options set in {tmp_path}/known.config"]
+    assert plan.warnings == [
+        "the source is Linux 6.1.90, older than the running kernel 6.12.57-ticklab: olddefconfig "
+        f"drops none of the 2 options set in {tmp_path}/known.config"
+    ]
 
 
 def test_a_source_as_new_as_the_running_kernel_warns_nothing(host_root, tmp_path):
     assert plan_host_kernel(host_root, work=tmp_path / "w").warnings == []  # 6.12.99 against 6.12.57
-    (host_root / "proc/version").write_text("Linux version 6.12.0-1-amd64 (debian-kernel@lists.debian.org) #1 SMP "
-                                            "PREEMPT_DYNAMIC Debian 6.12.100-1 (2026-01-01)\n")
+    (host_root / "proc/version").write_text(
+        "Linux version 6.12.0-1-amd64 (debian-kernel@lists.debian.org) #1 SMP "
+        "PREEMPT_DYNAMIC Debian 6.12.100-1 (2026-01-01)\n"
+    )
     (host_root / "proc/sys/kernel/osrelease").write_text("6.12.0-1-amd64\n")
     (host_root / "boot/vmlinuz-6.12.0-1-amd64").write_bytes(b"kernel")
     (host_root / "boot/config-6.12.0-1-amd64").write_text("CONFIG_64BIT=y\n")
     # Debian's release names the ABI (6.12.0-1), /proc/version the upstream version the source is older than
     [warning] = plan_host_kernel(host_root, work=tmp_path / "w").warnings
-    assert warning.startswith("the source is Linux 6.12.99, older than the running kernel 6.12.0-1-amd64 "
-                              "(Linux 6.12.100): olddefconfig will drop 1 of the 1 options")
+    assert warning.startswith(
+        "the source is Linux 6.12.99, older than the running kernel 6.12.0-1-amd64 "
+        "(Linux 6.12.100): olddefconfig will drop 1 of the 1 options"
+    )
 
 
-@pytest.mark.parametrize("boot, expected", [
-    (None, "boot: no such directory, so /boot is not what boots this machine"),
-    ({"vmlinuz-6.1.0-21-amd64": b"k", "config-6.12.57-ticklab": b"CONFIG_64BIT=y\n"},
-     "boot: no vmlinuz-6.12.57-ticklab, the running kernel's image (has vmlinuz-6.1.0-21-amd64), so /boot is not what "
-     "boots this machine"),
-])
+@pytest.mark.parametrize(
+    "boot, expected",
+    [
+        (None, "boot: no such directory, so /boot is not what boots this machine"),
+        (
+            {"vmlinuz-6.1.0-21-amd64": b"k", "config-6.12.57-ticklab": b"CONFIG_64BIT=y\n"},
+            "boot: no vmlinuz-6.12.57-ticklab, the running kernel's image (has vmlinuz-6.1.0-21-amd64), so /boot is not what "
+            "boots this machine",
+        ),
+    ],
+)
 def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(tmp_path, boot, expected):
     """4f: a VM whose kernel the VMM supplies (Firecracker): a kernel installed in /boot would never be booted."""
     root = make_fake_host(tmp_path / "root")
@@ -246,11 +280,15 @@ def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(tmp_path,
             (root / "boot" / name).write_bytes(data)
     before = tree_snapshot(root)
     for argv in (["--dry-run"], []):
-        done = run_cli("kernel", "build", "--host", *argv, "--root", str(root), env={"TICKLAB_CACHE": str(tmp_path / "c")})
+        done = run_cli(
+            "kernel", "build", "--host", *argv, "--root", str(root), env={"TICKLAB_CACHE": str(tmp_path / "c")}
+        )
         assert (done.returncode, done.stdout) == (2, "")
-        assert done.stderr == (f"ticklab kernel build: {root}/{expected} (its kernel is supplied from outside, as a "
-                               "Firecracker VM's by the VMM) and a kernel installed there would never be booted; "
-                               "refused\n")
+        assert done.stderr == (
+            f"ticklab kernel build: {root}/{expected} (its kernel is supplied from outside, as a "
+            "Firecracker VM's by the VMM) and a kernel installed there would never be booted; "
+            "refused\n"
+        )
     assert tree_snapshot(root) == before and not (tmp_path / "c").exists()
 
 
@@ -270,19 +308,30 @@ def image_root(tmp_path):
 def test_a_root_at_rest_builds_from_its_own_kernel_never_this_machines(image_root, tmp_path):
     source = fake_tree(tmp_path)
     plan = plan_host_kernel(image_root, source=source, work=tmp_path / "w")
-    assert plan.running_release == "6.1.0-50-amd64" and plan.config_source == str(image_root / "boot/config-6.1.0-50-amd64")
+    assert plan.running_release == "6.1.0-50-amd64" and plan.config_source == str(
+        image_root / "boot/config-6.1.0-50-amd64"
+    )
     assert plan.install_steps[-1] == ["chroot", str(image_root), "update-initramfs", "-c", "-k", plan.release]
     (image_root / "boot/vmlinuz-6.1.0-49-amd64").write_bytes(b"older")
-    with pytest.raises(HostKernelError, match=r"boot: 2 kernel images \(6\.1\.0-49-amd64, 6\.1\.0-50-amd64\) in a "
-                                              r"system that is not running here; name the one it boots with --release"):
+    with pytest.raises(
+        HostKernelError,
+        match=r"boot: 2 kernel images \(6\.1\.0-49-amd64, 6\.1\.0-50-amd64\) in a "
+        r"system that is not running here; name the one it boots with --release",
+    ):
         plan_host_kernel(image_root, source=source, work=tmp_path / "w")
-    assert plan_host_kernel(image_root, source=source, work=tmp_path / "w", release="6.1.0-50-amd64").release == plan.release
+    assert (
+        plan_host_kernel(image_root, source=source, work=tmp_path / "w", release="6.1.0-50-amd64").release
+        == plan.release
+    )
 
 
 def test_localmodconfig_on_a_root_at_rest_takes_the_modules_recorded_at_its_boot(image_root, tmp_path):
     source = fake_tree(tmp_path)
-    with pytest.raises(HostKernelError, match=r"image: not a running system, so it has no /proc/modules; "
-                                              r"--localmodconfig needs --modules FILE"):
+    with pytest.raises(
+        HostKernelError,
+        match=r"image: not a running system, so it has no /proc/modules; "
+        r"--localmodconfig needs --modules FILE",
+    ):
         plan_host_kernel(image_root, source=source, localmodconfig=True, work=tmp_path / "w")
     recorded = tmp_path / "modules"
     recorded.write_text("virtio_net 65536 0 - Live 0x0\next4 1007616 1 - Live 0x0\n")
@@ -290,15 +339,18 @@ def test_localmodconfig_on_a_root_at_rest_takes_the_modules_recorded_at_its_boot
     assert plan.module_count == 2 and plan.modules.splitlines()[0].startswith("virtio_net 65536")
     # other modules kept: another kernel, so another release name and another cached build
     recorded.write_text("virtio_net 65536 0 - Live 0x0\n")
-    assert plan_host_kernel(image_root, source=source, localmodconfig=True, modules=recorded,
-                            work=tmp_path / "w").release != plan.release
+    assert (
+        plan_host_kernel(image_root, source=source, localmodconfig=True, modules=recorded, work=tmp_path / "w").release
+        != plan.release
+    )
     recorded.write_text("not a module list\n")
     with pytest.raises(HostKernelError, match=r"modules: not a /proc/modules list \('not a module list'\)"):
         plan_host_kernel(image_root, source=source, localmodconfig=True, modules=recorded, work=tmp_path / "w")
 
 
-def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_reuses_the_build(image_root, tmp_path,
-                                                                                                monkeypatch):
+def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_reuses_the_build(
+    image_root, tmp_path, monkeypatch
+):
     log = fake_system_tools(tmp_path, monkeypatch)
     plan = plan_host_kernel(image_root, source=fake_tree(tmp_path), work=tmp_path / "work")
     plan.build_steps = [["make", "-C", "tree", "bzImage"]]
@@ -306,10 +358,15 @@ def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_r
     release = build_and_install(plan, image_root, say=said.append)
     calls = log.read_text().splitlines()
     assert calls[0] == "make -C tree bzImage" and calls[1].endswith(f"modules_install INSTALL_MOD_PATH={image_root}")
-    assert calls[2:] == [f"mount -t proc proc {image_root}/proc", f"mount -t sysfs sysfs {image_root}/sys",
-                         f"mount --bind /dev {image_root}/dev",
-                         f"chroot {image_root} update-initramfs -c -k {release}",
-                         f"umount {image_root}/dev", f"umount {image_root}/sys", f"umount {image_root}/proc"], calls
+    assert calls[2:] == [
+        f"mount -t proc proc {image_root}/proc",
+        f"mount -t sysfs sysfs {image_root}/sys",
+        f"mount --bind /dev {image_root}/dev",
+        f"chroot {image_root} update-initramfs -c -k {release}",
+        f"umount {image_root}/dev",
+        f"umount {image_root}/sys",
+        f"umount {image_root}/proc",
+    ], calls
     assert (image_root / f"boot/vmlinuz-{release}").read_bytes() == b"kernel"
     assert (image_root / "boot/grub/grub.cfg").read_text() == "set default=0\n"
     # beside its modules, what made the kernel: a capture on it records this (facts.kernel_build)
@@ -318,8 +375,11 @@ def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_r
     assert record["release"] == release and record["built_by"] == "ticklab kernel build --host"
     assert record["config_sha256"] == hashlib.sha256((image_root / f"boot/config-{release}").read_bytes()).hexdigest()
     assert record["build_log_sha256"] == hashlib.sha256(log_text).hexdigest() and log_text
-    assert record["patches"] == [{"name": c.path.name, "sha256": hashlib.sha256(c.path.read_bytes()).hexdigest()}
-                                 for c in plan.patches if c.applies]
+    assert record["patches"] == [
+        {"name": c.path.name, "sha256": hashlib.sha256(c.path.read_bytes()).hexdigest()}
+        for c in plan.patches
+        if c.applies
+    ]
     assert facts.kernel_build(image_root, release) == record
     # a second system (another copy of the image) gets the same build, not a second compile
     second = tmp_path / "second"
@@ -327,8 +387,12 @@ def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_r
     (second / f"boot/vmlinuz-{release}").unlink()
     shutil.rmtree(second / f"lib/modules/{release}")
     log.write_text("")
-    assert build_and_install(plan_host_kernel(second, source=fake_tree(tmp_path / "t2"), work=tmp_path / "work"),
-                             second, say=said.append) == release
+    assert (
+        build_and_install(
+            plan_host_kernel(second, source=fake_tree(tmp_path / "t2"), work=tmp_path / "work"), second, say=said.append
+        )
+        == release
+    )
     assert not any(line.startswith("make -C tree bzImage") for line in log.read_text().splitlines())
     assert any("built before" in line for line in said)
 
@@ -345,8 +409,9 @@ def test_a_mount_point_that_is_not_empty_is_refused_before_anything_is_mounted(i
     assert not log.exists() or not any(line.startswith("mount") for line in log.read_text().splitlines())
 
 
-def test_a_dev_holding_debootstraps_static_nodes_is_mounted_on_but_a_dev_symlink_is_refused(image_root, tmp_path,
-                                                                                         monkeypatch):
+def test_a_dev_holding_debootstraps_static_nodes_is_mounted_on_but_a_dev_symlink_is_refused(
+    image_root, tmp_path, monkeypatch
+):
     """A debootstrapped root at rest has /dev/null, /dev/console… in its /dev (the lab host image's had): the bind
     mount covers them for update-initramfs, as devtmpfs does at boot. A /dev that is a link is refused."""
     log = fake_system_tools(tmp_path, monkeypatch)
@@ -372,10 +437,11 @@ def test_an_interrupted_compile_resumes_and_a_build_cut_before_its_config_is_ref
     fake_tools(tmp_path / "bin", log)
     for name in ("chroot", "mount", "umount", "tar"):
         tool = tmp_path / "bin" / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n')
         tool.chmod(0o755)
-    (tmp_path / "bin/make").write_text(f"#!/bin/sh\necho make \"$@\" >> {log}\n"
-                                       f"case \"$*\" in *bzImage*) [ -e {tmp_path}/compiled ] || exit 2;; esac\n")
+    (tmp_path / "bin/make").write_text(
+        f'#!/bin/sh\necho make "$@" >> {log}\ncase "$*" in *bzImage*) [ -e {tmp_path}/compiled ] || exit 2;; esac\n'
+    )
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     tarball = fake_tarball(tmp_path / "src/linux-source-6.12.tar.xz")
     plan = plan_host_kernel(image_root, source=tarball, work=tmp_path / "work")
@@ -404,16 +470,28 @@ def test_an_interrupted_compile_resumes_and_a_build_cut_before_its_config_is_ref
 HZ1000 = Path(__file__).resolve().parents[1] / "kernel/fragments/hz1000.config"
 
 
-def test_a_fragment_is_set_after_localmodconfig_names_the_release_and_is_checked_before_install(image_root, tmp_path,
-                                                                                                monkeypatch):
+def test_a_fragment_is_set_after_localmodconfig_names_the_release_and_is_checked_before_install(
+    image_root, tmp_path, monkeypatch
+):
     """nohz's HZ comparison needs a kernel per HZ (issue 39): --fragment sets options after the base config, the
     release says which fragment made it, and a built config that lost an option is never installed."""
     plain = plan_host_kernel(image_root, source=fake_tree(tmp_path / "a"), work=tmp_path / "w1")
     plan = plan_host_kernel(image_root, source=fake_tree(tmp_path / "b"), work=tmp_path / "w2", fragment=HZ1000)
     assert plan.localversion.startswith("-ticklab-hz1000-") and plan.release != plain.release
     config_steps = [step for step in plan.build_steps if step[0].endswith("scripts/config")]
-    assert config_steps[-1][3:] == ["--enable", "HZ_1000", "--disable", "HZ_100", "--disable", "HZ_250",
-                                    "--disable", "HZ_300", "--set-val", "HZ", "1000"]
+    assert config_steps[-1][3:] == [
+        "--enable",
+        "HZ_1000",
+        "--disable",
+        "HZ_100",
+        "--disable",
+        "HZ_250",
+        "--disable",
+        "HZ_300",
+        "--set-val",
+        "HZ",
+        "1000",
+    ]
     olddefconfig = next(i for i, step in enumerate(plan.build_steps) if step[-1] == "olddefconfig")
     assert plan.build_steps.index(config_steps[-1]) == olddefconfig - 1
     assert "fragment: " + str(HZ1000) in plan.describe()
@@ -421,24 +499,39 @@ def test_a_fragment_is_set_after_localmodconfig_names_the_release_and_is_checked
     log = fake_system_tools(tmp_path, monkeypatch)
     plan.build_steps = []  # the fake tree's .config is what "olddefconfig" left: HZ 250
     (tmp_path / "b/tree/.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n")
-    with pytest.raises(HostKernelError, match=r"hz1000\.config: the built config does not hold CONFIG_HZ_1000=y "
-                                              r"\(it has it unset\); CONFIG_HZ_250=n \(it has CONFIG_HZ_250=y\); "
-                                              r"CONFIG_HZ=1000 \(it has CONFIG_HZ=250\); nothing installed"):
+    with pytest.raises(
+        HostKernelError,
+        match=r"hz1000\.config: the built config does not hold CONFIG_HZ_1000=y "
+        r"\(it has it unset\); CONFIG_HZ_250=n \(it has CONFIG_HZ_250=y\); "
+        r"CONFIG_HZ=1000 \(it has CONFIG_HZ=250\); nothing installed",
+    ):
         build_and_install(plan, image_root, say=lambda _: None)
     assert not (image_root / f"boot/vmlinuz-{plan.release}").exists()
-    (tmp_path / "b/tree/.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n# CONFIG_HZ_250 is not set\n"
-                                             "CONFIG_HZ=1000\n")
+    (tmp_path / "b/tree/.config").write_text(
+        "CONFIG_64BIT=y\nCONFIG_HZ_1000=y\n# CONFIG_HZ_250 is not set\nCONFIG_HZ=1000\n"
+    )
     assert build_and_install(plan, image_root, say=lambda _: None) == plan.release
     record = facts.kernel_build(image_root, plan.release)
-    assert record["fragment"] == {"name": "hz1000.config", "options": {
-        "CONFIG_HZ_1000": "y", "CONFIG_HZ_100": "n", "CONFIG_HZ_250": "n", "CONFIG_HZ_300": "n", "CONFIG_HZ": "1000"}}
+    assert record["fragment"] == {
+        "name": "hz1000.config",
+        "options": {
+            "CONFIG_HZ_1000": "y",
+            "CONFIG_HZ_100": "n",
+            "CONFIG_HZ_250": "n",
+            "CONFIG_HZ_300": "n",
+            "CONFIG_HZ": "1000",
+        },
+    }
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("CONFIG_HZ=1000\nHZ_250=y\n", r"bad\.config:2: not CONFIG_X=value or '# CONFIG_X is not set': 'HZ_250=y'"),
-    ("# only a comment\n", r"bad\.config: sets no option"),
-    ("CONFIG_X=$(shell id)\n", r"bad\.config:1: not CONFIG_X=value"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("CONFIG_HZ=1000\nHZ_250=y\n", r"bad\.config:2: not CONFIG_X=value or '# CONFIG_X is not set': 'HZ_250=y'"),
+        ("# only a comment\n", r"bad\.config: sets no option"),
+        ("CONFIG_X=$(shell id)\n", r"bad\.config:1: not CONFIG_X=value"),
+    ],
+)
 def test_a_fragment_that_is_not_config_lines_is_refused_naming_the_line(image_root, tmp_path, text, problem):
     fragment = tmp_path / "bad.config"
     fragment.write_text(text)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO
 from ticklab.analysis.captured import find_bundles
 from ticklab.analysis.published import load_published
 from ticklab.bundle import BundleWriter, load_bundle
@@ -23,8 +24,6 @@ from ticklab.lab import qemu
 from ticklab.lab.cache import LabError
 from ticklab.trace import rawfile
 
-from conftest import REPO
-
 pytestmark = pytest.mark.xdist_group("guests")
 
 DATA = Path(__file__).parent / "data" / "hpet"
@@ -36,14 +35,22 @@ def test_the_guest_perf_report_parser_reads_every_symbol_line_of_a_real_guest_re
     # cut from a guest's report (hpet-no-sharing-4vcpu, run-005 of the committed guest-clock-profile bundle)
     report = (DATA / "guest-perf-report.txt").read_text()
     shares = hpet.symbol_shares(report)
-    assert shares == {"smp_call_function_many_cond": 68.78, "pv_native_safe_halt": 12.86, "ktime_get_ts64": 2.14,
-                      "__vdso_clock_gettime": 2.06, "do_syscall_64": 1.61, "__x64_sys_clock_gettime": 0.42,
-                      "read_hpet": 0.26}
+    assert shares == {
+        "smp_call_function_many_cond": 68.78,
+        "pv_native_safe_halt": 12.86,
+        "ktime_get_ts64": 2.14,
+        "__vdso_clock_gettime": 2.06,
+        "do_syscall_64": 1.61,
+        "__x64_sys_clock_gettime": 0.42,
+        "read_hpet": 0.26,
+    }
     assert hpet.recorded_samples((DATA / "guest-perf-record.stderr.txt").read_text()) == 3780
     assert hpet.recorded_samples("perf: no samples\n") is None
     # other sort keys put columns before the symbol; a symbol listed twice is summed
-    assert hpet.symbol_shares("    4.50%  clockbench  [kernel.kallsyms]  [k] read_hpet\n"
-                              "    1.00%  swapper     [kernel.kallsyms]  [k] read_hpet\n") == {"read_hpet": 5.5}
+    assert hpet.symbol_shares(
+        "    4.50%  clockbench  [kernel.kallsyms]  [k] read_hpet\n"
+        "    1.00%  swapper     [kernel.kallsyms]  [k] read_hpet\n"
+    ) == {"read_hpet": 5.5}
     assert hpet.symbol_shares("# Samples: 0\n#\n") == {}
 
 
@@ -72,29 +79,53 @@ def test_the_experiment_profiles_every_run_with_one_argv_and_no_shell():
     [extra] = experiment.extras
     assert extra["name"] == hpet.GUEST_PROFILE_EXTRA and extra["per_run"] is True
     assert extra["argv"][:3] == ["python3.11", "-m", "ticklab.capture.perfprofile"]
-    assert "sh" not in extra["argv"] and "-c" not in extra["argv"][:extra["argv"].index("--")]
+    assert "sh" not in extra["argv"] and "-c" not in extra["argv"][: extra["argv"].index("--")]
     assert perfprofile.record_argv(["clockbench", "-t", "2"], "cpu-clock") == [
-        "perf", "record", "-a", "-e", "cpu-clock", "-o", "perf.data", "--", "clockbench", "-t", "2"]
-    assert perfprofile.report_argv(0.1) == ["perf", "report", "-i", "perf.data", "--stdio", "--no-children",
-                                            "--sort", "sym", "--percent-limit", "0.1"]
+        "perf",
+        "record",
+        "-a",
+        "-e",
+        "cpu-clock",
+        "-o",
+        "perf.data",
+        "--",
+        "clockbench",
+        "-t",
+        "2",
+    ]
+    assert perfprofile.report_argv(0.1) == [
+        "perf",
+        "report",
+        "-i",
+        "perf.data",
+        "--stdio",
+        "--no-children",
+        "--sort",
+        "sym",
+        "--percent-limit",
+        "0.1",
+    ]
 
 
 def test_the_profiler_keeps_the_report_and_removes_perf_data(tmp_path):
     """With a stand-in perf that records its arguments: the steps, their order, and what is left."""
     fake = tmp_path / "perf"
-    fake.write_text("#!/usr/bin/env python3\n"
-                    "import sys, pathlib\n"
-                    "log = pathlib.Path('calls.txt'); log.write_text(log.read_text() + ' '.join(sys.argv[1:]) + '\\n'"
-                    " if log.exists() else ' '.join(sys.argv[1:]) + '\\n')\n"
-                    "if sys.argv[1] == 'record':\n"
-                    "    pathlib.Path('perf.data').write_bytes(b'x' * 1000); sys.exit(0)\n"
-                    "print('    0.26%  [k] read_hpet')\n")
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import sys, pathlib\n"
+        "log = pathlib.Path('calls.txt'); log.write_text(log.read_text() + ' '.join(sys.argv[1:]) + '\\n'"
+        " if log.exists() else ' '.join(sys.argv[1:]) + '\\n')\n"
+        "if sys.argv[1] == 'record':\n"
+        "    pathlib.Path('perf.data').write_bytes(b'x' * 1000); sys.exit(0)\n"
+        "print('    0.26%  [k] read_hpet')\n"
+    )
     fake.chmod(0o755)
     status = perfprofile.profile(["true"], tmp_path, perf=str(fake))
     assert status == 0
     assert (tmp_path / "calls.txt").read_text().splitlines() == [
         "record -a -e cpu-clock -o perf.data -- true",
-        "report -i perf.data --stdio --no-children --sort sym --percent-limit 0.1"]
+        "report -i perf.data --stdio --no-children --sort sym --percent-limit 0.1",
+    ]
     assert hpet.symbol_shares((tmp_path / "perf-report.txt").read_text()) == {"read_hpet": 0.26}
     assert not (tmp_path / "perf.data").exists()
     # a record that writes nothing is a failure, and there is no report
@@ -108,11 +139,13 @@ def test_the_profiler_keeps_the_report_and_removes_perf_data(tmp_path):
 def _profile_bundle(traces: Path, shares: dict[str, list[float | None]]) -> Path:
     """A sealed guest-clock-profile bundle whose runs' perf reports list read_hpet at the given shares (None: not
     listed, under the report's limit)."""
-    writer = BundleWriter(traces, "guest-tcg-test", "hpet", "guest-clock-profile", definition={"name": "x"},
-                          host={"nproc": 2}, when=WHEN)
+    writer = BundleWriter(
+        traces, "guest-tcg-test", "hpet", "guest-clock-profile", definition={"name": "x"}, host={"nproc": 2}, when=WHEN
+    )
     writer.manifest.conditions = [
         {"name": f"{clock}-{vcpus}vcpu", "clock": clock, "vcpus": vcpus, "boot": "clocksource=hpet"}
-        for clock, vcpus in (("hpet-no-sharing", 2), ("hpet-sharing", 2))]
+        for clock, vcpus in (("hpet-no-sharing", 2), ("hpet-sharing", 2))
+    ]
     index = 0
     for condition, values in shares.items():
         for share in values:
@@ -125,15 +158,32 @@ def _profile_bundle(traces: Path, shares: dict[str, list[float | None]]) -> Path
                 lines.append(f"    {share:.2f}%  [k] read_hpet")
             (directory / "perf-report.txt").write_text("\n".join(lines) + "\n")
             (directory / "stderr.txt").write_text(
-                f"[ perf record: Captured and wrote 0.2 MB perf.data ({1000 + index} samples) ]\n")
-            extra = {"name": "perf-profile", "directory": f"{run}/perf-profile", "status": "ok", "exit_status": 0,
-                     "argv": ["python3.11", "-m", "ticklab.capture.perfprofile", "--percent-limit", "0.1", "--", "cb"]}
+                f"[ perf record: Captured and wrote 0.2 MB perf.data ({1000 + index} samples) ]\n"
+            )
+            extra = {
+                "name": "perf-profile",
+                "directory": f"{run}/perf-profile",
+                "status": "ok",
+                "exit_status": 0,
+                "argv": ["python3.11", "-m", "ticklab.capture.perfprofile", "--percent-limit", "0.1", "--", "cb"],
+            }
             # the facts the condition checks read (a run whose check cannot be computed enters nothing: issue 44)
-            guest = {"clocksource": "hpet",
-                     "switches": {"hpet_read_share": "N" if condition.startswith("hpet-no-sharing") else "Y"}}
-            writer.add_run({"run": run, "condition": condition, "order": index, "exit_status": 0, "status": "ok",
-                            "extras": [extra], "guest": guest},
-                           [{"metric": "reads_per_s_total", "value": 1000.0, "unit": "1/s"}])
+            guest = {
+                "clocksource": "hpet",
+                "switches": {"hpet_read_share": "N" if condition.startswith("hpet-no-sharing") else "Y"},
+            }
+            writer.add_run(
+                {
+                    "run": run,
+                    "condition": condition,
+                    "order": index,
+                    "exit_status": 0,
+                    "status": "ok",
+                    "extras": [extra],
+                    "guest": guest,
+                },
+                [{"metric": "reads_per_s_total", "value": 1000.0, "unit": "1/s"}],
+            )
     return writer.seal()
 
 
@@ -143,7 +193,12 @@ def test_the_share_table_gives_median_range_and_n_per_condition_and_the_ratio_be
     assert len(runs) == 6 and runs["samples"].tolist() == [1001, 1002, 1003, 1004, 1005, 1006]
     table = hpet.guest_profile_table(runs).set_index("condition")
     off, on = table.loc["hpet-no-sharing-2vcpu"], table.loc["hpet-sharing-2vcpu"]
-    assert (off["n runs"], off["read_hpet, % of samples (median)"], off["read_hpet min"], off["read_hpet max"]) == (3, 3.0, 2.0, 4.0)
+    assert (off["n runs"], off["read_hpet, % of samples (median)"], off["read_hpet min"], off["read_hpet max"]) == (
+        3,
+        3.0,
+        2.0,
+        4.0,
+    )
     assert (on["read_hpet, % of samples (median)"], on["read_hpet min"], on["read_hpet max"]) == (1.0, 0.0, 1.5)
     assert on["runs with read_hpet under the report's limit"] == 1 and on["read sharing"] == "on"
     assert off["clock-reading functions, % (median)"] == 53.0  # ktime_get_ts64 50 + read_hpet 3
@@ -199,8 +254,12 @@ def test_perf_profiles_a_tcg_guest_and_resolves_read_hpet(tmp_path, monkeypatch)
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    [bundle_path] = lab_run("hpet", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
-                            experiment_path=path, log=lambda m: None)
+    [bundle_path] = lab_run(
+        "hpet",
+        LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
+        experiment_path=path,
+        log=lambda m: None,
+    )
     bundle = load_bundle(bundle_path)
     [record] = bundle.manifest["runs"]
     assert record["status"] == "ok" and not record["problem"], record

@@ -16,10 +16,12 @@ from ticklab.trace.tracemetrics import TraceContentError, clockevent_reprograms,
 SPURIOUS = "spurious_hrtimer_interrupt_ratio"
 
 # Ring-buffer layout (as tests/test_ingest.py builds it; not imported from there, whose import probes trace-cmd)
-HEADER_PAGE = ("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
-               "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
-               "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
-               "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n")
+HEADER_PAGE = (
+    "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+    "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+    "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
+    "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n"
+)
 
 
 def record(delta: int, data: bytes) -> bytes:
@@ -30,30 +32,54 @@ def page(timestamp: int, body: bytes) -> bytes:
     head = struct.pack("<QQ", timestamp, len(body)) + body
     return head + b"\0" * (4096 - len(head))
 
-COMMON = ("\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
-          "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
-          "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
-          "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n")
+
+COMMON = (
+    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+)
 # The kernel's formats of the events the guest experiment records (fields trimmed to those used here).
 EVENTS = {
     "irq_vectors:local_timer_entry": (165, "\tfield:int vector;\toffset:8;\tsize:4;\tsigned:1;\n", "<i"),
     "irq_vectors:local_timer_exit": (164, "\tfield:int vector;\toffset:8;\tsize:4;\tsigned:1;\n", "<i"),
-    "timer:hrtimer_expire_entry": (459, "\tfield:void * hrtimer;\toffset:8;\tsize:8;\tsigned:0;\n"
-                                        "\tfield:s64 now;\toffset:16;\tsize:8;\tsigned:1;\n"
-                                        "\tfield:void * function;\toffset:24;\tsize:8;\tsigned:0;\n", "<QqQ"),
-    "timer:hrtimer_start": (460, "\tfield:void * hrtimer;\toffset:8;\tsize:8;\tsigned:0;\n"
-                                 "\tfield:void * function;\toffset:16;\tsize:8;\tsigned:0;\n"
-                                 "\tfield:s64 expires;\toffset:24;\tsize:8;\tsigned:1;\n", "<QQq"),
-    "ftrace:function": (1, "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
-                           "\tfield:unsigned long parent_ip;\toffset:16;\tsize:8;\tsigned:0;\n", "<QQ"),
+    "timer:hrtimer_expire_entry": (
+        459,
+        "\tfield:void * hrtimer;\toffset:8;\tsize:8;\tsigned:0;\n"
+        "\tfield:s64 now;\toffset:16;\tsize:8;\tsigned:1;\n"
+        "\tfield:void * function;\toffset:24;\tsize:8;\tsigned:0;\n",
+        "<QqQ",
+    ),
+    "timer:hrtimer_start": (
+        460,
+        "\tfield:void * hrtimer;\toffset:8;\tsize:8;\tsigned:0;\n"
+        "\tfield:void * function;\toffset:16;\tsize:8;\tsigned:0;\n"
+        "\tfield:s64 expires;\toffset:24;\tsize:8;\tsigned:1;\n",
+        "<QQq",
+    ),
+    "ftrace:function": (
+        1,
+        "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
+        "\tfield:unsigned long parent_ip;\toffset:16;\tsize:8;\tsigned:0;\n",
+        "<QQ",
+    ),
     # Linux 7.1+ (include/trace/events/timer.h: hrtimer_rearm) and irq:softirq_raise
-    "timer:hrtimer_rearm": (470, "\tfield:s64 next_event;\toffset:8;\tsize:8;\tsigned:1;\n"
-                                 "\tfield:bool deferred;\toffset:16;\tsize:1;\tsigned:0;\n", "<qB7x"),
+    "timer:hrtimer_rearm": (
+        470,
+        "\tfield:s64 next_event;\toffset:8;\tsize:8;\tsigned:1;\n"
+        "\tfield:bool deferred;\toffset:16;\tsize:1;\tsigned:0;\n",
+        "<qB7x",
+    ),
     "irq:softirq_raise": (140, "\tfield:unsigned int vec;\toffset:8;\tsize:4;\tsigned:0;\n", "<I4x"),
 }
 PROGRAM_EVENT = 0xFFFFFFFF81123450  # the one function the tracer was filtered to
-START, ENTRY, EXIT, EXPIRE, CALL = ("timer:hrtimer_start", "irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit",
-                                    "timer:hrtimer_expire_entry", "ftrace:function")
+START, ENTRY, EXIT, EXPIRE, CALL = (
+    "timer:hrtimer_start",
+    "irq_vectors:local_timer_entry",
+    "irq_vectors:local_timer_exit",
+    "timer:hrtimer_expire_entry",
+    "ftrace:function",
+)
 T0 = 5_000_000_000
 
 
@@ -67,9 +93,14 @@ def write_trace(directory, events: dict[int, list[tuple]], ip_of=lambda at: PROG
         system, name = key.split(":")
         (directory / "formats" / system / name).mkdir(parents=True)
         (directory / "formats" / system / name / "format").write_text(
-            f"name: {name}\nID: {type_id}\nformat:\n{COMMON}{fields}\nprint fmt: \"\"\n")
-    values = {ENTRY: (236,), EXIT: (236,), EXPIRE: (0xFFFF8880_0000_1000, 0, 0xFFFFFFFF81000100),
-              START: (0xFFFF8880_0000_1000, 0xFFFFFFFF81000100, 0)}
+            f'name: {name}\nID: {type_id}\nformat:\n{COMMON}{fields}\nprint fmt: ""\n'
+        )
+    values = {
+        ENTRY: (236,),
+        EXIT: (236,),
+        EXPIRE: (0xFFFF8880_0000_1000, 0, 0xFFFFFFFF81000100),
+        START: (0xFFFF8880_0000_1000, 0xFFFFFFFF81000100, 0),
+    }
     for cpu, timeline in events.items():
         body, last = b"", T0
         for at_us, key, *given in timeline:
@@ -87,10 +118,20 @@ def write_trace(directory, events: dict[int, list[tuple]], ip_of=lambda at: PROG
 # start; an interrupt that finds nothing expired and reprograms; a cancel of the first timer that reprograms.
 # CPU 1: two starts and an interrupt whose expiry reprograms nothing (the device is left idle).
 KNOWN = {
-    0: [(1_000, START), (2_000, START), (3_000, START), (3_001, CALL),
-        (10_000, ENTRY), (10_001, EXPIRE), (10_002, CALL), (10_003, EXIT),
-        (20_000, ENTRY), (20_001, CALL), (20_002, EXIT),
-        (30_000, CALL)],
+    0: [
+        (1_000, START),
+        (2_000, START),
+        (3_000, START),
+        (3_001, CALL),
+        (10_000, ENTRY),
+        (10_001, EXPIRE),
+        (10_002, CALL),
+        (10_003, EXIT),
+        (20_000, ENTRY),
+        (20_001, CALL),
+        (20_002, EXIT),
+        (30_000, CALL),
+    ],
     1: [(5_000, START), (6_000, START), (15_000, ENTRY), (15_001, EXPIRE), (15_002, EXIT)],
 }
 
@@ -125,32 +166,47 @@ def test_calls_of_two_functions_are_refused_not_counted(tmp_path):
 
 
 def test_the_fresh_table_puts_counted_reprograms_beside_the_seed():
-    runs = pd.DataFrame([
-        {"host_id": "guest", "run": f"r{i}", "condition": condition, "metric": metric, "value": value}
-        for i, (condition, reprograms) in enumerate([("hrtick-off", 1000.0), ("hrtick-off", 1200.0),
-                                                     ("hrtick-on", 1400.0), ("hrtick-on", 1600.0)])
-        for metric, value in (("runtime_s", 2.0), ("clockevent_reprograms_per_s", reprograms))])
+    runs = pd.DataFrame(
+        [
+            {"host_id": "guest", "run": f"r{i}", "condition": condition, "metric": metric, "value": value}
+            for i, (condition, reprograms) in enumerate(
+                [("hrtick-off", 1000.0), ("hrtick-off", 1200.0), ("hrtick-on", 1400.0), ("hrtick-on", 1600.0)]
+            )
+            for metric, value in (("runtime_s", 2.0), ("clockevent_reprograms_per_s", reprograms))
+        ]
+    )
     table = hrtick.fresh_table(runs, hrtick.CLAIM.published(paths.published_dir()))
     column = hrtick.FRESH_METRICS["clockevent_reprograms_per_s"]
     assert table.loc[("guest", "hrtick-off"), column] == 1100.0
     assert table.loc[("guest", "hrtick-on"), column] == 1500.0
-    assert table.loc[("guest", "hrtick-on"), "seed 002 reprograms/s (HRTICK on)"] == "~2500/sec before the series, ~100/sec after"
+    assert (
+        table.loc[("guest", "hrtick-on"), "seed 002 reprograms/s (HRTICK on)"]
+        == "~2500/sec before the series, ~100/sec after"
+    )
     assert table.loc[("guest", "hrtick-off"), "seed 002 reprograms/s (HRTICK on)"] == "not stated for HRTICK off"
 
 
 def test_a_bundle_without_counted_reprograms_says_so():
-    runs = pd.DataFrame([{"host_id": "old", "run": "r1", "condition": "hrtick-on", "metric": metric, "value": 1.0}
-                         for metric in ("runtime_s", "hrtimer_start_rate_hz")])
+    runs = pd.DataFrame(
+        [
+            {"host_id": "old", "run": "r1", "condition": "hrtick-on", "metric": metric, "value": 1.0}
+            for metric in ("runtime_s", "hrtimer_start_rate_hz")
+        ]
+    )
     table = hrtick.fresh_table(runs)
-    assert table.loc[("old", "hrtick-on"), hrtick.FRESH_METRICS["clockevent_reprograms_per_s"]] == "not recorded in this bundle"
+    assert (
+        table.loc[("old", "hrtick-on"), hrtick.FRESH_METRICS["clockevent_reprograms_per_s"]]
+        == "not recorded in this bundle"
+    )
     assert hrtick.reprogram_notes(runs) == [
         "old: clockevent reprograms not recorded in this bundle (its trace has no function-tracer events of "
-        "clockevents_program_event); hrtimer starts are shown, which are not a reprogram count."]
+        "clockevents_program_event); hrtimer starts are shown, which are not a reprogram count."
+    ]
     hrtick.fresh_figure(runs, "old")  # draws hrtimer starts, labelled as such, instead of failing
 
 
 REARM, RAISE = "timer:hrtimer_rearm", "irq:softirq_raise"
-NOW, LATER = 0, 1   # hrtimer_rearm's deferred: at once, or at the return to user space
+NOW, LATER = 0, 1  # hrtimer_rearm's deferred: at once, or at the return to user space
 # A 7.2-style trace (the series applied). CPU 0: a start that rearms at once (rearm and call share a timestamp); a
 # lazy start that reprograms nothing; an expiring interrupt rearmed on the way out (deferred); an interrupt that
 # found nothing expired (spurious); one that found only a soft timer due (raised HRTIMER_SOFTIRQ: not spurious);
@@ -158,15 +214,39 @@ NOW, LATER = 0, 1   # hrtimer_rearm's deferred: at once, or at the return to use
 # (no rearm before them). CPU 1: a rearm whose reprogram was lost (the next rearm comes first), a rearm with its
 # call, an expiring interrupt.
 KNOWN_72 = {
-    0: [(1_000, START), (1_000, REARM, 2_000_000, NOW), (1_000, CALL),
+    0: [
+        (1_000, START),
+        (1_000, REARM, 2_000_000, NOW),
+        (1_000, CALL),
         (2_000, START),
-        (10_000, ENTRY), (10_001, EXPIRE), (10_003, EXIT), (10_010, REARM, 12_000_000, LATER), (10_010, CALL),
-        (20_000, ENTRY), (20_002, EXIT), (20_005, REARM, 22_000_000, LATER), (20_006, CALL),
-        (25_000, ENTRY), (25_001, RAISE, 8), (25_002, EXIT), (25_003, REARM, 27_000_000, NOW), (25_004, CALL),
-        (26_000, ENTRY), (26_001, RAISE, 1), (26_002, EXIT),
-        (30_000, CALL), (31_000, CALL)],
-    1: [(5_000, REARM, 9_000_000, NOW), (6_000, REARM, 8_000_000, NOW), (6_001, CALL),
-        (15_000, ENTRY), (15_001, EXPIRE), (15_002, EXIT)],
+        (10_000, ENTRY),
+        (10_001, EXPIRE),
+        (10_003, EXIT),
+        (10_010, REARM, 12_000_000, LATER),
+        (10_010, CALL),
+        (20_000, ENTRY),
+        (20_002, EXIT),
+        (20_005, REARM, 22_000_000, LATER),
+        (20_006, CALL),
+        (25_000, ENTRY),
+        (25_001, RAISE, 8),
+        (25_002, EXIT),
+        (25_003, REARM, 27_000_000, NOW),
+        (25_004, CALL),
+        (26_000, ENTRY),
+        (26_001, RAISE, 1),
+        (26_002, EXIT),
+        (30_000, CALL),
+        (31_000, CALL),
+    ],
+    1: [
+        (5_000, REARM, 9_000_000, NOW),
+        (6_000, REARM, 8_000_000, NOW),
+        (6_001, CALL),
+        (15_000, ENTRY),
+        (15_001, EXPIRE),
+        (15_002, EXIT),
+    ],
 }
 
 
@@ -202,8 +282,10 @@ def test_a_trace_before_the_series_has_no_rearm_rows(tmp_path):
 
 def test_rearms_without_the_function_tracer_are_counted_without_an_agreement(tmp_path):
     without = {cpu: [event for event in timeline if event[1] != CALL] for cpu, timeline in KNOWN_72.items()}
-    rows = {row["metric"]: row["value"]
-            for row in tracemetrics.hrtimer_metrics(read_trace(write_trace(tmp_path / "trace", without)), {})}
+    rows = {
+        row["metric"]: row["value"]
+        for row in tracemetrics.hrtimer_metrics(read_trace(write_trace(tmp_path / "trace", without)), {})
+    }
     assert rows["hrtimer_rearms"] == 6 and "clockevent_reprograms" not in rows
     assert "hrtimer_rearms_reprogrammed_share" not in rows
 
@@ -222,17 +304,41 @@ def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
     from ticklab.bundle import BundleWriter
 
     rng = np.random.default_rng(seed)
-    writer = BundleWriter(root, "guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-x", "hrtick", "guest-hackbench",
-                          definition={}, host={}, when=datetime(2026, 11, 24, tzinfo=timezone.utc))
+    writer = BundleWriter(
+        root,
+        "guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-x",
+        "hrtick",
+        "guest-hackbench",
+        definition={},
+        host={},
+        when=datetime(2026, 11, 24, tzinfo=timezone.utc),
+    )
     order = [condition for _ in range(runs) for condition in truth]
     for index, condition in enumerate(order):
         series, hrtick_value = condition.split()
-        record = {"run": f"run-{index + 1:03d}", "condition": condition, "order": index, "warmup": False,
-                  "status": "ok", "guest": {"kernel": RELEASES[series]},
-                  "knobs": [{"kind": "sched_feature", "label": "sched_feature HRTICK", "feature": "HRTICK",
-                             "during": "HRTICK" if hrtick_value == "hrtick-on" else "NO_HRTICK"}]}
-        writer.add_run(record, [{"metric": metric, "value": median * float(np.exp(rng.normal(0, sigma))), "unit": "x"}
-                                for metric, median in truth[condition].items()])
+        record = {
+            "run": f"run-{index + 1:03d}",
+            "condition": condition,
+            "order": index,
+            "warmup": False,
+            "status": "ok",
+            "guest": {"kernel": RELEASES[series]},
+            "knobs": [
+                {
+                    "kind": "sched_feature",
+                    "label": "sched_feature HRTICK",
+                    "feature": "HRTICK",
+                    "during": "HRTICK" if hrtick_value == "hrtick-on" else "NO_HRTICK",
+                }
+            ],
+        }
+        writer.add_run(
+            record,
+            [
+                {"metric": metric, "value": median * float(np.exp(rng.normal(0, sigma))), "unit": "x"}
+                for metric, median in truth[condition].items()
+            ],
+        )
     writer.seal()
 
 
@@ -241,35 +347,68 @@ def rows_by_comparison(root, alpha: float = 0.05) -> dict:
 
     from ticklab.analysis.captured import find_bundles
 
-    ctx = SimpleNamespace(published=hrtick.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hrtick"),
-                          data_dir=root)
+    ctx = SimpleNamespace(
+        published=hrtick.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hrtick"), data_dir=root
+    )
     return {row.comparison: row for row in hrtick.CLAIM.verdicts(ctx, alpha=alpha, n_boot=2000)}
 
 
 def test_the_spurious_row_uses_the_notebooks_alpha(tmp_path):
     """It used 0.05 whatever alpha the notebook was run with: a 95 % CI in a report of 99 % ones."""
-    truth = {f"{kernel} {setting}": {"runtime_s": 1.0, "clockevent_reprograms_per_s": 100.0,
-                                     "clockevent_reprograms": 100.0, SPURIOUS: 0.25}
-             for kernel in ("6.12", "7.2") for setting in ("hrtick-off", "hrtick-on")}
+    truth = {
+        f"{kernel} {setting}": {
+            "runtime_s": 1.0,
+            "clockevent_reprograms_per_s": 100.0,
+            "clockevent_reprograms": 100.0,
+            SPURIOUS: 0.25,
+        }
+        for kernel in ("6.12", "7.2")
+        for setting in ("hrtick-off", "hrtick-on")
+    }
     kernel_bundle(tmp_path, truth, 12, 0.03, seed=7)
     name = "spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)"
     wide, narrow = rows_by_comparison(tmp_path, alpha=0.01)[name], rows_by_comparison(tmp_path, alpha=0.05)[name]
     assert (wide.ci_level, narrow.ci_level) == ("99%", "95%")
-    assert wide.ci_low <= narrow.ci_low and narrow.ci_high <= wide.ci_high and (wide.ci_low, wide.ci_high) != \
-        (narrow.ci_low, narrow.ci_high)
+    assert (
+        wide.ci_low <= narrow.ci_low
+        and narrow.ci_high <= wide.ci_high
+        and (wide.ci_low, wide.ci_high) != (narrow.ci_low, narrow.ci_high)
+    )
 
 
 def test_verdict_rows_test_the_series_the_hrtick_timers_reprograms_and_the_spurious_ratio_per_kernel(tmp_path):
     # all reprograms per second hold the tick's (~1980/s at HZ=1000 on 2 CPUs): the HRTICK timer's attributed rate is
     # the verdict's, and it is the one that falls ×0.04 here while the total barely moves
-    truth = {"6.12 hrtick-off": {"runtime_s": 4.0, "clockevent_reprograms_per_s": 1980.0, "hrtick_reprograms_per_s": 1.0,
-                                 "hrtick_reprograms_per_kmsg": 0.01, SPURIOUS: 0.02},
-             "6.12 hrtick-on": {"runtime_s": 4.6, "clockevent_reprograms_per_s": 4480.0, "hrtick_reprograms_per_s": 2500.0,
-                                "hrtick_reprograms_per_kmsg": 25.0, SPURIOUS: 0.02},
-             "7.2 hrtick-off": {"runtime_s": 0.840, "clockevent_reprograms_per_s": 1980.0, "hrtick_reprograms_per_s": 1.0,
-                                "hrtick_reprograms_per_kmsg": 0.01, SPURIOUS: 0.25},
-             "7.2 hrtick-on": {"runtime_s": 0.481, "clockevent_reprograms_per_s": 2080.0, "hrtick_reprograms_per_s": 100.0,
-                               "hrtick_reprograms_per_kmsg": 1.0, SPURIOUS: 0.25}}
+    truth = {
+        "6.12 hrtick-off": {
+            "runtime_s": 4.0,
+            "clockevent_reprograms_per_s": 1980.0,
+            "hrtick_reprograms_per_s": 1.0,
+            "hrtick_reprograms_per_kmsg": 0.01,
+            SPURIOUS: 0.02,
+        },
+        "6.12 hrtick-on": {
+            "runtime_s": 4.6,
+            "clockevent_reprograms_per_s": 4480.0,
+            "hrtick_reprograms_per_s": 2500.0,
+            "hrtick_reprograms_per_kmsg": 25.0,
+            SPURIOUS: 0.02,
+        },
+        "7.2 hrtick-off": {
+            "runtime_s": 0.840,
+            "clockevent_reprograms_per_s": 1980.0,
+            "hrtick_reprograms_per_s": 1.0,
+            "hrtick_reprograms_per_kmsg": 0.01,
+            SPURIOUS: 0.25,
+        },
+        "7.2 hrtick-on": {
+            "runtime_s": 0.481,
+            "clockevent_reprograms_per_s": 2080.0,
+            "hrtick_reprograms_per_s": 100.0,
+            "hrtick_reprograms_per_kmsg": 1.0,
+            SPURIOUS: 0.25,
+        },
+    }
     kernel_bundle(tmp_path, truth, 12, 0.03, seed=7)
     rows = rows_by_comparison(tmp_path)
     series = rows["series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime"]
@@ -282,17 +421,23 @@ def test_verdict_rows_test_the_series_the_hrtick_timers_reprograms_and_the_spuri
     assert no_regression.power_at_target is None
     premise = rows["premise: HRTICK on vs off on 6.12 (no series), hackbench -p -s 8 runtime"]
     assert premise.role == "premise" and premise.verdict == "reproduced", premise.reason
-    rate = rows["the HRTICK timer's clockevent reprograms per second with HRTICK on, 7.2 vs 6.12 (attributed to the "
-                "timer; the tick's own excluded)"]
+    rate = rows[
+        "the HRTICK timer's clockevent reprograms per second with HRTICK on, 7.2 vs 6.12 (attributed to the "
+        "timer; the tick's own excluded)"
+    ]
     assert rate.verdict == "reproduced" and rate.fresh_effect == pytest.approx(0.04, rel=0.1)
     assert rate.target_ratio == pytest.approx(100 / 2500) and rate.printed_in_source == "100/sec / 2500/sec"
     assert "hrtick_reprograms_per_s" in rate.test
-    per_work = rows["the HRTICK timer's clockevent reprograms per 1000 hackbench messages with HRTICK on, 7.2 vs 6.12 "
-                    "(attributed to the timer)"]
+    per_work = rows[
+        "the HRTICK timer's clockevent reprograms per 1000 hackbench messages with HRTICK on, 7.2 vs 6.12 "
+        "(attributed to the timer)"
+    ]
     assert per_work.fresh_effect == pytest.approx(0.04, rel=0.1) and per_work.verdict == "reproduced"
     assert not any("per hackbench run" in name or name.startswith("clockevent reprograms per second") for name in rows)
     spurious = rows["spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)"]
-    assert spurious.verdict == "reproduced" and spurious.target_provenance == "printed" and spurious.target_ratio == 0.25
+    assert (
+        spurious.verdict == "reproduced" and spurious.target_provenance == "printed" and spurious.target_ratio == 0.25
+    )
     assert spurious.n_per_condition == "12" and spurious.p_holm is None and "order statistics" in spurious.test
     # the host experiment's rows ("hrtick-on"/"hrtick-off") are for the host bundles: none here
     assert not any(name.startswith("HRTICK on vs off with the series") for name in rows)
@@ -306,21 +451,42 @@ def test_a_spurious_ratio_far_from_25_percent_is_smaller_and_few_runs_are_inconc
 
 
 def test_the_fresh_table_puts_each_kernel_beside_its_own_seed_rate():
-    runs = pd.DataFrame([
-        {"host_id": "guest", "run": f"r{i}-{condition}", "condition": condition, "metric": metric, "value": value,
-         "kernel": RELEASES[condition.split()[0]]}
-        for i in range(2) for condition in ("6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on")
-        for metric, value in (("runtime_s", 2.0), ("clockevent_reprograms_per_s", 500.0), ("hrtimer_rearms_per_s", 400.0))])
+    runs = pd.DataFrame(
+        [
+            {
+                "host_id": "guest",
+                "run": f"r{i}-{condition}",
+                "condition": condition,
+                "metric": metric,
+                "value": value,
+                "kernel": RELEASES[condition.split()[0]],
+            }
+            for i in range(2)
+            for condition in ("6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on")
+            for metric, value in (
+                ("runtime_s", 2.0),
+                ("clockevent_reprograms_per_s", 500.0),
+                ("hrtimer_rearms_per_s", 400.0),
+            )
+        ]
+    )
     table = hrtick.fresh_table(runs, hrtick.CLAIM.published(paths.published_dir()))
     rate, spurious = table["seed 002 reprograms/s (HRTICK on)"], table["seed 002 spurious share"]
     assert rate[("guest", "6.12 hrtick-on")] == "~2500/sec before the series"
     assert rate[("guest", "7.2 hrtick-on")] == "~100/sec after the series"
     assert rate[("guest", "7.2 hrtick-off")] == "not stated for HRTICK off"
-    assert spurious[("guest", "7.2 hrtick-on")] == "~25% after the series" and spurious[("guest", "6.12 hrtick-on")] == "not stated"
+    assert (
+        spurious[("guest", "7.2 hrtick-on")] == "~25% after the series"
+        and spurious[("guest", "6.12 hrtick-on")] == "not stated"
+    )
     assert table.loc[("guest", "7.2 hrtick-on"), hrtick.FRESH_METRICS["hrtimer_rearms_per_s"]] == 400.0
     figure = hrtick.fresh_figure(runs, "guest", hrtick.CLAIM.published(paths.published_dir()))
     assert [t.get_text() for t in figure.axes[1].get_xticklabels()] == [
-        "6.12\nHRTICK off", "6.12\nHRTICK on", "7.2\nHRTICK off", "7.2\nHRTICK on"]
+        "6.12\nHRTICK off",
+        "6.12\nHRTICK on",
+        "7.2\nHRTICK off",
+        "7.2\nHRTICK on",
+    ]
     assert "kernel 6.12.117-ticklab, 7.2.13-ticklab" in figure._suptitle.get_text()
 
 
@@ -337,20 +503,42 @@ EVENTS[CANCEL] = (461, "\tfield:void * hrtimer;\toffset:8;\tsize:8;\tsigned:0;\n
 # CPU 1: the HRTICK timer started twice without reprogramming; a 7.2-style start, rearm, call; a deferred rearm after
 # a tick interrupt whose own end did not reprogram.
 CAUSES = {
-    0: [(1_000, START, HRTICK_T, HRTICK_FN, 0), (1_001, CALL),
+    0: [
+        (1_000, START, HRTICK_T, HRTICK_FN, 0),
+        (1_001, CALL),
         (2_000, START, HRTICK_T, HRTICK_FN, 0),
-        (3_000, CALL), (3_000, CANCEL, HRTICK_T),
-        (4_000, ENTRY), (4_001, EXPIRE, TICK_T, 0, TICK_FN), (4_002, START, TICK_T, TICK_FN, 0), (4_003, CALL),
+        (3_000, CALL),
+        (3_000, CANCEL, HRTICK_T),
+        (4_000, ENTRY),
+        (4_001, EXPIRE, TICK_T, 0, TICK_FN),
+        (4_002, START, TICK_T, TICK_FN, 0),
+        (4_003, CALL),
         (4_004, EXIT),
-        (5_000, ENTRY), (5_001, EXPIRE, HRTICK_T, 0, HRTICK_FN), (5_002, CALL), (5_003, EXIT),
-        (6_000, ENTRY), (6_001, EXPIRE, TICK_T, 0, TICK_FN), (6_002, EXPIRE, HRTICK_T, 0, HRTICK_FN), (6_003, CALL),
+        (5_000, ENTRY),
+        (5_001, EXPIRE, HRTICK_T, 0, HRTICK_FN),
+        (5_002, CALL),
+        (5_003, EXIT),
+        (6_000, ENTRY),
+        (6_001, EXPIRE, TICK_T, 0, TICK_FN),
+        (6_002, EXPIRE, HRTICK_T, 0, HRTICK_FN),
+        (6_003, CALL),
         (6_004, EXIT),
-        (7_000, START, SLEEP_T, SLEEP_FN, 0), (7_001, CALL),
-        (8_000, CALL)],
-    1: [(1_500, START, HRTICK_T + 8, HRTICK_FN, 0), (2_500, START, HRTICK_T + 8, HRTICK_FN, 0),
-        (3_500, START, HRTICK_T + 8, HRTICK_FN, 0), (3_501, "timer:hrtimer_rearm", 0, 0), (3_502, CALL),
-        (4_500, ENTRY), (4_501, EXPIRE, TICK_T + 8, 0, TICK_FN), (4_502, EXIT),
-        (4_600, "timer:hrtimer_rearm", 0, 1), (4_601, CALL)],
+        (7_000, START, SLEEP_T, SLEEP_FN, 0),
+        (7_001, CALL),
+        (8_000, CALL),
+    ],
+    1: [
+        (1_500, START, HRTICK_T + 8, HRTICK_FN, 0),
+        (2_500, START, HRTICK_T + 8, HRTICK_FN, 0),
+        (3_500, START, HRTICK_T + 8, HRTICK_FN, 0),
+        (3_501, "timer:hrtimer_rearm", 0, 0),
+        (3_502, CALL),
+        (4_500, ENTRY),
+        (4_501, EXPIRE, TICK_T + 8, 0, TICK_FN),
+        (4_502, EXIT),
+        (4_600, "timer:hrtimer_rearm", 0, 1),
+        (4_601, CALL),
+    ],
 }
 
 
@@ -365,8 +553,14 @@ def test_each_reprogram_is_attributed_to_the_timer_that_caused_it(tmp_path):
     causes = tracemetrics.reprogram_causes(causes_trace(tmp_path))
     on0 = causes[causes["cpu"] == 0]
     assert list(zip(on0["cause"], on0["via"])) == [
-        ("hrtick", "start"), ("hrtick", "cancel"), ("tick", "interrupt"), ("hrtick", "interrupt"),
-        ("tick and hrtick", "interrupt"), ("other timer", "start"), ("unattributed", "none")]
+        ("hrtick", "start"),
+        ("hrtick", "cancel"),
+        ("tick", "interrupt"),
+        ("hrtick", "interrupt"),
+        ("tick and hrtick", "interrupt"),
+        ("other timer", "start"),
+        ("unattributed", "none"),
+    ]
     on1 = causes[causes["cpu"] == 1]
     assert list(zip(on1["cause"], on1["via"])) == [("hrtick", "start"), ("tick", "deferred rearm")]
 
@@ -395,8 +589,12 @@ def test_a_trace_that_cannot_attribute_gives_no_attributed_rows(tmp_path):
 def test_a_run_with_hrtick_off_has_no_start_share_and_all_its_rows_are_finite(tmp_path):
     import math
 
-    no_hrtick = {cpu: [e for e in timeline if not (len(e) > 3 and e[3] == HRTICK_FN) and
-                       not (e[1] == EXPIRE and e[4] == HRTICK_FN)] for cpu, timeline in CAUSES.items()}
+    no_hrtick = {
+        cpu: [
+            e for e in timeline if not (len(e) > 3 and e[3] == HRTICK_FN) and not (e[1] == EXPIRE and e[4] == HRTICK_FN)
+        ]
+        for cpu, timeline in CAUSES.items()
+    }
     directory = write_trace(tmp_path / "trace", no_hrtick)
     (directory / "kallsyms").write_text(f"{HRTICK_FN:016x} t hrtick\n{TICK_FN:016x} t tick_nohz_handler\n")
     rows = {r["metric"]: r["value"] for r in tracemetrics.hrtimer_metrics(read_trace(directory), {})}
@@ -414,16 +612,27 @@ def test_the_reprogram_table_shows_total_tick_and_hrtick_per_kernel_with_the_on_
     rows = []
     for kernel, off_total, on_total, on_hrtick in (("6.12", 1980.0, 2766.0, 785.0), ("7.2", 1980.0, 2679.0, 683.0)):
         for setting, total, hr in (("hrtick-off", off_total, 0.0), ("hrtick-on", on_total, on_hrtick)):
-            for metric, value in (("clockevent_reprograms_per_s", total), ("tick_reprograms_per_s", 1980.0),
-                                  ("hrtick_reprograms_per_s", hr)):
-                rows.append({"host_id": "g", "run": f"{kernel}-{setting}", "condition": f"{kernel} {setting}",
-                             "metric": metric, "value": value})
+            for metric, value in (
+                ("clockevent_reprograms_per_s", total),
+                ("tick_reprograms_per_s", 1980.0),
+                ("hrtick_reprograms_per_s", hr),
+            ):
+                rows.append(
+                    {
+                        "host_id": "g",
+                        "run": f"{kernel}-{setting}",
+                        "condition": f"{kernel} {setting}",
+                        "metric": metric,
+                        "value": value,
+                    }
+                )
     table = hrtick.reprogram_table(pd.DataFrame(rows)).set_index(["kernel", "quantity"])
     assert table.loc[("6.12", "the HRTICK timer's reprograms per s (attributed)"), "HRTICK on"] == 785.0
     assert table.loc[("7.2", "all clockevent reprograms per s (including the tick's)"), "HRTICK off"] == 1980.0
     assert table.loc[("6.12", "cross-check: HRTICK on − off, all reprograms per s"), "HRTICK on"] == 786.0
-    assert table.loc[("7.2", "cross-check: the HRTICK timer's attributed per s / (on − off)"), "HRTICK on"] == \
-        pytest.approx(683 / 699, abs=1e-4)
+    assert table.loc[
+        ("7.2", "cross-check: the HRTICK timer's attributed per s / (on − off)"), "HRTICK on"
+    ] == pytest.approx(683 / 699, abs=1e-4)
     assert hrtick.reprogram_table(pd.DataFrame(rows)[lambda f: f["metric"] != "hrtick_reprograms_per_s"]).empty
 
 
@@ -432,11 +641,22 @@ def test_a_spurious_interrupt_on_72_is_the_timer_the_device_was_armed_for(tmp_pa
     9 ms finds nothing expired; its deferred rearm (next_event 12 ms) is the HRTICK timer's, and so is the armed-for
     expiry: both via the rearm's next_event matched to the timer's last start."""
     rearm = "timer:hrtimer_rearm"
-    timeline = {0: [(1_000, START, HRTICK_T, HRTICK_FN, 9_000_000), (1_001, rearm, 9_000_000, 0), (1_002, CALL),
-                    (2_000, START, HRTICK_T, HRTICK_FN, 12_000_000),
-                    (9_000, ENTRY), (9_001, EXIT), (9_002, rearm, 12_000_000, 1), (9_003, CALL),
-                    (20_000, CANCEL, SLEEP_T),  # the events traced: a cancel that reprogrammed nothing, a sleep's expiry
-                    (21_000, ENTRY), (21_001, EXPIRE, SLEEP_T, 0, SLEEP_FN), (21_002, EXIT)]}
+    timeline = {
+        0: [
+            (1_000, START, HRTICK_T, HRTICK_FN, 9_000_000),
+            (1_001, rearm, 9_000_000, 0),
+            (1_002, CALL),
+            (2_000, START, HRTICK_T, HRTICK_FN, 12_000_000),
+            (9_000, ENTRY),
+            (9_001, EXIT),
+            (9_002, rearm, 12_000_000, 1),
+            (9_003, CALL),
+            (20_000, CANCEL, SLEEP_T),  # the events traced: a cancel that reprogrammed nothing, a sleep's expiry
+            (21_000, ENTRY),
+            (21_001, EXPIRE, SLEEP_T, 0, SLEEP_FN),
+            (21_002, EXIT),
+        ]
+    }
     directory = write_trace(tmp_path / "trace", timeline)
     (directory / "kallsyms").write_text(f"{HRTICK_FN:016x} t hrtick\n{TICK_FN:016x} t tick_nohz_handler\n")
     causes = tracemetrics.reprogram_causes(read_trace(directory))

@@ -14,8 +14,14 @@ import pandas as pd
 import pytest
 
 from ticklab.host import HostChanges, facts
-from ticklab.trace.ingest import (MISSED_EVENTS, MISSED_STORED, TraceFormatError, parse_event_format, read_trace,
-                                  read_trace_dat)
+from ticklab.trace.ingest import (
+    MISSED_EVENTS,
+    MISSED_STORED,
+    TraceFormatError,
+    parse_event_format,
+    read_trace,
+    read_trace_dat,
+)
 from ticklab.trace.tracefs_stats import stats_lost_count
 
 pytestmark = pytest.mark.xdist_group("machine")
@@ -34,10 +40,12 @@ format:
 
 print fmt: "comm=%s value=%d name=%s", REC->comm, REC->value, __get_str(name)
 """
-HEADER_PAGE = ("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
-               "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
-               "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
-               "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n")
+HEADER_PAGE = (
+    "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+    "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+    "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
+    "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n"
+)
 
 
 def payload(pid: int, comm: str, value: int, name: str, pad_to: int = 0) -> bytes:
@@ -95,9 +103,14 @@ def test_format_files_parse_into_typed_fields():
 def test_synthetic_pages_decode_exactly(tmp_path):
     time_extend = struct.pack("<II", (3 << 5) | 30, 1)  # adds (1 << 27) + 3
     padding = struct.pack("<II", (1 << 5) | 29, 8) + b"\xff" * 4  # a discarded record (array[0] counts itself): skipped
-    first = page(1000, record(5, payload(11, "alpha", -7, "one")) + time_extend
-                 + record(2, payload(12, "beta", 8, "two")) + padding
-                 + record(1, payload(13, "gamma", 9, "three", pad_to=120)))
+    first = page(
+        1000,
+        record(5, payload(11, "alpha", -7, "one"))
+        + time_extend
+        + record(2, payload(12, "beta", 8, "two"))
+        + padding
+        + record(1, payload(13, "gamma", 9, "three", pad_to=120)),
+    )
     second = page(5000, record(0, payload(21, "delta", 1, "four")), flags=MISSED_EVENTS | MISSED_STORED, missed=7)
     trace = read_trace(write_capture(tmp_path, {0: first, 1: second}))
     frame = trace.table("fake:fake_event")
@@ -158,13 +171,26 @@ def test_a_real_tracefs_capture_matches_trace_cmd_report(tmp_path):
         from ticklab.capture.tracing import ensure_tracefs
 
         ensure_tracefs(host)
-        trace_cmd = lambda *argv: subprocess.run(["trace-cmd", *map(str, argv)], check=True, capture_output=True, text=True)
+        trace_cmd = lambda *argv: subprocess.run(
+            ["trace-cmd", *map(str, argv)], check=True, capture_output=True, text=True
+        )
         trace_cmd("restore", "-c", "-o", tmp_path / "head.dat")
         trace_cmd("restore", "-i", tmp_path / "head.dat", "-o", tmp_path / "trace.dat", *cpus)
         report = trace_cmd("report", "-i", tmp_path / "trace.dat").stdout
         trace_cmd("convert", "-i", tmp_path / "trace.dat", "-o", tmp_path / "v6.dat", "--file-version", "6")
-        compressed = subprocess.run(["trace-cmd", "convert", "-i", str(tmp_path / "trace.dat"), "-o", str(tmp_path / "z.dat"),
-                                     "--compression", "any"], capture_output=True)
+        compressed = subprocess.run(
+            [
+                "trace-cmd",
+                "convert",
+                "-i",
+                str(tmp_path / "trace.dat"),
+                "-o",
+                str(tmp_path / "z.dat"),
+                "--compression",
+                "any",
+            ],
+            capture_output=True,
+        )
     names = Counter(m.group(1) for m in re.finditer(r"^\s*.+?\[\d+\]\s+\S+:\s+(\w+):", report, re.M))
     assert {f"{k.split(':')[1]}": v for k, v in trace.counts().items()} == dict(names)
     from_dat = read_trace(tmp_path / "trace.dat")
@@ -193,7 +219,9 @@ def test_a_tracefs_capture_on_the_mono_clock_stamps_events_in_clock_monotonic(tm
             before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             subprocess.run(["sleep", "0.2"], check=True)
             after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        with pytest.raises(TracingError, match=r"trace_clock: this kernel has no trace clock 'sundial' \(it has: .*mono"):
+        with pytest.raises(
+            TracingError, match=r"trace_clock: this kernel has no trace clock 'sundial' \(it has: .*mono"
+        ):
             with recorder("tracefs", host, ["sched:sched_switch"], tmp_path / "never", clock="sundial"):
                 pass
     trace = read_trace(tmp_path / "trace")
@@ -210,8 +238,10 @@ def trace_cmd_record_reason() -> str | None:
     from ticklab.capture.tracing import probe_trace_cmd
 
     # the journal needs a private directory (mode 0700): a world-writable /tmp is refused (issue 14)
-    with tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch, \
-            HostChanges(Path(scratch) / "journal.json", log=lambda _: None) as host:
+    with (
+        tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch,
+        HostChanges(Path(scratch) / "journal.json", log=lambda _: None) as host,
+    ):
         works, why = probe_trace_cmd(host)
     return None if works else why
 

@@ -33,13 +33,22 @@ from ticklab.cli import main
 from ticklab.trace import ingest, rawfile
 from ticklab.trace.ingest import TraceFormatError, read_trace
 
-HRTICK_RUN = (REPO / "traces/guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-amd-epyc-2c-6.18.44-fc-v657-vm/hrtick/"
-              "20261124T190845Z-guest-hackbench/raw/run-004/trace")
+HRTICK_RUN = (
+    REPO / "traces/guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-amd-epyc-2c-6.18.44-fc-v657-vm/hrtick/"
+    "20261124T190845Z-guest-hackbench/raw/run-004/trace"
+)
 
 
-def _u16(data, at): return struct.unpack_from("<H", data, at)[0]
-def _u32(data, at): return struct.unpack_from("<I", data, at)[0]
-def _u64(data, at): return struct.unpack_from("<Q", data, at)[0]
+def _u16(data, at):
+    return struct.unpack_from("<H", data, at)[0]
+
+
+def _u32(data, at):
+    return struct.unpack_from("<I", data, at)[0]
+
+
+def _u64(data, at):
+    return struct.unpack_from("<Q", data, at)[0]
 
 
 def v7_options(data: bytes) -> list[tuple[int, int, int]]:
@@ -82,9 +91,12 @@ def real_v7(tmp_path_factory) -> Path:
 def two_cpus(directory: Path, compression: str = "none") -> Path:
     cpu0 = [(7, 100 + i, f"t{i}", i, "x") for i in range(150)]
     cpu1 = [(5, 200 + i, f"u{i}", -i, "y") for i in range(90)]
-    return tracedat.write_v7(directory / f"v7-{compression}.dat", {0: tracedat.pages_for(cpu0),
-                                                                    1: tracedat.pages_for(cpu1)}, compression,
-                             {0: tracedat.stats_text(0, 150), 1: tracedat.stats_text(1, 90)})
+    return tracedat.write_v7(
+        directory / f"v7-{compression}.dat",
+        {0: tracedat.pages_for(cpu0), 1: tracedat.pages_for(cpu1)},
+        compression,
+        {0: tracedat.stats_text(0, 150), 1: tracedat.stats_text(1, 90)},
+    )
 
 
 # -- fact 5: one CPU number twice in the buffer option ------------------------------------------------------------
@@ -98,15 +110,20 @@ def test_a_v7_buffer_option_naming_one_cpu_twice_is_refused(real_v7, tmp_path, s
     assert [_u32(data, count_at + 4 + 20 * k) for k in range(count)] == list(range(count))
     struct.pack_into("<I", data, count_at + 4 + 20, 0)  # the second entry now says CPU 0 too
     (tmp_path / "twice.dat").write_bytes(bytes(data))
-    with pytest.raises(TraceFormatError, match=r"twice.dat: a second data entry for CPU 0 in the buffer option at byte "
-                                               r"\d+$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"twice.dat: a second data entry for CPU 0 in the buffer option at byte "
+        r"\d+$",
+    ):
         read_all(tmp_path / "twice.dat")
 
 
 def test_two_stats_options_for_one_cpu_are_refused(tmp_path):
-    path = tracedat.write_v6(tmp_path / "v6.dat", {0: tracedat.pages_for([(1, 1, "a", 1, "b")]),
-                                                   1: tracedat.pages_for([(1, 1, "a", 1, "b")])},
-                             {0: tracedat.stats_text(0, 1), 1: tracedat.stats_text(0, 1)})
+    path = tracedat.write_v6(
+        tmp_path / "v6.dat",
+        {0: tracedat.pages_for([(1, 1, "a", 1, "b")]), 1: tracedat.pages_for([(1, 1, "a", 1, "b")])},
+        {0: tracedat.stats_text(0, 1), 1: tracedat.stats_text(0, 1)},
+    )
     with pytest.raises(TraceFormatError, match=r"v6.dat: two stats options for CPU 0"):
         read_trace(path)
 
@@ -121,8 +138,11 @@ def test_a_v7_without_a_top_level_buffer_option_is_refused(real_v7, tmp_path, so
     for at in buffers:
         struct.pack_into("<H", data, at, 0x7FF0)  # an option id no reader knows: skipped
     (tmp_path / "nobuffer.dat").write_bytes(bytes(data))
-    with pytest.raises(TraceFormatError, match=r"nobuffer.dat: no buffer option for the top-level instance: nothing "
-                                               r"says where the CPU data is, so its events cannot be counted$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"nobuffer.dat: no buffer option for the top-level instance: nothing "
+        r"says where the CPU data is, so its events cannot be counted$",
+    ):
         read_all(tmp_path / "nobuffer.dat")
 
 
@@ -146,8 +166,9 @@ def cut_capture(tmp_path: Path, keep_read_events: bool) -> Path:
     (capture / "cpu1.raw").write_bytes(pages[:4096])  # cut to its first page
     if not keep_read_events:
         stats = (capture / "cpu1.stats").read_text()
-        (capture / "cpu1.stats").write_text("".join(line for line in stats.splitlines(keepends=True)
-                                                    if not line.startswith("read events")))
+        (capture / "cpu1.stats").write_text(
+            "".join(line for line in stats.splitlines(keepends=True) if not line.startswith("read events"))
+        )
     return capture
 
 
@@ -155,15 +176,21 @@ def test_a_stats_file_without_read_events_is_refused_so_a_cut_raw_file_is_never_
     whole = read_trace(HRTICK_RUN).counts()["irq_vectors:local_timer_entry"]
     assert whole > 1000
     capture = cut_capture(tmp_path, keep_read_events=False)
-    with pytest.raises(TraceFormatError, match=r"capture/cpu1.stats: no 'read events:' line, so nothing tells whether "
-                                               r"cpu1.raw is complete \(its pages' headers describe only the pages "
-                                               r"there\)$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"capture/cpu1.stats: no 'read events:' line, so nothing tells whether "
+        r"cpu1.raw is complete \(its pages' headers describe only the pages "
+        r"there\)$",
+    ):
         read_trace(capture)
 
 
 def test_with_its_read_events_the_same_cut_is_refused_as_truncated(tmp_path):
-    with pytest.raises(TraceFormatError, match=r"cpu1.raw holds \d+ events but cpu1.stats says 17061 were read: the "
-                                               "file is truncated"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"cpu1.raw holds \d+ events but cpu1.stats says 17061 were read: the "
+        "file is truncated",
+    ):
         read_trace(cut_capture(tmp_path, keep_read_events=True))
 
 
@@ -177,8 +204,9 @@ def test_ingest_out_of_a_bundled_hrtick_capture_writes_every_table(tmp_path, cap
     assert "args" not in function.column_names and function.num_rows == trace.counts()["ftrace:function"]
     left_out = json.loads(function.schema.metadata[ingest.NOT_INGESTED])
     assert list(left_out) == ["args"] and left_out["args"].startswith("unsigned long args[]: size 0")
-    assert function.equals(trace.arrow("ftrace:function").drop_columns(["args"]).replace_schema_metadata(
-        function.schema.metadata))
+    assert function.equals(
+        trace.arrow("ftrace:function").drop_columns(["args"]).replace_schema_metadata(function.schema.metadata)
+    )
     for key in trace.keys():
         if key != "ftrace:function":
             table = pq.read_table(out / (key.replace(":", "__") + ".parquet"))
@@ -191,9 +219,11 @@ def test_a_table_parquet_cannot_store_is_blamed_on_its_column_not_the_output_fil
     out = tmp_path / "out"
     assert main(["ingest", str(HRTICK_RUN), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"ticklab ingest: {HRTICK_RUN}: event ftrace:function: its column args (fixed_size_binary[0]) cannot "
-                   "be stored in Parquet (Invalid FIXED_LEN_BYTE_ARRAY length: 0); ftrace__function.parquet was not "
-                   "written")
+    assert err == (
+        f"ticklab ingest: {HRTICK_RUN}: event ftrace:function: its column args (fixed_size_binary[0]) cannot "
+        "be stored in Parquet (Invalid FIXED_LEN_BYTE_ARRAY length: 0); ftrace__function.parquet was not "
+        "written"
+    )
     assert not any(p.name.startswith("ftrace__function") for p in out.iterdir())
 
 
@@ -217,8 +247,9 @@ def test_two_recorded_types_of_one_name_are_refused(tmp_path):
     twin.mkdir()
     (twin / "format").write_text(FORMAT.replace("ID: 42", "ID: 43"))  # the same name:, another type id
     other = payload(1, "a", 2, "b")
-    (capture / "cpu0.raw").write_bytes(page(1000, record(1, payload(1, "a", 1, "b")) +
-                                            record(1, struct.pack("<H", 43) + other[2:])))
+    (capture / "cpu0.raw").write_bytes(
+        page(1000, record(1, payload(1, "a", 1, "b")) + record(1, struct.pack("<H", 43) + other[2:]))
+    )
     with pytest.raises(TraceFormatError, match=r"capture: event fake:fake_event has records of two types, 42 and 43"):
         read_trace(capture)
 
@@ -254,8 +285,13 @@ sys.exit(status)
 def run_capped(argv: list[str], limit_gib: float = 2.5) -> tuple[int, list[str], int]:
     """``ticklab argv`` in a child whose address space is capped (RLIMIT_AS): (exit status, stderr lines, peak RSS
     in KiB)."""
-    done = subprocess.run([sys.executable, "-c", CAPPED, str(limit_gib), *argv], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "TICKLAB_TRACEBACK": ""})
+    done = subprocess.run(
+        [sys.executable, "-c", CAPPED, str(limit_gib), *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TICKLAB_TRACEBACK": ""},
+    )
     lines = done.stderr.strip().splitlines()
     assert lines and lines[-1].isdigit(), done.stderr[-2000:]
     return done.returncode, lines[:-1], int(lines[-1])
@@ -268,11 +304,17 @@ def test_an_xz_bomb_in_a_capture_is_refused_in_one_line_within_bounded_memory(tm
     packed = (capture / "cpu1.raw.xz").stat().st_size
     assert packed < 1 << 20
     status, err, peak_kib = run_capped(["ingest", str(capture)])
-    limit = rawfile.unpack_limit(packed, ingest.TRACE_DATA_LIMIT - len(lzma.decompress((HRTICK_RUN / "cpu0.raw.xz")
-                                                                                     .read_bytes())))
-    assert (status, err) == (2, [f"ticklab ingest: {capture / 'cpu1.raw.xz'}: unpacks to more than the {limit} bytes "
-                                 f"ticklab reads (an .xz unpacks to at most {rawfile.UNPACK_RATIO} times its {packed} "
-                                 "bytes)"])
+    limit = rawfile.unpack_limit(
+        packed, ingest.TRACE_DATA_LIMIT - len(lzma.decompress((HRTICK_RUN / "cpu0.raw.xz").read_bytes()))
+    )
+    assert (status, err) == (
+        2,
+        [
+            f"ticklab ingest: {capture / 'cpu1.raw.xz'}: unpacks to more than the {limit} bytes "
+            f"ticklab reads (an .xz unpacks to at most {rawfile.UNPACK_RATIO} times its {packed} "
+            "bytes)"
+        ],
+    )
     assert peak_kib < 400 << 10, f"peak RSS {peak_kib >> 10} MiB"
 
 
@@ -285,9 +327,9 @@ def test_a_sparse_raw_file_beyond_the_trace_limit_is_refused_before_it_is_read(t
         handle.truncate(ingest.TRACE_DATA_LIMIT + 4096)
     status, err, peak_kib = run_capped(["ingest", str(capture)])
     assert status == 2 and len(err) == 1
-    assert err[0].startswith(f"ticklab ingest: {capture / 'cpu1.raw'}: larger than the ") and \
-        err[0].endswith(f"bytes ticklab reads of it (a trace's CPU data is at most {ingest.TRACE_DATA_LIMIT} bytes "
-                        "in all)")
+    assert err[0].startswith(f"ticklab ingest: {capture / 'cpu1.raw'}: larger than the ") and err[0].endswith(
+        f"bytes ticklab reads of it (a trace's CPU data is at most {ingest.TRACE_DATA_LIMIT} bytes in all)"
+    )
     assert peak_kib < 400 << 10, f"peak RSS {peak_kib >> 10} MiB"
 
 
@@ -304,14 +346,18 @@ def test_a_capture_within_the_limits_unpacks_beyond_memory_into_a_mapped_file(tm
 
 def test_a_compressed_trace_dat_whose_chunks_claim_too_much_is_refused_before_decompressing(tmp_path):
     pages = b"".join(page(1000 + k, b"") for k in range(8192))  # 32 MiB of empty pages: zstd packs them to ~1 KB
-    path = tracedat.write_v7(tmp_path / "claims.dat", {0: pages}, "zstd", {0: tracedat.stats_text(0, 0)},
-                             chunk_pages=64)
+    path = tracedat.write_v7(
+        tmp_path / "claims.dat", {0: pages}, "zstd", {0: tracedat.stats_text(0, 0)}, chunk_pages=64
+    )
     size = path.stat().st_size
     assert 1024 * size < 32 << 20
-    with pytest.raises(TraceFormatError, match=rf"claims.dat: its CPU data's chunk headers say {32 << 20} bytes "
-                                               rf"decompressed, beyond what ticklab decompresses of a {size}-byte "
-                                               rf"trace.dat \(at most 1024 times its size, {ingest.TRACE_DATA_LIMIT} "
-                                               r"bytes in all\)$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=rf"claims.dat: its CPU data's chunk headers say {32 << 20} bytes "
+        rf"decompressed, beyond what ticklab decompresses of a {size}-byte "
+        rf"trace.dat \(at most 1024 times its size, {ingest.TRACE_DATA_LIMIT} "
+        r"bytes in all\)$",
+    ):
         read_trace(path)
 
 
@@ -320,8 +366,11 @@ def test_a_trace_dat_xz_bomb_is_refused(tmp_path, tail):
     """Refused from what its streams' indexes state, before a byte is unpacked; where they cannot be read (bytes after
     the last stream, which lzma ignores), once the unpacking passes the bound."""
     (tmp_path / "trace.dat.xz").write_bytes(zero_pages_xz(64) + tail)
-    with pytest.raises(TraceFormatError, match=r"trace.dat.xz: unpacks to more than the \d+ bytes ticklab reads \(an "
-                                               r".xz unpacks to at most 1024 times its \d+ bytes\)$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"trace.dat.xz: unpacks to more than the \d+ bytes ticklab reads \(an "
+        r".xz unpacks to at most 1024 times its \d+ bytes\)$",
+    ):
         read_trace(tmp_path)
 
 

@@ -38,8 +38,11 @@ def assert_same_trace(fast, reference) -> None:
     for key, frame in reference.events.items():
         pd.testing.assert_frame_equal(fast.events[key], frame)
     assert fast.counts() == reference.counts()
-    assert (fast.lost_events, fast.stats_lost, fast.total_lost) == (reference.lost_events, reference.stats_lost,
-                                                                     reference.total_lost)
+    assert (fast.lost_events, fast.stats_lost, fast.total_lost) == (
+        reference.lost_events,
+        reference.stats_lost,
+        reference.total_lost,
+    )
     assert (fast.clock, fast.page_size) == (reference.clock, reference.page_size)
 
 
@@ -69,8 +72,11 @@ def first_of_each_condition(traces: list[Path]) -> set[Path]:
 IN_MAKE_CHECK = first_of_each_condition(bundled_traces())
 
 
-@pytest.mark.parametrize("trace", [trace if trace in IN_MAKE_CHECK else pytest.param(trace, marks=pytest.mark.slow)
-                                   for trace in bundled_traces()], ids=lambda p: str(p.relative_to(REPO / "traces")))
+@pytest.mark.parametrize(
+    "trace",
+    [trace if trace in IN_MAKE_CHECK else pytest.param(trace, marks=pytest.mark.slow) for trace in bundled_traces()],
+    ids=lambda p: str(p.relative_to(REPO / "traces")),
+)
 def test_fast_reader_equals_the_reference_on_every_bundled_trace(trace):
     assert_same_trace(read_trace(trace), reference_ingest.read_trace(trace))
 
@@ -121,27 +127,40 @@ def test_written_parquet_holds_the_tables(tmp_path):
     written = ingest.write_tables(trace, tmp_path)
     assert [p.name for p in written] == [k.replace(":", "__") + ".parquet" for k in sorted(trace.counts())]
     for key in trace.counts():
-        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / (key.replace(":", "__") + ".parquet")), trace.table(key))
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(tmp_path / (key.replace(":", "__") + ".parquet")), trace.table(key)
+        )
 
 
 # -- synthetic files: what was written is what is read, in every container ----------------------------------
-EVENTS = st.lists(st.tuples(st.integers(0, 5000), st.integers(-2**31, 2**31 - 1),
-                            st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=5),
-                            st.integers(-2**31, 2**31 - 1),
-                            st.text(st.characters(min_codepoint=1, max_codepoint=0x10FFFF,
-                                                  blacklist_categories=("Cs",)), max_size=12)),
-                  min_size=0, max_size=300)
-FAST = settings(max_examples=25, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+EVENTS = st.lists(
+    st.tuples(
+        st.integers(0, 5000),
+        st.integers(-(2**31), 2**31 - 1),
+        st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=5),
+        st.integers(-(2**31), 2**31 - 1),
+        st.text(st.characters(min_codepoint=1, max_codepoint=0x10FFFF, blacklist_categories=("Cs",)), max_size=12),
+    ),
+    min_size=0,
+    max_size=300,
+)
+FAST = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def containers(directory: Path, cpu_pages: dict, stats: dict) -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    return {"tracefs": tracedat.write_tracefs(directory / "tracefs", cpu_pages, stats),
-            "v6": tracedat.write_v6(directory / "v6.dat", cpu_pages, stats),
-            "v7": tracedat.write_v7(directory / "v7.dat", cpu_pages, "none", stats),
-            "v7-zstd": tracedat.write_v7(directory / "v7z.dat", cpu_pages, "zstd", stats),
-            "v7-zlib": tracedat.write_v7(directory / "v7l.dat", cpu_pages, "zlib", stats)}
+    return {
+        "tracefs": tracedat.write_tracefs(directory / "tracefs", cpu_pages, stats),
+        "v6": tracedat.write_v6(directory / "v6.dat", cpu_pages, stats),
+        "v7": tracedat.write_v7(directory / "v7.dat", cpu_pages, "none", stats),
+        "v7-zstd": tracedat.write_v7(directory / "v7z.dat", cpu_pages, "zstd", stats),
+        "v7-zlib": tracedat.write_v7(directory / "v7l.dat", cpu_pages, "zlib", stats),
+    }
 
 
 def encoded(text: str, size: int) -> str:
@@ -156,9 +175,11 @@ def test_records_read_back_the_same_from_every_container(tmp_path_factory, cpu0,
     stats = {0: tracedat.stats_text(0, len(cpu0)), 1: tracedat.stats_text(1, len(cpu1))}
     paths = containers(tmp_path_factory.mktemp("c"), cpu_pages, stats)
     references = {kind: reference_ingest.read_trace(paths[kind]) for kind in ("tracefs", "v6", "v7")}
-    written = sorted([(1000 + sum(e[0] for e in cpu0[:i + 1]), 0, i, e) for i, e in enumerate(cpu0)]
-                     + [(500 + sum(e[0] for e in cpu1[:i + 1]), 1, i, e) for i, e in enumerate(cpu1)],
-                     key=lambda row: row[0])
+    written = sorted(
+        [(1000 + sum(e[0] for e in cpu0[: i + 1]), 0, i, e) for i, e in enumerate(cpu0)]
+        + [(500 + sum(e[0] for e in cpu1[: i + 1]), 1, i, e) for i, e in enumerate(cpu1)],
+        key=lambda row: row[0],
+    )
     for kind, path in paths.items():
         trace = read_trace(path)
         if not written:
@@ -200,10 +221,14 @@ def mutate(data: bytes, edits: list[tuple[int, int]], cut: int | None) -> bytes:
     return bytes(out[:cut]) if cut is not None else bytes(out)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(["v6", "v7", "v7-zstd", "v7-zlib"]),
-       edits=st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 255)), max_size=6),
-       cut=st.none() | st.integers(0, 2**16))
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    kind=st.sampled_from(["v6", "v7", "v7-zstd", "v7-zlib"]),
+    edits=st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 255)), max_size=6),
+    cut=st.none() | st.integers(0, 2**16),
+)
 @pytest.mark.timeout(300)
 @pytest.mark.slow
 def test_mutated_trace_dat_gives_a_table_or_one_trace_format_error(samples, tmp_path_factory, kind, edits, cut):
@@ -225,12 +250,12 @@ def test_a_trace_cut_short_is_refused_not_read_with_fewer_events(samples, tmp_pa
         shutil.copytree(samples["tracefs"], target)
         raw = target / "cpu0.raw"
         data = raw.read_bytes()
-        raw.write_bytes(data[:max(0, len(data) - cut_pages * tracedat.PAGE)])
+        raw.write_bytes(data[: max(0, len(data) - cut_pages * tracedat.PAGE)])
         expected = "cpu0.raw holds .* events but cpu0.stats says 150 were read"
     else:
         target = directory / "trace.dat"
         data = samples[kind].read_bytes()
-        target.write_bytes(data[:len(data) - cut_pages * 512])
+        target.write_bytes(data[: len(data) - cut_pages * 512])
         expected = "truncated"
     with pytest.raises(TraceFormatError, match=expected):
         read_all(target)
@@ -248,7 +273,7 @@ def test_a_cycle_in_the_v7_options_chain_is_refused(samples, tmp_path):
     data = bytearray(samples["v7"].read_bytes())
     first = struct.unpack_from("<Q", data, 18 + len(b"none\0\0"))[0]
     done = data.rindex(struct.pack("<HI", 0, 8) + struct.pack("<Q", 0))
-    data[done + 6:done + 14] = struct.pack("<Q", first)  # the last DONE points back at the first options section
+    data[done + 6 : done + 14] = struct.pack("<Q", first)  # the last DONE points back at the first options section
     (tmp_path / "loop.dat").write_bytes(bytes(data))
     with pytest.raises(TraceFormatError, match=f"loop.dat: the options sections loop back to byte {first}"):
         read_trace(tmp_path / "loop.dat")
@@ -257,9 +282,11 @@ def test_a_cycle_in_the_v7_options_chain_is_refused(samples, tmp_path):
 def test_absurd_sizes_and_odd_inputs_are_one_line_errors(samples, tmp_path):
     data = bytearray(samples["v6"].read_bytes())
     at = data.index(b"header_page\0") + 12
-    data[at:at + 8] = struct.pack("<Q", 228 << 30)  # a 228 GiB header
+    data[at : at + 8] = struct.pack("<Q", 228 << 30)  # a 228 GiB header
     (tmp_path / "huge.dat").write_bytes(bytes(data))
-    with pytest.raises(TraceFormatError, match=rf"huge.dat: truncated \(wanted {228 << 30} more bytes.* at byte {at + 8}"):
+    with pytest.raises(
+        TraceFormatError, match=rf"huge.dat: truncated \(wanted {228 << 30} more bytes.* at byte {at + 8}"
+    ):
         read_trace(tmp_path / "huge.dat")
     data = bytearray(samples["v6"].read_bytes())
     at = data.index(b"name: fake_event")
@@ -283,11 +310,16 @@ def test_large_compressed_data_is_decompressed_to_a_mapped_temporary_file(monkey
     assert_same_trace(spilled, in_memory)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(["cpu0.raw", "cpu1.raw", "header_page", "formats/fake/fake_event/format", "cpu0.stats",
-                             "page_size"]),
-       edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=6),
-       cut=st.none() | st.integers(0, 2**14))
+@settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    name=st.sampled_from(
+        ["cpu0.raw", "cpu1.raw", "header_page", "formats/fake/fake_event/format", "cpu0.stats", "page_size"]
+    ),
+    edits=st.lists(st.tuples(st.integers(0, 2**16), st.integers(0, 255)), max_size=6),
+    cut=st.none() | st.integers(0, 2**14),
+)
 @pytest.mark.timeout(300)
 def test_a_mutated_tracefs_capture_gives_tables_or_one_trace_format_error(samples, tmp_path_factory, name, edits, cut):
     target = tmp_path_factory.mktemp("f") / "capture"
@@ -307,8 +339,11 @@ def test_a_tracefs_capture_missing_a_cpu_file_its_stats_name_is_refused(samples,
     target = tmp_path / "capture"
     shutil.copytree(samples["tracefs"], target)
     (target / "cpu1.raw").unlink()
-    with pytest.raises(TraceFormatError, match=r"cpu1.raw: missing, but cpu1.stats is there .* CPU 1's events would "
-                                               r"be absent$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"cpu1.raw: missing, but cpu1.stats is there .* CPU 1's events would "
+        r"be absent$",
+    ):
         read_trace(target)
 
 

@@ -30,15 +30,20 @@ def full_pages(records: int, start: int) -> tuple[bytes, int]:
     the same records a page later: (the pages, how many records)."""
     body, per_page = b"", 0
     while True:
-        one = record(100, payload(1000 + per_page, ("hackbench", "kworker/0:1", "a" * 15)[per_page % 3], per_page,
-                                  f"n{per_page % 7}"))
+        one = record(
+            100,
+            payload(
+                1000 + per_page, ("hackbench", "kworker/0:1", "a" * 15)[per_page % 3], per_page, f"n{per_page % 7}"
+            ),
+        )
         if len(body) + len(one) > 4096 - 16:
             break
         body, per_page = body + one, per_page + 1
     pages = -(-records // per_page)
     tail = page(0, body)[16:]
-    return b"".join(struct.pack("<QQ", start + n * 100 * per_page, len(body)) + tail for n in range(pages)), \
-        pages * per_page
+    return b"".join(
+        struct.pack("<QQ", start + n * 100 * per_page, len(body)) + tail for n in range(pages)
+    ), pages * per_page
 
 
 def two_cpu_trace(path, records: int) -> int:
@@ -57,10 +62,18 @@ def test_a_table_gathered_in_pieces_is_the_table_gathered_whole(tmp_path, monkey
     gathers, strings = [], []
     monkeypatch.setattr(ingest, "RELEASE_REGIONS", 3)
     monkeypatch.setattr(ingest, "FAULT_REGION_SHIFT", 0)  # every record a region of its own: 3 records a piece
-    monkeypatch.setattr(ringbuf, "gather", lambda buffer, starts, width, real=ringbuf.gather:
-                        gathers.append(len(starts)) or real(buffer, starts, width))
-    monkeypatch.setattr(ringbuf, "cstrings", lambda buffer, starts, limits, real=ringbuf.cstrings:
-                        strings.append((type(buffer).__name__, len(starts))) or real(buffer, starts, limits))
+    monkeypatch.setattr(
+        ringbuf,
+        "gather",
+        lambda buffer, starts, width, real=ringbuf.gather: gathers.append(len(starts)) or real(buffer, starts, width),
+    )
+    monkeypatch.setattr(
+        ringbuf,
+        "cstrings",
+        lambda buffer, starts, limits, real=ringbuf.cstrings: (
+            strings.append((type(buffer).__name__, len(starts))) or real(buffer, starts, limits)
+        ),
+    )
     trace = read_trace(trace_path)
     assert type(trace._records.buffer).__name__ == "mmap"
     pieces = trace.arrow("fake:fake_event")
@@ -102,8 +115,9 @@ def test_a_read_trace_holds_14_bytes_a_record(tmp_path):
 
 def peak_kib(*argv: str) -> int:
     environment = {name: value for name, value in os.environ.items() if name != "ARROW_DEFAULT_MEMORY_POOL"}
-    done = subprocess.run([sys.executable, "-c", PEAK, *argv], capture_output=True, text=True, timeout=600,
-                          env=environment)
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, *argv], capture_output=True, text=True, timeout=600, env=environment
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stderr.strip().splitlines()[-1])
 

@@ -52,8 +52,10 @@ def test_ingest_out_refuses_a_fifo_planted_for_a_table_without_waiting(tmp_path,
     out.mkdir()
     os.mkfifo(out / "timer__tick_stop.parquet")
     assert main(["ingest", str(COMPRESSED / "trace-zstd.dat"), "--out", str(out)]) == 2
-    assert "timer__tick_stop.parquet: a FIFO, not a regular file; ticklab does not write through links or replace " \
+    assert (
+        "timer__tick_stop.parquet: a FIFO, not a regular file; ticklab does not write through links or replace "
         "what it did not write" in capsys.readouterr().err
+    )
 
 
 def test_ingest_out_replaces_its_own_tables_whole(tmp_path, capsys):
@@ -72,8 +74,10 @@ def test_a_trace_the_user_names_through_their_own_link_is_read(tmp_path, capsys)
 
 
 # -- item 4: links inside a capture directory ------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["kallsyms", "trace_clock", "page_size", "header_page", "cpu0.stats", "cpu1.raw",
-                                  "formats/fake/fake_event/format"])
+@pytest.mark.parametrize(
+    "name",
+    ["kallsyms", "trace_clock", "page_size", "header_page", "cpu0.stats", "cpu1.raw", "formats/fake/fake_event/format"],
+)
 def test_a_link_inside_a_tracefs_capture_is_refused_and_its_target_never_shown(samples, tmp_path, name):
     target = tmp_path / "capture"
     shutil.copytree(samples["tracefs"], target)
@@ -94,8 +98,11 @@ def test_a_linked_directory_inside_a_tracefs_capture_is_refused(samples, tmp_pat
     moved = tmp_path / "fake-elsewhere"
     shutil.move(target / "formats" / "fake", moved)
     (target / "formats" / "fake").symlink_to(moved)
-    with pytest.raises(TraceFormatError, match=r"formats/fake: a symbolic link, not a directory; ticklab does not "
-                                               r"read through links$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"formats/fake: a symbolic link, not a directory; ticklab does not "
+        r"read through links$",
+    ):
         read_all(target)
 
 
@@ -107,8 +114,9 @@ def test_a_trace_dat_planted_as_a_link_in_a_run_directory_is_refused(tmp_path):
 
 # -- item 7: FIFOs never hang the reader ---------------------------------------------------------------------
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", ["cpu0.raw", "cpu1.stats", "formats/fake/fake_event/format", "cpu0.raw.xz",
-                                  "header_page", "kallsyms"])
+@pytest.mark.parametrize(
+    "name", ["cpu0.raw", "cpu1.stats", "formats/fake/fake_event/format", "cpu0.raw.xz", "header_page", "kallsyms"]
+)
 def test_a_fifo_in_a_tracefs_capture_is_refused_without_waiting(samples, tmp_path, name):
     target = tmp_path / "capture"
     shutil.copytree(samples["tracefs"], target)
@@ -141,7 +149,7 @@ def zlib_chunks(data: bytes) -> list[tuple[int, int, int]]:
         if not plain or plain % 4096 or at + packed > len(data):
             continue
         try:
-            if len(zlib.decompress(data[at:at + packed])) == plain:
+            if len(zlib.decompress(data[at : at + packed])) == plain:
                 found.append((at - 8, packed, plain))
         except zlib.error:
             pass
@@ -158,8 +166,11 @@ def test_a_zlib_chunk_holding_more_than_its_stated_size_is_refused_not_cut(sampl
     at, _, plain = chunks[0]
     struct.pack_into("<I", data, at + 4, plain - 4096)  # the header now says one page less than the chunk holds
     (tmp_path / "short.dat").write_bytes(bytes(data))
-    with pytest.raises(TraceFormatError, match=rf"short.dat: CPU \d chunk \d+ decompresses to more than the "
-                                               rf"{plain - 4096} bytes its header says at byte {at}$"):
+    with pytest.raises(
+        TraceFormatError,
+        match=rf"short.dat: CPU \d chunk \d+ decompresses to more than the "
+        rf"{plain - 4096} bytes its header says at byte {at}$",
+    ):
         read_all(tmp_path / "short.dat")
     assert whole > 0
 
@@ -178,8 +189,11 @@ def test_a_v6_trace_whose_cpu_count_was_lowered_is_refused(tmp_path, with_stats)
     assert struct.unpack_from("<I", data, count_at)[0] == 2
     struct.pack_into("<I", data, count_at, 1)
     (tmp_path / "one.dat").write_bytes(bytes(data))
-    expected = (r"the header counts 1 CPUs of data but the file has the stats of 2 CPUs" if with_stats else
-                r"\d+ bytes of data after the last of the 1 CPUs the header counts")
+    expected = (
+        r"the header counts 1 CPUs of data but the file has the stats of 2 CPUs"
+        if with_stats
+        else r"\d+ bytes of data after the last of the 1 CPUs the header counts"
+    )
     with pytest.raises(TraceFormatError, match=rf"one.dat: {expected}"):
         read_all(tmp_path / "one.dat")
 
@@ -187,8 +201,9 @@ def test_a_v6_trace_whose_cpu_count_was_lowered_is_refused(tmp_path, with_stats)
 @pytest.mark.slow
 def test_no_bundled_trace_is_refused_by_the_new_checks():
     """The cross-checks above hold for every trace ticklab's runners wrote (tracefs and trace-cmd)."""
-    roots = {p.parent for p in (REPO / "traces").rglob("trace.dat*")} | \
-        {p.parent for p in (REPO / "traces").rglob("header_page")}
+    roots = {p.parent for p in (REPO / "traces").rglob("trace.dat*")} | {
+        p.parent for p in (REPO / "traces").rglob("header_page")
+    }
     assert roots
     for root in sorted(roots):
         assert sum(read_trace(root).counts().values()) >= 0
@@ -206,6 +221,9 @@ def test_a_compressed_cpu_whose_chunk_count_was_lowered_is_refused(samples, tmp_
     assert count >= 1
     struct.pack_into("<I", data, count_at, count - 1)
     (tmp_path / "fewer.dat").write_bytes(bytes(data))
-    with pytest.raises(TraceFormatError, match=rf"fewer.dat: CPU \d data at byte {count_at} holds \d+ bytes of chunks "
-                                               rf"but its {count - 1} compressed chunks end at byte \d+, not \d+"):
+    with pytest.raises(
+        TraceFormatError,
+        match=rf"fewer.dat: CPU \d data at byte {count_at} holds \d+ bytes of chunks "
+        rf"but its {count - 1} compressed chunks end at byte \d+, not \d+",
+    ):
         read_all(tmp_path / "fewer.dat")

@@ -12,9 +12,21 @@ import tracedat
 # Nothing an ingest of a plain trace.dat needs: the analysis stack, the other layers, Arrow's compute functions
 # (pyarrow.compute wraps ~280 functions with their docs when imported, ~40 ms; a cast to string imported it), the
 # zstd decompressor, tempfile (only for CPU data beyond 16 MiB unpacked)
-NOT_FOR_INGEST = ("pyarrow.compute", "pyarrow.dataset", "pandas", "scipy", "matplotlib", "ticklab.claims",
-                  "ticklab.analysis", "ticklab.report", "ticklab.capture", "ticklab.lab", "ticklab.host", "zstandard",
-                  "tempfile")
+NOT_FOR_INGEST = (
+    "pyarrow.compute",
+    "pyarrow.dataset",
+    "pandas",
+    "scipy",
+    "matplotlib",
+    "ticklab.claims",
+    "ticklab.analysis",
+    "ticklab.report",
+    "ticklab.capture",
+    "ticklab.lab",
+    "ticklab.host",
+    "zstandard",
+    "tempfile",
+)
 PROBE = """
 import json, sys
 from ticklab.cli import main
@@ -26,8 +38,9 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules), "pool": pyarrow.
 
 
 def ingest_in_a_fresh_interpreter(*argv: str, env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE, "ingest", *argv], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, "ingest", *argv], capture_output=True, text=True, timeout=300, env=env
+    )
     return json.loads(done.stderr.strip().splitlines()[-1])
 
 
@@ -39,8 +52,9 @@ def a_trace_with_strings(path):
 
 
 def test_ingest_of_a_trace_with_strings_imports_only_what_it_needs(tmp_path):
-    report = ingest_in_a_fresh_interpreter(str(a_trace_with_strings(tmp_path / "trace.dat")), "--out",
-                                           str(tmp_path / "tables"))
+    report = ingest_in_a_fresh_interpreter(
+        str(a_trace_with_strings(tmp_path / "trace.dat")), "--out", str(tmp_path / "tables")
+    )
     assert report["code"] == 0 and [p.name for p in (tmp_path / "tables").iterdir()] == ["fake__fake_event.parquet"]
     assert [name for name in NOT_FOR_INGEST if name in report["modules"]] == []
 
@@ -51,6 +65,7 @@ def test_ingest_writes_its_tables_through_the_c_allocator_unless_told_otherwise(
     trace = a_trace_with_strings(tmp_path / "trace.dat")
     environment = {name: value for name, value in os.environ.items() if name != "ARROW_DEFAULT_MEMORY_POOL"}
     assert ingest_in_a_fresh_interpreter(str(trace), "--out", str(tmp_path / "a"), env=environment)["pool"] == "system"
-    chosen = ingest_in_a_fresh_interpreter(str(trace), "--out", str(tmp_path / "b"),
-                                           env={**environment, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"})
+    chosen = ingest_in_a_fresh_interpreter(
+        str(trace), "--out", str(tmp_path / "b"), env={**environment, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}
+    )
     assert chosen["pool"] == "mimalloc"

@@ -24,10 +24,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from conftest import REPO
 from ticklab import paths
 from ticklab.cli import main
-
-from conftest import REPO
 
 # import name -> distribution name, where they differ
 DISTRIBUTIONS = {"yaml": "pyyaml", "IPython": "ipython"}
@@ -48,8 +47,13 @@ def _imported_packages() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in (REPO / "src" / "ticklab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top != "ticklab" and top not in sys.stdlib_module_names:
@@ -62,8 +66,9 @@ def test_every_package_ticklab_imports_is_declared_with_a_floor():
     declared = _declared()
     imported = _imported_packages()
     assert "jsonschema" in imported and "jupyter_client" in imported
-    missing = {m: sorted(files) for m, files in imported.items()
-               if canonicalize_name(DISTRIBUTIONS.get(m, m)) not in declared}
+    missing = {
+        m: sorted(files) for m, files in imported.items() if canonicalize_name(DISTRIBUTIONS.get(m, m)) not in declared
+    }
     assert missing == {}, "imported but not in pyproject.toml's dependencies"
     assert [name for name, r in declared.items() if _floor(r) is None] == []
 
@@ -91,15 +96,22 @@ def test_a_missing_jsonschema_is_an_import_error_everywhere(tmp_path):
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('No module named jsonschema (blocked by the test)')\n")
     env = {**os.environ, "PYTHONPATH": f"{blocker.parent}{os.pathsep}{REPO / 'src'}"}
-    proc = subprocess.run([sys.executable, "-c", "import ticklab.schemas"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import ticklab.schemas"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 1 and "DependencyError: ticklab needs jsonschema >= 4" in proc.stderr, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "ticklab.cli", "verify", str(tmp_path)], capture_output=True,
-                          text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "verify", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("ticklab verify: ticklab needs jsonschema >= 4"), proc.stderr
     # the lab guest's runner too (its image carries jsonschema, runners/vm/image.yaml): validation is never off
-    proc = subprocess.run([sys.executable, "-m", "ticklab.lab.guest"], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ticklab.lab.guest"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+    )
     assert proc.returncode == 1 and "DependencyError: ticklab needs jsonschema >= 4" in proc.stderr, proc.stderr
 
 
@@ -118,8 +130,9 @@ def _checkout(directory: Path) -> Path:
     return directory
 
 
-def test_the_project_is_what_project_or_the_environment_names_never_the_working_directory(no_project, monkeypatch,
-                                                                                           tmp_path):
+def test_the_project_is_what_project_or_the_environment_names_never_the_working_directory(
+    no_project, monkeypatch, tmp_path
+):
     monkeypatch.chdir(REPO)  # a checkout as the working directory is not taken by accident
     with pytest.raises(paths.ProjectError, match="no project directory: pass --project DIR or set TICKLAB_PROJECT"):
         paths.repo_root()
@@ -136,14 +149,24 @@ def test_the_project_is_what_project_or_the_environment_names_never_the_working_
         paths.repo_root()
 
 
-@pytest.mark.parametrize("argv", [["doctor"], ["report", "--only", "02-pvspinlock"], ["capture", "nohz", "--dry-run"],
-                                  ["claims", "--host"], ["lab", "run", "nohz", "--runs", "1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["doctor"],
+        ["report", "--only", "02-pvspinlock"],
+        ["capture", "nohz", "--dry-run"],
+        ["claims", "--host"],
+        ["lab", "run", "nohz", "--runs", "1"],
+    ],
+)
 def test_without_a_project_a_command_that_needs_one_says_so_in_one_line(no_project, capsys, argv):
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == "ticklab: no project directory: pass --project DIR or set TICKLAB_PROJECT to a ticklab " \
-                           "checkout\n"
+    assert (
+        captured.err == "ticklab: no project directory: pass --project DIR or set TICKLAB_PROJECT to a ticklab "
+        "checkout\n"
+    )
 
 
 def test_commands_that_need_no_project_run_without_one(no_project, capsys):
@@ -184,8 +207,11 @@ def _copy_sources(target: Path) -> Path:
     target.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, target / name)
-    shutil.copytree(REPO / "src" / "ticklab", target / "src" / "ticklab",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info"))
+    shutil.copytree(
+        REPO / "src" / "ticklab",
+        target / "src" / "ticklab",
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info"),
+    )
     return target
 
 
@@ -195,41 +221,96 @@ def test_a_wheel_installed_elsewhere_runs_doctor_and_a_report_with_its_project(t
     """Build the wheel offline, install it alone into a fresh environment (its dependencies come from this one's
     site-packages, appended after its own), and run it from a directory outside the checkout."""
     sources = _copy_sources(tmp_path / "sources")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                            "--quiet", "-w", str(tmp_path / "dist"), str(sources)], capture_output=True, text=True,
-                           timeout=300)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--quiet",
+            "-w",
+            str(tmp_path / "dist"),
+            str(sources),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     [wheel] = (tmp_path / "dist").glob("ticklab-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-                                "--no-deps", "--no-index", "--quiet", str(wheel)], capture_output=True, text=True,
-                               timeout=300)
+    installed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--quiet",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "ticklab-test-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", paths.ENV, "TICKLAB_TRACEBACK")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", paths.ENV, "TICKLAB_TRACEBACK")
+    }
     # nbconvert's templates live in the share/ of the environment its package came from (an ordinary install puts
     # both in the new one)
     env["JUPYTER_PATH"] = str(Path(sys.prefix) / "share" / "jupyter")
 
     def ticklab(*argv, project=None):
-        return subprocess.run([str(venv / "bin" / "ticklab"), *argv], capture_output=True, text=True, cwd=elsewhere,
-                              env={**env, **({paths.ENV: str(project)} if project else {})}, timeout=900,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [str(venv / "bin" / "ticklab"), *argv],
+            capture_output=True,
+            text=True,
+            cwd=elsewhere,
+            env={**env, **({paths.ENV: str(project)} if project else {})},
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
 
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import ticklab; print(ticklab.__file__)"],
-                           capture_output=True, text=True, cwd=elsewhere, env=env, check=True).stdout
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import ticklab; print(ticklab.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+        check=True,
+    ).stdout
     assert where.startswith(str(site)), where  # the wheel's package, not the checkout's sources
 
-    for argv in (["doctor"], ["report", "--only", "02-pvspinlock", "--out", str(tmp_path / "nowhere")],
-                 ["capture", "nohz", "--dry-run"]):
+    for argv in (
+        ["doctor"],
+        ["report", "--only", "02-pvspinlock", "--out", str(tmp_path / "nowhere")],
+        ["capture", "nohz", "--dry-run"],
+    ):
         proc = ticklab(*argv)
         assert (proc.returncode, proc.stdout, proc.stderr) == (
-            2, "", "ticklab: no project directory: pass --project DIR or set TICKLAB_PROJECT to a ticklab checkout\n")
+            2,
+            "",
+            "ticklab: no project directory: pass --project DIR or set TICKLAB_PROJECT to a ticklab checkout\n",
+        )
     assert not (tmp_path / "nowhere").exists()
 
     doctor = ticklab("doctor", project=REPO)

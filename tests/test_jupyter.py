@@ -13,9 +13,8 @@ import uuid
 
 import pytest
 
-from ticklab.capture.process import stop
-
 from conftest import REPO
+from ticklab.capture.process import stop
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +34,12 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def _request(base: str, token: str, path: str, method: str = "GET", body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{base}{path}", data=data, method=method,
-                                     headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base}{path}",
+        data=data,
+        method=method,
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+    )
     with _DIRECT.open(request, timeout=30) as response:
         text = response.read().decode()
     return json.loads(text) if text else {}
@@ -48,13 +51,32 @@ def _execute(channel, session: str, code: str, timeout_s: float = 120) -> dict:
     The deadline is checked after every frame, pings included: the server pings every 30 s, and a plain
     recv() that answers pings by itself would wait for ever on a kernel that never replies."""
     msg_id = uuid.uuid4().hex
-    channel.send(json.dumps({
-        "header": {"msg_id": msg_id, "username": "ticklab-test", "session": session, "msg_type": "execute_request",
-                   "version": "5.3", "date": ""},
-        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
-                    "stop_on_error": True},
-    }))
+    channel.send(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "username": "ticklab-test",
+                    "session": session,
+                    "msg_type": "execute_request",
+                    "version": "5.3",
+                    "date": "",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "channel": "shell",
+                "buffers": [],
+                "content": {
+                    "code": code,
+                    "silent": False,
+                    "store_history": False,
+                    "user_expressions": {},
+                    "allow_stdin": False,
+                    "stop_on_error": True,
+                },
+            }
+        )
+    )
     deadline = time.monotonic() + timeout_s
     errors = []
     while time.monotonic() < deadline:
@@ -81,14 +103,31 @@ def _kernel_state(base: str, token: str, kernel: str) -> str:
 
 @pytest.mark.timeout(420)
 def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_path):
-    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix", "--name", "ticklab",
-                    "--display-name", "Python (ticklab)"], check=True, capture_output=True, timeout=120,
-                   stdin=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ipykernel",
+            "install",
+            "--sys-prefix",
+            "--name",
+            "ticklab",
+            "--display-name",
+            "Python (ticklab)",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     # The server's runtime, config and IPython state are this test's own: nothing a user's Jupyter left behind
     # (running servers, config, history databases) takes part, and no proxy is asked for loopback addresses.
     env = {key: value for key, value in os.environ.items() if not key.lower().endswith("_proxy")}
-    env.update(JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
-               IPYTHONDIR=str(tmp_path / "ipython"))
+    env.update(
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        IPYTHONDIR=str(tmp_path / "ipython"),
+    )
     port, token = _free_port(), secrets.token_hex(16)
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "jupyterlab.log").open("w")  # a file, not a pipe nobody drains
@@ -97,12 +136,27 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
         log.flush()
         return (tmp_path / "jupyterlab.log").read_text()[-3000:]
 
-    server = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-                               f"--ServerApp.token={token}", f"--ServerApp.root_dir={REPO}",
-                               "--ServerApp.open_browser=False", "--ServerApp.port_retries=0", "--allow-root",
-                               # what this test does not use does not start: language-server discovery, terminals
-                               "--ServerApp.jpserver_extensions={'jupyter_lsp': False, 'jupyter_server_terminals': False}"],
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            f"--ServerApp.token={token}",
+            f"--ServerApp.root_dir={REPO}",
+            "--ServerApp.open_browser=False",
+            "--ServerApp.port_retries=0",
+            "--allow-root",
+            # what this test does not use does not start: language-server discovery, terminals
+            "--ServerApp.jpserver_extensions={'jupyter_lsp': False, 'jupyter_server_terminals': False}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -117,20 +171,31 @@ def test_jupyterlab_serves_and_executes_a_notebook_through_a_kernel_session(tmp_
         notebook = _request(base, token, "/api/contents/notebooks/02-pvspinlock.ipynb")
         assert notebook["type"] == "notebook"
         cells = [c for c in notebook["content"]["cells"] if c["cell_type"] == "code"]
-        session = _request(base, token, "/api/sessions", "POST",
-                           {"path": "notebooks/02-pvspinlock.ipynb", "type": "notebook", "kernel": {"name": "ticklab"}})
+        session = _request(
+            base,
+            token,
+            "/api/sessions",
+            "POST",
+            {"path": "notebooks/02-pvspinlock.ipynb", "type": "notebook", "kernel": {"name": "ticklab"}},
+        )
         kernel = session["kernel"]["id"]
-        channel = websocket.create_connection(f"ws://127.0.0.1:{port}/api/kernels/{kernel}/channels?token={token}",
-                                              timeout=120, http_no_proxy=["127.0.0.1"])
+        channel = websocket.create_connection(
+            f"ws://127.0.0.1:{port}/api/kernels/{kernel}/channels?token={token}",
+            timeout=120,
+            http_no_proxy=["127.0.0.1"],
+        )
         try:
             client = uuid.uuid4().hex
             try:
                 replies = [_execute(channel, client, cells[0]["source"])]  # the parameters cell
-                replies.append(_execute(channel, client, f"output_dir = {str(tmp_path)!r}"))  # as papermill would inject
+                replies.append(
+                    _execute(channel, client, f"output_dir = {str(tmp_path)!r}")
+                )  # as papermill would inject
                 replies += [_execute(channel, client, cell["source"]) for cell in cells[1:]]
             except TimeoutError as exc:
-                raise AssertionError(f"{exc}; kernel state {_kernel_state(base, token, kernel)}; server log:\n"
-                                     f"{server_log()}") from exc
+                raise AssertionError(
+                    f"{exc}; kernel state {_kernel_state(base, token, kernel)}; server log:\n{server_log()}"
+                ) from exc
         finally:
             channel.close()
             _request(base, token, f"/api/sessions/{session['id']}", "DELETE")

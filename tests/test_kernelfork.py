@@ -6,9 +6,8 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
 import papermill  # noqa: F401 (first, as papermill loads its engines: ticklab's among them)
+import pytest
 
 from ticklab.report import kernelfork
 from ticklab.report.papermill_engine import EncryptedKernelManager
@@ -87,10 +86,13 @@ def gone(pid: int) -> bool:
 @pytest.mark.slow  # starts kernels: over a second of CPU (make check leaves it to make test)
 def test_a_kernel_is_forked_from_the_server_with_the_imports_done_in_its_own_cwd_and_env(tmp_path, monkeypatch):
     with forked_kernel(tmp_path, monkeypatch) as (_, client):
-        reply, printed = run_cell(client, "import os, sys\n"
-                                          "print(open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')[1:4])\n"
-                                          "print('pandas' in sys.modules, os.getcwd(), os.environ['TICKLAB_PROBE'])\n"
-                                          "print(os.getsid(0) == os.getpid())")
+        reply, printed = run_cell(
+            client,
+            "import os, sys\n"
+            "print(open(f'/proc/{os.getppid()}/cmdline').read().split('\\0')[1:4])\n"
+            "print('pandas' in sys.modules, os.getcwd(), os.environ['TICKLAB_PROBE'])\n"
+            "print(os.getsid(0) == os.getpid())",
+        )
     assert reply["status"] == "ok", reply
     parent, state, own_session = printed.splitlines()
     assert parent == "['-m', 'ticklab.report.kernelfork', 'serve']"  # its parent is the fork server
@@ -151,17 +153,28 @@ def test_without_a_server_the_kernel_starts_as_an_ordinary_kernel(tmp_path, monk
     assert reply["status"] == "ok" and int(printed) == os.getpid()  # the client became the kernel (exec)
 
 
-@pytest.mark.parametrize("command", [
-    ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "c.json"],  # another interpreter: its own environment
-    ["R", "--slave", "-e", "IRkernel::main()", "--args", "c.json"],  # another kind of kernel
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "c.json"],  # another interpreter: its own environment
+        ["R", "--slave", "-e", "IRkernel::main()", "--args", "c.json"],  # another kind of kernel
+    ],
+)
 def test_only_an_ipykernel_of_this_interpreter_is_forked(command):
     assert kernelfork.kernel_command(command, "/s/kernels.sock") == command
     import sys
 
     ours = [sys.executable, "-m", "ipykernel_launcher", "-f", "c.json"]
     assert kernelfork.kernel_command(ours, "/s/kernels.sock") == [
-        sys.executable, "-I", "-S", kernelfork.__file__, "client", "/s/kernels.sock", "-f", "c.json"]
+        sys.executable,
+        "-I",
+        "-S",
+        kernelfork.__file__,
+        "client",
+        "/s/kernels.sock",
+        "-f",
+        "c.json",
+    ]
     assert kernelfork.kernel_command(ours, None) == ours
 
 
@@ -192,8 +205,12 @@ def test_a_notebook_killed_for_its_timeout_takes_its_forked_kernel_with_it(tmp_p
 
     with kernelfork.started() as socket_path:
         # what run_notebook's timeout does to papermill: SIGKILL, nothing of it left to shut its kernel down
-        stand_in = subprocess.Popen([sys.executable, "-c", PAPERMILL_STAND_IN], stdout=subprocess.PIPE, text=True,
-                                    env={**os.environ, kernelfork.SOCKET_ENV: socket_path})
+        stand_in = subprocess.Popen(
+            [sys.executable, "-c", PAPERMILL_STAND_IN],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, kernelfork.SOCKET_ENV: socket_path},
+        )
         kernel = int(stand_in.stdout.readline())
         assert open(f"/proc/{kernel}/cmdline").read().split("\0")[1:3] == ["-m", "ticklab.report.kernelfork"]
         stand_in.send_signal(signal.SIGKILL)
@@ -228,28 +245,43 @@ def test_papermill_is_forked_from_the_server_where_there_is_one_and_run_as_a_mod
 
     arguments = ["in.ipynb", "out.ipynb", "-k", "python3"]
     assert kernelfork.driver_command("/s/kernels.sock", arguments) == [
-        sys.executable, "-I", "-S", kernelfork.__file__, "papermill", "/s/kernels.sock", *arguments]
+        sys.executable,
+        "-I",
+        "-S",
+        kernelfork.__file__,
+        "papermill",
+        "/s/kernels.sock",
+        *arguments,
+    ]
     assert kernelfork.driver_command(None, arguments) == [
-        sys.executable, "-m", "ticklab.report.papermill_main", *arguments]
+        sys.executable,
+        "-m",
+        "ticklab.report.papermill_main",
+        *arguments,
+    ]
 
 
 def _probe_notebook(path: Path, code: str) -> Path:
     import nbformat
 
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("probe = None", metadata={"tags": ["parameters"]}),
-                      nbformat.v4.new_code_cell(code)]
+    notebook.cells = [
+        nbformat.v4.new_code_cell("probe = None", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(code),
+    ]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, path)
     return path
 
 
 # the kernel's manager is papermill (JPY_PARENT_PID): its parent's command line, and the kernel's own parent's
-PARENTS = ("import os\n"
-           "def cmdline(pid): return open(f'/proc/{pid}/cmdline').read().split('\\0')[1:4]\n"
-           "def parent(pid): return int(open(f'/proc/{pid}/stat').read().split(')')[-1].split()[1])\n"
-           "driver = int(os.environ['JPY_PARENT_PID'])\n"
-           "print(cmdline(parent(driver)), cmdline(os.getppid()), probe)")
+PARENTS = (
+    "import os\n"
+    "def cmdline(pid): return open(f'/proc/{pid}/cmdline').read().split('\\0')[1:4]\n"
+    "def parent(pid): return int(open(f'/proc/{pid}/stat').read().split(')')[-1].split()[1])\n"
+    "driver = int(os.environ['JPY_PARENT_PID'])\n"
+    "print(cmdline(parent(driver)), cmdline(os.getppid()), probe)"
+)
 
 
 @pytest.mark.slow  # runs notebooks: seconds of CPU (make check leaves it to make test)
@@ -261,10 +293,24 @@ def test_a_notebook_is_driven_by_a_papermill_forked_from_the_server_and_its_fail
     good = _probe_notebook(tmp_path / "good.ipynb", PARENTS)
     bad = _probe_notebook(tmp_path / "bad.ipynb", "raise ValueError('planted')")
     with kernelfork.started() as socket_path:
-        ran = run_notebook(good, tmp_path / "good-out.ipynb", {"probe": "given"}, cell_timeout=GENEROUS_S,
-                           notebook_timeout=GENEROUS_S, claim="probe", kernel_server=socket_path)
-        failed = run_notebook(bad, tmp_path / "bad-out.ipynb", {}, cell_timeout=GENEROUS_S,
-                              notebook_timeout=GENEROUS_S, claim="probe", kernel_server=socket_path)
+        ran = run_notebook(
+            good,
+            tmp_path / "good-out.ipynb",
+            {"probe": "given"},
+            cell_timeout=GENEROUS_S,
+            notebook_timeout=GENEROUS_S,
+            claim="probe",
+            kernel_server=socket_path,
+        )
+        failed = run_notebook(
+            bad,
+            tmp_path / "bad-out.ipynb",
+            {},
+            cell_timeout=GENEROUS_S,
+            notebook_timeout=GENEROUS_S,
+            claim="probe",
+            kernel_server=socket_path,
+        )
     assert ran.status == "ok", ran.error
     printed = nbformat.read(tmp_path / "good-out.ipynb", as_version=4).cells[-1].outputs[0]["text"].strip()
     server = "['-m', 'ticklab.report.kernelfork', 'serve']"
@@ -278,10 +324,18 @@ def test_without_a_server_papermill_runs_as_a_process_of_its_own(tmp_path):
 
     from ticklab.report.build import run_notebook
 
-    good = _probe_notebook(tmp_path / "good.ipynb", "import os, sys\nprint(os.getppid() == int(os.environ['JPY_PARENT_PID']), probe)")
-    ran = run_notebook(good, tmp_path / "out.ipynb", {"probe": "given"}, cell_timeout=GENEROUS_S,
-                       notebook_timeout=GENEROUS_S, claim="probe",
-                       kernel_server=str(tmp_path / "no-server" / kernelfork.SOCKET_NAME))
+    good = _probe_notebook(
+        tmp_path / "good.ipynb", "import os, sys\nprint(os.getppid() == int(os.environ['JPY_PARENT_PID']), probe)"
+    )
+    ran = run_notebook(
+        good,
+        tmp_path / "out.ipynb",
+        {"probe": "given"},
+        cell_timeout=GENEROUS_S,
+        notebook_timeout=GENEROUS_S,
+        claim="probe",
+        kernel_server=str(tmp_path / "no-server" / kernelfork.SOCKET_NAME),
+    )
     assert ran.status == "ok", ran.error
     assert nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[-1].outputs[0]["text"].strip() == "True given"
 
@@ -311,8 +365,15 @@ def test_a_notebook_past_its_timeout_leaves_neither_its_papermill_nor_its_kernel
     sleeper = _probe_notebook(tmp_path / "sleeps.ipynb", "import time\ntime.sleep(3600)")
     with kernelfork.started() as socket_path:
         server = _server_of(socket_path)
-        ran = run_notebook(sleeper, tmp_path / "out.ipynb", {}, cell_timeout=3600, notebook_timeout=15,
-                           claim="probe", kernel_server=socket_path)
+        ran = run_notebook(
+            sleeper,
+            tmp_path / "out.ipynb",
+            {},
+            cell_timeout=3600,
+            notebook_timeout=15,
+            claim="probe",
+            kernel_server=socket_path,
+        )
         deadline = time.monotonic() + GENEROUS_S
         while _children(server) and time.monotonic() < deadline:
             time.sleep(0.05)

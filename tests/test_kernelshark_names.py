@@ -33,8 +33,10 @@ TRACEFS = Path("/sys/kernel/tracing")
 EVENTS = ["timer:hrtimer_start", "timer:hrtimer_expire_entry", "irq_vectors:local_timer_entry"]
 TRACED_FUNCTION = "hrtimer_start_range_ns"  # called from many places: its callers are many parent_ip values
 # A trace-cmd report line: "<comm>-<pid> [<cpu>] <seconds>: <event>: <fields>" (a comm may hold spaces and dashes)
-REPORT_LINE = re.compile(r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+[\d.]+:"
-                         r"\s+(?P<event>\w+):\s*(?P<fields>.*)$")
+REPORT_LINE = re.compile(
+    r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+[\d.]+:"
+    r"\s+(?P<event>\w+):\s*(?P<fields>.*)$"
+)
 SPIN = "import time\nend = time.monotonic() + 0.4\nwhile time.monotonic() < end: pass"
 WORKLOAD = f"for i in $(seq 150); do sleep 0.002; done & {sys.executable} -c '{SPIN}'; wait"
 
@@ -53,15 +55,17 @@ def has_function_tracer() -> bool:
     try:
         traceable = (TRACEFS / "available_filter_functions").read_text().splitlines()
         return "function" in (TRACEFS / "available_tracers").read_text().split() and any(
-            line.split()[0] == TRACED_FUNCTION for line in traceable)
+            line.split()[0] == TRACED_FUNCTION for line in traceable
+        )
     except OSError:
         return False
 
 
 def report(trace_dat: Path) -> list[dict]:
     """Every event line of `trace-cmd report` (libtraceevent, KernelShark's reader) as its parts."""
-    text = subprocess.run(["trace-cmd", "report", "-i", str(trace_dat)], check=True, capture_output=True,
-                          text=True).stdout
+    text = subprocess.run(
+        ["trace-cmd", "report", "-i", str(trace_dat)], check=True, capture_output=True, text=True
+    ).stdout
     return [match.groupdict() for match in map(REPORT_LINE.match, text.splitlines()) if match]
 
 
@@ -129,8 +133,11 @@ def test_the_converted_capture_names_the_task_of_almost_every_event(reported):
 
 @needs_a_capture
 def test_the_converted_capture_names_every_hrtimer_callback(reported):
-    callbacks = [re.search(r"function=(\S+)", line["fields"]).group(1)
-                 for line in reported if line["event"] in ("hrtimer_start", "hrtimer_expire_entry")]
+    callbacks = [
+        re.search(r"function=(\S+)", line["fields"]).group(1)
+        for line in reported
+        if line["event"] in ("hrtimer_start", "hrtimer_expire_entry")
+    ]
     assert callbacks, "the capture holds hrtimer_start/hrtimer_expire_entry events"
     unresolved = sorted({c for c in callbacks if c.startswith("0x")})
     assert not unresolved, f"{len(unresolved)} callback addresses are not named: {unresolved[:5]}"
@@ -155,8 +162,9 @@ def test_the_names_are_kept_for_every_address_a_function_pointer_field_holds(cap
     """What the capture keeps beside the trace covers every value of its %ps fields, read back by ticklab's own
     reader: the kallsyms lines of the function each lies in are kept."""
     trace = read_trace(capture)
-    pointers = {int(v) for key in ("timer:hrtimer_start", "timer:hrtimer_expire_entry")
-                for v in trace.table(key)["function"]}
+    pointers = {
+        int(v) for key in ("timer:hrtimer_start", "timer:hrtimer_expire_entry") for v in trace.table(key)["function"]
+    }
     if (capture / "formats" / "ftrace" / "function").is_dir():
         calls = trace.table("ftrace:function")
         pointers |= {int(v) for v in calls["ip"]} | {int(v) for v in calls["parent_ip"]}
@@ -165,8 +173,9 @@ def test_the_names_are_kept_for_every_address_a_function_pointer_field_holds(cap
     functions = KernelFunctions(Path("/proc/kallsyms").read_text())
     for pointer in pointers:
         assert functions.lines_of(pointer), f"{pointer:#x} lies in no function of /proc/kallsyms"
-        assert set(functions.lines_of(pointer)) <= kept, \
+        assert set(functions.lines_of(pointer)) <= kept, (
             f"{pointer:#x} lies in {functions.lines_of(pointer)}, not kept in {capture / 'kallsyms'}"
+        )
 
 
 @needs_a_capture

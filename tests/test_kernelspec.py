@@ -6,14 +6,12 @@ import re
 import sys
 
 import nbformat
-import pytest
-
 import papermill  # noqa: F401  (first: papermill's entry points import the engine module)
+import pytest
 from jupyter_client.kernelspec import NoSuchKernel
 
-from ticklab.report.papermill_engine import KERNEL_DISPLAY_NAME, KERNEL_NAME, TicklabKernelSpecs
-
 from conftest import REPO
+from ticklab.report.papermill_engine import KERNEL_DISPLAY_NAME, KERNEL_NAME, TicklabKernelSpecs
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
@@ -26,8 +24,11 @@ def test_make_kernelspec_installs_the_kernel_the_engine_names():
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_notebook_declares_the_ticklab_kernel(notebook):
     book = nbformat.read(notebook, as_version=4)
-    assert book.metadata["kernelspec"] == {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY_NAME,
-                                           "language": "python"}
+    assert book.metadata["kernelspec"] == {
+        "name": KERNEL_NAME,
+        "display_name": KERNEL_DISPLAY_NAME,
+        "language": "python",
+    }
 
 
 def test_a_missing_ticklab_kernelspec_is_the_running_interpreter(tmp_path):
@@ -38,7 +39,13 @@ def test_a_missing_ticklab_kernelspec_is_the_running_interpreter(tmp_path):
         specs.get_kernel_spec("no-such-kernel")
     # an installed one (make kernelspec) is used as it is
     (tmp_path / KERNEL_NAME).mkdir()
-    (tmp_path / KERNEL_NAME / "kernel.json").write_text(json.dumps(
-        {"argv": ["/opt/elsewhere/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-         "display_name": KERNEL_DISPLAY_NAME, "language": "python"}))
+    (tmp_path / KERNEL_NAME / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": ["/opt/elsewhere/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": KERNEL_DISPLAY_NAME,
+                "language": "python",
+            }
+        )
+    )
     assert specs.get_kernel_spec(KERNEL_NAME).argv[0] == "/opt/elsewhere/python"

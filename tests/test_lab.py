@@ -17,20 +17,18 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import CLAIM_IDS, REPO, assert_gaps_match_traced_ticks
 from ticklab.bundle import load_bundle
 from ticklab.capture.experiment import ExperimentError, expand_conditions, load_experiment
 from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.capture.workloads import parse_kbuild
 from ticklab.lab import image as guest_image
+from ticklab.lab import kbuild, qemu
 from ticklab.lab import kernel as lab_kernel
-from ticklab.lab import qemu
 from ticklab.lab.cache import LabError, content_key
 from ticklab.lab.guest import boot_mismatches, run_job
-from ticklab.lab import kbuild
 from ticklab.lab.run import LabOptions, boot_settings, guest_host_id, host_cpus, lab_run, planning_facts, vcpu_count
 from ticklab.trace import rawfile
-
-from conftest import CLAIM_IDS, REPO, assert_gaps_match_traced_ticks
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("guests")]
 
@@ -57,8 +55,11 @@ def test_every_claim_has_a_series_file_naming_its_seed_status_and_switch():
         for section in ("lab_switch", "lab_backend"):
             patch = (series.get(section) or {}).get("patch")
             assert patch is None or (REPO / patch).is_file(), f"{path}: {patch} missing"
-    patches = {(yaml.safe_load((REPO / "kernel" / "series" / f"{c}.yaml").read_text()).get(section) or {}).get("patch")
-               for c in CLAIM_IDS for section in ("lab_switch", "lab_backend")} - {None}
+    patches = {
+        (yaml.safe_load((REPO / "kernel" / "series" / f"{c}.yaml").read_text()).get(section) or {}).get("patch")
+        for c in CLAIM_IDS
+        for section in ("lab_switch", "lab_backend")
+    } - {None}
     assert patches == {str(p.relative_to(REPO)) for p in lab_kernel.patch_paths()}
 
 
@@ -74,11 +75,22 @@ def test_each_patch_adds_its_boot_parameter():
 def test_patches_apply_to_the_real_linux_source_6_12(tmp_path):
     files = sorted({f for p in lab_kernel.patch_paths() for f in lab_kernel.patch_files(p)})
     assert "arch/x86/kernel/hpet.c" in files and "kernel/locking/qspinlock_paravirt.h" in files
-    created = {m for p in lab_kernel.patch_paths() for m in re.findall(r"^--- /dev/null\n\+\+\+ b/(\S+)", p.read_text(), re.M)}
+    created = {
+        m for p in lab_kernel.patch_paths() for m in re.findall(r"^--- /dev/null\n\+\+\+ b/(\S+)", p.read_text(), re.M)
+    }
     assert created == {"arch/x86/kernel/lab_pvspin.c"}
     files = [f for f in files if f not in created]
-    subprocess.run(["tar", "-xf", str(lab_kernel.SOURCE_TARBALL), "-C", str(tmp_path),
-                    *[f"{lab_kernel.SOURCE_TOP}/{f}" for f in files]], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "-xf",
+            str(lab_kernel.SOURCE_TARBALL),
+            "-C",
+            str(tmp_path),
+            *[f"{lab_kernel.SOURCE_TOP}/{f}" for f in files],
+        ],
+        check=True,
+    )
     checked = lab_kernel.check_patches(tmp_path / lab_kernel.SOURCE_TOP)
     assert [p.name for p, _, _ in checked] == [p.name for p in lab_kernel.patch_paths()]
     failed = [(p.name, out) for p, ok, out in checked if not ok]
@@ -88,9 +100,19 @@ def test_patches_apply_to_the_real_linux_source_6_12(tmp_path):
 def test_config_fragments_and_the_check_that_they_survived():
     assert {"hz1000", "hz250"} <= set(lab_kernel.variants())
     wanted = lab_kernel.fragment_options(lab_kernel.fragment_paths("hz250"))
-    for option in ("CONFIG_NO_HZ_FULL", "CONFIG_HPET_TIMER", "CONFIG_9P_FS", "CONFIG_OSNOISE_TRACER",
-                   "CONFIG_TIMERLAT_TRACER", "CONFIG_FUNCTION_TRACER", "CONFIG_SCHED_DEBUG", "CONFIG_PERF_EVENTS",
-                   "CONFIG_PARAVIRT_SPINLOCKS", "CONFIG_IKCONFIG_PROC", "CONFIG_HZ_250"):
+    for option in (
+        "CONFIG_NO_HZ_FULL",
+        "CONFIG_HPET_TIMER",
+        "CONFIG_9P_FS",
+        "CONFIG_OSNOISE_TRACER",
+        "CONFIG_TIMERLAT_TRACER",
+        "CONFIG_FUNCTION_TRACER",
+        "CONFIG_SCHED_DEBUG",
+        "CONFIG_PERF_EVENTS",
+        "CONFIG_PARAVIRT_SPINLOCKS",
+        "CONFIG_IKCONFIG_PROC",
+        "CONFIG_HZ_250",
+    ):
         assert wanted[option] == "y", option
     config = "CONFIG_NO_HZ_FULL=y\n# CONFIG_HZ_250 is not set\nCONFIG_HZ_1000=y\n"
     unmet = lab_kernel.unmet_options({"CONFIG_NO_HZ_FULL": "y", "CONFIG_HZ_250": "y", "CONFIG_KVM": "n"}, config)
@@ -123,7 +145,8 @@ _missing_for_image = guest_image.missing_programs()
 needs_image_tools = pytest.mark.skipif(
     bool(_missing_for_image),
     reason=f"the guest image needs {', '.join(_missing_for_image)} (runners/vm/image.yaml's packages: "
-           f"{' '.join(guest_image.packages())})")
+    f"{' '.join(guest_image.packages())})",
+)
 
 
 @needs_image_tools
@@ -135,19 +158,38 @@ def test_the_guest_image_is_reproducible_and_holds_what_a_run_needs(tmp_path, mo
     monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "b"))
     second = guest_image.build_image(say=lambda m: None)
     assert first.key == second.key and first.info["sha256"] == second.info["sha256"]
-    listing = subprocess.run(["sh", "-c", f"gzip -dc {first.initramfs} | cpio -t --quiet"], capture_output=True,
-                             text=True, check=True).stdout.split()
-    for needed in ("init", "usr/bin/python3.11", "usr/bin/trace-cmd", "usr/bin/hackbench", "usr/bin/tbench",
-                   "usr/bin/busybox", "usr/bin/sh", "opt/ticklab/tools/bin/ftq", "opt/ticklab/src/ticklab/lab/guest.py",
-                   "opt/ticklab/site/yaml/__init__.py", "usr/lib/python3.11/json/__init__.py"):
+    listing = subprocess.run(
+        ["sh", "-c", f"gzip -dc {first.initramfs} | cpio -t --quiet"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for needed in (
+        "init",
+        "usr/bin/python3.11",
+        "usr/bin/trace-cmd",
+        "usr/bin/hackbench",
+        "usr/bin/tbench",
+        "usr/bin/busybox",
+        "usr/bin/sh",
+        "opt/ticklab/tools/bin/ftq",
+        "opt/ticklab/src/ticklab/lab/guest.py",
+        "opt/ticklab/site/yaml/__init__.py",
+        "usr/lib/python3.11/json/__init__.py",
+    ):
         assert needed in listing, needed
     assert not any(name.startswith("usr/lib/python3.11/test/") for name in listing)
     assert first.info["packages"]["trace-cmd"]
 
 
 def test_qemu_command_line_and_boot_settings(tmp_path):
-    boot = qemu.Boot(tmp_path / "bzImage", tmp_path / "initrd", tmp_path, tmp_path / "console.log",
-                     cmdline=["clocksource=hpet", "hpet_read_share=0"], accel="tcg", smp=4, memory_mb=512)
+    boot = qemu.Boot(
+        tmp_path / "bzImage",
+        tmp_path / "initrd",
+        tmp_path,
+        tmp_path / "console.log",
+        cmdline=["clocksource=hpet", "hpet_read_share=0"],
+        accel="tcg",
+        smp=4,
+        memory_mb=512,
+    )
     argv = boot.argv()
     assert argv[argv.index("-accel") + 1] == "tcg" and argv[argv.index("-cpu") + 1] == "max"
     assert argv[argv.index("-smp") + 1] == "4"
@@ -162,12 +204,25 @@ def test_qemu_command_line_and_boot_settings(tmp_path):
     conditions = {c.name: c for c in expand_conditions(experiment, planning_facts(2))}
     assert set(conditions) == {"hz1000", "hz250", "hz1000-nohz_full"}
     nohz_full = boot_settings(experiment, conditions["hz1000-nohz_full"], LabOptions(cmdline="quiet"))
-    assert nohz_full == {"kernel": "hz1000", "smp": 2, "memory_mb": 1024,
-                         "cmdline": ["nohz_full=1", "rcu_nocbs=1", "quiet"], "clocksource": None}
+    assert nohz_full == {
+        "kernel": "hz1000",
+        "smp": 2,
+        "memory_mb": 1024,
+        "cmdline": ["nohz_full=1", "rcu_nocbs=1", "quiet"],
+        "clocksource": None,
+    }
     assert boot_settings(experiment, conditions["hz250"], LabOptions())["kernel"] == "hz250"
-    identity = guest_host_id("tcg", {2}, "6.12.117-ticklab", {"cpu_model": "Intel(R) Xeon(R) Gold", "nproc": 2,
-                                                               "kernel_release": "6.18.44",
-                                                               "virtualization": {"hypervisor_flag": True}})
+    identity = guest_host_id(
+        "tcg",
+        {2},
+        "6.12.117-ticklab",
+        {
+            "cpu_model": "Intel(R) Xeon(R) Gold",
+            "nproc": 2,
+            "kernel_release": "6.18.44",
+            "virtualization": {"hypervisor_flag": True},
+        },
+    )
     assert identity.startswith("guest-tcg-2vcpu-6.12.117-ticklab-on-") and len(identity) <= 100
 
 
@@ -186,7 +241,9 @@ def test_the_kbuild_load_builds_its_tree_and_reports_time_and_lock_events(tmp_pa
     """Generation and the output format everywhere; the build itself where make and tcc are installed."""
     kbuild.generate(tmp_path / "tree", 3, seed=1)
     sources = sorted(p.name for p in (tmp_path / "tree" / "src").iterdir())
-    assert sources == ["f0.c", "f1.c", "f2.c"] and len(list((tmp_path / "tree" / "include").iterdir())) == kbuild.HEADERS
+    assert (
+        sources == ["f0.c", "f1.c", "f2.c"] and len(list((tmp_path / "tree" / "include").iterdir())) == kbuild.HEADERS
+    )
     assert (tmp_path / "tree" / "src" / "f0.c").read_text().count('#include "kb') == kbuild.HEADERS_PER_FILE
     counters = tmp_path / "lock_event_counts"
     counters.mkdir()
@@ -197,10 +254,17 @@ def test_the_kbuild_load_builds_its_tree_and_reports_time_and_lock_events(tmp_pa
         kbuild.lock_event_counts(tmp_path / "absent")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "stdout.txt").write_text("# kbuild: 1\n# files: 3\n# jobs: 2\n# cpus: 4\n# build_seconds: 1.500\n"
-                                        "# lock_event pv_kick_ahead: 7\n# lock_event pv_lab_halt: 40\n")
+    (run_dir / "stdout.txt").write_text(
+        "# kbuild: 1\n# files: 3\n# jobs: 2\n# cpus: 4\n# build_seconds: 1.500\n"
+        "# lock_event pv_kick_ahead: 7\n# lock_event pv_lab_halt: 40\n"
+    )
     rows = {r["metric"]: r["value"] for r in parse_kbuild(run_dir)}
-    assert rows == {"build_time_s": 1.5, "guest_vcpus": 4.0, "lockevent_pv_kick_ahead": 7.0, "lockevent_pv_lab_halt": 40.0}
+    assert rows == {
+        "build_time_s": 1.5,
+        "guest_vcpus": 4.0,
+        "lockevent_pv_kick_ahead": 7.0,
+        "lockevent_pv_lab_halt": 40.0,
+    }
     (run_dir / "stdout.txt").write_text("Time: 3\n")
     with pytest.raises(Exception, match="not kbuild output"):
         parse_kbuild(run_dir)
@@ -212,17 +276,24 @@ def test_the_kbuild_load_builds_its_tree_and_reports_time_and_lock_events(tmp_pa
 
 
 def test_the_guest_reports_a_boot_that_does_not_match_the_condition():
-    found = {"cmdline": "console=ttyS0 clocksource=hpet hpet_read_share=0", "clocksources": {"current": "tsc"},
-             "lab_switches": {"hpet_read_share": "N", "pv_kick_ahead": None}}
-    assert boot_mismatches(["clocksource=hpet", "hpet_read_share=0"], "hpet", found) == \
-        ["clocksource is tsc, the condition asks for hpet"]
+    found = {
+        "cmdline": "console=ttyS0 clocksource=hpet hpet_read_share=0",
+        "clocksources": {"current": "tsc"},
+        "lab_switches": {"hpet_read_share": "N", "pv_kick_ahead": None},
+    }
+    assert boot_mismatches(["clocksource=hpet", "hpet_read_share=0"], "hpet", found) == [
+        "clocksource is tsc, the condition asks for hpet"
+    ]
     assert boot_mismatches(["nohz_full=1"], None, found) == ["/proc/cmdline lacks nohz_full=1"]
     assert boot_mismatches(["console=ttyS0", "hpet_read_share=0"], None, found) == []
-    assert boot_mismatches(["hpet_read_share=1"], None, found) == \
-        ["/proc/cmdline lacks hpet_read_share=1", "hpet_read_share is N in the running kernel, the condition asks for 1"]
+    assert boot_mismatches(["hpet_read_share=1"], None, found) == [
+        "/proc/cmdline lacks hpet_read_share=1",
+        "hpet_read_share is N in the running kernel, the condition asks for 1",
+    ]
     found["cmdline"] += " pv_kick_ahead=4"  # asked for, but this kernel has no such switch
-    assert boot_mismatches(["pv_kick_ahead=4"], None, found) == \
-        ["pv_kick_ahead is None in the running kernel, the condition asks for 4"]
+    assert boot_mismatches(["pv_kick_ahead=4"], None, found) == [
+        "pv_kick_ahead is None in the running kernel, the condition asks for 4"
+    ]
 
 
 def test_host_capture_refuses_a_lab_experiment_and_lab_run_a_host_one(tmp_path):
@@ -238,12 +309,26 @@ def test_the_guest_side_makes_one_run_into_the_share(tmp_path):
     """run_job on this machine, as the guest would: the run's files and result.json land in the share."""
     share = tmp_path / "share"
     share.mkdir()
-    definition = {"claim": "nohz", "name": "guest-echo", "description": "one command", "runs": 1, "warmup": 0,
-                  "requires": [], "lab": {"smp": 1}, "conditions": [{"name": "plain", "word": "hello"}],
-                  "workload": {"tool": "ftq", "argv": ["sh", "-c", "echo {word} > said.txt"]}}
+    definition = {
+        "claim": "nohz",
+        "name": "guest-echo",
+        "description": "one command",
+        "runs": 1,
+        "warmup": 0,
+        "requires": [],
+        "lab": {"smp": 1},
+        "conditions": [{"name": "plain", "word": "hello"}],
+        "workload": {"tool": "ftq", "argv": ["sh", "-c", "echo {word} > said.txt"]},
+    }
     (share / "experiment.yaml").write_text(yaml.safe_dump(definition))
-    job = {"run": "run-001", "order": 0, "warmup": False, "condition": {"name": "plain", "values": {"word": "hello"}},
-           "cmdline": ["ticklab.not_booted_with_this=1"], "clocksource": None}
+    job = {
+        "run": "run-001",
+        "order": 0,
+        "warmup": False,
+        "condition": {"name": "plain", "values": {"word": "hello"}},
+        "cmdline": ["ticklab.not_booted_with_this=1"],
+        "clocksource": None,
+    }
     (share / "job.json").write_text(json.dumps(job))
     result = run_job(share / "job.json", work=tmp_path / "work")
     assert "error" not in result, result.get("error")
@@ -256,7 +341,9 @@ def test_the_guest_side_makes_one_run_into_the_share(tmp_path):
 
 def _qemu_processes(temp: Path) -> list[str]:
     """QEMU guests of lab runs whose temporary directories are under ``temp`` (this test's, not anyone else's)."""
-    result = subprocess.run(["pgrep", "-a", "-f", f"qemu-system-x86_64.*{temp}/ticklab-lab-"], capture_output=True, text=True)
+    result = subprocess.run(
+        ["pgrep", "-a", "-f", f"qemu-system-x86_64.*{temp}/ticklab-lab-"], capture_output=True, text=True
+    )
     return result.stdout.split("\n") if result.stdout.strip() else []
 
 
@@ -276,16 +363,21 @@ def _short_nohz_experiment(directory: Path) -> Path:
     return path
 
 
-needs_lab = pytest.mark.skipif(not (has_qemu and has_source and os.geteuid() == 0 and _cached_kernel("hz1000")),
-                               reason="needs root, qemu-system-x86 and a built lab kernel (make lab)")
+needs_lab = pytest.mark.skipif(
+    not (has_qemu and has_source and os.geteuid() == 0 and _cached_kernel("hz1000")),
+    reason="needs root, qemu-system-x86 and a built lab kernel (make lab)",
+)
 
 
 def _why_no_hrtick_kernels() -> str:
     missing = [name for name in ("hz1000", "7.2-hz1000") if not _cached_kernel(name)]
     if not (has_qemu and os.geteuid() == 0):
         return "needs root and qemu-system-x86"
-    return f"lab kernel(s) {', '.join(missing)} not built (ticklab lab build-kernel --variant {' '.join(missing)})" \
-        if missing else ""
+    return (
+        f"lab kernel(s) {', '.join(missing)} not built (ticklab lab build-kernel --variant {' '.join(missing)})"
+        if missing
+        else ""
+    )
 
 
 @pytest.mark.skipif(bool(_why_no_hrtick_kernels()), reason=_why_no_hrtick_kernels() or "ready")
@@ -299,8 +391,12 @@ def test_a_tcg_hrtick_run_boots_both_kernels_and_counts_rearms_only_where_the_ke
     path.write_text(yaml.safe_dump(definition, sort_keys=False))
     temp = _own_temp(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    bundles = lab_run("hrtick", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
-                      experiment_path=path, log=lambda m: None)
+    bundles = lab_run(
+        "hrtick",
+        LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
+        experiment_path=path,
+        log=lambda m: None,
+    )
     bundle = load_bundle(bundles[0])
     runs = {r["condition"]: r for r in bundle.manifest["runs"]}
     assert set(runs) == {"6.12 hrtick-on", "7.2 hrtick-on"}
@@ -308,7 +404,10 @@ def test_a_tcg_hrtick_run_boots_both_kernels_and_counts_rearms_only_where_the_ke
     for condition, record in runs.items():
         series = condition.split()[0]
         assert record["status"] == "ok" and not record["problem"], record
-        assert record["guest"]["kernel"].startswith(f"{series}.") and record["boot"]["kernel_release"] == record["guest"]["kernel"]
+        assert (
+            record["guest"]["kernel"].startswith(f"{series}.")
+            and record["boot"]["kernel_release"] == record["guest"]["kernel"]
+        )
         assert record["boot"]["kernel_source"]["package"] == f"linux-source-{series}"
         assert record["boot"]["kernel_source"]["version"].startswith(f"{series}.")
         assert record["trace"].get("absent_events", []) == ([] if series == "7.2" else ["timer:hrtimer_rearm"])
@@ -331,8 +430,12 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
     path = _short_nohz_experiment(tmp_path)
     temp = _own_temp(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    bundles = lab_run("nohz", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
-                      experiment_path=path, log=lambda m: None)
+    bundles = lab_run(
+        "nohz",
+        LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
+        experiment_path=path,
+        log=lambda m: None,
+    )
     bundle = load_bundle(bundles[0])
     manifest = bundle.manifest
     assert manifest["status"] == "sealed" and manifest["lab"]["accelerator"] == "tcg"
@@ -345,7 +448,11 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
         assert record["guest"]["hz"] == 1000 and record["guest"]["kernel"].endswith("-ticklab")
         assert ("nohz_full=1" in record["guest"]["cmdline"].split()) == (condition == "hz1000-nohz_full")
         # our patches' switches are in the running kernel, at their upstream defaults here
-        assert record["guest"]["switches"] == {"hpet_read_share": "Y", "pv_kick_ahead": "0", "processor.dummy_wait": "-1"}
+        assert record["guest"]["switches"] == {
+            "hpet_read_share": "Y",
+            "pv_kick_ahead": "0",
+            "processor.dummy_wait": "-1",
+        }
         assert record["trace"]["backend"] == "trace-cmd"
         assert rawfile.locate(bundles[0] / "raw" / record["run"] / "trace" / "trace.dat").stat().st_size > 0  # xz'd
         # FTQ as seed 004's author ran it, inside the guest: SCHED_FIFO, the guest's interrupts and other tasks
@@ -380,10 +487,31 @@ def test_an_interrupted_lab_run_kills_the_guest_and_leaves_an_incomplete_bundle(
     path = _short_nohz_experiment(tmp_path)
     out = tmp_path / "traces"
     temp = _own_temp(tmp_path)
-    process = subprocess.Popen([sys.executable, "-m", "ticklab.cli", "lab", "run", "nohz", "--experiment", str(path),
-                                "--runs", "1", "--warmup", "0", "--accel", "tcg", "--out", str(out), "--no-progress"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "TMPDIR": str(temp)})
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "lab",
+            "run",
+            "nohz",
+            "--experiment",
+            str(path),
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+            "--accel",
+            "tcg",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
     deadline = time.monotonic() + 600  # a bound for a broken test, far beyond a loaded host's start
     while not _qemu_processes(temp) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -418,8 +546,12 @@ def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_a
     path = _short_kbuild_experiment(tmp_path)
     temp = _own_temp(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    bundles = lab_run("pvspinlock", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
-                      experiment_path=path, log=lambda m: None)
+    bundles = lab_run(
+        "pvspinlock",
+        LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", progress=False),
+        experiment_path=path,
+        log=lambda m: None,
+    )
     bundle = load_bundle(bundles[0])
     runs = {r["condition"]: r for r in bundle.manifest["runs"]}
     for condition, record in runs.items():
@@ -435,7 +567,9 @@ def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_a
     assert counts["lockevent_pv_wait_head"] + counts["lockevent_pv_wait_node"] > 0
     assert counts["lockevent_pv_lab_wait"] > 0 and counts["lockevent_pv_lab_halt"] > 0
     assert counts["lockevent_pv_lab_kick"] > 0 and counts["lockevent_pv_kick_unlock"] > 0
-    assert counts["lockevent_pv_lab_kick_nmi"] == counts["lockevent_pv_lab_kick"] - counts["lockevent_pv_lab_kick_merged"]
+    assert (
+        counts["lockevent_pv_lab_kick_nmi"] == counts["lockevent_pv_lab_kick"] - counts["lockevent_pv_lab_kick_merged"]
+    )
     assert counts["lockevent_pv_kick_ahead"] > 0
     assert not _qemu_processes(temp) and not list(temp.iterdir())
 
@@ -470,8 +604,11 @@ def test_ci_installs_the_image_packages_from_the_recipe_not_a_second_list():
     assert "build-image --list-packages" in ci
     listed = set()
     for command in re.findall(r"apt-get install((?:[^\n]*\\\n)*[^\n]*)", ci):
-        listed |= {word for word in command.replace("\\\n", " ").split()
-                   if not word.startswith(("-", ">", '"')) and word != "/dev/null"}
+        listed |= {
+            word
+            for word in command.replace("\\\n", " ").split()
+            if not word.startswith(("-", ">", '"')) and word != "/dev/null"
+        }
     assert "python3-venv" in listed  # the parse found the first install command
     needed_before_the_environment = {"make"}  # `make env` runs before the list can be read
     named_twice = (set(guest_image.packages()) - needed_before_the_environment) & listed

@@ -9,12 +9,12 @@ import shutil
 import pytest
 
 from conftest import REPO, shortened_nohz_experiment
-
 from ticklab.lab import image as guest_image
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import qemu
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("guests")]
+
 
 def kexec_kernel():
     if os.geteuid() != 0 or qemu.qemu_version() is None or not lab_kernel.SOURCE_TARBALL.is_file():
@@ -41,7 +41,9 @@ def boot_with_share(tmp_path, after_boot: str, timeout_s: float, **files: str):
     (share / "after-boot.sh").write_text(after_boot)
     for name, text in files.items():
         (share / name).write_text(text)
-    boot = qemu.Boot(kernel.image, image.initramfs, share, tmp_path / "console.txt", accel="tcg", smp=2, timeout_s=timeout_s)
+    boot = qemu.Boot(
+        kernel.image, image.initramfs, share, tmp_path / "console.txt", accel="tcg", smp=2, timeout_s=timeout_s
+    )
     return share, boot, qemu.run_boot(boot)
 
 
@@ -126,8 +128,9 @@ def test_lab_run_boot_kexec_makes_a_sealed_bundle_one_boot_per_run(tmp_path):
 
     kexec_kernel()
     experiment = shortened_nohz_experiment(REPO / "runners/nohz/host-boot-ftq.yaml", tmp_path)
-    path = lab_boot_plan("nohz", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg"),
-                         experiment, log=lambda _: None)
+    path = lab_boot_plan(
+        "nohz", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg"), experiment, log=lambda _: None
+    )
     bundle = load_bundle(path)
     manifest = bundle.manifest
     assert path.parent.parent.name.endswith("-kexec") and manifest["boot_plan"]["state"] == "finished"
@@ -161,12 +164,18 @@ def test_lab_run_boot_kexec_moves_between_the_6_12_and_7_2_lab_kernels(tmp_path)
     definition["workload"]["params"].update(loops=200, groups=2)
     # two of the four conditions (each boot under TCG is what this test's time goes to): a kexec from the 6.12
     # kernel into 7.2 and back, HRTICK on in one boot and off in the other
-    definition["conditions"] = [c for c in definition["conditions"] if c["name"] in ("6.12 hrtick-on", "7.2 hrtick-off")]
+    definition["conditions"] = [
+        c for c in definition["conditions"] if c["name"] in ("6.12 hrtick-on", "7.2 hrtick-off")
+    ]
     path = tmp_path / "host-boot-kernels.yaml"
     path.write_text(yaml.safe_dump(definition, sort_keys=False))
     # ticklab's tracefs capture: the function filter is written before the tracer (see guest-hackbench.yaml)
-    bundle_path = lab_boot_plan("hrtick", LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg",
-                                                     backend="tracefs"), path, log=lambda _: None)
+    bundle_path = lab_boot_plan(
+        "hrtick",
+        LabOptions(runs=1, warmup=0, out=tmp_path / "traces", accel="tcg", backend="tracefs"),
+        path,
+        log=lambda _: None,
+    )
     bundle = load_bundle(bundle_path)
     runs = bundle.manifest["runs"]
     assert bundle.manifest["boot_plan"]["state"] == "finished"

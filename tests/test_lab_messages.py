@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO
 from ticklab.cli import main
 from ticklab.lab import image as guest_image
 from ticklab.lab import kernel as lab_kernel
 from ticklab.lab import qemu
-
-from conftest import REPO
 
 GUEST_FTQ = REPO / "runners" / "nohz" / "guest-ftq.yaml"
 
@@ -22,9 +21,16 @@ def _kernel_dir(cache, variant, hz, **record):
     directory = cache / "kernels" / f"{variant}-fake"
     directory.mkdir(parents=True)
     (directory / "bzImage").write_bytes(b"not a kernel")
-    info = {"variant": variant, "key": "fake", "release": "6.12.57-ticklab", "hz": hz,
-            "source": {"package": "linux-source-6.12", "version": "6.12.57-1"}, "patches": [],
-            "bzImage_sha256": "0" * 64, **record}
+    info = {
+        "variant": variant,
+        "key": "fake",
+        "release": "6.12.57-ticklab",
+        "hz": hz,
+        "source": {"package": "linux-source-6.12", "version": "6.12.57-1"},
+        "patches": [],
+        "bzImage_sha256": "0" * 64,
+        **record,
+    }
     (directory / "build.json").write_text(json.dumps(info))
     return lab_kernel.LabKernel(variant, "fake", directory)
 
@@ -55,8 +61,15 @@ def fake_lab(tmp_path, monkeypatch):
 
     def run_boot(boot):
         boot.console.with_suffix(".qemu.txt").write_text("qemu-system-x86_64: vCPU 0 hung\n")
-        return {"status": "timeout", "exit": -9, "seconds": 30.0, "accel": boot.accel, "smp": boot.smp,
-                "memory_mb": boot.memory_mb, "cmdline": boot.full_cmdline()}
+        return {
+            "status": "timeout",
+            "exit": -9,
+            "seconds": 30.0,
+            "accel": boot.accel,
+            "smp": boot.smp,
+            "memory_mb": boot.memory_mb,
+            "cmdline": boot.full_cmdline(),
+        }
 
     monkeypatch.setattr(lab_kernel, "cached_kernel", lambda variant: cached.get(variant))
     monkeypatch.setattr(lab_kernel, "build_kernel", build_kernel)
@@ -81,8 +94,22 @@ def _once_per_condition(directory: Path) -> Path:
 
 def _lab_run(out, *extra):
     out.mkdir(parents=True, exist_ok=True)
-    return main(["lab", "run", "nohz", "--experiment", str(_once_per_condition(out.parent)), "--runs", "1",
-                 "--warmup", "0", "--out", str(out), *extra])
+    return main(
+        [
+            "lab",
+            "run",
+            "nohz",
+            "--experiment",
+            str(_once_per_condition(out.parent)),
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_lab_run_announces_the_build_the_kvm_probe_and_every_later_phase(tmp_path, fake_lab, capsys):
@@ -91,16 +118,22 @@ def test_lab_run_announces_the_build_the_kvm_probe_and_every_later_phase(tmp_pat
     lines = err.splitlines()
     assert fake_lab == ["hz250"]
     assert "lab kernel hz1000: cached in " + str(tmp_path / "cache" / "kernels") in lines
-    assert ("building lab kernel hz250 (not cached): about 6-18 min with -j2 on 2 cores (last build here: 10 min "
-            f"with -j2); kept in {tmp_path / 'cache' / 'kernels'} afterwards; --no-build refuses instead of building"
-            ) in lines
-    probing = lines.index("probing KVM: booting a test guest under it (up to 30 s; the answer is kept until the host "
-                          "reboots)")
-    assert lines[probing + 1] == ("KVM not usable: a test guest did not boot under KVM (timeout, exit -9: "
-                                  "qemu-system-x86_64: vCPU 0 hung); falling back to TCG (software emulation: "
-                                  "slower, but runs the same kernel)")
+    assert (
+        "building lab kernel hz250 (not cached): about 6-18 min with -j2 on 2 cores (last build here: 10 min "
+        f"with -j2); kept in {tmp_path / 'cache' / 'kernels'} afterwards; --no-build refuses instead of building"
+    ) in lines
+    probing = lines.index(
+        "probing KVM: booting a test guest under it (up to 30 s; the answer is kept until the host reboots)"
+    )
+    assert lines[probing + 1] == (
+        "KVM not usable: a test guest did not boot under KVM (timeout, exit -9: "
+        "qemu-system-x86_64: vCPU 0 hung); falling back to TCG (software emulation: "
+        "slower, but runs the same kernel)"
+    )
     # stderr is not a terminal here: no progress bars, one line for the boots instead
-    assert "nohz/guest-ftq (tcg): 3 boot(s), 0 of them warm-up, one guest each (more if the stopping rule asks)" in lines
+    assert (
+        "nohz/guest-ftq (tcg): 3 boot(s), 0 of them warm-up, one guest each (more if the stopping rule asks)" in lines
+    )
     assert "nohz/guest-ftq: cross-check osnoise: 3 more boot(s), one per condition" in lines
     sealing = lines.index("nohz/guest-ftq: sealing the bundle (compressing raw files, hashing every file)")
     assert lines[sealing + 1].endswith(": sealed")
@@ -117,8 +150,9 @@ def test_a_cached_kernel_and_a_cached_probe_say_one_line_each(tmp_path, fake_lab
     assert err.count("KVM not usable: ") == 1
     # hz250 was built by the first run: now both kernels are cached, said in one line, and nothing is built
     assert fake_lab == ["hz250"] and "building" not in err
-    assert [line for line in err.splitlines() if "lab kernel" in line] == \
-        [f"lab kernels hz1000, hz250: cached in {tmp_path / 'cache' / 'kernels'}"]
+    assert [line for line in err.splitlines() if "lab kernel" in line] == [
+        f"lab kernels hz1000, hz250: cached in {tmp_path / 'cache' / 'kernels'}"
+    ]
 
 
 def test_no_build_refuses_without_announcing_a_build(tmp_path, fake_lab, capsys):
@@ -138,7 +172,8 @@ def test_the_build_estimate_scales_with_cores_and_names_the_last_build(tmp_path,
     assert lab_kernel.build_estimate(1) == "12-36 min with -j1 on 8 cores (last build here: 18 min with -j2)"
     assert lab_kernel.build_announcement(["hz1000", "hz250"], 8) == (
         "building lab kernels hz1000, hz250 (not cached): each about 2-4 min with -j8 on 8 cores (last build "
-        f"here: 18 min with -j2); kept in {tmp_path / 'kernels'} afterwards")
+        f"here: 18 min with -j2); kept in {tmp_path / 'kernels'} afterwards"
+    )
 
 
 def test_a_kvm_probe_that_boots_says_kvm_is_usable(tmp_path, monkeypatch):
@@ -153,8 +188,10 @@ def test_a_kvm_probe_that_boots_says_kvm_is_usable(tmp_path, monkeypatch):
 
     monkeypatch.setattr(qemu, "run_boot", run_boot)
     said = []
-    assert qemu.choose_accelerator("auto", tmp_path, tmp_path, say=said.append) == \
-        ("kvm", "a test guest booted under KVM in 3 s")
+    assert qemu.choose_accelerator("auto", tmp_path, tmp_path, say=said.append) == (
+        "kvm",
+        "a test guest booted under KVM in 3 s",
+    )
     assert said[1:] == ["KVM usable: a test guest booted under KVM in 3 s"]
     said.clear()
     assert qemu.choose_accelerator("tcg", tmp_path, tmp_path, say=said.append) == ("tcg", "TCG requested")

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO, WAIT_BOUND_S, gone, wait_for
 from ticklab.capture.process import spawn
 from ticklab.lab import qemu
-
-from conftest import REPO, WAIT_BOUND_S, gone, wait_for
 
 # run_boot as `ticklab lab run` calls it, QEMU being whatever qemu-system-x86_64 PATH finds first
 BOOT = """import sys
@@ -39,14 +38,22 @@ def stand_in(path: Path, pid_file: Path, grandchild: Path | None = None) -> Path
     """An executable that writes its pid (atomically) and sleeps in the same process; with ``grandchild``, it first
     starts a sleep of its own (in its process group, as make's compilers are) and writes that pid there."""
     start = f'sleep 3600 & echo $! > "{grandchild}.tmp" && mv "{grandchild}.tmp" "{grandchild}"\n' if grandchild else ""
-    path.write_text(f'#!/bin/sh\n{start}echo $$ > "{pid_file}.tmp" && mv "{pid_file}.tmp" "{pid_file}"\nexec sleep 3600\n')
+    path.write_text(
+        f'#!/bin/sh\n{start}echo $$ > "{pid_file}.tmp" && mv "{pid_file}.tmp" "{pid_file}"\nexec sleep 3600\n'
+    )
     path.chmod(0o755)
     return path
 
 
 def start(code: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=REPO, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def running_pid(pid_file: Path, process: subprocess.Popen) -> int:
@@ -91,8 +98,10 @@ def test_a_killed_kernel_build_takes_makes_sub_makes_and_their_recipes_with_it(t
     """A real GNU make whose recipe runs a sub-make whose recipe is a long compile (a sleep): the death signal
     reaches only the top make, which must pass it on (SIGTERM: make forwards it to its children; a SIGKILL would
     leave the sub-make and its compile running)."""
-    (tmp_path / "sub.mk").write_text(f'all:\n\techo $$$$ > "{tmp_path}/cc.pid.tmp" && mv "{tmp_path}/cc.pid.tmp" '
-                                     f'"{tmp_path}/cc.pid" && exec sleep 3600\n')
+    (tmp_path / "sub.mk").write_text(
+        f'all:\n\techo $$$$ > "{tmp_path}/cc.pid.tmp" && mv "{tmp_path}/cc.pid.tmp" '
+        f'"{tmp_path}/cc.pid" && exec sleep 3600\n'
+    )
     (tmp_path / "Makefile").write_text(f'all:\n\t$(MAKE) -f "{tmp_path}/sub.mk"\n')
     make = tmp_path / "make"
     make.write_text(f'#!/bin/sh\nexec /usr/bin/make -C "{tmp_path}"\n')
@@ -101,8 +110,9 @@ def test_a_killed_kernel_build_takes_makes_sub_makes_and_their_recipes_with_it(t
     compile_pid = running_pid(tmp_path / "cc.pid", process)
     process.kill()
     process.communicate(timeout=WAIT_BOUND_S)
-    assert_dies([compile_pid], f"a sub-make's recipe (pid {compile_pid}) still running after its kernel build was "
-                               "killed")
+    assert_dies(
+        [compile_pid], f"a sub-make's recipe (pid {compile_pid}) still running after its kernel build was killed"
+    )
 
 
 def test_an_interrupted_kernel_build_kills_makes_whole_process_group(tmp_path):
@@ -164,6 +174,9 @@ def test_a_host_kernel_build_step_that_fails_names_its_exit_status(tmp_path):
     failing = tmp_path / "fail"
     failing.write_text("#!/bin/sh\necho compiling\nexit 3\n")
     failing.chmod(0o755)
-    with open(tmp_path / "build.log", "w") as log, pytest.raises(HostKernelError, match=r"build.log: '.*fail' exited 3$"):
+    with (
+        open(tmp_path / "build.log", "w") as log,
+        pytest.raises(HostKernelError, match=r"build.log: '.*fail' exited 3$"),
+    ):
         _step([str(failing)], log, dies_with_ticklab=True)
     assert "compiling" in (tmp_path / "build.log").read_text()

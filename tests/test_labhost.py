@@ -29,8 +29,16 @@ def labhost_bundles(mode: str) -> list[Path]:
 # -- what the checkout copies into the image -------------------------------------------------------------------------
 def test_checkout_files_leave_out_environments_outputs_and_bundles(tmp_path):
     repo = tmp_path / "repo"
-    for name in ("src/ticklab/a.py", "README.md", ".venv/bin/python", "build/report/index.html",
-                 "traces/x/nohz/b/manifest.json", "src/ticklab/__pycache__/a.pyc", "new-untracked.txt", "ignored.log"):
+    for name in (
+        "src/ticklab/a.py",
+        "README.md",
+        ".venv/bin/python",
+        "build/report/index.html",
+        "traces/x/nohz/b/manifest.json",
+        "src/ticklab/__pycache__/a.pyc",
+        "new-untracked.txt",
+        "ignored.log",
+    ):
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_text("x")
     (repo / ".gitignore").write_text("*.log\n")
@@ -53,7 +61,10 @@ def test_checkout_files_without_git_take_every_file_but_the_excluded(tmp_path):
 def test_the_job_units_sit_on_either_side_of_the_plans_unit():
     before = labhost.unit_text("ticklab-lab-job-before.service")
     after = labhost.unit_text("ticklab-lab-job-after.service")
-    assert "Before=ticklab-plan.service" in before and "ExecStart=/usr/bin/python3 /usr/local/sbin/ticklab-lab-job before" in before
+    assert (
+        "Before=ticklab-plan.service" in before
+        and "ExecStart=/usr/bin/python3 /usr/local/sbin/ticklab-lab-job before" in before
+    )
     # the plan's unit is ordered after multi-user.target: a unit after it cannot have the target's default ordering
     assert "DefaultDependencies=no" in after and "After=basic.target multi-user.target ticklab-plan.service" in after
 
@@ -87,8 +98,12 @@ def test_a_boot_line_a_guest_crash_cut_off_is_kept_as_unreadable_and_the_later_b
     # what the hrtick plan's oops left (2026-11-28): the third boot's line a block of zeros, three boots after it
     first, later = json.dumps({"phase": "before", "boot": 1}), json.dumps({"phase": "before", "boot": 4})
     boots = labhost._boot_lines(f"{first}\n".encode() + b"\0" * 622 + f"\n{later}\n{{broken\n".encode())
-    assert boots == [{"phase": "before", "boot": 1}, {"unreadable": "622 zero bytes (a write the guest's crash cut off)"},
-                     {"phase": "before", "boot": 4}, {"unreadable": "7 bytes that are not JSON"}]
+    assert boots == [
+        {"phase": "before", "boot": 1},
+        {"unreadable": "622 zero bytes (a write the guest's crash cut off)"},
+        {"phase": "before", "boot": 4},
+        {"unreadable": "7 bytes that are not JSON"},
+    ]
 
 
 # -- the committed bundles from the lab host ---------------------------------------------------------------------------
@@ -140,7 +155,9 @@ def _check_put_back(view: dict) -> None:
     assert final["kexec_loaded"] == "0"
     original = view["plan"]["original"]
     assert final["release"] == original["release"]
-    assert final["boot_words"] == [w for w in original["cmdline"].split() if not w.startswith(("BOOT_IMAGE=", "initrd="))]
+    assert final["boot_words"] == [
+        w for w in original["cmdline"].split() if not w.startswith(("BOOT_IMAGE=", "initrd="))
+    ]
     assert final["boot_words"] and not any(w.startswith("nohz_full=") for w in final["boot_words"])
 
 
@@ -207,8 +224,13 @@ workload:
 @pytest.mark.parametrize("mode", ["kexec", "grub"])
 def test_a_boot_the_kernel_refuses_ends_in_the_default_entry_and_fails_the_plan(mode):
     _image_or_skip()
-    view = labhost.plan_run("nohz", mode, experiment="runners/nohz/host-boot-refused.yaml",
-                            extra_files={"runners/nohz/host-boot-refused.yaml": REFUSED.encode()}, say=lambda text: None)
+    view = labhost.plan_run(
+        "nohz",
+        mode,
+        experiment="runners/nohz/host-boot-refused.yaml",
+        extra_files={"runners/nohz/host-boot-refused.yaml": REFUSED.encode()},
+        say=lambda text: None,
+    )
     plan = view["plan"]
     assert plan["state"] == "failed"
     refused = [r for r in plan["runs"] if r["condition"] == "no-root"]
@@ -228,12 +250,14 @@ def test_the_timeline_names_each_boot_its_loader_and_the_plans_steps(tmp_path):
         "90.0\t[   80.0] python[9]: boot plan P: run run-001 (tick-on) made; 1 left\n"
         "91.0\t[   81.0] python[9]: run run-002 (nohz-full): kexec into /boot/vmlinuz-6.1.0-50-amd64 with 'ro nohz_full=1'\n"
         "150.2\t[   33.0] python3[2]: ticklab-lab-job: before boot 2 (6.1.0-50-amd64, up 33.0 s): "
-        "'root=UUID=1 ro nohz_full=1 rcu_nocbs=1'; plan running, 1 made\n")
+        "'root=UUID=1 ro nohz_full=1 rcu_nocbs=1'; plan running, 1 made\n"
+    )
     assert labhost.timeline(tmp_path) == [
         (10.5, "boot 1 (6.1.0-50-amd64, by grub): userspace after 30 s; plan None, 0 made"),
         (90.0, "boot plan P: run run-001 (tick-on) made; 1 left"),
         (91.0, "run run-002 (nohz-full): kexec into /boot/vmlinuz-6.1.0-50-amd64 with 'ro nohz_full=1'"),
-        (150.2, "boot 2 (6.1.0-50-amd64, by kexec): userspace after 33 s; plan running, 1 made; nohz_full=1")]
+        (150.2, "boot 2 (6.1.0-50-amd64, by kexec): userspace after 33 s; plan running, 1 made; nohz_full=1"),
+    ]
 
 
 # -- a kernel source named by its series ------------------------------------------------------------------------------
@@ -245,10 +269,16 @@ def test_host_plan_kernel_by_series_resolves_to_the_series_tarball(monkeypatch, 
     tarball.write_bytes(b"not read here")
     spec = sources.spec("7.2")
     monkeypatch.setattr(sources, "installed", lambda source: None)
-    monkeypatch.setattr(sources, "fetched", lambda source: sources.Source(spec, "7.2.13-1", tarball, "fetched from X sid")
-                        if source == spec else None)
+    monkeypatch.setattr(
+        sources,
+        "fetched",
+        lambda source: sources.Source(spec, "7.2.13-1", tarball, "fetched from X sid") if source == spec else None,
+    )
     assert cli._kernel_source("7.2") == tarball
-    assert "kernel source 7.2: " + str(tarball) + " (linux-source-7.2 7.2.13-1, fetched from X sid)" in capsys.readouterr().err
+    assert (
+        "kernel source 7.2: " + str(tarball) + " (linux-source-7.2 7.2.13-1, fetched from X sid)"
+        in capsys.readouterr().err
+    )
     assert cli._kernel_source("/usr/src/linux-source-6.12.tar.xz") == Path("/usr/src/linux-source-6.12.tar.xz")
 
 

@@ -21,8 +21,18 @@ RULES = {
     "trace": (("ticklab.capture", "ticklab.lab", "ticklab.analysis", "ticklab.claims", "ticklab.report"), ()),
     "analysis": (("ticklab.capture", "ticklab.lab", "ticklab.claims", "ticklab.report"), ()),
     "claims": (("ticklab.report",), ()),
-    "host": (("ticklab.capture", "ticklab.lab", "ticklab.trace", "ticklab.analysis", "ticklab.claims",
-              "ticklab.report", "ticklab.bundle"), ()),
+    "host": (
+        (
+            "ticklab.capture",
+            "ticklab.lab",
+            "ticklab.trace",
+            "ticklab.analysis",
+            "ticklab.claims",
+            "ticklab.report",
+            "ticklab.bundle",
+        ),
+        (),
+    ),
 }
 
 
@@ -45,7 +55,7 @@ def imported(path: Path, package: Path) -> list[tuple[int, str, list[str]]]:
             if node.level:
                 base = name.split(".")
                 base = base if is_package else base[:-1]
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 origin = ".".join(base + ([node.module] if node.module else []))
             else:
                 origin = node.module
@@ -97,7 +107,7 @@ def import_circles(package: Path) -> list[list[str]]:
         state[name] = "open"
         for target in edges[name]:
             if state.get(target) == "open":
-                circles.append(stack[stack.index(target):] + [name, target] if target in stack else [name, target])
+                circles.append(stack[stack.index(target) :] + [name, target] if target in stack else [name, target])
             elif target not in state:
                 visit(target, stack + [name])
         state[name] = "done"
@@ -124,6 +134,7 @@ def test_no_import_circle():
 
 def test_old_names_are_the_modules_where_they_live_now():
     import importlib
+
     for old, new in ticklab.MOVED.items():
         if old != "papermill_engine":  # papermill imports it from its entry points: tests/test_report.py runs it
             assert importlib.import_module(f"ticklab.{old}") is importlib.import_module(f"ticklab.{new}"), old
@@ -138,20 +149,23 @@ def plant(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_check_finds_planted_upward_imports(tmp_path):
-    package = plant(tmp_path, {
-        "capture/__init__.py": "",
-        "capture/fine.py": "from ..bundle import BundleWriter\nfrom . import experiment\nfrom ..trace import ingest\n"
-                           "from ..analysis.stats import log_half_width\n",
-        "capture/bad.py": "def later():\n    from ..claims import get_claim\n    return get_claim\n",
-        "lab/worse.py": "import ticklab.analysis.comparisons\nfrom .. import report\nfrom ..analysis import stats, verdicts\n"
-                        "from ..analysis import stats\n",
-        "trace/ingest.py": "from ..safefiles import read_bytes\nfrom ..analysis import stats\n",
-        "trace/rawfile.py": "def later():\n    from ticklab.capture.workloads import PARSERS\n",
-        "analysis/verdicts.py": "from .stats import ratio_interval\nfrom ..trace import tracemetrics\n"
-                                "from ..report.notebook import open_claim\n",
-        "claims/hpet.py": "from ..analysis.comparisons import Comparison\nfrom ..report import view\n",
-        "host/knobs.py": "from ..safefiles import OwnedDir\nfrom ..bundle import BundleWriter\n",
-    })
+    package = plant(
+        tmp_path,
+        {
+            "capture/__init__.py": "",
+            "capture/fine.py": "from ..bundle import BundleWriter\nfrom . import experiment\nfrom ..trace import ingest\n"
+            "from ..analysis.stats import log_half_width\n",
+            "capture/bad.py": "def later():\n    from ..claims import get_claim\n    return get_claim\n",
+            "lab/worse.py": "import ticklab.analysis.comparisons\nfrom .. import report\nfrom ..analysis import stats, verdicts\n"
+            "from ..analysis import stats\n",
+            "trace/ingest.py": "from ..safefiles import read_bytes\nfrom ..analysis import stats\n",
+            "trace/rawfile.py": "def later():\n    from ticklab.capture.workloads import PARSERS\n",
+            "analysis/verdicts.py": "from .stats import ratio_interval\nfrom ..trace import tracemetrics\n"
+            "from ..report.notebook import open_claim\n",
+            "claims/hpet.py": "from ..analysis.comparisons import Comparison\nfrom ..report import view\n",
+            "host/knobs.py": "from ..safefiles import OwnedDir\nfrom ..bundle import BundleWriter\n",
+        },
+    )
     assert upward_imports(package) == [
         "ticklab/capture/bad.py:2: imports ticklab.claims",
         "ticklab/lab/worse.py:1: imports ticklab.analysis.comparisons",
@@ -166,14 +180,18 @@ def test_the_check_finds_planted_upward_imports(tmp_path):
 
 
 def test_the_check_finds_a_planted_old_name_and_circle(tmp_path):
-    package = plant(tmp_path, {
-        "claims/hpet.py": "from ..stats import median_ci\nfrom ..analysis.stats import median_ci\n",
-        "capture/runner.py": "from .boot import planned_runs\n",
-        "capture/boot.py": "def later():\n    from .runner import HostExecutor\n",
-        "capture/session.py": "from . import stopping\n",
-        "capture/stopping.py": "from .. import bundle\n",
-        "bundle.py": "from . import capture\n",
-    })
+    package = plant(
+        tmp_path,
+        {
+            "claims/hpet.py": "from ..stats import median_ci\nfrom ..analysis.stats import median_ci\n",
+            "capture/runner.py": "from .boot import planned_runs\n",
+            "capture/boot.py": "def later():\n    from .runner import HostExecutor\n",
+            "capture/session.py": "from . import stopping\n",
+            "capture/stopping.py": "from .. import bundle\n",
+            "bundle.py": "from . import capture\n",
+        },
+    )
     assert old_name_imports(package, {"stats": "analysis.stats"}) == ["ticklab/claims/hpet.py:1: imports ticklab.stats"]
-    assert sorted(import_circles(package)) == [["ticklab.capture.boot", "ticklab.capture.runner",
-                                                "ticklab.capture.boot"]]
+    assert sorted(import_circles(package)) == [
+        ["ticklab.capture.boot", "ticklab.capture.runner", "ticklab.capture.boot"]
+    ]

@@ -17,15 +17,19 @@ def pytest_options(target: str) -> list[str]:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     # the Makefile's defaults, not whatever this shell or an outer make passes down
-    environment = {name: value for name, value in os.environ.items()
-                   if name not in ("TEST_WORKERS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    done = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO), target],
-                          capture_output=True, text=True, env=environment)
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("TEST_WORKERS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-C", str(REPO), target], capture_output=True, text=True, env=environment
+    )
     assert done.returncode == 0, done.stderr
     commands = [line for line in done.stdout.splitlines() if " -m pytest " in line]
     assert len(commands) == 1, f"make {target} should run pytest once:\n{done.stdout}"
     words = shlex.split(commands[0])
-    return [word for word in words[words.index("pytest") + 1:] if not word.startswith("<")]
+    return [word for word in words[words.index("pytest") + 1 :] if not word.startswith("<")]
 
 
 def option_value(options: list[str], name: str) -> str | None:
@@ -53,9 +57,11 @@ def test_a_tests_group_is_its_xdist_group_mark_or_its_modules_or_else_its_module
     from conftest import group_of, xdist_groups
 
     module = tmp_path / "test_planted.py"
-    module.write_text("import pytest\n\npytestmark = [pytest.mark.slow, pytest.mark.xdist_group('guests')]\n\n\n"
-                      "@pytest.mark.xdist_group('machine')\n@pytest.mark.parametrize('x', [1])\ndef test_own(x):\n"
-                      "    pass\n\n\ndef test_inherits():\n    pass\n")
+    module.write_text(
+        "import pytest\n\npytestmark = [pytest.mark.slow, pytest.mark.xdist_group('guests')]\n\n\n"
+        "@pytest.mark.xdist_group('machine')\n@pytest.mark.parametrize('x', [1])\ndef test_own(x):\n"
+        "    pass\n\n\ndef test_inherits():\n    pass\n"
+    )
     assert xdist_groups(module) == ("guests", {"test_own": "machine"})
     assert group_of("tests/test_capture.py::test_anything") == "machine"  # a module marked as a whole
     assert group_of("tests/test_lab_sources.py::test_anything[p]") == "guests"

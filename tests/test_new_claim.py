@@ -95,17 +95,29 @@ workload:
 
 NOTEBOOK_CELLS = [
     ("markdown", "# C6 — a toy claim\n\nThe source says the slow condition takes twice as long as the fast one."),
-    ("parameters", 'data_dir = "traces"\npublished_dir = "traces/published"\noutput_dir = "build"\nalpha = 0.05\n'
-                   "n_boot = 2000\nseed = 0"),
-    ("code", "from ticklab.claims import toy as claim\nfrom ticklab.report.notebook import check_parameters, open_claim\n\n"
-             "check_parameters(globals(), '06-toy.ipynb')\nctx = open_claim('toy', data_dir, published_dir, output_dir)\n"
-             "pub = ctx.published"),
-    ("code", "ctx.out.table('speed', pub.table('speed')[['id', 'value']], caption='Toy speeds as printed', "
-             "sources=pub.files('speed'))\nctx.out.figure('speed', claim.speed_figure(pub), caption='Toy speeds', "
-             "sources=pub.files('speed'))"),
-    ("code", "ctx.condition_checks(claim.CLAIM.checks)\n"
-             "verdicts = ctx.out.verdicts(claim.CLAIM.verdicts(ctx, alpha=alpha, n_boot=n_boot, seed=seed))\n"
-             "ctx.forest_plot()"),
+    (
+        "parameters",
+        'data_dir = "traces"\npublished_dir = "traces/published"\noutput_dir = "build"\nalpha = 0.05\n'
+        "n_boot = 2000\nseed = 0",
+    ),
+    (
+        "code",
+        "from ticklab.claims import toy as claim\nfrom ticklab.report.notebook import check_parameters, open_claim\n\n"
+        "check_parameters(globals(), '06-toy.ipynb')\nctx = open_claim('toy', data_dir, published_dir, output_dir)\n"
+        "pub = ctx.published",
+    ),
+    (
+        "code",
+        "ctx.out.table('speed', pub.table('speed')[['id', 'value']], caption='Toy speeds as printed', "
+        "sources=pub.files('speed'))\nctx.out.figure('speed', claim.speed_figure(pub), caption='Toy speeds', "
+        "sources=pub.files('speed'))",
+    ),
+    (
+        "code",
+        "ctx.condition_checks(claim.CLAIM.checks)\n"
+        "verdicts = ctx.out.verdicts(claim.CLAIM.verdicts(ctx, alpha=alpha, n_boot=n_boot, seed=seed))\n"
+        "ctx.forest_plot()",
+    ),
 ]
 
 
@@ -144,15 +156,23 @@ def repo_with_toy(tmp_path_factory) -> Path:
 
 def ticklab(repo: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(repo / "src"), "TICKLAB_CACHE": str(repo / "cache")}
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", *argv], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, f"ticklab {' '.join(argv)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    done = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", *argv], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, (
+        f"ticklab {' '.join(argv)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    )
     return done
 
 
 def test_the_copy_runs_its_own_code(repo_with_toy):
-    done = subprocess.run([sys.executable, "-c", "import ticklab; print(ticklab.__file__)"], cwd=repo_with_toy,
-                          env={**os.environ, "PYTHONPATH": str(repo_with_toy / "src")}, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import ticklab; print(ticklab.__file__)"],
+        cwd=repo_with_toy,
+        env={**os.environ, "PYTHONPATH": str(repo_with_toy / "src")},
+        capture_output=True,
+        text=True,
+    )
     assert done.stdout.strip().startswith(str(repo_with_toy / "src"))
 
 
@@ -182,9 +202,16 @@ def test_capture_report_verdicts_summary_and_view_pick_up_the_new_claim(repo_wit
     assert row["target_ratio"] == 2.0 and row["source_quotes"] == "toy/speed/slow, toy/speed/fast"
     assert 1.8 < row["fresh_effect"] < 2.2 and row["n_per_condition"] == "4 vs 4"
     effects = pd.read_csv(build / "tables/summary/published_effects.csv")
-    assert effects[effects["claim"] == "toy"][["setup", "ratio", "better"]].values.tolist() == [["toy machine", 2.0, "lower"]]
-    assert {"figures/toy/speed.png", "tables/toy/speed.csv", "verdicts/toy.csv", "figures/toy/forest.png",
-            "tables/toy/forest.csv"} <= {str(p.relative_to(build)) for p in build.rglob("*") if p.is_file()}
+    assert effects[effects["claim"] == "toy"][["setup", "ratio", "better"]].values.tolist() == [
+        ["toy machine", 2.0, "lower"]
+    ]
+    assert {
+        "figures/toy/speed.png",
+        "tables/toy/speed.csv",
+        "verdicts/toy.csv",
+        "figures/toy/forest.png",
+        "tables/toy/forest.csv",
+    } <= {str(p.relative_to(build)) for p in build.rglob("*") if p.is_file()}
     forest = pd.read_csv(build / "tables/toy/forest.csv")  # drawn by the toy's notebook from its verdict row
     assert forest["comparison"].tolist() == ["slow vs fast: runtime"]
     summary_notebook = (build / "notebooks/00-summary.ipynb").read_text()
@@ -202,15 +229,32 @@ def test_capture_report_verdicts_summary_and_view_pick_up_the_new_claim(repo_wit
 
 def make_traced_bundle(traces: Path, claim: str) -> Path:
     """A sealed bundle of ``claim`` with one run holding the smallest trace.dat bundled in the repository."""
-    trace = min((p for p in (REPO / "traces").rglob("trace.dat*") if p.name in ("trace.dat", "trace.dat.xz")),
-                key=lambda p: p.stat().st_size, default=None)  # a sealed bundle keeps it xz'd
+    trace = min(
+        (p for p in (REPO / "traces").rglob("trace.dat*") if p.name in ("trace.dat", "trace.dat.xz")),
+        key=lambda p: p.stat().st_size,
+        default=None,
+    )  # a sealed bundle keeps it xz'd
     if trace is None:
         pytest.skip("no bundled trace.dat under traces/")
-    writer = BundleWriter(traces, "guest-toy", claim, "traced", definition={"name": "traced"},
-                          host={"nproc": 2, "kernel_release": "6.12.0"})
+    writer = BundleWriter(
+        traces,
+        "guest-toy",
+        claim,
+        "traced",
+        definition={"name": "traced"},
+        host={"nproc": 2, "kernel_release": "6.12.0"},
+    )
     run_dir = writer.run_dir("run-001")
     (run_dir / "trace").mkdir()
     (run_dir / "trace/trace.dat").write_bytes(rawfile.read_bytes(trace))
-    writer.add_run({"run": "run-001", "condition": "fast", "warmup": False, "status": "ok",
-                    "trace": {"directory": "trace", "backend": "trace-cmd"}}, [])
+    writer.add_run(
+        {
+            "run": "run-001",
+            "condition": "fast",
+            "warmup": False,
+            "status": "ok",
+            "trace": {"directory": "trace", "backend": "trace-cmd"},
+        },
+        [],
+    )
     return writer.seal()

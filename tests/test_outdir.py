@@ -8,11 +8,10 @@ import sys
 import nbformat
 import pytest
 
+from conftest import REPO
 from ticklab import paths
 from ticklab.report import outdir
 from ticklab.report.build import run_report
-
-from conftest import REPO
 
 
 def _previous_report(directory):
@@ -42,16 +41,23 @@ def test_a_directory_not_made_by_report_is_refused_and_left_as_it_was(tmp_path):
     log = []
     code = run_report(tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), log=log.append)
     assert code == 2
-    assert log == [f"error: {tmp_path}: not empty and not made by 'ticklab report' (no .ticklab-report in it); "
-                   "give a new or empty directory so nothing of yours is overwritten"]
+    assert log == [
+        f"error: {tmp_path}: not empty and not made by 'ticklab report' (no .ticklab-report in it); "
+        "give a new or empty directory so nothing of yours is overwritten"
+    ]
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["figures", "mine.png", "summary.json"]
 
 
 @pytest.mark.slow
 def test_out_dot_at_the_repository_root_refuses(tmp_path):
     tracked = subprocess.run(["git", "ls-files", "notebooks"], cwd=REPO, capture_output=True, text=True).stdout.split()
-    proc = subprocess.run([sys.executable, "-m", "ticklab.cli", "report", "--out", "."], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "report", "--out", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "not empty and not made by 'ticklab report'" in proc.stdout + proc.stderr
     assert all((REPO / name).is_file() for name in tracked) and tracked
@@ -62,8 +68,16 @@ def test_an_unwritable_out_is_one_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     log = []
-    assert run_report(blocker / "sub", data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
-                      only=["05-nohz"], log=log.append) == 2
+    assert (
+        run_report(
+            blocker / "sub",
+            data_dir=paths.traces_dir(),
+            published_dir=paths.published_dir(),
+            only=["05-nohz"],
+            log=log.append,
+        )
+        == 2
+    )
     assert len(log) == 1 and str(blocker / "sub") in log[0] and "cannot write" in log[0]
 
 
@@ -78,8 +92,14 @@ def test_a_report_run_keeps_my_file_and_records_what_it_wrote(tmp_path):
     out = tmp_path / "out"
     _previous_report(out)
     (out / "mine.txt").write_text("keep me\n")
-    run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["03-hrtick"],
-               notebook_dir=notebook_dir, log=lambda _: None)
+    run_report(
+        out,
+        data_dir=paths.traces_dir(),
+        published_dir=paths.published_dir(),
+        only=["03-hrtick"],
+        notebook_dir=notebook_dir,
+        log=lambda _: None,
+    )
     assert (out / "mine.txt").read_text() == "keep me\n"
     marker = json.loads((out / outdir.MARKER).read_text())
     assert "notebooks/03-hrtick.ipynb" in marker["files"] and "mine.txt" not in marker["files"]
@@ -137,10 +157,16 @@ def test_a_symlinked_subdirectory_is_refused_before_anything_is_written(tmp_path
     elsewhere.mkdir()
     (out / "notebooks").symlink_to(elsewhere)
     log = []
-    assert run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["05-nohz"],
-                      log=log.append) == 2
-    assert log == [f"error: {out / 'notebooks'}: a symbolic link in the output directory; ticklab report does not "
-                   "write through links (remove it or choose another --out)"]
+    assert (
+        run_report(
+            out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["05-nohz"], log=log.append
+        )
+        == 2
+    )
+    assert log == [
+        f"error: {out / 'notebooks'}: a symbolic link in the output directory; ticklab report does not "
+        "write through links (remove it or choose another --out)"
+    ]
     assert list(elsewhere.iterdir()) == []
 
 
@@ -149,8 +175,10 @@ def test_a_directory_other_users_can_write_is_refused(tmp_path):
     out.chmod(0o777)
     log = []
     assert run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), log=log.append) == 2
-    assert log == [f"error: {out}: the directory is writable by other users (mode 777); "
-                   "ticklab report only replaces files in a directory nobody else can write"]
+    assert log == [
+        f"error: {out}: the directory is writable by other users (mode 777); "
+        "ticklab report only replaces files in a directory nobody else can write"
+    ]
     assert (victim / "precious").read_text() == "keep me\n"
 
 
@@ -169,10 +197,20 @@ def test_an_out_below_a_directory_others_can_change_is_refused(tmp_path):
     shared.mkdir()
     shared.chmod(0o777)  # not sticky: another user could swap out/ for a link between our checks and our writes
     log = []
-    assert run_report(shared / "out", data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
-                      only=["05-nohz"], log=log.append) == 2
-    assert log == [f"error: {shared / 'out'}: {shared} above it can be changed by another user (owner uid "
-                   f"{os.geteuid()}, mode 777); choose an --out below directories only root or you can change"]
+    assert (
+        run_report(
+            shared / "out",
+            data_dir=paths.traces_dir(),
+            published_dir=paths.published_dir(),
+            only=["05-nohz"],
+            log=log.append,
+        )
+        == 2
+    )
+    assert log == [
+        f"error: {shared / 'out'}: {shared} above it can be changed by another user (owner uid "
+        f"{os.geteuid()}, mode 777); choose an --out below directories only root or you can change"
+    ]
     assert not (shared / "out").exists()
 
 
@@ -193,4 +231,8 @@ def test_a_notebook_writes_no_output_through_a_link_planted_under_the_output_dir
         Outputs(out, "nohz").table("t", pd.DataFrame({"a": [1]}), caption="c", sources=["x"])
     assert list(victim.iterdir()) == []
     written = Outputs(out, "hpet").table("t", pd.DataFrame({"a": [1]}), caption="c", sources=["x"])
-    assert written.read_text() == "a\n1\n" and sorted(p.name for p in written.parent.iterdir()) == ["t.csv", "t.json", "t.md"]
+    assert written.read_text() == "a\n1\n" and sorted(p.name for p in written.parent.iterdir()) == [
+        "t.csv",
+        "t.json",
+        "t.md",
+    ]

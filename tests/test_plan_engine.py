@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_fake_host
-from ticklab.host import plan_engine
-from ticklab.host import HostChangeError
+from ticklab.host import HostChangeError, plan_engine
 from ticklab.host.plan_engine import PlanError, PlannedRun
 
 RELEASE = "6.12.57-ticklab"
@@ -28,9 +27,11 @@ def host(tmp_path, monkeypatch):
     (root / "proc/sys/kernel/random").mkdir(parents=True)
     (root / "proc/sys/kernel/random/boot_id").write_text("boot-0\n")
     (root / "boot/grub").mkdir(parents=True)
-    (root / "boot/grub/grub.cfg").write_text("### BEGIN /etc/grub.d/41_custom ###\n"
-                                              "if [ -f  ${config_directory}/custom.cfg ]; then\n"
-                                              "  source ${config_directory}/custom.cfg\nfi\n")
+    (root / "boot/grub/grub.cfg").write_text(
+        "### BEGIN /etc/grub.d/41_custom ###\n"
+        "if [ -f  ${config_directory}/custom.cfg ]; then\n"
+        "  source ${config_directory}/custom.cfg\nfi\n"
+    )
     for release in (RELEASE, "6.12.99-ticklab-abc"):
         (root / f"boot/vmlinuz-{release}").write_bytes(b"kernel")
         (root / f"boot/initrd.img-{release}").write_bytes(b"initrd")
@@ -41,7 +42,7 @@ def host(tmp_path, monkeypatch):
     log = tmp_path / "argv.log"
     for name in TOOLS:
         tool = bin_dir / name
-        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+        tool.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n')
         tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return root, log
@@ -54,15 +55,22 @@ def reboot(root: Path, boot_id: str, cmdline: str, release: str = RELEASE) -> No
 
 
 def resume_in_a_new_process(root: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", *(argv or ("resume",)), "--root", str(root)],
-                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    return subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "plan", *(argv or ("resume",)), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ.copy(),
+    )
 
 
 def two_conditions(rounds: int = 2) -> list[PlannedRun]:
     runs = []
     for i in range(rounds):
         runs.append(PlannedRun(f"run-{2 * i + 1:03d}", "nohz_full=off", "running", "root=/dev/vda1 ro quiet"))
-        runs.append(PlannedRun(f"run-{2 * i + 2:03d}", "nohz_full=on", "running", "root=/dev/vda1 ro quiet nohz_full=1"))
+        runs.append(
+            PlannedRun(f"run-{2 * i + 2:03d}", "nohz_full=on", "running", "root=/dev/vda1 ro quiet nohz_full=1")
+        )
     return runs
 
 
@@ -80,11 +88,16 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     unit = root / "etc/systemd/system/ticklab-plan.service"
     assert "Type=oneshot" in unit.read_text() and "After=basic.target multi-user.target" in unit.read_text()
     assert "plan resume --id p1 --root" in unit.read_text()
-    assert os.readlink(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service") == "../ticklab-plan.service"
-    assert calls(log) == ["systemctl daemon-reload",
-                          f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
-                          "--append root=/dev/vda1 ro quiet",
-                          "systemctl --no-block kexec"]
+    assert (
+        os.readlink(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
+        == "../ticklab-plan.service"
+    )
+    assert calls(log) == [
+        "systemctl daemon-reload",
+        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+        "--append root=/dev/vda1 ro quiet",
+        "systemctl --no-block kexec",
+    ]
     for number, run in enumerate(plan.runs, start=1):
         reboot(root, f"boot-{number}", run.cmdline)  # kexec keeps exactly the --append line: no BOOT_IMAGE
         done = resume_in_a_new_process(root)
@@ -95,9 +108,12 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     assert [r.boot_id_found for r in final.runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
     assert [r.record["cmdline"] for r in final.runs] == [r.cmdline for r in plan.runs]
     assert calls(log)[-1] == "systemctl --no-block kexec" and calls(log)[-2] == (
-        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} --append root=/dev/vda1 ro quiet")
+        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} --append root=/dev/vda1 ro quiet"
+    )
     assert "kexec -u" in calls(log)  # the journalled load was undone before the next one and at the end
-    assert not unit.exists() and not os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
+    assert not unit.exists() and not os.path.lexists(
+        root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service"
+    )
     assert not (directory / "host-changes.json").exists()
 
 
@@ -105,8 +121,10 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
 def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host, tmp_path):
     root, log = host
     (root / "boot/grub/custom.cfg").write_text("menuentry 'mine' { }\n")
-    runs = [PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
-            PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro")]
+    runs = [
+        PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
+        PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
+    ]
     plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="g")
     plan_engine.advance("g", root=root, say=lambda _: None)
     custom = (root / "boot/grub/custom.cfg").read_text()
@@ -114,10 +132,17 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     assert "menuentry 'ticklab-plan-g' --id 'ticklab-plan-g'" in custom
     assert "  linux /boot/vmlinuz-6.12.99-ticklab-abc root=/dev/vda1 ro hpet_read_share=1\n" in custom
     assert "  initrd /boot/initrd.img-6.12.99-ticklab-abc\n" in custom
-    assert calls(log)[-2:] == [f"grub-reboot --boot-directory={root}/boot ticklab-plan-g", "systemctl --no-block reboot"]
+    assert calls(log)[-2:] == [
+        f"grub-reboot --boot-directory={root}/boot ticklab-plan-g",
+        "systemctl --no-block reboot",
+    ]
     # grub adds BOOT_IMAGE=: tolerated
-    reboot(root, "boot-1", "BOOT_IMAGE=/boot/vmlinuz-6.12.99-ticklab-abc root=/dev/vda1 ro hpet_read_share=1",
-           release="6.12.99-ticklab-abc")
+    reboot(
+        root,
+        "boot-1",
+        "BOOT_IMAGE=/boot/vmlinuz-6.12.99-ticklab-abc root=/dev/vda1 ro hpet_read_share=1",
+        release="6.12.99-ticklab-abc",
+    )
     assert resume_in_a_new_process(root).returncode == 0
     assert "linux /boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro\n" in (root / "boot/grub/custom.cfg").read_text()
     assert custom.count("ticklab-plan-g") == 2  # one entry, not stacked
@@ -134,8 +159,10 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
 @pytest.mark.slow
 def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, tmp_path):
     root, log = host
-    runs = [PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
-            PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro")]
+    runs = [
+        PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
+        PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
+    ]
     plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="bad")
     plan_engine.advance("bad", root=root, say=lambda _: None)
     reboot(root, "boot-after-panic", ORIGINAL)  # panic= reset: the default entry came up
@@ -144,8 +171,9 @@ def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, t
     plan = plan_engine.load(root, "bad")
     assert plan.state == "failed"
     assert plan.runs[0].state == "failed"
-    assert plan.runs[0].why == (f"booted kernel {RELEASE}, expected 6.12.99-ticklab-abc "
-                                "(a failed boot fell back to the default?)")
+    assert plan.runs[0].why == (
+        f"booted kernel {RELEASE}, expected 6.12.99-ticklab-abc (a failed boot fell back to the default?)"
+    )
     assert plan.runs[1].state == "planned"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     assert not (root / "boot/grub/custom.cfg").exists()
@@ -163,8 +191,13 @@ def test_a_cmdline_mismatch_and_no_reboot_are_named(host, tmp_path):
     plan = plan_engine.load(root, "c")
     assert plan.state == "failed"
     run = PlannedRun("r", "c", "running", "ro nohz_full=1", release=RELEASE, boot_id_before="x")
-    why = plan_engine.verify_boot(plan, run, {"boot_id": "y", "release": RELEASE, "cmdline": "BOOT_IMAGE=/v initrd=\\i ro"})
-    assert why == "/proc/cmdline is 'BOOT_IMAGE=/v initrd=\\i ro', expected 'ro nohz_full=1' (BOOT_IMAGE= and initrd= ignored)"
+    why = plan_engine.verify_boot(
+        plan, run, {"boot_id": "y", "release": RELEASE, "cmdline": "BOOT_IMAGE=/v initrd=\\i ro"}
+    )
+    assert (
+        why
+        == "/proc/cmdline is 'BOOT_IMAGE=/v initrd=\\i ro', expected 'ro nohz_full=1' (BOOT_IMAGE= and initrd= ignored)"
+    )
 
 
 @pytest.mark.slow
@@ -173,8 +206,10 @@ def test_manual_mode_prints_what_to_boot_and_abort_undoes_the_unit(host, tmp_pat
     plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="m")
     said = []
     plan_engine.advance("m", root=root, say=said.append)
-    assert said[-1].startswith(f"boot run run-001 (nohz_full=off): kernel {root}/boot/vmlinuz-{RELEASE}, "
-                               f"initrd {root}/boot/initrd.img-{RELEASE}, command line: root=/dev/vda1 ro quiet")
+    assert said[-1].startswith(
+        f"boot run run-001 (nohz_full=off): kernel {root}/boot/vmlinuz-{RELEASE}, "
+        f"initrd {root}/boot/initrd.img-{RELEASE}, command line: root=/dev/vda1 ro quiet"
+    )
     assert "kexec" not in " ".join(calls(log)) and "reboot" not in " ".join(calls(log))
     assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
     status = resume_in_a_new_process(root, "status")
@@ -208,24 +243,48 @@ def test_a_missing_kernel_is_refused_before_any_reboot(host, tmp_path):
 
 
 def test_condition_cmdline_replaces_and_removes_words():
-    assert plan_engine.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
+    assert (
+        plan_engine.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
+    )
     assert plan_engine.condition_cmdline("a=1 b c=3", ["a=2"]) == "b c=3 a=2"
     # words after "--" belong to init: kernel words go before them
-    assert plan_engine.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"]) == \
-        "ro quiet nohz_full=1 -- --init-flag x=1"
+    assert (
+        plan_engine.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"])
+        == "ro quiet nohz_full=1 -- --init-flag x=1"
+    )
 
 
 @pytest.mark.slow
 def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(host, tmp_path):
     root, log = host
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "kexec", "--dry-run",
-                           "--runs", "3", "--warmup", "1", "--root", str(root)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "capture",
+            "nohz",
+            "--boot",
+            "kexec",
+            "--dry-run",
+            "--runs",
+            "3",
+            "--warmup",
+            "1",
+            "--root",
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = [l for l in done.stdout.splitlines() if l.startswith("  run-")]
     assert len(lines) == 8  # 2 warm-ups then 3 measured runs of each of the 2 conditions, shuffled by the seed
     assert lines[0].startswith("  run-001 tick-on (warm-up): kernel running, command line 'root=/dev/vda1 ro quiet'")
-    assert lines[1].startswith("  run-002 nohz-full (warm-up): kernel running, command line "
-                               "'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1'")  # the fake host has 2 CPUs
+    assert lines[1].startswith(
+        "  run-002 nohz-full (warm-up): kernel running, command line 'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1'"
+    )  # the fake host has 2 CPUs
     measured = [l.split()[1].rstrip(":") for l in lines[2:]]
     assert sorted(measured) == ["nohz-full"] * 3 + ["tick-on"] * 3
     assert not (root / "var/lib/ticklab").exists() and not calls(log)
@@ -235,11 +294,17 @@ def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(ho
 def test_capture_boot_names_a_kernel_pattern_that_matches_two(host, tmp_path):
     root, _ = host
     (root / "boot/vmlinuz-6.12.100-ticklab-def").write_bytes(b"kernel")
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--boot", "grub", "--dry-run",
-                           "--root", str(root)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--boot", "grub", "--dry-run", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert ("host-boot-clock-read.yaml: conditions.hpet-share-on: kernel '*-ticklab-*' matches 2 installed kernels in "
-            f"{root}/boot (have: 6.12.100-ticklab-def, 6.12.57-ticklab, 6.12.99-ticklab-abc)") in done.stderr
+    assert (
+        "host-boot-clock-read.yaml: conditions.hpet-share-on: kernel '*-ticklab-*' matches 2 installed kernels in "
+        f"{root}/boot (have: 6.12.100-ticklab-def, 6.12.57-ticklab, 6.12.99-ticklab-abc)"
+    ) in done.stderr
 
 
 def test_a_host_kernel_knob_outside_a_host_boot_file_is_refused(tmp_path):
@@ -247,8 +312,11 @@ def test_a_host_kernel_knob_outside_a_host_boot_file_is_refused(tmp_path):
 
     text = (REPO / "runners/nohz/host-boot-ftq.yaml").read_text()
     (tmp_path / "ftq-reboots.yaml").write_text(text)
-    with pytest.raises(ExperimentError, match=r"ftq-reboots\.yaml: a boot experiment \(host_kernel knob\) must be named "
-                                              r"host-boot-\*\.yaml"):
+    with pytest.raises(
+        ExperimentError,
+        match=r"ftq-reboots\.yaml: a boot experiment \(host_kernel knob\) must be named "
+        r"host-boot-\*\.yaml",
+    ):
         load_experiment(tmp_path / "ftq-reboots.yaml")
 
 
@@ -269,7 +337,9 @@ def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_p
 def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
     root, log = host
     runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
-    with pytest.raises(PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"):
+    with pytest.raises(
+        PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"
+    ):
         plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="q")  # refused before any boot
     assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
     assert not (root / "var/lib/ticklab/plans/q").exists()
@@ -295,14 +365,18 @@ def test_an_abort_cannot_slip_in_between_a_run_and_the_next_boot(host, tmp_path)
     plan_engine.advance(plan.id, root=root, say=lambda _: None)
     aborted = tmp_path / "abort.out"
     kexec = Path(os.environ["PATH"].split(":")[0]) / "kexec"
-    kexec.write_text(f"#!/bin/sh\necho kexec \"$@\" >> {log}\n"
-                     f"{sys.executable} -m ticklab.cli plan abort --root {root} >> {aborted} 2>&1; echo exit $? >> {aborted}\n")
+    kexec.write_text(
+        f'#!/bin/sh\necho kexec "$@" >> {log}\n'
+        f"{sys.executable} -m ticklab.cli plan abort --root {root} >> {aborted} 2>&1; echo exit $? >> {aborted}\n"
+    )
     reboot(root, "boot-1", plan.runs[0].cmdline)
     done = resume_in_a_new_process(root)
     assert done.returncode == 0, done.stderr
     assert aborted.read_text().splitlines()[-2:] == [
         f"ticklab plan abort: {root}/var/lib/ticklab/plans/race/plan.lock: another ticklab process is acting on this "
-        "plan; wait for it", "exit 2"]
+        "plan; wait for it",
+        "exit 2",
+    ]
     after = plan_engine.load(root, "race")
     assert after.state == "running" and [r.state for r in after.runs] == ["made", "booting"]
     assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
@@ -327,8 +401,11 @@ def test_a_seal_that_fails_still_puts_the_host_back_and_returns_to_the_original_
         plan_engine.resume(plan.id, SealFails(), root=root, say=lambda _: None)
     assert plan_engine.load(root, "seal").state == "finished"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
-    assert calls(log)[-2:] == [f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
-                               "--append root=/dev/vda1 ro quiet", "systemctl --no-block kexec"]
+    assert calls(log)[-2:] == [
+        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+        "--append root=/dev/vda1 ro quiet",
+        "systemctl --no-block kexec",
+    ]
 
 
 @pytest.mark.slow
@@ -356,7 +433,9 @@ def test_abort_of_a_plan_that_does_not_exist_says_so_in_one_line(host, tmp_path)
 # issue 27, item 3: a command line holding a newline would add lines of its own to the grub menu entry
 def test_grub_mode_refuses_a_command_line_holding_a_newline_before_any_boot(host, tmp_path):
     root, log = host
-    runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")]
+    runs = [
+        PlannedRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")
+    ]
     with pytest.raises(PlanError, match=r"plans/nl: the command line of run run-001 holds the control character '\\n'"):
         plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="nl")
         plan_engine.advance("nl", root=root, say=lambda _: None)
@@ -364,7 +443,9 @@ def test_grub_mode_refuses_a_command_line_holding_a_newline_before_any_boot(host
     assert not (root / "var/lib/ticklab/plans/nl").exists()  # refused when made: no plan to abort
     # and the grub writer itself, whatever handed it the command line
     plan = plan_engine.Plan("nl", "grub", "b", {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "x"}, runs)
-    with pytest.raises(PlanError, match=r"custom\.cfg: the command line of run run-001 holds the control character '\\n'"):
+    with pytest.raises(
+        PlanError, match=r"custom\.cfg: the command line of run run-001 holds the control character '\\n'"
+    ):
         plan_engine.grub_menu_entries(plan, root)
 
 
@@ -372,15 +453,22 @@ def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key
     from ticklab.capture.experiment import ExperimentError, load_experiment
 
     text = (REPO / "runners/nohz/host-boot-ftq.yaml").read_text()
-    bad = text.replace('boot: "-nohz_full -rcu_nocbs"', 'boot: "quiet\\n  initrd /tmp/evil\\n  linux /tmp/evil init=/x"')
+    bad = text.replace(
+        'boot: "-nohz_full -rcu_nocbs"', 'boot: "quiet\\n  initrd /tmp/evil\\n  linux /tmp/evil init=/x"'
+    )
     assert bad != text
     (tmp_path / "host-boot-ftq.yaml").write_text(bad)
     with pytest.raises(ExperimentError) as raised:
         load_experiment(tmp_path / "host-boot-ftq.yaml")
     assert str(raised.value).startswith(f"{tmp_path}/host-boot-ftq.yaml: conditions[0].boot: 'quiet\\n  initrd ")
     assert "control character '\\n'" in str(raised.value) and "\n" not in str(raised.value)
-    for value, key in (('["nohz_full=1", "a\\tb"]', "conditions[0].boot"), ("7.5", None), ("[1, 2]", None),
-                       ("null", "conditions[0].boot"), ("{x: 1}", "conditions[0].boot")):
+    for value, key in (
+        ('["nohz_full=1", "a\\tb"]', "conditions[0].boot"),
+        ("7.5", None),
+        ("[1, 2]", None),
+        ("null", "conditions[0].boot"),
+        ("{x: 1}", "conditions[0].boot"),
+    ):
         (tmp_path / "host-boot-ftq.yaml").write_text(text.replace('"-nohz_full -rcu_nocbs"', value))
         if key is None:
             load_experiment(tmp_path / "host-boot-ftq.yaml")  # numbers are words
@@ -393,14 +481,19 @@ def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key
         load_experiment(tmp_path / "guest-ftq.yaml")
 
 
-@pytest.mark.parametrize("files, refused", [
-    ({"etc/default/kexec": "LOAD_KEXEC=true\n"}, "etc/default/kexec"),
-    ({"etc/default/kexec": 'LOAD_KEXEC="true"  # Debian asked\n'}, "etc/default/kexec"),
-    ({"etc/default/kexec": "LOAD_KEXEC=false\n", "etc/default/kexec.d/local": "LOAD_KEXEC=true\n"},
-     "etc/default/kexec.d/local"),
-    ({"etc/default/kexec": "LOAD_KEXEC=true\n", "etc/default/kexec.d/off": "LOAD_KEXEC=false\n"}, None),
-    ({"etc/default/kexec": "# LOAD_KEXEC=true\nLOAD_KEXEC=false\n"}, None),
-])
+@pytest.mark.parametrize(
+    "files, refused",
+    [
+        ({"etc/default/kexec": "LOAD_KEXEC=true\n"}, "etc/default/kexec"),
+        ({"etc/default/kexec": 'LOAD_KEXEC="true"  # Debian asked\n'}, "etc/default/kexec"),
+        (
+            {"etc/default/kexec": "LOAD_KEXEC=false\n", "etc/default/kexec.d/local": "LOAD_KEXEC=true\n"},
+            "etc/default/kexec.d/local",
+        ),
+        ({"etc/default/kexec": "LOAD_KEXEC=true\n", "etc/default/kexec.d/off": "LOAD_KEXEC=false\n"}, None),
+        ({"etc/default/kexec": "# LOAD_KEXEC=true\nLOAD_KEXEC=false\n"}, None),
+    ],
+)
 def test_grub_mode_refuses_a_host_whose_kexec_tools_take_over_reboots(host, tmp_path, files, refused):
     """Debian's kexec-tools with LOAD_KEXEC=true kexecs the default kernel, with the running command line, at every
     reboot: grub's one-shot entry would never be booted (found on the lab host, issue 28)."""
@@ -411,10 +504,14 @@ def test_grub_mode_refuses_a_host_whose_kexec_tools_take_over_reboots(host, tmp_
     if refused is None:
         plan_engine.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
         return
-    with pytest.raises(PlanError, match=rf"{re.escape(str(root / refused))}: kexec-tools turns every reboot into a kexec"):
+    with pytest.raises(
+        PlanError, match=rf"{re.escape(str(root / refused))}: kexec-tools turns every reboot into a kexec"
+    ):
         plan_engine.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="k")
     assert not (root / "var/lib/ticklab/plans/k").exists()
-    plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k2")  # kexec mode is fine
+    plan_engine.create(
+        two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k2"
+    )  # kexec mode is fine
 
 
 def test_the_resume_unit_writes_its_lines_unbuffered(host):
@@ -427,7 +524,6 @@ def test_the_resume_unit_names_the_project_the_plan_was_made_with(host, tmp_path
     """systemd starts the unit without the environment ticklab ran in: a plan made with $TICKLAB_PROJECT (or
     --project) resumes in that project, and the unit is still recognised as the plan's."""
     from conftest import REPO
-
     from ticklab import paths
 
     root, _ = host
@@ -473,8 +569,10 @@ def test_a_kernel_image_gone_mid_plan_fails_the_next_boot_saying_it_was_there_wh
     done = resume_in_a_new_process(root)
     plan = plan_engine.load(root, "g")
     assert plan.state == "failed" and plan.runs[0].state == "made", done.stdout + done.stderr
-    assert plan.runs[1].why == (f"could not boot: {root}/boot/vmlinuz-{RELEASE}: missing, the kernel of run run-002 "
-                                "(nohz_full=on); it was there when the plan was made, so it was moved or removed since")
+    assert plan.runs[1].why == (
+        f"could not boot: {root}/boot/vmlinuz-{RELEASE}: missing, the kernel of run run-002 "
+        "(nohz_full=on); it was there when the plan was made, so it was moved or removed since"
+    )
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
 
 
@@ -510,16 +608,21 @@ def test_a_machine_that_rebooted_during_a_run_fails_that_run_and_the_plan_goes_o
     reboot(root, "boot-2", ORIGINAL)
     maker, said = Recorder(), []
     plan_engine.resume(plan.id, maker, root=root, say=said.append)
-    why = (f"the machine rebooted during the run: boot_id boot-2, release {RELEASE}, /proc/cmdline '{ORIGINAL}' came "
-           "up; the run was being made in boot_id boot-1")
+    why = (
+        f"the machine rebooted during the run: boot_id boot-2, release {RELEASE}, /proc/cmdline '{ORIGINAL}' came "
+        "up; the run was being made in boot_id boot-1"
+    )
     after = plan_engine.load(root, "crash")
     assert after.state == "running" and [r.state for r in after.runs] == ["failed", "booting"]
     assert after.runs[0].why == why and after.runs[0].record is None
     assert (after.runs[0].boot_id_found, after.runs[0].cmdline_found) == ("boot-1", plan.runs[0].cmdline)
     assert maker.made == [] and maker.failed == [("run-001", "boot-1", why)]
     assert said[0] == f"boot plan crash: run run-001 (nohz_full=off) failed: {why}; 1 left"
-    assert calls(log)[-2:] == [f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
-                               "--append root=/dev/vda1 ro quiet nohz_full=1", "systemctl --no-block kexec"]
+    assert calls(log)[-2:] == [
+        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+        "--append root=/dev/vda1 ro quiet nohz_full=1",
+        "systemctl --no-block kexec",
+    ]
     reboot(root, "boot-3", plan.runs[1].cmdline)
     plan_engine.resume(plan.id, maker, root=root, say=lambda _: None)
     final = plan_engine.load(root, "crash")
@@ -542,5 +645,7 @@ def test_a_run_whose_process_was_killed_in_its_boot_is_not_made_twice(host, tmp_
     assert done.returncode == 0, done.stderr
     after = plan_engine.load(root, "kill")
     assert [r.state for r in after.runs] == ["failed", "booting"]
-    assert after.runs[0].why == ("the run's process ended before the run was made (no reboot: boot_id boot-1 is the "
-                                 "run's boot); it is not made again")
+    assert after.runs[0].why == (
+        "the run's process ended before the run was made (no reboot: boot_id boot-1 is the "
+        "run's boot); it is not made again"
+    )

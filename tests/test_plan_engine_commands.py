@@ -39,8 +39,14 @@ def test_status_and_list_with_no_plan_say_so_and_exit_0(host):
 @pytest.mark.slow
 def test_list_shows_every_plan_and_id_defaults_to_the_running_one_else_the_newest(host, tmp_path):
     root, _ = host
-    plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b1", root=root, plan_id="newer",
-                       capture={"experiment": "/src/runners/nohz/host-boot-ftq.yaml"})
+    plan_engine.create(
+        two_conditions(1),
+        mode="kexec",
+        bundle=tmp_path / "b1",
+        root=root,
+        plan_id="newer",
+        capture={"experiment": "/src/runners/nohz/host-boot-ftq.yaml"},
+    )
     plan_engine.abort("newer", root=root, say=lambda _: None)
     set_created(root, "newer", "2026-01-02T00:00:00Z")
     plan_engine.create(two_conditions(2), mode="manual", bundle=tmp_path / "b2", root=root, plan_id="older")
@@ -51,7 +57,8 @@ def test_list_shows_every_plan_and_id_defaults_to_the_running_one_else_the_newes
     assert done.stdout.splitlines() == [
         "older  (no capture)  manual  running  0 made, 0 failed, 3 left of 4  created 2026-01-01T00:00:00Z"
         "  (default for --id)",
-        "newer  nohz/host-boot-ftq  kexec  aborted  0 made, 0 failed, 2 left of 2  created 2026-01-02T00:00:00Z"]
+        "newer  nohz/host-boot-ftq  kexec  aborted  0 made, 0 failed, 2 left of 2  created 2026-01-02T00:00:00Z",
+    ]
     status = resume_in_a_new_process(root, "status")  # the running plan, though another is newer
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("plan older (manual), running: 0 made, 0 failed, 3 left of 4")
@@ -113,8 +120,11 @@ def test_abort_with_the_units_start_job_queued_leaves_no_failed_unit(host, tmp_p
     before = len(calls(log))
     done = resume_in_a_new_process(root, "abort")
     assert done.returncode == 0, done.stderr
-    assert calls(log)[before:] == ["systemctl --no-block stop ticklab-plan.service",
-                                   "systemctl reset-failed ticklab-plan.service", "systemctl daemon-reload"]
+    assert calls(log)[before:] == [
+        "systemctl --no-block stop ticklab-plan.service",
+        "systemctl reset-failed ticklab-plan.service",
+        "systemctl daemon-reload",
+    ]
     assert sorted(p.name for p in state.iterdir()) == []  # no job left, not failed, nothing in the journal
     assert not (root / UNIT).exists()
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from test_plan_engine import ORIGINAL, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401
 from test_boot_capture import bundle_of, capture_in_a_new_process, start_capture
+from test_plan_engine import ORIGINAL, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401
 from ticklab.bundle import load_bundle
 from ticklab.host import plan_engine
 
@@ -25,14 +25,26 @@ def test_create_failure_does_not_remove_a_directory_it_did_not_make(host, tmp_pa
         if state["first"]:
             state["first"] = False
             monkeypatch.setattr(plan_engine, "private_dir", real)
-            plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "bundle-A", root=root, plan_id="same",
-                               keep={"host-boot-experiment.yaml": b"A's experiment\n"})
+            plan_engine.create(
+                two_conditions(1),
+                mode="kexec",
+                bundle=tmp_path / "bundle-A",
+                root=root,
+                plan_id="same",
+                keep={"host-boot-experiment.yaml": b"A's experiment\n"},
+            )
         return real(directory)
 
     monkeypatch.setattr(plan_engine, "private_dir", other_process_creates_the_same_id_meanwhile)
     with pytest.raises(Exception):
-        plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "bundle-B", root=root, plan_id="same",
-                           keep={"host-boot-experiment.yaml": b"B's experiment\n"})
+        plan_engine.create(
+            two_conditions(1),
+            mode="kexec",
+            bundle=tmp_path / "bundle-B",
+            root=root,
+            plan_id="same",
+            keep={"host-boot-experiment.yaml": b"B's experiment\n"},
+        )
     # A's plan must survive B's failure
     assert (root / "var/lib/ticklab/plans/same/plan.json").is_file(), "B's rmtree removed A's plan"
 
@@ -48,10 +60,16 @@ def test_a_missing_kexec_tool_leaves_no_journal_entry_abort_cannot_clear(host, t
     done = capture_in_a_new_process(root, tmp_path, env=env)
     [plan_id] = [p.name for p in (root / "var/lib/ticklab/plans").iterdir()]
     journal = root / "var/lib/ticklab/plans" / plan_id / "host-changes.json"
-    aborted = subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", "abort", "--root", str(root)],
-                             capture_output=True, text=True, timeout=120, env=env)
-    assert "kexec" in done.stderr and "No such file" in done.stderr and "could not restore" not in done.stderr, \
+    aborted = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "plan", "abort", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert "kexec" in done.stderr and "No such file" in done.stderr and "could not restore" not in done.stderr, (
         "the error should say kexec is missing, not that a load that never happened cannot be undone"
+    )
     assert aborted.returncode == 0 and not journal.exists()
 
 
@@ -59,8 +77,10 @@ def test_a_missing_kexec_tool_leaves_no_journal_entry_abort_cannot_clear(host, t
 @pytest.mark.slow
 def test_a_boot_tool_error_on_two_lines_is_one_line_on_the_cli(host, tmp_path):
     root, _ = host
-    (tmp_path / "bin" / "kexec").write_text("#!/bin/sh\necho 'Cannot load /boot/vmlinuz' >&2\n"
-                                           "echo 'kexec_load failed: Operation not permitted' >&2\nexit 1\n")
+    (tmp_path / "bin" / "kexec").write_text(
+        "#!/bin/sh\necho 'Cannot load /boot/vmlinuz' >&2\n"
+        "echo 'kexec_load failed: Operation not permitted' >&2\nexit 1\n"
+    )
     done = capture_in_a_new_process(root, tmp_path)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
@@ -71,8 +91,9 @@ def test_a_daemon_reload_error_on_two_lines_is_one_line_on_plan_abort(host, tmp_
     root, _ = host
     plan = plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="two")
     plan_engine.advance(plan.id, root=root, say=lambda _: None)
-    (tmp_path / "bin" / "systemctl").write_text("#!/bin/sh\necho 'Failed to reload daemon:' >&2\n"
-                                               "echo 'Access denied' >&2\nexit 1\n")
+    (tmp_path / "bin" / "systemctl").write_text(
+        "#!/bin/sh\necho 'Failed to reload daemon:' >&2\necho 'Access denied' >&2\nexit 1\n"
+    )
     done = resume_in_a_new_process(root, "abort")
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1

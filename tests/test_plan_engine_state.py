@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from test_plan_engine import calls, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
 from test_boot_capture import start_capture
+from test_plan_engine import calls, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
 from ticklab.host import plan_engine
 
 UNIT = "etc/systemd/system/ticklab-plan.service"
@@ -39,14 +39,21 @@ def one_line_exit_2(done, *expected):
 
 
 # item 15: a plan.json without original.release was a KeyError, "log": "x" an AttributeError (exit 1, "a ticklab bug")
-@pytest.mark.parametrize("command, change, expected", [
-    ("status", lambda d: d["original"].pop("release"), "plan.json: original: 'release' is missing"),
-    ("abort", lambda d: d.update(log="x"), "plan.json: log: 'x' is not of type array; not a plan state ticklab wrote, refused"),
-    ("resume", lambda d: d["runs"][0].pop("cmdline"), "plan.json: runs[0]: 'cmdline' is missing"),
-    ("abort", lambda d: d["runs"][0].update(state=["booting"]), "plan.json: runs[0].state: "),
-    ("status", lambda d: d.update(id="other"), "plan.json: id: 'other' is not the plan's directory 's'"),
-    ("abort", lambda d: d.update(bundle="b\nExecStart=/bin/sh"), "plan.json: bundle: "),
-])
+@pytest.mark.parametrize(
+    "command, change, expected",
+    [
+        ("status", lambda d: d["original"].pop("release"), "plan.json: original: 'release' is missing"),
+        (
+            "abort",
+            lambda d: d.update(log="x"),
+            "plan.json: log: 'x' is not of type array; not a plan state ticklab wrote, refused",
+        ),
+        ("resume", lambda d: d["runs"][0].pop("cmdline"), "plan.json: runs[0]: 'cmdline' is missing"),
+        ("abort", lambda d: d["runs"][0].update(state=["booting"]), "plan.json: runs[0].state: "),
+        ("status", lambda d: d.update(id="other"), "plan.json: id: 'other' is not the plan's directory 's'"),
+        ("abort", lambda d: d.update(bundle="b\nExecStart=/bin/sh"), "plan.json: bundle: "),
+    ],
+)
 @pytest.mark.slow
 def test_a_tampered_plan_json_is_one_line_naming_the_file_and_key(host, tmp_path, command, change, expected):
     root, _ = host
@@ -56,9 +63,16 @@ def test_a_tampered_plan_json_is_one_line_naming_the_file_and_key(host, tmp_path
 
 
 # item 7: a FIFO as plan state hung the reader (open() of a FIFO waits for a writer); a link was followed
-@pytest.mark.parametrize("name, command", [("plan.json", "status"), ("plan.json", "abort"),
-                                           ("host-changes.json", "abort"), ("host-changes.json", "resume"),
-                                           ("plan.lock", "abort")])
+@pytest.mark.parametrize(
+    "name, command",
+    [
+        ("plan.json", "status"),
+        ("plan.json", "abort"),
+        ("host-changes.json", "abort"),
+        ("host-changes.json", "resume"),
+        ("plan.lock", "abort"),
+    ],
+)
 @pytest.mark.slow
 def test_a_fifo_or_a_link_as_plan_state_is_refused_without_blocking(host, tmp_path, name, command):
     root, _ = host
@@ -82,7 +96,9 @@ def test_a_fifo_as_the_only_plan_state_is_a_refused_plan_not_no_plan(host, tmp_p
     (directory / "plan.json").unlink()
     os.mkfifo(directory / "plan.json", 0o600)
     for command in ("status", "list"):
-        one_line_exit_2(resume_in_a_new_process(root, command), f"{directory / 'plan.json'}: a FIFO, not a regular file")
+        one_line_exit_2(
+            resume_in_a_new_process(root, command), f"{directory / 'plan.json'}: a FIFO, not a regular file"
+        )
 
 
 @pytest.mark.slow
@@ -143,7 +159,9 @@ def test_abort_leaves_a_unit_that_is_not_this_plans_and_says_so(host, tmp_path):
     done = resume_in_a_new_process(root, "abort")
     assert done.returncode == 0, done.stderr
     assert f"{root / UNIT}: not ticklab's unit of plan s; left as it is, with its link" in done.stdout
-    assert "unit removed" not in done.stdout and f"aborted: {root / UNIT} left as it is (not this plan's)" in done.stdout
+    assert (
+        "unit removed" not in done.stdout and f"aborted: {root / UNIT} left as it is (not this plan's)" in done.stdout
+    )
     assert (root / UNIT).read_text() == "[Service]\nExecStart=/usr/bin/someone-elses\n"
     assert os.path.islink(root / LINK)  # it enables that unit now: not ours to remove
 
@@ -174,7 +192,11 @@ def test_a_fifo_as_custom_cfg_is_refused_without_blocking(host, tmp_path):
     root, log = host
     os.mkfifo(root / "boot/grub/custom.cfg")
     plan_engine.create(two_conditions(1), mode="grub", bundle=tmp_path / "b", root=root, plan_id="f")
-    done = subprocess.run([sys.executable, "-m", "ticklab.cli", "plan", "resume", "--id", "f", "--root", str(root)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "plan", "resume", "--id", "f", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     one_line_exit_2(done, "custom.cfg: a FIFO, not a regular file")
     assert "grub-reboot" not in " ".join(calls(log))

@@ -2,11 +2,16 @@ import math
 
 import pytest
 
-from ticklab import paths
-from ticklab.analysis.published import (PublishedDataError, check_derived, load_published, parse_printed,
-                                        printed_decimals, verify_against_source)
-
 from conftest import CLAIM_IDS
+from ticklab import paths
+from ticklab.analysis.published import (
+    PublishedDataError,
+    check_derived,
+    load_published,
+    parse_printed,
+    printed_decimals,
+    verify_against_source,
+)
 
 
 @pytest.mark.parametrize("claim", CLAIM_IDS)
@@ -41,18 +46,44 @@ def test_published_tables_cover_the_numbers_the_seed_index_lists():
         "hpet": {"646515", "566708", "638791", "3145329", "1108537", "3019934", "4.99%", "1.41%", "34%", "2.96%"},
         "pvspinlock": {"3m21.9s", "11m20.6s", "2m08.6s", "17m12.8s", "3m03.2s", "9m21.1s", "2m08.9s", "16m14.8s"},
         "hrtick": {"0.840s", "0.481s", "-42%", "2500/sec", "100/sec", "25%"},
-        "acpi-idle": {"2215.06", "33072.10", "+1393.05%", "33016.10", "+1390.52%", "22448.55", "+49.89%",
-                      "+50.85%", "17526.70", "680.14", "880.72", "78.07%", "2.02%", "2.60%", "74.76%"},
+        "acpi-idle": {
+            "2215.06",
+            "33072.10",
+            "+1393.05%",
+            "33016.10",
+            "+1390.52%",
+            "22448.55",
+            "+49.89%",
+            "+50.85%",
+            "17526.70",
+            "680.14",
+            "880.72",
+            "78.07%",
+            "2.02%",
+            "2.60%",
+            "74.76%",
+        },
         "nohz": {"80us", "8% overhead", "one interruption", "10 second window"},
     }
     for claim, values in expected.items():
         assert values <= printed[claim], (claim, values - printed[claim])
 
 
-@pytest.mark.parametrize("text,value", [
-    ("3m21.9s", 201.9), ("17m12.8s", 1032.8), ("+1393.05%", 1393.05), ("-42%", -42), ("0.840s", 0.84),
-    ("HZ=1000", 1000), ("4-socket", 4), ("one interruption", 1), ("half", 0.5), ("v5", 5),
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("3m21.9s", 201.9),
+        ("17m12.8s", 1032.8),
+        ("+1393.05%", 1393.05),
+        ("-42%", -42),
+        ("0.840s", 0.84),
+        ("HZ=1000", 1000),
+        ("4-socket", 4),
+        ("one interruption", 1),
+        ("half", 0.5),
+        ("v5", 5),
+    ],
+)
 def test_parse_printed(text, value):
     assert parse_printed(text) == pytest.approx(value)
 
@@ -88,11 +119,14 @@ def test_token_pins_the_table_column(published_copy, seeds):
     prov = published_copy / "pvspinlock" / "provenance.yaml"
     text = prov.read_text().replace(
         'westmere_48_before: {quote: "Before patch 3m21.9s 11m20.6s 2m08.6s 17m12.8s", token: 3}',
-        'westmere_48_before: {quote: "Before patch 3m21.9s 11m20.6s 2m08.6s 17m12.8s", token: 4}')
+        'westmere_48_before: {quote: "Before patch 3m21.9s 11m20.6s 2m08.6s 17m12.8s", token: 4}',
+    )
     prov.write_text(text)
     problems = verify_against_source(load_published(published_copy, "pvspinlock"), seeds)
-    assert problems == ["%s id 'westmere_48_before': word 4 of the quote is '2m08.6s', not '11m20.6s'"
-                        % (published_copy / "pvspinlock" / "kernel_build_time.csv")]
+    assert problems == [
+        "%s id 'westmere_48_before': word 4 of the quote is '2m08.6s', not '11m20.6s'"
+        % (published_copy / "pvspinlock" / "kernel_build_time.csv")
+    ]
 
 
 def test_missing_claim_directory_is_a_clear_error(tmp_path):
@@ -114,6 +148,7 @@ def test_derived_checks_distinguish_rounding_from_truncation():
 
 
 # -- issue 27, item 14: a blank cell, a blank value, an unbounded provenance.yaml --------------------------------
+
 
 def _edit_row(csv_path, row_id, column, value):
     lines = csv_path.read_text().splitlines()
@@ -143,8 +178,9 @@ def test_issue27_a_blank_value_beside_a_printed_number_is_refused(published_copy
     row = _edit_row(csv, "haswell_tsc", "value", "")
     with pytest.raises(PublishedDataError) as raised:
         load_published(published_copy, "hpet")
-    assert str(raised.value) == (f"{csv}: row {row} (id 'haswell_tsc'), column value: blank, but value_as_printed "
-                                 "'646515' states 646515")
+    assert str(raised.value) == (
+        f"{csv}: row {row} (id 'haswell_tsc'), column value: blank, but value_as_printed '646515' states 646515"
+    )
 
 
 def test_issue27_a_target_from_a_row_without_a_number_is_an_error_not_nan():
@@ -161,8 +197,11 @@ def test_issue27_the_hpet_claim_names_a_missing_published_row(published_copy):
     csv = published_copy / "hpet" / "aim7_compute.csv"
     _edit_row(csv, "haswell_tsc", "system", "another-system")
     published = load_published(published_copy, "hpet")
-    with pytest.raises(PublishedDataError, match=rf"^{csv}: expected one row for system haswell-ex-4s-72c, "
-                                                 r"clocksource tsc, patch n/a; found 0$"):
+    with pytest.raises(
+        PublishedDataError,
+        match=rf"^{csv}: expected one row for system haswell-ex-4s-72c, "
+        r"clocksource tsc, patch n/a; found 0$",
+    ):
         throughput_table(published)
 
 
@@ -177,8 +216,9 @@ def test_issue27_provenance_is_read_with_a_size_cap(published_copy, monkeypatch)
         load_published(published_copy, "hpet")
 
 
-def test_issue27_a_published_table_is_read_with_a_size_cap_and_never_through_a_link(published_copy, monkeypatch,
-                                                                                      tmp_path):
+def test_issue27_a_published_table_is_read_with_a_size_cap_and_never_through_a_link(
+    published_copy, monkeypatch, tmp_path
+):
     from ticklab.analysis import published as module
 
     monkeypatch.setattr(module, "MAX_TABLE_BYTES", 64 << 10, raising=False)
@@ -194,10 +234,13 @@ def test_issue27_a_published_table_is_read_with_a_size_cap_and_never_through_a_l
         load_published(published_copy, "hpet")
 
 
-@pytest.mark.parametrize("cell, message", [
-    ("9" * 100_000, "column value: 100000 characters, more than the 1000 of a published cell"),
-    ("9" * 900, "value '99999"),  # 1e900: not finite, quoted bounded
-])
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        ("9" * 100_000, "column value: 100000 characters, more than the 1000 of a published cell"),
+        ("9" * 900, "value '99999"),  # 1e900: not finite, quoted bounded
+    ],
+)
 def test_issue27_a_huge_cell_is_refused_or_quoted_bounded(published_copy, cell, message):
     """A 100,000-character cell was echoed whole (and a printed value that long took minutes to parse)."""
     csv = published_copy / "hpet" / "aim7_compute.csv"

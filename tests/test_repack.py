@@ -41,17 +41,22 @@ def gapdet_text(gaps: int, seed: int = 1) -> bytes:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1001, 90_000, gaps)
     starts = np.cumsum(rng.integers(1_000, 1_000_000, gaps)) + np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    header = (f"# gapdet: 1\n# threshold_ns: 1000\n# duration_ns: {int(starts[-1] + lengths[-1])}\n# t0_ns: 122216849700\n"
-              f"# reads: {gaps * 40}\n# read_ns_min: 20\n# read_ns_median: 25\n# calibration_reads: 100000\n"
-              f"# gaps: {gaps}\n# gaps_kept: {gaps}\n# gap_ns_total: {int(lengths.sum())}\n# cpu: 1\n"
-              "# policy: SCHED_FIFO\n# priority: 99\n# kernel: 6.1.0-50-amd64\n# clocksource: hpet\n"
-              "# clock: CLOCK_MONOTONIC\n# columns: start_ns gap_ns\n")
+    header = (
+        f"# gapdet: 1\n# threshold_ns: 1000\n# duration_ns: {int(starts[-1] + lengths[-1])}\n# t0_ns: 122216849700\n"
+        f"# reads: {gaps * 40}\n# read_ns_min: 20\n# read_ns_median: 25\n# calibration_reads: 100000\n"
+        f"# gaps: {gaps}\n# gaps_kept: {gaps}\n# gap_ns_total: {int(lengths.sum())}\n# cpu: 1\n"
+        "# policy: SCHED_FIFO\n# priority: 99\n# kernel: 6.1.0-50-amd64\n# clocksource: hpet\n"
+        "# clock: CLOCK_MONOTONIC\n# columns: start_ns gap_ns\n"
+    )
     return (header + "".join(f"{s} {g}\n" for s, g in zip(starts, lengths))).encode()
 
 
 def plain_raw_files_from(path: Path, size: int = COMPRESS_FROM_BYTES) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in (path / "raw").rglob("*")
-                  if p.is_file() and p.suffix != ".xz" and p.stat().st_size >= size)
+    return sorted(
+        str(p.relative_to(path))
+        for p in (path / "raw").rglob("*")
+        if p.is_file() and p.suffix != ".xz" and p.stat().st_size >= size
+    )
 
 
 def test_the_seal_leaves_no_plain_raw_file_of_64_kib_or_more_and_keeps_gapdets_numbers(tmp_path):
@@ -97,9 +102,14 @@ def test_the_seal_leaves_no_plain_raw_file_of_64_kib_or_more_and_keeps_gapdets_n
 def test_gapdets_text_that_its_numbers_would_not_give_back_stays_text(tmp_path):
     text = gapdet_text(10)
     assert gapfile.compact(text) is not None
-    for changed in (text.replace(b"# gaps_kept: 10", b"# gaps_kept: 11"),  # cut off: fewer lines than it kept
-                    text.replace(b"\n", b"\n\n", 20), text + b"# a note\n", text.replace(b" ", b"  ", 30),
-                    text[:-1], b"# ftq: 1\n" + text):
+    for changed in (
+        text.replace(b"# gaps_kept: 10", b"# gaps_kept: 11"),  # cut off: fewer lines than it kept
+        text.replace(b"\n", b"\n\n", 20),
+        text + b"# a note\n",
+        text.replace(b" ", b"  ", 30),
+        text[:-1],
+        b"# ftq: 1\n" + text,
+    ):
         assert gapfile.compact(changed) is None
 
 
@@ -129,8 +139,9 @@ def sealed_before(tmp_path_factory) -> Path:
     (target / "manifest.json").write_bytes(manifest_bytes)
     (target / "manifest.sha256").write_text(f"{manifest_digest(manifest_bytes)}  manifest.json\n")
     load_bundle(target)
-    assert any(name.endswith("gapdet/stdout.txt") and (target / name).stat().st_size >= COMPRESS_FROM_BYTES
-               for name in files)
+    assert any(
+        name.endswith("gapdet/stdout.txt") and (target / name).stat().st_size >= COMPRESS_FROM_BYTES for name in files
+    )
     return target
 
 
@@ -142,15 +153,22 @@ def copy_of(bundle: Path, tmp_path: Path) -> Path:
 
 def snapshot(path: Path) -> dict:
     """Every file and directory below ``path``: its bytes' sha256 and mode."""
-    return {str(p.relative_to(path)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir",
-                                       stat.S_IMODE(p.lstat().st_mode)) for p in sorted(path.rglob("*"))}
+    return {
+        str(p.relative_to(path)): (
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir",
+            stat.S_IMODE(p.lstat().st_mode),
+        )
+        for p in sorted(path.rglob("*"))
+    }
 
 
 def test_the_gap_detector_reader_gives_the_same_numbers_from_both_forms_on_a_real_bundle(tmp_path):
     bundle = paths.traces_dir() / NOHZ_GAPDET
     manifest = json.loads((bundle / "manifest.json").read_text())
     gapdets = [e for r in manifest["runs"] for e in r.get("extras") or [] if e.get("name") == "gapdet"]
-    replaced = {old: entry for record in manifest.get("resealed") or [] for old, entry in record["files_replaced"].items()}
+    replaced = {
+        old: entry for record in manifest.get("resealed") or [] for old, entry in record["files_replaced"].items()
+    }
     assert len(gapdets) == 11
     texts_checked = 0
     for number, extra in enumerate(gapdets):
@@ -193,14 +211,16 @@ def test_repack_re_seals_a_real_bundle_with_the_same_per_run_values_and_says_so(
     record = bundle.manifest["resealed"][-1]
     assert record["from_seal"] == old_seal and record["why"] == repack.WHY
     assert set(record["files_replaced"]) == set(before["files"]) - set(bundle.manifest["files"])
-    assert {old: entry["sha256"] for old, entry in record["files_replaced"].items()} == \
-        {old: before["files"][old] for old in record["files_replaced"]}
+    assert {old: entry["sha256"] for old, entry in record["files_replaced"].items()} == {
+        old: before["files"][old] for old in record["files_replaced"]
+    }
     assert all(entry["now"] in bundle.manifest["files"] for entry in record["files_replaced"].values())
     numbers = [name for name in bundle.manifest["files"] if name.endswith("gaps.parquet.xz")]
     assert len(numbers) == 11
     texts = [old for old, entry in record["files_replaced"].items() if entry["now"] in numbers]
-    assert sum((path / name).stat().st_size for name in numbers) < \
-        sum(len(lzma.compress((sealed_before / old).read_bytes())) for old in texts)  # smaller than the xz'd text
+    assert sum((path / name).stat().st_size for name in numbers) < sum(
+        len(lzma.compress((sealed_before / old).read_bytes())) for old in texts
+    )  # smaller than the xz'd text
     assert bundle.manifest["sealed"] == before["sealed"] and bundle.manifest["runs"] == before["runs"]
     assert not os.path.lexists(repack.work_path(path))
     assert any("per-run values are the same" in line for line in lines)
@@ -217,8 +237,10 @@ def small_bundle(tmp_path: Path, claim: str = "hrtick") -> Path:
         raw = writer.run_dir(run)
         (raw / "big.dat").write_bytes(bytes(range(256)) * (400 + index))
         (raw / "small.txt").write_text("stays\n")
-        writer.add_run({"run": run, "condition": "HRTICK" if index % 2 else "NO_HRTICK", "exit_status": 0},
-                       [{"metric": "runtime_s", "value": 1.5 + index, "unit": "s"}])
+        writer.add_run(
+            {"run": run, "condition": "HRTICK" if index % 2 else "NO_HRTICK", "exit_status": 0},
+            [{"metric": "runtime_s", "value": 1.5 + index, "unit": "s"}],
+        )
     writer.compress_raw = lambda *args, **kwargs: None  # as the older seal did for a first run
     path = writer.seal()
     assert len(plain_raw_files_from(path)) == 3
@@ -232,7 +254,9 @@ def test_repack_refuses_a_tampered_bundle_and_leaves_it_as_it_is(tmp_path, capsy
     target.write_bytes(target.read_bytes()[:-1] + b"!")
     target.chmod(0o444)
     kept = snapshot(path)
-    with pytest.raises(repack.RepackError, match=r"raw/run-001/big\.dat: sha256 differs from the manifest.*not repacked"):
+    with pytest.raises(
+        repack.RepackError, match=r"raw/run-001/big\.dat: sha256 differs from the manifest.*not repacked"
+    ):
         repack.repack(path)
     assert snapshot(path) == kept and not os.path.lexists(repack.work_path(path))
 
@@ -286,7 +310,9 @@ def test_repack_refuses_a_bundle_whose_per_run_values_would_change(sealed_before
 
     monkeypatch.setattr(repack, "pack_raw_file", gaps_doubled)
     monkeypatch.setattr(repack, "_check_copy", lambda *args: None)
-    with pytest.raises(repack.RepackError, match=r"(tick_cost_runs|ftq_vs_osnoise) differs once repacked .*not repacked"):
+    with pytest.raises(
+        repack.RepackError, match=r"(tick_cost_runs|ftq_vs_osnoise) differs once repacked .*not repacked"
+    ):
         repack.repack(path)
     assert snapshot(path) == kept and not os.path.lexists(repack.work_path(path))
 

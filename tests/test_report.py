@@ -12,6 +12,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+from conftest import CLAIM_IDS, REPO
 from ticklab import paths
 from ticklab.analysis.captured import find_bundles
 from ticklab.analysis.comparisons import measured_runs
@@ -19,8 +20,6 @@ from ticklab.analysis.verdicts import VERDICTS
 from ticklab.claims import all_claims
 from ticklab.claims import hrtick as hrtick_claim
 from ticklab.report.build import expected_outputs, output_problems, run_report
-
-from conftest import CLAIM_IDS, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +54,15 @@ def test_verdicts_give_every_claim_a_row_per_setup_with_its_evidence(build):
     no_ci = tested["reason"].str.startswith("too few runs for a 95% CI of the median")
     assert (tested.loc[no_ci, "verdict"] == "inconclusive").all() and tested.loc[no_ci, "ci_low"].isna().all()
     tested_ci = tested[~no_ci]
-    assert (tested_ci["ci_low"] <= tested_ci["fresh_effect"]).all() and \
-        (tested_ci["fresh_effect"] <= tested_ci["ci_high"]).all()
+    assert (tested_ci["ci_low"] <= tested_ci["fresh_effect"]).all() and (
+        tested_ci["fresh_effect"] <= tested_ci["ci_high"]
+    ).all()
     # a level against a printed value (hrtick's spurious ratio) has one sample and no test of a difference: no p
     level = tested["test"].str.contains("a level against the printed value", na=False)
-    assert tested.loc[level, "p_holm"].isna().all() and tested.loc[level, "n_per_condition"].astype(str).str.match(r"^\d+$").all()
+    assert (
+        tested.loc[level, "p_holm"].isna().all()
+        and tested.loc[level, "n_per_condition"].astype(str).str.match(r"^\d+$").all()
+    )
     tested = tested[~level]
     assert tested["p_holm"].between(0, 1).all() and tested["n_per_condition"].str.match(r"^\d+ vs \d+$").all()
     assert verdicts.loc[verdicts["verdict"] == "not testable here", "fresh_effect"].isna().all()
@@ -86,7 +89,9 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     row are tested, each with n, CI and the target's provenance."""
     verdicts = pd.read_csv(build / "verdicts.csv")
     [sharing] = verdicts[verdicts["comparison"].str.startswith("HPET read sharing on vs off: jobs/min")].itertuples()
-    assert sharing.verdict == "inconclusive" and sharing.power_at_target < 0.8 and "runs per condition" in sharing.reason
+    assert (
+        sharing.verdict == "inconclusive" and sharing.power_at_target < 0.8 and "runs per condition" in sharing.reason
+    )
     ftq = verdicts[verdicts["comparison"].str.contains("FTQ work per quantum") & verdicts["fresh_effect"].notna()]
     # the guests recaptured on the AMD host (2026-11-26) are noisier run to run: their two in-guest FTQ rows hold no
     # change; the kexec boot plan's row lies on the source's side and overlaps the band around ×1.087
@@ -96,7 +101,9 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     [untested] = verdicts[(verdicts["claim"] == "nohz") & (verdicts["verdict"] == "not testable here")].itertuples()
     for mode in ("kexec", "grub"):
         assert f"-labhost-{mode}: host-boot-ftq: its condition did not take effect" in untested.reason
-    amd = ftq[ftq["setup"].str.contains("-on-amd-epyc-") & ~ftq["setup"].str.contains("-labhost-")].set_index("comparison")
+    amd = ftq[ftq["setup"].str.contains("-on-amd-epyc-") & ~ftq["setup"].str.contains("-labhost-")].set_index(
+        "comparison"
+    )
     assert len(amd) == 3
     in_guest = amd[~amd["setup"].str.endswith("-kexec")]
     assert set(in_guest["verdict"]) == {"inconclusive"} and ((in_guest["ci_low"] < 1) & (in_guest["ci_high"] > 1)).all()
@@ -117,8 +124,11 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     assert len(boots) == 2 and set(boots["setup"].str.contains("-labhost-kexec")) == {True}
     assert set(boots["verdict"]) == {"inconclusive"} and set(boots["n_per_condition"]) == {"3 vs 3"}
     # clock reads/s have no size in the source: a direction target, and under TCG sharing slows them (opposite effect)
-    reads = verdicts[verdicts["comparison"].str.startswith("HPET read sharing on vs off: clock reads/s")
-                     & ~verdicts["comparison"].str.endswith("(a boot each)") & (verdicts["claim"] == "hpet")]
+    reads = verdicts[
+        verdicts["comparison"].str.startswith("HPET read sharing on vs off: clock reads/s")
+        & ~verdicts["comparison"].str.endswith("(a boot each)")
+        & (verdicts["claim"] == "hpet")
+    ]
     assert reads["target_ratio"].isna().all() and set(reads["verdict"]) == {"opposite effect"}
     assert reads["target_provenance"].str.contains("the source prints no read rate, so there is no size target").all()
     assert not verdicts["comparison"].str.contains("nohz_full vs HZ=1000: busy CPU's time").any()
@@ -146,10 +156,12 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     assert on_labhost["n_per_condition"].astype(str).isin(["3 vs 3", "3"]).all()
     hrtick = verdicts[on_guests & ~verdicts["setup"].str.contains("-labhost-")]
     assert set(hrtick["role"]) == {"premise", "claim"}
-    attributed = ("the HRTICK timer's clockevent reprograms per second with HRTICK on, 7.2 vs 6.12 (attributed to the "
-                  "timer; the tick's own excluded)",
-                  "the HRTICK timer's clockevent reprograms per 1000 hackbench messages with HRTICK on, 7.2 vs 6.12 "
-                  "(attributed to the timer)")
+    attributed = (
+        "the HRTICK timer's clockevent reprograms per second with HRTICK on, 7.2 vs 6.12 (attributed to the "
+        "timer; the tick's own excluded)",
+        "the HRTICK timer's clockevent reprograms per 1000 hackbench messages with HRTICK on, 7.2 vs 6.12 "
+        "(attributed to the timer)",
+    )
     # issue 44: the reprogram rows compare the HRTICK timer's own reprogramming (never the total, the tick's included);
     # a setup has them exactly when its bundle attributed reprograms to timers (traced hrtimer_cancel and the timers'
     # addresses): the 2026-11-24 AMD bundle did not, the 2026-11-27 recapture did
@@ -159,19 +171,29 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     assert with_attribution, "no hrtick bundle attributes its reprograms"
     for setup, on_setup in hrtick.groupby("setup"):
         rows = on_setup.set_index("comparison")
-        expected = ["series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime",
-                    "no regression: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime",
-                    "spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)"]
-        assert set(attributed) <= set(rows.index) if setup in with_attribution else not set(attributed) & set(rows.index)
+        expected = [
+            "series: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime",
+            "no regression: HRTICK on vs off on 7.2, hackbench -p -s 8 runtime",
+            "spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)",
+        ]
+        assert (
+            set(attributed) <= set(rows.index) if setup in with_attribution else not set(attributed) & set(rows.index)
+        )
         for comparison in expected + (list(attributed) if setup in with_attribution else []):
             row = rows.loc[comparison]
-            assert row["verdict"] != "not testable here" and row["ci_low"] <= row["fresh_effect"] <= row["ci_high"], comparison
+            assert row["verdict"] != "not testable here" and row["ci_low"] <= row["fresh_effect"] <= row["ci_high"], (
+                comparison
+            )
             assert row["target_provenance"] == "printed" or row["target_provenance"].startswith("derived: "), comparison
         if setup in with_attribution:
             assert rows.loc[attributed[0], "target_ratio"] == pytest.approx(0.04)
             assert "hrtick_reprograms_per_s" in rows.loc[attributed[0], "test"]
-        assert rows.loc["spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)",
-                        "target_provenance"] == "printed"
+        assert (
+            rows.loc[
+                "spurious hrtimer interrupt ratio on 7.2 with HRTICK on (a level, beside ~25 %)", "target_provenance"
+            ]
+            == "printed"
+        )
         assert rows.loc["premise: HRTICK on vs off on 6.12 (no series), hackbench -p -s 8 runtime", "role"] == "premise"
     controls = pd.read_csv(build / "tables/hpet/negative_controls.csv")
     assert controls["outcome"].str.startswith("passed").all() and controls["control"].str.contains("1 vCPU").all()
@@ -200,14 +222,16 @@ def test_every_claim_with_a_tested_row_has_its_forest_plot_at_the_top_of_its_sec
             assert figure.with_suffix(suffix).stat().st_size > 0, (claim, suffix)
         sources = json.loads(figure.with_suffix(".json").read_text())["sources"]
         assert any(s.endswith(f"verdicts/{claim}.csv") for s in sources), sources
-        assert any(s.startswith(f"traces/") and s.endswith("manifest.json") for s in sources), sources
+        assert any(s.startswith("traces/") and s.endswith("manifest.json") for s in sources), sources
         numbers = pd.read_csv(table)
         assert len(numbers[numbers["shown"].str.startswith("line")]) == len(plotted), claim
-        section = index[index.index(f'<h2 id="{claim}">'):]
+        section = index[index.index(f'<h2 id="{claim}">') :]
         end = section.find("<h2 id=", 5)
-        section = section[:end if end > 0 else None]
+        section = section[: end if end > 0 else None]
         assert section.index("<img") == section.index('<img class="forest"'), claim
-    assert summary.count("data:image/png") >= 1 + len({c for c in CLAIM_IDS if (build / f"figures/{c}/forest.png").exists()})
+    assert summary.count("data:image/png") >= 1 + len(
+        {c for c in CLAIM_IDS if (build / f"figures/{c}/forest.png").exists()}
+    )
     assert {c for c in CLAIM_IDS if (build / f"figures/{c}/forest.png").exists()} >= {"hpet", "hrtick", "nohz"}
 
 
@@ -217,15 +241,21 @@ def test_summary_json_lists_status_duration_and_outputs(build):
     assert set(entries) == {p.name for p in NOTEBOOKS}
     for entry in entries.values():
         assert entry["status"] == "ok" and entry["duration_s"] > 0
-        assert entry["outputs"][:len(expected_outputs(entry["claim"]))] == expected_outputs(entry["claim"])
+        assert entry["outputs"][: len(expected_outputs(entry["claim"]))] == expected_outputs(entry["claim"])
         assert all((build / output).is_file() for output in entry["outputs"])
 
 
 def test_published_tables_are_regenerated_exactly(build):
     mmtests = pd.read_csv(build / "tables/acpi-idle/tbench_mmtests.csv", index_col=0, dtype=str)
     # the row labels seed 003 prints, verbatim ("AMean Stddev", not "Stddev")
-    assert list(mmtests.index) == ["Min (MB/s)", "Max (MB/s)", "Median (MB/s)", "AMean (MB/s)", "AMean Stddev",
-                                   "AMean CoefVar"]
+    assert list(mmtests.index) == [
+        "Min (MB/s)",
+        "Max (MB/s)",
+        "Median (MB/s)",
+        "AMean (MB/s)",
+        "AMean Stddev",
+        "AMean CoefVar",
+    ]
     assert mmtests.loc["Min (MB/s)", "baseline"] == "2215.06"
     assert mmtests.loc["Min (MB/s)", "baseline + patch"] == "33016.10 (+1390.52%)"  # as printed
     assert mmtests.loc["Max (MB/s)", "baseline + patch"] == "34774.50 (+5.57%†)"  # recomputed, marked
@@ -255,7 +285,9 @@ def test_every_figure_and_table_names_existing_sources(build):
 def test_report_reads_offline_and_its_images_exist(build):
     pages = [build / "report/index.html", *sorted((build / "report/notebooks").glob("*.html"))]
     assert len(pages) == 7
-    remote = re.compile(r"""(?:src|href)\s*=\s*["']https?://|import\(\s*["']https?://|@import\s+url\(\s*["']?https?://""")
+    remote = re.compile(
+        r"""(?:src|href)\s*=\s*["']https?://|import\(\s*["']https?://|@import\s+url\(\s*["']?https?://"""
+    )
     for page in pages:
         assert not remote.search(page.read_text()), page
     index = pages[0].read_text()
@@ -270,26 +302,37 @@ def test_a_failing_notebook_fails_the_run_and_names_the_cell(tmp_path, published
     csv = published_copy / "hpet" / "aim7_compute.csv"
     csv.write_text(csv.read_text().replace("646515,jobs/min,646515", "1,jobs/min,646515"))
     log = []
-    code = run_report(tmp_path / "out", data_dir=paths.traces_dir(), published_dir=published_copy,
-                      only=["01-hpet"], log=log.append)
+    code = run_report(
+        tmp_path / "out", data_dir=paths.traces_dir(), published_dir=published_copy, only=["01-hpet"], log=log.append
+    )
     assert code == 1
     failure = json.loads((tmp_path / "out/summary.json").read_text())["notebooks"][0]
     assert failure["status"] == "failed"
-    assert re.search(r"cell \d+ .*PublishedDataError: .*aim7_compute\.csv: row 2 \(id 'haswell_tsc'\)", failure["error"])
+    assert re.search(
+        r"cell \d+ .*PublishedDataError: .*aim7_compute\.csv: row 2 \(id 'haswell_tsc'\)", failure["error"]
+    )
     assert any(line.startswith("FAILED 01-hpet.ipynb") for line in log)
 
 
 def test_empty_success_is_a_failure(tmp_path):
     hollow = nbformat.v4.new_notebook()
     hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    hollow.cells = [nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]}),
-                    nbformat.v4.new_code_cell("print('did nothing')")]
+    hollow.cells = [
+        nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("print('did nothing')"),
+    ]
     notebook_dir = tmp_path / "notebooks"
     notebook_dir.mkdir()
     nbformat.write(hollow, notebook_dir / "03-hrtick.ipynb")
     log = []
-    code = run_report(tmp_path / "out", data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
-                      only=["03-hrtick"], notebook_dir=notebook_dir, log=log.append)
+    code = run_report(
+        tmp_path / "out",
+        data_dir=paths.traces_dir(),
+        published_dir=paths.published_dir(),
+        only=["03-hrtick"],
+        notebook_dir=notebook_dir,
+        log=log.append,
+    )
     assert code == 1
     failure = json.loads((tmp_path / "out/summary.json").read_text())["notebooks"][0]
     assert failure["status"] == "missing outputs"
@@ -302,23 +345,45 @@ def test_output_problems_flags_empty_files_and_header_only_tables(tmp_path):
         (tmp_path / relative).write_text("a,b\n1,2\n")
     (tmp_path / "figures/nohz/tick_overhead_vs_hz.svg").write_text("")
     (tmp_path / "tables/nohz/tick_cost.csv").write_text("a,b\n")
-    assert output_problems(tmp_path, "nohz") == ["figures/nohz/tick_overhead_vs_hz.svg: empty file",
-                                                 "tables/nohz/tick_cost.csv: header only, no rows"]
+    assert output_problems(tmp_path, "nohz") == [
+        "figures/nohz/tick_overhead_vs_hz.svg: empty file",
+        "tables/nohz/tick_cost.csv: header only, no rows",
+    ]
 
 
 def test_unknown_notebook_is_a_usage_error(tmp_path):
     log = []
-    assert run_report(tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
-                      only=["07-nope"], log=log.append) == 2
+    assert (
+        run_report(
+            tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["07-nope"], log=log.append
+        )
+        == 2
+    )
     assert "unknown notebook" in log[0]
 
 
 def test_papermill_runs_one_notebook_on_its_own(tmp_path):
     """The README's rerun recipe, from another working directory."""
     out = tmp_path / "x"
-    proc = subprocess.run([sys.executable, "-m", "papermill", "--engine", "ticklab", str(REPO / "notebooks/03-hrtick.ipynb"),
-                           str(tmp_path / "out.ipynb"), "-p", "output_dir", str(out), "--no-progress-bar"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            "--engine",
+            "ticklab",
+            str(REPO / "notebooks/03-hrtick.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            "-p",
+            "output_dir",
+            str(out),
+            "--no-progress-bar",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert output_problems(out, "hrtick") == []
 
@@ -346,8 +411,11 @@ def test_notebooks_have_literal_parameters_and_no_stored_outputs(notebook):
 @pytest.mark.parametrize("notebook", [p.name for p in NOTEBOOKS])
 def test_no_executed_notebook_shows_a_runtime_warning(build, notebook):
     book = nbformat.read(build / "notebooks" / notebook, as_version=4)
-    shown = [(index, output.get("text") or json.dumps(output.get("data", {})) + str(output.get("evalue", "")))
-             for index, cell in enumerate(book.cells) for output in cell.get("outputs", [])]
+    shown = [
+        (index, output.get("text") or json.dumps(output.get("data", {})) + str(output.get("evalue", "")))
+        for index, cell in enumerate(book.cells)
+        for output in cell.get("outputs", [])
+    ]
     assert [(index, text[:300]) for index, text in shown if "RuntimeWarning" in text] == []
 
 
@@ -358,8 +426,12 @@ def test_every_claim_has_a_notebook():
 def test_a_partial_run_without_the_summary_succeeds(tmp_path):
     # a light claim's notebook whose bundles are all testable (the whole report's run is the build fixture's)
     log = []
-    assert run_report(tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
-                      only=["01-hpet"], log=log.append) == 0, log
+    assert (
+        run_report(
+            tmp_path, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["01-hpet"], log=log.append
+        )
+        == 0
+    ), log
     assert output_problems(tmp_path, "hpet") == []
     # the verdicts of what ran, and of nothing else (issue 41: --only wrote none)
     written = pd.read_csv(tmp_path / "verdicts.csv")
@@ -369,22 +441,40 @@ def test_a_partial_run_without_the_summary_succeeds(tmp_path):
     assert "by the notebooks 01-hpet.ipynb only" in index and "<code>traces</code>" in index
     # runs made on a busy machine are flagged in the bundle table (busy-host runs and the flag), which is no failure:
     # hpet's guest-clock-profile bundle has them (13 of 20 runs; other jobs shared the 2-CPU machine). Nothing else is bad.
-    unflagged = re.sub(r'<td class="bad">(\d+)</td><td>[^<]*</td>\s*<td class="bad">\1 of \d+ measured run\(s\) on a busy '
-                       r'host:[^<]*</td>', "", index)
+    unflagged = re.sub(
+        r'<td class="bad">(\d+)</td><td>[^<]*</td>\s*<td class="bad">\1 of \d+ measured run\(s\) on a busy '
+        r"host:[^<]*</td>",
+        "",
+        index,
+    )
     assert "No verdict" not in index and 'class="bad"' not in unflagged
     assert 'id="hpet"' in index and 'id="nohz"' not in index and 'href="#hpet"' in index
     # with the summary, it summarises the claims that ran, not every claim
     both = tmp_path / "with-summary"
-    assert run_report(both, data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
-                      only=["01-hpet", "00-summary"], log=log.append) == 0, log
+    assert (
+        run_report(
+            both,
+            data_dir=paths.traces_dir(),
+            published_dir=paths.published_dir(),
+            only=["01-hpet", "00-summary"],
+            log=log.append,
+        )
+        == 0
+    ), log
     assert set(pd.read_csv(both / "verdicts.csv")["claim"]) == {"hpet"}
 
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 # Headless, sandbox off (root in CI), no GPU, no background traffic, and no network at all: every host
 # resolves to nothing and any proxied request goes to a closed port. file:// pages still load.
-OFFLINE_CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]
+OFFLINE_CHROMIUM = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--proxy-server=127.0.0.1:9",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]
 PAGE_CHECK = """<script>
 window.addEventListener("load", () => {
   const imgs = Array.from(document.images);
@@ -432,8 +522,12 @@ def rendered(page, extra: str = "", window: str | None = None) -> dict:
     probe.write_text(page.read_text().replace("</body>", check + "</body>"))
     size = [f"--window-size={window}"] if window else []
     try:
-        result = subprocess.run([BROWSER, *OFFLINE_CHROMIUM, *size, "--virtual-time-budget=10000", "--dump-dom",
-                                 probe.as_uri()], capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [BROWSER, *OFFLINE_CHROMIUM, *size, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         probe.unlink()
     found = re.search(r'<pre id="ticklab-check">([^<]*)</pre>', result.stdout)
@@ -469,8 +563,18 @@ def test_the_report_renders_offline_in_headless_chromium(build):
     artifacts.mkdir(parents=True, exist_ok=True)
     for width in (1400, 800):  # the first screen at both widths, for the closing note
         shot = artifacts / f"report-first-screen-{width}.png"
-        subprocess.run([BROWSER, *OFFLINE_CHROMIUM, f"--window-size={width},900", f"--screenshot={shot}",
-                        (build / "report/index.html").as_uri()], capture_output=True, timeout=120, check=True)
+        subprocess.run(
+            [
+                BROWSER,
+                *OFFLINE_CHROMIUM,
+                f"--window-size={width},900",
+                f"--screenshot={shot}",
+                (build / "report/index.html").as_uri(),
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
 
 
@@ -480,10 +584,27 @@ def test_papermill_with_the_ticklab_engine_prints_no_kernel_warning(tmp_path):
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     source = tmp_path / "tiny.ipynb"
     nbformat.write(notebook, source)
-    proc = subprocess.run([sys.executable, "-m", "papermill", "--engine", "ticklab", str(source), str(tmp_path / "out.ipynb"),
-                           "--no-progress-bar"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            "--engine",
+            "ticklab",
+            str(source),
+            str(tmp_path / "out.ipynb"),
+            "--no-progress-bar",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("Input Notebook:", "Output Notebook:",
-                                                                                "Executing notebook with kernel:"))]
+    lines = [
+        line
+        for line in proc.stderr.splitlines()
+        if not line.startswith(("Input Notebook:", "Output Notebook:", "Executing notebook with kernel:"))
+    ]
     assert lines == [], proc.stderr
     assert nbformat.read(tmp_path / "out.ipynb", 4).cells[0].outputs[0]["text"] == "42\n"

@@ -36,8 +36,9 @@ def test_claims_notebooks_run_at_most_jobs_at_once_longest_first_and_the_summary
     # every notebook, the summary too, had its kernel from the one fork server (report/kernelfork.py), now gone
     (server,) = servers
     assert server.endswith("/kernels.sock") and not Path(server).parent.exists()
-    assert [n["duration_s"] for n in json.loads((out / "summary.json").read_text())["notebooks"]][:len(claims)] == \
-        [last[n] for n in claims], said
+    assert [n["duration_s"] for n in json.loads((out / "summary.json").read_text())["notebooks"]][: len(claims)] == [
+        last[n] for n in claims
+    ], said
     events.clear()
     build.run_report(out, data_dir=tmp_path, published_dir=tmp_path, jobs=1, log=said.append)
     starts = [name for kind, name, _ in events if kind == "start"]
@@ -49,23 +50,33 @@ def test_claims_notebooks_run_at_most_jobs_at_once_longest_first_and_the_summary
     assert max(count for kind, _, count in events if kind == "start") == 2
     assert starts[-1] == SUMMARY_NOTEBOOK
     summary_start = events.index(("start", SUMMARY_NOTEBOOK, 1))
-    assert all(kind == "end" or name == SUMMARY_NOTEBOOK for kind, name, _ in events[summary_start - 1:summary_start])
+    assert all(kind == "end" or name == SUMMARY_NOTEBOOK for kind, name, _ in events[summary_start - 1 : summary_start])
     assert sum(kind == "end" for kind, _, _ in events[:summary_start]) == len(claims)
 
 
 def test_jsonschema_imports_without_rfc3987_syntax_and_leaves_it_importable():
-    probe = ("import sys; import ticklab.schemas as s; "
-             "print('jsonschema' in sys.modules, 'rfc3987_syntax' in sys.modules); "
-             "s.check({'a': 1}, {'type': 'object', 'required': ['a']}, 'x', ValueError) if hasattr(s, 'check') else None; "
-             "import importlib.util; print(importlib.util.find_spec('rfc3987_syntax') is not None)")
+    probe = (
+        "import sys; import ticklab.schemas as s; "
+        "print('jsonschema' in sys.modules, 'rfc3987_syntax' in sys.modules); "
+        "s.check({'a': 1}, {'type': 'object', 'required': ['a']}, 'x', ValueError) if hasattr(s, 'check') else None; "
+        "import importlib.util; print(importlib.util.find_spec('rfc3987_syntax') is not None)"
+    )
     printed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert printed[:2] == ["True", "False"], printed
     if printed[2] == "True":  # installed (jupyter-events' extra): still importable after ticklab's import
-        subprocess.run([sys.executable, "-c", "import ticklab.schemas, rfc3987_syntax; "
-                        "assert rfc3987_syntax.is_valid_syntax('iri', 'http://example.org/a')"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ticklab.schemas, rfc3987_syntax; "
+                "assert rfc3987_syntax.is_valid_syntax('iri', 'http://example.org/a')",
+            ],
+            check=True,
+        )
 
 
 def test_papermills_launcher_is_papermills_command_line():
-    shown = subprocess.run([sys.executable, "-m", "ticklab.report.papermill_main", "--help"], capture_output=True,
-                           text=True, check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "ticklab.report.papermill_main", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "Usage:" in shown and "NOTEBOOK_PATH" in shown

@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import REPO, WAIT_BOUND_S, gone, wait_for
 from ticklab.capture.requirements import tools_bin
 from ticklab.doctor import render
 from ticklab.host import facts
-from ticklab.host.knobs import HostBusy, HostLock, lock_path, _write_journal
-
-from conftest import REPO, WAIT_BOUND_S, gone, wait_for
+from ticklab.host.knobs import HostBusy, HostLock, _write_journal, lock_path
 
 pytestmark = pytest.mark.xdist_group("machine")
 
@@ -29,8 +28,9 @@ def value(root: Path, relative: str) -> str:
 
 
 def ticklab(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ticklab.cli", *argv], capture_output=True, text=True, cwd=REPO,
-                          timeout=WAIT_BOUND_S)
+    return subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", *argv], capture_output=True, text=True, cwd=REPO, timeout=WAIT_BOUND_S
+    )
 
 
 @pytest.fixture
@@ -46,25 +46,66 @@ def isolating_host(fake_host: Path) -> Path:
 
 
 def host_state(root: Path) -> dict:
-    return {"clocksource": value(root, CLOCK), "rt_runtime": value(root, RT_RUNTIME),
-            "default_irq": value(root, "proc/irq/default_smp_affinity"),
-            "irqs": {irq: value(root, f"proc/irq/{irq}/smp_affinity_list") for irq in IRQ_LISTS}}
+    return {
+        "clocksource": value(root, CLOCK),
+        "rt_runtime": value(root, RT_RUNTIME),
+        "default_irq": value(root, "proc/irq/default_smp_affinity"),
+        "irqs": {irq: value(root, f"proc/irq/{irq}/smp_affinity_list") for irq in IRQ_LISTS},
+    }
 
 
 def start_isolating_capture(root: Path, tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     """A real `ticklab capture` on the fake host, as seed 004's FTQ runs (isolate, RT throttling off), whose
     workload (a shell that execs sleep) is running: (the capture, the workload's pid, its journal)."""
     experiment = tmp_path / "isolated.yaml"
-    experiment.write_text(yaml.safe_dump({
-        "claim": "hpet", "name": "isolated", "description": "an isolated workload on a fake host", "runs": 2,
-        "warmup": 0, "timeout_s": 600, "seed": 7, "requires": [], "isolate": {"cpu": "last", "rt_throttling": "off"},
-        "conditions": [{"name": "on-hpet", "clocksource": "hpet"}], "knobs": {"clocksource": "clocksource"},
-        "workload": {"tool": "hackbench", "argv": ["sh", "-c", "echo $$ > workload.pid.tmp && "
-                                                               "mv workload.pid.tmp workload.pid && exec sleep 600"]}}))
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                "claim": "hpet",
+                "name": "isolated",
+                "description": "an isolated workload on a fake host",
+                "runs": 2,
+                "warmup": 0,
+                "timeout_s": 600,
+                "seed": 7,
+                "requires": [],
+                "isolate": {"cpu": "last", "rt_throttling": "off"},
+                "conditions": [{"name": "on-hpet", "clocksource": "hpet"}],
+                "knobs": {"clocksource": "clocksource"},
+                "workload": {
+                    "tool": "hackbench",
+                    "argv": [
+                        "sh",
+                        "-c",
+                        "echo $$ > workload.pid.tmp && mv workload.pid.tmp workload.pid && exec sleep 600",
+                    ],
+                },
+            }
+        )
+    )
     journal = tmp_path / "state" / "host-changes.json"
-    process = subprocess.Popen([sys.executable, "-m", "ticklab.cli", "capture", "hpet", "--experiment", str(experiment),
-                                "--root", str(root), "--journal", str(journal), "--out", str(tmp_path / "traces"),
-                                "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ticklab.cli",
+            "capture",
+            "hpet",
+            "--experiment",
+            str(experiment),
+            "--root",
+            str(root),
+            "--journal",
+            str(journal),
+            "--out",
+            str(tmp_path / "traces"),
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     started = lambda: list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
     wait_for(started, "the capture never started its workload", process)
     return process, int(started()[0].read_text()), journal
@@ -79,8 +120,12 @@ def test_doctor_reports_what_a_killed_capture_left_and_restore_puts_it_back(isol
     process.communicate(timeout=WAIT_BOUND_S)
     wait_for(lambda: gone(workload), "the workload outlived its capture")
     left = host_state(root)
-    assert left == {"clocksource": "hpet", "rt_runtime": "-1", "default_irq": "1",
-                    "irqs": {24: "0", 25: "0", 26: "1", 27: "0"}}  # the host as the kill left it
+    assert left == {
+        "clocksource": "hpet",
+        "rt_runtime": "-1",
+        "default_irq": "1",
+        "irqs": {24: "0", 25: "0", 26: "1", 27: "0"},
+    }  # the host as the kill left it
     assert journal.exists()
 
     if os.geteuid() == 0:  # doctor's probes (tracefs, trace-cmd, perf) need root
@@ -94,10 +139,16 @@ def test_doctor_reports_what_a_killed_capture_left_and_restore_puts_it_back(isol
         assert row["left"]["writer"] == "gone" and row["left"]["pid"] == process.pid
         assert "capture hpet" in row["left"]["owner"] and row["left"]["started"] and row["left"]["written"]
         labels = [change.get("label") for change in row["left"]["changes"]]
-        assert {"clocksource", "RT throttling off", "default IRQ affinity", "IRQ 24 affinity",
-                "tasks moved off the measured CPU"} <= set(labels)
-        assert any(line.startswith("RT throttling off: ") and "'-1', was '950000'" in line
-                   for line in row["left"]["summary"])
+        assert {
+            "clocksource",
+            "RT throttling off",
+            "default IRQ affinity",
+            "IRQ 24 affinity",
+            "tasks moved off the measured CPU",
+        } <= set(labels)
+        assert any(
+            line.startswith("RT throttling off: ") and "'-1', was '950000'" in line for line in row["left"]["summary"]
+        )
         shown = render(report).splitlines()  # what `ticklab doctor` prints: the left changes first, then the command
         assert shown[2].startswith(f"This host is still changed by pid {process.pid} (") and "which is gone" in shown[2]
         assert any(line.startswith("  RT throttling off: ") for line in shown)
@@ -147,9 +198,24 @@ def test_a_journal_of_another_boot_is_removed_without_writing_anything(isolating
     journal = tmp_path / "state" / "host-changes.json"
     journal.parent.mkdir(mode=0o700)
     pid, start = _dead_pid()
-    _write_journal(journal, {"pid": pid, "pid_start": start, "boot_id": "another-boot", "root": str(root), "changes": [
-        {"kind": "write", "path": str(root / RT_RUNTIME), "before": "100000", "wanted": "-1",
-         "label": "RT throttling off"}]})
+    _write_journal(
+        journal,
+        {
+            "pid": pid,
+            "pid_start": start,
+            "boot_id": "another-boot",
+            "root": str(root),
+            "changes": [
+                {
+                    "kind": "write",
+                    "path": str(root / RT_RUNTIME),
+                    "before": "100000",
+                    "wanted": "-1",
+                    "label": "RT throttling off",
+                }
+            ],
+        },
+    )
     restored = ticklab("restore", "--root", str(root), "--journal", str(journal))
     assert restored.returncode == 0, restored.stderr
     assert "written in another boot" in restored.stdout
@@ -165,9 +231,19 @@ def test_a_change_that_cannot_be_put_back_is_one_line_naming_it(isolating_host, 
     journal = tmp_path / "state" / "host-changes.json"
     journal.parent.mkdir(mode=0o700)
     pid, start = _dead_pid()
-    _write_journal(journal, {"pid": pid, "pid_start": start, "boot_id": facts.boot_id(), "root": str(root), "changes": [
-        {"kind": "write", "path": str(root / RT_RUNTIME), "before": "950000", "wanted": "-1"},
-        {"kind": "write", "path": str(stuck), "before": "1", "wanted": "0"}]})
+    _write_journal(
+        journal,
+        {
+            "pid": pid,
+            "pid_start": start,
+            "boot_id": facts.boot_id(),
+            "root": str(root),
+            "changes": [
+                {"kind": "write", "path": str(root / RT_RUNTIME), "before": "950000", "wanted": "-1"},
+                {"kind": "write", "path": str(stuck), "before": "1", "wanted": "0"},
+            ],
+        },
+    )
     failed = ticklab("restore", "--root", str(root), "--journal", str(journal))
     assert failed.returncode == 2
     [line] = failed.stderr.splitlines()
@@ -177,6 +253,7 @@ def test_a_change_that_cannot_be_put_back_is_one_line_naming_it(isolating_host, 
 
 
 # -- a real capture on this host, killed outright ------------------------------------------------------------------
+
 
 def _all_task_cpus() -> dict:
     """(tid, start time) -> CPU list of every task."""
@@ -192,18 +269,21 @@ def _all_task_cpus() -> dict:
 
 def _real_host_state() -> dict:
     irqs = {p.parent.name: p.read_text() for p in Path("/proc/irq").glob("*/smp_affinity_list")}
-    return {"rt_runtime": Path("/proc/sys/kernel/sched_rt_runtime_us").read_text(),
-            "default_irq": Path("/proc/irq/default_smp_affinity").read_text(), "irqs": irqs,
-            # the mounts a capture makes (another test's tmpfs "full disk" may come and go meanwhile)
-            "mounts": {point: kind for point, kind in facts.mounts(Path("/")).items()
-                       if kind in ("tracefs", "debugfs")},
-            "instances": sorted(os.listdir("/sys/kernel/tracing/instances")),
-            "tasks": _all_task_cpus()}
+    return {
+        "rt_runtime": Path("/proc/sys/kernel/sched_rt_runtime_us").read_text(),
+        "default_irq": Path("/proc/irq/default_smp_affinity").read_text(),
+        "irqs": irqs,
+        # the mounts a capture makes (another test's tmpfs "full disk" may come and go meanwhile)
+        "mounts": {point: kind for point, kind in facts.mounts(Path("/")).items() if kind in ("tracefs", "debugfs")},
+        "instances": sorted(os.listdir("/sys/kernel/tracing/instances")),
+        "tasks": _all_task_cpus(),
+    }
 
 
 def _with_the_host_free(read):
     """``read()`` while holding the host lock, so that no capture (another user's) changes the host meanwhile; waits
     for one that runs to end."""
+
     def free():
         try:
             held.append(HostLock(lock_path("/")).acquire())
@@ -225,8 +305,9 @@ def _isolation_journalled(journal: Path) -> bool:
         changes = json.loads(journal.read_text())["changes"]
     except (OSError, ValueError):
         return False  # not yet written (it is replaced whole, never seen half-written)
-    return any(c["kind"] == "task_affinity" and "during" in c for c in changes) and \
-        any(c["kind"] == "process" and c.get("label", "").startswith("workload ") for c in changes)
+    return any(c["kind"] == "task_affinity" and "during" in c for c in changes) and any(
+        c["kind"] == "process" and c.get("label", "").startswith("workload ") for c in changes
+    )
 
 
 def _restored(journal: Path) -> bool:
@@ -241,21 +322,39 @@ def _restored(journal: Path) -> bool:
 
 # online CPUs, not this process's CPU list: started while another capture isolates a CPU, it has one CPU fewer
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir()
-                    or len(facts.online_cpus(Path("/"))) < 2, reason="a real isolating capture needs root, tracefs and "
-                                                                      "two CPUs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir() or len(facts.online_cpus(Path("/"))) < 2,
+    reason="a real isolating capture needs root, tracefs and two CPUs",
+)
 @pytest.mark.skipif(not (tools_bin() / "ftq").exists(), reason="tools not built: run 'make tools'")
 def test_kill_9_of_a_real_capture_then_restore_puts_this_host_back(tmp_path):
     journal = tmp_path / "state" / "host-changes.json"
-    argv = [sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--experiment", str(REPO / "runners/nohz/ftq.yaml"),
-            "--runs", "1", "--warmup", "0", "--journal", str(journal), "--out", str(tmp_path / "traces"),
-            "--no-progress"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ticklab.cli",
+        "capture",
+        "nohz",
+        "--experiment",
+        str(REPO / "runners/nohz/ftq.yaml"),
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--journal",
+        str(journal),
+        "--out",
+        str(tmp_path / "traces"),
+        "--no-progress",
+    ]
     try:
         while True:  # another capture may take the host between our look at it and our start: then start again
             before = _with_the_host_free(_real_host_state)
             process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-            wait_for(lambda: process.poll() is not None or _isolation_journalled(journal),
-                     "the capture never isolated its CPU")
+            wait_for(
+                lambda: process.poll() is not None or _isolation_journalled(journal),
+                "the capture never isolated its CPU",
+            )
             if process.poll() is None:
                 break
             _, stderr = process.communicate()
@@ -272,6 +371,9 @@ def test_kill_9_of_a_real_capture_then_restore_puts_this_host_back(tmp_path):
     for key in ("rt_runtime", "default_irq", "mounts", "instances"):
         assert after[key] == before[key], key
     assert {irq: cpus for irq, cpus in after["irqs"].items() if irq in before["irqs"]} == before["irqs"]
-    changed = {task: (cpus, after["tasks"][task]) for task, cpus in before["tasks"].items()
-               if task in after["tasks"] and after["tasks"][task] != cpus}
+    changed = {
+        task: (cpus, after["tasks"][task])
+        for task, cpus in before["tasks"].items()
+        if task in after["tasks"] and after["tasks"][task] != cpus
+    }
     assert not changed, f"{len(changed)} tasks kept another CPU list, e.g. {list(changed.items())[:5]}"

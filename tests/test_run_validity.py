@@ -6,10 +6,19 @@ import pandas as pd
 import pytest
 
 from ticklab.analysis.captured import find_bundles
-from ticklab.bundle import load_bundle
-from ticklab.analysis.checks import (BUNDLE_HOST, MISSING, RUN_HZ, FactCheck, MetricCheck, check_table, excluded_runs,
-                                     run_checks, run_hz)
+from ticklab.analysis.checks import (
+    BUNDLE_HOST,
+    MISSING,
+    RUN_HZ,
+    FactCheck,
+    MetricCheck,
+    check_table,
+    excluded_runs,
+    run_checks,
+    run_hz,
+)
 from ticklab.analysis.comparisons import measured_runs
+from ticklab.bundle import load_bundle
 from ticklab.claims import nohz
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -33,25 +42,63 @@ def test_the_runs_hz_comes_from_the_guest_the_booted_kernel_or_the_host_facts_of
 
 def test_the_tick_stop_check_is_computed_from_the_host_facts_where_no_guest_hz_was_recorded():
     check = MetricCheck("stopped", "local_timer_irq_rate_hz", ("nohz-full",), 0.10, RUN_HZ)
-    record = {"condition": "nohz-full", "boot": {"release": "6.1.0-50-amd64"},
-              BUNDLE_HOST: {"kernel_release": "6.1.0-50-amd64", "kernel_config": {"hz": 250}}}
-    assert check.evaluate(record, _results(local_timer_irq_rate_hz=111.1)) == ("≤ 0.1 × the run's HZ = 25", "111.1", False)
+    record = {
+        "condition": "nohz-full",
+        "boot": {"release": "6.1.0-50-amd64"},
+        BUNDLE_HOST: {"kernel_release": "6.1.0-50-amd64", "kernel_config": {"hz": 250}},
+    }
+    assert check.evaluate(record, _results(local_timer_irq_rate_hz=111.1)) == (
+        "≤ 0.1 × the run's HZ = 25",
+        "111.1",
+        False,
+    )
     assert check.evaluate(record, _results(local_timer_irq_rate_hz=1.7))[2] is True
     expected, observed, passed = check.evaluate({**record, BUNDLE_HOST: {}}, _results(local_timer_irq_rate_hz=1.7))
     assert passed is None and observed.startswith("not recorded: no the run's HZ")
 
 
 def test_an_unchecked_run_is_left_out_with_why():
-    rows = pd.DataFrame([
-        {"claim": "c", "setup": "s", "bundle": "b", "run": "run-001", "condition": "x", "check": "k", "expected": "1",
-         "observed": "1", "passed": True},
-        {"claim": "c", "setup": "s", "bundle": "b", "run": "run-002", "condition": "x", "check": "k", "expected": "1",
-         "observed": "not recorded: no guest.hz for this run", "passed": None},
-        {"claim": "c", "setup": "s", "bundle": "b", "run": "run-003", "condition": "x", "check": "k", "expected": "1",
-         "observed": "2", "passed": False},
-    ])
-    assert excluded_runs(rows) == {("b", "run-002"): [("k", "unchecked", "not recorded: no guest.hz for this run")],
-                                   ("b", "run-003"): [("k", "failed", "2")]}
+    rows = pd.DataFrame(
+        [
+            {
+                "claim": "c",
+                "setup": "s",
+                "bundle": "b",
+                "run": "run-001",
+                "condition": "x",
+                "check": "k",
+                "expected": "1",
+                "observed": "1",
+                "passed": True,
+            },
+            {
+                "claim": "c",
+                "setup": "s",
+                "bundle": "b",
+                "run": "run-002",
+                "condition": "x",
+                "check": "k",
+                "expected": "1",
+                "observed": "not recorded: no guest.hz for this run",
+                "passed": None,
+            },
+            {
+                "claim": "c",
+                "setup": "s",
+                "bundle": "b",
+                "run": "run-003",
+                "condition": "x",
+                "check": "k",
+                "expected": "1",
+                "observed": "2",
+                "passed": False,
+            },
+        ]
+    )
+    assert excluded_runs(rows) == {
+        ("b", "run-002"): [("k", "unchecked", "not recorded: no guest.hz for this run")],
+        ("b", "run-003"): [("k", "failed", "2")],
+    }
     [row] = check_table(rows).to_dict("records")
     assert row["status"] == "FAILED in 1 and unchecked in 1 of 3 runs (left out of the verdicts)"
     assert row["left_out"] == "run-002 run-003"
@@ -67,10 +114,16 @@ def test_a_fact_check_with_alternative_paths_takes_the_first_recorded():
     check = FactCheck("HZ", "guest.hz|boot.hz", {"hz1000*": 1000})
     assert check.evaluate({"condition": "hz1000", "boot": {"hz": 1000}}, _results()) == ("1000", "1000", True)
     assert check.evaluate({"condition": "hz1000", "boot": {"hz": 250}}, _results()) == ("1000", "250", False)
-    assert check.evaluate({"condition": "hz1000", "guest": {"hz": 1000}, "boot": {"hz": 250}},
-                          _results()) == ("1000", "1000", True)
+    assert check.evaluate({"condition": "hz1000", "guest": {"hz": 1000}, "boot": {"hz": 250}}, _results()) == (
+        "1000",
+        "1000",
+        True,
+    )
     assert check.evaluate({"condition": "hz1000"}, _results()) == (
-        "1000", "not recorded: no guest.hz|boot.hz for this run", None)
+        "1000",
+        "not recorded: no guest.hz|boot.hz for this run",
+        None,
+    )
 
 
 def test_hrtick_checks_that_a_runs_kernel_is_the_series_its_condition_names():
@@ -78,12 +131,15 @@ def test_hrtick_checks_that_a_runs_kernel_is_the_series_its_condition_names():
     from ticklab.claims import hrtick
 
     check = next(c for c in hrtick.CHECKS if c.path == "guest.kernel|boot.release")
-    assert check.evaluate({"condition": "7.2 hrtick-on", "boot": {"release": "7.2.13-ticklab-0a1b2c3d"}},
-                          _results()) == ("starts with 7.2.", "7.2.13-ticklab-0a1b2c3d", True)
-    assert check.evaluate({"condition": "7.2 hrtick-on", "boot": {"release": "6.12.117-ticklab-7971d723"}},
-                          _results()) == ("starts with 7.2.", "6.12.117-ticklab-7971d723", False)
-    assert check.evaluate({"condition": "6.12 hrtick-off", "guest": {"kernel": "6.12.117-ticklab"}},
-                          _results())[2] is True
+    assert check.evaluate(
+        {"condition": "7.2 hrtick-on", "boot": {"release": "7.2.13-ticklab-0a1b2c3d"}}, _results()
+    ) == ("starts with 7.2.", "7.2.13-ticklab-0a1b2c3d", True)
+    assert check.evaluate(
+        {"condition": "7.2 hrtick-on", "boot": {"release": "6.12.117-ticklab-7971d723"}}, _results()
+    ) == ("starts with 7.2.", "6.12.117-ticklab-7971d723", False)
+    assert (
+        check.evaluate({"condition": "6.12 hrtick-off", "guest": {"kernel": "6.12.117-ticklab"}}, _results())[2] is True
+    )
     assert check.evaluate({"condition": "hrtick-on", "boot": {"release": "6.12.117"}}, _results()) is None
 
 
@@ -128,9 +184,12 @@ def test_the_lab_hosts_hz_plan_booted_each_runs_own_build_at_its_hz_and_its_star
             boot = run["boot"]
             want = "-ticklab-hz1000-" if run["condition"] == "hz1000" else "-ticklab-"
             assert want in boot["release"] and boot["release"].startswith("6.12.")
-            assert boot["kernel_build"]["build_log_matches"] is True and len(boot["kernel_build"]["config_sha256"]) == 64
-        assert {r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz1000"} != \
-            {r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz250"}
+            assert (
+                boot["kernel_build"]["build_log_matches"] is True and len(boot["kernel_build"]["config_sha256"]) == 64
+            )
+        assert {r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz1000"} != {
+            r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz250"
+        }
     runs, notes = measured_runs(refs, nohz.CHECKS, "nohz")
     assert runs.empty
 
@@ -176,8 +235,10 @@ def test_the_lab_hosts_rows_are_not_testable_here_naming_why_and_the_forest_show
     reason = rows[0].reason
     for setup in {r.host_id for r in refs}:
         assert f"{setup}: host-boot-ftq: its condition did not take effect, or could not be shown to" in reason
-    assert "FTQ read the clock through the TSC (the experiment's assumption: a vDSO read, no system call) failed in 6 " \
-           "of 6 runs (e.g. clocksource hpet)" in reason
+    assert (
+        "FTQ read the clock through the TSC (the experiment's assumption: a vDSO read, no system call) failed in 6 "
+        "of 6 runs (e.g. clocksource hpet)" in reason
+    )
     assert "the busy CPU was not starved (FTQ quanta with no work ≤ 5%) failed in 6 of 6 runs (e.g. " in reason
     shown = forest_table(pd.DataFrame([vars(r) for r in rows]))
     assert not (shown["shown"].str.startswith("line")).any()
@@ -202,4 +263,6 @@ def test_a_setup_that_measured_one_side_is_told_only_what_is_missing():
         pytest.skip("no AMD host nohz bundle in traces/")
     ctx = SimpleNamespace(published=nohz.CLAIM.published(paths.published_dir()), bundles=refs, data_dir=TRACES)
     [row] = [r for r in nohz.CLAIM.verdicts(ctx, n_boot=200) if "amd-epyc-2c-6.18.44-fc-v595-vm" in r.setup]
-    assert "amd-epyc-2c-6.18.44-fc-v595-vm: ftq measured tick-on; a comparison with it needs nohz-full too" in row.reason
+    assert (
+        "amd-epyc-2c-6.18.44-fc-v595-vm: ftq measured tick-on; a comparison with it needs nohz-full too" in row.reason
+    )

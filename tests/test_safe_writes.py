@@ -20,6 +20,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import REPO
+from test_bundle import make_bundle
+from test_ingest_fast import sample_files
 from ticklab import bundle as bundle_module
 from ticklab import paths, safefiles
 from ticklab.bundle import SEAL, load_bundle
@@ -27,10 +30,6 @@ from ticklab.cli import main
 from ticklab.report import outdir
 from ticklab.report.build import run_report
 from ticklab.report.view import ViewError, trace_file, write_session
-
-from conftest import REPO
-from test_bundle import make_bundle
-from test_ingest_fast import sample_files
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import fuzzcases_outputs  # noqa: E402
@@ -40,8 +39,12 @@ KINDS = ["symlink", "dangling symlink", "hard link", "fifo", "device"]
 RACES = ["symlink", "dangling symlink", "hard link"]  # links planted between the check and the write
 VICTIM_BYTES = b"someone else's file: root must not write here\n"
 TRACE = REPO / "tests" / "data" / "compressed" / "trace-zstd.dat"
-TABLES = ["irq_vectors__local_timer_entry.parquet", "irq_vectors__local_timer_exit.parquet",
-          "timer__hrtimer_expire_entry.parquet", "timer__tick_stop.parquet"]  # what ingest writes of TRACE
+TABLES = [
+    "irq_vectors__local_timer_entry.parquet",
+    "irq_vectors__local_timer_exit.parquet",
+    "timer__hrtimer_expire_entry.parquet",
+    "timer__tick_stop.parquet",
+]  # what ingest writes of TRACE
 # a hang (a FIFO opened for writing) fails the test instead of stopping the run
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,6 +53,7 @@ pytestmark = pytest.mark.timeout(300)
 class Outside:
     """A directory outside every place ticklab writes: a root-only file (mode 0600) and where a dangling link
     points (nothing must appear there)."""
+
     root: Path
     victim: Path
     nowhere: Path
@@ -88,7 +92,8 @@ class Outside:
         info = os.lstat(where)
         if kind in ("symlink", "dangling symlink", "directory symlink"):
             assert stat.S_ISLNK(info.st_mode) and os.readlink(where) == str(
-                {"symlink": self.victim, "dangling symlink": self.nowhere}.get(kind, self.root / "directory"))
+                {"symlink": self.victim, "dangling symlink": self.nowhere}.get(kind, self.root / "directory")
+            )
         elif kind == "hard link":
             assert info.st_ino == self.victim.stat().st_ino
         elif kind == "fifo":
@@ -192,8 +197,9 @@ def test_seal_manifest_refuses_a_file_planted_while_it_hashes_the_bundle(tmp_pat
 
 
 @pytest.mark.parametrize("kind", RACES)
-def test_seal_manifest_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch, capsys,
-                                                                              kind):
+def test_seal_manifest_refuses_a_link_planted_between_its_check_and_its_write(
+    tmp_path, outside, monkeypatch, capsys, kind
+):
     path = _unsealed_manifest(tmp_path)
     seen = outside.plant_in_window(monkeypatch, kind, path / SEAL)
     assert main(["seal-manifest", str(path)]) == 2
@@ -227,16 +233,18 @@ def _bench(monkeypatch, keep: Path, before_ingest=lambda argv: None) -> list[lis
         if argv[1:2] == ["ingest"]:
             before_ingest(argv)
             ran.append(argv)
-            where = {} if in_directory is None else {"cwd": f"/proc/self/fd/{in_directory}",
-                                                      "pass_fds": (in_directory,)}
+            where = (
+                {} if in_directory is None else {"cwd": f"/proc/self/fd/{in_directory}", "pass_fds": (in_directory,)}
+            )
             done = subprocess.run(argv, capture_output=True, text=True, **where)
             if done.returncode:
                 raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr[:300]}")
         return 1.0, 1.0, 1.0, ""
 
     monkeypatch.setattr(ingest_speed, "run", run)
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/trace-cmd" if name == "trace-cmd"
-                        else which(name, *a, **k))
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: "/usr/bin/trace-cmd" if name == "trace-cmd" else which(name, *a, **k)
+    )
     monkeypatch.setattr(sys, "argv", ["ingest_speed.py", "--keep", str(keep), "--runs", "5", str(TRACE)])
     ingest_speed.main()
     return ran
@@ -269,8 +277,9 @@ def test_bench_keep_refuses_a_link_planted_between_its_check_and_ingest(tmp_path
 
 
 @pytest.mark.slow
-def test_bench_keep_ingests_into_the_directory_it_opened_even_if_a_link_replaces_its_name(tmp_path, outside,
-                                                                                         monkeypatch):
+def test_bench_keep_ingests_into_the_directory_it_opened_even_if_a_link_replaces_its_name(
+    tmp_path, outside, monkeypatch
+):
     """ticklab ingest runs in the round's directory, reached by its descriptor: a link put at DIR/parquet after the
     benchmark opened it is never followed (the tables land in the directory the benchmark made), and the next
     round refuses the link."""
@@ -343,8 +352,11 @@ def test_view_cache_directory_planted_as_a_link_is_refused(tmp_path, outside, mo
 def test_view_from_the_command_line_names_a_planted_session_file_in_one_line(tmp_path, outside, monkeypatch, capsys):
     from ticklab.analysis.captured import find_bundles
 
-    refs = [r for r in find_bundles(REPO / "traces", "hrtick")
-            if r.host_id.startswith("guest-") and (r.path / SEAL).is_file()]  # sealed: not one being captured now
+    refs = [
+        r
+        for r in find_bundles(REPO / "traces", "hrtick")
+        if r.host_id.startswith("guest-") and (r.path / SEAL).is_file()
+    ]  # sealed: not one being captured now
     if not refs:
         pytest.skip("no sealed guest hrtick bundle in traces/")
     monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
@@ -388,8 +400,9 @@ def test_view_trace_cache_refuses_what_is_planted_at_its_name(tmp_path, outside,
 
 @pytest.mark.parametrize("kind", RACES)
 @pytest.mark.parametrize("stored", ["xz", "tracefs"])
-def test_view_trace_cache_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch,
-                                                                                 stored, kind):
+def test_view_trace_cache_refuses_a_link_planted_between_its_check_and_its_write(
+    tmp_path, outside, monkeypatch, stored, kind
+):
     monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "cache"))
     run, cached = (_packed_run if stored == "xz" else _tracefs_run)(tmp_path)
     outside.plant_in_window(monkeypatch, kind, cached)
@@ -448,14 +461,21 @@ def _report_dir(tmp_path) -> Path:
 
 def _report(out: Path, notebooks: Path) -> tuple[int, list[str]]:
     log = []
-    code = run_report(out, data_dir=paths.traces_dir(), published_dir=paths.published_dir(), only=["03-hrtick"],
-                      notebook_dir=notebooks, log=log.append)
+    code = run_report(
+        out,
+        data_dir=paths.traces_dir(),
+        published_dir=paths.published_dir(),
+        only=["03-hrtick"],
+        notebook_dir=notebooks,
+        log=log.append,
+    )
     return code, log
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("name", ["summary.json", "report/index.html", "notebooks/03-hrtick.ipynb",
-                                  "report/notebooks/03-hrtick.html"])
+@pytest.mark.parametrize(
+    "name", ["summary.json", "report/index.html", "notebooks/03-hrtick.ipynb", "report/notebooks/03-hrtick.html"]
+)
 def test_report_refuses_what_is_planted_where_it_writes(tmp_path, outside, hollow_notebooks, kind, name):
     out = _report_dir(tmp_path)
     outside.plant(kind, out / name)
@@ -493,8 +513,9 @@ def test_report_never_writes_through_a_file_planted_at_the_markers_old_temporary
 
 @pytest.mark.parametrize("kind", RACES)
 @pytest.mark.parametrize("name", [pytest.param("summary.json", marks=pytest.mark.slow), outdir.MARKER])
-def test_report_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch,
-                                                                       hollow_notebooks, kind, name):
+def test_report_refuses_a_link_planted_between_its_check_and_its_write(
+    tmp_path, outside, monkeypatch, hollow_notebooks, kind, name
+):
     out = _report_dir(tmp_path)
     (out / "summary.json").write_text("{}\n")  # the last report's, to be replaced
     outside.plant_in_window(monkeypatch, kind, out / name)
@@ -523,8 +544,9 @@ def test_ingest_out_refuses_what_is_planted_at_a_tables_name(tmp_path, outside, 
 
 
 @pytest.mark.parametrize("kind", RACES)
-def test_ingest_out_refuses_a_link_planted_between_its_check_and_its_write(tmp_path, outside, monkeypatch, capsys,
-                                                                           kind):
+def test_ingest_out_refuses_a_link_planted_between_its_check_and_its_write(
+    tmp_path, outside, monkeypatch, capsys, kind
+):
     out = tmp_path / "out"
     out.mkdir()
     (out / TABLE).write_bytes(b"the last ingest's table\n")

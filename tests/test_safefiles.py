@@ -81,8 +81,13 @@ def tiny_filesystem(tmp_path):
     """A 64 KiB tmpfs: a real full disk (ENOSPC), where root can mount one."""
     where = tmp_path / "tiny"
     where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("needs root to mount a small tmpfs as a full disk")
     yield where
     subprocess.run(["umount", str(where)], check=True)
@@ -104,8 +109,8 @@ def test_shown_bounds_and_escapes_values_in_error_lines():
 
 
 def test_shown_names_a_huge_integer_by_its_size():
-    assert shown(10 ** 5000) == "an integer of about 5001 digits"  # str() of it would raise (over 4300 digits)
-    assert shown(-(10 ** 5000)).startswith("an integer of about ")
+    assert shown(10**5000) == "an integer of about 5001 digits"  # str() of it would raise (over 4300 digits)
+    assert shown(-(10**5000)).startswith("an integer of about ")
     assert shown(12345) == "12345" and shown(True) == "True"
 
 
@@ -150,8 +155,11 @@ def test_owner_refuses_a_file_of_another_user_or_writable_by_others(tmp_path):
     mine.chmod(0o600)
     assert read_bytes(mine, 10, owner=os.geteuid()) == b"{}"
     mine.chmod(0o622)
-    with pytest.raises(UnsafeFileError, match=rf"plan\.json: not a regular file of uid {os.geteuid()} writable only by it "
-                                              r"\(owner uid \d+, mode 0622\); refused"):
+    with pytest.raises(
+        UnsafeFileError,
+        match=rf"plan\.json: not a regular file of uid {os.geteuid()} writable only by it "
+        r"\(owner uid \d+, mode 0622\); refused",
+    ):
         read_bytes(mine, 10, owner=os.geteuid())
     mine.chmod(0o600)
     with pytest.raises(UnsafeFileError, match=r"not a regular file of uid 12345 writable only by it"):

@@ -14,16 +14,28 @@ from ticklab.capture.stopping import StoppingRule
 
 def experiment(tmp_path: Path):
     path = tmp_path / "fake.yaml"
-    path.write_text(yaml.safe_dump({
-        "claim": "hrtick", "name": "fake", "description": "made by a test executor", "runs": 3, "warmup": 1, "seed": 7,
-        "requires": [], "conditions": [{"name": "off"}, {"name": "on"}],
-        "workload": {"tool": "hackbench", "argv": ["true"]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "claim": "hrtick",
+                "name": "fake",
+                "description": "made by a test executor",
+                "runs": 3,
+                "warmup": 1,
+                "seed": 7,
+                "requires": [],
+                "conditions": [{"name": "off"}, {"name": "on"}],
+                "workload": {"tool": "hackbench", "argv": ["true"]},
+            }
+        )
+    )
     return load_experiment(path)
 
 
 class Recorder:
     """An executor that makes each run by writing its record and one result row (none for a warm-up), as a real one
     would (load_bundle refuses a results.csv row of a warm-up run)."""
+
     unit = "run"
 
     def __init__(self, stop_at: str | None = None, not_testable_at: str | None = None):
@@ -36,9 +48,17 @@ class Recorder:
             writer.manifest.not_testable = "the boot found no tracefs"
             return False
         self.made.append(planned.run)
-        writer.add_run({"run": planned.run, "condition": planned.condition.name, "order": planned.order,
-                        "warmup": planned.warmup, "status": "ok", "problem": None},
-                       [] if planned.warmup else [{"metric": "runtime_s", "value": 1.0 + planned.order, "unit": "s"}])
+        writer.add_run(
+            {
+                "run": planned.run,
+                "condition": planned.condition.name,
+                "order": planned.order,
+                "warmup": planned.warmup,
+                "status": "ok",
+                "problem": None,
+            },
+            [] if planned.warmup else [{"metric": "runtime_s", "value": 1.0 + planned.order, "unit": "s"}],
+        )
         return True
 
     def after_runs(self, writer, conditions) -> None:
@@ -51,8 +71,19 @@ def session(tmp_path, executor, writer=None):
     counts = (exp.runs, exp.warmup, exp.seed)
     planned = plan(conditions, counts)
     writer = writer or open_bundle(tmp_path / "traces", "fake-host", exp, {}, conditions, counts, planned)
-    made = Session(exp, executor, writer, planned, StoppingRule([], None, "fixed run count (a test)"), conditions,
-                   exp.seed, what="test capture", desc="test", progress=False, log=lambda _: None)
+    made = Session(
+        exp,
+        executor,
+        writer,
+        planned,
+        StoppingRule([], None, "fixed run count (a test)"),
+        conditions,
+        exp.seed,
+        what="test capture",
+        desc="test",
+        progress=False,
+        log=lambda _: None,
+    )
     return made, writer, planned
 
 

@@ -86,7 +86,9 @@ def test_anderson_ksamp_separates_and_does_not_separate():
 
 
 def test_coefficient_of_variation_uses_sample_stddev():
-    assert stats.coefficient_of_variation([2, 4, 4, 4, 5, 5, 7, 9]) == pytest.approx(np.std([2, 4, 4, 4, 5, 5, 7, 9], ddof=1) / 5 * 100)
+    assert stats.coefficient_of_variation([2, 4, 4, 4, 5, 5, 7, 9]) == pytest.approx(
+        np.std([2, 4, 4, 4, 5, 5, 7, 9], ddof=1) / 5 * 100
+    )
 
 
 def test_pct_diff_is_mmtests_pdiff():

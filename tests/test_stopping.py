@@ -20,16 +20,28 @@ from ticklab.paths import published_dir
 
 pytestmark = pytest.mark.xdist_group("machine")
 
-ON_OFF = Comparison("on vs off", "runtime_s", "hrtick-on", "hrtick-off", Target(1.2, 1, "derived: a test's", "x1.2", ()),
-                    margins=Margins(no_effect=0.05))
+ON_OFF = Comparison(
+    "on vs off",
+    "runtime_s",
+    "hrtick-on",
+    "hrtick-off",
+    Target(1.2, 1, "derived: a test's", "x1.2", ()),
+    margins=Margins(no_effect=0.05),
+)
 CONDITIONS = [Condition("hrtick-off", {}), Condition("hrtick-on", {})]
-ON_OFF_GOAL = PrecisionGoal("on vs off", "runtime_s", "hrtick-on", "hrtick-off", "median",
-                            ON_OFF.margins.precision_log(ON_OFF.target))
+ON_OFF_GOAL = PrecisionGoal(
+    "on vs off", "runtime_s", "hrtick-on", "hrtick-off", "median", ON_OFF.margins.precision_log(ON_OFF.target)
+)
 
 
 def frame(values: dict[str, list[float]]) -> pd.DataFrame:
-    return pd.DataFrame([{"run": f"{name}-{i}", "condition": name, "metric": "runtime_s", "value": v}
-                         for name, vs in values.items() for i, v in enumerate(vs)])
+    return pd.DataFrame(
+        [
+            {"run": f"{name}-{i}", "condition": name, "metric": "runtime_s", "value": v}
+            for name, vs in values.items()
+            for i, v in enumerate(vs)
+        ]
+    )
 
 
 def rule(time_s=600.0, max_runs=40) -> StoppingRule:
@@ -41,7 +53,9 @@ def rule(time_s=600.0, max_runs=40) -> StoppingRule:
 
 
 def test_a_precise_comparison_stops_and_a_noisy_one_asks_for_its_conditions():
-    precise = frame({"hrtick-off": [10.0, 10.1, 9.9, 10.0, 10.05, 9.95], "hrtick-on": [20.0, 20.1, 19.9, 20.0, 20.05, 19.95]})
+    precise = frame(
+        {"hrtick-off": [10.0, 10.1, 9.9, 10.0, 10.05, 9.95], "hrtick-on": [20.0, 20.1, 19.9, 20.0, 20.05, 19.95]}
+    )
     stopping = rule()
     assert stopping.next_round(precise, {"hrtick-off": 6, "hrtick-on": 6}, 1.0, CONDITIONS) == []
     assert stopping.reason.startswith("precision reached: all 1 comparison(s) met their target after 6 runs")
@@ -50,16 +64,19 @@ def test_a_precise_comparison_stops_and_a_noisy_one_asks_for_its_conditions():
 
     noisy = frame({"hrtick-off": [10, 14, 8, 12, 9, 13], "hrtick-on": [11, 15, 9, 13, 12, 10]})
     stopping = rule()
-    assert [c.name for c in stopping.next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6}, 1.0, CONDITIONS)] == \
-        ["hrtick-off", "hrtick-on"]
+    assert [c.name for c in stopping.next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6}, 1.0, CONDITIONS)] == [
+        "hrtick-off",
+        "hrtick-on",
+    ]
     assert stopping.reason is None and not stopping.checks[0]["comparisons"][0]["met"]
 
 
 def test_too_few_runs_are_never_precise_however_narrow_the_ci():
     narrow = frame({"hrtick-off": [10.0, 10.0, 10.01], "hrtick-on": [20.0, 20.0, 20.01]})
     stopping = rule()
-    assert stopping.next_round(narrow, {"hrtick-off": 3, "hrtick-on": 3}, 1.0, CONDITIONS), \
+    assert stopping.next_round(narrow, {"hrtick-off": 3, "hrtick-on": 3}, 1.0, CONDITIONS), (
         f"fewer than {MIN_RUNS} runs per condition must ask for more"
+    )
 
 
 def test_the_budgets_stop_a_capture_and_say_which():
@@ -87,8 +104,11 @@ def test_every_round_is_a_block_of_every_condition():
     """Even when one comparison alone is short, a round runs every condition, so time is never confounded with one."""
     three = CONDITIONS + [Condition("other", {})]
     noisy = frame({"hrtick-off": [10, 14, 8, 12, 9, 13], "hrtick-on": [11, 15, 9, 13, 12, 10]})
-    assert [c.name for c in rule().next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6, "other": 6}, 1.0, three)] == \
-        ["hrtick-off", "hrtick-on", "other"]
+    assert [c.name for c in rule().next_round(noisy, {"hrtick-off": 6, "hrtick-on": 6, "other": 6}, 1.0, three)] == [
+        "hrtick-off",
+        "hrtick-on",
+        "other",
+    ]
 
 
 def test_rounds_are_seeded_and_differ_from_round_to_round():
@@ -103,12 +123,24 @@ def write(directory: Path, **overrides) -> Path:
     # run-NNN gives a workload whose runtime varies from run to run (no randomness: the test is reproducible);
     # leading zeros go, or the shell reads 008 as a bad octal number and the run fails
     definition = {
-        "claim": "hrtick", "name": "fake-rounds", "description": "rounds on a fake workload", "runs": 3, "warmup": 1,
-        "timeout_s": 30, "seed": 5, "requires": [],
+        "claim": "hrtick",
+        "name": "fake-rounds",
+        "description": "rounds on a fake workload",
+        "runs": 3,
+        "warmup": 1,
+        "timeout_s": 30,
+        "seed": 5,
+        "requires": [],
         "conditions": [{"name": "hrtick-off", "base": 100}, {"name": "hrtick-on", "base": 300}],
-        "workload": {"tool": "hackbench", "argv": [
-            "sh", "-c", 'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"'],
-            "params": {"spread": 2}},
+        "workload": {
+            "tool": "hackbench",
+            "argv": [
+                "sh",
+                "-c",
+                'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"',
+            ],
+            "params": {"spread": 2},
+        },
         "budget": {"time_s": 300, "max_runs": 9},
     }
     definition.update(overrides)
@@ -120,9 +152,12 @@ def write(directory: Path, **overrides) -> Path:
 def run(path: Path, out: Path, **options) -> dict:
     said = []
     options.setdefault("goals", precision_goals("hrtick", published_dir()))
-    [bundle] = capture("hrtick", CaptureOptions(out=out, host_id="fake", progress=False, journal=out / "journal.json",
-                                                **options),
-                       experiment_path=path, log=said.append)
+    [bundle] = capture(
+        "hrtick",
+        CaptureOptions(out=out, host_id="fake", progress=False, journal=out / "journal.json", **options),
+        experiment_path=path,
+        log=said.append,
+    )
     manifest = load_bundle(bundle).manifest
     assert f"hrtick/fake-rounds: stopped — {manifest['stopping']['reason']}" in said
     return manifest
@@ -142,17 +177,31 @@ def test_a_capture_adds_rounds_until_precise_and_records_them(tmp_path):
     assert len(stopping["checks"]) == len({o["round"] for o in rounds}) + 1
     # every measured run is in a block of one run per condition, the added rounds too, blocks numbered on
     blocks = pd.DataFrame([o for o in manifest["order"] if not o["warmup"]])
-    assert blocks.groupby("block")["condition"].apply(sorted).map(tuple).unique().tolist() == [("hrtick-off", "hrtick-on")]
+    assert blocks.groupby("block")["condition"].apply(sorted).map(tuple).unique().tolist() == [
+        ("hrtick-off", "hrtick-on")
+    ]
     assert sorted(blocks["block"].unique()) == list(range(1, len(blocks) // 2 + 1))
     assert {o["block"] for o in rounds} == set(range(4, len(blocks) // 2 + 1))
 
 
 @pytest.mark.slow
 def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path):
-    manifest = run(write(tmp_path, workload={"tool": "hackbench", "argv": [
-        "sh", "-c", 'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"'],
-        "params": {"spread": 200}}, conditions=[{"name": "hrtick-off", "base": 100}, {"name": "hrtick-on", "base": 110}]),
-        tmp_path / "traces")
+    manifest = run(
+        write(
+            tmp_path,
+            workload={
+                "tool": "hackbench",
+                "argv": [
+                    "sh",
+                    "-c",
+                    'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"',
+                ],
+                "params": {"spread": 200},
+            },
+            conditions=[{"name": "hrtick-off", "base": 100}, {"name": "hrtick-on", "base": 110}],
+        ),
+        tmp_path / "traces",
+    )
     assert manifest["stopping"]["reason"].startswith("run budget spent (9 runs per condition)")
     assert {r["condition"] for r in manifest["runs"] if not r["warmup"]} == {"hrtick-off", "hrtick-on"}
     bundles = [BundleRef("fake", "hrtick", p) for p in (tmp_path / "traces" / "fake" / "hrtick").iterdir()]
@@ -170,8 +219,7 @@ def test_fixed_counts_say_why(tmp_path):
     assert len([r for r in fixed["runs"] if not r["warmup"]]) == 4
     assert run(write(tmp_path), tmp_path / "b", budget_s=0)["stopping"]["reason"] == "fixed run count (time budget 0)"
     unknown = run(write(tmp_path, conditions=[{"name": "a", "base": 1}, {"name": "b", "base": 2}]), tmp_path / "c")
-    assert unknown["stopping"]["reason"] == \
-        "fixed run count (no comparison of the claim has both its conditions here)"
+    assert unknown["stopping"]["reason"] == "fixed run count (no comparison of the claim has both its conditions here)"
     json.dumps(unknown)  # the manifest stays plain JSON
     ungiven = run(write(tmp_path), tmp_path / "d", goals=None)
     assert ungiven["stopping"]["reason"] == "fixed run count (no precision goals were given to the capture)"
@@ -189,9 +237,11 @@ def test_the_cli_hands_capture_the_claims_goals_from_its_published_dir(tmp_path)
 
 
 def test_a_malformed_budget_names_the_file(tmp_path):
-    for budget, said in (({"max_runs": 5}, "budget must be a mapping with time_s"),
-                         ({"time_s": "soon"}, "budget.time_s: 'soon' is not of type number"),
-                         ({"time_s": 10, "max_runs": 2}, r"budget needs time_s ≥ 0 and max_runs ≥ runs \(3\)")):
+    for budget, said in (
+        ({"max_runs": 5}, "budget must be a mapping with time_s"),
+        ({"time_s": "soon"}, "budget.time_s: 'soon' is not of type number"),
+        ({"time_s": 10, "max_runs": 2}, r"budget needs time_s ≥ 0 and max_runs ≥ runs \(3\)"),
+    ):
         path = write(tmp_path, budget=budget)
         with pytest.raises(ExperimentError, match=f"{path}: {said}"):
             load_experiment(path)
@@ -199,13 +249,21 @@ def test_a_malformed_budget_names_the_file(tmp_path):
 
 def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
     said = []
-    options = CaptureOptions(out=tmp_path, host_id="fake", dry_run=True, progress=False, journal=tmp_path / "j.json",
-                             goals=precision_goals("hrtick", published_dir()))
+    options = CaptureOptions(
+        out=tmp_path,
+        host_id="fake",
+        dry_run=True,
+        progress=False,
+        journal=tmp_path / "j.json",
+        goals=precision_goals("hrtick", published_dir()),
+    )
     assert capture("hrtick", options, experiment_path=write(tmp_path), log=said.append) == []
-    assert "stopping: after the initial runs, add rounds until simultaneous 95% CI half-width of each compared ratio, " \
-           "on the log scale, ≤ the half-width the verdict's words need (half the consistent-size band; the no-effect " \
-           "margin for a direction target), from at least 5 runs per condition; rounds add one run of every " \
-           "condition, for 3 comparison(s), within 300 s and 9 runs per condition" in said
+    assert (
+        "stopping: after the initial runs, add rounds until simultaneous 95% CI half-width of each compared ratio, "
+        "on the log scale, ≤ the half-width the verdict's words need (half the consistent-size band; the no-effect "
+        "margin for a direction target), from at least 5 runs per condition; rounds add one run of every "
+        "condition, for 3 comparison(s), within 300 s and 9 runs per condition" in said
+    )
 
 
 def test_capture_reads_its_targets_from_the_published_dir_it_is_given(tmp_path, capsys):
@@ -213,10 +271,43 @@ def test_capture_reads_its_targets_from_the_published_dir_it_is_given(tmp_path, 
     from ticklab.cli import main
 
     path = write(tmp_path)
-    assert main(["capture", "hrtick", "--experiment", str(path), "--dry-run", "--no-progress",
-                 "--journal", str(tmp_path / "j.json"), "--published-dir", str(tmp_path / "nowhere")]) == 2
-    assert capsys.readouterr().err.strip() == \
-        f"ticklab capture: {tmp_path / 'nowhere' / 'hrtick' / 'provenance.yaml'}: missing (no published data for claim 'hrtick')"
-    assert main(["capture", "hrtick", "--experiment", str(path), "--dry-run", "--no-progress", "--runs", "2",
-                 "--journal", str(tmp_path / "j.json"), "--published-dir", str(tmp_path / "nowhere")]) == 0, \
-        "a fixed run count needs no targets"
+    assert (
+        main(
+            [
+                "capture",
+                "hrtick",
+                "--experiment",
+                str(path),
+                "--dry-run",
+                "--no-progress",
+                "--journal",
+                str(tmp_path / "j.json"),
+                "--published-dir",
+                str(tmp_path / "nowhere"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        capsys.readouterr().err.strip()
+        == f"ticklab capture: {tmp_path / 'nowhere' / 'hrtick' / 'provenance.yaml'}: missing (no published data for claim 'hrtick')"
+    )
+    assert (
+        main(
+            [
+                "capture",
+                "hrtick",
+                "--experiment",
+                str(path),
+                "--dry-run",
+                "--no-progress",
+                "--runs",
+                "2",
+                "--journal",
+                str(tmp_path / "j.json"),
+                "--published-dir",
+                str(tmp_path / "nowhere"),
+            ]
+        )
+        == 0
+    ), "a fixed run count needs no targets"

@@ -41,8 +41,16 @@ def test_ftq_estimators_recover_the_planted_cost_and_share_where_one_minus_mean_
     assert cost["lost_fraction_max"] > SHARE + 0.02  # the old figure counts the speed jitter: > 2.5% for 0.5%
 
 
-def skewed_ftq(seed: int, phase_ns: float, tick_us: float, quantum: int = QUANTUM, period: int = PERIOD,
-               quanta: int = 5000, hit_share: float = 0.3, phase_jump_at: int | None = None):
+def skewed_ftq(
+    seed: int,
+    phase_ns: float,
+    tick_us: float,
+    quantum: int = QUANTUM,
+    period: int = PERIOD,
+    quanta: int = 5000,
+    hit_share: float = 0.3,
+    phase_jump_at: int | None = None,
+):
     """ftq counts as a real host gives them: most quanta pinned at the full rate (speed × lognormal(0, 0.0005)),
     a share of them hit by other interruptions of exponential length (mean 15 µs, the skewed noise whose largest
     draws a loss-maximising phase search picks up), and every tick costing ``tick_us`` from its time on (split
@@ -66,10 +74,18 @@ def skewed_ftq(seed: int, phase_ns: float, tick_us: float, quantum: int = QUANTU
 UNBIASED = 0.05  # the stated bound: the per-tick median within 5 % of the planted cost
 
 
-@pytest.mark.parametrize("seed,phase,jump,hits", [(11, 300_000.0, None, 0.3), (12, 985_000.0, None, 0.3),
-                                                  (13, 2_000_000.0, 2500, 0.3), (15, 3_990_000.0, None, 0.1)])
+@pytest.mark.parametrize(
+    "seed,phase,jump,hits",
+    [
+        (11, 300_000.0, None, 0.3),
+        (12, 985_000.0, None, 0.3),
+        (13, 2_000_000.0, 2500, 0.3),
+        (15, 3_990_000.0, None, 0.1),
+    ],
+)
 def test_the_fold_is_unbiased_within_five_percent_under_skewed_noise_where_the_loss_maximising_phase_was_not(
-        seed, phase, jump, hits):
+    seed, phase, jump, hits
+):
     # 15: every tick straddles a quantum's end (half its cost in each): fewer hits, as in the traced test below
     counts, end, _ = skewed_ftq(seed, phase, TICK_US, phase_jump_at=jump, hit_share=hits)
     cost = ftq_tick_cost(counts, end, QUANTUM, PERIOD)
@@ -128,8 +144,9 @@ def synthetic_gaps(seed: int, seconds: float = 5.0, t0: int = 5_599_009_378_455)
     duration = int(seconds * 1e9)
     first = PERIOD - t0 % PERIOD
     ticks = t0 + first + PERIOD * np.arange((duration - first) // PERIOD)
-    tick_gaps = pd.DataFrame({"start_ns": ticks - 9_000 - t0, "gap_ns": (GAP_US + rng.uniform(-1, 1, len(ticks))) * 1e3
-                              + READ_NS})
+    tick_gaps = pd.DataFrame(
+        {"start_ns": ticks - 9_000 - t0, "gap_ns": (GAP_US + rng.uniform(-1, 1, len(ticks))) * 1e3 + READ_NS}
+    )
     other = int(200 * seconds)
     others = pd.DataFrame({"start_ns": rng.integers(0, duration, other), "gap_ns": rng.uniform(2e3, 30e3, other)})
     gaps = pd.concat([tick_gaps, others]).sort_values("start_ns").astype(np.int64).reset_index(drop=True)
@@ -158,8 +175,12 @@ def traced_ticks(gaps: pd.DataFrame, header: dict, tick_count: int, other_irqs: 
     is_tick = np.mod(starts + 9_000, PERIOD) == 0
     entry = starts[is_tick][:tick_count] + int(BEFORE_US * 1e3)
     others = starts[~is_tick][:other_irqs] + 500
-    frame = pd.DataFrame({"entry_ns": np.concatenate([entry, others]),
-                          "tick": np.concatenate([np.ones(len(entry), bool), np.zeros(len(others), bool)])})
+    frame = pd.DataFrame(
+        {
+            "entry_ns": np.concatenate([entry, others]),
+            "tick": np.concatenate([np.ones(len(entry), bool), np.zeros(len(others), bool)]),
+        }
+    )
     frame["exit_ns"] = frame["entry_ns"] + 2_000
     frame["cost_ns"] = np.where(frame["tick"], SPAN_US * 1e3, 2_000.0)
     frame["span_end_ns"] = frame["entry_ns"] + frame["cost_ns"].astype(np.int64)
@@ -193,8 +214,10 @@ def test_matched_gap_cost_says_when_the_clocks_disagree_or_no_tick_was_traced():
     shifted = traced_ticks(gaps, header, ticks).assign(entry_ns=lambda f: f["entry_ns"] + 1_500_000)
     cost = matched_gap_tick_cost(gaps, header, shifted)
     assert cost["matched"] < ticks // 10 and np.isnan(cost["tick_gap_us_median"])
-    assert cost["reason"] == f"only {cost['matched']} of the {ticks} traced ticks fall inside a gap: the trace clock " \
-                             "and CLOCK_MONOTONIC disagree"
+    assert (
+        cost["reason"] == f"only {cost['matched']} of the {ticks} traced ticks fall inside a gap: the trace clock "
+        "and CLOCK_MONOTONIC disagree"
+    )
     none = matched_gap_tick_cost(gaps, header, shifted.assign(tick=False))
     assert none["reason"] == "no traced tick while the gap detector ran" and np.isnan(none["tick_gap_us_median"])
     late = matched_gap_tick_cost(gaps, header, shifted.assign(entry_ns=shifted["entry_ns"] + 10**10))
@@ -203,8 +226,10 @@ def test_matched_gap_cost_says_when_the_clocks_disagree_or_no_tick_was_traced():
 
 def test_gapdet_reader_rejects_bad_output_in_one_line(tmp_path):
     path = tmp_path / "gaps.dat"
-    path.write_text("# gapdet: 1\n# threshold_ns: 1000\n# duration_ns: 5\n# t0_ns: 1\n# reads: 3\n# read_ns_min: 20\n"
-                    "# read_ns_median: 20\n# gaps: 1\n# gaps_kept: 1\n12 x\n")
+    path.write_text(
+        "# gapdet: 1\n# threshold_ns: 1000\n# duration_ns: 5\n# t0_ns: 1\n# reads: 3\n# read_ns_min: 20\n"
+        "# read_ns_median: 20\n# gaps: 1\n# gaps_kept: 1\n12 x\n"
+    )
     with pytest.raises(WorkloadOutputError, match="gap line 1 is '12 x'"):
         read_gapdet(path)
     path.write_text("# ftq: 1\n")
@@ -218,9 +243,9 @@ def test_the_bundled_nohz_data_gives_every_setup_a_cost_per_tick_or_a_reason():
     where the sound lost work is a number it is below the old 1 − mean/max (which also counts speed jitter)."""
     from ticklab import paths
     from ticklab.analysis.captured import find_bundles
-    from ticklab.claims import nohz
     from ticklab.analysis.comparisons import measured_runs
     from ticklab.analysis.published import load_published
+    from ticklab.claims import nohz
 
     bundles = find_bundles(paths.repo_root() / "traces", "nohz")
     if not bundles:
@@ -230,7 +255,11 @@ def test_the_bundled_nohz_data_gives_every_setup_a_cost_per_tick_or_a_reason():
     for (setup, condition), rows in table.groupby(["setup", "condition"]):
         measured = rows.set_index("quantity")["measured"]
         for _column, quantity, _scale, _seeded in nohz.WORKLOAD_COST_ROWS:
-            assert isinstance(measured[quantity], (float, str)) and measured[quantity] != "", (setup, condition, quantity)
+            assert isinstance(measured[quantity], (float, str)) and measured[quantity] != "", (
+                setup,
+                condition,
+                quantity,
+            )
         sound = measured["FTQ work lost (%, 1 − mean / median tick-free quantum)"]
         old = measured.get("sensitivity only: FTQ work lost (%, old 1 − mean/max; counts speed jitter)")
         if isinstance(sound, float) and isinstance(old, float):
@@ -240,15 +269,24 @@ def test_the_bundled_nohz_data_gives_every_setup_a_cost_per_tick_or_a_reason():
 def test_derived_targets_take_ftq_then_matched_then_folded_gaps():
     from ticklab.claims.nohz import derived_targets_from_measured
 
-    costs = pd.DataFrame({"setup": ["a", "a", "b", "c"], "condition": ["on"] * 4, "period_ns": [1_000_000] * 4,
-                          "ftq_tick_us_median": [30.0, 32.0, np.nan, np.nan],
-                          "matched_tick_us_median": [20.0, 20.0, 46.0, np.nan],
-                          "gap_tick_us_median": [21.0, 21.0, 46.6, 40.0]})
+    costs = pd.DataFrame(
+        {
+            "setup": ["a", "a", "b", "c"],
+            "condition": ["on"] * 4,
+            "period_ns": [1_000_000] * 4,
+            "ftq_tick_us_median": [30.0, 32.0, np.nan, np.nan],
+            "matched_tick_us_median": [20.0, 20.0, 46.0, np.nan],
+            "gap_tick_us_median": [21.0, 21.0, 46.6, 40.0],
+        }
+    )
     rows = derived_targets_from_measured(costs).set_index("setup")
     assert rows["from"].to_dict() == {"a": "FTQ", "b": "gap detector, matched ticks", "c": "gap detector, folded"}
     assert rows["µs per tick"].to_dict() == {"a": 31.0, "b": 46.0, "c": 40.0}
     assert rows.loc["b", "nohz_full gain at HZ=1000"] == pytest.approx(1 / (1 - 46.0e-3), abs=1e-5)
-    assert rows.loc["b", "provenance"] == "derived from this setup's measured cost (gap detector, matched ticks, 46.0 µs per tick)"
+    assert (
+        rows.loc["b", "provenance"]
+        == "derived from this setup's measured cost (gap detector, matched ticks, 46.0 µs per tick)"
+    )
 
 
 def test_every_bundled_nohz_condition_has_its_own_label_and_colour():
@@ -258,8 +296,11 @@ def test_every_bundled_nohz_condition_has_its_own_label_and_colour():
     from ticklab.analysis.captured import find_bundles
     from ticklab.claims.nohz import CONDITION_COLORS, CONDITION_LABELS
 
-    conditions = {c["name"] for ref in find_bundles(paths.repo_root() / "traces", "nohz")
-                  for c in ref.load().manifest.get("conditions", [])}
+    conditions = {
+        c["name"]
+        for ref in find_bundles(paths.repo_root() / "traces", "nohz")
+        for c in ref.load().manifest.get("conditions", [])
+    }
     assert conditions and conditions <= set(CONDITION_LABELS) and conditions <= set(CONDITION_COLORS)
     for setup_conditions in (("tick-on", "nohz-full"), ("hz1000", "hz250", "hz1000-nohz_full")):
         assert len({CONDITION_COLORS[c] for c in setup_conditions}) == len(setup_conditions)

@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+from test_ingest import HEADER_PAGE, page, record
 from ticklab.trace.ingest import read_trace
 from ticklab.trace.tracemetrics import tick_rows, timer_interrupt_costs
 
-from conftest import REPO
-from test_ingest import HEADER_PAGE, page, record
-
-HEADER = "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n" \
-         "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n" \
-         "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n" \
-         "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+HEADER = (
+    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+)
 # (system, name, id, fields as (declaration, struct code)), as this host's tracefs describes them
 EVENTS = {
     "local_timer_entry": ("irq_vectors", 165, [("int vector", "i")]),
@@ -38,7 +39,7 @@ def format_text(name: str) -> str:
         size = struct.calcsize(code)
         lines.append(f"\tfield:{declaration};\toffset:{offset};\tsize:{size};\tsigned:{int(code.islower())};\n")
         offset += size
-    return f"name: {name}\nID: {ident}\nformat:\n{HEADER}{''.join(lines)}\nprint fmt: \"\"\n"
+    return f'name: {name}\nID: {ident}\nformat:\n{HEADER}{"".join(lines)}\nprint fmt: ""\n'
 
 
 def payload(name: str, *values) -> bytes:
@@ -46,8 +47,12 @@ def payload(name: str, *values) -> bytes:
     return struct.pack("<HBBi" + "".join(code for _, code in fields), ident, 0, 0, 0, *values)
 
 
-def write_capture(directory: Path, events: dict[int, list[tuple[int, str, tuple]]], kallsyms: str | None = KALLSYMS,
-                  softirqs: bool = True) -> Path:
+def write_capture(
+    directory: Path,
+    events: dict[int, list[tuple[int, str, tuple]]],
+    kallsyms: str | None = KALLSYMS,
+    softirqs: bool = True,
+) -> Path:
     """A tracefs capture of ``events`` per CPU ((timestamp ns, event, field values)), one page per CPU."""
     directory.mkdir(parents=True)
     (directory / "header_page").write_text(HEADER_PAGE)
@@ -85,18 +90,26 @@ def known_events() -> dict[int, list]:
     19, 10, 14, 25 and 12 µs, and three other timer interrupts costing 10, 5 and 3 µs; CPU 0 has a tick of its own."""
     t = [1 * MS + k * 4 * MS for k in range(5)]
     cpu1 = [
-        *interrupt(t[0], 10, [TICK_FN], [TIMER, RCU]), *softirq(t[0] + 11 * US, TIMER, 3), *softirq(t[0] + 14 * US, RCU, 6),
+        *interrupt(t[0], 10, [TICK_FN], [TIMER, RCU]),
+        *softirq(t[0] + 11 * US, TIMER, 3),
+        *softirq(t[0] + 14 * US, RCU, 6),
         *interrupt(t[1], 10, [TICK_FN]),  # a tick that raised nothing
         # a non-tick hrtimer (a sleeper's wakeup) raising HRTIMER: 8 µs + 2 µs
-        *interrupt(t[1] + 2 * MS, 8, [WAKEUP_FN], [HRTIMER]), *softirq(t[1] + 2 * MS + 9 * US, HRTIMER, 2),
+        *interrupt(t[1] + 2 * MS, 8, [WAKEUP_FN], [HRTIMER]),
+        *softirq(t[1] + 2 * MS + 9 * US, HRTIMER, 2),
         # SCHED raised by the tick runs after a BLOCK run a disk interrupt raised, which is not the tick's
-        *interrupt(t[2], 10, [TICK_FN], [SCHED]), *softirq(t[2] + 10 * US + 500, BLOCK, 2),
+        *interrupt(t[2], 10, [TICK_FN], [SCHED]),
+        *softirq(t[2] + 10 * US + 500, BLOCK, 2),
         *softirq(t[2] + 12 * US + 500, SCHED, 4),
         # RCU runs 20 µs, 5 of them in a nested non-tick interrupt (which is its own 5 µs): the tick costs 10 + 15
-        *interrupt(t[3], 10, [TICK_FN], [RCU]), *softirq(t[3] + 11 * US, RCU, 20), *interrupt(t[3] + 15 * US, 5, [WAKEUP_FN]),
+        *interrupt(t[3], 10, [TICK_FN], [RCU]),
+        *softirq(t[3] + 11 * US, RCU, 20),
+        *interrupt(t[3] + 15 * US, 5, [WAKEUP_FN]),
         *interrupt(t[3] + 3 * MS, 3),  # an interrupt that found no expired hrtimer
         # TIMER raised here runs 2 µs; a second TIMER run before the next interrupt is not the tick's
-        *interrupt(t[4], 10, [TICK_FN], [TIMER]), *softirq(t[4] + 10 * US, TIMER, 2), *softirq(t[4] + 1 * MS, TIMER, 50),
+        *interrupt(t[4], 10, [TICK_FN], [TIMER]),
+        *softirq(t[4] + 10 * US, TIMER, 2),
+        *softirq(t[4] + 1 * MS, TIMER, 50),
     ]
     cpu0 = [*interrupt(t[0] + 100 * US, 40, [TICK_FN], [RCU]), *softirq(t[0] + 141 * US, RCU, 70)]
     return {0: cpu0, 1: cpu1}
@@ -115,14 +128,26 @@ def test_ticks_and_other_timer_interrupts_cost_what_was_written(tmp_path):
     # the window the tracepoints cover: to the last attributed softirq's exit (the nested interrupt's inside RCU's)
     assert ((costs["span_end_ns"] - costs["entry_ns"]) / US).tolist() == [20, 10, 11, 16.5, 31, 5, 3, 12]
     span_us = 16_000  # first to last timer interrupt on CPU 1
-    assert rows_of(tmp_path / "trace") == pytest.approx({
-        "tick_irqs": 5, "tick_rate_hz": 250.0,
-        "tick_irq_us_median": 10, "tick_irq_us_p99": 10, "tick_irq_time_fraction": 50 / span_us,
-        "tick_us_median": 14, "tick_us_p99": 19 + 0.96 * 6, "tick_time_fraction": 80 / span_us,
-        "nontick_timer_irqs": 3, "nontick_timer_irq_rate_hz": 3 / 0.016,
-        "nontick_timer_irq_us_median": 5, "nontick_timer_irq_us_p99": 5 + 0.98 * 3, "nontick_timer_irq_time_fraction": 16 / span_us,
-        "nontick_timer_us_median": 5, "nontick_timer_us_p99": 5 + 0.98 * 5, "nontick_timer_time_fraction": 18 / span_us,
-    })
+    assert rows_of(tmp_path / "trace") == pytest.approx(
+        {
+            "tick_irqs": 5,
+            "tick_rate_hz": 250.0,
+            "tick_irq_us_median": 10,
+            "tick_irq_us_p99": 10,
+            "tick_irq_time_fraction": 50 / span_us,
+            "tick_us_median": 14,
+            "tick_us_p99": 19 + 0.96 * 6,
+            "tick_time_fraction": 80 / span_us,
+            "nontick_timer_irqs": 3,
+            "nontick_timer_irq_rate_hz": 3 / 0.016,
+            "nontick_timer_irq_us_median": 5,
+            "nontick_timer_irq_us_p99": 5 + 0.98 * 3,
+            "nontick_timer_irq_time_fraction": 16 / span_us,
+            "nontick_timer_us_median": 5,
+            "nontick_timer_us_p99": 5 + 0.98 * 5,
+            "nontick_timer_time_fraction": 18 / span_us,
+        }
+    )
     [cpu0] = timer_interrupt_costs(trace, 0)[["tick", "cost_ns"]].itertuples(index=False)
     assert tuple(cpu0) == (True, 110 * US)
 
@@ -146,8 +171,11 @@ def test_a_guest_trace_dat_names_the_tick_from_its_own_kallsyms():
     import json
 
     # the guest-ftq bundles (HZ=1000/250/nohz_full lab kernels), not the lab host's or kexec plans' bundles
-    bundles = sorted(p for p in (REPO / "traces").glob("guest-tcg-2vcpu-*/nohz/*-guest-ftq")
-                     if any(c["name"] == "hz250" for c in json.loads((p / "manifest.json").read_text())["conditions"]))
+    bundles = sorted(
+        p
+        for p in (REPO / "traces").glob("guest-tcg-2vcpu-*/nohz/*-guest-ftq")
+        if any(c["name"] == "hz250" for c in json.loads((p / "manifest.json").read_text())["conditions"])
+    )
     if not bundles:
         pytest.skip("no bundled guest nohz bundle with an hz250 condition")
     manifest = json.loads((bundles[0] / "manifest.json").read_text())

@@ -7,6 +7,7 @@ import sys
 import pytest
 import yaml
 
+from conftest import REPO
 from ticklab import paths
 from ticklab.analysis.published import PublishedDataError, load_published, verify_against_source
 from ticklab.bundle import BundleError, BundleWriter
@@ -15,8 +16,6 @@ from ticklab.capture.process import WorkloadOutputError
 from ticklab.capture.workloads import parse_clockbench, parse_ftq, parse_hackbench, parse_timejobs
 from ticklab.report.build import run_report
 from ticklab.report.notebook import ParameterError, check_parameters
-
-from conftest import REPO
 
 pytestmark = pytest.mark.xdist_group("machine")
 
@@ -36,26 +35,29 @@ def _experiment(tmp_path, **changes):
     return path
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"runs": -1}, "runs: -1 is not >= 1"),
-    ({"knobs": "clocksource"}, "knobs: 'clocksource' is not of type"),
-    ({"runs": True}, "runs: True is not of type integer"),
-    ({"runs": 10**9}, "runs: 1000000000 is not <= 10000"),
-    ({"name": "../../etc/x"}, "name: '../../etc/x' is not of the allowed form"),
-    ({"claim": "no/dz"}, "claim: 'no/dz' is not of the allowed form"),
-    ({"timeout_s": "soon"}, "timeout_s: 'soon' is not of type number"),
-    ({"trace__buffer_kb": -5}, "trace.buffer_kb: -5 is not >= 1"),
-    ({"conditions": {"matrix": "threads"}}, "conditions.matrix: 'threads' is not of type object"),
-    ({"conditions": [{"name": "a", "clients": {"per_cpu": "half"}}]}, "conditions"),
-    ({"workload__argv": []}, "workload.argv: [] is not at least 1 item(s)"),
-    ({"lab": {"smp": "two"}}, "lab.smp: 'two' is not of type integer"),
-    ({"budget": {"time_s": 10, "max_runs": 10**8}}, "budget.max_runs: 100000000 is not <= 10000"),
-    ({"requires": ["root", "bogus:thing"]}, "requires[1]: 'bogus:thing' is not of the allowed form"),
-    # NaN passes every JSON Schema bound (timeout_s: .nan would turn the timeout off)
-    ({"timeout_s": float("nan")}, "timeout_s: nan is not a finite number"),
-    ({"lab": {"boot_timeout_s": float("inf")}}, "lab.boot_timeout_s: inf is not a finite number"),
-    ({"budget": {"time_s": float("-inf")}}, "budget.time_s: -inf is not a finite number"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"runs": -1}, "runs: -1 is not >= 1"),
+        ({"knobs": "clocksource"}, "knobs: 'clocksource' is not of type"),
+        ({"runs": True}, "runs: True is not of type integer"),
+        ({"runs": 10**9}, "runs: 1000000000 is not <= 10000"),
+        ({"name": "../../etc/x"}, "name: '../../etc/x' is not of the allowed form"),
+        ({"claim": "no/dz"}, "claim: 'no/dz' is not of the allowed form"),
+        ({"timeout_s": "soon"}, "timeout_s: 'soon' is not of type number"),
+        ({"trace__buffer_kb": -5}, "trace.buffer_kb: -5 is not >= 1"),
+        ({"conditions": {"matrix": "threads"}}, "conditions.matrix: 'threads' is not of type object"),
+        ({"conditions": [{"name": "a", "clients": {"per_cpu": "half"}}]}, "conditions"),
+        ({"workload__argv": []}, "workload.argv: [] is not at least 1 item(s)"),
+        ({"lab": {"smp": "two"}}, "lab.smp: 'two' is not of type integer"),
+        ({"budget": {"time_s": 10, "max_runs": 10**8}}, "budget.max_runs: 100000000 is not <= 10000"),
+        ({"requires": ["root", "bogus:thing"]}, "requires[1]: 'bogus:thing' is not of the allowed form"),
+        # NaN passes every JSON Schema bound (timeout_s: .nan would turn the timeout off)
+        ({"timeout_s": float("nan")}, "timeout_s: nan is not a finite number"),
+        ({"lab": {"boot_timeout_s": float("inf")}}, "lab.boot_timeout_s: inf is not a finite number"),
+        ({"budget": {"time_s": float("-inf")}}, "budget.time_s: -inf is not a finite number"),
+    ],
+)
 def test_a_bad_experiment_names_the_file_and_field(tmp_path, changes, message):
     path = _experiment(tmp_path, **changes)
     with pytest.raises(ExperimentError) as raised:
@@ -66,12 +68,14 @@ def test_a_bad_experiment_names_the_file_and_field(tmp_path, changes, message):
 
 def test_an_argv_with_an_unbalanced_brace_is_one_line():
     from ticklab.capture.experiment import fill_argv
+
     with pytest.raises(ExperimentError, match=r"^x.yaml: argv item '-j\{nproc' is not a valid template"):
         fill_argv(["make", "-j{nproc"], {"nproc": 2}, "x.yaml")
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b"[" * 5000, b"claim: [unclosed", b"- a\n- b\n", b"",
-                                     b"a: &a [*a, *a]\n"])
+@pytest.mark.parametrize(
+    "content", [b"\xff\xfe\x00", b"[" * 5000, b"claim: [unclosed", b"- a\n- b\n", b"", b"a: &a [*a, *a]\n"]
+)
 def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
     path = tmp_path / "x.yaml"
     path.write_bytes(content)
@@ -79,25 +83,37 @@ def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
         load_experiment(path)
 
 
-@pytest.mark.parametrize("path, message", [("/dev/zero", "a device, not a regular file"),
-                                           ("/tmp", "a directory, not a regular file"),
-                                           ("/proc/self/status", "not valid YAML")])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/dev/zero", "a device, not a regular file"),
+        ("/tmp", "a directory, not a regular file"),
+        ("/proc/self/status", "not valid YAML"),
+    ],
+)
 def test_an_experiment_that_is_no_yaml_file_is_refused_in_bounded_memory(path, message):
     """/dev/zero as an experiment grew a capture to 10 GB before: st_size says nothing of devices or /proc files."""
     with pytest.raises(ExperimentError, match=f"^{path}: {message}"):
         load_experiment(path)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--runs", "-1"], "argument --runs: -1 is not from 1 to 10000"),
-    (["--runs", "0"], "argument --runs: 0 is not from 1 to 10000"),
-    (["--runs", "99999999999"], "is not from 1 to 10000"),
-    (["--budget-s", "nan"], "argument --budget-s: nan is not from 0"),
-    (["--warmup", "x"], "argument --warmup: 'x' is not a whole number"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--runs", "-1"], "argument --runs: -1 is not from 1 to 10000"),
+        (["--runs", "0"], "argument --runs: 0 is not from 1 to 10000"),
+        (["--runs", "99999999999"], "is not from 1 to 10000"),
+        (["--budget-s", "nan"], "argument --budget-s: nan is not from 0"),
+        (["--warmup", "x"], "argument --warmup: 'x' is not a whole number"),
+    ],
+)
 def test_run_counts_out_of_range_are_usage_errors(tmp_path, argv, message):
-    proc = subprocess.run([sys.executable, "-m", "ticklab.cli", "capture", "nohz", *argv, "--out", str(tmp_path),
-                           "--dry-run"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "capture", "nohz", *argv, "--out", str(tmp_path), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir())
 
@@ -127,12 +143,15 @@ def _clockbench(tmp_path, rows):
     (tmp_path / "stdout.txt").write_text(header + "\n".join(rows) + "\n")
 
 
-@pytest.mark.parametrize("second_row", [
-    "1 1 1000 1000000000 1000.0",                              # short: once NaN that halved the total
-    "1 1 1000 1000000000 nan 20.0 20 30 40 50",
-    "1 1 1000 1000000000 -1000.0 20.0 20 30 40 50",
-    "1 1 1000 1000000000 inf 20.0 20 30 40 50",
-])
+@pytest.mark.parametrize(
+    "second_row",
+    [
+        "1 1 1000 1000000000 1000.0",  # short: once NaN that halved the total
+        "1 1 1000 1000000000 nan 20.0 20 30 40 50",
+        "1 1 1000 1000000000 -1000.0 20.0 20 30 40 50",
+        "1 1 1000 1000000000 inf 20.0 20 30 40 50",
+    ],
+)
 def test_clockbench_rows_must_be_complete_finite_and_non_negative(tmp_path, second_row):
     _clockbench(tmp_path, ["0 0 1000 1000000000 1000.0 20.0 20 30 40 50", second_row])
     with pytest.raises(WorkloadOutputError, match="stdout.txt: thread row 2 is .* finite non-negative numbers"):
@@ -177,13 +196,19 @@ def test_the_published_loader_reads_nothing_outside_the_seeds_directory(tmp_path
     assert "is not a file inside the seeds directory" in problem
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d["tables"].update({"../x.csv": None}), "tables: key '../x.csv' is not allowed here"),
-    (lambda d: d["source"].update({"sha256": 5}), "source.sha256: 5 is not of type string"),
-    (lambda d: next(iter(d["tables"].values()))["rows"].update({"x": {"quote": 3}}), "quote: 3 is not of type string"),
-    (lambda d: d.update(claim=["hpet"]), "claim: ['hpet'] is not of type string"),
-    (lambda d: d.update(claim="nohz"), "claim: 'nohz' is not 'hpet', the claim its directory is named for"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["tables"].update({"../x.csv": None}), "tables: key '../x.csv' is not allowed here"),
+        (lambda d: d["source"].update({"sha256": 5}), "source.sha256: 5 is not of type string"),
+        (
+            lambda d: next(iter(d["tables"].values()))["rows"].update({"x": {"quote": 3}}),
+            "quote: 3 is not of type string",
+        ),
+        (lambda d: d.update(claim=["hpet"]), "claim: ['hpet'] is not of type string"),
+        (lambda d: d.update(claim="nohz"), "claim: 'nohz' is not 'hpet', the claim its directory is named for"),
+    ],
+)
 def test_provenance_of_the_wrong_shape_names_the_field(published_copy, edit, message):
     provenance = published_copy / "hpet" / "provenance.yaml"
     data = yaml.safe_load(provenance.read_text())
@@ -214,14 +239,17 @@ def test_a_fifo_in_the_published_layer_is_refused_without_blocking(published_cop
         load_published(published_copy, "hpet")
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"alpha": "abc"}, "alpha: 'abc' is not of type number"),
-    ({"alpha": 1.5}, "alpha: 1.5 is not < 1"),
-    ({"alpha": 0}, "alpha: 0 is not > 0"),
-    ({"n_boot": 10.5}, "n_boot: 10.5 is not of type integer"),
-    ({"seed": -1}, "seed: -1 is not >= 0"),
-    ({"alpha": float("nan")}, "alpha: nan is not a finite number"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"alpha": "abc"}, "alpha: 'abc' is not of type number"),
+        ({"alpha": 1.5}, "alpha: 1.5 is not < 1"),
+        ({"alpha": 0}, "alpha: 0 is not > 0"),
+        ({"n_boot": 10.5}, "n_boot: 10.5 is not of type integer"),
+        ({"seed": -1}, "seed: -1 is not >= 0"),
+        ({"alpha": float("nan")}, "alpha: nan is not a finite number"),
+    ],
+)
 def test_notebook_parameters_are_checked(values, message):
     with pytest.raises(ParameterError, match=f"^01-hpet.ipynb: {message}"):
         check_parameters({"alpha": 0.05, "n_boot": 1000, "seed": 0, **values}, "01-hpet.ipynb")
@@ -229,8 +257,16 @@ def test_notebook_parameters_are_checked(values, message):
 
 def test_report_refuses_bad_parameters_before_running_anything(tmp_path):
     log = []
-    assert run_report(tmp_path / "out", data_dir=paths.traces_dir(), published_dir=paths.published_dir(),
-                      parameters={"alpha": "abc"}, log=log.append) == 2
+    assert (
+        run_report(
+            tmp_path / "out",
+            data_dir=paths.traces_dir(),
+            published_dir=paths.published_dir(),
+            parameters={"alpha": "abc"},
+            log=log.append,
+        )
+        == 2
+    )
     assert log == ["error: ticklab report parameters: alpha: 'abc' is not of type number"]
     assert not (tmp_path / "out").exists()
 
@@ -240,7 +276,9 @@ def test_a_non_finite_metric_makes_the_run_a_problem_not_a_nan_row(tmp_path, mon
 
     experiment = load_experiment(REPO / "runners/hrtick/hackbench.yaml")
     experiment.trace = None
-    monkeypatch.setitem(session.PARSERS, "hackbench", lambda _: [{"metric": "runtime_s", "value": float("nan"), "unit": "s"}])
+    monkeypatch.setitem(
+        session.PARSERS, "hackbench", lambda _: [{"metric": "runtime_s", "value": float("nan"), "unit": "s"}]
+    )
     rows, problem = session.run_results(experiment, tmp_path, {"status": "ok"}, {})
     assert rows == [] and "metric(s) runtime_s not finite" in problem
 
@@ -250,26 +288,44 @@ def test_a_non_finite_metric_makes_the_run_a_problem_not_a_nan_row(tmp_path, mon
 ACPI_IDLE = REPO / "runners/acpi-idle/tbench.yaml"
 
 
-@pytest.mark.parametrize("edit, message", [
-    # PyYAML's int() raises ValueError (over 4300 digits) outside the YAML error handler
-    (lambda t: t.replace("seed: 20261121", "seed: " + "1" * 5000),
-     "seed: !!int value '1111111111111111111111111111111111111111… (5000 characters)' cannot be read (a number of "
-     "thousands of digits)"),
-    # in hex it loads (no digit limit for base 16): refused by size, and the message does not try to print it
-    (lambda t: t.replace("seed: 20261121", "seed: 0x" + "f" * 5000), "seed: an integer of about 6021 digits is too large"),
-    (lambda t: t.replace("seed: 20261121", "seed: 18446744073709551616"), "seed: 18446744073709551616 is not <= "),
-    # a non-string key: sorting and joining the unknown keys raised TypeError
-    (lambda t: t + "1: x\n", "key 1 is not a string (quote it)"),
-    (lambda t: t.replace("  params: {seconds: 30}", "  params: {seconds: 30, on: 1}"),
-     "workload.params: key True is not a string"),
-    # a trace without events: KeyError 'events' in the dry run
-    (lambda t: t + "trace: {buffer_kb: 1024}\n", "trace: 'events' is missing"),
-    # idle: shallow: IndexError in apply_knobs when the run applied it
-    (lambda t: t.replace('idle: "@deepest_disabled"', "idle: shallow"),
-     "conditions[1].idle: 'shallow' is not an idle config (all, max=<cpuidle state>"),
-    (lambda t: t.replace('idle: "@deepest_disabled"', "idle: max="), "conditions[1].idle: 'max=' is not an idle config"),
-    (lambda t: t.replace('idle: "@deepest_disabled"', "idle: [all, 3]"), "conditions[1].idle: 3 is not an idle config"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        # PyYAML's int() raises ValueError (over 4300 digits) outside the YAML error handler
+        (
+            lambda t: t.replace("seed: 20261121", "seed: " + "1" * 5000),
+            "seed: !!int value '1111111111111111111111111111111111111111… (5000 characters)' cannot be read (a number of "
+            "thousands of digits)",
+        ),
+        # in hex it loads (no digit limit for base 16): refused by size, and the message does not try to print it
+        (
+            lambda t: t.replace("seed: 20261121", "seed: 0x" + "f" * 5000),
+            "seed: an integer of about 6021 digits is too large",
+        ),
+        (lambda t: t.replace("seed: 20261121", "seed: 18446744073709551616"), "seed: 18446744073709551616 is not <= "),
+        # a non-string key: sorting and joining the unknown keys raised TypeError
+        (lambda t: t + "1: x\n", "key 1 is not a string (quote it)"),
+        (
+            lambda t: t.replace("  params: {seconds: 30}", "  params: {seconds: 30, on: 1}"),
+            "workload.params: key True is not a string",
+        ),
+        # a trace without events: KeyError 'events' in the dry run
+        (lambda t: t + "trace: {buffer_kb: 1024}\n", "trace: 'events' is missing"),
+        # idle: shallow: IndexError in apply_knobs when the run applied it
+        (
+            lambda t: t.replace('idle: "@deepest_disabled"', "idle: shallow"),
+            "conditions[1].idle: 'shallow' is not an idle config (all, max=<cpuidle state>",
+        ),
+        (
+            lambda t: t.replace('idle: "@deepest_disabled"', "idle: max="),
+            "conditions[1].idle: 'max=' is not an idle config",
+        ),
+        (
+            lambda t: t.replace('idle: "@deepest_disabled"', "idle: [all, 3]"),
+            "conditions[1].idle: 3 is not an idle config",
+        ),
+    ],
+)
 def test_issue27_experiment_yaml_that_raised_is_one_line(tmp_path, edit, message):
     path = tmp_path / "tbench.yaml"
     path.write_text(edit(ACPI_IDLE.read_text()))
@@ -301,8 +357,12 @@ def test_issue27_an_idle_config_disables_the_deeper_states(value, disabled):
 
     experiment = load_experiment(ACPI_IDLE)
     host = _IdleHost()
-    apply_knobs(host, experiment, Condition("c", {"idle": value}),
-                {"online_cpus": [0, 1], "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}, {"name": "C2"}]}})
+    apply_knobs(
+        host,
+        experiment,
+        Condition("c", {"idle": value}),
+        {"online_cpus": [0, 1], "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}, {"name": "C2"}]}},
+    )
     assert host.disabled == disabled
 
 
@@ -314,8 +374,15 @@ def test_issue27_an_idle_config_this_host_cannot_apply_is_one_line(value):
 
     experiment = load_experiment(ACPI_IDLE)
     host = _IdleHost()
-    with pytest.raises(ExperimentError, match=rf"tbench.yaml: knobs.idle: idle config '{value}' names no cpuidle "
-                                              r"state of this host \(states: POLL, C1\)$"):
-        apply_knobs(host, experiment, Condition("c", {"idle": value}),
-                    {"online_cpus": [0, 1], "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}]}})
+    with pytest.raises(
+        ExperimentError,
+        match=rf"tbench.yaml: knobs.idle: idle config '{value}' names no cpuidle "
+        r"state of this host \(states: POLL, C1\)$",
+    ):
+        apply_knobs(
+            host,
+            experiment,
+            Condition("c", {"idle": value}),
+            {"online_cpus": [0, 1], "cpuidle": {"states": [{"name": "POLL"}, {"name": "C1"}]}},
+        )
     assert host.disabled == []

@@ -61,8 +61,11 @@ def _row(verdict_and_reason) -> Verdict:
 
 
 def test_every_word_the_verdict_returns_maps_to_exactly_one_entry():
-    ratio, direction_only, no_worse = Target(1.2, 1, "printed", "", ()), Target(None, 1, "printed", "", ()), \
-        Target(None, 1, "printed", "", (), no_worse_than=1.05)
+    ratio, direction_only, no_worse = (
+        Target(1.2, 1, "printed", "", ()),
+        Target(None, 1, "printed", "", ()),
+        Target(None, 1, "printed", "", (), no_worse_than=1.05),
+    )
     m = Margins(no_effect=0.05)
 
     def word(target, estimate, low, high):
@@ -94,8 +97,9 @@ def test_every_word_the_verdict_returns_maps_to_exactly_one_entry():
 def test_a_huge_effect_at_cv_2pct_and_10_runs_is_on_the_sources_side(comparisons):
     """Twice the target's log-effect (×1.18 for nohz_full's ×1.087): a same-side word in >= 95%."""
     claim, comparison = comparisons["nohz-full-ftq"]
-    counts, _ = vc.word_counts(claim, "nohz-full-ftq", comparison, "double", 0.02, 10, 0.0, 40, n_boot=N_BOOT,
-                               analyses=("independent",))
+    counts, _ = vc.word_counts(
+        claim, "nohz-full-ftq", comparison, "double", 0.02, 10, 0.0, 40, n_boot=N_BOOT, analyses=("independent",)
+    )
     counts = counts["independent"]
     same_side = sum(counts[w] for w, word in vc.WORDS.items() if "same side" in word.categories)
     assert same_side >= 0.95 * 40, counts
@@ -103,8 +107,9 @@ def test_a_huge_effect_at_cv_2pct_and_10_runs_is_on_the_sources_side(comparisons
 
 def test_no_effect_at_cv_2pct_and_10_runs_rarely_gets_a_same_side_word(comparisons):
     claim, comparison = comparisons["hrtick-series"]
-    counts, _ = vc.word_counts(claim, "hrtick-series", comparison, "none", 0.02, 10, 0.0, 40, n_boot=N_BOOT,
-                               analyses=("independent",))
+    counts, _ = vc.word_counts(
+        claim, "hrtick-series", comparison, "none", 0.02, 10, 0.0, 40, n_boot=N_BOOT, analyses=("independent",)
+    )
     counts = counts["independent"]
     same_side = sum(counts[w] for w, word in vc.WORDS.items() if "same side" in word.categories)
     assert same_side <= 0.10 * 40, counts
@@ -115,8 +120,9 @@ def test_a_cell_is_seeded_by_its_own_parameters(comparisons):
     """The same cell gives the same words whichever cells ran before it, and the acceptance rows read them back."""
     claim, comparison = comparisons["hz250-ftq"]
     first, _ = vc.word_counts(claim, "hz250-ftq", comparison, "equal", 0.02, 5, vc.DRIFT_SIGMAS, 6, n_boot=N_BOOT)
-    table = vc.characteristics({"hz250-ftq": comparisons["hz250-ftq"]}, ["equal"], [0.02], [5], [vc.DRIFT_SIGMAS], 6,
-                               n_boot=N_BOOT)
+    table = vc.characteristics(
+        {"hz250-ftq": comparisons["hz250-ftq"]}, ["equal"], [0.02], [5], [vc.DRIFT_SIGMAS], 6, n_boot=N_BOOT
+    )
     for analysis in vc.ANALYSES:
         mine = table[table["analysis"] == analysis]
         assert dict(zip(mine["word"], mine["count"])) == {word: first[analysis][word] for word in vc.WORDS}
@@ -124,7 +130,9 @@ def test_a_cell_is_seeded_by_its_own_parameters(comparisons):
     independent = accepted[accepted["analysis"] == "independent"]
     assert sorted(independent["check"]) == ["no-effect", "size"]
     size = independent.set_index("check").loc["size"]
-    inconsistent = sum(first["independent"][w] for w, word in vc.WORDS.items() if "size inconsistent" in word.categories)
+    inconsistent = sum(
+        first["independent"][w] for w, word in vc.WORDS.items() if "size inconsistent" in word.categories
+    )
     assert (size["hits"], size["result"]) == (inconsistent, "PASS" if inconsistent <= 0.05 * 6 else "FAIL")
 
 
@@ -139,7 +147,7 @@ def test_the_exact_cis_cover_at_any_run_count_and_say_when_they_cannot():
     paired = [np.argsort(five.treatment_order), np.argsort(five.baseline_order)]
     assert ratio_by_ranks(five.treatment, five.baseline).high < np.inf
     assert ratio_by_blocks(five.treatment[paired[0]], five.baseline[paired[1]]).high == np.inf
-    assert sum(signed_rank_null(10)) == 2 ** 10
+    assert sum(signed_rank_null(10)) == 2**10
     covered, widths = {"independent": 0, "blocks": 0}, {"independent": [], "blocks": []}
     for _ in range(400):
         samples = vc.synthetic_runs(rng, 10, 0.10, 1.2, vc.DRIFT_SIGMAS)
@@ -170,22 +178,48 @@ def test_the_verdict_pairs_blocks_where_they_give_a_bounded_ci_and_not_otherwise
 
 def test_a_small_run_writes_its_tables_and_prints_the_checks_its_truths_have(tmp_path, capsys):
     out = tmp_path / "vc"
-    assert vc.main(["--replicates", "2", "--comparison", "hz250-ftq", "--truth", "equal", "--cv", "0.1", "--runs", "5",
-                    "--drift-sigmas", "0", "--n-boot", "500", "--out", str(out)]) == 0
+    assert (
+        vc.main(
+            [
+                "--replicates",
+                "2",
+                "--comparison",
+                "hz250-ftq",
+                "--truth",
+                "equal",
+                "--cv",
+                "0.1",
+                "--runs",
+                "5",
+                "--drift-sigmas",
+                "0",
+                "--n-boot",
+                "500",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    assert "independent: size: a size-inconsistent word" in printed and "same-side:" not in printed  # no 'none' truth ran
+    assert (
+        "independent: size: a size-inconsistent word" in printed and "same-side:" not in printed
+    )  # no 'none' truth ran
     assert "blocks: size:" in printed
     assert sorted(p.name for p in out.iterdir()) == ["acceptance.csv", "characteristics.csv", "characteristics.md"]
     assert "## independent: hz250-ftq: P(word | truth)" in (out / "characteristics.md").read_text()
 
 
-@pytest.mark.parametrize("key, truth, cv, n, check", [
-    ("hrtick-series", "0.4x", 0.02, 10, "no-effect"),    # issue 31: "not reproduced: no effect" in 100/100 before
-    ("hz250-timer-share", "0.4x", 0.02, 5, "no-effect"),  # 200/200 before
-    ("hz250-ftq", "equal", 0.02, 5, "size"),              # 64/200 before
-    ("hrtick-series", "equal", 0.50, 20, "size"),         # 74/200 before
-    ("hrtick-series", "half", 0.50, 20, "reproduced"),    # 21/200 before
-])
+@pytest.mark.parametrize(
+    "key, truth, cv, n, check",
+    [
+        ("hrtick-series", "0.4x", 0.02, 10, "no-effect"),  # issue 31: "not reproduced: no effect" in 100/100 before
+        ("hz250-timer-share", "0.4x", 0.02, 5, "no-effect"),  # 200/200 before
+        ("hz250-ftq", "equal", 0.02, 5, "size"),  # 64/200 before
+        ("hrtick-series", "equal", 0.50, 20, "size"),  # 74/200 before
+        ("hrtick-series", "half", 0.50, 20, "reproduced"),  # 21/200 before
+    ],
+)
 def test_cells_the_audit_found_misleading_now_meet_the_acceptance(comparisons, key, truth, cv, n, check):
     """A few cells of the full table (`make verdict-characteristics`), 40 seeded replicates each: the check's words
     come out in at most 5% of them (2 of 40)."""

@@ -25,7 +25,7 @@ def ci(estimate, low, high):
     return Interval(estimate, low, high, 0.95, "test")
 
 
-M = Margins(no_effect=0.02)   # ±2 %: declared, in the quantity's own terms
+M = Margins(no_effect=0.02)  # ±2 %: declared, in the quantity's own terms
 
 
 def test_a_ci_on_the_source_side_and_inside_the_band_is_reproduced():
@@ -38,7 +38,9 @@ def test_a_point_estimate_in_the_band_is_not_enough():
     quarter = Target(0.25, -1, "derived: x", "x", ())
     assert decide(quarter, ci(0.25, 0.13, 0.49), 0.001, M)[0] == "consistent, not pinned"
     # and a CI that holds the target with an estimate outside the band is no longer "direction only"
-    assert decide(Target(1.087, 1, "derived: x", "x", ()), ci(1.04, 1.005, 1.10), 0.001, M)[0] == "consistent, not pinned"
+    assert (
+        decide(Target(1.087, 1, "derived: x", "x", ()), ci(1.04, 1.005, 1.10), 0.001, M)[0] == "consistent, not pinned"
+    )
 
 
 def test_a_ci_short_of_or_beyond_the_band_says_smaller_or_larger_and_whether_it_shows_an_effect():
@@ -77,7 +79,9 @@ def test_the_word_rests_on_the_ci_not_the_p_value():
 
 
 def test_a_direction_only_target_is_reproduced_by_the_direction():
-    premise = Target(None, 1, "derived: before the series HRTICK regressed", "does not longer result in regressions", ())
+    premise = Target(
+        None, 1, "derived: before the series HRTICK regressed", "does not longer result in regressions", ()
+    )
     five = Margins(no_effect=0.05)
     assert decide(premise, ci(1.3, 1.1, 1.5), 0.01, five)[0] == "reproduced"
     assert decide(premise, ci(1.0, 0.98, 1.02), 0.9, five)[0] == "no effect shown"
@@ -85,17 +89,31 @@ def test_a_direction_only_target_is_reproduced_by_the_direction():
     assert decide(premise, ci(0.8, 0.7, 0.9), 0.01, five)[0] == "opposite effect"
 
 
-NO_REGRESSION = Target(None, 1, "derived: the source says HRTICK no longer regresses; a margin of 5 % declared",
-                       "does not longer result in regressions", (), no_worse_than=1.05)
+NO_REGRESSION = Target(
+    None,
+    1,
+    "derived: the source says HRTICK no longer regresses; a margin of 5 % declared",
+    "does not longer result in regressions",
+    (),
+    no_worse_than=1.05,
+)
 
 
-@pytest.mark.parametrize("interval, p, verdict, words", [
-    (ci(0.57, 0.52, 0.63), 0.001, "reproduced", "whole CI lies on the good side of the declared bound ×1.05"),
-    (ci(1.01, 0.97, 1.04), 0.6, "reproduced", "good side"),          # no change shown, and none worse than 5 %
-    (ci(1.02, 0.95, 1.09), 0.5, "inconclusive", "the CI reaches past the bound"),
-    (ci(1.03, 1.01, 1.06), 0.01, "inconclusive", "reaches past"),    # a small change to the worse side, not past the bound
-    (ci(1.2, 1.1, 1.3), 0.001, "opposite effect", "worse: the whole CI lies past the declared bound"),
-])
+@pytest.mark.parametrize(
+    "interval, p, verdict, words",
+    [
+        (ci(0.57, 0.52, 0.63), 0.001, "reproduced", "whole CI lies on the good side of the declared bound ×1.05"),
+        (ci(1.01, 0.97, 1.04), 0.6, "reproduced", "good side"),  # no change shown, and none worse than 5 %
+        (ci(1.02, 0.95, 1.09), 0.5, "inconclusive", "the CI reaches past the bound"),
+        (
+            ci(1.03, 1.01, 1.06),
+            0.01,
+            "inconclusive",
+            "reaches past",
+        ),  # a small change to the worse side, not past the bound
+        (ci(1.2, 1.1, 1.3), 0.001, "opposite effect", "worse: the whole CI lies past the declared bound"),
+    ],
+)
 def test_no_regression_is_a_non_inferiority_test_against_a_declared_bound(interval, p, verdict, words):
     got, reason = decide(NO_REGRESSION, interval, p, M)
     assert got == verdict and words in reason
@@ -149,15 +167,24 @@ def synthetic_bundle(root, ratio: float, sigma: float, runs: int, seed: int):
             records.setdefault(record["condition"], record)
     rng = np.random.default_rng(seed)
     medians = {"tsc": 100_000.0, "hpet-no-sharing": 50_000.0, "hpet-sharing": 50_000.0 * ratio}
-    writer = BundleWriter(root, manifest["host_id"], "hpet", manifest["experiment"], definition=manifest["definition"],
-                          host=manifest["host"], when=datetime(2026, 11, 22, tzinfo=timezone.utc))
+    writer = BundleWriter(
+        root,
+        manifest["host_id"],
+        "hpet",
+        manifest["experiment"],
+        definition=manifest["definition"],
+        host=manifest["host"],
+        when=datetime(2026, 11, 22, tzinfo=timezone.utc),
+    )
     order = [condition for _ in range(runs) for condition in medians]
     for index, condition in enumerate(order):
         record = {**records[condition], "run": f"run-{index + 1:03d}", "order": index}
         value = medians[condition] * math.exp(rng.normal(0, sigma))
         writer.add_run(record, [{"metric": "jobs_per_min", "value": value, "unit": "jobs/min"}])
     writer.seal()
-    ctx = SimpleNamespace(published=hpet.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hpet"), data_dir=root)
+    ctx = SimpleNamespace(
+        published=hpet.CLAIM.published(paths.published_dir()), bundles=find_bundles(root, "hpet"), data_dir=root
+    )
     return next(v for v in hpet.CLAIM.verdicts(ctx, n_boot=2000) if v.comparison == SHARING)
 
 
@@ -194,9 +221,9 @@ def test_synthetic_the_target_with_a_tight_ci_is_reproduced(tmp_path):
 @needs_template
 def test_a_run_whose_condition_check_failed_is_left_out(tmp_path):
     """Runs that booted on the wrong clocksource never reach a verdict; the check table says so."""
-    from ticklab.bundle import add_manifest_seal
     from ticklab.analysis.checks import check_table, run_checks
     from ticklab.analysis.comparisons import measured_runs
+    from ticklab.bundle import add_manifest_seal
 
     synthetic_bundle(tmp_path, 1.127, 0.02, 6, seed=5)
     [bundle] = find_bundles(tmp_path, "hpet")
@@ -211,16 +238,21 @@ def test_a_run_whose_condition_check_failed_is_left_out(tmp_path):
     failed = table[table["failed"] > 0]
     assert list(failed["condition"]) == ["hpet-no-sharing"] and failed["status"].iloc[0].startswith("FAILED in 1 of 6")
     runs, notes = measured_runs([bundle], hpet.CHECKS, "hpet")
-    assert "run-002" not in set(runs["run"]) and any("condition check failed or could not be computed (run-002" in n for n in notes)
+    assert "run-002" not in set(runs["run"]) and any(
+        "condition check failed or could not be computed (run-002" in n for n in notes
+    )
 
 
 def test_setups_that_tested_nothing_collapse_into_one_row(tmp_path):
     for host in ("host-a", "guest-tcg-x"):
-        writer = BundleWriter(tmp_path, host, "hpet", "e", definition={}, host={},
-                              when=datetime(2026, 11, 22, tzinfo=timezone.utc))
+        writer = BundleWriter(
+            tmp_path, host, "hpet", "e", definition={}, host={}, when=datetime(2026, 11, 22, tzinfo=timezone.utc)
+        )
         writer.manifest.not_testable = f"nothing to run with on {host}"
         writer.seal()
-    ctx = SimpleNamespace(published=hpet.CLAIM.published(paths.published_dir()), bundles=find_bundles(tmp_path, "hpet"), data_dir=tmp_path)
+    ctx = SimpleNamespace(
+        published=hpet.CLAIM.published(paths.published_dir()), bundles=find_bundles(tmp_path, "hpet"), data_dir=tmp_path
+    )
     [row] = hpet.CLAIM.verdicts(ctx, n_boot=200)
     assert row.verdict == "not testable here" and row.setup == "guest-tcg-x, host-a"
     assert "guest-tcg-x: e: nothing to run with on guest-tcg-x | host-a: e: nothing to run with on host-a" == row.reason
@@ -231,8 +263,21 @@ def test_too_few_runs_say_so():
 
     from ticklab.analysis.comparisons import Comparison, verdicts
 
-    runs = pd.DataFrame([{"host_id": "h", "bundle": "b", "experiment": "e", "run": f"r{i}", "condition": c,
-                          "metric": "work", "value": 1.0 + i, "unit": "u"} for i, c in enumerate(["a", "b", "b"])])
+    runs = pd.DataFrame(
+        [
+            {
+                "host_id": "h",
+                "bundle": "b",
+                "experiment": "e",
+                "run": f"r{i}",
+                "condition": c,
+                "metric": "work",
+                "value": 1.0 + i,
+                "unit": "u",
+            }
+            for i, c in enumerate(["a", "b", "b"])
+        ]
+    )
     [row] = verdicts("nohz", [Comparison("b vs a", "work", "b", "a", UP, margins=M)], runs, n_boot=200)
     assert row.verdict == "inconclusive" and row.reason.startswith("too few runs: 2 vs 1 measured")
 
@@ -269,6 +314,6 @@ def test_blocked_power_is_zero_where_no_bounded_ci_exists_and_high_for_a_clear_e
     rng = np.random.default_rng(5)
     base = np.exp(rng.normal(0, 0.02, 10))
     treated = base * np.exp(rng.normal(0, 0.02, 10))
-    assert blocked_detection_power(treated[:5], base[:5], 1.2, alpha=0.05).power == 0.0   # 5 blocks: p >= 0.0625
+    assert blocked_detection_power(treated[:5], base[:5], 1.2, alpha=0.05).power == 0.0  # 5 blocks: p >= 0.0625
     clear = blocked_detection_power(treated, base, 1.2, alpha=0.05)
     assert clear.power > 0.95 and clear.runs_needed >= 6 and "signed-rank" in clear.method

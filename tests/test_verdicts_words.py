@@ -9,11 +9,11 @@ import pytest
 from ticklab.analysis.stats import Interval
 from ticklab.analysis.verdicts import Margins, Target, band_overlap, consistent_band, decide
 
-UP = Target(1.2, 1, "derived: a test's", "x", ())            # band ×1.157..×1.256
-DOWN = Target(0.25, -1, "derived: a test's", "x", ())        # band ×0.177..×0.330
+UP = Target(1.2, 1, "derived: a test's", "x", ())  # band ×1.157..×1.256
+DOWN = Target(0.25, -1, "derived: a test's", "x", ())  # band ×0.177..×0.330
 DIRECTION = Target(None, 1, "derived: a test's", "higher", ())
 NO_WORSE = Target(None, 1, "derived: a test's", "no regression", (), no_worse_than=1.05)
-M = Margins(no_effect=0.02)                                  # ±2 %, tolerance 1.25
+M = Margins(no_effect=0.02)  # ±2 %, tolerance 1.25
 UP_BAND = consistent_band(UP, M.size_tolerance)
 DOWN_BAND = consistent_band(DOWN, M.size_tolerance)
 
@@ -48,7 +48,10 @@ def test_reproduced_the_whole_ci_on_the_sources_side_and_inside_the_band():
 
 def test_reproduced_for_a_direction_target_the_whole_ci_on_the_sources_side():
     verdict, reason = decide(DIRECTION, ci(1.10, 1.05, 1.15), 0.001, M)
-    assert verdict == "reproduced" and "the whole CI lies on the source's side of no change, which is all the source states" in reason
+    assert (
+        verdict == "reproduced"
+        and "the whole CI lies on the source's side of no change, which is all the source states" in reason
+    )
 
 
 def test_consistent_not_pinned_a_ci_narrower_than_the_band_straddling_its_upper_edge():
@@ -122,7 +125,9 @@ def test_opposite_effect_the_whole_ci_on_the_other_side_of_no_change():
 
 def test_no_effect_shown_the_whole_ci_inside_the_declared_margin():
     verdict, reason = decide(UP, ci(1.0, 0.99, 1.015), 0.7, M)
-    assert verdict == "no effect shown" and "the whole CI lies within the declared no-effect margin ×0.98..×1.02" in reason
+    assert (
+        verdict == "no effect shown" and "the whole CI lies within the declared no-effect margin ×0.98..×1.02" in reason
+    )
     # one end past the margin: not shown
     assert decide(UP, ci(1.0, 0.97, 1.015), 0.7, M)[0] != "no effect shown"
 
@@ -135,24 +140,39 @@ def test_inconclusive_the_ci_holds_no_change_and_the_band():
     assert verdict == "inconclusive" and "the CI holds no change and the source's direction" in reason
 
 
-@pytest.mark.parametrize("interval, verdict, words", [
-    (ci(1.00, 0.97, 1.04), "reproduced", "no worse: the whole CI lies on the good side of the declared bound ×1.05"),
-    (ci(1.10, 1.07, 1.15), "opposite effect", "worse: the whole CI lies past the declared bound ×1.05 on the worse side"),
-    (ci(1.03, 1.00, 1.07), "inconclusive", "cannot tell whether it is no worse than ×1.05: the CI reaches past the bound"),
-])
+@pytest.mark.parametrize(
+    "interval, verdict, words",
+    [
+        (
+            ci(1.00, 0.97, 1.04),
+            "reproduced",
+            "no worse: the whole CI lies on the good side of the declared bound ×1.05",
+        ),
+        (
+            ci(1.10, 1.07, 1.15),
+            "opposite effect",
+            "worse: the whole CI lies past the declared bound ×1.05 on the worse side",
+        ),
+        (
+            ci(1.03, 1.00, 1.07),
+            "inconclusive",
+            "cannot tell whether it is no worse than ×1.05: the CI reaches past the bound",
+        ),
+    ],
+)
 def test_non_inferiority_against_the_declared_bound(interval, verdict, words):
     got, reason = decide(NO_WORSE, interval, 0.05, M)
     assert got == verdict and words in reason
 
 
 def test_band_overlap_states_share_estimate_side_and_width_in_any_geometry():
-    band = (2.0, 4.0)   # log half-width ln 2 / 2
+    band = (2.0, 4.0)  # log half-width ln 2 / 2
     inside = band_overlap(2.5, 3.5, 3.0, *band)
     assert inside.startswith("all of the CI lies inside the band") and "the estimate lies inside the band" in inside
     assert "the CI is narrower than the band" in inside
     apart = band_overlap(5.0, 6.0, 5.5, *band)
     assert apart.startswith("none of the CI") and "the estimate lies above the band" in apart
-    same = band_overlap(2 * math.sqrt(2), 4 * math.sqrt(2), 4.5, *band)   # half of it past the band's high end
+    same = band_overlap(2 * math.sqrt(2), 4 * math.sqrt(2), 4.5, *band)  # half of it past the band's high end
     assert "the CI is as wide as the band" in same and "wider" not in same
     assert "50% of the CI" in same and "the estimate lies above the band" in same
     assert "the estimate lies below the band" in band_overlap(1.5, 2.5, 1.8, *band)

@@ -10,19 +10,22 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from ticklab.analysis.captured import find_bundles
 from ticklab.report.view import ViewError, build_session, entry_order
 from ticklab.trace.ingest import read_trace_dat
 from ticklab.trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
-
-from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
 
 def guest_bundle(claim: str) -> Path:
     # a lab guest's bundle (its runs record the guest's boot), not the lab host's, whose runs are a host capture's
-    refs = [r for r in find_bundles(REPO / "traces", claim) if r.host_id.startswith("guest-") and "-labhost-" not in r.host_id]
+    refs = [
+        r
+        for r in find_bundles(REPO / "traces", claim)
+        if r.host_id.startswith("guest-") and "-labhost-" not in r.host_id
+    ]
     if not refs:
         pytest.skip(f"no guest {claim} bundle in traces/")
     return refs[0].path
@@ -71,7 +74,9 @@ def test_a_tracefs_capture_opens_as_a_trace_dat_that_trace_cmd_reads(tmp_path, m
     assert session["ticklab"]["condition"] == "tick-on" and session["ticklab"]["run"].startswith("run-")
     capture = refs[0].path / "raw" / session["ticklab"]["run"] / "trace"
     expected = {key: len(frame) for key, frame in read_tracefs_dir(capture).events.items()}
-    assert {key: len(frame) for key, frame in read_trace_dat(path).events.items()} == expected and sum(expected.values())
+    assert {key: len(frame) for key, frame in read_trace_dat(path).events.items()} == expected and sum(
+        expected.values()
+    )
     if shutil.which("trace-cmd"):
         report = subprocess.run(["trace-cmd", "report", str(path)], capture_output=True, text=True, timeout=120)
         assert report.returncode == 0, report.stderr[-400:]
@@ -82,21 +87,27 @@ def test_a_tracefs_capture_opens_as_a_trace_dat_that_trace_cmd_reads(tmp_path, m
 GUI_TOOLS = ("kernelshark", "Xvfb", "xdotool", "import", "convert")
 
 
-@pytest.mark.skipif(any(shutil.which(t) is None for t in GUI_TOOLS),
-                    reason="needs kernelshark, xvfb, xdotool and imagemagick (apt-get install kernelshark xvfb xdotool imagemagick)")
+@pytest.mark.skipif(
+    any(shutil.which(t) is None for t in GUI_TOOLS),
+    reason="needs kernelshark, xvfb, xdotool and imagemagick (apt-get install kernelshark xvfb xdotool imagemagick)",
+)
 def test_kernelshark_loads_the_session_under_xvfb(tmp_path):
     from ticklab.report.view import write_session
 
     path, session, spot = build_session(guest_bundle("hrtick"))
     session_file = write_session(session, tmp_path / "session.json")
     display = next(f":{n}" for n in range(90, 200) if not Path(f"/tmp/.X{n}-lock").exists())
-    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1280x900x24"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    xvfb = subprocess.Popen(
+        ["Xvfb", display, "-screen", "0", "1280x900x24"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     env = {**os.environ, "DISPLAY": display, "KS_USER_CACHE_DIR": str(tmp_path)}
     shark = None
     try:
         time.sleep(1)
-        shark = subprocess.Popen(["kernelshark", "-s", str(session_file)], env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+        shark = subprocess.Popen(
+            ["kernelshark", "-s", str(session_file)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
         def wait_for_window(name: str) -> None:
             deadline = time.monotonic() + 30
             while subprocess.run(["xdotool", "search", "--name", name], env=env, capture_output=True).returncode:
@@ -110,12 +121,17 @@ def test_kernelshark_loads_the_session_under_xvfb(tmp_path):
         wait_for_window("Kernel Shark")
         time.sleep(4)
         assert shark.poll() is None, f"KernelShark exited ({shark.returncode}) loading {session_file}"
-        artifacts = REPO / "test-artifacts"  # not under build/: that is the report's, and it refuses files it did not write
+        artifacts = (
+            REPO / "test-artifacts"
+        )  # not under build/: that is the report's, and it refuses files it did not write
         artifacts.mkdir(parents=True, exist_ok=True)
         shot = artifacts / "kernelshark-hrtick.png"
         subprocess.run(["import", "-window", "root", str(shot)], env=env, check=True)
-        colours = int(subprocess.run(["convert", str(shot), "-format", "%k", "info:"], capture_output=True, text=True,
-                                     check=True).stdout)
+        colours = int(
+            subprocess.run(
+                ["convert", str(shot), "-format", "%k", "info:"], capture_output=True, text=True, check=True
+            ).stdout
+        )
         assert colours > 50, "the screenshot is blank"
         # File > Quit: KernelShark saves the session it is showing, which must be ours
         subprocess.run(["xdotool", "mousemove", "20", "10", "click", "1"], env=env, check=True)

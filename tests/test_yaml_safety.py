@@ -49,8 +49,10 @@ def test_an_alias_bomb_experiment_is_refused_at_once_before_anything_is_built(tm
         load_experiment(path)
     assert time.monotonic() - started < 2
     line = str(raised.value)
-    assert line == (f"{path}: line {TBENCH.read_text().count(chr(10)) + 2}: anchor &b0: YAML anchors and aliases are "
-                    "not accepted (write the value out where it is used)")
+    assert line == (
+        f"{path}: line {TBENCH.read_text().count(chr(10)) + 2}: anchor &b0: YAML anchors and aliases are "
+        "not accepted (write the value out where it is used)"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -63,8 +65,11 @@ def test_an_alias_bomb_through_the_cli_is_one_line(tmp_path, capsys):
 
 def test_a_single_alias_is_refused_too(tmp_path):
     path = with_lines(TBENCH, "x: &seed 7\nseed: *seed\n", tmp_path)
-    with pytest.raises(ExperimentError, match=r"tbench.yaml: line \d+: anchor &seed: YAML anchors and aliases are not "
-                                              r"accepted"):
+    with pytest.raises(
+        ExperimentError,
+        match=r"tbench.yaml: line \d+: anchor &seed: YAML anchors and aliases are not "
+        r"accepted",
+    ):
         load_experiment(path)
 
 
@@ -73,8 +78,11 @@ def test_an_alias_bomb_in_a_published_provenance_is_refused_at_once(published_co
     provenance = published_copy / "hrtick" / "provenance.yaml"
     provenance.write_text(provenance.read_text() + "\n" + alias_bomb(8, key="not_transcribed"))
     started = time.monotonic()
-    with pytest.raises(PublishedDataError, match=rf"^{provenance}: line \d+: anchor &b0: YAML anchors and aliases are "
-                                                 r"not accepted \(write the value out where it is used\)$"):
+    with pytest.raises(
+        PublishedDataError,
+        match=rf"^{provenance}: line \d+: anchor &b0: YAML anchors and aliases are "
+        r"not accepted \(write the value out where it is used\)$",
+    ):
         load_published(published_copy, "hrtick")
     assert time.monotonic() - started < 2
 
@@ -89,19 +97,22 @@ def test_an_error_line_quotes_a_bounded_preview_never_the_whole_value():
     started = time.monotonic()
     text = yamlsafe.preview(level)
     assert time.monotonic() - started < 1 and len(text) <= 80 + 30 and text.startswith("[[[")
-    assert yamlsafe.preview(10 ** 5000) == "an integer of about 5001 digits"
+    assert yamlsafe.preview(10**5000) == "an integer of about 5001 digits"
     assert yamlsafe.preview("a\nb\x1b") == r"'a\nb\x1b'"  # repr's escapes: no control character in the line
 
 
 # -- fact 11: empty typed scalars -----------------------------------------------------------------------------
-@pytest.mark.parametrize("line, message", [
-    ("runs: !!int ''", "runs: empty !!int value"),
-    ("timeout_s: !!float ''", "timeout_s: empty !!float value"),
-    ("workload: {tool: tbench, argv: [tbench, !!int '']}", "workload.argv[1]: empty !!int value"),
-    ("seed: !!bool ''", "seed: empty !!bool value"),
-    ("notes: !!timestamp '  '", "notes: empty !!timestamp value"),
-    ("runs: !!int ' '", "runs: empty !!int value"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("runs: !!int ''", "runs: empty !!int value"),
+        ("timeout_s: !!float ''", "timeout_s: empty !!float value"),
+        ("workload: {tool: tbench, argv: [tbench, !!int '']}", "workload.argv[1]: empty !!int value"),
+        ("seed: !!bool ''", "seed: empty !!bool value"),
+        ("notes: !!timestamp '  '", "notes: empty !!timestamp value"),
+        ("runs: !!int ' '", "runs: empty !!int value"),
+    ],
+)
 def test_an_empty_typed_value_in_an_experiment_is_refused_with_its_key(tmp_path, line, message):
     path = with_lines(TBENCH, line + "\n", tmp_path)
     with pytest.raises(ExperimentError) as raised:
@@ -116,10 +127,13 @@ def test_an_empty_typed_value_through_the_cli_is_not_a_ticklab_bug(tmp_path, cap
     assert status == 2 and "runs: empty !!int value" in err and "IndexError" not in err and "bug" not in err
 
 
-@pytest.mark.parametrize("line, message", [
-    ("not_transcribed: [!!int '']", "not_transcribed[0]: empty !!int value"),
-    ("extra: {year: !!float ''}", "extra.year: empty !!float value"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not_transcribed: [!!int '']", "not_transcribed[0]: empty !!int value"),
+        ("extra: {year: !!float ''}", "extra.year: empty !!float value"),
+    ],
+)
 def test_an_empty_typed_value_in_a_provenance_is_refused_with_its_key(published_copy, line, message):
     provenance = published_copy / "hrtick" / "provenance.yaml"
     provenance.write_text(provenance.read_text() + "\n" + line + "\n")
@@ -130,8 +144,11 @@ def test_an_empty_typed_value_in_a_provenance_is_refused_with_its_key(published_
 
 def test_a_typed_value_pyyaml_cannot_build_names_its_key(tmp_path):
     path = with_lines(TBENCH, "notes: !!timestamp 2026-13-45\n", tmp_path)
-    with pytest.raises(ExperimentError, match=r"tbench.yaml: notes: !!timestamp value '2026-13-45' cannot be read "
-                                              r"\(month must be in 1..12\)$"):
+    with pytest.raises(
+        ExperimentError,
+        match=r"tbench.yaml: notes: !!timestamp value '2026-13-45' cannot be read "
+        r"\(month must be in 1..12\)$",
+    ):
         load_experiment(path)
 
 
@@ -139,8 +156,11 @@ def test_a_typed_value_pyyaml_cannot_build_names_its_key(tmp_path):
 def test_the_shared_loader_reads_every_yaml_file_of_the_repository_as_safe_load_does():
     from ticklab import yamlsafe
 
-    files = [*REPO.glob("runners/**/*.yaml"), *REPO.glob("traces/published/*/provenance.yaml"),
-             *REPO.glob("kernel/**/*.yaml")]
+    files = [
+        *REPO.glob("runners/**/*.yaml"),
+        *REPO.glob("traces/published/*/provenance.yaml"),
+        *REPO.glob("kernel/**/*.yaml"),
+    ]
     assert len(files) > 20
     for path in files:
         assert yamlsafe.load(path.read_text()) == yaml.safe_load(path.read_text()), path
@@ -163,7 +183,9 @@ def test_the_lab_loaders_use_it(tmp_path, monkeypatch):
 
 
 def test_nothing_in_ticklab_calls_yaml_safe_load_but_the_shared_loader():
-    calls = {str(p.relative_to(REPO)) for p in (REPO / "src/ticklab").rglob("*.py") if "yaml.safe_load(" in p.read_text()}
+    calls = {
+        str(p.relative_to(REPO)) for p in (REPO / "src/ticklab").rglob("*.py") if "yaml.safe_load(" in p.read_text()
+    }
     # boot_capture compares the plan's own copy of an experiment (already loaded through the shared loader);
     # lab/image.py reads the repository's guest image recipe
     assert calls <= {"src/ticklab/capture/boot_capture.py", "src/ticklab/lab/image.py"}
@@ -176,12 +198,15 @@ def test_merge_keys_without_aliases_still_load():
     assert yamlsafe.load("") is None
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a: [", "not valid YAML ("),
-    ("[" * 5000, "nested too deeply"),
-    ("a: 1\n---\nb: 2\n", "expected a single document"),
-    ("x: !!python/object/apply:os.system ['true']", "could not determine a constructor"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a: [", "not valid YAML ("),
+        ("[" * 5000, "nested too deeply"),
+        ("a: 1\n---\nb: 2\n", "expected a single document"),
+        ("x: !!python/object/apply:os.system ['true']", "could not determine a constructor"),
+    ],
+)
 def test_other_bad_yaml_is_one_line(text, message):
     from ticklab import yamlsafe
 

@@ -29,18 +29,33 @@ def pages_for(events: list[tuple[int, int, str, int, str]], start: int = 1000) -
 
 
 def stats_text(cpu: int, read: int) -> str:
-    return (f"CPU: {cpu}\nentries: 0\noverrun: 0\ncommit overrun: 0\nbytes: 0\noldest event ts: 0.0\n"
-            f"now ts: 0.0\ndropped events: 0\nread events: {read}\n")
+    return (
+        f"CPU: {cpu}\nentries: 0\noverrun: 0\ncommit overrun: 0\nbytes: 0\noldest event ts: 0.0\n"
+        f"now ts: 0.0\ndropped events: 0\nread events: {read}\n"
+    )
 
 
-def _u16(v): return struct.pack("<H", v)
-def _u32(v): return struct.pack("<I", v)
-def _u64(v): return struct.pack("<Q", v)
+def _u16(v):
+    return struct.pack("<H", v)
+
+
+def _u32(v):
+    return struct.pack("<I", v)
+
+
+def _u64(v):
+    return struct.pack("<Q", v)
 
 
 def _header_info() -> bytes:
-    return (b"header_page\0" + _u64(len(HEADER_PAGE)) + HEADER_PAGE.encode()
-            + b"header_event\0" + _u64(len(HEADER_EVENT)) + HEADER_EVENT.encode())
+    return (
+        b"header_page\0"
+        + _u64(len(HEADER_PAGE))
+        + HEADER_PAGE.encode()
+        + b"header_event\0"
+        + _u64(len(HEADER_EVENT))
+        + HEADER_EVENT.encode()
+    )
 
 
 def _event_formats() -> bytes:
@@ -77,19 +92,27 @@ def _compress(name: str, blob: bytes) -> bytes:
     return zlib.compress(blob, 9)
 
 
-def write_v7(path: Path, cpu_pages: dict[int, bytes], compression: str = "none",
-             stats: dict[int, str] | None = None, chunk_pages: int = 2) -> Path:
+def write_v7(
+    path: Path,
+    cpu_pages: dict[int, bytes],
+    compression: str = "none",
+    stats: dict[int, str] | None = None,
+    chunk_pages: int = 2,
+) -> Path:
     """header, HEADER_INFO and EVENT_FORMATS sections, the flyrecord section with each CPU's data, then the
     options section (it points at all of them); compressed files compress sections and CPU data in chunks."""
     packed = compression != "none"
-    out = bytearray(MAGIC + b"7\0" + bytes([0, 8]) + _u32(PAGE) + compression.encode() + b"\0"
-                    + (b"1.0" if packed else b"") + b"\0")
+    out = bytearray(
+        MAGIC + b"7\0" + bytes([0, 8]) + _u32(PAGE) + compression.encode() + b"\0" + (b"1.0" if packed else b"") + b"\0"
+    )
     first_options_at = len(out)
     out += _u64(0)
 
     def section(section_id: int, body: bytes) -> int:
         at = len(out)
-        content = _u32(len(_compress(compression, body))) + _u32(len(body)) + _compress(compression, body) if packed else body
+        content = (
+            _u32(len(_compress(compression, body))) + _u32(len(body)) + _compress(compression, body) if packed else body
+        )
         out.extend(_u16(section_id) + _u16(1 if packed else 0) + _u32(0) + _u64(len(content)) + content)
         return at
 
@@ -102,9 +125,10 @@ def write_v7(path: Path, cpu_pages: dict[int, bytes], compression: str = "none",
         out.extend(b"\0" * (-len(out) % PAGE))
         at = len(out)
         if packed:  # the count, then the chunks; the stated size is the chunks' alone, as trace-cmd writes it
-            chunks = [blob[i:i + chunk_pages * PAGE] for i in range(0, len(blob), chunk_pages * PAGE)]
-            data = b"".join(_u32(len(_compress(compression, c))) + _u32(len(c)) + _compress(compression, c)
-                            for c in chunks)
+            chunks = [blob[i : i + chunk_pages * PAGE] for i in range(0, len(blob), chunk_pages * PAGE)]
+            data = b"".join(
+                _u32(len(_compress(compression, c))) + _u32(len(c)) + _compress(compression, c) for c in chunks
+            )
             out += _u32(len(chunks))
         else:
             data = blob
@@ -118,7 +142,7 @@ def write_v7(path: Path, cpu_pages: dict[int, bytes], compression: str = "none",
     options += _u16(3) + _u32(len(buffer)) + buffer + _u16(0) + _u32(8) + _u64(0)
     options_at = len(out)
     out += _u16(0) + _u16(0) + _u32(0) + _u64(len(options)) + options  # the first options section is never compressed
-    out[first_options_at:first_options_at + 8] = _u64(options_at)
+    out[first_options_at : first_options_at + 8] = _u64(options_at)
     path.write_bytes(bytes(out))
     return path
 

@@ -11,14 +11,29 @@ __version__ = "0.1.0"
 # for installs whose entry points name ticklab.papermill_engine. Nothing inside the package uses these names
 # (tests/test_layers.py checks it).
 MOVED = {
-    "rawfile": "trace.rawfile", "tracefs_stats": "trace.tracefs_stats", "ringbuf": "trace.ringbuf",
-    "tracedat": "trace.tracedat", "ingest": "trace.ingest", "tracemetrics": "trace.tracemetrics",
-    "tracespots": "trace.tracespots", "tickcost": "trace.tickcost",
-    "published": "analysis.published", "stats": "analysis.stats", "power": "analysis.power",
-    "verdicts": "analysis.verdicts", "comparisons": "analysis.comparisons", "checks": "analysis.checks",
-    "captured": "analysis.captured", "outputs": "analysis.outputs", "forest": "analysis.forest",
-    "summary": "report.summary", "notebook": "report.notebook", "view": "report.view", "compare": "report.compare",
-    "outdir": "report.outdir", "papermill_engine": "report.papermill_engine",
+    "rawfile": "trace.rawfile",
+    "tracefs_stats": "trace.tracefs_stats",
+    "ringbuf": "trace.ringbuf",
+    "tracedat": "trace.tracedat",
+    "ingest": "trace.ingest",
+    "tracemetrics": "trace.tracemetrics",
+    "tracespots": "trace.tracespots",
+    "tickcost": "trace.tickcost",
+    "published": "analysis.published",
+    "stats": "analysis.stats",
+    "power": "analysis.power",
+    "verdicts": "analysis.verdicts",
+    "comparisons": "analysis.comparisons",
+    "checks": "analysis.checks",
+    "captured": "analysis.captured",
+    "outputs": "analysis.outputs",
+    "forest": "analysis.forest",
+    "summary": "report.summary",
+    "notebook": "report.notebook",
+    "view": "report.view",
+    "compare": "report.compare",
+    "outdir": "report.outdir",
+    "papermill_engine": "report.papermill_engine",
 }
 
 

@@ -26,8 +26,8 @@ import shutil
 import stat
 import weakref
 from dataclasses import dataclass, field, fields
-from functools import cached_property
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +52,7 @@ class RunRecord:
     """One run in a manifest's ``runs``: the keys every reader decides on, typed; every other key (values, argv,
     knobs, trace, interference, extras, a lab run's guest and boot ...) kept as written in ``details``.
     ``from_json``/``to_json`` give back exactly the JSON object they read (a key absent stays absent)."""
+
     run: str
     condition: str
     warmup: bool = False
@@ -75,8 +76,11 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: dict) -> RunRecord:
         typed = {k: data[k] for k in cls.TYPED if k in data}
-        return cls(**typed, details={k: v for k, v in data.items() if k not in cls.TYPED},
-                   absent=frozenset(k for k in cls.TYPED if k not in data))
+        return cls(
+            **typed,
+            details={k: v for k, v in data.items() if k not in cls.TYPED},
+            absent=frozenset(k for k in cls.TYPED if k not in data),
+        )
 
     def to_json(self) -> dict:
         typed = {k: getattr(self, k) for k in self.TYPED if k not in self.absent}
@@ -93,13 +97,14 @@ class Manifest:
     """A bundle's manifest.json, typed (docs/ARCHITECTURE.md, "4. Bundles"). Optional keys are None when the
     manifest does not have them and are then left out of the JSON; keys this class does not name are kept as
     written in ``details``. ``Manifest.from_json(m).to_json() == m`` for every manifest ticklab writes."""
+
     claim: str
     experiment: str
     definition: dict
     host: dict
     runs: list[RunRecord] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
-    status: str = "incomplete"           # "incomplete" from the first byte, "sealed" at the end
+    status: str = "incomplete"  # "incomplete" from the first byte, "sealed" at the end
     host_id: str | None = None
     tools: dict | None = None
     ticklab_version: str | None = None
@@ -110,7 +115,7 @@ class Manifest:
     seed: int | None = None
     runs_per_condition: int | None = None
     warmup_per_condition: int | None = None
-    order: list | None = None            # every planned run; runs added by the stopping rule carry "round"
+    order: list | None = None  # every planned run; runs added by the stopping rule carry "round"
     tracing: dict | None = None
     stopping: dict | None = None
     knobs: list | None = None
@@ -121,7 +126,7 @@ class Manifest:
     lab: dict | None = None
     raw_files: dict | None = None
     files: dict | None = None
-    resealed: list | None = None         # each re-seal (ticklab bundle repack): when, from which seal, what, why
+    resealed: list | None = None  # each re-seal (ticklab bundle repack): when, from which seal, what, why
     details: dict = field(default_factory=dict)
 
     def measured_runs(self) -> list[RunRecord]:
@@ -138,8 +143,11 @@ class Manifest:
     def from_json(cls, data: dict) -> Manifest:
         keys = cls._keys()
         typed = {k: data[k] for k in keys if k in data and k != "runs"}
-        return cls(**typed, runs=[RunRecord.from_json(r) for r in data.get("runs", [])],
-                   details={k: v for k, v in data.items() if k not in keys})
+        return cls(
+            **typed,
+            runs=[RunRecord.from_json(r) for r in data.get("runs", [])],
+            details={k: v for k, v in data.items() if k not in keys},
+        )
 
     def to_json(self) -> dict:
         data = {k: getattr(self, k) for k in self._keys() if k != "runs" and getattr(self, k) is not None}
@@ -172,13 +180,25 @@ def bundle_name(experiment: str, when: datetime) -> str:
 
 
 class BundleWriter:
-    def __init__(self, traces_dir: Path | str, host_id: str, claim: str, experiment: str, *,
-                 definition: dict, host: dict, tools: dict | None = None, when: datetime | None = None):
+    def __init__(
+        self,
+        traces_dir: Path | str,
+        host_id: str,
+        claim: str,
+        experiment: str,
+        *,
+        definition: dict,
+        host: dict,
+        tools: dict | None = None,
+        when: datetime | None = None,
+    ):
         when = when or datetime.now(timezone.utc)
         for what, name in (("host id", host_id), ("claim", claim), ("experiment", experiment)):
             if not isinstance(name, str) or not re.match(schemas.RUN_NAME, name):
-                raise BundleError(f"{traces_dir}: {what} {name!r} cannot name a directory (letters, digits, '.', '_', "
-                                  "'-'; no path separator)")
+                raise BundleError(
+                    f"{traces_dir}: {what} {name!r} cannot name a directory (letters, digits, '.', '_', "
+                    "'-'; no path separator)"
+                )
         relative = Path(host_id) / claim / bundle_name(experiment, when)
         self.path = Path(traces_dir) / relative
         try:
@@ -192,9 +212,16 @@ class BundleWriter:
                 raise BundleError(f"{self.path}: bundle exists already; bundles are never overwritten") from None
             raise BundleError(f"{exc} (cannot create the bundle there)") from None
         try:
-            self.manifest = Manifest(claim=claim, experiment=experiment, definition=definition, host_id=host_id,
-                                     host=host, tools=tools or {}, ticklab_version=__version__,
-                                     started=when.astimezone(timezone.utc).isoformat())
+            self.manifest = Manifest(
+                claim=claim,
+                experiment=experiment,
+                definition=definition,
+                host_id=host_id,
+                host=host,
+                tools=tools or {},
+                ticklab_version=__version__,
+                started=when.astimezone(timezone.utc).isoformat(),
+            )
             self.flush()
             self._write(lambda: self.files.append(RESULTS, _csv_rows([RESULT_COLUMNS])))
         except BaseException:
@@ -207,8 +234,10 @@ class BundleWriter:
         A sealed bundle is never reopened."""
         bundle = load_bundle(path, allow_incomplete=True)
         if bundle.manifest["status"] != "incomplete":
-            raise BundleError(f"{Path(path) / MANIFEST}: status {bundle.manifest['status']!r}; only an incomplete "
-                              "bundle takes more runs")
+            raise BundleError(
+                f"{Path(path) / MANIFEST}: status {bundle.manifest['status']!r}; only an incomplete "
+                "bundle takes more runs"
+            )
         writer = cls.__new__(cls)
         writer.path = Path(path)
         writer.manifest = bundle.typed
@@ -303,9 +332,11 @@ class BundleWriter:
 
 
 RAW = "raw"
-PACKED_HOW = ("raw files of {threshold} bytes or more are xz'd (xz -d for other tools; ticklab view unpacks a trace "
-              "for KernelShark); the gap detector's output is kept as its numbers, gaps.parquet.xz in place of its "
-              "stdout.txt (ticklab.trace.gapfile: lossless, its text given back byte for byte)")
+PACKED_HOW = (
+    "raw files of {threshold} bytes or more are xz'd (xz -d for other tools; ticklab view unpacks a trace "
+    "for KernelShark); the gap detector's output is kept as its numbers, gaps.parquet.xz in place of its "
+    "stdout.txt (ticklab.trace.gapfile: lossless, its text given back byte for byte)"
+)
 
 
 def raw_files_record(compressed: int, compacted: int, threshold: int = COMPRESS_FROM_BYTES) -> dict:
@@ -336,8 +367,9 @@ def packs(source: Path, relative: Path | str, threshold: int = COMPRESS_FROM_BYT
     return not name.endswith(".xz") and source.lstat().st_size >= threshold
 
 
-def pack_raw_file(source: Path, relative: Path | str, out: OwnedDir, threshold: int = COMPRESS_FROM_BYTES
-                  ) -> tuple[str, str] | None:
+def pack_raw_file(
+    source: Path, relative: Path | str, out: OwnedDir, threshold: int = COMPRESS_FROM_BYTES
+) -> tuple[str, str] | None:
     """Write the raw file ``relative`` (read from ``source``) into ``out`` in the form a sealed bundle keeps it, and
     say where and how: (new relative path, "gapdet") for the gap detector's text (``stdout.txt`` or its .xz),
     written as its numbers to ``gaps.parquet.xz`` beside it (:func:`ticklab.trace.gapfile.compact`, which packs only
@@ -356,8 +388,11 @@ def pack_raw_file(source: Path, relative: Path | str, out: OwnedDir, threshold: 
     if relative.suffix == ".xz" or source.lstat().st_size < threshold:
         return None
     target = relative.with_name(relative.name + ".xz")
-    with open_regular(source) as plain, out.create(target, exclusive=True) as packed_file, \
-            lzma.open(packed_file, "wb", preset=XZ_PRESET) as packed:
+    with (
+        open_regular(source) as plain,
+        out.create(target, exclusive=True) as packed_file,
+        lzma.open(packed_file, "wb", preset=XZ_PRESET) as packed,
+    ):
         try:
             shutil.copyfileobj(plain, packed)
         except OSError as exc:
@@ -444,8 +479,9 @@ def _bundle_files(path: Path) -> set[str]:
             if stat.S_ISDIR(info.st_mode):
                 continue
             if not stat.S_ISREG(info.st_mode):
-                raise BundleError(f"{shown(entry)}: {kind_of(info.st_mode)} in the bundle; a bundle holds regular "
-                                  "files only")
+                raise BundleError(
+                    f"{shown(entry)}: {kind_of(info.st_mode)} in the bundle; a bundle holds regular files only"
+                )
             found.add(str(entry.relative_to(path)))
     return found - {MANIFEST, SEAL}
 
@@ -465,8 +501,10 @@ def _seal_text(manifest_bytes: bytes) -> str:
 def _check_seal(path: Path, manifest_bytes: bytes) -> None:
     seal = path / SEAL
     if not os.path.lexists(seal):
-        raise BundleError(f"{seal}: missing, so nothing covers {MANIFEST} (a bundle sealed before ticklab sealed "
-                          f"its manifest: 'ticklab seal-manifest {path}' adds it after checking every file)")
+        raise BundleError(
+            f"{seal}: missing, so nothing covers {MANIFEST} (a bundle sealed before ticklab sealed "
+            f"its manifest: 'ticklab seal-manifest {path}' adds it after checking every file)"
+        )
     text = _read_regular(seal, 4096).decode("ascii", errors="replace")
     expected = text.split()[0] if text.split() else ""
     if expected != manifest_digest(manifest_bytes):
@@ -513,8 +551,10 @@ def _read_results(path: Path, runs: list[dict]) -> pd.DataFrame:
         _check_row_run(f"{file}: row {number}", record, by_run)
         key = (record["run"], record["metric"])
         if key in first_row:
-            raise BundleError(f"{file}: row {number}: a second {record['metric']} row for run {record['run']} "
-                              f"(the first is row {first_row[key]})")
+            raise BundleError(
+                f"{file}: row {number}: a second {record['metric']} row for run {record['run']} "
+                f"(the first is row {first_row[key]})"
+            )
         first_row[key] = number
         records.append({**record, "value": value})
     return pd.DataFrame(records, columns=RESULT_COLUMNS)
@@ -530,15 +570,19 @@ def _check_row_run(where: str, record: dict, by_run: dict[str, dict]) -> None:
     if run.get("warmup"):
         raise BundleError(f"{where}: run {record['run']} is a warm-up run, which has no rows in {RESULTS}")
     if run["condition"] != record["condition"]:
-        raise BundleError(f"{where}: condition {shown(repr(record['condition']), 80)} is not run {record['run']}'s "
-                          f"condition in {MANIFEST}, {shown(repr(run['condition']), 80)}")
+        raise BundleError(
+            f"{where}: condition {shown(repr(record['condition']), 80)} is not run {record['run']}'s "
+            f"condition in {MANIFEST}, {shown(repr(run['condition']), 80)}"
+        )
 
 
 def check_complete(path: Path, manifest: dict) -> None:
     """A BundleError unless the bundle finished (a reader that wants only complete bundles)."""
     if manifest["status"] == "incomplete":
-        raise BundleError(f"{path / MANIFEST}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
-                          "pass allow_incomplete to read what it has")
+        raise BundleError(
+            f"{path / MANIFEST}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
+            "pass allow_incomplete to read what it has"
+        )
 
 
 def load_bundle(path: Path | str, *, allow_incomplete: bool = False, require_seal: bool = True) -> Bundle:
@@ -568,7 +612,9 @@ def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
     except json.JSONDecodeError as exc:
         raise BundleError(f"{manifest_path}: not valid JSON ({exc})") from None
     if isinstance(manifest, dict) and "schema_version" in manifest and manifest["schema_version"] != SCHEMA_VERSION:
-        raise BundleError(f"{manifest_path}: schema version {manifest['schema_version']!r}, this ticklab reads {SCHEMA_VERSION}")
+        raise BundleError(
+            f"{manifest_path}: schema version {manifest['schema_version']!r}, this ticklab reads {SCHEMA_VERSION}"
+        )
     schemas.check(manifest, schemas.MANIFEST, str(manifest_path), BundleError)
     if manifest["status"] != "sealed" and os.path.lexists(path / SEAL):
         # a sealed bundle edited back to 'incomplete' would otherwise be read without any of its checks

@@ -24,8 +24,12 @@ def module_name(claim_id: str) -> str:
 
 def claim_ids() -> tuple[str, ...]:
     """Every claim id, in alphabetical order (``ticklab.claims.all_claims`` orders them by seed)."""
-    stems = {path.stem for directory in _claim_directories() for path in directory.glob("*.py")
-             if not path.stem.startswith("_")}
+    stems = {
+        path.stem
+        for directory in _claim_directories()
+        for path in directory.glob("*.py")
+        if not path.stem.startswith("_")
+    }
     return tuple(sorted(stem.replace("_", "-") for stem in stems))
 
 

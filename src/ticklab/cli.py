@@ -8,9 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-from . import __version__
+from . import __version__, paths
 from .claimids import CLAIM_IDS
-from . import paths
 from .paths import ProjectError, seeds_dir
 from .safefiles import shown
 
@@ -22,9 +21,16 @@ def _report(args: argparse.Namespace) -> int:
     with kernelfork.started() as kernel_server:
         from .report.build import run_report
 
-        return run_report(args.out, data_dir=args.data_dir, published_dir=args.published_dir, only=args.only,
-                          cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout, jobs=args.jobs,
-                          kernel_server=kernel_server)
+        return run_report(
+            args.out,
+            data_dir=args.data_dir,
+            published_dir=args.published_dir,
+            only=args.only,
+            cell_timeout=args.cell_timeout,
+            notebook_timeout=args.notebook_timeout,
+            jobs=args.jobs,
+            kernel_server=kernel_server,
+        )
 
 
 def _verify_published(args: argparse.Namespace) -> int:
@@ -50,7 +56,9 @@ def _verify_published(args: argparse.Namespace) -> int:
         problems = verify_against_source(published, seeds)
         for problem in problems:
             print(f"{claim}: {_line(problem)}")
-        print(f"{claim}: {rows} rows, {'all quotes verbatim in ' + published.source['file'] if not problems else str(len(problems)) + ' problem(s)'}")
+        print(
+            f"{claim}: {rows} rows, {'all quotes verbatim in ' + published.source['file'] if not problems else str(len(problems)) + ' problem(s)'}"
+        )
         status |= bool(problems)
     return status
 
@@ -111,9 +119,18 @@ def precision_goals(claim: str, published_dir: Path) -> list:
 def _goals_of(found, published) -> list:
     from .capture.stopping import PrecisionGoal
 
-    return [PrecisionGoal(c.comparison, c.metric, c.treatment, c.baseline, c.statistic,
-                          c.margins.precision_log(c.target), tuple(c.experiments))
-            for c in found.comparisons(published)]
+    return [
+        PrecisionGoal(
+            c.comparison,
+            c.metric,
+            c.treatment,
+            c.baseline,
+            c.statistic,
+            c.margins.precision_log(c.target),
+            tuple(c.experiments),
+        )
+        for c in found.comparisons(published)
+    ]
 
 
 def answer_context(claim: str, published_dir: Path, out: Path):
@@ -129,23 +146,39 @@ def answer_context(claim: str, published_dir: Path, out: Path):
     printed = {}
     for table, frame in published.tables.items():
         for row in frame.to_dict("records"):
+
             def text(key: str) -> str:
                 value = row.get(key)
                 return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).strip()
+
             value = row.get("value")
-            context = {key: text(key) for key in row
-                       if key not in ("id", "value", "unit", "value_as_printed", "qualifier", "metric", "quantity",
-                                      "quote", "token")
-                       and text(key)}
+            context = {
+                key: text(key)
+                for key in row
+                if key
+                not in ("id", "value", "unit", "value_as_printed", "qualifier", "metric", "quantity", "quote", "token")
+                and text(key)
+            }
             printed[f"{table}/{row['id']}"] = PrintedValue(
-                f"{table}/{row['id']}", published.quote_id(table, row["id"]), text("value_as_printed"),
-                text("qualifier"), None if value is None or not math.isfinite(float(value)) else float(value),
-                text("unit"), context)
+                f"{table}/{row['id']}",
+                published.quote_id(table, row["id"]),
+                text("value_as_printed"),
+                text("qualifier"),
+                None if value is None or not math.isfinite(float(value)) else float(value),
+                text("unit"),
+                context,
+            )
     default_out, default_published = _InProject("traces").resolve(), _InProject("traces", "published").resolve()
-    return AnswerContext(claim, f"seed {found.seed}", printed, tuple(_goals_of(found, published)),
-                         found.notebook.removesuffix(".ipynb"), out,
-                         pass_out=out.resolve() != default_out.resolve(),
-                         published_dir=None if published_dir.resolve() == default_published.resolve() else published_dir)
+    return AnswerContext(
+        claim,
+        f"seed {found.seed}",
+        printed,
+        tuple(_goals_of(found, published)),
+        found.notebook.removesuffix(".ipynb"),
+        out,
+        pass_out=out.resolve() != default_out.resolve(),
+        published_dir=None if published_dir.resolve() == default_published.resolve() else published_dir,
+    )
 
 
 def _goals(args: argparse.Namespace) -> list | None:
@@ -174,15 +207,17 @@ def _capture(args: argparse.Namespace) -> int:
     if args.boot:
         return _capture_boot(args)
     if args.build_kernels:
-        print("ticklab capture: --build-kernels builds the kernels a boot plan boots; add --boot kexec|grub|manual",
-              file=sys.stderr)
+        print(
+            "ticklab capture: --build-kernels builds the kernels a boot plan boots; add --boot kexec|grub|manual",
+            file=sys.stderr,
+        )
         return 2
+    from .analysis.published import PublishedDataError
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions, capture
     from .capture.tracing import TracingError
     from .host import HostChangeError
-    from .analysis.published import PublishedDataError
 
     try:
         gap = None if args.experiment else no_host_experiment(args.claim)
@@ -193,10 +228,22 @@ def _capture(args: argparse.Namespace) -> int:
         answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out)
         goals = None if args.runs is not None else list(answer.goals) if answer else _goals(args)
         progress = _progress(args)
-        options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
-                                 dry_run=args.dry_run, backend=args.backend, root=args.root, journal=args.journal,
-                                 progress=progress, seed=args.seed, budget_s=args.budget_s, goals=goals,
-                                 answer=answer, run_lines=not progress or not sys.stdout.isatty())
+        options = CaptureOptions(
+            runs=args.runs,
+            warmup=args.warmup,
+            out=args.out,
+            host_id=args.host_id,
+            dry_run=args.dry_run,
+            backend=args.backend,
+            root=args.root,
+            journal=args.journal,
+            progress=progress,
+            seed=args.seed,
+            budget_s=args.budget_s,
+            goals=goals,
+            answer=answer,
+            run_lines=not progress or not sys.stdout.isatty(),
+        )
         # flushed line by line: a log or a pipe shows each run as it ends, not all of them at exit
         capture(args.claim, options, experiment_path=args.experiment, log=lambda line: print(line, flush=True))
     except (ExperimentError, BundleError, HostChangeError, TracingError, PublishedDataError) as exc:
@@ -212,15 +259,27 @@ def _kernel(args: argparse.Namespace) -> int:
     from .hostkernel import build_and_install, plan_host_kernel
 
     if not args.host:
-        print("ticklab kernel build: only --host kernels are built here; lab kernels: ticklab lab build-kernel",
-              file=sys.stderr)
+        print(
+            "ticklab kernel build: only --host kernels are built here; lab kernels: ticklab lab build-kernel",
+            file=sys.stderr,
+        )
         return 2
     if args.modules and not args.localmodconfig:
-        print("ticklab kernel build: --modules lists the modules --localmodconfig keeps; add --localmodconfig",
-              file=sys.stderr)
+        print(
+            "ticklab kernel build: --modules lists the modules --localmodconfig keeps; add --localmodconfig",
+            file=sys.stderr,
+        )
         return 2
-    plan = plan_host_kernel(args.root, config=args.config, source=args.source, localmodconfig=args.localmodconfig,
-                            jobs=args.jobs, release=args.release, modules=args.modules, fragment=args.fragment)
+    plan = plan_host_kernel(
+        args.root,
+        config=args.config,
+        source=args.source,
+        localmodconfig=args.localmodconfig,
+        jobs=args.jobs,
+        release=args.release,
+        modules=args.modules,
+        fragment=args.fragment,
+    )
     for warning in plan.warnings:  # before the plan and before any work
         print(f"ticklab kernel build: warning: {warning}", file=sys.stderr, flush=True)
     print(plan.describe())
@@ -228,9 +287,11 @@ def _kernel(args: argparse.Namespace) -> int:
         print("dry run: nothing built, nothing installed")
         return 0
     release = build_and_install(plan, args.root)
-    print(f"installed {release}; the default boot entry is unchanged. Boot it for one run with a boot plan "
-          f"(ticklab capture <claim> --boot kexec), or by hand: kexec -l /boot/vmlinuz-{release} "
-          f"--initrd /boot/initrd.img-{release} --reuse-cmdline && systemctl kexec")
+    print(
+        f"installed {release}; the default boot entry is unchanged. Boot it for one run with a boot plan "
+        f"(ticklab capture <claim> --boot kexec), or by hand: kexec -l /boot/vmlinuz-{release} "
+        f"--initrd /boot/initrd.img-{release} --reuse-cmdline && systemctl kexec"
+    )
     return 0
 
 
@@ -250,14 +311,13 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
+    from .analysis.published import PublishedDataError
     from .bundle import BundleError
     from .capture.boot_capture import boot_experiment, planned_runs, start
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
     from .host import HostChangeError, plan_engine
-    from .analysis.published import PublishedDataError
-
     from .hostkernel import HostKernelError
 
     try:
@@ -269,35 +329,57 @@ def _capture_boot(args: argparse.Namespace) -> int:
             experiment = boot_experiment(args.claim, args.experiment)
             conditions = expand_conditions(experiment, facts.collect(args.root))
             built = build_missing_kernels(experiment, conditions, args.root, log=print, dry_run=True)
-            print(f"dry run: {len(built)} kernel(s) would be built and installed first"
-                  + (f" ({', '.join(built)})" if built else "") + "; nothing built, no plan written")
+            print(
+                f"dry run: {len(built)} kernel(s) would be built and installed first"
+                + (f" ({', '.join(built)})" if built else "")
+                + "; nothing built, no plan written"
+            )
             return 0
         if args.dry_run:
             experiment = boot_experiment(args.claim, args.experiment)
             runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
             print(f"boot plan ({args.boot}) of {experiment.path.name}: {len(runs)} boots, one run each, in this order:")
             for run in runs:
-                print(f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
-                      f"command line '{run.cmdline}'")
+                print(
+                    f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
+                    f"command line '{run.cmdline}'"
+                )
             print("dry run: no plan written, nothing booted")
             return 0
-        options = CaptureOptions(runs=args.runs, warmup=args.warmup, out=args.out, host_id=args.host_id,
-                                 backend=args.backend, root=args.root, journal=args.journal, progress=False,
-                                 seed=args.seed, budget_s=args.budget_s, goals=_goals(args),
-                                 build_kernels=args.build_kernels)
+        options = CaptureOptions(
+            runs=args.runs,
+            warmup=args.warmup,
+            out=args.out,
+            host_id=args.host_id,
+            backend=args.backend,
+            root=args.root,
+            journal=args.journal,
+            progress=False,
+            seed=args.seed,
+            budget_s=args.budget_s,
+            goals=_goals(args),
+            build_kernels=args.build_kernels,
+        )
         start(args.claim, options, args.experiment, args.boot)
-    except (ExperimentError, plan_engine.PlanError, HostChangeError, BundleError, TracingError,
-            PublishedDataError, HostKernelError) as exc:
+    except (
+        ExperimentError,
+        plan_engine.PlanError,
+        HostChangeError,
+        BundleError,
+        TracingError,
+        PublishedDataError,
+        HostKernelError,
+    ) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 
 
 def _lab(args: argparse.Namespace) -> int:
+    from .analysis.published import PublishedDataError
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .lab.cache import LabError
-    from .analysis.published import PublishedDataError
 
     try:
         if args.lab_command == "build-kernel":
@@ -322,34 +404,64 @@ def _lab(args: argparse.Namespace) -> int:
         elif args.lab_command == "host-plan":
             from .lab.labhost import plan_run, summary_lines
 
-            view = plan_run(args.claim, args.boot, runs=args.runs, warmup=args.warmup, experiment=args.experiment,
-                            abort_when_made=args.abort_after_runs, hide_kernel_when_made=args.hide_kernel_after_runs,
-                            out=args.out, accel=args.accel, keep_disk=args.keep_disk,
-                            kernels=tuple((_kernel_source(source), None) for source in args.kernel)
-                            + tuple((_kernel_source(source), Path(fragment)) for source, fragment in args.kernel_fragment),
-                            say=lambda text: print(text, file=sys.stderr, flush=True))
+            view = plan_run(
+                args.claim,
+                args.boot,
+                runs=args.runs,
+                warmup=args.warmup,
+                experiment=args.experiment,
+                abort_when_made=args.abort_after_runs,
+                hide_kernel_when_made=args.hide_kernel_after_runs,
+                out=args.out,
+                accel=args.accel,
+                keep_disk=args.keep_disk,
+                kernels=tuple((_kernel_source(source), None) for source in args.kernel)
+                + tuple((_kernel_source(source), Path(fragment)) for source, fragment in args.kernel_fragment),
+                say=lambda text: print(text, file=sys.stderr, flush=True),
+            )
             print("\n".join(summary_lines(view)))
         elif args.boot:
             from .lab.guest_plan import lab_boot_plan
             from .lab.run import LabOptions
 
-            options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, out=args.out, accel=args.accel,
-                                 smp=args.smp, cmdline=args.cmdline or "", backend=args.backend, progress=False)
+            options = LabOptions(
+                runs=args.runs,
+                warmup=args.warmup,
+                seed=args.seed,
+                out=args.out,
+                accel=args.accel,
+                smp=args.smp,
+                cmdline=args.cmdline or "",
+                backend=args.backend,
+                progress=False,
+            )
             print(f"{lab_boot_plan(args.claim, options, args.experiment, args.boot)}: sealed", file=sys.stderr)
         else:
             from .lab.run import LabOptions, lab_run
 
-            options = LabOptions(runs=args.runs, warmup=args.warmup, seed=args.seed, budget_s=args.budget_s,
-                                 out=args.out, accel=args.accel,
-                                 smp=args.smp, cmdline=args.cmdline or "", backend=args.backend,
-                                 progress=_progress(args), build=not args.no_build, goals=_goals(args))
+            options = LabOptions(
+                runs=args.runs,
+                warmup=args.warmup,
+                seed=args.seed,
+                budget_s=args.budget_s,
+                out=args.out,
+                accel=args.accel,
+                smp=args.smp,
+                cmdline=args.cmdline or "",
+                backend=args.backend,
+                progress=_progress(args),
+                build=not args.no_build,
+                goals=_goals(args),
+            )
             lab_run(args.claim, options, experiment_path=args.experiment)
     except (LabError, ExperimentError, BundleError, PublishedDataError) as exc:
         print(f"ticklab lab {args.lab_command}: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        print(f"ticklab lab {args.lab_command}: interrupted ({exc or 'SIGINT'}); no guest is left running",
-              file=sys.stderr)
+        print(
+            f"ticklab lab {args.lab_command}: interrupted ({exc or 'SIGINT'}); no guest is left running",
+            file=sys.stderr,
+        )
         return 130
     return 0
 
@@ -377,17 +489,26 @@ def _compare(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from .bundle import BundleError, load_bundle
 
-    manifests = sorted({m for root in args.paths for m in ([root / "manifest.json"] if (root / "manifest.json").is_file()
-                                                           else root.rglob("manifest.json"))})
+    manifests = sorted(
+        {
+            m
+            for root in args.paths
+            for m in ([root / "manifest.json"] if (root / "manifest.json").is_file() else root.rglob("manifest.json"))
+        }
+    )
     if not manifests:
-        print(f"ticklab verify: no bundle (manifest.json) under {_line(', '.join(map(str, args.paths)))}", file=sys.stderr)
+        print(
+            f"ticklab verify: no bundle (manifest.json) under {_line(', '.join(map(str, args.paths)))}", file=sys.stderr
+        )
         return 2
     failed = 0
     for manifest in manifests:
         try:
             bundle = load_bundle(manifest.parent)
             count = len(bundle.manifest.get("files", {}))
-            print(f"ok    {_line(manifest.parent)}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest['status']})")
+            print(
+                f"ok    {_line(manifest.parent)}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest['status']})"
+            )
         except BundleError as exc:
             failed += 1
             print(f"FAIL  {_line(manifest.parent)}: {_one_line(exc)}")
@@ -412,8 +533,11 @@ def _kernel_source(given: str) -> Path:
     from .lab import sources
 
     found = sources.require(given, progress=False, say=lambda text: print(text, file=sys.stderr, flush=True))
-    print(f"kernel source {given}: {found.tarball} ({found.package} {found.version}, {found.origin})",
-          file=sys.stderr, flush=True)
+    print(
+        f"kernel source {given}: {found.tarball} ({found.package} {found.version}, {found.origin})",
+        file=sys.stderr,
+        flush=True,
+    )
     return found.tarball
 
 
@@ -424,7 +548,9 @@ def _kernel_sources_epilog() -> str:
         paths.repo_root()
     except ProjectError as exc:
         return f"kernel sources (kernel/sources.yaml): unknown, {exc}"
-    return "kernel sources here (kernel/sources.yaml):\n" + "\n".join(f"  {line}" for line in sources.describe().splitlines())
+    return "kernel sources here (kernel/sources.yaml):\n" + "\n".join(
+        f"  {line}" for line in sources.describe().splitlines()
+    )
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -453,16 +579,18 @@ def _seal_manifest(args: argparse.Namespace) -> int:
 
 def _view(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .report.view import ViewError, build_session, open_in_kernelshark, write_session
     from .lab.cache import cache_dir
+    from .report.view import ViewError, build_session, open_in_kernelshark, write_session
 
     try:
         trace, session, spot = build_session(args.bundle, args.run)
         out = args.session or cache_dir() / "view" / f"{Path(args.bundle).resolve().name}-{args.run or 'first'}.json"
         write_session(session, out)
         opened = session["ticklab"]
-        print(f"{opened['claim']}: run {opened['run']}, condition {opened['condition']}\n{trace}\n  session {out}\n"
-              f"  markers A/B: {spot.what}")
+        print(
+            f"{opened['claim']}: run {opened['run']}, condition {opened['condition']}\n{trace}\n  session {out}\n"
+            f"  markers A/B: {spot.what}"
+        )
         if not args.session_only:
             open_in_kernelshark(out).wait()
     except (ViewError, BundleError, KeyError, ValueError) as exc:
@@ -495,6 +623,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 def _whole(low: int, high: int):
     """An argparse type: a whole number from low to high ('--runs -1' is a usage error, not a bundle without runs)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -503,6 +632,7 @@ def _whole(low: int, high: int):
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{shown(value, 80)} is not from {low} to {high}")
         return value
+
     return parse
 
 
@@ -518,17 +648,27 @@ def _seconds(text: str) -> float:
 
 def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     """How many runs a capture makes: the same options for host captures and lab runs."""
-    parser.add_argument("--runs", type=_whole(1, 10000),
-                        help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
-                             "rounds until the precision target or its budget)")
+    parser.add_argument(
+        "--runs",
+        type=_whole(1, 10000),
+        help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
+        "rounds until the precision target or its budget)",
+    )
     parser.add_argument("--warmup", type=_whole(0, 1000), help="warm-up runs per condition (default: the experiment's)")
     parser.add_argument("--seed", type=_whole(0, 2**63 - 1), help="seed of the run order (default: the experiment's)")
-    parser.add_argument("--budget-s", type=_seconds,
-                        help="seconds of measured runs the capture may spend adding rounds for precision "
-                             "(default: the experiment's budget.time_s; 0: none)")
-    parser.add_argument("--published-dir", type=Path, default=_InProject("traces", "published"),
-                        help="transcribed published numbers the stopping rule's precision targets come from "
-                             "(default: traces/published/)")
+    parser.add_argument(
+        "--budget-s",
+        type=_seconds,
+        help="seconds of measured runs the capture may spend adding rounds for precision "
+        "(default: the experiment's budget.time_s; 0: none)",
+    )
+    parser.add_argument(
+        "--published-dir",
+        type=Path,
+        default=_InProject("traces", "published"),
+        help="transcribed published numbers the stopping rule's precision targets come from "
+        "(default: traces/published/)",
+    )
 
 
 class _InProject:
@@ -574,28 +714,57 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ticklab", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ticklab {__version__}")
-    parser.add_argument("--project", type=Path, metavar="DIR",
-                        help=f"the ticklab checkout whose notebooks, runners, kernel/ and traces/ to use (default: "
-                             f"${paths.ENV}, else the checkout this ticklab runs from or was installed from)")
+    parser.add_argument(
+        "--project",
+        type=Path,
+        metavar="DIR",
+        help=f"the ticklab checkout whose notebooks, runners, kernel/ and traces/ to use (default: "
+        f"${paths.ENV}, else the checkout this ticklab runs from or was installed from)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     report = sub.add_parser("report", help="run every notebook with papermill and build the report")
     report.add_argument("--out", type=Path, default=_InProject("build"), help="output directory (default: build/)")
-    report.add_argument("--data-dir", type=Path, default=_InProject("traces"), help="where captured bundles live (default: traces/)")
-    report.add_argument("--published-dir", type=Path, default=_InProject("traces", "published"),
-                        help="transcribed published numbers (default: traces/published/)")
+    report.add_argument(
+        "--data-dir", type=Path, default=_InProject("traces"), help="where captured bundles live (default: traces/)"
+    )
+    report.add_argument(
+        "--published-dir",
+        type=Path,
+        default=_InProject("traces", "published"),
+        help="transcribed published numbers (default: traces/published/)",
+    )
     report.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (e.g. 03-hrtick)")
-    report.add_argument("--cell-timeout", type=_whole(1, 86400), default=600, help="seconds one cell may run (default 600)")
-    report.add_argument("--notebook-timeout", type=_whole(1, 7 * 86400), default=1800, help="seconds one notebook may run (default 1800)")
-    report.add_argument("--jobs", type=_whole(1, 64), default=None,
-                        help="claims' notebooks run at once (default: one per CPU this process may use)")
+    report.add_argument(
+        "--cell-timeout", type=_whole(1, 86400), default=600, help="seconds one cell may run (default 600)"
+    )
+    report.add_argument(
+        "--notebook-timeout",
+        type=_whole(1, 7 * 86400),
+        default=1800,
+        help="seconds one notebook may run (default 1800)",
+    )
+    report.add_argument(
+        "--jobs",
+        type=_whole(1, 64),
+        default=None,
+        help="claims' notebooks run at once (default: one per CPU this process may use)",
+    )
     report.set_defaults(func=_report)
 
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")
-    verify.add_argument("claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIM_IDS)})")
-    verify.add_argument("--published-dir", type=Path, default=_InProject("traces", "published"),
-                        help="transcribed published numbers (default: traces/published/)")
-    verify.add_argument("--seeds", help="directory of the source documents (default: $TICKLAB_SEEDS or ../shared/seeds)")
+    verify.add_argument(
+        "claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIM_IDS)})"
+    )
+    verify.add_argument(
+        "--published-dir",
+        type=Path,
+        default=_InProject("traces", "published"),
+        help="transcribed published numbers (default: traces/published/)",
+    )
+    verify.add_argument(
+        "--seeds", help="directory of the source documents (default: $TICKLAB_SEEDS or ../shared/seeds)"
+    )
     verify.set_defaults(func=_verify_published)
 
     claims = sub.add_parser("claims", help="list the claim ids (ticklab/claims/<id>.py), one a line")
@@ -610,8 +779,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     doctor.set_defaults(func=_doctor)
 
-    restore = sub.add_parser("restore", help="put back what a capture killed outright (kill -9, a crash) left changed "
-                                             "on this host, from its journal")
+    restore = sub.add_parser(
+        "restore",
+        help="put back what a capture killed outright (kill -9, a crash) left changed on this host, from its journal",
+    )
     restore.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     restore.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     restore.set_defaults(func=_restore)
@@ -622,145 +793,253 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
     cap.add_argument("--experiment", type=Path, help="one experiment file instead of every runners/<claim>/*.yaml")
-    cap.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
-                     help="tracing backend (default: trace-cmd where 'trace-cmd record' works, else tracefs)")
+    cap.add_argument(
+        "--backend",
+        choices=["auto", "trace-cmd", "tracefs"],
+        default="auto",
+        help="tracing backend (default: trace-cmd where 'trace-cmd record' works, else tracefs)",
+    )
     cap.add_argument("--dry-run", action="store_true", help="print every privileged write, change nothing, run nothing")
-    cap.add_argument("--boot", choices=["kexec", "grub", "manual"],
-                     help="kernel conditions (a kernel, a command line): one boot per run in the seeded order, "
-                          "resumed by a systemd unit after each reboot: kexec (default choice), grub (one-shot "
-                          "grub-reboot, where kexec is locked down) or manual (you boot what it says); the default "
-                          "boot entry is never changed. See 'ticklab plan status|abort'")
-    cap.add_argument("--build-kernels", action="store_true",
-                     help="with --boot: first build and install (ticklab kernel build --host) the kernels the "
-                          "conditions name that are not installed, as the experiment's kernel_builds says, the "
-                          "estimate said first; with --dry-run, only the estimates")
-    cap.add_argument("--no-progress", action="store_true",
-                     help="no progress bar: one line per run instead (as when the output is not a terminal)")
+    cap.add_argument(
+        "--boot",
+        choices=["kexec", "grub", "manual"],
+        help="kernel conditions (a kernel, a command line): one boot per run in the seeded order, "
+        "resumed by a systemd unit after each reboot: kexec (default choice), grub (one-shot "
+        "grub-reboot, where kexec is locked down) or manual (you boot what it says); the default "
+        "boot entry is never changed. See 'ticklab plan status|abort'",
+    )
+    cap.add_argument(
+        "--build-kernels",
+        action="store_true",
+        help="with --boot: first build and install (ticklab kernel build --host) the kernels the "
+        "conditions name that are not installed, as the experiment's kernel_builds says, the "
+        "estimate said first; with --dry-run, only the estimates",
+    )
+    cap.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar: one line per run instead (as when the output is not a terminal)",
+    )
     cap.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     cap.set_defaults(func=_capture)
 
     kernel_cmd = sub.add_parser("kernel", help="kernels for this host: ticklab kernel build --host")
     kernel_sub = kernel_cmd.add_subparsers(dest="kernel_command", required=True, metavar="COMMAND")
-    host_build = kernel_sub.add_parser("build", help="build and install a kernel for this host (running config + "
-                                                     "kernel/patches), without changing the default boot entry")
+    host_build = kernel_sub.add_parser(
+        "build",
+        help="build and install a kernel for this host (running config + "
+        "kernel/patches), without changing the default boot entry",
+    )
     host_build.add_argument("--host", action="store_true", help="a kernel for this machine (the only kind built here)")
-    host_build.add_argument("--config", type=Path, help="kernel config (default: /boot/config-$(uname -r), else /proc/config.gz)")
-    host_build.add_argument("--source", type=Path, help="a Linux source tree or tarball (default: /usr/src/linux-source-X.Y.tar.xz)")
-    host_build.add_argument("--localmodconfig", action="store_true",
-                            help="keep only the modules loaded now, or those --modules lists (faster build)")
+    host_build.add_argument(
+        "--config", type=Path, help="kernel config (default: /boot/config-$(uname -r), else /proc/config.gz)"
+    )
+    host_build.add_argument(
+        "--source", type=Path, help="a Linux source tree or tarball (default: /usr/src/linux-source-X.Y.tar.xz)"
+    )
+    host_build.add_argument(
+        "--localmodconfig",
+        action="store_true",
+        help="keep only the modules loaded now, or those --modules lists (faster build)",
+    )
     host_build.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
-    host_build.add_argument("--dry-run", action="store_true", help="print config, patches, localversion and steps; change nothing")
-    host_build.add_argument("--root", type=Path, default=Path("/"), metavar="DIR",
-                            help="the system to build for and install into (default: /): e.g. a disk image's mounted "
-                                 "root; its own update-initramfs runs in a chroot")
-    host_build.add_argument("--release", metavar="RELEASE",
-                            help="the kernel the system boots, whose config is the base (default: the running one; "
-                                 "for a --root at rest, its only /boot/vmlinuz-*)")
-    host_build.add_argument("--modules", type=Path, metavar="FILE",
-                            help="with --localmodconfig: the /proc/modules recorded at a boot of the system "
-                                 "(default: /proc/modules of --root, which a system at rest does not have)")
-    host_build.add_argument("--fragment", type=Path, metavar="FILE",
-                            help="config options set after the base config and --localmodconfig (lines CONFIG_X=value "
-                                 "or '# CONFIG_X is not set'; e.g. kernel/fragments/hz1000.config), checked in the "
-                                 "built config before anything is installed; its name goes into the release "
-                                 "(-ticklab-hz1000-<hash>)")
+    host_build.add_argument(
+        "--dry-run", action="store_true", help="print config, patches, localversion and steps; change nothing"
+    )
+    host_build.add_argument(
+        "--root",
+        type=Path,
+        default=Path("/"),
+        metavar="DIR",
+        help="the system to build for and install into (default: /): e.g. a disk image's mounted "
+        "root; its own update-initramfs runs in a chroot",
+    )
+    host_build.add_argument(
+        "--release",
+        metavar="RELEASE",
+        help="the kernel the system boots, whose config is the base (default: the running one; "
+        "for a --root at rest, its only /boot/vmlinuz-*)",
+    )
+    host_build.add_argument(
+        "--modules",
+        type=Path,
+        metavar="FILE",
+        help="with --localmodconfig: the /proc/modules recorded at a boot of the system "
+        "(default: /proc/modules of --root, which a system at rest does not have)",
+    )
+    host_build.add_argument(
+        "--fragment",
+        type=Path,
+        metavar="FILE",
+        help="config options set after the base config and --localmodconfig (lines CONFIG_X=value "
+        "or '# CONFIG_X is not set'; e.g. kernel/fragments/hz1000.config), checked in the "
+        "built config before anything is installed; its name goes into the release "
+        "(-ticklab-hz1000-<hash>)",
+    )
     host_build.set_defaults(func=_kernel)
 
     plan = sub.add_parser("plan", help="boot plans (capture --boot): list, status, resume after a reboot, abort")
     plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="COMMAND")
-    for name, text in (("list", "one line per plan: id, claim/experiment, mode, state, runs made and left, created"),
-                       ("status", "runs done and left, the current state, what to do next"),
-                       ("resume", "verify this boot and go on (run by ticklab-plan.service after each reboot)"),
-                       ("abort", "remove the unit, put back every host change; keep the bundle and the runs made")):
+    for name, text in (
+        ("list", "one line per plan: id, claim/experiment, mode, state, runs made and left, created"),
+        ("status", "runs done and left, the current state, what to do next"),
+        ("resume", "verify this boot and go on (run by ticklab-plan.service after each reboot)"),
+        ("abort", "remove the unit, put back every host change; keep the bundle and the runs made"),
+    ):
         one = plan_sub.add_parser(name, help=text)
         if name != "list":
-            one.add_argument("--id", dest="plan_id",
-                             help="the plan (default: the running one, else the newest; 'ticklab plan list')")
+            one.add_argument(
+                "--id", dest="plan_id", help="the plan (default: the running one, else the newest; 'ticklab plan list')"
+            )
         one.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
         one.set_defaults(func=_plan)
 
     lab = sub.add_parser("lab", help="the guest lab: lab kernels, the guest image, experiments in QEMU guests")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="COMMAND", parser_class=_LateEpilogParser)
-    kernel = lab_sub.add_parser("build-kernel", help="build (or find cached) a lab kernel from a Debian linux-source",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Build a lab kernel from Debian's linux-source-<series> (installed, or\n"
-                                            "fetched from the Debian suite kernel/sources.yaml names into ticklab's\n"
-                                            "cache), kernel/patches/<series>/ and kernel/configs/.")
+    kernel = lab_sub.add_parser(
+        "build-kernel",
+        help="build (or find cached) a lab kernel from a Debian linux-source",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Build a lab kernel from Debian's linux-source-<series> (installed, or\n"
+        "fetched from the Debian suite kernel/sources.yaml names into ticklab's\n"
+        "cache), kernel/patches/<series>/ and kernel/configs/.",
+    )
     kernel.late_epilog = _kernel_sources_epilog
     kernel.add_argument("--hz", type=int, choices=[1000, 250], default=1000, help="tick rate (default 1000)")
-    kernel.add_argument("--variant", nargs="+",
-                        help="lab kernels instead of --hz: <variant> on the default source (hz1000 hz250) or "
-                             "<series>-<variant> (7.2-hz1000)")
+    kernel.add_argument(
+        "--variant",
+        nargs="+",
+        help="lab kernels instead of --hz: <variant> on the default source (hz1000 hz250) or "
+        "<series>-<variant> (7.2-hz1000)",
+    )
     kernel.add_argument("--jobs", type=_whole(1, 1024), help="parallel compile jobs (default: number of CPUs)")
     kernel.add_argument("--force", action="store_true", help="rebuild even when cached")
     kernel.add_argument("--no-progress", action="store_true", help="no progress bar")
     kernel.set_defaults(func=_lab)
     image = lab_sub.add_parser("build-image", help="build (or find cached) the guest initramfs")
     image.add_argument("--force", action="store_true", help="rebuild even when cached")
-    image.add_argument("--list-packages", action="store_true",
-                       help="print the Debian packages the image's programs come from (runners/vm/image.yaml) and exit")
+    image.add_argument(
+        "--list-packages",
+        action="store_true",
+        help="print the Debian packages the image's programs come from (runners/vm/image.yaml) and exit",
+    )
     image.set_defaults(func=_lab)
-    build_host = lab_sub.add_parser("build-host", help="build (or find cached) the lab host: a Debian 12 disk image "
-                                    "booted by BIOS and grub, for boot plans (runners/vm/lab-host.yaml)")
+    build_host = lab_sub.add_parser(
+        "build-host",
+        help="build (or find cached) the lab host: a Debian 12 disk image "
+        "booted by BIOS and grub, for boot plans (runners/vm/lab-host.yaml)",
+    )
     build_host.add_argument("--force", action="store_true", help="rebuild even when cached")
     build_host.set_defaults(func=_lab)
-    host_plan = lab_sub.add_parser("host-plan", help="run a boot plan (capture --boot) in the lab host, driven without "
-                                   "interaction, and check the machine from outside afterwards")
+    host_plan = lab_sub.add_parser(
+        "host-plan",
+        help="run a boot plan (capture --boot) in the lab host, driven without "
+        "interaction, and check the machine from outside afterwards",
+    )
     host_plan.add_argument("claim", choices=list(CLAIM_IDS))
     host_plan.add_argument("--boot", choices=["kexec", "grub"], required=True)
-    host_plan.add_argument("--runs", type=_whole(1, 1000), help="measured runs per condition (default: the experiment's)")
-    host_plan.add_argument("--warmup", type=_whole(0, 100), help="warm-up runs per condition (default: the experiment's)")
-    host_plan.add_argument("--experiment", help="the boot experiment, as a path inside the checkout "
-                                                "(runners/<claim>/host-boot-*.yaml)")
-    host_plan.add_argument("--abort-after-runs", type=_whole(0, 100000), metavar="N",
-                           help="'ticklab plan abort' at the boot after N runs were made, as a user would")
-    host_plan.add_argument("--hide-kernel-after-runs", type=_whole(0, 100000), metavar="N",
-                           help="move the next run's kernel image away at the boot after N runs were made (put back "
-                                "when the plan has ended)")
-    host_plan.add_argument("--out", type=Path, help="copy the plan's bundle here, under the lab host's host-id "
-                                                    "(default: kept in the run's directory only)")
+    host_plan.add_argument(
+        "--runs", type=_whole(1, 1000), help="measured runs per condition (default: the experiment's)"
+    )
+    host_plan.add_argument(
+        "--warmup", type=_whole(0, 100), help="warm-up runs per condition (default: the experiment's)"
+    )
+    host_plan.add_argument(
+        "--experiment", help="the boot experiment, as a path inside the checkout (runners/<claim>/host-boot-*.yaml)"
+    )
+    host_plan.add_argument(
+        "--abort-after-runs",
+        type=_whole(0, 100000),
+        metavar="N",
+        help="'ticklab plan abort' at the boot after N runs were made, as a user would",
+    )
+    host_plan.add_argument(
+        "--hide-kernel-after-runs",
+        type=_whole(0, 100000),
+        metavar="N",
+        help="move the next run's kernel image away at the boot after N runs were made (put back "
+        "when the plan has ended)",
+    )
+    host_plan.add_argument(
+        "--out",
+        type=Path,
+        help="copy the plan's bundle here, under the lab host's host-id (default: kept in the run's directory only)",
+    )
     host_plan.add_argument("--accel", choices=["tcg", "kvm"], default="tcg", help="QEMU accelerator (default tcg)")
     host_plan.add_argument("--keep-disk", action="store_true", help="keep the run's disk image")
-    host_plan.add_argument("--kernel", action="append", default=[], metavar="SOURCE",
-                           help="build a kernel from this source (tarball or tree, or a series of kernel/sources.yaml "
-                                "such as 7.2: Debian's linux-source-7.2, fetched if not installed; kernel/patches/<X.Y> "
-                                "applied) with "
-                                "'ticklab kernel build --host --root' against the run's copy of the image, keeping the "
-                                "modules a recorded boot of it loaded, and install it there before the plan (repeat "
-                                "for several; each build is cached)")
-    host_plan.add_argument("--kernel-fragment", nargs=2, action="append", default=[], metavar=("SOURCE", "FRAGMENT"),
-                           help="as --kernel, with 'kernel build --host --fragment FRAGMENT' (a config fragment, e.g. "
-                                "kernel/fragments/hz1000.config; repeat for several)")
+    host_plan.add_argument(
+        "--kernel",
+        action="append",
+        default=[],
+        metavar="SOURCE",
+        help="build a kernel from this source (tarball or tree, or a series of kernel/sources.yaml "
+        "such as 7.2: Debian's linux-source-7.2, fetched if not installed; kernel/patches/<X.Y> "
+        "applied) with "
+        "'ticklab kernel build --host --root' against the run's copy of the image, keeping the "
+        "modules a recorded boot of it loaded, and install it there before the plan (repeat "
+        "for several; each build is cached)",
+    )
+    host_plan.add_argument(
+        "--kernel-fragment",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("SOURCE", "FRAGMENT"),
+        help="as --kernel, with 'kernel build --host --fragment FRAGMENT' (a config fragment, e.g. "
+        "kernel/fragments/hz1000.config; repeat for several)",
+    )
     host_plan.set_defaults(func=_lab)
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))
-    lab_run.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
-                         help="KVM only if a test guest boots with it (auto, the default), or force one")
+    lab_run.add_argument(
+        "--accel",
+        choices=["auto", "kvm", "tcg"],
+        default="auto",
+        help="KVM only if a test guest boots with it (auto, the default), or force one",
+    )
     lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
     lab_run.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
     lab_run.add_argument("--experiment", type=Path, help="one lab experiment file instead of all of the claim's")
-    lab_run.add_argument("--backend", choices=["auto", "trace-cmd", "tracefs"], default="auto",
-                         help="tracing backend inside the guest (default: trace-cmd where it works)")
+    lab_run.add_argument(
+        "--backend",
+        choices=["auto", "trace-cmd", "tracefs"],
+        default="auto",
+        help="tracing backend inside the guest (default: trace-cmd where it works)",
+    )
     lab_run.add_argument("--no-build", action="store_true", help="fail instead of building a missing lab kernel")
-    lab_run.add_argument("--boot", choices=["kexec"],
-                         help="play a real host: one guest runs a boot experiment's plan (runners/<claim>/host-boot-*.yaml), "
-                              "kexecing into each run's command line, as 'ticklab capture --boot kexec' does on a host")
+    lab_run.add_argument(
+        "--boot",
+        choices=["kexec"],
+        help="play a real host: one guest runs a boot experiment's plan (runners/<claim>/host-boot-*.yaml), "
+        "kexecing into each run's command line, as 'ticklab capture --boot kexec' does on a host",
+    )
     lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
     lab_run.set_defaults(func=_lab)
 
-    compare = sub.add_parser("compare", help="mmtests-format compare table of one bundle's conditions or of two bundles")
-    compare.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE", help="one bundle (its conditions) or two (A is the baseline)")
-    compare.add_argument("--metric", nargs="+",
-                         help="metrics to compare, or 'all' (default: the metrics the claim's verdicts compare, "
-                              "the first bundle's claim, those the bundles have; every metric they have when the "
-                              "claim compares none of them; --metric all for every one)")
+    compare = sub.add_parser(
+        "compare", help="mmtests-format compare table of one bundle's conditions or of two bundles"
+    )
+    compare.add_argument(
+        "bundles", nargs="+", type=Path, metavar="BUNDLE", help="one bundle (its conditions) or two (A is the baseline)"
+    )
+    compare.add_argument(
+        "--metric",
+        nargs="+",
+        help="metrics to compare, or 'all' (default: the metrics the claim's verdicts compare, "
+        "the first bundle's claim, those the bundles have; every metric they have when the "
+        "claim compares none of them; --metric all for every one)",
+    )
     compare.add_argument("--baseline", help="with one bundle: the baseline condition (default: its first)")
-    compare.add_argument("--map", action="append", metavar="A=B",
-                         help="with two bundles: compare condition A of the first with condition B of the second "
-                              "(repeatable; conditions no map names pair by name)")
+    compare.add_argument(
+        "--map",
+        action="append",
+        metavar="A=B",
+        help="with two bundles: compare condition A of the first with condition B of the second "
+        "(repeatable; conditions no map names pair by name)",
+    )
     compare.add_argument("--format", choices=["text", "csv", "md", "json"], default="text")
     compare.set_defaults(func=_compare)
 
@@ -770,15 +1049,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     bundle_cmd = sub.add_parser("bundle", help="sealed bundles: ticklab bundle repack")
     bundle_sub = bundle_cmd.add_subparsers(dest="bundle_command", required=True, metavar="COMMAND")
-    repack = bundle_sub.add_parser("repack", help="re-seal sealed bundles with their raw files as the seal keeps them "
-                                                  "now (xz, the gap detector's numbers), after checking their per-run "
-                                                  "values do not change (docs/ARCHITECTURE.md §4)")
+    repack = bundle_sub.add_parser(
+        "repack",
+        help="re-seal sealed bundles with their raw files as the seal keeps them "
+        "now (xz, the gap detector's numbers), after checking their per-run "
+        "values do not change (docs/ARCHITECTURE.md §4)",
+    )
     repack.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
     repack.add_argument("--why", help="what the resealed record says (default: the reason of issue 42 item 3)")
     repack.set_defaults(func=_repack)
 
-    seal = sub.add_parser("seal-manifest", help="one-off: give a bundle sealed by an older ticklab its manifest.sha256 "
-                                                "(after checking every file; see SECURITY.md)")
+    seal = sub.add_parser(
+        "seal-manifest",
+        help="one-off: give a bundle sealed by an older ticklab its manifest.sha256 "
+        "(after checking every file; see SECURITY.md)",
+    )
     seal.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
     seal.set_defaults(func=_seal_manifest)
 
@@ -819,8 +1104,18 @@ def main(argv: list[str] | None = None) -> int:
     traceback for bad input. An error that is not ticklab's own is a bug: one line too, exit 1, and
     TICKLAB_TRACEBACK=1 shows where it came from."""
     args = build_parser().parse_args(argv)
-    name = " ".join(filter(None, ["ticklab", args.command, getattr(args, "lab_command", None),
-                                  getattr(args, "kernel_command", None), getattr(args, "plan_command", None)]))
+    name = " ".join(
+        filter(
+            None,
+            [
+                "ticklab",
+                args.command,
+                getattr(args, "lab_command", None),
+                getattr(args, "kernel_command", None),
+                getattr(args, "plan_command", None),
+            ],
+        )
+    )
     try:
         _resolve_project(args)
         return args.func(args)
@@ -836,8 +1131,11 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__module__.split(".")[0] == "ticklab" or isinstance(exc, OSError):
             print(f"{name}: {_one_line(exc)}", file=sys.stderr)
             return 2
-        print(f"{name}: unexpected {type(exc).__name__}: {_one_line(exc)} (a ticklab bug: please report it; "
-              "TICKLAB_TRACEBACK=1 shows where)", file=sys.stderr)
+        print(
+            f"{name}: unexpected {type(exc).__name__}: {_one_line(exc)} (a ticklab bug: please report it; "
+            "TICKLAB_TRACEBACK=1 shows where)",
+            file=sys.stderr,
+        )
         return 1
 
 

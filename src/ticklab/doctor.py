@@ -20,8 +20,13 @@ from pathlib import Path
 from tabulate import tabulate
 
 from .capture import requirements, tracing
-from .capture.experiment import (ExperimentError, boot_experiment_paths, expand_conditions, experiment_paths,
-                                 load_experiment)
+from .capture.experiment import (
+    ExperimentError,
+    boot_experiment_paths,
+    expand_conditions,
+    experiment_paths,
+    load_experiment,
+)
 from .claimids import claim_ids
 from .host import HostChangeError, HostChanges, collect
 from .host import restore as host_restore
@@ -39,8 +44,13 @@ def perf_tracepoints() -> tuple[bool, str]:
         return False, "perf is not installed"
     with tempfile.TemporaryDirectory(prefix="ticklab-perf-") as scratch:
         output = Path(scratch) / "perf.data"
-        result = subprocess.run(["perf", "record", "-q", "-e", "sched:sched_switch", "-a", "-o", str(output), "--", "sleep", "0.2"],
-                                capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(
+            ["perf", "record", "-q", "-e", "sched:sched_switch", "-a", "-o", str(output), "--", "sleep", "0.2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if result.returncode == 0 and output.is_file():
             return True, "perf record -e sched:sched_switch -a works"
         return False, f"perf record fails (exit {result.returncode}: {result.stderr.strip()[-200:]})"
@@ -72,8 +82,10 @@ def kvm_guests(device: tuple[bool, str]) -> tuple[bool, str]:
     probed = qemu.cached_kvm_probe()
     if probed is not None:
         return probed
-    return False, ("not known yet: no test guest was booted under KVM since this host booted ('ticklab lab run' "
-                   "boots one first and falls back to TCG)")
+    return False, (
+        "not known yet: no test guest was booted under KVM since this host booted ('ticklab lab run' "
+        "boots one first and falls back to TCG)"
+    )
 
 
 def virtualization(facts: dict) -> str:
@@ -99,16 +111,26 @@ def lab_checks() -> dict[str, tuple[bool, str]]:
             if here:
                 checks[source_check(series)] = (True, f"{spec.package} {here.version}, {here.origin}: {here.tarball}")
             else:
-                checks[source_check(series)] = (False, f"{spec.package} not here; " + (
-                    f"the first 'ticklab lab build-kernel --variant {lab_sources.canonical_name(series, 'hz1000')}' "
-                    f"fetches it from Debian {spec.suite}" if spec.suite else f"apt-get install {spec.package}"))
+                checks[source_check(series)] = (
+                    False,
+                    f"{spec.package} not here; "
+                    + (
+                        f"the first 'ticklab lab build-kernel --variant {lab_sources.canonical_name(series, 'hz1000')}' "
+                        f"fetches it from Debian {spec.suite}"
+                        if spec.suite
+                        else f"apt-get install {spec.package}"
+                    ),
+                )
                 continue
             for name in lab_kernel.kernel_names():
                 if lab_sources.split_name(name)[0] != series:
                     continue
                 found = lab_kernel.cached_kernel(name)
-                checks[f"lab kernel {name}"] = ((True, f"built: {found.directory}") if found else
-                                                (False, f"not built yet: ticklab lab build-kernel --variant {name}"))
+                checks[f"lab kernel {name}"] = (
+                    (True, f"built: {found.directory}")
+                    if found
+                    else (False, f"not built yet: ticklab lab build-kernel --variant {name}")
+                )
     except LabError as exc:
         checks["kernel sources"] = (False, str(exc))
     for program in ("busybox", "cpio"):
@@ -129,8 +151,11 @@ def lab_experiment(experiment, checks: dict) -> dict:
         missing.append(str(exc))
     if (experiment.lab or {}).get("accel") == "kvm" and not checks[KVM_GUESTS][0]:
         missing.append(f"needs KVM: {checks[KVM_GUESTS][1]}")
-    return {"runs": not missing, "why": "; ".join(missing) or "in the guest lab: ticklab lab run "
-            + experiment.claim + (" (KVM)" if checks[KVM_GUESTS][0] else " (TCG)")}
+    return {
+        "runs": not missing,
+        "why": "; ".join(missing)
+        or "in the guest lab: ticklab lab run " + experiment.claim + (" (KVM)" if checks[KVM_GUESTS][0] else " (TCG)"),
+    }
 
 
 def _tried(check) -> tuple[bool, str]:
@@ -171,13 +196,18 @@ def left_behind_check(left: host_restore.LeftBehind | None, journal: Path) -> tu
     if left.problem:
         return False, f"{left.problem} ({host_restore.RESTORE_COMMAND} refuses it too)"
     if left.other_boot:
-        return False, (f"{left.journal}: written in another boot by {left.who()}; the reboot reset what it lists: "
-                       f"{host_restore.RESTORE_COMMAND} removes it and writes nothing")
+        return False, (
+            f"{left.journal}: written in another boot by {left.who()}; the reboot reset what it lists: "
+            f"{host_restore.RESTORE_COMMAND} removes it and writes nothing"
+        )
     if left.running:
-        return True, (f"{left.journal}: {left.who()} is running and puts back its {len(left.changes)} change(s) "
-                      "when it ends")
-    return False, (f"{left.journal}: {len(left.changes)} change(s) left by pid {left.pid}, which is gone; put them "
-                   f"back: {host_restore.RESTORE_COMMAND}")
+        return True, (
+            f"{left.journal}: {left.who()} is running and puts back its {len(left.changes)} change(s) when it ends"
+        )
+    return False, (
+        f"{left.journal}: {len(left.changes)} change(s) left by pid {left.pid}, which is gone; put them "
+        f"back: {host_restore.RESTORE_COMMAND}"
+    )
 
 
 def boot_plan_steps(experiment, host, facts: dict, root: Path) -> dict:
@@ -201,15 +231,23 @@ def boot_plan_steps(experiment, host, facts: dict, root: Path) -> dict:
     for condition in conditions:  # a clocksource the hardware lacks: no boot makes one
         for word in str(condition.values.get("boot", "")).split():
             if word.startswith("clocksource=") and word.split("=", 1)[1] not in available:
-                return {"runs": False, "why": f"condition {condition.name} boots with {word}, and this machine has no "
-                                              f"{word.split('=', 1)[1]} (available: {' '.join(sorted(available))})"}
+                return {
+                    "runs": False,
+                    "why": f"condition {condition.name} boots with {word}, and this machine has no "
+                    f"{word.split('=', 1)[1]} (available: {' '.join(sorted(available))})",
+                }
     steps = []
     for pattern, names, command in missing_kernels(experiment, conditions, root):
         if command is None:
-            return {"runs": False, "why": f"conditions {', '.join(names)} need a kernel matching {pattern!r}, which "
-                                          "this experiment does not say how to build"}
+            return {
+                "runs": False,
+                "why": f"conditions {', '.join(names)} need a kernel matching {pattern!r}, which "
+                "this experiment does not say how to build",
+            }
         steps.append(command)
-    relative = experiment.path.relative_to(experiment.path.parents[2]) if len(experiment.path.parents) > 2 else experiment.path
+    relative = (
+        experiment.path.relative_to(experiment.path.parents[2]) if len(experiment.path.parents) > 2 else experiment.path
+    )
     steps.append(f"ticklab capture {experiment.claim} --boot kexec --experiment {relative}")
     return {"runs": True, "why": "; then ".join(steps)}
 
@@ -255,10 +293,15 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
                     missing = requirements.check_all(experiment.requires, host, facts)[1]
                 except (tracing.TracingError, HostChangeError) as exc:
                     missing = {"host": str(exc)}
-                experiments[experiment.name] = {"runs": not missing,
-                                                "why": requirements.unmet_text(missing) or "all requirements met"}
+                experiments[experiment.name] = {
+                    "runs": not missing,
+                    "why": requirements.unmet_text(missing) or "all requirements met",
+                }
             if not experiments:
-                experiments["(none)"] = {"runs": False, "why": "no host experiment; this claim needs the guest lab (ticklab lab)"}
+                experiments["(none)"] = {
+                    "runs": False,
+                    "why": "no host experiment; this claim needs the guest lab (ticklab lab)",
+                }
             claims[claim] = experiments
         boot_plans = {}
         for claim in claim_ids():
@@ -268,8 +311,12 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
                     boot_plans.setdefault(claim, {})[experiment.name] = boot_plan_steps(experiment, host, facts, root)
                 except ExperimentError as exc:
                     boot_plans.setdefault(claim, {})[path.stem] = {"runs": False, "why": str(exc)}
-    report = {"host": facts, "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()}, "claims": claims,
-              "boot_plans": boot_plans}
+    report = {
+        "host": facts,
+        "checks": {k: {"ok": ok, "why": why} for k, (ok, why) in checks.items()},
+        "claims": claims,
+        "boot_plans": boot_plans,
+    }
     if left is not None:
         report["checks"][LEFT_BEHIND]["left"] = left.record()
     return report
@@ -277,26 +324,51 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
 
 def render(report: dict) -> str:
     checks = [[name, "yes" if c["ok"] else "no", c["why"]] for name, c in report["checks"].items()]
-    claims = [[claim, name, "yes" if e["runs"] else "no", e["why"]]
-              for claim, experiments in report["claims"].items() for name, e in experiments.items()]
+    claims = [
+        [claim, name, "yes" if e["runs"] else "no", e["why"]]
+        for claim, experiments in report["claims"].items()
+        for name, e in experiments.items()
+    ]
     host = report["host"]
-    head = (f"host: {host['cpu_model']}, {host['nproc']} CPUs, kernel {host['kernel_release']}, "
-            f"HZ={host['kernel_config']['hz'] or 'unknown'}, {virtualization(host)}")
+    head = (
+        f"host: {host['cpu_model']}, {host['nproc']} CPUs, kernel {host['kernel_release']}, "
+        f"HZ={host['kernel_config']['hz'] or 'unknown'}, {virtualization(host)}"
+    )
     left = report["checks"].get(LEFT_BEHIND, {}).get("left")
     if left and left["writer"] == "gone":
         # what a killed capture left changed comes first: every other answer is about a host still changed
-        head += "\n\n" + "\n".join([
-            f"This host is still changed by {left['owner'] or 'pid ' + str(left['pid'])}, which is gone (killed "
-            f"outright?); its journal {left['journal']}, last written {left['written']}, lists:",
-            *(f"  {line}" for line in left["summary"]), f"Put it back: {left['restore']}"])
-    boots = [[claim, name, "yes" if e["runs"] else "no", e["why"]]
-             for claim, experiments in report.get("boot_plans", {}).items() for name, e in experiments.items()]
-    parts = [head, tabulate(checks, headers=["check", "ok", "why"], tablefmt="simple", maxcolwidths=[None, None, 90]),
-             tabulate(claims, headers=["claim", "experiment", "runs here", "why"], tablefmt="simple",
-                      maxcolwidths=[None, None, None, 80])]
+        head += "\n\n" + "\n".join(
+            [
+                f"This host is still changed by {left['owner'] or 'pid ' + str(left['pid'])}, which is gone (killed "
+                f"outright?); its journal {left['journal']}, last written {left['written']}, lists:",
+                *(f"  {line}" for line in left["summary"]),
+                f"Put it back: {left['restore']}",
+            ]
+        )
+    boots = [
+        [claim, name, "yes" if e["runs"] else "no", e["why"]]
+        for claim, experiments in report.get("boot_plans", {}).items()
+        for name, e in experiments.items()
+    ]
+    parts = [
+        head,
+        tabulate(checks, headers=["check", "ok", "why"], tablefmt="simple", maxcolwidths=[None, None, 90]),
+        tabulate(
+            claims,
+            headers=["claim", "experiment", "runs here", "why"],
+            tablefmt="simple",
+            maxcolwidths=[None, None, None, 80],
+        ),
+    ]
     if boots:  # own hardware, a kernel per condition: what to do here, in order, or why it cannot be done
-        parts.append(tabulate(boots, headers=["claim", "boot plan", "possible", "steps here, or why not"],
-                              tablefmt="simple", maxcolwidths=[None, None, None, 80]))
+        parts.append(
+            tabulate(
+                boots,
+                headers=["claim", "boot plan", "possible", "steps here, or why not"],
+                tablefmt="simple",
+                maxcolwidths=[None, None, None, 80],
+            )
+        )
     return "\n\n".join(parts)
 
 

@@ -60,12 +60,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .capture.process import kill_group, spawn
 from . import __version__
 from .bundle import file_sha256
+from .capture.process import kill_group, spawn
 from .host.facts import KERNEL_BUILD_LOG, KERNEL_BUILD_RECORD
-from .safefiles import OwnedDir
 from .paths import repo_root
+from .safefiles import OwnedDir
 
 
 class HostKernelError(RuntimeError):
@@ -91,17 +91,17 @@ class PatchCheck:
 @dataclass
 class HostKernelPlan:
     running_release: str
-    config_source: str          # the file the config comes from
+    config_source: str  # the file the config comes from
     config: bytes
-    source: Path                # a tree or a tarball
-    source_version: str         # X.Y.Z of the source
+    source: Path  # a tree or a tarball
+    source_version: str  # X.Y.Z of the source
     patches: list[PatchCheck]
     localversion: str
-    release: str                # the release the new kernel will report (uname -r)
+    release: str  # the release the new kernel will report (uname -r)
     localmodconfig: bool
     module_count: int | None
     jobs: int
-    work: Path                  # where the tree (from a tarball), the config copy, lsmod list and build.log go
+    work: Path  # where the tree (from a tarball), the config copy, lsmod list and build.log go
     build_steps: list[list[str]] = field(default_factory=list)
     install_steps: list[list[str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # one line each, said before anything else
@@ -123,26 +123,38 @@ class HostKernelPlan:
             basis = "the whole config"
         minutes = cpu_minutes / max(1, min(self.jobs, cores))
         low, high = max(1, round(minutes * 0.5)), max(2, round(minutes * 1.5))
-        return (f"an estimate, not a measurement: {low}-{high} min with -j{self.jobs} on {cores} "
-                f"core{'' if cores == 1 else 's'} ({basis})")
+        return (
+            f"an estimate, not a measurement: {low}-{high} min with -j{self.jobs} on {cores} "
+            f"core{'' if cores == 1 else 's'} ({basis})"
+        )
 
     def describe(self) -> str:
-        lines = [f"base kernel: {self.running_release}",
-                 f"config: {self.config_source}",
-                 f"source: {self.source} (Linux {self.source_version})",
-                 f"patches (kernel/patches/{self.series}/):"]
+        lines = [
+            f"base kernel: {self.running_release}",
+            f"config: {self.config_source}",
+            f"source: {self.source} (Linux {self.source_version})",
+            f"patches (kernel/patches/{self.series}/):",
+        ]
         if not self.patches:
             lines.append(f"  none for {self.series} (kernel/patches/{self.series}/ is missing or empty)")
         for check in self.patches:
-            lines.append(f"  {check.path.name}: {'applies' if check.applies else 'does NOT apply, left out'}"
-                         + ("" if check.applies else f" ({check.why})"))
-        lines += [f"localversion: {self.localversion} (new kernel release {self.release})",
-                  f"localmodconfig: {'yes, ' + str(self.module_count) + ' modules loaded' if self.localmodconfig else 'no'}",
-                  f"fragment: " + (f"{self.fragment} ({', '.join(f'{k}={v}' for k, v in self.fragment_options.items())};"
-                                   " checked in the built config before anything is installed)"
-                                   if self.fragment_options else "none"),
-                  f"build time: {self.estimate()}",
-                  "build steps:"] + [f"  {shown(step)}" for step in self.build_steps]
+            lines.append(
+                f"  {check.path.name}: {'applies' if check.applies else 'does NOT apply, left out'}"
+                + ("" if check.applies else f" ({check.why})")
+            )
+        lines += [
+            f"localversion: {self.localversion} (new kernel release {self.release})",
+            f"localmodconfig: {'yes, ' + str(self.module_count) + ' modules loaded' if self.localmodconfig else 'no'}",
+            "fragment: "
+            + (
+                f"{self.fragment} ({', '.join(f'{k}={v}' for k, v in self.fragment_options.items())};"
+                " checked in the built config before anything is installed)"
+                if self.fragment_options
+                else "none"
+            ),
+            f"build time: {self.estimate()}",
+            "build steps:",
+        ] + [f"  {shown(step)}" for step in self.build_steps]
         lines += ["install steps (the default boot entry is not changed: no 'make install', no update-grub):"]
         lines += [f"  {shown(step)}" for step in self.install_steps]
         return "\n".join(lines)
@@ -170,11 +182,13 @@ def running_release(root: Path, given: str | None = None) -> str:
         pass
     if str(root) == "/":
         return os.uname().release
-    images = sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*"))
+    images = sorted(p.name[len("vmlinuz-") :] for p in (root / "boot").glob("vmlinuz-*"))
     if len(images) == 1:
         return images[0]
-    raise HostKernelError(f"{root / 'boot'}: {len(images)} kernel images ({', '.join(images[:4]) or 'none'}) in a "
-                          "system that is not running here; name the one it boots with --release")
+    raise HostKernelError(
+        f"{root / 'boot'}: {len(images)} kernel images ({', '.join(images[:4]) or 'none'}) in a "
+        "system that is not running here; name the one it boots with --release"
+    )
 
 
 def check_boots_from_boot(root: Path, release: str) -> None:
@@ -182,14 +196,18 @@ def check_boots_from_boot(root: Path, release: str) -> None:
     what boots this machine (a Firecracker VM's kernel comes from its VMM), and a kernel installed there would never
     be booted, by a boot plan's kexec or by grub."""
     boot = root / "boot"
-    why = ("so /boot is not what boots this machine (its kernel is supplied from outside, as a Firecracker VM's by "
-           "the VMM) and a kernel installed there would never be booted; refused")
+    why = (
+        "so /boot is not what boots this machine (its kernel is supplied from outside, as a Firecracker VM's by "
+        "the VMM) and a kernel installed there would never be booted; refused"
+    )
     if not boot.is_dir():
         raise HostKernelError(f"{boot}: no such directory, {why}")
     if not (boot / f"vmlinuz-{release}").is_file():
         have = sorted(p.name for p in boot.glob("vmlinuz-*"))
-        raise HostKernelError(f"{boot}: no vmlinuz-{release}, the running kernel's image (has "
-                              f"{', '.join(have[:3]) + (', ...' if len(have) > 3 else '') if have else 'none'}), {why}")
+        raise HostKernelError(
+            f"{boot}: no vmlinuz-{release}, the running kernel's image (has "
+            f"{', '.join(have[:3]) + (', ...' if len(have) > 3 else '') if have else 'none'}), {why}"
+        )
 
 
 def _version_numbers(text: str) -> tuple[int, int, int] | None:
@@ -228,7 +246,9 @@ def source_symbols(source: Path) -> set[str]:
             with tarfile.open(source, "r:xz") as archive:
                 for member in archive:
                     if member.isfile() and member.name.rsplit("/", 1)[-1].startswith("Kconfig"):
-                        found.update(m.group(1).decode() for m in _KCONFIG_SYMBOL.finditer(archive.extractfile(member).read()))
+                        found.update(
+                            m.group(1).decode() for m in _KCONFIG_SYMBOL.finditer(archive.extractfile(member).read())
+                        )
         except (OSError, tarfile.TarError, EOFError) as exc:
             raise HostKernelError(f"{source}: unreadable ({exc})") from None
         return found
@@ -237,29 +257,41 @@ def source_symbols(source: Path) -> set[str]:
         for name in files:
             if name.startswith("Kconfig"):
                 try:
-                    found.update(m.group(1).decode() for m in _KCONFIG_SYMBOL.finditer(Path(directory, name).read_bytes()))
+                    found.update(
+                        m.group(1).decode() for m in _KCONFIG_SYMBOL.finditer(Path(directory, name).read_bytes())
+                    )
                 except OSError as exc:
                     raise HostKernelError(f"{Path(directory, name)}: unreadable ({exc.strerror or exc})") from None
     return found
 
 
-def older_source_warning(root: Path, release: str, version: str, source: Path, config_source: str,
-                         config: bytes) -> str | None:
+def older_source_warning(
+    root: Path, release: str, version: str, source: Path, config_source: str, config: bytes
+) -> str | None:
     """One line when the source is older than the running kernel: how many of the options set in the config the
     source does not know (olddefconfig drops them), and the first few; None otherwise."""
     running = running_version(root, release)
-    if not (_version_numbers(version) and _version_numbers(running) and _version_numbers(version) < _version_numbers(running)):
+    if not (
+        _version_numbers(version)
+        and _version_numbers(running)
+        and _version_numbers(version) < _version_numbers(running)
+    ):
         return None
     options = list(dict.fromkeys(config_symbols(config)))
     known = source_symbols(source)
     dropped = [name for name in options if name not in known]
-    head = (f"the source is Linux {version}, older than the running kernel {release}"
-            + (f" (Linux {running})" if not release.startswith(running) else ""))
+    head = f"the source is Linux {version}, older than the running kernel {release}" + (
+        f" (Linux {running})" if not release.startswith(running) else ""
+    )
     if not dropped:
         return f"{head}: olddefconfig drops none of the {len(options)} options set in {config_source}"
-    shown_names = ", ".join(f"CONFIG_{name}" for name in dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
-    return (f"{head}: olddefconfig will drop {len(dropped)} of the {len(options)} options set in {config_source}, "
-            f"which Linux {version} does not know: {shown_names}")
+    shown_names = ", ".join(f"CONFIG_{name}" for name in dropped[:5]) + (
+        f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+    )
+    return (
+        f"{head}: olddefconfig will drop {len(dropped)} of the {len(options)} options set in {config_source}, "
+        f"which Linux {version} does not know: {shown_names}"
+    )
 
 
 def find_config(root: Path, release: str, given: Path | None) -> tuple[str, bytes]:
@@ -299,7 +331,9 @@ def _tarball_version(tarball: Path) -> str:
             for member in archive:
                 if member.name.count("/") == 1 and member.name.endswith("/Makefile") and member.isfile():
                     text = archive.extractfile(member).read(4096).decode(errors="replace")
-                    parts = [re.search(rf"^{k}\s*=\s*(\d*)\s*$", text, re.M) for k in ("VERSION", "PATCHLEVEL", "SUBLEVEL")]
+                    parts = [
+                        re.search(rf"^{k}\s*=\s*(\d*)\s*$", text, re.M) for k in ("VERSION", "PATCHLEVEL", "SUBLEVEL")
+                    ]
                     if all(parts):
                         return ".".join(p.group(1) or "0" for p in parts)
     except (OSError, tarfile.TarError, EOFError) as exc:
@@ -313,16 +347,19 @@ def find_source(root: Path, release: str, given: Path | None) -> Path:
             raise HostKernelError(f"{given}: no such source tree or tarball")
         return given
     wanted = ".".join(release.split(".")[:2])
-    tarballs = sorted((root / "usr/src").glob("linux-source-*.tar.xz"),
-                      key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)])
+    tarballs = sorted(
+        (root / "usr/src").glob("linux-source-*.tar.xz"), key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)]
+    )
     for tarball in tarballs:
         if tarball.name == f"linux-source-{wanted}.tar.xz":
             return tarball
     if tarballs:
         return tarballs[-1]
-    raise HostKernelError(f"{root / 'usr/src'}: no linux-source-*.tar.xz; install Debian's kernel source with "
-                          f"'apt-get install linux-source-{wanted}' (or linux-source for the distribution's own), "
-                          "or give a tree with --source DIR")
+    raise HostKernelError(
+        f"{root / 'usr/src'}: no linux-source-*.tar.xz; install Debian's kernel source with "
+        f"'apt-get install linux-source-{wanted}' (or linux-source for the distribution's own), "
+        "or give a tree with --source DIR"
+    )
 
 
 def patch_paths(series: str) -> list[Path]:
@@ -354,8 +391,12 @@ def check_patches(source: Path, patches: list[Path]) -> list[PatchCheck]:
                 raise HostKernelError(f"{source}: unreadable ({exc})") from None
         checks = []
         for patch in patches:
-            result = subprocess.run(["patch", "-p1", "--dry-run", "--batch", "--forward", "-d", str(tree), "-i", str(patch)],
-                                    capture_output=True, text=True, check=False)
+            result = subprocess.run(
+                ["patch", "-p1", "--dry-run", "--batch", "--forward", "-d", str(tree), "-i", str(patch)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             why = (result.stdout + result.stderr).strip().splitlines()
             checks.append(PatchCheck(patch, result.returncode == 0, why[-1] if why else f"exit {result.returncode}"))
     return checks
@@ -366,8 +407,10 @@ def modules_list(root: Path, given: Path | None = None) -> str:
     of the system), else ``root``'s /proc/modules; a system at rest has none of its own."""
     path = given or root / "proc/modules"
     if given is None and not is_live(root):
-        raise HostKernelError(f"{root}: not a running system, so it has no /proc/modules; --localmodconfig needs "
-                              "--modules FILE, the /proc/modules recorded at a boot of it")
+        raise HostKernelError(
+            f"{root}: not a running system, so it has no /proc/modules; --localmodconfig needs "
+            "--modules FILE, the /proc/modules recorded at a boot of it"
+        )
     try:
         text = path.read_text()
     except OSError as exc:
@@ -404,8 +447,12 @@ def read_fragment(path: Path) -> dict[str, str]:
         raise HostKernelError(f"{path}: not text (a config fragment is CONFIG_X=value lines)") from None
     except OSError as exc:
         raise HostKernelError(f"{path}: cannot read the config fragment ({exc.strerror or exc})") from None
-    options = config_options(text, refuse=lambda number, line: HostKernelError(
-        f"{path}:{number}: not CONFIG_X=value or '# CONFIG_X is not set': {line[:60]!r}"))
+    options = config_options(
+        text,
+        refuse=lambda number, line: HostKernelError(
+            f"{path}:{number}: not CONFIG_X=value or '# CONFIG_X is not set': {line[:60]!r}"
+        ),
+    )
     if not options:
         raise HostKernelError(f"{path}: sets no option (lines CONFIG_X=value or '# CONFIG_X is not set')")
     return options
@@ -438,7 +485,7 @@ def fragment_name(path: Path) -> str:
 def _scripts_config_args(options: dict[str, str]) -> list[str]:
     args = []
     for option, value in options.items():
-        name = option[len("CONFIG_"):]
+        name = option[len("CONFIG_") :]
         if value == "y":
             args += ["--enable", name]
         elif value == "m":
@@ -456,15 +503,27 @@ def fragment_problems(config_text: str, options: dict[str, str]) -> list[str]:
     """The fragment's options the final .config does not hold as asked (olddefconfig drops what a dependency
     forbids)."""
     found = config_options(config_text)
-    return [f"{option}={value} (it has " + (f"{option}={found[option]}" if option in found and found[option] != "n"
-                                            else "it unset") + ")"
-            for option, value in options.items() if found.get(option, "n") != value]
+    return [
+        f"{option}={value} (it has "
+        + (f"{option}={found[option]}" if option in found and found[option] != "n" else "it unset")
+        + ")"
+        for option, value in options.items()
+        if found.get(option, "n") != value
+    ]
 
 
-def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, source: Path | None = None,
-                     localmodconfig: bool = False, jobs: int | None = None, work: Path | None = None,
-                     release: str | None = None, modules: Path | None = None,
-                     fragment: Path | None = None) -> HostKernelPlan:
+def plan_host_kernel(
+    root: Path | str = "/",
+    *,
+    config: Path | None = None,
+    source: Path | None = None,
+    localmodconfig: bool = False,
+    jobs: int | None = None,
+    work: Path | None = None,
+    release: str | None = None,
+    modules: Path | None = None,
+    fragment: Path | None = None,
+) -> HostKernelPlan:
     """Everything the build would do, computed without changing anything. ``root`` other than ``/`` is the system
     the kernel is for: a disk image's mounted root (``release``: the kernel it boots; ``modules``: its recorded
     /proc/modules for localmodconfig), whose own update-initramfs makes the initramfs, in a chroot."""
@@ -483,7 +542,9 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
         if check.applies:
             digest.update(check.path.name.encode() + b"\0" + check.path.read_bytes())
     if kept_modules is not None:  # the modules kept make another kernel: another name, another cached build
-        digest.update(b"localmodconfig\0" + " ".join(sorted(line.split()[0] for line in kept_modules.splitlines())).encode())
+        digest.update(
+            b"localmodconfig\0" + " ".join(sorted(line.split()[0] for line in kept_modules.splitlines())).encode()
+        )
     fragment_options = read_fragment(fragment) if fragment is not None else None
     if fragment_options is not None:  # another config, another release: the fragment's name and options in it
         digest.update(b"fragment\0" + "\n".join(f"{k}={v}" for k, v in fragment_options.items()).encode())
@@ -491,33 +552,68 @@ def plan_host_kernel(root: Path | str = "/", *, config: Path | None = None, sour
     localversion = f"-ticklab-{named}{digest.hexdigest()[:8]}"
     new_release = version + localversion
     jobs = jobs or os.cpu_count() or 1
-    work = work or Path(os.environ.get("TICKLAB_CACHE", Path.home() / ".cache" / "ticklab")) / "host-kernels" / new_release
+    work = (
+        work or Path(os.environ.get("TICKLAB_CACHE", Path.home() / ".cache" / "ticklab")) / "host-kernels" / new_release
+    )
     tree = work / "linux" if source.is_file() else source
     build = []
     if source.is_file():
         build.append(["tar", "-xf", str(source), "-C", str(work), "--one-top-level=linux", "--strip-components=1"])
     build += [["patch", "-p1", "--batch", "--forward", "-d", str(tree), "-i", str(c.path)] for c in checks if c.applies]
     build.append(["cp", str(work / "config"), str(tree / ".config")])  # the config bytes read now, written there
-    build.append([str(tree / "scripts/config"), "--file", str(tree / ".config"), "--set-str", "LOCALVERSION", localversion,
-                  "--disable", "LOCALVERSION_AUTO", "--enable", "KEXEC", "--set-str", "SYSTEM_TRUSTED_KEYS", "",
-                  "--set-str", "SYSTEM_REVOCATION_KEYS", ""])
+    build.append(
+        [
+            str(tree / "scripts/config"),
+            "--file",
+            str(tree / ".config"),
+            "--set-str",
+            "LOCALVERSION",
+            localversion,
+            "--disable",
+            "LOCALVERSION_AUTO",
+            "--enable",
+            "KEXEC",
+            "--set-str",
+            "SYSTEM_TRUSTED_KEYS",
+            "",
+            "--set-str",
+            "SYSTEM_REVOCATION_KEYS",
+            "",
+        ]
+    )
     if localmodconfig:
         build.append(["make", "-C", str(tree), f"LSMOD={work / 'lsmod'}", "localmodconfig"])
     if fragment_options:
-        build.append([str(tree / "scripts/config"), "--file", str(tree / ".config"),
-                      *_scripts_config_args(fragment_options)])
-    build += [["make", "-C", str(tree), "olddefconfig"],
-              ["make", "-C", str(tree), f"-j{jobs}", "bzImage", "modules"]]
+        build.append(
+            [str(tree / "scripts/config"), "--file", str(tree / ".config"), *_scripts_config_args(fragment_options)]
+        )
+    build += [["make", "-C", str(tree), "olddefconfig"], ["make", "-C", str(tree), f"-j{jobs}", "bzImage", "modules"]]
     boot = root / "boot"
-    install = [["make", "-C", str(tree), "modules_install"] + ([f"INSTALL_MOD_PATH={root}"] if str(root) != "/" else []),
-               ["install", "-m", "0644", str(tree / "arch/x86/boot/bzImage"), str(boot / f"vmlinuz-{new_release}")],
-               ["install", "-m", "0644", str(tree / "System.map"), str(boot / f"System.map-{new_release}")],
-               ["install", "-m", "0644", str(tree / ".config"), str(boot / f"config-{new_release}")],
-               (["update-initramfs"] if is_live(root) else ["chroot", str(root), "update-initramfs"])
-               + ["-c", "-k", new_release]]
-    plan = HostKernelPlan(release, config_source, config_bytes, source, version, checks, localversion, new_release,
-                          localmodconfig, len(kept_modules.splitlines()) if kept_modules is not None else None, jobs,
-                          work, build, install, [older] if older else [])
+    install = [
+        ["make", "-C", str(tree), "modules_install"] + ([f"INSTALL_MOD_PATH={root}"] if str(root) != "/" else []),
+        ["install", "-m", "0644", str(tree / "arch/x86/boot/bzImage"), str(boot / f"vmlinuz-{new_release}")],
+        ["install", "-m", "0644", str(tree / "System.map"), str(boot / f"System.map-{new_release}")],
+        ["install", "-m", "0644", str(tree / ".config"), str(boot / f"config-{new_release}")],
+        (["update-initramfs"] if is_live(root) else ["chroot", str(root), "update-initramfs"])
+        + ["-c", "-k", new_release],
+    ]
+    plan = HostKernelPlan(
+        release,
+        config_source,
+        config_bytes,
+        source,
+        version,
+        checks,
+        localversion,
+        new_release,
+        localmodconfig,
+        len(kept_modules.splitlines()) if kept_modules is not None else None,
+        jobs,
+        work,
+        build,
+        install,
+        [older] if older else [],
+    )
     plan.modules = kept_modules
     plan.fragment, plan.fragment_options = fragment, fragment_options
     return plan
@@ -531,6 +627,8 @@ PREPARED_MARKER = "prepared"
 
 def _is_compile(argv: list[str]) -> bool:
     return argv[:1] == ["make"] and "bzImage" in argv
+
+
 # what the system's own update-initramfs needs mounted in a chroot (its hooks read /proc, /sys and /dev)
 CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sysfs", "sys", ["-t", "sysfs"]), ("/dev", "dev", ["--bind"]))
 
@@ -604,14 +702,19 @@ def write_build_record(plan: HostKernelPlan, root: Path, log_path: Path) -> dict
     config = root / "boot" / f"config-{plan.release}"
     log_bytes = log_path.read_bytes()
     record = {
-        "built_by": "ticklab kernel build --host", "ticklab_version": __version__, "release": plan.release,
-        "source": str(plan.source), "source_version": plan.source_version,
+        "built_by": "ticklab kernel build --host",
+        "ticklab_version": __version__,
+        "release": plan.release,
+        "source": str(plan.source),
+        "source_version": plan.source_version,
         "patches": [{"name": c.path.name, "sha256": file_sha256(c.path)} for c in plan.patches if c.applies],
-        "config_source": plan.config_source, "config_sha256": file_sha256(config) if config.is_file() else None,
-        "localmodconfig": plan.localmodconfig, "modules_kept": plan.module_count,
-        "fragment": ({"name": plan.fragment.name, "options": plan.fragment_options}
-                     if plan.fragment_options else None),
-        "build_log": KERNEL_BUILD_LOG, "build_log_sha256": hashlib.sha256(log_bytes).hexdigest(),
+        "config_source": plan.config_source,
+        "config_sha256": file_sha256(config) if config.is_file() else None,
+        "localmodconfig": plan.localmodconfig,
+        "modules_kept": plan.module_count,
+        "fragment": ({"name": plan.fragment.name, "options": plan.fragment_options} if plan.fragment_options else None),
+        "build_log": KERNEL_BUILD_LOG,
+        "build_log_sha256": hashlib.sha256(log_bytes).hexdigest(),
         "build_log_bytes": len(log_bytes),
     }
     with OwnedDir(modules_dir, create=False) as owned:  # new files only: never through a link, never over a file
@@ -626,16 +729,19 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
     root = Path(root)
     for target in (root / "boot" / f"vmlinuz-{plan.release}", root / "lib/modules" / plan.release):
         if target.exists():
-            raise HostKernelError(f"{target}: exists already; ticklab never overwrites an installed kernel "
-                                  f"(remove it by hand if it is a stale ticklab build)")
+            raise HostKernelError(
+                f"{target}: exists already; ticklab never overwrites an installed kernel "
+                f"(remove it by hand if it is a stale ticklab build)"
+            )
     work = plan.work
     built = work / BUILT_MARKER
     cached = built.is_file() and built.read_text().strip() == plan.release
     prepared_marker = work / PREPARED_MARKER
     prepared = prepared_marker.is_file() and prepared_marker.read_text().strip() == plan.release
     if not cached and not prepared and plan.source.is_file() and (work / "linux").exists():
-        raise HostKernelError(f"{work / 'linux'}: left by a build interrupted before its config was made; remove it "
-                              "to build again")
+        raise HostKernelError(
+            f"{work / 'linux'}: left by a build interrupted before its config was made; remove it to build again"
+        )
     if not is_live(root) and any(argv[0] == "chroot" for argv in plan.install_steps):
         _check_mount_points(root)  # before an hour of compiling, not after it
     work.mkdir(parents=True, exist_ok=True)
@@ -647,12 +753,16 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
         else:
             (work / "config").write_bytes(plan.config)
             if plan.localmodconfig:
-                (work / "lsmod").write_text("Module Size Used by\n" + "".join(
-                    f"{line.split()[0]} {line.split()[1]} 0\n" for line in (plan.modules or "").splitlines()))
+                (work / "lsmod").write_text(
+                    "Module Size Used by\n"
+                    + "".join(f"{line.split()[0]} {line.split()[1]} 0\n" for line in (plan.modules or "").splitlines())
+                )
             compile_steps = [argv for argv in plan.build_steps if _is_compile(argv)]
             steps = compile_steps if prepared else plan.build_steps
-            say(f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}"
-                + (" (resuming an interrupted compile: make picks up where it stopped)" if prepared else ""))
+            say(
+                f"building Linux {plan.source_version}{plan.localversion}: {plan.estimate()}; log {log_path}"
+                + (" (resuming an interrupted compile: make picks up where it stopped)" if prepared else "")
+            )
             for argv in steps:
                 if _is_compile(argv) and not prepared:
                     prepared_marker.write_text(plan.release + "\n")
@@ -663,8 +773,9 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
             tree = work / "linux" if plan.source.is_file() else plan.source
             dropped = fragment_problems((tree / ".config").read_text(errors="replace"), plan.fragment_options)
             if dropped:
-                raise HostKernelError(f"{plan.fragment}: the built config does not hold {'; '.join(dropped)}; "
-                                      "nothing installed")
+                raise HostKernelError(
+                    f"{plan.fragment}: the built config does not hold {'; '.join(dropped)}; nothing installed"
+                )
         say(f"installing {plan.release} into {root} (modules, /boot files, initramfs); the default boot entry stays")
         for argv in plan.install_steps:
             with _system_mounts(root, log) if argv[0] == "chroot" else contextlib.nullcontext():
@@ -672,6 +783,8 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
     write_build_record(plan, root, log_path)
     changed = [path for path, digest in _boot_digests(root).items() if digest != before[path]]
     if changed:
-        raise HostKernelError(f"{changed[0]}: changed while installing {plan.release} (a distribution hook?); "
-                              "check that the default boot entry is still the kernel you want")
+        raise HostKernelError(
+            f"{changed[0]}: changed while installing {plan.release} (a distribution hook?); "
+            "check that the default boot entry is still the kernel you want"
+        )
     return plan.release

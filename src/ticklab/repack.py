@@ -36,22 +36,35 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from . import __version__
-from .bundle import (COMPRESS_FROM_BYTES, MANIFEST, RAW, SEAL, BundleError, file_sha256, load_bundle, pack_raw_file, packs,
-                     raw_files_record, seal_manifest)
+from .bundle import (
+    COMPRESS_FROM_BYTES,
+    MANIFEST,
+    RAW,
+    SEAL,
+    BundleError,
+    file_sha256,
+    load_bundle,
+    pack_raw_file,
+    packs,
+    raw_files_record,
+    seal_manifest,
+)
 from .safefiles import OwnedDir, UnsafeFileError, open_regular, read_bytes, shown
 from .trace import gapfile, rawfile
 
-WHY = ("issue 42 item 3, small bundles: every raw file of 64 KiB or more xz'd (the first measured run of each "
-       "condition too; ticklab view unpacks a trace for KernelShark), the gap detector's text kept as its numbers")
+WHY = (
+    "issue 42 item 3, small bundles: every raw file of 64 KiB or more xz'd (the first measured run of each "
+    "condition too; ticklab view unpacks a trace for KernelShark), the gap detector's text kept as its numbers"
+)
 WORK_SUFFIX = ".repack"
 
 
@@ -62,6 +75,7 @@ class RepackError(ValueError):
 @dataclass
 class Repacked:
     """What a repack did: the bundle, each raw file replaced (old name -> new name) and its size before and after."""
+
     path: Path
     replaced: dict[str, str] = field(default_factory=dict)
     bytes_before: int = 0
@@ -78,16 +92,24 @@ def _size(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def repack(path: Path | str, *, why: str = WHY, say: Callable[[str], None] = lambda line: None,
-           step: Callable[[str], None] = lambda name: None, threshold: int = COMPRESS_FROM_BYTES) -> Repacked | None:
+def repack(
+    path: Path | str,
+    *,
+    why: str = WHY,
+    say: Callable[[str], None] = lambda line: None,
+    step: Callable[[str], None] = lambda name: None,
+    threshold: int = COMPRESS_FROM_BYTES,
+) -> Repacked | None:
     """Re-pack the sealed bundle at ``path`` (see the module's docstring); None where nothing shrinks. ``say`` gets
     one line per step; ``step`` is called with the name of each point passed ("wrote <file>", "sealed the copy",
     "checked", "swapped"; tests stop there). RepackError (one line) where it is refused: the bundle is untouched."""
     path = Path(path)
     work = work_path(path)
     if os.path.lexists(work):
-        raise RepackError(f"{shown(work)}: left by an interrupted repack ({path.name} itself is whole, old or new); "
-                          "remove it and run again")
+        raise RepackError(
+            f"{shown(work)}: left by an interrupted repack ({path.name} itself is whole, old or new); "
+            "remove it and run again"
+        )
     try:
         bundle = load_bundle(path)
     except BundleError as exc:
@@ -115,8 +137,10 @@ def repack(path: Path | str, *, why: str = WHY, say: Callable[[str], None] = lam
             _remove(work)
             say(f"{path}: nothing to shrink")
             return None
-        say(f"{path}: copy sealed at {work.name}: {done.how.get('xz', 0)} raw files xz'd, {done.how.get('gapdet', 0)} "
-            "gap detector outputs kept as their numbers")
+        say(
+            f"{path}: copy sealed at {work.name}: {done.how.get('xz', 0)} raw files xz'd, {done.how.get('gapdet', 0)} "
+            "gap detector outputs kept as their numbers"
+        )
         step("sealed the copy")
         _check_copy(path, work, bundle.manifest, done.replaced)
         after = _per_run_values(work, path, claim)
@@ -124,8 +148,10 @@ def repack(path: Path | str, *, why: str = WHY, say: Callable[[str], None] = lam
             difference = _difference(value, after.get(name))
             if difference:
                 raise RepackError(f"{path}: {name} differs once repacked ({difference}); not repacked")
-        say(f"{path}: checked: the copy verifies, every replaced file reads back as it was, the per-run values are "
-            "the same")
+        say(
+            f"{path}: checked: the copy verifies, every replaced file reads back as it was, the per-run values are "
+            "the same"
+        )
         step("checked")
         with OwnedDir(path.parent, create=False) as parent:
             parent.exchange(path.name, work.name)
@@ -155,8 +181,10 @@ def _claim_of(claim_id: str, path: Path):
     from .claims import get_claim
 
     if claim_id not in claim_ids():
-        raise RepackError(f"{path / MANIFEST}: claim {shown(claim_id, 80)!s} is no claim of this ticklab, so its "
-                          "results cannot be checked; not repacked")
+        raise RepackError(
+            f"{path / MANIFEST}: claim {shown(claim_id, 80)!s} is no claim of this ticklab, so its "
+            "results cannot be checked; not repacked"
+        )
     return get_claim(claim_id)
 
 
@@ -184,13 +212,23 @@ def _write_copy(path: Path, work: Path, manifest: dict, why: str, threshold: int
         updated["files"] = dict(sorted(files.items()))
         updated["raw_files"] = raw_files_record(
             sum(n.endswith(".xz") and Path(n).name != gapfile.COMPACT_NAME + ".xz" for n in names),
-            sum(Path(n).name == gapfile.COMPACT_NAME + ".xz" for n in names), threshold)
+            sum(Path(n).name == gapfile.COMPACT_NAME + ".xz" for n in names),
+            threshold,
+        )
         seal = read_bytes(path / SEAL, 4096).decode("ascii", errors="replace").split()
-        updated["resealed"] = [*(manifest.get("resealed") or []), {
-            "when": datetime.now(timezone.utc).isoformat(), "from_seal": seal[0] if seal else "",
-            "files_replaced": {old: {"now": new, "sha256": manifest["files"][old]} for old, new in sorted(done.replaced.items())},
-            "why": why, "ticklab_version": __version__,
-            "raw_files_before": manifest.get("raw_files")}]
+        updated["resealed"] = [
+            *(manifest.get("resealed") or []),
+            {
+                "when": datetime.now(timezone.utc).isoformat(),
+                "from_seal": seal[0] if seal else "",
+                "files_replaced": {
+                    old: {"now": new, "sha256": manifest["files"][old]} for old, new in sorted(done.replaced.items())
+                },
+                "why": why,
+                "ticklab_version": __version__,
+                "raw_files_before": manifest.get("raw_files"),
+            },
+        ]
         out.write_new(MANIFEST, (json.dumps(updated, indent=2, sort_keys=True) + "\n").encode())
         seal_manifest(out, work, sorted(files))
     return done
@@ -218,8 +256,9 @@ def _check_copy(path: Path, work: Path, manifest: dict, replaced: dict[str, str]
             pairs, gaps = gapfile.read_compact(work / new)
             rows = gaps[["start_ns", "gap_ns"]].to_numpy(dtype=np.int64)
             if gapfile.text(pairs, rows) != rawfile.read_bytes(path / old, gapfile.TEXT_LIMIT):
-                raise RepackError(f"{path / old}: its numbers in {Path(new).name} do not give back its text; not "
-                                  "repacked")
+                raise RepackError(
+                    f"{path / old}: its numbers in {Path(new).name} do not give back its text; not repacked"
+                )
             try:
                 (header, text_gaps), (again, compact_gaps) = read_gapdet(path / old), read_gapdet(work / new)
             except WorkloadOutputError as exc:
@@ -247,8 +286,10 @@ def _per_run_values(where: Path, original: Path, claim) -> dict[str, object]:
         if claim.derived_from_raw is not None:
             values.update(claim.derived_from_raw(runs, [ref]))
     except Exception as exc:  # the analysis cannot show the results unchanged: no repack
-        raise RepackError(f"{original}: its per-run values cannot be computed ({type(exc).__name__}: "
-                          f"{shown(str(exc), 200)}); not repacked") from None
+        raise RepackError(
+            f"{original}: its per-run values cannot be computed ({type(exc).__name__}: "
+            f"{shown(str(exc), 200)}); not repacked"
+        ) from None
     return {name: _as_bundle(value, where, original) for name, value in values.items()}
 
 
@@ -292,8 +333,11 @@ def bundles_under(paths: list[Path]) -> list[Path]:
         if os.path.lexists(root / MANIFEST):
             found.append(root)
             continue
-        found += [m.parent for m in sorted(root.rglob(MANIFEST))
-                  if not any(part.startswith(".") for part in m.parent.relative_to(root).parts)]
+        found += [
+            m.parent
+            for m in sorted(root.rglob(MANIFEST))
+            if not any(part.startswith(".") for part in m.parent.relative_to(root).parts)
+        ]
     return sorted(dict.fromkeys(found))
 
 
@@ -301,8 +345,10 @@ def main(paths: list[Path], why: str = WHY) -> int:
     """``ticklab bundle repack``: each bundle re-packed or refused with one line; 0 when none was refused."""
     bundles = bundles_under(paths)
     if not bundles:
-        print(f"ticklab bundle repack: no bundle (manifest.json) under {shown(', '.join(map(str, paths)))}",
-              file=sys.stderr)
+        print(
+            f"ticklab bundle repack: no bundle (manifest.json) under {shown(', '.join(map(str, paths)))}",
+            file=sys.stderr,
+        )
         return 2
     refused = 0
     for bundle in bundles:

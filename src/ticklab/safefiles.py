@@ -44,8 +44,8 @@ import ctypes
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # An error line quotes at most this many characters of a value it names.
 SHOWN_CHARS = 200
@@ -74,7 +74,7 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
         # a number of thousands of digits: str() of one over 4300 digits raises, and none belongs in a line whole
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = value if isinstance(value, str) else str(value)
-    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit + 1])
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
     if len(text) > limit:
         return f"{escaped[:limit]}… ({len(text)} characters)"
     return escaped
@@ -113,8 +113,9 @@ def _refused(target: object, info: os.stat_result, *, appeared: bool = False) ->
         what = f"{kind_of(info.st_mode)}, not a regular file"
     if appeared:
         what += ", put there while ticklab was writing it"
-    return UnsafeFileError(f"{shown(target)}: {what}; ticklab does not write through links or replace what it did "
-                           "not write")
+    return UnsafeFileError(
+        f"{shown(target)}: {what}; ticklab does not write through links or replace what it did not write"
+    )
 
 
 def _lstat(name: str, dir_fd: int, target: object) -> os.stat_result | None:
@@ -159,8 +160,11 @@ def _put_in_place(temporary: str, name: str, parent: int, target: object, checke
             return
         except FileExistsError:
             found = _lstat(name, parent, target)
-            raise _refused(target, found, appeared=True) if found is not None else \
-                UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused") from None
+            raise (
+                _refused(target, found, appeared=True)
+                if found is not None
+                else UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+            ) from None
         except OSError as exc:
             if exc.errno not in _UNSUPPORTED:
                 raise
@@ -178,14 +182,20 @@ def _put_in_place(temporary: str, name: str, parent: int, target: object, checke
                 os.unlink(temporary, dir_fd=parent)
                 return
             _renameat2(temporary, name, parent, _RENAME_EXCHANGE)  # put it back as it was; ours is removed
-            raise _refused(target, taken, appeared=True) if taken is not None else \
-                UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+            raise (
+                _refused(target, taken, appeared=True)
+                if taken is not None
+                else UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+            )
     # a file system without renameat2's flags (NFS, older kernels): look again, then rename (which never follows
     # a link either: the worst a name planted in between can get is replaced)
     found = _lstat(name, parent, target)
     if not _same(found, checked):
-        raise _refused(target, found, appeared=True) if found is not None else \
-            UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+        raise (
+            _refused(target, found, appeared=True)
+            if found is not None
+            else UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+        )
     os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
 
 
@@ -213,8 +223,10 @@ def open_fd(path: Path | str, *, dir_fd: int | None = None, shown_as: object = N
         raise UnsafeFileError(f"{shown(name)}: {kind_of(info.st_mode)}, not a regular file; refused")
     if owner is not None and (info.st_uid != owner or info.st_mode & 0o022):
         os.close(fd)
-        raise UnsafeFileError(f"{shown(name)}: not a regular file of uid {owner} writable only by it "
-                              f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); refused")
+        raise UnsafeFileError(
+            f"{shown(name)}: not a regular file of uid {owner} writable only by it "
+            f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); refused"
+        )
     return fd
 
 
@@ -223,8 +235,9 @@ def open_regular(path: Path | str, *, dir_fd: int | None = None, shown_as: objec
     return os.fdopen(open_fd(path, dir_fd=dir_fd, shown_as=shown_as, owner=owner), "rb")
 
 
-def read_bytes(path: Path | str, limit: int, *, dir_fd: int | None = None, shown_as: object = None,
-               owner: int | None = None) -> bytes:
+def read_bytes(
+    path: Path | str, limit: int, *, dir_fd: int | None = None, shown_as: object = None, owner: int | None = None
+) -> bytes:
     """The whole of a regular file (no link, no FIFO) of at most ``limit`` bytes; a larger one is an error."""
     name = path if shown_as is None else shown_as
     with open_regular(path, dir_fd=dir_fd, shown_as=shown_as, owner=owner) as handle:
@@ -330,8 +343,9 @@ class OwnedDir:
                             what = kind_of(os.lstat(part, dir_fd=fd).st_mode)
                         except OSError:
                             what = "not a directory"
-                        raise UnsafeFileError(f"{shown(here)}: {what}, not a directory; ticklab does not {doing} "
-                                              "through links") from None
+                        raise UnsafeFileError(
+                            f"{shown(here)}: {what}, not a directory; ticklab does not {doing} through links"
+                        ) from None
                     raise _failed(here, exc, "open") from None
                 os.close(fd)
                 fd = child
@@ -374,8 +388,11 @@ class OwnedDir:
             if not replaceable(found):
                 raise _refused(target, found)
             between_check_and_write(target)
-            fd = self._open_new(parts[-1], parent, target, flags, mode) if exclusive or found is None else \
-                self._reopen(parts[-1], parent, target, found, os.O_WRONLY)
+            fd = (
+                self._open_new(parts[-1], parent, target, flags, mode)
+                if exclusive or found is None
+                else self._reopen(parts[-1], parent, target, found, os.O_WRONLY)
+            )
         finally:
             os.close(parent)
         info = os.fstat(fd)
@@ -471,8 +488,9 @@ class OwnedDir:
             if not replaceable(checked):
                 raise _refused(target, checked)
             try:
-                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                             dir_fd=parent)
+                fd = os.open(
+                    temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent
+                )
             except OSError as exc:
                 raise _failed(target, exc, "write") from None
             try:
@@ -502,8 +520,9 @@ class OwnedDir:
             if _lstat(parts[-1], parent, target) is not None:
                 raise UnsafeFileError(f"{shown(target)}: exists already; nothing is overwritten")
             try:
-                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                             dir_fd=parent)
+                fd = os.open(
+                    temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent
+                )
             except OSError as exc:
                 raise _failed(target, exc, "write") from None
             try:
@@ -516,8 +535,10 @@ class OwnedDir:
                 try:
                     _put_in_place(temporary, parts[-1], parent, target, None)
                 except UnsafeFileError:
-                    raise UnsafeFileError(f"{shown(target)}: exists already (put there while ticklab was writing "
-                                          "it); nothing is overwritten") from None
+                    raise UnsafeFileError(
+                        f"{shown(target)}: exists already (put there while ticklab was writing "
+                        "it); nothing is overwritten"
+                    ) from None
             except BaseException as exc:
                 failure = _abandon(temporary, parent, target, exc)
                 if failure is not None:
@@ -551,12 +572,19 @@ class OwnedDir:
             between_check_and_write(target)
             if found is None:
                 try:
-                    fd = os.open(parts[-1], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, 0o644, dir_fd=parent)
+                    fd = os.open(
+                        parts[-1],
+                        os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o644,
+                        dir_fd=parent,
+                    )
                 except FileExistsError:
                     now = _lstat(parts[-1], parent, target)
-                    raise (_refused(target, now, appeared=True) if now is not None else
-                           UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")) from None
+                    raise (
+                        _refused(target, now, appeared=True)
+                        if now is not None
+                        else UnsafeFileError(f"{shown(target)}: changed while ticklab was writing it; refused")
+                    ) from None
                 except OSError as exc:
                     raise _failed(target, exc, "write") from None
             else:
@@ -568,7 +596,7 @@ class OwnedDir:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except OSError as exc:
                 try:
                     os.ftruncate(fd, info.st_size)
@@ -612,15 +640,22 @@ class OwnedDir:
                 raise UnsafeFileError(f"{shown(self.root / name)}: not a name in {shown(self.root)}; nothing swapped")
             found = _lstat(name, self.fd, self.root / name)
             if found is None or not stat.S_ISDIR(found.st_mode):
-                what = "missing" if found is None else "a regular file" if stat.S_ISREG(found.st_mode) else \
-                    kind_of(found.st_mode)
+                what = (
+                    "missing"
+                    if found is None
+                    else "a regular file"
+                    if stat.S_ISREG(found.st_mode)
+                    else kind_of(found.st_mode)
+                )
                 raise UnsafeFileError(f"{shown(self.root / name)}: {what}, not a directory; nothing swapped")
         try:
             _renameat2(one, other, self.fd, _RENAME_EXCHANGE)
         except OSError as exc:
             if exc.errno in _UNSUPPORTED:
-                raise UnsafeFileError(f"{shown(self.root)}: this file system cannot swap two directories in one step "
-                                      "(renameat2 RENAME_EXCHANGE); nothing swapped") from None
+                raise UnsafeFileError(
+                    f"{shown(self.root)}: this file system cannot swap two directories in one step "
+                    "(renameat2 RENAME_EXCHANGE); nothing swapped"
+                ) from None
             raise _failed(self.root / one, exc, "swap") from None
 
     def read_bytes(self, relative: Path | str, limit: int) -> bytes:

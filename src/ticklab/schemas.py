@@ -5,7 +5,6 @@ error type with one line naming the file and the field (``runs[3].status: ...``)
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 from .safefiles import shown
@@ -23,11 +22,15 @@ try:
     jsonschema = import_jsonschema()
     import jsonschema.exceptions
 except ImportError as exc:
-    raise DependencyError(f"ticklab needs jsonschema >= 4 to validate what it reads ({exc}); install it: "
-                          "pip install 'jsonschema>=4' (make env installs requirements.lock)") from exc
+    raise DependencyError(
+        f"ticklab needs jsonschema >= 4 to validate what it reads ({exc}); install it: "
+        "pip install 'jsonschema>=4' (make env installs requirements.lock)"
+    ) from exc
 if not hasattr(jsonschema, "Draft202012Validator"):
-    raise DependencyError(f"ticklab needs jsonschema >= 4 (Draft 2020-12 schemas); this is jsonschema "
-                          f"{getattr(jsonschema, '__version__', 'older than 4')}: pip install 'jsonschema>=4'")
+    raise DependencyError(
+        f"ticklab needs jsonschema >= 4 (Draft 2020-12 schemas); this is jsonschema "
+        f"{getattr(jsonschema, '__version__', 'older than 4')}: pip install 'jsonschema>=4'"
+    )
 
 RUN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"  # also claim, experiment and host ids: never a path separator
 # a directory a manifest names under raw/ or a run's directory (run-001/gapdet, trace): names as above, no '..'
@@ -53,19 +56,27 @@ INTERFERENCE = {
         "interval_s": {"type": "number", "exclusiveMinimum": 0},
         "samples": COUNT,
         "samples_over_cpus": COUNT,
-        "load1_before": NUMBER_OR_NULL, "load1_max": NUMBER_OR_NULL,
-        "runnable_before": COUNT_OR_NULL, "runnable_max": COUNT_OR_NULL, "runnable_mean": NUMBER_OR_NULL,
-        "other_runnable_before": COUNT_OR_NULL, "other_runnable_max": COUNT_OR_NULL,
+        "load1_before": NUMBER_OR_NULL,
+        "load1_max": NUMBER_OR_NULL,
+        "runnable_before": COUNT_OR_NULL,
+        "runnable_max": COUNT_OR_NULL,
+        "runnable_mean": NUMBER_OR_NULL,
+        "other_runnable_before": COUNT_OR_NULL,
+        "other_runnable_max": COUNT_OR_NULL,
         "other_runnable_mean": NUMBER_OR_NULL,
         "steal_fraction": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
     },
 }
 
-TRACE_RECORD = {"type": ["object", "null"],
-                "properties": {"lost_events": COUNT, "directory": {"type": "string", "pattern": RAW_DIRECTORY}}}
+TRACE_RECORD = {
+    "type": ["object", "null"],
+    "properties": {"lost_events": COUNT, "directory": {"type": "string", "pattern": RAW_DIRECTORY}},
+}
 # what a run, an extra or a profile wrote under raw/: analyses open files below its directory
-RAW_OUTPUT = {"type": "object", "properties": {"directory": {"type": "string", "pattern": RAW_DIRECTORY},
-                                               "trace": TRACE_RECORD}}
+RAW_OUTPUT = {
+    "type": "object",
+    "properties": {"directory": {"type": "string", "pattern": RAW_DIRECTORY}, "trace": TRACE_RECORD},
+}
 
 RUN_RECORD = {
     "type": "object",
@@ -105,9 +116,15 @@ MANIFEST = {
         "runs": {"type": "array", "items": RUN_RECORD},
         "extras": {"type": "array", "items": RAW_OUTPUT},  # once-per-condition cross-checks
         "profiles": {"type": "array", "items": RAW_OUTPUT},
-        "conditions": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {"name": TEXT}}},
-        "files": {"type": "object", "propertyNames": {"pattern": BUNDLE_FILE, "maxLength": 4096},
-                  "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        "conditions": {
+            "type": "array",
+            "items": {"type": "object", "required": ["name"], "properties": {"name": TEXT}},
+        },
+        "files": {
+            "type": "object",
+            "propertyNames": {"pattern": BUNDLE_FILE, "maxLength": 4096},
+            "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        },
         "not_testable": {"type": ["string", "null"]},
         "stopping": {"type": ["object", "null"]},
         "runs_per_condition": {"type": "integer", "minimum": 1},
@@ -129,19 +146,28 @@ RESULT_ROW = {
     },
 }
 
-CONDITION_VALUE = {"anyOf": [
-    {"type": ["string", "number", "boolean", "null"]},
-    {"type": "array", "maxItems": 1000, "items": {"type": ["string", "number", "boolean"]}},
-    {"type": "object", "required": ["per_cpu"], "additionalProperties": False,
-     "properties": {"per_cpu": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024}}},
-]}
+CONDITION_VALUE = {
+    "anyOf": [
+        {"type": ["string", "number", "boolean", "null"]},
+        {"type": "array", "maxItems": 1000, "items": {"type": ["string", "number", "boolean"]}},
+        {
+            "type": "object",
+            "required": ["per_cpu"],
+            "additionalProperties": False,
+            "properties": {"per_cpu": {"type": "number", "exclusiveMinimum": 0, "maximum": 1024}},
+        },
+    ]
+}
 
 # a row of a claim's published layer, as an experiment's answer names it: <table>/<row id>
 PUBLISHED_ROW = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"}
 
 # what capture/requirements.check knows how to check
-REQUIREMENT = {"type": "string", "pattern": r"^(root|tracefs|cpuidle_states|cpuidle_driver:[a-z0-9_]+|sched_feature(:[A-Z_]+)?|"
-                                            r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$"}
+REQUIREMENT = {
+    "type": "string",
+    "pattern": r"^(root|tracefs|cpuidle_states|cpuidle_driver:[a-z0-9_]+|sched_feature(:[A-Z_]+)?|"
+    r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$",
+}
 
 EXPERIMENT = {
     "type": "object",
@@ -150,86 +176,147 @@ EXPERIMENT = {
         "claim": {"type": "string", "pattern": RUN_NAME},
         "name": {"type": "string", "pattern": RUN_NAME},
         "description": {"type": "string"},
-        "conditions": {"oneOf": [
-            {"type": "array", "items": {"type": "object", "required": ["name"],
-                                        "properties": {"name": {"type": ["string", "number"]}},
-                                        "additionalProperties": CONDITION_VALUE}},
-            {"type": "object", "required": ["matrix"], "additionalProperties": False,
-             "properties": {"matrix": {"type": "object", "minProperties": 1, "additionalProperties": CONDITION_VALUE}}},
-        ]},
-        "workload": {"type": "object", "required": ["argv"],
-                     "properties": {"argv": {"type": "array", "minItems": 1,
-                                             "items": {"type": ["string", "number"]}},
-                                    "tool": {"type": "string"}}},
+        "conditions": {
+            "oneOf": [
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": ["string", "number"]}},
+                        "additionalProperties": CONDITION_VALUE,
+                    },
+                },
+                {
+                    "type": "object",
+                    "required": ["matrix"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "matrix": {"type": "object", "minProperties": 1, "additionalProperties": CONDITION_VALUE}
+                    },
+                },
+            ]
+        },
+        "workload": {
+            "type": "object",
+            "required": ["argv"],
+            "properties": {
+                "argv": {"type": "array", "minItems": 1, "items": {"type": ["string", "number"]}},
+                "tool": {"type": "string"},
+            },
+        },
         "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
         # the measured CPU left to the workload: every movable interrupt and other task moved off it for each run
-        "isolate": {"type": "object", "required": ["cpu"], "additionalProperties": False,
-                    # "last": the CPU the workloads' {last_cpu} names (the others are the housekeeping CPUs)
-                    "properties": {"cpu": {"const": "last"},
-                                   "rt_throttling": {"enum": ["on", "off"]}}},
+        "isolate": {
+            "type": "object",
+            "required": ["cpu"],
+            "additionalProperties": False,
+            # "last": the CPU the workloads' {last_cpu} names (the others are the housekeeping CPUs)
+            "properties": {"cpu": {"const": "last"}, "rt_throttling": {"enum": ["on", "off"]}},
+        },
         "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
         "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},  # as --seed
         "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
         "requires": {"type": "array", "items": REQUIREMENT},
         # a trace records its events: a trace section without them has nothing to record
-        "trace": {"type": ["object", "null"], "required": ["events"], "properties": {
-            "events": {"type": "array", "items": {"type": "string"}},
-            # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
-            # lists those it lacked (absent_events)
-            "optional_events": {"type": "array", "items": {"type": "string"}},
-            "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
-            "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
-            # kernel functions whose every call the function tracer records (a C identifier each)
-            "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
-            # which per-run metrics its trace gives results.csv: a name in tracemetrics.METRIC_SETS
-            "metrics": {"enum": ["tick", "hrtimer"]},
-            # the tracefs trace clock; "mono" is CLOCK_MONOTONIC, the clock our tools stamp their samples with, so
-            # their samples and the trace's events can be matched one by one (default: the kernel's, "local")
-            "clock": {"enum": ["local", "global", "mono", "mono_raw", "boot"]}}},
+        "trace": {
+            "type": ["object", "null"],
+            "required": ["events"],
+            "properties": {
+                "events": {"type": "array", "items": {"type": "string"}},
+                # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
+                # lists those it lacked (absent_events)
+                "optional_events": {"type": "array", "items": {"type": "string"}},
+                "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
+                "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
+                # kernel functions whose every call the function tracer records (a C identifier each)
+                "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
+                # which per-run metrics its trace gives results.csv: a name in tracemetrics.METRIC_SETS
+                "metrics": {"enum": ["tick", "hrtimer"]},
+                # the tracefs trace clock; "mono" is CLOCK_MONOTONIC, the clock our tools stamp their samples with, so
+                # their samples and the trace's events can be matched one by one (default: the kernel's, "local")
+                "clock": {"enum": ["local", "global", "mono", "mono_raw", "boot"]},
+            },
+        },
         "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
         "profile": {"type": ["object", "null"]},
-        "extras": {"type": ["array", "null"], "items": {"type": "object", "required": ["name", "argv"],
-                                                        "additionalProperties": False,
-                                                        "properties": {"name": {"type": "string", "pattern": RUN_NAME},
-                                                                       "argv": {"type": "array"},
-                                                                       "requires": {"type": "array",
-                                                                                    "items": REQUIREMENT},
-                                                                       "per_run": {"type": "boolean"},
-                                                                       # recorded with the experiment's trace into
-                                                                       # raw/<run>/<name>/trace (per_run extras only)
-                                                                       "traced": {"type": "boolean"}}}},
+        "extras": {
+            "type": ["array", "null"],
+            "items": {
+                "type": "object",
+                "required": ["name", "argv"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "pattern": RUN_NAME},
+                    "argv": {"type": "array"},
+                    "requires": {"type": "array", "items": REQUIREMENT},
+                    "per_run": {"type": "boolean"},
+                    # recorded with the experiment's trace into
+                    # raw/<run>/<name>/trace (per_run extras only)
+                    "traced": {"type": "boolean"},
+                },
+            },
+        },
         "notes": {"type": ["string", "null"]},
-        "kernel_builds": {"type": "array", "items": {
-            "type": "object", "required": ["kernel", "series"], "additionalProperties": False,
-            "properties": {"kernel": {"type": "string", "minLength": 1, "maxLength": 100},
-                           "series": {"type": "string", "pattern": r"^[0-9]+\.[0-9]+$"},
-                           "localmodconfig": {"type": "boolean"},
-                           # a config fragment in the checkout (kernel/fragments/*.config): --fragment
-                           "fragment": {"type": "string", "pattern": r"^kernel/fragments/[a-z0-9-]+\.config$"}}}},
-        "lab": {"type": ["object", "null"], "properties": {
-            "kernel": {"type": "string", "pattern": RUN_NAME}, "smp": {"type": "integer", "minimum": 1, "maximum": 256},
-            "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20}, "cmdline": {"type": "string"},
-            "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
-            "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
-            "pin_vcpus": {"type": "boolean"},
-            # the tracing backend inside the guest when the command line leaves it at auto
-            "backend": {"enum": ["auto", "trace-cmd", "tracefs"]}}},
-        "budget": {"type": ["object", "null"], "properties": {
-            "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
-            "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}}},
+        "kernel_builds": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["kernel", "series"],
+                "additionalProperties": False,
+                "properties": {
+                    "kernel": {"type": "string", "minLength": 1, "maxLength": 100},
+                    "series": {"type": "string", "pattern": r"^[0-9]+\.[0-9]+$"},
+                    "localmodconfig": {"type": "boolean"},
+                    # a config fragment in the checkout (kernel/fragments/*.config): --fragment
+                    "fragment": {"type": "string", "pattern": r"^kernel/fragments/[a-z0-9-]+\.config$"},
+                },
+            },
+        },
+        "lab": {
+            "type": ["object", "null"],
+            "properties": {
+                "kernel": {"type": "string", "pattern": RUN_NAME},
+                "smp": {"type": "integer", "minimum": 1, "maximum": 256},
+                "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20},
+                "cmdline": {"type": "string"},
+                "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
+                "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+                "pin_vcpus": {"type": "boolean"},
+                # the tracing backend inside the guest when the command line leaves it at auto
+                "backend": {"enum": ["auto", "trace-cmd", "tracefs"]},
+            },
+        },
+        "budget": {
+            "type": ["object", "null"],
+            "properties": {
+                "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
+                "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
+            },
+        },
         # what 'ticklab capture' prints once the bundle is sealed (capture/answer.py): the quantities the source
         # names, as results.csv metrics, each beside the rows of traces/published/<claim>/ (<table>/<row id>) the
         # source printed it in; cost_at_rate: a printed cost per event (a time) times this host's measured rate
-        "answer": {"type": "array", "items": {
-            "type": "object", "required": ["metric", "says"], "additionalProperties": False,
-            "properties": {"metric": {"type": "string", "pattern": RUN_NAME},
-                           "says": {"type": "string", "minLength": 1, "maxLength": 200},
-                           "percent": {"type": "boolean"},
-                           "printed": {"type": "array", "items": PUBLISHED_ROW},
-                           "cost_at_rate": {"type": "object", "required": ["cost", "rate"],
-                                            "additionalProperties": False,
-                                            "properties": {"cost": PUBLISHED_ROW,
-                                                           "rate": {"type": "string", "pattern": RUN_NAME}}}}}},
+        "answer": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["metric", "says"],
+                "additionalProperties": False,
+                "properties": {
+                    "metric": {"type": "string", "pattern": RUN_NAME},
+                    "says": {"type": "string", "minLength": 1, "maxLength": 200},
+                    "percent": {"type": "boolean"},
+                    "printed": {"type": "array", "items": PUBLISHED_ROW},
+                    "cost_at_rate": {
+                        "type": "object",
+                        "required": ["cost", "rate"],
+                        "additionalProperties": False,
+                        "properties": {"cost": PUBLISHED_ROW, "rate": {"type": "string", "pattern": RUN_NAME}},
+                    },
+                },
+            },
+        },
     },
 }
 
@@ -238,17 +325,36 @@ PROVENANCE = {
     "required": ["source", "tables"],
     "properties": {
         "claim": {"type": "string", "pattern": "^[a-z0-9-]+$"},
-        "source": {"type": "object", "required": ["file"],
-                   "properties": {"file": {"type": "string", "pattern": BUNDLE_FILE},
-                                  "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
-        "tables": {"type": "object", "minProperties": 1,
-                   "propertyNames": {"pattern": r"^[A-Za-z0-9_.-]+\.csv$"},
-                   "additionalProperties": {"type": ["object", "null"], "properties": {
-                       "description": {"type": "string"},
-                       "rows": {"type": ["object", "null"], "additionalProperties": {
-                           "type": "object", "required": ["quote"],
-                           "properties": {"quote": {"type": "string", "minLength": 1},
-                                          "token": {"type": ["integer", "null"], "minimum": 0}}}}}}},
+        "source": {
+            "type": "object",
+            "required": ["file"],
+            "properties": {
+                "file": {"type": "string", "pattern": BUNDLE_FILE},
+                "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            },
+        },
+        "tables": {
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {"pattern": r"^[A-Za-z0-9_.-]+\.csv$"},
+            "additionalProperties": {
+                "type": ["object", "null"],
+                "properties": {
+                    "description": {"type": "string"},
+                    "rows": {
+                        "type": ["object", "null"],
+                        "additionalProperties": {
+                            "type": "object",
+                            "required": ["quote"],
+                            "properties": {
+                                "quote": {"type": "string", "minLength": 1},
+                                "token": {"type": ["integer", "null"], "minimum": 0},
+                            },
+                        },
+                    },
+                },
+            },
+        },
         "not_transcribed": {"type": ["array", "null"]},
     },
 }
@@ -297,8 +403,9 @@ def _short(value: Any) -> str:
 
 
 def _unusable_number(value: Any) -> bool:
-    return (isinstance(value, float) and not math.isfinite(value)) or \
-        (isinstance(value, int) and value.bit_length() > MAX_INT_BITS)
+    return (isinstance(value, float) and not math.isfinite(value)) or (
+        isinstance(value, int) and value.bit_length() > MAX_INT_BITS
+    )
 
 
 def _non_finite(instance: Any, path: tuple = ()) -> tuple | None:
@@ -307,7 +414,9 @@ def _non_finite(instance: Any, path: tuple = ()) -> tuple | None:
     would disable the timeout); the second would make jsonschema's own message raise."""
     if _unusable_number(instance):
         return path
-    items = instance.items() if isinstance(instance, dict) else enumerate(instance) if isinstance(instance, list) else ()
+    items = (
+        instance.items() if isinstance(instance, dict) else enumerate(instance) if isinstance(instance, list) else ()
+    )
     for key, value in items:
         found = _non_finite(value, (*path, key))
         if found is not None:
@@ -354,15 +463,32 @@ def problem(instance: Any, schema: dict) -> str | None:
         return f"{field}: {error.message.split(' is a required')[0]} is missing"
     if error.validator == "propertyNames" or "propertyNames" in error.schema_path:
         return f"{field}: key {_short(error.instance)} is not allowed here"
-    if error.validator in ("type", "enum", "const", "pattern", "minimum", "maximum", "exclusiveMinimum",
-                           "exclusiveMaximum", "minLength", "maxLength", "minItems"):
-        expected = {"type": f"of type {error.validator_value}", "enum": f"one of {error.validator_value}",
-                    "const": f"{error.validator_value!r}", "pattern": "of the allowed form",
-                    "minimum": f">= {error.validator_value}", "maximum": f"<= {error.validator_value}",
-                    "exclusiveMinimum": f"> {error.validator_value}", "exclusiveMaximum": f"< {error.validator_value}",
-                    "minLength": f"at least {error.validator_value} character(s)",
-                    "maxLength": f"at most {error.validator_value} characters",
-                    "minItems": f"at least {error.validator_value} item(s)"}[error.validator]
+    if error.validator in (
+        "type",
+        "enum",
+        "const",
+        "pattern",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+    ):
+        expected = {
+            "type": f"of type {error.validator_value}",
+            "enum": f"one of {error.validator_value}",
+            "const": f"{error.validator_value!r}",
+            "pattern": "of the allowed form",
+            "minimum": f">= {error.validator_value}",
+            "maximum": f"<= {error.validator_value}",
+            "exclusiveMinimum": f"> {error.validator_value}",
+            "exclusiveMaximum": f"< {error.validator_value}",
+            "minLength": f"at least {error.validator_value} character(s)",
+            "maxLength": f"at most {error.validator_value} characters",
+            "minItems": f"at least {error.validator_value} item(s)",
+        }[error.validator]
         return f"{field}: {_short(error.instance)} is not {expected}"
     return f"{field}: {error.message[:200]}".replace("\n", " ")
 

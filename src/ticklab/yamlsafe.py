@@ -41,9 +41,11 @@ class _Loader(yaml.SafeLoader):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
-            raise YamlError(f"line {event.start_mark.line + 1}: {'alias' if sign == '*' else 'anchor'} "
-                            f"{sign}{shown(event.anchor, 40)}: YAML anchors and aliases are not accepted (write the "
-                            "value out where it is used)")
+            raise YamlError(
+                f"line {event.start_mark.line + 1}: {'alias' if sign == '*' else 'anchor'} "
+                f"{sign}{shown(event.anchor, 40)}: YAML anchors and aliases are not accepted (write the "
+                "value out where it is used)"
+            )
         return super().compose_node(parent, index)
 
 
@@ -123,6 +125,6 @@ def preview(value, limit: int = PREVIEW_CHARS) -> str:
     mapping, a few levels deep), built from the pieces it shows, never from the whole value; escaped. A long string
     is shown by its head and how many characters its repr has (as safefiles.shown says it)."""
     if isinstance(value, str) and len(value) > limit:
-        head = shown(repr(value[:limit + 1]), limit).removesuffix(f" ({len(repr(value[:limit + 1]))} characters)")
+        head = shown(repr(value[: limit + 1]), limit).removesuffix(f" ({len(repr(value[: limit + 1]))} characters)")
         return f"{head} ({len(value) + 2 + sum(1 for c in value if c in chr(92) + chr(39))} characters)"
     return shown(_Preview(limit).repr(value), limit)

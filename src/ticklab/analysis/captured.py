@@ -3,9 +3,9 @@ analysis: finding them, loading each once, and their health for the report."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -70,15 +70,27 @@ def all_setups(data_dir: Path | str) -> list[str]:
 def describe(bundles: list[BundleRef], data_dir: Path | str, claim: str) -> str:
     """One plain sentence for the notebook's fresh-data section."""
     if not bundles:
-        return (f"No captured bundles for '{claim}' exist under {data_dir}. Fresh data comes from "
-                f"`ticklab capture {claim}` on a host or `ticklab lab run {claim}` in a guest; until then "
-                f"this claim's verdict is 'not testable here'.")
+        return (
+            f"No captured bundles for '{claim}' exist under {data_dir}. Fresh data comes from "
+            f"`ticklab capture {claim}` on a host or `ticklab lab run {claim}` in a guest; until then "
+            f"this claim's verdict is 'not testable here'."
+        )
     hosts = sorted({b.host_id for b in bundles})
     return f"{len(bundles)} bundle(s) for '{claim}' from {len(hosts)} setup(s): {', '.join(hosts)}."
 
 
-HEALTH_COLUMNS = ["host_id", "claim", "bundle", "status", "measured_runs", "failed_runs", "lost_events", "busy_runs",
-                  "stopped", "flag"]
+HEALTH_COLUMNS = [
+    "host_id",
+    "claim",
+    "bundle",
+    "status",
+    "measured_runs",
+    "failed_runs",
+    "lost_events",
+    "busy_runs",
+    "stopped",
+    "flag",
+]
 
 
 def busy_flag(runs: list[dict]) -> str:
@@ -87,12 +99,16 @@ def busy_flag(runs: list[dict]) -> str:
     busy = [r["interference"] for r in runs if (r.get("interference") or {}).get("busy")]
     if not busy:
         return ""
+
     def most(key):
         values = [b[key] for b in busy if b.get(key) is not None]
         return max(values) if values else None
+
     parts = []
     if most("other_runnable_max") is not None:
-        parts.append(f"up to {most('other_runnable_max')} runnable tasks besides the run's own on {most('cpus')} CPU(s)")
+        parts.append(
+            f"up to {most('other_runnable_max')} runnable tasks besides the run's own on {most('cpus')} CPU(s)"
+        )
     if most("load1_max") is not None:
         parts.append(f"load average up to {most('load1_max')}")
     if most("steal_fraction"):
@@ -115,8 +131,18 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
             try:
                 bundle = ref.load(allow_incomplete=True)
             except BundleError as exc:
-                rows.append({**row, "status": "unreadable", "measured_runs": 0, "failed_runs": 0, "lost_events": 0,
-                             "busy_runs": 0, "stopped": "", "flag": str(exc)})
+                rows.append(
+                    {
+                        **row,
+                        "status": "unreadable",
+                        "measured_runs": 0,
+                        "failed_runs": 0,
+                        "lost_events": 0,
+                        "busy_runs": 0,
+                        "stopped": "",
+                        "flag": str(exc),
+                    }
+                )
                 continue
             runs = [r for r in bundle.manifest["runs"] if not r.get("warmup")]
             failed = [r for r in runs if run_failed(r)]
@@ -133,8 +159,16 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
             busy = busy_flag(runs)
             if busy:
                 flags.append(busy)
-            rows.append({**row, "status": bundle.manifest["status"], "measured_runs": len(runs), "failed_runs": len(failed),
-                         "lost_events": lost, "flag": "; ".join(flags),
-                         "busy_runs": sum(bool((r.get("interference") or {}).get("busy")) for r in runs),
-                         "stopped": "" if bundle.manifest.get("not_testable") else stopped_because(bundle.manifest)})
+            rows.append(
+                {
+                    **row,
+                    "status": bundle.manifest["status"],
+                    "measured_runs": len(runs),
+                    "failed_runs": len(failed),
+                    "lost_events": lost,
+                    "flag": "; ".join(flags),
+                    "busy_runs": sum(bool((r.get("interference") or {}).get("busy")) for r in runs),
+                    "stopped": "" if bundle.manifest.get("not_testable") else stopped_because(bundle.manifest),
+                }
+            )
     return pd.DataFrame(rows, columns=HEALTH_COLUMNS)

@@ -12,14 +12,27 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import pandas as pd
 
-CHECK_COLUMNS = ["claim", "setup", "bundle", "condition", "check", "expected", "observed", "runs", "passed", "failed",
-                 "not_recorded", "status", "left_out"]
+CHECK_COLUMNS = [
+    "claim",
+    "setup",
+    "bundle",
+    "condition",
+    "check",
+    "expected",
+    "observed",
+    "runs",
+    "passed",
+    "failed",
+    "not_recorded",
+    "status",
+    "left_out",
+]
 _SELECTOR = re.compile(r"^(?P<key>[^\[]+)\[(?P<field>[^=\]]+)=(?P<value>[^\]]*)\]$")
 MISSING = object()
 
@@ -32,7 +45,9 @@ def fact(record: Mapping, path: str):
         selector = _SELECTOR.match(step)
         if selector:
             items = value.get(selector["key"]) if isinstance(value, Mapping) else None
-            matches = [i for i in items or [] if isinstance(i, Mapping) and str(i.get(selector["field"])) == selector["value"]]
+            matches = [
+                i for i in items or [] if isinstance(i, Mapping) and str(i.get(selector["field"])) == selector["value"]
+            ]
             if not matches:
                 return MISSING
             value = matches[0]
@@ -53,19 +68,21 @@ def _expected_for(condition: str, expected: Mapping[str, object]):
 @dataclass(frozen=True)
 class FactCheck:
     """A recorded fact of the run equals (or, with ``contains``, includes) the value its condition expects."""
+
     name: str
-    path: str                           # dotted path into the run record (see ``fact``); a|b: the first recorded
-    expected: Mapping[str, object]      # condition pattern (fnmatch) -> expected value; first match wins
+    path: str  # dotted path into the run record (see ``fact``); a|b: the first recorded
+    expected: Mapping[str, object]  # condition pattern (fnmatch) -> expected value; first match wins
     contains: bool = False
-    starts_with: bool = False           # the recorded value begins with the expected one (a kernel series: "6.12.")
+    starts_with: bool = False  # the recorded value begins with the expected one (a kernel series: "6.12.")
 
     def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
         """(expected, observed, passed) for a run this check applies to, else None; passed is None when unrecorded."""
         wanted = _expected_for(record.get("condition", ""), self.expected)
         if wanted is MISSING:
             return None
-        seen = next((found for found in (fact(record, p) for p in self.path.split("|")) if found is not MISSING),
-                    MISSING)
+        seen = next(
+            (found for found in (fact(record, p) for p in self.path.split("|")) if found is not MISSING), MISSING
+        )
         if seen is MISSING:
             return str(wanted), f"not recorded: no {self.path} for this run", None
         if self.starts_with:
@@ -109,11 +126,12 @@ class MetricCheck:
     """A run's metric stays at or below (or, with ``at_least``, at or above) a share of a recorded fact (e.g. timer
     interrupts/s ≤ 10% of HZ). ``metric`` may name alternatives, the first the run has is used; ``of`` is a dotted
     path into the run record, or RUN_HZ for the HZ the run's kernel ran at (run_hz)."""
+
     name: str
     metric: str | tuple[str, ...]
-    conditions: tuple[str, ...]         # condition patterns it applies to
-    at_most: float                      # share of ``of``
-    of: str                             # dotted path of the fact it is a share of, or RUN_HZ
+    conditions: tuple[str, ...]  # condition patterns it applies to
+    at_most: float  # share of ``of``
+    of: str  # dotted path of the fact it is a share of, or RUN_HZ
     at_least: bool = False
 
     def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
@@ -128,8 +146,7 @@ class MetricCheck:
         if metric is None:
             return bound, f"not recorded: the run has no {' or '.join(metrics)}", None
         limit = self.at_most * float(reference)
-        return (f"{bound} = {limit:g}", f"{value:.4g}",
-                value >= limit if self.at_least else value <= limit)
+        return (f"{bound} = {limit:g}", f"{value:.4g}", value >= limit if self.at_least else value <= limit)
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,7 @@ class RawCheck:
     """A property of the run's own raw files (its workload's output): ``observe`` reads it from the run's raw
     directory (None, or an OSError/ValueError, where it cannot) and ``accept`` says whether it passes; ``expected``
     is what checks.csv shows as wanted."""
+
     name: str
     conditions: tuple[str, ...]
     expected: str
@@ -161,9 +179,10 @@ class RawCheck:
 @dataclass(frozen=True)
 class MetricBound:
     """A run's metric stays at or below a fixed bound (e.g. no kick-aheads where kick-ahead is off)."""
+
     name: str
     metric: str
-    conditions: tuple[str, ...]         # condition patterns it applies to
+    conditions: tuple[str, ...]  # condition patterns it applies to
     at_most: float
 
     def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
@@ -202,11 +221,22 @@ def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
                 if outcome is None:
                     continue
                 expected, observed, passed = outcome
-                rows.append({"claim": claim, "setup": ref.host_id, "bundle": str(ref.path), "run": record["run"],
-                             "condition": record.get("condition", ""), "check": check.name, "expected": expected,
-                             "observed": observed, "passed": passed})
-    return pd.DataFrame(rows, columns=["claim", "setup", "bundle", "run", "condition", "check", "expected", "observed",
-                                       "passed"])
+                rows.append(
+                    {
+                        "claim": claim,
+                        "setup": ref.host_id,
+                        "bundle": str(ref.path),
+                        "run": record["run"],
+                        "condition": record.get("condition", ""),
+                        "check": check.name,
+                        "expected": expected,
+                        "observed": observed,
+                        "passed": passed,
+                    }
+                )
+    return pd.DataFrame(
+        rows, columns=["claim", "setup", "bundle", "run", "condition", "check", "expected", "observed", "passed"]
+    )
 
 
 def excluded_runs(per_run: pd.DataFrame) -> dict[tuple[str, str], list[tuple[str, str, str]]]:
@@ -217,7 +247,8 @@ def excluded_runs(per_run: pd.DataFrame) -> dict[tuple[str, str], list[tuple[str
         if row.passed is True:
             continue
         out.setdefault((row.bundle, row.run), []).append(
-            (row.check, "failed" if row.passed is False else "unchecked", str(row.observed)))
+            (row.check, "failed" if row.passed is False else "unchecked", str(row.observed))
+        )
     return out
 
 
@@ -225,16 +256,29 @@ def check_table(per_run: pd.DataFrame) -> pd.DataFrame:
     """Per setup, bundle, condition and check: how many runs passed, failed or went unchecked, and what was seen."""
     rows = []
     for (claim, setup, bundle, condition, check), group in per_run.groupby(
-            ["claim", "setup", "bundle", "condition", "check"], sort=True):
+        ["claim", "setup", "bundle", "condition", "check"], sort=True
+    ):
         passed, failed = int(group["passed"].eq(True).sum()), int(group["passed"].eq(False).sum())
         unrecorded = int(group["passed"].isna().sum())
         left_out = failed + unrecorded
         parts = ([f"FAILED in {failed}"] if failed else []) + ([f"unchecked in {unrecorded}"] if unrecorded else [])
-        status = (f"{' and '.join(parts)} of {len(group)} runs (left out of the verdicts)" if left_out else "passed")
-        rows.append({"claim": claim, "setup": setup, "bundle": bundle.rsplit("/", 1)[-1], "condition": condition,
-                     "check": check, "expected": "; ".join(dict.fromkeys(group["expected"])),
-                     "observed": "; ".join(dict.fromkeys(group["observed"])), "runs": len(group), "passed": passed,
-                     "failed": failed, "not_recorded": unrecorded, "status": status,
-                     # each run this check left out of the verdicts, by name
-                     "left_out": " ".join(sorted(group.loc[group["passed"].ne(True), "run"]))})
+        status = f"{' and '.join(parts)} of {len(group)} runs (left out of the verdicts)" if left_out else "passed"
+        rows.append(
+            {
+                "claim": claim,
+                "setup": setup,
+                "bundle": bundle.rsplit("/", 1)[-1],
+                "condition": condition,
+                "check": check,
+                "expected": "; ".join(dict.fromkeys(group["expected"])),
+                "observed": "; ".join(dict.fromkeys(group["observed"])),
+                "runs": len(group),
+                "passed": passed,
+                "failed": failed,
+                "not_recorded": unrecorded,
+                "status": status,
+                # each run this check left out of the verdicts, by name
+                "left_out": " ".join(sorted(group.loc[group["passed"].ne(True), "run"])),
+            }
+        )
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)

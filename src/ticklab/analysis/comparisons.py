@@ -22,59 +22,86 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from ..bundle import BundleError, measured_results, run_failed, stopped_because
 from .captured import BundleRef, all_setups
 from .checks import excluded_runs, run_checks
-import numpy as np
-
 from .power import blocked_detection_power, detection_power
-from .stats import (STATISTIC_NAMES, cliffs_delta, holm, mann_whitney, precision_note, ratio_by_blocks, ratio_interval,
-                    block_pairs, blocks_bound, wilcoxon_blocks)
+from .stats import (
+    STATISTIC_NAMES,
+    block_pairs,
+    blocks_bound,
+    cliffs_delta,
+    holm,
+    mann_whitney,
+    precision_note,
+    ratio_by_blocks,
+    ratio_interval,
+    wilcoxon_blocks,
+)
 from .verdicts import Margins, Target, Verdict, consistent_band, decide
 
-RUN_COLUMNS = ["host_id", "bundle", "experiment", "stopped", "kernel", "run", "condition", "metric", "value", "unit",
-               "block"]
+RUN_COLUMNS = [
+    "host_id",
+    "bundle",
+    "experiment",
+    "stopped",
+    "kernel",
+    "run",
+    "condition",
+    "metric",
+    "value",
+    "unit",
+    "block",
+]
 
 
 @dataclass(frozen=True)
 class Comparison:
-    comparison: str          # what is compared, in words
-    metric: str              # results.csv metric, one value per run
-    treatment: str           # condition names (bundles' condition column)
+    comparison: str  # what is compared, in words
+    metric: str  # results.csv metric, one value per run
+    treatment: str  # condition names (bundles' condition column)
     baseline: str
     target: Target
-    experiments: tuple[str, ...] = ()   # only bundles of these experiments (all when empty)
-    statistic: str = "median"           # of each condition's runs (ticklab.analysis.stats.STATISTICS)
-    role: str = "claim"                 # "premise": what the claim presupposes, tested as such
-    margins: Margins | None = None      # declared per comparison, with its no-effect margin (required)
-    sizes_comparable: str = ""          # whether the target's size can be expected on lab setups, and why
-    kernels: str = ""                   # "<7.1" / ">=7.1": the kernel releases the comparison is about (empty: any)
-    kernels_why: str = ""               # what those kernels have that others do not
+    experiments: tuple[str, ...] = ()  # only bundles of these experiments (all when empty)
+    statistic: str = "median"  # of each condition's runs (ticklab.analysis.stats.STATISTICS)
+    role: str = "claim"  # "premise": what the claim presupposes, tested as such
+    margins: Margins | None = None  # declared per comparison, with its no-effect margin (required)
+    sizes_comparable: str = ""  # whether the target's size can be expected on lab setups, and why
+    kernels: str = ""  # "<7.1" / ">=7.1": the kernel releases the comparison is about (empty: any)
+    kernels_why: str = ""  # what those kernels have that others do not
 
     def __post_init__(self):
         if not isinstance(self.margins, Margins):
-            raise ValueError(f"comparison {self.comparison!r}: declare its margins (Margins(no_effect=...)), "
-                             "the change its quantity counts as none")
+            raise ValueError(
+                f"comparison {self.comparison!r}: declare its margins (Margins(no_effect=...)), "
+                "the change its quantity counts as none"
+            )
 
 
 @dataclass(frozen=True)
 class NegativeControl:
     """A comparison with no expected effect: if it moves, something other than the condition differs."""
+
     comparison: str
     metric: str
     treatment: str
     baseline: str
-    no_effect: float                    # |ratio − 1| within which "no effect" is shown
+    no_effect: float  # |ratio − 1| within which "no effect" is shown
     experiments: tuple[str, ...] = ()
-    split_by_order: bool = False        # treatment and baseline are the later and earlier halves of one condition's runs
+    split_by_order: bool = False  # treatment and baseline are the later and earlier halves of one condition's runs
 
 
 def _kernel_release(manifest: dict, record: dict) -> str:
     guest = record.get("guest") or {}
-    return str(guest.get("kernel") or (record.get("boot") or {}).get("kernel_release")
-               or (manifest.get("host") or {}).get("kernel_release") or "")
+    return str(
+        guest.get("kernel")
+        or (record.get("boot") or {}).get("kernel_release")
+        or (manifest.get("host") or {}).get("kernel_release")
+        or ""
+    )
 
 
 def _kernel_version(release: str) -> tuple[int, int] | None:
@@ -93,7 +120,7 @@ def kernel_in_range(release: str, wanted: str) -> bool:
     if version is None:
         return False
     op = ">=" if wanted.startswith(">=") else "<"
-    bound = _kernel_version(wanted[len(op):].strip() + ".0")
+    bound = _kernel_version(wanted[len(op) :].strip() + ".0")
     return version >= bound if op == ">=" else version < bound
 
 
@@ -112,8 +139,9 @@ def _gated(claim: str, checks, bundles: list[BundleRef]) -> dict:
     return excluded_runs(run_checks(claim, checks, bundles)) if checks else {}
 
 
-def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "", gated: dict | None = None
-                  ) -> tuple[pd.DataFrame, list[str]]:
+def measured_runs(
+    bundles: list[BundleRef], checks=(), claim: str = "", gated: dict | None = None
+) -> tuple[pd.DataFrame, list[str]]:
     """results.csv rows of every sealed, testable bundle (with host_id, bundle, experiment, stopped and kernel
     columns), less failed runs and runs whose condition checks failed or could not be computed; and one note per
     thing left out. ``gated``: the checks' excluded runs when the caller has them already."""
@@ -135,10 +163,16 @@ def measured_runs(bundles: list[BundleRef], checks=(), claim: str = "", gated: d
         unchecked = sorted(run for path, run in gated if path == str(ref.path))
         if unchecked:
             frame = frame[~frame["run"].isin(unchecked)]
-            notes.append(f"{ref.host_id}/{ref.path.name}: {len(unchecked)} run(s) left out because a condition check "
-                         f"failed or could not be computed ({', '.join(unchecked)}; build/checks.csv)")
+            notes.append(
+                f"{ref.host_id}/{ref.path.name}: {len(unchecked)} run(s) left out because a condition check "
+                f"failed or could not be computed ({', '.join(unchecked)}; build/checks.csv)"
+            )
         kernels = {r["run"]: _kernel_release(bundle.manifest, r) for r in bundle.manifest["runs"]}
-        frame["host_id"], frame["bundle"], frame["experiment"] = ref.host_id, str(ref.path), bundle.manifest["experiment"]
+        frame["host_id"], frame["bundle"], frame["experiment"] = (
+            ref.host_id,
+            str(ref.path),
+            bundle.manifest["experiment"],
+        )
         frame["stopped"] = stopped_because(bundle.manifest)
         frame["kernel"] = frame["run"].map(kernels).fillna("")
         # the block each measured run was planned in (captures planned in blocks; older bundles have none)
@@ -158,11 +192,18 @@ def _chosen(runs: pd.DataFrame, metric: str, condition: str, experiments: tuple[
 def _target_columns(comparison: Comparison) -> dict:
     target, margins = comparison.target, comparison.margins
     band = consistent_band(target, margins.size_tolerance) if target.ratio is not None else (None, None)
-    return {"role": comparison.role, "printed_in_source": target.as_printed,
-            "source_quotes": ", ".join(target.quotes), "target_ratio": target.ratio,
-            "target_provenance": target.provenance, "margins": margins.describe(target),
-            "no_effect_margin": margins.no_effect, "band_low": band[0], "band_high": band[1],
-            "no_worse_than": target.no_worse_than}
+    return {
+        "role": comparison.role,
+        "printed_in_source": target.as_printed,
+        "source_quotes": ", ".join(target.quotes),
+        "target_ratio": target.ratio,
+        "target_provenance": target.provenance,
+        "margins": margins.describe(target),
+        "no_effect_margin": margins.no_effect,
+        "band_low": band[0],
+        "band_high": band[1],
+        "no_worse_than": target.no_worse_than,
+    }
 
 
 @dataclass
@@ -172,8 +213,8 @@ class _Tested:
     treatment: pd.Series
     baseline: pd.Series
     stopped: list[str]
-    pairs: tuple | None = None   # (treatment, baseline) values block by block, when every run is in a complete block
-    blocked: bool = False        # decided per family: the blocked analysis is used
+    pairs: tuple | None = None  # (treatment, baseline) values block by block, when every run is in a complete block
+    blocked: bool = False  # decided per family: the blocked analysis is used
     pvalue: float = math.nan
     test: str = ""
 
@@ -186,8 +227,16 @@ def _block_pairs(treatment: pd.DataFrame, baseline: pd.DataFrame):
     return block_pairs(*(frame.set_index(["bundle", "block"])["value"] for frame in (treatment, baseline)))
 
 
-def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, alpha: float = 0.05,
-             n_boot: int = 10_000, seed: int = 0, untestable: dict | None = None) -> list[Verdict]:
+def verdicts(
+    claim: str,
+    comparisons: list[Comparison],
+    runs: pd.DataFrame,
+    *,
+    alpha: float = 0.05,
+    n_boot: int = 10_000,
+    seed: int = 0,
+    untestable: dict | None = None,
+) -> list[Verdict]:
     """One verdict per setup and comparison it measured; setups that measured none of a claim's comparisons get
     none (``claim_verdicts`` gives them their row). ``untestable``: {(setup, comparison words): reason} the claim
     knows before any test (they leave the family)."""
@@ -201,36 +250,71 @@ def verdicts(claim: str, comparisons: list[Comparison], runs: pd.DataFrame, *, a
     for setup in sorted(runs["host_id"].unique()):
         on_setup = runs[runs["host_id"] == setup]
         for comparison in comparisons:
-            picked = {name: _chosen(on_setup, comparison.metric, name, comparison.experiments)
-                      for name in (comparison.treatment, comparison.baseline)}
+            picked = {
+                name: _chosen(on_setup, comparison.metric, name, comparison.experiments)
+                for name in (comparison.treatment, comparison.baseline)
+            }
             if any(frame.empty for frame in picked.values()):
                 continue  # left to the setups that measured both conditions
-            in_range = {name: frame[frame["kernel"].map(lambda k: kernel_in_range(k, comparison.kernels))]
-                        for name, frame in picked.items()}
+            in_range = {
+                name: frame[frame["kernel"].map(lambda k: kernel_in_range(k, comparison.kernels))]
+                for name, frame in picked.items()
+            }
             if any(frame.empty for frame in in_range.values()):
-                releases = ", ".join(sorted(set(picked[comparison.baseline]["kernel"]) | set(picked[comparison.treatment]["kernel"])))
-                rows.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison, verdict="not testable here",
-                                    reason=f"needs a kernel {comparison.kernels} ({comparison.kernels_why}); this setup ran "
-                                           f"{releases or 'an unrecorded kernel'}", **_target_columns(comparison)))
+                releases = ", ".join(
+                    sorted(set(picked[comparison.baseline]["kernel"]) | set(picked[comparison.treatment]["kernel"]))
+                )
+                rows.append(
+                    Verdict(
+                        claim=claim,
+                        setup=setup,
+                        comparison=comparison.comparison,
+                        verdict="not testable here",
+                        reason=f"needs a kernel {comparison.kernels} ({comparison.kernels_why}); this setup ran "
+                        f"{releases or 'an unrecorded kernel'}",
+                        **_target_columns(comparison),
+                    )
+                )
                 continue
             treatment, baseline = in_range[comparison.treatment], in_range[comparison.baseline]
             n = f"{len(treatment)} vs {len(baseline)}"
             why = untestable.get((setup, comparison.comparison))
             if why:
-                rows.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison, verdict="not testable here",
-                                    n_per_condition=n, reason=f"{why}; left out of the multiple-comparison family",
-                                    **_target_columns(comparison)))
+                rows.append(
+                    Verdict(
+                        claim=claim,
+                        setup=setup,
+                        comparison=comparison.comparison,
+                        verdict="not testable here",
+                        n_per_condition=n,
+                        reason=f"{why}; left out of the multiple-comparison family",
+                        **_target_columns(comparison),
+                    )
+                )
                 continue
             if len(treatment) < 2 or len(baseline) < 2:
-                rows.append(Verdict(claim=claim, setup=setup, comparison=comparison.comparison, verdict="inconclusive",
-                                    n_per_condition=n,
-                                    reason=f"too few runs: {n} measured; a CI needs at least 2 runs of each condition",
-                                    **_target_columns(comparison)))
+                rows.append(
+                    Verdict(
+                        claim=claim,
+                        setup=setup,
+                        comparison=comparison.comparison,
+                        verdict="inconclusive",
+                        n_per_condition=n,
+                        reason=f"too few runs: {n} measured; a CI needs at least 2 runs of each condition",
+                        **_target_columns(comparison),
+                    )
+                )
                 continue
             families.setdefault(setup, []).append(
-                _Tested(setup, comparison, treatment["value"], baseline["value"],
-                        [*treatment["stopped"], *baseline["stopped"]],
-                        _block_pairs(treatment, baseline) if comparison.statistic == "median" else None))
+                _Tested(
+                    setup,
+                    comparison,
+                    treatment["value"],
+                    baseline["value"],
+                    [*treatment["stopped"], *baseline["stopped"]],
+                    _block_pairs(treatment, baseline) if comparison.statistic == "median" else None,
+                )
+            )
     for setup, tested in families.items():
         rows += _family_verdicts(claim, tested, alpha, n_boot, seed)
     order = {(c.comparison): i for i, c in enumerate(comparisons)}
@@ -242,8 +326,15 @@ def _test_key(item: _Tested) -> tuple:
     same metric as treatment and as baseline, with their values and blocks). Such comparisons differ only in their
     target (hrtick's "series" and "no regression" rows): the same p-value, blocking and CI."""
     pairs = None if item.pairs is None else tuple(tuple(side) for side in item.pairs)
-    return (item.comparison.statistic, item.comparison.metric, tuple(item.treatment.index), tuple(item.treatment),
-            tuple(item.baseline.index), tuple(item.baseline), pairs)
+    return (
+        item.comparison.statistic,
+        item.comparison.metric,
+        tuple(item.treatment.index),
+        tuple(item.treatment),
+        tuple(item.baseline.index),
+        tuple(item.baseline),
+        pairs,
+    )
 
 
 def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: int, seed: int) -> list[Verdict]:
@@ -256,8 +347,11 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
     m = len(distinct)
     confidence = 1 - alpha / m
     tests = f"{m} distinct test{'s' if m != 1 else ''}"
-    level = (f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over this setup's {tests}: Bonferroni)" if m > 1
-             else f"{confidence:.0%}")
+    level = (
+        f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over this setup's {tests}: Bonferroni)"
+        if m > 1
+        else f"{confidence:.0%}"
+    )
     for item in tested:
         # blocks are used where the design has them and enough of them for a bounded CI at the family's level (a
         # choice made from the run count alone, never from the values)
@@ -275,30 +369,61 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
     for item, key in zip(tested, keys):
         p = adjusted[key]
         comparison, target = item.comparison, item.comparison.target
-        same = [other.comparison.comparison for other, other_key in zip(tested, keys)
-                if other_key == key and other is not item]
+        same = [
+            other.comparison.comparison
+            for other, other_key in zip(tested, keys)
+            if other_key == key and other is not item
+        ]
         shared = f" (the same test as {'; '.join(same)}: counted once)" if same else ""
-        ratio = (ratio_by_blocks(*item.pairs, confidence=confidence) if item.blocked else
-                 ratio_interval(item.treatment, item.baseline, statistic=comparison.statistic, confidence=confidence,
-                                n_boot=n_boot, seed=seed))
+        ratio = (
+            ratio_by_blocks(*item.pairs, confidence=confidence)
+            if item.blocked
+            else ratio_interval(
+                item.treatment,
+                item.baseline,
+                statistic=comparison.statistic,
+                confidence=confidence,
+                n_boot=n_boot,
+                seed=seed,
+            )
+        )
         verdict, reason = decide(target, ratio, float(p), comparison.margins, comparison.sizes_comparable)
         power_ratio = target.ratio or math.exp(target.direction * 2 * comparison.margins.no_effect_log())
         # a non-inferiority target is not a difference to detect: no detection power for it
-        power = None if target.no_worse_than is not None else _power(item, power_ratio, alpha / m,
-                                                                     comparison.margins.power_goal, seed)
+        power = (
+            None
+            if target.no_worse_than is not None
+            else _power(item, power_ratio, alpha / m, comparison.margins.power_goal, seed)
+        )
         if verdict in ("inconclusive", "consistent, not pinned") and power is not None:
-            reason += f"; {power.sentence()}" + ("" if target.ratio else f" (at ×{power_ratio:.3g}, twice the no-effect margin)")
+            reason += f"; {power.sentence()}" + (
+                "" if target.ratio else f" (at ×{power_ratio:.3g}, twice the no-effect margin)"
+            )
         reason += f"; {precision_note(ratio.low, ratio.high, comparison.margins.precision_log(target), item.stopped)}"
-        rows.append(Verdict(
-            claim=claim, setup=item.setup, comparison=comparison.comparison, verdict=verdict, reason=reason,
-            fresh_effect=ratio.estimate, ci_low=ratio.low, ci_high=ratio.high, ci_level=level, p_holm=float(p),
-            n_per_condition=f"{len(item.treatment)} vs {len(item.baseline)}",
-            cliffs_delta=cliffs_delta(item.treatment, item.baseline),
-            power_at_target=None if power is None else power.power,
-            runs_needed=None if power is None or math.isinf(power.runs_needed) else power.runs_needed,
-            test=(f"{_ratio_words(comparison)} ({comparison.metric}), {ratio.method}, {level} CI; "
-                  f"{item.test}, Holm over this setup's {tests}{shared}" + ("" if power is None else f"; {power.method}")),
-            **_target_columns(comparison)))
+        rows.append(
+            Verdict(
+                claim=claim,
+                setup=item.setup,
+                comparison=comparison.comparison,
+                verdict=verdict,
+                reason=reason,
+                fresh_effect=ratio.estimate,
+                ci_low=ratio.low,
+                ci_high=ratio.high,
+                ci_level=level,
+                p_holm=float(p),
+                n_per_condition=f"{len(item.treatment)} vs {len(item.baseline)}",
+                cliffs_delta=cliffs_delta(item.treatment, item.baseline),
+                power_at_target=None if power is None else power.power,
+                runs_needed=None if power is None or math.isinf(power.runs_needed) else power.runs_needed,
+                test=(
+                    f"{_ratio_words(comparison)} ({comparison.metric}), {ratio.method}, {level} CI; "
+                    f"{item.test}, Holm over this setup's {tests}{shared}"
+                    + ("" if power is None else f"; {power.method}")
+                ),
+                **_target_columns(comparison),
+            )
+        )
     return rows
 
 
@@ -321,12 +446,19 @@ def _why_summary(left_out: dict[str, list[tuple[str, str, str]]]) -> str:
     for found in left_out.values():
         for check, status, seen in found:
             counts.setdefault(check, [0, status, seen])[0] += 1
-    return "; ".join(f"{check} {status} in {n} of {len(left_out)} runs (e.g. {seen})"
-                     for check, (n, status, seen) in counts.items())
+    return "; ".join(
+        f"{check} {status} in {n} of {len(left_out)} runs (e.g. {seen})" for check, (n, status, seen) in counts.items()
+    )
 
 
-def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, comparisons: list[Comparison],
-                   checks=(), gated: dict | None = None) -> dict[str, list[str]]:
+def _setup_reasons(
+    claim: str,
+    bundles: list[BundleRef],
+    runs: pd.DataFrame,
+    comparisons: list[Comparison],
+    checks=(),
+    gated: dict | None = None,
+) -> dict[str, list[str]]:
     """Why each setup with bundles of this claim tested none of its comparisons."""
     wanted = sorted({name for c in comparisons for name in (c.treatment, c.baseline)})
     reasons: dict[str, list[str]] = {}
@@ -346,54 +478,104 @@ def _setup_reasons(claim: str, bundles: list[BundleRef], runs: pd.DataFrame, com
             reasons.setdefault(ref.host_id, []).append(
                 f"{manifest['experiment']}: its condition did not take effect, or could not be shown to, in any run: "
                 f"all {len(left_out)} measured runs are left out by the condition checks ({_why_summary(left_out)}; "
-                "build/checks.csv)")
+                "build/checks.csv)"
+            )
             continue
         # only what is missing: for each comparison with a condition measured here, the other one
-        partners = sorted({other for c in comparisons for have, other in ((c.treatment, c.baseline),
-                                                                           (c.baseline, c.treatment))
-                           if have in measured and other not in measured})
-        missing = (f"a comparison with it needs {', '.join(partners)} too" if partners else
-                   f"the comparisons need {', '.join(wanted)}")
+        partners = sorted(
+            {
+                other
+                for c in comparisons
+                for have, other in ((c.treatment, c.baseline), (c.baseline, c.treatment))
+                if have in measured and other not in measured
+            }
+        )
+        missing = (
+            f"a comparison with it needs {', '.join(partners)} too"
+            if partners
+            else f"the comparisons need {', '.join(wanted)}"
+        )
         reasons.setdefault(ref.host_id, []).append(
-            f"{manifest['experiment']} measured {', '.join(measured) or 'no usable runs'}; {missing}")
+            f"{manifest['experiment']} measured {', '.join(measured) or 'no usable runs'}; {missing}"
+        )
     return reasons
 
 
-def claim_verdicts(claim: str, comparisons: list[Comparison], bundles: list[BundleRef], data_dir, *, summary: str,
-                   checks=(), not_in_lab_because: str = "", alpha: float = 0.05, n_boot: int = 10_000,
-                   seed: int = 0, untestable=None) -> list[Verdict]:
+def claim_verdicts(
+    claim: str,
+    comparisons: list[Comparison],
+    bundles: list[BundleRef],
+    data_dir,
+    *,
+    summary: str,
+    checks=(),
+    not_in_lab_because: str = "",
+    alpha: float = 0.05,
+    n_boot: int = 10_000,
+    seed: int = 0,
+    untestable=None,
+) -> list[Verdict]:
     """Every verdict row of a claim: one per setup and comparison it measured, and one row for all the setups
     that tested nothing of it (each with its reason; ``not_in_lab_because`` says why lab guests have no bundle)."""
     gated = _gated(claim, checks, bundles)  # the checks read the runs' raw files: once
     runs, _ = measured_runs(bundles, checks, claim, gated=gated)
     left_out = untestable(runs, comparisons) if untestable and not runs.empty else {}
-    found = (verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed, untestable=left_out)
-             if not runs.empty else [])
+    found = (
+        verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed, untestable=left_out)
+        if not runs.empty
+        else []
+    )
     covered = {v.setup for v in found}
-    reasons = {setup: why for setup, why in _setup_reasons(claim, bundles, runs, comparisons, checks, gated).items()
-               if setup not in covered}
+    reasons = {
+        setup: why
+        for setup, why in _setup_reasons(claim, bundles, runs, comparisons, checks, gated).items()
+        if setup not in covered
+    }
     for setup in all_setups(data_dir):
         if setup not in covered and setup not in reasons:
-            reasons[setup] = [f"no {claim} bundle from this setup" + (
-                f" ({not_in_lab_because})" if setup.startswith("guest-") and not_in_lab_because else "")]
+            reasons[setup] = [
+                f"no {claim} bundle from this setup"
+                + (f" ({not_in_lab_because})" if setup.startswith("guest-") and not_in_lab_because else "")
+            ]
     printed = "; ".join(dict.fromkeys(c.target.as_printed for c in comparisons if c.role == "claim"))
     quotes = ", ".join(dict.fromkeys(q for c in comparisons for q in c.target.quotes))
     if not bundles and not reasons:
-        reasons["none analysed"] = [f"no captured bundles for {claim} under {data_dir}: nothing measured to test the claim with"]
+        reasons["none analysed"] = [
+            f"no captured bundles for {claim} under {data_dir}: nothing measured to test the claim with"
+        ]
     if reasons:
-        found.append(Verdict(
-            claim=claim, setup=", ".join(sorted(reasons)), comparison=summary, verdict="not testable here",
-            printed_in_source=printed, source_quotes=quotes,
-            reason=" | ".join(f"{setup}: {'; '.join(dict.fromkeys(why))}" for setup, why in sorted(reasons.items()))))
+        found.append(
+            Verdict(
+                claim=claim,
+                setup=", ".join(sorted(reasons)),
+                comparison=summary,
+                verdict="not testable here",
+                printed_in_source=printed,
+                source_quotes=quotes,
+                reason=" | ".join(
+                    f"{setup}: {'; '.join(dict.fromkeys(why))}" for setup, why in sorted(reasons.items())
+                ),
+            )
+        )
     return found
 
 
-CONTROL_COLUMNS = ["setup", "control", "fresh_effect", "ci_low", "ci_high", "p", "n_per_condition", "no_effect_margin",
-                   "outcome"]
+CONTROL_COLUMNS = [
+    "setup",
+    "control",
+    "fresh_effect",
+    "ci_low",
+    "ci_high",
+    "p",
+    "n_per_condition",
+    "no_effect_margin",
+    "outcome",
+]
 
 
-def negative_controls(controls: list[NegativeControl], runs: pd.DataFrame, *, alpha: float = 0.05,
-                      n_boot: int = 10_000, seed: int = 0) -> pd.DataFrame:
+def negative_controls(
+    controls: list[NegativeControl], runs: pd.DataFrame, *, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0
+) -> pd.DataFrame:
     """Per setup and control the data holds: the ratio, its CI and p, and whether the control stayed still. The ratio
     and CI are the verdicts' (``stats.ratio_interval`` of medians: the Hodges-Lehmann ratio with the exact CI that
     inverts the Mann-Whitney test, at 1 − alpha: a control is not in a claim's family), the p the same test's."""
@@ -409,20 +591,36 @@ def negative_controls(controls: list[NegativeControl], runs: pd.DataFrame, *, al
                 baseline, treatment = ordered.iloc[:half], ordered.iloc[half:]
             if len(treatment) < 2 or len(baseline) < 2:
                 continue
-            ratio = ratio_interval(treatment["value"], baseline["value"], confidence=1 - alpha, n_boot=n_boot, seed=seed)
+            ratio = ratio_interval(
+                treatment["value"], baseline["value"], confidence=1 - alpha, n_boot=n_boot, seed=seed
+            )
             p = mann_whitney(treatment["value"], baseline["value"]).pvalue
             margin = math.log1p(control.no_effect)
             low, high = math.log(max(ratio.low, 1e-300)), math.log(max(ratio.high, 1e-300))
             if not (ratio.low > 0 and math.isfinite(ratio.high)):
-                outcome = (f"not tested: {len(treatment)} vs {len(baseline)} runs cannot give a bounded "
-                           f"{1 - alpha:.0%} CI ({ratio.method})")
+                outcome = (
+                    f"not tested: {len(treatment)} vs {len(baseline)} runs cannot give a bounded "
+                    f"{1 - alpha:.0%} CI ({ratio.method})"
+                )
             elif -margin <= low and high <= margin:
                 outcome = f"passed: no effect shown (the CI lies within ±{control.no_effect:.0%})"
             elif p >= alpha and ratio.low <= 1 <= ratio.high:
-                outcome = f"passed: no effect detected (CI contains 1), but not shown to be within ±{control.no_effect:.0%}"
+                outcome = (
+                    f"passed: no effect detected (CI contains 1), but not shown to be within ±{control.no_effect:.0%}"
+                )
             else:
                 outcome = "FAILED: the control moved; something other than the condition differs between its runs"
-            rows.append({"setup": setup, "control": control.comparison, "fresh_effect": ratio.estimate, "ci_low": ratio.low,
-                         "ci_high": ratio.high, "p": p, "n_per_condition": f"{len(treatment)} vs {len(baseline)}",
-                         "no_effect_margin": f"±{control.no_effect:.0%}", "outcome": outcome})
+            rows.append(
+                {
+                    "setup": setup,
+                    "control": control.comparison,
+                    "fresh_effect": ratio.estimate,
+                    "ci_low": ratio.low,
+                    "ci_high": ratio.high,
+                    "p": p,
+                    "n_per_condition": f"{len(treatment)} vs {len(baseline)}",
+                    "no_effect_margin": f"±{control.no_effect:.0%}",
+                    "outcome": outcome,
+                }
+            )
     return pd.DataFrame(rows, columns=CONTROL_COLUMNS)

@@ -54,9 +54,10 @@ import os
 import platform
 import re
 import stat
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -89,6 +90,7 @@ def cache_root() -> Path:
 
 # -- the code version --------------------------------------------------------------------------------------------
 
+
 def _sources(entry: str) -> list[Path]:
     path = PACKAGE_DIR / entry
     if entry.endswith("/"):
@@ -101,7 +103,7 @@ def _sources(entry: str) -> list[Path]:
     return [path]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def code_version(modules: tuple[str, ...]) -> str:
     """sha256 over the named source files (package-relative; a folder ending in ``/``: every .py and .c file below
     it), this module's own source, the entry format and the versions of Python and the numeric libraries."""
@@ -121,6 +123,7 @@ def code_version(modules: tuple[str, ...]) -> str:
 
 
 # -- the seal ----------------------------------------------------------------------------------------------------
+
 
 def _identity(info: os.stat_result) -> tuple:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
@@ -155,7 +158,11 @@ def _read_seal(bundle_dir: Path) -> tuple[str, dict] | None:
         manifest = json.loads(manifest_bytes.decode("utf-8"))
     except (UnsafeFileError, OSError, ValueError, RecursionError):  # a manifest nested too deeply: no cache either
         return None
-    if not isinstance(manifest, dict) or manifest.get("status") != "sealed" or not isinstance(manifest.get("files"), dict):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("status") != "sealed"
+        or not isinstance(manifest.get("files"), dict)
+    ):
         return None
     return hashlib.sha256(seal).hexdigest(), manifest["files"]
 
@@ -239,6 +246,7 @@ def seal_key(bundle: BundleRef | Path | str, inputs: Sequence[str] = ()) -> str 
 
 # -- the encodings -----------------------------------------------------------------------------------------------
 
+
 def _encode(value):
     kind = type(value)
     if value is None or kind in (bool, str, int):
@@ -280,8 +288,9 @@ def _same(one, other) -> bool:
         return False
     if isinstance(one, pd.DataFrame):
         try:
-            pd.testing.assert_frame_equal(one, other, check_exact=True, check_index_type=True,
-                                          check_column_type=True, check_flags=False)
+            pd.testing.assert_frame_equal(
+                one, other, check_exact=True, check_index_type=True, check_column_type=True, check_flags=False
+            )
         except AssertionError:
             return False
         return type(one.index) is type(other.index) and one.attrs == other.attrs
@@ -290,7 +299,9 @@ def _same(one, other) -> bool:
     if isinstance(one, (list, tuple)):
         return len(one) == len(other) and all(_same(a, b) for a, b in zip(one, other))
     if isinstance(one, (float, np.floating)):
-        return (math.isnan(one) and math.isnan(other)) or (one == other and math.copysign(1, one) == math.copysign(1, other))
+        return (math.isnan(one) and math.isnan(other)) or (
+            one == other and math.copysign(1, one) == math.copysign(1, other)
+        )
     if isinstance(one, np.generic):
         return one.dtype == other.dtype and one == other
     return one == other
@@ -344,10 +355,18 @@ def _load_parquet(data: bytes, key: dict):
 
 # -- the cache ---------------------------------------------------------------------------------------------------
 
-def _entry(seal: str, kind: str, run: str | None, params: Mapping, modules: Sequence[str],
-           frame: bool) -> tuple[dict, str]:
-    key = {"format": FORMAT, "seal": seal, "version": code_version(tuple(modules)), "kind": kind, "run": run,
-           "params": _encode(dict(sorted(params.items())))}
+
+def _entry(
+    seal: str, kind: str, run: str | None, params: Mapping, modules: Sequence[str], frame: bool
+) -> tuple[dict, str]:
+    key = {
+        "format": FORMAT,
+        "seal": seal,
+        "version": code_version(tuple(modules)),
+        "kind": kind,
+        "run": run,
+        "params": _encode(dict(sorted(params.items()))),
+    }
     name = hashlib.sha256(json.dumps(key, sort_keys=True, allow_nan=False).encode()).hexdigest()[:40]
     return key, f"{SUBDIR}/{seal[:32]}/{kind}/{name}.{'parquet' if frame else 'json'}"
 
@@ -377,9 +396,17 @@ def _write(relative: str, key: dict, value, frame: bool) -> None:
         return
 
 
-def per_run(bundle: BundleRef | Path | str, kind: str, modules: Sequence[str], run: str | None,
-            params: Mapping[str, object], compute: Callable[[], T], *, inputs: Sequence[str] = (),
-            frame: bool = False) -> T:
+def per_run(
+    bundle: BundleRef | Path | str,
+    kind: str,
+    modules: Sequence[str],
+    run: str | None,
+    params: Mapping[str, object],
+    compute: Callable[[], T],
+    *,
+    inputs: Sequence[str] = (),
+    frame: bool = False,
+) -> T:
     """``compute()``'s value for one run (or a bundle-wide extra: ``run`` None) of ``bundle``, from the cache where
     the same seal, code version (``modules``), ``kind``, ``run`` and ``params`` stored it, else computed and stored.
     ``kind`` names what is derived (lower-case letters, digits, '-'); ``params`` is everything else the value depends

@@ -28,18 +28,45 @@ from .verdicts import VERDICTS
 # Okabe-Ito (colour-blind safe; "not testable here" the palette's dark grey: a light one is 7 ΔE from the reddish
 # purple for a deuteranope), one colour and one marker per word, the same in every figure and the report's badges; the marker and the
 # word at the right of each line say it again, so nothing rests on colour alone.
-VERDICT_COLOURS = {"reproduced": "#009E73", "consistent, not pinned": "#56B4E9", "smaller than the target": "#E69F00",
-                   "larger than the target": "#CC79A7", "opposite effect": "#D55E00", "no effect shown": "#0072B2",
-                   "inconclusive": "#000000", "not testable here": GREY}
-VERDICT_MARKERS = {"reproduced": "o", "consistent, not pinned": "h", "smaller than the target": "<",
-                   "larger than the target": ">", "opposite effect": "X", "no effect shown": "D", "inconclusive": "s",
-                   "not testable here": "."}
+VERDICT_COLOURS = {
+    "reproduced": "#009E73",
+    "consistent, not pinned": "#56B4E9",
+    "smaller than the target": "#E69F00",
+    "larger than the target": "#CC79A7",
+    "opposite effect": "#D55E00",
+    "no effect shown": "#0072B2",
+    "inconclusive": "#000000",
+    "not testable here": GREY,
+}
+VERDICT_MARKERS = {
+    "reproduced": "o",
+    "consistent, not pinned": "h",
+    "smaller than the target": "<",
+    "larger than the target": ">",
+    "opposite effect": "X",
+    "no effect shown": "D",
+    "inconclusive": "s",
+    "not testable here": ".",
+}
 BAND_COLOUR, NO_EFFECT_COLOUR, BOUND_COLOUR = "#009E73", "#7F7F7F", "#D55E00"
 
-TABLE_COLUMNS = ["role", "comparison", "setup", "shown", "fresh_effect", "ci_low", "ci_high", "ci_level", "target",
-                 "target_provenance", "n_per_condition", "verdict", "why not plotted"]
+TABLE_COLUMNS = [
+    "role",
+    "comparison",
+    "setup",
+    "shown",
+    "fresh_effect",
+    "ci_low",
+    "ci_high",
+    "ci_level",
+    "target",
+    "target_provenance",
+    "n_per_condition",
+    "verdict",
+    "why not plotted",
+]
 
-_WIDTH, _LEFT, _RIGHT = 12.0, 3.3, 3.4     # inches: figure, setup labels, verdict/numbers column
+_WIDTH, _LEFT, _RIGHT = 12.0, 3.3, 3.4  # inches: figure, setup labels, verdict/numbers column
 _LINE, _PANEL_EXTRA, _TEXT_LINE = 0.36, 1.05, 0.19
 
 
@@ -77,7 +104,9 @@ def target_words(row) -> str:
         return f"no worse than ×{bound:.3g}"
     if target is None:
         return "the source's direction (no size)"
-    return (f"{target:.4g}" if is_level(row) else f"×{target:.4g}") + (f" ({_provenance(row)})" if _provenance(row) else "")
+    return (f"{target:.4g}" if is_level(row) else f"×{target:.4g}") + (
+        f" ({_provenance(row)})" if _provenance(row) else ""
+    )
 
 
 def _bound(value) -> str:
@@ -100,11 +129,18 @@ def _panels(rows: pd.DataFrame) -> list[dict]:
         for comparison in dict.fromkeys(chosen["comparison"]):
             group = chosen[chosen["comparison"] == comparison]
             with_ci = group[group.apply(_has_ci, axis=1)]
-            panels.append({"role": role, "comparison": comparison, "rows": with_ci,
-                           "level": bool(len(with_ci)) and bool(with_ci.apply(is_level, axis=1).all()),
-                           "missing": [(r["setup"], r["verdict"], str(r["reason"]))
-                                       for _, r in group.iterrows() if not _has_ci(r)],
-                           "first": group.iloc[0]})
+            panels.append(
+                {
+                    "role": role,
+                    "comparison": comparison,
+                    "rows": with_ci,
+                    "level": bool(len(with_ci)) and bool(with_ci.apply(is_level, axis=1).all()),
+                    "missing": [
+                        (r["setup"], r["verdict"], str(r["reason"])) for _, r in group.iterrows() if not _has_ci(r)
+                    ],
+                    "first": group.iloc[0],
+                }
+            )
     return panels
 
 
@@ -125,19 +161,48 @@ def forest_table(rows: pd.DataFrame) -> pd.DataFrame:
     table = []
     for panel in _panels(rows):
         for _, row in panel["rows"].iterrows():
-            table.append({"role": panel["role"], "comparison": panel["comparison"], "setup": row["setup"],
-                          "shown": "line (a level)" if is_level(row) else "line", "fresh_effect": row["fresh_effect"],
-                          "ci_low": row["ci_low"], "ci_high": row["ci_high"], "ci_level": row["ci_level"],
-                          "target": target_words(row), "target_provenance": row["target_provenance"],
-                          "n_per_condition": row["n_per_condition"], "verdict": row["verdict"], "why not plotted": ""})
+            table.append(
+                {
+                    "role": panel["role"],
+                    "comparison": panel["comparison"],
+                    "setup": row["setup"],
+                    "shown": "line (a level)" if is_level(row) else "line",
+                    "fresh_effect": row["fresh_effect"],
+                    "ci_low": row["ci_low"],
+                    "ci_high": row["ci_high"],
+                    "ci_level": row["ci_level"],
+                    "target": target_words(row),
+                    "target_provenance": row["target_provenance"],
+                    "n_per_condition": row["n_per_condition"],
+                    "verdict": row["verdict"],
+                    "why not plotted": "",
+                }
+            )
         for setup, verdict, reason in panel["missing"]:
             first = panel["first"]
-            table.append({"role": panel["role"], "comparison": panel["comparison"], "setup": setup,
-                          "shown": "listed under the panel", "target": target_words(first),
-                          "target_provenance": first["target_provenance"], "verdict": verdict, "why not plotted": reason})
+            table.append(
+                {
+                    "role": panel["role"],
+                    "comparison": panel["comparison"],
+                    "setup": setup,
+                    "shown": "listed under the panel",
+                    "target": target_words(first),
+                    "target_provenance": first["target_provenance"],
+                    "verdict": verdict,
+                    "why not plotted": reason,
+                }
+            )
     for setup, why in untested_setups(rows):
-        table.append({"role": "", "comparison": "(every comparison of the claim)", "setup": setup,
-                      "shown": "listed under the plot", "verdict": "not testable here", "why not plotted": why})
+        table.append(
+            {
+                "role": "",
+                "comparison": "(every comparison of the claim)",
+                "setup": setup,
+                "shown": "listed under the plot",
+                "verdict": "not testable here",
+                "why not plotted": why,
+            }
+        )
     return pd.DataFrame(table, columns=TABLE_COLUMNS)
 
 
@@ -153,8 +218,14 @@ def _nice_ticks(low: float, high: float, include=()) -> list[float]:
     """About six ticks between low and high on a log axis, at round numbers, always with the values in include."""
     span = math.log(high) - math.log(low)
     mantissas = (1, 1.01, 1.02, 1.03, 1.05, 1.1, 1.2, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9, 9.5)
-    candidates = sorted({round(m * 10.0 ** d, 12) for d in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
-                         for m in mantissas if low <= m * 10.0 ** d <= high})
+    candidates = sorted(
+        {
+            round(m * 10.0**d, 12)
+            for d in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+            for m in mantissas
+            if low <= m * 10.0**d <= high
+        }
+    )
     chosen = [v for v in include if low <= v <= high]
     for value in candidates:
         if all(abs(math.log(value) - math.log(c)) >= span / 7 for c in chosen):
@@ -208,8 +279,14 @@ def _draw_panel(ax, panel: dict) -> set[str]:
     target = _number(first.get("target_ratio"))
     if target is not None:
         printed = _provenance(first) == "printed"
-        ax.axvline(target, color="black", linewidth=1.6, linestyle="-" if printed else "--", zorder=2,
-                   label="target printed" if printed else "target derived")
+        ax.axvline(
+            target,
+            color="black",
+            linewidth=1.6,
+            linestyle="-" if printed else "--",
+            zorder=2,
+            label="target printed" if printed else "target derived",
+        )
         used.add("printed" if printed else "derived")
     bound = _number(first.get("no_worse_than"))
     if bound is not None:
@@ -224,26 +301,62 @@ def _draw_panel(ax, panel: dict) -> set[str]:
         ax.hlines(y, left or low, right or high, color=colour, linewidth=2.6, zorder=3)
         for edge, end in ((left, low), (right, high)):
             if edge is None:  # an unbounded CI: an arrow to the axis edge
-                ax.annotate("", xy=(end, y), xytext=(estimate, y), zorder=3, annotation_clip=False,
-                            arrowprops={"arrowstyle": "-|>", "color": colour, "linewidth": 2.6, "mutation_scale": 16})
+                ax.annotate(
+                    "",
+                    xy=(end, y),
+                    xytext=(estimate, y),
+                    zorder=3,
+                    annotation_clip=False,
+                    arrowprops={"arrowstyle": "-|>", "color": colour, "linewidth": 2.6, "mutation_scale": 16},
+                )
                 used.add("unbounded")
-        ax.plot([estimate], [y], marker=VERDICT_MARKERS.get(verdict, "o"), markersize=9, color=colour,
-                markeredgecolor="white" if verdict == "inconclusive" else "black", markeredgewidth=0.7, zorder=4)
+        ax.plot(
+            [estimate],
+            [y],
+            marker=VERDICT_MARKERS.get(verdict, "o"),
+            markersize=9,
+            color=colour,
+            markeredgecolor="white" if verdict == "inconclusive" else "black",
+            markeredgewidth=0.7,
+            zorder=4,
+        )
         used.add(verdict)
         n_text = row["n_per_condition"]
-        ax.text(1.024, y, f"{verdict}\n{_numbers(row)}, n {n_text}" + (" runs" if level else " runs per condition"),
-                transform=ax.get_yaxis_transform(), va="center", ha="left", fontsize=8.5, linespacing=1.25,
-                fontweight="normal", color="black")
-        ax.plot([1.008], [y], marker=VERDICT_MARKERS.get(verdict, "o"), color=colour, markersize=7,
-                markeredgecolor="black", markeredgewidth=0.5, transform=ax.get_yaxis_transform(), clip_on=False)
+        ax.text(
+            1.024,
+            y,
+            f"{verdict}\n{_numbers(row)}, n {n_text}" + (" runs" if level else " runs per condition"),
+            transform=ax.get_yaxis_transform(),
+            va="center",
+            ha="left",
+            fontsize=8.5,
+            linespacing=1.25,
+            fontweight="normal",
+            color="black",
+        )
+        ax.plot(
+            [1.008],
+            [y],
+            marker=VERDICT_MARKERS.get(verdict, "o"),
+            color=colour,
+            markersize=7,
+            markeredgecolor="black",
+            markeredgewidth=0.5,
+            transform=ax.get_yaxis_transform(),
+            clip_on=False,
+        )
     ax.set_yticks(range(n), [_setup_label(s) for s in rows["setup"]], fontsize=8)
     ticks = _nice_ticks(low, high, ([] if level else [1.0]) + ([target] if target is not None else []))
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.set_xticklabels([_tick_label(t, level) for t in ticks], fontsize=8.5)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("the level itself (median over runs, a share; log scale)" if level else
-                  "fresh ratio, treatment / baseline (log scale)", fontsize=8.5)
+    ax.set_xlabel(
+        "the level itself (median over runs, a share; log scale)"
+        if level
+        else "fresh ratio, treatment / baseline (log scale)",
+        fontsize=8.5,
+    )
     ax.grid(axis="x", color="#e4e4e4", linewidth=0.6, zorder=0)
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right"):
@@ -261,7 +374,7 @@ def _panel_title(panel: dict) -> str:
 def _missing_lines(missing: list[tuple[str, str, str]], limit: int = 260) -> list[str]:
     lines = []
     for setup, verdict, reason in missing:
-        reason = reason if len(reason) <= limit else reason[:limit - 1] + "…"
+        reason = reason if len(reason) <= limit else reason[: limit - 1] + "…"
         lines += textwrap.wrap(f"• {setup} — {verdict}: {reason}", 175, subsequent_indent="    ")
     return lines
 
@@ -273,7 +386,7 @@ def _grouped_lines(untested: list[tuple[str, str]], limit: int = 260) -> list[st
         by_reason.setdefault(why, []).append(setup)
     lines = []
     for why, setups in by_reason.items():
-        why = why if len(why) <= limit else why[:limit - 1] + "…"
+        why = why if len(why) <= limit else why[: limit - 1] + "…"
         lines += textwrap.wrap(f"• {why}: {', '.join(setups)}", 175, subsequent_indent="    ")
     return lines
 
@@ -285,8 +398,10 @@ _LEGEND = {
     "no effect": (Patch(color=NO_EFFECT_COLOUR, alpha=0.28), "declared no-effect margin around ×1"),
     "no change": (Line2D([], [], color="#444444", linewidth=0.9, linestyle=":"), "no change (×1)"),
     "bound": (Line2D([], [], color=BOUND_COLOUR, linewidth=1.6, linestyle="-."), "non-inferiority bound (declared)"),
-    "unbounded": (Line2D([], [], color="#555555", linewidth=2.6, marker=">", markersize=7),
-                  "CI unbounded: too few runs (arrow to the edge)"),
+    "unbounded": (
+        Line2D([], [], color="#555555", linewidth=2.6, marker=">", markersize=7),
+        "CI unbounded: too few runs (arrow to the edge)",
+    ),
 }
 
 
@@ -296,8 +411,17 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
     if rows.empty:
         raise ValueError("a forest plot needs verdict rows")
     rows = rows.reset_index(drop=True)
-    for column in ("fresh_effect", "ci_low", "ci_high", "p_holm", "target_ratio", "band_low", "band_high",
-                   "no_effect_margin", "no_worse_than"):
+    for column in (
+        "fresh_effect",
+        "ci_low",
+        "ci_high",
+        "p_holm",
+        "target_ratio",
+        "band_low",
+        "band_high",
+        "no_effect_margin",
+        "no_worse_than",
+    ):
         if column in rows:
             rows[column] = pd.to_numeric(rows[column], errors="coerce")
     claim = str(rows["claim"].iloc[0])
@@ -315,20 +439,37 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
         for panel in chosen:
             title_lines = _panel_title(panel).count("\n") + 1
             if len(panel["rows"]):
-                blocks.append(("panel", _PANEL_EXTRA + title_lines * 0.17 + _LINE * len(panel["rows"])
-                               + 0.12 * panel["rows"]["setup"].map(lambda s: "\n" in _setup_label(s)).sum(), panel))
+                blocks.append(
+                    (
+                        "panel",
+                        _PANEL_EXTRA
+                        + title_lines * 0.17
+                        + _LINE * len(panel["rows"])
+                        + 0.12 * panel["rows"]["setup"].map(lambda s: "\n" in _setup_label(s)).sum(),
+                        panel,
+                    )
+                )
             else:
                 blocks.append(("title", 0.1 + title_lines * 0.19, panel))
             if panel["missing"]:
                 lines = ["No line (no CI) for:"] + _missing_lines(panel["missing"])
                 blocks.append(("notes", 0.12 + _TEXT_LINE * len(lines), lines))
     if untested:
-        lines = ["Setups that tested nothing of this claim (no line in any panel), by reason:"] + _grouped_lines(untested)
+        lines = ["Setups that tested nothing of this claim (no line in any panel), by reason:"] + _grouped_lines(
+            untested
+        )
         blocks.append(("notes", 0.15 + _TEXT_LINE * len(lines), lines))
     height = sum(b[1] for b in blocks) + 0.5
     fig = plt.figure(figsize=(_WIDTH, height))
-    fig.suptitle(title or f"{claim}: fresh effect and its simultaneous CI per setup, against the target",
-                 x=0.01, ha="left", y=1 - 0.08 / height, va="top", fontsize=11, fontweight="bold")
+    fig.suptitle(
+        title or f"{claim}: fresh effect and its simultaneous CI per setup, against the target",
+        x=0.01,
+        ha="left",
+        y=1 - 0.08 / height,
+        va="top",
+        fontsize=11,
+        fontweight="bold",
+    )
     top = height - 0.45
     used: set[str] = set()
     legend_ax = None
@@ -341,33 +482,92 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
             title_lines = _panel_title(payload).count("\n") + 1
             axis_top = top - 0.1 - title_lines * 0.17
             axis_bottom = bottom + 0.62
-            ax = fig.add_axes([_LEFT / _WIDTH, axis_bottom / height, (_WIDTH - _LEFT - _RIGHT) / _WIDTH,
-                               (axis_top - axis_bottom) / height])
+            ax = fig.add_axes(
+                [
+                    _LEFT / _WIDTH,
+                    axis_bottom / height,
+                    (_WIDTH - _LEFT - _RIGHT) / _WIDTH,
+                    (axis_top - axis_bottom) / height,
+                ]
+            )
             used |= _draw_panel(ax, payload)
-            fig.text(0.01, (top - 0.05) / height, _panel_title(payload), ha="left", va="top", fontsize=9.5,
-                     fontweight="bold" if payload["role"] == "claim" else "normal",
-                     color="black" if payload["role"] == "claim" else "#3b3b8f")
+            fig.text(
+                0.01,
+                (top - 0.05) / height,
+                _panel_title(payload),
+                ha="left",
+                va="top",
+                fontsize=9.5,
+                fontweight="bold" if payload["role"] == "claim" else "normal",
+                color="black" if payload["role"] == "claim" else "#3b3b8f",
+            )
         elif kind == "title":
-            fig.text(0.01, (top - 0.05) / height, _panel_title(payload) + "\n(no setup gave this comparison a CI)",
-                     ha="left", va="top", fontsize=9.5, fontweight="bold")
+            fig.text(
+                0.01,
+                (top - 0.05) / height,
+                _panel_title(payload) + "\n(no setup gave this comparison a CI)",
+                ha="left",
+                va="top",
+                fontsize=9.5,
+                fontweight="bold",
+            )
         elif kind == "header":
-            fig.text(0.01, (top - 0.1) / height, payload, ha="left", va="top", fontsize=10.5, fontweight="bold",
-                     color="#3b3b8f" if payload.startswith("Premise") else "black")
+            fig.text(
+                0.01,
+                (top - 0.1) / height,
+                payload,
+                ha="left",
+                va="top",
+                fontsize=10.5,
+                fontweight="bold",
+                color="#3b3b8f" if payload.startswith("Premise") else "black",
+            )
             fig.add_artist(Line2D([0.01, 0.99], [(top - 0.02) / height] * 2, color="#888888", linewidth=1))
         elif kind == "notes":
-            fig.text(_LEFT / _WIDTH * 0.15, (top - 0.04) / height, "\n".join(payload), ha="left", va="top",
-                     fontsize=8, color="#333333", linespacing=1.35)
+            fig.text(
+                _LEFT / _WIDTH * 0.15,
+                (top - 0.04) / height,
+                "\n".join(payload),
+                ha="left",
+                va="top",
+                fontsize=8,
+                color="#333333",
+                linespacing=1.35,
+            )
         top = bottom
-    handles = [(Line2D([], [], linestyle="none", marker=VERDICT_MARKERS[v], color=VERDICT_COLOURS[v], markersize=8,
-                       markeredgecolor="black", markeredgewidth=0.6), v) for v in VERDICTS if v in used]
+    handles = [
+        (
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker=VERDICT_MARKERS[v],
+                color=VERDICT_COLOURS[v],
+                markersize=8,
+                markeredgecolor="black",
+                markeredgewidth=0.6,
+            ),
+            v,
+        )
+        for v in VERDICTS
+        if v in used
+    ]
     handles += [_LEGEND[key] for key in _LEGEND if key in used]
     if legend_ax is not None and handles:
-        legend_ax.legend([h for h, _ in handles], [label for _, label in handles], loc="center left", ncol=4,
-                         fontsize=8.5, frameon=False, handlelength=2.4, columnspacing=1.6)
+        legend_ax.legend(
+            [h for h, _ in handles],
+            [label for _, label in handles],
+            loc="center left",
+            ncol=4,
+            fontsize=8.5,
+            frameon=False,
+            handlelength=2.4,
+            columnspacing=1.6,
+        )
     return fig
 
 
-FOREST = "forest"   # figures/<claim>/forest.png|.svg and tables/<claim>/forest.csv|.md, written by the claim's notebook
+FOREST = "forest"  # figures/<claim>/forest.png|.svg and tables/<claim>/forest.csv|.md, written by the claim's notebook
 
 
 def has_lines(rows: pd.DataFrame) -> bool:
@@ -386,17 +586,31 @@ def save_forest(rows: pd.DataFrame, output_dir, data_dir=None):
     claim = str(rows["claim"].iloc[0])
     sources = [Path(output_dir) / "verdicts" / f"{claim}.csv"]
     if data_dir is not None and Path(data_dir).is_dir():
-        sources += [ref.path / "manifest.json" for ref in find_bundles(data_dir, claim)
-                    if (ref.path / "manifest.json").is_file()]
+        sources += [
+            ref.path / "manifest.json"
+            for ref in find_bundles(data_dir, claim)
+            if (ref.path / "manifest.json").is_file()
+        ]
     sources = [s for s in sources if Path(s).is_file()]
     fig = forest_figure(rows)
     out = Outputs(output_dir, claim)
     setups = rows[rows.apply(_has_ci, axis=1)]["setup"].nunique()
-    out.figure(FOREST, fig, caption=(
-        f"Forest plot: per comparison, the fresh ratio and its simultaneous CI on each of {setups} setup(s) with a CI "
-        "(log axis), the target (solid: printed in the source; dashed: derived by ticklab) with its consistent-size "
-        "band, the declared no-effect margin around ×1, and the verdict with the numbers and n; setups without a CI are "
-        "listed under the plot with why"), sources=sources)
-    out.table(FOREST, forest_table(rows), caption="The numbers in the forest plot: one row per line, then every setup "
-              "listed under it with why it has no line", sources=sources)
+    out.figure(
+        FOREST,
+        fig,
+        caption=(
+            f"Forest plot: per comparison, the fresh ratio and its simultaneous CI on each of {setups} setup(s) with a CI "
+            "(log axis), the target (solid: printed in the source; dashed: derived by ticklab) with its consistent-size "
+            "band, the declared no-effect margin around ×1, and the verdict with the numbers and n; setups without a CI are "
+            "listed under the plot with why"
+        ),
+        sources=sources,
+    )
+    out.table(
+        FOREST,
+        forest_table(rows),
+        caption="The numbers in the forest plot: one row per line, then every setup "
+        "listed under it with why it has no line",
+        sources=sources,
+    )
     return fig

@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import pandas as pd
 
@@ -88,8 +88,12 @@ class Outputs:
         return buffer.getvalue()
 
     def _sidecar(self, relative: str, kind: str, caption: str, sources: Iterable[Path | str]) -> None:
-        meta = {"claim": self.claim, "kind": kind, "caption": caption,
-                "sources": sorted({_relative(s) for s in sources})}
+        meta = {
+            "claim": self.claim,
+            "kind": kind,
+            "caption": caption,
+            "sources": sorted({_relative(s) for s in sources}),
+        }
         if not meta["sources"]:
             raise ValueError(f"{Path(relative).stem}: a {kind} must name the files it came from (sources)")
         self._write(str(Path(relative).with_suffix(".json")), json.dumps(meta, indent=2) + "\n")
@@ -130,7 +134,6 @@ class Outputs:
         frame = pd.DataFrame([v.as_row() for v in verdicts], columns=VERDICT_COLUMNS)
         self._write(f"verdicts/{self.claim}.csv", self._csv(frame, index=False))
         return frame
-
 
     def checks(self, frame: pd.DataFrame) -> pd.DataFrame:
         """The claim's condition checks (ticklab.analysis.checks.check_table); written even when empty, so the report can

@@ -45,13 +45,11 @@ CHANGED_HATCH, THIRD_HATCH, OPPOSITE_HATCH = "//", "..", "xx"
 DISTINCT_DELTA_E = 15.0
 
 # Machado et al. 2009, deuteranomaly at severity 1.0 (deuteranopia): linear RGB in, linear RGB out.
-DEUTERANOPIA_MACHADO_2009 = np.array([[0.367322, 0.860646, -0.227968],
-                                      [0.280085, 0.672501, 0.047413],
-                                      [-0.011820, 0.042940, 0.968881]])
+DEUTERANOPIA_MACHADO_2009 = np.array(
+    [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]]
+)
 # IEC 61966-2-1 (sRGB): linear RGB to CIE XYZ, and the D65 white point the XYZ is relative to.
-_LINEAR_RGB_TO_XYZ = np.array([[0.4124, 0.3576, 0.1805],
-                               [0.2126, 0.7152, 0.0722],
-                               [0.0193, 0.1192, 0.9505]])
+_LINEAR_RGB_TO_XYZ = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
 _D65_WHITE = _LINEAR_RGB_TO_XYZ.sum(axis=1)
 
 
@@ -83,7 +81,7 @@ def confusable_for_deuteranopes(colours) -> list[tuple[str, str, float]]:
     unique = sorted({c.lower() for c in colours})
     found = []
     for i, first in enumerate(unique):
-        for second in unique[i + 1:]:
+        for second in unique[i + 1 :]:
             distance = deuteranopia_delta_e(first, second)
             if distance < DISTINCT_DELTA_E:
                 found.append((first, second, distance))

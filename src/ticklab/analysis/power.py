@@ -17,8 +17,8 @@ shared out Bonferroni-style over the setup's comparisons) excludes no change on 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import stats
@@ -28,17 +28,22 @@ from .stats import rank_shift_rank, signed_rank_rank, smallest_bounded_n
 
 @dataclass(frozen=True)
 class Power:
-    power: float            # share of resampled experiments at the observed n whose test detects the target
-    n_per_condition: int    # the n it was computed at (the smaller of the two conditions)
-    runs_needed: float      # per condition for ``goal`` power (Noether); inf when the target cannot be told from noise
+    power: float  # share of resampled experiments at the observed n whose test detects the target
+    n_per_condition: int  # the n it was computed at (the smaller of the two conditions)
+    runs_needed: float  # per condition for ``goal`` power (Noether); inf when the target cannot be told from noise
     goal: float
     method: str
 
     def sentence(self) -> str:
-        needed = ("more runs than any capture can make (the target is inside the noise)" if math.isinf(self.runs_needed)
-                  else f"~{self.runs_needed:,.0f} runs per condition")
-        return (f"power {self.power:.0%} to detect the target at {self.n_per_condition} runs per condition; "
-                f"{self.goal:.0%} power needs {needed}")
+        needed = (
+            "more runs than any capture can make (the target is inside the noise)"
+            if math.isinf(self.runs_needed)
+            else f"~{self.runs_needed:,.0f} runs per condition"
+        )
+        return (
+            f"power {self.power:.0%} to detect the target at {self.n_per_condition} runs per condition; "
+            f"{self.goal:.0%} power needs {needed}"
+        )
 
 
 def pooled_log_residuals(*samples: Sequence[float]) -> np.ndarray:
@@ -74,8 +79,16 @@ def smallest_testable_n(alpha: float) -> int:
     return smallest_bounded_n(lambda n, confidence: rank_shift_rank(n, n, confidence), 1 - alpha)
 
 
-def detection_power(treatment: Sequence[float], baseline: Sequence[float], target_ratio: float, *, alpha: float,
-                    goal: float = 0.8, reps: int = 2000, seed: int = 0) -> Power:
+def detection_power(
+    treatment: Sequence[float],
+    baseline: Sequence[float],
+    target_ratio: float,
+    *,
+    alpha: float,
+    goal: float = 0.8,
+    reps: int = 2000,
+    seed: int = 0,
+) -> Power:
     """Power of the verdict's CI to exclude no change on the target's side, given these runs' scatter, and the runs
     needed."""
     if not target_ratio > 0 or target_ratio == 1:
@@ -83,8 +96,10 @@ def detection_power(treatment: Sequence[float], baseline: Sequence[float], targe
     residuals = pooled_log_residuals(treatment, baseline)
     n1, n2 = len(treatment), len(baseline)
     k, _ = rank_shift_rank(n1, n2, 1 - alpha)
-    method = (f"power of the exact Mann-Whitney inversion CI at {1 - alpha:.4g} to exclude no change on the target's side, "
-              f"by resampling the runs' pooled log-residuals ({reps} reps, seed {seed}); runs needed by Noether's formula")
+    method = (
+        f"power of the exact Mann-Whitney inversion CI at {1 - alpha:.4g} to exclude no change on the target's side, "
+        f"by resampling the runs' pooled log-residuals ({reps} reps, seed {seed}); runs needed by Noether's formula"
+    )
     runs_needed = noether_runs(residuals, target_ratio, alpha, goal)
     if k == 0:
         return Power(0.0, int(min(n1, n2)), runs_needed, goal, method)
@@ -98,8 +113,16 @@ def detection_power(treatment: Sequence[float], baseline: Sequence[float], targe
     return Power(power, int(min(n1, n2)), runs_needed, goal, method)
 
 
-def blocked_detection_power(treatment: Sequence[float], baseline: Sequence[float], target_ratio: float, *,
-                            alpha: float, goal: float = 0.8, reps: int = 2000, seed: int = 0) -> Power:
+def blocked_detection_power(
+    treatment: Sequence[float],
+    baseline: Sequence[float],
+    target_ratio: float,
+    *,
+    alpha: float,
+    goal: float = 0.8,
+    reps: int = 2000,
+    seed: int = 0,
+) -> Power:
     """The blocked analysis's power: the share of resamples of the per-block log ratios' residuals (around their
     median), shifted by the target, whose exact signed-rank CI at 1 − alpha excludes no change on the target's side
     (0 when the block count cannot give a bounded CI); blocks needed by Noether's formula for the signed-rank test."""
@@ -113,9 +136,11 @@ def blocked_detection_power(treatment: Sequence[float], baseline: Sequence[float
     n = d.size
     shift = math.log(target_ratio)
     k, _ = signed_rank_rank(n, 1 - alpha)
-    method = (f"power of the exact signed-rank CI at {1 - alpha:.4g} to exclude no change on the target's side, by "
-              f"resampling the per-block log ratios' residuals ({reps} reps, seed {seed}); blocks needed by Noether's "
-              f"formula")
+    method = (
+        f"power of the exact signed-rank CI at {1 - alpha:.4g} to exclude no change on the target's side, by "
+        f"resampling the per-block log ratios' residuals ({reps} reps, seed {seed}); blocks needed by Noether's "
+        f"formula"
+    )
     pair_sums = residuals[:, None] + residuals[None, :] + 2 * shift
     p_positive = float((np.sign(shift) * pair_sums > 0).mean() + 0.5 * (pair_sums == 0).mean())
     distance = abs(p_positive - 0.5)

@@ -15,9 +15,10 @@ import itertools
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -100,8 +101,10 @@ class PublishedClaim:
         """The row's number; a row whose value is blank (a statement with no number) has none to compute with."""
         value = float(self.row(table, row_id)["value"])
         if not math.isfinite(value):
-            raise PublishedDataError(f"{self.directory / (table + '.csv')}: row id {shown(repr(row_id))}, column "
-                                     "value: blank, so there is no published number to compute a target from")
+            raise PublishedDataError(
+                f"{self.directory / (table + '.csv')}: row id {shown(repr(row_id))}, column "
+                "value: blank, so there is no published number to compute a target from"
+            )
         return value
 
     def printed(self, table: str, row_id: str) -> str:
@@ -112,14 +115,19 @@ class PublishedClaim:
         self.row(table, row_id)
         return f"{self.claim}/{table}/{row_id}"
 
-    def ratio_target(self, table: str, numerator: str, denominator: str) -> "Target":
+    def ratio_target(self, table: str, numerator: str, denominator: str) -> Target:
         """A target ratio computed from two printed values (derived, never itself printed)."""
         from .verdicts import Target
 
         ratio = self.value(table, numerator) / self.value(table, denominator)
         shown = f"{self.printed(table, numerator)} / {self.printed(table, denominator)}"
-        return Target(ratio, 1 if ratio > 1 else -1, f"derived: ratio of two printed values ({shown})", shown,
-                      (self.quote_id(table, numerator), self.quote_id(table, denominator)))
+        return Target(
+            ratio,
+            1 if ratio > 1 else -1,
+            f"derived: ratio of two printed values ({shown})",
+            shown,
+            (self.quote_id(table, numerator), self.quote_id(table, denominator)),
+        )
 
     def files(self, *tables: str) -> list[Path]:
         """The CSV files behind ``tables`` plus the provenance file: what a figure or table came from."""
@@ -130,7 +138,9 @@ class PublishedClaim:
     def setup_table(self) -> pd.DataFrame:
         """What the published numbers were measured on (and patch facts), as printed."""
         frame = self.table("setup")
-        return frame[["setup", "field", "value_as_printed", "qualifier"]].rename(columns={"value_as_printed": "as printed"})
+        return frame[["setup", "field", "value_as_printed", "qualifier"]].rename(
+            columns={"value_as_printed": "as printed"}
+        )
 
     def citation(self) -> str:
         s = self.source
@@ -162,14 +172,18 @@ def _read_table(path: Path) -> pd.DataFrame:
             raise PublishedDataError(f"{where}, column {shown(blank[0], 80)}: blank; every row needs it")
         long = [c for c in frame.columns if len(str(row[c])) > MAX_CELL_CHARS]
         if long:
-            raise PublishedDataError(f"{where}, column {shown(long[0], 80)}: {len(str(row[long[0]]))} characters, "
-                                     f"more than the {MAX_CELL_CHARS} of a published cell")
+            raise PublishedDataError(
+                f"{where}, column {shown(long[0], 80)}: {len(str(row[long[0]]))} characters, "
+                f"more than the {MAX_CELL_CHARS} of a published cell"
+            )
         where = f"{where} (id {shown(repr(row['id']), 80)})"
         stated = parse_printed(row["value_as_printed"])
         if row["value"] == "":
             if stated is not None and not descriptive:
-                raise PublishedDataError(f"{where}, column value: blank, but value_as_printed "
-                                         f"{shown(repr(row['value_as_printed']))} states {stated:g}")
+                raise PublishedDataError(
+                    f"{where}, column value: blank, but value_as_printed "
+                    f"{shown(repr(row['value_as_printed']))} states {stated:g}"
+                )
             continue
         try:
             value = float(row["value"])
@@ -198,14 +212,15 @@ def load_published(published_dir: Path | str, claim: str) -> PublishedClaim:
         raise PublishedDataError(f"{directory / 'provenance.yaml'}: nested too deeply") from None
     except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as exc:
         where = getattr(exc, "filename", None) or directory
-        raise PublishedDataError(f"{shown(where)}: {type(exc).__name__}: {shown(' '.join(str(exc).split()))}") \
-            from None
+        raise PublishedDataError(f"{shown(where)}: {type(exc).__name__}: {shown(' '.join(str(exc).split()))}") from None
 
 
 def _load_published(directory: Path, claim: str) -> PublishedClaim:
     provenance_path = directory / "provenance.yaml"
     if not os.path.lexists(provenance_path):
-        raise PublishedDataError(f"{shown(provenance_path)}: missing (no published data for claim {shown(repr(claim))})")
+        raise PublishedDataError(
+            f"{shown(provenance_path)}: missing (no published data for claim {shown(repr(claim))})"
+        )
     try:  # no link, no FIFO or device (which would block or never end), at most MAX_PROVENANCE_BYTES; the shared
         # loader refuses anchors and aliases (an alias bomb) and empty typed values, each in one line
         provenance = yamlsafe.load(read_text(provenance_path, MAX_PROVENANCE_BYTES))
@@ -217,8 +232,10 @@ def _load_published(directory: Path, claim: str) -> PublishedClaim:
         raise PublishedDataError(f"{provenance_path}: needs top-level 'source' and 'tables'")
     schemas.check(provenance, schemas.PROVENANCE, str(provenance_path), PublishedDataError)
     if provenance.get("claim", claim) != claim:
-        raise PublishedDataError(f"{shown(provenance_path)}: claim: {yamlsafe.preview(provenance['claim'])} is not "
-                                 f"{claim!r}, the claim its directory is named for")
+        raise PublishedDataError(
+            f"{shown(provenance_path)}: claim: {yamlsafe.preview(provenance['claim'])} is not "
+            f"{claim!r}, the claim its directory is named for"
+        )
 
     listed = set(provenance["tables"])
     present = {p.name for p in directory.glob("*.csv")}
@@ -235,12 +252,14 @@ def _load_published(directory: Path, claim: str) -> PublishedClaim:
         ids = set(frame["id"])
         unquoted = sorted(ids - set(rows))
         if unquoted:
-            raise PublishedDataError(f"{shown(provenance_path)}: {filename} row(s) without a quote: "
-                                     f"{shown(', '.join(unquoted))}")
+            raise PublishedDataError(
+                f"{shown(provenance_path)}: {filename} row(s) without a quote: {shown(', '.join(unquoted))}"
+            )
         orphans = sorted(set(rows) - ids)
         if orphans:
-            raise PublishedDataError(f"{shown(provenance_path)}: quotes for rows not in {filename}: "
-                                     f"{shown(', '.join(map(str, orphans)))}")
+            raise PublishedDataError(
+                f"{shown(provenance_path)}: quotes for rows not in {filename}: {shown(', '.join(map(str, orphans)))}"
+            )
         frame["quote"] = frame["id"].map(lambda i: rows[i]["quote"])
         frame["token"] = frame["id"].map(lambda i: rows[i].get("token"))
         frame.attrs["description"] = (meta or {}).get("description", "")
@@ -261,8 +280,10 @@ def verify_against_source(published: PublishedClaim, seeds_dir: Path) -> list[st
     seeds = Path(seeds_dir).resolve()
     source_path = Path(seeds_dir) / str(published.source.get("file", ""))
     if not source_path.resolve().is_relative_to(seeds) or source_path.resolve() == seeds:
-        return [f"{published.directory / 'provenance.yaml'}: source.file {published.source.get('file')!r} is not a file "
-                f"inside the seeds directory {seeds}"]
+        return [
+            f"{published.directory / 'provenance.yaml'}: source.file {published.source.get('file')!r} is not a file "
+            f"inside the seeds directory {seeds}"
+        ]
     if not os.path.lexists(source_path):
         return [f"{shown(source_path)}: source document not found"]
     try:
@@ -291,11 +312,14 @@ def verify_against_source(published: PublishedClaim, seeds_dir: Path) -> list[st
                 words = quote.split()
                 word = words[int(token)].strip("()") if int(token) < len(words) else None
                 if word != row["value_as_printed"]:
-                    problems.append(f"{where}: word {int(token)} of the quote is {word!r}, not {row['value_as_printed']!r}")
+                    problems.append(
+                        f"{where}: word {int(token)} of the quote is {word!r}, not {row['value_as_printed']!r}"
+                    )
     return problems
 
 
 # --- derived numbers ---------------------------------------------------------------------------
+
 
 def rounding_bucket(printed: str) -> tuple[float, float]:
     """Values that print as ``printed`` when rounded to its precision (half-open in practice)."""
@@ -315,7 +339,10 @@ def derived_range(func: Callable[..., float], printed_inputs: Mapping[str, str])
     which covers the ratios and percent differences the documents derive."""
     names = list(printed_inputs)
     point = func(**{n: parse_printed(printed_inputs[n]) for n in names})
-    corners = [func(**dict(zip(names, combo))) for combo in itertools.product(*(rounding_bucket(printed_inputs[n]) for n in names))]
+    corners = [
+        func(**dict(zip(names, combo)))
+        for combo in itertools.product(*(rounding_bucket(printed_inputs[n]) for n in names))
+    ]
     return point, min(corners), max(corners)
 
 
@@ -323,8 +350,9 @@ def _overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def check_derived(label: str, printed: str, func: Callable[..., float], printed_inputs: Mapping[str, str],
-                  formula: str) -> dict:
+def check_derived(
+    label: str, printed: str, func: Callable[..., float], printed_inputs: Mapping[str, str], formula: str
+) -> dict:
     """One row of a derived-number check: is the printed derived value what its printed inputs give?"""
     point, low, high = derived_range(func, printed_inputs)
     rounds = _overlaps((low, high), rounding_bucket(printed))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -55,8 +55,15 @@ STATISTICS = {
 STATISTIC_NAMES = {"median": "medians", "p10": "10th percentiles"}
 
 
-def ratio_of_statistic(treatment: Sequence[float], baseline: Sequence[float], *, statistic: str = "median",
-                       confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> Interval:
+def ratio_of_statistic(
+    treatment: Sequence[float],
+    baseline: Sequence[float],
+    *,
+    statistic: str = "median",
+    confidence: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> Interval:
     """statistic(treatment) / statistic(baseline) with a seeded percentile bootstrap CI (independent samples).
 
     Percentile, not BCa: BCa's acceleration comes from a jackknife, which is unreliable for medians and
@@ -90,9 +97,9 @@ def rank_sum_null(n1: int, n2: int) -> tuple[int, ...]:
     the Mann-Whitney U statistic: the coefficients of the Gaussian binomial [n1 + n2 choose n1]_q, exact integers."""
     counts = [1] + [0] * (n1 * n2)
     for i in range(1, n1 + 1):
-        for k in range(len(counts) - 1, n2 + i - 1, -1):    # × (1 − q^(n2 + i))
+        for k in range(len(counts) - 1, n2 + i - 1, -1):  # × (1 − q^(n2 + i))
             counts[k] -= counts[k - n2 - i]
-        for k in range(i, len(counts)):                      # ÷ (1 − q^i)
+        for k in range(i, len(counts)):  # ÷ (1 − q^i)
             counts[k] += counts[k - i]
     return tuple(counts)
 
@@ -113,15 +120,23 @@ def _exact_rank(counts: Sequence[int], total: int, confidence: float) -> tuple[i
     return k, 1 - 2 * tail / total
 
 
-def _order_interval(ordered: np.ndarray, k: int, coverage: float, confidence: float, method: str, label: str,
-                    too_few: str) -> Interval:
+def _order_interval(
+    ordered: np.ndarray, k: int, coverage: float, confidence: float, method: str, label: str, too_few: str
+) -> Interval:
     """exp of the median of ``ordered`` (sorted log values: pairwise differences or Walsh averages), with
     [ordered(k), ordered(N + 1 − k)] as the CI; (0, ∞) when k = 0."""
     estimate = float(np.exp(np.median(ordered)))
     if k == 0:
-        return Interval(estimate, 0.0, math.inf, confidence, f"{method}: {too_few} cannot give {confidence:.4g} coverage")
-    return Interval(estimate, float(np.exp(ordered[k - 1])), float(np.exp(ordered[ordered.size - k])), confidence,
-                    f"{method}, {label}({k})..{label}({ordered.size + 1 - k}), exact coverage {coverage:.4f}")
+        return Interval(
+            estimate, 0.0, math.inf, confidence, f"{method}: {too_few} cannot give {confidence:.4g} coverage"
+        )
+    return Interval(
+        estimate,
+        float(np.exp(ordered[k - 1])),
+        float(np.exp(ordered[ordered.size - k])),
+        confidence,
+        f"{method}, {label}({k})..{label}({ordered.size + 1 - k}), exact coverage {coverage:.4f}",
+    )
 
 
 def ratio_by_ranks(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95) -> Interval:
@@ -135,9 +150,15 @@ def ratio_by_ranks(treatment: Sequence[float], baseline: Sequence[float], *, con
     b = np.log(_positive(baseline, "baseline"))
     differences = np.sort((t[:, None] - b[None, :]).ravel())
     k, coverage = rank_shift_rank(t.size, b.size, confidence)
-    return _order_interval(differences, k, coverage, confidence,
-                           f"Hodges-Lehmann ratio (median of the {t.size}×{b.size} run ratios), exact Mann-Whitney "
-                           "inversion CI", "D", f"{t.size} vs {b.size} runs")
+    return _order_interval(
+        differences,
+        k,
+        coverage,
+        confidence,
+        f"Hodges-Lehmann ratio (median of the {t.size}×{b.size} run ratios), exact Mann-Whitney inversion CI",
+        "D",
+        f"{t.size} vs {b.size} runs",
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -153,7 +174,7 @@ def signed_rank_null(n: int) -> tuple[int, ...]:
 def signed_rank_rank(n: int, confidence: float) -> tuple[int, float]:
     """k, coverage: [W(k), W(N + 1 − k)] of the N = n(n+1)/2 sorted Walsh averages is the exact signed-rank CI for
     a centre of symmetry at ``confidence`` or more (k = 0: no bounded interval reaches it)."""
-    return _exact_rank(signed_rank_null(n), 2 ** n, confidence)
+    return _exact_rank(signed_rank_null(n), 2**n, confidence)
 
 
 def smallest_bounded_n(rank: Callable[[int, float], tuple[int, float]], confidence: float) -> int:
@@ -190,14 +211,23 @@ def ratio_by_blocks(treatment: Sequence[float], baseline: Sequence[float], *, co
     t = np.log(_positive(treatment, "treatment"))
     b = np.log(_positive(baseline, "baseline"))
     if t.size != b.size:
-        raise ValueError(f"blocks: {t.size} treatment runs against {b.size} baseline runs; each block holds one of each")
+        raise ValueError(
+            f"blocks: {t.size} treatment runs against {b.size} baseline runs; each block holds one of each"
+        )
     d = t - b
     i, j = np.triu_indices(d.size)
     walsh = np.sort((d[i] + d[j]) / 2)
     k, coverage = signed_rank_rank(d.size, confidence)
-    return _order_interval(walsh, k, coverage, confidence,
-                           f"Hodges-Lehmann ratio of {d.size} blocks (median of the Walsh averages of per-block ratios), "
-                           "exact signed-rank CI", "W", f"{d.size} blocks")
+    return _order_interval(
+        walsh,
+        k,
+        coverage,
+        confidence,
+        f"Hodges-Lehmann ratio of {d.size} blocks (median of the Walsh averages of per-block ratios), "
+        "exact signed-rank CI",
+        "W",
+        f"{d.size} blocks",
+    )
 
 
 def _positive(values: Sequence[float], name: str) -> np.ndarray:
@@ -207,15 +237,21 @@ def _positive(values: Sequence[float], name: str) -> np.ndarray:
     return array
 
 
-def ratio_interval(treatment: Sequence[float], baseline: Sequence[float], *, statistic: str = "median",
-                   confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> Interval:
+def ratio_interval(
+    treatment: Sequence[float],
+    baseline: Sequence[float],
+    *,
+    statistic: str = "median",
+    confidence: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> Interval:
     """The ratio and CI a verdict rests on: for the median, :func:`ratio_by_ranks` (exact coverage at any run
     count); for other statistics (p10), :func:`ratio_of_statistic`'s percentile bootstrap, whose coverage at a
     few runs is below nominal (the verdict's test column says which)."""
     if statistic == "median":
         return ratio_by_ranks(treatment, baseline, confidence=confidence)
-    return ratio_of_statistic(treatment, baseline, statistic=statistic, confidence=confidence, n_boot=n_boot,
-                              seed=seed)
+    return ratio_of_statistic(treatment, baseline, statistic=statistic, confidence=confidence, n_boot=n_boot, seed=seed)
 
 
 def log_half_width(low: float, high: float) -> float:
@@ -236,8 +272,14 @@ def precision_note(low: float, high: float, target: float, stopped: Sequence[str
     return f"{shown} (precision target ≤ {target:.3f} not met; capture stopped: {why})"
 
 
-def ratio_of_medians(treatment: Sequence[float], baseline: Sequence[float], *, confidence: float = 0.95,
-                     n_boot: int = 10_000, seed: int = 0) -> Interval:
+def ratio_of_medians(
+    treatment: Sequence[float],
+    baseline: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> Interval:
     """median(treatment) / median(baseline) with a seeded percentile bootstrap CI."""
     return ratio_of_statistic(treatment, baseline, statistic="median", confidence=confidence, n_boot=n_boot, seed=seed)
 
@@ -262,7 +304,9 @@ def wilcoxon_blocks(treatment: Sequence[float], baseline: Sequence[float]) -> Ra
     if np.all(d == 0):
         return RankTest(0.0, 1.0, "Wilcoxon signed-rank of per-block log ratios, two-sided (all zero)")
     result = stats.wilcoxon(d, alternative="two-sided", zero_method="wilcox")
-    return RankTest(float(result.statistic), float(result.pvalue), "Wilcoxon signed-rank of per-block log ratios, two-sided")
+    return RankTest(
+        float(result.statistic), float(result.pvalue), "Wilcoxon signed-rank of per-block log ratios, two-sided"
+    )
 
 
 def cliffs_delta(a: Sequence[float], b: Sequence[float]) -> float:
@@ -299,12 +343,22 @@ def median_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
     allowed = np.nonzero(cdf <= alpha / 2)[0]
     estimate = float(np.median(x))
     if allowed.size == 0:
-        return Interval(estimate, float("nan"), float("nan"), confidence,
-                        f"order statistics: n = {n} is too small for {confidence:.0%} coverage")
+        return Interval(
+            estimate,
+            float("nan"),
+            float("nan"),
+            confidence,
+            f"order statistics: n = {n} is too small for {confidence:.0%} coverage",
+        )
     r = int(allowed[-1]) + 1  # 1-based rank of the lower bound
     coverage = 1 - 2 * cdf[r - 1]
-    return Interval(estimate, float(x[r - 1]), float(x[n - r]), confidence,
-                    f"order statistics x({r})..x({n - r + 1}), exact coverage {coverage:.4f}")
+    return Interval(
+        estimate,
+        float(x[r - 1]),
+        float(x[n - r]),
+        confidence,
+        f"order statistics x({r})..x({n - r + 1}), exact coverage {coverage:.4f}",
+    )
 
 
 @dataclass(frozen=True)
@@ -324,8 +378,11 @@ def anderson_ksamp(samples: Sequence[Sequence[float]], *, n_resamples: int = 999
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
         result = stats.anderson_ksamp(arrays, method=method)
-    return KSampleTest(float(result.statistic), float(result.pvalue),
-                       f"k-sample Anderson-Darling, permutation p ({n_resamples} resamples, seed {seed})")
+    return KSampleTest(
+        float(result.statistic),
+        float(result.pvalue),
+        f"k-sample Anderson-Darling, permutation p ({n_resamples} resamples, seed {seed})",
+    )
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float:
@@ -370,12 +427,14 @@ def compare_summaries(summaries: pd.DataFrame, baseline: str) -> pd.DataFrame:
         for condition in summaries.columns:
             value = float(summaries.loc[statistic, condition])
             defined = base != 0 and math.isfinite(base) and math.isfinite(value)
-            rows.append({
-                "statistic": statistic,
-                "condition": condition,
-                "value": value,
-                "pct_diff": None if condition == baseline else (pct_diff(value, base) if defined else float("nan")),
-            })
+            rows.append(
+                {
+                    "statistic": statistic,
+                    "condition": condition,
+                    "value": value,
+                    "pct_diff": None if condition == baseline else (pct_diff(value, base) if defined else float("nan")),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -401,8 +460,9 @@ def compare_table(samples: Mapping[str, Sequence[float]], baseline: str, *, alph
     return table
 
 
-def format_compare_table(table: pd.DataFrame, *, decimals: int = 2,
-                         number: Callable[[float], str] | None = None) -> pd.DataFrame:
+def format_compare_table(
+    table: pd.DataFrame, *, decimals: int = 2, number: Callable[[float], str] | None = None
+) -> pd.DataFrame:
     """Render a long compare table the way mmtests prints it: 'value (+pct%)' per cell, statistics
     as rows, conditions as columns, '*' after conditions that differ significantly. ``number`` formats
     each value and percentage (default: ``decimals`` places, as mmtests does)."""

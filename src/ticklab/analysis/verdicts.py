@@ -35,29 +35,73 @@ from dataclasses import asdict, dataclass
 
 from .stats import Interval
 
-VERDICTS = ("reproduced", "consistent, not pinned", "smaller than the target", "larger than the target", "opposite effect",
-            "no effect shown", "inconclusive", "not testable here")
+VERDICTS = (
+    "reproduced",
+    "consistent, not pinned",
+    "smaller than the target",
+    "larger than the target",
+    "opposite effect",
+    "no effect shown",
+    "inconclusive",
+    "not testable here",
+)
 ROLES = ("claim", "premise")
 
 VERDICT_COLUMNS = [
-    "claim", "setup", "role", "comparison", "printed_in_source", "source_quotes", "target_ratio",
-    "target_provenance", "fresh_effect", "ci_low", "ci_high", "ci_level", "p_holm", "n_per_condition",
-    "cliffs_delta", "power_at_target", "runs_needed", "margins", "no_effect_margin", "band_low", "band_high",
-    "no_worse_than", "test", "verdict", "reason",
+    "claim",
+    "setup",
+    "role",
+    "comparison",
+    "printed_in_source",
+    "source_quotes",
+    "target_ratio",
+    "target_provenance",
+    "fresh_effect",
+    "ci_low",
+    "ci_high",
+    "ci_level",
+    "p_holm",
+    "n_per_condition",
+    "cliffs_delta",
+    "power_at_target",
+    "runs_needed",
+    "margins",
+    "no_effect_margin",
+    "band_low",
+    "band_high",
+    "no_worse_than",
+    "test",
+    "verdict",
+    "reason",
 ]
 # What notebooks and the report show of a verdict row (the rest is in build/verdicts.csv).
-SHOWN_COLUMNS = ["setup", "role", "comparison", "printed_in_source", "target_ratio", "target_provenance",
-                 "fresh_effect", "ci_low", "ci_high", "p_holm", "n_per_condition", "cliffs_delta", "power_at_target",
-                 "verdict", "reason"]
+SHOWN_COLUMNS = [
+    "setup",
+    "role",
+    "comparison",
+    "printed_in_source",
+    "target_ratio",
+    "target_provenance",
+    "fresh_effect",
+    "ci_low",
+    "ci_high",
+    "p_holm",
+    "n_per_condition",
+    "cliffs_delta",
+    "power_at_target",
+    "verdict",
+    "reason",
+]
 
 
 @dataclass(frozen=True)
 class Target:
     """What a comparison's fresh ratio (treatment / baseline) is held against, and where it came from."""
-    ratio: float | None      # None: the source states a direction only
-    direction: int           # +1: treatment larger; -1: treatment smaller
-    provenance: str          # "printed" or "derived: <how>"
-    as_printed: str          # the source's own words/numbers the target rests on, verbatim
+
+    ratio: float | None  # None: the source states a direction only
+    direction: int  # +1: treatment larger; -1: treatment smaller
+    provenance: str  # "printed" or "derived: <how>"
+    as_printed: str  # the source's own words/numbers the target rests on, verbatim
     quotes: tuple[str, ...]  # "<claim>/<table>/<row id>" in traces/published
     # non-inferiority: the source says the treatment is no worse than the baseline. ``direction`` is then the
     # direction of worse (+1: a larger ratio is worse), and the ratio must stay on the good side of this declared
@@ -67,11 +111,16 @@ class Target:
     def __post_init__(self):
         if self.direction not in (1, -1):
             raise ValueError("a target's direction is +1 or -1")
-        if self.no_worse_than is not None and (self.ratio is not None or not self.no_worse_than > 0
-                                               or (self.no_worse_than > 1) != (self.direction > 0)):
-            raise ValueError(f"a non-inferiority bound {self.no_worse_than!r} needs no ratio and lies on the worse "
-                             f"side of 1 (direction {self.direction:+d})")
-        if self.ratio is not None and (not self.ratio > 0 or self.ratio == 1 or (self.ratio > 1) != (self.direction > 0)):
+        if self.no_worse_than is not None and (
+            self.ratio is not None or not self.no_worse_than > 0 or (self.no_worse_than > 1) != (self.direction > 0)
+        ):
+            raise ValueError(
+                f"a non-inferiority bound {self.no_worse_than!r} needs no ratio and lies on the worse "
+                f"side of 1 (direction {self.direction:+d})"
+            )
+        if self.ratio is not None and (
+            not self.ratio > 0 or self.ratio == 1 or (self.ratio > 1) != (self.direction > 0)
+        ):
             raise ValueError(f"target ratio {self.ratio!r} does not state an effect in direction {self.direction:+d}")
         if not (self.provenance == "printed" or self.provenance.startswith("derived: ")):
             raise ValueError(f"target provenance {self.provenance!r} must be 'printed' or 'derived: <how>'")
@@ -93,8 +142,11 @@ class Margins:
     ``no_effect``: the change the quantity itself counts as none (e.g. 0.02: within ±2 % FTQ work), declared per
     comparison with its reason beside it; equivalence ("no effect shown") is the whole CI inside it, so it must be
     smaller than the smallest real effect the comparison should not call none."""
+
     no_effect: float
-    size_tolerance: float = 0.25       # an estimate whose log-effect is within a factor (1 + this) of the target's is consistent
+    size_tolerance: float = (
+        0.25  # an estimate whose log-effect is within a factor (1 + this) of the target's is consistent
+    )
     power_goal: float = 0.8
 
     def __post_init__(self):
@@ -121,7 +173,9 @@ class Margins:
         text = f"no effect: ratio within ×{1 / (1 + self.no_effect):.3g}..×{1 + self.no_effect:.3g} (declared ±{self.no_effect:.3g})"
         if target.ratio is not None:
             low, high = consistent_band(target, self.size_tolerance)
-            text += f"; consistent size: ×{low:.3g}..×{high:.3g} (log-effect within a factor {1 + self.size_tolerance:g})"
+            text += (
+                f"; consistent size: ×{low:.3g}..×{high:.3g} (log-effect within a factor {1 + self.size_tolerance:g})"
+            )
         return text
 
 
@@ -185,8 +239,9 @@ def format_p(p: float) -> str:
     return f"{p:.3g}" if p >= 1e-3 else f"{p:.2e}"
 
 
-def decide(target: Target, fresh: Interval, p_holm: float, margins: Margins,
-           sizes_comparable: str = "") -> tuple[str, str]:
+def decide(
+    target: Target, fresh: Interval, p_holm: float, margins: Margins, sizes_comparable: str = ""
+) -> tuple[str, str]:
     """The verdict and its reason for a fresh ratio CI against a target (the CI at the level the caller chose)."""
     low, high = _log(fresh.low), _log(fresh.high)
     ci = f"ratio {fresh.estimate:.3g} [{fresh.low:.3g}, {_bound(fresh.high)}], p = {format_p(p_holm)}"
@@ -196,31 +251,43 @@ def decide(target: Target, fresh: Interval, p_holm: float, margins: Margins,
     low, high = (low, high) if target.direction > 0 else (-high, -low)
     no_effect = margins.no_effect_log()
     if -no_effect <= low and high <= no_effect:
-        return "no effect shown", (f"the whole CI lies within the declared no-effect margin "
-                                   f"×{1 / (1 + margins.no_effect):.3g}..×{1 + margins.no_effect:.3g} ({ci})")
+        return "no effect shown", (
+            f"the whole CI lies within the declared no-effect margin "
+            f"×{1 / (1 + margins.no_effect):.3g}..×{1 + margins.no_effect:.3g} ({ci})"
+        )
     if high < 0:
         return "opposite effect", f"the whole CI lies on the other side of no change from the source's effect: {ci}"
     if target.ratio is None:
         if low > 0:
-            return "reproduced", f"the whole CI lies on the source's side of no change, which is all the source states: {ci}"
+            return (
+                "reproduced",
+                f"the whole CI lies on the source's side of no change, which is all the source states: {ci}",
+            )
         return "inconclusive", f"the CI holds no change and the source's direction: {ci}"
     band_low, band_high = consistent_band(target, margins.size_tolerance)
     band = f"consistent sizes ×{band_low:.3g}..×{band_high:.3g} around the target {target.text}"
     size_low, size_high = sorted(abs(_log(x)) for x in (band_low, band_high))
     comparable = f"; {sizes_comparable}" if sizes_comparable else ""
     if high < size_low:
-        shown = ("an effect in the source's direction, smaller than the target's" if low > 0
-                 else "no change is not excluded (nor is an effect short of the band)")
+        shown = (
+            "an effect in the source's direction, smaller than the target's"
+            if low > 0
+            else "no change is not excluded (nor is an effect short of the band)"
+        )
         return "smaller than the target", f"the whole CI falls short of the {band}: {ci}; {shown}{comparable}"
     if low > size_high:
-        return "larger than the target", (f"the whole CI lies beyond the {band}: {ci}; an effect in the source's "
-                                          f"direction, larger than the target's{comparable}")
+        return "larger than the target", (
+            f"the whole CI lies beyond the {band}: {ci}; an effect in the source's "
+            f"direction, larger than the target's{comparable}"
+        )
     if low > 0:
         if size_low <= low and high <= size_high:
             return "reproduced", f"the whole CI lies on the source's side of no change and inside the {band}: {ci}"
-        return "consistent, not pinned", (f"the CI lies on the source's side of no change and reaches into the {band} "
-                                          f"without lying wholly inside it: {ci}; "
-                                          f"{band_overlap(fresh.low, fresh.high, fresh.estimate, band_low, band_high)}")
+        return "consistent, not pinned", (
+            f"the CI lies on the source's side of no change and reaches into the {band} "
+            f"without lying wholly inside it: {ci}; "
+            f"{band_overlap(fresh.low, fresh.high, fresh.estimate, band_low, band_high)}"
+        )
     return "inconclusive", f"the CI holds no change and sizes consistent with the target {target.text}: {ci}"
 
 
@@ -262,8 +329,10 @@ def band_overlap(low: float, high: float, estimate: float, band_low: float, band
         wide = "as wide as the band"
     else:
         wide = "wider than the band" if width > band_width else "narrower than the band"
-    return (f"{shares} lies inside the band (log scale), the estimate lies {where}, and the CI is {wide} "
-            f"(log half-width {_half(width)} against the band's {_half(band_width)})")
+    return (
+        f"{shares} lies inside the band (log scale), the estimate lies {where}, and the CI is {wide} "
+        f"(log half-width {_half(width)} against the band's {_half(band_width)})"
+    )
 
 
 def _half(width: float) -> str:
@@ -277,13 +346,16 @@ def _bound(value: float) -> str:
 def _no_worse(target: Target, low: float, high: float, ci: str) -> tuple[str, str]:
     """A non-inferiority target: the CI (log scale) against the declared bound on the worse side."""
     bound = math.log(target.no_worse_than)
-    if target.direction < 0:   # worse as positive
+    if target.direction < 0:  # worse as positive
         low, high, bound = -high, -low, -bound
     if high < bound:
-        return "reproduced", (f"no worse: the whole CI lies on the good side of the declared bound ×{target.no_worse_than:.3g} "
-                              f"({ci})")
+        return "reproduced", (
+            f"no worse: the whole CI lies on the good side of the declared bound ×{target.no_worse_than:.3g} ({ci})"
+        )
     if low > bound:
-        return "opposite effect", (f"worse: the whole CI lies past the declared bound ×{target.no_worse_than:.3g} on the "
-                                   f"worse side ({ci})")
-    return "inconclusive", (f"cannot tell whether it is no worse than ×{target.no_worse_than:.3g}: the CI reaches past "
-                            f"the bound ({ci})")
+        return "opposite effect", (
+            f"worse: the whole CI lies past the declared bound ×{target.no_worse_than:.3g} on the worse side ({ci})"
+        )
+    return "inconclusive", (
+        f"cannot tell whether it is no worse than ×{target.no_worse_than:.3g}: the CI reaches past the bound ({ci})"
+    )

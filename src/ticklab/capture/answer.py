@@ -24,8 +24,16 @@ from pathlib import Path
 
 from ..bundle import Bundle, load_bundle, measured_results
 from ..paths import repo_root
-from .experiment import (Experiment, ExperimentError, boot_experiment_paths, default_boot_experiment, expand_conditions,
-                         experiment_paths, is_boot_experiment, load_experiment)
+from .experiment import (
+    Experiment,
+    ExperimentError,
+    boot_experiment_paths,
+    default_boot_experiment,
+    expand_conditions,
+    experiment_paths,
+    is_boot_experiment,
+    load_experiment,
+)
 
 SECONDS_PER = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
@@ -33,10 +41,11 @@ SECONDS_PER = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 @dataclass(frozen=True)
 class PrintedValue:
     """One row of a claim's published layer, as plain data (the CLI reads it with ``analysis.published``)."""
-    ref: str                 # <table>/<row id>: how an experiment's answer names it
-    quote_id: str            # <claim>/<table>/<row id>: how verdicts cite it
-    as_printed: str          # the source's own words for it ('' for a row the source states without a number)
-    qualifier: str           # about, more than, up to ... ('' when none)
+
+    ref: str  # <table>/<row id>: how an experiment's answer names it
+    quote_id: str  # <claim>/<table>/<row id>: how verdicts cite it
+    as_printed: str  # the source's own words for it ('' for a row the source states without a number)
+    qualifier: str  # about, more than, up to ... ('' when none)
     value: float | None
     unit: str
     context: dict = field(default_factory=dict)  # the row's other columns: the system, HZ, kernel, statistic ...
@@ -45,23 +54,27 @@ class PrintedValue:
 @dataclass(frozen=True)
 class AnswerContext:
     """What the answer needs beyond the bundles, as plain data."""
+
     claim: str
-    source: str                                  # the source document, in words ("seed 004")
+    source: str  # the source document, in words ("seed 004")
     printed: dict = field(default_factory=dict)  # ref -> PrintedValue: every row of the claim's published layer
-    goals: tuple = ()                            # the claim's comparisons (stopping.PrecisionGoal), all of them
-    notebook: str | None = None                  # the claim's notebook as `ticklab report --only` names it
-    data_dir: Path | None = None                 # where the bundles went (capture --out)
-    pass_out: bool = False                       # the commands printed pass --out on (it was not the default)
-    published_dir: Path | None = None            # passed on to the report when it was not the default
+    goals: tuple = ()  # the claim's comparisons (stopping.PrecisionGoal), all of them
+    notebook: str | None = None  # the claim's notebook as `ticklab report --only` names it
+    data_dir: Path | None = None  # where the bundles went (capture --out)
+    pass_out: bool = False  # the commands printed pass --out on (it was not the default)
+    published_dir: Path | None = None  # passed on to the report when it was not the default
 
 
 def check_refs(experiment: Experiment, context: AnswerContext) -> None:
     """Every published row the experiment's answer names exists, and a cost_at_rate's cost is a time; else one
     ExperimentError naming the file and the key."""
+
     def row(ref: str, where: str) -> PrintedValue:
         if ref not in context.printed:
-            raise ExperimentError(f"{experiment.path}: {where}: {ref!r} is no row of the published layer of "
-                                  f"{context.claim} (<table>/<row id>, traces/published/{context.claim}/)")
+            raise ExperimentError(
+                f"{experiment.path}: {where}: {ref!r} is no row of the published layer of "
+                f"{context.claim} (<table>/<row id>, traces/published/{context.claim}/)"
+            )
         return context.printed[ref]
 
     for index, entry in enumerate(experiment.answer):
@@ -70,8 +83,10 @@ def check_refs(experiment: Experiment, context: AnswerContext) -> None:
         if "cost_at_rate" in entry:
             cost = row(entry["cost_at_rate"]["cost"], f"answer[{index}].cost_at_rate.cost")
             if cost.value is None or cost.unit not in SECONDS_PER:
-                raise ExperimentError(f"{experiment.path}: answer[{index}].cost_at_rate.cost: {cost.quote_id} is "
-                                      f"{cost.value} {cost.unit!r}, not a time (one of {', '.join(SECONDS_PER)})")
+                raise ExperimentError(
+                    f"{experiment.path}: answer[{index}].cost_at_rate.cost: {cost.quote_id} is "
+                    f"{cost.value} {cost.unit!r}, not a time (one of {', '.join(SECONDS_PER)})"
+                )
 
 
 def figure(value: float) -> str:
@@ -101,8 +116,10 @@ def answer_lines(bundles: list[Path], context: AnswerContext) -> list[str]:
 
 def _bundle_lines(bundle: Bundle, context: AnswerContext) -> list[str]:
     manifest = bundle.manifest
-    head = (f"{manifest['claim']}/{manifest['experiment']} on this host ({manifest.get('host_id')}): what "
-            f"{context.source} names, read back from {bundle.path}")
+    head = (
+        f"{manifest['claim']}/{manifest['experiment']} on this host ({manifest.get('host_id')}): what "
+        f"{context.source} names, read back from {bundle.path}"
+    )
     if manifest.get("not_testable"):
         return [head, f"  not testable on this host, so no runs: {manifest['not_testable']}"]
     results = measured_results(bundle.typed, bundle.results)
@@ -113,10 +130,12 @@ def _bundle_lines(bundle: Bundle, context: AnswerContext) -> list[str]:
     lines = [head]
     if not entries:
         metrics = sorted(results["metric"].unique())
-        lines.append(f"  {manifest['experiment']} names no headline quantity (no answer section); it recorded "
-                     f"{len(measured)} measured run(s) of {len({r.condition for r in measured})} condition(s) with "
-                     f"{len(metrics)} metric(s) in results.csv: {', '.join(metrics[:12])}"
-                     f"{' …' if len(metrics) > 12 else ''}")
+        lines.append(
+            f"  {manifest['experiment']} names no headline quantity (no answer section); it recorded "
+            f"{len(measured)} measured run(s) of {len({r.condition for r in measured})} condition(s) with "
+            f"{len(metrics)} metric(s) in results.csv: {', '.join(metrics[:12])}"
+            f"{' …' if len(metrics) > 12 else ''}"
+        )
         return lines
     order = [c["name"] for c in manifest.get("conditions") or []]
     conditions = sorted({r.condition for r in measured}, key=lambda c: order.index(c) if c in order else len(order))
@@ -141,8 +160,10 @@ def _quantity_lines(entry: dict, results, condition_values: dict, context: Answe
         return [f"    {entry['says']}: not recorded in these runs (no {entry['metric']} in results.csv)"]
     unit = "%" if entry.get("percent") else str(chosen["unit"].iloc[0])
     middle = _median(values)
-    lines = [f"    {entry['says']}: median {figure(middle)} {unit} (runs {figure(values[0])}–{figure(values[-1])}, "
-             f"n={len(values)}; {entry['metric']})"]
+    lines = [
+        f"    {entry['says']}: median {figure(middle)} {unit} (runs {figure(values[0])}–{figure(values[-1])}, "
+        f"n={len(values)}; {entry['metric']})"
+    ]
     for ref in entry.get("printed") or []:
         row = context.printed[ref]
         if _other_condition(row, condition_values):
@@ -160,8 +181,9 @@ def _median(values: list[float]) -> float:
 
 def _other_condition(row: PrintedValue, condition_values: dict) -> bool:
     """A printed row that names a condition variable's value (hrtick: on) belongs to that condition only."""
-    return any(key in condition_values and str(condition_values[key]) != str(value)
-               for key, value in row.context.items())
+    return any(
+        key in condition_values and str(condition_values[key]) != str(value) for key, value in row.context.items()
+    )
 
 
 def _printed_words(row: PrintedValue) -> str:
@@ -169,7 +191,7 @@ def _printed_words(row: PrintedValue) -> str:
     number = " ".join(w for w in (row.qualifier, "" if row.value is None else f"{row.value:g}", row.unit) if w)
     if not row.as_printed:
         return f"transcribed, not printed as a number: {number or '(no number)'} ({where}; {row.quote_id})"
-    return f"printed in the source: \"{row.as_printed}\"{' = ' + number if number else ''} ({where}; {row.quote_id})"
+    return f'printed in the source: "{row.as_printed}"{" = " + number if number else ""} ({where}; {row.quote_id})'
 
 
 def _cost_at_rate(entry: dict, results, context: AnswerContext) -> str:
@@ -181,8 +203,10 @@ def _cost_at_rate(entry: dict, results, context: AnswerContext) -> str:
     rate = _median(rates)
     share = cost.value * SECONDS_PER[cost.unit] * rate * (100 if entry.get("percent") else 1)
     unit = " %" if entry.get("percent") else ""
-    return (f"derived (not printed): {figure(share)}{unit} = the printed {cost.value:g} {cost.unit} ({cost.quote_id}) "
-            f"× this host's {figure(rate)}/s ({spec['rate']}, median of these runs)")
+    return (
+        f"derived (not printed): {figure(share)}{unit} = the printed {cost.value:g} {cost.unit} ({cost.quote_id}) "
+        f"× this host's {figure(rate)}/s ({spec['rate']}, median of these runs)"
+    )
 
 
 def _shown(path: Path) -> str:
@@ -219,12 +243,18 @@ def _command(experiment: Experiment, claim_experiments: list[Experiment], contex
     if experiment.lab is not None:
         kind, words, what = "lab", ["ticklab", "lab", "run", context.claim], "QEMU guests"
     elif is_boot_experiment(experiment):
-        kind, words, what = "boot", ["ticklab", "capture", context.claim, "--boot", "kexec"], \
-            "one boot of this host per run"
+        kind, words, what = (
+            "boot",
+            ["ticklab", "capture", context.claim, "--boot", "kexec"],
+            "one boot of this host per run",
+        )
     else:
         kind, words, what = "host", ["ticklab", "capture", context.claim], "this host"
-    same_kind = [e for e in claim_experiments
-                 if ("lab" if e.lab is not None else "boot" if is_boot_experiment(e) else "host") == kind]
+    same_kind = [
+        e
+        for e in claim_experiments
+        if ("lab" if e.lab is not None else "boot" if is_boot_experiment(e) else "host") == kind
+    ]
     # --boot without --experiment runs the claim's default boot experiment
     default = default_boot_experiment(same_kind) if kind == "boot" else None
     if len(same_kind) > 1 and (default is None or default.path != experiment.path):
@@ -262,10 +292,15 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
             if not {goal.treatment, goal.baseline} <= _condition_names(experiment, facts):
                 continue
             if experiment.name in captured:
-                why = ("not testable here, as said above" if experiment.name in not_testable
-                       else "its runs here did not measure both")
-                commands.append(f"a host where {_shown(experiment.path)} runs both conditions ({why}; "
-                                f"'ticklab doctor' says what each experiment needs)")
+                why = (
+                    "not testable here, as said above"
+                    if experiment.name in not_testable
+                    else "its runs here did not measure both"
+                )
+                commands.append(
+                    f"a host where {_shown(experiment.path)} runs both conditions ({why}; "
+                    f"'ticklab doctor' says what each experiment needs)"
+                )
             else:
                 commands.append(_command(experiment, claim_experiments, context))
         key = tuple(commands) or ("no experiment of the claim has both conditions",)
@@ -275,8 +310,10 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
         lines.append("  tested by this capture (the report gives the verdict):")
         lines += [f"    {comparison}" for comparison in dict.fromkeys(tested)]
     if by_command:
-        lines.append(f"  not tested by this capture: the claim's comparisons whose two conditions it did not measure, "
-                     f"under the command that would")
+        lines.append(
+            "  not tested by this capture: the claim's comparisons whose two conditions it did not measure, "
+            "under the command that would"
+        )
         for commands, comparisons in by_command.items():
             lines.append(f"    {commands[0]}")
             lines += [f"    or: {command}" for command in commands[1:]]

@@ -34,8 +34,18 @@ from ..bundle import BundleError, BundleWriter, load_bundle
 from ..host import HostChanges, facts, host_id, plan_engine
 from ..safefiles import shown
 from . import requirements, tracing
-from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, boot_experiment_paths, expand_conditions,
-                         default_boot_experiment, is_boot_experiment, load_experiment, schedule)
+from .experiment import (
+    Condition,
+    Experiment,
+    ExperimentError,
+    PlannedRun,
+    boot_experiment_paths,
+    default_boot_experiment,
+    expand_conditions,
+    is_boot_experiment,
+    load_experiment,
+    schedule,
+)
 from .runner import HOST_ID_PATTERN, HostExecutor
 from .session import check_counts, open_bundle, plan, plan_counts
 from .stopping import PrecisionGoal, StoppingRule, next_round_runs
@@ -46,7 +56,7 @@ def _variable(experiment: Experiment, kind: str) -> str | None:
 
 
 def installed_releases(root: Path) -> list[str]:
-    return sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*"))
+    return sorted(p.name[len("vmlinuz-") :] for p in (root / "boot").glob("vmlinuz-*"))
 
 
 def resolve_kernel(value: str, root: Path, source: str) -> str:
@@ -55,19 +65,25 @@ def resolve_kernel(value: str, root: Path, source: str) -> str:
     matches = [r for r in installed_releases(root) if fnmatch.fnmatchcase(r, value)]
     if len(matches) != 1:
         have = ", ".join(installed_releases(root)) or "none"
-        raise ExperimentError(f"{source}: kernel {value!r} matches {len(matches)} installed kernels in {root / 'boot'} "
-                              f"(have: {have}); build one with 'ticklab kernel build --host' or name it exactly")
+        raise ExperimentError(
+            f"{source}: kernel {value!r} matches {len(matches)} installed kernels in {root / 'boot'} "
+            f"(have: {have}); build one with 'ticklab kernel build --host' or name it exactly"
+        )
     return matches[0]
 
 
 def kernel_build_command(build: dict) -> str:
     """The user's command that makes a kernel a boot experiment names (its ``kernel_builds`` entry)."""
-    return (f"ticklab kernel build --host --source /usr/src/linux-source-{build['series']}.tar.xz"
-            + (" --localmodconfig" if build.get("localmodconfig", True) else "")
-            + (f" --fragment {build['fragment']}" if build.get("fragment") else ""))
+    return (
+        f"ticklab kernel build --host --source /usr/src/linux-source-{build['series']}.tar.xz"
+        + (" --localmodconfig" if build.get("localmodconfig", True) else "")
+        + (f" --fragment {build['fragment']}" if build.get("fragment") else "")
+    )
 
 
-def missing_kernels(experiment: Experiment, conditions: list[Condition], root: Path) -> list[tuple[str, list[str], str | None]]:
+def missing_kernels(
+    experiment: Experiment, conditions: list[Condition], root: Path
+) -> list[tuple[str, list[str], str | None]]:
     """(pattern, its conditions, the `kernel build` command or None) for each condition kernel pattern no installed
     kernel matches, in the conditions' order."""
     kernel_var = _variable(experiment, "host_kernel")
@@ -78,8 +94,11 @@ def missing_kernels(experiment: Experiment, conditions: list[Condition], root: P
             patterns.setdefault(value, []).append(condition.name)
     installed = installed_releases(root)
     builds = {b["kernel"]: b for b in experiment.kernel_builds}
-    return [(pattern, names, kernel_build_command(builds[pattern]) if pattern in builds else None)
-            for pattern, names in patterns.items() if not any(fnmatch.fnmatchcase(r, pattern) for r in installed)]
+    return [
+        (pattern, names, kernel_build_command(builds[pattern]) if pattern in builds else None)
+        for pattern, names in patterns.items()
+        if not any(fnmatch.fnmatchcase(r, pattern) for r in installed)
+    ]
 
 
 def check_kernels_installed(experiment: Experiment, conditions: list[Condition], root: Path) -> None:
@@ -88,15 +107,20 @@ def check_kernels_installed(experiment: Experiment, conditions: list[Condition],
     missing = missing_kernels(experiment, conditions, root)
     if not missing:
         return
-    said = [f"no installed kernel matches {pattern!r} (conditions {', '.join(names)}); "
-            + (f"build it: {command}" if command else "build one with 'ticklab kernel build --host'")
-            for pattern, names, command in missing]
-    raise ExperimentError(f"{experiment.path}: {'; '.join(said)} (installed in {root / 'boot'}: "
-                          f"{', '.join(installed_releases(root)) or 'none'})")
+    said = [
+        f"no installed kernel matches {pattern!r} (conditions {', '.join(names)}); "
+        + (f"build it: {command}" if command else "build one with 'ticklab kernel build --host'")
+        for pattern, names, command in missing
+    ]
+    raise ExperimentError(
+        f"{experiment.path}: {'; '.join(said)} (installed in {root / 'boot'}: "
+        f"{', '.join(installed_releases(root)) or 'none'})"
+    )
 
 
-def build_missing_kernels(experiment: Experiment, conditions: list[Condition], root: Path, log=print,
-                          dry_run: bool = False) -> list[str]:
+def build_missing_kernels(
+    experiment: Experiment, conditions: list[Condition], root: Path, log=print, dry_run: bool = False
+) -> list[str]:
     """``capture --boot --build-kernels``: each kernel the conditions name that is not installed, built and installed
     by ``ticklab kernel build --host`` (its plan's estimate said first), in the conditions' order; the releases.
     A pattern the experiment's kernel_builds does not cover is refused before anything is built."""
@@ -106,15 +130,20 @@ def build_missing_kernels(experiment: Experiment, conditions: list[Condition], r
     missing = missing_kernels(experiment, conditions, root)
     unknown = [(pattern, names) for pattern, names, command in missing if command is None]
     if unknown:
-        raise ExperimentError(f"{experiment.path}: no kernel_builds entry says how to build {unknown[0][0]!r} "
-                              f"(conditions {', '.join(unknown[0][1])}); --build-kernels builds only those")
+        raise ExperimentError(
+            f"{experiment.path}: no kernel_builds entry says how to build {unknown[0][0]!r} "
+            f"(conditions {', '.join(unknown[0][1])}); --build-kernels builds only those"
+        )
     builds = {b["kernel"]: b for b in experiment.kernel_builds}
     plans = []
     for pattern, _names, command in missing:
         build = builds[pattern]
-        plan = plan_host_kernel(root, source=root / f"usr/src/linux-source-{build['series']}.tar.xz",
-                                localmodconfig=build.get("localmodconfig", True),
-                                fragment=repo_root() / build["fragment"] if build.get("fragment") else None)
+        plan = plan_host_kernel(
+            root,
+            source=root / f"usr/src/linux-source-{build['series']}.tar.xz",
+            localmodconfig=build.get("localmodconfig", True),
+            fragment=repo_root() / build["fragment"] if build.get("fragment") else None,
+        )
         for warning in plan.warnings:
             log(f"warning: {warning}")
         log(f"{pattern}: {command}: Linux {plan.release}, {plan.estimate()}")
@@ -128,14 +157,18 @@ def boot_experiment(claim: str, experiment_path: Path | None) -> Experiment:
     paths = [experiment_path] if experiment_path else boot_experiment_paths(claim)
     found = [e for e in (load_experiment(p) for p in paths) if is_boot_experiment(e)]
     if not found:
-        raise ExperimentError(f"{experiment_path or 'runners/' + claim}: no boot experiment (one with a host_kernel "
-                              "knob); --boot runs those only")
+        raise ExperimentError(
+            f"{experiment_path or 'runners/' + claim}: no boot experiment (one with a host_kernel "
+            "knob); --boot runs those only"
+        )
     if len(found) > 1:
         default = default_boot_experiment(found)
         if default is not None:
             return default
-        raise ExperimentError(f"runners/{claim}: {len(found)} boot experiments ({', '.join(e.path.name for e in found)}); "
-                              "name one with --experiment")
+        raise ExperimentError(
+            f"runners/{claim}: {len(found)} boot experiments ({', '.join(e.path.name for e in found)}); "
+            "name one with --experiment"
+        )
     return found[0]
 
 
@@ -150,20 +183,23 @@ def condition_words(experiment: Experiment, condition: Condition, fill: dict, so
 
     def filled(match: re.Match) -> str:
         if match.group(1) not in fill:
-            raise ExperimentError(f"{source}: command-line word template {{{shown(match.group(1), 60)}}}: known: "
-                                  "{last_cpu}, {nproc}")
+            raise ExperimentError(
+                f"{source}: command-line word template {{{shown(match.group(1), 60)}}}: known: {{last_cpu}}, {{nproc}}"
+            )
         return str(fill[match.group(1)])
 
     words = [_TEMPLATE.sub(filled, w) for w in words]  # only the names: no format spec a word could blow up with
     bad = next((w for w in words if "{" in w or "}" in w), None)
     if bad is not None:
-        raise ExperimentError(f"{source}: command-line word '{shown(bad, 80)}' has a brace that is not "
-                              "{last_cpu} or {nproc}")
+        raise ExperimentError(
+            f"{source}: command-line word '{shown(bad, 80)}' has a brace that is not {{last_cpu}} or {{nproc}}"
+        )
     return words
 
 
-def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path,
-              host: dict) -> list[plan_engine.PlannedRun]:
+def boot_runs(
+    experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict
+) -> list[plan_engine.PlannedRun]:
     """The capture's planned runs as boots of this host (``host``: its facts): each condition's kernel and the
     command line it has now with the condition's words."""
     cpus = host.get("online_cpus") or facts.online_cpus(root)
@@ -176,8 +212,11 @@ def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path,
         source = f"{experiment.path}: conditions.{run.condition.name}"
         kernel = resolve_kernel(str(run.condition.values.get(kernel_var, "running")), root, source)
         words = condition_words(experiment, run.condition, fill, source)
-        booted.append(plan_engine.PlannedRun(run.run, run.condition.name, kernel,
-                                             plan_engine.condition_cmdline(original, words), warmup=run.warmup))
+        booted.append(
+            plan_engine.PlannedRun(
+                run.run, run.condition.name, kernel, plan_engine.condition_cmdline(original, words), warmup=run.warmup
+            )
+        )
     return booted
 
 
@@ -188,11 +227,16 @@ def _conditions_here(experiment: Experiment, host: dict) -> list[Condition]:
     return conditions
 
 
-def planned_runs(experiment: Experiment, root: Path, *, runs: int | None = None, warmup: int | None = None,
-                 seed: int | None = None) -> list[plan_engine.PlannedRun]:
+def planned_runs(
+    experiment: Experiment, root: Path, *, runs: int | None = None, warmup: int | None = None, seed: int | None = None
+) -> list[plan_engine.PlannedRun]:
     host = facts.collect(root)
-    order = schedule(_conditions_here(experiment, host), runs or experiment.runs,
-                     experiment.warmup if warmup is None else warmup, experiment.seed if seed is None else seed)
+    order = schedule(
+        _conditions_here(experiment, host),
+        runs or experiment.runs,
+        experiment.warmup if warmup is None else warmup,
+        experiment.seed if seed is None else seed,
+    )
     return boot_runs(experiment, order, root, host)
 
 
@@ -233,24 +277,38 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         raise ExperimentError(f"{experiment.path}: changed while the capture started; start it again")
     writer = open_bundle(options.out, identity, experiment, here, conditions, counts, first)
     writer.manifest.requirements = checked
-    context = {"experiment": str(experiment.path.resolve()), "experiment_file": KEPT_EXPERIMENT,
-               "backend": options.backend,
-               "journal": str(options.journal) if options.journal else None,
-               "runs_fixed": options.runs is not None, "budget_s": options.budget_s, "seed": counts[2],
-               "goals": None if options.goals is None else [asdict(g) for g in options.goals]}
+    context = {
+        "experiment": str(experiment.path.resolve()),
+        "experiment_file": KEPT_EXPERIMENT,
+        "backend": options.backend,
+        "journal": str(options.journal) if options.journal else None,
+        "runs_fixed": options.runs is not None,
+        "budget_s": options.budget_s,
+        "seed": counts[2],
+        "goals": None if options.goals is None else [asdict(g) for g in options.goals],
+    }
     plan_id = plan_engine.new_plan_id()
     # the bundle is written for the last time in this process before the plan exists: from then on an abort may
     # seal it at any moment
     writer.manifest.details["boot_plan"] = {"id": plan_id, "mode": mode}
     writer.flush()
     try:
-        created = plan_engine.create(runs, mode=mode, bundle=writer.path, root=root, plan_id=plan_id, capture=context,
-                                     keep={KEPT_EXPERIMENT: kept})
+        created = plan_engine.create(
+            runs,
+            mode=mode,
+            bundle=writer.path,
+            root=root,
+            plan_id=plan_id,
+            capture=context,
+            keep={KEPT_EXPERIMENT: kept},
+        )
     except Exception:
         writer.discard()  # no plan, no run: the bundle opened for it holds nothing
         raise
-    log(f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
-        "'ticklab plan abort' ends it (the runs made are kept)")
+    log(
+        f"boot plan {created.id}: {len(runs)} boots into {writer.path}; 'ticklab plan status' shows it, "
+        "'ticklab plan abort' ends it (the runs made are kept)"
+    )
     plan_engine.advance(created.id, root=root, say=log, maker=BootCapture(created, root, log))
     return created
 
@@ -270,8 +328,9 @@ class BootCapture(plan_engine.RunMaker):
         if self._experiment is None:
             try:
                 kept = self.context.get("experiment_file")  # a plan made before plans kept it: the user's file
-                self._experiment = load_experiment(plan_engine.kept_file(self.root, self.plan.id, kept) if kept
-                                                   else self.context["experiment"])
+                self._experiment = load_experiment(
+                    plan_engine.kept_file(self.root, self.plan.id, kept) if kept else self.context["experiment"]
+                )
             except Exception as exc:  # no later run could be made either
                 raise plan_engine.CannotGoOn(f"the plan's experiment: {exc}") from None
         return self._experiment
@@ -307,16 +366,24 @@ class BootCapture(plan_engine.RunMaker):
             if experiment.trace:
                 tracing.ensure_tracefs(host)
             here = facts.collect(self.root)
-            backend = (tracing.choose_backend(host, self.context["backend"], experiment.trace_settings().functions)[0]
-                       if experiment.trace else None)
+            backend = (
+                tracing.choose_backend(host, self.context["backend"], experiment.trace_settings().functions)[0]
+                if experiment.trace
+                else None
+            )
             HostExecutor(experiment, host, here, backend, self.log).make_run(
-                writer, PlannedRun(run.name, order, condition, run.warmup))
+                writer, PlannedRun(run.name, order, condition, run.warmup)
+            )
         record = writer.manifest.runs[-1]
         # as a lab run's boot names its kernel; with the booted kernel's HZ and clocksource, which the run's checks
         # need (the bundle's host facts describe the kernel the plan was made on, not necessarily this one)
-        record.details["boot"] = {**boot, "kernel_release": boot["release"], "hz": here["kernel_config"]["hz"],
-                                  "clocksource": here["clocksources"]["current"],
-                                  "kernel_build": self._kernel_build(writer, run.name, here.get("kernel_build"))}
+        record.details["boot"] = {
+            **boot,
+            "kernel_release": boot["release"],
+            "hz": here["kernel_config"]["hz"],
+            "clocksource": here["clocksources"]["current"],
+            "kernel_build": self._kernel_build(writer, run.name, here.get("kernel_build")),
+        }
         writer.flush()
         return record.to_json()
 
@@ -332,8 +399,11 @@ class BootCapture(plan_engine.RunMaker):
             text = lzma.decompress(log.read_bytes())
         except (OSError, lzma.LZMAError) as exc:
             return {**record, "build_log_in_bundle": None, "build_log_problem": f"{log}: {exc}"}
-        return {**record, "build_log_in_bundle": writer.add_run_file(run, "kernel-build.log", text),
-                "build_log_matches": hashlib.sha256(text).hexdigest() == record.get("build_log_sha256")}
+        return {
+            **record,
+            "build_log_in_bundle": writer.add_run_file(run, "kernel-build.log", text),
+            "build_log_matches": hashlib.sha256(text).hexdigest() == record.get("build_log_sha256"),
+        }
 
     def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
         writer = self._writer_unless_sealed()
@@ -341,8 +411,17 @@ class BootCapture(plan_engine.RunMaker):
             return
         if any(r.run == run.name for r in writer.manifest.runs):
             return  # made, then failed afterwards: the record says how the run went
-        writer.add_run({"run": run.name, "condition": run.condition, "warmup": run.warmup, "status": "failed",
-                        "problem": why, "boot": boot}, [])
+        writer.add_run(
+            {
+                "run": run.name,
+                "condition": run.condition,
+                "warmup": run.warmup,
+                "status": "failed",
+                "problem": why,
+                "boot": boot,
+            },
+            [],
+        )
 
     def more_runs(self, plan: plan_engine.Plan) -> list[plan_engine.PlannedRun]:
         """A round of one more run per condition while the stopping rule asks for it ([] when it does not). A round
@@ -355,16 +434,22 @@ class BootCapture(plan_engine.RunMaker):
         if pending:
             return self._booted(plan, pending)
         goals = self.context.get("goals")
-        rule = StoppingRule.for_capture(self.experiment, conditions, runs_fixed=self.context["runs_fixed"],
-                                        budget_s=self.context["budget_s"],
-                                        goals=None if goals is None else [PrecisionGoal(**{**g, "experiments": tuple(g["experiments"])})
-                                                                          for g in goals])
+        rule = StoppingRule.for_capture(
+            self.experiment,
+            conditions,
+            runs_fixed=self.context["runs_fixed"],
+            budget_s=self.context["budget_s"],
+            goals=None
+            if goals is None
+            else [PrecisionGoal(**{**g, "experiments": tuple(g["experiments"])}) for g in goals],
+        )
         elapsed = time.time() - datetime.fromisoformat(manifest.started).timestamp()
         rule.started = time.monotonic() - elapsed  # the time budget counts across reboots, from the capture's start
         per_boot = elapsed / max(len(manifest.runs), 1)  # every run, warm-up or failed, took one boot of that time
         round_number = 1 + max((entry.get("round", 0) for entry in manifest.order), default=0)
-        added = next_round_runs(rule, manifest, writer.results(), conditions, per_boot, round_number,
-                                self.context["seed"])
+        added = next_round_runs(
+            rule, manifest, writer.results(), conditions, per_boot, round_number, self.context["seed"]
+        )
         manifest.stopping = rule.record()
         writer.flush()
         return self._booted(plan, [(p.run, p.condition.name) for p in added])
@@ -373,9 +458,17 @@ class BootCapture(plan_engine.RunMaker):
     def _booted(plan: plan_engine.Plan, runs: list[tuple[str, str]]) -> list[plan_engine.PlannedRun]:
         """Runs of a later round, each booted as its condition was first planned (kernel, command line)."""
         booted = {r.condition: r for r in plan.runs}
-        return [plan_engine.PlannedRun(name, condition, booted[condition].kernel, booted[condition].cmdline,
-                                       initrd=booted[condition].initrd, release=booted[condition].release)
-                for name, condition in runs]
+        return [
+            plan_engine.PlannedRun(
+                name,
+                condition,
+                booted[condition].kernel,
+                booted[condition].cmdline,
+                initrd=booted[condition].initrd,
+                release=booted[condition].release,
+            )
+            for name, condition in runs
+        ]
 
     def finished(self, plan: plan_engine.Plan) -> None:
         """The plan ended (made, stopped by a bad boot, or aborted): the bundle is sealed with every run it has."""
@@ -383,11 +476,17 @@ class BootCapture(plan_engine.RunMaker):
         if writer is None:
             return
         if plan.state != "finished" or not writer.manifest.stopping:
-            writer.manifest.stopping = {"rule": "boot plan", "budget": None, "checks": [],
-                                        "reason": f"boot plan {plan.state}" + (f": {plan.ended_because}"
-                                                                               if plan.ended_because else "")}
-        writer.manifest.details["boot_plan"] = {**writer.manifest.details.get("boot_plan", {}), "state": plan.state,
-                                                "ended": datetime.now(timezone.utc).isoformat()}
+            writer.manifest.stopping = {
+                "rule": "boot plan",
+                "budget": None,
+                "checks": [],
+                "reason": f"boot plan {plan.state}" + (f": {plan.ended_because}" if plan.ended_because else ""),
+            }
+        writer.manifest.details["boot_plan"] = {
+            **writer.manifest.details.get("boot_plan", {}),
+            "state": plan.state,
+            "ended": datetime.now(timezone.utc).isoformat(),
+        }
         path = writer.seal()
         self.log(f"{path}: sealed")
 

@@ -35,8 +35,10 @@ def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition,
     cpu = measured_cpu(experiment, facts)
     if cpu is not None:
         if len(facts["online_cpus"]) < 2:  # nowhere to move anything to; a SCHED_FIFO hog would own the machine
-            raise HostChangeError(f"{experiment.path}: isolate needs a second online CPU to move interrupts and tasks "
-                                  f"to (online here: {facts['online_cpus']})")
+            raise HostChangeError(
+                f"{experiment.path}: isolate needs a second online CPU to move interrupts and tasks "
+                f"to (online here: {facts['online_cpus']})"
+            )
         host.isolate_cpu(cpu)
         if experiment.isolate.get("rt_throttling") == "off":
             # a realtime task is otherwise stopped for 50 ms of every second (sched_rt_runtime_us 950000 of
@@ -59,12 +61,20 @@ def apply_knobs(host: HostChanges, experiment: Experiment, condition: Condition,
 def workload_values(experiment: Experiment, condition: Condition, facts: dict) -> dict:
     params = dict(experiment.workload.get("params") or {})
     # Workloads run inside their run directory, so "{run_dir}" is "." and manifests hold no local paths.
-    return {"tools": str(requirements.tools_bin()), "repo": str(repo_root()), "run_dir": ".",
-            "nproc": facts["nproc"], "last_cpu": facts["online_cpus"][-1], **params, **condition.values}
+    return {
+        "tools": str(requirements.tools_bin()),
+        "repo": str(repo_root()),
+        "run_dir": ".",
+        "nproc": facts["nproc"],
+        "last_cpu": facts["online_cpus"][-1],
+        **params,
+        **condition.values,
+    }
 
 
-def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, facts: dict, backend: str | None,
-                run_dir: Path) -> dict:
+def execute_run(
+    experiment: Experiment, planned: PlannedRun, host: HostChanges, facts: dict, backend: str | None, run_dir: Path
+) -> dict:
     """Make one planned run in ``run_dir``; its manifest record (without results), with what else the machine
     was doing meanwhile (``interference``: sampled from just before the workload starts until it ends)."""
     values = workload_values(experiment, planned.condition, facts)
@@ -75,11 +85,17 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
         if experiment.workload.get("server"):
             server_argv = fill_argv(experiment.workload["server"], values, f"{experiment.path}: workload.server")
             try:
-                server = spawn(server_argv, host=host, label=f"server {server_argv[0]}", stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                server = spawn(
+                    server_argv,
+                    host=host,
+                    label=f"server {server_argv[0]}",
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             except OSError as exc:
-                raise WorkloadOutputError(f"{experiment.path}: workload.server {server_argv[0]}: cannot start "
-                                          f"({exc.strerror or exc})") from None
+                raise WorkloadOutputError(
+                    f"{experiment.path}: workload.server {server_argv[0]}: cannot start ({exc.strerror or exc})"
+                ) from None
             time.sleep(float(experiment.workload.get("server_start_s", 1)))
         try:
             sampler = interference.Sampler(host.root)
@@ -89,15 +105,23 @@ def execute_run(experiment: Experiment, planned: PlannedRun, host: HostChanges, 
             if server is not None:
                 stop(server)
         checks = per_run_extras(experiment, host, facts, values, run_dir, backend) if outcome["status"] == "ok" else []
-    return {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
-            "warmup": planned.warmup, "values": planned.condition.values, **outcome,
-            "knobs": scope.records(),
-            "trace": trace_result.record() if trace_result else None, "interference": sampler.summary(),
-            **({"extras": checks} if checks else {})}
+    return {
+        "run": planned.run,
+        "condition": planned.condition.name,
+        "order": planned.order,
+        "warmup": planned.warmup,
+        "values": planned.condition.values,
+        **outcome,
+        "knobs": scope.records(),
+        "trace": trace_result.record() if trace_result else None,
+        "interference": sampler.summary(),
+        **({"extras": checks} if checks else {}),
+    }
 
 
-def per_run_extras(experiment: Experiment, host: HostChanges, facts: dict, values: dict, run_dir: Path,
-                   backend: str | None = None) -> list[dict]:
+def per_run_extras(
+    experiment: Experiment, host: HostChanges, facts: dict, values: dict, run_dir: Path, backend: str | None = None
+) -> list[dict]:
     """Cross-checks marked ``per_run``, right after the workload in the same run (same boot, same knobs, the
     workload's trace stopped), each in run_dir/<name>/, one marked ``traced`` under a trace of its own
     (run_dir/<name>/trace, the experiment's events and clock); where the host lacks what one needs, why it was
@@ -128,15 +152,31 @@ def _record_workload(experiment: Experiment, host: HostChanges, backend: str | N
     settings = experiment.trace_settings()
     if settings is None:
         return run_command(argv, run_dir, experiment.timeout_s, host), None
-    with tracing.recorder(backend, host, settings.events, run_dir / "trace", buffer_kb=settings.buffer_kb,
-                          symbols=settings.symbols, functions=settings.functions,
-                          optional_events=settings.optional_events, clock=settings.clock) as recording:
+    with tracing.recorder(
+        backend,
+        host,
+        settings.events,
+        run_dir / "trace",
+        buffer_kb=settings.buffer_kb,
+        symbols=settings.symbols,
+        functions=settings.functions,
+        optional_events=settings.optional_events,
+        clock=settings.clock,
+    ) as recording:
         outcome = run_command(argv, run_dir, experiment.timeout_s, host)
     return outcome, recording.result
 
 
-def run_once(experiment: Experiment, condition: Condition, host: HostChanges, facts: dict, argv: list, source: str,
-             directory: Path, wrap: list[str] = ()) -> dict:
+def run_once(
+    experiment: Experiment,
+    condition: Condition,
+    host: HostChanges,
+    facts: dict,
+    argv: list,
+    source: str,
+    directory: Path,
+    wrap: list[str] = (),
+) -> dict:
     """``argv`` once under ``condition``'s knobs, in ``directory`` (profiles and cross-checks)."""
     filled = fill_argv(argv, workload_values(experiment, condition, facts), source)
     with host.scope():

@@ -41,8 +41,24 @@ from ..safefiles import UnsafeFileError, read_bytes, shown
 from ..yamlsafe import preview
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
-KNOWN = {*REQUIRED, "runs", "warmup", "timeout_s", "seed", "requires", "trace", "knobs", "profile", "extras", "notes",
-         "lab", "budget", "isolate", "answer", "kernel_builds"}
+KNOWN = {
+    *REQUIRED,
+    "runs",
+    "warmup",
+    "timeout_s",
+    "seed",
+    "requires",
+    "trace",
+    "knobs",
+    "profile",
+    "extras",
+    "notes",
+    "lab",
+    "budget",
+    "isolate",
+    "answer",
+    "kernel_builds",
+}
 BUDGET_KEYS = {"time_s", "max_runs"}
 # host_kernel: the kernel a boot plan boots for the condition ("running" or a release pattern; capture --boot)
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp", "host_kernel")
@@ -84,7 +100,9 @@ class Experiment:
     definition: dict = field(default_factory=dict)
     lab: dict | None = None
     budget: dict | None = None
-    isolate: dict | None = None  # {cpu: last, rt_throttling: on|off}: interrupts and other tasks moved off the measured CPU per run
+    isolate: dict | None = (
+        None  # {cpu: last, rt_throttling: on|off}: interrupts and other tasks moved off the measured CPU per run
+    )
     answer: list[dict] = field(default_factory=list)  # what capture prints once sealed (capture/answer.py)
     # a boot experiment's kernels that `ticklab kernel build --host` makes: {kernel: <host_kernel pattern>,
     # series: "X.Y", localmodconfig: bool}; a missing kernel's error names the command (capture/boot_capture.py)
@@ -103,27 +121,30 @@ class Experiment:
         The one reading of it: a dry run lists the writes these settings make, a run records with them."""
         if not self.trace:
             return None
-        return TraceSettings(events=list(self.trace["events"]), buffer_kb=int(self.trace.get("buffer_kb", 4096)),
-                             symbols=list(self.trace.get("symbols") or []),
-                             functions=list(self.trace.get("functions") or []),
-                             optional_events=list(self.trace.get("optional_events") or []),
-                             clock=self.trace.get("clock"))
+        return TraceSettings(
+            events=list(self.trace["events"]),
+            buffer_kb=int(self.trace.get("buffer_kb", 4096)),
+            symbols=list(self.trace.get("symbols") or []),
+            functions=list(self.trace.get("functions") or []),
+            optional_events=list(self.trace.get("optional_events") or []),
+            clock=self.trace.get("clock"),
+        )
 
 
 @dataclass(frozen=True)
 class TraceSettings:
     events: list[str]
-    buffer_kb: int                  # per CPU
-    symbols: list[str]              # kallsyms lines to keep beside the trace
-    functions: list[str]            # the function tracer's filter (empty: no function tracer)
-    optional_events: list[str]      # recorded where the running kernel has them
-    clock: str | None               # the trace clock (None: the kernel's default)
+    buffer_kb: int  # per CPU
+    symbols: list[str]  # kallsyms lines to keep beside the trace
+    functions: list[str]  # the function tracer's filter (empty: no function tracer)
+    optional_events: list[str]  # recorded where the running kernel has them
+    clock: str | None  # the trace clock (None: the kernel's default)
 
 
 @dataclass(frozen=True)
 class Budget:
-    time_s: float     # wall-clock seconds for the measured runs (initial and added), warm-ups excluded
-    max_runs: int     # measured runs per condition, at most
+    time_s: float  # wall-clock seconds for the measured runs (initial and added), warm-ups excluded
+    max_runs: int  # measured runs per condition, at most
 
 
 def parse_budget(data: dict, path: Path) -> Budget | None:
@@ -163,12 +184,18 @@ def default_boot_experiment(found: list[Experiment]) -> Experiment | None:
     """Of a claim's several boot experiments, the one ``capture --boot`` runs without ``--experiment``: the only one
     that needs no kernel built, every condition booting the running kernel (nohz's host-boot-ftq beside
     host-boot-hz, whose HZ kernels are built first); None when there is not exactly one."""
+
     def kernel_knob(experiment: Experiment) -> str | None:
         return next((name for name, kind in experiment.knobs.items() if kind == "host_kernel"), None)
 
-    running = [e for e in found
-               if all(str(c.get(kernel_knob(e), "running")) == "running"
-                      for c in (e.conditions if isinstance(e.conditions, list) else []))]
+    running = [
+        e
+        for e in found
+        if all(
+            str(c.get(kernel_knob(e), "running")) == "running"
+            for c in (e.conditions if isinstance(e.conditions, list) else [])
+        )
+    ]
     return running[0] if len(running) == 1 else None
 
 
@@ -198,21 +225,29 @@ def load_experiment(path: Path | str) -> Experiment:
             raise ExperimentError(f"{path}: {key} must be a {'positive' if key == 'runs' else 'non-negative'} integer")
     boot_file = path.name.startswith(BOOT_EXPERIMENT_PREFIX)
     if boot_file != ("host_kernel" in (data.get("knobs") or {}).values()):
-        raise ExperimentError(f"{path}: a boot experiment (host_kernel knob) must be named {BOOT_EXPERIMENT_PREFIX}*.yaml, "
-                              "and such a file needs a host_kernel knob")
+        raise ExperimentError(
+            f"{path}: a boot experiment (host_kernel knob) must be named {BOOT_EXPERIMENT_PREFIX}*.yaml, "
+            "and such a file needs a host_kernel knob"
+        )
     for variable, kind in (data.get("knobs") or {}).items():
         if kind not in KNOB_KINDS and not str(kind).startswith("sched_feature:"):
-            raise ExperimentError(f"{path}: knobs.{shown(variable, 80)}: unknown knob {preview(kind, 80)} "
-                                  f"(known: {', '.join(KNOB_KINDS)}, sched_feature:<NAME>)")
+            raise ExperimentError(
+                f"{path}: knobs.{shown(variable, 80)}: unknown knob {preview(kind, 80)} "
+                f"(known: {', '.join(KNOB_KINDS)}, sched_feature:<NAME>)"
+            )
     for index, extra in enumerate(data.get("extras") or []):
         if not isinstance(extra, dict) or not {"name", "argv"} <= set(extra) or not isinstance(extra["argv"], list):
             raise ExperimentError(f"{path}: extras[{index}] needs a name and an argv list")
         if extra["name"] == "trace" or [e.get("name") for e in data["extras"]].count(extra["name"]) > 1:
-            raise ExperimentError(f"{path}: extras[{index}]: name {preview(extra['name'], 80)} is taken (by another "
-                                  "extra, or 'trace', the run's own trace directory)")
+            raise ExperimentError(
+                f"{path}: extras[{index}]: name {preview(extra['name'], 80)} is taken (by another "
+                "extra, or 'trace', the run's own trace directory)"
+            )
         if extra.get("traced") and not (extra.get("per_run") and data.get("trace")):
-            raise ExperimentError(f"{path}: extras[{index}] is traced: it must be per_run and the experiment must have a "
-                                  "trace section (its events are what the extra records)")
+            raise ExperimentError(
+                f"{path}: extras[{index}] is traced: it must be per_run and the experiment must have a "
+                "trace section (its events are what the extra records)"
+            )
     lab = data.get("lab")
     if lab is not None and (not isinstance(lab, dict) or set(lab) - LAB_KEYS):
         raise ExperimentError(f"{path}: lab must be a mapping with keys among {', '.join(sorted(LAB_KEYS))}")
@@ -257,8 +292,9 @@ def check_keys_are_text(data, path: Path, where: str = "") -> None:
         if isinstance(node, dict):
             for key, value in node.items():
                 if not isinstance(key, str):
-                    raise ExperimentError(f"{shown(path)}: {at + ': ' if at else ''}key {preview(key, 80)} is not "
-                                          "a string (quote it)")
+                    raise ExperimentError(
+                        f"{shown(path)}: {at + ': ' if at else ''}key {preview(key, 80)} is not a string (quote it)"
+                    )
                 stack.append((value, f"{at}.{shown(key, 80)}" if at else shown(key, 80)))
         elif isinstance(node, list):
             stack.extend((item, f"{at}[{index}]") for index, item in enumerate(node))
@@ -276,15 +312,20 @@ def check_idle_configs(data: dict, path: Path) -> None:
         if isinstance(spec, dict):
             found = [(f"conditions.matrix.{variable}", (spec.get("matrix") or {}).get(variable))]
         else:
-            found = [(f"conditions[{i}].{variable}", item.get(variable)) for i, item in enumerate(spec or [])
-                     if isinstance(item, dict)]
+            found = [
+                (f"conditions[{i}].{variable}", item.get(variable))
+                for i, item in enumerate(spec or [])
+                if isinstance(item, dict)
+            ]
         for where, values in found:
             for value in values if isinstance(values, list) else [values]:
                 if value is None or value in IDLE_HOST_VALUES:
                     continue
                 if not idle_config_form(value):
-                    raise ExperimentError(f"{shown(path)}: {shown(where, 120)}: {preview(value, 80)} is not an "
-                                          "idle config (all, max=<cpuidle state>, @idle_configs or @deepest_disabled)")
+                    raise ExperimentError(
+                        f"{shown(path)}: {shown(where, 120)}: {preview(value, 80)} is not an "
+                        "idle config (all, max=<cpuidle state>, @idle_configs or @deepest_disabled)"
+                    )
 
 
 def idle_config_form(value) -> bool:
@@ -297,9 +338,10 @@ def idle_states_to_disable(value, names: list[str], source: str) -> list[str]:
         return []
     deepest = str(value)[4:] if idle_config_form(value) else None
     if deepest not in names:
-        raise ExperimentError(f"{source}: idle config {preview(value, 80)} names no cpuidle state of this host "
-                              f"(states: {_listed(names)})")
-    return names[names.index(deepest) + 1:]
+        raise ExperimentError(
+            f"{source}: idle config {preview(value, 80)} names no cpuidle state of this host (states: {_listed(names)})"
+        )
+    return names[names.index(deepest) + 1 :]
 
 
 def _cmdline_problem(value, *, words_list: bool) -> str | None:
@@ -318,8 +360,10 @@ def _cmdline_problem(value, *, words_list: bool) -> str | None:
         return f"{preview(value, 200)} is not a string of command-line words"
     bad = next((c for c in value if not c.isprintable() and c != " "), None)
     if bad is not None:
-        return (f"'{shown(value)}' holds the control character {bad!r}; kernel command-line words are printable text, "
-                "separated by spaces")
+        return (
+            f"'{shown(value)}' holds the control character {bad!r}; kernel command-line words are printable text, "
+            "separated by spaces"
+        )
     return None
 
 
@@ -379,8 +423,10 @@ def resolve_value(value, host: dict, source: str):
         configs = idle_configs(host["cpuidle"]["states"])
         return configs[-1] if len(configs) > 1 else []
     if isinstance(value, str) and value.startswith("@"):
-        raise ExperimentError(f"{source}: unknown host value {preview(value, 80)} "
-                             "(known: @clocksources, @threads, @idle_configs, @deepest_disabled)")
+        raise ExperimentError(
+            f"{source}: unknown host value {preview(value, 80)} "
+            "(known: @clocksources, @threads, @idle_configs, @deepest_disabled)"
+        )
     return value
 
 
@@ -388,21 +434,26 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
     """The experiment's conditions on this host, in definition order."""
     spec, source = experiment.conditions, f"{experiment.path}: conditions"
     if isinstance(spec, dict) and "matrix" in spec:
-        axes = {name: resolve_value(values, host, f"{source}.matrix.{shown(name, 80)}")
-                for name, values in spec["matrix"].items()}
+        axes = {
+            name: resolve_value(values, host, f"{source}.matrix.{shown(name, 80)}")
+            for name, values in spec["matrix"].items()
+        }
         axes = {name: values if isinstance(values, list) else [values] for name, values in axes.items()}
         empty = [name for name, values in axes.items() if not values]
         if empty:
             return []
         combos = itertools.product(*axes.values())
-        return [Condition(" ".join(f"{k}={v}" for k, v in zip(axes, combo)), dict(zip(axes, combo))) for combo in combos]
+        return [
+            Condition(" ".join(f"{k}={v}" for k, v in zip(axes, combo)), dict(zip(axes, combo))) for combo in combos
+        ]
     if isinstance(spec, list):
         conditions = []
         for index, item in enumerate(spec):
             if not isinstance(item, dict) or "name" not in item:
                 raise ExperimentError(f"{source}[{index}]: each condition needs a name")
-            values = {k: resolve_value(v, host, f"{source}[{index}].{shown(k, 80)}") for k, v in item.items()
-                      if k != "name"}
+            values = {
+                k: resolve_value(v, host, f"{source}[{index}].{shown(k, 80)}") for k, v in item.items() if k != "name"
+            }
             if any(v == [] for v in values.values()):
                 continue  # a host value this host does not have (e.g. a second cpuidle state)
             conditions.append(Condition(str(item["name"]), values))
@@ -416,7 +467,7 @@ class PlannedRun:
     order: int
     condition: Condition
     warmup: bool
-    block: int | None = None   # measured runs: the round (1, 2 ...) that holds one run of every condition
+    block: int | None = None  # measured runs: the round (1, 2 ...) that holds one run of every condition
 
 
 def schedule(conditions: list[Condition], runs: int, warmup: int, seed: int) -> list[PlannedRun]:
@@ -438,9 +489,11 @@ def fill_argv(argv: list, values: dict, source: str) -> list[str]:
         try:
             filled.append(str(part).format(**values))
         except KeyError as exc:
-            raise ExperimentError(f"{source}: argv uses {{{shown(exc.args[0], 80)}}}, which no condition or param "
-                                  "defines") from exc
+            raise ExperimentError(
+                f"{source}: argv uses {{{shown(exc.args[0], 80)}}}, which no condition or param defines"
+            ) from exc
         except (ValueError, IndexError, AttributeError) as exc:  # an unbalanced brace, {0}, {x.y}
-            raise ExperimentError(f"{source}: argv item {shown(repr(str(part)), 80)} is not a valid template "
-                                  f"({shown(exc, 120)})") from None
+            raise ExperimentError(
+                f"{source}: argv item {shown(repr(str(part)), 80)} is not a valid template ({shown(exc, 120)})"
+            ) from None
     return filled

@@ -47,6 +47,7 @@ GUEST_COLUMNS = 2  # guest and guest_nice are already counted in user and nice
 @dataclass(frozen=True)
 class Sample:
     """One reading of /proc. None where the file (or the field) could not be read."""
+
     load1: float | None
     runnable: int | None  # procs_running in /proc/stat: every runnable task, the run's own and the sampler included
     other_runnable: int | None  # runnable threads outside the run's process tree
@@ -133,9 +134,13 @@ def other_runnable(threads: list[tuple[int, int, str]], own_pid: int) -> int:
 def read_sample(root: Path = Path("/"), own_pid: int | None = None) -> Sample:
     running, ticks, steal = _stat(root)
     threads = _threads(root)
-    return Sample(load1=_load1(root), runnable=running,
-                  other_runnable=other_runnable(threads, os.getpid() if own_pid is None else own_pid) if threads else None,
-                  cpu_ticks=ticks, steal_ticks=steal)
+    return Sample(
+        load1=_load1(root),
+        runnable=running,
+        other_runnable=other_runnable(threads, os.getpid() if own_pid is None else own_pid) if threads else None,
+        cpu_ticks=ticks,
+        steal_ticks=steal,
+    )
 
 
 def busy_reasons(samples: list[Sample], cpus: int) -> tuple[list[str], int, float | None]:
@@ -145,8 +150,10 @@ def busy_reasons(samples: list[Sample], cpus: int) -> tuple[list[str], int, floa
     steal = steal_fraction(samples)
     reasons = []
     if others and over / len(others) > BUSY_SAMPLE_FRACTION:
-        reasons.append(f"more runnable tasks outside the run than CPUs ({cpus}) in {over} of {len(others)} samples "
-                       f"(up to {max(others)})")
+        reasons.append(
+            f"more runnable tasks outside the run than CPUs ({cpus}) in {over} of {len(others)} samples "
+            f"(up to {max(others)})"
+        )
     if steal is not None and steal > BUSY_STEAL_FRACTION:
         reasons.append(f"{steal:.0%} of CPU time stolen by the hypervisor")
     return reasons, over, steal
@@ -174,12 +181,17 @@ def summarise(samples: list[Sample], cpus: int, interval_s: float = INTERVAL_S) 
     reasons, over, steal = busy_reasons(samples, cpus)
     readable = any(s.other_runnable is not None or s.steal_ticks is not None for s in samples)
     return {
-        "cpus": cpus, "interval_s": interval_s, "samples": len(samples),
-        "load1_before": before.load1 if before else None, "load1_max": max(load1) if load1 else None,
+        "cpus": cpus,
+        "interval_s": interval_s,
+        "samples": len(samples),
+        "load1_before": before.load1 if before else None,
+        "load1_max": max(load1) if load1 else None,
         "runnable_before": before.runnable if before else None,
-        "runnable_max": max(runnable) if runnable else None, "runnable_mean": _mean(runnable),
+        "runnable_max": max(runnable) if runnable else None,
+        "runnable_mean": _mean(runnable),
         "other_runnable_before": before.other_runnable if before else None,
-        "other_runnable_max": max(others) if others else None, "other_runnable_mean": _mean(others),
+        "other_runnable_max": max(others) if others else None,
+        "other_runnable_mean": _mean(others),
         "samples_over_cpus": over,
         "steal_fraction": steal,
         "busy": bool(reasons) if readable else None,

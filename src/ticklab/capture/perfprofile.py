@@ -31,20 +31,37 @@ def record_argv(argv: list[str], event: str, perf: str = "perf") -> list[str]:
 
 
 def report_argv(percent_limit: float, perf: str = "perf") -> list[str]:
-    return [perf, "report", "-i", DATA, "--stdio", "--no-children", "--sort", "sym",
-            "--percent-limit", str(percent_limit)]
+    return [
+        perf,
+        "report",
+        "-i",
+        DATA,
+        "--stdio",
+        "--no-children",
+        "--sort",
+        "sym",
+        "--percent-limit",
+        str(percent_limit),
+    ]
 
 
-def profile(argv: list[str], directory: Path, event: str = "cpu-clock", percent_limit: float = 0.1,
-            keep_data: bool = False, perf: str = "perf") -> int:
+def profile(
+    argv: list[str],
+    directory: Path,
+    event: str = "cpu-clock",
+    percent_limit: float = 0.1,
+    keep_data: bool = False,
+    perf: str = "perf",
+) -> int:
     """Record ``argv`` system-wide in ``directory``, write the text report there; the exit status."""
     recorded = subprocess.run(record_argv(argv, event, perf), cwd=directory, check=False)
     status = recorded.returncode
     data = directory / DATA
     if data.is_file():
         with (directory / REPORT).open("w") as out, (directory / REPORT_ERRORS).open("w") as err:
-            reported = subprocess.run(report_argv(percent_limit, perf), cwd=directory, stdout=out, stderr=err,
-                                      check=False)
+            reported = subprocess.run(
+                report_argv(percent_limit, perf), cwd=directory, stdout=out, stderr=err, check=False
+            )
         status = status or reported.returncode
         if not keep_data:
             data.unlink()
@@ -55,11 +72,14 @@ def profile(argv: list[str], directory: Path, event: str = "cpu-clock", percent_
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m ticklab.capture.perfprofile",
-                                     description="perf record -a of a command, kept as perf report text")
+    parser = argparse.ArgumentParser(
+        prog="python3 -m ticklab.capture.perfprofile",
+        description="perf record -a of a command, kept as perf report text",
+    )
     parser.add_argument("--event", default="cpu-clock", help="perf event (default cpu-clock, a software event)")
-    parser.add_argument("--percent-limit", type=float, default=0.1,
-                        help="leave out symbols below this share of samples (default 0.1)")
+    parser.add_argument(
+        "--percent-limit", type=float, default=0.1, help="leave out symbols below this share of samples (default 0.1)"
+    )
     parser.add_argument("--keep-data", action="store_true", help=f"keep {DATA} beside the report")
     parser.add_argument("--perf", default="perf", help="the perf program (default: perf on PATH)")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command to profile")

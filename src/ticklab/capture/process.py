@@ -51,6 +51,7 @@ def _dies_with_parent(parent: int, death_signal: int = signal.SIGKILL):
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
+
     return in_child
 
 
@@ -60,8 +61,7 @@ def _dies_with_parent(parent: int, death_signal: int = signal.SIGKILL):
 GROUP_KEEPER = ["/bin/sh", "-c", 'trap "kill -KILL 0" TERM; "$@" & wait $!']
 
 
-def spawn(argv: list, *, host=None, label: str = "workload", whole_group: bool = False,
-          **popen) -> subprocess.Popen:
+def spawn(argv: list, *, host=None, label: str = "workload", whole_group: bool = False, **popen) -> subprocess.Popen:
     """``subprocess.Popen(argv, start_new_session=True, **popen)`` that dies with this process and, with ``host``
     (a ``HostChanges``), is recorded in its journal so that recovery after a SIGKILL kills what it left. Only on
     the main thread: PR_SET_PDEATHSIG fires when the forking thread ends, which would kill the child early.
@@ -72,9 +72,13 @@ def spawn(argv: list, *, host=None, label: str = "workload", whole_group: bool =
     if whole_group:
         argv, death_signal = [*GROUP_KEEPER, f"ticklab {label}", *argv], signal.SIGTERM
     if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError(f"{label}: spawn runs on the main thread only (the child's death signal would come when "
-                           f"thread {threading.current_thread().name!r} ends)")
-    process = subprocess.Popen(argv, start_new_session=True, preexec_fn=_dies_with_parent(os.getpid(), death_signal), **popen)
+        raise RuntimeError(
+            f"{label}: spawn runs on the main thread only (the child's death signal would come when "
+            f"thread {threading.current_thread().name!r} ends)"
+        )
+    process = subprocess.Popen(
+        argv, start_new_session=True, preexec_fn=_dies_with_parent(os.getpid(), death_signal), **popen
+    )
     if host is not None:
         try:
             host.record_process(process.pid, label=label)
@@ -122,8 +126,14 @@ def run_command(argv: list[str], directory: Path, timeout_s: float, host=None) -
     started = time.time()
     with (directory / "stdout.txt").open("w") as out, (directory / "stderr.txt").open("w") as err:
         try:
-            process = spawn(argv, host=host, label=f"workload {os.path.basename(str(argv[0]))}", stdout=out,
-                            stderr=err, cwd=directory)
+            process = spawn(
+                argv,
+                host=host,
+                label=f"workload {os.path.basename(str(argv[0]))}",
+                stdout=out,
+                stderr=err,
+                cwd=directory,
+            )
         except OSError as exc:
             raise WorkloadOutputError(f"{argv[0]}: cannot start ({exc.strerror})") from exc
         status = wait_or_kill(process, timeout_s)

@@ -67,8 +67,9 @@ def check_cpuidle_driver(host: HostChanges, facts: dict, wanted: str) -> tuple[b
     """Whether the cpuidle driver in charge is ``wanted`` (cpuidle/current_driver): an experiment about one driver's
     idle path (acpi-idle: acpi_idle's I/O-port C-state entry) records another driver's states as data otherwise."""
     idle = facts["cpuidle"]
-    states = "; ".join(f"{s['name']}" + (f" ({s['desc']})" if s.get("desc") and s["desc"] != s["name"] else "")
-                       for s in idle["states"])
+    states = "; ".join(
+        f"{s['name']}" + (f" ({s['desc']})" if s.get("desc") and s["desc"] != s["name"] else "") for s in idle["states"]
+    )
     listed = f" (states: {states})" if states else ""
     if not idle["driver"]:
         return False, f"no cpuidle driver (cpuidle/current_driver: none), not {wanted}"
@@ -105,15 +106,21 @@ def check(requirement: str, host: HostChanges, facts: dict) -> tuple[bool, str]:
         return check_tool(argument)
     if kind == "tracer":
         tracers = facts.get("tracers") or []
-        return (True, f"{argument} tracer available") if argument in tracers else (False, f"no {argument} tracer in this kernel")
+        return (
+            (True, f"{argument} tracer available")
+            if argument in tracers
+            else (False, f"no {argument} tracer in this kernel")
+        )
     raise ValueError(f"unknown requirement {requirement!r}")
 
 
 def check_all(requires: list[str], host: HostChanges, facts: dict) -> tuple[dict, dict]:
     """Every requirement checked: ({requirement: {"ok", "why"}} for the manifest, {requirement: why} unmet)."""
     checks = {r: check(r, host, facts) for r in requires}
-    return ({r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()},
-            {r: why for r, (ok, why) in checks.items() if not ok})
+    return (
+        {r: {"ok": ok, "why": why} for r, (ok, why) in checks.items()},
+        {r: why for r, (ok, why) in checks.items() if not ok},
+    )
 
 
 def missing(requires: list[str], host: HostChanges, facts: dict) -> str:

@@ -21,8 +21,16 @@ from ..host import HostChanges, collect, host_id
 from . import requirements, tracing
 from .answer import AnswerContext, answer_lines, check_refs
 from .execute import apply_knobs, execute_run, run_once, workload_values
-from .experiment import (Condition, Experiment, ExperimentError, PlannedRun, expand_conditions, experiment_paths,
-                         is_boot_experiment, load_experiment)
+from .experiment import (
+    Condition,
+    Experiment,
+    ExperimentError,
+    PlannedRun,
+    expand_conditions,
+    experiment_paths,
+    is_boot_experiment,
+    load_experiment,
+)
 from .session import Session, add_run, check_counts, open_bundle, plan, plan_counts
 from .stopping import StoppingRule, describe
 
@@ -42,10 +50,10 @@ class CaptureOptions:
     progress: bool = True
     seed: int | None = None
     budget_s: float | None = None  # overrides the experiment's budget.time_s (0: no added rounds)
-    goals: list | None = None      # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
+    goals: list | None = None  # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
     answer: AnswerContext | None = None  # what the answer printed once the bundles are sealed needs (None: no answer)
-    run_lines: bool = False        # one line per run (a log: no progress bar is seen)
-    build_kernels: bool = False    # capture --boot: build and install the conditions' missing kernels first
+    run_lines: bool = False  # one line per run (a log: no progress bar is seen)
+    build_kernels: bool = False  # capture --boot: build and install the conditions' missing kernels first
 
 
 class Capture:
@@ -76,37 +84,65 @@ class Capture:
             conditions = expand_conditions(experiment, facts)
             if not conditions and not failed:
                 failed["conditions"] = "no condition of this experiment exists on this host"
-            backend, backend_why = (tracing.choose_backend(host, options.backend, experiment.trace_settings().functions)
-                                    if experiment.trace and not failed else (None, None))
+            backend, backend_why = (
+                tracing.choose_backend(host, options.backend, experiment.trace_settings().functions)
+                if experiment.trace and not failed
+                else (None, None)
+            )
             identity = options.host_id or host_id(facts)
             if not HOST_ID_PATTERN.match(identity):
                 raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")
             counts = plan_counts(experiment, options)
             planned = [] if failed else plan(conditions, counts)
-            rule = None if failed else StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
-                                                                 budget_s=options.budget_s, goals=options.goals)
+            rule = (
+                None
+                if failed
+                else StoppingRule.for_capture(
+                    experiment,
+                    conditions,
+                    runs_fixed=options.runs is not None,
+                    budget_s=options.budget_s,
+                    goals=options.goals,
+                )
+            )
             if options.dry_run:
                 return self._dry_run(host, planned, facts, failed, backend, rule)
             writer = self.writer = open_bundle(options.out, identity, experiment, facts, conditions, counts, planned)
             manifest = writer.manifest
             manifest.requirements = checked
-            manifest.tracing = {"backend": backend, "why": backend_why, "events": (experiment.trace or {}).get("events", [])}
+            manifest.tracing = {
+                "backend": backend,
+                "why": backend_why,
+                "events": (experiment.trace or {}).get("events", []),
+            }
             if failed:
                 manifest.not_testable = requirements.unmet_text(failed)
                 self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
             else:
                 executor = HostExecutor(experiment, host, facts, backend, self.log)
-                Session(experiment, executor, writer, planned, rule, conditions, counts[2], what="capture",
-                        desc=f"{experiment.claim}/{experiment.name}", progress=options.progress, log=self.log,
-                        run_lines=options.run_lines).run()
+                Session(
+                    experiment,
+                    executor,
+                    writer,
+                    planned,
+                    rule,
+                    conditions,
+                    counts[2],
+                    what="capture",
+                    desc=f"{experiment.claim}/{experiment.name}",
+                    progress=options.progress,
+                    log=self.log,
+                    run_lines=options.run_lines,
+                ).run()
         writer.manifest.knobs = host.records()  # now with the values read back after restoring
         return writer.seal()
 
     def _dry_run(self, host: HostChanges, planned_runs, facts: dict, failed: dict, backend, rule) -> None:
         experiment = self.experiment
         if failed:
-            self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — "
-                     + requirements.unmet_text(failed))
+            self.log(
+                f"{experiment.claim}/{experiment.name}: not testable on this host — " + requirements.unmet_text(failed)
+            )
             return None
         self.log(f"stopping: {describe(rule)}")
         for planned in planned_runs:
@@ -115,14 +151,17 @@ class Capture:
                 apply_knobs(host, experiment, planned.condition, facts)
                 settings = experiment.trace_settings()
                 if settings:
-                    writes = tracing.planned_tracefs_writes(host.root, settings.events, settings.buffer_kb,
-                                                            settings.functions, settings.clock)
+                    writes = tracing.planned_tracefs_writes(
+                        host.root, settings.events, settings.buffer_kb, settings.functions, settings.clock
+                    )
                     for line in writes:
                         self.log(f"dry-run: would {line}")
                     for extra in experiment.extras:
                         if extra.get("per_run") and extra.get("traced"):
-                            self.log(f"dry-run: would run extra {extra['name']} after the workload, traced the same way "
-                                     f"into {planned.run}/{extra['name']}/trace (the same writes, a new instance)")
+                            self.log(
+                                f"dry-run: would run extra {extra['name']} after the workload, traced the same way "
+                                f"into {planned.run}/{extra['name']}/trace (the same writes, a new instance)"
+                            )
         return None
 
 
@@ -130,6 +169,7 @@ class HostExecutor:
     """Makes each run on this host (the session's :class:`~ticklab.capture.session.Executor`): the condition's
     knobs through ``host``, the workload, tracing and per-run extras (``execute.execute_run``); after the runs,
     the experiment's profiles and once-per-condition cross-checks."""
+
     unit = "run"
 
     def __init__(self, experiment: Experiment, host: HostChanges, facts: dict, backend: str | None, log=print):
@@ -148,8 +188,15 @@ class HostExecutor:
         if self.experiment.extras_per_condition():
             self._extras(writer, conditions)
 
-    def _once_per_condition(self, writer: BundleWriter, conditions: list[Condition], prefix: str, argv: list,
-                            source: str, wrap: list[str] = ()) -> list[dict]:
+    def _once_per_condition(
+        self,
+        writer: BundleWriter,
+        conditions: list[Condition],
+        prefix: str,
+        argv: list,
+        source: str,
+        wrap: list[str] = (),
+    ) -> list[dict]:
         """Run ``argv`` once for each condition, with its knobs, in raw/<prefix>-NNN; outside results.csv."""
         done = []
         for index, condition in enumerate(conditions):
@@ -166,8 +213,13 @@ class HostExecutor:
             if missing:
                 done.append({"name": extra["name"], "skipped": missing})
                 continue
-            runs = self._once_per_condition(writer, conditions, f"extra-{extra['name']}", extra["argv"],
-                                            f"{self.experiment.path}: extras.{extra['name']}.argv")
+            runs = self._once_per_condition(
+                writer,
+                conditions,
+                f"extra-{extra['name']}",
+                extra["argv"],
+                f"{self.experiment.path}: extras.{extra['name']}.argv",
+            )
             done += [{"name": extra["name"], **run} for run in runs]
         writer.manifest.extras = done
 
@@ -178,13 +230,31 @@ class HostExecutor:
             return
         when = self.experiment.profile.get("when") or {}
         wanted = [c for c in conditions if all(c.values.get(k) == v for k, v in when.items())]
-        profiles = self._once_per_condition(writer, wanted, "profile", self.experiment.workload["argv"],
-                                            f"{self.experiment.path}: workload.argv",
-                                            wrap=["perf", "record", "-g", "-o", "perf.data", "--"])
+        profiles = self._once_per_condition(
+            writer,
+            wanted,
+            "profile",
+            self.experiment.workload["argv"],
+            f"{self.experiment.path}: workload.argv",
+            wrap=["perf", "record", "-g", "-o", "perf.data", "--"],
+        )
         for profile in profiles:
             directory = writer.path / "raw" / profile["directory"]
-            report = subprocess.run(["perf", "report", "--stdio", "--no-children", "--percent-limit", "0.5",
-                                     "-i", str(directory / "perf.data")], capture_output=True, text=True, check=False)
+            report = subprocess.run(
+                [
+                    "perf",
+                    "report",
+                    "--stdio",
+                    "--no-children",
+                    "--percent-limit",
+                    "0.5",
+                    "-i",
+                    str(directory / "perf.data"),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             (directory / "perf-report.txt").write_text(report.stdout)
         writer.manifest.profiles = profiles
 
@@ -211,8 +281,10 @@ def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = 
                 raise ExperimentError(f"{path}: a lab (guest) experiment; run it with 'ticklab lab run {claim}'")
             continue
         if is_boot_experiment(experiment):  # its conditions are kernels and command lines: one boot per run
-            raise ExperimentError(f"{path}: a boot experiment (a host_kernel knob); run it with "
-                                  f"'ticklab capture {claim} --boot kexec|grub|manual --experiment {path}'")
+            raise ExperimentError(
+                f"{path}: a boot experiment (a host_kernel knob); run it with "
+                f"'ticklab capture {claim} --boot kexec|grub|manual --experiment {path}'"
+            )
         bundle = Capture(experiment, options, log=log).run()
         if bundle:
             log(f"{bundle}: sealed")

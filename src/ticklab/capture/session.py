@@ -60,6 +60,7 @@ from .workloads import PARSERS
 
 class Executor(Protocol):
     """How the runs of a session are made (see the module docstring)."""
+
     unit: str
 
     def make_run(self, writer: BundleWriter, planned: PlannedRun) -> bool: ...
@@ -70,9 +71,22 @@ class Executor(Protocol):
 class Session:
     """The runs of one experiment into one bundle: rounds of planned runs, each made by ``executor``."""
 
-    def __init__(self, experiment: Experiment, executor: Executor, writer: BundleWriter, plan: list[PlannedRun],
-                 rule: StoppingRule, conditions: list[Condition], seed: int, *, what: str, desc: str,
-                 progress: bool = True, log=print, run_lines: bool = False):
+    def __init__(
+        self,
+        experiment: Experiment,
+        executor: Executor,
+        writer: BundleWriter,
+        plan: list[PlannedRun],
+        rule: StoppingRule,
+        conditions: list[Condition],
+        seed: int,
+        *,
+        what: str,
+        desc: str,
+        progress: bool = True,
+        log=print,
+        run_lines: bool = False,
+    ):
         self.experiment, self.executor, self.writer = experiment, executor, writer
         self.plan, self.rule, self.conditions, self.seed = plan, rule, conditions, seed
         self.what, self.desc, self.progress, self.log = what, desc, progress, log
@@ -97,7 +111,9 @@ class Session:
                 writer.flush()
             except BundleError as failed:  # a full disk: the manifest on disk stays the last one written (incomplete)
                 self.log(f"{failed}; the manifest keeps the state of the last run written")
-            self.log(f"{self.what} interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)")
+            self.log(
+                f"{self.what} interrupted; {writer.path} is incomplete with {len(writer.manifest.runs)} finished run(s)"
+            )
             raise
         return True
 
@@ -108,8 +124,10 @@ def run_line(writer: BundleWriter, experiment: Experiment, planned: PlannedRun, 
     manifest = writer.manifest
     record = next((r for r in reversed(manifest.runs) if r.run == planned.run), None)
     made, planned_count = len(manifest.runs), max(len(manifest.order or []), len(manifest.runs))
-    line = (f"{planned.run} ({made} of {planned_count}) {planned.condition.name}"
-            f"{' (warm-up)' if planned.warmup else ''}: {seconds:.1f} s")
+    line = (
+        f"{planned.run} ({made} of {planned_count}) {planned.condition.name}"
+        f"{' (warm-up)' if planned.warmup else ''}: {seconds:.1f} s"
+    )
     if record is None:
         return line + ", not recorded"
     if record.failed:
@@ -142,24 +160,47 @@ def plan_counts(experiment: Experiment, options) -> tuple[int, int, int]:
     return runs, warmup, seed
 
 
-def open_bundle(out: Path, identity: str, experiment: Experiment, host: dict, conditions: list[Condition],
-                counts: tuple[int, int, int], plan: list[PlannedRun]) -> BundleWriter:
+def open_bundle(
+    out: Path,
+    identity: str,
+    experiment: Experiment,
+    host: dict,
+    conditions: list[Condition],
+    counts: tuple[int, int, int],
+    plan: list[PlannedRun],
+) -> BundleWriter:
     """A new bundle holding the session's plan (the manifest keys every capture has)."""
     runs, warmup, seed = counts
     definition = {**experiment.definition, "path": shown_path(experiment.path)}
-    writer = BundleWriter(out, identity, experiment.claim, experiment.name, definition=definition, host=host,
-                          tools=tool_versions(experiment))
+    writer = BundleWriter(
+        out,
+        identity,
+        experiment.claim,
+        experiment.name,
+        definition=definition,
+        host=host,
+        tools=tool_versions(experiment),
+    )
     manifest = writer.manifest
     manifest.conditions = [c.record() for c in conditions]
     manifest.seed, manifest.runs_per_condition, manifest.warmup_per_condition = seed, runs, warmup
-    manifest.order = [{"run": p.run, "condition": p.condition.name, "warmup": p.warmup,
-                       **({"block": p.block} if p.block is not None else {})} for p in plan]
+    manifest.order = [
+        {
+            "run": p.run,
+            "condition": p.condition.name,
+            "warmup": p.warmup,
+            **({"block": p.block} if p.block is not None else {}),
+        }
+        for p in plan
+    ]
     return writer
 
 
 def _git_commit() -> str | None:
     try:
-        result = subprocess.run(["git", "-C", str(repo_root()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            ["git", "-C", str(repo_root()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.strip() or None
@@ -171,12 +212,17 @@ def tool_versions(experiment: Experiment | None = None) -> dict:
     versions = {"ticklab": __version__, "ticklab_commit": _git_commit(), "python": sys.version.split()[0]}
     required = [] if experiment is None else experiment.all_requires()
     programs = [r.partition(":")[2] for r in required if r.startswith("program:")]
-    for name, argv in (("trace-cmd", ["trace-cmd", "--version"]), ("perf", ["perf", "--version"]),
-                       *((program, None) for program in programs)):
+    for name, argv in (
+        ("trace-cmd", ["trace-cmd", "--version"]),
+        ("perf", ["perf", "--version"]),
+        *((program, None) for program in programs),
+    ):
         path = shutil.which(name)
         if path and argv:
             result = subprocess.run(argv, capture_output=True, text=True, check=False)
-            versions[name] = (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else path
+            versions[name] = (
+                (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else path
+            )
         elif path:
             versions[name] = path
     return versions
@@ -198,7 +244,9 @@ def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dic
         if record.get("trace") and experiment.trace.get("metrics"):
             metrics = METRIC_SETS[experiment.trace["metrics"]]
             # the run's argv too: a metric per unit of work needs the work's size (hackbench's messages)
-            results += metrics(read_trace(run_dir / record["trace"]["directory"]), {**values, "argv": record.get("argv")})
+            results += metrics(
+                read_trace(run_dir / record["trace"]["directory"]), {**values, "argv": record.get("argv")}
+            )
     except (WorkloadOutputError, KeyError, ValueError, OverflowError, TypeError) as exc:
         return [], str(exc)
     rows = [{**row, "value": float(row["value"])} for row in results]
@@ -218,13 +266,17 @@ def add_run(writer: BundleWriter, experiment: Experiment, record: dict, values: 
         log(f"{record['run']}: the kernel lost {trace['lost_events']} trace event(s)")
     for extra in record.get("extras") or []:
         if (extra.get("trace") or {}).get("lost_events"):
-            log(f"{record['run']}: the kernel lost {extra['trace']['lost_events']} trace event(s) while extra "
-                f"{extra['name']} ran")
+            log(
+                f"{record['run']}: the kernel lost {extra['trace']['lost_events']} trace event(s) while extra "
+                f"{extra['name']} ran"
+            )
     if (record.get("interference") or {}).get("busy"):
         log(f"{record['run']}: ran on a busy host — {record['interference']['why']}")
     if record["status"] != "ok" or record["problem"]:
-        log(f"{record['run']} {record['condition']}: {record['status']}"
-            f"{' — ' + record['problem'] if record['problem'] else ''} (see {run_dir / 'stderr.txt'})")
+        log(
+            f"{record['run']} {record['condition']}: {record['status']}"
+            f"{' — ' + record['problem'] if record['problem'] else ''} (see {run_dir / 'stderr.txt'})"
+        )
     if record["warmup"]:  # kept in the manifest, excluded from results.csv and so from every analysis
         record["warmup_results"] = results
     writer.add_run(record, [] if record["warmup"] else results)
@@ -238,5 +290,7 @@ def check_counts(options) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
             raise ExperimentError(f"--{name} {value!r}: must be a whole number from {low} to {high}")
     budget = getattr(options, "budget_s", None)
-    if budget is not None and not (isinstance(budget, (int, float)) and math.isfinite(budget) and 0 <= budget <= 7 * 86400):
+    if budget is not None and not (
+        isinstance(budget, (int, float)) and math.isfinite(budget) and 0 <= budget <= 7 * 86400
+    ):
         raise ExperimentError(f"--budget-s {budget!r}: must be seconds from 0 to {7 * 86400}")

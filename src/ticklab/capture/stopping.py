@@ -37,9 +37,11 @@ from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedR
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
 MIN_RUNS = 5
 ALPHA = 0.05  # the verdicts', shared out over the comparisons checked (Bonferroni), as their simultaneous CIs are
-RULE = (f"simultaneous {1 - ALPHA:.0%} CI half-width of each compared ratio, on the log scale, ≤ the half-width the "
-        f"verdict's words need (half the consistent-size band; the no-effect margin for a direction target), from at "
-        f"least {MIN_RUNS} runs per condition; rounds add one run of every condition")
+RULE = (
+    f"simultaneous {1 - ALPHA:.0%} CI half-width of each compared ratio, on the log scale, ≤ the half-width the "
+    f"verdict's words need (half the consistent-size band; the no-effect margin for a direction target), from at "
+    f"least {MIN_RUNS} runs per condition; rounds add one run of every condition"
+)
 
 
 def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | None:
@@ -56,28 +58,33 @@ def budget_of(experiment: Experiment, time_s: float | None = None) -> Budget | N
 class PrecisionGoal:
     """One comparison the stopping rule checks, as plain data: the caller (the CLI) makes these from the claim's
     comparisons (``ticklab.analysis.comparisons.precision_goals``), so capture never loads the analysis itself."""
-    comparison: str                  # what is compared, in words (the manifest's stopping checks name it)
-    metric: str                      # results.csv metric
-    treatment: str                   # condition names
+
+    comparison: str  # what is compared, in words (the manifest's stopping checks name it)
+    metric: str  # results.csv metric
+    treatment: str  # condition names
     baseline: str
-    statistic: str                   # the ratio's statistic (median, p10 ...), as the verdict takes it
-    target_log_half_width: float     # the precision target: the CI half-width (log scale) the verdict's words need
+    statistic: str  # the ratio's statistic (median, p10 ...), as the verdict takes it
+    target_log_half_width: float  # the precision target: the CI half-width (log scale) the verdict's words need
     experiments: tuple[str, ...] = ()  # only these experiments measure it (all when empty)
 
 
 def goals_measured(experiment: Experiment, conditions: list[Condition], goals) -> list[PrecisionGoal]:
     """The goals whose two conditions this experiment has (and that name it, when they name experiments)."""
     names = {c.name for c in conditions}
-    return [g for g in goals
-            if {g.treatment, g.baseline} <= names and (not g.experiments or experiment.name in g.experiments)]
+    return [
+        g
+        for g in goals
+        if {g.treatment, g.baseline} <= names and (not g.experiments or experiment.name in g.experiments)
+    ]
 
 
 @dataclass
 class StoppingRule:
     """Decides, between rounds, whether a capture goes on; ``record`` is what the manifest keeps."""
+
     goals: list[PrecisionGoal]
     budget: Budget | None
-    fixed_why: str | None = None     # why the run count is fixed (no budget, --runs given, nothing to compare)
+    fixed_why: str | None = None  # why the run count is fixed (no budget, --runs given, nothing to compare)
     n_boot: int = 10_000
     seed: int = 0
     checks: list[dict] = field(default_factory=list)
@@ -85,8 +92,15 @@ class StoppingRule:
     started: float | None = None
 
     @classmethod
-    def for_capture(cls, experiment: Experiment, conditions: list[Condition], *, runs_fixed: bool,
-                    budget_s: float | None = None, goals=None) -> StoppingRule:
+    def for_capture(
+        cls,
+        experiment: Experiment,
+        conditions: list[Condition],
+        *,
+        runs_fixed: bool,
+        budget_s: float | None = None,
+        goals=None,
+    ) -> StoppingRule:
         """The rule of one capture. ``goals``: the claim's :class:`PrecisionGoal` s (None: the caller gave none,
         so the run count is fixed); only those whose two conditions the experiment has are checked."""
         budget = budget_of(experiment, budget_s)
@@ -110,12 +124,18 @@ class StoppingRule:
     def _check(self, results: pd.DataFrame) -> list[dict]:
         entries = []
         for goal in self.goals:
-            values = {name: results[(results["metric"] == goal.metric) & (results["condition"] == name)]["value"]
-                      for name in (goal.treatment, goal.baseline)}
+            values = {
+                name: results[(results["metric"] == goal.metric) & (results["condition"] == name)]["value"]
+                for name in (goal.treatment, goal.baseline)
+            }
             n = {name: len(v) for name, v in values.items()}
-            entry = {"comparison": goal.comparison, "metric": goal.metric,
-                     "treatment": goal.treatment, "baseline": goal.baseline,
-                     "n": [n[goal.treatment], n[goal.baseline]]}
+            entry = {
+                "comparison": goal.comparison,
+                "metric": goal.metric,
+                "treatment": goal.treatment,
+                "baseline": goal.baseline,
+                "n": [n[goal.treatment], n[goal.baseline]],
+            }
             if min(n.values()) < 2:
                 entries.append({**entry, "met": False, "why": "fewer than 2 runs of a condition"})
                 continue
@@ -123,21 +143,39 @@ class StoppingRule:
             pairs = _block_pairs(results, goal) if goal.statistic == "median" else None
             try:
                 if blocks_bound(pairs, confidence):
-                    ratio = ratio_by_blocks(*pairs, confidence=confidence)   # as the verdict will: blocks cancel drift
+                    ratio = ratio_by_blocks(*pairs, confidence=confidence)  # as the verdict will: blocks cancel drift
                 else:
-                    ratio = ratio_interval(values[goal.treatment], values[goal.baseline], statistic=goal.statistic,
-                                           confidence=confidence, n_boot=self.n_boot, seed=self.seed)
+                    ratio = ratio_interval(
+                        values[goal.treatment],
+                        values[goal.baseline],
+                        statistic=goal.statistic,
+                        confidence=confidence,
+                        n_boot=self.n_boot,
+                        seed=self.seed,
+                    )
             except ValueError as exc:
                 entries.append({**entry, "met": False, "why": str(exc)})
                 continue
             width, target = log_half_width(ratio.low, ratio.high), goal.target_log_half_width
-            entries.append({**entry, "ratio": ratio.estimate, "ci": [ratio.low, ratio.high if math.isfinite(ratio.high) else None],
-                          "log_half_width": width if math.isfinite(width) else None, "target_log_half_width": target,
-                          "met": width <= target and min(n.values()) >= MIN_RUNS})
+            entries.append(
+                {
+                    **entry,
+                    "ratio": ratio.estimate,
+                    "ci": [ratio.low, ratio.high if math.isfinite(ratio.high) else None],
+                    "log_half_width": width if math.isfinite(width) else None,
+                    "target_log_half_width": target,
+                    "met": width <= target and min(n.values()) >= MIN_RUNS,
+                }
+            )
         return entries
 
-    def next_round(self, results: pd.DataFrame, runs_per_condition: dict[str, int], seconds_per_run: float,
-                   conditions: list[Condition]) -> list[Condition]:
+    def next_round(
+        self,
+        results: pd.DataFrame,
+        runs_per_condition: dict[str, int],
+        seconds_per_run: float,
+        conditions: list[Condition],
+    ) -> list[Condition]:
         """The conditions of the next round (in run order), or [] when the capture stops (``reason`` says why)."""
         if self.fixed_why:
             self.reason = self.fixed_why
@@ -146,24 +184,34 @@ class StoppingRule:
         self.checks.append({"runs_per_condition": dict(runs_per_condition), "comparisons": checks})
         short = [c for c in checks if not c["met"]]
         if not short:
-            self.reason = (f"precision reached: all {len(checks)} comparison(s) met their target "
-                           f"after {max(runs_per_condition.values())} runs per condition")
+            self.reason = (
+                f"precision reached: all {len(checks)} comparison(s) met their target "
+                f"after {max(runs_per_condition.values())} runs per condition"
+            )
             return []
         wanted = list(conditions)  # a block of every condition, so later rounds never confound time with condition
         elapsed = time.monotonic() - (self.started or time.monotonic())
         if any(runs_per_condition.get(c.name, 0) >= self.budget.max_runs for c in wanted):
-            self.reason = (f"run budget spent ({self.budget.max_runs} runs per condition); "
-                           f"{len(short)} of {len(checks)} comparison(s) short of the precision target")
+            self.reason = (
+                f"run budget spent ({self.budget.max_runs} runs per condition); "
+                f"{len(short)} of {len(checks)} comparison(s) short of the precision target"
+            )
             return []
         if elapsed + seconds_per_run * len(wanted) > self.budget.time_s:
-            self.reason = (f"time budget spent ({elapsed:.0f} s of {self.budget.time_s:.0f} s; another round would "
-                           f"pass it); {len(short)} of {len(checks)} comparison(s) short of the precision target")
+            self.reason = (
+                f"time budget spent ({elapsed:.0f} s of {self.budget.time_s:.0f} s; another round would "
+                f"pass it); {len(short)} of {len(checks)} comparison(s) short of the precision target"
+            )
             return []
         return wanted
 
     def record(self) -> dict:
-        return {"rule": RULE, "budget": None if self.budget is None else vars(self.budget),
-                "reason": self.reason, "checks": self.checks}
+        return {
+            "rule": RULE,
+            "budget": None if self.budget is None else vars(self.budget),
+            "reason": self.reason,
+            "checks": self.checks,
+        }
 
 
 def _block_pairs(results: pd.DataFrame, goal: PrecisionGoal):
@@ -174,20 +222,31 @@ def _block_pairs(results: pd.DataFrame, goal: PrecisionGoal):
     chosen = chosen[chosen["condition"].isin([goal.treatment, goal.baseline])]
     if chosen["block"].isna().any():
         return None
-    return block_pairs(*(chosen[chosen["condition"] == name].set_index("block")["value"]
-                         for name in (goal.treatment, goal.baseline)))
+    return block_pairs(
+        *(chosen[chosen["condition"] == name].set_index("block")["value"] for name in (goal.treatment, goal.baseline))
+    )
 
 
-def extra_round(conditions: list[Condition], first_order: int, round_number: int, seed: int,
-                block: int | None = None) -> list[PlannedRun]:
+def extra_round(
+    conditions: list[Condition], first_order: int, round_number: int, seed: int, block: int | None = None
+) -> list[PlannedRun]:
     """One more measured run of each condition, in a seeded random order that differs per round (one block)."""
     chosen = list(conditions)
     random.Random(f"{seed}/round-{round_number}").shuffle(chosen)
-    return [PlannedRun(f"run-{first_order + i + 1:03d}", first_order + i, c, False, block) for i, c in enumerate(chosen)]
+    return [
+        PlannedRun(f"run-{first_order + i + 1:03d}", first_order + i, c, False, block) for i, c in enumerate(chosen)
+    ]
 
 
-def next_round_runs(rule: StoppingRule, manifest, results: pd.DataFrame, conditions: list[Condition],
-                    seconds_per_run: float, round_number: int, seed: int) -> list[PlannedRun]:
+def next_round_runs(
+    rule: StoppingRule,
+    manifest,
+    results: pd.DataFrame,
+    conditions: list[Condition],
+    seconds_per_run: float,
+    round_number: int,
+    seed: int,
+) -> list[PlannedRun]:
     """The rule's decision on the bundle so far: the next round's runs, appended to the manifest's ``order``, or []
     when the capture stops (``rule.reason`` says why). In-process rounds (:class:`Rounds`) and a boot plan's rounds
     across reboots (``capture.boot_capture``) both take this step."""
@@ -204,8 +263,16 @@ def next_round_runs(rule: StoppingRule, manifest, results: pd.DataFrame, conditi
     # a capture planned in blocks goes on in blocks (a round is one run of every condition); an older plan has none
     block = 1 + max(blocks) if blocks and len(wanted) == len(conditions) else None
     added = extra_round(wanted, len(manifest.order), round_number, seed, block)
-    manifest.order += [{"run": p.run, "condition": p.condition.name, "warmup": False, "round": round_number,
-                        **({"block": block} if block is not None else {})} for p in added]
+    manifest.order += [
+        {
+            "run": p.run,
+            "condition": p.condition.name,
+            "warmup": False,
+            "round": round_number,
+            **({"block": block} if block is not None else {}),
+        }
+        for p in added
+    ]
     return added
 
 
@@ -225,8 +292,14 @@ class Rounds:
 
     def shown(self, desc: str, unit: str, enabled: bool = True):
         """The same runs, with a progress bar on stderr whose total grows with the rounds."""
-        with tqdm(total=len(self.plan), desc=desc, unit=unit, disable=not enabled, file=sys.stderr,
-                  initial=len(self.writer.manifest.runs)) as bar:
+        with tqdm(
+            total=len(self.plan),
+            desc=desc,
+            unit=unit,
+            disable=not enabled,
+            file=sys.stderr,
+            initial=len(self.writer.manifest.runs),
+        ) as bar:
             self.progress = bar
             for planned in self:
                 bar.set_postfix_str(planned.condition.name + (" (warm-up)" if planned.warmup else ""))
@@ -250,8 +323,9 @@ class Rounds:
         manifest = self.writer.manifest
         for round_number in range(1, 10_000):
             per_run = sum(self.durations) / len(self.durations) if self.durations else 0.0
-            added = next_round_runs(self.rule, manifest, self.writer.results(), self.conditions, per_run,
-                                    round_number, self.seed)
+            added = next_round_runs(
+                self.rule, manifest, self.writer.results(), self.conditions, per_run, round_number, self.seed
+            )
             if not added:
                 break
             if self.progress is not None:
@@ -266,5 +340,7 @@ def describe(rule: StoppingRule) -> str:
     """What the rule will do, in words (dry runs, logs)."""
     if rule.fixed_why:
         return rule.fixed_why
-    return (f"after the initial runs, add rounds until {RULE}, for {len(rule.goals)} comparison(s), "
-            f"within {rule.budget.time_s:.0f} s and {rule.budget.max_runs} runs per condition")
+    return (
+        f"after the initial runs, add rounds until {RULE}, for {len(rule.goals)} comparison(s), "
+        f"within {rule.budget.time_s:.0f} s and {rule.budget.max_runs} runs per condition"
+    )

@@ -68,8 +68,12 @@ class TraceResult:
     absent_events: list[str] = field(default_factory=list)  # optional events this kernel does not have
 
     def record(self) -> dict:
-        record = {"backend": self.backend, "directory": self.directory.name, "lost_events": self.lost_events,
-                  "lost_per_cpu": {str(k): v for k, v in self.lost_per_cpu.items()}}
+        record = {
+            "backend": self.backend,
+            "directory": self.directory.name,
+            "lost_events": self.lost_events,
+            "lost_per_cpu": {str(k): v for k, v in self.lost_per_cpu.items()},
+        }
         if self.symbols is not None:
             record["symbols"] = self.symbols
         if self.functions:
@@ -166,7 +170,7 @@ def kernel_addresses(chunks: Iterable[bytes], upper_halves: set[int]) -> set[int
             at = chunk.find(needle, 4)
             while at >= 0:
                 if at % 4 == 0:
-                    found.add(int.from_bytes(chunk[at - 4:at + 4], "little"))
+                    found.add(int.from_bytes(chunk[at - 4 : at + 4], "little"))
                 at = chunk.find(needle, at + 1)
     return found
 
@@ -192,8 +196,9 @@ def check_clock(tracefs: Path, clock: str) -> None:
     """``clock`` is one of the trace clocks tracefs (or an instance of it) offers."""
     offered = (tracefs / "trace_clock").read_text().replace("[", " ").replace("]", " ").split()
     if clock not in offered:
-        raise TracingError(f"{tracefs / 'trace_clock'}: this kernel has no trace clock {clock!r} "
-                           f"(it has: {', '.join(offered)})")
+        raise TracingError(
+            f"{tracefs / 'trace_clock'}: this kernel has no trace clock {clock!r} (it has: {', '.join(offered)})"
+        )
 
 
 def check_functions(tracefs: Path, functions: list[str]) -> None:
@@ -201,8 +206,10 @@ def check_functions(tracefs: Path, functions: list[str]) -> None:
     if not functions:
         return
     if "function" not in (tracefs / "available_tracers").read_text().split():
-        raise TracingError(f"{tracefs / 'available_tracers'}: no function tracer in this kernel "
-                           f"(CONFIG_FUNCTION_TRACER); cannot count calls of {', '.join(functions)}")
+        raise TracingError(
+            f"{tracefs / 'available_tracers'}: no function tracer in this kernel "
+            f"(CONFIG_FUNCTION_TRACER); cannot count calls of {', '.join(functions)}"
+        )
     listed = tracefs / "available_filter_functions"
     try:
         available = {line.split()[0] for line in listed.read_text().splitlines() if line.strip()}
@@ -242,8 +249,13 @@ def _probe(host: HostChanges) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="ticklab-probe-") as scratch, host.watching_mounts("trace-cmd"):
         output = Path(scratch) / "probe.dat"
         try:
-            result = subprocess.run([tool, "record", "-e", "sched:sched_switch", "-o", str(output), "true"],
-                                    capture_output=True, text=True, timeout=60, cwd=scratch)
+            result = subprocess.run(
+                [tool, "record", "-e", "sched:sched_switch", "-o", str(output), "true"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=scratch,
+            )
         except subprocess.TimeoutExpired:
             return False, "trace-cmd record did not finish within 60 s"
         if result.returncode == 0 and output.is_file() and output.stat().st_size > 0:
@@ -259,8 +271,10 @@ def _probe(host: HostChanges) -> tuple[bool, str]:
 # runs oopsed in that batch ("Oops: int3" at the entry of an unrelated function, function_trace_call on the stack).
 # ticklab's own recorder traces through an instance of its own, patches only the filtered functions' sites, and puts
 # its tracer back to nop before its filter.
-FUNCTIONS_NOT_TRACE_CMD = ("the experiment traces functions, and trace-cmd empties set_ftrace_filter before it stops "
-                           "the function tracer when it ends (every kernel function traced for a moment)")
+FUNCTIONS_NOT_TRACE_CMD = (
+    "the experiment traces functions, and trace-cmd empties set_ftrace_filter before it stops "
+    "the function tracer when it ends (every kernel function traced for a moment)"
+)
 
 
 def choose_backend(host: HostChanges, preference: str = "auto", functions: list[str] = ()) -> tuple[str, str]:
@@ -278,29 +292,49 @@ def choose_backend(host: HostChanges, preference: str = "auto", functions: list[
     return ("trace-cmd", why) if works else ("tracefs", f"fallback: {why}")
 
 
-def planned_tracefs_writes(root: Path, events: list[str], buffer_kb: int, functions: list[str] = (),
-                           clock: str | None = None) -> list[str]:
+def planned_tracefs_writes(
+    root: Path, events: list[str], buffer_kb: int, functions: list[str] = (), clock: str | None = None
+) -> list[str]:
     """What TracefsRecorder writes, in order, for a dry run (trace-cmd, when used, writes the same kind of files)."""
     tracefs = root / TRACEFS_RELATIVE
     instance = tracefs / "instances" / "ticklab-<pid>"
-    tracer = [f"write '{' '.join(functions)}' to {instance}/set_ftrace_filter",
-              f"write 'function' to {instance}/current_tracer"] if functions else []
-    return [f"write '{SAVED_CMDLINES_SIZE}' to {tracefs}/saved_cmdlines_size where it keeps fewer "
-            "(put back after the run)",
-            f"write '1' to {tracefs}/options/record-cmd where it is 0 (put back after the run)",
-            f"mkdir {instance} (removed after the run)", f"write '0' to {instance}/tracing_on",
-            f"write '{buffer_kb}' to {instance}/buffer_size_kb",
-            *([f"write '{clock}' to {instance}/trace_clock"] if clock else []),
-            *[f"write '1' to {instance}/events/{event.replace(':', '/')}/enable" for event in events],
-            *tracer, f"write '1' to {instance}/tracing_on", f"write '0' to {instance}/tracing_on"]
+    tracer = (
+        [
+            f"write '{' '.join(functions)}' to {instance}/set_ftrace_filter",
+            f"write 'function' to {instance}/current_tracer",
+        ]
+        if functions
+        else []
+    )
+    return [
+        f"write '{SAVED_CMDLINES_SIZE}' to {tracefs}/saved_cmdlines_size where it keeps fewer (put back after the run)",
+        f"write '1' to {tracefs}/options/record-cmd where it is 0 (put back after the run)",
+        f"mkdir {instance} (removed after the run)",
+        f"write '0' to {instance}/tracing_on",
+        f"write '{buffer_kb}' to {instance}/buffer_size_kb",
+        *([f"write '{clock}' to {instance}/trace_clock"] if clock else []),
+        *[f"write '1' to {instance}/events/{event.replace(':', '/')}/enable" for event in events],
+        *tracer,
+        f"write '1' to {instance}/tracing_on",
+        f"write '0' to {instance}/tracing_on",
+    ]
 
 
 class TracefsRecorder:
     backend = "tracefs"
 
-    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = (),
-                 clock: str | None = None):
+    def __init__(
+        self,
+        host: HostChanges,
+        events: list[str],
+        directory: Path,
+        *,
+        buffer_kb: int = 4096,
+        symbols: list[str] = (),
+        functions: list[str] = (),
+        optional_events: list[str] = (),
+        clock: str | None = None,
+    ):
         self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
         self.optional_events, self.absent_events = list(optional_events), []
         self.symbols, self.clock = list(symbols), clock
@@ -312,7 +346,7 @@ class TracefsRecorder:
         self._error: str | None = None  # the first write that failed (a full disk), for the main thread to raise
         self.result: TraceResult | None = None
 
-    def __enter__(self) -> "TracefsRecorder":
+    def __enter__(self) -> TracefsRecorder:
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
         present, self.absent_events = present_events(tracefs, self.optional_events)
@@ -372,8 +406,12 @@ class TracefsRecorder:
         size = _knob_value(tracefs / "saved_cmdlines_size")
         if size is not None and size.isdigit() and int(size) < SAVED_CMDLINES_SIZE:
             # refused where the kernel cannot allocate so much (it keeps the size it had): fewer names, same trace
-            self.host.write(f"{relative}/saved_cmdlines_size", str(SAVED_CMDLINES_SIZE), label="saved_cmdlines_size",
-                            may_refuse=True)
+            self.host.write(
+                f"{relative}/saved_cmdlines_size",
+                str(SAVED_CMDLINES_SIZE),
+                label="saved_cmdlines_size",
+                may_refuse=True,
+            )
         if _knob_value(tracefs / "options" / "record-cmd") == "0":
             self.host.write(f"{relative}/options/record-cmd", "1", label="record-cmd")
 
@@ -389,8 +427,10 @@ class TracefsRecorder:
             kallsyms = kallsyms_path.read_text(errors="replace")
         except OSError as exc:
             if self.symbols:  # the experiment's metrics need their addresses
-                self._error = self._error or (f"{kallsyms_path}: cannot read ({exc.strerror or exc}); the addresses "
-                                              f"of {', '.join(self.symbols)} are not known")
+                self._error = self._error or (
+                    f"{kallsyms_path}: cannot read ({exc.strerror or exc}); the addresses "
+                    f"of {', '.join(self.symbols)} are not known"
+                )
                 return
             kallsyms = ""  # nothing to name the trace's functions with: tools show their addresses
         try:
@@ -400,8 +440,9 @@ class TracefsRecorder:
             return
         if self.symbols:
             wanted = set(self.symbols)
-            self._symbols_found = {fields[2]: f"0x{fields[0]}" for fields in map(str.split, lines)
-                                   if fields[2] in wanted}
+            self._symbols_found = {
+                fields[2]: f"0x{fields[0]}" for fields in map(str.split, lines) if fields[2] in wanted
+            }
         try:
             with OwnedDir(self.directory, create=False) as capture:
                 if command_lines is not None:  # a kernel without the cache: the tasks go unnamed, as with trace-cmd
@@ -452,7 +493,9 @@ class TracefsRecorder:
             try:
                 out.close()
             except OSError as exc:
-                self._error = self._error or f"{path}: cannot write ({exc.strerror or exc}); the trace of this run is incomplete"
+                self._error = (
+                    self._error or f"{path}: cannot write ({exc.strerror or exc}); the trace of this run is incomplete"
+                )
 
     def __exit__(self, *exc_info) -> None:
         try:
@@ -475,8 +518,15 @@ class TracefsRecorder:
                             (self.directory / f"cpu{cpu}.stats").write_text(stats)
                         except OSError as exc:
                             self._error = f"{self.directory / f'cpu{cpu}.stats'}: cannot write ({exc.strerror or exc})"
-                self.result = TraceResult(self.backend, self.directory, sum(lost.values()), lost,
-                                          self._symbols_found, self.functions, self.absent_events)
+                self.result = TraceResult(
+                    self.backend,
+                    self.directory,
+                    sum(lost.values()),
+                    lost,
+                    self._symbols_found,
+                    self.functions,
+                    self.absent_events,
+                )
         finally:
             self._close_files()  # before the instance is removed: an open trace_pipe_raw keeps it busy
             self._scope.close()
@@ -487,9 +537,18 @@ class TracefsRecorder:
 class TraceCmdRecorder:
     backend = "trace-cmd"
 
-    def __init__(self, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-                 symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = (),
-                 clock: str | None = None):
+    def __init__(
+        self,
+        host: HostChanges,
+        events: list[str],
+        directory: Path,
+        *,
+        buffer_kb: int = 4096,
+        symbols: list[str] = (),
+        functions: list[str] = (),
+        optional_events: list[str] = (),
+        clock: str | None = None,
+    ):
         # trace-cmd writes the whole of /proc/kallsyms into trace.dat: ``symbols`` needs no extra step here
         self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
         self.optional_events, self.absent_events = list(optional_events), []
@@ -498,7 +557,7 @@ class TraceCmdRecorder:
         self._error: str | None = None  # trace-cmd.log could not be written (the copier thread's error, raised here)
         self.result: TraceResult | None = None
 
-    def __enter__(self) -> "TraceCmdRecorder":
+    def __enter__(self) -> TraceCmdRecorder:
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
         present, self.absent_events = present_events(tracefs, self.optional_events)
@@ -511,7 +570,16 @@ class TraceCmdRecorder:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.log_path = self.directory / "trace-cmd.log"
         # uncompressed (trace-cmd 3 compresses v7 files with zstd when it can), so ingest reads every trace.dat
-        argv = ["trace-cmd", "record", "--compression", "none", "-b", str(self.buffer_kb), "-o", str(self.directory / "trace.dat")]
+        argv = [
+            "trace-cmd",
+            "record",
+            "--compression",
+            "none",
+            "-b",
+            str(self.buffer_kb),
+            "-o",
+            str(self.directory / "trace.dat"),
+        ]
         for event in self.events:
             argv += ["-e", event]
         if self.clock:
@@ -524,8 +592,15 @@ class TraceCmdRecorder:
         terminal, child_side = pty.openpty()
         self._started = threading.Event()
         with self.host.watching_mounts("trace-cmd record"):
-            self.process = spawn(argv, host=self.host, label="trace-cmd record", stdin=subprocess.DEVNULL,
-                                 stdout=child_side, stderr=child_side, cwd=self.directory)
+            self.process = spawn(
+                argv,
+                host=self.host,
+                label="trace-cmd record",
+                stdin=subprocess.DEVNULL,
+                stdout=child_side,
+                stderr=child_side,
+                cwd=self.directory,
+            )
         os.close(child_side)
         self._copier = threading.Thread(target=self._copy_output, args=(terminal,), daemon=True)
         self._copier.start()
@@ -537,7 +612,9 @@ class TraceCmdRecorder:
                 self._copier.join(5)
                 self.log.close()
                 self._scope.close()
-                raise TracingError(f"{self.log_path}: trace-cmd record did not start: {self.log_path.read_text()[-300:]}")
+                raise TracingError(
+                    f"{self.log_path}: trace-cmd record did not start: {self.log_path.read_text()[-300:]}"
+                )
         return self
 
     def _copy_output(self, terminal: int) -> None:
@@ -579,17 +656,27 @@ class TraceCmdRecorder:
             if self._error and exc_info[0] is None:
                 raise TracingError(self._error)
             lost = stats_lost_count(self.log_path.read_text())
-            self.result = TraceResult(self.backend, self.directory, lost, functions=self.functions,
-                                      absent_events=self.absent_events)
+            self.result = TraceResult(
+                self.backend, self.directory, lost, functions=self.functions, absent_events=self.absent_events
+            )
             if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:
                 raise TracingError(f"{self.log_path}: trace-cmd record exited {self.process.returncode}")
         finally:
             self._scope.close()
 
 
-def recorder(backend: str, host: HostChanges, events: list[str], directory: Path, *, buffer_kb: int = 4096,
-             symbols: list[str] = (), functions: list[str] = (), optional_events: list[str] = (),
-             clock: str | None = None):
+def recorder(
+    backend: str,
+    host: HostChanges,
+    events: list[str],
+    directory: Path,
+    *,
+    buffer_kb: int = 4096,
+    symbols: list[str] = (),
+    functions: list[str] = (),
+    optional_events: list[str] = (),
+    clock: str | None = None,
+):
     """A recorder of ``events``, of those ``optional_events`` the running kernel has (the others go into the
     result's ``absent_events``) and, where ``functions`` are named, of every call of those functions
     (the function tracer filtered to them; each call is an ``ftrace:function`` event), its timestamps on the trace
@@ -597,6 +684,13 @@ def recorder(backend: str, host: HostChanges, events: list[str], directory: Path
     cls = {"tracefs": TracefsRecorder, "trace-cmd": TraceCmdRecorder}.get(backend)
     if cls is None:
         raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
-    return cls(host, events, directory, buffer_kb=buffer_kb, symbols=symbols, functions=functions,
-               optional_events=optional_events, clock=clock)
-
+    return cls(
+        host,
+        events,
+        directory,
+        buffer_kb=buffer_kb,
+        symbols=symbols,
+        functions=functions,
+        optional_events=optional_events,
+        clock=clock,
+    )

@@ -45,8 +45,9 @@ def _whole_number_rows(path: Path, lines: list[str], width: int, what: str, form
     if not all(pattern.fullmatch(line) for line in lines):
         for number, row in enumerate((line.split() for line in lines), 1):
             if len(row) != width or not all(f.isdigit() and len(f) <= 18 for f in row):
-                raise WorkloadOutputError(f"{path}: {what} line {number} is {' '.join(row)[:80]!r}; {what} lines "
-                                          f"must be {form}")
+                raise WorkloadOutputError(
+                    f"{path}: {what} line {number} is {' '.join(row)[:80]!r}; {what} lines must be {form}"
+                )
     return np.array(" ".join(lines).split(), dtype=np.int64).reshape(-1, width)
 
 
@@ -144,8 +145,10 @@ def read_clockbench(path: Path) -> tuple[dict, pd.DataFrame]:
         except ValueError:
             row = []
         if len(row) != len(names) or not all(math.isfinite(x) and x >= 0 for x in row):
-            raise WorkloadOutputError(f"{path}: thread row {number} is {line[:80]!r}; each row must have "
-                                      f"{len(names)} finite non-negative numbers")
+            raise WorkloadOutputError(
+                f"{path}: thread row {number} is {line[:80]!r}; each row must have "
+                f"{len(names)} finite non-negative numbers"
+            )
         table.append(row)
     rows = pd.DataFrame(table, columns=names)
     threads = _header_count(header, "threads", path)
@@ -161,7 +164,11 @@ def parse_clockbench(directory: Path) -> list[dict]:
     return [
         {"metric": "reads_per_s_total", "value": rows["reads_per_s"].sum(), "unit": "reads/s"},
         {"metric": "reads_per_s_per_thread", "value": rows["reads_per_s"].mean(), "unit": "reads/s"},
-        {"metric": "read_cost_mean_ns", "value": (rows["cost_mean_ns"] * rows["reads"]).sum() / rows["reads"].sum(), "unit": "ns"},
+        {
+            "metric": "read_cost_mean_ns",
+            "value": (rows["cost_mean_ns"] * rows["reads"]).sum() / rows["reads"].sum(),
+            "unit": "ns",
+        },
         {"metric": "read_cost_p50_ns", "value": rows["cost_p50_ns"].median(), "unit": "ns"},
         {"metric": "read_cost_p99_ns", "value": rows["cost_p99_ns"].max(), "unit": "ns"},
     ]
@@ -178,9 +185,13 @@ def parse_timejobs(directory: Path) -> list[dict]:
     for number, line in enumerate(lines[1:], 1):
         fields = line.split()
         if len(fields) != len(lines[0].split()) or not all(f.isdigit() and len(f) <= 18 for f in fields):
-            raise WorkloadOutputError(f"{path}: thread row {number} is {line[:80]!r}; each row must have "
-                                      f"{len(lines[0].split())} whole numbers")
-    return [{"metric": "jobs_per_min", "value": _finite(header["jobs_per_min"], path, "jobs_per_min"), "unit": "jobs/min"}]
+            raise WorkloadOutputError(
+                f"{path}: thread row {number} is {line[:80]!r}; each row must have "
+                f"{len(lines[0].split())} whole numbers"
+            )
+    return [
+        {"metric": "jobs_per_min", "value": _finite(header["jobs_per_min"], path, "jobs_per_min"), "unit": "jobs/min"}
+    ]
 
 
 def _finite(text: str, path: Path, what: str) -> float:
@@ -213,10 +224,14 @@ def parse_hackbench(directory: Path) -> list[dict]:
 
 
 def parse_tbench(directory: Path) -> list[dict]:
-    rows = _one_number(directory, r"^Throughput\s+([\d.]+)\s+MB/sec", "Throughput <n> MB/sec", "throughput_mb_s", "MB/s")
+    rows = _one_number(
+        directory, r"^Throughput\s+([\d.]+)\s+MB/sec", "Throughput <n> MB/sec", "throughput_mb_s", "MB/s"
+    )
     if rows[0]["value"] == 0:  # tbench measures after its warm-up; a run shorter than that reports 0
-        raise WorkloadOutputError(f"{directory / 'stdout.txt'}: tbench reported 0 MB/sec (the run ended within "
-                                  "tbench's warm-up: give it more seconds)")
+        raise WorkloadOutputError(
+            f"{directory / 'stdout.txt'}: tbench reported 0 MB/sec (the run ended within "
+            "tbench's warm-up: give it more seconds)"
+        )
     return rows
 
 
@@ -235,5 +250,11 @@ def parse_kbuild(directory: Path) -> list[dict]:
     return rows
 
 
-PARSERS = {"ftq": parse_ftq, "clockbench": parse_clockbench, "timejobs": parse_timejobs, "hackbench": parse_hackbench, "tbench": parse_tbench,
-           "kbuild": parse_kbuild}
+PARSERS = {
+    "ftq": parse_ftq,
+    "clockbench": parse_clockbench,
+    "timejobs": parse_timejobs,
+    "hackbench": parse_hackbench,
+    "tbench": parse_tbench,
+    "kbuild": parse_kbuild,
+}

@@ -14,9 +14,10 @@ the claim modules are imported only when their analysis is wanted.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..claimids import claim_ids, module_name
 
@@ -35,6 +36,7 @@ class ClaimContractError(ImportError):
 @dataclass(frozen=True)
 class Headline:
     """One published effect as a ratio of printed values (computed by ticklab), for the summary's table."""
+
     setup: str
     comparison: str
     ratio: float
@@ -48,6 +50,7 @@ class ViewPreset:
     ``spot(trace, cpus, measured_cpu)`` returns the :class:`ticklab.report.view.Spot` markers A and B go on, or None
     for the default (the longest local timer interrupt); ``events`` filters the table and graph (empty: all);
     ``measured_cpu_only`` shows only the run's measured (last) CPU."""
+
     events: tuple[str, ...] = ()
     spot: Callable | None = None
     measured_cpu_only: bool = False
@@ -56,15 +59,15 @@ class ViewPreset:
 @dataclass(frozen=True)
 class Claim:
     id: str
-    seed: str                    # the source document's number in ../shared/seeds (000 …)
-    title: str                   # "C1 HPET read contention": the report's section title
-    notebook: str                # notebooks/<NN>-<id>.ipynb
-    outputs: dict                # {"figures": [...], "tables": [...]} the notebook must write
+    seed: str  # the source document's number in ../shared/seeds (000 …)
+    title: str  # "C1 HPET read contention": the report's section title
+    notebook: str  # notebooks/<NN>-<id>.ipynb
+    outputs: dict  # {"figures": [...], "tables": [...]} the notebook must write
     comparisons: Callable[[PublishedClaim], list[Comparison]]
-    untested: str                # the words of the verdict row for setups that tested none of the comparisons
+    untested: str  # the words of the verdict row for setups that tested none of the comparisons
     headlines: Callable[[PublishedClaim], list[Headline]] | None = None
     no_headline_because: str = ""  # when ``headlines`` is None: why the source gives no ratio
-    checks: tuple = ()           # condition checks (ticklab.analysis.checks) gating the runs a verdict may use
+    checks: tuple = ()  # condition checks (ticklab.analysis.checks) gating the runs a verdict may use
     negative_controls: Callable[[PublishedClaim], list[NegativeControl]] | None = None
     not_in_lab_because: str = ""  # why lab guests cannot test the claim, for its "not testable here" row
     view: ViewPreset = field(default_factory=ViewPreset)
@@ -88,9 +91,19 @@ class Claim:
         """Every verdict row of the claim on the bundles of a notebook context (ticklab.report.notebook.ClaimContext)."""
         from ..analysis.comparisons import claim_verdicts
 
-        rows = claim_verdicts(self.id, self.comparisons(ctx.published), ctx.bundles, ctx.data_dir,
-                              summary=self.untested, checks=self.checks, not_in_lab_because=self.not_in_lab_because,
-                              alpha=alpha, n_boot=n_boot, seed=seed, untestable=self.untestable)
+        rows = claim_verdicts(
+            self.id,
+            self.comparisons(ctx.published),
+            ctx.bundles,
+            ctx.data_dir,
+            summary=self.untested,
+            checks=self.checks,
+            not_in_lab_because=self.not_in_lab_because,
+            alpha=alpha,
+            n_boot=n_boot,
+            seed=seed,
+            untestable=self.untestable,
+        )
         return self.revise_verdicts(ctx, rows, alpha=alpha) if self.revise_verdicts else rows
 
 

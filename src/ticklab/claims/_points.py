@@ -6,7 +6,7 @@ is written above every point of the axes, in a band kept free of data at its top
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -20,9 +20,15 @@ def median_text(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3f}"
 
 
-def runs_and_medians(ax, groups: Sequence[tuple[float, Sequence[float], str]], *, also: Sequence[float] = (),
-                     from_zero: bool = False, label: Callable[[float], str] = median_text,
-                     label_prefix: str = "median") -> dict[float, float]:
+def runs_and_medians(
+    ax,
+    groups: Sequence[tuple[float, Sequence[float], str]],
+    *,
+    also: Sequence[float] = (),
+    from_zero: bool = False,
+    label: Callable[[float], str] = median_text,
+    label_prefix: str = "median",
+) -> dict[float, float]:
     """Draw each (x, values, color) group's runs as points and its median as a bar; write each median above the
     data. ``also``: other y values drawn on the axes (reference lines) that the labels must clear too.
     ``from_zero``: the y axis starts at 0. Returns x -> median."""

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..analysis import palette
 from ..analysis.comparisons import Comparison
 from ..analysis.published import PublishedClaim, check_derived
-from ..analysis.stats import (COMPARE_STATISTICS, STATISTICS, anderson_ksamp, coefficient_of_variation, compare_summaries,
-                              compare_table, format_compare_table)
+from ..analysis.stats import (
+    COMPARE_STATISTICS,
+    STATISTICS,
+    anderson_ksamp,
+    coefficient_of_variation,
+    compare_summaries,
+    compare_table,
+    format_compare_table,
+)
 from ..analysis.verdicts import Margins, Target
 from . import Claim, Headline
 
@@ -33,8 +39,10 @@ def printed_labels(published: PublishedClaim) -> dict[str, str]:
     for row in frame.itertuples():
         label = " ".join(row.quote.partition(":")[0].split())
         if labels.setdefault(row.statistic, label) != label:
-            raise ValueError(f"tbench_mmtests: statistic {row.statistic} is quoted from two rows "
-                             f"({labels[row.statistic]!r}, {label!r})")
+            raise ValueError(
+                f"tbench_mmtests: statistic {row.statistic} is quoted from two rows "
+                f"({labels[row.statistic]!r}, {label!r})"
+            )
     return {statistic: labels[statistic] for statistic in COMPARE_STATISTICS}
 
 
@@ -48,8 +56,11 @@ def mmtests_table(published: PublishedClaim) -> pd.DataFrame:
     cells = pd.DataFrame(index=list(COMPARE_STATISTICS), columns=KERNELS, dtype=object)
     for row in frame[frame["quantity"] == "value"].itertuples():
         text = row.value_as_printed
-        printed = frame[(frame["quantity"] == "pct_diff_vs_baseline") & (frame["kernel"] == row.kernel)
-                        & (frame["statistic"] == row.statistic)]
+        printed = frame[
+            (frame["quantity"] == "pct_diff_vs_baseline")
+            & (frame["kernel"] == row.kernel)
+            & (frame["statistic"] == row.statistic)
+        ]
         if not printed.empty:
             text += f" ({printed['value_as_printed'].iloc[0]})"
         elif row.kernel != BASELINE and row.statistic != "CoefVar":
@@ -57,8 +68,10 @@ def mmtests_table(published: PublishedClaim) -> pd.DataFrame:
         cells.loc[row.statistic, row.kernel] = text
     cells.index = [labels[statistic] for statistic in cells.index]
     cells.index.name = "statistic (as printed)"
-    cells.attrs["legend"] = ("values and percentages as printed in seed 003; † recomputed by ticklab where the source "
-                             "prints no percentage (mmtests' pdiff: value × 100 / baseline − 100)")
+    cells.attrs["legend"] = (
+        "values and percentages as printed in seed 003; † recomputed by ticklab where the source "
+        "prints no percentage (mmtests' pdiff: value × 100 / baseline − 100)"
+    )
     return cells
 
 
@@ -69,18 +82,25 @@ def derived_checks(published: PublishedClaim) -> pd.DataFrame:
     rows = []
     for kernel_id, kernel in [("c2_disabled", "C2 disabled"), ("patch", "patch")]:
         for stat in ("min", "amean"):
-            rows.append(check_derived(
-                f"{ {'min': 'Min', 'amean': 'AMean'}[stat]} % vs baseline, {kernel}",
-                printed(f"{stat}_{kernel_id}_pct"), pdiff,
-                {"new": printed(f"{stat}_{kernel_id}"), "base": printed(f"{stat}_baseline")},
-                "new × 100 / baseline − 100 (mmtests pdiff)",
-            ))
+            rows.append(
+                check_derived(
+                    f"{ {'min': 'Min', 'amean': 'AMean'}[stat] } % vs baseline, {kernel}",
+                    printed(f"{stat}_{kernel_id}_pct"),
+                    pdiff,
+                    {"new": printed(f"{stat}_{kernel_id}"), "base": printed(f"{stat}_baseline")},
+                    "new × 100 / baseline − 100 (mmtests pdiff)",
+                )
+            )
     for kernel_id, kernel in [("baseline", "baseline"), ("c2_disabled", "C2 disabled"), ("patch", "patch")]:
-        rows.append(check_derived(
-            f"AMean CoefVar, {kernel}", printed(f"coefvar_{kernel_id}"), coefvar,
-            {"stddev": printed(f"stddev_{kernel_id}"), "mean": printed(f"amean_{kernel_id}")},
-            "AMean Stddev × 100 / AMean (mmtests CoefVar)",
-        ))
+        rows.append(
+            check_derived(
+                f"AMean CoefVar, {kernel}",
+                printed(f"coefvar_{kernel_id}"),
+                coefvar,
+                {"stddev": printed(f"stddev_{kernel_id}"), "mean": printed(f"amean_{kernel_id}")},
+                "AMean Stddev × 100 / AMean (mmtests CoefVar)",
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -89,12 +109,15 @@ def derived_sentence(checks: pd.DataFrame) -> str:
     odd = checks[checks["finding"] != "matches (rounded)"]
     text = f"{len(checks) - len(odd)} of {len(checks)} derived numbers match as printed. " + " ".join(
         f"**{r.quantity}**: printed {r.printed}, recomputed {r.recomputed:.4f} (at least {r.recomputed_low:.4f}) — {r.finding}."
-        for r in odd.itertuples())
+        for r in odd.itertuples()
+    )
     if len(odd):
         # printed value = recomputed − difference
         gap = max(abs(round(r.recomputed, 2) - (r.recomputed - r.difference)) for r in odd.itertuples())
-        text += (" Rounding the printed AMeans cannot give these; truncation to two decimals does. The largest gap "
-                 f"to the rounded value is {gap:.2f} percentage points, which changes no conclusion.")
+        text += (
+            " Rounding the printed AMeans cannot give these; truncation to two decimals does. The largest gap "
+            f"to the rounded value is {gap:.2f} percentage points, which changes no conclusion."
+        )
     return text
 
 
@@ -105,7 +128,9 @@ def amean_ratio(published: PublishedClaim) -> float:
 
 def profile_table(published: PublishedClaim) -> pd.DataFrame:
     frame = published.table("perf_profile")
-    return frame[["value_as_printed", "command", "shared_object", "symbol"]].rename(columns={"value_as_printed": "Overhead"})
+    return frame[["value_as_printed", "command", "shared_object", "symbol"]].rename(
+        columns={"value_as_printed": "Overhead"}
+    )
 
 
 def tbench_summary_figure(published: PublishedClaim):
@@ -114,29 +139,52 @@ def tbench_summary_figure(published: PublishedClaim):
     wide = summaries(published)
     labels = printed_labels(published)
     frame = published.table("tbench_mmtests")
-    printed_min = frame[(frame["statistic"] == "Min") & (frame["quantity"] == "value")].set_index("kernel")["value_as_printed"]
+    printed_min = frame[(frame["statistic"] == "Min") & (frame["quantity"] == "value")].set_index("kernel")[
+        "value_as_printed"
+    ]
     fig, ax = plt.subplots(figsize=(8, 4))
     # each kernel at its own x, named by its tick label: the colour is not the only cue
-    colors = {"baseline": palette.BASELINE, "baseline + C2 disabled": palette.THIRD, "baseline + patch": palette.CHANGED}
+    colors = {
+        "baseline": palette.BASELINE,
+        "baseline + C2 disabled": palette.THIRD,
+        "baseline + patch": palette.CHANGED,
+    }
     for i, kernel in enumerate(KERNELS):
         s = wide[kernel]
-        ax.vlines(i, s["Min"], s["Max"], color=colors[kernel], linewidth=2,
-                  label=f"{labels['Min']} .. {labels['Max']}" if i == 0 else None)
-        ax.errorbar(i + 0.08, s["AMean"], yerr=s["Stddev"], fmt="o", color=colors[kernel], capsize=4,
-                    label=f"{labels['AMean']} ± {labels['Stddev']}" if i == 0 else None)
+        ax.vlines(
+            i,
+            s["Min"],
+            s["Max"],
+            color=colors[kernel],
+            linewidth=2,
+            label=f"{labels['Min']} .. {labels['Max']}" if i == 0 else None,
+        )
+        ax.errorbar(
+            i + 0.08,
+            s["AMean"],
+            yerr=s["Stddev"],
+            fmt="o",
+            color=colors[kernel],
+            capsize=4,
+            label=f"{labels['AMean']} ± {labels['Stddev']}" if i == 0 else None,
+        )
         ax.plot(i - 0.08, s["Median"], "D", color="black", label=labels["Median"] if i == 0 else None)
         ax.text(i + 0.12, s["Min"], f"Min {printed_min[kernel]}", fontsize=7, va="center")
     ax.set_xticks(range(len(KERNELS)), KERNELS)
     ax.set_ylabel("tbench throughput (MB/s)")
-    ax.set_title(f"Seed 003: tbench, 128 clients, 2 × 64C/128T Zen3 — {labels['Min']} .. {labels['Max']}, "
-                 f"{labels['Median']},\n{labels['AMean']} ± {labels['Stddev']}: printed statistics (n = 1 table per kernel)",
-                 fontsize=9)
+    ax.set_title(
+        f"Seed 003: tbench, 128 clients, 2 × 64C/128T Zen3 — {labels['Min']} .. {labels['Max']}, "
+        f"{labels['Median']},\n{labels['AMean']} ± {labels['Stddev']}: printed statistics (n = 1 table per kernel)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="lower right")
     return fig
 
 
-WHAT_IS_COMPARED = ("the deepest C-state disabled (seed 003: C2 disabled, which the patch matched) vs all states: "
-              "tbench throughput ratio")
+WHAT_IS_COMPARED = (
+    "the deepest C-state disabled (seed 003: C2 disabled, which the patch matched) vs all states: "
+    "tbench throughput ratio"
+)
 
 
 # The fresh conditions (runners/acpi-idle/tbench.yaml): every cpuidle state, and the deepest disabled.
@@ -146,9 +194,14 @@ BOOT_EXPERIMENT = "host-boot-tbench"
 
 def _min_proxy(low: Target) -> Target:
     """A printed Min ratio as the target of our 10th-percentile comparison, which stands in for Min."""
-    return Target(low.ratio, low.direction,
-                  f"derived: ratio of the printed Min values ({low.as_printed}); ours is the 10th percentile of the runs, "
-                  "a proxy for Min (which a single run decides)", low.as_printed, low.quotes)
+    return Target(
+        low.ratio,
+        low.direction,
+        f"derived: ratio of the printed Min values ({low.as_printed}); ours is the 10th percentile of the runs, "
+        "a proxy for Min (which a single run decides)",
+        low.as_printed,
+        low.quotes,
+    )
 
 
 def comparisons(published: PublishedClaim) -> list[Comparison]:
@@ -170,21 +223,56 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     # source's runs at a fifteenth of the median) is far larger.
     tail_margins = Margins(no_effect=0.10)
     return [
-        Comparison("deepest cpuidle state disabled vs all enabled: tbench throughput, median", "throughput_mb_s",
-                   FRESH_TREATMENT, FRESH_BASELINE, median, ("tbench",), margins=typical, sizes_comparable=machine),
-        Comparison("deepest cpuidle state disabled vs all enabled: tbench throughput, lower tail (10th percentile)",
-                   "throughput_mb_s", FRESH_TREATMENT, FRESH_BASELINE, tail, ("tbench",), statistic="p10",
-                   margins=tail_margins, sizes_comparable=machine),
+        Comparison(
+            "deepest cpuidle state disabled vs all enabled: tbench throughput, median",
+            "throughput_mb_s",
+            FRESH_TREATMENT,
+            FRESH_BASELINE,
+            median,
+            ("tbench",),
+            margins=typical,
+            sizes_comparable=machine,
+        ),
+        Comparison(
+            "deepest cpuidle state disabled vs all enabled: tbench throughput, lower tail (10th percentile)",
+            "throughput_mb_s",
+            FRESH_TREATMENT,
+            FRESH_BASELINE,
+            tail,
+            ("tbench",),
+            statistic="p10",
+            margins=tail_margins,
+            sizes_comparable=machine,
+        ),
         # Seed 003's own three columns, each condition a boot of a kernel with our dummy-wait switch
         # (runners/acpi-idle/host-boot-tbench.yaml: ticklab capture acpi-idle --boot kexec)
-        *[Comparison(f"dummy wait off (the patch) vs on: tbench throughput, {what} (a boot each)", "throughput_mb_s",
-                     "dummy-wait-off", "dummy-wait-on", target, (BOOT_EXPERIMENT,), statistic=statistic,
-                     margins=margins, sizes_comparable=machine)
-          for what, target, statistic, margins in (("median", patch, "median", typical),
-                                                   ("lower tail (10th percentile)", patch_tail, "p10", tail_margins))],
-        Comparison("dummy wait on, deepest C-state disabled vs all states: tbench throughput, median (a boot each)",
-                   "throughput_mb_s", "dummy-wait-on-deepest-disabled", "dummy-wait-on", median, (BOOT_EXPERIMENT,),
-                   margins=typical, sizes_comparable=machine),
+        *[
+            Comparison(
+                f"dummy wait off (the patch) vs on: tbench throughput, {what} (a boot each)",
+                "throughput_mb_s",
+                "dummy-wait-off",
+                "dummy-wait-on",
+                target,
+                (BOOT_EXPERIMENT,),
+                statistic=statistic,
+                margins=margins,
+                sizes_comparable=machine,
+            )
+            for what, target, statistic, margins in (
+                ("median", patch, "median", typical),
+                ("lower tail (10th percentile)", patch_tail, "p10", tail_margins),
+            )
+        ],
+        Comparison(
+            "dummy wait on, deepest C-state disabled vs all states: tbench throughput, median (a boot each)",
+            "throughput_mb_s",
+            "dummy-wait-on-deepest-disabled",
+            "dummy-wait-on",
+            median,
+            (BOOT_EXPERIMENT,),
+            margins=typical,
+            sizes_comparable=machine,
+        ),
     ]
 
 
@@ -194,17 +282,29 @@ def lower_tail_table(runs: pd.DataFrame, *, n_resamples: int = 9999, seed: int =
     chosen = runs[(runs["metric"] == "throughput_mb_s") & runs["condition"].isin([FRESH_BASELINE, FRESH_TREATMENT])]
     rows = []
     for setup, on_setup in chosen.groupby("host_id"):
-        samples = {c: on_setup.loc[on_setup["condition"] == c, "value"].to_numpy() for c in (FRESH_BASELINE, FRESH_TREATMENT)}
+        samples = {
+            c: on_setup.loc[on_setup["condition"] == c, "value"].to_numpy() for c in (FRESH_BASELINE, FRESH_TREATMENT)
+        }
         if min(len(v) for v in samples.values()) < 2:
             continue
         test = anderson_ksamp(list(samples.values()), n_resamples=n_resamples, seed=seed)
         for condition, values in samples.items():
-            rows.append({"setup": setup, "condition": condition, "runs": len(values), "Min": values.min(),
-                         "p10": float(STATISTICS["p10"](values)), "Median": float(STATISTICS["median"](values)),
-                         "CoefVar (%)": coefficient_of_variation(values),
-                         "same distribution? (A-D p)": test.pvalue})
-    return pd.DataFrame(rows, columns=["setup", "condition", "runs", "Min", "p10", "Median", "CoefVar (%)",
-                                       "same distribution? (A-D p)"])
+            rows.append(
+                {
+                    "setup": setup,
+                    "condition": condition,
+                    "runs": len(values),
+                    "Min": values.min(),
+                    "p10": float(STATISTICS["p10"](values)),
+                    "Median": float(STATISTICS["median"](values)),
+                    "CoefVar (%)": coefficient_of_variation(values),
+                    "same distribution? (A-D p)": test.pvalue,
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["setup", "condition", "runs", "Min", "p10", "Median", "CoefVar (%)", "same distribution? (A-D p)"],
+    )
 
 
 def fresh_mmtests_tables(runs: pd.DataFrame, alpha: float = 0.05) -> dict[str, pd.DataFrame]:
@@ -213,8 +313,9 @@ def fresh_mmtests_tables(runs: pd.DataFrame, alpha: float = 0.05) -> dict[str, p
     chosen = runs[runs["metric"] == "throughput_mb_s"]
     tables = {}
     for setup, on_setup in chosen.groupby("host_id"):
-        samples = {c: on_setup.loc[on_setup["condition"] == c, "value"].to_numpy()
-                   for c in (FRESH_BASELINE, FRESH_TREATMENT)}
+        samples = {
+            c: on_setup.loc[on_setup["condition"] == c, "value"].to_numpy() for c in (FRESH_BASELINE, FRESH_TREATMENT)
+        }
         if min(len(v) for v in samples.values()) >= 2:
             tables[setup] = format_compare_table(compare_table(samples, FRESH_BASELINE, alpha=alpha))
     return tables
@@ -229,8 +330,14 @@ def headlines(published: PublishedClaim) -> list[Headline]:
 
 
 CLAIM = Claim(
-    id="acpi-idle", seed="003", title="C4 ACPI idle dummy wait", notebook="04-acpi-idle.ipynb",
+    id="acpi-idle",
+    seed="003",
+    title="C4 ACPI idle dummy wait",
+    notebook="04-acpi-idle.ipynb",
     outputs={"figures": ["tbench_summary"], "tables": ["tbench_mmtests", "derived_checks", "perf_profile", "setup"]},
-    comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
+    comparisons=comparisons,
+    untested=WHAT_IS_COMPARED,
+    headlines=headlines,
+    checks=tuple(CHECKS),
     not_in_lab_because="QEMU offers guests no ACPI C-states, so the dummy wait is never reached in a lab guest",
 )

@@ -29,8 +29,10 @@ CONDITIONS = [("tsc", "n/a", "TSC"), ("hpet", "without", "HPET w/o patch"), ("hp
 def _cell(frame: pd.DataFrame, system: str, clocksource: str, patch: str) -> pd.Series:
     match = frame[(frame["system"] == system) & (frame["clocksource"] == clocksource) & (frame["patch"] == patch)]
     if len(match) != 1:  # the published table is input: an edited one is a data error, not a ticklab bug
-        raise PublishedDataError(f"{frame.attrs.get('path', 'aim7_compute.csv')}: expected one row for system "
-                                 f"{system}, clocksource {clocksource}, patch {patch}; found {len(match)}")
+        raise PublishedDataError(
+            f"{frame.attrs.get('path', 'aim7_compute.csv')}: expected one row for system "
+            f"{system}, clocksource {clocksource}, patch {patch}; found {len(match)}"
+        )
     return match.iloc[0]
 
 
@@ -41,13 +43,15 @@ def throughput_table(published: PublishedClaim) -> pd.DataFrame:
     for system, label in SYSTEM_LABELS.items():
         values = {name: _cell(frame, system, cs, patch) for cs, patch, name in CONDITIONS}
         tsc, without, with_ = (values[name]["value"] for _, _, name in CONDITIONS)
-        rows.append({
-            "system": label,
-            **{f"{name} (jobs/min)": values[name]["value_as_printed"] for _, _, name in CONDITIONS},
-            "HPET w/o, % of TSC": round(100 * without / tsc, 2),
-            "HPET with, % of TSC": round(100 * with_ / tsc, 2),
-            "with / w/o": round(with_ / without, 3),
-        })
+        rows.append(
+            {
+                "system": label,
+                **{f"{name} (jobs/min)": values[name]["value_as_printed"] for _, _, name in CONDITIONS},
+                "HPET w/o, % of TSC": round(100 * without / tsc, 2),
+                "HPET with, % of TSC": round(100 * with_ / tsc, 2),
+                "with / w/o": round(with_ / without, 3),
+            }
+        )
     return pd.DataFrame(rows).set_index("system")
 
 
@@ -73,19 +77,35 @@ def throughput_figure(published: PublishedClaim):
             row = _cell(frame, system, cs, patch)
             x = i + (j - 1) * width
             pct = 100 * row["value"] / tsc
-            ax.bar(x, pct, width, color=colors[j], hatch=hatches[j], edgecolor=palette.BLACK, linewidth=0.5,
-                   label=name if i == 0 else None)
+            ax.bar(
+                x,
+                pct,
+                width,
+                color=colors[j],
+                hatch=hatches[j],
+                edgecolor=palette.BLACK,
+                linewidth=0.5,
+                label=name if i == 0 else None,
+            )
             ax.text(x, pct + 1.5, f"{row['value_as_printed']}\n({pct:.1f}%)", ha="center", va="bottom", fontsize=7)
         without = _cell(frame, system, "hpet", "without")["value"]
         with_ = _cell(frame, system, "hpet", "with")["value"]
-        ax.annotate(f"patch: {100 * (with_ / without - 1):+.1f}%", xy=(i + width / 2, 112), ha="center", fontsize=9,
-                    color=palette.BLACK)
+        ax.annotate(
+            f"patch: {100 * (with_ / without - 1):+.1f}%",
+            xy=(i + width / 2, 112),
+            ha="center",
+            fontsize=9,
+            color=palette.BLACK,
+        )
     ax.set_xticks(range(len(SYSTEM_LABELS)), list(SYSTEM_LABELS.values()), fontsize=8)
     ax.set_ylabel("AIM7 compute throughput, % of TSC")
     ax.set_ylim(0, 125)
     # the jobs/min are the source's; the percentages of TSC and the patch's change are ticklab's arithmetic on them
-    ax.set_title("Seed 000: AIM7 compute (1500 users), 4.6-rc1, HZ=1000 — printed jobs/min (n = 1);\n"
-                 "% of TSC and the patch's change computed by ticklab", fontsize=9)
+    ax.set_title(
+        "Seed 000: AIM7 compute (1500 users), 4.6-rc1, HZ=1000 — printed jobs/min (n = 1);\n"
+        "% of TSC and the patch's change computed by ticklab",
+        fontsize=9,
+    )
     ax.legend(loc="lower right", fontsize=8)
     return fig
 
@@ -97,7 +117,9 @@ def profile_table(published: PublishedClaim) -> pd.DataFrame:
         without = _cell(frame, system, "hpet", "without")
         with_ = _cell(frame, system, "hpet", "with")
         printed = lambda r: f"{r['qualifier']} {r['value_as_printed']}".strip()  # noqa: E731
-        rows.append({"system": label, "read_hpet, w/o patch": printed(without), "read_hpet, with patch": printed(with_)})
+        rows.append(
+            {"system": label, "read_hpet, w/o patch": printed(without), "read_hpet, with patch": printed(with_)}
+        )
     return pd.DataFrame(rows).set_index("system")
 
 
@@ -109,19 +131,29 @@ def profile_figure(published: PublishedClaim):
         for j, (patch, color) in enumerate([("without", palette.BASELINE), ("with", palette.CHANGED)]):
             row = _cell(frame, system, "hpet", patch)
             x = i + (j - 0.5) * width
-            ax.bar(x, row["value"], width, color=color, label=f"HPET {patch} patch" if i == 0 else None,
-                   hatch="//" if row["qualifier"] else None)
+            ax.bar(
+                x,
+                row["value"],
+                width,
+                color=color,
+                label=f"HPET {patch} patch" if i == 0 else None,
+                hatch="//" if row["qualifier"] else None,
+            )
             # the hatch here says "lower bound", so the word above each bar says which side of the patch it is
             words = "w/o" if patch == "without" else "with"
-            ax.text(x, row["value"] + 0.6, f"{words}: {row['qualifier']} {row['value_as_printed']}".replace("  ", " "),
-                    ha="center", fontsize=8)
+            ax.text(
+                x,
+                row["value"] + 0.6,
+                f"{words}: {row['qualifier']} {row['value_as_printed']}".replace("  ", " "),
+                ha="center",
+                fontsize=8,
+            )
     ax.set_xticks(range(len(SYSTEM_LABELS)), list(SYSTEM_LABELS.values()), fontsize=8)
     ax.set_ylabel("read_hpet, % of CPU time (perf)")
     ax.set_title("Seed 000: read_hpet share of CPU time — published")
     ax.legend(fontsize=8)
     ax.text(0.99, -0.22, "hatched: a lower bound ('more than')", transform=ax.transAxes, ha="right", fontsize=7)
     return fig
-
 
 
 WHAT_IS_COMPARED = "HPET clocksource, read sharing on vs off: throughput ratio"
@@ -132,14 +164,21 @@ WHAT_IS_COMPARED = "HPET clocksource, read sharing on vs off: throughput ratio"
 CLOCK_LABELS = {"tsc": "TSC", "hpet-no-sharing": "HPET w/o sharing", "hpet-sharing": "HPET with sharing"}
 # TSC the reference, HPET without sharing the baseline, with sharing the change (as in the published figures); each
 # clock also has its own marker, so the read-rate lines read without colour
-CLOCK_COLORS = {"tsc": palette.THIRD, "hpet-no-sharing": palette.BASELINE, "hpet-sharing": palette.CHANGED,
-                "kvm-clock": palette.SKY_BLUE, "acpi_pm": palette.BLUISH_GREEN}
+CLOCK_COLORS = {
+    "tsc": palette.THIRD,
+    "hpet-no-sharing": palette.BASELINE,
+    "hpet-sharing": palette.CHANGED,
+    "kvm-clock": palette.SKY_BLUE,
+    "acpi_pm": palette.BLUISH_GREEN,
+}
 CLOCK_MARKERS = {"tsc": "s", "hpet-no-sharing": "o", "hpet-sharing": "^", "kvm-clock": "D", "acpi_pm": "v"}
 REFERENCE_SYSTEM = "haswell-ex-4s-72c"  # the smaller of the two published machines: its ratios are the reference
 
 
-STAND_IN = ("timejobs stands in for AIM7: the share of its work spent reading the clock is a parameter of our "
-            "workload, so the size of any clock effect on it is ours to set, not AIM7's")
+STAND_IN = (
+    "timejobs stands in for AIM7: the share of its work spent reading the clock is a parameter of our "
+    "workload, so the size of any clock effect on it is ours to set, not AIM7's"
+)
 
 
 READS_NOT_AIM7 = "clock reads/s has no size in the source: only its direction is tested"
@@ -155,9 +194,14 @@ READS_NO_EFFECT = Margins(no_effect=0.02)
 def _reads_direction(target: Target, ratio: str, system: str) -> Target:
     """Clock reads/s against the direction of AIM7's jobs/min ratio only: the source prints no read rate, so it
     gives no size for one (its jobs/min ratio is a different quantity)."""
-    return Target(None, target.direction,
-                  f"derived: direction only, that of AIM7's jobs/min ratio {ratio} ({target.as_printed}, {system}); "
-                  "the source prints no read rate, so there is no size target", target.as_printed, target.quotes)
+    return Target(
+        None,
+        target.direction,
+        f"derived: direction only, that of AIM7's jobs/min ratio {ratio} ({target.as_printed}, {system}); "
+        "the source prints no read rate, so there is no size target",
+        target.as_printed,
+        target.quotes,
+    )
 
 
 def comparisons(published: PublishedClaim) -> list[Comparison]:
@@ -170,44 +214,96 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     reads = _reads_direction(sharing, "with/without sharing", label)
     on_hpet_reads = _reads_direction(on_hpet, "HPET without sharing / TSC", label)
     return [
-        Comparison("HPET read sharing on vs off: jobs/min (timejobs, stand-in for AIM7)", "jobs_per_min",
-                   "hpet-sharing", "hpet-no-sharing", sharing, ("guest-timejobs",), margins=JOBS_NO_EFFECT,
-                   sizes_comparable=STAND_IN),
-        Comparison("HPET without sharing vs TSC: jobs/min (timejobs, stand-in for AIM7)", "jobs_per_min",
-                   "hpet-no-sharing", "tsc", on_hpet, ("guest-timejobs",), margins=JOBS_NO_EFFECT,
-                   sizes_comparable=STAND_IN),
-        *[Comparison(f"HPET read sharing on vs off: clock reads/s, {n} vCPUs", "reads_per_s_total",
-                     f"hpet-sharing-{n}vcpu", f"hpet-no-sharing-{n}vcpu", reads, ("guest-clock-read",),
-                     margins=READS_NO_EFFECT, sizes_comparable=READS_NOT_AIM7)
-          for n in (2, 4)],
+        Comparison(
+            "HPET read sharing on vs off: jobs/min (timejobs, stand-in for AIM7)",
+            "jobs_per_min",
+            "hpet-sharing",
+            "hpet-no-sharing",
+            sharing,
+            ("guest-timejobs",),
+            margins=JOBS_NO_EFFECT,
+            sizes_comparable=STAND_IN,
+        ),
+        Comparison(
+            "HPET without sharing vs TSC: jobs/min (timejobs, stand-in for AIM7)",
+            "jobs_per_min",
+            "hpet-no-sharing",
+            "tsc",
+            on_hpet,
+            ("guest-timejobs",),
+            margins=JOBS_NO_EFFECT,
+            sizes_comparable=STAND_IN,
+        ),
+        *[
+            Comparison(
+                f"HPET read sharing on vs off: clock reads/s, {n} vCPUs",
+                "reads_per_s_total",
+                f"hpet-sharing-{n}vcpu",
+                f"hpet-no-sharing-{n}vcpu",
+                reads,
+                ("guest-clock-read",),
+                margins=READS_NO_EFFECT,
+                sizes_comparable=READS_NOT_AIM7,
+            )
+            for n in (2, 4)
+        ],
         # On a real machine, each condition a boot of a kernel with our read-sharing switch
         # (runners/hpet/host-boot-clock-read.yaml: ticklab capture hpet --boot kexec)
-        Comparison("HPET read sharing on vs off: clock reads/s, one thread per CPU (a boot each)", "reads_per_s_total",
-                   "hpet-share-on", "hpet-share-off", reads, ("host-boot-clock-read",),
-                   margins=READS_NO_EFFECT, sizes_comparable=READS_NOT_AIM7),
-        Comparison("HPET without sharing vs TSC: clock reads/s, one thread per CPU (a boot each)", "reads_per_s_total",
-                   "hpet-share-off", "tsc-reference", on_hpet_reads, ("host-boot-clock-read",),
-                   margins=READS_NO_EFFECT, sizes_comparable=READS_NOT_AIM7),
+        Comparison(
+            "HPET read sharing on vs off: clock reads/s, one thread per CPU (a boot each)",
+            "reads_per_s_total",
+            "hpet-share-on",
+            "hpet-share-off",
+            reads,
+            ("host-boot-clock-read",),
+            margins=READS_NO_EFFECT,
+            sizes_comparable=READS_NOT_AIM7,
+        ),
+        Comparison(
+            "HPET without sharing vs TSC: clock reads/s, one thread per CPU (a boot each)",
+            "reads_per_s_total",
+            "hpet-share-off",
+            "tsc-reference",
+            on_hpet_reads,
+            ("host-boot-clock-read",),
+            margins=READS_NO_EFFECT,
+            sizes_comparable=READS_NOT_AIM7,
+        ),
     ]
 
 
 def negative_controls(published: PublishedClaim) -> list[NegativeControl]:
     """Read sharing with one vCPU: nobody to share a read with, so sharing can change nothing (within ±5%)."""
-    return [NegativeControl("HPET read sharing on vs off with 1 vCPU (nobody to share with): clock reads/s",
-                            "reads_per_s_total", "hpet-sharing-1vcpu", "hpet-no-sharing-1vcpu", 0.05,
-                            ("guest-clock-read",))]
+    return [
+        NegativeControl(
+            "HPET read sharing on vs off with 1 vCPU (nobody to share with): clock reads/s",
+            "reads_per_s_total",
+            "hpet-sharing-1vcpu",
+            "hpet-no-sharing-1vcpu",
+            0.05,
+            ("guest-clock-read",),
+        )
+    ]
 
 
 # Did each guest run on the clocksource and sharing switch its condition names?
 CHECKS = [
     # a lab guest's clocksource, else a boot plan's run's (the booted kernel's current_clocksource at the run)
-    FactCheck("clocksource as the condition says", "guest.clocksource|boot.clocksource",
-              {"tsc*": "tsc", "hpet-*": "hpet"}),
-    FactCheck("HPET read sharing switch as the condition says", "guest.switches.hpet_read_share",
-              {"hpet-sharing*": "Y", "hpet-no-sharing*": "N"}),
+    FactCheck(
+        "clocksource as the condition says", "guest.clocksource|boot.clocksource", {"tsc*": "tsc", "hpet-*": "hpet"}
+    ),
+    FactCheck(
+        "HPET read sharing switch as the condition says",
+        "guest.switches.hpet_read_share",
+        {"hpet-sharing*": "Y", "hpet-no-sharing*": "N"},
+    ),
     # a boot plan's run (runners/hpet/host-boot-clock-read.yaml): the command line its boot was verified to have
-    FactCheck("HPET read sharing on the booted command line", "boot.cmdline",
-              {"hpet-share-on": "hpet_read_share=1", "hpet-share-off": "hpet_read_share=0"}, contains=True),
+    FactCheck(
+        "HPET read sharing on the booted command line",
+        "boot.cmdline",
+        {"hpet-share-on": "hpet_read_share=1", "hpet-share-off": "hpet_read_share=0"},
+        contains=True,
+    ),
 ]
 
 
@@ -233,11 +329,18 @@ def fresh_throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
         counts = group.groupby("condition")["value"].size()
         if not {"tsc", "hpet-no-sharing", "hpet-sharing"} <= set(median.index):
             continue
-        rows.append({"setup": setup, **{f"{CLOCK_LABELS[c]} (jobs/min, median of {counts[c]})": round(median[c])
-                                        for c in ("tsc", "hpet-no-sharing", "hpet-sharing")},
-                     "HPET w/o, % of TSC": round(100 * median["hpet-no-sharing"] / median["tsc"], 2),
-                     "HPET with, % of TSC": round(100 * median["hpet-sharing"] / median["tsc"], 2),
-                     "with / w/o": round(median["hpet-sharing"] / median["hpet-no-sharing"], 3)})
+        rows.append(
+            {
+                "setup": setup,
+                **{
+                    f"{CLOCK_LABELS[c]} (jobs/min, median of {counts[c]})": round(median[c])
+                    for c in ("tsc", "hpet-no-sharing", "hpet-sharing")
+                },
+                "HPET w/o, % of TSC": round(100 * median["hpet-no-sharing"] / median["tsc"], 2),
+                "HPET with, % of TSC": round(100 * median["hpet-sharing"] / median["tsc"], 2),
+                "with / w/o": round(median["hpet-sharing"] / median["hpet-no-sharing"], 3),
+            }
+        )
     return pd.DataFrame(rows).set_index("setup") if rows else pd.DataFrame()
 
 
@@ -250,16 +353,21 @@ def fresh_jobs_figure(runs: pd.DataFrame, setup: str):
     chosen = runs[(runs["host_id"] == setup) & (runs["metric"] == "jobs_per_min")]
     present = set(chosen["condition"])
     conditions = [c for c in JOBS_ORDER if c in present] + sorted(present - set(JOBS_ORDER))
-    groups = [(x, chosen.loc[chosen["condition"] == c, "value"].to_numpy(), CLOCK_COLORS.get(c, palette.GREY))
-              for x, c in enumerate(conditions)]
+    groups = [
+        (x, chosen.loc[chosen["condition"] == c, "value"].to_numpy(), CLOCK_COLORS.get(c, palette.GREY))
+        for x, c in enumerate(conditions)
+    ]
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(conditions)), 4.4))
     runs_and_medians(ax, groups, from_zero=True, label=lambda value: f"{value:,.0f}")
     ax.set_xticks(range(len(conditions)), [f"{CLOCK_LABELS.get(c, c)}\n({c})" for c in conditions], fontsize=8)
     ax.set_xlim(-0.5, len(conditions) - 0.5)
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:,.0f}"))
     ax.set_ylabel("timejobs throughput (jobs/min)")
-    ax.set_title(f"timejobs jobs/min per clocksource (fresh, {len(chosen)} runs; points = runs, bar = median);\n"
-                 f"a stand-in for AIM7, not AIM7 — {setup}", fontsize=8)
+    ax.set_title(
+        f"timejobs jobs/min per clocksource (fresh, {len(chosen)} runs; points = runs, bar = median);\n"
+        f"a stand-in for AIM7, not AIM7 — {setup}",
+        fontsize=8,
+    )
     return fig
 
 
@@ -273,24 +381,40 @@ def read_rate_points(runs: pd.DataFrame, values: dict) -> pd.DataFrame:
         threads = condition.get("vcpus") or condition.get("threads")
         if clock is None or threads is None:
             continue
-        rows.append({"host_id": row["host_id"], "clock": clock, "threads": int(threads), "run": row["run"],
-                     "metric": row["metric"], "value": row["value"]})
+        rows.append(
+            {
+                "host_id": row["host_id"],
+                "clock": clock,
+                "threads": int(threads),
+                "run": row["run"],
+                "metric": row["metric"],
+                "value": row["value"],
+            }
+        )
     return pd.DataFrame(rows, columns=["host_id", "clock", "threads", "run", "metric", "value"])
 
 
 def read_rate_figure(points: pd.DataFrame, setup: str):
     """Aggregate read rate and per-read cost against threads, per clock (median and range over runs)."""
-    from matplotlib.ticker import LogLocator, FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     on_setup = points[points["host_id"] == setup]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
-    for ax, metric, label in ((axes[0], "reads_per_s_total", "aggregate clock reads/s"),
-                              (axes[1], "read_cost_mean_ns", "mean cost of one read (ns)")):
+    for ax, metric, label in (
+        (axes[0], "reads_per_s_total", "aggregate clock reads/s"),
+        (axes[1], "read_cost_mean_ns", "mean cost of one read (ns)"),
+    ):
         for clock, group in on_setup[on_setup["metric"] == metric].groupby("clock"):
             summary = group.groupby("threads")["value"].agg(["median", "min", "max"])
-            ax.errorbar(summary.index, summary["median"], yerr=[summary["median"] - summary["min"], summary["max"] - summary["median"]],
-                        marker=CLOCK_MARKERS.get(clock, "x"), capsize=3, color=CLOCK_COLORS.get(clock, palette.GREY),
-                        label=CLOCK_LABELS.get(clock, clock))
+            ax.errorbar(
+                summary.index,
+                summary["median"],
+                yerr=[summary["median"] - summary["min"], summary["max"] - summary["median"]],
+                marker=CLOCK_MARKERS.get(clock, "x"),
+                capsize=3,
+                color=CLOCK_COLORS.get(clock, palette.GREY),
+                label=CLOCK_LABELS.get(clock, clock),
+            )
         ax.set_xticks(sorted(on_setup["threads"].unique()))
         ax.set_xlabel("threads reading at once (one per vCPU / CPU)")
         ax.set_ylabel(label)
@@ -313,8 +437,11 @@ def clock_read_share(report: str) -> tuple[float, str]:
     """From `perf report --stdio --no-children`: the share of samples in clock-reading functions (%), and
     the hottest such function. Everything in the vDSO counts (its unnamed addresses are the inlined
     clock read paths, e.g. pvclock)."""
-    hits = [(float(pct), _symbol_name(dso, symbol)) for pct, dso, symbol in _PERF_LINE.findall(report)
-            if dso == "[vdso]" or CLOCK_READ_SYMBOL.search(symbol)]
+    hits = [
+        (float(pct), _symbol_name(dso, symbol))
+        for pct, dso, symbol in _PERF_LINE.findall(report)
+        if dso == "[vdso]" or CLOCK_READ_SYMBOL.search(symbol)
+    ]
     return sum(pct for pct, _ in hits), (max(hits)[1] if hits else "")
 
 
@@ -336,11 +463,20 @@ def profile_shares(bundles: list[BundleRef]) -> pd.DataFrame:
             if profile.get("status") != "ok" or not rawfile.present(report):
                 continue
             share, hottest = clock_read_share(rawfile.read_text(report))  # xz'd by the seal from 64 KiB
-            rows.append({"setup": ref.host_id, "condition": profile["condition"], "workload": Path(profile["argv"][profile["argv"].index("--") + 1]).name,
-                         "clock reading, % of samples": round(share, 2), "hottest clock function": hottest,
-                         "source": str(report)})
-    return pd.DataFrame(rows, columns=["setup", "condition", "workload", "clock reading, % of samples",
-                                       "hottest clock function", "source"])
+            rows.append(
+                {
+                    "setup": ref.host_id,
+                    "condition": profile["condition"],
+                    "workload": Path(profile["argv"][profile["argv"].index("--") + 1]).name,
+                    "clock reading, % of samples": round(share, 2),
+                    "hottest clock function": hottest,
+                    "source": str(report),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["setup", "condition", "workload", "clock reading, % of samples", "hottest clock function", "source"],
+    )
 
 
 # -- read_hpet's share of perf samples in lab guests (runners/hpet/guest-clock-profile.yaml) ----------------------
@@ -350,9 +486,11 @@ _SYMBOL_LINE = re.compile(r"^\s*([\d.]+)%\s+(?:.*?\s)?\[([.kgu])\]\s+(\S.*?)\s*$
 # perf record's last line on stderr: the exact sample count (the report's "# Samples: 3K" is rounded).
 _RECORDED = re.compile(r"perf record: Captured and wrote .* \((\d+) samples\)")
 _PERCENT_LIMIT = re.compile(r"--percent-limit\s+([\d.]+)")
-LAB_ANALOGUE = ("lab analogue: clockbench (every vCPU reading CLOCK_MONOTONIC in a loop) in a QEMU TCG guest, "
-                "where an HPET read is an emulated MMIO access handled by QEMU: its cost and its share of the samples "
-                "are TCG's, not a real HPET's, and the workload is not AIM7")
+LAB_ANALOGUE = (
+    "lab analogue: clockbench (every vCPU reading CLOCK_MONOTONIC in a loop) in a QEMU TCG guest, "
+    "where an HPET read is an emulated MMIO access handled by QEMU: its cost and its share of the samples "
+    "are TCG's, not a real HPET's, and the workload is not AIM7"
+)
 
 
 def symbol_shares(report: str) -> dict[str, float]:
@@ -384,7 +522,9 @@ def guest_profile_runs(bundles: list[BundleRef], checks=()) -> pd.DataFrame:
         for run in bundle.typed.measured_runs():
             if (str(ref.path), run.run) in gated:
                 continue
-            extra = next((e for e in records[run.run].get("extras") or [] if e.get("name") == GUEST_PROFILE_EXTRA), None)
+            extra = next(
+                (e for e in records[run.run].get("extras") or [] if e.get("name") == GUEST_PROFILE_EXTRA), None
+            )
             if extra is None or extra.get("status") != "ok":
                 continue
             directory = ref.path / "raw" / extra["directory"]
@@ -397,14 +537,37 @@ def guest_profile_runs(bundles: list[BundleRef], checks=()) -> pd.DataFrame:
             stderr = rawfile.read_text(directory / "stderr.txt") if rawfile.present(directory / "stderr.txt") else ""
             condition = values.get(run.condition, {})
             limit = _PERCENT_LIMIT.findall(" ".join(map(str, extra.get("argv", []))))
-            rows.append({"setup": ref.host_id, "condition": run.condition, "run": run.run,
-                         "vcpus": condition.get("vcpus"), "clock": condition.get("clock"),
-                         "read_hpet_pct": shares.get("read_hpet", 0.0), "read_hpet_listed": "read_hpet" in shares,
-                         "percent_limit": float(limit[-1]) if limit else None,
-                         "clock_reading_pct": sum(v for k, v in shares.items() if CLOCK_READ_SYMBOL.search(k)),
-                         "samples": recorded_samples(stderr), "source": str(rawfile.locate(report_path))})
-    return pd.DataFrame(rows, columns=["setup", "condition", "run", "vcpus", "clock", "read_hpet_pct", "read_hpet_listed",
-                                       "percent_limit", "clock_reading_pct", "samples", "source"])
+            rows.append(
+                {
+                    "setup": ref.host_id,
+                    "condition": run.condition,
+                    "run": run.run,
+                    "vcpus": condition.get("vcpus"),
+                    "clock": condition.get("clock"),
+                    "read_hpet_pct": shares.get("read_hpet", 0.0),
+                    "read_hpet_listed": "read_hpet" in shares,
+                    "percent_limit": float(limit[-1]) if limit else None,
+                    "clock_reading_pct": sum(v for k, v in shares.items() if CLOCK_READ_SYMBOL.search(k)),
+                    "samples": recorded_samples(stderr),
+                    "source": str(rawfile.locate(report_path)),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "setup",
+            "condition",
+            "run",
+            "vcpus",
+            "clock",
+            "read_hpet_pct",
+            "read_hpet_listed",
+            "percent_limit",
+            "clock_reading_pct",
+            "samples",
+            "source",
+        ],
+    )
 
 
 def guest_profile_table(profile_runs: pd.DataFrame) -> pd.DataFrame:
@@ -413,13 +576,21 @@ def guest_profile_table(profile_runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (setup, condition), group in profile_runs.groupby(["setup", "condition"], sort=True):
         share, clock = group["read_hpet_pct"], group["clock_reading_pct"]
-        rows.append({"setup": setup, "condition": condition, "vCPUs": group["vcpus"].iloc[0],
-                     "read sharing": {"hpet-sharing": "on", "hpet-no-sharing": "off"}.get(group["clock"].iloc[0], "?"),
-                     "n runs": len(group), "read_hpet, % of samples (median)": round(share.median(), 6),
-                     "read_hpet min": round(share.min(), 6), "read_hpet max": round(share.max(), 6),
-                     "runs with read_hpet under the report's limit": int((~group["read_hpet_listed"]).sum()),
-                     "clock-reading functions, % (median)": round(clock.median(), 6),
-                     "samples per run (median)": group["samples"].median()})
+        rows.append(
+            {
+                "setup": setup,
+                "condition": condition,
+                "vCPUs": group["vcpus"].iloc[0],
+                "read sharing": {"hpet-sharing": "on", "hpet-no-sharing": "off"}.get(group["clock"].iloc[0], "?"),
+                "n runs": len(group),
+                "read_hpet, % of samples (median)": round(share.median(), 6),
+                "read_hpet min": round(share.min(), 6),
+                "read_hpet max": round(share.max(), 6),
+                "runs with read_hpet under the report's limit": int((~group["read_hpet_listed"]).sum()),
+                "clock-reading functions, % (median)": round(clock.median(), 6),
+                "samples per run (median)": group["samples"].median(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -432,10 +603,14 @@ def read_hpet_beside_source(published: PublishedClaim, profile_runs: pd.DataFram
     for system, label in SYSTEM_LABELS.items():
         without, with_ = _cell(frame, system, "hpet", "without"), _cell(frame, system, "hpet", "with")
         ratio = with_["value"] / without["value"]
-        rows.append({"where": f"seed 000, {label}, AIM7 compute (printed, n = 1)",
-                     "read_hpet w/o sharing (%)": f"{without['qualifier']} {without['value_as_printed']}".strip(),
-                     "read_hpet with sharing (%)": f"{with_['qualifier']} {with_['value_as_printed']}".strip(),
-                     "with / w/o": f"{'< ' if without['qualifier'] else ''}{ratio:.3f}"})
+        rows.append(
+            {
+                "where": f"seed 000, {label}, AIM7 compute (printed, n = 1)",
+                "read_hpet w/o sharing (%)": f"{without['qualifier']} {without['value_as_printed']}".strip(),
+                "read_hpet with sharing (%)": f"{with_['qualifier']} {with_['value_as_printed']}".strip(),
+                "with / w/o": f"{'< ' if without['qualifier'] else ''}{ratio:.3f}",
+            }
+        )
     for (setup, vcpus), group in profile_runs.groupby(["setup", "vcpus"], sort=True):
         parts = dict(tuple(group.groupby("clock")))
         sides = {clock: part["read_hpet_pct"] for clock, part in parts.items()}
@@ -452,29 +627,49 @@ def read_hpet_beside_source(published: PublishedClaim, profile_runs: pd.DataFram
                 limits = ", ".join(f"{limit:g}%" for limit in sorted(unlisted["percent_limit"].dropna().unique()))
                 text += f" ({len(unlisted)} under the report's {limits or 'percent'} limit, counted as 0)"
             return text
-        ratio = (f"{on.median() / off.median():.3f}" if off is not None and on is not None and off.median() > 0
-                 else "n/a")
-        rows.append({"where": f"lab analogue, {vcpus} vCPUs, clockbench (TCG guest): {setup}",
-                     "read_hpet w/o sharing (%)": described("hpet-no-sharing"),
-                     "read_hpet with sharing (%)": described("hpet-sharing"),
-                     "with / w/o": ratio})
+
+        ratio = (
+            f"{on.median() / off.median():.3f}" if off is not None and on is not None and off.median() > 0 else "n/a"
+        )
+        rows.append(
+            {
+                "where": f"lab analogue, {vcpus} vCPUs, clockbench (TCG guest): {setup}",
+                "read_hpet w/o sharing (%)": described("hpet-no-sharing"),
+                "read_hpet with sharing (%)": described("hpet-sharing"),
+                "with / w/o": ratio,
+            }
+        )
     table = pd.DataFrame(rows).set_index("where")
-    table.attrs["legend"] = ("Lab rows: median [min–max] over runs of read_hpet's share of perf samples (cpu-clock, "
-                             "all vCPUs), n runs; with / w/o is the ratio of the medians. " + LAB_ANALOGUE + ".")
+    table.attrs["legend"] = (
+        "Lab rows: median [min–max] over runs of read_hpet's share of perf samples (cpu-clock, "
+        "all vCPUs), n runs; with / w/o is the ratio of the medians. " + LAB_ANALOGUE + "."
+    )
     return table
 
 
 def headlines(published: PublishedClaim) -> list[Headline]:
-    return [Headline(SYSTEM_LABELS[system], "AIM7 throughput, HPET with / without sharing", ratio, "higher")
-            for system, ratio in sharing_ratios(published).items()]
+    return [
+        Headline(SYSTEM_LABELS[system], "AIM7 throughput, HPET with / without sharing", ratio, "higher")
+        for system, ratio in sharing_ratios(published).items()
+    ]
 
 
 CLAIM = Claim(
-    id="hpet", seed="000", title="C1 HPET read contention", notebook="01-hpet.ipynb",
-    outputs={"figures": ["aim7_throughput", "read_hpet_profile"],
-             "tables": ["aim7_throughput", "read_hpet_profile", "read_hpet_profile_lab", "setup"]},
-    comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
+    id="hpet",
+    seed="000",
+    title="C1 HPET read contention",
+    notebook="01-hpet.ipynb",
+    outputs={
+        "figures": ["aim7_throughput", "read_hpet_profile"],
+        "tables": ["aim7_throughput", "read_hpet_profile", "read_hpet_profile_lab", "setup"],
+    },
+    comparisons=comparisons,
+    untested=WHAT_IS_COMPARED,
+    headlines=headlines,
+    checks=tuple(CHECKS),
     negative_controls=negative_controls,
-    derived_from_raw=lambda runs, bundles: {"profile_shares": profile_shares(bundles),
-                                            "guest_profile_runs": guest_profile_runs(bundles, CHECKS)},
+    derived_from_raw=lambda runs, bundles: {
+        "profile_shares": profile_shares(bundles),
+        "guest_profile_runs": guest_profile_runs(bundles, CHECKS),
+    },
 )

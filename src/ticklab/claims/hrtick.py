@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -17,7 +16,6 @@ from ..trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..trace.tracespots import first_spurious_interrupt
 from . import Claim, Headline, ViewPreset
 from ._points import runs_and_medians
-
 
 
 def _as_printed(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -42,9 +40,13 @@ def runtime_ratio(published: PublishedClaim) -> float:
 def derived_checks(published: PublishedClaim) -> pd.DataFrame:
     rows = [
         check_derived(
-            "hackbench runtime change, HRTICK vs NO HRTICK", published.printed("hackbench", "runtime_change"),
+            "hackbench runtime change, HRTICK vs NO HRTICK",
+            published.printed("hackbench", "runtime_change"),
             lambda off, on: (on - off) / off * 100,
-            {"off": published.printed("hackbench", "runtime_no_hrtick"), "on": published.printed("hackbench", "runtime_hrtick")},
+            {
+                "off": published.printed("hackbench", "runtime_no_hrtick"),
+                "on": published.printed("hackbench", "runtime_hrtick"),
+            },
             "(0.481 − 0.840) / 0.840 × 100",
         ),
     ]
@@ -53,9 +55,11 @@ def derived_checks(published: PublishedClaim) -> pd.DataFrame:
 
 def derived_sentence(checks: pd.DataFrame) -> str:
     row = checks.iloc[0]
-    return (f"The inputs give **{row.recomputed:.2f}%** (between {row.recomputed_low:.2f}% and "
-            f"{row.recomputed_high:.2f}% given their printed precision). The article prints \"~{row.printed}\": "
-            f"{row.finding}. Rounded to a whole percent the change is {round(row.recomputed)}%; the \"~\" covers the difference.")
+    return (
+        f"The inputs give **{row.recomputed:.2f}%** (between {row.recomputed_low:.2f}% and "
+        f'{row.recomputed_high:.2f}% given their printed precision). The article prints "~{row.printed}": '
+        f'{row.finding}. Rounded to a whole percent the change is {round(row.recomputed)}%; the "~" covers the difference.'
+    )
 
 
 def runtime_and_reprogramming_figure(published: PublishedClaim):
@@ -63,8 +67,12 @@ def runtime_and_reprogramming_figure(published: PublishedClaim):
     off = published.row("hackbench", "runtime_no_hrtick")
     on = published.row("hackbench", "runtime_hrtick")
     # HRTICK and the series are the changes: their bars hatched as well as coloured, so they read without colour
-    bar_style = {"color": [palette.BASELINE, palette.CHANGED], "hatch": [None, palette.CHANGED_HATCH],
-                 "edgecolor": palette.BLACK, "linewidth": 0.5}
+    bar_style = {
+        "color": [palette.BASELINE, palette.CHANGED],
+        "hatch": [None, palette.CHANGED_HATCH],
+        "edgecolor": palette.BLACK,
+        "linewidth": 0.5,
+    }
     left.bar(["NO HRTICK[_DL]", "HRTICK[_DL]"], [off["value"], on["value"]], **bar_style)
     for x, row in enumerate([off, on]):
         left.text(x, row["value"] + 0.01, row["value_as_printed"], ha="center")
@@ -99,8 +107,10 @@ SERIES_WHY = "the 48-patch hrtimer series, queued in tip sched/hrtick for Linux 
 BEFORE, AFTER = "6.12", "7.2"
 GUEST = ("guest-hackbench", "host-boot-kernels")  # the experiments whose kernel is a condition
 NO_REGRESSION_BOUND = 1.05  # declared: "no regression" means HRTICK on is at most 5 % slower than off
-ABSOLUTE_RATES = ("absolute reprogram rates depend on the CPUs, the workload's size and the tick rate (seed 002 names "
-                  "neither machine nor loop count for them); the ratio between kernels is what can be compared")
+ABSOLUTE_RATES = (
+    "absolute reprogram rates depend on the CPUs, the workload's size and the tick rate (seed 002 names "
+    "neither machine nor loop count for them); the ratio between kernels is what can be compared"
+)
 
 
 # ±5 % hackbench runtime: one condition's runs scatter by about that on a busy host (a hackbench run is ~1 s), and
@@ -120,48 +130,120 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     reprogramming the HRTICK timer causes with HRTICK on (tracemetrics.reprogram_causes: the periodic tick's own
     reprograms are not the seed's quantity, whose ~100/s after the series is below any HZ's tick rate), 7.2 over
     6.12, against the printed ~2500/s -> ~100/s, per second and per 1000 hackbench messages. The host experiment's conditions are "hrtick-on"/"hrtick-off" on whatever kernel the host runs."""
-    premise = Target(None, 1, "derived: the source says HRTICK no longer regresses once the series is applied, so "
-                              "before the series it made hackbench slower; no size is given",
-                     published.printed("hackbench", "no_regression_after"),
-                     (published.quote_id("hackbench", "no_regression_after"),))
+    premise = Target(
+        None,
+        1,
+        "derived: the source says HRTICK no longer regresses once the series is applied, so "
+        "before the series it made hackbench slower; no size is given",
+        published.printed("hackbench", "no_regression_after"),
+        (published.quote_id("hackbench", "no_regression_after"),),
+    )
     runtime = published.ratio_target("hackbench", "runtime_hrtick", "runtime_no_hrtick")
-    no_regression = Target(None, 1, f"derived: the source says HRTICK no longer regresses; the margin ×{NO_REGRESSION_BOUND} "
-                                    "(5 % slower) is ticklab's, declared before any run",
-                           published.printed("hackbench", "no_regression_after"),
-                           (published.quote_id("hackbench", "no_regression_after"),), no_worse_than=NO_REGRESSION_BOUND)
+    no_regression = Target(
+        None,
+        1,
+        f"derived: the source says HRTICK no longer regresses; the margin ×{NO_REGRESSION_BOUND} "
+        "(5 % slower) is ticklab's, declared before any run",
+        published.printed("hackbench", "no_regression_after"),
+        (published.quote_id("hackbench", "no_regression_after"),),
+        no_worse_than=NO_REGRESSION_BOUND,
+    )
     reprograms = published.ratio_target("clockevents", "reprogram_rate_after", "reprogram_rate_before")
     sizes = "the printed runtimes come from a 112-CPU Skylake; other machines' sizes differ"
     host = [
-        Comparison("premise: HRTICK on vs off without the series, hackbench -p -s 8 runtime", "runtime_s",
-                   "hrtick-on", "hrtick-off", premise, role="premise", margins=RUNTIME_NO_EFFECT,
-                   kernels=f"<{SERIES[2:]}", kernels_why=f"a kernel without {SERIES_WHY}"),
-        Comparison("HRTICK on vs off with the series, hackbench -p -s 8 runtime", "runtime_s", "hrtick-on", "hrtick-off",
-                   runtime, margins=RUNTIME_NO_EFFECT, kernels=SERIES, kernels_why=SERIES_WHY, sizes_comparable=sizes),
-        Comparison("no regression: HRTICK on vs off with the series, hackbench -p -s 8 runtime", "runtime_s",
-                   "hrtick-on", "hrtick-off", no_regression, margins=RUNTIME_NO_EFFECT, kernels=SERIES,
-                   kernels_why=SERIES_WHY),
+        Comparison(
+            "premise: HRTICK on vs off without the series, hackbench -p -s 8 runtime",
+            "runtime_s",
+            "hrtick-on",
+            "hrtick-off",
+            premise,
+            role="premise",
+            margins=RUNTIME_NO_EFFECT,
+            kernels=f"<{SERIES[2:]}",
+            kernels_why=f"a kernel without {SERIES_WHY}",
+        ),
+        Comparison(
+            "HRTICK on vs off with the series, hackbench -p -s 8 runtime",
+            "runtime_s",
+            "hrtick-on",
+            "hrtick-off",
+            runtime,
+            margins=RUNTIME_NO_EFFECT,
+            kernels=SERIES,
+            kernels_why=SERIES_WHY,
+            sizes_comparable=sizes,
+        ),
+        Comparison(
+            "no regression: HRTICK on vs off with the series, hackbench -p -s 8 runtime",
+            "runtime_s",
+            "hrtick-on",
+            "hrtick-off",
+            no_regression,
+            margins=RUNTIME_NO_EFFECT,
+            kernels=SERIES,
+            kernels_why=SERIES_WHY,
+        ),
     ]
     guest = [
-        Comparison(f"premise: HRTICK on vs off on {BEFORE} (no series), hackbench -p -s 8 runtime", "runtime_s",
-                   f"{BEFORE} hrtick-on", f"{BEFORE} hrtick-off", premise, role="premise", margins=RUNTIME_NO_EFFECT,
-                   experiments=GUEST, kernels=f"<{SERIES[2:]}", kernels_why=f"a kernel without {SERIES_WHY}"),
-        Comparison(f"series: HRTICK on vs off on {AFTER}, hackbench -p -s 8 runtime", "runtime_s",
-                   f"{AFTER} hrtick-on", f"{AFTER} hrtick-off", runtime, experiments=GUEST, margins=RUNTIME_NO_EFFECT,
-                   kernels=SERIES, kernels_why=SERIES_WHY, sizes_comparable=sizes),
-        Comparison(f"no regression: HRTICK on vs off on {AFTER}, hackbench -p -s 8 runtime", "runtime_s",
-                   f"{AFTER} hrtick-on", f"{AFTER} hrtick-off", no_regression, experiments=GUEST,
-                   margins=RUNTIME_NO_EFFECT, kernels=SERIES, kernels_why=SERIES_WHY),
-        Comparison(f"the HRTICK timer's clockevent reprograms per second with HRTICK on, {AFTER} vs {BEFORE} "
-                   "(attributed to the timer; the tick's own excluded)", HRTICK_REPROGRAMS,
-                   f"{AFTER} hrtick-on", f"{BEFORE} hrtick-on", reprograms, experiments=GUEST,
-                   margins=REPROGRAMS_NO_EFFECT, sizes_comparable=ABSOLUTE_RATES),
-        Comparison(f"the HRTICK timer's clockevent reprograms per 1000 hackbench messages with HRTICK on, {AFTER} vs "
-                   f"{BEFORE} (attributed to the timer)", HRTICK_REPROGRAMS_PER_WORK,
-                   f"{AFTER} hrtick-on", f"{BEFORE} hrtick-on", reprograms, experiments=GUEST,
-                   margins=REPROGRAMS_NO_EFFECT,
-                   sizes_comparable="the same hackbench on both kernels: reprograms per message compare the work's "
-                                    "reprograms whatever the run's length; seed 002 gives rates per second only, so its "
-                                    "ratio is the target"),
+        Comparison(
+            f"premise: HRTICK on vs off on {BEFORE} (no series), hackbench -p -s 8 runtime",
+            "runtime_s",
+            f"{BEFORE} hrtick-on",
+            f"{BEFORE} hrtick-off",
+            premise,
+            role="premise",
+            margins=RUNTIME_NO_EFFECT,
+            experiments=GUEST,
+            kernels=f"<{SERIES[2:]}",
+            kernels_why=f"a kernel without {SERIES_WHY}",
+        ),
+        Comparison(
+            f"series: HRTICK on vs off on {AFTER}, hackbench -p -s 8 runtime",
+            "runtime_s",
+            f"{AFTER} hrtick-on",
+            f"{AFTER} hrtick-off",
+            runtime,
+            experiments=GUEST,
+            margins=RUNTIME_NO_EFFECT,
+            kernels=SERIES,
+            kernels_why=SERIES_WHY,
+            sizes_comparable=sizes,
+        ),
+        Comparison(
+            f"no regression: HRTICK on vs off on {AFTER}, hackbench -p -s 8 runtime",
+            "runtime_s",
+            f"{AFTER} hrtick-on",
+            f"{AFTER} hrtick-off",
+            no_regression,
+            experiments=GUEST,
+            margins=RUNTIME_NO_EFFECT,
+            kernels=SERIES,
+            kernels_why=SERIES_WHY,
+        ),
+        Comparison(
+            f"the HRTICK timer's clockevent reprograms per second with HRTICK on, {AFTER} vs {BEFORE} "
+            "(attributed to the timer; the tick's own excluded)",
+            HRTICK_REPROGRAMS,
+            f"{AFTER} hrtick-on",
+            f"{BEFORE} hrtick-on",
+            reprograms,
+            experiments=GUEST,
+            margins=REPROGRAMS_NO_EFFECT,
+            sizes_comparable=ABSOLUTE_RATES,
+        ),
+        Comparison(
+            f"the HRTICK timer's clockevent reprograms per 1000 hackbench messages with HRTICK on, {AFTER} vs "
+            f"{BEFORE} (attributed to the timer)",
+            HRTICK_REPROGRAMS_PER_WORK,
+            f"{AFTER} hrtick-on",
+            f"{BEFORE} hrtick-on",
+            reprograms,
+            experiments=GUEST,
+            margins=REPROGRAMS_NO_EFFECT,
+            sizes_comparable="the same hackbench on both kernels: reprograms per message compare the work's "
+            "reprograms whatever the run's length; seed 002 gives rates per second only, so its "
+            "ratio is the target",
+        ),
     ]
     return host + guest
 
@@ -169,36 +251,49 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
 # HRTICK is a scheduler feature switched per run: it must have been on (off) while the run ran. Conditions are
 # "hrtick-on" or, where the kernel is a condition too, "<series> hrtick-on", whose run's kernel (a lab guest's, or the
 # one a boot plan's run was verified to have booted) must be of that series.
-CHECKS = [FactCheck("HRTICK sched feature during the run", "knobs[feature=HRTICK].during",
-                    {"*hrtick-on": "HRTICK", "*hrtick-off": "NO_HRTICK"}),
-          FactCheck("the run's kernel is the condition's series", "guest.kernel|boot.release",
-                    {f"{BEFORE} *": f"{BEFORE}.", f"{AFTER} *": f"{AFTER}."}, starts_with=True)]
+CHECKS = [
+    FactCheck(
+        "HRTICK sched feature during the run",
+        "knobs[feature=HRTICK].during",
+        {"*hrtick-on": "HRTICK", "*hrtick-off": "NO_HRTICK"},
+    ),
+    FactCheck(
+        "the run's kernel is the condition's series",
+        "guest.kernel|boot.release",
+        {f"{BEFORE} *": f"{BEFORE}.", f"{AFTER} *": f"{AFTER}."},
+        starts_with=True,
+    ),
+]
 
 
 HRTICK_REPROGRAMS, HRTICK_REPROGRAMS_PER_WORK = "hrtick_reprograms_per_s", "hrtick_reprograms_per_kmsg"
-FRESH_METRICS = {"runtime_s": "hackbench runtime (s)",
-                 "clockevent_reprograms_per_s": "clockevent reprograms/s, all (counted; including the tick's)",
-                 HRTICK_REPROGRAMS: "the HRTICK timer's reprograms/s (attributed)",
-                 "tick_reprograms_per_s": "the tick's reprograms/s (attributed)",
-                 "clockevent_reprograms_per_kmsg": "clockevent reprograms per 1000 messages, all",
-                 HRTICK_REPROGRAMS_PER_WORK: "the HRTICK timer's reprograms per 1000 messages (attributed)",
-                 "hrtick_starts_per_s": "HRTICK timer starts/s",
-                 "hrtick_start_reprogram_share": "HRTICK timer starts that reprogrammed (share)",
-                 "clockevent_reprograms": "clockevent reprograms per hackbench run (counted)",
-                 "clockevent_reprograms_in_timer_irq_share": "reprograms made inside a timer irq (share)",
-                 "hrtimer_start_rate_hz": "hrtimer starts/s (not a reprogram count)",
-                 "local_timer_irq_rate_hz": "local timer interrupts/s",
-                 "spurious_hrtimer_interrupt_ratio": "spurious hrtimer interrupts (share of all local timer irqs)",
-                 "hrtimer_rearms_per_s": "hrtimer_rearm events/s (7.1+)",
-                 "hrtimer_rearms_reprogrammed_share": "rearms followed by a reprogram (share; 1: the counts agree)",
-                 "clockevent_reprograms_by_rearm_share": "reprograms made by a rearm (share; the rest: tick/nohz)"}
+FRESH_METRICS = {
+    "runtime_s": "hackbench runtime (s)",
+    "clockevent_reprograms_per_s": "clockevent reprograms/s, all (counted; including the tick's)",
+    HRTICK_REPROGRAMS: "the HRTICK timer's reprograms/s (attributed)",
+    "tick_reprograms_per_s": "the tick's reprograms/s (attributed)",
+    "clockevent_reprograms_per_kmsg": "clockevent reprograms per 1000 messages, all",
+    HRTICK_REPROGRAMS_PER_WORK: "the HRTICK timer's reprograms per 1000 messages (attributed)",
+    "hrtick_starts_per_s": "HRTICK timer starts/s",
+    "hrtick_start_reprogram_share": "HRTICK timer starts that reprogrammed (share)",
+    "clockevent_reprograms": "clockevent reprograms per hackbench run (counted)",
+    "clockevent_reprograms_in_timer_irq_share": "reprograms made inside a timer irq (share)",
+    "hrtimer_start_rate_hz": "hrtimer starts/s (not a reprogram count)",
+    "local_timer_irq_rate_hz": "local timer interrupts/s",
+    "spurious_hrtimer_interrupt_ratio": "spurious hrtimer interrupts (share of all local timer irqs)",
+    "hrtimer_rearms_per_s": "hrtimer_rearm events/s (7.1+)",
+    "hrtimer_rearms_reprogrammed_share": "rearms followed by a reprogram (share; 1: the counts agree)",
+    "clockevent_reprograms_by_rearm_share": "reprograms made by a rearm (share; the rest: tick/nohz)",
+}
 REPROGRAMS = "clockevent_reprograms_per_s"
 NOT_RECORDED = "not recorded in this bundle"
 SPURIOUS_COUNTED_SHORT = "local timer interrupts that found no expired hrtimer, tracemetrics.spurious_interrupts"
-SPURIOUS_COUNTED = ("every local timer interrupt on every vCPU (in high-resolution mode each one runs "
-                    "hrtimer_interrupt) during which no hrtimer of any kind expired (tick_sched_timer, the HRTICK "
-                    "timer, sleeps and all others count as expiries; where irq:softirq_raise was traced, a raised "
-                    "HRTIMER softirq counts as one too)")
+SPURIOUS_COUNTED = (
+    "every local timer interrupt on every vCPU (in high-resolution mode each one runs "
+    "hrtimer_interrupt) during which no hrtimer of any kind expired (tick_sched_timer, the HRTICK "
+    "timer, sleeps and all others count as expiries; where irq:softirq_raise was traced, a raised "
+    "HRTIMER softirq counts as one too)"
+)
 
 
 def seed_reprogram_rates(published: PublishedClaim) -> str:
@@ -249,9 +344,11 @@ def seed_spurious(published: PublishedClaim, condition: str) -> str:
 def reprogram_notes(runs: pd.DataFrame) -> list[str]:
     """One line per setup whose runs carry no counted reprograms (bundles recorded before they were traced)."""
     have = set(runs.loc[runs["metric"] == REPROGRAMS, "host_id"])
-    return [f"{setup}: clockevent reprograms {NOT_RECORDED} (its trace has no function-tracer events of "
-            f"clockevents_program_event); hrtimer starts are shown, which are not a reprogram count."
-            for setup in sorted(set(runs["host_id"]) - have)]
+    return [
+        f"{setup}: clockevent reprograms {NOT_RECORDED} (its trace has no function-tracer events of "
+        f"clockevents_program_event); hrtimer starts are shown, which are not a reprogram count."
+        for setup in sorted(set(runs["host_id"]) - have)
+    ]
 
 
 def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | None = None):
@@ -261,35 +358,63 @@ def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | Non
     on_setup = runs[runs["host_id"] == setup]
     attributed = (on_setup["metric"] == HRTICK_REPROGRAMS).any()
     counted = attributed or (on_setup["metric"] == REPROGRAMS).any()
-    second = ((HRTICK_REPROGRAMS, "the HRTICK timer's clockevent reprograms\nper second (attributed)") if attributed else
-              (REPROGRAMS, "clockevent reprograms per second\n(counted, all: the tick's included)") if counted else
-              ("hrtimer_start_rate_hz", f"hrtimer starts per second\n(reprograms {NOT_RECORDED})"))
+    second = (
+        (HRTICK_REPROGRAMS, "the HRTICK timer's clockevent reprograms\nper second (attributed)")
+        if attributed
+        else (REPROGRAMS, "clockevent reprograms per second\n(counted, all: the tick's included)")
+        if counted
+        else ("hrtimer_start_rate_hz", f"hrtimer starts per second\n(reprograms {NOT_RECORDED})")
+    )
     conditions = sorted(on_setup["condition"].unique(), key=lambda c: (c.split()[0] if " " in c else "", "on" in c))
     fig, axes = plt.subplots(1, 2, figsize=(max(9, 3.2 * len(conditions)), 4.6))
     seed_lines = []
     if counted and published is not None:
-        seed_lines = [(when, style, published.row("clockevents", f"reprogram_rate_{when}"))
-                      for when, style in (("before", "--"), ("after", ":"))]
+        seed_lines = [
+            (when, style, published.row("clockevents", f"reprogram_rate_{when}"))
+            for when, style in (("before", "--"), ("after", ":"))
+        ]
     for ax, metric, label in ((axes[0], "runtime_s", "hackbench runtime (s)"), (axes[1], *second)):
         chosen = on_setup[on_setup["metric"] == metric]
-        groups = [(x, chosen.loc[chosen["condition"] == condition, "value"].to_numpy(),
-                   palette.CHANGED if condition.endswith("hrtick-on") else palette.BASELINE) for x, condition in enumerate(conditions)]
+        groups = [
+            (
+                x,
+                chosen.loc[chosen["condition"] == condition, "value"].to_numpy(),
+                palette.CHANGED if condition.endswith("hrtick-on") else palette.BASELINE,
+            )
+            for x, condition in enumerate(conditions)
+        ]
         lines = [row["value"] for _, _, row in seed_lines] if ax is axes[1] else []
         runs_and_medians(ax, groups, also=lines, from_zero=bool(lines))
-        ax.set_xticks(range(len(conditions)), [c.replace(" ", "\n").replace("hrtick-off", "HRTICK off")
-                                               .replace("hrtick-on", "HRTICK on") for c in conditions], fontsize=8)
+        ax.set_xticks(
+            range(len(conditions)),
+            [
+                c.replace(" ", "\n").replace("hrtick-off", "HRTICK off").replace("hrtick-on", "HRTICK on")
+                for c in conditions
+            ],
+            fontsize=8,
+        )
         ax.set_xlim(-0.5, len(conditions) - 0.5)
         ax.set_ylabel(label)
     for when, style, row in seed_lines:
         axes[1].axhline(row["value"], color="#555555", linestyle=style, linewidth=1)
         # labelled to the right of the axes, level with its line: outside the data, so it covers no run
-        axes[1].annotate(f"seed 002, HRTICK on,\n{when} the series:\n~{row['value_as_printed']} (printed)",
-                         xy=(1, row["value"]), xycoords=("axes fraction", "data"), xytext=(4, 0),
-                         textcoords="offset points", fontsize=7, va="center", color="#555555")
+        axes[1].annotate(
+            f"seed 002, HRTICK on,\n{when} the series:\n~{row['value_as_printed']} (printed)",
+            xy=(1, row["value"]),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            fontsize=7,
+            va="center",
+            color="#555555",
+        )
     fig.subplots_adjust(wspace=0.4)
     kernels = ", ".join(sorted(k for k in on_setup["kernel"].unique() if k)) if "kernel" in on_setup else ""
-    fig.suptitle(f"hackbench -p -s 8, HRTICK off vs on, kernel {kernels or 'unrecorded'} (fresh, "
-                 f"{len(on_setup['run'].unique())} runs; points = runs, bar = median)\n{setup}", fontsize=9)
+    fig.suptitle(
+        f"hackbench -p -s 8, HRTICK off vs on, kernel {kernels or 'unrecorded'} (fresh, "
+        f"{len(on_setup['run'].unique())} runs; points = runs, bar = median)\n{setup}",
+        fontsize=9,
+    )
     return fig
 
 
@@ -298,16 +423,18 @@ def _kernel_of(condition: str) -> str:
 
 
 # (metric, quantity shown); per second of traced time and per 1000 hackbench messages
-REPROGRAM_ROWS = [("clockevent_reprograms_per_s", "all clockevent reprograms per s (including the tick's)"),
-                  ("tick_reprograms_per_s", "the tick's reprograms per s (attributed)"),
-                  (HRTICK_REPROGRAMS, "the HRTICK timer's reprograms per s (attributed)"),
-                  ("tick_and_hrtick_reprograms_per_s", "reprograms after an interrupt where both expired, per s"),
-                  ("other_timer_reprograms_per_s", "other timers' reprograms per s (attributed)"),
-                  ("unattributed_reprograms_per_s", "unattributed reprograms per s"),
-                  ("clockevent_reprograms_per_kmsg", "all clockevent reprograms per 1000 messages"),
-                  (HRTICK_REPROGRAMS_PER_WORK, "the HRTICK timer's reprograms per 1000 messages (attributed)"),
-                  ("hrtick_starts_per_s", "HRTICK timer starts per s"),
-                  ("hrtick_start_reprogram_share", "share of HRTICK timer starts that reprogrammed")]
+REPROGRAM_ROWS = [
+    ("clockevent_reprograms_per_s", "all clockevent reprograms per s (including the tick's)"),
+    ("tick_reprograms_per_s", "the tick's reprograms per s (attributed)"),
+    (HRTICK_REPROGRAMS, "the HRTICK timer's reprograms per s (attributed)"),
+    ("tick_and_hrtick_reprograms_per_s", "reprograms after an interrupt where both expired, per s"),
+    ("other_timer_reprograms_per_s", "other timers' reprograms per s (attributed)"),
+    ("unattributed_reprograms_per_s", "unattributed reprograms per s"),
+    ("clockevent_reprograms_per_kmsg", "all clockevent reprograms per 1000 messages"),
+    (HRTICK_REPROGRAMS_PER_WORK, "the HRTICK timer's reprograms per 1000 messages (attributed)"),
+    ("hrtick_starts_per_s", "HRTICK timer starts per s"),
+    ("hrtick_start_reprogram_share", "share of HRTICK timer starts that reprogrammed"),
+]
 
 
 def reprogram_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -325,20 +452,34 @@ def reprogram_table(runs: pd.DataFrame) -> pd.DataFrame:
         counts = on_setup[on_setup["metric"] == HRTICK_REPROGRAMS].groupby("condition").size()
         for kernel in sorted({_kernel_of(c) for c in on_setup["condition"]}):
             off, on = (f"{kernel} hrtick-off".strip(), f"{kernel} hrtick-on".strip())
-            head = {"setup": setup, "kernel": kernel or "the host's", "runs (off, on)":
-                    f"{counts.get(off, 0)}, {counts.get(on, 0)}"}
+            head = {
+                "setup": setup,
+                "kernel": kernel or "the host's",
+                "runs (off, on)": f"{counts.get(off, 0)}, {counts.get(on, 0)}",
+            }
             for metric, quantity in REPROGRAM_ROWS:
                 values = [medians.get((c, metric), np.nan) for c in (off, on)]
                 rows.append({**head, "quantity": quantity, "HRTICK off": values[0], "HRTICK on": values[1]})
-            excess = (medians.get((on, "clockevent_reprograms_per_s"), np.nan)
-                      - medians.get((off, "clockevent_reprograms_per_s"), np.nan))
+            excess = medians.get((on, "clockevent_reprograms_per_s"), np.nan) - medians.get(
+                (off, "clockevent_reprograms_per_s"), np.nan
+            )
             rows.append({**head, "quantity": "cross-check: HRTICK on − off, all reprograms per s", "HRTICK on": excess})
-            rows.append({**head, "quantity": "cross-check: HRTICK on − off, all reprograms per 1000 messages",
-                         "HRTICK on": medians.get((on, "clockevent_reprograms_per_kmsg"), np.nan)
-                         - medians.get((off, "clockevent_reprograms_per_kmsg"), np.nan)})
+            rows.append(
+                {
+                    **head,
+                    "quantity": "cross-check: HRTICK on − off, all reprograms per 1000 messages",
+                    "HRTICK on": medians.get((on, "clockevent_reprograms_per_kmsg"), np.nan)
+                    - medians.get((off, "clockevent_reprograms_per_kmsg"), np.nan),
+                }
+            )
             attributed = medians.get((on, HRTICK_REPROGRAMS), np.nan)
-            rows.append({**head, "quantity": "cross-check: the HRTICK timer's attributed per s / (on − off)",
-                         "HRTICK on": attributed / excess if excess else np.nan})
+            rows.append(
+                {
+                    **head,
+                    "quantity": "cross-check: the HRTICK timer's attributed per s / (on − off)",
+                    "HRTICK on": attributed / excess if excess else np.nan,
+                }
+            )
     return pd.DataFrame(rows).round(4)
 
 
@@ -355,18 +496,30 @@ def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, st
     (verdict, reason, interval)"""
     interval = median_ci(values, 1 - alpha)
     low, high = printed / SPURIOUS_TOLERANCE, printed * SPURIOUS_TOLERANCE
-    shown = (f"median {interval.estimate:.3g} [{interval.low:.3g}, {interval.high:.3g}] over {len(values)} runs; "
-             f"consistent with about {printed:.0%}: {low:.3g}..{high:.3g}")
+    shown = (
+        f"median {interval.estimate:.3g} [{interval.low:.3g}, {interval.high:.3g}] over {len(values)} runs; "
+        f"consistent with about {printed:.0%}: {low:.3g}..{high:.3g}"
+    )
     if np.isnan(interval.low):
-        return "inconclusive", f"too few runs for a {1 - alpha:.0%} CI of the median ({interval.method}); {shown}", interval
+        return (
+            "inconclusive",
+            f"too few runs for a {1 - alpha:.0%} CI of the median ({interval.method}); {shown}",
+            interval,
+        )
     if low <= interval.low and interval.high <= high:
         return "reproduced", f"the whole CI lies in the band: {shown}", interval
     if interval.high < low:
         return "smaller than the target", f"the whole CI lies below the band: {shown}", interval
     if interval.low > high:
         return "larger than the target", f"the whole CI lies above the band: {shown}", interval
-    return "consistent, not pinned", (f"the CI reaches into the band without lying wholly inside it: {shown}; "
-                                      f"{band_overlap(interval.low, interval.high, interval.estimate, low, high)}"), interval
+    return (
+        "consistent, not pinned",
+        (
+            f"the CI reaches into the band without lying wholly inside it: {shown}; "
+            f"{band_overlap(interval.low, interval.high, interval.estimate, low, high)}"
+        ),
+        interval,
+    )
 
 
 def spurious_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
@@ -382,17 +535,32 @@ def spurious_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
     chosen = chosen[chosen["kernel"].map(lambda k: kernel_in_range(k, SERIES))]
     for setup, frame in chosen.groupby("host_id"):
         verdict, reason, interval = spurious_level(frame["value"].to_numpy(), printed, alpha)
-        found.append(Verdict(
-            claim="hrtick", setup=setup, role="claim",
-            comparison=f"spurious hrtimer interrupt ratio on {AFTER} with HRTICK on (a level, beside ~25 %)",
-            verdict=verdict, reason=reason, printed_in_source=ctx.published.printed("clockevents", "spurious_ratio_after"),
-            source_quotes=ctx.published.quote_id("clockevents", "spurious_ratio_after"), target_ratio=printed,
-            target_provenance="printed", fresh_effect=interval.estimate, ci_low=interval.low, ci_high=interval.high,
-            ci_level=f"{1 - alpha:.0%}", n_per_condition=str(len(frame)),
-            margins=f"consistent: ×{1 / SPURIOUS_TOLERANCE:.3g}..×{SPURIOUS_TOLERANCE:.3g} of the printed level (declared)",
-            band_low=printed / SPURIOUS_TOLERANCE, band_high=printed * SPURIOUS_TOLERANCE,
-            test=(f"median of per-run {SPURIOUS} ({SPURIOUS_COUNTED_SHORT}), {interval.method}; a level against the printed "
-                  "value: no test of a difference, so no p")))
+        found.append(
+            Verdict(
+                claim="hrtick",
+                setup=setup,
+                role="claim",
+                comparison=f"spurious hrtimer interrupt ratio on {AFTER} with HRTICK on (a level, beside ~25 %)",
+                verdict=verdict,
+                reason=reason,
+                printed_in_source=ctx.published.printed("clockevents", "spurious_ratio_after"),
+                source_quotes=ctx.published.quote_id("clockevents", "spurious_ratio_after"),
+                target_ratio=printed,
+                target_provenance="printed",
+                fresh_effect=interval.estimate,
+                ci_low=interval.low,
+                ci_high=interval.high,
+                ci_level=f"{1 - alpha:.0%}",
+                n_per_condition=str(len(frame)),
+                margins=f"consistent: ×{1 / SPURIOUS_TOLERANCE:.3g}..×{SPURIOUS_TOLERANCE:.3g} of the printed level (declared)",
+                band_low=printed / SPURIOUS_TOLERANCE,
+                band_high=printed * SPURIOUS_TOLERANCE,
+                test=(
+                    f"median of per-run {SPURIOUS} ({SPURIOUS_COUNTED_SHORT}), {interval.method}; a level against the printed "
+                    "value: no test of a difference, so no p"
+                ),
+            )
+        )
     return found
 
 
@@ -401,10 +569,21 @@ def headlines(published: PublishedClaim) -> list[Headline]:
 
 
 CLAIM = Claim(
-    id="hrtick", seed="002", title="C3 HRTICK overhead", notebook="03-hrtick.ipynb",
-    outputs={"figures": ["runtime_and_reprogramming"], "tables": ["hackbench", "clockevents", "derived_checks", "setup"]},
-    comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
-    view=ViewPreset(events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/hrtimer_start"),
-                    spot=first_spurious_interrupt),
+    id="hrtick",
+    seed="002",
+    title="C3 HRTICK overhead",
+    notebook="03-hrtick.ipynb",
+    outputs={
+        "figures": ["runtime_and_reprogramming"],
+        "tables": ["hackbench", "clockevents", "derived_checks", "setup"],
+    },
+    comparisons=comparisons,
+    untested=WHAT_IS_COMPARED,
+    headlines=headlines,
+    checks=tuple(CHECKS),
+    view=ViewPreset(
+        events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/hrtimer_start"),
+        spot=first_spurious_interrupt,
+    ),
     revise_verdicts=spurious_verdicts,
 )

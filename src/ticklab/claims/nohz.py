@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import re
 from pathlib import Path
 
@@ -43,37 +42,57 @@ def tick_overhead_table(published: PublishedClaim, hz_values=COMMON_HZ) -> pd.Da
     """Arithmetic on the published ~80 µs per tick for the usual HZ choices — not a measurement:
     it assumes the tick costs the same at every HZ, as the author's own 8% figure does."""
     tick_us = published.value("tick_cost", "tick_duration")
-    return pd.DataFrame({
-        "HZ": list(hz_values),
-        "tick period (ms)": [1000 / hz for hz in hz_values],
-        "tick cost (µs, published ~80)": [tick_us] * len(hz_values),
-        "overhead (%)": [tick_overhead_pct(tick_us, hz) for hz in hz_values],
-    })
+    return pd.DataFrame(
+        {
+            "HZ": list(hz_values),
+            "tick period (ms)": [1000 / hz for hz in hz_values],
+            "tick cost (µs, published ~80)": [tick_us] * len(hz_values),
+            "overhead (%)": [tick_overhead_pct(tick_us, hz) for hz in hz_values],
+        }
+    )
 
 
 def derived_checks(published: PublishedClaim) -> pd.DataFrame:
-    return pd.DataFrame([check_derived(
-        "tick overhead at HZ=1000", published.printed("tick_cost", "tick_overhead_hz1000"),
-        lambda tick_us, period_ms: tick_us / (period_ms * 1000) * 100,
-        {"tick_us": published.printed("tick_cost", "tick_duration"),
-         "period_ms": published.printed("tick_cost", "tick_interval_example")},
-        "80 µs / 1 ms × 100",
-    )])
+    return pd.DataFrame(
+        [
+            check_derived(
+                "tick overhead at HZ=1000",
+                published.printed("tick_cost", "tick_overhead_hz1000"),
+                lambda tick_us, period_ms: tick_us / (period_ms * 1000) * 100,
+                {
+                    "tick_us": published.printed("tick_cost", "tick_duration"),
+                    "period_ms": published.printed("tick_cost", "tick_interval_example"),
+                },
+                "80 µs / 1 ms × 100",
+            )
+        ]
+    )
 
 
 def tick_overhead_figure(published: PublishedClaim):
     tick_us = published.value("tick_cost", "tick_duration")
     hz = np.linspace(50, 1200, 200)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(hz, [tick_overhead_pct(tick_us, h) for h in hz], color=palette.BASELINE,
-            label=f"~{tick_us:g} µs per tick × HZ (arithmetic, not measured)")
+    ax.plot(
+        hz,
+        [tick_overhead_pct(tick_us, h) for h in hz],
+        color=palette.BASELINE,
+        label=f"~{tick_us:g} µs per tick × HZ (arithmetic, not measured)",
+    )
     for h in COMMON_HZ:
         ax.plot(h, tick_overhead_pct(tick_us, h), "o", color=palette.BASELINE)
         # HZ=250 and HZ=300 sit close together: one label above the curve, the other below it
-        ax.annotate(f"HZ={h}: {tick_overhead_pct(tick_us, h):g}%", (h, tick_overhead_pct(tick_us, h)),
-                    textcoords="offset points", xytext=(6, -14) if h == 300 else (-10, 8), fontsize=8)
+        ax.annotate(
+            f"HZ={h}: {tick_overhead_pct(tick_us, h):g}%",
+            (h, tick_overhead_pct(tick_us, h)),
+            textcoords="offset points",
+            xytext=(6, -14) if h == 300 else (-10, 8),
+            fontsize=8,
+        )
     published_pct = published.value("tick_cost", "tick_overhead_hz1000")
-    ax.plot(1000, published_pct, "*", color=palette.BLACK, markersize=14, label="published: 8% at HZ=1000 (ThinkPad T60p)")
+    ax.plot(
+        1000, published_pct, "*", color=palette.BLACK, markersize=14, label="published: 8% at HZ=1000 (ThinkPad T60p)"
+    )
     ax.axhline(0, color=palette.CHANGED, linestyle="--", label="nohz (tick stopped): no periodic tick cost")
     ax.set_xlabel("HZ (ticks per second)")
     ax.set_ylabel("CPU time spent in the tick (%)")
@@ -95,7 +114,7 @@ WHAT_IS_COMPARED = "tick stopped vs HZ=1000 / HZ=250: FTQ work per quantum and i
 # Did each run's condition take effect? Checked per run; a run that fails is left out of the verdicts.
 # A run whose check fails, or cannot be computed, is left out with why (analysis/checks.py, build/checks.csv).
 STARVED_SHARE = 0.05  # declared: a run whose FTQ quanta did no work at all in more than 5 % of them was starved
-TICK_ON_SHARE = 0.5   # declared: a tick-on run's busy CPU took at least half of HZ's ticks a second
+TICK_ON_SHARE = 0.5  # declared: a tick-on run's busy CPU took at least half of HZ's ticks a second
 _TICK_ON = ("hz1000", "hz250", "tick-on")
 _TICK_OFF = ("*nohz_full*", "nohz-full")
 
@@ -119,35 +138,67 @@ CHECKS = [
     # a boot plan's run: the command line its boot was verified to have (runners/nohz/host-boot-ftq.yaml)
     FactCheck("nohz_full on the booted command line", "boot.cmdline", {"nohz-full": "nohz_full="}, contains=True),
     # against the HZ the run's kernel ran at: a guest's own, a boot plan's booted kernel, else the host facts' CONFIG_HZ
-    MetricCheck("nohz_full stopped the tick on the busy CPU (timer interrupts/s ≤ 10% of HZ)", "local_timer_irq_rate_hz",
-                _TICK_OFF, 0.10, RUN_HZ),
-    MetricCheck(f"the tick ran on the busy CPU (ticks/s ≥ {TICK_ON_SHARE:g} × HZ)",
-                ("tick_rate_hz", "local_timer_irq_rate_hz"), _TICK_ON, TICK_ON_SHARE, RUN_HZ, at_least=True),
+    MetricCheck(
+        "nohz_full stopped the tick on the busy CPU (timer interrupts/s ≤ 10% of HZ)",
+        "local_timer_irq_rate_hz",
+        _TICK_OFF,
+        0.10,
+        RUN_HZ,
+    ),
+    MetricCheck(
+        f"the tick ran on the busy CPU (ticks/s ≥ {TICK_ON_SHARE:g} × HZ)",
+        ("tick_rate_hz", "local_timer_irq_rate_hz"),
+        _TICK_ON,
+        TICK_ON_SHARE,
+        RUN_HZ,
+        at_least=True,
+    ),
     # interference: what the experiment assumes of the machine, from the run's own FTQ output
-    RawCheck("FTQ read the clock through the TSC (the experiment's assumption: a vDSO read, no system call)",
-             ("*",), "clocksource tsc", lambda raw: ftq_header(raw).get("clocksource"), lambda seen: seen == "tsc",
-             lambda seen: f"clocksource {seen}"),
-    RawCheck(f"the busy CPU was not starved (FTQ quanta with no work ≤ {STARVED_SHARE:.0%})", ("*",),
-             f"≤ {STARVED_SHARE:.0%} of quanta with no work", ftq_starved_share, lambda seen: seen <= STARVED_SHARE,
-             lambda seen: f"{seen:.1%} of quanta with no work"),
+    RawCheck(
+        "FTQ read the clock through the TSC (the experiment's assumption: a vDSO read, no system call)",
+        ("*",),
+        "clocksource tsc",
+        lambda raw: ftq_header(raw).get("clocksource"),
+        lambda seen: seen == "tsc",
+        lambda seen: f"clocksource {seen}",
+    ),
+    RawCheck(
+        f"the busy CPU was not starved (FTQ quanta with no work ≤ {STARVED_SHARE:.0%})",
+        ("*",),
+        f"≤ {STARVED_SHARE:.0%} of quanta with no work",
+        ftq_starved_share,
+        lambda seen: seen <= STARVED_SHARE,
+        lambda seen: f"{seen:.1%} of quanta with no work",
+    ),
 ]
-
 
 
 # -- fresh data ------------------------------------------------------------------------------------
 # tick-on / nohz-full: a boot experiment's conditions, on whatever kernel the machine (or a lab guest playing it) booted
-CONDITION_LABELS = {"hz1000": "HZ=1000, tick on", "hz250": "HZ=250, tick on",
-                    "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)", "tick-on": "booted kernel, tick on",
-                    "nohz-full": "booted kernel, nohz_full (tick stopped)"}
+CONDITION_LABELS = {
+    "hz1000": "HZ=1000, tick on",
+    "hz250": "HZ=250, tick on",
+    "hz1000-nohz_full": "HZ=1000, nohz_full (tick stopped)",
+    "tick-on": "booted kernel, tick on",
+    "nohz-full": "booted kernel, nohz_full (tick stopped)",
+}
 # Tick on in blues, tick stopped in orange (the palette's baseline and change); the line style says it again:
 # solid at HZ=1000 (or the booted kernel's HZ), dotted at HZ=250, dashed with the tick stopped.
-CONDITION_COLORS = {"hz1000": palette.BASELINE, "hz250": palette.SKY_BLUE, "hz1000-nohz_full": palette.CHANGED,
-                    "tick-on": palette.BASELINE, "nohz-full": palette.CHANGED}
+CONDITION_COLORS = {
+    "hz1000": palette.BASELINE,
+    "hz250": palette.SKY_BLUE,
+    "hz1000-nohz_full": palette.CHANGED,
+    "tick-on": palette.BASELINE,
+    "nohz-full": palette.CHANGED,
+}
 CONDITION_STYLES = {"hz1000": "-", "hz250": ":", "hz1000-nohz_full": "--", "tick-on": "-", "nohz-full": "--"}
 # rtla osnoise top -q: CPU #periods, runtime, noise (µs), % CPU available, max noise, max single, then counts of
 # HW, NMI, IRQ, softirq and thread interference
-_OSNOISE_ROW = re.compile(r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)"
-                          r"\s+(\d+)\s+(\d+)", re.M)
+_OSNOISE_ROW = re.compile(
+    r"^\s*(\d+)\s+#\d+\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)"
+    r"\s+(\d+)\s+(\d+)",
+    re.M,
+)
 
 
 # What the per-run derivations below are computed by (analysis/derived.py: a change to any of these files is a new
@@ -164,8 +215,16 @@ def _derived_from_run_file(path: str, kind: str, params: dict, compute, *, input
     if len(file.parts) < 4 or file.parent.parent.name != "raw":
         return compute()
     run = file.parent.name
-    return derived.per_run(file.parents[2], kind, DERIVED_BY, run, params, compute,
-                           inputs=tuple(f"raw/{run}/{name}" for name in inputs), frame=frame)
+    return derived.per_run(
+        file.parents[2],
+        kind,
+        DERIVED_BY,
+        run,
+        params,
+        compute,
+        inputs=tuple(f"raw/{run}/{name}" for name in inputs),
+        frame=frame,
+    )
 
 
 def _read_measured_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
@@ -173,39 +232,49 @@ def _read_measured_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
     return header, samples[~samples["warmup"]]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _measured_ftq(path: str) -> tuple[dict, pd.DataFrame]:
     """One run's ftq.dat: its header and its measured quanta (warm-up dropped). Read once per process, and parsed
     once per sealed bundle (analysis/derived.py): a notebook's tables and its condition checks each need every run's
     samples (callers must not change the frame)."""
     file = Path(path)
-    return _derived_from_run_file(path, "ftq-measured", {"file": file.name}, lambda: _read_measured_ftq(file),
-                                  inputs=(file.name,), frame=True)
+    return _derived_from_run_file(
+        path, "ftq-measured", {"file": file.name}, lambda: _read_measured_ftq(file), inputs=(file.name,), frame=True
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ftq_check_values(path: str) -> tuple[dict, float]:
     """What the condition checks read of a run's ftq.dat (ftq_header, ftq_starved_share): its header and the share of
     its measured quanta with no work, once per process and once per sealed bundle (analysis/derived.py), so checking
     a run reads no quanta where they were derived before."""
+
     def compute() -> tuple[dict, float]:
         header, samples = _measured_ftq(path)
         return dict(header), float((samples["count"] == 0).mean())
+
     return _derived_from_run_file(path, "ftq-checks", {"file": Path(path).name}, compute, inputs=(Path(path).name,))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ftq_run_cost(path: str, period_ns: int | None) -> dict:
     """tickcost.ftq_tick_cost of one run's ftq.dat for a tick period, computed once per process and once per sealed
     bundle (analysis/derived.py): each tick placed by its traced timestamp where the run's own trace (``trace/``
     beside ftq.dat) is on the mono clock and ftq wrote its t0 (tools/ftq.c since issue 44), else by the fold (the
     reason is in the result's ``method``)."""
+
     def compute() -> dict:
         header, samples = _measured_ftq(path)
         ticks = _traced_ticks(Path(path).parent / "trace", header) if period_ns is not None else None
         return ftq_tick_cost(samples["count"], samples["end_ns"], int(header["quantum_ns"]), period_ns, tick_ns=ticks)
-    return _derived_from_run_file(path, "ftq-tick-cost", {"file": Path(path).name, "period_ns": period_ns}, compute,
-                                  inputs=(Path(path).name, "trace"))
+
+    return _derived_from_run_file(
+        path,
+        "ftq-tick-cost",
+        {"file": Path(path).name, "period_ns": period_ns},
+        compute,
+        inputs=(Path(path).name, "trace"),
+    )
 
 
 def _traced_ticks(trace_dir: Path, header: dict):
@@ -234,6 +303,7 @@ def _bundle_ftq(ref: BundleRef, measured: list[str]) -> tuple[list[dict], pd.Dat
     """The measured quanta of a bundle's ``measured`` runs, in one frame (index, count; run after run) with each run's
     quantum and number of quanta: once per sealed bundle (analysis/derived.py), so a report reads one file per bundle,
     not one per run."""
+
     def compute() -> tuple[list[dict], pd.DataFrame]:
         meta, frames = [], []
         for run in measured:
@@ -241,6 +311,7 @@ def _bundle_ftq(ref: BundleRef, measured: list[str]) -> tuple[list[dict], pd.Dat
             meta.append({"run": run, "quantum_ns": int(header["quantum_ns"]), "quanta": len(samples)})
             frames.append(samples[["index", "count"]])
         return meta, pd.concat(frames, ignore_index=True)
+
     return derived.per_run(ref, "ftq-fresh", DERIVED_BY, None, {"runs": measured}, compute, frame=True)
 
 
@@ -257,17 +328,27 @@ def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
         meta, samples = _bundle_ftq(ref, [record.run for record in records])
         for run in meta:
             path = ref.path / "raw" / run["run"] / "ftq.dat"
-            runs.append({**run, "host_id": ref.host_id, "bundle": ref.path.name, "condition": condition[run["run"]],
-                         "source": str(rawfile.locate(path))})
+            runs.append(
+                {
+                    **run,
+                    "host_id": ref.host_id,
+                    "bundle": ref.path.name,
+                    "condition": condition[run["run"]],
+                    "source": str(rawfile.locate(path)),
+                }
+            )
         numbers.append(samples)
     if not runs:
         return pd.DataFrame(columns=FRESH_FTQ_COLUMNS)
     # a run's labels repeated over its quanta in one step per column (a frame per run, labelled and concatenated,
     # took a second of every report for the bundled 1.8 million quanta)
     quanta = [run["quanta"] for run in runs]
-    labels = {name: np.repeat(np.array([run[name] for run in runs], dtype=np.int64 if name == "quantum_ns" else object),
-                              quanta)
-              for name in ("host_id", "bundle", "run", "condition", "quantum_ns", "source")}
+    labels = {
+        name: np.repeat(
+            np.array([run[name] for run in runs], dtype=np.int64 if name == "quantum_ns" else object), quanta
+        )
+        for name in ("host_id", "bundle", "run", "condition", "quantum_ns", "source")
+    }
     values = {name: np.concatenate([samples[name].to_numpy() for samples in numbers]) for name in ("index", "count")}
     return pd.DataFrame({**labels, **values}, columns=FRESH_FTQ_COLUMNS)
 
@@ -288,10 +369,15 @@ def ftq_sorted_figure(samples: pd.DataFrame, setup: str):
         counts = np.sort(group["count"].to_numpy()) / peak
         share = np.arange(1, len(counts) + 1) / len(counts)
         ranks = np.unique(np.linspace(0, len(counts) - 1, SORTED_CURVE_POINTS).round().astype(int))
-        ax.plot(share[ranks], counts[ranks], color=CONDITION_COLORS.get(condition), linestyle=CONDITION_STYLES.get(condition, "-."),
-                linewidth=1.5,
-                label=f"{CONDITION_LABELS.get(condition, condition)} ({group['run'].nunique()} runs, "
-                      f"{len(counts)} quanta of {group['quantum_ns'].iloc[0] / 1000:g} µs)")
+        ax.plot(
+            share[ranks],
+            counts[ranks],
+            color=CONDITION_COLORS.get(condition),
+            linestyle=CONDITION_STYLES.get(condition, "-."),
+            linewidth=1.5,
+            label=f"{CONDITION_LABELS.get(condition, condition)} ({group['run'].nunique()} runs, "
+            f"{len(counts)} quanta of {group['quantum_ns'].iloc[0] / 1000:g} µs)",
+        )
     ax.set_xlabel("fraction of quanta (sorted by work done)")
     ax.set_ylabel("work per quantum / setup's maximum")
     ax.set_ylim(0, 1.02)
@@ -301,9 +387,11 @@ def ftq_sorted_figure(samples: pd.DataFrame, setup: str):
 
 
 # Seed 004's statement about its FTQ figure, verbatim (lines 40-43 of the source; a test finds it there).
-SHELF_STATEMENT = ("Notice how with the timer tick turned off, the results show long \"shelves\" of near-identical values. "
-                   "More than half the samples fall into one such shelf, consistently completing almost the same "
-                   "hundreds of thousands of iterations within ~20 iterations of each other.")
+SHELF_STATEMENT = (
+    'Notice how with the timer tick turned off, the results show long "shelves" of near-identical values. '
+    "More than half the samples fall into one such shelf, consistently completing almost the same "
+    "hundreds of thousands of iterations within ~20 iterations of each other."
+)
 # ticklab's reading of "within ~20 iterations of each other": counts at most 20 apart (max − min ≤ 20), i.e. within ±10
 # of the window's centre. Our threshold for a qualitative statement, not a published number.
 SHELF_WIDTH = 20
@@ -320,20 +408,38 @@ def largest_shelf(counts, width: int = SHELF_WIDTH) -> dict:
         raise ValueError("largest_shelf: no samples")
     inside = np.searchsorted(ordered, ordered + width, side="right") - np.arange(ordered.size)
     first = int(np.argmax(inside))
-    return {"quanta": int(ordered.size), "in_shelf": int(inside[first]), "share": float(inside[first] / ordered.size),
-            "low": float(ordered[first]), "high": float(ordered[first] + width), "median": float(np.median(ordered))}
+    return {
+        "quanta": int(ordered.size),
+        "in_shelf": int(inside[first]),
+        "share": float(inside[first] / ordered.size),
+        "low": float(ordered[first]),
+        "high": float(ordered[first] + width),
+        "median": float(np.median(ordered)),
+    }
 
 
-SHELF_CAPTION = (f"Seed 004's FTQ shelf statement (its words, first row) and ticklab's measurement of it on fresh FTQ runs: per "
-                 f"run, the largest share of quanta whose counts lie in one window of {SHELF_WIDTH} iterations "
-                 f"(±{SHELF_WIDTH // 2}), placed where it holds the most (the densest window); {SHELF_WIDTH} is ticklab's "
-                 "reading of the source's qualitative \"~20 iterations\", not a published threshold. Our quanta and "
-                 "counts per quantum are not the source's (its quantum is not in the text; its samples completed "
-                 "hundreds of thousands of iterations), so the same window is a larger share of a quantum's work here "
-                 "(last column): compare conditions within a setup, not with the source")
-SHELF_COLUMNS = ["measured by", "setup", "condition", "quantum (µs)", "runs", "median count per quantum (iterations)",
-                 "shelf window (iterations)", "largest shelf (% of quanta, median over runs)", "largest shelf, range over runs",
-                 "runs with more than half in one shelf", "window / median count (%)"]
+SHELF_CAPTION = (
+    f"Seed 004's FTQ shelf statement (its words, first row) and ticklab's measurement of it on fresh FTQ runs: per "
+    f"run, the largest share of quanta whose counts lie in one window of {SHELF_WIDTH} iterations "
+    f"(±{SHELF_WIDTH // 2}), placed where it holds the most (the densest window); {SHELF_WIDTH} is ticklab's "
+    'reading of the source\'s qualitative "~20 iterations", not a published threshold. Our quanta and '
+    "counts per quantum are not the source's (its quantum is not in the text; its samples completed "
+    "hundreds of thousands of iterations), so the same window is a larger share of a quantum's work here "
+    "(last column): compare conditions within a setup, not with the source"
+)
+SHELF_COLUMNS = [
+    "measured by",
+    "setup",
+    "condition",
+    "quantum (µs)",
+    "runs",
+    "median count per quantum (iterations)",
+    "shelf window (iterations)",
+    "largest shelf (% of quanta, median over runs)",
+    "largest shelf, range over runs",
+    "runs with more than half in one shelf",
+    "window / median count (%)",
+]
 
 
 def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int = SHELF_WIDTH) -> pd.DataFrame:
@@ -344,17 +450,27 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
     for scale. The window width is ticklab's reading of the source's "~20 iterations", not a printed threshold."""
     row = lambda row_id: published.row("ftq_observations", row_id)  # noqa: E731
     share, spread = row("shelf_fraction"), row("shelf_width")
-    rows = [{"measured by": "seed 004 (its statement, qualitative; n = 1)", "setup": "ThinkPad T60p (x86_32)",
-             "condition": "nohz hack (tick off)", "quantum (µs)": "not in the text", "runs": "not in the text",
-             "median count per quantum (iterations)": "hundreds of thousands (as printed)",
-             "shelf window (iterations)": f"within {spread['value_as_printed']} of each other (as printed)",
-             "largest shelf (% of quanta, median over runs)": f"{share['qualifier']} {share['value_as_printed']} (as printed)",
-             "largest shelf, range over runs": "—", "runs with more than half in one shelf": "—",
-             "window / median count (%)": "—"}]
+    rows = [
+        {
+            "measured by": "seed 004 (its statement, qualitative; n = 1)",
+            "setup": "ThinkPad T60p (x86_32)",
+            "condition": "nohz hack (tick off)",
+            "quantum (µs)": "not in the text",
+            "runs": "not in the text",
+            "median count per quantum (iterations)": "hundreds of thousands (as printed)",
+            "shelf window (iterations)": f"within {spread['value_as_printed']} of each other (as printed)",
+            "largest shelf (% of quanta, median over runs)": f"{share['qualifier']} {share['value_as_printed']} (as printed)",
+            "largest shelf, range over runs": "—",
+            "runs with more than half in one shelf": "—",
+            "window / median count (%)": "—",
+        }
+    ]
     # one pass over the runs, taking only their numbers (a group's string columns cost more to copy than to group)
     runs = samples.groupby(["host_id", "condition", "bundle", "run"], sort=True)
-    per_run = {key: (largest_shelf(counts.to_numpy(), width), quantum)
-               for (key, counts), quantum in zip(runs["count"], runs["quantum_ns"].first())}
+    per_run = {
+        key: (largest_shelf(counts.to_numpy(), width), quantum)
+        for (key, counts), quantum in zip(runs["count"], runs["quantum_ns"].first())
+    }
     by_condition: dict[tuple, list] = {}
     for (setup, condition, _, _), shelf_and_quantum in per_run.items():
         by_condition.setdefault((setup, condition), []).append(shelf_and_quantum)
@@ -363,15 +479,21 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
         shares = np.array([100 * s["share"] for s in shelves])
         median_count = float(np.median([s["median"] for s in shelves]))
         quanta = sorted({int(quantum) for _, quantum in found})
-        rows.append({"measured by": "ticklab, its measurement of the statement (fresh FTQ runs)", "setup": setup,
-                     "condition": CONDITION_LABELS.get(condition, condition),
-                     "quantum (µs)": ", ".join(f"{q / 1000:g}" for q in quanta), "runs": len(shelves),
-                     "median count per quantum (iterations)": f"{median_count:.10g}",
-                     "shelf window (iterations)": f"densest {width}-iteration window (±{width / 2:g}), per run",
-                     "largest shelf (% of quanta, median over runs)": round(float(np.median(shares)), 2),
-                     "largest shelf, range over runs": f"{shares.min():.2f}–{shares.max():.2f}%",
-                     "runs with more than half in one shelf": f"{int((shares > 50).sum())} of {len(shelves)}",
-                     "window / median count (%)": f"{100 * width / median_count:.3g}" if median_count else "—"})
+        rows.append(
+            {
+                "measured by": "ticklab, its measurement of the statement (fresh FTQ runs)",
+                "setup": setup,
+                "condition": CONDITION_LABELS.get(condition, condition),
+                "quantum (µs)": ", ".join(f"{q / 1000:g}" for q in quanta),
+                "runs": len(shelves),
+                "median count per quantum (iterations)": f"{median_count:.10g}",
+                "shelf window (iterations)": f"densest {width}-iteration window (±{width / 2:g}), per run",
+                "largest shelf (% of quanta, median over runs)": round(float(np.median(shares)), 2),
+                "largest shelf, range over runs": f"{shares.min():.2f}–{shares.max():.2f}%",
+                "runs with more than half in one shelf": f"{int((shares > 50).sum())} of {len(shelves)}",
+                "window / median count (%)": f"{100 * width / median_count:.3g}" if median_count else "—",
+            }
+        )
     return pd.DataFrame(rows, columns=SHELF_COLUMNS)
 
 
@@ -381,7 +503,9 @@ def tick_spectrum(samples: pd.DataFrame, setup: str, nperseg: int = 2048) -> pd.
     rows = []
     # each run of each bundle a series of its own (runs of two bundles share names); only its numbers are copied
     on_setup = samples.loc[samples["host_id"] == setup, ["condition", "bundle", "run", "index", "count", "quantum_ns"]]
-    for (condition, _, run), group in on_setup.groupby(["condition", "bundle", "run"])[["index", "count", "quantum_ns"]]:
+    for (condition, _, run), group in on_setup.groupby(["condition", "bundle", "run"])[
+        ["index", "count", "quantum_ns"]
+    ]:
         counts = group.sort_values("index")["count"].to_numpy(dtype=float)
         rate = 1e9 / group["quantum_ns"].iloc[0]
         freq, power = signal.welch(counts - counts.mean(), fs=rate, nperseg=min(nperseg, len(counts)))
@@ -395,9 +519,14 @@ def tick_spectrum(samples: pd.DataFrame, setup: str, nperseg: int = 2048) -> pd.
 def tick_spectrum_figure(spectrum: pd.DataFrame, setup: str):
     fig, ax = plt.subplots(figsize=(7, 4))
     for condition, group in spectrum.groupby("condition"):
-        ax.semilogy(group["frequency_hz"], group["power"], color=CONDITION_COLORS.get(condition),
-                    linestyle=CONDITION_STYLES.get(condition, "-."), linewidth=1,
-                    label=CONDITION_LABELS.get(condition, condition))
+        ax.semilogy(
+            group["frequency_hz"],
+            group["power"],
+            color=CONDITION_COLORS.get(condition),
+            linestyle=CONDITION_STYLES.get(condition, "-."),
+            linewidth=1,
+            label=CONDITION_LABELS.get(condition, condition),
+        )
     for hz in (250, 1000):
         if spectrum["frequency_hz"].max() >= hz:
             ax.axvline(hz, color="grey", linestyle=":", linewidth=1)
@@ -411,16 +540,30 @@ def tick_spectrum_figure(spectrum: pd.DataFrame, setup: str):
 
 def osnoise_rows(text: str) -> list[dict]:
     """rtla osnoise top -q rows: per CPU, runtime and noise (µs), % CPU available, and the interference counts."""
-    return [{"cpu": int(m.group(1)), "runtime_us": int(m.group(2)), "noise_us": int(m.group(3)),
-             "cpu_available_pct": float(m.group(4)), "max_noise_us": int(m.group(5)), "irqs": int(m.group(9)),
-             "softirqs": int(m.group(10))}
-            for m in _OSNOISE_ROW.finditer(text)]
+    return [
+        {
+            "cpu": int(m.group(1)),
+            "runtime_us": int(m.group(2)),
+            "noise_us": int(m.group(3)),
+            "cpu_available_pct": float(m.group(4)),
+            "max_noise_us": int(m.group(5)),
+            "irqs": int(m.group(9)),
+            "softirqs": int(m.group(10)),
+        }
+        for m in _OSNOISE_ROW.finditer(text)
+    ]
 
 
 def _osnoise_rows_of(ref: BundleRef, run: str | None, extra: dict) -> list[dict]:
     """osnoise_rows of one osnoise extra's stdout.txt, once per sealed bundle (analysis/derived.py)."""
-    return derived.per_run(ref, "osnoise-rows", DERIVED_BY, run, {"extra": extra}, lambda: osnoise_rows(
-        rawfile.read_text(ref.path / "raw" / extra["directory"] / "stdout.txt")))
+    return derived.per_run(
+        ref,
+        "osnoise-rows",
+        DERIVED_BY,
+        run,
+        {"extra": extra},
+        lambda: osnoise_rows(rawfile.read_text(ref.path / "raw" / extra["directory"] / "stdout.txt")),
+    )
 
 
 def _osnoise_by_run(ref: BundleRef, entries: list[tuple[str, str, dict]]) -> list[dict]:
@@ -432,26 +575,46 @@ def _osnoise_by_run(ref: BundleRef, entries: list[tuple[str, str, dict]]) -> lis
         parsed = _osnoise_rows_of(ref, run, extra)
         if parsed and parsed[-1]["runtime_us"] > 0:
             last, seconds = parsed[-1], parsed[-1]["runtime_us"] / 1e6
-            rows.append({"condition": condition, "run": run, "noise_pct": 100 - last["cpu_available_pct"],
-                         "noise_us_per_irq": last["noise_us"] / last["irqs"] if last["irqs"] else np.nan,
-                         "irqs_per_s": last["irqs"] / seconds, "softirqs_per_s": last["softirqs"] / seconds})
+            rows.append(
+                {
+                    "condition": condition,
+                    "run": run,
+                    "noise_pct": 100 - last["cpu_available_pct"],
+                    "noise_us_per_irq": last["noise_us"] / last["irqs"] if last["irqs"] else np.nan,
+                    "irqs_per_s": last["irqs"] / seconds,
+                    "softirqs_per_s": last["softirqs"] / seconds,
+                }
+            )
     return rows
 
 
-OSNOISE_COLUMNS = ["setup", "condition", "runs", "FTQ: work lost (%)", "osnoise runs", "osnoise: noise (% of CPU)",
-                   "osnoise: IRQs/s", "osnoise: softirqs/s", "osnoise: noise per IRQ (µs, all noise / IRQs)",
-                   "gap detector runs", "gap detector: µs lost per tick (median)", "gap detector: lost (% of CPU)"]
+OSNOISE_COLUMNS = [
+    "setup",
+    "condition",
+    "runs",
+    "FTQ: work lost (%)",
+    "osnoise runs",
+    "osnoise: noise (% of CPU)",
+    "osnoise: IRQs/s",
+    "osnoise: softirqs/s",
+    "osnoise: noise per IRQ (µs, all noise / IRQs)",
+    "gap detector runs",
+    "gap detector: µs lost per tick (median)",
+    "gap detector: lost (% of CPU)",
+]
 
 
 def _gap_cost(ref: BundleRef, run: str | None, extra: dict, period_ns: int | None) -> dict | None:
     """tickcost.gap_tick_cost of one gapdet extra for a tick period, or None where its output cannot be read, once
     per sealed bundle (analysis/derived.py)."""
+
     def compute() -> dict | None:
         try:
             header, gaps = read_gapdet(ref.path / "raw" / extra["directory"] / "stdout.txt")
         except WorkloadOutputError:
             return None
         return gap_tick_cost(gaps, header, period_ns)
+
     return derived.per_run(ref, "gapdet-cost", DERIVED_BY, run, {"extra": extra, "period_ns": period_ns}, compute)
 
 
@@ -468,11 +631,14 @@ def _gapdet_summary(ref: BundleRef, entries: list[tuple[str, str, dict]], condit
             continue
         per_tick.append(cost["tick_gap_us_median"])
         lost.append(100 * cost["gap_fraction"])
-    return {"gap detector runs": len(lost),
-            # NaN where no run had a periodic tick (nohz_full): no all-NaN median warning in the notebook
-            "gap detector: µs lost per tick (median)": (float(np.nanmedian(per_tick)) if np.isfinite(per_tick).any()
-                                                       else np.nan),
-            "gap detector: lost (% of CPU)": float(np.median(lost)) if lost else np.nan}
+    return {
+        "gap detector runs": len(lost),
+        # NaN where no run had a periodic tick (nohz_full): no all-NaN median warning in the notebook
+        "gap detector: µs lost per tick (median)": (
+            float(np.nanmedian(per_tick)) if np.isfinite(per_tick).any() else np.nan
+        ),
+        "gap detector: lost (% of CPU)": float(np.median(lost)) if lost else np.nan,
+    }
 
 
 def _sound_lost(ref: BundleRef, runs, rates: pd.Series) -> float:
@@ -480,8 +646,11 @@ def _sound_lost(ref: BundleRef, runs, rates: pd.Series) -> float:
     lost = []
     for run in runs:
         try:
-            lost.append(_ftq_run_cost(str(ref.path / "raw" / run / "ftq.dat"),
-                                      nominal_period_ns(float(rates.get(run, np.nan))))["lost_fraction"])
+            lost.append(
+                _ftq_run_cost(
+                    str(ref.path / "raw" / run / "ftq.dat"), nominal_period_ns(float(rates.get(run, np.nan)))
+                )["lost_fraction"]
+            )
         except (WorkloadOutputError, TickCostError):
             continue  # the per-tick table says why, per run
     return float(np.nanmedian(lost)) if lost and np.isfinite(lost).any() else np.nan
@@ -497,27 +666,42 @@ def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
         results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
         rates = bundle.results[bundle.results["metric"] == "tick_rate_hz"].set_index("run")["value"]
         measured = {r.run for r in bundle.typed.measured_runs()}
-        entries = [(r["condition"], r["run"], e) for r in bundle.manifest["runs"] if r["run"] in measured
-                   for e in r.get("extras") or []]
+        entries = [
+            (r["condition"], r["run"], e)
+            for r in bundle.manifest["runs"]
+            if r["run"] in measured
+            for e in r.get("extras") or []
+        ]
         entries += [(e.get("condition"), None, e) for e in bundle.manifest.get("extras") or []]
-        osnoise = pd.DataFrame(_osnoise_by_run(ref, entries),
-                               columns=["condition", "run", "noise_pct", "noise_us_per_irq", "irqs_per_s", "softirqs_per_s"])
+        osnoise = pd.DataFrame(
+            _osnoise_by_run(ref, entries),
+            columns=["condition", "run", "noise_pct", "noise_us_per_irq", "irqs_per_s", "softirqs_per_s"],
+        )
         for condition, group in results.groupby("condition"):
             mine = osnoise[osnoise["condition"] == condition]
-            rows.append({"setup": ref.host_id, "condition": condition, "runs": len(group),
-                         "FTQ: work lost (%)": 100 * _sound_lost(ref, group["run"], rates), "osnoise runs": len(mine),
-                         "osnoise: noise (% of CPU)": mine["noise_pct"].median(),
-                         "osnoise: IRQs/s": mine["irqs_per_s"].median(),
-                         "osnoise: softirqs/s": mine["softirqs_per_s"].median(),
-                         "osnoise: noise per IRQ (µs, all noise / IRQs)": mine["noise_us_per_irq"].median(),
-                         **_gapdet_summary(ref, entries, condition, rates)})
+            rows.append(
+                {
+                    "setup": ref.host_id,
+                    "condition": condition,
+                    "runs": len(group),
+                    "FTQ: work lost (%)": 100 * _sound_lost(ref, group["run"], rates),
+                    "osnoise runs": len(mine),
+                    "osnoise: noise (% of CPU)": mine["noise_pct"].median(),
+                    "osnoise: IRQs/s": mine["irqs_per_s"].median(),
+                    "osnoise: softirqs/s": mine["softirqs_per_s"].median(),
+                    "osnoise: noise per IRQ (µs, all noise / IRQs)": mine["noise_us_per_irq"].median(),
+                    **_gapdet_summary(ref, entries, condition, rates),
+                }
+            )
     return pd.DataFrame(rows, columns=OSNOISE_COLUMNS)
 
 
-TICK_METRICS = {"local_timer_irq_rate_hz": "local timer interrupts/s (the tick and other hrtimers)",
-                "local_timer_irq_duration_median_us": "median interrupt duration (µs, softirqs not included)",
-                "local_timer_irq_time_fraction": "share of the busy CPU (%)",
-                "ftq_noise_fraction": "sensitivity only: FTQ work lost (%, old 1 − mean/max; see the per-tick table)"}
+TICK_METRICS = {
+    "local_timer_irq_rate_hz": "local timer interrupts/s (the tick and other hrtimers)",
+    "local_timer_irq_duration_median_us": "median interrupt duration (µs, softirqs not included)",
+    "local_timer_irq_time_fraction": "share of the busy CPU (%)",
+    "ftq_noise_fraction": "sensitivity only: FTQ work lost (%, old 1 − mean/max; see the per-tick table)",
+}
 
 
 def fresh_tick_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -554,8 +738,10 @@ SOFTIRQ_EVENT = "irq:softirq_entry"
 
 
 def _traced_events(bundles: list[BundleRef]) -> dict[str, set]:
-    return {str(ref.path): set((bundle.manifest.get("tracing") or {}).get("events") or [])
-            for ref, bundle in usable_bundles(bundles)}
+    return {
+        str(ref.path): set((bundle.manifest.get("tracing") or {}).get("events") or [])
+        for ref, bundle in usable_bundles(bundles)
+    }
 
 
 def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: PublishedClaim) -> pd.DataFrame:
@@ -570,8 +756,10 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
     costs = tick_cost_runs(runs, bundles)
     events = _traced_events(bundles)
     seed_us = published.value("tick_cost", "tick_duration")
-    seed_cell = (f"{published.row('tick_cost', 'tick_duration')['qualifier']} {seed_us:g} (printed "
-                 f"'{published.printed('tick_cost', 'tick_duration')}', {published.quote_id('tick_cost', 'tick_duration')})")
+    seed_cell = (
+        f"{published.row('tick_cost', 'tick_duration')['qualifier']} {seed_us:g} (printed "
+        f"'{published.printed('tick_cost', 'tick_duration')}', {published.quote_id('tick_cost', 'tick_duration')})"
+    )
     rows = []
     for (setup, condition), group in ftq.groupby(["host_id", "condition"]):
         chosen = runs[(runs["host_id"] == setup) & (runs["condition"] == condition)]
@@ -581,8 +769,13 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
         hz = 1e9 / float(mine["period_ns"].dropna().median()) if mine["period_ns"].notna().any() else float("nan")
         workload = _workload_cost_rows(mine, head, seed_us, seed_cell, hz)
         if not chosen["metric"].isin([metric for metric, *_ in PER_TICK_COLUMNS]).any():
-            rows.append({**head, "quantity": "µs per tick (irq + softirq), the tick told from other timer interrupts",
-                         "measured": NO_SOFTIRQS if SOFTIRQ_EVENT not in traced else NO_TICK_EXPIRIES})
+            rows.append(
+                {
+                    **head,
+                    "quantity": "µs per tick (irq + softirq), the tick told from other timer interrupts",
+                    "measured": NO_SOFTIRQS if SOFTIRQ_EVENT not in traced else NO_TICK_EXPIRIES,
+                }
+            )
             rows += workload + _lost_work_rows(mine, chosen, head)
             continue
         for metric, quantity, percent, needs_softirqs in PER_TICK_COLUMNS:
@@ -598,17 +791,50 @@ def per_tick_table(runs: pd.DataFrame, bundles: list[BundleRef], published: Publ
                     row["measured / seed"] = round(row["measured"] / seed_us, 3)
             rows.append(row)
         rows += workload + _lost_work_rows(mine, chosen, head)
-    columns = ["setup", "condition", "runs", "quantity", "measured", "seed 004 (ThinkPad T60p, HZ=1000)", "measured / seed"]
+    columns = [
+        "setup",
+        "condition",
+        "runs",
+        "quantity",
+        "measured",
+        "seed 004 (ThinkPad T60p, HZ=1000)",
+        "measured / seed",
+    ]
     return pd.DataFrame(rows).reindex(columns=columns).fillna("")
 
 
 NO_GAPDET = "not recorded in this bundle (captured before the gap detector ran per run)"
-TICK_COST_COLUMNS = ["setup", "condition", "bundle", "run", "period_ns", "ftq_lost_fraction", "ftq_lost_fraction_max",
-                     "ftq_ticks", "ftq_tick_us_median", "ftq_tick_us_p99", "ftq_tick_us_mean", "ftq_method", "ftq_reason", "gap_ticks",
-                     "gap_tick_us_median", "gap_tick_us_p99", "gap_tick_share_of_gaps", "gap_tick_fraction", "gap_reason",
-                     "matched_ticks", "matched_unmatched", "matched_tick_us_median", "matched_tick_us_p99",
-                     "matched_span_us_median", "matched_before_entry_us_median", "matched_after_span_us_median",
-                     "matched_share_of_gaps", "matched_tick_fraction", "matched_reason"]
+TICK_COST_COLUMNS = [
+    "setup",
+    "condition",
+    "bundle",
+    "run",
+    "period_ns",
+    "ftq_lost_fraction",
+    "ftq_lost_fraction_max",
+    "ftq_ticks",
+    "ftq_tick_us_median",
+    "ftq_tick_us_p99",
+    "ftq_tick_us_mean",
+    "ftq_method",
+    "ftq_reason",
+    "gap_ticks",
+    "gap_tick_us_median",
+    "gap_tick_us_p99",
+    "gap_tick_share_of_gaps",
+    "gap_tick_fraction",
+    "gap_reason",
+    "matched_ticks",
+    "matched_unmatched",
+    "matched_tick_us_median",
+    "matched_tick_us_p99",
+    "matched_span_us_median",
+    "matched_before_entry_us_median",
+    "matched_after_span_us_median",
+    "matched_share_of_gaps",
+    "matched_tick_fraction",
+    "matched_reason",
+]
 NO_GAPDET_TRACE = "the gap detector was not traced in this run (bundles before the traced per-run extra)"
 
 
@@ -626,40 +852,56 @@ def _matched_gap_row(ref: BundleRef, entry: dict, header: dict, gaps: pd.DataFra
     except TraceFormatError as exc:
         return {"matched_reason": str(exc)}
     if trace.clock != "mono":
-        return {"matched_reason": f"the gap detector's trace is on the {trace.clock or 'unknown'} trace clock, not mono "
-                                  "(CLOCK_MONOTONIC): its ticks cannot be matched to gaps"}
+        return {
+            "matched_reason": f"the gap detector's trace is on the {trace.clock or 'unknown'} trace clock, not mono "
+            "(CLOCK_MONOTONIC): its ticks cannot be matched to gaps"
+        }
     interrupts = timer_interrupt_costs(trace, int(header["cpu"]))
     if interrupts is None:
-        return {"matched_reason": "the gap detector's trace cannot tell the tick from other hrtimers (no tick "
-                                  "callback address)"}
+        return {
+            "matched_reason": "the gap detector's trace cannot tell the tick from other hrtimers (no tick "
+            "callback address)"
+        }
     if entry["trace"].get("lost_events"):
         return {"matched_reason": f"the gap detector's trace lost {entry['trace']['lost_events']} events"}
     matched = matched_gap_tick_cost(gaps, header, interrupts)
-    return {"matched_ticks": matched["ticks"], "matched_unmatched": matched["ticks"] - matched["matched"],
-            "matched_tick_us_median": matched["tick_gap_us_median"], "matched_tick_us_p99": matched["tick_gap_us_p99"],
-            "matched_span_us_median": matched["span_us_median"],
-            "matched_before_entry_us_median": matched["before_entry_us_median"],
-            "matched_after_span_us_median": matched["after_span_us_median"],
-            "matched_share_of_gaps": matched["tick_share_of_gap_time"], "matched_tick_fraction": matched["tick_fraction"],
-            "matched_reason": matched["reason"]}
+    return {
+        "matched_ticks": matched["ticks"],
+        "matched_unmatched": matched["ticks"] - matched["matched"],
+        "matched_tick_us_median": matched["tick_gap_us_median"],
+        "matched_tick_us_p99": matched["tick_gap_us_p99"],
+        "matched_span_us_median": matched["span_us_median"],
+        "matched_before_entry_us_median": matched["before_entry_us_median"],
+        "matched_after_span_us_median": matched["after_span_us_median"],
+        "matched_share_of_gaps": matched["tick_share_of_gap_time"],
+        "matched_tick_fraction": matched["tick_fraction"],
+        "matched_reason": matched["reason"],
+    }
 
 
 def _gap_columns(ref: BundleRef, run: str, entry: dict, period_ns: int | None) -> dict:
     """The gap_* and matched_* columns of tick_cost_runs for one run's gapdet extra (tickcost.gap_tick_cost for the
     run's tick period and _matched_gap_row), or its gap_reason where the output cannot be read; once per sealed bundle
     (analysis/derived.py)."""
+
     def compute() -> dict:
         columns = {}
         try:
             header, gaps = read_gapdet(ref.path / "raw" / entry["directory"] / "stdout.txt")
             gap = gap_tick_cost(gaps, header, period_ns)
-            columns.update(gap_ticks=gap["n"], gap_tick_us_median=gap["tick_gap_us_median"],
-                           gap_tick_us_p99=gap["tick_gap_us_p99"], gap_tick_share_of_gaps=gap["tick_share_of_gap_time"],
-                           gap_tick_fraction=gap["tick_fraction"], gap_reason=gap["reason"])
+            columns.update(
+                gap_ticks=gap["n"],
+                gap_tick_us_median=gap["tick_gap_us_median"],
+                gap_tick_us_p99=gap["tick_gap_us_p99"],
+                gap_tick_share_of_gaps=gap["tick_share_of_gap_time"],
+                gap_tick_fraction=gap["tick_fraction"],
+                gap_reason=gap["reason"],
+            )
             columns.update(_matched_gap_row(ref, entry, header, gaps))
         except WorkloadOutputError as exc:
             columns["gap_reason"] = str(exc)
         return columns
+
     return derived.per_run(ref, "gapdet-columns", DERIVED_BY, run, {"extra": entry, "period_ns": period_ns}, compute)
 
 
@@ -685,20 +927,35 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
             metrics = mine[mine["run"] == record.run].set_index("metric")["value"]
             rate = metrics.get("tick_rate_hz", metrics.get("local_timer_irq_rate_hz", np.nan))
             period = nominal_period_ns(float(rate))
-            row = {"setup": ref.host_id, "condition": record.condition, "bundle": str(ref.path), "run": record.run,
-                   "period_ns": period}
+            row = {
+                "setup": ref.host_id,
+                "condition": record.condition,
+                "bundle": str(ref.path),
+                "run": record.run,
+                "period_ns": period,
+            }
             try:
                 ftq = _ftq_run_cost(str(ref.path / "raw" / record.run / "ftq.dat"), period)
-                row.update(ftq_lost_fraction=ftq["lost_fraction"], ftq_lost_fraction_max=ftq["lost_fraction_max"],
-                           ftq_ticks=ftq["n"], ftq_tick_us_median=ftq["tick_lost_us_median"],
-                           ftq_tick_us_p99=ftq["tick_lost_us_p99"], ftq_tick_us_mean=ftq["tick_lost_us_mean"],
-                           ftq_method=ftq["method"], ftq_reason=ftq["reason"])
+                row.update(
+                    ftq_lost_fraction=ftq["lost_fraction"],
+                    ftq_lost_fraction_max=ftq["lost_fraction_max"],
+                    ftq_ticks=ftq["n"],
+                    ftq_tick_us_median=ftq["tick_lost_us_median"],
+                    ftq_tick_us_p99=ftq["tick_lost_us_p99"],
+                    ftq_tick_us_mean=ftq["tick_lost_us_mean"],
+                    ftq_method=ftq["method"],
+                    ftq_reason=ftq["reason"],
+                )
             except (WorkloadOutputError, TickCostError) as exc:
                 row["ftq_reason"] = str(exc)
             entry = _gapdet_entry(records.get(record.run, {}))
             if entry is None or entry.get("status") != "ok":
-                row["gap_reason"] = NO_GAPDET if entry is None else f"gapdet {entry.get('status') or 'skipped'}: " \
-                                                                     f"{entry.get('skipped') or entry.get('error') or ''}"
+                row["gap_reason"] = (
+                    NO_GAPDET
+                    if entry is None
+                    else f"gapdet {entry.get('status') or 'skipped'}: "
+                    f"{entry.get('skipped') or entry.get('error') or ''}"
+                )
             else:
                 row.update(_gap_columns(ref, record.run, entry, period))
             row.setdefault("matched_reason", row.get("gap_reason") or NO_GAPDET_TRACE)
@@ -708,24 +965,51 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
 
 # (column of tick_cost_runs, quantity shown, scale, compared with seed 004's µs per tick?)
 WORKLOAD_COST_ROWS = [
-    ("ftq_tick_us_median", "µs of work lost per tick, FTQ (the quanta holding a tick vs the median tick-free quantum), "
-                           "median", 1, True),
+    (
+        "ftq_tick_us_median",
+        "µs of work lost per tick, FTQ (the quanta holding a tick vs the median tick-free quantum), median",
+        1,
+        True,
+    ),
     ("ftq_method", "how FTQ's quanta were matched to ticks", 1, False),
     ("ftq_tick_us_p99", "µs of work lost per tick, FTQ, p99", 1, True),
     ("ftq_ticks", "ticks measured by FTQ (per run)", 1, False),
     ("ftq_tick_share", "tick's share of the CPU from FTQ's cost (%, median µs lost per tick × tick rate)", 100, False),
-    ("gap_tick_us_median", "µs lost per tick, gap detector (gaps at the tick's phase, per tick period), median", 1, True),
+    (
+        "gap_tick_us_median",
+        "µs lost per tick, gap detector (gaps at the tick's phase, per tick period), median",
+        1,
+        True,
+    ),
     ("gap_tick_us_p99", "µs lost per tick, gap detector, p99", 1, True),
     ("gap_ticks", "tick periods seen by the gap detector (per run)", 1, False),
     ("gap_tick_fraction", "tick's share of the CPU from the gap detector (%)", 100, False),
     ("gap_tick_share_of_gaps", "share of the gap detector's lost time the tick explains (%)", 100, False),
-    ("matched_tick_us_median", "µs lost per tick, gap detector with each traced tick matched to its gap, median", 1, True),
+    (
+        "matched_tick_us_median",
+        "µs lost per tick, gap detector with each traced tick matched to its gap, median",
+        1,
+        True,
+    ),
     ("matched_tick_us_p99", "µs lost per tick, gap detector matched to traced ticks, p99", 1, True),
-    ("matched_span_us_median", "… of which the traced span (local_timer_entry to the last attributed softirq's exit), "
-                               "µs, median", 1, False),
-    ("matched_before_entry_us_median", "… lost before local_timer_entry (delivery, entry code, VM exit), µs, median",
-     1, False),
-    ("matched_after_span_us_median", "… lost after the traced span (exit code, return to the task), µs, median", 1, False),
+    (
+        "matched_span_us_median",
+        "… of which the traced span (local_timer_entry to the last attributed softirq's exit), µs, median",
+        1,
+        False,
+    ),
+    (
+        "matched_before_entry_us_median",
+        "… lost before local_timer_entry (delivery, entry code, VM exit), µs, median",
+        1,
+        False,
+    ),
+    (
+        "matched_after_span_us_median",
+        "… lost after the traced span (exit code, return to the task), µs, median",
+        1,
+        False,
+    ),
     ("matched_ticks", "traced ticks while the gap detector ran (per run)", 1, False),
     ("matched_unmatched", "traced ticks inside no gap (per run; above 0 means the clocks disagree)", 1, False),
     ("matched_tick_fraction", "tick's share of the CPU from the matched gaps (%)", 100, False),
@@ -743,9 +1027,14 @@ def _workload_cost_rows(costs: pd.DataFrame, head: dict, seed_us: float, seed_ce
         if column == "ftq_method":
             methods = [m for m in costs[column].dropna().unique() if m]
             reasons = [r for r in costs["ftq_reason"].dropna().unique() if r]
-            rows.append({**head, "quantity": quantity, "measured": "; ".join(
-                f"{m} ({int((costs[column] == m).sum())} runs)" for m in methods) or
-                (f"no tick placed: {reasons[0]}" if reasons else "not measurable")})
+            rows.append(
+                {
+                    **head,
+                    "quantity": quantity,
+                    "measured": "; ".join(f"{m} ({int((costs[column] == m).sum())} runs)" for m in methods)
+                    or (f"no tick placed: {reasons[0]}" if reasons else "not measurable"),
+                }
+            )
             continue
         values = pd.to_numeric(costs[column], errors="coerce").dropna()
         reason_column = {"gap": "gap_reason", "matched": "matched_reason"}.get(column.split("_")[0], "ftq_reason")
@@ -770,21 +1059,41 @@ def _lost_work_rows(costs: pd.DataFrame, chosen: pd.DataFrame, head: dict) -> li
     lost = costs.set_index(["bundle", "run"])["ftq_lost_fraction"].astype(float).dropna()
     if lost.empty:
         reasons = [r for r in costs["ftq_reason"].dropna().unique() if r]
-        rows.append({**head, "quantity": "FTQ work lost (%, 1 − mean / median tick-free quantum)",
-                     "measured": reasons[0] if reasons else "not measurable"})
+        rows.append(
+            {
+                **head,
+                "quantity": "FTQ work lost (%, 1 − mean / median tick-free quantum)",
+                "measured": reasons[0] if reasons else "not measurable",
+            }
+        )
     else:
-        rows.append({**head, "quantity": "FTQ work lost (%, 1 − mean / median tick-free quantum)",
-                     "measured": round(float(lost.median()) * 100, 3)})
+        rows.append(
+            {
+                **head,
+                "quantity": "FTQ work lost (%, 1 − mean / median tick-free quantum)",
+                "measured": round(float(lost.median()) * 100, 3),
+            }
+        )
     old = costs["ftq_lost_fraction_max"].astype(float).dropna()
     if not old.empty:
-        rows.append({**head, "quantity": "sensitivity only: FTQ work lost (%, old 1 − mean/max; counts speed jitter)",
-                     "measured": round(float(old.median()) * 100, 3)})
+        rows.append(
+            {
+                **head,
+                "quantity": "sensitivity only: FTQ work lost (%, old 1 − mean/max; counts speed jitter)",
+                "measured": round(float(old.median()) * 100, 3),
+            }
+        )
     tick = chosen[chosen["metric"] == "tick_time_fraction"].set_index(["bundle", "run"])["value"]
     paired = pd.concat([tick.rename("tick"), lost.rename("lost")], axis=1, join="inner")
     paired = paired[paired["lost"] > 0]
     if not paired.empty:
-        rows.append({**head, "quantity": "share of FTQ's lost work the traced tick span explains (%)",
-                     "measured": round(float((paired["tick"] / paired["lost"]).median()) * 100, 3)})
+        rows.append(
+            {
+                **head,
+                "quantity": "share of FTQ's lost work the traced tick span explains (%)",
+                "measured": round(float((paired["tick"] / paired["lost"]).median()) * 100, 3),
+            }
+        )
     return rows
 
 
@@ -796,23 +1105,36 @@ def derived_targets_from_measured(costs: pd.DataFrame) -> pd.DataFrame:
     tick period; the median, as FTQ's mean also counts other noise in the quanta next to a tick)."""
     rows = []
     for (setup, condition), group in costs.groupby(["setup", "condition"]):
-        for column, source in (("ftq_tick_us_median", "FTQ"), ("matched_tick_us_median", "gap detector, matched ticks"),
-                               ("gap_tick_us_median", "gap detector, folded")):
+        for column, source in (
+            ("ftq_tick_us_median", "FTQ"),
+            ("matched_tick_us_median", "gap detector, matched ticks"),
+            ("gap_tick_us_median", "gap detector, folded"),
+        ):
             values = pd.to_numeric(group[column], errors="coerce").dropna()
             if values.empty:
                 continue
             us, hz = float(values.median()), 1e9 / float(group["period_ns"].dropna().median())
-            rows.append({"setup": setup, "condition": condition, "µs per tick": round(us, 3), "from": source,
-                         "HZ": round(hz), "nohz_full gain at this HZ": round(1 / (1 - us * hz / 1e6), 5),
-                         "nohz_full gain at HZ=1000": round(1 / (1 - us * 1000 / 1e6), 5),
-                         "HZ=250 vs HZ=1000": round((1 - us * 250 / 1e6) / (1 - us * 1000 / 1e6), 5),
-                         "provenance": f"derived from this setup's measured cost ({source}, {us:.1f} µs per tick)"})
+            rows.append(
+                {
+                    "setup": setup,
+                    "condition": condition,
+                    "µs per tick": round(us, 3),
+                    "from": source,
+                    "HZ": round(hz),
+                    "nohz_full gain at this HZ": round(1 / (1 - us * hz / 1e6), 5),
+                    "nohz_full gain at HZ=1000": round(1 / (1 - us * 1000 / 1e6), 5),
+                    "HZ=250 vs HZ=1000": round((1 - us * 250 / 1e6) / (1 - us * 1000 / 1e6), 5),
+                    "provenance": f"derived from this setup's measured cost ({source}, {us:.1f} µs per tick)",
+                }
+            )
             break
     return pd.DataFrame(rows)
 
 
-SIZES = ("the target assumes the ThinkPad T60p's ~80 µs per tick at every HZ; a tick's cost depends on the CPU "
-         "(and under TCG on the emulator), so only the direction carries over to other setups unchanged")
+SIZES = (
+    "the target assumes the ThinkPad T60p's ~80 µs per tick at every HZ; a tick's cost depends on the CPU "
+    "(and under TCG on the emulator), so only the direction carries over to other setups unchanged"
+)
 
 
 def comparisons(published: PublishedClaim) -> list[Comparison]:
@@ -820,8 +1142,10 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     (n = 1; every target here is derived by ticklab from the printed 80 µs, none is printed)."""
     tick_us = published.value("tick_cost", "tick_duration")
     lost_1000, lost_250 = tick_overhead_pct(tick_us, 1000) / 100, tick_overhead_pct(tick_us, 250) / 100
-    printed = (f"{published.printed('tick_cost', 'tick_duration')}; "
-               f"{published.printed('tick_cost', 'tick_overhead_hz1000')} on hz=1000")
+    printed = (
+        f"{published.printed('tick_cost', 'tick_duration')}; "
+        f"{published.printed('tick_cost', 'tick_overhead_hz1000')} on hz=1000"
+    )
     quotes = (published.quote_id("tick_cost", "tick_duration"), published.quote_id("tick_cost", "tick_overhead_hz1000"))
     no_tick = 1 / (1 - lost_1000)
     # ±1 % FTQ work per quantum: 10 µs of each millisecond, under one tick's cost on any setup measured here; a
@@ -832,29 +1156,74 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     share = Margins(no_effect=0.10)
     quarter = (1 - lost_250) / (1 - lost_1000)
     return [
-        Comparison("nohz_full vs HZ=1000: FTQ work per quantum", "ftq_count_mean", "hz1000-nohz_full", "hz1000",
-                   Target(no_tick, 1, f"derived: 1 / (1 − {tick_us:g} µs × 1000/s), the work the tick's share "
-                                      f"gives back when it stops", printed, quotes), margins=work,
-                   sizes_comparable=SIZES),
-        Comparison("HZ=250 vs HZ=1000: FTQ work per quantum", "ftq_count_mean", "hz250", "hz1000",
-                   Target(quarter, 1, f"derived: (1 − {tick_us:g} µs × 250/s) / (1 − {tick_us:g} µs × 1000/s), "
-                                      f"the same cost per tick at a quarter of the ticks", printed, quotes),
-                   margins=work, sizes_comparable=SIZES),
+        Comparison(
+            "nohz_full vs HZ=1000: FTQ work per quantum",
+            "ftq_count_mean",
+            "hz1000-nohz_full",
+            "hz1000",
+            Target(
+                no_tick,
+                1,
+                f"derived: 1 / (1 − {tick_us:g} µs × 1000/s), the work the tick's share gives back when it stops",
+                printed,
+                quotes,
+            ),
+            margins=work,
+            sizes_comparable=SIZES,
+        ),
+        Comparison(
+            "HZ=250 vs HZ=1000: FTQ work per quantum",
+            "ftq_count_mean",
+            "hz250",
+            "hz1000",
+            Target(
+                quarter,
+                1,
+                f"derived: (1 − {tick_us:g} µs × 250/s) / (1 − {tick_us:g} µs × 1000/s), "
+                f"the same cost per tick at a quarter of the ticks",
+                printed,
+                quotes,
+            ),
+            margins=work,
+            sizes_comparable=SIZES,
+        ),
         # On a real machine with its own kernel, each condition a boot (runners/nohz/host-boot-ftq.yaml:
         # ticklab capture nohz --boot kexec); the target is the source's HZ=1000 one.
-        Comparison("nohz_full vs tick on, this kernel's HZ: FTQ work per quantum (a boot each)", "ftq_count_mean",
-                   "nohz-full", "tick-on",
-                   Target(no_tick, 1, f"derived: 1 / (1 − {tick_us:g} µs × 1000/s), the work the tick's share "
-                                      f"gives back when it stops, at the source's HZ=1000", printed, quotes),
-                   ("host-boot-ftq",), margins=work,
-                   sizes_comparable=SIZES + "; the kernel booted runs at its own HZ (the bundle's boot record), so "
-                                            "at HZ=250 a quarter of the target's gain is all the source's cost implies"),
+        Comparison(
+            "nohz_full vs tick on, this kernel's HZ: FTQ work per quantum (a boot each)",
+            "ftq_count_mean",
+            "nohz-full",
+            "tick-on",
+            Target(
+                no_tick,
+                1,
+                f"derived: 1 / (1 − {tick_us:g} µs × 1000/s), the work the tick's share "
+                f"gives back when it stops, at the source's HZ=1000",
+                printed,
+                quotes,
+            ),
+            ("host-boot-ftq",),
+            margins=work,
+            sizes_comparable=SIZES + "; the kernel booted runs at its own HZ (the bundle's boot record), so "
+            "at HZ=250 a quarter of the target's gain is all the source's cost implies",
+        ),
         # The mechanism itself, from the trace: the share of the busy CPU's time in the local timer interrupt.
-        Comparison("HZ=250 vs HZ=1000: busy CPU's time in the timer interrupt (trace)", "local_timer_irq_time_fraction",
-                   "hz250", "hz1000",
-                   Target(0.25, -1, f"derived: a quarter of the ticks at the same ~{tick_us:g} µs per tick "
-                                    f"(the source assumes a cost per tick independent of HZ)", printed, quotes),
-                   margins=share, sizes_comparable="the ×0.25 holds only if a tick costs the same at HZ=250 as at HZ=1000"),
+        Comparison(
+            "HZ=250 vs HZ=1000: busy CPU's time in the timer interrupt (trace)",
+            "local_timer_irq_time_fraction",
+            "hz250",
+            "hz1000",
+            Target(
+                0.25,
+                -1,
+                f"derived: a quarter of the ticks at the same ~{tick_us:g} µs per tick "
+                f"(the source assumes a cost per tick independent of HZ)",
+                printed,
+                quotes,
+            ),
+            margins=share,
+            sizes_comparable="the ×0.25 holds only if a tick costs the same at HZ=250 as at HZ=1000",
+        ),
     ]
 
 
@@ -866,22 +1235,47 @@ def negative_controls(published: PublishedClaim) -> list[NegativeControl]:
     the capture, not the tick. The margins are the comparisons' declared no-effect margins."""
     work_margin = FTQ_NO_EFFECT
     return [
-        NegativeControl("HZ=1000 vs itself, later vs earlier half of its runs: FTQ work per quantum", "ftq_count_mean",
-                        "hz1000", "hz1000", work_margin, split_by_order=True),
-        NegativeControl("HZ=1000 vs itself, later vs earlier half of its runs: time in the timer interrupt (trace)",
-                        "local_timer_irq_time_fraction", "hz1000", "hz1000", 0.10, split_by_order=True),
+        NegativeControl(
+            "HZ=1000 vs itself, later vs earlier half of its runs: FTQ work per quantum",
+            "ftq_count_mean",
+            "hz1000",
+            "hz1000",
+            work_margin,
+            split_by_order=True,
+        ),
+        NegativeControl(
+            "HZ=1000 vs itself, later vs earlier half of its runs: time in the timer interrupt (trace)",
+            "local_timer_irq_time_fraction",
+            "hz1000",
+            "hz1000",
+            0.10,
+            split_by_order=True,
+        ),
     ]
 
 
 CLAIM = Claim(
-    id="nohz", seed="004", title="C5 nohz tick", notebook="05-nohz.ipynb",
-    outputs={"figures": ["tick_overhead_vs_hz"],
-             "tables": ["tick_cost", "tick_overhead_vs_hz", "derived_checks", "ftq_observations", "ftq_shelf", "setup"]},
-    comparisons=comparisons, untested=WHAT_IS_COMPARED,
-    no_headline_because="its figure's data is not in the text", checks=tuple(CHECKS),
+    id="nohz",
+    seed="004",
+    title="C5 nohz tick",
+    notebook="05-nohz.ipynb",
+    outputs={
+        "figures": ["tick_overhead_vs_hz"],
+        "tables": ["tick_cost", "tick_overhead_vs_hz", "derived_checks", "ftq_observations", "ftq_shelf", "setup"],
+    },
+    comparisons=comparisons,
+    untested=WHAT_IS_COMPARED,
+    no_headline_because="its figure's data is not in the text",
+    checks=tuple(CHECKS),
     negative_controls=negative_controls,
-    view=ViewPreset(events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/tick_stop"),
-                    spot=longest_tick_gap, measured_cpu_only=True),
-    derived_from_raw=lambda runs, bundles: {"fresh_ftq": fresh_ftq(bundles), "tick_cost_runs": tick_cost_runs(runs, bundles),
-                                            "ftq_vs_osnoise": ftq_vs_osnoise(bundles)},
+    view=ViewPreset(
+        events=(TIMER_ENTRY, TIMER_EXIT, "timer/hrtimer_expire_entry", "timer/tick_stop"),
+        spot=longest_tick_gap,
+        measured_cpu_only=True,
+    ),
+    derived_from_raw=lambda runs, bundles: {
+        "fresh_ftq": fresh_ftq(bundles),
+        "tick_cost_runs": tick_cost_runs(runs, bundles),
+        "ftq_vs_osnoise": ftq_vs_osnoise(bundles),
+    },
 )

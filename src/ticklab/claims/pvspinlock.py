@@ -30,13 +30,18 @@ def build_time_table(published: PublishedClaim) -> pd.DataFrame:
         for vcpus in sorted(frame["vcpus"].unique(), key=int):
             cell = frame[(frame["host"] == host) & (frame["vcpus"] == vcpus)].set_index("patch")
             before, after = cell.loc["before"], cell.loc["after"]
-            rows.append({
-                "host": label, "guest vCPUs": int(vcpus),
-                "before (as printed)": before["value_as_printed"], "after (as printed)": after["value_as_printed"],
-                "before (s)": before["value"], "after (s)": after["value"],
-                "change (%)": round(100 * (after["value"] / before["value"] - 1), 2),
-                "after / before": round(after["value"] / before["value"], 4),
-            })
+            rows.append(
+                {
+                    "host": label,
+                    "guest vCPUs": int(vcpus),
+                    "before (as printed)": before["value_as_printed"],
+                    "after (as printed)": after["value_as_printed"],
+                    "before (s)": before["value"],
+                    "after (s)": after["value"],
+                    "change (%)": round(100 * (after["value"] / before["value"] - 1), 2),
+                    "after / before": round(after["value"] / before["value"], 4),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -47,24 +52,55 @@ def build_time_figure(published: PublishedClaim):
     xs = range(len(table))
     width = 0.38
     # the patch is the change: its bars hatched as well as coloured, so they read without colour
-    ax.bar([x - width / 2 for x in xs], table["before (s)"], width, color=palette.BASELINE, edgecolor=palette.BLACK,
-           linewidth=0.5, label="before patch")
-    ax.bar([x + width / 2 for x in xs], table["after (s)"], width, color=palette.CHANGED, edgecolor=palette.BLACK,
-           linewidth=0.5, hatch=palette.CHANGED_HATCH, label="after patch (kick-ahead)")
+    ax.bar(
+        [x - width / 2 for x in xs],
+        table["before (s)"],
+        width,
+        color=palette.BASELINE,
+        edgecolor=palette.BLACK,
+        linewidth=0.5,
+        label="before patch",
+    )
+    ax.bar(
+        [x + width / 2 for x in xs],
+        table["after (s)"],
+        width,
+        color=palette.CHANGED,
+        edgecolor=palette.BLACK,
+        linewidth=0.5,
+        hatch=palette.CHANGED_HATCH,
+        label="after patch (kick-ahead)",
+    )
     tallest = max(table["before (s)"].max(), table["after (s)"].max())
     for x, (_, row) in zip(xs, table.iterrows()):
         # the times as printed above each bar, level (short bars are too narrow to hold them inside)
         for offset, column in ((-width / 2, "before"), (width / 2, "after")):
-            ax.text(x + offset, row[f"{column} (s)"] + 0.015 * tallest, row[f"{column} (as printed)"], ha="center",
-                    va="bottom", fontsize=7)
+            ax.text(
+                x + offset,
+                row[f"{column} (s)"] + 0.015 * tallest,
+                row[f"{column} (as printed)"],
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
         top = max(row["before (s)"], row["after (s)"])
-        ax.text(x, top + 0.075 * tallest, f"{row['change (%)']:+.1f}%", ha="center", va="bottom", fontsize=9,
-                fontweight="bold")
+        ax.text(
+            x,
+            top + 0.075 * tallest,
+            f"{row['change (%)']:+.1f}%",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            fontweight="bold",
+        )
     ax.set_ylim(0, tallest * 1.2)
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_ylabel("kernel build time in the KVM guest (s)")
-    ax.set_title("Seed 001: kernel build time, hosts with 32 physical CPUs — printed times (n = 1);\n"
-                 "the changes in % computed by ticklab", fontsize=9)
+    ax.set_title(
+        "Seed 001: kernel build time, hosts with 32 physical CPUs — printed times (n = 1);\n"
+        "the changes in % computed by ticklab",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     return fig
 
@@ -79,10 +115,12 @@ def gain_sentence(table: pd.DataFrame) -> str:
     """Where kick-ahead helped most and least, from build_time_table."""
     best = table.loc[table["change (%)"].idxmin()]
     worst = table.loc[table["change (%)"].idxmax()]
-    return (f"Largest gain: {best['host']}, {best['guest vCPUs']} vCPUs ({best['change (%)']:+.2f}%). "
-            f"Smallest: {worst['host']}, {worst['guest vCPUs']} vCPUs, "
-            f"{worst['after (s)'] - worst['before (s)']:+.1f} s on {worst['before (s)']:g} s "
-            f"({worst['change (%)']:+.2f}%) — the author's \"not so much on Haswell\".")
+    return (
+        f"Largest gain: {best['host']}, {best['guest vCPUs']} vCPUs ({best['change (%)']:+.2f}%). "
+        f"Smallest: {worst['host']}, {worst['guest vCPUs']} vCPUs, "
+        f"{worst['after (s)'] - worst['before (s)']:+.1f} s on {worst['before (s)']:g} s "
+        f'({worst["change (%)"]:+.2f}%) — the author\'s "not so much on Haswell".'
+    )
 
 
 WHAT_IS_COMPARED = f"{LAB_LABEL}: pv_kick_ahead on vs off, build time ratio (after / before) per vCPU level"
@@ -96,13 +134,26 @@ LEVELS = {"1x": "32", "1.5x": "48", "2x": None}
 # ±2 % build time: the same build under the same condition moves by about that between rounds on a quiet host; a
 # spinlock change that moves a build by less is none a build-time benchmark reports.
 BUILD_NO_EFFECT = 0.02
-SIZES_COMPARABLE = ("not expected: a lab analogue under TCG on this host's CPUs, not KVM guests on 32 physical CPUs; "
-                    "the counter table shows how often kick-ahead ran per build")
+SIZES_COMPARABLE = (
+    "not expected: a lab analogue under TCG on this host's CPUs, not KVM guests on 32 physical CPUs; "
+    "the counter table shows how often kick-ahead ran per build"
+)
 KICK_AHEAD = (0, 4)
 # Lock events shown per condition (lockevent_<name> metrics of the kbuild workload), in reading order.
-COUNTERS = ("pv_lab_wait", "pv_lab_wait_irqoff", "pv_lab_halt", "pv_lab_wake_unkicked", "pv_lab_kick",
-            "pv_lab_kick_before_halt", "pv_wait_head", "pv_wait_node", "pv_kick_unlock", "pv_kick_ahead",
-            "pv_spurious_wakeup", "lock_slowpath")
+COUNTERS = (
+    "pv_lab_wait",
+    "pv_lab_wait_irqoff",
+    "pv_lab_halt",
+    "pv_lab_wake_unkicked",
+    "pv_lab_kick",
+    "pv_lab_kick_before_halt",
+    "pv_wait_head",
+    "pv_wait_node",
+    "pv_kick_unlock",
+    "pv_kick_ahead",
+    "pv_spurious_wakeup",
+    "lock_slowpath",
+)
 
 
 def condition_name(kick_ahead: int, level: str) -> str:
@@ -118,17 +169,30 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     for level, vcpus in LEVELS.items():
         if vcpus is None:
             westmere = published.ratio_target("kernel_build_time", "westmere_48_after", "westmere_48_before")
-            target = Target(None, -1, "derived: direction only; the source ran no guest with twice its CPUs as "
-                            "vCPUs (its largest, 48 on 32 CPUs, built faster with kick-ahead)",
-                            westmere.as_printed, westmere.quotes)
+            target = Target(
+                None,
+                -1,
+                "derived: direction only; the source ran no guest with twice its CPUs as "
+                "vCPUs (its largest, 48 on 32 CPUs, built faster with kick-ahead)",
+                westmere.as_printed,
+                westmere.quotes,
+            )
         else:
             target = published.ratio_target("kernel_build_time", f"westmere_{vcpus}_after", f"westmere_{vcpus}_before")
         margins = Margins(no_effect=BUILD_NO_EFFECT)
-        found.append(Comparison(
-            f"{LAB_LABEL}: pv_kick_ahead=4 vs 0, time of a synthetic tcc build (480 files, make -j<vCPUs>; not a "
-            f"kernel build), vCPUs = {level} host CPUs",
-            METRIC, condition_name(4, level), condition_name(0, level), target, (EXPERIMENT,), margins=margins,
-            sizes_comparable=SIZES_COMPARABLE))
+        found.append(
+            Comparison(
+                f"{LAB_LABEL}: pv_kick_ahead=4 vs 0, time of a synthetic tcc build (480 files, make -j<vCPUs>; not a "
+                f"kernel build), vCPUs = {level} host CPUs",
+                METRIC,
+                condition_name(4, level),
+                condition_name(0, level),
+                target,
+                (EXPERIMENT,),
+                margins=margins,
+                sizes_comparable=SIZES_COMPARABLE,
+            )
+        )
     return found
 
 
@@ -146,9 +210,17 @@ def fresh_table(runs: pd.DataFrame, published: PublishedClaim) -> pd.DataFrame:
     rows = []
     published_table = build_time_table(published)
     for _, row in published_table.iterrows():
-        rows.append({"source": "published (seed 001, n = 1)", "setup": row["host"],
-                     "guest vCPUs": f"{row['guest vCPUs']} on 32 CPUs", "before (s)": row["before (s)"],
-                     "after (s)": row["after (s)"], "after / before": row["after / before"], "runs per side": 1})
+        rows.append(
+            {
+                "source": "published (seed 001, n = 1)",
+                "setup": row["host"],
+                "guest vCPUs": f"{row['guest vCPUs']} on 32 CPUs",
+                "before (s)": row["before (s)"],
+                "after (s)": row["after (s)"],
+                "after / before": row["after / before"],
+                "runs per side": 1,
+            }
+        )
     for setup in sorted(medians.index.get_level_values("host_id").unique()):
         for level in LEVELS:
             keys = [(setup, condition_name(k, level)) for k in KICK_AHEAD]
@@ -156,11 +228,17 @@ def fresh_table(runs: pd.DataFrame, published: PublishedClaim) -> pd.DataFrame:
                 continue
             before, after = (medians.loc[key] for key in keys)
             vcpus = _vcpus(runs, setup, keys[0][1])
-            rows.append({"source": LAB_LABEL, "setup": setup,
-                         "guest vCPUs": f"{vcpus} ({level} host CPUs)" if vcpus else f"{level} host CPUs",
-                         "before (s)": round(before["median"], 3), "after (s)": round(after["median"], 3),
-                         "after / before": round(after["median"] / before["median"], 4),
-                         "runs per side": f"{int(before['size'])} / {int(after['size'])}"})
+            rows.append(
+                {
+                    "source": LAB_LABEL,
+                    "setup": setup,
+                    "guest vCPUs": f"{vcpus} ({level} host CPUs)" if vcpus else f"{level} host CPUs",
+                    "before (s)": round(before["median"], 3),
+                    "after (s)": round(after["median"], 3),
+                    "after / before": round(after["median"] / before["median"], 4),
+                    "runs per side": f"{int(before['size'])} / {int(after['size'])}",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -189,8 +267,11 @@ def fresh_build_time_figure(runs: pd.DataFrame, setup: str):
     ax.set_xticks(range(len(ticks)), ticks, fontsize=8)
     ax.set_xlim(-0.5, len(ticks) - 0.5)
     ax.set_ylabel(f"build time (s): {LAB_BUILD_SHORT}", fontsize=8)
-    ax.set_title(f"{LAB_LABEL}: {LAB_BUILD_SHORT} — time per build (fresh, {len(chosen)} runs; "
-                 f"points = runs, bar = median)\n{setup}", fontsize=8)
+    ax.set_title(
+        f"{LAB_LABEL}: {LAB_BUILD_SHORT} — time per build (fresh, {len(chosen)} runs; "
+        f"points = runs, bar = median)\n{setup}",
+        fontsize=8,
+    )
     return fig
 
 
@@ -219,11 +300,22 @@ def kick_ahead_table(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (setup, condition), group in chosen.groupby(["host_id", "condition"]):
         values = group["value"]
-        rows.append({"setup": setup, "condition": condition, "runs": len(values),
-                     "runs with kick-aheads": int((values > 0).sum()),
-                     "kick-aheads per build": f"{int(values.min())}–{int(values.max())}",
-                     "median unlock kicks per build": float(runs[(runs["host_id"] == setup) & (runs["condition"] == condition)
-                                                              & (runs["metric"] == "lockevent_pv_kick_unlock")]["value"].median())})
+        rows.append(
+            {
+                "setup": setup,
+                "condition": condition,
+                "runs": len(values),
+                "runs with kick-aheads": int((values > 0).sum()),
+                "kick-aheads per build": f"{int(values.min())}–{int(values.max())}",
+                "median unlock kicks per build": float(
+                    runs[
+                        (runs["host_id"] == setup)
+                        & (runs["condition"] == condition)
+                        & (runs["metric"] == "lockevent_pv_kick_unlock")
+                    ]["value"].median()
+                ),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -233,15 +325,20 @@ def kick_ahead_sentence(table: pd.DataFrame) -> str:
     if on.empty:
         return "No builds with pv_kick_ahead=4."
     most = max(int(r.split("–")[1]) for r in on["kick-aheads per build"])
-    return (f"With pv_kick_ahead=4, {int(on['runs with kick-aheads'].sum())} of {int(on['runs'].sum())} builds kicked "
-            f"ahead at all, at most {most} time(s) per build, against a median of "
-            f"{on['median unlock kicks per build'].median():g} unlock kicks: this load rarely queues a halted vCPU "
-            "behind the queue head, so the switch can change little of a build here.")
+    return (
+        f"With pv_kick_ahead=4, {int(on['runs with kick-aheads'].sum())} of {int(on['runs'].sum())} builds kicked "
+        f"ahead at all, at most {most} time(s) per build, against a median of "
+        f"{on['median unlock kicks per build'].median():g} unlock kicks: this load rarely queues a halted vCPU "
+        "behind the queue head, so the switch can change little of a build here."
+    )
 
 
 CHECKS = [
-    FactCheck("pv_kick_ahead as the condition says", "guest.switches.pv_kick_ahead",
-              {"kick-ahead-0 *": "0", "kick-ahead-4 *": "4"}),
+    FactCheck(
+        "pv_kick_ahead as the condition says",
+        "guest.switches.pv_kick_ahead",
+        {"kick-ahead-0 *": "0", "kick-ahead-4 *": "4"},
+    ),
     MetricBound("no kick-aheads with pv_kick_ahead=0", "lockevent_pv_kick_ahead", ("kick-ahead-0 *",), at_most=0),
 ]
 
@@ -265,28 +362,41 @@ def kick_ahead_barely_ran(runs: pd.DataFrame, found: list[Comparison]) -> dict[t
             if per_build.median() >= MIN_KICK_AHEADS_PER_BUILD:
                 continue
             vcpus = _vcpus(runs, setup, comparison.treatment)
-            times = builds[(builds["host_id"] == setup)
-                           & builds["condition"].isin([comparison.treatment, comparison.baseline])]
+            times = builds[
+                (builds["host_id"] == setup) & builds["condition"].isin([comparison.treatment, comparison.baseline])
+            ]
             medians = times.groupby("condition")["value"].median()
-            shown = ", ".join(f"{name} median {medians[name]:.1f} s" for name in (comparison.treatment, comparison.baseline)
-                              if name in medians)
+            shown = ", ".join(
+                f"{name} median {medians[name]:.1f} s"
+                for name in (comparison.treatment, comparison.baseline)
+                if name in medians
+            )
             untestable[(setup, comparison.comparison)] = (
                 f"kick-ahead barely ran: {per_build.sum():g} kick-aheads in {len(per_build)} builds with pv_kick_ahead=4"
                 + (f" on {vcpus} vCPUs" if vcpus else "")
                 + f" (median {per_build.median():g} a build, below the declared minimum {MIN_KICK_AHEADS_PER_BUILD}: "
-                  "it needs a halted waiter queued behind the queue head), so the build-time ratio says nothing of "
-                  f"kick-ahead ({shown})")
+                "it needs a halted waiter queued behind the queue head), so the build-time ratio says nothing of "
+                f"kick-ahead ({shown})"
+            )
     return untestable
 
 
 def headlines(published: PublishedClaim) -> list[Headline]:
-    return [Headline(setup, "kernel build time, after / before kick-ahead", ratio, "lower")
-            for setup, ratio in kick_ahead_ratios(published).items()]
+    return [
+        Headline(setup, "kernel build time, after / before kick-ahead", ratio, "lower")
+        for setup, ratio in kick_ahead_ratios(published).items()
+    ]
 
 
 CLAIM = Claim(
-    id="pvspinlock", seed="001", title="C2 pvqspinlock kick-ahead", notebook="02-pvspinlock.ipynb",
+    id="pvspinlock",
+    seed="001",
+    title="C2 pvqspinlock kick-ahead",
+    notebook="02-pvspinlock.ipynb",
     outputs={"figures": ["kernel_build_time"], "tables": ["kernel_build_time", "setup"]},
-    comparisons=comparisons, untested=WHAT_IS_COMPARED, headlines=headlines, checks=tuple(CHECKS),
+    comparisons=comparisons,
+    untested=WHAT_IS_COMPARED,
+    headlines=headlines,
+    checks=tuple(CHECKS),
     untestable=kick_ahead_barely_ran,
 )

@@ -3,4 +3,13 @@
 from .facts import collect, host_id
 from .knobs import Change, HostChangeError, HostChanges, Interrupted, interrupting_signals, recover
 
-__all__ = ["Change", "HostChangeError", "HostChanges", "Interrupted", "collect", "host_id", "interrupting_signals", "recover"]
+__all__ = [
+    "Change",
+    "HostChangeError",
+    "HostChanges",
+    "Interrupted",
+    "collect",
+    "host_id",
+    "interrupting_signals",
+    "recover",
+]

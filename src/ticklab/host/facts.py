@@ -54,7 +54,7 @@ def format_cpu_list(cpus) -> str:
 def stat_fields(text: str) -> list[str]:
     """/proc/<pid>/stat after the command name: [state, ppid, ...] (field 3 on). The name may hold spaces and
     parentheses, so the split is after the last ')'."""
-    return text[text.rfind(")") + 1:].split() if ")" in text else []
+    return text[text.rfind(")") + 1 :].split() if ")" in text else []
 
 
 def boot_id() -> str | None:
@@ -105,16 +105,22 @@ def cpuidle(root: Path) -> dict:
     states = []
     cpu0 = root / CPU_DIR / "cpu0" / "cpuidle"
     for state in sorted(cpu0.glob("state[0-9]*"), key=lambda p: int(p.name[5:])):
-        states.append({
-            "state": state.name,
-            "name": read_text(state / "name"),
-            "desc": read_text(state / "desc"),
-            "latency_us": _int_or_none(read_text(state / "latency")),
-            "residency_us": _int_or_none(read_text(state / "residency")),
-            "disabled": read_text(state / "disable") == "1",
-        })
-    return {"driver": driver if driver not in (None, "", "none") else None, "governor": read_text(root / CPUIDLE_DIR / "current_governor_ro")
-            or read_text(root / CPUIDLE_DIR / "current_governor"), "states": states}
+        states.append(
+            {
+                "state": state.name,
+                "name": read_text(state / "name"),
+                "desc": read_text(state / "desc"),
+                "latency_us": _int_or_none(read_text(state / "latency")),
+                "residency_us": _int_or_none(read_text(state / "residency")),
+                "disabled": read_text(state / "disable") == "1",
+            }
+        )
+    return {
+        "driver": driver if driver not in (None, "", "none") else None,
+        "governor": read_text(root / CPUIDLE_DIR / "current_governor_ro")
+        or read_text(root / CPUIDLE_DIR / "current_governor"),
+        "states": states,
+    }
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -154,7 +160,12 @@ def kernel_hz(root: Path, release: str) -> dict:
             continue
         text = data.decode(errors="replace")
         found = re.search(r"^CONFIG_HZ=(\d+)$", text, re.M)
-        options = {key: value for key, value in re.findall(r"^(CONFIG_(?:NO_HZ\w*|HPET\w*|HIGH_RES_TIMERS|SCHED_DEBUG|PARAVIRT_SPINLOCKS))=(\w+)$", text, re.M)}
+        options = {
+            key: value
+            for key, value in re.findall(
+                r"^(CONFIG_(?:NO_HZ\w*|HPET\w*|HIGH_RES_TIMERS|SCHED_DEBUG|PARAVIRT_SPINLOCKS))=(\w+)$", text, re.M
+            )
+        }
         return {"hz": int(found.group(1)) if found else None, "source": str(candidate), "config": options}
     return {"hz": None, "source": None, "config": {}}
 
@@ -171,7 +182,12 @@ def kernel_build(root: Path, release: str) -> dict | None:
     path = root / "lib/modules" / release / KERNEL_BUILD_RECORD
     try:
         info = path.lstat()
-        if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022 or info.st_size > 1 << 16:
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid not in (0, os.geteuid())
+            or info.st_mode & 0o022
+            or info.st_size > 1 << 16
+        ):
             return None
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -210,8 +226,10 @@ def collect(root: Path | str = "/") -> dict:
         "cpu_model": cpu_model(root),
         "nproc": len(online_cpus(root)),
         "online_cpus": online_cpus(root),
-        "virtualization": {"hypervisor_flag": has_hypervisor_flag(root),
-                           "detect_virt": detect_virt() if root == Path("/") else None},
+        "virtualization": {
+            "hypervisor_flag": has_hypervisor_flag(root),
+            "detect_virt": detect_virt() if root == Path("/") else None,
+        },
         "clocksources": clocksources(root),
         "cpuidle": cpuidle(root),
         "sched_features": sched_features(root),

@@ -32,9 +32,9 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..safefiles import OwnedDir, UnsafeFileError, kind_of, read_bytes, read_text, shown
 from ..schemas import problem as schema_problem
@@ -68,6 +68,7 @@ class Interrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def interrupting_signals():
     """While inside, SIGTERM and SIGHUP raise :class:`Interrupted` (main thread only; elsewhere a no-op)."""
+
     def raise_interrupted(signum, _frame):
         raise Interrupted(signum)
 
@@ -116,8 +117,10 @@ def private_dir(path: Path | str) -> Path:
         except FileNotFoundError:
             break
         if info.st_uid not in (0, me) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
-            raise HostChangeError(f"{ancestor}: another user can replace what is under it ({_describe_mode(info)}); "
-                                  f"ticklab keeps host state only below directories root or you alone can write")
+            raise HostChangeError(
+                f"{ancestor}: another user can replace what is under it ({_describe_mode(info)}); "
+                f"ticklab keeps host state only below directories root or you alone can write"
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir(mode=0o700)
@@ -127,10 +130,17 @@ def private_dir(path: Path | str) -> Path:
         raise HostChangeError(f"{path}: cannot create ({exc.strerror or exc})") from exc
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or info.st_mode & 0o077:
-        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory" if not stat.S_ISDIR(info.st_mode) \
+        kind = (
+            "a symlink"
+            if stat.S_ISLNK(info.st_mode)
+            else "not a directory"
+            if not stat.S_ISDIR(info.st_mode)
             else _describe_mode(info)
-        raise HostChangeError(f"{path}: must be a directory of uid {me} with mode 0700 ({kind}); "
-                              "ticklab does not trust host state another user could have written")
+        )
+        raise HostChangeError(
+            f"{path}: must be a directory of uid {me} with mode 0700 ({kind}); "
+            "ticklab does not trust host state another user could have written"
+        )
     return path
 
 
@@ -146,8 +156,9 @@ def _open_private(path: Path, flags: int) -> int:
         raise HostChangeError(f"{path}: {kind_of(info.st_mode)}, not a regular file; refused")
     if info.st_uid != os.geteuid() or info.st_mode & 0o022:
         os.close(fd)
-        raise HostChangeError(f"{path}: not a regular file of uid {os.geteuid()} writable only by it "
-                              f"({_describe_mode(info)}); refused")
+        raise HostChangeError(
+            f"{path}: not a regular file of uid {os.geteuid()} writable only by it ({_describe_mode(info)}); refused"
+        )
     return fd
 
 
@@ -166,7 +177,7 @@ def lock_path(root: Path | str) -> Path:
     return Path(root) / "run" / "ticklab" / "host.lock"
 
 
-def host_lock(root: Path | str, journal: Path) -> "HostLock":
+def host_lock(root: Path | str, journal: Path) -> HostLock:
     """The lock a HostChanges on ``journal`` holds: the host's as root, else one beside the journal."""
     return HostLock(lock_path(root) if os.geteuid() == 0 else private_dir(journal.parent) / "host.lock")
 
@@ -178,7 +189,7 @@ class HostLock:
         self.path = Path(path)
         self.fd: int | None = None
 
-    def acquire(self) -> "HostLock":
+    def acquire(self) -> HostLock:
         private_dir(self.path.parent)
         fd = _open_private(self.path, os.O_RDWR | os.O_CREAT)
         try:
@@ -186,8 +197,10 @@ class HostLock:
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process that has not said who it is"
             os.close(fd)
-            raise HostBusy(f"{self.path}: the host is held by {holder}; "
-                           "one privileged capture at a time: wait for it or stop it", holder) from None
+            raise HostBusy(
+                f"{self.path}: the host is held by {holder}; one privileged capture at a time: wait for it or stop it",
+                holder,
+            ) from None
         command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         os.ftruncate(fd, 0)
@@ -204,24 +217,24 @@ class HostLock:
 
 @dataclass
 class Change:
-    kind: str                 # write | sched_feature | mkdir | mount
-    path: str                 # absolute path of the file, directory or mount point
+    kind: str  # write | sched_feature | mkdir | mount
+    path: str  # absolute path of the file, directory or mount point
     before: str | None = None  # value (or state) found before the change
     wanted: str | None = None  # value written (None: another tool writes it; we only put it back)
     during: str | None = None  # read back after writing
-    after: str | None = None   # read back after restoring
+    after: str | None = None  # read back after restoring
     feature: str | None = None
     label: str | None = None
     dry_run: bool = False
-    error: str | None = None   # why restoring failed (or, with refused, why the kernel refused the write)
-    refused: bool = False      # the kernel refused the write (a per-CPU or managed interrupt): nothing changed
+    error: str | None = None  # why restoring failed (or, with refused, why the kernel refused the write)
+    refused: bool = False  # the kernel refused the write (a per-CPU or managed interrupt): nothing changed
     tasks: dict | None = None  # kind task_affinity: {tid: [start time, cpu list before]} of the tasks moved
     moved_at: int | None = None  # kind task_affinity: clock ticks since boot when they were moved (tasks started
-                                 # later inherited the narrowed list from a moved parent and get the CPU back)
-    cpu: int | None = None       # kind task_affinity: the CPU taken out
-    boot_id: str | None = None   # kinds task_affinity, process: the boot the ids belong to (none survive a reboot)
-    pid: int | None = None       # kind process: a process ticklab started (a workload, its server, an extra) ...
-    started: str | None = None   # ... and its start time (/proc/<pid>/stat field 22): the two identify it
+    # later inherited the narrowed list from a moved parent and get the CPU back)
+    cpu: int | None = None  # kind task_affinity: the CPU taken out
+    boot_id: str | None = None  # kinds task_affinity, process: the boot the ids belong to (none survive a reboot)
+    pid: int | None = None  # kind process: a process ticklab started (a workload, its server, an extra) ...
+    started: str | None = None  # ... and its start time (/proc/<pid>/stat field 22): the two identify it
 
     def record(self) -> dict:
         record = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
@@ -252,7 +265,7 @@ def _feature_token(features_text: str, feature: str) -> str | None:
 def format_cpu_mask(mask: int) -> str:
     """A CPU bitmask as the kernel writes it: hex in 32-bit groups separated by commas (1 -> '1')."""
     text = f"{mask:x}"
-    groups = [text[max(0, i - 8):i] for i in range(len(text), 0, -8)]
+    groups = [text[max(0, i - 8) : i] for i in range(len(text), 0, -8)]
     return ",".join(reversed(groups))
 
 
@@ -313,8 +326,9 @@ def _run(argv: list[str]) -> None:
     except OSError as exc:  # the tool is missing: nothing was changed
         raise HostChangeError(f"{argv[0]}: cannot run ({exc.strerror or exc})") from None
     if result.returncode != 0:
-        raise HostChangeError(f"{' '.join(argv)}: exit {result.returncode}: "
-                              f"{' '.join((result.stderr or result.stdout).split())[:300]}")
+        raise HostChangeError(
+            f"{' '.join(argv)}: exit {result.returncode}: {' '.join((result.stderr or result.stdout).split())[:300]}"
+        )
 
 
 def _ticks_since_boot() -> int:
@@ -460,8 +474,15 @@ def _undo(change: Change) -> str | None:
 
 
 class HostChanges:
-    def __init__(self, journal: Path | str | None = None, *, root: Path | str = "/", dry_run: bool = False,
-                 log: Callable[[str], None] = print, keep: bool = False):
+    def __init__(
+        self,
+        journal: Path | str | None = None,
+        *,
+        root: Path | str = "/",
+        dry_run: bool = False,
+        log: Callable[[str], None] = print,
+        keep: bool = False,
+    ):
         """``keep``: the changes outlive this process (a boot plan's unit and grub one-shot survive reboots):
         entering adopts the changes the journal lists instead of restoring them, leaving saves the journal and
         restores nothing; :meth:`restore` (the plan's end or abort) puts everything back."""
@@ -475,7 +496,7 @@ class HostChanges:
         self._active = False
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def __enter__(self) -> "HostChanges":
+    def __enter__(self) -> HostChanges:
         if not self.dry_run:
             self._lock = host_lock(self.root, self.journal).acquire()
             try:
@@ -509,9 +530,13 @@ class HostChanges:
                 self._lock.release()
 
     def _save_journal(self) -> None:
-        data = {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "boot_id": facts.boot_id(),
-                "root": str(self.root),
-                "changes": [c.record_full() for c in self.changes if not c.dry_run and c.after is None]}
+        data = {
+            "pid": os.getpid(),
+            "pid_start": _process_start(os.getpid()),
+            "boot_id": facts.boot_id(),
+            "root": str(self.root),
+            "changes": [c.record_full() for c in self.changes if not c.dry_run and c.after is None],
+        }
         _write_journal(self.journal, data)
 
     def _begin(self, change: Change) -> bool:
@@ -521,16 +546,24 @@ class HostChanges:
         self.changes.append(change)
         if self.dry_run:
             change.dry_run = True
-            shown = {"write": f"write {change.wanted!r} to {change.path} (now {change.before!r})" if change.wanted is not None
-                     else f"let another tool change {change.path} (now {change.before!r}) and put it back",
-                     "sched_feature": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
-                     "mkdir": f"mkdir {change.path}", "mount": f"mount -t {change.wanted} {change.wanted} {change.path}",
-                     "task_affinity": f"move {change.before} {change.wanted} (sched_setaffinity)"}
-            shown.update({"file": f"write {change.path} ({'new' if change.before is None else 'replacing its content'})",
-                          "symlink": f"symlink {change.path} -> {change.wanted}",
-                          "grub_oneshot": f"grub-reboot {change.wanted!r} (one boot)",
-                          "kexec_load": f"kexec -l {change.wanted}",
-                          "process": f"start {change.label} (killed if left running)"})
+            shown = {
+                "write": f"write {change.wanted!r} to {change.path} (now {change.before!r})"
+                if change.wanted is not None
+                else f"let another tool change {change.path} (now {change.before!r}) and put it back",
+                "sched_feature": f"write {change.wanted!r} to {change.path} (now {change.before!r})",
+                "mkdir": f"mkdir {change.path}",
+                "mount": f"mount -t {change.wanted} {change.wanted} {change.path}",
+                "task_affinity": f"move {change.before} {change.wanted} (sched_setaffinity)",
+            }
+            shown.update(
+                {
+                    "file": f"write {change.path} ({'new' if change.before is None else 'replacing its content'})",
+                    "symlink": f"symlink {change.path} -> {change.wanted}",
+                    "grub_oneshot": f"grub-reboot {change.wanted!r} (one boot)",
+                    "kexec_load": f"kexec -l {change.wanted}",
+                    "process": f"start {change.label} (killed if left running)",
+                }
+            )
             self.log(f"dry-run: would {shown[change.kind]}")
             return False
         self._save_journal()
@@ -541,8 +574,16 @@ class HostChanges:
         """Journal a process just started (in a session of its own: a workload, its server, an extra) by pid and
         start time, so that recovery after a SIGKILL of this process kills what it left running; undoing it when
         the run ends kills what is left of its session (nothing, when it ended as it should)."""
-        change = Change("process", str(self.root / "proc"), None, None, label=label, pid=int(pid),
-                        started=_process_start(pid), boot_id=facts.boot_id())
+        change = Change(
+            "process",
+            str(self.root / "proc"),
+            None,
+            None,
+            label=label,
+            pid=int(pid),
+            started=_process_start(pid),
+            boot_id=facts.boot_id(),
+        )
         if change.started is None:  # ended already (and not yet reaped it would still have a start time)
             change.started = str(_ticks_since_boot())
         if self._begin(change):
@@ -565,8 +606,9 @@ class HostChanges:
             change.during = _read(path)
         return change
 
-    def move_tasks_off(self, cpu: int, *, label: str = "tasks moved off the measured CPU",
-                       only: set[int] | None = None) -> Change:
+    def move_tasks_off(
+        self, cpu: int, *, label: str = "tasks moved off the measured CPU", only: set[int] | None = None
+    ) -> Change:
         """Take ``cpu`` out of the CPU list of every task (every thread of every process) that may run there, so that
         only what starts afterwards and asks for it (the pinned workload) runs there; tasks the kernel keeps on
         their CPU (per-CPU kernel threads) stay. One journal entry holds every task moved with its CPU list."""
@@ -584,9 +626,17 @@ class HostChanges:
             start = _process_start(tid)
             if cpu in allowed and len(allowed) > 1 and start is not None:
                 tasks[str(tid)] = [start, facts.format_cpu_list(allowed)]
-        change = Change("task_affinity", str(self.root / "proc"), f"{len(tasks)} tasks", f"without cpu {cpu}",
-                        label=label, tasks=tasks, cpu=cpu, boot_id=facts.boot_id(),
-                        moved_at=_ticks_since_boot() if listed else None)
+        change = Change(
+            "task_affinity",
+            str(self.root / "proc"),
+            f"{len(tasks)} tasks",
+            f"without cpu {cpu}",
+            label=label,
+            tasks=tasks,
+            cpu=cpu,
+            boot_id=facts.boot_id(),
+            moved_at=_ticks_since_boot() if listed else None,
+        )
         if self._begin(change):
             moved = {}
             for tid, entry in tasks.items():
@@ -612,24 +662,38 @@ class HostChanges:
             except ValueError:
                 mask = 0  # not a CPU mask: left alone
             if mask & (1 << cpu) and mask & ~(1 << cpu):
-                changes.append(self.write(str(default.relative_to(self.root)), format_cpu_mask(mask & ~(1 << cpu)),
-                                          label="default IRQ affinity", may_refuse=True))
+                changes.append(
+                    self.write(
+                        str(default.relative_to(self.root)),
+                        format_cpu_mask(mask & ~(1 << cpu)),
+                        label="default IRQ affinity",
+                        may_refuse=True,
+                    )
+                )
         for listed in sorted(self.root.glob("proc/irq/[0-9]*/smp_affinity_list"), key=lambda p: int(p.parent.name)):
             try:
                 allowed = set(facts.parse_cpu_list(_read(listed)))
             except (ValueError, HostChangeError):
                 continue  # unreadable or not a CPU list: left alone
             if cpu in allowed and len(allowed) > 1:
-                changes.append(self.write(str(listed.relative_to(self.root)), facts.format_cpu_list(allowed - {cpu}),
-                                          label=f"IRQ {listed.parent.name} affinity", may_refuse=True))
+                changes.append(
+                    self.write(
+                        str(listed.relative_to(self.root)),
+                        facts.format_cpu_list(allowed - {cpu}),
+                        label=f"IRQ {listed.parent.name} affinity",
+                        may_refuse=True,
+                    )
+                )
         changes.append(self.move_tasks_off(cpu))
         return changes
 
     def set_clocksource(self, name: str) -> Change:
         available = facts.clocksources(self.root)["available"]
         if name not in available:
-            raise HostChangeError(f"{self.root / facts.CLOCKSOURCE_DIR / 'available_clocksource'}: "
-                                  f"{name!r} is not available (have: {' '.join(available) or 'none'})")
+            raise HostChangeError(
+                f"{self.root / facts.CLOCKSOURCE_DIR / 'available_clocksource'}: "
+                f"{name!r} is not available (have: {' '.join(available) or 'none'})"
+            )
         change = self.write(f"{facts.CLOCKSOURCE_DIR}/current_clocksource", name, label="clocksource")
         if not self.dry_run and change.during != name:
             raise HostChangeError(f"{change.path}: wrote {name!r} but the kernel kept {change.during!r}")
@@ -655,7 +719,9 @@ class HostChanges:
         changes = []
         for cpu in cpus:
             directory = self.root / facts.CPU_DIR / f"cpu{cpu}" / "cpuidle"
-            match = [d for d in directory.glob("state[0-9]*") if d.name == state or facts.read_text(d / "name") == state]
+            match = [
+                d for d in directory.glob("state[0-9]*") if d.name == state or facts.read_text(d / "name") == state
+            ]
             if not match:
                 raise HostChangeError(f"{directory}: no cpuidle state {state!r}")
             relative = str((match[0] / "disable").relative_to(self.root))
@@ -738,8 +804,12 @@ class HostChanges:
         grubenv = self.root / "boot/grub/grubenv"
         change = Change("grub_oneshot", str(grubenv), None, entry, label=label)
         if self._begin(change):
-            self._run_recorded(change, ["grub-reboot"] + ([f"--boot-directory={self.root / 'boot'}"]
-                                                          if str(self.root) != "/" else []) + [entry])
+            self._run_recorded(
+                change,
+                ["grub-reboot"]
+                + ([f"--boot-directory={self.root / 'boot'}"] if str(self.root) != "/" else [])
+                + [entry],
+            )
             change.during = "set"
         return change
 
@@ -762,7 +832,7 @@ class HostChanges:
         return change
 
     # -- restore ---------------------------------------------------------------------------------
-    def scope(self) -> "Scope":
+    def scope(self) -> Scope:
         """Changes made from now until the scope closes are undone then (e.g. one run's condition)."""
         return Scope(self)
 
@@ -801,7 +871,7 @@ class Scope:
 
     @property
     def changes(self) -> list[Change]:
-        return self.host.changes[self.mark:]
+        return self.host.changes[self.mark :]
 
     def records(self) -> list[dict]:
         """The knobs changed in this scope, for the manifest (as :meth:`HostChanges.records`)."""
@@ -810,7 +880,7 @@ class Scope:
     def close(self) -> None:
         self.host.undo(self.changes)
 
-    def __enter__(self) -> "Scope":
+    def __enter__(self) -> Scope:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -835,9 +905,12 @@ def _undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]
 
 KNOB_TREES = ("sys", "proc/sys", "proc/irq")
 # The files a boot plan may create: its systemd unit, the link that enables it, and grub's custom.cfg entry.
-PLAN_FILES = {"file": ("etc/systemd/system/ticklab-plan.service", "boot/grub/custom.cfg"),
-              "symlink": ("etc/systemd/system/multi-user.target.wants/ticklab-plan.service",),
-              "grub_oneshot": ("boot/grub/grubenv",), "kexec_load": ("sys/kernel/kexec_loaded",)}
+PLAN_FILES = {
+    "file": ("etc/systemd/system/ticklab-plan.service", "boot/grub/custom.cfg"),
+    "symlink": ("etc/systemd/system/multi-user.target.wants/ticklab-plan.service",),
+    "grub_oneshot": ("boot/grub/grubenv",),
+    "kexec_load": ("sys/kernel/kexec_loaded",),
+}
 
 
 def _confined(change: Change, root: Path) -> bool:
@@ -845,18 +918,34 @@ def _confined(change: Change, root: Path) -> bool:
     is the task affinities it moved (their CPU lists, restored with sched_setaffinity), or a process it started (pid
     and start time: killed if left running), nothing else."""
     if change.kind == "process":
-        return (change.path == str(root / "proc") and type(change.pid) is int and change.pid > 1
-                and isinstance(change.started, str) and change.started.isdigit())
+        return (
+            change.path == str(root / "proc")
+            and type(change.pid) is int
+            and change.pid > 1
+            and isinstance(change.started, str)
+            and change.started.isdigit()
+        )
     if change.kind == "task_affinity":
-        return change.path == str(root / "proc") and isinstance(change.tasks, dict) and all(
-            str(tid).isdigit() and isinstance(entry, list) and len(entry) == 2
-            and isinstance(entry[1], str) and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", entry[1])
-            for tid, entry in change.tasks.items())
+        return (
+            change.path == str(root / "proc")
+            and isinstance(change.tasks, dict)
+            and all(
+                str(tid).isdigit()
+                and isinstance(entry, list)
+                and len(entry) == 2
+                and isinstance(entry[1], str)
+                and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", entry[1])
+                for tid, entry in change.tasks.items()
+            )
+        )
     path = os.path.normpath(change.path)
     if change.kind in PLAN_FILES:
         return path == change.path and path in {str(root / p) for p in PLAN_FILES[change.kind]}
-    return change.kind != "task_affinity" and path == change.path and any(
-        path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
+    return (
+        change.kind != "task_affinity"
+        and path == change.path
+        and any(path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
+    )
 
 
 def _write_journal(journal: Path, data: dict) -> None:
@@ -887,19 +976,51 @@ JOURNAL_SCHEMA = {
         "pid_start": _TEXT_OR_NULL,
         "boot_id": _TEXT_OR_NULL,
         "root": {"type": "string"},
-        "changes": {"type": "array", "items": {
-            "type": "object", "required": ["kind", "path"], "additionalProperties": False,
-            "properties": {
-                "kind": {"enum": ["write", "sched_feature", "task_affinity", "mkdir", "mount", "file", "symlink",
-                                  "grub_oneshot", "kexec_load", "process"]},
-                "path": {"type": "string", "minLength": 1, "maxLength": 4096},
-                **{key: _TEXT_OR_NULL for key in ("before", "wanted", "during", "after", "feature", "label", "error",
-                                                  "boot_id", "started")},
-                "pid": {"type": ["integer", "null"], "minimum": 0},
-                "dry_run": {"type": "boolean"}, "refused": {"type": "boolean"},
-                "tasks": {"type": ["object", "null"]},
-                "moved_at": {"type": ["integer", "null"], "minimum": 0},
-                "cpu": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20}}}},
+        "changes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["kind", "path"],
+                "additionalProperties": False,
+                "properties": {
+                    "kind": {
+                        "enum": [
+                            "write",
+                            "sched_feature",
+                            "task_affinity",
+                            "mkdir",
+                            "mount",
+                            "file",
+                            "symlink",
+                            "grub_oneshot",
+                            "kexec_load",
+                            "process",
+                        ]
+                    },
+                    "path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                    **{
+                        key: _TEXT_OR_NULL
+                        for key in (
+                            "before",
+                            "wanted",
+                            "during",
+                            "after",
+                            "feature",
+                            "label",
+                            "error",
+                            "boot_id",
+                            "started",
+                        )
+                    },
+                    "pid": {"type": ["integer", "null"], "minimum": 0},
+                    "dry_run": {"type": "boolean"},
+                    "refused": {"type": "boolean"},
+                    "tasks": {"type": ["object", "null"]},
+                    "moved_at": {"type": ["integer", "null"], "minimum": 0},
+                    "cpu": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20},
+                },
+            },
+        },
     },
 }
 
@@ -916,14 +1037,18 @@ def _checked_journal(journal: Path, root: Path) -> tuple[dict, list[Change]]:
         if not all(isinstance(c.path, str) and isinstance(c.kind, str) for c in changes):
             raise TypeError("a change without a path")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise HostChangeError(f"{journal}: unreadable journal of host changes ({shown(exc, 300)}); "
-                              "check the knobs it names by hand, then delete it") from None
+        raise HostChangeError(
+            f"{journal}: unreadable journal of host changes ({shown(exc, 300)}); "
+            "check the knobs it names by hand, then delete it"
+        ) from None
     if str(data.get("root", "/")) != str(root):
         raise HostChangeError(f"{journal}: written for root {data.get('root')!r}, not {str(root)!r}; refused")
     outside = [c.path for c in changes if not _confined(c, root)]
     if outside:
-        raise HostChangeError(f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'}, "
-                              f"{root / 'proc/sys'} or {root / 'proc/irq'}; refused (check it by hand, then delete it)")
+        raise HostChangeError(
+            f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'}, "
+            f"{root / 'proc/sys'} or {root / 'proc/irq'}; refused (check it by hand, then delete it)"
+        )
     return data, changes
 
 
@@ -970,7 +1095,10 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
     if failures:
         # only what is still to be put back stays listed: the rest is not written again at every later start
         _write_journal(journal, {**data, "changes": [c.record_full() for c in failures]})
-        raise HostChangeError(f"{journal}: could not restore " + "; ".join(f"{c.path} ({c.error})" for c in failures)
-                              + f"; set these by hand, then delete {journal}")
+        raise HostChangeError(
+            f"{journal}: could not restore "
+            + "; ".join(f"{c.path} ({c.error})" for c in failures)
+            + f"; set these by hand, then delete {journal}"
+        )
     journal.unlink()
     return changes

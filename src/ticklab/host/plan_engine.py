@@ -59,14 +59,25 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..safefiles import OwnedDir, UnsafeFileError, shown
 from . import facts
-from .knobs import (HostBusy, HostChangeError, HostChanges, _open_private, _run, _write_plan_file, host_lock,
-                    private_dir, read_plan_file, read_private, schema_problem)
+from .knobs import (
+    HostBusy,
+    HostChangeError,
+    HostChanges,
+    _open_private,
+    _run,
+    _write_plan_file,
+    host_lock,
+    private_dir,
+    read_plan_file,
+    read_private,
+    schema_problem,
+)
 
 PLANS_DIR = "var/lib/ticklab/plans"
 UNIT_NAME = "ticklab-plan.service"
@@ -93,11 +104,11 @@ class CannotGoOn(PlanError):
 class PlannedRun:
     name: str
     condition: str
-    kernel: str                 # "running", a kernel release (/boot/vmlinuz-<release>), or an image path
-    cmdline: str                # the whole command line the run's boot must have
-    initrd: str | None = None   # with an image path; a release uses /boot/initrd.img-<release> if present
+    kernel: str  # "running", a kernel release (/boot/vmlinuz-<release>), or an image path
+    cmdline: str  # the whole command line the run's boot must have
+    initrd: str | None = None  # with an image path; a release uses /boot/initrd.img-<release> if present
     release: str | None = None  # expected uname -r (default: from kernel; an image path without it is not checked)
-    warmup: bool = False        # a warm-up run (kept in the manifest, never in results.csv)
+    warmup: bool = False  # a warm-up run (kept in the manifest, never in results.csv)
     state: str = "planned"
     boot_id_before: str | None = None
     boot_id_found: str | None = None
@@ -112,9 +123,9 @@ class Plan:
     id: str
     mode: str
     bundle: str
-    original: dict              # release, cmdline, boot_id when the plan was made
+    original: dict  # release, cmdline, boot_id when the plan was made
     runs: list[PlannedRun]
-    state: str = "running"      # running | finished | failed | aborted
+    state: str = "running"  # running | finished | failed | aborted
     created: str = ""
     log: list[str] = field(default_factory=list)
     capture: dict = field(default_factory=dict)  # what the capture that made the plan needs after each boot
@@ -131,7 +142,8 @@ MAX_PLAN_BYTES = 16 << 20
 _LINE = {"type": "string", "maxLength": 4096, "pattern": r"^[^\x00-\x1f\x7f]*$"}  # one line of printable text
 _LINE_OR_NULL = {**_LINE, "type": ["string", "null"]}
 _RUN_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "required": ["name", "condition", "kernel", "cmdline", "state"],
     "properties": {
         "name": {"type": "string", "pattern": f"^{_ID.pattern}$"},
@@ -149,15 +161,22 @@ _RUN_SCHEMA = {
     },
 }
 PLAN_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "required": ["id", "mode", "bundle", "original", "runs", "state"],
     "properties": {
         "id": {"type": "string", "pattern": f"^{_ID.pattern}$"},
         "mode": {"enum": list(MODES)},
         "bundle": {**_LINE, "minLength": 1},
-        "original": {"type": "object", "required": ["release", "cmdline", "boot_id"],
-                     "properties": {"release": {"type": "string", "pattern": r"^[A-Za-z0-9._+~-]{1,200}$"},
-                                    "cmdline": _LINE, "boot_id": _LINE_OR_NULL}},
+        "original": {
+            "type": "object",
+            "required": ["release", "cmdline", "boot_id"],
+            "properties": {
+                "release": {"type": "string", "pattern": r"^[A-Za-z0-9._+~-]{1,200}$"},
+                "cmdline": _LINE,
+                "boot_id": _LINE_OR_NULL,
+            },
+        },
         "runs": {"type": "array", "minItems": 1, "maxItems": 100_000, "items": _RUN_SCHEMA},
         "state": {"enum": ["running", "finished", "failed", "aborted"]},
         "created": _LINE,
@@ -180,9 +199,11 @@ def plan_dir(root: Path | str, plan_id: str) -> Path:
 
 def _boot_facts(root: Path) -> dict:
     read = lambda relative: (facts.read_text(root / relative) or "").strip()  # noqa: E731
-    return {"boot_id": read("proc/sys/kernel/random/boot_id") or None,
-            "release": read("proc/sys/kernel/osrelease") or os.uname().release,
-            "cmdline": read("proc/cmdline")}
+    return {
+        "boot_id": read("proc/sys/kernel/random/boot_id") or None,
+        "release": read("proc/sys/kernel/osrelease") or os.uname().release,
+        "cmdline": read("proc/cmdline"),
+    }
 
 
 def boot_words(cmdline: str) -> list[str]:
@@ -195,8 +216,8 @@ def condition_cmdline(original: str, words: list[str]) -> str:
     replaces the original's ``key=...``, and ``-key`` removes it. Words after ``--`` are init's arguments: the
     kernel words go before it, and it and what follows are kept as they are."""
     keep = boot_words(original)
-    init_args = keep[keep.index("--"):] if "--" in keep else []
-    keep = keep[:len(keep) - len(init_args)]
+    init_args = keep[keep.index("--") :] if "--" in keep else []
+    keep = keep[: len(keep) - len(init_args)]
     for word in words:
         key = word.lstrip("-").split("=", 1)[0]
         keep = [w for w in keep if w.split("=", 1)[0] != key]
@@ -293,8 +314,10 @@ def list_lines(root: Path | str) -> list[str]:
         what = f"{Path(experiment).parent.name}/{Path(experiment).stem}" if experiment else "(no capture)"
         made, failed = sum(r.state == "made" for r in plan.runs), sum(r.state == "failed" for r in plan.runs)
         left = sum(r.state == "planned" for r in plan.runs)
-        lines.append(f"{plan.id}  {what}  {plan.mode}  {plan.state}  {made} made, {failed} failed, {left} left of "
-                     f"{len(plan.runs)}  created {plan.created or '?'}" + ("  (default for --id)" if plan.id == chosen else ""))
+        lines.append(
+            f"{plan.id}  {what}  {plan.mode}  {plan.state}  {made} made, {failed} failed, {left} left of "
+            f"{len(plan.runs)}  created {plan.created or '?'}" + ("  (default for --id)" if plan.id == chosen else "")
+        )
     return lines
 
 
@@ -327,11 +350,21 @@ def refuse_if_running(root: Path | str) -> None:
     root = Path(root)
     for other in _plan_ids(root):
         if load(root, other).state == "running":
-            raise PlanError(f"{plans_dir(root) / other}: a plan is running; 'ticklab plan status' or 'ticklab plan abort'")
+            raise PlanError(
+                f"{plans_dir(root) / other}: a plan is running; 'ticklab plan status' or 'ticklab plan abort'"
+            )
 
 
-def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path | str = "/",
-           plan_id: str | None = None, capture: dict | None = None, keep: dict[str, bytes] | None = None) -> Plan:
+def create(
+    runs: list[PlannedRun],
+    *,
+    mode: str,
+    bundle: Path | str,
+    root: Path | str = "/",
+    plan_id: str | None = None,
+    capture: dict | None = None,
+    keep: dict[str, bytes] | None = None,
+) -> Plan:
     """A new plan on disk; ``keep``: files kept with it (the experiment it runs: moving or editing the user's copy
     mid-plan changes nothing), read back with :func:`kept_file`."""
     root = Path(root)
@@ -349,13 +382,22 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
             run.release = run.release or original["release"]
         elif "/" not in run.kernel:
             run.release = run.release or run.kernel
-    plan = Plan(plan_id, mode, str(bundle), original, runs, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                capture=capture or {})
+    plan = Plan(
+        plan_id,
+        mode,
+        str(bundle),
+        original,
+        runs,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        capture=capture or {},
+    )
     for run in runs:  # whatever made it: a boot loader's line (grub's linux line, kexec --append) ends at a newline
         control = next((c for c in str(run.cmdline) if not c.isprintable()), None)
         if control is not None:
-            raise PlanError(f"{plans_dir(root) / plan_id}: the command line of run {shown(run.name)} holds the control "
-                            f"character {control!r}; refused, no plan made")
+            raise PlanError(
+                f"{plans_dir(root) / plan_id}: the command line of run {shown(run.name)} holds the control "
+                f"character {control!r}; refused, no plan made"
+            )
     problem = schema_problem(asdict(plan), PLAN_SCHEMA)  # what load() will check at every step after this one
     if problem:
         raise PlanError(f"{plans_dir(root) / plan_id}: {problem}; no plan made")
@@ -365,9 +407,11 @@ def create(runs: list[PlannedRun], *, mode: str, bundle: Path | str, root: Path 
         grub_menu_entries(plan, root)  # and every menu entry be one grub can take as it is
         takes_over = kexec_takes_over_reboots(root)
         if takes_over:
-            raise PlanError(f"{takes_over}: kexec-tools turns every reboot into a kexec of the default kernel with this "
-                            "boot's command line, so no reboot would reach grub's one-shot entry; set LOAD_KEXEC=false "
-                            "(dpkg-reconfigure kexec-tools) or use --boot kexec")
+            raise PlanError(
+                f"{takes_over}: kexec-tools turns every reboot into a kexec of the default kernel with this "
+                "boot's command line, so no reboot would reach grub's one-shot entry; set LOAD_KEXEC=false "
+                "(dpkg-reconfigure kexec-tools) or use --boot kexec"
+            )
     try:
         private_dir(plans_dir(root))
         os.mkdir(directory, 0o700)  # exclusively: a plan of the same id made meanwhile is never taken over
@@ -401,7 +445,7 @@ def kexec_takes_over_reboots(root: Path | str) -> str | None:
         for line in text.splitlines():
             words = line.split("#", 1)[0].strip()
             if words.startswith("LOAD_KEXEC="):
-                value = words[len("LOAD_KEXEC="):].strip().strip("\"'")
+                value = words[len("LOAD_KEXEC=") :].strip().strip("\"'")
                 found = path if value == "true" else None
     return str(found) if found else None
 
@@ -434,11 +478,15 @@ def _kernel_files(root: Path, plan: Plan, run: PlannedRun, *, planned: bool = Fa
         initrd = root / "boot" / f"initrd.img-{release}"
         initrd = initrd if initrd.is_file() else None
     if not image.is_file() and planned:
-        raise PlanError(f"{image}: missing, the kernel of run {run.name} ({run.condition}); it was there when the plan "
-                        "was made, so it was moved or removed since")
+        raise PlanError(
+            f"{image}: missing, the kernel of run {run.name} ({run.condition}); it was there when the plan "
+            "was made, so it was moved or removed since"
+        )
     if not image.is_file():
-        raise PlanError(f"{image}: missing, the kernel of run {run.name} ({run.condition}); "
-                        "build and install it first (ticklab kernel build --host)")
+        raise PlanError(
+            f"{image}: missing, the kernel of run {run.name} ({run.condition}); "
+            "build and install it first (ticklab kernel build --host)"
+        )
     return image, initrd
 
 
@@ -461,19 +509,21 @@ def unit_text(root: Path, plan_id: str) -> str:
         argv += ["--root", str(root)]
     # DefaultDependencies=no: multi-user.target would otherwise order itself after the units it wants,
     # a cycle with After=multi-user.target
-    return ("[Unit]\n"
-            f"Description=ticklab boot plan {plan_id}: verify this boot, make the next run\n"
-            "DefaultDependencies=no\n"
-            "Requires=sysinit.target\n"
-            "After=basic.target multi-user.target network-online.target\n"
-            "Conflicts=shutdown.target\nBefore=shutdown.target\n\n"
-            "[Service]\nType=oneshot\n"
-            f"ExecStart={shlex.join(argv)}\n"
-            "StandardOutput=journal+console\nStandardError=journal+console\n"
-            # the run's lines reach the journal before systemd stops this unit for the reboot it queued
-            "Environment=PYTHONUNBUFFERED=1\n"
-            "TimeoutStartSec=infinity\n\n"
-            "[Install]\nWantedBy=multi-user.target\n")
+    return (
+        "[Unit]\n"
+        f"Description=ticklab boot plan {plan_id}: verify this boot, make the next run\n"
+        "DefaultDependencies=no\n"
+        "Requires=sysinit.target\n"
+        "After=basic.target multi-user.target network-online.target\n"
+        "Conflicts=shutdown.target\nBefore=shutdown.target\n\n"
+        "[Service]\nType=oneshot\n"
+        f"ExecStart={shlex.join(argv)}\n"
+        "StandardOutput=journal+console\nStandardError=journal+console\n"
+        # the run's lines reach the journal before systemd stops this unit for the reboot it queued
+        "Environment=PYTHONUNBUFFERED=1\n"
+        "TimeoutStartSec=infinity\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
 
 
 def _systemd_running(root: Path) -> bool:
@@ -492,8 +542,10 @@ def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
     if any(c.kind == "file" and c.path == str(root / UNIT_PATH) for c in host.changes):
         return
     if os.path.lexists(root / UNIT_PATH):
-        raise PlanError(f"{root / UNIT_PATH}: exists already (another plan's, or left by hand); "
-                        "'ticklab plan abort' for its plan, or remove it")
+        raise PlanError(
+            f"{root / UNIT_PATH}: exists already (another plan's, or left by hand); "
+            "'ticklab plan abort' for its plan, or remove it"
+        )
     host.write_file(UNIT_PATH, unit_text(root, plan.id), label="boot plan resume unit")
     host.symlink(UNIT_LINK, f"../{UNIT_NAME}", label="boot plan resume unit enabled")
     if _systemd_running(root):
@@ -507,28 +559,40 @@ def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Pa
     # another (an initrd or linux of its own); grub's script parser would read quotes, $, ; and braces
     control = next((c for c in run.cmdline if not c.isprintable()), None)
     if control is not None:
-        raise PlanError(f"{root / GRUB_CUSTOM}: the command line of run {run.name} holds the control character "
-                        f"{control!r}; it cannot go into a grub menu entry (nor any command line)")
+        raise PlanError(
+            f"{root / GRUB_CUSTOM}: the command line of run {run.name} holds the control character "
+            f"{control!r}; it cannot go into a grub menu entry (nor any command line)"
+        )
     unsafe = [w for w in run.cmdline.split(" ") if w and not _GRUB_WORD.fullmatch(w)]
     if unsafe:
-        raise PlanError(f"{root / GRUB_CUSTOM}: command-line word '{shown(unsafe[0])}' of run {run.name} cannot go "
-                        "into a grub menu entry as it is; use --boot kexec or manual")
+        raise PlanError(
+            f"{root / GRUB_CUSTOM}: command-line word '{shown(unsafe[0])}' of run {run.name} cannot go "
+            "into a grub menu entry as it is; use --boot kexec or manual"
+        )
     separate_boot = str(root / "boot") in facts.mounts(root)
+
     def on_disk(path: Path) -> str:
         try:
             text = "/" + str(path.relative_to(root))
         except ValueError:
-            raise PlanError(f"{root / GRUB_CUSTOM}: the kernel file {shown(path)} of run {run.name} is not under "
-                            f"{root}; grub boots files of this root only") from None
-        text = text[len("/boot"):] if separate_boot and text.startswith("/boot/") else text
+            raise PlanError(
+                f"{root / GRUB_CUSTOM}: the kernel file {shown(path)} of run {run.name} is not under "
+                f"{root}; grub boots files of this root only"
+            ) from None
+        text = text[len("/boot") :] if separate_boot and text.startswith("/boot/") else text
         if not _GRUB_WORD.fullmatch(text):
-            raise PlanError(f"{root / GRUB_CUSTOM}: the kernel file '{shown(text)}' of run {run.name} cannot go into a "
-                            "grub menu entry as it is; use --boot kexec or manual")
+            raise PlanError(
+                f"{root / GRUB_CUSTOM}: the kernel file '{shown(text)}' of run {run.name} cannot go into a "
+                "grub menu entry as it is; use --boot kexec or manual"
+            )
         return text
+
     title = f"ticklab-plan-{plan.id}"
-    lines = [f"menuentry '{title}' --id '{title}' {{",
-             f"  search --no-floppy --file --set=root {on_disk(image)}",
-             f"  linux {on_disk(image)} {run.cmdline}"]
+    lines = [
+        f"menuentry '{title}' --id '{title}' {{",
+        f"  search --no-floppy --file --set=root {on_disk(image)}",
+        f"  linux {on_disk(image)} {run.cmdline}",
+    ]
     if initrd:
         lines.append(f"  initrd {on_disk(initrd)}")
     return "\n".join(lines + ["}"]) + "\n", title
@@ -573,8 +637,9 @@ def _maker(make_run) -> RunMaker:
     return make_run if isinstance(make_run, RunMaker) else _Only(make_run)
 
 
-def advance(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
-            maker: RunMaker | None = None) -> str:
+def advance(
+    plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print, maker: RunMaker | None = None
+) -> str:
     """Boot the next planned run: install the resume unit, load its kernel and command line, reboot (kexec:
     ``kexec -l`` then ``systemctl kexec``, or ``kexec -e`` without systemd; grub: a custom.cfg entry, ``grub-reboot``
     and ``systemctl reboot``; manual: print what to boot). Returns what was done (on a real host kexec and grub do
@@ -615,8 +680,16 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:500] or type(exc).__name__
 
 
-def _end(root: Path, plan: Plan, state: str, say, maker: RunMaker | None, *,
-         failed: tuple[PlannedRun, dict, str] | None = None, why: str | None = None) -> list[str]:
+def _end(
+    root: Path,
+    plan: Plan,
+    state: str,
+    say,
+    maker: RunMaker | None,
+    *,
+    failed: tuple[PlannedRun, dict, str] | None = None,
+    why: str | None = None,
+) -> list[str]:
     """End a plan (``finished``, ``failed`` or ``aborted``): the state on disk first (and ``why``, which the bundle's
     stopping reason gives), then the capture told (``failed``: the run, its boot and why it failed; then the seal),
     then every host change put back, whatever any step before raised. Returns what the capture could not do
@@ -628,8 +701,9 @@ def _end(root: Path, plan: Plan, state: str, say, maker: RunMaker | None, *,
     return _put_back_and_tell(root, plan, say, maker, failed)
 
 
-def _put_back_and_tell(root: Path, plan: Plan, say, maker: RunMaker | None,
-                       failed: tuple[PlannedRun, dict, str] | None = None) -> list[str]:
+def _put_back_and_tell(
+    root: Path, plan: Plan, say, maker: RunMaker | None, failed: tuple[PlannedRun, dict, str] | None = None
+) -> list[str]:
     # The capture first (the bundle sealed), then the host: the unit running this resume is among the changes put
     # back, and once its file is gone and systemd reloaded, systemd fails its start job and starts what waits for it
     # (on the lab host, a reboot that cut a 6-run bundle's seal short, issue 28); whatever the capture did, the host
@@ -649,8 +723,17 @@ def _complete_ending(root: Path, plan: Plan, say, maker: RunMaker | None) -> lis
     told = None
     if failed:
         run = failed[-1]
-        boot = {"boot_id": run.boot_id_found, "release": run.release_found, "cmdline": run.cmdline_found,
-                "plan": plan.id, "mode": plan.mode} if run.boot_id_found else {}
+        boot = (
+            {
+                "boot_id": run.boot_id_found,
+                "release": run.release_found,
+                "cmdline": run.cmdline_found,
+                "plan": plan.id,
+                "mode": plan.mode,
+            }
+            if run.boot_id_found
+            else {}
+        )
         told = (run, boot, run.why or "")
     return _put_back_and_tell(root, plan, say, maker, told)
 
@@ -666,8 +749,7 @@ def _tell(plan: Plan, say, maker: RunMaker | None, failed: tuple[PlannedRun, dic
     if maker is None:
         return []
     problems = []
-    steps = ([lambda: maker.failed_run(*failed)] if failed else []) + \
-        [lambda: maker.finished(plan)]
+    steps = ([lambda: maker.failed_run(*failed)] if failed else []) + [lambda: maker.finished(plan)]
     for step in steps:
         try:
             step()
@@ -682,35 +764,51 @@ def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
     with _changes(root, plan, say) as host:
         _install_unit(host, root, plan)
         custom = root / GRUB_CUSTOM
-        for stale in [c for c in host.changes if c.after is None and (c.kind in ("kexec_load", "grub_oneshot")
-                                                                      or c.path == str(custom))]:
+        for stale in [
+            c
+            for c in host.changes
+            if c.after is None and (c.kind in ("kexec_load", "grub_oneshot") or c.path == str(custom))
+        ]:
             host.undo([stale])  # the previous run's one-shot and menu entry are spent: do not stack them
         if plan.mode == "kexec":
             host.kexec_load(str(image), str(initrd) if initrd else None, run.cmdline)
         elif plan.mode == "grub":
             grub_cfg = read_plan_file(root / "boot/grub/grub.cfg") or ""
             if "custom.cfg" not in grub_cfg:
-                raise PlanError(f"{root / 'boot/grub/grub.cfg'}: does not source custom.cfg (Debian's /etc/grub.d/41_custom); "
-                                "--boot grub needs it, or use --boot kexec|manual")
+                raise PlanError(
+                    f"{root / 'boot/grub/grub.cfg'}: does not source custom.cfg (Debian's /etc/grub.d/41_custom); "
+                    "--boot grub needs it, or use --boot kexec|manual"
+                )
             user_custom = read_plan_file(custom) or ""
             entry, title = _grub_entry(root, plan, run, image, initrd)
-            host.write_file(GRUB_CUSTOM, user_custom + ("\n" if user_custom and not user_custom.endswith("\n") else "")
-                            + entry, label="boot plan grub entry")
+            host.write_file(
+                GRUB_CUSTOM,
+                user_custom + ("\n" if user_custom and not user_custom.endswith("\n") else "") + entry,
+                label="boot plan grub entry",
+            )
             host.grub_reboot(title)
         run.state = "booting"
         run.boot_id_before = _boot_facts(root)["boot_id"]
         _save(root, plan)
     if plan.mode == "manual":
-        text = (f"boot run {run.name} ({run.condition}): kernel {image}"
-                + (f", initrd {initrd}" if initrd else "") + f", command line: {run.cmdline}\n"
-                "then ticklab-plan.service resumes the plan (or run 'ticklab plan resume'); the default entry is unchanged")
+        text = (
+            f"boot run {run.name} ({run.condition}): kernel {image}"
+            + (f", initrd {initrd}" if initrd else "")
+            + f", command line: {run.cmdline}\n"
+            "then ticklab-plan.service resumes the plan (or run 'ticklab plan resume'); the default entry is unchanged"
+        )
         say(text)
         return text
     # --no-block: the unit running this waits for nothing; systemd stops it and goes on to kexec/reboot
-    reboot = (["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"]) \
-        if plan.mode == "kexec" else ["systemctl", "--no-block", "reboot"]
-    say(f"run {run.name} ({run.condition}): {'kexec' if plan.mode == 'kexec' else 'reboot'} into {image} "
-        f"with '{run.cmdline}'")
+    reboot = (
+        (["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"])
+        if plan.mode == "kexec"
+        else ["systemctl", "--no-block", "reboot"]
+    )
+    say(
+        f"run {run.name} ({run.condition}): {'kexec' if plan.mode == 'kexec' else 'reboot'} into {image} "
+        f"with '{run.cmdline}'"
+    )
     _run_tool(reboot)
     return " ".join(reboot)
 
@@ -726,8 +824,14 @@ def verify_boot(plan: Plan, run: PlannedRun, found: dict) -> str | None:
     return None
 
 
-def resume(plan_id: str, make_run: RunMaker | Callable[[PlannedRun, dict], dict], *, root: Path | str = "/",
-           say: Callable[[str], None] = print, go_on: bool = True) -> Plan:
+def resume(
+    plan_id: str,
+    make_run: RunMaker | Callable[[PlannedRun, dict], dict],
+    *,
+    root: Path | str = "/",
+    say: Callable[[str], None] = print,
+    go_on: bool = True,
+) -> Plan:
     """After a boot: verify it, make the run (``make_run(planned_run, boot_record) -> run record``, or a
     :class:`RunMaker`), then advance (``go_on``) or finish, all under the plan's lock. A wrong boot fails the run
     and stops the plan; a make_run error fails the run only, unless it is :class:`CannotGoOn`. A running plan with
@@ -764,8 +868,12 @@ def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool
     if why:
         run.state, run.why = "failed", why
         say(f"boot plan {plan.id}: run {run.name} failed: {why}; stopping the plan and putting the host back")
-        _raise_for(plan, _end(root, plan, "failed", say, maker, failed=(run, boot, f"wrong boot: {why}"),
-                              why=f"run {run.name}: {why}"))
+        _raise_for(
+            plan,
+            _end(
+                root, plan, "failed", say, maker, failed=(run, boot, f"wrong boot: {why}"), why=f"run {run.name}: {why}"
+            ),
+        )
         return False
     run.state = "booted"
     _save(root, plan)
@@ -785,8 +893,11 @@ def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool
 
 
 def _say_done(plan: Plan, run: PlannedRun, say) -> None:
-    say(f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
-        + (f": {run.why}" if run.why else "") + f"; {sum(r.state == 'planned' for r in plan.runs)} left")
+    say(
+        f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
+        + (f": {run.why}" if run.why else "")
+        + f"; {sum(r.state == 'planned' for r in plan.runs)} left"
+    )
 
 
 def _tell_failed(root: Path, plan: Plan, run: PlannedRun, boot: dict, maker: RunMaker, say) -> None:
@@ -796,7 +907,9 @@ def _tell_failed(root: Path, plan: Plan, run: PlannedRun, boot: dict, maker: Run
         maker.failed_run(run, boot, run.why)
     except Exception as told:
         _end(root, plan, "failed", say, maker, why=f"run {run.name}: not recorded: {_one_line(told)}")
-        raise PlanError(f"{plan_dir(root, plan.id)}: plan failed: run {run.name} not recorded: {_one_line(told)}") from None
+        raise PlanError(
+            f"{plan_dir(root, plan.id)}: plan failed: run {run.name} not recorded: {_one_line(told)}"
+        ) from None
 
 
 def _cut_short(root: Path, plan: Plan, run: PlannedRun, found: dict, maker: RunMaker, say) -> bool:
@@ -806,15 +919,24 @@ def _cut_short(root: Path, plan: Plan, run: PlannedRun, found: dict, maker: RunM
     boot, and the plan goes on with the next run. The same boot_id is a process killed mid-run: failed too, the run
     is not made twice in one boot."""
     if found["boot_id"] != run.boot_id_found:
-        why = (f"the machine rebooted during the run: boot_id {found['boot_id']}, release {found['release']}, "
-               f"/proc/cmdline '{found['cmdline']}' came up; the run was being made in boot_id {run.boot_id_found}")
+        why = (
+            f"the machine rebooted during the run: boot_id {found['boot_id']}, release {found['release']}, "
+            f"/proc/cmdline '{found['cmdline']}' came up; the run was being made in boot_id {run.boot_id_found}"
+        )
     else:
-        why = (f"the run's process ended before the run was made (no reboot: boot_id {found['boot_id']} is the run's "
-               "boot); it is not made again")
+        why = (
+            f"the run's process ended before the run was made (no reboot: boot_id {found['boot_id']} is the run's "
+            "boot); it is not made again"
+        )
     run.state, run.why = "failed", why
     _save(root, plan)
-    boot = {"boot_id": run.boot_id_found, "release": run.release_found, "cmdline": run.cmdline_found,
-            "plan": plan.id, "mode": plan.mode}  # the boot the run was being made in
+    boot = {
+        "boot_id": run.boot_id_found,
+        "release": run.release_found,
+        "cmdline": run.cmdline_found,
+        "plan": plan.id,
+        "mode": plan.mode,
+    }  # the boot the run was being made in
     _tell_failed(root, plan, run, boot, maker, say)
     _say_done(plan, run, say)
     return True
@@ -837,8 +959,11 @@ def _cleanup(root: Path, plan: Plan, say) -> None:
     if _systemd_running(root):
         _run_tool(["systemctl", "daemon-reload"])
     if unlisted is not None:
-        problems.insert(0, f"{_one_line(unlisted)}; ticklab's unit, link, grub entry and one-shot of plan {plan.id} "
-                           "are put back" + (" except as follows" if problems else ""))
+        problems.insert(
+            0,
+            f"{_one_line(unlisted)}; ticklab's unit, link, grub entry and one-shot of plan {plan.id} "
+            "are put back" + (" except as follows" if problems else ""),
+        )
     if problems:
         raise PlanError("; ".join(problems))
 
@@ -855,20 +980,23 @@ def _host_lock(root: Path, plan: Plan):
 def _is_plan_unit(text: str, plan_id: str | None = None) -> bool:
     """Whether ``text`` is a unit :func:`unit_text` wrote (for ``plan_id``, or for any plan when None)."""
     lines = text.splitlines()
-    described = [line[len("Description=ticklab boot plan "):].split(":", 1)[0] for line in lines
-                 if line.startswith("Description=ticklab boot plan ")]
+    described = [
+        line[len("Description=ticklab boot plan ") :].split(":", 1)[0]
+        for line in lines
+        if line.startswith("Description=ticklab boot plan ")
+    ]
     started = []
     for line in lines:
         if line.startswith("ExecStart="):
             try:
-                argv = shlex.split(line[len("ExecStart="):])
+                argv = shlex.split(line[len("ExecStart=") :])
             except ValueError:
                 return False
             if "--project" in argv[:-1]:  # the unit names the plan's project (_named_project)
                 at = argv.index("--project")
-                argv = argv[:at] + argv[at + 2:]
+                argv = argv[:at] + argv[at + 2 :]
             marker = ["-m", "ticklab.cli", "plan", "resume", "--id"]
-            at = next((i for i in range(len(argv)) if argv[i:i + len(marker)] == marker), None)
+            at = next((i for i in range(len(argv)) if argv[i : i + len(marker)] == marker), None)
             if at is not None and at + len(marker) < len(argv):
                 started.append(argv[at + len(marker)])
     if len(described) != 1 or started != described:
@@ -956,7 +1084,9 @@ def _finish(root: Path, plan: Plan, say, maker: RunMaker | None) -> str:
 
 def _return_to_original(root: Path, plan: Plan) -> str:
     here = _boot_facts(root)
-    same = here["release"] == plan.original["release"] and boot_words(here["cmdline"]) == boot_words(plan.original["cmdline"])
+    same = here["release"] == plan.original["release"] and boot_words(here["cmdline"]) == boot_words(
+        plan.original["cmdline"]
+    )
     if same:
         return "finished; this boot is already the original kernel and command line"
     if plan.mode == "kexec":
@@ -964,20 +1094,26 @@ def _return_to_original(root: Path, plan: Plan) -> str:
         initrd = root / "boot" / f"initrd.img-{plan.original['release']}"
         if not image.is_file():
             return f"finished; {image} missing: reboot to return to the default kernel"
-        argv = ["kexec", "-l", str(image)] + (["--initrd", str(initrd)] if initrd.is_file() else []) + \
-               ["--append", " ".join(boot_words(plan.original["cmdline"]))]
+        argv = (
+            ["kexec", "-l", str(image)]
+            + (["--initrd", str(initrd)] if initrd.is_file() else [])
+            + ["--append", " ".join(boot_words(plan.original["cmdline"]))]
+        )
         _run_tool(argv)
         _run_tool(["systemctl", "--no-block", "kexec"] if _systemd_running(root) else ["kexec", "-e"])
         return f"finished; kexec back into {plan.original['release']} with the original command line"
     if plan.mode == "grub":
         _run_tool(["systemctl", "--no-block", "reboot"])
         return "finished; rebooting into the default entry (never changed)"
-    return (f"finished; boot the default entry again (kernel {plan.original['release']}, "
-            f"command line '{plan.original['cmdline']}')")
+    return (
+        f"finished; boot the default entry again (kernel {plan.original['release']}, "
+        f"command line '{plan.original['cmdline']}')"
+    )
 
 
-def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print,
-          maker: RunMaker | None = None) -> Plan:
+def abort(
+    plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = print, maker: RunMaker | None = None
+) -> Plan:
     """Remove the unit and put back every host change; the bundle and the runs made are kept (and sealed). A plan
     that has ended already has what is left of its ending done again."""
     root = Path(root)
@@ -987,14 +1123,21 @@ def abort(plan_id: str, *, root: Path | str = "/", say: Callable[[str], None] = 
         _stop_unit(root, plan, say)
         if plan.state == "running":
             problems = _end(root, plan, "aborted", say, maker)
-            unit = ("unit removed" if not os.path.lexists(root / UNIT_PATH) else
-                    f"{root / UNIT_PATH} left as it is (not this plan's)")
-            say(f"boot plan {plan.id} aborted: {unit}, host changes put back; "
-                f"{made} run(s) made are kept in {plan.bundle}")
+            unit = (
+                "unit removed"
+                if not os.path.lexists(root / UNIT_PATH)
+                else f"{root / UNIT_PATH} left as it is (not this plan's)"
+            )
+            say(
+                f"boot plan {plan.id} aborted: {unit}, host changes put back; "
+                f"{made} run(s) made are kept in {plan.bundle}"
+            )
         else:
             problems = _complete_ending(root, plan, say, maker)
-            say(f"boot plan {plan.id} had {plan.state} already: what was left of its host changes is put back; "
-                f"{made} run(s) made are kept in {plan.bundle}")
+            say(
+                f"boot plan {plan.id} had {plan.state} already: what was left of its host changes is put back; "
+                f"{made} run(s) made are kept in {plan.bundle}"
+            )
         _raise_for(plan, problems)
     return plan
 
@@ -1027,31 +1170,51 @@ def status_text(plan: Plan) -> str:
     left = sum(r.state == "planned" for r in plan.runs)
     current = plan.current()
     cut = 1 if current and plan.state != "running" else 0
-    lines = [f"plan {plan.id} ({plan.mode}), {plan.state}: {made} made, {len(failed)} failed, "
-             + (f"{cut} cut short, " if cut else "") + f"{left} left of {len(plan.runs)}; bundle {plan.bundle}",
-             f"original: {plan.original['release']} '{plan.original['cmdline']}'"]
+    lines = [
+        f"plan {plan.id} ({plan.mode}), {plan.state}: {made} made, {len(failed)} failed, "
+        + (f"{cut} cut short, " if cut else "")
+        + f"{left} left of {len(plan.runs)}; bundle {plan.bundle}",
+        f"original: {plan.original['release']} '{plan.original['cmdline']}'",
+    ]
     if current and plan.state == "running":
-        lines.append(f"now: run {current.name} ({current.condition}) {current.state}: kernel {current.kernel}, "
-                     f"command line '{current.cmdline}'")
+        lines.append(
+            f"now: run {current.name} ({current.condition}) {current.state}: kernel {current.kernel}, "
+            f"command line '{current.cmdline}'"
+        )
     elif current:  # the plan ended while this run's boot was under way: it was never made
-        lines.append(f"not made: run {current.name} ({current.condition}) was {current.state} when the plan "
-                     f"{plan.state} (command line '{current.cmdline}')")
+        lines.append(
+            f"not made: run {current.name} ({current.condition}) was {current.state} when the plan "
+            f"{plan.state} (command line '{current.cmdline}')"
+        )
     lines += [f"failed: {r.name} ({r.condition}): {r.why}" for r in failed]
     if plan.ended_because:
         lines.append(f"ended: {plan.ended_because}")
     if plan.state == "running":
-        lines.append("next: " + ("the unit resumes after the boot; 'ticklab plan abort' ends the plan"
-                                 if current else "'ticklab plan resume' boots the next run"))
+        lines.append(
+            "next: "
+            + (
+                "the unit resumes after the boot; 'ticklab plan abort' ends the plan"
+                if current
+                else "'ticklab plan resume' boots the next run"
+            )
+        )
     return "\n".join(lines)
 
 
 def record_boot_only(run: PlannedRun, boot: dict) -> dict:
     """The ``make_run`` of ``ticklab plan resume`` until the capture session is wired in: the boot it verified."""
-    return {"run": run.name, "condition": run.condition, "boot_id": boot["boot_id"], "release": boot["release"],
-            "cmdline": boot["cmdline"]}
+    return {
+        "run": run.name,
+        "condition": run.condition,
+        "boot_id": boot["boot_id"],
+        "release": boot["release"],
+        "cmdline": boot["cmdline"],
+    }
 
 
-def command(args: argparse.Namespace, maker_for: Callable[[Plan, Path], RunMaker | None] = lambda plan, root: None) -> int:
+def command(
+    args: argparse.Namespace, maker_for: Callable[[Plan, Path], RunMaker | None] = lambda plan, root: None
+) -> int:
     """``ticklab plan list|status|resume|abort``; ``maker_for(plan, root)`` gives the capture's :class:`RunMaker`
     (None: a plan made without a capture, whose runs record the boot only). Without ``--id`` a command acts on
     :func:`default_plan`; ``list`` and ``status`` with no plan on the host say so and exit 0."""

@@ -20,13 +20,25 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import facts
-from .knobs import (Change, HostBusy, HostChangeError, _checked_journal, _process_start, default_journal,
-                    host_lock, journal_boot, lock_path, owner_running, read_private, recover)
+from .knobs import (
+    Change,
+    HostBusy,
+    HostChangeError,
+    _checked_journal,
+    _process_start,
+    default_journal,
+    host_lock,
+    journal_boot,
+    lock_path,
+    owner_running,
+    read_private,
+    recover,
+)
 
 # doctor's own probes (mounting tracefs, writing a sched feature back) are journalled apart from a capture's, so that
 # doctor can report a capture's journal without putting it back
@@ -74,15 +86,16 @@ def _lock_line(root: Path, journal: Path, pid: int | None) -> str | None:
 @dataclass
 class LeftBehind:
     """A journal of host changes found on the host, and what is known of the process that wrote it."""
+
     journal: Path
     pid: int | None = None
-    running: bool = False          # its writer still runs: the changes are its own to put back when it ends
-    other_boot: bool = False       # written in another boot: the reboot reset the kernel state it lists
-    owner: str | None = None       # the host lock's line for the writer: 'pid N (ticklab capture …) since T'
-    started: str | None = None     # when the writer started (UTC), from its start time, in this boot
-    written: str | None = None     # when the journal was last written (UTC)
+    running: bool = False  # its writer still runs: the changes are its own to put back when it ends
+    other_boot: bool = False  # written in another boot: the reboot reset the kernel state it lists
+    owner: str | None = None  # the host lock's line for the writer: 'pid N (ticklab capture …) since T'
+    started: str | None = None  # when the writer started (UTC), from its start time, in this boot
+    written: str | None = None  # when the journal was last written (UTC)
     changes: list[Change] = field(default_factory=list)
-    problem: str | None = None     # why the journal is refused (restore refuses it too)
+    problem: str | None = None  # why the journal is refused (restore refuses it too)
 
     def who(self) -> str:
         """The writer in words: its pid, its command line and when it started, as far as they are known."""
@@ -100,10 +113,18 @@ class LeftBehind:
 
     def record(self) -> dict:
         """For ``doctor --json``: every change as the manifest records it (a task list as its count)."""
-        return {"journal": str(self.journal), "pid": self.pid, "writer": self.state(), "owner": self.owner,
-                "started": self.started, "written": self.written, "problem": self.problem,
-                "changes": [c.record() for c in self.changes], "summary": summary(self.changes),
-                "restore": RESTORE_COMMAND}
+        return {
+            "journal": str(self.journal),
+            "pid": self.pid,
+            "writer": self.state(),
+            "owner": self.owner,
+            "started": self.started,
+            "written": self.written,
+            "problem": self.problem,
+            "changes": [c.record() for c in self.changes],
+            "summary": summary(self.changes),
+            "restore": RESTORE_COMMAND,
+        }
 
 
 def inspect(journal: Path, root: Path | str = "/") -> LeftBehind | None:
@@ -149,21 +170,28 @@ def _what(change: Change) -> str:
     if change.kind == "task_affinity":
         text = f"{len(change.tasks or {})} tasks' CPU lists without CPU {change.cpu} (sched_setaffinity)"
     elif change.kind in ("write", "sched_feature"):
-        text = (f"{change.path}: {change.wanted!r}, was {change.before!r}" if change.wanted is not None
-                else f"{change.path}: changed by another tool, was {change.before!r}")
+        text = (
+            f"{change.path}: {change.wanted!r}, was {change.before!r}"
+            if change.wanted is not None
+            else f"{change.path}: changed by another tool, was {change.before!r}"
+        )
     elif change.kind == "mkdir":
         text = f"{change.path} created"
     elif change.kind == "mount":
         text = f"{change.wanted} mounted at {change.path}"
     elif change.kind == "process":
-        text = f"pid {change.pid} started" + (" (still running)" if _process_start(change.pid) == change.started
-                                                 else "")
+        text = f"pid {change.pid} started" + (
+            " (still running)" if _process_start(change.pid) == change.started else ""
+        )
     else:
         text = f"{change.kind} {change.path}"
     if change.after is None:
         return text
-    return text + (" -> put back" if change.kind == "task_affinity" and change.after == change.before
-                   else f" -> now {change.after!r}")
+    return text + (
+        " -> put back"
+        if change.kind == "task_affinity" and change.after == change.before
+        else f" -> now {change.after!r}"
+    )
 
 
 def summary(changes: list[Change]) -> list[str]:
@@ -173,16 +201,19 @@ def summary(changes: list[Change]) -> list[str]:
     for change in changes:
         if not change.refused:
             groups.setdefault(_group(change), []).append(change)
-    return [f"{name}: {_what(group[0])}" + (f" (and {len(group) - 1} more like it)" if len(group) > 1 else "")
-            for name, group in groups.items()]
+    return [
+        f"{name}: {_what(group[0])}" + (f" (and {len(group) - 1} more like it)" if len(group) > 1 else "")
+        for name, group in groups.items()
+    ]
 
 
 class RestoreRefused(HostChangeError):
     """The writer of the journal still runs (it holds the host lock): nothing was touched."""
 
 
-def restore(journal: Path | None = None, *, root: Path | str = "/",
-            log: Callable[[str], None] = print) -> list[Change] | None:
+def restore(
+    journal: Path | None = None, *, root: Path | str = "/", log: Callable[[str], None] = print
+) -> list[Change] | None:
     """Put back what the journals a killed capture (or doctor) left list — :func:`ticklab.host.knobs.recover`, the
     restore path the next capture runs — holding the host lock. None when there is no journal; the changes put back
     (``after``: what was read back) otherwise. One-line :class:`HostChangeError` when it cannot: the journal's writer
@@ -196,9 +227,11 @@ def restore(journal: Path | None = None, *, root: Path | str = "/",
         lock = host_lock(root, found[0]).acquire()
     except HostBusy as exc:
         holder = exc.holder or "a process that has not said who it is"
-        raise RestoreRefused(f"{found[0]}: not restored: the host is held by {holder}, which is still running and "
-                             "puts back what it changed when it ends; stop it (Ctrl-C, or kill -TERM its pid) or wait "
-                             "for it") from None
+        raise RestoreRefused(
+            f"{found[0]}: not restored: the host is held by {holder}, which is still running and "
+            "puts back what it changed when it ends; stop it (Ctrl-C, or kill -TERM its pid) or wait "
+            "for it"
+        ) from None
     try:
         restored: list[Change] = []
         for path in found:

@@ -22,9 +22,11 @@ from ..host import HostChanges, collect, plan_engine
 
 WORK = Path("/tmp/ticklab-run")
 # Our patches' boot switches and where the running kernel shows the value it took.
-SWITCHES = {"hpet_read_share": "sys/module/kernel/parameters/hpet_read_share",
-            "pv_kick_ahead": "sys/module/kernel/parameters/pv_kick_ahead",
-            "processor.dummy_wait": "sys/module/processor/parameters/dummy_wait"}
+SWITCHES = {
+    "hpet_read_share": "sys/module/kernel/parameters/hpet_read_share",
+    "pv_kick_ahead": "sys/module/kernel/parameters/pv_kick_ahead",
+    "processor.dummy_wait": "sys/module/processor/parameters/dummy_wait",
+}
 
 
 def switch_values(root: Path = Path("/")) -> dict[str, str | None]:
@@ -39,11 +41,14 @@ def switch_values(root: Path = Path("/")) -> dict[str, str | None]:
 
 
 def _normal(value: str) -> str:
-    return {"y": "1", "yes": "1", "on": "1", "true": "1", "n": "0", "no": "0", "off": "0", "false": "0"}.get(value.lower(), value)
+    return {"y": "1", "yes": "1", "on": "1", "true": "1", "n": "0", "no": "0", "off": "0", "false": "0"}.get(
+        value.lower(), value
+    )
 
 
-def boot_mismatches(expected_cmdline: list[str], expected_clocksource: str | None, facts: dict,
-                    expected_release: str | None = None) -> list[str]:
+def boot_mismatches(
+    expected_cmdline: list[str], expected_clocksource: str | None, facts: dict, expected_release: str | None = None
+) -> list[str]:
     """How the booted guest differs from what the condition asked for (empty when it matches)."""
     problems = []
     if expected_release and facts.get("kernel_release") != expected_release:
@@ -72,8 +77,9 @@ def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK, k
     """Make the job's run (or cross-check) with the capture code; raw files to share/raw/<run>, the result (with
     ``known``: what the caller knows of the run already, e.g. its verified boot) to ``result_path``."""
     experiment = load_experiment(share / job.get("experiment", "experiment.yaml"))
-    planned = PlannedRun(job["run"], job["order"], Condition(job["condition"]["name"], job["condition"]["values"]),
-                         job["warmup"])
+    planned = PlannedRun(
+        job["run"], job["order"], Condition(job["condition"]["name"], job["condition"]["values"]), job["warmup"]
+    )
     result: dict = {"run": planned.run, **(known or {})}
     run_dir = work / "raw" / planned.run
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,8 +100,11 @@ def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK, k
                 result["extra"] = _extra(experiment, planned.condition, host, facts, job["extra"], run_dir)
                 result["extra"]["boot_mismatch"] = mismatch
                 return result
-            backend, why = (tracing.choose_backend(host, job.get("backend", "auto"), experiment.trace_settings().functions)
-                            if experiment.trace else (None, None))
+            backend, why = (
+                tracing.choose_backend(host, job.get("backend", "auto"), experiment.trace_settings().functions)
+                if experiment.trace
+                else (None, None)
+            )
             result["tracing"] = {"backend": backend, "why": why}
             record = execute_run(experiment, planned, host, facts, backend, run_dir)
             record["boot_mismatch"] = mismatch
@@ -117,7 +126,9 @@ def _extra(experiment, condition: Condition, host: HostChanges, facts: dict, nam
     missing = requirements.missing(extra.get("requires", []), host, facts)
     if missing:
         return {"name": name, "condition": condition.name, "skipped": missing}
-    outcome = run_once(experiment, condition, host, facts, extra["argv"], f"{experiment.path}: extras.{name}.argv", run_dir)
+    outcome = run_once(
+        experiment, condition, host, facts, extra["argv"], f"{experiment.path}: extras.{name}.argv", run_dir
+    )
     return {"name": name, "condition": condition.name, **outcome}
 
 
@@ -156,9 +167,18 @@ def plan_start(share: Path) -> None:
     original = (Path("/proc/cmdline").read_text()).strip()
     release = collect()["kernel_release"]
     # each run's kernel: the one its condition names (share/bzImage-<release>), else the one this guest booted
-    runs = [plan_engine.PlannedRun(job["run"], job["condition"]["name"], str(share / job.get("kernel_file", "bzImage")),
-                                   plan_engine.condition_cmdline(original, job["words"]), initrd=str(share / "initrd"),
-                                   release=job.get("release", release), warmup=job["warmup"]) for job in plan_job["runs"]]
+    runs = [
+        plan_engine.PlannedRun(
+            job["run"],
+            job["condition"]["name"],
+            str(share / job.get("kernel_file", "bzImage")),
+            plan_engine.condition_cmdline(original, job["words"]),
+            initrd=str(share / "initrd"),
+            release=job.get("release", release),
+            warmup=job["warmup"],
+        )
+        for job in plan_job["runs"]
+    ]
     plan_engine.create(runs, mode="kexec", bundle=share / "runs", plan_id=PLAN_ID, capture={"kind": "lab-guest"})
     plan_engine.advance(PLAN_ID)
 
@@ -179,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         (plan_start if argv[0] == "plan-start" else plan_resume)(Path(argv[1]))
         return 0
     if len(argv) != 1:
-        print("usage: python3 -m ticklab.lab.guest /mnt/share/job.json | plan-start|plan-resume /mnt/share",
-              file=sys.stderr)
+        print(
+            "usage: python3 -m ticklab.lab.guest /mnt/share/job.json | plan-start|plan-resume /mnt/share",
+            file=sys.stderr,
+        )
         return 2
     result = run_job(Path(argv[0]))
     return 1 if "error" in result else 0

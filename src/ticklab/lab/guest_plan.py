@@ -18,14 +18,13 @@ timing), made by the same code.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
 from ..bundle import BundleWriter
-import fnmatch
-
 from ..capture.boot_capture import boot_experiment, condition_words
 from ..capture.experiment import Condition, Experiment, PlannedRun, expand_conditions
 from ..capture.session import Session, open_bundle, plan, plan_counts
@@ -58,8 +57,9 @@ sync
 
 def _words(experiment: Experiment, condition: Condition, smp: int) -> list[str]:
     """The condition's command-line words for a guest of ``smp`` vCPUs."""
-    return condition_words(experiment, condition, {"last_cpu": smp - 1, "nproc": smp},
-                           f"{experiment.path}: conditions.{condition.name}")
+    return condition_words(
+        experiment, condition, {"last_cpu": smp - 1, "nproc": smp}, f"{experiment.path}: conditions.{condition.name}"
+    )
 
 
 def _kernel_variable(experiment: Experiment) -> str | None:
@@ -74,14 +74,19 @@ def plan_kernels(experiment: Experiment, conditions: list[Condition], first) -> 
     wanted = {str(c.values.get(variable, "running")) for c in conditions}
     found = {"running": first}
     if wanted - {"running"}:
-        candidates = [k for k in (lab_kernel.cached_kernel(name) for name in lab_kernel.kernel_names()
-                                  if name.endswith(KERNEL)) if k is not None]
+        candidates = [
+            k
+            for k in (lab_kernel.cached_kernel(name) for name in lab_kernel.kernel_names() if name.endswith(KERNEL))
+            if k is not None
+        ]
         for pattern in sorted(wanted - {"running"}):
             matches = [k for k in candidates if fnmatch.fnmatchcase(k.info["release"], pattern)]
             if len(matches) != 1:
                 have = ", ".join(f"{k.variant} ({k.info['release']})" for k in candidates) or "none built"
-                raise LabError(f"{experiment.path}: kernel {pattern!r} matches {len(matches)} built lab kernels (have: "
-                               f"{have}); build the one it names, e.g. ticklab lab build-kernel --variant 7.2-{KERNEL}")
+                raise LabError(
+                    f"{experiment.path}: kernel {pattern!r} matches {len(matches)} built lab kernels (have: "
+                    f"{have}); build the one it names, e.g. ticklab lab build-kernel --variant 7.2-{KERNEL}"
+                )
             found[pattern] = matches[0]
     return {c.name: found[str(c.values.get(variable, "running"))] for c in conditions}
 
@@ -97,8 +102,10 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
     if kernel is None:
         raise LabError(f"lab kernel {KERNEL} is not built: run 'ticklab lab build-kernel --variant {KERNEL}'")
     if "CONFIG_KEXEC=y" not in (kernel.directory / "config").read_text().splitlines():
-        raise LabError(f"{kernel.directory}/config: built without CONFIG_KEXEC; rebuild it (ticklab lab build-kernel "
-                       f"--variant {KERNEL} --force)")
+        raise LabError(
+            f"{kernel.directory}/config: built without CONFIG_KEXEC; rebuild it (ticklab lab build-kernel "
+            f"--variant {KERNEL} --force)"
+        )
     image = guest_image.build_image(say=log)
     accel, why = qemu.choose_accelerator(options.accel, kernel.image, image.initramfs, say=log)
     physical = collect()
@@ -107,13 +114,24 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
     kernels = plan_kernels(experiment, conditions, kernel)
     counts = plan_counts(experiment, options)
     planned = plan(conditions, counts)
-    plan_job = {"backend": options.backend, "experiment": experiment.path.name, "runs": [
-        {"run": p.run, "order": p.order, "warmup": p.warmup, "experiment": experiment.path.name,
-         "kernel_file": f"bzImage-{kernels[p.condition.name].info['release']}",
-         "release": kernels[p.condition.name].info["release"],
-         "words": _words(experiment, p.condition, smp),
-         "cmdline": [w for w in _words(experiment, p.condition, smp) if not w.startswith("-")],
-         "condition": {"name": p.condition.name, "values": p.condition.values}} for p in planned]}
+    plan_job = {
+        "backend": options.backend,
+        "experiment": experiment.path.name,
+        "runs": [
+            {
+                "run": p.run,
+                "order": p.order,
+                "warmup": p.warmup,
+                "experiment": experiment.path.name,
+                "kernel_file": f"bzImage-{kernels[p.condition.name].info['release']}",
+                "release": kernels[p.condition.name].info["release"],
+                "words": _words(experiment, p.condition, smp),
+                "cmdline": [w for w in _words(experiment, p.condition, smp) if not w.startswith("-")],
+                "condition": {"name": p.condition.name, "values": p.condition.values},
+            }
+            for p in planned
+        ],
+    }
     work = Path(tempfile.mkdtemp(prefix="bootplan-", dir=_scratch()))
     try:
         share = work / "share"
@@ -126,27 +144,67 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
         (share / "plan-job.json").write_text(json.dumps(plan_job, indent=2) + "\n")
         (share / "after-boot.sh").write_text(AFTER_BOOT)
         timeout = (len(planned) + 1) * (BOOT_SECONDS + experiment.timeout_s)
-        log(f"{claim}/{experiment.name}: {len(planned) + 1} boots of one {accel} guest, one run each and one back "
-            f"to the original command line; at most {timeout} s")
-        outcome = qemu.run_boot(qemu.Boot(kernel.image, image.initramfs, share, work / "console.txt",
-                                          cmdline=options.cmdline.split(), accel=accel, smp=smp, timeout_s=timeout))
+        log(
+            f"{claim}/{experiment.name}: {len(planned) + 1} boots of one {accel} guest, one run each and one back "
+            f"to the original command line; at most {timeout} s"
+        )
+        outcome = qemu.run_boot(
+            qemu.Boot(
+                kernel.image,
+                image.initramfs,
+                share,
+                work / "console.txt",
+                cmdline=options.cmdline.split(),
+                accel=accel,
+                smp=smp,
+                timeout_s=timeout,
+            )
+        )
         played = _read_json(share / "state" / "plans" / PLAN_ID / "plan.json")
         if not played:
-            log_tail = (share / "after-boot.log").read_text(errors="replace")[-600:] if (share / "after-boot.log").is_file() else ""
-            raise LabError(f"the guest made no boot plan (QEMU {outcome['status']}); after-boot.log ends: "
-                           f"{' '.join(log_tail.split())}")
+            log_tail = (
+                (share / "after-boot.log").read_text(errors="replace")[-600:]
+                if (share / "after-boot.log").is_file()
+                else ""
+            )
+            raise LabError(
+                f"the guest made no boot plan (QEMU {outcome['status']}); after-boot.log ends: "
+                f"{' '.join(log_tail.split())}"
+            )
         writer = open_bundle(options.out, identity, experiment, {}, conditions, counts, planned)
-        writer.manifest.lab = {"accelerator": accel, "why": why, "qemu": qemu.qemu_version(), "physical_host": physical,
-                               "physical_host_id": host_id(physical),
-                               "kernels": {k.variant: k.record() for k in [kernel, *kernels.values()]},
-                               "image": image.record(), "qemu_outcome": outcome, "smp": smp}
-        writer.manifest.details["boot_plan"] = {"mode": "kexec", "state": played.get("state"),
-                                                "original": played.get("original"), "log": played.get("log", []),
-                                                "played_by": "a lab guest (ticklab lab run --boot kexec)"}
+        writer.manifest.lab = {
+            "accelerator": accel,
+            "why": why,
+            "qemu": qemu.qemu_version(),
+            "physical_host": physical,
+            "physical_host_id": host_id(physical),
+            "kernels": {k.variant: k.record() for k in [kernel, *kernels.values()]},
+            "image": image.record(),
+            "qemu_outcome": outcome,
+            "smp": smp,
+        }
+        writer.manifest.details["boot_plan"] = {
+            "mode": "kexec",
+            "state": played.get("state"),
+            "original": played.get("original"),
+            "log": played.get("log", []),
+            "played_by": "a lab guest (ticklab lab run --boot kexec)",
+        }
         rule = StoppingRule([], None, "fixed run count (a lab guest's boot plan: the guest carries no analysis)")
         executor = PlayedBackRuns(experiment, share, played, smp, log)
-        Session(experiment, executor, writer, planned, rule, conditions, counts[2], what="lab boot plan",
-                desc=f"{claim}/{experiment.name} (kexec)", progress=False, log=log).run()
+        Session(
+            experiment,
+            executor,
+            writer,
+            planned,
+            rule,
+            conditions,
+            counts[2],
+            what="lab boot plan",
+            desc=f"{claim}/{experiment.name} (kexec)",
+            progress=False,
+            log=log,
+        ).run()
         kept = writer.path / "raw" / "boot-plan"  # what the guest's plan did, for a reader of the bundle
         kept.mkdir(parents=True)
         copy_from_share(share / "after-boot.log", kept / "after-boot.log")
@@ -159,6 +217,7 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
 
 class PlayedBackRuns:
     """The session's executor for runs a guest already made in its boot plan: each from the share, in order."""
+
     unit = "run"
 
     def __init__(self, experiment: Experiment, share: Path, played: dict, smp: int, log=say):
@@ -169,13 +228,21 @@ class PlayedBackRuns:
     def make_run(self, writer: BundleWriter, planned: PlannedRun) -> bool:
         result = _read_json(self.share / "runs" / f"{planned.run}.json")
         booted = self.plan_runs.get(planned.run) or {}
-        boot = result.get("boot") or {"boot_id": booted.get("boot_id_found"), "release": booted.get("release_found"),
-                                      "cmdline": booted.get("cmdline_found")}
+        boot = result.get("boot") or {
+            "boot_id": booted.get("boot_id_found"),
+            "release": booted.get("release_found"),
+            "cmdline": booted.get("cmdline_found"),
+        }
         if not result:
             why = booted.get("why") or f"the plan ended ({self.ended}) before this run"
             result = {"error": f"not made: {why}"}
-        outcome = {"status": "ok" if "error" not in result else "failed", "exit": None, **boot,
-                   "kernel_release": boot.get("release"), "expected_cmdline": booted.get("cmdline")}
+        outcome = {
+            "status": "ok" if "error" not in result else "failed",
+            "exit": None,
+            **boot,
+            "kernel_release": boot.get("release"),
+            "expected_cmdline": booted.get("cmdline"),
+        }
         run_dir = writer.run_dir(planned.run)
         skipped = copy_from_share(self.share / "raw" / planned.run, run_dir)
         if skipped:

@@ -53,8 +53,7 @@ def packages(data: dict | None = None) -> list[str]:
 def missing_programs(data: dict | None = None) -> list[str]:
     """The recipe's programs (and cpio, which packs the image) not installed here; empty when an image can be built."""
     names = [str(name) for name in (data or recipe())["programs"]] + ["cpio"]
-    return [name for name in names
-            if not (shutil.which(name) if "/" not in name else os.access(name, os.X_OK))]
+    return [name for name in names if not (shutil.which(name) if "/" not in name else os.access(name, os.X_OK))]
 
 
 def _canonical(path: str) -> str:
@@ -67,8 +66,10 @@ def _canonical(path: str) -> str:
 def _program(name: str) -> Path:
     found = shutil.which(name) if "/" not in name else (name if os.access(name, os.X_OK) else None)
     if not found:
-        raise LabError(f"{RECIPE}: program {name!r} is not installed on this host "
-                       f"(see 'packages' in {RECIPE} for the Debian packages to install)")
+        raise LabError(
+            f"{RECIPE}: program {name!r} is not installed on this host "
+            f"(see 'packages' in {RECIPE} for the Debian packages to install)"
+        )
     return Path(found)
 
 
@@ -86,6 +87,7 @@ def _is_elf(path: Path) -> bool:
 @dataclass
 class Inputs:
     """What goes into the image: image path -> host file, image path -> link target."""
+
     files: dict[str, Path]
     links: dict[str, str]
 
@@ -104,8 +106,11 @@ def _python_module_files(name: str) -> list[tuple[Path, str]]:
     spec = importlib.util.find_spec(name)
     if spec is not None and spec.submodule_search_locations:
         root = Path(list(spec.submodule_search_locations)[0])
-        return [(path, str(Path(name) / path.relative_to(root))) for path in sorted(root.rglob("*"))
-                if path.is_file() and "__pycache__" not in path.parts]
+        return [
+            (path, str(Path(name) / path.relative_to(root)))
+            for path in sorted(root.rglob("*"))
+            if path.is_file() and "__pycache__" not in path.parts
+        ]
     if spec is not None and spec.origin and spec.origin.endswith(".py"):
         return [(Path(spec.origin), Path(spec.origin).name)]
     raise LabError(f"{RECIPE}: python module {name!r} is not in this environment (run 'make env')")
@@ -189,7 +194,9 @@ class GuestImage:
 def _package_versions(names: list[str]) -> dict[str, str | None]:
     versions = {}
     for name in names:
-        result = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", name], capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", name], capture_output=True, text=True, check=False
+        )
         versions[name] = result.stdout.strip() if result.returncode == 0 else None
     return versions
 
@@ -245,11 +252,17 @@ def build_image(say=print, force: bool = False) -> GuestImage:
             out.write(archive)
         shutil.rmtree(staging)
         image = work / "initramfs.cpio.gz"
-        info = {"key": key, "bytes": image.stat().st_size, "uncompressed_bytes": len(archive),
-                "sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
-                "files": len(inputs.files), "links": len(links), "packages": _package_versions(data.get("packages", [])),
-                "build_seconds": round(time.monotonic() - started, 1),
-                "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        info = {
+            "key": key,
+            "bytes": image.stat().st_size,
+            "uncompressed_bytes": len(archive),
+            "sha256": hashlib.sha256(image.read_bytes()).hexdigest(),
+            "files": len(inputs.files),
+            "links": len(links),
+            "packages": _package_versions(data.get("packages", [])),
+            "build_seconds": round(time.monotonic() - started, 1),
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         (work / "build.json").write_text(json.dumps(info, indent=2) + "\n")
         if final.exists():
             shutil.rmtree(final)
@@ -262,8 +275,13 @@ def build_image(say=print, force: bool = False) -> GuestImage:
 
 
 def _cpio(staging: Path, names: list[str]) -> bytes:
-    result = subprocess.run(["cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0", "--reproducible"],
-                            input=("\n".join(names) + "\n").encode(), capture_output=True, cwd=staging, check=False)
+    result = subprocess.run(
+        ["cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0", "--reproducible"],
+        input=("\n".join(names) + "\n").encode(),
+        capture_output=True,
+        cwd=staging,
+        check=False,
+    )
     if result.returncode != 0:
         raise LabError(f"cpio failed: {result.stderr.decode(errors='replace')[-300:]}")
     return result.stdout

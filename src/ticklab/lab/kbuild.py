@@ -69,8 +69,12 @@ def _header(index: int) -> str:
         lines.append(f"#define KB_H{index}_C{k} ({index * 131 + k * 7}u)")
     lines.append(f"struct kb_s{index} {{ unsigned long a, b; int c[{4 + index % 5}]; struct kb_s{index} *next; }};")
     for k in range(6):
-        lines += [f"static inline unsigned long kb_h{index}_f{k}(unsigned long x)", "{",
-                  f"\treturn (x * KB_H{index}_C{k % 8} + {k}u) ^ (x >> {1 + k % 7});", "}"]
+        lines += [
+            f"static inline unsigned long kb_h{index}_f{k}(unsigned long x)",
+            "{",
+            f"\treturn (x * KB_H{index}_C{k % 8} + {k}u) ^ (x >> {1 + k % 7});",
+            "}",
+        ]
     lines += ["", "#endif", ""]
     return "\n".join(lines)
 
@@ -79,12 +83,26 @@ def _source(index: int, headers: list[int], functions: int) -> str:
     lines = [f'#include "kb{h}.h"' for h in headers] + [""]
     for f in range(functions):
         h = headers[f % len(headers)]
-        lines += [f"unsigned long kb_{index}_{f}(unsigned long n, struct kb_s{h} *s)", "{",
-                  "\tunsigned long acc = 0, i;", "\tfor (i = 0; i < n; i++) {",
-                  f"\t\tacc += kb_h{h}_f{f % 6}(i) + (s ? s->a : 0);",
-                  f"\t\tif (acc & KB_H{h}_C{f % 8})", "\t\t\tacc ^= i << 3;", "\t\telse", "\t\t\tacc -= i;", "\t}",
-                  "\tswitch (acc & 3) {", "\tcase 0: return acc + 1;", "\tcase 1: return acc * 3;",
-                  "\tcase 2: return acc >> 1;", "\tdefault: return acc;", "\t}", "}", ""]
+        lines += [
+            f"unsigned long kb_{index}_{f}(unsigned long n, struct kb_s{h} *s)",
+            "{",
+            "\tunsigned long acc = 0, i;",
+            "\tfor (i = 0; i < n; i++) {",
+            f"\t\tacc += kb_h{h}_f{f % 6}(i) + (s ? s->a : 0);",
+            f"\t\tif (acc & KB_H{h}_C{f % 8})",
+            "\t\t\tacc ^= i << 3;",
+            "\t\telse",
+            "\t\t\tacc -= i;",
+            "\t}",
+            "\tswitch (acc & 3) {",
+            "\tcase 0: return acc + 1;",
+            "\tcase 1: return acc * 3;",
+            "\tcase 2: return acc >> 1;",
+            "\tdefault: return acc;",
+            "\t}",
+            "}",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -110,7 +128,9 @@ def generate(tree: Path, files: int, seed: int, functions: int = FUNCTIONS_PER_F
     for index in range(HEADERS):
         (tree / "include" / f"kb{index}.h").write_text(_header(index))
     for index in range(files):
-        (tree / "src" / f"f{index}.c").write_text(_source(index, sorted(rng.sample(range(HEADERS), HEADERS_PER_FILE)), functions))
+        (tree / "src" / f"f{index}.c").write_text(
+            _source(index, sorted(rng.sample(range(HEADERS), HEADERS_PER_FILE)), functions)
+        )
     (tree / "Makefile").write_text(MAKEFILE)
 
 
@@ -119,8 +139,14 @@ def compiler_version() -> str:
     return (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else "tcc"
 
 
-def build(files: int, jobs: int, seed: int = 1, workdir: Path | None = None, counters: Path = LOCK_EVENTS,
-          functions: int = FUNCTIONS_PER_FILE) -> dict:
+def build(
+    files: int,
+    jobs: int,
+    seed: int = 1,
+    workdir: Path | None = None,
+    counters: Path = LOCK_EVENTS,
+    functions: int = FUNCTIONS_PER_FILE,
+) -> dict:
     """Generate, then time ``make -j<jobs>``; the seconds and each lock event's count during the build."""
     for program in ("make", "tcc"):
         if shutil.which(program) is None:
@@ -130,11 +156,15 @@ def build(files: int, jobs: int, seed: int = 1, workdir: Path | None = None, cou
         generate(tree, files, seed, functions)
         before = lock_event_counts(counters)
         started = time.monotonic()
-        result = subprocess.run(["make", "-s", f"-j{jobs}", "-C", str(tree)], capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            ["make", "-s", f"-j{jobs}", "-C", str(tree)], capture_output=True, text=True, check=False
+        )
         seconds = time.monotonic() - started
         after = lock_event_counts(counters)
         if result.returncode != 0:
-            raise KbuildError(f"make -j{jobs} failed (exit {result.returncode}): {(result.stdout + result.stderr)[-500:]}")
+            raise KbuildError(
+                f"make -j{jobs} failed (exit {result.returncode}): {(result.stdout + result.stderr)[-500:]}"
+            )
         objects = len(list((tree / "src").glob("*.o")))
         if objects != files or not (tree / "built-in.o").is_file():
             raise KbuildError(f"make built {objects} of {files} objects")
@@ -145,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m ticklab.lab.kbuild", description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, required=True, help="C files in the generated tree")
     parser.add_argument("--jobs", type=int, required=True, help="make -j")
-    parser.add_argument("--functions", type=int, default=FUNCTIONS_PER_FILE, help="functions per C file (compile length)")
+    parser.add_argument(
+        "--functions", type=int, default=FUNCTIONS_PER_FILE, help="functions per C file (compile length)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="seeds which headers each file includes")
     args = parser.parse_args(argv)
     if min(args.files, args.jobs, args.functions) < 1:

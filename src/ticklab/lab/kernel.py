@@ -70,8 +70,11 @@ def fragment_paths(name: str) -> list[Path]:
     if variant not in variants():
         raise LabError(f"kernel/configs/{variant}.config: no such lab kernel variant (have: {', '.join(variants())})")
     own = kernel_dir() / "configs" / "sources" / f"{series}.config"
-    return [kernel_dir() / "configs" / f"{BASE_FRAGMENT}.config", *([own] if own.is_file() else []),
-            kernel_dir() / "configs" / f"{variant}.config"]
+    return [
+        kernel_dir() / "configs" / f"{BASE_FRAGMENT}.config",
+        *([own] if own.is_file() else []),
+        kernel_dir() / "configs" / f"{variant}.config",
+    ]
 
 
 def patch_files(patch: Path) -> list[str]:
@@ -83,8 +86,12 @@ def check_patches(source: Path, series: str | None = None) -> list[tuple[Path, b
     """``patch --dry-run`` of every patch, in order, against an unpatched tree: (patch, applies, output)."""
     checked = []
     for patch in patch_paths(series):
-        result = subprocess.run(["patch", "-p1", "--dry-run", "--batch", "--forward", "-d", str(source), "-i", str(patch)],
-                                capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            ["patch", "-p1", "--dry-run", "--batch", "--forward", "-d", str(source), "-i", str(patch)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         checked.append((patch, result.returncode == 0, (result.stdout + result.stderr).strip()))
     return checked
 
@@ -109,7 +116,9 @@ def unmet_options(wanted: dict[str, str], config_text: str) -> list[str]:
         match = _CONFIG_LINE.match(line.strip())
         if match and match.group(1):
             have[match.group(1)] = match.group(2)
-    return [f"{name}={value} (got {have.get(name, 'n')})" for name, value in wanted.items() if have.get(name, "n") != value]
+    return [
+        f"{name}={value} (got {have.get(name, 'n')})" for name, value in wanted.items() if have.get(name, "n") != value
+    ]
 
 
 def _sha256(path: Path) -> str:
@@ -118,7 +127,7 @@ def _sha256(path: Path) -> str:
 
 @dataclass
 class LabKernel:
-    variant: str       # the lab kernel's name as experiments give it: hz1000, 7.2-hz1000
+    variant: str  # the lab kernel's name as experiments give it: hz1000, 7.2-hz1000
     key: str
     directory: Path
 
@@ -132,8 +141,15 @@ class LabKernel:
 
     def record(self) -> dict:
         info = self.info
-        return {"variant": self.variant, "key": self.key, "release": info["release"], "hz": info.get("hz"),
-                "source": info["source"], "patches": info["patches"], "bzImage_sha256": info["bzImage_sha256"]}
+        return {
+            "variant": self.variant,
+            "key": self.key,
+            "release": info["release"],
+            "hz": info.get("hz"),
+            "source": info["source"],
+            "patches": info["patches"],
+            "bzImage_sha256": info["bzImage_sha256"],
+        }
 
 
 def kernel_key(version: str, name: str) -> str:
@@ -141,8 +157,10 @@ def kernel_key(version: str, name: str) -> str:
     series, _ = sources.split_name(name)
     parts = [("source", version.encode())]
     parts += [(f"patch/{p.name}", p.read_bytes()) for p in patch_paths(series)]
-    parts += [(f"config/{p.parent.name}/{p.name}" if p.parent.name == "sources" else f"config/{p.name}", p.read_bytes())
-              for p in fragment_paths(name)]
+    parts += [
+        (f"config/{p.parent.name}/{p.name}" if p.parent.name == "sources" else f"config/{p.name}", p.read_bytes())
+        for p in fragment_paths(name)
+    ]
     return content_key(parts)
 
 
@@ -201,8 +219,10 @@ def build_announcement(variants: list[str], jobs: int | None = None, no_build_hi
     """The line said before building: which kernels, how long, where they are kept, how not to build."""
     kernels = f"lab kernel{'s' if len(variants) > 1 else ''} {', '.join(variants)}"
     each = "each " if len(variants) > 1 else ""
-    line = (f"building {kernels} (not cached): {each}about {build_estimate(jobs)}; "
-            f"kept in {shown_dir(cache_dir() / 'kernels')} afterwards")
+    line = (
+        f"building {kernels} (not cached): {each}about {build_estimate(jobs)}; "
+        f"kept in {shown_dir(cache_dir() / 'kernels')} afterwards"
+    )
     if no_build_hint:
         line += "; --no-build refuses instead of building"
     return line
@@ -231,10 +251,16 @@ def patched_source(source: sources.Source, say=print) -> Path:
         subprocess.run(["tar", "-xf", str(source.tarball), "-C", str(staging)], check=True)
         top = staging / source.top
         for patch in patches:
-            result = subprocess.run(["patch", "-p1", "--batch", "--forward", "-d", str(top), "-i", str(patch)],
-                                    capture_output=True, text=True, check=False)
+            result = subprocess.run(
+                ["patch", "-p1", "--batch", "--forward", "-d", str(top), "-i", str(patch)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if result.returncode != 0:
-                raise LabError(f"{patch}: does not apply to {source.package} {version}:\n{result.stdout}{result.stderr}")
+                raise LabError(
+                    f"{patch}: does not apply to {source.package} {version}:\n{result.stdout}{result.stderr}"
+                )
         (top / ".ticklab-patched").write_text("".join(f"{p.name}\n" for p in patches))
         top.rename(tree)
     finally:
@@ -242,8 +268,9 @@ def patched_source(source: sources.Source, say=print) -> Path:
     return tree
 
 
-def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, say=print, force: bool = False,
-                 announce: bool = True) -> LabKernel:
+def build_kernel(
+    variant: str, jobs: int | None = None, progress: bool = True, say=print, force: bool = False, announce: bool = True
+) -> LabKernel:
     """The cached lab kernel ``variant`` (a lab kernel name: hz1000, 7.2-hz1000), building it first if needed
     (minutes), after fetching its source when that is not here. With ``announce`` it says that it is cached, or
     before building how long that takes; a caller that said so itself for several kernels passes False."""
@@ -269,27 +296,50 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
     try:
         with (work / "build.log").open("w") as log:
             _run([*make, "tinyconfig"], log)
-            _run([str(tree / "scripts" / "kconfig" / "merge_config.sh"), "-m", "-O", str(objects),
-                  str(objects / ".config"), *map(str, fragments)], log, cwd=tree)
+            _run(
+                [
+                    str(tree / "scripts" / "kconfig" / "merge_config.sh"),
+                    "-m",
+                    "-O",
+                    str(objects),
+                    str(objects / ".config"),
+                    *map(str, fragments),
+                ],
+                log,
+                cwd=tree,
+            )
             _run([*make, "olddefconfig"], log)
             unmet = unmet_options(fragment_options(fragments), (objects / ".config").read_text())
             if unmet:
-                raise LabError("kernel/configs: options that did not survive olddefconfig (a dependency is off): "
-                               + ", ".join(unmet))
+                raise LabError(
+                    "kernel/configs: options that did not survive olddefconfig (a dependency is off): "
+                    + ", ".join(unmet)
+                )
             count = _compile(make, jobs, log, progress, variant)
-            release = subprocess.run([*make, "-s", "kernelrelease"], capture_output=True, text=True,
-                                     check=True).stdout.strip().splitlines()[-1]
+            release = (
+                subprocess.run([*make, "-s", "kernelrelease"], capture_output=True, text=True, check=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
         shutil.copy2(objects / "arch" / "x86" / "boot" / "bzImage", work / "bzImage")
         shutil.copy2(objects / ".config", work / "config")
         hz = re.search(r"^CONFIG_HZ=(\d+)$", (work / "config").read_text(), re.M)
         info = {
-            "variant": variant, "key": key, "release": release, "hz": int(hz.group(1)) if hz else None,
-            "series": series, "source": source.record(),
+            "variant": variant,
+            "key": key,
+            "release": release,
+            "hz": int(hz.group(1)) if hz else None,
+            "series": series,
+            "source": source.record(),
             "patches": [{"name": p.name, "sha256": _sha256(p)} for p in patch_paths(series)],
-            "fragments": [{"name": p.relative_to(kernel_dir() / "configs").as_posix(), "sha256": _sha256(p)}
-                          for p in fragments],
-            "bzImage_sha256": _sha256(work / "bzImage"), "objects": count, "jobs": jobs,
-            "build_seconds": round(time.monotonic() - started, 1), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "fragments": [
+                {"name": p.relative_to(kernel_dir() / "configs").as_posix(), "sha256": _sha256(p)} for p in fragments
+            ],
+            "bzImage_sha256": _sha256(work / "bzImage"),
+            "objects": count,
+            "jobs": jobs,
+            "build_seconds": round(time.monotonic() - started, 1),
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "compiler": subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         }
         (work / "build.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -300,7 +350,9 @@ def build_kernel(variant: str, jobs: int | None = None, progress: bool = True, s
     except BaseException:
         shutil.rmtree(objects, ignore_errors=True)  # keep build.log in the .tmp directory for a look, not the objects
         raise
-    say(f"lab kernel {variant} ({release} from {source.package} {version}, HZ={info['hz']}) built in {info['build_seconds']:.0f} s: {final}")
+    say(
+        f"lab kernel {variant} ({release} from {source.package} {version}, HZ={info['hz']}) built in {info['build_seconds']:.0f} s: {final}"
+    )
     return LabKernel(variant, key, final)
 
 
@@ -316,11 +368,17 @@ def _compile(make: list[str], jobs: int, log, progress: bool, variant: str) -> i
     count = 0
     # its own session, killed with its process group on an interrupt, and when ticklab dies (spawn's whole_group:
     # sub-makes and compilers included)
-    with spawn(argv, label="kernel build", whole_group=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-               text=True) as process:
+    with spawn(
+        argv, label="kernel build", whole_group=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
         try:
-            with tqdm(total=_previous_object_count(), desc=f"build {variant}", unit="obj", disable=not progress,
-                      file=sys.stderr) as bar:
+            with tqdm(
+                total=_previous_object_count(),
+                desc=f"build {variant}",
+                unit="obj",
+                disable=not progress,
+                file=sys.stderr,
+            ) as bar:
                 for line in process.stdout:
                     log.write(line)
                     if _OBJECT_LINE.match(line):

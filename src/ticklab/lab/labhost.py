@@ -56,12 +56,18 @@ PARTITION_OFFSET = 1 << 20
 INSTALL_OK = "ticklab-lab-install: ok"
 PROGRAMS = ("debootstrap", "sfdisk", "mkfs.ext4", "chroot", "mount", "umount", "losetup", QEMU)
 # what the chroot needs mounted for packages' scripts (udev, initramfs-tools) and pip
-CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sys", "sys", ["-t", "sysfs"]),
-                 ("/dev", "dev", ["--bind"]), ("devpts", "dev/pts", ["-t", "devpts"]))
+CHROOT_MOUNTS = (
+    ("proc", "proc", ["-t", "proc"]),
+    ("sys", "sys", ["-t", "sysfs"]),
+    ("/dev", "dev", ["--bind"]),
+    ("devpts", "dev/pts", ["-t", "devpts"]),
+)
 JOB_UNITS = {  # the guest's job driver, around the plan's own unit (see runners/vm/lab-host-job.py)
     "ticklab-lab-job-before.service": ("before", "Before=ticklab-plan.service\nAfter=basic.target\n"),
-    "ticklab-lab-job-after.service": ("after", "DefaultDependencies=no\nRequires=sysinit.target\n"
-                                      "After=basic.target multi-user.target ticklab-plan.service\n"),
+    "ticklab-lab-job-after.service": (
+        "after",
+        "DefaultDependencies=no\nRequires=sysinit.target\nAfter=basic.target multi-user.target ticklab-plan.service\n",
+    ),
 }
 GUEST_STATE = "var/lib/ticklab-lab"  # the driver's log and results, inside the image
 CHECKOUT_EXCLUDE = {".venv", "build", ".git", "__pycache__", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints"}
@@ -112,8 +118,16 @@ def cached_host() -> HostImage | None:
 
 def _run(argv: list[str], what: str, log: Path | None = None, env: dict | None = None, timeout_s: float = 3600) -> str:
     """Run a build step; LabError naming the step and the last lines it printed."""
-    result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                            env=env, timeout=timeout_s, check=False)
+    result = subprocess.run(
+        argv,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        env=env,
+        timeout=timeout_s,
+        check=False,
+    )
     if log is not None:
         with log.open("a") as out:
             out.write(f"$ {' '.join(argv)}\n{result.stdout}{result.stderr}\n")
@@ -144,10 +158,19 @@ def _chroot_mounts(root: Path):
 
 
 def _chroot_env() -> dict:
-    ca = {name: f"/{CHROOT_CA}" for name in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")} \
-        if _host_ca_bundle() is not None else {}
-    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-            "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", **ca}
+    ca = (
+        {name: f"/{CHROOT_CA}" for name in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")}
+        if _host_ca_bundle() is not None
+        else {}
+    )
+    return {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root",
+        "DEBIAN_FRONTEND": "noninteractive",
+        "LC_ALL": "C.UTF-8",
+        "LANG": "C.UTF-8",
+        **ca,
+    }
 
 
 def _in_chroot(root: Path, argv: list[str], what: str, log: Path, timeout_s: float = 3600) -> str:
@@ -159,7 +182,11 @@ CHROOT_CA = "tmp/ticklab-host-ca.pem"
 
 def _host_ca_bundle() -> Path | None:
     """The certificates this machine trusts (a site's proxy CA included), as pip here finds them."""
-    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
+    for candidate in (
+        os.environ.get("PIP_CERT"),
+        os.environ.get("SSL_CERT_FILE"),
+        "/etc/ssl/certs/ca-certificates.crt",
+    ):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     return None
@@ -202,7 +229,8 @@ def _configure(root: Path, data: dict, key: str) -> None:
         "# the lab host's serial console (the builder and tests read it) and a short menu\n"
         f'GRUB_CMDLINE_LINUX_DEFAULT="{data.get("grub_cmdline", "")}"\n'
         "GRUB_TIMEOUT=1\nGRUB_TERMINAL=serial\n"
-        'GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"\n')
+        'GRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"\n'
+    )
     installer = root / "usr/local/sbin/ticklab-lab-install"
     installer.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(repo_root() / INSTALLER, installer)
@@ -219,8 +247,10 @@ def build_host(force: bool = False, say=print) -> HostImage:
         raise LabError("ticklab lab build-host: needs root (debootstrap, chroot, mkfs)")
     missing = missing_programs()
     if missing:
-        raise LabError(f"ticklab lab build-host: {', '.join(missing)} not installed "
-                       "(apt-get install debootstrap fdisk e2fsprogs qemu-system-x86)")
+        raise LabError(
+            f"ticklab lab build-host: {', '.join(missing)} not installed "
+            "(apt-get install debootstrap fdisk e2fsprogs qemu-system-x86)"
+        )
     require_qemu()
     data = recipe()
     key = host_key(data)
@@ -256,21 +286,41 @@ def build_host(force: bool = False, say=print) -> HostImage:
 def _build_into(work: Path, data: dict, key: str, log: Path, say) -> dict:
     root = work / "root"
     say(f"lab host: debootstrap {data['suite']} from {data['mirror']} (a few minutes)")
-    _run(["debootstrap", "--variant=minbase", "--include=ca-certificates,debconf", str(data["suite"]), str(root),
-          str(data["mirror"])], "debootstrap", log)
+    _run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=ca-certificates,debconf",
+            str(data["suite"]),
+            str(root),
+            str(data["mirror"]),
+        ],
+        "debootstrap",
+        log,
+    )
     policy = root / "usr/sbin/policy-rc.d"  # no service starts inside the chroot
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
     try:
         with _chroot_mounts(root), _network_in(root):
             selections = "\n".join(data.get("debconf", [])) + "\n"
-            answered = subprocess.run(["chroot", str(root), "debconf-set-selections"], input=selections, text=True,
-                                      env=_chroot_env(), check=False, capture_output=True)
+            answered = subprocess.run(
+                ["chroot", str(root), "debconf-set-selections"],
+                input=selections,
+                text=True,
+                env=_chroot_env(),
+                check=False,
+                capture_output=True,
+            )
             if answered.returncode != 0:
                 raise LabError(f"{RECIPE}: debconf answers refused: {' '.join(answered.stderr.split())[:300]}")
             say(f"lab host: apt-get install {len(data['packages'])} packages")
-            _in_chroot(root, ["apt-get", "install", "-y", "--no-install-recommends", *map(str, data["packages"])],
-                       "apt-get install", log)
+            _in_chroot(
+                root,
+                ["apt-get", "install", "-y", "--no-install-recommends", *map(str, data["packages"])],
+                "apt-get install",
+                log,
+            )
             _in_chroot(root, ["apt-get", "clean"], "apt-get clean", log)
             target = Path(str(data["ticklab_dir"]).lstrip("/"))
             (root / target).mkdir(parents=True, exist_ok=True)
@@ -278,13 +328,26 @@ def _build_into(work: Path, data: dict, key: str, log: Path, say) -> dict:
             say("lab host: the Python environment from requirements.lock")
             venv = f"/{target}/.venv"
             _in_chroot(root, ["python3", "-m", "venv", venv], "python3 -m venv", log)
-            _in_chroot(root, [f"{venv}/bin/python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                              "-r", f"/{target}/requirements.lock"], "pip install -r requirements.lock", log)
+            _in_chroot(
+                root,
+                [
+                    f"{venv}/bin/python",
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "-r",
+                    f"/{target}/requirements.lock",
+                ],
+                "pip install -r requirements.lock",
+                log,
+            )
             versions = _in_chroot(root, ["dpkg-query", "-W", "-f", "${Package} ${Version}\\n"], "dpkg-query", log)
     finally:
         policy.unlink(missing_ok=True)
     _configure(root, data, key)
-    kernels = sorted(p.name[len("vmlinuz-"):] for p in (root / "boot").glob("vmlinuz-*"))
+    kernels = sorted(p.name[len("vmlinuz-") :] for p in (root / "boot").glob("vmlinuz-*"))
     if not kernels:
         raise LabError(f"{root / 'boot'}: no kernel installed (linux-image-amd64 in {RECIPE}?)")
     release = kernels[-1]
@@ -292,27 +355,81 @@ def _build_into(work: Path, data: dict, key: str, log: Path, say) -> dict:
     size = int(data["disk_gib"]) << 30
     with disk.open("wb") as out:
         out.truncate(size)
-    subprocess.run(["sfdisk", "--quiet", str(disk)], input=f"label: dos\nstart={PARTITION_OFFSET // 512}, type=83, bootable\n",
-                   text=True, check=True, capture_output=True)
+    subprocess.run(
+        ["sfdisk", "--quiet", str(disk)],
+        input=f"label: dos\nstart={PARTITION_OFFSET // 512}, type=83, bootable\n",
+        text=True,
+        check=True,
+        capture_output=True,
+    )
     say("lab host: the root file system (mkfs.ext4 -d)")
-    _run(["mkfs.ext4", "-q", "-F", "-L", "ticklab-root", "-U", root_uuid(key), "-E", f"offset={PARTITION_OFFSET}",
-          "-d", str(root), str(disk), f"{(size - PARTITION_OFFSET) >> 10}k"], "mkfs.ext4", log)
+    _run(
+        [
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-L",
+            "ticklab-root",
+            "-U",
+            root_uuid(key),
+            "-E",
+            f"offset={PARTITION_OFFSET}",
+            "-d",
+            str(root),
+            str(disk),
+            f"{(size - PARTITION_OFFSET) >> 10}k",
+        ],
+        "mkfs.ext4",
+        log,
+    )
     say("lab host: installing grub to the disk (one boot of its kernel)")
     console = work / "install-console.log"
-    argv = [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-monitor", "none",
-            "-machine", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1024M",
-            "-kernel", str(root / "boot" / f"vmlinuz-{release}"), "-initrd", str(root / "boot" / f"initrd.img-{release}"),
-            "-append", f"root=UUID={root_uuid(key)} rw console=ttyS0 panic=-1 init=/usr/local/sbin/ticklab-lab-install",
-            "-drive", f"file={disk},format=raw,if=virtio", "-nic", "none", "-serial", f"file:{console}"]
+    argv = [
+        QEMU,
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-monitor",
+        "none",
+        "-machine",
+        "pc",
+        "-accel",
+        "tcg",
+        "-cpu",
+        "max",
+        "-smp",
+        "2",
+        "-m",
+        "1024M",
+        "-kernel",
+        str(root / "boot" / f"vmlinuz-{release}"),
+        "-initrd",
+        str(root / "boot" / f"initrd.img-{release}"),
+        "-append",
+        f"root=UUID={root_uuid(key)} rw console=ttyS0 panic=-1 init=/usr/local/sbin/ticklab-lab-install",
+        "-drive",
+        f"file={disk},format=raw,if=virtio",
+        "-nic",
+        "none",
+        "-serial",
+        f"file:{console}",
+    ]
     process = spawn(argv, label="qemu", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     status = wait_or_kill(process, 1800)
     text = console.read_text(errors="replace") if console.exists() else ""
     if INSTALL_OK not in text:
         tail = " | ".join(text.strip().splitlines()[-3:])
         raise LabError(f"{console}: grub was not installed ({status}): {tail}")
-    return {"key": key, "suite": data["suite"], "kernel": release, "root_uuid": root_uuid(key),
-            "packages": dict(line.split(" ", 1) for line in versions.splitlines() if " " in line),
-            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "key": key,
+        "suite": data["suite"],
+        "kernel": release,
+        "root_uuid": root_uuid(key),
+        "packages": dict(line.split(" ", 1) for line in versions.splitlines() if " " in line),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 # -- one run of the lab host -----------------------------------------------------------------------------------------
@@ -323,8 +440,11 @@ def checkout_files(root: Path) -> list[Path]:
     """The checkout's files as a user has them (git's tracked and untracked-but-not-ignored files where it is a git
     work tree, else every file), without environments, outputs and bundles (the image keeps its own); the published
     layer stays (a capture's stopping rule reads its targets)."""
-    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, check=False)
+    listed = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=False,
+    )
     if listed.returncode == 0 and listed.stdout:
         names = [Path(n) for n in listed.stdout.decode().split("\0") if n]
     else:
@@ -355,15 +475,24 @@ def mounted_disk(disk: Path, mountpoint: Path, read_only: bool = False):
 
 def unit_text(name: str) -> str:
     phase, ordering = JOB_UNITS[name]
-    return (f"[Unit]\nDescription=ticklab lab host job ({phase} the boot plan's unit)\n{ordering}\n"
-            f"[Service]\nType=oneshot\nExecStart=/usr/bin/python3 /usr/local/sbin/ticklab-lab-job {phase}\n"
-            "StandardOutput=journal+console\nStandardError=journal+console\nTimeoutStartSec=infinity\n\n"
-            "[Install]\nWantedBy=multi-user.target\n")
+    return (
+        f"[Unit]\nDescription=ticklab lab host job ({phase} the boot plan's unit)\n{ordering}\n"
+        f"[Service]\nType=oneshot\nExecStart=/usr/bin/python3 /usr/local/sbin/ticklab-lab-job {phase}\n"
+        "StandardOutput=journal+console\nStandardError=journal+console\nTimeoutStartSec=infinity\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
 
 
-def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_files: dict[str, bytes] | None = None,
-                kernels: tuple[tuple[Path, Path | None], ...] = (), modules: Path | None = None,
-                install_checkout: bool = True) -> list[dict]:
+def prepare_run(
+    image: HostImage,
+    run_dir: Path,
+    job: dict,
+    say=print,
+    extra_files: dict[str, bytes] | None = None,
+    kernels: tuple[tuple[Path, Path | None], ...] = (),
+    modules: Path | None = None,
+    install_checkout: bool = True,
+) -> list[dict]:
     """A copy of the image for one run, with this checkout installed (make env tools), the kernels built from
     ``kernels`` ((source, config fragment or None) pairs) installed as a user would (``kernel build --host`` against the copy's root, the modules its
     recorded boot loaded kept: ``modules``), and the job in place. Returns what each kernel is."""
@@ -384,8 +513,12 @@ def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_fil
                 path.write_bytes(data)
             say(f"lab host run: {count} files of this checkout in /{GUEST_TICKLAB}; make env tools (chroot)")
             with _chroot_mounts(root), _network_in(root):
-                _in_chroot(root, ["make", "-C", f"/{GUEST_TICKLAB}", "env", "tools"], "make env tools in the lab host",
-                           run_dir / "prepare.log")
+                _in_chroot(
+                    root,
+                    ["make", "-C", f"/{GUEST_TICKLAB}", "env", "tools"],
+                    "make env tools in the lab host",
+                    run_dir / "prepare.log",
+                )
         for source, fragment in kernels:
             built.append(install_host_kernel(root, Path(source), image.info["kernel"], modules, say, fragment))
         (root / "etc/ticklab-lab").mkdir(exist_ok=True)
@@ -408,29 +541,38 @@ def prepare_run(image: HostImage, run_dir: Path, job: dict, say=print, extra_fil
     return built
 
 
-def install_host_kernel(root: Path, source: Path, release: str, modules: Path | None, say=print,
-                        fragment: Path | None = None) -> dict:
+def install_host_kernel(
+    root: Path, source: Path, release: str, modules: Path | None, say=print, fragment: Path | None = None
+) -> dict:
     """``ticklab kernel build --host --root <the copy's root> --release <its kernel> --source <source>
     --localmodconfig --modules <its recorded boot's>``: the user's command, by the same code (hostkernel), built once
     per config, patches, modules and source (cached in its work directory) and installed into this copy."""
     from ..hostkernel import HostKernelError, build_and_install, plan_host_kernel
 
     try:
-        plan = plan_host_kernel(root, source=source, release=release, localmodconfig=modules is not None,
-                                modules=modules, fragment=fragment)
-        say(f"lab host run: kernel build --host --root {root} --source {source}: {plan.release} "
-            f"({sum(c.applies for c in plan.patches)} patches apply)")
+        plan = plan_host_kernel(
+            root, source=source, release=release, localmodconfig=modules is not None, modules=modules, fragment=fragment
+        )
+        say(
+            f"lab host run: kernel build --host --root {root} --source {source}: {plan.release} "
+            f"({sum(c.applies for c in plan.patches)} patches apply)"
+        )
         installed = build_and_install(plan, root, say=lambda line: say(f"lab host run: {line}"))
     except HostKernelError as exc:
         raise LabError(f"kernel build --host for the lab host: {exc}") from None
-    return {"release": installed, "source": str(source), "source_version": plan.source_version,
-            "patches": [c.path.name for c in plan.patches if c.applies],
-            "config_sha256": hashlib.sha256(plan.config).hexdigest(), "modules_kept": plan.module_count,
-            "build_log": str(plan.work / "build.log"),
-            "fragment": str(fragment) if fragment is not None else None,
-            "command": f"ticklab kernel build --host --root DIR --release {release} --source {source}"
-                       + (f" --localmodconfig --modules {modules}" if modules is not None else "")
-                       + (f" --fragment {fragment}" if fragment is not None else "")}
+    return {
+        "release": installed,
+        "source": str(source),
+        "source_version": plan.source_version,
+        "patches": [c.path.name for c in plan.patches if c.applies],
+        "config_sha256": hashlib.sha256(plan.config).hexdigest(),
+        "modules_kept": plan.module_count,
+        "build_log": str(plan.work / "build.log"),
+        "fragment": str(fragment) if fragment is not None else None,
+        "command": f"ticklab kernel build --host --root DIR --release {release} --source {source}"
+        + (f" --localmodconfig --modules {modules}" if modules is not None else "")
+        + (f" --fragment {fragment}" if fragment is not None else ""),
+    }
 
 
 def modules_record(image: HostImage, say=print, accel: str = "tcg") -> Path:
@@ -448,8 +590,10 @@ def modules_record(image: HostImage, say=print, accel: str = "tcg") -> Path:
         collect(run_dir)
         found = run_dir / "guest" / "state" / "proc-modules.txt"
         if outcome["status"] != "ok" or not found.is_file():
-            raise LabError(f"{run_dir}: the recording boot left no proc-modules.txt ({outcome['status']}; console "
-                           f"{run_dir / 'console.log'})")
+            raise LabError(
+                f"{run_dir}: the recording boot left no proc-modules.txt ({outcome['status']}; console "
+                f"{run_dir / 'console.log'})"
+            )
         recorded.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(found, recorded)
     finally:
@@ -462,8 +606,8 @@ def _said(line: str) -> str | None:
     """A console line worth showing: the job driver's, the plan's (its unit's output, as journald prints it)."""
     for marker in ("ticklab-lab-job: ", "boot plan ", "run-"):
         at = line.find(marker)
-        if at >= 0 and (marker != "run-" or line[at - 4:at] == "run "):
-            return line[at - 4 if marker == "run-" else at:]
+        if at >= 0 and (marker != "run-" or line[at - 4 : at] == "run "):
+            return line[at - 4 if marker == "run-" else at :]
     return None
 
 
@@ -481,12 +625,33 @@ def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = "tcg", s
     """Boot the run's disk through the firmware until the guest powers off; every console line is stamped with the
     seconds since QEMU started (console.timeline.tsv), and the driver's and plan's lines are said."""
     console = run_dir / "console.log"
-    argv = [QEMU, "-name", "ticklab-lab-host", "-nodefaults", "-no-user-config", "-display", "none",
-            "-monitor", "none", "-machine", "pc", "-accel", _accel_option(accel, data),
-            "-cpu", "host" if accel == "kvm" else "max",
-            "-smp", str(data.get("smp", 2)), "-m", f"{data.get('memory_mb', 2048)}M",
-            "-drive", f"file={run_dir / 'disk.raw'},format=raw,if=virtio", "-nic", "none",
-            "-serial", f"file:{console}"]
+    argv = [
+        QEMU,
+        "-name",
+        "ticklab-lab-host",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-machine",
+        "pc",
+        "-accel",
+        _accel_option(accel, data),
+        "-cpu",
+        "host" if accel == "kvm" else "max",
+        "-smp",
+        str(data.get("smp", 2)),
+        "-m",
+        f"{data.get('memory_mb', 2048)}M",
+        "-drive",
+        f"file={run_dir / 'disk.raw'},format=raw,if=virtio",
+        "-nic",
+        "none",
+        "-serial",
+        f"file:{console}",
+    ]
     if "," in str(run_dir):
         raise LabError(f"{run_dir}: QEMU options cannot take a path with a comma")
     started = time.monotonic()
@@ -499,7 +664,7 @@ def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = "tcg", s
             while True:
                 ended = process.poll() is not None
                 text = console.read_bytes() if console.exists() else b""
-                complete = text[:text.rfind(b"\n") + 1] if not ended else text
+                complete = text[: text.rfind(b"\n") + 1] if not ended else text
                 for raw in complete[seen:].splitlines():
                     line = raw.decode(errors="replace").rstrip("\r")
                     stamp = time.monotonic() - started
@@ -519,8 +684,13 @@ def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = "tcg", s
     except BaseException:
         wait_or_kill(process, 0)
         raise
-    return {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 1),
-            "accel": accel, "argv": argv}
+    return {
+        "status": status,
+        "exit": process.returncode,
+        "seconds": round(time.monotonic() - started, 1),
+        "accel": accel,
+        "argv": argv,
+    }
 
 
 def collect(run_dir: Path) -> dict:
@@ -531,14 +701,24 @@ def collect(run_dir: Path) -> dict:
         shutil.rmtree(out)
     out.mkdir()
     with mounted_disk(run_dir / "disk.raw", run_dir / "mnt", read_only=True) as root:
-        for source, name in ((root / GUEST_STATE, "state"), (root / "var/lib/ticklab/plans", "plans"),
-                             (root / GUEST_TICKLAB / "traces", "traces"), (root / "boot/grub", "grub")):
+        for source, name in (
+            (root / GUEST_STATE, "state"),
+            (root / "var/lib/ticklab/plans", "plans"),
+            (root / GUEST_TICKLAB / "traces", "traces"),
+            (root / "boot/grub", "grub"),
+        ):
             if source.is_dir():
-                shutil.copytree(source, out / name, symlinks=True,
-                                ignore=shutil.ignore_patterns("*.mod", "*.img", "fonts", "locale", "i386-pc"))
-        view = {"unit": os.path.lexists(root / "etc/systemd/system/ticklab-plan.service"),
-                "unit_link": os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service"),
-                "custom_cfg": (root / "boot/grub/custom.cfg").exists()}
+                shutil.copytree(
+                    source,
+                    out / name,
+                    symlinks=True,
+                    ignore=shutil.ignore_patterns("*.mod", "*.img", "fonts", "locale", "i386-pc"),
+                )
+        view = {
+            "unit": os.path.lexists(root / "etc/systemd/system/ticklab-plan.service"),
+            "unit_link": os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service"),
+            "custom_cfg": (root / "boot/grub/custom.cfg").exists(),
+        }
     before, after = run_dir / "grub-before", out / "grub"
     view["grub_cfg_unchanged"] = (before / "grub.cfg").read_bytes() == (after / "grub.cfg").read_bytes()
     env_before = (before / "grubenv").read_text() if (before / "grubenv").exists() else ""
@@ -551,7 +731,9 @@ def collect(run_dir: Path) -> dict:
     view["boots"] = _boot_lines(boots.read_bytes()) if boots.is_file() else []
     plans = sorted((out / "plans").glob("*/plan.json"))
     view["plan"] = json.loads(plans[-1].read_text()) if plans else None
-    view["bundles"] = sorted(str(p.parent.relative_to(out / "traces")) for p in (out / "traces").glob("*/*/*/manifest.json"))
+    view["bundles"] = sorted(
+        str(p.parent.relative_to(out / "traces")) for p in (out / "traces").glob("*/*/*/manifest.json")
+    )
     (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
     return view
 
@@ -580,14 +762,27 @@ def labhost_id(mode: str, accel: str, smp: int, release: str) -> str:
     """The bundles' host-id: a lab guest's (``guest-…``, as the report sorts setups) that played a real host's plan."""
     from ..host import collect as host_facts
     from .run import guest_host_id
+
     return f"{guest_host_id(accel, {smp}, release, host_facts())[:85].rstrip('-.')}-labhost-{mode}"
 
 
-def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | None = None,
-             experiment: str | None = None, abort_when_made: int | None = None,
-             hide_kernel_when_made: int | None = None, out: Path | None = None, accel: str = "tcg",
-             timeout_s: float = 4 * 3600, keep_disk: bool = False, extra_files: dict[str, bytes] | None = None,
-             kernels: tuple[tuple[Path, Path | None], ...] = (), say=print) -> dict:
+def plan_run(
+    claim: str,
+    mode: str,
+    *,
+    runs: int | None = None,
+    warmup: int | None = None,
+    experiment: str | None = None,
+    abort_when_made: int | None = None,
+    hide_kernel_when_made: int | None = None,
+    out: Path | None = None,
+    accel: str = "tcg",
+    timeout_s: float = 4 * 3600,
+    keep_disk: bool = False,
+    extra_files: dict[str, bytes] | None = None,
+    kernels: tuple[tuple[Path, Path | None], ...] = (),
+    say=print,
+) -> dict:
     """One boot plan in the lab host, driven without interaction: the capture started at its first boot, the user's
     abort or a hidden kernel image on cue, a check boot at the end; what was found (``host-view.json``), and the
     bundle copied into ``out`` (when given) under the lab host's host-id. ``extra_files``: files put into the
@@ -605,11 +800,18 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
     argv += ["--runs", str(runs)] if runs is not None else []
     argv += ["--warmup", str(warmup)] if warmup is not None else []
     argv += ["--experiment", experiment] if experiment else []
-    job = {"argv": argv, "cwd": f"/{GUEST_TICKLAB}", "ticklab": ticklab, "abort_when_made": abort_when_made,
-           "hide_kernel_when_made": hide_kernel_when_made, "max_boots": 60}
+    job = {
+        "argv": argv,
+        "cwd": f"/{GUEST_TICKLAB}",
+        "ticklab": ticklab,
+        "abort_when_made": abort_when_made,
+        "hide_kernel_when_made": hide_kernel_when_made,
+        "max_boots": 60,
+    }
     runs_dir().mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}-",
-                                    dir=runs_dir()))
+    run_dir = Path(
+        tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}-", dir=runs_dir())
+    )
     modules = modules_record(image, say, accel) if kernels else None
     try:
         built = prepare_run(image, run_dir, job, say, extra_files, kernels=tuple(kernels), modules=modules)
@@ -620,8 +822,16 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
         if not keep_disk:  # a copy of the image, gigabytes: what the run left is in its console and logs
             (run_dir / "disk.raw").unlink(missing_ok=True)
         raise
-    view.update({"qemu": outcome, "job": job, "host_id": hid, "image": image.key, "run_dir": str(run_dir),
-                 "kernels_built": built})
+    view.update(
+        {
+            "qemu": outcome,
+            "job": job,
+            "host_id": hid,
+            "image": image.key,
+            "run_dir": str(run_dir),
+            "kernels_built": built,
+        }
+    )
     (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
     if out is not None:
         for bundle in view["bundles"]:
@@ -635,7 +845,9 @@ def plan_run(claim: str, mode: str, *, runs: int | None = None, warmup: int | No
     return view
 
 
-_BOOT_LINE = re.compile(r"ticklab-lab-job: before boot (\d+) \(([^,]+), up ([\d.]+) s\): '([^']*)'; plan (\S+), (\d+) made")
+_BOOT_LINE = re.compile(
+    r"ticklab-lab-job: before boot (\d+) \(([^,]+), up ([\d.]+) s\): '([^']*)'; plan (\S+), (\d+) made"
+)
 
 
 def timeline(run_dir: Path) -> list[tuple[float, str]]:
@@ -653,12 +865,23 @@ def timeline(run_dir: Path) -> list[tuple[float, str]]:
             number, release, uptime, cmdline, state, made = boot.groups()
             loader = "grub" if "BOOT_IMAGE=" in cmdline else "kexec"
             words = " ".join(w for w in cmdline.split() if w.startswith(("nohz_full=", "root=UUID=0")))
-            found.append((float(stamp), f"boot {number} ({release}, by {loader}): userspace after {float(uptime):.0f} s; "
-                                        f"plan {state}, {made} made{'; ' + words if words else ''}"))
+            found.append(
+                (
+                    float(stamp),
+                    f"boot {number} ({release}, by {loader}): userspace after {float(uptime):.0f} s; "
+                    f"plan {state}, {made} made{'; ' + words if words else ''}",
+                )
+            )
             continue
         said = _said(line)
-        if said and not said.startswith(("ticklab-lab-job: after boot", "ticklab-lab-job: before boot",
-                                         "ticklab-lab-job: status|", "ticklab-lab-job: |")):
+        if said and not said.startswith(
+            (
+                "ticklab-lab-job: after boot",
+                "ticklab-lab-job: before boot",
+                "ticklab-lab-job: status|",
+                "ticklab-lab-job: |",
+            )
+        ):
             found.append((float(stamp), said[:200]))
     return found
 
@@ -667,23 +890,35 @@ def summary_lines(view: dict) -> list[str]:
     """What a lab host run showed, for its user: the boots in order, the plan's runs, the check boot's findings."""
     plan = view.get("plan") or {}
     qemu = view.get("qemu", {})
-    lines = [f"lab host run {view.get('run_dir')}: QEMU {qemu.get('status')} after {qemu.get('seconds')} s "
-             f"({qemu.get('accel')}); plan {plan.get('id')} ({plan.get('mode')}) {plan.get('state')}"
-             + (f": {plan['ended_because']}" if plan.get("ended_because") else "")]
-    lines += [f"  {seconds:7.1f} s  {text}" for seconds, text in timeline(Path(view["run_dir"]))] \
-        if view.get("run_dir") else []
+    lines = [
+        f"lab host run {view.get('run_dir')}: QEMU {qemu.get('status')} after {qemu.get('seconds')} s "
+        f"({qemu.get('accel')}); plan {plan.get('id')} ({plan.get('mode')}) {plan.get('state')}"
+        + (f": {plan['ended_because']}" if plan.get("ended_because") else "")
+    ]
+    lines += (
+        [f"  {seconds:7.1f} s  {text}" for seconds, text in timeline(Path(view["run_dir"]))]
+        if view.get("run_dir")
+        else []
+    )
     for run in plan.get("runs", []):
-        lines.append(f"  run {run['name']} ({run['condition']}): {run['state']}"
-                     + (f", boot {run['boot_id_found']}" if run.get("boot_id_found") else "")
-                     + (f": {run['why']}" if run.get("why") else ""))
+        lines.append(
+            f"  run {run['name']} ({run['condition']}): {run['state']}"
+            + (f", boot {run['boot_id_found']}" if run.get("boot_id_found") else "")
+            + (f": {run['why']}" if run.get("why") else "")
+        )
     final = view.get("final") or {}
-    lines.append(f"  after: unit {'left' if view.get('unit') else 'gone'}, grub.cfg "
-                 f"{'unchanged' if view.get('grub_cfg_unchanged') else 'CHANGED'}, grubenv "
-                 f"{'unchanged' if view.get('grubenv_unchanged') else 'changed: ' + ' '.join(view.get('grubenv_after', []))}, "
-                 f"custom.cfg {'present' if view.get('custom_cfg') else 'absent'}, kexec loaded {final.get('kexec_loaded')}")
+    lines.append(
+        f"  after: unit {'left' if view.get('unit') else 'gone'}, grub.cfg "
+        f"{'unchanged' if view.get('grub_cfg_unchanged') else 'CHANGED'}, grubenv "
+        f"{'unchanged' if view.get('grubenv_unchanged') else 'changed: ' + ' '.join(view.get('grubenv_after', []))}, "
+        f"custom.cfg {'present' if view.get('custom_cfg') else 'absent'}, kexec loaded {final.get('kexec_loaded')}"
+    )
     lines.append(f"  check boot: {final.get('release')} '{' '.join(final.get('boot_words', []))}'")
     lines += [f"  | {line}" for line in str(final.get("plan_status", "")).splitlines()]
-    lines += [f"  kernel built: {k['release']} from {k['source']} ({', '.join(k['patches']) or 'no patches'}; "
-              f"{k['modules_kept']} modules kept; log {k['build_log']})" for k in view.get("kernels_built", [])]
+    lines += [
+        f"  kernel built: {k['release']} from {k['source']} ({', '.join(k['patches']) or 'no patches'}; "
+        f"{k['modules_kept']} modules kept; log {k['build_log']})"
+        for k in view.get("kernels_built", [])
+    ]
     lines += [f"  bundle: {b}" for b in view.get("bundles", [])]
     return lines

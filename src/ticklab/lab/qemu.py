@@ -51,13 +51,38 @@ class Boot:
             if "," in str(path):
                 raise LabError(f"{path}: QEMU options cannot take a path with a comma")
         # debug-threads names each vCPU thread "CPU <n>/TCG" (or /KVM), which is how pin_vcpus finds them
-        return [QEMU, "-name", "ticklab,debug-threads=on",
-                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-monitor", "none",
-                "-machine", "pc", "-accel", self.accel, "-cpu", "host" if self.accel == "kvm" else "max",
-                "-smp", str(self.smp), "-m", f"{self.memory_mb}M",
-                "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", self.full_cmdline(),
-                "-serial", f"file:{self.console}",
-                "-virtfs", f"local,path={self.share},mount_tag={SHARE_TAG},security_model=none,id=share"]
+        return [
+            QEMU,
+            "-name",
+            "ticklab,debug-threads=on",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-monitor",
+            "none",
+            "-machine",
+            "pc",
+            "-accel",
+            self.accel,
+            "-cpu",
+            "host" if self.accel == "kvm" else "max",
+            "-smp",
+            str(self.smp),
+            "-m",
+            f"{self.memory_mb}M",
+            "-kernel",
+            str(self.kernel),
+            "-initrd",
+            str(self.initrd),
+            "-append",
+            self.full_cmdline(),
+            "-serial",
+            f"file:{self.console}",
+            "-virtfs",
+            f"local,path={self.share},mount_tag={SHARE_TAG},security_model=none,id=share",
+        ]
 
 
 def qemu_version() -> str | None:
@@ -85,8 +110,15 @@ def run_boot(boot: Boot) -> dict:
             wait_or_kill(process, 0)
             raise
         status = wait_or_kill(process, max(1.0, boot.timeout_s - (time.monotonic() - started)))
-    outcome = {"status": status, "exit": process.returncode, "seconds": round(time.monotonic() - started, 2),
-               "accel": boot.accel, "smp": boot.smp, "memory_mb": boot.memory_mb, "cmdline": boot.full_cmdline()}
+    outcome = {
+        "status": status,
+        "exit": process.returncode,
+        "seconds": round(time.monotonic() - started, 2),
+        "accel": boot.accel,
+        "smp": boot.smp,
+        "memory_mb": boot.memory_mb,
+        "cmdline": boot.full_cmdline(),
+    }
     return {**outcome, "vcpu_pinning": pinning} if pinning is not None else outcome
 
 
@@ -163,19 +195,34 @@ def probe_kvm(kernel: Path, initrd: Path, say=print) -> tuple[bool, str]:
     cached = cached_kvm_probe()
     if cached is not None:
         return cached
-    say(f"probing KVM: booting a test guest under it (up to {KVM_PROBE_TIMEOUT_S} s; the answer is kept until the host reboots)")
+    say(
+        f"probing KVM: booting a test guest under it (up to {KVM_PROBE_TIMEOUT_S} s; the answer is kept until the host reboots)"
+    )
     with tempfile.TemporaryDirectory(prefix="ticklab-kvm-probe-") as share:
         share = Path(share)
-        boot = Boot(kernel, initrd, share, share / "console.log", accel="kvm", smp=1, memory_mb=512,
-                    timeout_s=KVM_PROBE_TIMEOUT_S)
+        boot = Boot(
+            kernel,
+            initrd,
+            share,
+            share / "console.log",
+            accel="kvm",
+            smp=1,
+            memory_mb=512,
+            timeout_s=KVM_PROBE_TIMEOUT_S,
+        )
         outcome = run_boot(boot)
         booted = (share / "booted").is_file()
         tail = (share / "console.qemu.txt").read_text()[-200:].strip()
     if booted:
         ok, why = True, f"a test guest booted under KVM in {outcome['seconds']:.0f} s"
     else:
-        ok, why = False, (f"a test guest did not boot under KVM ({outcome['status']}, exit {outcome['exit']}"
-                          f"{': ' + tail if tail else ''}); using TCG")
+        ok, why = (
+            False,
+            (
+                f"a test guest did not boot under KVM ({outcome['status']}, exit {outcome['exit']}"
+                f"{': ' + tail if tail else ''}); using TCG"
+            ),
+        )
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({"identity": identity, "ok": ok, "why": why}, indent=2) + "\n")
     return ok, why

@@ -28,8 +28,15 @@ from tqdm import tqdm
 from ..bundle import BundleWriter
 from ..capture import interference
 from ..capture.execute import workload_values
-from ..capture.experiment import (Condition, Experiment, ExperimentError, PlannedRun, expand_conditions,
-                                  experiment_paths, load_experiment)
+from ..capture.experiment import (
+    Condition,
+    Experiment,
+    ExperimentError,
+    PlannedRun,
+    expand_conditions,
+    experiment_paths,
+    load_experiment,
+)
 from ..capture.session import Session, add_run, check_counts, open_bundle, plan, plan_counts
 from ..capture.stopping import StoppingRule
 from ..host import collect, host_id, interrupting_signals
@@ -39,8 +46,16 @@ from . import kernel as lab_kernel
 from . import qemu
 from .cache import LabError, cache_dir
 
-DEFAULT_LAB = {"kernel": "hz1000", "smp": 2, "memory_mb": 1024, "cmdline": "", "accel": "any", "boot_timeout_s": 300,
-               "pin_vcpus": False, "backend": "auto"}
+DEFAULT_LAB = {
+    "kernel": "hz1000",
+    "smp": 2,
+    "memory_mb": 1024,
+    "cmdline": "",
+    "accel": "any",
+    "boot_timeout_s": 300,
+    "pin_vcpus": False,
+    "backend": "auto",
+}
 
 
 @dataclass
@@ -56,7 +71,7 @@ class LabOptions:
     backend: str = "auto"
     progress: bool = True
     build: bool = True
-    goals: list | None = None      # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
+    goals: list | None = None  # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
 
 
 def lab_settings(experiment: Experiment) -> dict:
@@ -77,13 +92,24 @@ def boot_settings(experiment: Experiment, condition: Condition, options: LabOpti
     lab = lab_settings(experiment)
     values = condition.values
     kernel_var, smp_var, cmdline_var = (_knob(experiment, k) for k in ("lab_kernel", "lab_smp", "boot_cmdline"))
-    words = [*str(lab["cmdline"] or "").split(), *(str(values[cmdline_var]).split() if cmdline_var in values else []),
-             *options.cmdline.split()]
+    words = [
+        *str(lab["cmdline"] or "").split(),
+        *(str(values[cmdline_var]).split() if cmdline_var in values else []),
+        *options.cmdline.split(),
+    ]
     clocksource = next((w.split("=", 1)[1] for w in reversed(words) if w.startswith("clocksource=")), None)
-    smp = vcpu_count(values[smp_var], f"{experiment.path}: conditions.{smp_var}") if smp_var in values \
+    smp = (
+        vcpu_count(values[smp_var], f"{experiment.path}: conditions.{smp_var}")
+        if smp_var in values
         else int(options.smp or lab["smp"])
-    return {"kernel": str(values[kernel_var]) if kernel_var in values else str(lab["kernel"]), "smp": smp,
-            "memory_mb": int(lab["memory_mb"]), "cmdline": words, "clocksource": clocksource}
+    )
+    return {
+        "kernel": str(values[kernel_var]) if kernel_var in values else str(lab["kernel"]),
+        "smp": smp,
+        "memory_mb": int(lab["memory_mb"]),
+        "cmdline": words,
+        "clocksource": clocksource,
+    }
 
 
 def experiment_kernels(experiment: Experiment) -> list[str]:
@@ -104,7 +130,9 @@ def vcpu_count(value, source: str) -> int:
     try:
         count = round(float(text[:-1]) * host_cpus()) if text.endswith("x") else int(text)
     except ValueError:
-        raise ExperimentError(f"{source}: {value!r} is neither a vCPU count nor a multiple of the host's CPUs like '1.5x'") from None
+        raise ExperimentError(
+            f"{source}: {value!r} is neither a vCPU count nor a multiple of the host's CPUs like '1.5x'"
+        ) from None
     if count < 1:
         raise ExperimentError(f"{source}: {value!r} gives {count} vCPUs")
     return count
@@ -112,8 +140,12 @@ def vcpu_count(value, source: str) -> int:
 
 def planning_facts(smp: int) -> dict:
     """What condition expansion may ask of the guest before it has booted (nproc is the vCPU count)."""
-    return {"nproc": smp, "online_cpus": list(range(smp)), "clocksources": {"available": [], "current": None},
-            "cpuidle": {"driver": None, "states": []}}
+    return {
+        "nproc": smp,
+        "online_cpus": list(range(smp)),
+        "clocksources": {"available": [], "current": None},
+        "cpuidle": {"driver": None, "states": []},
+    }
 
 
 def guest_host_id(accel: str, smp_values: set[int], release: str, physical: dict) -> str:
@@ -140,17 +172,21 @@ class LabRun:
         missing = [v for v in variants if lab_kernel.cached_kernel(v) is None]
         cached = [v for v in variants if v not in missing]
         if cached:
-            self.log(f"lab kernel{'s' if len(cached) > 1 else ''} {', '.join(cached)}: cached in "
-                     f"{lab_kernel.shown_dir(cache_dir() / 'kernels')}")
+            self.log(
+                f"lab kernel{'s' if len(cached) > 1 else ''} {', '.join(cached)}: cached in "
+                f"{lab_kernel.shown_dir(cache_dir() / 'kernels')}"
+            )
         if missing and options.build:
             self.log(lab_kernel.build_announcement(missing, no_build_hint=True))
         build = lab_kernel.build_kernel if options.build else _cached_kernel
-        self.kernels = {variant: build(variant, progress=options.progress, say=self.log, announce=False)
-                        for variant in variants}
+        self.kernels = {
+            variant: build(variant, progress=options.progress, say=self.log, announce=False) for variant in variants
+        }
         self.image = guest_image.build_image(say=self.log)
         first = next(iter(self.kernels.values()))
-        self.accel, self.accel_why = qemu.choose_accelerator(options.accel, first.image, self.image.initramfs,
-                                                             say=self.log)
+        self.accel, self.accel_why = qemu.choose_accelerator(
+            options.accel, first.image, self.image.initramfs, say=self.log
+        )
 
     def run(self) -> Path:
         experiment, options, lab = self.experiment, self.options, lab_settings(self.experiment)
@@ -165,15 +201,24 @@ class LabRun:
         releases = sorted({k.info["release"] for k in kernels.values()})
         identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
         planned = plan(conditions, counts)
-        rule = StoppingRule.for_capture(experiment, conditions, runs_fixed=options.runs is not None,
-                                        budget_s=options.budget_s, goals=options.goals)
+        rule = StoppingRule.for_capture(
+            experiment, conditions, runs_fixed=options.runs is not None, budget_s=options.budget_s, goals=options.goals
+        )
         # the guest's facts, requirements and tracing come with its first boot (LabExecutor.make_run)
-        writer = self.writer = open_bundle(options.out or traces_dir(), identity, experiment, {}, conditions, counts,
-                                           planned)
+        writer = self.writer = open_bundle(
+            options.out or traces_dir(), identity, experiment, {}, conditions, counts, planned
+        )
         manifest = writer.manifest
-        manifest.lab = {"accelerator": accel, "why": accel_why, "qemu": qemu.qemu_version(), "physical_host": physical,
-                        "physical_host_id": host_id(physical), "kernels": {v: k.record() for v, k in kernels.items()},
-                        "image": image.record(), "boot": settings}
+        manifest.lab = {
+            "accelerator": accel,
+            "why": accel_why,
+            "qemu": qemu.qemu_version(),
+            "physical_host": physical,
+            "physical_host_id": host_id(physical),
+            "kernels": {v: k.record() for v, k in kernels.items()},
+            "image": image.record(),
+            "boot": settings,
+        }
         if lab["accel"] == "kvm" and accel != "kvm":
             manifest.not_testable = f"needs KVM (a guest that really boots under it): {accel_why}"
             self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
@@ -181,13 +226,28 @@ class LabRun:
         writer.flush()
         if not options.progress:
             warmups = sum(p.warmup for p in planned)
-            self.log(f"{experiment.claim}/{experiment.name} ({accel}): {len(planned)} boot(s), {warmups} of them "
-                     f"warm-up, one guest each (more if the stopping rule asks)")
+            self.log(
+                f"{experiment.claim}/{experiment.name} ({accel}): {len(planned)} boot(s), {warmups} of them "
+                f"warm-up, one guest each (more if the stopping rule asks)"
+            )
         executor = LabExecutor(experiment, options, kernels, image, accel, settings, self.log)
         with interrupting_signals():
-            Session(experiment, executor, writer, planned, rule, conditions, counts[2], what="lab run",
-                    desc=f"{experiment.claim}/{experiment.name} ({accel})", progress=options.progress, log=self.log).run()
-        self.log(f"{experiment.claim}/{experiment.name}: sealing the bundle (compressing raw files, hashing every file)")
+            Session(
+                experiment,
+                executor,
+                writer,
+                planned,
+                rule,
+                conditions,
+                counts[2],
+                what="lab run",
+                desc=f"{experiment.claim}/{experiment.name} ({accel})",
+                progress=options.progress,
+                log=self.log,
+            ).run()
+        self.log(
+            f"{experiment.claim}/{experiment.name}: sealing the bundle (compressing raw files, hashing every file)"
+        )
         return writer.seal()
 
 
@@ -195,10 +255,12 @@ class LabExecutor:
     """Makes each run in its own boot of a lab guest (the session's :class:`~ticklab.capture.session.Executor`):
     the condition's kernel, vCPUs and command line (``settings``), the job in a 9p share, the guest running the
     capture code; after the runs, each once-per-condition cross-check in a boot of its own."""
+
     unit = "boot"
 
-    def __init__(self, experiment: Experiment, options: LabOptions, kernels: dict, image, accel: str, settings: dict,
-                 log=say):
+    def __init__(
+        self, experiment: Experiment, options: LabOptions, kernels: dict, image, accel: str, settings: dict, log=say
+    ):
         self.experiment, self.options, self.kernels, self.image, self.accel = experiment, options, kernels, image, accel
         self.settings, self.log = settings, log
 
@@ -219,13 +281,27 @@ class LabExecutor:
             shutil.copyfile(experiment.path, share / "experiment.yaml")
             kernel = self.kernels[setting["kernel"]]
             backend = self.options.backend if self.options.backend != "auto" else str(lab["backend"])
-            job = {**job, "run": directory, "backend": backend, "cmdline": setting["cmdline"],
-                   "clocksource": setting["clocksource"], "kernel_release": kernel.info["release"]}
+            job = {
+                **job,
+                "run": directory,
+                "backend": backend,
+                "cmdline": setting["cmdline"],
+                "clocksource": setting["clocksource"],
+                "kernel_release": kernel.info["release"],
+            }
             (share / "job.json").write_text(json.dumps(job, indent=2) + "\n")
-            boot = qemu.Boot(kernel.image, self.image.initramfs, share, share / "console.log",
-                             cmdline=setting["cmdline"], accel=self.accel, smp=setting["smp"],
-                             memory_mb=setting["memory_mb"], timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
-                             pin_vcpus=bool(lab["pin_vcpus"]))
+            boot = qemu.Boot(
+                kernel.image,
+                self.image.initramfs,
+                share,
+                share / "console.log",
+                cmdline=setting["cmdline"],
+                accel=self.accel,
+                smp=setting["smp"],
+                memory_mb=setting["memory_mb"],
+                timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
+                pin_vcpus=bool(lab["pin_vcpus"]),
+            )
             # the physical host's load while the guest runs: a TCG guest's vCPUs compete with every host task
             with interference.Sampler() as host_load:
                 outcome = qemu.run_boot(boot)
@@ -235,16 +311,26 @@ class LabExecutor:
             for name in ("console.log", "guest.log"):
                 skipped += copy_from_share(share / name, run_dir / name)
             if skipped:
-                self.log(f"{directory}: not copied from the guest's share (not regular files): {', '.join(skipped[:5])}")
+                self.log(
+                    f"{directory}: not copied from the guest's share (not regular files): {', '.join(skipped[:5])}"
+                )
         # each run's kernel: the lab kernel's name, the release it booted, the source package it was built from
-        outcome = {**outcome, "kernel": setting["kernel"], "kernel_release": kernel.info["release"],
-                   "kernel_source": kernel.info.get("source"), "interference": host_load.summary()}
+        outcome = {
+            **outcome,
+            "kernel": setting["kernel"],
+            "kernel_release": kernel.info["release"],
+            "kernel_source": kernel.info.get("source"),
+            "interference": host_load.summary(),
+        }
         return outcome, result, run_dir
 
     def _one_boot(self, writer: BundleWriter, planned, setting: dict) -> bool:
         """Boot for one planned run; False when the guest says the experiment is not testable there."""
-        job = {"order": planned.order, "warmup": planned.warmup,
-               "condition": {"name": planned.condition.name, "values": planned.condition.values}}
+        job = {
+            "order": planned.order,
+            "warmup": planned.warmup,
+            "condition": {"name": planned.condition.name, "values": planned.condition.values},
+        }
         outcome, result, run_dir = self._boot(writer, planned.run, job, setting)
         return add_guest_run(writer, self.experiment, planned, result, outcome, run_dir, setting["smp"], self.log)
 
@@ -254,11 +340,18 @@ class LabExecutor:
         once = experiment.extras_per_condition()
         names = ", ".join(extra["name"] for extra in once)
         boots = len(once) * len(conditions)
-        self.log(f"{experiment.claim}/{experiment.name}: cross-check{'s' if len(once) > 1 else ''} "
-                 f"{names}: {boots} more boot(s), one per condition")
+        self.log(
+            f"{experiment.claim}/{experiment.name}: cross-check{'s' if len(once) > 1 else ''} "
+            f"{names}: {boots} more boot(s), one per condition"
+        )
         done = []
-        with tqdm(total=boots, desc=f"{experiment.claim}/{experiment.name} cross-checks", unit="boot",
-                  disable=not progress, file=sys.stderr) as bar:
+        with tqdm(
+            total=boots,
+            desc=f"{experiment.claim}/{experiment.name} cross-checks",
+            unit="boot",
+            disable=not progress,
+            file=sys.stderr,
+        ) as bar:
             for extra in once:
                 for index, condition in enumerate(conditions):
                     done.append(self._extra(writer, extra, index, condition, settings))
@@ -269,17 +362,25 @@ class LabExecutor:
     def _extra(self, writer: BundleWriter, extra: dict, index: int, condition: Condition, settings: dict) -> dict:
         """One cross-check boot: its entry in the manifest's extras."""
         directory = f"extra-{extra['name']}-{index + 1:03d}"
-        job = {"order": None, "warmup": False, "extra": extra["name"],
-               "condition": {"name": condition.name, "values": condition.values}}
+        job = {
+            "order": None,
+            "warmup": False,
+            "extra": extra["name"],
+            "condition": {"name": condition.name, "values": condition.values},
+        }
         outcome, result, run_dir = self._boot(writer, directory, job, settings[condition.name])
-        entry = result.get("extra") or {"name": extra["name"], "condition": condition.name, "status": "failed",
-                                        "problem": _no_result(result, outcome, run_dir)}
-        return {**entry, "directory": directory, "guest": guest_summary(result.get("facts") or {}),
-                "boot": outcome}
+        entry = result.get("extra") or {
+            "name": extra["name"],
+            "condition": condition.name,
+            "status": "failed",
+            "problem": _no_result(result, outcome, run_dir),
+        }
+        return {**entry, "directory": directory, "guest": guest_summary(result.get("facts") or {}), "boot": outcome}
 
 
-def add_guest_run(writer: BundleWriter, experiment: Experiment, planned, result: dict, outcome: dict, run_dir: Path,
-                  smp: int, log=say) -> bool:
+def add_guest_run(
+    writer: BundleWriter, experiment: Experiment, planned, result: dict, outcome: dict, run_dir: Path, smp: int, log=say
+) -> bool:
     """A run the guest made (its result.json, the boot's ``outcome``) into the bundle; False when the guest said
     the experiment is not testable there. ``outcome["interference"]``, when present, is the physical host's."""
     manifest = writer.manifest
@@ -295,10 +396,21 @@ def add_guest_run(writer: BundleWriter, experiment: Experiment, planned, result:
         return False
     record = result.get("record")
     if record is None:
-        record = {"run": planned.run, "condition": planned.condition.name, "order": planned.order,
-                  "warmup": planned.warmup, "values": planned.condition.values, "argv": [], "start": None,
-                  "end": None, "exit_status": None, "status": "failed", "knobs": [], "trace": None,
-                  "problem": _no_result(result, outcome, run_dir)}
+        record = {
+            "run": planned.run,
+            "condition": planned.condition.name,
+            "order": planned.order,
+            "warmup": planned.warmup,
+            "values": planned.condition.values,
+            "argv": [],
+            "start": None,
+            "end": None,
+            "exit_status": None,
+            "status": "failed",
+            "knobs": [],
+            "trace": None,
+            "problem": _no_result(result, outcome, run_dir),
+        }
     facts = result.get("facts") or {}
     record["guest"] = guest_summary(facts)
     # the run's interference is the physical host's, sampled around the boot; the guest's own view is kept beside it
@@ -314,17 +426,23 @@ def add_guest_run(writer: BundleWriter, experiment: Experiment, planned, result:
 
 def guest_summary(facts: dict) -> dict:
     """What a run's record keeps of the guest it ran in: enough to check it booted as the condition asked."""
-    return {"cmdline": facts.get("cmdline"), "kernel": facts.get("kernel_release"),
-            "clocksource": (facts.get("clocksources") or {}).get("current"),
-            "hz": (facts.get("kernel_config") or {}).get("hz"), "nproc": facts.get("nproc"),
-            "switches": facts.get("lab_switches")}
+    return {
+        "cmdline": facts.get("cmdline"),
+        "kernel": facts.get("kernel_release"),
+        "clocksource": (facts.get("clocksources") or {}).get("current"),
+        "hz": (facts.get("kernel_config") or {}).get("hz"),
+        "nproc": facts.get("nproc"),
+        "switches": facts.get("lab_switches"),
+    }
 
 
 def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
     crash = guest_crash(run_dir / "console.log")
-    return result.get("error") or (f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}"
-                                   + (f"; its kernel crashed: {crash}" if crash else "")
-                                   + f"; see {run_dir / 'console.log'})")
+    return result.get("error") or (
+        f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}"
+        + (f"; its kernel crashed: {crash}" if crash else "")
+        + f"; see {run_dir / 'console.log'})"
+    )
 
 
 _CRASH = re.compile(r"\]\s+((?:Oops|BUG|Kernel panic)\b.*|RIP: \S+)$")
@@ -403,7 +521,9 @@ def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None
     for path in paths:
         experiment = load_experiment(path)
         if experiment.lab is None:
-            raise ExperimentError(f"{path}: not a lab experiment (no 'lab:' section); run it with 'ticklab capture {claim}'")
+            raise ExperimentError(
+                f"{path}: not a lab experiment (no 'lab:' section); run it with 'ticklab capture {claim}'"
+            )
         if experiment.claim != claim:
             raise ExperimentError(f"{path}: claim is {experiment.claim!r}, not {claim!r}")
         bundle = LabRun(experiment, options, log=log).run()

@@ -35,6 +35,7 @@ _VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~:-]*$")
 @dataclass(frozen=True)
 class SourceSpec:
     """A series as kernel/sources.yaml declares it."""
+
     series: str
     package: str
     suite: str | None
@@ -46,10 +47,11 @@ class SourceSpec:
 @dataclass(frozen=True)
 class Source:
     """A series' source as found here: the tarball, its package version, where it came from."""
+
     spec: SourceSpec
     version: str
     tarball: Path
-    origin: str        # "installed" or "fetched from <mirror> <suite>"
+    origin: str  # "installed" or "fetched from <mirror> <suite>"
 
     @property
     def series(self) -> str:
@@ -75,7 +77,7 @@ def sources_file() -> Path:
 @functools.lru_cache(maxsize=4)
 def _load(path: Path, mtime: float) -> tuple[str, dict[str, SourceSpec]]:
     try:
-        data = yamlsafe.load(path.read_text()[:1 << 20])
+        data = yamlsafe.load(path.read_text()[: 1 << 20])
     except (OSError, yamlsafe.YamlError) as exc:
         raise LabError(f"{path}: cannot be read ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("sources"), dict) or not data["sources"]:
@@ -93,8 +95,9 @@ def _load(path: Path, mtime: float) -> tuple[str, dict[str, SourceSpec]]:
             raise LabError(f"{path}: sources.{series}.package: {package!r} is not linux-source-<major>.<minor>")
         if suite is not None and not _SUITE.match(str(suite)):
             raise LabError(f"{path}: sources.{series}.suite: {suite!r} is not a Debian suite name")
-        specs[series] = SourceSpec(series, package, None if suite is None else str(suite), mirror, keyring,
-                                   str(entry.get("why") or ""))
+        specs[series] = SourceSpec(
+            series, package, None if suite is None else str(suite), mirror, keyring, str(entry.get("why") or "")
+        )
     default = str(data.get("default") or "")
     if default not in specs:
         raise LabError(f"{path}: default: {default!r} is not one of the sources ({', '.join(specs)})")
@@ -117,8 +120,9 @@ def split_name(name: str) -> tuple[str, str]:
     match = _SERIES.match(name)
     if match:
         if match.group(1) not in specs:
-            raise LabError(f"lab kernel {name}: no source {match.group(1)} in kernel/sources.yaml "
-                           f"(have: {', '.join(specs)})")
+            raise LabError(
+                f"lab kernel {name}: no source {match.group(1)} in kernel/sources.yaml (have: {', '.join(specs)})"
+            )
         return match.group(1), match.group(2)
     return default, name
 
@@ -142,8 +146,9 @@ def installed(source: SourceSpec) -> Source | None:
     if not tarball.is_file():
         return None
     try:
-        result = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", source.package], capture_output=True,
-                                text=True, check=False)
+        result = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", source.package], capture_output=True, text=True, check=False
+        )
     except OSError:
         return None
     version = result.stdout.strip()
@@ -162,6 +167,7 @@ def _newest(versions: list[str]) -> str:
             return 0
         result = subprocess.run(["dpkg", "--compare-versions", a, "lt", b], check=False)
         return -1 if result.returncode == 0 else 1
+
     return sorted(versions, key=functools.cmp_to_key(compare))[-1]
 
 
@@ -225,8 +231,10 @@ def require(series: str, fetch: bool = True, progress: bool = True, say=print) -
     if not source.suite:
         raise LabError(f"/usr/src/{source.package}.tar.xz: missing; install it with 'apt-get install {source.package}'")
     if not fetch:
-        raise LabError(f"{source.package}: not installed and not fetched; 'ticklab lab build-kernel' fetches it "
-                       f"from Debian {source.suite}")
+        raise LabError(
+            f"{source.package}: not installed and not fetched; 'ticklab lab build-kernel' fetches it "
+            f"from Debian {source.suite}"
+        )
     return fetch_source(source, progress=progress, say=say)
 
 
@@ -242,14 +250,25 @@ class AptConfig:
         for sub in ("lists/partial", "parts", "cache/archives/partial"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "sources.list").write_text(
-            f"deb [signed-by={self.source.keyring}] {self.source.mirror} {self.source.suite} main\n")
+            f"deb [signed-by={self.source.keyring}] {self.source.mirror} {self.source.suite} main\n"
+        )
 
     def options(self) -> list[str]:
         # as root apt would hand downloads to its _apt user, who cannot write into root's cache: keep them root's
         sandbox = ["-o", "APT::Sandbox::User=root"] if os.geteuid() == 0 else []
-        return [*sandbox, "-o", f"Dir::Etc::sourcelist={self.root / 'sources.list'}", "-o", f"Dir::Etc::sourceparts={self.root / 'parts'}",
-                "-o", f"Dir::State::Lists={self.root / 'lists'}", "-o", f"Dir::Cache={self.root / 'cache'}",
-                "-o", "APT::Get::List-Cleanup=0"]
+        return [
+            *sandbox,
+            "-o",
+            f"Dir::Etc::sourcelist={self.root / 'sources.list'}",
+            "-o",
+            f"Dir::Etc::sourceparts={self.root / 'parts'}",
+            "-o",
+            f"Dir::State::Lists={self.root / 'lists'}",
+            "-o",
+            f"Dir::Cache={self.root / 'cache'}",
+            "-o",
+            "APT::Get::List-Cleanup=0",
+        ]
 
 
 def _apt_said(result: subprocess.CompletedProcess) -> str:
@@ -259,14 +278,17 @@ def _apt_said(result: subprocess.CompletedProcess) -> str:
     for index, line in enumerate(lines):
         if line.startswith("Err:") and index + 1 < len(lines) and lines[index + 1][:1].isspace():
             return lines[index + 1].strip()[:300]
-    said = next((line for line in lines if line.startswith("E:")), None) \
-        or next((line for line in lines if line.startswith("W:")), None) or (lines[-1] if lines else "no output")
+    said = (
+        next((line for line in lines if line.startswith("E:")), None)
+        or next((line for line in lines if line.startswith("W:")), None)
+        or (lines[-1] if lines else "no output")
+    )
     return said.strip()[:300]
 
 
 def _run(argv: list[str], cwd: Path | None = None, show: bool = False) -> subprocess.CompletedProcess:
     try:
-        if show:   # apt draws its own progress on a terminal
+        if show:  # apt draws its own progress on a terminal
             result = subprocess.run(argv, cwd=cwd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, check=False)
             result.stdout = result.stdout or ""
             return result
@@ -287,8 +309,11 @@ def candidate(source: SourceSpec, apt: AptConfig) -> str:
     policy = _run(["apt-cache", *apt.options(), "policy", source.package])
     match = re.search(r"^\s*Candidate:\s*(\S+)", policy.stdout, re.M)
     if not match or match.group(1) == "(none)" or not _VERSION.match(match.group(1)):
-        why = _apt_said(update) if (update.returncode != 0 or "Err:" in update.stdout or "W:" in update.stderr) else \
-            f"the suite has no {source.package}"
+        why = (
+            _apt_said(update)
+            if (update.returncode != 0 or "Err:" in update.stdout or "W:" in update.stderr)
+            else f"the suite has no {source.package}"
+        )
         raise LabError(f"cannot get {source.package} from {source.mirror} {source.suite}: {why}")
     return match.group(1)
 
@@ -296,8 +321,10 @@ def candidate(source: SourceSpec, apt: AptConfig) -> str:
 def fetch_source(source: SourceSpec, progress: bool = True, say=print, apt: AptConfig | None = None) -> Source:
     """Fetch the suite's linux-source package into ``<cache>/sources/<package>/<version>/`` (unpacked)."""
     apt = apt or AptConfig(source)
-    say(f"fetching {source.package} from Debian {source.suite} ({source.mirror}) with a private apt "
-        f"configuration in {apt.root}")
+    say(
+        f"fetching {source.package} from Debian {source.suite} ({source.mirror}) with a private apt "
+        f"configuration in {apt.root}"
+    )
     version = candidate(source, apt)
     final = fetched_dir(source) / version
     staging = final.with_name(f".{version}.tmp-{os.getpid()}")
@@ -309,8 +336,9 @@ def fetch_source(source: SourceSpec, progress: bool = True, say=print, apt: AptC
         download = _run(["apt-get", *apt.options(), "download", f"{source.package}={version}"], cwd=staging, show=show)
         debs = sorted(staging.glob(f"{source.package}_*.deb"))
         if download.returncode != 0 or len(debs) != 1:
-            raise LabError(f"cannot download {source.package} {version} from {source.mirror} {source.suite}: "
-                           f"{_apt_said(download)}")
+            raise LabError(
+                f"cannot download {source.package} {version} from {source.mirror} {source.suite}: {_apt_said(download)}"
+            )
         deb = debs[0]
         size, digest = deb.stat().st_size, hashlib.sha256()
         with deb.open("rb") as handle:
@@ -322,10 +350,22 @@ def fetch_source(source: SourceSpec, progress: bool = True, say=print, apt: AptC
         if unpack.returncode != 0 or not tarball.is_file():
             raise LabError(f"{deb.name}: dpkg-deb -x failed or left no usr/src/{tarball.name}: {_apt_said(unpack)}")
         deb.unlink()
-        (staging / "fetched.json").write_text(json.dumps({
-            "package": source.package, "version": version, "suite": source.suite, "mirror": source.mirror,
-            "deb": deb.name, "deb_bytes": size, "deb_sha256": digest.hexdigest(),
-            "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2) + "\n")
+        (staging / "fetched.json").write_text(
+            json.dumps(
+                {
+                    "package": source.package,
+                    "version": version,
+                    "suite": source.suite,
+                    "mirror": source.mirror,
+                    "deb": deb.name,
+                    "deb_bytes": size,
+                    "deb_sha256": digest.hexdigest(),
+                    "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         if final.exists():
             shutil.rmtree(final)
         staging.rename(final)

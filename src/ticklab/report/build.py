@@ -21,7 +21,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,10 +39,9 @@ from ..claims import SUMMARY_NOTEBOOK, all_claims, get_claim
 from ..paths import notebooks_dir
 from ..safefiles import OwnedDir, UnsafeFileError
 from . import kernelfork, outdir
-from .notebook import ParameterError, check_parameters
 from .firstscreen import HEADLINE_RULE, badge, claim_grid, legend, verdict_table
+from .notebook import ParameterError, check_parameters
 from .summary import SUMMARY, collect_checks, collect_verdicts
-
 
 
 @dataclass
@@ -59,8 +57,12 @@ class NotebookResult:
 def expected_outputs(claim: str) -> list[str]:
     """Files (relative to the output directory) a claim's notebook must leave behind."""
     if claim == SUMMARY:
-        return ["figures/summary/published_effects.png", "figures/summary/published_effects.svg",
-                "tables/summary/published_effects.csv", "tables/summary/published_effects.md"]
+        return [
+            "figures/summary/published_effects.png",
+            "figures/summary/published_effects.svg",
+            "tables/summary/published_effects.csv",
+            "tables/summary/published_effects.md",
+        ]
     declared = get_claim(claim).outputs
     files = [f"figures/{claim}/{name}.{ext}" for name in declared["figures"] for ext in ("png", "svg")]
     files += [f"tables/{claim}/{name}.{ext}" for name in declared["tables"] for ext in ("csv", "md")]
@@ -72,8 +74,16 @@ def written_outputs(output_dir: Path, claim: str) -> list[str]:
     """Every figure, table and verdict file a claim's notebook wrote: the declared ones and the fresh-data
     ones whose names depend on the setups found (sidecars excluded)."""
     expected = [r for r in expected_outputs(claim) if (output_dir / r).is_file()]
-    extra = sorted(str(p.relative_to(output_dir)) for kind in ("figures", "tables") for p in (output_dir / kind / claim).glob("*")
-                   if p.suffix != ".json" and str(p.relative_to(output_dir)) not in expected) if claim != SUMMARY else []
+    extra = (
+        sorted(
+            str(p.relative_to(output_dir))
+            for kind in ("figures", "tables")
+            for p in (output_dir / kind / claim).glob("*")
+            if p.suffix != ".json" and str(p.relative_to(output_dir)) not in expected
+        )
+        if claim != SUMMARY
+        else []
+    )
     return expected + extra
 
 
@@ -105,24 +115,54 @@ def _failing_cell(executed: Path) -> str | None:
     return None
 
 
-def run_notebook(notebook: Path, executed: Path, parameters: dict, *, cell_timeout: int, notebook_timeout: int,
-                 claim: str, kernel_server: str | None = None) -> NotebookResult:
+def run_notebook(
+    notebook: Path,
+    executed: Path,
+    parameters: dict,
+    *,
+    cell_timeout: int,
+    notebook_timeout: int,
+    claim: str,
+    kernel_server: str | None = None,
+) -> NotebookResult:
     # papermill forked from the kernels' fork server, imports done, where there is one (kernelfork.driver_command)
-    command = kernelfork.driver_command(kernel_server, [
-        str(notebook), str(executed), "-k", "python3", "--engine", "ticklab", "--execution-timeout", str(cell_timeout),
-        "--no-progress-bar", "--log-level", "WARNING", "-y", json.dumps(parameters)])
+    command = kernelfork.driver_command(
+        kernel_server,
+        [
+            str(notebook),
+            str(executed),
+            "-k",
+            "python3",
+            "--engine",
+            "ticklab",
+            "--execution-timeout",
+            str(cell_timeout),
+            "--no-progress-bar",
+            "--log-level",
+            "WARNING",
+            "-y",
+            json.dumps(parameters),
+        ],
+    )
     start = time.monotonic()
     try:
         environment = {**os.environ, kernelfork.SOCKET_ENV: kernel_server} if kernel_server else None
         proc = subprocess.run(command, capture_output=True, text=True, timeout=notebook_timeout, env=environment)
     except subprocess.TimeoutExpired:
-        return NotebookResult(notebook.name, claim, "timeout", time.monotonic() - start,
-                              error=f"did not finish within {notebook_timeout} s")
+        return NotebookResult(
+            notebook.name,
+            claim,
+            "timeout",
+            time.monotonic() - start,
+            error=f"did not finish within {notebook_timeout} s",
+        )
     duration = time.monotonic() - start
     if proc.returncode != 0:
         where = _failing_cell(executed)
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        return NotebookResult(notebook.name, claim, "failed", duration, error=where or tail or f"exit {proc.returncode}")
+        return NotebookResult(
+            notebook.name, claim, "failed", duration, error=where or tail or f"exit {proc.returncode}"
+        )
     return NotebookResult(notebook.name, claim, "ok", duration)
 
 
@@ -145,8 +185,14 @@ def _html_exporter():
 
     exporter = HTMLExporter(template_name="lab", embed_images=True)
     # The report must read offline: no MathJax or require.js from a CDN.
-    for trait in ("mathjax_url", "require_js_url", "jquery_url", "widget_renderer_url",
-                  "mermaid_js_url", "mermaid_layout_elk_js_url"):
+    for trait in (
+        "mathjax_url",
+        "require_js_url",
+        "jquery_url",
+        "widget_renderer_url",
+        "mermaid_js_url",
+        "mermaid_layout_elk_js_url",
+    ):
         setattr(exporter, trait, "")
     return exporter
 
@@ -177,8 +223,11 @@ def sources_in_words(sources: list[str]) -> str:
     groups: dict[str, int] = {}
     for source in sources:
         parts = Path(source).parts
-        where = "/".join(parts[:4]) if len(parts) > 4 and parts[0] == "traces" and parts[1] != "published" else \
-            str(Path(source).parent)
+        where = (
+            "/".join(parts[:4])
+            if len(parts) > 4 and parts[0] == "traces" and parts[1] != "published"
+            else str(Path(source).parent)
+        )
         groups[where] = groups.get(where, 0) + 1
     return "; ".join(f"{where} ({count} file{'s' if count != 1 else ''})" for where, count in groups.items())
 
@@ -191,52 +240,90 @@ def _claim_sections(output_dir: Path, claims: list[str]) -> list[dict]:
         figures = []
         for p in sorted((output_dir / "figures" / claim).glob("*.png")):
             meta = _sidecar(p)
-            figures.append({"name": p.stem, "png": f"../figures/{claim}/{p.name}", "svg": f"../figures/{claim}/{p.stem}.svg",
-                            "json": f"../figures/{claim}/{p.stem}.json", **meta,
-                            "sources_words": sources_in_words(meta.get("sources", []))})
+            figures.append(
+                {
+                    "name": p.stem,
+                    "png": f"../figures/{claim}/{p.name}",
+                    "svg": f"../figures/{claim}/{p.stem}.svg",
+                    "json": f"../figures/{claim}/{p.stem}.json",
+                    **meta,
+                    "sources_words": sources_in_words(meta.get("sources", [])),
+                }
+            )
         tables = []
         for path in sorted((output_dir / "tables" / claim).glob("*.csv")):
             frame = pd.read_csv(path, keep_default_na=False)
             meta = _sidecar(path)
-            tables.append({"name": path.stem, "csv": f"../tables/{claim}/{path.name}",
-                           "json": f"../tables/{claim}/{path.stem}.json",
-                           "html": frame.to_html(index=False, classes="data", border=0, escape=True, na_rep="—"), **meta,
-                           "sources_words": sources_in_words(meta.get("sources", []))})
+            tables.append(
+                {
+                    "name": path.stem,
+                    "csv": f"../tables/{claim}/{path.name}",
+                    "json": f"../tables/{claim}/{path.stem}.json",
+                    "html": frame.to_html(index=False, classes="data", border=0, escape=True, na_rep="—"),
+                    **meta,
+                    "sources_words": sources_in_words(meta.get("sources", [])),
+                }
+            )
         forest = next((f for f in figures if f["name"] == FOREST), None)
         if forest is not None:
             forest["table"] = next((t for t in tables if t["name"] == FOREST), None)
         title = "Summary across claims" if claim == SUMMARY else get_claim(claim).title
-        sections.append({"claim": claim, "title": title, "forest": forest,
-                         "figures": [f for f in figures if f["name"] != FOREST],
-                         "tables": [t for t in tables if t["name"] != FOREST]})
+        sections.append(
+            {
+                "claim": claim,
+                "title": title,
+                "forest": forest,
+                "figures": [f for f in figures if f["name"] != FOREST],
+                "tables": [t for t in tables if t["name"] != FOREST],
+            }
+        )
     return sections
 
 
-def write_index(output_dir: Path, results: list[NotebookResult], verdicts: pd.DataFrame | None,
-                bundles: pd.DataFrame | None = None, checks: pd.DataFrame | None = None, *, data_dir="traces",
-                published_dir="traces/published", only: list[str] | None = None, claims: list[str] | None = None) -> Path:
-    environment = jinja2.Environment(loader=jinja2.PackageLoader("ticklab.report", "templates"),
-                                     autoescape=jinja2.select_autoescape(["html", "j2"]))
+def write_index(
+    output_dir: Path,
+    results: list[NotebookResult],
+    verdicts: pd.DataFrame | None,
+    bundles: pd.DataFrame | None = None,
+    checks: pd.DataFrame | None = None,
+    *,
+    data_dir="traces",
+    published_dir="traces/published",
+    only: list[str] | None = None,
+    claims: list[str] | None = None,
+) -> Path:
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("ticklab.report", "templates"), autoescape=jinja2.select_autoescape(["html", "j2"])
+    )
     template = environment.get_template("report.html.j2")
     claims = claims if claims is not None else [SUMMARY] + [c.id for c in all_claims()]
     grid = None
     if verdicts is not None:
         published = Path(published_dir)
         titles = {c.id: c.title for c in all_claims()}
-        declared = {c.id: [x.comparison for x in c.comparisons(c.published(published))] for c in all_claims()
-                    if c.id in set(verdicts["claim"])}
+        declared = {
+            c.id: [x.comparison for x in c.comparisons(c.published(published))]
+            for c in all_claims()
+            if c.id in set(verdicts["claim"])
+        }
         grid = claim_grid(verdicts, titles, declared)
     page = template.render(
         results=results,
-        grid=grid, headline_rule=HEADLINE_RULE, legend=legend(), nt_badge=badge("not testable here"),
+        grid=grid,
+        headline_rule=HEADLINE_RULE,
+        legend=legend(),
+        nt_badge=badge("not testable here"),
         verdicts=None if grid is None else verdict_table(verdicts, grid["names"]),
         setups=[] if grid is None else sorted((name, setup) for setup, name in grid["names"].items()),
-        checks_html=None if checks is None or checks.empty else
-        checks.drop(columns=["bundle"]).to_html(index=False, classes="data", border=0, na_rep="—"),
+        checks_html=None
+        if checks is None or checks.empty
+        else checks.drop(columns=["bundle"]).to_html(index=False, classes="data", border=0, na_rep="—"),
         sections=_claim_sections(output_dir, claims),
         bundles=[] if bundles is None else bundles.to_dict("records"),
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        data_dir=_shown_path(data_dir), published_dir=_shown_path(published_dir), only=only or [],
+        data_dir=_shown_path(data_dir),
+        published_dir=_shown_path(published_dir),
+        only=only or [],
     )
     return _write(output_dir, "report/index.html", page)
 
@@ -261,10 +348,20 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: Path | str,
-               only: list[str] | None = None, cell_timeout: int = 600, notebook_timeout: int = 1800,
-               parameters: dict | None = None, notebook_dir: Path | None = None, jobs: int | None = None,
-               log=print, kernel_server: str | None = None) -> int:
+def run_report(
+    output_dir: Path | str,
+    *,
+    data_dir: Path | str,
+    published_dir: Path | str,
+    only: list[str] | None = None,
+    cell_timeout: int = 600,
+    notebook_timeout: int = 1800,
+    parameters: dict | None = None,
+    notebook_dir: Path | None = None,
+    jobs: int | None = None,
+    log=print,
+    kernel_server: str | None = None,
+) -> int:
     """Run the notebooks and assemble the report. Returns the process exit code (0: all good). ``kernel_server``: the
     socket of a kernel fork server already started (kernelfork.started); else the run starts its own."""
     output_dir = Path(output_dir).resolve()
@@ -292,11 +389,23 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
         return 2
     code = 2
     try:
-        code = _run_notebooks(output_dir, order, claim_of, data_dir=data_dir, published_dir=published_dir,
-                              cell_timeout=cell_timeout, notebook_timeout=notebook_timeout, parameters=parameters,
-                              notebook_dir=notebook_dir, only=only, jobs=jobs, log=log,
-                              last_durations=last_durations, kernel_server=kernel_server,
-                              progress=lambda: outdir.progress(output_dir, foreign))
+        code = _run_notebooks(
+            output_dir,
+            order,
+            claim_of,
+            data_dir=data_dir,
+            published_dir=published_dir,
+            cell_timeout=cell_timeout,
+            notebook_timeout=notebook_timeout,
+            parameters=parameters,
+            notebook_dir=notebook_dir,
+            only=only,
+            jobs=jobs,
+            log=log,
+            last_durations=last_durations,
+            kernel_server=kernel_server,
+            progress=lambda: outdir.progress(output_dir, foreign),
+        )
     except (UnsafeFileError, outdir.OutputDirError) as exc:  # a file it would not write through: one line
         log(f"error: {exc}")
     finally:
@@ -308,15 +417,34 @@ def run_report(output_dir: Path | str, *, data_dir: Path | str, published_dir: P
     return code
 
 
-def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_dir, published_dir, cell_timeout,
-                   notebook_timeout, parameters, notebook_dir, only, log, jobs=None, last_durations=None,
-                   kernel_server=None, progress=lambda: None) -> int:
+def _run_notebooks(
+    output_dir: Path,
+    order: list[str],
+    claim_of: dict,
+    *,
+    data_dir,
+    published_dir,
+    cell_timeout,
+    notebook_timeout,
+    parameters,
+    notebook_dir,
+    only,
+    log,
+    jobs=None,
+    last_durations=None,
+    kernel_server=None,
+    progress=lambda: None,
+) -> int:
     with OwnedDir(output_dir) as owned:
         for sub in ("notebooks", "report/notebooks"):
             owned.mkdirs(sub)
 
-    params = {"data_dir": str(Path(data_dir).resolve()), "published_dir": str(Path(published_dir).resolve()),
-              "output_dir": str(output_dir), **(parameters or {})}
+    params = {
+        "data_dir": str(Path(data_dir).resolve()),
+        "published_dir": str(Path(published_dir).resolve()),
+        "output_dir": str(output_dir),
+        **(parameters or {}),
+    }
     ran = [claim_of[n] for n in order if claim_of[n] != SUMMARY]
     for name in order:
         with OwnedDir(output_dir) as owned:  # papermill writes it in place: only where nothing is
@@ -327,9 +455,15 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         claim = claim_of[name]
         # a summary of a partial run covers the claims that ran, not stale outputs of others
         extra = {"claims": ",".join(ran)} if name == SUMMARY_NOTEBOOK and only else {}
-        return run_notebook((notebook_dir or notebooks_dir()) / name, output_dir / "notebooks" / name,
-                            {**params, **extra}, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
-                            claim=claim, kernel_server=kernel_server)
+        return run_notebook(
+            (notebook_dir or notebooks_dir()) / name,
+            output_dir / "notebooks" / name,
+            {**params, **extra},
+            cell_timeout=cell_timeout,
+            notebook_timeout=notebook_timeout,
+            claim=claim,
+            kernel_server=kernel_server,
+        )
 
     def finish(result: NotebookResult, position: int) -> NotebookResult:
         claim, name = result.claim, result.notebook
@@ -341,16 +475,19 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         executed = output_dir / "notebooks" / name
         if executed.is_file():
             _export_html(executed, output_dir, f"report/notebooks/{name.replace('.ipynb', '.html')}")
-        log(f"[{position}/{len(order)}] {name} {result.status} in {result.duration_s:.1f} s"
-            + (f": {result.error}" if result.error else ""))
+        log(
+            f"[{position}/{len(order)}] {name} {result.status} in {result.duration_s:.1f} s"
+            + (f": {result.error}" if result.error else "")
+        )
         progress()
         return result
 
     # The claims' notebooks are independent (each reads bundles and writes its own outputs): they run side by side,
     # a process each; the summary reads what they wrote, so it runs after them.
     # the longest first (by the last run's seconds), so the slowest notebook is not the one left running alone
-    claim_notebooks = sorted((n for n in order if n != SUMMARY_NOTEBOOK),
-                             key=lambda n: -(last_durations or {}).get(n, 0.0))
+    claim_notebooks = sorted(
+        (n for n in order if n != SUMMARY_NOTEBOOK), key=lambda n: -(last_durations or {}).get(n, 0.0)
+    )
     workers = max(1, min(jobs or default_jobs(), len(claim_notebooks) or 1))
     if claim_notebooks:
         log(f"running {len(claim_notebooks)} notebook(s), {workers} at a time: {', '.join(claim_notebooks)}")
@@ -382,14 +519,32 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         _write(output_dir, "checks.csv", _csv_text(checks if checks is not None else collect_checks(output_dir, [])))
     for flagged in bundles[bundles["flag"] != ""].itertuples():
         log(f"data: {flagged.host_id}/{flagged.claim}/{flagged.bundle}: {flagged.flag}")
-    _write(output_dir, "summary.json", json.dumps(
-        {"notebooks": [asdict(r) for r in results],
-         "verdicts": "verdicts.csv" if verdicts is not None else None,
-         "checks": "checks.csv" if verdicts is not None else None,
-         "bundles": bundles.to_dict("records")}, indent=2, default=int) + "\n")
-    index = write_index(output_dir, results, verdicts, bundles, checks, data_dir=data_dir, published_dir=published_dir,
-                        only=[r.notebook for r in results] if only else None,
-                        claims=([SUMMARY] if aggregate else []) + ran)
+    _write(
+        output_dir,
+        "summary.json",
+        json.dumps(
+            {
+                "notebooks": [asdict(r) for r in results],
+                "verdicts": "verdicts.csv" if verdicts is not None else None,
+                "checks": "checks.csv" if verdicts is not None else None,
+                "bundles": bundles.to_dict("records"),
+            },
+            indent=2,
+            default=int,
+        )
+        + "\n",
+    )
+    index = write_index(
+        output_dir,
+        results,
+        verdicts,
+        bundles,
+        checks,
+        data_dir=data_dir,
+        published_dir=published_dir,
+        only=[r.notebook for r in results] if only else None,
+        claims=([SUMMARY] if aggregate else []) + ran,
+    )
 
     failed = [r for r in results if r.status != "ok"]
     if failed or (aggregate and verdicts is None):
@@ -398,4 +553,3 @@ def _run_notebooks(output_dir: Path, order: list[str], claim_of: dict, *, data_d
         return 1
     log(f"report: {index}")
     return 0
-

@@ -25,8 +25,21 @@ from ..bundle import Bundle, load_bundle
 
 FORMATS = ("text", "csv", "md", "json")
 ALL_METRICS = "all"
-CSV_COLUMNS = ["metric", "statistic", "a_bundle", "a_condition", "b_bundle", "b_condition", "unit",
-               "a", "b", "difference", "relative_change_pct", "p_holm", "significant"]
+CSV_COLUMNS = [
+    "metric",
+    "statistic",
+    "a_bundle",
+    "a_condition",
+    "b_bundle",
+    "b_condition",
+    "unit",
+    "a",
+    "b",
+    "difference",
+    "relative_change_pct",
+    "p_holm",
+    "significant",
+]
 # a lab host's bundles carry the id `ticklab lab host-plan` gives them (lab/labhost.py: labhost_id)
 _LABHOST_ID = re.compile(r"-labhost(?:-|$)")
 _PHYSICAL_HOST_ID = re.compile(r"-on-(?P<host>.+?)(?:-labhost)?(?:-(?:kexec|grub))?$")
@@ -40,6 +53,7 @@ class CompareError(ValueError):
 @dataclass(frozen=True)
 class Side:
     """What one column of a compare table holds: a bundle (its label) and one of its conditions."""
+
     bundle: str
     condition: str
 
@@ -50,8 +64,8 @@ class CompareTable:
     metric: str
     unit: str
     columns: dict[str, Side]  # the long table's "condition" values, each the bundle and condition it holds
-    baseline: str             # the column the others are compared with
-    frame: pd.DataFrame       # stats.compare_table's long table
+    baseline: str  # the column the others are compared with
+    frame: pd.DataFrame  # stats.compare_table's long table
 
 
 @dataclass
@@ -59,7 +73,7 @@ class Comparison:
     labels: list[str]
     tables: list[CompareTable]
     metrics: list[str]
-    warnings: list[str]      # how the two bundles' setups differ, one line each
+    warnings: list[str]  # how the two bundles' setups differ, one line each
     note: str | None = None  # which metrics the default left out
 
 
@@ -83,7 +97,7 @@ def _field(mapping, key: str):
 
 
 def setup_kind(manifest: dict) -> str:
-    """"lab host" (a Debian system under QEMU booted through boot plans), "lab guest" (``ticklab lab run``) or "host"."""
+    """ "lab host" (a Debian system under QEMU booted through boot plans), "lab guest" (``ticklab lab run``) or "host"."""
     host_id = str(manifest.get("host_id") or "")
     if _LABHOST_ID.search(host_id):
         return "lab host"
@@ -108,8 +122,11 @@ def cpu_identity(manifest: dict) -> tuple[tuple[str, str], str]:
 
 def condition_kernels(bundle: Bundle, condition: str) -> str:
     """The kernel release(s) the condition's measured runs booted (a lab run records its boot), else the host's."""
-    booted = {str(_field(run.details.get("boot"), "kernel_release")) for run in bundle.typed.measured_runs()
-              if run.condition == condition and _field(run.details.get("boot"), "kernel_release")}
+    booted = {
+        str(_field(run.details.get("boot"), "kernel_release"))
+        for run in bundle.typed.measured_runs()
+        if run.condition == condition and _field(run.details.get("boot"), "kernel_release")
+    }
     return ", ".join(sorted(booted)) or str(_field(bundle.manifest.get("host"), "kernel_release") or "unknown kernel")
 
 
@@ -119,17 +136,23 @@ def setup_differences(bundles: list[Bundle], pairs: list[tuple[str, str]]) -> li
     warnings = []
     (first_cpu, first_words), (second_cpu, second_words) = cpu_identity(first), cpu_identity(second)
     if first_cpu != second_cpu:
-        warnings.append(f"the CPUs differ (A: {first_words}; B: {second_words}): a difference may be the machines', "
-                        "not the conditions'")
-    kernels = list(dict.fromkeys((condition_kernels(bundles[0], a), condition_kernels(bundles[1], b)) for a, b in pairs))
+        warnings.append(
+            f"the CPUs differ (A: {first_words}; B: {second_words}): a difference may be the machines', "
+            "not the conditions'"
+        )
+    kernels = list(
+        dict.fromkeys((condition_kernels(bundles[0], a), condition_kernels(bundles[1], b)) for a, b in pairs)
+    )
     differing = [f"A: {a}; B: {b}" for a, b in kernels if a != b]
     if differing:
-        warnings.append(f"the kernels differ ({' | '.join(differing)}): a difference may be the kernels', "
-                        "not the conditions'")
+        warnings.append(
+            f"the kernels differ ({' | '.join(differing)}): a difference may be the kernels', not the conditions'"
+        )
     kinds = setup_kind(first), setup_kind(second)
     if kinds[0] != kinds[1]:
-        warnings.append(f"the setups differ (A: {kinds[0]}; B: {kinds[1]}): a difference may be the setups', "
-                        "not the conditions'")
+        warnings.append(
+            f"the setups differ (A: {kinds[0]}; B: {kinds[1]}): a difference may be the setups', not the conditions'"
+        )
     return warnings
 
 
@@ -160,10 +183,12 @@ def pair_conditions(maps: list[str], paths: list[Path], conditions: list[list[st
     first, second = (set(c) for c in conditions)
     mapped = []
     for text in maps:
-        splits = [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "="]
+        splits = [(text[:i], text[i + 1 :]) for i, ch in enumerate(text) if ch == "="]
         found = [(a, b) for a, b in splits if a in first and b in second]
         if len(found) > 1:
-            raise CompareError(f"--map {text}: pairs conditions more than one way ({'; '.join(f'{a} = {b}' for a, b in found)})")
+            raise CompareError(
+                f"--map {text}: pairs conditions more than one way ({'; '.join(f'{a} = {b}' for a, b in found)})"
+            )
         if found:
             mapped.append(found[0])
             continue
@@ -179,27 +204,34 @@ def pair_conditions(maps: list[str], paths: list[Path], conditions: list[list[st
     named = {a for a, _ in mapped} | {b for _, b in mapped}
     pairs = mapped + [(c, c) for c in conditions[0] if c in second and c not in named]
     if not pairs:
-        raise CompareError(f"the bundles share no condition ({paths[0]} has: {', '.join(conditions[0]) or 'none'}; "
-                           f"{paths[1]} has: {', '.join(conditions[1]) or 'none'}); pair them with --map A=B")
+        raise CompareError(
+            f"the bundles share no condition ({paths[0]} has: {', '.join(conditions[0]) or 'none'}; "
+            f"{paths[1]} has: {', '.join(conditions[1]) or 'none'}); pair them with --map A=B"
+        )
     return pairs
 
 
-def _choose_metrics(requested: list[str] | None, claim: str | None, available: list[str],
-                    where: str) -> tuple[list[str], str | None]:
+def _choose_metrics(
+    requested: list[str] | None, claim: str | None, available: list[str], where: str
+) -> tuple[list[str], str | None]:
     """The metrics to compare and, when the default left some out, a line saying so."""
     if requested and ALL_METRICS in requested:
         return available, None
     if requested:
         unknown = [m for m in requested if m not in available]
         if unknown:
-            raise CompareError(f"metric(s) {', '.join(unknown)} not in {where} (have: {', '.join(available) or 'none'})")
+            raise CompareError(
+                f"metric(s) {', '.join(unknown)} not in {where} (have: {', '.join(available) or 'none'})"
+            )
         return list(dict.fromkeys(requested)), None
     chosen = claim_metrics(claim, available) or available
     if len(chosen) == len(available):
         return chosen, None
-    return chosen, (f"showing the {claim} claim's compared metrics ({', '.join(chosen)}): {len(chosen)} of the "
-                    f"{len(available)} metrics {where} {'have' if where == 'both bundles' else 'has'}; "
-                    f"--metric all shows every one")
+    return chosen, (
+        f"showing the {claim} claim's compared metrics ({', '.join(chosen)}): {len(chosen)} of the "
+        f"{len(available)} metrics {where} {'have' if where == 'both bundles' else 'has'}; "
+        f"--metric all shows every one"
+    )
 
 
 def _unit(frame: pd.DataFrame, metric: str) -> str:
@@ -207,8 +239,9 @@ def _unit(frame: pd.DataFrame, metric: str) -> str:
     return str(units.iloc[0]) if len(units) else ""
 
 
-def compare_bundles(paths: list[Path], metrics: list[str] | None = None, baseline: str | None = None,
-                    pairs: list[str] | None = None) -> Comparison:
+def compare_bundles(
+    paths: list[Path], metrics: list[str] | None = None, baseline: str | None = None, pairs: list[str] | None = None
+) -> Comparison:
     """The compare tables of one bundle's conditions or of two bundles (A the baseline), and what differs between
     the two bundles' setups."""
     paths = [Path(p) for p in paths]
@@ -219,20 +252,24 @@ def compare_bundles(paths: list[Path], metrics: list[str] | None = None, baselin
     if pairs and len(paths) == 1:
         raise CompareError("--map pairs the conditions of two bundles; with one bundle, --baseline picks the baseline")
     if baseline is not None and len(paths) == 2:
-        raise CompareError("--baseline picks one bundle's baseline condition; with two bundles A is the baseline "
-                           "(--map A=B pairs conditions)")
+        raise CompareError(
+            "--baseline picks one bundle's baseline condition; with two bundles A is the baseline "
+            "(--map A=B pairs conditions)"
+        )
     bundles = [load_bundle(p) for p in paths]
     for path, bundle in zip(paths, bundles):
         if bundle.manifest.get("not_testable"):
-            raise CompareError(f"{path}: nothing to compare, the experiment was not testable there "
-                               f"({bundle.manifest['not_testable']})")
+            raise CompareError(
+                f"{path}: nothing to compare, the experiment was not testable there ({bundle.manifest['not_testable']})"
+            )
     results = [b.results for b in bundles]
     conditions = [_conditions(b) for b in bundles]
     if len(bundles) == 2:
         paired = pair_conditions(pairs or [], paths, conditions)
     available = sorted(set.intersection(*(set(r["metric"]) for r in results)))
-    chosen, note = _choose_metrics(metrics, bundles[0].manifest.get("claim"), available,
-                                   "both bundles" if len(paths) == 2 else "the bundle")
+    chosen, note = _choose_metrics(
+        metrics, bundles[0].manifest.get("claim"), available, "both bundles" if len(paths) == 2 else "the bundle"
+    )
     labels = [_label(p) for p in paths]
     if len(labels) == 2 and labels[0] == labels[1]:  # two copies of one bundle: a column each
         labels = [str(p) for p in paths]
@@ -251,13 +288,15 @@ def compare_bundles(paths: list[Path], metrics: list[str] | None = None, baselin
     return Comparison(labels, tables, chosen, warnings, note)
 
 
-def compare_tables(paths: list[Path], metrics: list[str] | None = None, baseline: str | None = None,
-                   pairs: list[str] | None = None) -> list[CompareTable]:
+def compare_tables(
+    paths: list[Path], metrics: list[str] | None = None, baseline: str | None = None, pairs: list[str] | None = None
+) -> list[CompareTable]:
     return compare_bundles(paths, metrics, baseline, pairs).tables
 
 
-def _condition_tables(path: Path, label: str, frame: pd.DataFrame, conditions: list[str], metrics: list[str],
-                      baseline: str | None) -> list[CompareTable]:
+def _condition_tables(
+    path: Path, label: str, frame: pd.DataFrame, conditions: list[str], metrics: list[str], baseline: str | None
+) -> list[CompareTable]:
     base = baseline or (conditions[0] if conditions else None)
     if len(conditions) < 2:
         raise CompareError(f"{path}: needs two conditions to compare (has: {', '.join(conditions) or 'none'})")
@@ -269,24 +308,41 @@ def _condition_tables(path: Path, label: str, frame: pd.DataFrame, conditions: l
         samples = {c: rows.loc[rows["condition"] == c, "value"].tolist() for c in conditions}
         samples = {c: v for c, v in samples.items() if v}
         if base in samples and len(samples) > 1:
-            tables.append(CompareTable(f"{metric} — {label}, baseline {base}", metric, _unit(frame, metric),
-                                       {c: Side(label, c) for c in samples}, base, compare_table(samples, base)))
+            tables.append(
+                CompareTable(
+                    f"{metric} — {label}, baseline {base}",
+                    metric,
+                    _unit(frame, metric),
+                    {c: Side(label, c) for c in samples},
+                    base,
+                    compare_table(samples, base),
+                )
+            )
     return tables
 
 
-def _bundle_tables(labels: list[str], results: list[pd.DataFrame], pairs: list[tuple[str, str]],
-                   metrics: list[str]) -> list[CompareTable]:
+def _bundle_tables(
+    labels: list[str], results: list[pd.DataFrame], pairs: list[tuple[str, str]], metrics: list[str]
+) -> list[CompareTable]:
     tables = []
     for metric in metrics:
         for pair in pairs:
-            samples = {label: frame.loc[(frame["metric"] == metric) & (frame["condition"] == condition), "value"].tolist()
-                       for label, frame, condition in zip(labels, results, pair)}
+            samples = {
+                label: frame.loc[(frame["metric"] == metric) & (frame["condition"] == condition), "value"].tolist()
+                for label, frame, condition in zip(labels, results, pair)
+            }
             if all(samples.values()):
                 named = pair[0] if pair[0] == pair[1] else f"{pair[0]} vs {pair[1]}"
-                tables.append(CompareTable(f"{metric}, condition {named} — baseline {labels[0]}", metric,
-                                           _unit(results[0], metric),
-                                           {label: Side(label, c) for label, c in zip(labels, pair)}, labels[0],
-                                           compare_table(samples, labels[0])))
+                tables.append(
+                    CompareTable(
+                        f"{metric}, condition {named} — baseline {labels[0]}",
+                        metric,
+                        _unit(results[0], metric),
+                        {label: Side(label, c) for label, c in zip(labels, pair)},
+                        labels[0],
+                        compare_table(samples, labels[0]),
+                    )
+                )
     return tables
 
 
@@ -302,26 +358,54 @@ def csv_rows(comparison: Comparison) -> pd.DataFrame:
                 if column == table.baseline:
                     continue
                 row = frame.loc[(statistic, column)]
-                rows.append({"metric": table.metric, "statistic": statistic, "a_bundle": base.bundle,
-                             "a_condition": base.condition, "b_bundle": side.bundle, "b_condition": side.condition,
-                             "unit": "%" if statistic == "CoefVar" else table.unit, "a": a, "b": row["value"],
-                             "difference": row["value"] - a, "relative_change_pct": row["pct_diff"],
-                             "p_holm": row["p_holm"], "significant": "*" if pd.notna(row["significant"]) and row["significant"] else ""})
-    return pd.DataFrame(rows, columns=CSV_COLUMNS).astype({c: float for c in
-                                                           ("a", "b", "difference", "relative_change_pct", "p_holm")})
+                rows.append(
+                    {
+                        "metric": table.metric,
+                        "statistic": statistic,
+                        "a_bundle": base.bundle,
+                        "a_condition": base.condition,
+                        "b_bundle": side.bundle,
+                        "b_condition": side.condition,
+                        "unit": "%" if statistic == "CoefVar" else table.unit,
+                        "a": a,
+                        "b": row["value"],
+                        "difference": row["value"] - a,
+                        "relative_change_pct": row["pct_diff"],
+                        "p_holm": row["p_holm"],
+                        "significant": "*" if pd.notna(row["significant"]) and row["significant"] else "",
+                    }
+                )
+    return pd.DataFrame(rows, columns=CSV_COLUMNS).astype(
+        {c: float for c in ("a", "b", "difference", "relative_change_pct", "p_holm")}
+    )
 
 
 def render(comparison: Comparison, fmt: str) -> str:
     if fmt not in FORMATS:
         raise CompareError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "json":
-        return json.dumps({
-            "bundles": comparison.labels, "warnings": comparison.warnings, "metrics": comparison.metrics,
-            "metrics_note": comparison.note,
-            "tables": [{"title": t.title, "metric": t.metric, "unit": t.unit, "baseline": t.baseline,
+        return json.dumps(
+            {
+                "bundles": comparison.labels,
+                "warnings": comparison.warnings,
+                "metrics": comparison.metrics,
+                "metrics_note": comparison.note,
+                "tables": [
+                    {
+                        "title": t.title,
+                        "metric": t.metric,
+                        "unit": t.unit,
+                        "baseline": t.baseline,
                         "columns": {c: {"bundle": s.bundle, "condition": s.condition} for c, s in t.columns.items()},
-                        "test": t.frame.attrs.get("test"), "n": t.frame.attrs.get("n"),
-                        "rows": json.loads(t.frame.to_json(orient="records"))} for t in comparison.tables]}, indent=2)
+                        "test": t.frame.attrs.get("test"),
+                        "n": t.frame.attrs.get("n"),
+                        "rows": json.loads(t.frame.to_json(orient="records")),
+                    }
+                    for t in comparison.tables
+                ],
+            },
+            indent=2,
+        )
     if fmt == "csv":
         return csv_rows(comparison).to_csv(index=False).rstrip("\n")
     parts = []

@@ -22,14 +22,18 @@ import pandas as pd
 from ..analysis.forest import VERDICT_COLOURS, VERDICT_MARKERS, is_collapsed
 from ..analysis.verdicts import format_p
 
-HEADLINE_RULE = ("Each cell shows the claim's headline comparison for that kind of setup: the first of the claim's "
-                 "comparisons, in the order the claim declares them (the source's own headline first), that a setup "
-                 "of this kind tested (a premise only when no claim row was tested); where several setups tested it, "
-                 "the one with the most runs per condition, then the narrowest CI. Every other comparison is one "
-                 "click away in the cell.")
+HEADLINE_RULE = (
+    "Each cell shows the claim's headline comparison for that kind of setup: the first of the claim's "
+    "comparisons, in the order the claim declares them (the source's own headline first), that a setup "
+    "of this kind tested (a premise only when no claim row was tested); where several setups tested it, "
+    "the one with the most runs per condition, then the narrowest CI. Every other comparison is one "
+    "click away in the cell."
+)
 
-_GUEST = re.compile(r"^guest-(?P<accel>[a-z0-9]+)-(?P<vcpus>[0-9-]+)vcpu-(?P<kernels>.+?)-on-(?P<host>.+?)"
-                    r"(?P<labhost>-labhost)?(?:-(?P<mode>kexec|grub))?$")
+_GUEST = re.compile(
+    r"^guest-(?P<accel>[a-z0-9]+)-(?P<vcpus>[0-9-]+)vcpu-(?P<kernels>.+?)-on-(?P<host>.+?)"
+    r"(?P<labhost>-labhost)?(?:-(?P<mode>kexec|grub))?$"
+)
 _HOST = re.compile(r"^(?P<cpu>.+?)-(?P<cores>\d+)c-(?P<release>\d+\.\d+\S*?)(?P<vm>-vm)?$")
 _ACRONYMS = {"epyc": "EPYC", "amd": "AMD", "arm": "Arm", "ibm": "IBM", "hp": "HP"}
 _VENDORS = {"intel", "amd", "arm", "ibm", "apple", "ampere", "qualcomm", "hygon"}
@@ -51,8 +55,10 @@ def setup_family(setup: str) -> str:
     return "lab guest " + " and ".join(_kernel_versions(guest["kernels"]) or ["?"])
 
 
-FAMILY_NOTES = {"host": "a capture on the machine itself",
-                "lab host": "a Debian system under QEMU, each condition a boot (an analogue: emulated CPU)"}
+FAMILY_NOTES = {
+    "host": "a capture on the machine itself",
+    "lab host": "a Debian system under QEMU, each condition a boot (an analogue: emulated CPU)",
+}
 
 
 def family_note(family: str) -> str:
@@ -102,15 +108,19 @@ def short_setup_names(setups) -> dict[str, str]:
 
 def badge(verdict: str) -> dict:
     """The word, its forest-plot marker as a character and its colour (Okabe-Ito, as the forest plots)."""
-    return {"verdict": verdict, "glyph": _GLYPHS[VERDICT_MARKERS[verdict]], "colour": VERDICT_COLOURS[verdict],
-            "cls": "v-" + re.sub(r"[^a-z]+", "-", verdict).strip("-")}
+    return {
+        "verdict": verdict,
+        "glyph": _GLYPHS[VERDICT_MARKERS[verdict]],
+        "colour": VERDICT_COLOURS[verdict],
+        "cls": "v-" + re.sub(r"[^a-z]+", "-", verdict).strip("-"),
+    }
 
 
 MEANINGS = {
     "reproduced": "the whole CI on the source's side and inside the consistent-size band",
     "consistent, not pinned": "on the source's side, reaching into the band without lying wholly inside it (the reason "
-                              "says how much of the CI lies inside, where the estimate lies and whether the CI is wider "
-                              "than the band)",
+    "says how much of the CI lies inside, where the estimate lies and whether the CI is wider "
+    "than the band)",
     "smaller than the target": "the whole CI short of the band",
     "larger than the target": "the whole CI beyond the band",
     "opposite effect": "the whole CI on the other side of no change",
@@ -159,9 +169,16 @@ def grouped_reasons(setups_reasons: dict[str, str], names: dict[str, str]) -> li
     groups: dict[str, list[str]] = {}
     for setup, why in setups_reasons.items():
         groups.setdefault(why, []).append(names.get(setup, setup))
-    return [{"why": why, "count": len(who), "setups": sorted(who), "text": _counted(why, len(who)),
-             "brief": short_reason(_counted(why, len(who)))[0]}
-            for why, who in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))]
+    return [
+        {
+            "why": why,
+            "count": len(who),
+            "setups": sorted(who),
+            "text": _counted(why, len(who)),
+            "brief": short_reason(_counted(why, len(who)))[0],
+        }
+        for why, who in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+    ]
 
 
 def _counted(why: str, count: int) -> str:
@@ -186,7 +203,7 @@ def short_reason(reason: str) -> tuple[str, str]:
     if cut > BRIEF_CHARS:
         cut = text.rfind(" ", 0, BRIEF_CHARS) if text.rfind(" ", 0, BRIEF_CHARS) > start else BRIEF_CHARS
         return text[:cut] + " …", text[cut:].lstrip()
-    return text[:cut], text[cut + 2:] if cut < len(text) else ""
+    return text[:cut], text[cut + 2 :] if cut < len(text) else ""
 
 
 def _declared_rank(order: list[str]):
@@ -202,7 +219,9 @@ def _precision(row) -> float:
 
 
 def _n(row) -> int:
-    return sum(int(x) for x in re.findall(r"\d+", str(row["n_per_condition"]))) if pd.notna(row["n_per_condition"]) else 0
+    return (
+        sum(int(x) for x in re.findall(r"\d+", str(row["n_per_condition"]))) if pd.notna(row["n_per_condition"]) else 0
+    )
 
 
 def _entry(row, names: dict[str, str]) -> dict:
@@ -210,10 +229,19 @@ def _entry(row, names: dict[str, str]) -> dict:
     setups = _setups(row)
     head, rest = first_sentence(row["reason"])
     brief, detail = short_reason(row["reason"])
-    return {"brief": brief, "detail": detail, **badge(row["verdict"]), "comparison": row["comparison"], "role": row["role"],
-            "effect": effect_text(row) if tested else "", "n": row["n_per_condition"] if tested else "",
-            "setup": ", ".join(names.get(s, s) for s in setups), "setup_ids": ", ".join(setups),
-            "reason": head, "more": rest}
+    return {
+        "brief": brief,
+        "detail": detail,
+        **badge(row["verdict"]),
+        "comparison": row["comparison"],
+        "role": row["role"],
+        "effect": effect_text(row) if tested else "",
+        "n": row["n_per_condition"] if tested else "",
+        "setup": ", ".join(names.get(s, s) for s in setups),
+        "setup_ids": ", ".join(setups),
+        "reason": head,
+        "more": rest,
+    }
 
 
 def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[str, list[str]]) -> dict:
@@ -236,24 +264,51 @@ def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[st
             listed = [row for row in in_family if not is_collapsed(row)]
             tested = [row for row in listed if pd.notna(row["fresh_effect"])]
             candidates = sorted(tested, key=lambda r: (r["role"] != "claim", rank(r), -_n(r), _precision(r)))
-            untestable = {s: why for row in in_family if is_collapsed(row)
-                          for s, why in reasons_by_setup(row).items() if setup_family(s) == family}
+            untestable = {
+                s: why
+                for row in in_family
+                if is_collapsed(row)
+                for s, why in reasons_by_setup(row).items()
+                if setup_family(s) == family
+            }
             groups = grouped_reasons(untestable, names)
             if candidates:
                 headline = candidates[0]
-                others = sorted((r for r in listed if r is not headline),
-                                key=lambda r: (r["role"] != "claim", rank(r), r["setup"]))
-                cells.append({"family": family, "state": "tested", "headline": _entry(headline, names),
-                              "others": [_entry(r, names) for r in others], "untestable": groups})
+                others = sorted(
+                    (r for r in listed if r is not headline), key=lambda r: (r["role"] != "claim", rank(r), r["setup"])
+                )
+                cells.append(
+                    {
+                        "family": family,
+                        "state": "tested",
+                        "headline": _entry(headline, names),
+                        "others": [_entry(r, names) for r in others],
+                        "untestable": groups,
+                    }
+                )
             elif listed:  # rows of this family that could not be tested (too few runs, a kernel without the series)
                 first = sorted(listed, key=lambda r: (r["role"] != "claim", rank(r)))
-                cells.append({"family": family, "state": "untested", "headline": _entry(first[0], names),
-                              "others": [_entry(r, names) for r in first[1:]], "untestable": groups})
+                cells.append(
+                    {
+                        "family": family,
+                        "state": "untested",
+                        "headline": _entry(first[0], names),
+                        "others": [_entry(r, names) for r in first[1:]],
+                        "untestable": groups,
+                    }
+                )
             else:
-                cells.append({"family": family, "state": "not testable", **badge("not testable here"),
-                              "untestable": groups})
-        rows.append({"claim": claim, "title": title, "cells": cells,
-                     "published_only": not any(c["state"] == "tested" for c in cells)})
+                cells.append(
+                    {"family": family, "state": "not testable", **badge("not testable here"), "untestable": groups}
+                )
+        rows.append(
+            {
+                "claim": claim,
+                "title": title,
+                "cells": cells,
+                "published_only": not any(c["state"] == "tested" for c in cells),
+            }
+        )
     return {"families": [{"name": f, "note": family_note(f)} for f in families], "rows": rows, "names": names}
 
 
@@ -267,12 +322,17 @@ def verdict_table(verdicts: pd.DataFrame, names: dict[str, str]) -> list[dict]:
         provenance = row["target_provenance"] if isinstance(row["target_provenance"], str) else ""
         target = "direction" if pd.isna(row["target_ratio"]) else f"×{_sig(row['target_ratio'])}"
         source, _, how = provenance.partition(": ")
-        entry = {**_entry(row, names), "claim": row["claim"],
-                 "target": f"{target} — {source}" if provenance else "", "target_how": how,
-                 "p": format_p(row["p_holm"]) if tested and pd.notna(row["p_holm"]) else "—",
-                 "n": row["n_per_condition"] if tested else "—",
-                 "power": f"{row['power_at_target']:.0%}" if tested and pd.notna(row["power_at_target"]) else "—",
-                 "effect": effect_text(row) if tested else "—", "groups": []}
+        entry = {
+            **_entry(row, names),
+            "claim": row["claim"],
+            "target": f"{target} — {source}" if provenance else "",
+            "target_how": how,
+            "p": format_p(row["p_holm"]) if tested and pd.notna(row["p_holm"]) else "—",
+            "n": row["n_per_condition"] if tested else "—",
+            "power": f"{row['power_at_target']:.0%}" if tested and pd.notna(row["power_at_target"]) else "—",
+            "effect": effect_text(row) if tested else "—",
+            "groups": [],
+        }
         if is_collapsed(row):
             entry["groups"] = grouped_reasons(reasons_by_setup(row), names)
             entry["setup"] = f"{len(_setups(row))} setups"

@@ -39,10 +39,28 @@ import tempfile
 SOCKET_ENV = "TICKLAB_KERNEL_FORKSERVER"
 SOCKET_NAME = "kernels.sock"
 # what the notebooks import, in the order their first cells do (importing more is harmless, missing one costs its time)
-PREIMPORTS = ("ticklab.report.papermill_main", "papermill.cli", "ticklab.report.papermill_engine", "ipykernel.kernelapp", "numpy", "pandas", "scipy.stats", "scipy.signal", "matplotlib.pyplot",
-              "IPython.display", "ticklab.report.notebook", "ticklab.report.summary", "ticklab.analysis.forest",
-              "ticklab.analysis.comparisons", "ticklab.analysis.verdicts", "ticklab.claims.hpet",
-              "ticklab.claims.pvspinlock", "ticklab.claims.hrtick", "ticklab.claims.acpi_idle", "ticklab.claims.nohz")
+PREIMPORTS = (
+    "ticklab.report.papermill_main",
+    "papermill.cli",
+    "ticklab.report.papermill_engine",
+    "ipykernel.kernelapp",
+    "numpy",
+    "pandas",
+    "scipy.stats",
+    "scipy.signal",
+    "matplotlib.pyplot",
+    "IPython.display",
+    "ticklab.report.notebook",
+    "ticklab.report.summary",
+    "ticklab.analysis.forest",
+    "ticklab.analysis.comparisons",
+    "ticklab.analysis.verdicts",
+    "ticklab.claims.hpet",
+    "ticklab.claims.pvspinlock",
+    "ticklab.claims.hrtick",
+    "ticklab.claims.acpi_idle",
+    "ticklab.claims.nohz",
+)
 _MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT_S = 10
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -163,8 +181,9 @@ def serve(directory: str) -> None:
                 stop = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
                 signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # no kernel forked and then lost to a signal
                 try:
-                    pid = _fork_kernel(connection, settings, path_head,
-                                       [listener, *kernels], [wakeup_read, wakeup_write])
+                    pid = _fork_kernel(
+                        connection, settings, path_head, [listener, *kernels], [wakeup_read, wakeup_write]
+                    )
                     if pid is None:
                         connection.close()
                     else:
@@ -193,8 +212,11 @@ def _preimport() -> None:
 def _startup_settings(env) -> dict:
     """The variables Python and the imported libraries read when they start (hash seed, paths, matplotlib's backend,
     BLAS threads, locale, time zone): a kernel whose differ from the server's cannot be forked from it."""
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) or k.endswith("_NUM_THREADS")
-            or k in STARTUP_NAMES}
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(STARTUP_PREFIXES) or k.endswith("_NUM_THREADS") or k in STARTUP_NAMES
+    }
 
 
 def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_close: list) -> int | None:
@@ -211,8 +233,12 @@ def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_cl
         request = json.loads(message)
         arguments, cwd, env = list(request["arguments"]), str(request["cwd"]), dict(request["env"])
         role = request.get("role", KERNEL)
-        if len(received) != 3 or role not in FALLBACK or not all(isinstance(a, str) for a in arguments) or \
-                not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        if (
+            len(received) != 3
+            or role not in FALLBACK
+            or not all(isinstance(a, str) for a in arguments)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        ):
             raise ValueError("malformed request")
         if _startup_settings(env) != settings:
             raise ValueError("start-up settings differ from the server's")
@@ -272,8 +298,11 @@ def _become(role, server, arguments, cwd, env, fds, path_head, sockets, fds_to_c
             # ipykernel read JPY_PARENT_PID when the server imported it: the kernel's own, so that it watches its
             # manager
             parent = env.get("JPY_PARENT_PID", "")
-            sys.argv = ["ipykernel_launcher", *arguments,
-                        *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else [])]
+            sys.argv = [
+                "ipykernel_launcher",
+                *arguments,
+                *([f"--IPKernelApp.parent_handle={parent}"] if parent.isdigit() else []),
+            ]
             from ipykernel import kernelapp
 
             kernelapp.launch_new_instance()
@@ -323,8 +352,12 @@ def _end(pid: int) -> None:
 def started():
     """A fork server for this report's kernels, ended with the block: yields its socket's path."""
     with tempfile.TemporaryDirectory(prefix="ticklab-kernels-") as directory:  # mkdtemp: mode 0700, a name of ours
-        server = subprocess.Popen([sys.executable, "-m", "ticklab.report.kernelfork", "serve", directory],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "ticklab.report.kernelfork", "serve", directory],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             # its socket bound (a fraction of a second): a kernel asked for after this line waits for the server's
             # imports, not for nothing; a server that failed to start says nothing, and kernels start as before
@@ -377,6 +410,8 @@ if __name__ == "__main__":
             # its kernels were ended in serve(); an interpreter's teardown of everything it imported took 0.5 s of
             # every report's wall time, and nothing in this process needs it
             os._exit(0)
-    print("usage: kernelfork.py serve DIRECTORY | client SOCKET ARGUMENT... | papermill SOCKET ARGUMENT...",
-          file=sys.stderr)
+    print(
+        "usage: kernelfork.py serve DIRECTORY | client SOCKET ARGUMENT... | papermill SOCKET ARGUMENT...",
+        file=sys.stderr,
+    )
     sys.exit(2)

@@ -72,8 +72,13 @@ def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, outp
     data, published, output = resolve(data_dir), resolve(published_dir), resolve(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     return ClaimContext(
-        claim=claim, data_dir=data, published_dir=published, output_dir=output,
-        published=load_published(published, claim), bundles=find_bundles(data, claim), out=Outputs(output, claim),
+        claim=claim,
+        data_dir=data,
+        published_dir=published,
+        output_dir=output,
+        published=load_published(published, claim),
+        bundles=find_bundles(data, claim),
+        out=Outputs(output, claim),
     )
 
 

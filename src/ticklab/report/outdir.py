@@ -35,8 +35,17 @@ from ..safefiles import OwnedDir, UnsafeFileError, kind_of, read_text, shown
 
 MARKER = ".ticklab-report"
 # where a report writes (build.py's output contract): after an interruption, only new files here are its own
-REPORT_PLACES = ("notebooks", "report", "figures", "tables", "verdicts", "checks",
-                 "summary.json", "verdicts.csv", "checks.csv")
+REPORT_PLACES = (
+    "notebooks",
+    "report",
+    "figures",
+    "tables",
+    "verdicts",
+    "checks",
+    "summary.json",
+    "verdicts.csv",
+    "checks.csv",
+)
 
 
 class OutputDirError(ValueError):
@@ -49,8 +58,11 @@ def _files(root: Path) -> set[str]:
         for name in files:
             found.add(os.path.relpath(os.path.join(directory, name), root))
         # symlinked directories are listed as entries, never walked into
-        found.update(os.path.relpath(os.path.join(directory, d), root) for d in dirs
-                     if os.path.islink(os.path.join(directory, d)))
+        found.update(
+            os.path.relpath(os.path.join(directory, d), root)
+            for d in dirs
+            if os.path.islink(os.path.join(directory, d))
+        )
     found.discard(MARKER)
     return found
 
@@ -61,12 +73,16 @@ def _check_own(path: Path, what: str) -> None:
     if stat.S_ISLNK(info.st_mode):
         raise OutputDirError(f"{path}: is a symbolic link; ticklab report does not write through links")
     if info.st_uid != os.geteuid():
-        raise OutputDirError(f"{path}: {what} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
-                             "ticklab report only replaces files in a directory of your own")
+        raise OutputDirError(
+            f"{path}: {what} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
+            "ticklab report only replaces files in a directory of your own"
+        )
     shared_group = info.st_mode & stat.S_IWGRP and info.st_gid != os.getegid()
     if info.st_mode & stat.S_IWOTH or shared_group:
-        raise OutputDirError(f"{path}: {what} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
-                             "ticklab report only replaces files in a directory nobody else can write")
+        raise OutputDirError(
+            f"{path}: {what} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "ticklab report only replaces files in a directory nobody else can write"
+        )
 
 
 def _check_parents(path: Path) -> None:
@@ -80,16 +96,21 @@ def _check_parents(path: Path) -> None:
             continue
         shared = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and info.st_gid != os.getegid())
         if info.st_uid not in (0, me) or (shared and not info.st_mode & stat.S_ISVTX):
-            raise OutputDirError(f"{path}: {ancestor} above it can be changed by another user (owner uid "
-                                 f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); choose an --out below "
-                                 "directories only root or you can change")
+            raise OutputDirError(
+                f"{path}: {ancestor} above it can be changed by another user (owner uid "
+                f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); choose an --out below "
+                "directories only root or you can change"
+            )
 
 
 def _links(root: Path) -> list[str]:
     found = []
     for directory, dirs, files in os.walk(root):
-        found += [os.path.relpath(os.path.join(directory, n), root) for n in (*dirs, *files)
-                  if os.path.islink(os.path.join(directory, n))]
+        found += [
+            os.path.relpath(os.path.join(directory, n), root)
+            for n in (*dirs, *files)
+            if os.path.islink(os.path.join(directory, n))
+        ]
     return sorted(found)
 
 
@@ -102,8 +123,9 @@ def _read_marker(root: Path) -> dict:
             raise ValueError("not a ticklab report marker")
         return data
     except (OSError, ValueError) as exc:  # UnsafeFileError too (a FIFO or a hard link is never read)
-        raise OutputDirError(f"{marker}: unreadable ({exc}); remove the directory's contents yourself "
-                             "or choose another --out") from None
+        raise OutputDirError(
+            f"{marker}: unreadable ({exc}); remove the directory's contents yourself or choose another --out"
+        ) from None
 
 
 def _write_marker(root: Path, data: dict) -> None:
@@ -167,8 +189,10 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
         _check_own(output_dir, "the directory")
     marked = (output_dir / MARKER).is_file() or (output_dir / MARKER).is_symlink()
     if output_dir.is_dir() and not marked and any(output_dir.iterdir()):
-        raise OutputDirError(f"{output_dir}: not empty and not made by 'ticklab report' (no {MARKER} in it); "
-                             "give a new or empty directory so nothing of yours is overwritten")
+        raise OutputDirError(
+            f"{output_dir}: not empty and not made by 'ticklab report' (no {MARKER} in it); "
+            "give a new or empty directory so nothing of yours is overwritten"
+        )
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         data = _read_marker(output_dir) if marked else {"files": []}
@@ -178,13 +202,17 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
             owned = set()
         links = _links(output_dir)
         if links:
-            raise OutputDirError(f"{output_dir / links[0]}: a symbolic link in the output directory; ticklab report "
-                                 "does not write through links (remove it or choose another --out)")
+            raise OutputDirError(
+                f"{output_dir / links[0]}: a symbolic link in the output directory; ticklab report "
+                "does not write through links (remove it or choose another --out)"
+            )
         unsafe = _not_replaceable(output_dir)
         if unsafe:
             relative, what = unsafe[0]
-            raise OutputDirError(f"{shown(output_dir / relative)}: {what} where the report writes; ticklab report "
-                                 "replaces only regular files of its own (remove it or choose another --out)")
+            raise OutputDirError(
+                f"{shown(output_dir / relative)}: {what} where the report writes; ticklab report "
+                "replaces only regular files of its own (remove it or choose another --out)"
+            )
         before = _files(output_dir)
         _write_marker(output_dir, {"writing": True, "files": sorted(owned), "foreign": sorted(before - owned)})
     except OSError as exc:
@@ -194,8 +222,9 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
 
 def progress(output_dir: Path, foreign: set[str]) -> None:
     """During the run (after each notebook): the marker lists what has been written so far."""
-    _write_marker(output_dir, {"writing": True, "files": sorted(_files(output_dir) - foreign),
-                               "foreign": sorted(foreign)})
+    _write_marker(
+        output_dir, {"writing": True, "files": sorted(_files(output_dir) - foreign), "foreign": sorted(foreign)}
+    )
 
 
 def record(output_dir: Path, foreign: set[str]) -> None:

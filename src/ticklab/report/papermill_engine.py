@@ -50,7 +50,9 @@ class EncryptedKernelManager(KernelManager):
 
     def format_kernel_cmd(self, extra_arguments=None):
         # under ticklab report: a kernel forked from the report's fork server, imports done (report/kernelfork.py)
-        return kernelfork.kernel_command(super().format_kernel_cmd(extra_arguments), os.environ.get(kernelfork.SOCKET_ENV))
+        return kernelfork.kernel_command(
+            super().format_kernel_cmd(extra_arguments), os.environ.get(kernelfork.SOCKET_ENV)
+        )
 
     @default("kernel_spec_manager")
     def _ticklab_kernel_specs(self) -> KernelSpecManager:
@@ -61,5 +63,6 @@ class TicklabEngine(NBClientEngine):
     @classmethod
     def execute_managed_notebook(cls, nb_man, kernel_name, **kwargs):
         # a kernel manager class, not an instance: nbclient then owns the kernel and shuts it down
-        return super().execute_managed_notebook(nb_man, kernel_name, kernel_manager_class=EncryptedKernelManager,
-                                                **kwargs)
+        return super().execute_managed_notebook(
+            nb_man, kernel_name, kernel_manager_class=EncryptedKernelManager, **kwargs
+        )

@@ -21,8 +21,12 @@ SUMMARY = "summary"
 def published_effects(published_dir: Path | str) -> pd.DataFrame:
     """One row per published comparison that has a ratio (each claim's headlines): claim, setup, what, ratio,
     better direction."""
-    rows = [(claim.id, h.setup, h.comparison, h.ratio, h.better) for claim in all_claims() if claim.headlines
-            for h in claim.headlines(claim.published(published_dir))]
+    rows = [
+        (claim.id, h.setup, h.comparison, h.ratio, h.better)
+        for claim in all_claims()
+        if claim.headlines
+        for h in claim.headlines(claim.published(published_dir))
+    ]
     return pd.DataFrame(rows, columns=["claim", "setup", "comparison", "ratio", "better"])
 
 
@@ -32,8 +36,11 @@ def save_effects(effects: pd.DataFrame, output_dir: Path, published_dir: Path) -
         pub = load_published(published_dir, claim)
         sources += pub.files(*pub.tables)
     Outputs(output_dir, SUMMARY).table(
-        "published_effects", effects, caption="Headline effect of each claim as a ratio of printed values, computed by ticklab (n = 1)",
-        sources=sources)
+        "published_effects",
+        effects,
+        caption="Headline effect of each claim as a ratio of printed values, computed by ticklab (n = 1)",
+        sources=sources,
+    )
 
 
 # The ratio axis's ticks: each factor and its inverse, so ×0.5 sits as far left of ×1 as ×2 sits right of it.
@@ -47,16 +54,28 @@ def effects_figure(effects: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(effects) + 1.4))
     labels = [f"{r.claim}: {r.setup}" for r in effects.itertuples()]
     better = [(r.ratio > 1) == (r.better == "higher") for r in effects.itertuples()]
-    bars = ax.barh(range(len(effects)), effects["ratio"] - 1, left=1, edgecolor=palette.BLACK, linewidth=0.5,
-                   color=[palette.CLAIMED_DIRECTION if b else palette.OPPOSITE_DIRECTION for b in better])
+    bars = ax.barh(
+        range(len(effects)),
+        effects["ratio"] - 1,
+        left=1,
+        edgecolor=palette.BLACK,
+        linewidth=0.5,
+        color=[palette.CLAIMED_DIRECTION if b else palette.OPPOSITE_DIRECTION for b in better],
+    )
     for bar, is_better in zip(bars, better):
         bar.set_hatch(None if is_better else palette.OPPOSITE_HATCH)
     ax.axvline(1, color=palette.BLACK, linewidth=0.8)
     for i, (r, is_better) in enumerate(zip(effects.itertuples(), better)):
         # beyond the bar's outer end, so no label sits on the bar or on the ×1 line
         outward = r.ratio >= 1
-        ax.text(r.ratio * 1.04 if outward else r.ratio / 1.04, i, f"×{r.ratio:.3f} {'better' if is_better else 'worse'}",
-                va="center", ha="left" if outward else "right", fontsize=8)
+        ax.text(
+            r.ratio * 1.04 if outward else r.ratio / 1.04,
+            i,
+            f"×{r.ratio:.3f} {'better' if is_better else 'worse'}",
+            va="center",
+            ha="left" if outward else "right",
+            fontsize=8,
+        )
     ax.set_xscale("log")
     # as far below ×1 as above it, with room beyond the longest bar for its label
     reach = max(max(r, 1 / r) for r in effects["ratio"]) ** 1.45
@@ -67,17 +86,28 @@ def effects_figure(effects: pd.DataFrame):
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_yticks(range(len(effects)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ratio of the printed values (log scale, bars drawn from ×1)\n"
-                  "plain green: better in the direction the claim names; hatched vermillion: worse", fontsize=8)
+    ax.set_xlabel(
+        "ratio of the printed values (log scale, bars drawn from ×1)\n"
+        "plain green: better in the direction the claim names; hatched vermillion: worse",
+        fontsize=8,
+    )
     without = "; ".join(f"{c.id} has no ratio: {c.no_headline_because}" for c in all_claims() if not c.headlines)
-    ax.set_title("Headline effects: ratios of values printed in the sources, computed by ticklab"
-                 + (f"\n({without})" if without else ""), fontsize=9)
+    ax.set_title(
+        "Headline effects: ratios of values printed in the sources, computed by ticklab"
+        + (f"\n({without})" if without else ""),
+        fontsize=9,
+    )
     return fig
 
 
 def save_effects_figure(fig, output_dir: Path, published_dir: Path) -> None:
     sources = [c.published(published_dir).directory / "provenance.yaml" for c in all_claims() if c.headlines]
-    Outputs(output_dir, SUMMARY).figure("published_effects", fig, caption="Headline effects as ratios of printed values (computed by ticklab)", sources=sources)
+    Outputs(output_dir, SUMMARY).figure(
+        "published_effects",
+        fig,
+        caption="Headline effects as ratios of printed values (computed by ticklab)",
+        sources=sources,
+    )
 
 
 def wanted_claims(claims: str | list[str] | None) -> list[str]:
@@ -107,8 +137,11 @@ def collect_verdicts(output_dir: Path | str, claims: str | list[str] | None = No
 def collect_checks(output_dir: Path | str, claims: str | list[str] | None = None) -> pd.DataFrame:
     """The condition checks the claim notebooks wrote (claims without checks wrote an empty file)."""
     directory = Path(output_dir) / "checks"
-    frames = [pd.read_csv(directory / f"{claim}.csv") for claim in wanted_claims(claims)
-              if (directory / f"{claim}.csv").is_file()]
+    frames = [
+        pd.read_csv(directory / f"{claim}.csv")
+        for claim in wanted_claims(claims)
+        if (directory / f"{claim}.csv").is_file()
+    ]
     frames = [f for f in frames if not f.empty]
     return pd.concat(frames, ignore_index=True)[CHECK_COLUMNS] if frames else pd.DataFrame(columns=CHECK_COLUMNS)
 

@@ -37,6 +37,7 @@ from ..trace.ingest import Trace, read_trace_dat
 from ..trace.tracedat import tracefs_to_trace_dat
 from ..trace.tracespots import Spot, longest_timer_interrupt
 
+
 class ViewError(ValueError):
     """The bundle or run cannot be viewed; the message says why."""
 
@@ -157,21 +158,39 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
         filters["show event filter"] = list(preset.events)
     session = {
         "type": "kshark.config.session",
-        "MainWindow": [1200, 800], "Splitter": [420, 300],
-        "Model": {"type": "kshark.config.model", "range": [spot.first_ns - margin, spot.last_ns + margin], "bins": 1000},
-        "data streams": [{
-            "type": "kshark.config.stream", "stream id": 0,
-            "data": {"type": "kshark.config.data", "file": str(path.resolve()), "name": "top buffer",
-                     "time": int(os.stat(path).st_mtime)},
-            "filters": filters,
-            # KernelShark 2.2 expects the plugins object; missed_events marks lost-event gaps
-            "plugins": {"type": "kshark.config.plugins", "registered": [["missed_events", True]]},
-            "CPUPlots": shown_cpus, "TaskPlots": [],
-        }],
+        "MainWindow": [1200, 800],
+        "Splitter": [420, 300],
+        "Model": {
+            "type": "kshark.config.model",
+            "range": [spot.first_ns - margin, spot.last_ns + margin],
+            "bins": 1000,
+        },
+        "data streams": [
+            {
+                "type": "kshark.config.stream",
+                "stream id": 0,
+                "data": {
+                    "type": "kshark.config.data",
+                    "file": str(path.resolve()),
+                    "name": "top buffer",
+                    "time": int(os.stat(path).st_mtime),
+                },
+                "filters": filters,
+                # KernelShark 2.2 expects the plugins object; missed_events marks lost-event gaps
+                "plugins": {"type": "kshark.config.plugins", "registered": [["missed_events", True]]},
+                "CPUPlots": shown_cpus,
+                "TaskPlots": [],
+            }
+        ],
         "ComboPlots": [],
-        "Markers": {"type": "kshark.config.markers", "markA": {"isSet": True, "row": row_a},
-                    "markB": {"isSet": True, "row": row_b}, "Active": "B"},
-        "ViewTop": max(row_a - 2, 0), "ColorScheme": 0.75,
+        "Markers": {
+            "type": "kshark.config.markers",
+            "markA": {"isSet": True, "row": row_a},
+            "markB": {"isSet": True, "row": row_b},
+            "Active": "B",
+        },
+        "ViewTop": max(row_a - 2, 0),
+        "ColorScheme": 0.75,
         "User Plugins": {"type": "kshark.config.plugins", "obj. files": []},
         "ticklab": {"run": record["run"], "condition": record.get("condition", ""), "claim": claim},
     }
@@ -192,6 +211,8 @@ def write_session(session: dict, out: Path) -> Path:
 
 def open_in_kernelshark(session_path: Path) -> subprocess.Popen:
     if shutil.which("kernelshark") is None:
-        raise ViewError("kernelshark is not installed (apt-get install kernelshark); the session file is "
-                        f"{session_path}: open it with 'kernelshark -s {session_path}'")
+        raise ViewError(
+            "kernelshark is not installed (apt-get install kernelshark); the session file is "
+            f"{session_path}: open it with 'kernelshark -s {session_path}'"
+        )
     return subprocess.Popen(["kernelshark", "-s", str(session_path)])

@@ -29,12 +29,12 @@ import pyarrow.parquet as pq
 from ..safefiles import shown
 from . import rawfile
 
-TEXT_NAME = "stdout.txt"       # where a run's extra keeps what gapdet printed
+TEXT_NAME = "stdout.txt"  # where a run's extra keeps what gapdet printed
 COMPACT_NAME = "gaps.parquet"  # its compact form, stored xz'd (gaps.parquet.xz)
 COLUMNS = ("start_step_ns", "gap_ns")
 HEADER_KEY = b"ticklab.gapdet.header"
 FIRST_LINE = b"# gapdet: 1\n"
-LARGEST = 10 ** 18  # the text reader's bound: whole numbers of at most 18 digits
+LARGEST = 10**18  # the text reader's bound: whole numbers of at most 18 digits
 TEXT_LIMIT = 1 << 30  # gapdet's text read whole to compact it; -m 100000000 gaps would be ~4 GB (never compacted)
 
 
@@ -112,14 +112,16 @@ def read_compact(path: Path | str) -> tuple[list[tuple[str, str]], pd.DataFrame]
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise GapFileError(f"{shown(path)}: not a readable Parquet file ({shown(str(exc), 120)})") from None
     if tuple(table.column_names) != COLUMNS or any(t != pa.int64() for t in table.schema.types):
-        raise GapFileError(f"{shown(path)}: columns {shown(table.column_names, 120)}, expected int64 "
-                           f"{', '.join(COLUMNS)}")
+        raise GapFileError(
+            f"{shown(path)}: columns {shown(table.column_names, 120)}, expected int64 {', '.join(COLUMNS)}"
+        )
     if any(table.column(name).null_count for name in COLUMNS):
         raise GapFileError(f"{shown(path)}: a column has empty values")
     try:
         pairs = json.loads((table.schema.metadata or {}).get(HEADER_KEY, b"null"))
-        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
-                                                  for p in pairs):
+        if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in pairs
+        ):
             raise ValueError
     except ValueError:
         raise GapFileError(f"{shown(path)}: no gapdet header in its metadata ({HEADER_KEY.decode()})") from None
@@ -129,8 +131,9 @@ def read_compact(path: Path | str) -> tuple[list[tuple[str, str]], pd.DataFrame]
     for name, values in (("start_ns", starts), ("gap_ns", gaps)):
         bad = np.flatnonzero((values < 0) | (values >= LARGEST))
         if len(bad):
-            raise GapFileError(f"{shown(path)}: gap {bad[0] + 1}: {name} {values[bad[0]]} is not a whole number "
-                               f"below 10^18")
+            raise GapFileError(
+                f"{shown(path)}: gap {bad[0] + 1}: {name} {values[bad[0]]} is not a whole number below 10^18"
+            )
     return [(key, value) for key, value in pairs], pd.DataFrame({"start_ns": starts, "gap_ns": gaps})
 
 

@@ -87,8 +87,21 @@ class TraceFormatError(ValueError):
 
 
 # What malformed bytes make Python, numpy, zstd and Arrow raise while reading: all become TraceFormatError.
-_BAD_INPUT = (ValueError, UnicodeDecodeError, struct.error, OverflowError, MemoryError, OSError, AttributeError,
-              IndexError, KeyError, TypeError, RecursionError, EOFError, zlib.error)
+_BAD_INPUT = (
+    ValueError,
+    UnicodeDecodeError,
+    struct.error,
+    OverflowError,
+    MemoryError,
+    OSError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    TypeError,
+    RecursionError,
+    EOFError,
+    zlib.error,
+)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -98,6 +111,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _guarded(source_of):
     """Run the wrapped reader; anything bad input makes it raise becomes one TraceFormatError line."""
+
     def wrap(function):
         @functools.wraps(function)
         def guarded(*args, **kwargs):
@@ -111,7 +125,9 @@ def _guarded(source_of):
                 if type(exc).__module__.split(".")[0] in ("zstandard", "pyarrow"):
                     raise TraceFormatError(f"{source_of(*args)}: unreadable trace data ({_one_line(exc)})") from exc
                 raise
+
         return guarded
+
     return wrap
 
 
@@ -149,7 +165,9 @@ class EventFormat:
         return f"{self.system}:{self.name}"
 
 
-FIELD_LINE = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*size:(?P<size>\d+);\s*signed:(?P<signed>-?\d+);")
+FIELD_LINE = re.compile(
+    r"field:(?P<decl>[^;]+);\s*offset:(?P<offset>\d+);\s*size:(?P<size>\d+);\s*signed:(?P<signed>-?\d+);"
+)
 ID_LINE = re.compile(r"^ID:\s*(\d+)", re.M)
 
 
@@ -161,8 +179,9 @@ def _escaped(name: str, what: str, source: str) -> str:
     characters escaped (``shown``), so a name from the input cannot rewrite the terminal line it is printed on; the
     same text for every kernel name."""
     if len(name) > MAX_NAME_CHARS:
-        raise TraceFormatError(f"{source}: {what} name of {len(name)} characters ({shown(name, 40)}): not a kernel "
-                               "event name")
+        raise TraceFormatError(
+            f"{source}: {what} name of {len(name)} characters ({shown(name, 40)}): not a kernel event name"
+        )
     return shown(name, MAX_NAME_CHARS)
 
 
@@ -178,10 +197,22 @@ def parse_event_format(text: str, system: str | None = None, source: str = "<for
         if not words:
             raise TraceFormatError(f"{source}: event {shown(name.group(1), 80)} has a field with no name")
         bare = words[-1]
-        fields.append(Field(name=bare, type=declaration[: declaration.rfind(bare)].strip(), offset=int(match["offset"]),
-                            size=int(match["size"]), signed=match["signed"] == "1", name_decl=declaration))
-    return EventFormat(system=_escaped(system or "", "system", source), name=_escaped(name.group(1), "event", source),
-                       id=int(ident.group(1)), fields=fields)
+        fields.append(
+            Field(
+                name=bare,
+                type=declaration[: declaration.rfind(bare)].strip(),
+                offset=int(match["offset"]),
+                size=int(match["size"]),
+                signed=match["signed"] == "1",
+                name_decl=declaration,
+            )
+        )
+    return EventFormat(
+        system=_escaped(system or "", "system", source),
+        name=_escaped(name.group(1), "event", source),
+        id=int(ident.group(1)),
+        fields=fields,
+    )
 
 
 class EventFormats(Mapping):
@@ -221,8 +252,10 @@ def parse_header_page(text: str, source: str) -> tuple[int, int]:
         raise TraceFormatError(f"{source}: header_page lacks the commit or data field")
     commit_size, data_offset = int(commit.group(2)), int(data.group(1))
     if commit_size not in (4, 8) or not 12 <= data_offset <= 64:
-        raise TraceFormatError(f"{source}: header_page has a {commit_size}-byte commit and data at {data_offset}: "
-                               "not a ring-buffer page layout")
+        raise TraceFormatError(
+            f"{source}: header_page has a {commit_size}-byte commit and data at {data_offset}: "
+            "not a ring-buffer page layout"
+        )
     return commit_size, data_offset
 
 
@@ -249,8 +282,14 @@ class _Records:
 
 
 def _empty_records() -> _Records:
-    return _Records(b"", np.zeros(0, np.uint32), np.zeros(0, np.uint64), np.zeros(0, np.uint16),
-                    np.zeros(0, np.uint16), np.zeros(0, np.int64))
+    return _Records(
+        b"",
+        np.zeros(0, np.uint32),
+        np.zeros(0, np.uint64),
+        np.zeros(0, np.uint16),
+        np.zeros(0, np.uint16),
+        np.zeros(0, np.int64),
+    )
 
 
 def _offset_type(buffer) -> np.dtype:
@@ -279,9 +318,17 @@ class Trace:
     ``table(key)`` / ``events`` pandas DataFrames (converted from the Arrow tables once).
     """
 
-    def __init__(self, source: str, formats: Mapping[int, EventFormat], records: _Records | None = None,
-                 lost_events: dict[int, int] | None = None, stats_lost: dict[int, int] | None = None,
-                 page_size: int = 4096, clock: str | None = None, kallsyms: bytes | Callable[[], bytes] = b""):
+    def __init__(
+        self,
+        source: str,
+        formats: Mapping[int, EventFormat],
+        records: _Records | None = None,
+        lost_events: dict[int, int] | None = None,
+        stats_lost: dict[int, int] | None = None,
+        page_size: int = 4096,
+        clock: str | None = None,
+        kallsyms: bytes | Callable[[], bytes] = b"",
+    ):
         self.source, self.formats, self.page_size, self.clock = source, formats, page_size, clock
         self._kallsyms = kallsyms
         self.lost_events = lost_events or {}
@@ -331,7 +378,9 @@ class Trace:
         return [self.formats[t].key for t in self._type_ids.tolist()]
 
     def counts(self) -> dict[str, int]:
-        return dict(sorted((self.formats[t].key, n) for t, n in zip(self._type_ids.tolist(), self._type_counts.tolist())))
+        return dict(
+            sorted((self.formats[t].key, n) for t, n in zip(self._type_ids.tolist(), self._type_counts.tolist()))
+        )
 
     def _format_of(self, key: str) -> EventFormat:
         for type_id in self._type_ids.tolist():
@@ -349,7 +398,7 @@ class Trace:
         chosen = chosen[order]
         del order
         for start in range(0, len(chosen), rows):
-            batch = self._batch(fmt, chosen[start:start + rows])
+            batch = self._batch(fmt, chosen[start : start + rows])
             _release(self._records.buffer)
             yield batch
 
@@ -385,7 +434,9 @@ class Trace:
             known = [self.formats[t] for t in self.formats if _format_key(self.formats, t) == key]
             if known:
                 return _empty_table(known[0])
-            raise KeyError(f"{self.source}: event {key} was not recorded (has: {', '.join(sorted(self.keys())) or 'none'})")
+            raise KeyError(
+                f"{self.source}: event {key} was not recorded (has: {', '.join(sorted(self.keys())) or 'none'})"
+            )
         return self.events[key]
 
 
@@ -399,8 +450,13 @@ def _format_key(formats: Mapping[int, EventFormat], type_id: int) -> str | None:
 def _empty_table(fmt: EventFormat) -> pd.DataFrame:
     import pandas as pd
 
-    return pd.DataFrame({"timestamp": pd.Series(dtype="uint64"), "cpu": pd.Series(dtype="uint16"),
-                         **{f.name: pd.Series(dtype="object") for f in fmt.fields if f.name != "common_type"}})
+    return pd.DataFrame(
+        {
+            "timestamp": pd.Series(dtype="uint64"),
+            "cpu": pd.Series(dtype="uint16"),
+            **{f.name: pd.Series(dtype="object") for f in fmt.fields if f.name != "common_type"},
+        }
+    )
 
 
 def _dtype(fmt: EventFormat, width: int) -> np.dtype:
@@ -449,7 +505,7 @@ def _gathered(buffer, starts: np.ndarray, width: int, cuts: list[int]) -> np.nda
         return raw
     raw = np.empty(len(starts) * width, dtype=np.uint8)
     for first, last in zip(cuts, cuts[1:]):
-        raw[first * width:last * width] = np.frombuffer(ringbuf.gather(buffer, starts[first:last], width), np.uint8)
+        raw[first * width : last * width] = np.frombuffer(ringbuf.gather(buffer, starts[first:last], width), np.uint8)
         _release(buffer)
     return raw
 
@@ -579,19 +635,31 @@ class _Segment:
     length: int
 
 
-def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments: list[_Segment], page_size: int,
-              header_page: str, stats_text: dict[int, str], clock: str | None, check_read_events: bool = False,
-              kallsyms: bytes | Callable[[], bytes] = b"") -> Trace:
+def _assemble(
+    source: str,
+    formats: Mapping[int, EventFormat],
+    buffer,
+    segments: list[_Segment],
+    page_size: int,
+    header_page: str,
+    stats_text: dict[int, str],
+    clock: str | None,
+    check_read_events: bool = False,
+    kallsyms: bytes | Callable[[], bytes] = b"",
+) -> Trace:
     commit_size, data_offset = parse_header_page(header_page, source)
     if page_size <= data_offset or page_size > 1 << 24:
         raise TraceFormatError(f"{source}: page size {page_size} is not a ring-buffer page size")
     numbers = [segment.cpu for segment in segments]
     if len(set(numbers)) != len(numbers):  # one CPU's events would be filed under another's, its lost count replaced
-        raise TraceFormatError(f"{source}: CPU {next(n for n in numbers if numbers.count(n) > 1)} has two blocks of data")
+        raise TraceFormatError(
+            f"{source}: CPU {next(n for n in numbers if numbers.count(n) > 1)} has two blocks of data"
+        )
     total = sum(segment.length for segment in segments)
     if total > TRACE_DATA_LIMIT:
-        raise TraceFormatError(f"{source}: {total} bytes of CPU data, more than the {TRACE_DATA_LIMIT} ticklab reads of "
-                               "a trace")
+        raise TraceFormatError(
+            f"{source}: {total} bytes of CPU data, more than the {TRACE_DATA_LIMIT} ticklab reads of a trace"
+        )
     # each column grows in place (realloc: a large block is remapped, not copied), so the records are never held
     # twice, as joining per-chunk arrays would
     offsets, stamps, types, lost = bytearray(), bytearray(), bytearray(), {}
@@ -603,16 +671,20 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
         cpu_numbers.append(cpu)
         cpu_firsts.append(walked)
         if segment.length % page_size:
-            raise TraceFormatError(f"{source}: CPU {cpu} data is {segment.length} bytes, not a whole number of "
-                                   f"{page_size}-byte pages")
+            raise TraceFormatError(
+                f"{source}: CPU {cpu} data is {segment.length} bytes, not a whole number of {page_size}-byte pages"
+            )
         found = 0
         lost[cpu] = 0
         for start in range(segment.start, segment.start + segment.length, step):  # pages are independent
             where, times, kinds, missed, bad_page = ringbuf.walk(
-                buffer, start, min(step, segment.start + segment.length - start), page_size, commit_size, data_offset)
+                buffer, start, min(step, segment.start + segment.length - start), page_size, commit_size, data_offset
+            )
             if bad_page >= 0:
-                raise TraceFormatError(f"{source}: CPU {cpu} page at byte {bad_page - segment.start} claims more data "
-                                       f"than a {page_size}-byte page holds")
+                raise TraceFormatError(
+                    f"{source}: CPU {cpu} page at byte {bad_page - segment.start} claims more data "
+                    f"than a {page_size}-byte page holds"
+                )
             _release(buffer)
             offsets += memoryview(np.frombuffer(where, dtype=np.int64).astype(offset_type))  # bytes, not a sum
             stamps += times
@@ -625,11 +697,25 @@ def _assemble(source: str, formats: Mapping[int, EventFormat], buffer, segments:
     stats_lost = {cpu: stats_lost_count(text) for cpu, text in stats_text.items()}
     trace_records = None
     if walked:
-        trace_records = _Records(buffer, np.frombuffer(offsets, dtype=offset_type), np.frombuffer(stamps, np.uint64),
-                                 np.frombuffer(types, "<u2"), np.asarray(cpu_numbers, dtype=np.uint16),
-                                 np.asarray(cpu_firsts, dtype=np.int64), page_size)
-    return Trace(source=source, formats=formats, records=trace_records, lost_events=lost, page_size=page_size,
-                 clock=clock, stats_lost=stats_lost, kallsyms=kallsyms)
+        trace_records = _Records(
+            buffer,
+            np.frombuffer(offsets, dtype=offset_type),
+            np.frombuffer(stamps, np.uint64),
+            np.frombuffer(types, "<u2"),
+            np.asarray(cpu_numbers, dtype=np.uint16),
+            np.asarray(cpu_firsts, dtype=np.int64),
+            page_size,
+        )
+    return Trace(
+        source=source,
+        formats=formats,
+        records=trace_records,
+        lost_events=lost,
+        page_size=page_size,
+        clock=clock,
+        stats_lost=stats_lost,
+        kallsyms=kallsyms,
+    )
 
 
 READ_EVENTS = re.compile(r"^\s*read events:\s*(\d+)", re.M)
@@ -640,8 +726,10 @@ def _check_read_events(source: str, cpu: int, found: int, stats: str) -> None:
     'entries' says was left in the buffer, which are not in the file either way)."""
     read = READ_EVENTS.search(stats)
     if read and found < int(read.group(1)):
-        raise TraceFormatError(f"{source}: cpu{cpu}.raw holds {found} events but cpu{cpu}.stats says {read.group(1)} "
-                               "were read: the file is truncated")
+        raise TraceFormatError(
+            f"{source}: cpu{cpu}.raw holds {found} events but cpu{cpu}.stats says {read.group(1)} "
+            "were read: the file is truncated"
+        )
 
 
 KALLSYMS_FILE = "kallsyms"  # in a tracefs capture: the /proc/kallsyms lines of the symbols the experiment named
@@ -689,24 +777,34 @@ def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
             raise TraceFormatError(f"{shown(path)}: a second stats file for CPU {int(path.stem[3:])}")
         stats[int(path.stem[3:])] = files_dir.read_text(path.name, TEXT_LIMIT)
     for cpu in sorted(set(stats) - set(files)):  # a capture writes cpuN.raw for every CPU it has stats of
-        raise TraceFormatError(f"{directory / f'cpu{cpu}.raw'}: missing, but cpu{cpu}.stats is there (a ticklab "
-                               f"tracefs capture writes both for every CPU), so CPU {cpu}'s events would be absent")
+        raise TraceFormatError(
+            f"{directory / f'cpu{cpu}.raw'}: missing, but cpu{cpu}.stats is there (a ticklab "
+            f"tracefs capture writes both for every CPU), so CPU {cpu}'s events would be absent"
+        )
     for cpu in sorted(set(files) - set(stats)):  # without it a truncated cpuN.raw would pass for a whole one
-        raise TraceFormatError(f"{directory / f'cpu{cpu}.stats'}: missing (a ticklab tracefs capture writes one beside "
-                               f"every cpu<N>.raw), so nothing tells whether {files[cpu].name} is complete")
+        raise TraceFormatError(
+            f"{directory / f'cpu{cpu}.stats'}: missing (a ticklab tracefs capture writes one beside "
+            f"every cpu<N>.raw), so nothing tells whether {files[cpu].name} is complete"
+        )
     for cpu in sorted(stats):
         # 'read events' is the one count of what the capture read: the pages' own headers (commit sizes, missed
         # events) describe only the pages that are there, so a cpuN.raw cut at a page boundary looks whole to them
         if not READ_EVENTS.search(stats[cpu]):
-            raise TraceFormatError(f"{directory / f'cpu{cpu}.stats'}: no 'read events:' line, so nothing tells whether "
-                                   f"{files[cpu].name} is complete (its pages' headers describe only the pages there)")
+            raise TraceFormatError(
+                f"{directory / f'cpu{cpu}.stats'}: no 'read events:' line, so nothing tells whether "
+                f"{files[cpu].name} is complete (its pages' headers describe only the pages there)"
+            )
     spool, segments = _Spool(), []
     with spool:
         for cpu, path in sorted(files.items()):  # streamed into one buffer, never held whole twice
             start = spool.size
             try:
-                rawfile.copy_into(path, spool, TRACE_DATA_LIMIT - start,
-                                  over=f" (a trace's CPU data is at most {TRACE_DATA_LIMIT} bytes in all)")
+                rawfile.copy_into(
+                    path,
+                    spool,
+                    TRACE_DATA_LIMIT - start,
+                    over=f" (a trace's CPU data is at most {TRACE_DATA_LIMIT} bytes in all)",
+                )
             except rawfile.RawFileError as exc:
                 raise TraceFormatError(str(exc)) from None
             segments.append(_Segment(cpu, start, spool.size - start))
@@ -721,10 +819,21 @@ def _read_tracefs_dir(directory: Path, files_dir: OwnedDir) -> Trace:
         if not text.isdigit():
             raise TraceFormatError(f"{directory / 'page_size'}: not a page size: {shown(text, 40)!r}")
         page_size = int(text)
-    kallsyms = _read_bytes(directory / KALLSYMS_FILE, KALLSYMS_LIMIT) if rawfile.present(directory / KALLSYMS_FILE) \
-        else b""
-    return _assemble(str(directory), formats, buffer, segments, page_size, header_text, stats, clock,
-                     check_read_events=True, kallsyms=kallsyms)
+    kallsyms = (
+        _read_bytes(directory / KALLSYMS_FILE, KALLSYMS_LIMIT) if rawfile.present(directory / KALLSYMS_FILE) else b""
+    )
+    return _assemble(
+        str(directory),
+        formats,
+        buffer,
+        segments,
+        page_size,
+        header_text,
+        stats,
+        clock,
+        check_read_events=True,
+        kallsyms=kallsyms,
+    )
 
 
 # -- trace-cmd's trace.dat ---------------------------------------------------------------------------
@@ -738,7 +847,7 @@ class _Reader:
     def take(self, size: int) -> bytes:
         if size < 0 or self.position + size > len(self.data):
             raise self.error(f"truncated (wanted {size} more bytes, {max(0, len(self.data) - self.position)} left)")
-        chunk = self.data[self.position:self.position + size]
+        chunk = self.data[self.position : self.position + size]
         self.position += size
         return chunk
 
@@ -770,7 +879,7 @@ class _Reader:
 
 
 def _copied(data, start: int, size: int) -> bytes:
-    return bytes(data[start:start + size])
+    return bytes(data[start : start + size])
 
 
 def _section_bytes(reader: _Reader, inflate, section_at: int, start: int, size: int) -> bytes:
@@ -812,12 +921,13 @@ def _add_format(reader: _Reader, size: int, system: str, formats: EventFormats) 
     file's bytes when it is parsed."""
     start = reader.position
     text = reader.text(reader.take(size), start)
-    formats.add_text(text, system, f"{reader.source} (byte {start})",
-                     again=functools.partial(_decoded, reader.data, start, size))
+    formats.add_text(
+        text, system, f"{reader.source} (byte {start})", again=functools.partial(_decoded, reader.data, start, size)
+    )
 
 
 def _decoded(data, start: int, size: int) -> str:
-    return bytes(data[start:start + size]).decode()
+    return bytes(data[start : start + size]).decode()
 
 
 def _read_bytes(path: Path, limit: int = rawfile.RAW_FILE_LIMIT) -> bytes:
@@ -858,7 +968,7 @@ def read_trace_dat(path: Path | str) -> Trace:
     path = Path(path)
     data = _map_file(path)
     source = str(path)
-    if data[:len(TRACE_DAT_MAGIC)] != TRACE_DAT_MAGIC:
+    if data[: len(TRACE_DAT_MAGIC)] != TRACE_DAT_MAGIC:
         raise TraceFormatError(f"{source}: not a trace-cmd trace.dat (bad magic)")
     reader = _Reader(data, source, len(TRACE_DAT_MAGIC))
     version = reader.string()
@@ -877,8 +987,10 @@ def read_trace_dat(path: Path | str) -> Trace:
 def _cpu_segment(reader: _Reader, cpu: int, offset: int, size: int) -> _Segment:
     """CPU data must lie inside the file: trace-cmd refuses a trace whose data was cut short, and so do we."""
     if offset + size > len(reader.data):
-        raise TraceFormatError(f"{reader.source}: truncated: CPU {cpu} data at byte {offset} is {size} bytes but the "
-                               f"file ends at byte {len(reader.data)}")
+        raise TraceFormatError(
+            f"{reader.source}: truncated: CPU {cpu} data at byte {offset} is {size} bytes but the "
+            f"file ends at byte {len(reader.data)}"
+        )
     return _Segment(cpu, offset, size)
 
 
@@ -904,7 +1016,9 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
                 clock = _clock_of(payload)
         marker = reader.take(10)
     if marker != b"flyrecord\0":
-        raise TraceFormatError(f"{source}: expected flyrecord data, found {marker!r} (latency traces are not supported)")
+        raise TraceFormatError(
+            f"{source}: expected flyrecord data, found {marker!r} (latency traces are not supported)"
+        )
     segments = []
     for cpu in range(cpus):
         offset, size = reader.u64(), reader.u64()
@@ -913,8 +1027,10 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     # a v6 file ends with its CPU data: pages beyond the last CPU's are a CPU the header does not count
     end = max([reader.position, *(s.start + s.length for s in segments)])
     if len(reader.data) - end >= page_size:
-        raise TraceFormatError(f"{source}: {len(reader.data) - end} bytes of data after the last of the {cpus} CPUs "
-                               "the header counts: the CPU count is wrong or the file is damaged")
+        raise TraceFormatError(
+            f"{source}: {len(reader.data) - end} bytes of data after the last of the {cpus} CPUs "
+            "the header counts: the CPU count is wrong or the file is damaged"
+        )
     return _assemble(source, formats, reader.data, segments, page_size, header_page, stats, clock, kallsyms=kallsyms)
 
 
@@ -958,12 +1074,16 @@ def _decompress(reader: _Reader, inflate, what: str, room: int = MAX_BLOCK) -> b
     packed, size = reader.u32(), reader.u32()
     blob = reader.take(packed)
     if size > MAX_BLOCK:
-        raise reader.error(f"{what} claims {size} bytes uncompressed (trace-cmd writes blocks of at most "
-                           f"{MAX_BLOCK >> 20} MiB)", start)
+        raise reader.error(
+            f"{what} claims {size} bytes uncompressed (trace-cmd writes blocks of at most {MAX_BLOCK >> 20} MiB)", start
+        )
     if size > room:
-        raise reader.error(f"{what} claims {size} bytes uncompressed, beyond what ticklab decompresses of a "
-                           f"{len(reader.data)}-byte trace.dat (at most {rawfile.UNPACK_RATIO} times its size, "
-                           f"{TRACE_DATA_LIMIT} bytes in all)", start)
+        raise reader.error(
+            f"{what} claims {size} bytes uncompressed, beyond what ticklab decompresses of a "
+            f"{len(reader.data)}-byte trace.dat (at most {rawfile.UNPACK_RATIO} times its size, "
+            f"{TRACE_DATA_LIMIT} bytes in all)",
+            start,
+        )
     try:
         plain = inflate(blob, size)
     except _LongerThanStated as exc:
@@ -1052,9 +1172,13 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     if header_page is None:
         raise TraceFormatError(f"{source}: no HEADER_INFO section")
     if not top_level:  # trace-cmd writes one for the top-level buffer even when it recorded no CPU
-        also = f" (only instance(s) {shown(', '.join(instances), 120)}, which ticklab does not read)" if instances else ""
-        raise TraceFormatError(f"{source}: no buffer option for the top-level instance{also}: nothing says where the "
-                               "CPU data is, so its events cannot be counted")
+        also = (
+            f" (only instance(s) {shown(', '.join(instances), 120)}, which ticklab does not read)" if instances else ""
+        )
+        raise TraceFormatError(
+            f"{source}: no buffer option for the top-level instance{also}: nothing says where the "
+            "CPU data is, so its events cannot be counted"
+        )
     if any(compressed for *_, compressed in cpu_data):
         buffer, segments = _inflate_cpu_data(reader, inflate, cpu_data, page_size)
     else:
@@ -1086,9 +1210,11 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
         raise TraceFormatError(f"{reader.source}: compressed CPU data in a file that names no compression")
     total, limit = _inflated_size(reader, cpu_data), _decompressed_limit(len(reader.data))
     if total > limit:  # found from the chunk headers, before a byte is decompressed; each chunk is then held to its own
-        raise TraceFormatError(f"{reader.source}: its CPU data's chunk headers say {total} bytes decompressed, beyond "
-                               f"what ticklab decompresses of a {len(reader.data)}-byte trace.dat (at most "
-                               f"{rawfile.UNPACK_RATIO} times its size, {TRACE_DATA_LIMIT} bytes in all)")
+        raise TraceFormatError(
+            f"{reader.source}: its CPU data's chunk headers say {total} bytes decompressed, beyond "
+            f"what ticklab decompresses of a {len(reader.data)}-byte trace.dat (at most "
+            f"{rawfile.UNPACK_RATIO} times its size, {TRACE_DATA_LIMIT} bytes in all)"
+        )
     spill = total > IN_MEMORY
     out = _temporary_file() if spill else io.BytesIO()
     with out:
@@ -1097,7 +1223,7 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
             start = written
             if not compressed:
                 segment = _cpu_segment(reader, cpu, offset, size)
-                written += out.write(reader.data[segment.start:segment.start + segment.length])
+                written += out.write(reader.data[segment.start : segment.start + segment.length])
             else:
                 chunks = _Reader(reader.data, reader.source, offset)
                 count = chunks.u32()
@@ -1106,9 +1232,11 @@ def _inflate_cpu_data(reader: _Reader, inflate, cpu_data, page_size: int) -> tup
                 # the stated size is that of the chunks after the count (trace-cmd's out_write_cpu_data): a chunk
                 # count or a size that disagrees with it would drop or invent data in silence
                 if chunks.position != offset + 4 + size:
-                    raise TraceFormatError(f"{reader.source}: CPU {cpu} data at byte {offset} holds {size} bytes of "
-                                           f"chunks but its {count} compressed chunks end at byte {chunks.position}, "
-                                           f"not {offset + 4 + size}: the chunk count or a size is wrong")
+                    raise TraceFormatError(
+                        f"{reader.source}: CPU {cpu} data at byte {offset} holds {size} bytes of "
+                        f"chunks but its {count} compressed chunks end at byte {chunks.position}, "
+                        f"not {offset + 4 + size}: the chunk count or a size is wrong"
+                    )
             segments.append(_Segment(cpu, start, written - start))
         if not spill:
             return out.getvalue(), segments  # the buffer itself, not a copy (nothing else refers to it)
@@ -1121,8 +1249,10 @@ def _check_cpu_count(source: str, cpus: int, stats: dict[int, str]) -> None:
     header) would silently drop or invent a CPU's events. (Not v7: its buffer lists only the CPUs recorded, while
     trace-cmd writes the stats of every CPU, as a guest run with a CPU mask showed.)"""
     if stats and len(stats) != cpus:
-        raise TraceFormatError(f"{source}: the header counts {cpus} CPUs of data but the file has the stats of "
-                               f"{len(stats)} CPUs: the CPU count is wrong or the file is damaged")
+        raise TraceFormatError(
+            f"{source}: the header counts {cpus} CPUs of data but the file has the stats of "
+            f"{len(stats)} CPUs: the CPU count is wrong or the file is damaged"
+        )
 
 
 def _add_stats(stats: dict[int, str], text: str, source: str) -> None:
@@ -1205,8 +1335,12 @@ def not_ingested(fmt: EventFormat) -> dict[str, str]:
     """The fields of ``fmt`` a written table leaves out, each with why: a field of size 0 holds no bytes in the
     record's fixed part — ftrace:function's ``unsigned long args[]`` (the function's arguments where the func-args
     option is on) runs to the record's end, a length the format states nowhere and the walk does not keep."""
-    return {f.name: f"{shown(f.name_decl, 120)}: size 0 in the event's format (a variable-length array runs to the "
-                    "record's end, a length no field gives); not ingested" for f in fmt.fields if f.size == 0}
+    return {
+        f.name: f"{shown(f.name_decl, 120)}: size 0 in the event's format (a variable-length array runs to the "
+        "record's end, a length no field gives); not ingested"
+        for f in fmt.fields
+        if f.size == 0
+    }
 
 
 def _write_table(trace: Trace, key: str, name: str, handle) -> None:
@@ -1225,7 +1359,8 @@ def _write_table(trace: Trace, key: str, name: str, handle) -> None:
             del batch
             if left_out:  # said in the file's metadata, so a reader sees what is missing and why
                 table = table.drop_columns([c for c in left_out if c in table.column_names]).replace_schema_metadata(
-                    {NOT_INGESTED: json.dumps(left_out, sort_keys=True).encode()})
+                    {NOT_INGESTED: json.dumps(left_out, sort_keys=True).encode()}
+                )
             if writer is None:  # dictionary-encode the strings (comm names repeat)
                 strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
                 writer = pq.ParquetWriter(handle, table.schema, use_dictionary=strings)
@@ -1243,9 +1378,11 @@ def _write_table(trace: Trace, key: str, name: str, handle) -> None:
         if isinstance(exc, OSError) and exc.errno is not None:
             raise
         column = _unstorable_column(table) if table is not None else None
-        raise TraceFormatError(f"{trace.source}: event {key}: {'its column ' + column if column else 'its table'} "
-                               f"cannot be stored in Parquet ({' '.join(str(exc).split())[:200]}); {name} was not "
-                               "written") from None
+        raise TraceFormatError(
+            f"{trace.source}: event {key}: {'its column ' + column if column else 'its table'} "
+            f"cannot be stored in Parquet ({' '.join(str(exc).split())[:200]}); {name} was not "
+            "written"
+        ) from None
     finally:
         if writer is not None:
             with contextlib.suppress(Exception):

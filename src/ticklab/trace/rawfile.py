@@ -196,8 +196,9 @@ def _unpack(handle, path: Path, out, limit: int, over: str) -> int:
             data, given, written = decompressor.unused_data, False, 0
             decompressor = lzma.LZMADecompressor()
     if given:
-        raise RawFileError(f"{shown(path)}: not a valid .xz file (Compressed data ended before the end-of-stream "
-                           "marker was reached)")
+        raise RawFileError(
+            f"{shown(path)}: not a valid .xz file (Compressed data ended before the end-of-stream marker was reached)"
+        )
     if not streams:
         raise RawFileError(f"{shown(path)}: not a valid .xz file (empty)")
     return total

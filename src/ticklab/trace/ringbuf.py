@@ -19,8 +19,9 @@ COMMIT_MASK = (1 << 27) - 1
 PADDING, TIME_EXTEND, TIME_STAMP = 29, 30, 31
 
 
-def py_walk(buffer, start: int, length: int, page_size: int, commit_size: int,
-            data_offset: int) -> tuple[bytes, bytes, bytes, int, int]:
+def py_walk(
+    buffer, start: int, length: int, page_size: int, commit_size: int, data_offset: int
+) -> tuple[bytes, bytes, bytes, int, int]:
     offsets: list[int] = []
     stamps: list[int] = []
     lost, bad_page, limit = 0, -1, start + length
@@ -67,7 +68,9 @@ def py_walk(buffer, start: int, length: int, page_size: int, commit_size: int,
     return _packed(buffer, offsets, stamps, lost, bad_page)
 
 
-def _packed(buffer, offsets: list[int], stamps: list[int], lost: int, bad_page: int) -> tuple[bytes, bytes, bytes, int, int]:
+def _packed(
+    buffer, offsets: list[int], stamps: list[int], lost: int, bad_page: int
+) -> tuple[bytes, bytes, bytes, int, int]:
     where = np.asarray(offsets, dtype=np.int64).tobytes()
     return where, np.asarray(stamps, dtype=np.uint64).tobytes(), py_gather(buffer, where, 2), lost, bad_page
 
@@ -86,8 +89,10 @@ def py_gather(buffer, offsets, width: int) -> bytes:
 def py_cstrings(buffer, starts, limits) -> tuple[bytes, bytes]:
     data = bytes(buffer) if not isinstance(buffer, bytes) else buffer
     pieces, offsets, total = [], [0], 0
-    for start, limit in zip(np.frombuffer(starts, dtype=np.int64).tolist(), np.frombuffer(limits, dtype=np.int64).tolist()):
-        piece = data[max(start, 0):max(start + max(limit, 0), 0)].split(b"\0", 1)[0]
+    for start, limit in zip(
+        np.frombuffer(starts, dtype=np.int64).tolist(), np.frombuffer(limits, dtype=np.int64).tolist()
+    ):
+        piece = data[max(start, 0) : max(start + max(limit, 0), 0)].split(b"\0", 1)[0]
         pieces.append(piece)
         total += len(piece)
         offsets.append(total)
@@ -96,6 +101,7 @@ def py_cstrings(buffer, starts, limits) -> tuple[bytes, bytes]:
 
 try:
     from ._ringbuf import cstrings, gather, walk  # noqa: F401
+
     COMPILED = True
 except ImportError:  # not built (a source checkout used without `pip install`): the same, slower
     walk, gather, cstrings = py_walk, py_gather, py_cstrings

@@ -73,8 +73,12 @@ def _loss_summary(loss_counts: np.ndarray, reference: np.ndarray, quantum_ns: in
     mean loss against the reference × the quanta the tick's loss is summed over)."""
     lost_us = loss_counts / reference * quantum_ns / 1e3
     excess_us = excess_counts / reference * quantum_ns / 1e3
-    return {"n": int(len(lost_us)), "tick_lost_us_median": float(np.median(lost_us)),
-            "tick_lost_us_p99": float(np.quantile(lost_us, 0.99)), "tick_lost_us_mean": float((lost_us - excess_us).mean())}
+    return {
+        "n": int(len(lost_us)),
+        "tick_lost_us_median": float(np.median(lost_us)),
+        "tick_lost_us_p99": float(np.quantile(lost_us, 0.99)),
+        "tick_lost_us_mean": float((lost_us - excess_us).mean()),
+    }
 
 
 def traced_tick_loss(counts, end_ns, quantum_ns: int, tick_ns) -> dict:
@@ -88,11 +92,11 @@ def traced_tick_loss(counts, end_ns, quantum_ns: int, tick_ns) -> dict:
     start = np.concatenate([[end[0] - quantum_ns], end[:-1]])
     ticks = np.sort(np.asarray(tick_ns, dtype=np.int64))
     ticks = ticks[(ticks - GUARD_NS >= start[0]) & (ticks + SPILL_NS <= end[-1])]
-    first = np.searchsorted(end, ticks - GUARD_NS, side="right")    # first quantum ending after the window opens
+    first = np.searchsorted(end, ticks - GUARD_NS, side="right")  # first quantum ending after the window opens
     last = np.searchsorted(start, ticks + SPILL_NS, side="left") - 1  # last quantum starting before it closes
     touched = np.zeros(len(counts), dtype=bool)
     for a, b in zip(first, last):
-        touched[a:b + 1] = True
+        touched[a : b + 1] = True
     free = counts[~touched]
     if len(free) < MIN_REFERENCE or len(ticks) < MIN_REFERENCE + 2:
         return {"reason": f"{len(ticks)} traced ticks and {len(free)} tick-free quanta: too few"}
@@ -101,7 +105,11 @@ def traced_tick_loss(counts, end_ns, quantum_ns: int, tick_ns) -> dict:
     width = (last - first + 1)[1:-1]
     loss = (cumulative[last + 1] - cumulative[first])[1:-1]
     excess = width * (reference - free.mean())
-    return {"reason": "", "reference": reference, **_loss_summary(loss, np.full(len(loss), reference), quantum_ns, excess)}
+    return {
+        "reason": "",
+        "reference": reference,
+        **_loss_summary(loss, np.full(len(loss), reference), quantum_ns, excess),
+    }
 
 
 def _tick_slots(loss: np.ndarray, tick_slot: int, window: int, noise: float) -> list[int]:
@@ -133,8 +141,10 @@ def folded_tick_loss(counts, end_ns, quantum_ns: int, period_ns: int) -> dict:
     end = np.asarray(end_ns, dtype=np.int64)
     slots = int(round(period_ns / quantum_ns))
     if slots < 2 or abs(slots * quantum_ns - period_ns) > quantum_ns // 1000:
-        return {"reason": f"the tick period ({period_ns / 1e3:g} µs) is not a whole number (≥ 2) of {quantum_ns / 1e3:g} µs "
-                          "quanta: the ticks were not traced and a fold cannot place them"}
+        return {
+            "reason": f"the tick period ({period_ns / 1e3:g} µs) is not a whole number (≥ 2) of {quantum_ns / 1e3:g} µs "
+            "quanta: the ticks were not traced and a fold cannot place them"
+        }
     index = np.rint(end / quantum_ns).astype(np.int64) - 1  # the quantum's position since ftq's t0
     window = int(np.ceil((GUARD_NS + SPILL_NS) / quantum_ns)) + 1  # the most quanta one tick's window can overlap
     losses, references, excesses, free_all = [], [], [], []
@@ -171,8 +181,11 @@ def folded_tick_loss(counts, end_ns, quantum_ns: int, period_ns: int) -> dict:
         free_all.append(free)
     if not losses or sum(len(x) for x in losses) < MIN_REFERENCE:
         return {"reason": "too few tick-free quanta or ticks"}
-    return {"reason": "", "reference": _median(np.concatenate(free_all)),
-            **_loss_summary(np.concatenate(losses), np.concatenate(references), quantum_ns, np.concatenate(excesses))}
+    return {
+        "reason": "",
+        "reference": _median(np.concatenate(free_all)),
+        **_loss_summary(np.concatenate(losses), np.concatenate(references), quantum_ns, np.concatenate(excesses)),
+    }
 
 
 def ftq_tick_cost(counts, end_ns, quantum_ns: int, period_ns: int | None, tick_ns=None) -> dict:
@@ -192,23 +205,43 @@ def ftq_tick_cost(counts, end_ns, quantum_ns: int, period_ns: int | None, tick_n
         raise TickCostError(f"{len(counts)} work counts for {len(end_ns)} quantum ends: need matching lengths ≥ 2")
     if counts.max() <= 0:
         raise TickCostError("no quantum counted any work")
-    out = {"quanta": len(counts), "lost_fraction_max": float(1 - counts.mean() / counts.max()), "method": "",
-           "n": 0, "tick_lost_us_median": np.nan, "tick_lost_us_p99": np.nan, "tick_lost_us_mean": np.nan}
+    out = {
+        "quanta": len(counts),
+        "lost_fraction_max": float(1 - counts.mean() / counts.max()),
+        "method": "",
+        "n": 0,
+        "tick_lost_us_median": np.nan,
+        "tick_lost_us_p99": np.nan,
+        "tick_lost_us_mean": np.nan,
+    }
     if period_ns is None:
         reference = float(np.median(counts))
-        return {**out, "reference": reference, "lost_fraction": ftq_lost_fraction(counts, reference),
-                "reason": "no periodic tick in this run: every quantum is tick-free"}
+        return {
+            **out,
+            "reference": reference,
+            "lost_fraction": ftq_lost_fraction(counts, reference),
+            "reason": "no periodic tick in this run: every quantum is tick-free",
+        }
     if quantum_ns + GUARD_NS + SPILL_NS >= period_ns:
-        return {**out, "reference": np.nan, "lost_fraction": np.nan,
-                "reason": f"every {quantum_ns / 1e3:g} µs quantum is near a tick (tick period {period_ns / 1e3:g} µs): "
-                          "no tick-free reference"}
+        return {
+            **out,
+            "reference": np.nan,
+            "lost_fraction": np.nan,
+            "reason": f"every {quantum_ns / 1e3:g} µs quantum is near a tick (tick period {period_ns / 1e3:g} µs): "
+            "no tick-free reference",
+        }
     if tick_ns is not None:
         found, method = traced_tick_loss(counts, end_ns, quantum_ns, tick_ns), TRACED
     else:
         found, method = folded_tick_loss(counts, end_ns, quantum_ns, period_ns), FOLDED
     if found["reason"]:
-        return {**out, "reference": found.get("reference", np.nan), "lost_fraction": np.nan, "method": method,
-                "reason": found["reason"]}
+        return {
+            **out,
+            "reference": found.get("reference", np.nan),
+            "lost_fraction": np.nan,
+            "method": method,
+            "reason": found["reason"],
+        }
     return {**out, **found, "method": method, "lost_fraction": ftq_lost_fraction(counts, found["reference"])}
 
 
@@ -230,9 +263,18 @@ def gap_tick_cost(gaps: pd.DataFrame, header: dict, period_ns: int | None, bin_n
     duration, read_ns = float(header["duration_ns"]), float(header["read_ns_median"])
     lengths = gaps["gap_ns"].to_numpy(dtype=float) - read_ns
     total = float(lengths.sum())
-    out = {"gaps": len(gaps), "gap_fraction": total / duration, "n": 0, "ticks_with_gap": 0,
-           "tick_gap_us_median": np.nan, "tick_gap_us_p99": np.nan, "tick_gap_us_mean": np.nan,
-           "tick_share_of_gap_time": np.nan, "tick_fraction": np.nan, "phase_ns": np.nan}
+    out = {
+        "gaps": len(gaps),
+        "gap_fraction": total / duration,
+        "n": 0,
+        "ticks_with_gap": 0,
+        "tick_gap_us_median": np.nan,
+        "tick_gap_us_p99": np.nan,
+        "tick_gap_us_mean": np.nan,
+        "tick_share_of_gap_time": np.nan,
+        "tick_fraction": np.nan,
+        "phase_ns": np.nan,
+    }
     if period_ns is None:
         return {**out, "reason": "no periodic tick in this run"}
     if gaps.empty:
@@ -255,10 +297,18 @@ def gap_tick_cost(gaps: pd.DataFrame, header: dict, period_ns: int | None, bin_n
     np.add.at(per_tick, which[inside].astype(int), lengths[tick][inside])
     per_tick /= 1e3
     tick_time = float(lengths[tick].sum())
-    return {**out, "n": n, "ticks_with_gap": int((per_tick > 0).sum()), "phase_ns": peak,
-            "tick_gap_us_median": float(np.median(per_tick)), "tick_gap_us_p99": float(np.quantile(per_tick, 0.99)),
-            "tick_gap_us_mean": float(per_tick.mean()), "tick_share_of_gap_time": tick_time / total if total else np.nan,
-            "tick_fraction": tick_time / duration, "reason": ""}
+    return {
+        **out,
+        "n": n,
+        "ticks_with_gap": int((per_tick > 0).sum()),
+        "phase_ns": peak,
+        "tick_gap_us_median": float(np.median(per_tick)),
+        "tick_gap_us_p99": float(np.quantile(per_tick, 0.99)),
+        "tick_gap_us_mean": float(per_tick.mean()),
+        "tick_share_of_gap_time": tick_time / total if total else np.nan,
+        "tick_fraction": tick_time / duration,
+        "reason": "",
+    }
 
 
 MIN_MATCHED_SHARE = 0.9  # of traced ticks inside a gap, below which the two clocks are taken to disagree
@@ -281,9 +331,18 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
     Returns ticks (traced ticks inside gapdet's run), matched (those inside a gap), tick_gap_us_median/_p99/_mean,
     span_us_median (traced window inside the gap), before_entry_us_median, after_span_us_median,
     tick_share_of_gap_time, tick_fraction (matched tick gap time / run time), reason."""
-    out = {"ticks": 0, "matched": 0, "tick_gap_us_median": np.nan, "tick_gap_us_p99": np.nan,
-           "tick_gap_us_mean": np.nan, "span_us_median": np.nan, "before_entry_us_median": np.nan,
-           "after_span_us_median": np.nan, "tick_share_of_gap_time": np.nan, "tick_fraction": np.nan}
+    out = {
+        "ticks": 0,
+        "matched": 0,
+        "tick_gap_us_median": np.nan,
+        "tick_gap_us_p99": np.nan,
+        "tick_gap_us_mean": np.nan,
+        "span_us_median": np.nan,
+        "before_entry_us_median": np.nan,
+        "after_span_us_median": np.nan,
+        "tick_share_of_gap_time": np.nan,
+        "tick_fraction": np.nan,
+    }
     t0, duration, read_ns = float(header["t0_ns"]), float(header["duration_ns"]), float(header["read_ns_median"])
     entry = interrupts["entry_ns"].to_numpy(dtype=np.int64)
     inside_run = (entry >= t0) & (entry <= t0 + duration)
@@ -302,8 +361,11 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
     matched[matched] &= start[holder[matched]] + length[holder[matched]] >= tick_entry[matched]
     out["matched"] = int(matched.sum())
     if matched.sum() < MIN_MATCHED_SHARE * len(ticks):  # a tick stops the loop for far longer than the threshold
-        return {**out, "reason": f"only {matched.sum()} of the {len(ticks)} traced ticks fall inside a gap: the trace "
-                                 "clock and CLOCK_MONOTONIC disagree"}
+        return {
+            **out,
+            "reason": f"only {matched.sum()} of the {len(ticks)} traced ticks fall inside a gap: the trace "
+            "clock and CLOCK_MONOTONIC disagree",
+        }
     if matched.sum() < MIN_REFERENCE:
         return {**out, "matched": int(matched.sum()), "reason": f"only {matched.sum()} traced ticks matched: too few"}
     which = holder[matched]
@@ -317,8 +379,15 @@ def matched_gap_tick_cost(gaps: pd.DataFrame, header: dict, interrupts: pd.DataF
     after = (gap_end - window_end) / 1e3
     tick_time = float(np.sum(length[tick_gaps] - read_ns))
     total = float(np.sum(length - read_ns))
-    return {**out, "tick_gap_us_median": float(np.median(lost_us)), "tick_gap_us_p99": float(np.quantile(lost_us, 0.99)),
-            "tick_gap_us_mean": float(lost_us.mean()), "span_us_median": float(np.median(span)),
-            "before_entry_us_median": float(np.median(before)), "after_span_us_median": float(np.median(after)),
-            "tick_share_of_gap_time": tick_time / total if total > 0 else np.nan, "tick_fraction": tick_time / duration,
-            "reason": ""}
+    return {
+        **out,
+        "tick_gap_us_median": float(np.median(lost_us)),
+        "tick_gap_us_p99": float(np.quantile(lost_us, 0.99)),
+        "tick_gap_us_mean": float(lost_us.mean()),
+        "span_us_median": float(np.median(span)),
+        "before_entry_us_median": float(np.median(before)),
+        "after_span_us_median": float(np.median(after)),
+        "tick_share_of_gap_time": tick_time / total if total > 0 else np.nan,
+        "tick_fraction": tick_time / duration,
+        "reason": "",
+    }

@@ -38,9 +38,21 @@ def timer_interrupt_rows(trace: Trace, cpu: int) -> list[dict]:
     return [
         {"metric": "local_timer_irqs", "value": len(interrupts), "unit": "count"},
         {"metric": "local_timer_irq_rate_hz", "value": (len(interrupts) - 1) / span_s, "unit": "Hz"},
-        {"metric": "local_timer_irq_duration_median_us", "value": interrupts["duration_ns"].median() / 1e3, "unit": "us"},
-        {"metric": "local_timer_irq_duration_p99_us", "value": interrupts["duration_ns"].quantile(0.99) / 1e3, "unit": "us"},
-        {"metric": "local_timer_irq_time_fraction", "value": interrupts["duration_ns"].sum() / 1e9 / span_s, "unit": "fraction"},
+        {
+            "metric": "local_timer_irq_duration_median_us",
+            "value": interrupts["duration_ns"].median() / 1e3,
+            "unit": "us",
+        },
+        {
+            "metric": "local_timer_irq_duration_p99_us",
+            "value": interrupts["duration_ns"].quantile(0.99) / 1e3,
+            "unit": "us",
+        },
+        {
+            "metric": "local_timer_irq_time_fraction",
+            "value": interrupts["duration_ns"].sum() / 1e9 / span_s,
+            "unit": "fraction",
+        },
     ]
 
 
@@ -203,8 +215,12 @@ def timer_interrupt_costs(trace: Trace, cpu: int) -> pd.DataFrame | None:
         np.maximum.at(span_end, irq[ran], of_vector["exit_ns"].to_numpy(dtype=np.int64)[first[ran]])
         for one in irq[ran]:
             names[one].append(SOFTIRQ_VECTORS[vec] if 0 <= vec < len(SOFTIRQ_VECTORS) else str(vec))
-    return frame.assign(softirqs=["+".join(n) for n in names], softirq_ns=softirq_ns,
-                        cost_ns=frame["irq_ns"].to_numpy() + softirq_ns, span_end_ns=span_end)
+    return frame.assign(
+        softirqs=["+".join(n) for n in names],
+        softirq_ns=softirq_ns,
+        cost_ns=frame["irq_ns"].to_numpy() + softirq_ns,
+        span_end_ns=span_end,
+    )
 
 
 def tick_rows(trace: Trace, cpu: int) -> list[dict]:
@@ -232,10 +248,15 @@ def tick_rows(trace: Trace, cpu: int) -> list[dict]:
             if chosen.empty:
                 continue
             values = chosen[column] / 1e3
-            rows += [{"metric": f"{kind}_{label}_median", "value": values.median(), "unit": "us"},
-                     {"metric": f"{kind}_{label}_p99", "value": values.quantile(0.99), "unit": "us"},
-                     {"metric": f"{kind}_{label.removesuffix('us')}time_fraction",
-                      "value": chosen[column].sum() / span_ns, "unit": "fraction"}]
+            rows += [
+                {"metric": f"{kind}_{label}_median", "value": values.median(), "unit": "us"},
+                {"metric": f"{kind}_{label}_p99", "value": values.quantile(0.99), "unit": "us"},
+                {
+                    "metric": f"{kind}_{label.removesuffix('us')}time_fraction",
+                    "value": chosen[column].sum() / span_ns,
+                    "unit": "fraction",
+                },
+            ]
     return rows
 
 
@@ -258,8 +279,10 @@ def clockevent_reprograms(trace: Trace) -> pd.DataFrame | None:
         return None
     calls = trace.table(FUNCTION_CALL)
     if calls["ip"].nunique() > 1:
-        raise TraceContentError(f"{trace.source}: the function tracer recorded {calls['ip'].nunique()} different "
-                                f"functions; counting reprograms needs it filtered to {REPROGRAM_FUNCTION} alone")
+        raise TraceContentError(
+            f"{trace.source}: the function tracer recorded {calls['ip'].nunique()} different "
+            f"functions; counting reprograms needs it filtered to {REPROGRAM_FUNCTION} alone"
+        )
     return calls[["timestamp", "cpu"]].reset_index(drop=True)
 
 
@@ -295,8 +318,11 @@ def reprogram_rows(trace: Trace, span_s: float) -> list[dict]:
     return [
         {"metric": "clockevent_reprograms", "value": len(calls), "unit": "count"},
         {"metric": "clockevent_reprograms_per_s", "value": len(calls) / span_s, "unit": "1/s"},
-        {"metric": "clockevent_reprograms_in_timer_irq_share",
-         "value": inside.mean() if len(calls) else float("nan"), "unit": "fraction"},
+        {
+            "metric": "clockevent_reprograms_in_timer_irq_share",
+            "value": inside.mean() if len(calls) else float("nan"),
+            "unit": "fraction",
+        },
     ]
 
 
@@ -319,8 +345,13 @@ def hrtimer_rearms(trace: Trace) -> pd.DataFrame | None:
     if HRTIMER_REARM not in trace.keys():
         return None
     table = trace.table(HRTIMER_REARM)
-    return pd.DataFrame({"timestamp": table["timestamp"].to_numpy(dtype=np.int64),
-                         "cpu": table["cpu"].to_numpy(), "deferred": table["deferred"].to_numpy(dtype=np.int64)})
+    return pd.DataFrame(
+        {
+            "timestamp": table["timestamp"].to_numpy(dtype=np.int64),
+            "cpu": table["cpu"].to_numpy(),
+            "deferred": table["deferred"].to_numpy(dtype=np.int64),
+        }
+    )
 
 
 def rearm_agreement(rearms: pd.DataFrame, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -337,7 +368,7 @@ def rearm_agreement(rearms: pd.DataFrame, calls: pd.DataFrame) -> tuple[np.ndarr
         rows = np.concatenate([r, c])
         order = np.lexsort((kind, stamps))
         kind, rows = kind[order], rows[order]
-        pair = (kind[:-1] == 0) & (kind[1:] == 1)   # a rearm directly followed by a call
+        pair = (kind[:-1] == 0) & (kind[1:] == 1)  # a rearm directly followed by a call
         followed[rows[:-1][pair]] = True
         preceded[rows[1:][pair]] = True
     return followed, preceded
@@ -351,17 +382,30 @@ def rearm_rows(trace: Trace, span_s: float) -> list[dict]:
     rearms = hrtimer_rearms(trace)
     if rearms is None:
         return []
-    rows = [{"metric": "hrtimer_rearms", "value": len(rearms), "unit": "count"},
-            {"metric": "hrtimer_rearms_per_s", "value": len(rearms) / span_s, "unit": "1/s"},
-            {"metric": "hrtimer_rearms_deferred_share",
-             "value": float((rearms["deferred"] != 0).mean()) if len(rearms) else float("nan"), "unit": "fraction"}]
+    rows = [
+        {"metric": "hrtimer_rearms", "value": len(rearms), "unit": "count"},
+        {"metric": "hrtimer_rearms_per_s", "value": len(rearms) / span_s, "unit": "1/s"},
+        {
+            "metric": "hrtimer_rearms_deferred_share",
+            "value": float((rearms["deferred"] != 0).mean()) if len(rearms) else float("nan"),
+            "unit": "fraction",
+        },
+    ]
     calls = clockevent_reprograms(trace)
     if calls is not None:
         followed, preceded = rearm_agreement(rearms, calls)
-        rows += [{"metric": "hrtimer_rearms_reprogrammed_share",
-                  "value": followed.mean() if len(rearms) else float("nan"), "unit": "fraction"},
-                 {"metric": "clockevent_reprograms_by_rearm_share",
-                  "value": preceded.mean() if len(calls) else float("nan"), "unit": "fraction"}]
+        rows += [
+            {
+                "metric": "hrtimer_rearms_reprogrammed_share",
+                "value": followed.mean() if len(rearms) else float("nan"),
+                "unit": "fraction",
+            },
+            {
+                "metric": "clockevent_reprograms_by_rearm_share",
+                "value": preceded.mean() if len(calls) else float("nan"),
+                "unit": "fraction",
+            },
+        ]
     return rows
 
 
@@ -432,14 +476,23 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
 
     def add(table: pd.DataFrame, rank: int, what, pointer=None, function=None, call=None, expires=None) -> None:
         n = len(table)
-        frames.append(pd.DataFrame({
-            "expires": np.zeros(n, np.int64) if expires is None else table[expires].to_numpy(dtype=np.int64),
-            "timestamp": table["timestamp"].to_numpy(dtype=np.int64), "cpu": table["cpu"].to_numpy(dtype=np.int64),
-            "rank": np.full(n, rank), "what": what if not isinstance(what, str) else np.full(n, what, dtype=object),
-            # addresses stay unsigned 64-bit: a float column would round them
-            "hrtimer": np.zeros(n, np.uint64) if pointer is None else table[pointer].to_numpy(dtype=np.uint64),
-            "function": np.zeros(n, np.uint64) if function is None else table[function].to_numpy(dtype=np.uint64),
-            "call": np.full(n, -1, dtype=np.int64) if call is None else call}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "expires": np.zeros(n, np.int64) if expires is None else table[expires].to_numpy(dtype=np.int64),
+                    "timestamp": table["timestamp"].to_numpy(dtype=np.int64),
+                    "cpu": table["cpu"].to_numpy(dtype=np.int64),
+                    "rank": np.full(n, rank),
+                    "what": what if not isinstance(what, str) else np.full(n, what, dtype=object),
+                    # addresses stay unsigned 64-bit: a float column would round them
+                    "hrtimer": np.zeros(n, np.uint64) if pointer is None else table[pointer].to_numpy(dtype=np.uint64),
+                    "function": np.zeros(n, np.uint64)
+                    if function is None
+                    else table[function].to_numpy(dtype=np.uint64),
+                    "call": np.full(n, -1, dtype=np.int64) if call is None else call,
+                }
+            )
+        )
 
     add(trace.table(HRTIMER_START), 1, "start", "hrtimer", "function", expires="expires")
     add(trace.table(HRTIMER_CANCEL), 3, "cancel", "hrtimer")  # traced after the reprogram it made
@@ -449,8 +502,12 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
     add(calls, 2, "call", call=np.arange(len(calls), dtype=np.int64))
     if HRTIMER_REARM in trace.keys():
         rearms = trace.table(HRTIMER_REARM)
-        add(rearms, 1, np.where(rearms["deferred"].to_numpy() != 0, "deferred", "rearm").astype(object),
-            expires="next_event")
+        add(
+            rearms,
+            1,
+            np.where(rearms["deferred"].to_numpy() != 0, "deferred", "rearm").astype(object),
+            expires="next_event",
+        )
     events = pd.concat(frames, ignore_index=True).sort_values(["cpu", "timestamp", "rank"], kind="stable")
     cause = np.full(len(calls), "unattributed", dtype=object)
     via = np.full(len(calls), "none", dtype=object)
@@ -458,9 +515,9 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
         what = mine["what"].to_numpy()
         pointers, functions = mine["hrtimer"].to_numpy(dtype=np.uint64), mine["function"].to_numpy(dtype=np.uint64)
         call_of, stamps = mine["call"].to_numpy(), mine["timestamp"].to_numpy(dtype=np.int64)
-        owner: dict[int, int] = {}          # hrtimer pointer -> its function, from its starts and expiries
+        owner: dict[int, int] = {}  # hrtimer pointer -> its function, from its starts and expiries
         expires = mine["expires"].to_numpy(dtype=np.int64)
-        due: dict[int, str] = {}            # expiry -> the kind of the timer last started for it (7.1+: see below)
+        due: dict[int, str] = {}  # expiry -> the kind of the timer last started for it (7.1+: see below)
         in_irq, expired, last_irq = False, set(), "unattributed"
         armed_for = armed_at_entry = "unattributed"
         for i, event in enumerate(what):
@@ -480,13 +537,21 @@ def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
             elif event == "call":
                 index = int(call_of[i])
                 if in_irq:
-                    cause[index], via[index] = (_irq_cause(expired), "interrupt") if expired else \
-                        (armed_at_entry, "spurious interrupt")
+                    cause[index], via[index] = (
+                        (_irq_cause(expired), "interrupt") if expired else (armed_at_entry, "spurious interrupt")
+                    )
                     continue
                 before = i - 1 - (i >= 1 and what[i - 1] == "rearm")  # a rearm sits between a start and its call
                 # a cancel is traced right after the reprogram it made (within CANCEL_TRACED_WITHIN_NS)
-                after = i + 1 if (i + 1 < len(what) and what[i + 1] == "cancel"
-                                  and stamps[i + 1] - stamps[i] <= CANCEL_TRACED_WITHIN_NS) else -1
+                after = (
+                    i + 1
+                    if (
+                        i + 1 < len(what)
+                        and what[i + 1] == "cancel"
+                        and stamps[i + 1] - stamps[i] <= CANCEL_TRACED_WITHIN_NS
+                    )
+                    else -1
+                )
                 started = before >= 0 and what[before] == "start"
                 if started and after >= 0:  # both adjacent: the nearer in time made the call (each is sub-µs away)
                     started = stamps[i] - stamps[before] <= stamps[after] - stamps[i]
@@ -550,20 +615,35 @@ def attributed_reprogram_rows(trace: Trace, span_s: float, messages: float | Non
     for cause in REPROGRAM_CAUSES:
         name = cause.replace(" ", "_")
         count = int((causes["cause"] == cause).sum())
-        rows += [{"metric": f"{name}_reprograms", "value": count, "unit": "count"},
-                 {"metric": f"{name}_reprograms_per_s", "value": count / span_s, "unit": "1/s"}]
+        rows += [
+            {"metric": f"{name}_reprograms", "value": count, "unit": "count"},
+            {"metric": f"{name}_reprograms_per_s", "value": count / span_s, "unit": "1/s"},
+        ]
         if messages:
-            rows.append({"metric": f"{name}_reprograms_per_kmsg", "value": count / messages * 1000,
-                         "unit": "1/1000 messages"})
+            rows.append(
+                {"metric": f"{name}_reprograms_per_kmsg", "value": count / messages * 1000, "unit": "1/1000 messages"}
+            )
     if messages:
-        rows.append({"metric": "clockevent_reprograms_per_kmsg", "value": len(causes) / messages * 1000,
-                     "unit": "1/1000 messages"})
+        rows.append(
+            {
+                "metric": "clockevent_reprograms_per_kmsg",
+                "value": len(causes) / messages * 1000,
+                "unit": "1/1000 messages",
+            }
+        )
     starts = hrtick_starts(trace, causes)
-    rows += [{"metric": "hrtick_starts", "value": len(starts), "unit": "count"},
-             {"metric": "hrtick_starts_per_s", "value": len(starts) / span_s, "unit": "1/s"}]
+    rows += [
+        {"metric": "hrtick_starts", "value": len(starts), "unit": "count"},
+        {"metric": "hrtick_starts_per_s", "value": len(starts) / span_s, "unit": "1/s"},
+    ]
     if len(starts):  # no share where the timer never started (HRTICK off): a run's results must be finite
-        rows.append({"metric": "hrtick_start_reprogram_share", "value": float(starts["reprogrammed"].mean()),
-                     "unit": "fraction"})
+        rows.append(
+            {
+                "metric": "hrtick_start_reprogram_share",
+                "value": float(starts["reprogrammed"].mean()),
+                "unit": "fraction",
+            }
+        )
     return rows
 
 
@@ -589,8 +669,11 @@ def tick_metrics(trace: Trace, values: dict) -> list[dict]:
     it raised where they were traced (tick_rows)."""
     cpu = int(values["last_cpu"])
     stops = trace.table("timer:tick_stop")
-    return [*timer_interrupt_rows(trace, cpu), *tick_rows(trace, cpu),
-            {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"}]
+    return [
+        *timer_interrupt_rows(trace, cpu),
+        *tick_rows(trace, cpu),
+        {"metric": "tick_stop_events", "value": int((stops["cpu"] == cpu).sum()), "unit": "count"},
+    ]
 
 
 def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
@@ -611,8 +694,11 @@ def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
         {"metric": "hrtimer_start_rate_hz", "value": len(starts) / span_s, "unit": "Hz"},
         {"metric": "local_timer_irq_rate_hz", "value": len(entries) / span_s, "unit": "Hz"},
         {"metric": "spurious_hrtimer_interrupts", "value": spurious, "unit": "count"},
-        {"metric": "spurious_hrtimer_interrupt_ratio", "value": spurious / interrupts if interrupts else float("nan"),
-         "unit": "fraction"},
+        {
+            "metric": "spurious_hrtimer_interrupt_ratio",
+            "value": spurious / interrupts if interrupts else float("nan"),
+            "unit": "fraction",
+        },
         *reprogram_rows(trace, span_s),
         *rearm_rows(trace, span_s),
         *attributed_reprogram_rows(trace, span_s, hackbench_messages(values.get("argv") or [])),

@@ -33,9 +33,14 @@ def longest_tick_gap(trace: Trace, cpus: list[int], measured_cpu: int | None) ->
         return None
     gaps = irqs["entry_ns"].to_numpy()[1:] - irqs["exit_ns"].to_numpy()[:-1]
     i = int(np.argmax(gaps))
-    return Spot(f"longest stretch without a timer interrupt on CPU {measured_cpu}: {gaps[i] / 1e6:.3f} ms",
-                int(irqs["exit_ns"].iloc[i]), int(irqs["entry_ns"].iloc[i + 1]), measured_cpu,
-                first_event=TIMER_EXIT, last_event=TIMER_ENTRY)
+    return Spot(
+        f"longest stretch without a timer interrupt on CPU {measured_cpu}: {gaps[i] / 1e6:.3f} ms",
+        int(irqs["exit_ns"].iloc[i]),
+        int(irqs["entry_ns"].iloc[i + 1]),
+        measured_cpu,
+        first_event=TIMER_EXIT,
+        last_event=TIMER_ENTRY,
+    )
 
 
 def first_spurious_interrupt(trace: Trace, cpus: list[int], measured_cpu: int | None) -> Spot | None:
@@ -44,7 +49,9 @@ def first_spurious_interrupt(trace: Trace, cpus: list[int], measured_cpu: int | 
         spurious = spurious_interrupts(trace, cpu)
         if len(spurious):
             row = spurious.iloc[0]
-            return Spot(f"first spurious hrtimer interrupt on CPU {cpu}", int(row["entry_ns"]), int(row["exit_ns"]), cpu)
+            return Spot(
+                f"first spurious hrtimer interrupt on CPU {cpu}", int(row["entry_ns"]), int(row["exit_ns"]), cpu
+            )
     return None
 
 
@@ -57,5 +64,9 @@ def longest_timer_interrupt(trace: Trace, cpus: list[int], measured_cpu: int | N
             longest = (int(row["duration_ns"]), int(row["entry_ns"]), int(row["exit_ns"]), cpu)
     if longest is None:
         return None
-    return Spot(f"longest local timer interrupt on CPU {longest[3]}: {longest[0] / 1e3:.1f} µs", longest[1], longest[2],
-                longest[3])
+    return Spot(
+        f"longest local timer interrupt on CPU {longest[3]}: {longest[0] / 1e3:.1f} µs",
+        longest[1],
+        longest[2],
+        longest[3],
+    )
