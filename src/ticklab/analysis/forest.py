@@ -570,6 +570,11 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
 FOREST = "forest"  # figures/<claim>/forest.png|.svg and tables/<claim>/forest.csv|.md, written by the claim's notebook
 
 
+def no_forest_sentence(claim: str) -> str:
+    """What a notebook says of a claim none of whose rows has a CI."""
+    return f"{claim}: no setup gave a comparison a CI, so no forest plot (the verdict table above says why)."
+
+
 def has_lines(rows: pd.DataFrame) -> bool:
     """Whether a claim's rows give the plot at least one line (a fresh effect with its CI)."""
     return bool(len(rows)) and bool(rows.apply(_has_ci, axis=1).any())

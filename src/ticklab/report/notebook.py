@@ -59,7 +59,7 @@ class ClaimContext:
         if forest.has_lines(rows):
             forest.save_forest(rows, self.output_dir, self.data_dir)
         else:
-            say(no_forest_sentence(self.claim))
+            say(forest.no_forest_sentence(self.claim))
 
     def condition_checks(self, checks):
         """The claim's condition checks over its bundles, written to checks/<claim>.csv (one row per setup,
@@ -80,10 +80,6 @@ def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, outp
         bundles=find_bundles(data, claim),
         out=Outputs(output, claim),
     )
-
-
-def no_forest_sentence(claim: str) -> str:
-    return f"{claim}: no setup gave a comparison a CI, so no forest plot (the verdict table above says why)."
 
 
 def say(text: str) -> None:

@@ -155,10 +155,12 @@ def verdict_sentence(verdicts: pd.DataFrame) -> str:
 def show_forests(verdicts: pd.DataFrame, output_dir: Path | str) -> list[str]:
     """Show the forest plot each claim's notebook wrote (figures/<claim>/forest.png), in the verdicts' claim order;
     for a claim without one, a sentence saying why. Returns the claims shown."""
-    from IPython.display import Image, display
+    from IPython.display import Image, Markdown, display
 
-    from ..analysis.forest import FOREST, has_lines
-    from .notebook import no_forest_sentence, say
+    from ..analysis.forest import FOREST, has_lines, no_forest_sentence
+
+    def say(text: str) -> None:  # as notebook.say (report.notebook imports this module: no circle)
+        display(Markdown(text))
 
     shown = []
     for claim, rows in verdicts.groupby("claim", sort=False):
