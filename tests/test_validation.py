@@ -49,6 +49,8 @@ def _experiment(tmp_path, **changes):
         ({"conditions": {"matrix": "threads"}}, "conditions.matrix: 'threads' is not of type object"),
         ({"conditions": [{"name": "a", "clients": {"per_cpu": "half"}}]}, "conditions"),
         ({"workload__argv": []}, "workload.argv: [] is not at least 1 item(s)"),
+        # checked at load, not after each run has run (the run's results would fail, one run after another)
+        ({"workload__tool": "hackbnech"}, "workload.tool 'hackbnech' is not a workload ticklab reads (known: ftq, "),
         ({"lab": {"smp": "two"}}, "lab.smp: 'two' is not of type integer"),
         ({"budget": {"time_s": 10, "max_runs": 10**8}}, "budget.max_runs: 100000000 is not <= 10000"),
         ({"requires": ["root", "bogus:thing"]}, "requires[1]: 'bogus:thing' is not of the allowed form"),
@@ -64,6 +66,26 @@ def test_a_bad_experiment_names_the_file_and_field(tmp_path, changes, message):
         load_experiment(path)
     text = str(raised.value)
     assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+
+
+def test_an_experiment_without_a_workload_tool_is_refused_at_load(tmp_path):
+    data = yaml.safe_load(FTQ.read_text())
+    del data["workload"]["tool"]
+    path = tmp_path / "no-tool.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ExperimentError) as raised:
+        load_experiment(path)
+    assert (
+        str(raised.value)
+        == f"{path}: workload.tool missing (known: ftq, clockbench, timejobs, hackbench, tbench, kbuild)"
+    )
+
+
+def test_every_workload_an_experiment_may_name_has_its_parser():
+    from ticklab.capture.experiment import WORKLOAD_TOOLS
+    from ticklab.capture.workloads import PARSERS
+
+    assert list(PARSERS) == list(WORKLOAD_TOOLS) and all(p.__name__ == f"parse_{t}" for t, p in PARSERS.items())
 
 
 def test_an_argv_with_an_unbalanced_brace_is_one_line():

@@ -205,6 +205,11 @@ def is_boot_experiment(experiment: Experiment) -> bool:
     return "host_kernel" in experiment.knobs.values() and experiment.lab is None
 
 
+# The workloads whose output ticklab reads: each by capture/workloads.py's parse_<tool> (its PARSERS, built from this
+# list). An experiment names one as workload.tool, checked when it is loaded, before any run.
+WORKLOAD_TOOLS = ("ftq", "clockbench", "timejobs", "hackbench", "tbench", "kbuild")
+
+
 def load_experiment(path: Path | str) -> Experiment:
     path = Path(path)
     data = _read_yaml(path)
@@ -220,6 +225,10 @@ def load_experiment(path: Path | str) -> Experiment:
     if not isinstance(data["workload"], dict) or not isinstance(data["workload"].get("argv"), list):
         raise ExperimentError(f"{path}: workload.argv must be a list of arguments")
     schemas.check(data, schemas.EXPERIMENT, str(path), ExperimentError)  # types first: the checks below rely on them
+    tool = data["workload"].get("tool")
+    if tool not in WORKLOAD_TOOLS:
+        said = "missing" if tool is None else f"{preview(tool, 80)} is not a workload ticklab reads"
+        raise ExperimentError(f"{path}: workload.tool {said} (known: {', '.join(WORKLOAD_TOOLS)})")
     for key in ("runs", "warmup", "seed"):
         if key in data and (not isinstance(data[key], int) or data[key] < (1 if key == "runs" else 0)):
             raise ExperimentError(f"{path}: {key} must be a {'positive' if key == 'runs' else 'non-negative'} integer")

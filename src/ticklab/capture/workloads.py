@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import gapfile, rawfile
+from .experiment import WORKLOAD_TOOLS
 from .process import WorkloadOutputError
 
 
@@ -250,11 +251,5 @@ def parse_kbuild(directory: Path) -> list[dict]:
     return rows
 
 
-PARSERS = {
-    "ftq": parse_ftq,
-    "clockbench": parse_clockbench,
-    "timejobs": parse_timejobs,
-    "hackbench": parse_hackbench,
-    "tbench": parse_tbench,
-    "kbuild": parse_kbuild,
-}
+# one parser per workload an experiment may name (experiment.WORKLOAD_TOOLS, checked when it is loaded)
+PARSERS = {tool: globals()[f"parse_{tool}"] for tool in WORKLOAD_TOOLS}
