@@ -179,7 +179,7 @@ def test_a_claims_analysis_loads_and_verifies_each_bundle_once(monkeypatch, tmp_
     runs, _ = measured_runs(ctx.bundles, hpet.CHECKS, ctx.claim)
     hpet.read_rate_points(runs, hpet.condition_values(ctx.bundles))
     hpet.profile_shares(ctx.bundles)
-    ctx.condition_checks(hpet.CHECKS)
+    ctx.condition_checks()
     hpet.CLAIM.verdicts(ctx, n_boot=100)
     assert loads == Counter({str(ref.path): 1 for ref in ctx.bundles})
 

@@ -114,7 +114,7 @@ NOTEBOOK_CELLS = [
     ),
     (
         "code",
-        "ctx.condition_checks(claim.CLAIM.checks)\n"
+        "ctx.condition_checks()\n"
         "verdicts = ctx.out.verdicts(claim.CLAIM.verdicts(ctx, alpha=alpha, n_boot=n_boot, seed=seed))\n"
         "ctx.forest_plot()",
     ),

@@ -61,10 +61,15 @@ class ClaimContext:
         else:
             say(forest.no_forest_sentence(self.claim))
 
-    def condition_checks(self, checks):
+    @property
+    def checks(self) -> tuple:
+        """The claim's condition checks: its ``Claim.checks``, the one list of them."""
+        return tuple(get_claim(self.claim).checks)
+
+    def condition_checks(self):
         """The claim's condition checks over its bundles, written to checks/<claim>.csv (one row per setup,
         condition and check)."""
-        return self.out.checks(check_table(run_checks(self.claim, checks, self.bundles)))
+        return self.out.checks(check_table(run_checks(self.claim, self.checks, self.bundles)))
 
 
 def open_claim(claim: str, data_dir: str | Path, published_dir: str | Path, output_dir: str | Path) -> ClaimContext:
