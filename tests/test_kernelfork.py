@@ -274,6 +274,23 @@ def _probe_notebook(path: Path, code: str) -> Path:
     return path
 
 
+def _run_probe(
+    notebook: Path, executed: Path, parameters: dict, server: str | None, notebook_timeout: float = GENEROUS_S
+):
+    """run_notebook, as ticklab report runs each notebook, for a probe notebook."""
+    from ticklab.report.build import run_notebook
+
+    return run_notebook(
+        notebook,
+        executed,
+        parameters,
+        cell_timeout=GENEROUS_S,
+        notebook_timeout=notebook_timeout,
+        claim="probe",
+        kernel_server=server,
+    )
+
+
 # the kernel's manager is papermill (JPY_PARENT_PID): its parent's command line, and the kernel's own parent's
 PARENTS = (
     "import os\n"
@@ -288,29 +305,11 @@ PARENTS = (
 def test_a_notebook_is_driven_by_a_papermill_forked_from_the_server_and_its_failure_is_reported(tmp_path):
     import nbformat
 
-    from ticklab.report.build import run_notebook
-
     good = _probe_notebook(tmp_path / "good.ipynb", PARENTS)
     bad = _probe_notebook(tmp_path / "bad.ipynb", "raise ValueError('planted')")
     with kernelfork.started() as socket_path:
-        ran = run_notebook(
-            good,
-            tmp_path / "good-out.ipynb",
-            {"probe": "given"},
-            cell_timeout=GENEROUS_S,
-            notebook_timeout=GENEROUS_S,
-            claim="probe",
-            kernel_server=socket_path,
-        )
-        failed = run_notebook(
-            bad,
-            tmp_path / "bad-out.ipynb",
-            {},
-            cell_timeout=GENEROUS_S,
-            notebook_timeout=GENEROUS_S,
-            claim="probe",
-            kernel_server=socket_path,
-        )
+        ran = _run_probe(good, tmp_path / "good-out.ipynb", {"probe": "given"}, socket_path)
+        failed = _run_probe(bad, tmp_path / "bad-out.ipynb", {}, socket_path)
     assert ran.status == "ok", ran.error
     printed = nbformat.read(tmp_path / "good-out.ipynb", as_version=4).cells[-1].outputs[0]["text"].strip()
     server = "['-m', 'ticklab.report.kernelfork', 'serve']"
@@ -322,19 +321,11 @@ def test_a_notebook_is_driven_by_a_papermill_forked_from_the_server_and_its_fail
 def test_without_a_server_papermill_runs_as_a_process_of_its_own(tmp_path):
     import nbformat
 
-    from ticklab.report.build import run_notebook
-
     good = _probe_notebook(
         tmp_path / "good.ipynb", "import os, sys\nprint(os.getppid() == int(os.environ['JPY_PARENT_PID']), probe)"
     )
-    ran = run_notebook(
-        good,
-        tmp_path / "out.ipynb",
-        {"probe": "given"},
-        cell_timeout=GENEROUS_S,
-        notebook_timeout=GENEROUS_S,
-        claim="probe",
-        kernel_server=str(tmp_path / "no-server" / kernelfork.SOCKET_NAME),
+    ran = _run_probe(
+        good, tmp_path / "out.ipynb", {"probe": "given"}, str(tmp_path / "no-server" / kernelfork.SOCKET_NAME)
     )
     assert ran.status == "ok", ran.error
     assert nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[-1].outputs[0]["text"].strip() == "True given"
@@ -360,20 +351,10 @@ def _server_of(socket_path: str) -> int:
 
 @pytest.mark.slow  # runs a notebook until its timeout
 def test_a_notebook_past_its_timeout_leaves_neither_its_papermill_nor_its_kernel(tmp_path):
-    from ticklab.report.build import run_notebook
-
     sleeper = _probe_notebook(tmp_path / "sleeps.ipynb", "import time\ntime.sleep(3600)")
     with kernelfork.started() as socket_path:
         server = _server_of(socket_path)
-        ran = run_notebook(
-            sleeper,
-            tmp_path / "out.ipynb",
-            {},
-            cell_timeout=3600,
-            notebook_timeout=15,
-            claim="probe",
-            kernel_server=socket_path,
-        )
+        ran = _run_probe(sleeper, tmp_path / "out.ipynb", {}, socket_path, notebook_timeout=15)
         deadline = time.monotonic() + GENEROUS_S
         while _children(server) and time.monotonic() < deadline:
             time.sleep(0.05)
