@@ -169,156 +169,170 @@ REQUIREMENT = {
     r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$",
 }
 
-EXPERIMENT = {
-    "type": "object",
-    "required": ["claim", "name", "description", "conditions", "workload"],
-    "properties": {
-        "claim": {"type": "string", "pattern": RUN_NAME},
-        "name": {"type": "string", "pattern": RUN_NAME},
-        "description": {"type": "string"},
-        "conditions": {
-            "oneOf": [
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name"],
-                        "properties": {"name": {"type": ["string", "number"]}},
-                        "additionalProperties": CONDITION_VALUE,
+
+def experiment_schema(*, metric_sets, backends) -> dict:
+    """The schema of a runners/<claim>/*.yaml experiment. The names that have a registry elsewhere come from it
+    (capture/experiment.py passes them): ``metric_sets`` tracemetrics.METRIC_SETS' keys, ``backends``
+    capture/tracing.py's backend_choices()."""
+    metric_set = {"type": "string", "enum": list(metric_sets)}
+    return {
+        "type": "object",
+        "required": ["claim", "name", "description", "conditions", "workload"],
+        "properties": {
+            "claim": {"type": "string", "pattern": RUN_NAME},
+            "name": {"type": "string", "pattern": RUN_NAME},
+            "description": {"type": "string"},
+            "conditions": {
+                "oneOf": [
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": {"type": ["string", "number"]}},
+                            "additionalProperties": CONDITION_VALUE,
+                        },
                     },
+                    {
+                        "type": "object",
+                        "required": ["matrix"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "matrix": {"type": "object", "minProperties": 1, "additionalProperties": CONDITION_VALUE}
+                        },
+                    },
+                ]
+            },
+            "workload": {
+                "type": "object",
+                "required": ["argv"],
+                "properties": {
+                    "argv": {"type": "array", "minItems": 1, "items": {"type": ["string", "number"]}},
+                    "tool": {"type": "string"},
                 },
-                {
+            },
+            "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
+            # the measured CPU left to the workload: every movable interrupt and other task moved off it for each run
+            "isolate": {
+                "type": "object",
+                "required": ["cpu"],
+                "additionalProperties": False,
+                # "last": the CPU the workloads' {last_cpu} names (the others are the housekeeping CPUs)
+                "properties": {"cpu": {"const": "last"}, "rt_throttling": {"enum": ["on", "off"]}},
+            },
+            "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
+            "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},  # as --seed
+            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
+            "requires": {"type": "array", "items": REQUIREMENT},
+            # a trace records its events: a trace section without them has nothing to record
+            "trace": {
+                "type": ["object", "null"],
+                "required": ["events"],
+                "properties": {
+                    "events": {"type": "array", "items": {"type": "string"}},
+                    # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
+                    # lists those it lacked (absent_events)
+                    "optional_events": {"type": "array", "items": {"type": "string"}},
+                    "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
+                    "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
+                    # kernel functions whose every call the function tracer records (a C identifier each)
+                    "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
+                    # which per-run metrics its trace gives results.csv: a set of tracemetrics.METRIC_SETS, or a
+                    # list of them
+                    "metrics": {
+                        "anyOf": [
+                            metric_set,
+                            {"type": "array", "minItems": 1, "uniqueItems": True, "items": metric_set},
+                        ]
+                    },
+                    # the tracefs trace clock; "mono" is CLOCK_MONOTONIC, the clock our tools stamp their samples
+                    # with, so their samples and the trace's events can be matched one by one (default: the
+                    # kernel's, "local")
+                    "clock": {"enum": ["local", "global", "mono", "mono_raw", "boot"]},
+                },
+            },
+            "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+            "profile": {"type": ["object", "null"]},
+            "extras": {
+                "type": ["array", "null"],
+                "items": {
                     "type": "object",
-                    "required": ["matrix"],
+                    "required": ["name", "argv"],
                     "additionalProperties": False,
                     "properties": {
-                        "matrix": {"type": "object", "minProperties": 1, "additionalProperties": CONDITION_VALUE}
+                        "name": {"type": "string", "pattern": RUN_NAME},
+                        "argv": {"type": "array"},
+                        "requires": {"type": "array", "items": REQUIREMENT},
+                        "per_run": {"type": "boolean"},
+                        # recorded with the experiment's trace into
+                        # raw/<run>/<name>/trace (per_run extras only)
+                        "traced": {"type": "boolean"},
                     },
                 },
-            ]
-        },
-        "workload": {
-            "type": "object",
-            "required": ["argv"],
-            "properties": {
-                "argv": {"type": "array", "minItems": 1, "items": {"type": ["string", "number"]}},
-                "tool": {"type": "string"},
             },
-        },
-        "runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
-        # the measured CPU left to the workload: every movable interrupt and other task moved off it for each run
-        "isolate": {
-            "type": "object",
-            "required": ["cpu"],
-            "additionalProperties": False,
-            # "last": the CPU the workloads' {last_cpu} names (the others are the housekeeping CPUs)
-            "properties": {"cpu": {"const": "last"}, "rt_throttling": {"enum": ["on", "off"]}},
-        },
-        "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
-        "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},  # as --seed
-        "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
-        "requires": {"type": "array", "items": REQUIREMENT},
-        # a trace records its events: a trace section without them has nothing to record
-        "trace": {
-            "type": ["object", "null"],
-            "required": ["events"],
-            "properties": {
-                "events": {"type": "array", "items": {"type": "string"}},
-                # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
-                # lists those it lacked (absent_events)
-                "optional_events": {"type": "array", "items": {"type": "string"}},
-                "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
-                "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
-                # kernel functions whose every call the function tracer records (a C identifier each)
-                "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
-                # which per-run metrics its trace gives results.csv: a name in tracemetrics.METRIC_SETS
-                "metrics": {"enum": ["tick", "hrtimer"]},
-                # the tracefs trace clock; "mono" is CLOCK_MONOTONIC, the clock our tools stamp their samples with, so
-                # their samples and the trace's events can be matched one by one (default: the kernel's, "local")
-                "clock": {"enum": ["local", "global", "mono", "mono_raw", "boot"]},
-            },
-        },
-        "knobs": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
-        "profile": {"type": ["object", "null"]},
-        "extras": {
-            "type": ["array", "null"],
-            "items": {
-                "type": "object",
-                "required": ["name", "argv"],
-                "additionalProperties": False,
-                "properties": {
-                    "name": {"type": "string", "pattern": RUN_NAME},
-                    "argv": {"type": "array"},
-                    "requires": {"type": "array", "items": REQUIREMENT},
-                    "per_run": {"type": "boolean"},
-                    # recorded with the experiment's trace into
-                    # raw/<run>/<name>/trace (per_run extras only)
-                    "traced": {"type": "boolean"},
+            "notes": {"type": ["string", "null"]},
+            "kernel_builds": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["kernel", "series"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "kernel": {"type": "string", "minLength": 1, "maxLength": 100},
+                        "series": {"type": "string", "pattern": r"^[0-9]+\.[0-9]+$"},
+                        "localmodconfig": {"type": "boolean"},
+                        # a config fragment in the checkout (kernel/fragments/*.config): --fragment
+                        "fragment": {"type": "string", "pattern": r"^kernel/fragments/[a-z0-9-]+\.config$"},
+                    },
                 },
             },
-        },
-        "notes": {"type": ["string", "null"]},
-        "kernel_builds": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["kernel", "series"],
-                "additionalProperties": False,
+            "lab": {
+                "type": ["object", "null"],
                 "properties": {
-                    "kernel": {"type": "string", "minLength": 1, "maxLength": 100},
-                    "series": {"type": "string", "pattern": r"^[0-9]+\.[0-9]+$"},
-                    "localmodconfig": {"type": "boolean"},
-                    # a config fragment in the checkout (kernel/fragments/*.config): --fragment
-                    "fragment": {"type": "string", "pattern": r"^kernel/fragments/[a-z0-9-]+\.config$"},
+                    "kernel": {"type": "string", "pattern": RUN_NAME},
+                    "smp": {"type": "integer", "minimum": 1, "maximum": 256},
+                    "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20},
+                    "cmdline": {"type": "string"},
+                    "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
+                    "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+                    "pin_vcpus": {"type": "boolean"},
+                    # the tracing backend inside the guest when the command line leaves it at auto
+                    "backend": {"enum": list(backends)},
                 },
             },
-        },
-        "lab": {
-            "type": ["object", "null"],
-            "properties": {
-                "kernel": {"type": "string", "pattern": RUN_NAME},
-                "smp": {"type": "integer", "minimum": 1, "maximum": 256},
-                "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20},
-                "cmdline": {"type": "string"},
-                "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
-                "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
-                "pin_vcpus": {"type": "boolean"},
-                # the tracing backend inside the guest when the command line leaves it at auto
-                "backend": {"enum": ["auto", "trace-cmd", "tracefs"]},
-            },
-        },
-        "budget": {
-            "type": ["object", "null"],
-            "properties": {
-                "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
-                "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
-            },
-        },
-        # what 'ticklab capture' prints once the bundle is sealed (capture/answer.py): the quantities the source
-        # names, as results.csv metrics, each beside the rows of traces/published/<claim>/ (<table>/<row id>) the
-        # source printed it in; cost_at_rate: a printed cost per event (a time) times this host's measured rate
-        "answer": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["metric", "says"],
-                "additionalProperties": False,
+            "budget": {
+                "type": ["object", "null"],
                 "properties": {
-                    "metric": {"type": "string", "pattern": RUN_NAME},
-                    "says": {"type": "string", "minLength": 1, "maxLength": 200},
-                    "percent": {"type": "boolean"},
-                    "printed": {"type": "array", "items": PUBLISHED_ROW},
-                    "cost_at_rate": {
-                        "type": "object",
-                        "required": ["cost", "rate"],
-                        "additionalProperties": False,
-                        "properties": {"cost": PUBLISHED_ROW, "rate": {"type": "string", "pattern": RUN_NAME}},
+                    "time_s": {"type": "number", "minimum": 0, "maximum": 7 * 86400},
+                    "max_runs": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS},
+                },
+            },
+            # what 'ticklab capture' prints once the bundle is sealed (capture/answer.py): the quantities the source
+            # names, as results.csv metrics, each beside the rows of traces/published/<claim>/ (<table>/<row id>) the
+            # source printed it in; cost_at_rate: a printed cost per event (a time) times this host's measured rate
+            "answer": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["metric", "says"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "metric": {"type": "string", "pattern": RUN_NAME},
+                        "says": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "percent": {"type": "boolean"},
+                        "printed": {"type": "array", "items": PUBLISHED_ROW},
+                        "cost_at_rate": {
+                            "type": "object",
+                            "required": ["cost", "rate"],
+                            "additionalProperties": False,
+                            "properties": {"cost": PUBLISHED_ROW, "rate": {"type": "string", "pattern": RUN_NAME}},
+                        },
                     },
                 },
             },
         },
-    },
-}
+    }
+
 
 PROVENANCE = {
     "type": "object",

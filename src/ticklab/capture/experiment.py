@@ -30,6 +30,7 @@ its own boot, so runs stay interleaved.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -210,6 +211,20 @@ def is_boot_experiment(experiment: Experiment) -> bool:
 WORKLOAD_TOOLS = ("ftq", "clockbench", "timejobs", "hackbench", "tbench", "kbuild")
 
 
+def experiment_schema() -> dict:
+    """schemas.experiment_schema with the names of today's registries (read at each call, so the schema follows
+    them; built once per set of names)."""
+    from ..trace.tracemetrics import METRIC_SETS  # numpy and pandas: only once an experiment is loaded
+    from .tracing import backend_choices
+
+    return _experiment_schema(tuple(METRIC_SETS), backend_choices())
+
+
+@functools.cache
+def _experiment_schema(metric_sets: tuple[str, ...], backends: tuple[str, ...]) -> dict:
+    return schemas.experiment_schema(metric_sets=metric_sets, backends=backends)
+
+
 def load_experiment(path: Path | str) -> Experiment:
     path = Path(path)
     data = _read_yaml(path)
@@ -224,7 +239,7 @@ def load_experiment(path: Path | str) -> Experiment:
         raise ExperimentError(f"{path}: unknown key(s) {_listed(unknown)} (known: {', '.join(sorted(KNOWN))})")
     if not isinstance(data["workload"], dict) or not isinstance(data["workload"].get("argv"), list):
         raise ExperimentError(f"{path}: workload.argv must be a list of arguments")
-    schemas.check(data, schemas.EXPERIMENT, str(path), ExperimentError)  # types first: the checks below rely on them
+    schemas.check(data, experiment_schema(), str(path), ExperimentError)  # types first: the checks below rely on them
     tool = data["workload"].get("tool")
     if tool not in WORKLOAD_TOOLS:
         said = "missing" if tool is None else f"{preview(tool, 80)} is not a workload ticklab reads"

@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Protocol
 
@@ -235,6 +236,11 @@ def shown_path(path: Path) -> str:
         return path.name
 
 
+def metric_set_names(named: str | list[str]) -> list[str]:
+    """An experiment's trace.metrics: one set's name or a list of them."""
+    return [named] if isinstance(named, str) else list(named)
+
+
 def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dict) -> tuple[list[dict], str | None]:
     """The metric rows of a finished run (workload output, then trace metrics), or why there are none."""
     if record["status"] != "ok":
@@ -242,17 +248,19 @@ def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dic
     try:
         results = PARSERS[experiment.workload["tool"]](run_dir)
         if record.get("trace") and experiment.trace.get("metrics"):
-            metrics = METRIC_SETS[experiment.trace["metrics"]]
+            trace = read_trace(run_dir / record["trace"]["directory"])
             # the run's argv too: a metric per unit of work needs the work's size (hackbench's messages)
-            results += metrics(
-                read_trace(run_dir / record["trace"]["directory"]), {**values, "argv": record.get("argv")}
-            )
+            for name in metric_set_names(experiment.trace["metrics"]):
+                results += METRIC_SETS[name](trace, {**values, "argv": record.get("argv")})
     except (WorkloadOutputError, KeyError, ValueError, OverflowError, TypeError) as exc:
         return [], str(exc)
     rows = [{**row, "value": float(row["value"])} for row in results]
     odd = [row["metric"] for row in rows if not math.isfinite(row["value"])]
     if odd:
         return [], f"{run_dir}: metric(s) {', '.join(odd)} not finite; the run's results are not recorded"
+    twice = sorted(metric for metric, count in Counter(row["metric"] for row in rows).items() if count > 1)
+    if twice:
+        return [], f"{run_dir}: metric(s) {', '.join(twice)} given twice (the workload's and trace.metrics' sets)"
     return rows, None
 
 

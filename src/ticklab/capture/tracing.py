@@ -665,6 +665,16 @@ class TraceCmdRecorder:
             self._scope.close()
 
 
+# the tracing backends, by the name an experiment, a manifest and the command line give them: the one list of them
+RECORDERS = {cls.backend: cls for cls in (TraceCmdRecorder, TracefsRecorder)}
+
+
+def backend_choices() -> tuple[str, ...]:
+    """What an experiment's lab.backend and the CLI's --backend accept: "auto" (choose_backend decides), then each
+    recorder's name."""
+    return ("auto", *RECORDERS)
+
+
 def recorder(
     backend: str,
     host: HostChanges,
@@ -681,9 +691,9 @@ def recorder(
     result's ``absent_events``) and, where ``functions`` are named, of every call of those functions
     (the function tracer filtered to them; each call is an ``ftrace:function`` event), its timestamps on the trace
     clock ``clock`` (None: the kernel's default, ``local``)."""
-    cls = {"tracefs": TracefsRecorder, "trace-cmd": TraceCmdRecorder}.get(backend)
+    cls = RECORDERS.get(backend)
     if cls is None:
-        raise TracingError(f"unknown tracing backend {backend!r} (have: tracefs, trace-cmd)")
+        raise TracingError(f"unknown tracing backend {backend!r} (have: {', '.join(RECORDERS)})")
     return cls(
         host,
         events,

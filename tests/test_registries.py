@@ -1,0 +1,96 @@
+"""One list per fact (issue 43): the names an experiment and the command line accept come from the registry that
+owns them, so adding to a registry is the whole change. Each test adds a name to a registry and sees the experiment
+schema and the CLI accept it, and refuse it before."""
+
+import pytest
+import yaml
+
+from conftest import REPO
+from ticklab.capture import session, tracing
+from ticklab.capture.experiment import ExperimentError, load_experiment
+from ticklab.cli import build_parser
+from ticklab.trace import tracemetrics
+
+FTQ = REPO / "runners/nohz/ftq.yaml"
+
+
+def _experiment(tmp_path, trace_metrics=None, lab_backend=None):
+    data = yaml.safe_load(FTQ.read_text())
+    if trace_metrics is not None:
+        data["trace"]["metrics"] = trace_metrics
+    if lab_backend is not None:
+        data["lab"] = {"backend": lab_backend}
+    path = tmp_path / "registry.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_metric_set_added_to_the_registry_is_one_an_experiment_may_name(tmp_path, monkeypatch):
+    path = _experiment(tmp_path, trace_metrics="softirq")
+    with pytest.raises(ExperimentError, match=r"trace.metrics: 'softirq' is not one of \['tick', 'hrtimer'\]$"):
+        load_experiment(path)
+    monkeypatch.setitem(tracemetrics.METRIC_SETS, "softirq", tracemetrics.tick_metrics)
+    assert load_experiment(path).trace["metrics"] == "softirq"
+
+
+def test_trace_metrics_may_name_several_sets_each_from_the_registry(tmp_path):
+    assert load_experiment(_experiment(tmp_path, trace_metrics=["tick", "hrtimer"])).trace["metrics"] == [
+        "tick",
+        "hrtimer",
+    ]
+    with pytest.raises(ExperimentError, match=r"trace.metrics\[1\]: 'hrtimr' is not one of"):
+        load_experiment(_experiment(tmp_path, trace_metrics=["tick", "hrtimr"]))
+    with pytest.raises(ExperimentError, match=r"trace.metrics: \['tick', 'tick'\] has non-unique elements"):
+        load_experiment(_experiment(tmp_path, trace_metrics=["tick", "tick"]))
+
+
+def test_a_tracing_backend_added_to_the_registry_is_accepted_by_the_schema_and_the_cli(tmp_path, monkeypatch, capsys):
+    path = _experiment(tmp_path, lab_backend="ebpf")
+    with pytest.raises(ExperimentError, match=r"lab.backend: 'ebpf' is not one of \['auto', 'trace-cmd', 'tracefs'\]"):
+        load_experiment(path)
+    for argv in (["capture", "nohz", "--backend", "ebpf"], ["lab", "run", "nohz", "--backend", "ebpf"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        assert "invalid choice: 'ebpf' (choose from 'auto', 'trace-cmd', 'tracefs')" in capsys.readouterr().err
+
+    monkeypatch.setitem(tracing.RECORDERS, "ebpf", tracing.TracefsRecorder)
+    assert load_experiment(path).lab["backend"] == "ebpf"
+    assert build_parser().parse_args(["capture", "nohz", "--backend", "ebpf"]).backend == "ebpf"
+    assert build_parser().parse_args(["lab", "run", "nohz", "--backend", "ebpf"]).backend == "ebpf"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["capture", "--help"])
+    assert "--backend {auto,trace-cmd,tracefs,ebpf}" in capsys.readouterr().out
+
+
+def _ran(tmp_path, monkeypatch, metric_sets: dict, named):
+    """run_results of one finished run whose workload gave one row, its trace read by each named set."""
+    monkeypatch.setattr(session, "METRIC_SETS", metric_sets)
+    monkeypatch.setattr(session, "read_trace", lambda directory: f"trace at {directory.name}")
+    monkeypatch.setitem(session.PARSERS, "ftq", lambda run_dir: [{"metric": "ftq_work", "value": 1, "unit": "count"}])
+    experiment = load_experiment(FTQ)
+    monkeypatch.setattr(experiment, "trace", {**experiment.trace, "metrics": named})
+    record = {"run": "r1", "status": "ok", "trace": {"directory": "trace"}, "argv": ["ftq"]}
+    return session.run_results(experiment, tmp_path / "r1", record, {})
+
+
+def test_a_run_gets_the_rows_of_every_set_its_experiment_names_in_order(tmp_path, monkeypatch):
+    sets = {
+        "one": lambda trace, values: [{"metric": "a", "value": 2, "unit": "Hz"}],
+        "two": lambda trace, values: [{"metric": "b", "value": 3, "unit": trace}],
+    }
+    rows, problem = _ran(tmp_path, monkeypatch, sets, ["two", "one"])
+    assert problem is None
+    assert [(r["metric"], r["value"], r["unit"]) for r in rows] == [
+        ("ftq_work", 1.0, "count"),
+        ("b", 3.0, "trace at trace"),
+        ("a", 2.0, "Hz"),
+    ]
+    rows, problem = _ran(tmp_path, monkeypatch, sets, "one")
+    assert problem is None and [r["metric"] for r in rows] == ["ftq_work", "a"]
+
+
+def test_two_sets_giving_one_metric_leave_the_run_without_results_and_say_which(tmp_path, monkeypatch):
+    sets = {name: (lambda trace, values: [{"metric": "rate_hz", "value": 1, "unit": "Hz"}]) for name in ("x", "y")}
+    rows, problem = _ran(tmp_path, monkeypatch, sets, ["x", "y"])
+    assert rows == []
+    assert problem == f"{tmp_path / 'r1'}: metric(s) rate_hz given twice (the workload's and trace.metrics' sets)"
