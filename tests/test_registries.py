@@ -9,7 +9,7 @@ from conftest import REPO
 from ticklab.capture import session, tracing
 from ticklab.capture.experiment import ExperimentError, load_experiment
 from ticklab.cli import build_parser
-from ticklab.trace import tracemetrics
+from ticklab.trace import metricsets, tracemetrics
 
 FTQ = REPO / "runners/nohz/ftq.yaml"
 
@@ -29,8 +29,13 @@ def test_a_metric_set_added_to_the_registry_is_one_an_experiment_may_name(tmp_pa
     path = _experiment(tmp_path, trace_metrics="softirq")
     with pytest.raises(ExperimentError, match=r"trace.metrics: 'softirq' is not one of \['tick', 'hrtimer'\]$"):
         load_experiment(path)
-    monkeypatch.setitem(tracemetrics.METRIC_SETS, "softirq", tracemetrics.tick_metrics)
+    monkeypatch.setattr(metricsets, "METRIC_SET_NAMES", (*metricsets.METRIC_SET_NAMES, "softirq"))
     assert load_experiment(path).trace["metrics"] == "softirq"
+
+
+def test_the_metric_sets_a_run_can_get_are_the_named_ones_each_its_function():
+    assert list(tracemetrics.METRIC_SETS) == list(metricsets.METRIC_SET_NAMES)
+    assert all(f.__name__ == f"{name}_metrics" for name, f in tracemetrics.METRIC_SETS.items())
 
 
 def test_trace_metrics_may_name_several_sets_each_from_the_registry(tmp_path):

@@ -39,6 +39,7 @@ from pathlib import Path
 from .. import schemas, yamlsafe
 from ..paths import repo_root
 from ..safefiles import UnsafeFileError, read_bytes, shown
+from ..trace import metricsets
 from ..yamlsafe import preview
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
@@ -214,10 +215,9 @@ WORKLOAD_TOOLS = ("ftq", "clockbench", "timejobs", "hackbench", "tbench", "kbuil
 def experiment_schema() -> dict:
     """schemas.experiment_schema with the names of today's registries (read at each call, so the schema follows
     them; built once per set of names)."""
-    from ..trace.tracemetrics import METRIC_SETS  # numpy and pandas: only once an experiment is loaded
     from .tracing import backend_choices
 
-    return _experiment_schema(tuple(METRIC_SETS), backend_choices())
+    return _experiment_schema(metricsets.METRIC_SET_NAMES, backend_choices())
 
 
 @functools.cache

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .ingest import Trace
+from .metricsets import METRIC_SET_NAMES
 
 TIMER_ENTRY = "irq_vectors:local_timer_entry"
 TIMER_EXIT = "irq_vectors:local_timer_exit"
@@ -662,7 +663,7 @@ def hackbench_messages(argv: list[str]) -> float | None:
     return float(values["-g"] * values["-f"] * values["-f"] * values["-l"])
 
 
-# -- what a run's trace gives its results.csv (an experiment's ``trace.metrics`` names one) -----------------------
+# -- what a run's trace gives its results.csv (an experiment's ``trace.metrics`` names the sets) ------------------
 def tick_metrics(trace: Trace, values: dict) -> list[dict]:
     """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
     then the tick (its hrtimer callback's expiries) and the other timer interrupts apart, each with the softirqs
@@ -705,4 +706,4 @@ def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
     ]
 
 
-METRIC_SETS = {"tick": tick_metrics, "hrtimer": hrtimer_metrics}
+METRIC_SETS = {name: globals()[f"{name}_metrics"] for name in METRIC_SET_NAMES}
