@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..bundle import BundleError, BundleWriter, load_bundle
-from ..host import HostChanges, facts, host_id, plan_engine
+from ..host import HostChanges, facts, plan_engine
 from ..safefiles import shown
 from . import requirements, tracing
 from .experiment import (
@@ -46,8 +46,8 @@ from .experiment import (
     load_experiment,
     schedule,
 )
-from .runner import HOST_ID_PATTERN, HostExecutor
-from .session import check_counts, open_bundle, plan, plan_counts
+from .runner import HostExecutor, check_host, checked_host_id
+from .session import CapturePlan, check_counts
 from .stopping import PrecisionGoal, StoppingRule, next_round_runs
 
 
@@ -252,18 +252,12 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
     plan_engine.refuse_if_running(root)
     host = HostChanges(options.journal, root=root, log=log)
     with host:
-        if experiment.trace:
-            tracing.ensure_tracefs(host)
-        here = facts.collect(root)
-        checked, failed = requirements.check_all(experiment.requires, host, here)
-    identity = options.host_id or host_id(here)
-    if not HOST_ID_PATTERN.match(identity):
-        raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")
+        here, checked, failed = check_host(host, experiment, root)
+    identity = checked_host_id(options.host_id, here)
     conditions = _conditions_here(experiment, here)
-    counts = plan_counts(experiment, options)
-    first = plan(conditions, counts)
+    planned = CapturePlan.of(experiment, conditions, options)
     if failed:  # said before the kernels are looked for: a host that cannot test the claim needs none built
-        writer = open_bundle(options.out, identity, experiment, here, conditions, counts, first)
+        writer = planned.open_bundle(options.out, identity, here)
         writer.manifest.requirements = checked
         writer.manifest.not_testable = requirements.unmet_text(failed)
         log(f"{experiment.claim}/{experiment.name}: not testable on this host — {writer.manifest.not_testable}")
@@ -271,11 +265,11 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         return None
     if getattr(options, "build_kernels", False):
         build_missing_kernels(experiment, conditions, root, log)
-    runs = boot_runs(experiment, first, root, here)  # every condition's kernel must exist before the bundle does
+    runs = boot_runs(experiment, planned.runs, root, here)  # every condition's kernel must exist before the bundle
     kept = experiment.path.read_bytes()  # the plan runs this copy: the user's file may move or change mid-plan
     if yaml.safe_load(kept) != experiment.definition:
         raise ExperimentError(f"{experiment.path}: changed while the capture started; start it again")
-    writer = open_bundle(options.out, identity, experiment, here, conditions, counts, first)
+    writer = planned.open_bundle(options.out, identity, here)
     writer.manifest.requirements = checked
     context = {
         "experiment": str(experiment.path.resolve()),
@@ -284,7 +278,7 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         "journal": str(options.journal) if options.journal else None,
         "runs_fixed": options.runs is not None,
         "budget_s": options.budget_s,
-        "seed": counts[2],
+        "seed": planned.counts[2],
         "goals": None if options.goals is None else [asdict(g) for g in options.goals],
     }
     plan_id = plan_engine.new_plan_id()

@@ -31,8 +31,8 @@ from .experiment import (
     is_boot_experiment,
     load_experiment,
 )
-from .session import Session, add_run, check_counts, open_bundle, plan, plan_counts
-from .stopping import StoppingRule, describe
+from .session import CapturePlan, add_run, check_counts
+from .stopping import describe
 
 HOST_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
@@ -56,6 +56,24 @@ class CaptureOptions:
     build_kernels: bool = False  # capture --boot: build and install the conditions' missing kernels first
 
 
+def check_host(host: HostChanges, experiment: Experiment, root: Path | str) -> tuple[dict, dict, dict]:
+    """(facts, checked, failed): this host's facts and the experiment's requirements checked against them (tracefs
+    mounted first where the experiment traces; in a dry run that is only said). ``host`` must be entered."""
+    if experiment.trace:
+        tracing.ensure_tracefs(host)
+    facts = collect(root)
+    checked, failed = requirements.check_all(experiment.requires, host, facts)
+    return facts, checked, failed
+
+
+def checked_host_id(given: str | None, facts: dict) -> str:
+    """The <host-id> directory of the bundles: --host-id, else a slug of the host's facts."""
+    identity = given or host_id(facts)
+    if not HOST_ID_PATTERN.match(identity):
+        raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")
+    return identity
+
+
 class Capture:
     def __init__(self, experiment: Experiment, options: CaptureOptions, log=print):
         self.experiment, self.options, self.log = experiment, options, log
@@ -77,10 +95,7 @@ class Capture:
     def _run(self, host: HostChanges) -> Path | None:
         options, experiment = self.options, self.experiment
         with host:
-            if experiment.trace:
-                tracing.ensure_tracefs(host)  # in a dry run this only says it would mount
-            facts = collect(options.root)
-            checked, failed = requirements.check_all(experiment.requires, host, facts)
+            facts, checked, failed = check_host(host, experiment, options.root)
             conditions = expand_conditions(experiment, facts)
             if not conditions and not failed:
                 failed["conditions"] = "no condition of this experiment exists on this host"
@@ -89,25 +104,12 @@ class Capture:
                 if experiment.trace and not failed
                 else (None, None)
             )
-            identity = options.host_id or host_id(facts)
-            if not HOST_ID_PATTERN.match(identity):
-                raise ExperimentError(f"--host-id {identity!r}: use lower-case letters, digits, '.', '_' and '-'")
-            counts = plan_counts(experiment, options)
-            planned = [] if failed else plan(conditions, counts)
-            rule = (
-                None
-                if failed
-                else StoppingRule.for_capture(
-                    experiment,
-                    conditions,
-                    runs_fixed=options.runs is not None,
-                    budget_s=options.budget_s,
-                    goals=options.goals,
-                )
-            )
+            identity = checked_host_id(options.host_id, facts)
+            planned = CapturePlan.of(experiment, conditions, options, runnable=not failed)
+            rule = None if failed else planned.stopping_rule(options)
             if options.dry_run:
-                return self._dry_run(host, planned, facts, failed, backend, rule)
-            writer = self.writer = open_bundle(options.out, identity, experiment, facts, conditions, counts, planned)
+                return self._dry_run(host, planned.runs, facts, failed, backend, rule)
+            writer = self.writer = planned.open_bundle(options.out, identity, facts)
             manifest = writer.manifest
             manifest.requirements = checked
             manifest.tracing = {
@@ -120,14 +122,10 @@ class Capture:
                 self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
             else:
                 executor = HostExecutor(experiment, host, facts, backend, self.log)
-                Session(
-                    experiment,
+                planned.session(
                     executor,
                     writer,
-                    planned,
                     rule,
-                    conditions,
-                    counts[2],
                     what="capture",
                     desc=f"{experiment.claim}/{experiment.name}",
                     progress=options.progress,

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -145,6 +146,42 @@ def run_line(writer: BundleWriter, experiment: Experiment, planned: PlannedRun, 
     if found is None:
         return line + f", no {metric}"
     return line + f", {metric} {float(found['value']):.4g} {found.get('unit', '')}".rstrip()
+
+
+@dataclass
+class CapturePlan:
+    """What every way of capturing (``capture``, ``capture --boot``, ``lab run``, ``lab run --boot``) decides before
+    its bundle exists: the conditions, the counts (runs, warm-ups, seed) and the first runs in order; then the one
+    way from it to the bundle (:meth:`open_bundle`) and to the session that makes the runs (:meth:`session`)."""
+
+    experiment: Experiment
+    conditions: list[Condition]
+    counts: tuple[int, int, int]
+    runs: list[PlannedRun]
+
+    @classmethod
+    def of(cls, experiment: Experiment, conditions: list[Condition], options, *, runnable: bool = True) -> CapturePlan:
+        """The plan of ``options`` (--runs, --warmup, --seed over the experiment's); no runs when not ``runnable``
+        (the host cannot test it: its bundle says why and holds none)."""
+        counts = plan_counts(experiment, options)
+        return cls(experiment, conditions, counts, plan(conditions, counts) if runnable else [])
+
+    def stopping_rule(self, options) -> StoppingRule:
+        """The rule the command line asks for: a fixed count with --runs, else the claim's goals within a budget."""
+        return StoppingRule.for_capture(
+            self.experiment,
+            self.conditions,
+            runs_fixed=options.runs is not None,
+            budget_s=options.budget_s,
+            goals=options.goals,
+        )
+
+    def open_bundle(self, out: Path, identity: str, host: dict) -> BundleWriter:
+        return open_bundle(out, identity, self.experiment, host, self.conditions, self.counts, self.runs)
+
+    def session(self, executor: Executor, writer: BundleWriter, rule: StoppingRule, **how) -> Session:
+        """The session making these runs into ``writer`` (``how``: Session's what, desc, progress, log, run_lines)."""
+        return Session(self.experiment, executor, writer, self.runs, rule, self.conditions, self.counts[2], **how)
 
 
 def plan(conditions: list[Condition], counts: tuple[int, int, int]) -> list[PlannedRun]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from ..bundle import BundleWriter
 from ..capture.boot_capture import boot_experiment, condition_words
 from ..capture.experiment import Condition, Experiment, PlannedRun, expand_conditions
-from ..capture.session import Session, open_bundle, plan, plan_counts
+from ..capture.session import CapturePlan
 from ..capture.stopping import StoppingRule
 from ..host import collect, host_id
 from . import image as guest_image
@@ -35,7 +35,7 @@ from . import kernel as lab_kernel
 from . import qemu
 from .cache import LabError, cache_dir
 from .guest import PLAN_ID
-from .run import LabOptions, _read_json, add_guest_run, copy_from_share, guest_host_id, planning_facts, say
+from .run import LabOptions, add_guest_run, copy_from_share, guest_host_id, planning_facts, read_share_json, say
 
 KERNEL = "hz1000"
 BOOT_SECONDS = 60  # a generous bound on one TCG boot of the lab kernel (about 9 s here)
@@ -112,8 +112,8 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
     identity = guest_host_id(accel, {smp}, kernel.info["release"], physical)[:94].rstrip("-.") + "-kexec"
     conditions = expand_conditions(experiment, planning_facts(smp))
     kernels = plan_kernels(experiment, conditions, kernel)
-    counts = plan_counts(experiment, options)
-    planned = plan(conditions, counts)
+    capture_plan = CapturePlan.of(experiment, conditions, options)
+    planned = capture_plan.runs
     plan_job = {
         "backend": options.backend,
         "experiment": experiment.path.name,
@@ -160,7 +160,7 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
                 timeout_s=timeout,
             )
         )
-        played = _read_json(share / "state" / "plans" / PLAN_ID / "plan.json")
+        played = read_share_json(share / "state" / "plans" / PLAN_ID / "plan.json")
         if not played:
             log_tail = (
                 (share / "after-boot.log").read_text(errors="replace")[-600:]
@@ -171,7 +171,7 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
                 f"the guest made no boot plan (QEMU {outcome['status']}); after-boot.log ends: "
                 f"{' '.join(log_tail.split())}"
             )
-        writer = open_bundle(options.out, identity, experiment, {}, conditions, counts, planned)
+        writer = capture_plan.open_bundle(options.out, identity, {})
         writer.manifest.lab = {
             "accelerator": accel,
             "why": why,
@@ -192,14 +192,10 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
         }
         rule = StoppingRule([], None, "fixed run count (a lab guest's boot plan: the guest carries no analysis)")
         executor = PlayedBackRuns(experiment, share, played, smp, log)
-        Session(
-            experiment,
+        capture_plan.session(
             executor,
             writer,
-            planned,
             rule,
-            conditions,
-            counts[2],
             what="lab boot plan",
             desc=f"{claim}/{experiment.name} (kexec)",
             progress=False,
@@ -226,7 +222,7 @@ class PlayedBackRuns:
         self.ended = played.get("state")
 
     def make_run(self, writer: BundleWriter, planned: PlannedRun) -> bool:
-        result = _read_json(self.share / "runs" / f"{planned.run}.json")
+        result = read_share_json(self.share / "runs" / f"{planned.run}.json")
         booted = self.plan_runs.get(planned.run) or {}
         boot = result.get("boot") or {
             "boot_id": booted.get("boot_id_found"),

@@ -37,8 +37,7 @@ from ..capture.experiment import (
     experiment_paths,
     load_experiment,
 )
-from ..capture.session import Session, add_run, check_counts, open_bundle, plan, plan_counts
-from ..capture.stopping import StoppingRule
+from ..capture.session import CapturePlan, add_run, check_counts
 from ..host import collect, host_id, interrupting_signals
 from ..paths import traces_dir
 from . import image as guest_image
@@ -190,24 +189,19 @@ class LabRun:
 
     def run(self) -> Path:
         experiment, options, lab = self.experiment, self.options, lab_settings(self.experiment)
-        counts = plan_counts(experiment, options)
         conditions = expand_conditions(experiment, planning_facts(int(options.smp or lab["smp"])))
         if not conditions:
             raise ExperimentError(f"{experiment.path}: no conditions")
+        planned = CapturePlan.of(experiment, conditions, options)
         settings = {c.name: boot_settings(experiment, c, options) for c in conditions}
         self._machines(settings)
         kernels, image, accel, accel_why = self.kernels, self.image, self.accel, self.accel_why
         physical = collect()
         releases = sorted({k.info["release"] for k in kernels.values()})
         identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
-        planned = plan(conditions, counts)
-        rule = StoppingRule.for_capture(
-            experiment, conditions, runs_fixed=options.runs is not None, budget_s=options.budget_s, goals=options.goals
-        )
+        rule = planned.stopping_rule(options)
         # the guest's facts, requirements and tracing come with its first boot (LabExecutor.make_run)
-        writer = self.writer = open_bundle(
-            options.out or traces_dir(), identity, experiment, {}, conditions, counts, planned
-        )
+        writer = self.writer = planned.open_bundle(options.out or traces_dir(), identity, {})
         manifest = writer.manifest
         manifest.lab = {
             "accelerator": accel,
@@ -225,21 +219,17 @@ class LabRun:
             return writer.seal()
         writer.flush()
         if not options.progress:
-            warmups = sum(p.warmup for p in planned)
+            warmups = sum(p.warmup for p in planned.runs)
             self.log(
-                f"{experiment.claim}/{experiment.name} ({accel}): {len(planned)} boot(s), {warmups} of them "
+                f"{experiment.claim}/{experiment.name} ({accel}): {len(planned.runs)} boot(s), {warmups} of them "
                 f"warm-up, one guest each (more if the stopping rule asks)"
             )
         executor = LabExecutor(experiment, options, kernels, image, accel, settings, self.log)
         with interrupting_signals():
-            Session(
-                experiment,
+            planned.session(
                 executor,
                 writer,
-                planned,
                 rule,
-                conditions,
-                counts[2],
                 what="lab run",
                 desc=f"{experiment.claim}/{experiment.name} ({accel})",
                 progress=options.progress,
@@ -305,7 +295,7 @@ class LabExecutor:
             # the physical host's load while the guest runs: a TCG guest's vCPUs compete with every host task
             with interference.Sampler() as host_load:
                 outcome = qemu.run_boot(boot)
-            result = _read_json(share / "result.json")
+            result = read_share_json(share / "result.json")
             run_dir = writer.run_dir(directory)
             skipped = copy_from_share(share / "raw" / directory, run_dir)
             for name in ("console.log", "guest.log"):
@@ -493,7 +483,9 @@ def copy_from_share(source: Path, target: Path) -> list[str]:
     return skipped
 
 
-def _read_json(path: Path) -> dict:
+def read_share_json(path: Path) -> dict:
+    """A JSON object a guest left in its share ({} if it is missing, not a regular file, not JSON, or not an
+    object: a guest's file is never trusted to be what it should)."""
     fd = _open_regular(path)
     if fd is None:
         return {}
