@@ -115,7 +115,7 @@ def _flip(data: bytes, source) -> bytes:
     return data[:position] + bytes([data[position] ^ source.integer(1, 255)]) + data[position + 1 :]
 
 
-def _remove(target: Path) -> None:
+def remove_tree(target: Path) -> None:
     """Whatever a case left at ``target``: a file or link, or a tree made writable first (bundles are sealed
     read-only)."""
     if target.is_symlink() or (target.exists() and not target.is_dir()):
@@ -127,8 +127,8 @@ def _remove(target: Path) -> None:
         shutil.rmtree(target)
 
 
-def _writable_copy(seed: Path, target: Path) -> Path:
-    _remove(target)
+def writable_copy(seed: Path, target: Path) -> Path:
+    remove_tree(target)
     shutil.copytree(seed, target, copy_function=shutil.copyfile, symlinks=True)
     return target
 
@@ -236,7 +236,7 @@ class BundleFamily:
         from ticklab.bundle import load_bundle
         from ticklab.report.compare import compare_tables
 
-        path = _writable_copy(self.seed, work / "bundle")
+        path = writable_copy(self.seed, work / "bundle")
         manifest, results = path / "manifest.json", path / "results.csv"
         kind = source.choice(
             [
@@ -403,7 +403,7 @@ class TraceFamily:
         kind = source.choice(self.kinds)
         seed = self._seed(kind)
         if kind == "tracefs":
-            target = _writable_copy(seed, work / "tracefs")
+            target = writable_copy(seed, work / "tracefs")
             victim = target / source.choice(
                 [
                     "cpu0.raw",
@@ -664,7 +664,7 @@ class PublishedFamily:
 
         claim = source.choice(self.claims)
         root = work / "published"
-        _writable_copy(self.seed / claim, root / claim)
+        writable_copy(self.seed / claim, root / claim)
         directory = root / claim
         provenance = directory / "provenance.yaml"
         tables = sorted(directory.glob("*.csv"))

@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 import fuzzcases as cases
-from fuzzcases import REPO, TRACE_SEED_V7, Outcome, _remove, _writable_copy, tracefs_seed
+from fuzzcases import REPO, TRACE_SEED_V7, Outcome, remove_tree, tracefs_seed, writable_copy
 
 COMPRESSED = REPO / "tests" / "data" / "compressed"
 PAGE = 4096
@@ -232,7 +232,7 @@ class TraceFieldsFamily:
         return path, detail
 
     def _tracefs(self, mutation: str, source, work: Path) -> tuple[Path, str]:
-        target = _writable_copy(self.tracefs, work / "fields-tracefs")
+        target = writable_copy(self.tracefs, work / "fields-tracefs")
         cpu = source.choice(self.cpus)
         detail = f"cpu{cpu}"
         if mutation.startswith("stats without read events"):
@@ -294,7 +294,7 @@ class CompressedBombFamily:
             elif order == 2:
                 pieces = [p for pair in zip(pieces[::2], pieces[1::2]) for p in pair] + pieces[len(pieces) // 2 * 2 :]
             if kind == "tracefs xz":
-                target = _writable_copy(self.tracefs, work / "bomb-tracefs")
+                target = writable_copy(self.tracefs, work / "bomb-tracefs")
                 cpu = source.choice(self.cpus)
                 others = sum((target / f"cpu{c}.raw").stat().st_size for c in self.cpus if c < cpu)
                 (target / f"cpu{cpu}.raw").unlink()
@@ -313,7 +313,7 @@ class CompressedBombFamily:
                 expected = None  # the other CPUs' events plus whatever the new pages hold: not checked by count
                 detail = f"cpu{cpu}.raw.xz {len(packed)} bytes -> {unpacked >> 20} MiB (limit {limit >> 20} MiB)"
             else:
-                _remove(work / "bomb-dat")
+                remove_tree(work / "bomb-dat")
                 target = work / "bomb-dat"
                 target.mkdir(parents=True)
                 packed = self.source_xz + b"".join(pieces)  # the trace, then streams whose bytes follow its data

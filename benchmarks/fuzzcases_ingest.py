@@ -29,8 +29,8 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from fuzzcases import REPO, TRACE_SEED_V7, Outcome, _remove, _writable_copy, classify, tracefs_seed
-from fuzzcases_special import SPECIALS, _plant
+from fuzzcases import REPO, TRACE_SEED_V7, Outcome, classify, remove_tree, tracefs_seed, writable_copy
+from fuzzcases_special import SPECIALS, plant_special
 
 COMPRESSED = REPO / "tests" / "data" / "compressed"
 PAGE = 4096
@@ -65,7 +65,7 @@ class IngestOutLinksFamily:
         from ticklab.trace.ingest import read_trace, write_tables
 
         root = work / "ingest-out"
-        _remove(root)
+        remove_tree(root)
         root.mkdir(parents=True)
         out = root / "out"
         out.mkdir()
@@ -163,14 +163,14 @@ class TraceSpecialsFamily:
         special = source.choice(SPECIALS)
         if source.integer(0, 4) == 0:  # a run directory's trace.dat
             run = work / "run-trace"
-            _remove(run)
+            remove_tree(run)
             run.mkdir(parents=True)
             (run / "trace.dat").write_bytes(b"")
             what = "trace.dat"
-            _plant(run / "trace.dat", special, work)
+            plant_special(run / "trace.dat", special, work)
             target = run
         else:
-            target = _writable_copy(self.tracefs, work / "tracefs")
+            target = writable_copy(self.tracefs, work / "tracefs")
             what = source.choice(self.names)
             if what == "cpu0.raw.xz":
                 for name in ("cpu0.raw", "cpu0.raw.xz"):
@@ -179,7 +179,7 @@ class TraceSpecialsFamily:
                 (target / what).write_bytes(b"")
             elif not os.path.lexists(target / what):
                 (target / what).write_bytes(b"")
-            _plant(target / what, special, work)
+            plant_special(target / what, special, work)
 
         def read():
             trace = read_trace(target)

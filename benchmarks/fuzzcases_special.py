@@ -14,7 +14,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from fuzzcases import REPO, BundleFamily, Outcome, _writable_copy, classify
+from fuzzcases import REPO, BundleFamily, Outcome, classify, writable_copy
 
 SPECIALS = [
     "fifo",
@@ -29,7 +29,7 @@ SPECIALS = [
 ]
 
 
-def _plant(target: Path, special: str, work: Path) -> bool:
+def plant_special(target: Path, special: str, work: Path) -> bool:
     """Replace ``target`` by a special file; True when what is there now is known bad (anything but a regular file
     reached without a link)."""
     good = target.read_bytes() if target.is_file() and not target.is_symlink() else b""
@@ -111,11 +111,11 @@ class SpecialFilesFamily:
     def _bundle(self, source, special: str, work: Path):
         from ticklab.bundle import load_bundle
 
-        path = _writable_copy(self.bundles.seed, work / "bundle")
+        path = writable_copy(self.bundles.seed, work / "bundle")
         what = source.choice(
             ["manifest.json", "manifest.sha256", "results.csv", "raw", "raw/run-003", "raw/run-002/stdout.txt"]
         )
-        _plant(path / what, special, work)
+        plant_special(path / what, special, work)
         return (lambda: load_bundle(path)), what
 
     def _published(self, source, special: str, work: Path):
@@ -123,10 +123,10 @@ class SpecialFilesFamily:
 
         claim = source.choice(self.claims)
         root = work / "published"
-        _writable_copy(self.published / claim, root / claim)
+        writable_copy(self.published / claim, root / claim)
         files = sorted(p.name for p in (root / claim).iterdir())
         what = source.choice(files)
-        _plant(root / claim / what, special, work)
+        plant_special(root / claim / what, special, work)
         return (lambda: load_published(root, claim)), f"{claim}/{what}"
 
     def _experiment(self, source, special: str, work: Path):
@@ -139,7 +139,7 @@ class SpecialFilesFamily:
         elif path.exists() or path.is_symlink():
             path.unlink()
         path.write_bytes(seed.read_bytes())
-        _plant(path, special, work)
+        plant_special(path, special, work)
         return (lambda: load_experiment(path)), f"{seed.parent.name}/{seed.name}"
 
     def _data_dir(self, source, special: str, work: Path):
@@ -153,9 +153,9 @@ class SpecialFilesFamily:
             shutil.rmtree(data)
         bundle = data / "fuzz-host" / "nohz" / "20261122T000000Z-ftq"
         bundle.parent.mkdir(parents=True)
-        _writable_copy(self.bundles.seed, bundle)
+        writable_copy(self.bundles.seed, bundle)
         what = source.choice(["manifest.json", "results.csv", "raw/run-001/stdout.txt"])
-        _plant(bundle / what, special, work)
+        plant_special(bundle / what, special, work)
 
         def load():
             refs = find_bundles(data, "nohz")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import fuzzcases as cases
-from fuzzcases import REPO, Outcome, _writable_copy
+from fuzzcases import REPO, Outcome, writable_copy
 
 SENTINEL = "__TICKLAB_FUZZ_VALUE__"
 TAGS = ["int", "float", "bool", "timestamp"]
@@ -58,7 +58,7 @@ class _Targets:
             return f"{seed.parent.name}/{seed.name}", path, lambda: load_experiment(path)
         claim = source.choice(self.claims)
         root = work / "yaml-published"
-        _writable_copy(self.published / claim, root / claim)
+        writable_copy(self.published / claim, root / claim)
         return f"published/{claim}", root / claim / "provenance.yaml", lambda: load_published(root, claim)
 
 

@@ -110,7 +110,7 @@ def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host,
     (root / f"boot/config-{RELEASE}").write_text(
         "CONFIG_HZ_300=y\nCONFIG_HZ=300\n"
     )  # the booted kernel's, read at each run
-    # what `kernel build --host` installs beside a kernel it built (hostkernel.write_build_record)
+    # what `kernel build --host` installs beside a kernel it built (capture/hostkernel.write_build_record)
     build_log = b"  CC      kernel/time/clocksource.o\n"
     (root / f"lib/modules/{RELEASE}").mkdir(parents=True)
     (root / f"lib/modules/{RELEASE}/ticklab-build.log.xz").write_bytes(lzma.compress(build_log))
@@ -536,8 +536,7 @@ def test_build_kernels_builds_what_is_missing_in_the_conditions_order_after_sayi
     """capture --boot --build-kernels (issue 39 item 3): each missing kernel planned by `kernel build --host` from the
     experiment's kernel_builds (series source, localmodconfig, fragment), its estimate said, then built and installed;
     afterwards every condition has its kernel. A pattern without a kernel_builds entry is refused before any build."""
-    from ticklab import hostkernel
-    from ticklab.capture import boot_capture
+    from ticklab.capture import boot_capture, hostkernel
     from ticklab.capture.experiment import ExperimentError, expand_conditions
     from ticklab.host import facts
 

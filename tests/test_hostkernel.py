@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_fake_host
+from ticklab.capture.hostkernel import HostKernelError, build_and_install, plan_host_kernel
 from ticklab.host import facts
-from ticklab.hostkernel import HostKernelError, build_and_install, plan_host_kernel
 
 pytestmark = pytest.mark.xdist_group("guests")
 

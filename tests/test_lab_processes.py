@@ -150,7 +150,7 @@ def test_spawn_refuses_a_thread_other_than_the_main_one(tmp_path):
 # a host kernel build step as `ticklab kernel build --host` runs it
 HOST_BUILD_STEP = """import sys
 from pathlib import Path
-from ticklab import hostkernel
+from ticklab.capture import hostkernel
 with open(Path(sys.argv[1]) / "build.log", "w") as log:
     hostkernel._step([sys.argv[2]], log, dies_with_ticklab=True)
 """
@@ -169,7 +169,7 @@ def test_a_killed_host_kernel_build_takes_its_whole_build_with_it(tmp_path):
 
 
 def test_a_host_kernel_build_step_that_fails_names_its_exit_status(tmp_path):
-    from ticklab.hostkernel import HostKernelError, _step
+    from ticklab.capture.hostkernel import HostKernelError, _step
 
     failing = tmp_path / "fail"
     failing.write_text("#!/bin/sh\necho compiling\nexit 3\n")

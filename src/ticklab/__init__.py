@@ -34,6 +34,7 @@ MOVED = {
     "compare": "report.compare",
     "outdir": "report.outdir",
     "papermill_engine": "report.papermill_engine",
+    "hostkernel": "capture.hostkernel",
 }
 
 

@@ -257,7 +257,7 @@ def _capture(args: argparse.Namespace) -> int:
 
 
 def _kernel(args: argparse.Namespace) -> int:
-    from .hostkernel import build_and_install, plan_host_kernel
+    from .capture.hostkernel import build_and_install, plan_host_kernel
 
     if not args.host:
         print(
@@ -316,10 +316,10 @@ def _capture_boot(args: argparse.Namespace) -> int:
     from .bundle import BundleError
     from .capture.boot_capture import boot_experiment, planned_runs, start
     from .capture.experiment import ExperimentError
+    from .capture.hostkernel import HostKernelError
     from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
     from .host import HostChangeError, plan_engine
-    from .hostkernel import HostKernelError
 
     try:
         if args.dry_run and args.build_kernels:
@@ -580,7 +580,7 @@ def _seal_manifest(args: argparse.Namespace) -> int:
 
 def _view(args: argparse.Namespace) -> int:
     from .bundle import BundleError
-    from .lab.cache import cache_dir
+    from .paths import cache_dir
     from .report.view import ViewError, build_session, open_in_kernelshark, write_session
 
     try:

@@ -214,7 +214,7 @@ def boot_plan_steps(experiment, host, facts: dict, root: Path) -> dict:
     """A boot experiment (``capture <claim> --boot``) on this host: the steps it needs here (the kernels to build,
     then the capture), or why it cannot run here at all — what no kernel built or booted can change."""
     from .capture.boot_capture import missing_kernels
-    from .hostkernel import HostKernelError, check_boots_from_boot
+    from .capture.hostkernel import HostKernelError, check_boots_from_boot
 
     try:
         missing = requirements.check_all(experiment.requires, host, facts)[1]

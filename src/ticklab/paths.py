@@ -122,3 +122,9 @@ def seeds_dir() -> Path | None:
         if path.is_dir():
             return path
     return None
+
+
+def cache_dir() -> Path:
+    """Where ticklab keeps what it builds and derives, outside the repository: $TICKLAB_CACHE, else
+    ~/.cache/ticklab (lab kernels and images, host kernel builds, derived data, ``ticklab view``'s files)."""
+    return Path(os.environ.get("TICKLAB_CACHE") or Path.home() / ".cache" / "ticklab")

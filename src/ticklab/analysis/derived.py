@@ -63,6 +63,7 @@ import numpy as np
 import pandas as pd
 
 from ..bundle import MANIFEST, MAX_MANIFEST_BYTES, SEAL, BundleError, manifest_digest
+from ..paths import cache_dir
 from ..safefiles import OwnedDir, UnsafeFileError, open_regular, read_bytes
 from ..trace import rawfile
 from .captured import BundleRef
@@ -75,12 +76,6 @@ SUBDIR = "derived"
 ENTRY_LIMIT = 1 << 30  # an entry larger than this is not read (recomputed)
 _KIND = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 _LIBRARIES = ("numpy", "pandas", "scipy", "pyarrow")
-
-
-def cache_dir() -> Path:
-    """``$TICKLAB_CACHE``, else ``~/.cache/ticklab`` (the lab's cache, ``lab/cache.py``); entries go below it in
-    ``derived/``, each component opened without following a link."""
-    return Path(os.environ.get("TICKLAB_CACHE") or Path.home() / ".cache" / "ticklab")
 
 
 def cache_root() -> Path:

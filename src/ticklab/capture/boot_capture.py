@@ -124,8 +124,8 @@ def build_missing_kernels(
     """``capture --boot --build-kernels``: each kernel the conditions name that is not installed, built and installed
     by ``ticklab kernel build --host`` (its plan's estimate said first), in the conditions' order; the releases.
     A pattern the experiment's kernel_builds does not cover is refused before anything is built."""
-    from ..hostkernel import build_and_install, plan_host_kernel
     from ..paths import repo_root
+    from .hostkernel import build_and_install, plan_host_kernel
 
     missing = missing_kernels(experiment, conditions, root)
     unknown = [(pattern, names) for pattern, names, command in missing if command is None]

@@ -170,7 +170,7 @@ def kernel_hz(root: Path, release: str) -> dict:
     return {"hz": None, "source": None, "config": {}}
 
 
-# what `ticklab kernel build --host` installs in /lib/modules/<release>/ (hostkernel.write_build_record)
+# what `ticklab kernel build --host` installs in /lib/modules/<release>/ (capture/hostkernel.write_build_record)
 KERNEL_BUILD_RECORD = "ticklab-build.json"
 KERNEL_BUILD_LOG = "ticklab-build.log.xz"
 

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 
 
 class LabError(RuntimeError):
     """Something the lab needs is missing or failed; the message says what and how to fix it."""
-
-
-def cache_dir() -> Path:
-    """$TICKLAB_CACHE, else ~/.cache/ticklab."""
-    return Path(os.environ.get("TICKLAB_CACHE") or Path.home() / ".cache" / "ticklab")
 
 
 def content_key(parts: list[tuple[str, bytes]]) -> str:

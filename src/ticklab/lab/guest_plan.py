@@ -30,10 +30,11 @@ from ..capture.experiment import Condition, Experiment, PlannedRun, expand_condi
 from ..capture.session import CapturePlan
 from ..capture.stopping import StoppingRule
 from ..host import collect, host_id
+from ..paths import cache_dir
 from . import image as guest_image
 from . import kernel as lab_kernel
 from . import qemu
-from .cache import LabError, cache_dir
+from .cache import LabError
 from .guest import PLAN_ID
 from .run import LabOptions, add_guest_run, copy_from_share, guest_host_id, planning_facts, read_share_json, say
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from ..paths import repo_root
-from .cache import LabError, cache_dir, content_key
+from ..paths import cache_dir, repo_root
+from .cache import LabError, content_key
 
 RECIPE = Path("runners/vm/image.yaml")
 GUEST_REPO = Path("opt/ticklab")

@@ -27,9 +27,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..capture.process import kill_group, spawn
-from ..paths import repo_root
+from ..paths import cache_dir, repo_root
 from . import sources
-from .cache import LabError, cache_dir, content_key
+from .cache import LabError, content_key
 
 # The default series' installed tarball and its top directory (what tests of the 6.12 patches extract).
 SOURCE_TARBALL = Path("/usr/src/linux-source-6.12.tar.xz")

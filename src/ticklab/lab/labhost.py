@@ -42,8 +42,8 @@ from pathlib import Path
 
 from .. import yamlsafe
 from ..capture.process import spawn, wait_or_kill
-from ..paths import repo_root
-from .cache import LabError, cache_dir, content_key
+from ..paths import cache_dir, repo_root
+from .cache import LabError, content_key
 from .qemu import QEMU, require_qemu
 
 RECIPE = Path("runners/vm/lab-host.yaml")
@@ -545,9 +545,9 @@ def install_host_kernel(
     root: Path, source: Path, release: str, modules: Path | None, say=print, fragment: Path | None = None
 ) -> dict:
     """``ticklab kernel build --host --root <the copy's root> --release <its kernel> --source <source>
-    --localmodconfig --modules <its recorded boot's>``: the user's command, by the same code (hostkernel), built once
+    --localmodconfig --modules <its recorded boot's>``: the user's command, by the same code (capture/hostkernel.py), built once
     per config, patches, modules and source (cached in its work directory) and installed into this copy."""
-    from ..hostkernel import HostKernelError, build_and_install, plan_host_kernel
+    from ..capture.hostkernel import HostKernelError, build_and_install, plan_host_kernel
 
     try:
         plan = plan_host_kernel(

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..capture.process import spawn, wait_or_kill
 from ..host import facts
-from .cache import LabError, cache_dir
+from ..paths import cache_dir
+from .cache import LabError
 
 QEMU = "qemu-system-x86_64"
 SHARE_TAG = "ticklab"

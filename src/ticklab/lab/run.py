@@ -39,11 +39,11 @@ from ..capture.experiment import (
 )
 from ..capture.session import CapturePlan, add_run, check_counts
 from ..host import collect, host_id, interrupting_signals
-from ..paths import traces_dir
+from ..paths import cache_dir, traces_dir
 from . import image as guest_image
 from . import kernel as lab_kernel
 from . import qemu
-from .cache import LabError, cache_dir
+from .cache import LabError
 
 DEFAULT_LAB = {
     "kernel": "hz1000",

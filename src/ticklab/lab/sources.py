@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import yamlsafe
-from ..paths import repo_root
-from .cache import LabError, cache_dir
+from ..paths import cache_dir, repo_root
+from .cache import LabError
 
 _SERIES = re.compile(r"^(\d+\.\d+)-(.+)$")
 _SUITE = re.compile(r"^[a-z][a-z0-9-]*$")

@@ -30,7 +30,7 @@ import pandas as pd
 from ..bundle import load_bundle
 from ..claimids import claim_ids
 from ..claims import ViewPreset, get_claim
-from ..lab.cache import cache_dir
+from ..paths import cache_dir
 from ..safefiles import OwnedDir, UnsafeFileError, read_bytes, replaceable
 from ..trace import rawfile
 from ..trace.ingest import Trace, read_trace_dat

@@ -60,12 +60,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__
-from .bundle import file_sha256
-from .capture.process import kill_group, spawn
-from .host.facts import KERNEL_BUILD_LOG, KERNEL_BUILD_RECORD
-from .paths import repo_root
-from .safefiles import OwnedDir
+from .. import __version__
+from ..bundle import file_sha256
+from ..host.facts import KERNEL_BUILD_LOG, KERNEL_BUILD_RECORD
+from ..paths import cache_dir, repo_root
+from ..safefiles import OwnedDir
+from .process import kill_group, spawn
 
 
 class HostKernelError(RuntimeError):
@@ -552,9 +552,7 @@ def plan_host_kernel(
     localversion = f"-ticklab-{named}{digest.hexdigest()[:8]}"
     new_release = version + localversion
     jobs = jobs or os.cpu_count() or 1
-    work = (
-        work or Path(os.environ.get("TICKLAB_CACHE", Path.home() / ".cache" / "ticklab")) / "host-kernels" / new_release
-    )
+    work = work or cache_dir() / "host-kernels" / new_release
     tree = work / "linux" if source.is_file() else source
     build = []
     if source.is_file():
