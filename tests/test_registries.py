@@ -9,7 +9,7 @@ from conftest import REPO
 from ticklab.capture import session, tracing
 from ticklab.capture.experiment import ExperimentError, load_experiment
 from ticklab.cli import build_parser
-from ticklab.trace import metricsets, tracemetrics
+from ticklab.trace import registry, tracemetrics
 
 FTQ = REPO / "runners/nohz/ftq.yaml"
 
@@ -29,12 +29,12 @@ def test_a_metric_set_added_to_the_registry_is_one_an_experiment_may_name(tmp_pa
     path = _experiment(tmp_path, trace_metrics="softirq")
     with pytest.raises(ExperimentError, match=r"trace.metrics: 'softirq' is not one of \['tick', 'hrtimer'\]$"):
         load_experiment(path)
-    monkeypatch.setattr(metricsets, "METRIC_SET_NAMES", (*metricsets.METRIC_SET_NAMES, "softirq"))
+    monkeypatch.setattr(registry, "METRIC_SET_NAMES", (*registry.METRIC_SET_NAMES, "softirq"))
     assert load_experiment(path).trace["metrics"] == "softirq"
 
 
 def test_the_metric_sets_a_run_can_get_are_the_named_ones_each_its_function():
-    assert list(tracemetrics.METRIC_SETS) == list(metricsets.METRIC_SET_NAMES)
+    assert list(tracemetrics.METRIC_SETS) == list(registry.METRIC_SET_NAMES)
     assert all(f.__name__ == f"{name}_metrics" for name, f in tracemetrics.METRIC_SETS.items())
 
 
@@ -58,13 +58,18 @@ def test_a_tracing_backend_added_to_the_registry_is_accepted_by_the_schema_and_t
             build_parser().parse_args(argv)
         assert "invalid choice: 'ebpf' (choose from 'auto', 'trace-cmd', 'tracefs')" in capsys.readouterr().err
 
-    monkeypatch.setitem(tracing.RECORDERS, "ebpf", tracing.TracefsRecorder)
+    monkeypatch.setattr(registry, "TRACING_BACKENDS", (*registry.TRACING_BACKENDS, "ebpf"))
     assert load_experiment(path).lab["backend"] == "ebpf"
     assert build_parser().parse_args(["capture", "nohz", "--backend", "ebpf"]).backend == "ebpf"
     assert build_parser().parse_args(["lab", "run", "nohz", "--backend", "ebpf"]).backend == "ebpf"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["capture", "--help"])
     assert "--backend {auto,trace-cmd,tracefs,ebpf}" in capsys.readouterr().out
+
+
+def test_each_backend_named_is_a_recorder_of_that_name():
+    assert list(tracing.RECORDERS) == list(registry.TRACING_BACKENDS)
+    assert all(cls.backend == name for name, cls in tracing.RECORDERS.items())
 
 
 def _ran(tmp_path, monkeypatch, metric_sets: dict, named):

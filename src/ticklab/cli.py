@@ -6,13 +6,13 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from . import __version__, paths
 from .claimids import CLAIM_IDS
 from .paths import ProjectError, seeds_dir
 from .safefiles import shown
+from .trace import registry
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -672,26 +672,6 @@ def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _RegistryChoices:
-    """An option's choices as the registry that owns them lists them, read when argparse asks (``--help``, or the
-    option given): a command that does not use the option never imports the registry's module."""
-
-    def __init__(self, names: Callable[[], Iterable[str]]):
-        self.names = names
-
-    def __iter__(self):
-        return iter(self.names())
-
-    def __contains__(self, value) -> bool:
-        return value in self.names()
-
-
-def _tracing_backends() -> tuple[str, ...]:
-    from .capture.tracing import backend_choices
-
-    return backend_choices()
-
-
 class _InProject:
     """A default path inside the project directory, resolved only once the command line is read (``--project``
     comes first), and only for a command that has it: ``--help`` and commands that need no project never look."""
@@ -816,7 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--experiment", type=Path, help="one experiment file instead of every runners/<claim>/*.yaml")
     cap.add_argument(
         "--backend",
-        choices=_RegistryChoices(_tracing_backends),
+        choices=registry.backend_choices(),
         default="auto",
         help="tracing backend (default: trace-cmd where 'trace-cmd record' works, else tracefs)",
     )
@@ -1026,7 +1006,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("--experiment", type=Path, help="one lab experiment file instead of all of the claim's")
     lab_run.add_argument(
         "--backend",
-        choices=_RegistryChoices(_tracing_backends),
+        choices=registry.backend_choices(),
         default="auto",
         help="tracing backend inside the guest (default: trace-cmd where it works)",
     )

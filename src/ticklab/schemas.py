@@ -172,8 +172,8 @@ REQUIREMENT = {
 
 def experiment_schema(*, metric_sets, backends) -> dict:
     """The schema of a runners/<claim>/*.yaml experiment. The names that have a registry elsewhere come from it
-    (capture/experiment.py passes them): ``metric_sets`` trace/metricsets.METRIC_SET_NAMES, ``backends``
-    capture/tracing.py's backend_choices()."""
+    (capture/experiment.py passes them): ``metric_sets`` trace/registry.METRIC_SET_NAMES, ``backends``
+    trace/registry.backend_choices()."""
     metric_set = {"type": "string", "enum": list(metric_sets)}
     return {
         "type": "object",
@@ -237,7 +237,7 @@ def experiment_schema(*, metric_sets, backends) -> dict:
                     "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
                     # kernel functions whose every call the function tracer records (a C identifier each)
                     "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
-                    # which per-run metrics its trace gives results.csv: a set of metricsets.METRIC_SET_NAMES, or a
+                    # which per-run metrics its trace gives results.csv: a set of registry.METRIC_SET_NAMES, or a
                     # list of them
                     "metrics": {
                         "anyOf": [

@@ -39,7 +39,7 @@ from pathlib import Path
 from .. import schemas, yamlsafe
 from ..paths import repo_root
 from ..safefiles import UnsafeFileError, read_bytes, shown
-from ..trace import metricsets
+from ..trace import registry
 from ..yamlsafe import preview
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
@@ -215,9 +215,7 @@ WORKLOAD_TOOLS = ("ftq", "clockbench", "timejobs", "hackbench", "tbench", "kbuil
 def experiment_schema() -> dict:
     """schemas.experiment_schema with the names of today's registries (read at each call, so the schema follows
     them; built once per set of names)."""
-    from .tracing import backend_choices
-
-    return _experiment_schema(metricsets.METRIC_SET_NAMES, backend_choices())
+    return _experiment_schema(registry.METRIC_SET_NAMES, registry.backend_choices())
 
 
 @functools.cache

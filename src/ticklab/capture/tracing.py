@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ..host import HostChanges, facts
 from ..safefiles import OwnedDir, UnsafeFileError
+from ..trace.registry import TRACING_BACKENDS
 from ..trace.tracefs_stats import stats_lost_count
 from .process import spawn
 
@@ -665,14 +666,11 @@ class TraceCmdRecorder:
             self._scope.close()
 
 
-# the tracing backends, by the name an experiment, a manifest and the command line give them: the one list of them
-RECORDERS = {cls.backend: cls for cls in (TraceCmdRecorder, TracefsRecorder)}
-
-
-def backend_choices() -> tuple[str, ...]:
-    """What an experiment's lab.backend and the CLI's --backend accept: "auto" (choose_backend decides), then each
-    recorder's name."""
-    return ("auto", *RECORDERS)
+# each tracing backend trace/registry.py names (the experiment schema and the CLI take the names from there), its
+# recorder: a backend named there without a recorder here fails when this module is imported
+RECORDERS = {cls.backend: cls for cls in (TraceCmdRecorder, TracefsRecorder) if cls.backend in TRACING_BACKENDS}
+if list(RECORDERS) != list(TRACING_BACKENDS):
+    raise ImportError(f"capture/tracing.py: recorders for {list(RECORDERS)}; trace/registry.py: {TRACING_BACKENDS}")
 
 
 def recorder(

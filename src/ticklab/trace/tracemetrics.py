@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .ingest import Trace
-from .metricsets import METRIC_SET_NAMES
+from .registry import METRIC_SET_NAMES
 
 TIMER_ENTRY = "irq_vectors:local_timer_entry"
 TIMER_EXIT = "irq_vectors:local_timer_exit"
