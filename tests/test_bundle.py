@@ -216,6 +216,43 @@ def test_a_run_record_keeps_absent_keys_absent_and_says_whether_it_was_measured(
     assert RunRecord.from_json({**bare, "status": "timeout"}).failed
 
 
+def test_a_manifest_keeps_keys_written_as_null_and_its_accessors_read_what_was_written():
+    from ticklab.bundle import Manifest
+
+    written = {
+        "schema_version": 1,
+        "status": "sealed",
+        "claim": "nohz",
+        "experiment": "ftq",
+        "definition": {"workload": {"tool": "ftq"}},
+        "host": {"kernel_release": "6.12.57", "nproc": 2},
+        "not_testable": None,  # the schema allows null here; a repack must write it back as it was
+        "stopping": None,
+        "conditions": [{"name": "hz1000", "hz": 1000}, {"name": "hz250", "hz": 250}],
+        "order": [{"run": "run-001", "block": 1}, {"run": "run-002"}],
+        "boot_plan": {"id": "p1", "mode": "kexec"},
+        "runs": [
+            {"run": "run-001", "condition": "hz1000", "guest": {"kernel": "7.2.0"}, "extras": [{"name": "gapdet"}]},
+            {"run": "run-002", "condition": "hz250", "boot": {"kernel_release": "6.12.99"}, "trace": "not a dict"},
+        ],
+    }
+    manifest = Manifest.from_json(written)
+    assert manifest.to_json() == written and json.loads(manifest.file_bytes()) == written
+    assert manifest.details == {} and manifest.boot_plan == {"id": "p1", "mode": "kexec"}
+    first, second = manifest.runs
+    assert manifest.runs_by_name == {"run-001": first, "run-002": second}
+    assert (
+        list(manifest.conditions_by_name) == ["hz1000", "hz250"] and manifest.conditions_by_name["hz250"]["hz"] == 250
+    )
+    assert manifest.blocks_by_run == {"run-001": 1, "run-002": None}
+    assert manifest.workload_tool == "ftq" and manifest.host_fact("nproc") == 2 and manifest.host_fact("cpu") is None
+    assert [manifest.kernel_release(r) for r in manifest.runs] == ["7.2.0", "6.12.99"]
+    assert first.extra("gapdet") == {"name": "gapdet"} and first.extra("osnoise") is None and first.trace == {}
+    assert second.trace == {} and second.extras == [] and second.boot == {"kernel_release": "6.12.99"}
+    bare = Manifest.from_json({**written, "host": {}, "runs": [{"run": "run-001", "condition": "a"}]})
+    assert bare.kernel_release(bare.runs[0]) == ""
+
+
 def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tmp_path):
     writer = BundleWriter(tmp_path, "host-a", "hpet", "exp", definition={"name": "exp"}, host={"nproc": 2})
     writer.add_run(

@@ -47,6 +47,10 @@ XZ_PRESET = 6  # preset 9 packs a trace.dat 0.1 % tighter in 25 % more time
 REQUIRED_KEYS = ("schema_version", "status", "claim", "experiment", "definition", "host", "runs")
 
 
+def _or_empty(value, kind: type):
+    return value if isinstance(value, kind) else kind()
+
+
 @dataclass
 class RunRecord:
     """One run in a manifest's ``runs``: the keys every reader decides on, typed; every other key (values, argv,
@@ -73,6 +77,37 @@ class RunRecord:
         """The one definition of a measured run: not a warm-up, not failed. Only these reach any analysis."""
         return not self.warmup and not self.failed
 
+    # The records readers open most, each {} (or []) where the run has none (older bundles lack the later ones) or
+    # where it is not what ticklab writes (the schema leaves them free-form).
+    @property
+    def trace(self) -> dict:
+        """The trace the run recorded (``directory`` in raw/<run>/, ``lost_events``, ...)."""
+        return _or_empty(self.details.get("trace"), dict)
+
+    @property
+    def guest(self) -> dict:
+        """A lab run's guest, as it reported itself (``kernel``, ``nproc``, ...)."""
+        return _or_empty(self.details.get("guest"), dict)
+
+    @property
+    def boot(self) -> dict:
+        """The boot a lab or boot-plan run ran in (``kernel_release``, ``cmdline``, ...)."""
+        return _or_empty(self.details.get("boot"), dict)
+
+    @property
+    def interference(self) -> dict:
+        """What else the machine ran during the run (``busy`` and its measures)."""
+        return _or_empty(self.details.get("interference"), dict)
+
+    @property
+    def extras(self) -> list:
+        """The run's per-run cross-checks (each with its ``name``, ``status``, ``directory``)."""
+        return _or_empty(self.details.get("extras"), list)
+
+    def extra(self, name: str) -> dict | None:
+        """The run's first cross-check called ``name``."""
+        return next((e for e in self.extras if e.get("name") == name), None)
+
     @classmethod
     def from_json(cls, data: dict) -> RunRecord:
         typed = {k: data[k] for k in cls.TYPED if k in data}
@@ -96,7 +131,8 @@ def run_failed(record: dict | RunRecord) -> bool:
 class Manifest:
     """A bundle's manifest.json, typed (docs/ARCHITECTURE.md, "4. Bundles"). Optional keys are None when the
     manifest does not have them and are then left out of the JSON; keys this class does not name are kept as
-    written in ``details``. ``Manifest.from_json(m).to_json() == m`` for every manifest ticklab writes."""
+    written in ``details``. ``Manifest.from_json(m).to_json() == m`` for every manifest (an optional key written
+    as null stays null)."""
 
     claim: str
     experiment: str
@@ -124,10 +160,12 @@ class Manifest:
     not_testable: str | None = None
     interrupted: str | None = None
     lab: dict | None = None
+    boot_plan: dict | None = None  # a capture made through a boot plan: its id, mode and how it ended
     raw_files: dict | None = None
     files: dict | None = None
     resealed: list | None = None  # each re-seal (ticklab bundle repack): when, from which seal, what, why
     details: dict = field(default_factory=dict)
+    nulls: frozenset = field(default=frozenset(), repr=False, compare=False)  # optional keys written as null
 
     def measured_runs(self) -> list[RunRecord]:
         return [r for r in self.runs if r.measured]
@@ -135,9 +173,35 @@ class Manifest:
     def failed_runs(self) -> list[RunRecord]:
         return [r for r in self.runs if r.failed]
 
+    @property
+    def runs_by_name(self) -> dict[str, RunRecord]:
+        return {r.run: r for r in self.runs}
+
+    @property
+    def conditions_by_name(self) -> dict[str, dict]:
+        """Each condition's record (its ``name`` and its variables' values), in the experiment's order."""
+        return {c.get("name"): c for c in self.conditions or []}
+
+    @property
+    def blocks_by_run(self) -> dict[str, int | None]:
+        """The block each planned run was planned in (None for captures not planned in blocks)."""
+        return {entry["run"]: entry.get("block") for entry in self.order or []}
+
+    @property
+    def workload_tool(self) -> str | None:
+        return (self.definition.get("workload") or {}).get("tool")
+
+    def host_fact(self, name: str):
+        """One of the host facts (None where it is not recorded)."""
+        return _or_empty(self.host, dict).get(name)
+
+    def kernel_release(self, run: RunRecord) -> str:
+        """The kernel the run ran on: its guest's, else its boot's, else the host's ("" where none is recorded)."""
+        return str(run.guest.get("kernel") or run.boot.get("kernel_release") or self.host_fact("kernel_release") or "")
+
     @classmethod
     def _keys(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name != "details"]
+        return [f.name for f in fields(cls) if f.name not in ("details", "nulls")]
 
     @classmethod
     def from_json(cls, data: dict) -> Manifest:
@@ -147,11 +211,20 @@ class Manifest:
             **typed,
             runs=[RunRecord.from_json(r) for r in data.get("runs", [])],
             details={k: v for k, v in data.items() if k not in keys},
+            nulls=frozenset(k for k, v in typed.items() if v is None),
         )
 
     def to_json(self) -> dict:
-        data = {k: getattr(self, k) for k in self._keys() if k != "runs" and getattr(self, k) is not None}
+        data = {
+            k: getattr(self, k)
+            for k in self._keys()
+            if k != "runs" and (getattr(self, k) is not None or k in self.nulls)
+        }
         return {**data, "runs": [r.to_json() for r in self.runs], **self.details}
+
+    def file_bytes(self) -> bytes:
+        """manifest.json as ticklab writes it."""
+        return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode()
 
 
 def measured_results(manifest: dict | Manifest, results: pd.DataFrame) -> pd.DataFrame:
@@ -253,7 +326,7 @@ class BundleWriter:
             raise BundleError(str(exc)) from None
 
     def flush(self) -> None:
-        data = (json.dumps(self.manifest.to_json(), indent=2, sort_keys=True) + "\n").encode()
+        data = self.manifest.file_bytes()
         self._write(lambda: self.files.write_atomic(MANIFEST, data))
 
     def discard(self) -> None:
