@@ -35,9 +35,9 @@ def test_sealed_bundle_loads_with_results_and_read_only_files(tmp_path):
     path = make_bundle(tmp_path)
     assert path == tmp_path / "qemu-tcg-x86_64-2c-6.12/nohz/20261121T180000Z-ftq"
     bundle = load_bundle(path)
-    assert bundle.sealed and len(bundle.manifest["runs"]) == 2
+    assert bundle.sealed and len(bundle.manifest.runs) == 2
     assert bundle.results["value"].tolist() == [12345, 12346]
-    assert set(bundle.manifest["files"]) == {"results.csv", "raw/run-000/ftq.dat", "raw/run-001/ftq.dat"}
+    assert set(bundle.manifest.files) == {"results.csv", "raw/run-000/ftq.dat", "raw/run-001/ftq.dat"}
     mode = (path / "raw/run-000/ftq.dat").stat().st_mode
     assert not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     assert [b.path for b in find_bundles(tmp_path, "nohz")] == [path]
@@ -74,8 +74,8 @@ def test_sealing_xzs_large_raw_files_in_every_run(tmp_path):
         assert rawfile.read_bytes(path / "raw" / run / "trace" / "trace.dat") == run.encode() * 20000
         assert (path / "raw" / run / "trace" / "trace-cmd.log").is_file()
     bundle = load_bundle(path)  # checksums cover the compressed files
-    assert bundle.manifest["raw_files"]["compressed"] == 5 and "uncompressed_runs" not in bundle.manifest["raw_files"]
-    assert "raw/run-004/trace/trace.dat.xz" in bundle.manifest["files"]
+    assert bundle.manifest.raw_files["compressed"] == 5 and "uncompressed_runs" not in bundle.manifest.raw_files
+    assert "raw/run-004/trace/trace.dat.xz" in bundle.manifest.files
 
 
 def test_one_changed_byte_names_the_file(tmp_path):
@@ -101,7 +101,7 @@ def test_interrupted_capture_leaves_an_incomplete_bundle_with_finished_runs(tmp_
     with pytest.raises(BundleError, match="incomplete \\(1 run\\(s\\) finished\\)"):
         load_bundle(path)
     bundle = load_bundle(path, allow_incomplete=True)
-    assert bundle.manifest["status"] == "incomplete" and len(bundle.results) == 1
+    assert bundle.manifest.status == "incomplete" and len(bundle.results) == 1
 
 
 def test_bundles_are_never_overwritten(tmp_path):
@@ -199,6 +199,7 @@ def test_every_committed_manifest_reads_into_the_typed_manifest_and_back_exactly
         text = path.read_text()
         manifest = Manifest.from_json(json.loads(text))
         assert json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n" == text, path
+        assert manifest.file_bytes() == path.read_bytes() == load_bundle(path.parent).manifest.file_bytes(), path
         plain = json.loads(text)["runs"]
         assert [r.run for r in manifest.measured_runs()] == [
             r["run"] for r in plain if not r.get("warmup") and r.get("status") == "ok" and not r.get("problem")
@@ -266,7 +267,7 @@ def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tm
     )
     again.seal()
     bundle = load_bundle(writer.path)
-    assert [r["run"] for r in bundle.manifest["runs"]] == ["run-001", "run-002"]
+    assert [r.run for r in bundle.manifest.runs] == ["run-001", "run-002"]
     assert bundle.results["value"].tolist() == [1.0, 2.0]
     with pytest.raises(BundleError, match="status 'sealed'; only an incomplete bundle takes more runs"):
         BundleWriter.reopen(writer.path)

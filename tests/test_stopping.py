@@ -159,24 +159,24 @@ def run(path: Path, out: Path, **options) -> dict:
         log=said.append,
     )
     manifest = load_bundle(bundle).manifest
-    assert f"hrtick/fake-rounds: stopped — {manifest['stopping']['reason']}" in said
+    assert f"hrtick/fake-rounds: stopped — {manifest.stopping['reason']}" in said
     return manifest
 
 
 def test_a_capture_adds_rounds_until_precise_and_records_them(tmp_path):
     manifest = run(write(tmp_path), tmp_path / "traces")
-    stopping = manifest["stopping"]
+    stopping = manifest.stopping
     assert stopping["reason"].startswith("precision reached"), stopping["reason"]
-    measured = [r for r in manifest["runs"] if not r["warmup"]]
-    per_condition = pd.Series([r["condition"] for r in measured]).value_counts().to_dict()
+    measured = [r for r in manifest.runs if not r.warmup]
+    per_condition = pd.Series([r.condition for r in measured]).value_counts().to_dict()
     assert per_condition == stopping["checks"][-1]["runs_per_condition"]
     assert min(per_condition.values()) >= MIN_RUNS > 3, "the initial 3 runs were not enough: rounds were added"
-    rounds = [o for o in manifest["order"] if o.get("round")]
-    assert len(manifest["order"]) == len(manifest["runs"]) and rounds, "added runs are in the recorded order"
-    assert [o["run"] for o in manifest["order"]] == [r["run"] for r in manifest["runs"]]
+    rounds = [o for o in manifest.order if o.get("round")]
+    assert len(manifest.order) == len(manifest.runs) and rounds, "added runs are in the recorded order"
+    assert [o["run"] for o in manifest.order] == [r.run for r in manifest.runs]
     assert len(stopping["checks"]) == len({o["round"] for o in rounds}) + 1
     # every measured run is in a block of one run per condition, the added rounds too, blocks numbered on
-    blocks = pd.DataFrame([o for o in manifest["order"] if not o["warmup"]])
+    blocks = pd.DataFrame([o for o in manifest.order if not o["warmup"]])
     assert blocks.groupby("block")["condition"].apply(sorted).map(tuple).unique().tolist() == [
         ("hrtick-off", "hrtick-on")
     ]
@@ -202,8 +202,8 @@ def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path)
         ),
         tmp_path / "traces",
     )
-    assert manifest["stopping"]["reason"].startswith("run budget spent (9 runs per condition)")
-    assert {r["condition"] for r in manifest["runs"] if not r["warmup"]} == {"hrtick-off", "hrtick-on"}
+    assert manifest.stopping["reason"].startswith("run budget spent (9 runs per condition)")
+    assert {r.condition for r in manifest.runs if not r.warmup} == {"hrtick-off", "hrtick-on"}
     bundles = [BundleRef("fake", "hrtick", p) for p in (tmp_path / "traces" / "fake" / "hrtick").iterdir()]
     runs, _ = measured_runs(bundles)
     [verdict] = verdicts("hrtick", [ON_OFF], runs, n_boot=2000)

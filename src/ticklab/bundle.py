@@ -27,7 +27,6 @@ import stat
 import weakref
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -122,9 +121,9 @@ class RunRecord:
         return {**typed, **self.details}
 
 
-def run_failed(record: dict | RunRecord) -> bool:
-    """Whether a run record (as in manifest.json, or typed) is failed: :attr:`RunRecord.failed`."""
-    return (record if isinstance(record, RunRecord) else RunRecord.from_json(record)).failed
+def run_failed(record: RunRecord) -> bool:
+    """Whether a run is failed: :attr:`RunRecord.failed`."""
+    return record.failed
 
 
 @dataclass
@@ -227,19 +226,18 @@ class Manifest:
         return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode()
 
 
-def measured_results(manifest: dict | Manifest, results: pd.DataFrame) -> pd.DataFrame:
+def measured_results(manifest: Manifest, results: pd.DataFrame) -> pd.DataFrame:
     """results.csv rows of the runs that finished ok (failed runs and runs with a problem left out)."""
-    manifest = manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest)
     failed = {r.run for r in manifest.failed_runs()}
     return results[~results["run"].isin(failed)]
 
 
-def stopped_because(manifest: dict) -> str:
+def stopped_because(manifest: Manifest) -> str:
     """Why a bundle's capture stopped (its stopping record); bundles from before there was one ran a fixed count."""
-    reason = (manifest.get("stopping") or {}).get("reason")
+    reason = (manifest.stopping or {}).get("reason")
     if reason:
         return reason
-    if manifest.get("status") != "sealed":
+    if manifest.status != "sealed":
         return "interrupted before the stopping rule decided"
     return "fixed run count (the manifest has no stopping record)"
 
@@ -306,14 +304,13 @@ class BundleWriter:
         """An incomplete bundle, to append runs to (a capture that goes on in a new process, e.g. after a reboot).
         A sealed bundle is never reopened."""
         bundle = load_bundle(path, allow_incomplete=True)
-        if bundle.manifest["status"] != "incomplete":
+        if bundle.manifest.status != "incomplete":
             raise BundleError(
-                f"{Path(path) / MANIFEST}: status {bundle.manifest['status']!r}; only an incomplete "
-                "bundle takes more runs"
+                f"{Path(path) / MANIFEST}: status {bundle.manifest.status!r}; only an incomplete bundle takes more runs"
             )
         writer = cls.__new__(cls)
         writer.path = Path(path)
-        writer.manifest = bundle.typed
+        writer.manifest = bundle.manifest
         writer.files = writer._write(lambda: OwnedDir(path, create=False))
         weakref.finalize(writer, writer.files.close)
         return writer
@@ -495,17 +492,12 @@ def _csv_rows(rows: list[list]) -> bytes:
 @dataclass
 class Bundle:
     path: Path
-    manifest: dict
+    manifest: Manifest
     results: pd.DataFrame
 
     @property
     def sealed(self) -> bool:
-        return self.manifest["status"] == "sealed"
-
-    @cached_property
-    def typed(self) -> Manifest:
-        """The manifest as a :class:`Manifest` (``measured_runs()``, ``runs`` as :class:`RunRecord` s)."""
-        return Manifest.from_json(self.manifest)
+        return self.manifest.status == "sealed"
 
 
 MAX_MANIFEST_BYTES = 64 << 20
@@ -649,11 +641,11 @@ def _check_row_run(where: str, record: dict, by_run: dict[str, dict]) -> None:
         )
 
 
-def check_complete(path: Path, manifest: dict) -> None:
+def check_complete(path: Path, manifest: Manifest) -> None:
     """A BundleError unless the bundle finished (a reader that wants only complete bundles)."""
-    if manifest["status"] == "incomplete":
+    if manifest.status == "incomplete":
         raise BundleError(
-            f"{path / MANIFEST}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
+            f"{path / MANIFEST}: bundle is incomplete ({len(manifest.runs)} run(s) finished); "
             "pass allow_incomplete to read what it has"
         )
 
@@ -692,14 +684,27 @@ def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
     if manifest["status"] != "sealed" and os.path.lexists(path / SEAL):
         # a sealed bundle edited back to 'incomplete' would otherwise be read without any of its checks
         _check_seal(path, manifest_bytes)
+    typed = Manifest.from_json(manifest)
     if not allow_incomplete:
-        check_complete(path, manifest)
+        check_complete(path, typed)
     if manifest["status"] == "sealed":
         if require_seal:
             _check_seal(path, manifest_bytes)
         _check_files(path, manifest["files"])
     results = _read_results(path, manifest["runs"])
-    return Bundle(path=path, manifest=manifest, results=results)
+    return Bundle(path=path, manifest=typed, results=results)
+
+
+def sealed_files(manifest_bytes: bytes) -> dict | None:
+    """The ``files`` of a sealed manifest.json's bytes, or None where they are no sealed manifest (a reader that
+    trusts a seal it checked itself and verifies nothing else, such as the derived-data cache)."""
+    try:
+        manifest = json.loads(manifest_bytes.decode("utf-8"))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deeply
+        return None
+    if not isinstance(manifest, dict) or manifest.get("status") != "sealed":
+        return None
+    return manifest["files"] if isinstance(manifest.get("files"), dict) else None
 
 
 def add_manifest_seal(path: Path | str) -> Path:
