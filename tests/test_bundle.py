@@ -1,6 +1,8 @@
+import ast
 import json
 import stat
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -304,3 +306,67 @@ def test_every_bundle_file_is_written_below_the_bundle_directory_it_made(tmp_pat
         "run,condition,metric,value,unit",
         "run-001,c,m,1.0,u",
     ]
+
+
+# -- issue 43 part 4: a manifest is read typed everywhere; only bundle.py sees its JSON ------------------------------
+
+_READS = {"get", "setdefault", "pop", "items", "keys", "values"}  # a dict's ways in
+
+
+def _names_manifest(node) -> bool:
+    """``manifest``, ``x.manifest``, ``old_manifest``, ``x.manifest.details`` or ``x.manifest.to_json()``."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Attribute) and node.func.attr == "to_json" and _names_manifest(node.func.value)
+    if isinstance(node, ast.Attribute) and node.attr == "details":
+        return _names_manifest(node.value)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.lower() == "manifest" or name.lower().endswith("_manifest")
+
+
+def raw_manifest_reads(source: str) -> list[str]:
+    """Each ``...manifest[...]`` and ``...manifest.get(...)`` (or another dict method) in ``source``, as its line."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript):
+            hit = _names_manifest(node.value)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            hit = node.func.attr in _READS and _names_manifest(node.func.value)
+        else:
+            hit = False
+        if hit:
+            found.append(f"{node.lineno}: {ast.get_source_segment(source, node)}")
+    return found
+
+
+def test_the_raw_manifest_read_finder_finds_each_form_and_leaves_typed_reads_alone():
+    planted = """
+a = bundle.manifest["runs"]
+b = manifest.get("host_id")
+c = manifest["claim"]
+d = ref.load().manifest.get("not_testable", "")
+e = writer.manifest.details["boot_plan"]
+f = bundle.manifest.to_json()["files"]
+g = old_manifest["status"]
+h = [k for k in manifest.keys()]
+"""
+    assert [line.split(":")[0] for line in raw_manifest_reads(planted)] == ["2", "3", "4", "5", "6", "7", "8", "9"]
+    typed = """
+a = bundle.manifest.runs[0].details["boot"]
+b = manifest.host_fact("nproc") or manifest.conditions_by_name.get("hz250")
+c = (writer.manifest.stopping or {})["reason"]
+d = manifests[0]
+e = manifest_bytes[:10]
+"""
+    assert raw_manifest_reads(typed) == []
+
+
+def test_no_module_but_bundle_py_reads_a_manifest_as_a_dict():
+    import ticklab
+
+    package = Path(ticklab.__file__).parent
+    sources = sorted(p for p in package.rglob("*.py") if p != package / "bundle.py")
+    assert len(sources) > 50
+    reads = {str(p.relative_to(package)): raw_manifest_reads(p.read_text()) for p in sources}
+    assert {path: lines for path, lines in reads.items() if lines} == {}, (
+        "read the typed Manifest (bundle.Manifest's fields and accessors) instead"
+    )
