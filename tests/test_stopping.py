@@ -11,7 +11,7 @@ import yaml
 from ticklab.analysis.captured import BundleRef, bundle_health
 from ticklab.analysis.comparisons import Comparison, measured_runs, verdicts
 from ticklab.analysis.verdicts import Margins, Target
-from ticklab.bundle import load_bundle
+from ticklab.bundle import Manifest, load_bundle
 from ticklab.capture.experiment import Condition, ExperimentError, load_experiment
 from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.capture.stopping import MIN_RUNS, PrecisionGoal, StoppingRule, extra_round
@@ -149,7 +149,7 @@ def write(directory: Path, **overrides) -> Path:
     return path
 
 
-def run(path: Path, out: Path, **options) -> dict:
+def run(path: Path, out: Path, **options) -> Manifest:
     said = []
     options.setdefault("goals", precision_goals("hrtick", published_dir()))
     [bundle] = capture(
@@ -215,14 +215,14 @@ def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path)
 @pytest.mark.slow
 def test_fixed_counts_say_why(tmp_path):
     fixed = run(write(tmp_path), tmp_path / "a", runs=2)
-    assert fixed["stopping"]["reason"] == "fixed run count (set on the command line)"
-    assert len([r for r in fixed["runs"] if not r["warmup"]]) == 4
-    assert run(write(tmp_path), tmp_path / "b", budget_s=0)["stopping"]["reason"] == "fixed run count (time budget 0)"
+    assert fixed.stopping["reason"] == "fixed run count (set on the command line)"
+    assert len([r for r in fixed.runs if not r.warmup]) == 4
+    assert run(write(tmp_path), tmp_path / "b", budget_s=0).stopping["reason"] == "fixed run count (time budget 0)"
     unknown = run(write(tmp_path, conditions=[{"name": "a", "base": 1}, {"name": "b", "base": 2}]), tmp_path / "c")
-    assert unknown["stopping"]["reason"] == "fixed run count (no comparison of the claim has both its conditions here)"
-    json.dumps(unknown)  # the manifest stays plain JSON
+    assert unknown.stopping["reason"] == "fixed run count (no comparison of the claim has both its conditions here)"
+    json.dumps(unknown.to_json())  # the manifest stays plain JSON
     ungiven = run(write(tmp_path), tmp_path / "d", goals=None)
-    assert ungiven["stopping"]["reason"] == "fixed run count (no precision goals were given to the capture)"
+    assert ungiven.stopping["reason"] == "fixed run count (no precision goals were given to the capture)"
 
 
 def test_the_cli_hands_capture_the_claims_goals_from_its_published_dir(tmp_path):
