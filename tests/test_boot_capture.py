@@ -137,27 +137,27 @@ def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host,
     assert final.state == "finished" and [r.state for r in final.runs] == ["made"] * 4
 
     bundle = load_bundle(bundle_path)
-    assert bundle.manifest["status"] == "sealed"
-    runs = bundle.manifest["runs"]
-    assert [r["run"] for r in runs] == [o["run"] for o in bundle.manifest["order"]]
-    assert sorted(r["condition"] for r in runs) == ["nohz-full", "nohz-full", "tick-on", "tick-on"]
-    assert [r["boot"]["boot_id"] for r in runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
+    assert bundle.manifest.status == "sealed"
+    runs = bundle.manifest.runs
+    assert [r.run for r in runs] == [o["run"] for o in bundle.manifest.order]
+    assert sorted(r.condition for r in runs) == ["nohz-full", "nohz-full", "tick-on", "tick-on"]
+    assert [r.boot["boot_id"] for r in runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
     for record, planned in zip(runs, plan.runs):
-        assert record["boot"]["cmdline"] == planned.cmdline and record["status"] == "ok"
-        assert ("nohz_full=1" in record["boot"]["cmdline"].split()) == (record["condition"] == "nohz-full")
-        assert record["boot"]["kernel_release"] == RELEASE
+        assert record.boot["cmdline"] == planned.cmdline and record.status == "ok"
+        assert ("nohz_full=1" in record.boot["cmdline"].split()) == (record.condition == "nohz-full")
+        assert record.boot["kernel_release"] == RELEASE
         # what the run's checks hold the tick rate against, and the clock its workload read (issue 44)
-        assert (record["boot"]["hz"], record["boot"]["clocksource"]) == (300, "tsc")
+        assert (record.boot["hz"], record.boot["clocksource"]) == (300, "tsc")
         # the kernel's build record and its log, in the bundle (issue 39)
-        kernel_build = record["boot"]["kernel_build"]
+        kernel_build = record.boot["kernel_build"]
         assert {k: kernel_build[k] for k in build_record} == build_record and kernel_build["build_log_matches"]
-        assert kernel_build["build_log_in_bundle"] == f"raw/{record['run']}/kernel-build.log"
+        assert kernel_build["build_log_in_bundle"] == f"raw/{record.run}/kernel-build.log"
         assert (bundle_path / kernel_build["build_log_in_bundle"]).read_bytes() == build_log
     assert "BOOT_IMAGE=" not in plan.runs[0].cmdline and "quiet" in plan.runs[0].cmdline.split()
     results = pd.read_csv(bundle_path / "results.csv")
     assert sorted(results.groupby("condition").size().items()) == [("nohz-full", 2), ("tick-on", 2)]
-    assert bundle.manifest["stopping"]["reason"] == "fixed run count (the experiment sets no budget)"
-    assert bundle.manifest["boot_plan"]["state"] == "finished" and bundle.manifest["boot_plan"]["mode"] == "kexec"
+    assert bundle.manifest.stopping["reason"] == "fixed run count (the experiment sets no budget)"
+    assert bundle.manifest.boot_plan["state"] == "finished" and bundle.manifest.boot_plan["mode"] == "kexec"
     # back to the kernel and command line the machine had
     assert calls(log)[-2].endswith(
         f"--append {' '.join(w for w in ORIGINAL.split() if not w.startswith('BOOT_IMAGE='))}"
@@ -176,13 +176,13 @@ def test_a_wrong_boot_is_a_failed_run_and_the_bundle_keeps_the_runs_made(host, t
 
     [bundle_path] = list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir())
     bundle = load_bundle(bundle_path)
-    made, failed = bundle.manifest["runs"]
-    assert made["status"] == "ok" and made["boot"]["boot_id"] == "boot-1"
-    assert failed["status"] == "failed" and failed["run"] == second.name
-    assert failed["problem"] == (
+    made, failed = bundle.manifest.runs
+    assert made.status == "ok" and made.boot["boot_id"] == "boot-1"
+    assert failed.status == "failed" and failed.run == second.name
+    assert failed.problem == (
         f"wrong boot: booted kernel 6.1.0-21-amd64, expected {RELEASE} (a failed boot fell back to the default?)"
     )
-    assert bundle.manifest["stopping"]["reason"].startswith(f"boot plan failed: run {second.name}: booted kernel")
+    assert bundle.manifest.stopping["reason"].startswith(f"boot plan failed: run {second.name}: booted kernel")
     assert len(pd.read_csv(bundle_path / "results.csv")) == 1
 
 
@@ -238,10 +238,10 @@ def test_a_first_boot_that_cannot_start_fails_its_run_and_seals_the_bundle(host,
     assert len(done.stderr.strip().splitlines()) == 1
     [bundle_path] = list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir())
     bundle = load_bundle(bundle_path)  # sealed: nothing waits for a resume that will never come
-    [failed] = bundle.manifest["runs"]
-    assert failed["status"] == "failed" and failed["problem"].startswith("could not boot")
-    assert bundle.manifest["stopping"]["reason"] == (f"boot plan failed: run {failed['run']}: {failed['problem']}")
-    assert failed["problem"].endswith("exit 1: kexec_load failed: Operation not permitted")
+    [failed] = bundle.manifest.runs
+    assert failed.status == "failed" and failed.problem.startswith("could not boot")
+    assert bundle.manifest.stopping["reason"] == (f"boot plan failed: run {failed.run}: {failed.problem}")
+    assert failed.problem.endswith("exit 1: kexec_load failed: Operation not permitted")
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
 
 
@@ -267,9 +267,9 @@ def test_the_plan_runs_the_experiment_kept_with_it_and_abort_needs_no_file(host,
     assert plan_engine.load(root, plan.id).state == "aborted"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     bundle = load_bundle(bundle_of(tmp_path))
-    [made] = bundle.manifest["runs"]
-    assert made["status"] == "ok" and made["boot"]["boot_id"] == "boot-1"  # run with the kept experiment, not the edit
-    assert bundle.manifest["status"] == "sealed" and bundle.manifest["stopping"]["reason"] == "boot plan aborted"
+    [made] = bundle.manifest.runs
+    assert made.status == "ok" and made.boot["boot_id"] == "boot-1"  # run with the kept experiment, not the edit
+    assert bundle.manifest.status == "sealed" and bundle.manifest.stopping["reason"] == "boot plan aborted"
 
 
 def test_a_run_whose_experiment_is_gone_ends_the_plan_and_seals_the_runs_made(host, tmp_path):
@@ -285,8 +285,8 @@ def test_a_run_whose_experiment_is_gone_ends_the_plan_and_seals_the_runs_made(ho
     assert final.state == "failed" and [r.state for r in final.runs] == ["made", "failed", "planned", "planned"]
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     bundle = load_bundle(bundle_of(tmp_path))
-    assert [r["status"] for r in bundle.manifest["runs"]] == ["ok", "failed"]
-    assert bundle.manifest["runs"][1]["problem"].startswith("the plan's experiment:")
+    assert [r.status for r in bundle.manifest.runs] == ["ok", "failed"]
+    assert bundle.manifest.runs[1].problem.startswith("the plan's experiment:")
 
 
 def test_a_bundle_moved_mid_plan_ends_the_plan_with_the_host_put_back(host, tmp_path):
@@ -346,9 +346,9 @@ def test_an_ended_plan_whose_bundle_came_back_is_sealed_by_abort(host, tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"boot plan {plan.id} had failed already: what was left of its host changes is put back" in done.stdout
     sealed = load_bundle(bundle)
-    assert [r["status"] for r in sealed.manifest["runs"]] == ["ok", "failed"]  # the run the plan ended on, too
-    assert sealed.manifest["runs"][1]["problem"].startswith("the plan's bundle:")
-    assert sealed.manifest["stopping"]["reason"].startswith(
+    assert [r.status for r in sealed.manifest.runs] == ["ok", "failed"]  # the run the plan ended on, too
+    assert sealed.manifest.runs[1].problem.startswith("the plan's bundle:")
+    assert sealed.manifest.stopping["reason"].startswith(
         f"boot plan failed: run {plan.runs[1].name}: the plan's bundle:"
     )
 
@@ -367,10 +367,7 @@ def test_an_ending_cut_short_is_completed_by_the_next_resume(host, tmp_path):
     assert f"boot plan {plan.id}: nothing to resume (plan failed); host changes put back" in done.stdout
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists() and calls(log)[-2] == "kexec -u"
     sealed = load_bundle(bundle_of(tmp_path))
-    assert (
-        sealed.manifest["runs"] == []
-        and sealed.manifest["stopping"]["reason"] == "boot plan failed: run run-001: killed"
-    )
+    assert sealed.manifest.runs == [] and sealed.manifest.stopping["reason"] == "boot plan failed: run run-001: killed"
 
 
 def test_a_plan_made_before_plans_kept_their_experiment_runs_the_users_file(host, tmp_path):
@@ -380,8 +377,8 @@ def test_a_plan_made_before_plans_kept_their_experiment_runs_the_users_file(host
     plan_engine._save(root, plan)
     reboot(root, "boot-1", plan.runs[0].cmdline)
     assert resume_in_a_new_process(root).returncode == 0
-    [made] = load_bundle(bundle_of(tmp_path), allow_incomplete=True).manifest["runs"]
-    assert made["status"] == "ok"
+    [made] = load_bundle(bundle_of(tmp_path), allow_incomplete=True).manifest.runs
+    assert made.status == "ok"
 
 
 def test_a_capture_refused_by_a_running_plan_opens_no_bundle(host, tmp_path):
@@ -423,11 +420,11 @@ def test_the_bundle_says_which_run_ended_the_plan_and_why(host, tmp_path):
     reboot(root, "boot-2", ORIGINAL, release="6.1.0-21-amd64")
     plan_engine.resume(plan.id, FirstRunBreaks(plan, root, log=lambda _: None), root=root, say=lambda _: None)
     bundle = load_bundle(bundle_of(tmp_path))
-    assert [(r["run"], r["status"]) for r in bundle.manifest["runs"]] == [
+    assert [(r.run, r.status) for r in bundle.manifest.runs] == [
         (plan.runs[0].name, "failed"),
         (plan.runs[1].name, "failed"),
     ]
-    assert bundle.manifest["stopping"]["reason"] == (
+    assert bundle.manifest.stopping["reason"] == (
         f"boot plan failed: run {plan.runs[1].name}: booted kernel "
         f"6.1.0-21-amd64, expected {RELEASE} (a failed boot fell back to the default?)"
     )

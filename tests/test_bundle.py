@@ -1,6 +1,8 @@
+import ast
 import json
 import stat
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -35,9 +37,9 @@ def test_sealed_bundle_loads_with_results_and_read_only_files(tmp_path):
     path = make_bundle(tmp_path)
     assert path == tmp_path / "qemu-tcg-x86_64-2c-6.12/nohz/20261121T180000Z-ftq"
     bundle = load_bundle(path)
-    assert bundle.sealed and len(bundle.manifest["runs"]) == 2
+    assert bundle.sealed and len(bundle.manifest.runs) == 2
     assert bundle.results["value"].tolist() == [12345, 12346]
-    assert set(bundle.manifest["files"]) == {"results.csv", "raw/run-000/ftq.dat", "raw/run-001/ftq.dat"}
+    assert set(bundle.manifest.files) == {"results.csv", "raw/run-000/ftq.dat", "raw/run-001/ftq.dat"}
     mode = (path / "raw/run-000/ftq.dat").stat().st_mode
     assert not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     assert [b.path for b in find_bundles(tmp_path, "nohz")] == [path]
@@ -74,8 +76,8 @@ def test_sealing_xzs_large_raw_files_in_every_run(tmp_path):
         assert rawfile.read_bytes(path / "raw" / run / "trace" / "trace.dat") == run.encode() * 20000
         assert (path / "raw" / run / "trace" / "trace-cmd.log").is_file()
     bundle = load_bundle(path)  # checksums cover the compressed files
-    assert bundle.manifest["raw_files"]["compressed"] == 5 and "uncompressed_runs" not in bundle.manifest["raw_files"]
-    assert "raw/run-004/trace/trace.dat.xz" in bundle.manifest["files"]
+    assert bundle.manifest.raw_files["compressed"] == 5 and "uncompressed_runs" not in bundle.manifest.raw_files
+    assert "raw/run-004/trace/trace.dat.xz" in bundle.manifest.files
 
 
 def test_one_changed_byte_names_the_file(tmp_path):
@@ -101,7 +103,7 @@ def test_interrupted_capture_leaves_an_incomplete_bundle_with_finished_runs(tmp_
     with pytest.raises(BundleError, match="incomplete \\(1 run\\(s\\) finished\\)"):
         load_bundle(path)
     bundle = load_bundle(path, allow_incomplete=True)
-    assert bundle.manifest["status"] == "incomplete" and len(bundle.results) == 1
+    assert bundle.manifest.status == "incomplete" and len(bundle.results) == 1
 
 
 def test_bundles_are_never_overwritten(tmp_path):
@@ -199,6 +201,7 @@ def test_every_committed_manifest_reads_into_the_typed_manifest_and_back_exactly
         text = path.read_text()
         manifest = Manifest.from_json(json.loads(text))
         assert json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n" == text, path
+        assert manifest.file_bytes() == path.read_bytes() == load_bundle(path.parent).manifest.file_bytes(), path
         plain = json.loads(text)["runs"]
         assert [r.run for r in manifest.measured_runs()] == [
             r["run"] for r in plain if not r.get("warmup") and r.get("status") == "ok" and not r.get("problem")
@@ -216,6 +219,43 @@ def test_a_run_record_keeps_absent_keys_absent_and_says_whether_it_was_measured(
     assert RunRecord.from_json({**bare, "status": "timeout"}).failed
 
 
+def test_a_manifest_keeps_keys_written_as_null_and_its_accessors_read_what_was_written():
+    from ticklab.bundle import Manifest
+
+    written = {
+        "schema_version": 1,
+        "status": "sealed",
+        "claim": "nohz",
+        "experiment": "ftq",
+        "definition": {"workload": {"tool": "ftq"}},
+        "host": {"kernel_release": "6.12.57", "nproc": 2},
+        "not_testable": None,  # the schema allows null here; a repack must write it back as it was
+        "stopping": None,
+        "conditions": [{"name": "hz1000", "hz": 1000}, {"name": "hz250", "hz": 250}],
+        "order": [{"run": "run-001", "block": 1}, {"run": "run-002"}],
+        "boot_plan": {"id": "p1", "mode": "kexec"},
+        "runs": [
+            {"run": "run-001", "condition": "hz1000", "guest": {"kernel": "7.2.0"}, "extras": [{"name": "gapdet"}]},
+            {"run": "run-002", "condition": "hz250", "boot": {"kernel_release": "6.12.99"}, "trace": "not a dict"},
+        ],
+    }
+    manifest = Manifest.from_json(written)
+    assert manifest.to_json() == written and json.loads(manifest.file_bytes()) == written
+    assert manifest.details == {} and manifest.boot_plan == {"id": "p1", "mode": "kexec"}
+    first, second = manifest.runs
+    assert manifest.runs_by_name == {"run-001": first, "run-002": second}
+    assert (
+        list(manifest.conditions_by_name) == ["hz1000", "hz250"] and manifest.conditions_by_name["hz250"]["hz"] == 250
+    )
+    assert manifest.blocks_by_run == {"run-001": 1, "run-002": None}
+    assert manifest.workload_tool == "ftq" and manifest.host_fact("nproc") == 2 and manifest.host_fact("cpu") is None
+    assert [manifest.kernel_release(r) for r in manifest.runs] == ["7.2.0", "6.12.99"]
+    assert first.extra("gapdet") == {"name": "gapdet"} and first.extra("osnoise") is None and first.trace == {}
+    assert second.trace == {} and second.extras == [] and second.boot == {"kernel_release": "6.12.99"}
+    bare = Manifest.from_json({**written, "host": {}, "runs": [{"run": "run-001", "condition": "a"}]})
+    assert bare.kernel_release(bare.runs[0]) == ""
+
+
 def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tmp_path):
     writer = BundleWriter(tmp_path, "host-a", "hpet", "exp", definition={"name": "exp"}, host={"nproc": 2})
     writer.add_run(
@@ -229,7 +269,7 @@ def test_an_incomplete_bundle_reopens_for_more_runs_and_a_sealed_one_does_not(tm
     )
     again.seal()
     bundle = load_bundle(writer.path)
-    assert [r["run"] for r in bundle.manifest["runs"]] == ["run-001", "run-002"]
+    assert [r.run for r in bundle.manifest.runs] == ["run-001", "run-002"]
     assert bundle.results["value"].tolist() == [1.0, 2.0]
     with pytest.raises(BundleError, match="status 'sealed'; only an incomplete bundle takes more runs"):
         BundleWriter.reopen(writer.path)
@@ -266,3 +306,67 @@ def test_every_bundle_file_is_written_below_the_bundle_directory_it_made(tmp_pat
         "run,condition,metric,value,unit",
         "run-001,c,m,1.0,u",
     ]
+
+
+# -- issue 43 part 4: a manifest is read typed everywhere; only bundle.py sees its JSON ------------------------------
+
+_READS = {"get", "setdefault", "pop", "items", "keys", "values"}  # a dict's ways in
+
+
+def _names_manifest(node) -> bool:
+    """``manifest``, ``x.manifest``, ``old_manifest``, ``x.manifest.details`` or ``x.manifest.to_json()``."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Attribute) and node.func.attr == "to_json" and _names_manifest(node.func.value)
+    if isinstance(node, ast.Attribute) and node.attr == "details":
+        return _names_manifest(node.value)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.lower() == "manifest" or name.lower().endswith("_manifest")
+
+
+def raw_manifest_reads(source: str) -> list[str]:
+    """Each ``...manifest[...]`` and ``...manifest.get(...)`` (or another dict method) in ``source``, as its line."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript):
+            hit = _names_manifest(node.value)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            hit = node.func.attr in _READS and _names_manifest(node.func.value)
+        else:
+            hit = False
+        if hit:
+            found.append(f"{node.lineno}: {ast.get_source_segment(source, node)}")
+    return found
+
+
+def test_the_raw_manifest_read_finder_finds_each_form_and_leaves_typed_reads_alone():
+    planted = """
+a = bundle.manifest["runs"]
+b = manifest.get("host_id")
+c = manifest["claim"]
+d = ref.load().manifest.get("not_testable", "")
+e = writer.manifest.details["boot_plan"]
+f = bundle.manifest.to_json()["files"]
+g = old_manifest["status"]
+h = [k for k in manifest.keys()]
+"""
+    assert [line.split(":")[0] for line in raw_manifest_reads(planted)] == ["2", "3", "4", "5", "6", "7", "8", "9"]
+    typed = """
+a = bundle.manifest.runs[0].details["boot"]
+b = manifest.host_fact("nproc") or manifest.conditions_by_name.get("hz250")
+c = (writer.manifest.stopping or {})["reason"]
+d = manifests[0]
+e = manifest_bytes[:10]
+"""
+    assert raw_manifest_reads(typed) == []
+
+
+def test_no_module_but_bundle_py_reads_a_manifest_as_a_dict():
+    import ticklab
+
+    package = Path(ticklab.__file__).parent
+    sources = sorted(p for p in package.rglob("*.py") if p != package / "bundle.py")
+    assert len(sources) > 50
+    reads = {str(p.relative_to(package)): raw_manifest_reads(p.read_text()) for p in sources}
+    assert {path: lines for path, lines in reads.items() if lines} == {}, (
+        "read the typed Manifest (bundle.Manifest's fields and accessors) instead"
+    )

@@ -128,18 +128,18 @@ def test_capture_on_a_fake_host_seals_a_verifiable_bundle_and_restores_knobs(fak
     [bundle_path] = capture("hpet", options, experiment_path=path, log=lambda _: None)
     assert (fake_host / CLOCK).read_text().strip() == "tsc"
     bundle = load_bundle(bundle_path)
-    assert bundle.sealed and bundle.manifest["host_id"] == "fake-9000-2c-6.12.57-ticklab-vm"
+    assert bundle.sealed and bundle.manifest.host_id == "fake-9000-2c-6.12.57-ticklab-vm"
     assert Counter(bundle.results.query("metric == 'reads_per_s_total'")["condition"]) == {
         "clocksource=tsc threads=1": 2,
         "clocksource=hpet threads=1": 2,
         "clocksource=acpi_pm threads=1": 2,
     }
-    runs = {r["run"]: r for r in bundle.manifest["runs"]}
-    assert sum(r["warmup"] for r in runs.values()) == 3
+    runs = bundle.manifest.runs_by_name
+    assert sum(r.warmup for r in runs.values()) == 3
     for record in runs.values():
-        [knob] = record["knobs"]
-        assert knob["during"] == record["values"]["clocksource"] and knob["after"] == "tsc"
-    assert bundle.manifest["seed"] == 7 and len(bundle.manifest["order"]) == 9
+        [knob] = record.details["knobs"]
+        assert knob["during"] == record.details["values"]["clocksource"] and knob["after"] == "tsc"
+    assert bundle.manifest.seed == 7 and len(bundle.manifest.order) == 9
 
     target = bundle_path / "raw" / "run-004" / "stdout.txt"
     target.chmod(0o644)
@@ -158,10 +158,9 @@ def test_an_experiment_the_host_cannot_run_is_recorded_with_its_reason(fake_host
     )
     [bundle_path] = capture("hpet", options, experiment_path=path, log=lambda _: None)
     manifest = load_bundle(bundle_path).manifest
-    assert manifest["runs"] == []
+    assert manifest.runs == []
     assert (
-        "no cpuidle driver" in manifest["not_testable"]
-        and "no-such-benchmark is not installed" in manifest["not_testable"]
+        "no cpuidle driver" in manifest.not_testable and "no-such-benchmark is not installed" in manifest.not_testable
     )
 
 
@@ -305,13 +304,13 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
     assert state() == before
     for path in bundles:
         bundle = load_bundle(path)
-        assert bundle.sealed and "hostname" not in json.dumps(bundle.manifest)
-        if bundle.manifest.get("not_testable"):
+        assert bundle.sealed and b"hostname" not in bundle.manifest.file_bytes()
+        if bundle.manifest.not_testable:
             continue
-        assert all(r["status"] == "ok" and not r["problem"] for r in bundle.manifest["runs"]), bundle.manifest["runs"]
+        assert all(r.status == "ok" and not r.problem for r in bundle.manifest.runs), bundle.manifest.runs
         assert len(bundle.results) > 0
         if claim == "nohz":
-            [run] = bundle.manifest["runs"]
+            [run] = [r.to_json() for r in bundle.manifest.runs]  # its record as written
             assert run["trace"]["backend"] in ("trace-cmd", "tracefs")
             # the tick counted from its own hrtimer's expiries: other hrtimers' interrupts (sleepers' wakeups) are
             # not ticks, and counting every local timer interrupt gave 279-349/s at HZ=250 on a fresh machine
@@ -321,7 +320,7 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
             if hz and "nohz_full" not in (collect("/")["cmdline"] or ""):  # a busy CPU takes the periodic tick at HZ
                 assert abs(results["tick_rate_hz"] - hz) / hz < 0.1, results["tick_rate_hz"]
             assert results["tick_us_median"] >= results["tick_irq_us_median"] > 0  # softirqs traced and attributed
-            assert {e["name"] for e in bundle.manifest["extras"]} == {"timerlat"}  # once per condition
+            assert {e["name"] for e in bundle.manifest.extras} == {"timerlat"}  # once per condition
             # after the run: the gap detector, then osnoise (skipped where rtla or its tracer is missing)
             assert [e["name"] for e in run["extras"]] == ["gapdet", "osnoise"]
             assert_gaps_match_traced_ticks(path, run["extras"][0])

@@ -62,7 +62,7 @@ def answer_of(stdout: str) -> dict:
 
 
 def measured(bundle, condition: str, metric: str) -> list[float]:
-    failed = {r["run"] for r in bundle.manifest["runs"] if r["status"] != "ok" or r.get("problem")}
+    failed = {r.run for r in bundle.manifest.runs if r.status != "ok" or r.problem}
     rows = bundle.results[
         (bundle.results["condition"] == condition)
         & (bundle.results["metric"] == metric)
@@ -82,18 +82,16 @@ def assert_one_line_per_run(stdout: str, bundle) -> None:
     """Every run of the bundle has its one line, in the order it was made, naming its condition; a measured run's
     line holds its first headline metric as results.csv has it."""
     lines = [RUN_LINE.match(line) for line in stdout.splitlines() if line.startswith("run-") and RUN_LINE.match(line)]
-    runs = bundle.manifest["runs"]
-    assert [m["run"] for m in lines] == [r["run"] for r in runs], stdout
-    metric = bundle.manifest["definition"]["answer"][0]["metric"]
+    runs = bundle.manifest.runs
+    assert [m["run"] for m in lines] == [r.run for r in runs], stdout
+    metric = bundle.manifest.definition["answer"][0]["metric"]
     for number, (match, record) in enumerate(zip(lines, runs), start=1):
-        assert match["condition"] == record["condition"] and bool(match["warmup"]) == record["warmup"], match.string
-        assert int(match["made"]) == number and int(match["planned"]) == len(bundle.manifest["order"])
-        if record["warmup"]:
+        assert match["condition"] == record.condition and bool(match["warmup"]) == record.warmup, match.string
+        assert int(match["made"]) == number and int(match["planned"]) == len(bundle.manifest.order)
+        if record.warmup:
             continue
         assert match["metric"] == metric, match.string
-        [value] = bundle.results[(bundle.results["run"] == record["run"]) & (bundle.results["metric"] == metric)][
-            "value"
-        ]
+        [value] = bundle.results[(bundle.results["run"] == record.run) & (bundle.results["metric"] == metric)]["value"]
         assert math.isclose(float(match["value"]), value, rel_tol=5e-4), (match.string, value)
 
 
@@ -160,7 +158,7 @@ def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_wha
     bundle = the_bundle(tmp_path / "traces")
     assert_one_line_per_run(done.stdout, bundle)
     answer = answer_of(done.stdout)
-    conditions = [c["name"] for c in bundle.manifest["conditions"]]
+    conditions = [c["name"] for c in bundle.manifest.conditions]
     assert {condition for condition, _ in answer} == set(conditions) and len(conditions) == 3
     for condition in conditions:
         cost = answer[(condition, "read_cost_mean_ns")]

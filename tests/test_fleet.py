@@ -125,7 +125,7 @@ def test_the_playbook_brings_back_verified_bundles_and_survives_a_dead_host(name
         assert f"{name}" in recap and "failed=0" in recap.split(name, 1)[1].splitlines()[0], recap
         [bundle] = list((fetch_to / f"netns-{name}" / "nohz").iterdir())
         loaded = load_bundle(bundle)  # every file's sha256 against the manifest
-        assert loaded.manifest["status"] == "sealed" and len(loaded.manifest["runs"]) == 1
+        assert loaded.manifest.status == "sealed" and len(loaded.manifest.runs) == 1
         assert json.loads((fetch_to / "doctor" / f"{name}.json").read_text())["checks"]["root"]["ok"]
     verify = result.stdout.split("TASK [Every fetched bundle verifies against its manifest]", 1)[1].split("TASK [", 1)[
         0

@@ -155,7 +155,7 @@ def test_function_names_in_an_experiment_must_be_identifiers(tmp_path):
 )
 def test_the_bundled_guest_hrtick_data_counts_reprograms_in_every_run(bundle_dir):
     bundle = load_bundle(bundle_dir)
-    measured = [r for r in bundle.manifest["runs"] if not r["warmup"] and r["status"] == "ok"]
+    measured = [r.to_json() for r in bundle.manifest.runs if not r.warmup and r.status == "ok"]  # records as written
     assert measured and all(r["trace"]["functions"] == ["clockevents_program_event"] for r in measured)
     counted = bundle.results[bundle.results["metric"] == "clockevent_reprograms_per_s"]
     assert sorted(counted["run"]) == sorted(r["run"] for r in measured)

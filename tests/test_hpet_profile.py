@@ -261,10 +261,10 @@ def test_perf_profiles_a_tcg_guest_and_resolves_read_hpet(tmp_path, monkeypatch)
         log=lambda m: None,
     )
     bundle = load_bundle(bundle_path)
-    [record] = bundle.manifest["runs"]
-    assert record["status"] == "ok" and not record["problem"], record
-    assert record["guest"]["clocksource"] == "hpet"
-    [extra] = record["extras"]
+    [record] = bundle.manifest.runs
+    assert record.status == "ok" and not record.problem, record
+    assert record.guest["clocksource"] == "hpet"
+    [extra] = record.extras
     assert extra["status"] == "ok" and extra["exit_status"] == 0, extra
     directory = bundle_path / "raw" / extra["directory"]
     assert not (directory / "perf.data").exists() and not (directory / "perf.data.xz").exists()

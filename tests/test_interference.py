@@ -194,10 +194,10 @@ def test_a_capture_on_a_fake_busy_host_records_interference_in_every_run_and_is_
     options = CaptureOptions(out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", progress=False)
     said = []
     [bundle_path] = capture("hpet", options, experiment_path=write_experiment(tmp_path), log=said.append)
-    runs = load_bundle(bundle_path).manifest["runs"]
+    runs = load_bundle(bundle_path).manifest.runs
     assert len(runs) == 9
     for record in runs:
-        found = record["interference"]
+        found = record.interference
         assert found["samples"] >= 2  # one before the workload, one after it at least
         assert {
             k: found[k]

@@ -398,9 +398,9 @@ def test_a_tcg_hrtick_run_boots_both_kernels_and_counts_rearms_only_where_the_ke
         log=lambda m: None,
     )
     bundle = load_bundle(bundles[0])
-    runs = {r["condition"]: r for r in bundle.manifest["runs"]}
+    runs = {r.condition: r.to_json() for r in bundle.manifest.runs}  # each run's record as written
     assert set(runs) == {"6.12 hrtick-on", "7.2 hrtick-on"}
-    assert set(bundle.manifest["lab"]["kernels"]) == {"hz1000", "7.2-hz1000"}
+    assert set(bundle.manifest.lab["kernels"]) == {"hz1000", "7.2-hz1000"}
     for condition, record in runs.items():
         series = condition.split()[0]
         assert record["status"] == "ok" and not record["problem"], record
@@ -438,10 +438,10 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
     )
     bundle = load_bundle(bundles[0])
     manifest = bundle.manifest
-    assert manifest["status"] == "sealed" and manifest["lab"]["accelerator"] == "tcg"
-    assert manifest["stopping"]["reason"] == "fixed run count (set on the command line)"
+    assert manifest.status == "sealed" and manifest.lab["accelerator"] == "tcg"
+    assert manifest.stopping["reason"] == "fixed run count (set on the command line)"
     assert bundles[0].parent.parent.name.startswith("guest-tcg-2vcpu-")
-    runs = {r["condition"]: r for r in manifest["runs"]}
+    runs = {r.condition: r.to_json() for r in manifest.runs}  # each run's record as written
     assert set(runs) == {"hz1000", "hz1000-nohz_full"}
     for condition, record in runs.items():
         assert record["status"] == "ok" and not record["problem"], record
@@ -469,7 +469,7 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
     # TCG runs vCPUs late and late expiries merge ticks (873-881 Hz measured so): above 600 is HZ=1000, not 250/300
     assert 600 < metrics.loc["hz1000", "local_timer_irq_rate_hz"] < 1100
     assert metrics.loc["hz1000-nohz_full", "local_timer_irqs"] < 0.5 * metrics.loc["hz1000", "local_timer_irqs"]
-    assert not manifest.get("extras")  # osnoise ran after every run in its boot, not in boots of its own
+    assert not manifest.extras  # osnoise ran after every run in its boot, not in boots of its own
     for record in runs.values():
         assert sorted(e["name"] for e in record["extras"]) == ["gapdet", "osnoise"]  # both after every run, in its boot
         if record["condition"] != "hz1000-nohz_full":  # ticks to match to gaps
@@ -553,7 +553,7 @@ def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_a
         log=lambda m: None,
     )
     bundle = load_bundle(bundles[0])
-    runs = {r["condition"]: r for r in bundle.manifest["runs"]}
+    runs = {r.condition: r.to_json() for r in bundle.manifest.runs}  # each run's record as written
     for condition, record in runs.items():
         assert record["status"] == "ok" and not record["problem"], record
         assert record["guest"]["nproc"] == 16 and "lab_pvspin=1" in record["guest"]["cmdline"].split()

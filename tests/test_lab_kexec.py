@@ -133,15 +133,15 @@ def test_lab_run_boot_kexec_makes_a_sealed_bundle_one_boot_per_run(tmp_path):
     )
     bundle = load_bundle(path)
     manifest = bundle.manifest
-    assert path.parent.parent.name.endswith("-kexec") and manifest["boot_plan"]["state"] == "finished"
-    runs = manifest["runs"]
-    assert [r["run"] for r in runs] == [o["run"] for o in manifest["order"]]
-    assert sorted(r["condition"] for r in runs) == ["nohz-full", "tick-on"]
-    assert len({r["boot"]["boot_id"] for r in runs}) == 2 and all(r["status"] == "ok" for r in runs)
+    assert path.parent.parent.name.endswith("-kexec") and manifest.boot_plan["state"] == "finished"
+    runs = manifest.runs
+    assert [r.run for r in runs] == [o["run"] for o in manifest.order]
+    assert sorted(r.condition for r in runs) == ["nohz-full", "tick-on"]
+    assert len({r.boot["boot_id"] for r in runs}) == 2 and all(r.status == "ok" for r in runs)
     for record in runs:
-        booted = record["boot"]["cmdline"].split()
-        assert record["boot"]["cmdline"] == record["boot"]["expected_cmdline"]
-        assert ("nohz_full=1" in booted) == (record["condition"] == "nohz-full")
+        booted = record.boot["cmdline"].split()
+        assert record.boot["cmdline"] == record.boot["expected_cmdline"]
+        assert ("nohz_full=1" in booted) == (record.condition == "nohz-full")
     rates = bundle.results[bundle.results["metric"] == "local_timer_irq_rate_hz"].groupby("condition")["value"].max()
     assert rates["nohz-full"] < 0.1 * rates["tick-on"]  # the tick stopped on the measured CPU in every nohz_full boot
     assert (path / "raw/boot-plan/plan.json").is_file()
@@ -177,11 +177,11 @@ def test_lab_run_boot_kexec_moves_between_the_6_12_and_7_2_lab_kernels(tmp_path)
         log=lambda _: None,
     )
     bundle = load_bundle(bundle_path)
-    runs = bundle.manifest["runs"]
-    assert bundle.manifest["boot_plan"]["state"] == "finished"
-    assert sorted(r["condition"] for r in runs) == ["6.12 hrtick-on", "7.2 hrtick-off"]
-    assert len({r["boot"]["boot_id"] for r in runs}) == 2 and all(r["status"] == "ok" for r in runs), runs
+    runs = bundle.manifest.runs
+    assert bundle.manifest.boot_plan["state"] == "finished"
+    assert sorted(r.condition for r in runs) == ["6.12 hrtick-on", "7.2 hrtick-off"]
+    assert len({r.boot["boot_id"] for r in runs}) == 2 and all(r.status == "ok" for r in runs), runs
     for record in runs:
-        assert record["boot"]["release"].startswith(record["condition"].split()[0] + "."), record["boot"]
+        assert record.boot["release"].startswith(record.condition.split()[0] + "."), record.boot
     rearms = bundle.results[bundle.results["metric"] == "hrtimer_rearms"]
     assert set(rearms["condition"]) == {"7.2 hrtick-off"}

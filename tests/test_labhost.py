@@ -115,21 +115,21 @@ def test_the_lab_host_bundle_has_one_verified_boot_per_run_interleaved(mode):
     bundle = load_bundle(bundles[-1])
     assert bundle.sealed
     manifest = bundle.manifest
-    assert manifest["boot_plan"]["mode"] == mode and manifest["boot_plan"]["state"] == "finished"
-    records = manifest["runs"]
-    assert [r["run"] for r in manifest["order"]] == [r["run"] for r in records]  # every planned run made, in order
-    boots = [r["boot"] for r in records]
-    assert all(b["mode"] == mode and b["plan"] == manifest["boot_plan"]["id"] for b in boots)
+    assert manifest.boot_plan["mode"] == mode and manifest.boot_plan["state"] == "finished"
+    records = manifest.runs
+    assert [r["run"] for r in manifest.order] == [r.run for r in records]  # every planned run made, in order
+    boots = [r.boot for r in records]
+    assert all(b["mode"] == mode and b["plan"] == manifest.boot_plan["id"] for b in boots)
     ids = [b["boot_id"] for b in boots]
     assert len(set(ids)) == len(ids), "a run shares its boot with another"
     for record in records:
-        words = record["boot"]["cmdline"].split()
-        assert any(w.startswith("nohz_full=") for w in words) == (record["condition"] == "nohz-full"), words
+        words = record.boot["cmdline"].split()
+        assert any(w.startswith("nohz_full=") for w in words) == (record.condition == "nohz-full"), words
         assert any(w.startswith("BOOT_IMAGE=") for w in words) == (mode == "grub")  # grub's linux command adds it
-        assert record["status"] == "ok"
+        assert record.status == "ok"
     # interleaved: each block holds one run of each condition
     blocks = {}
-    for entry in manifest["order"]:
+    for entry in manifest.order:
         blocks.setdefault(entry["block"], []).append(entry["condition"])
     assert len(blocks) >= 2 and all(sorted(b) == ["nohz-full", "tick-on"] for b in blocks.values())
     assert set(bundle.results["condition"]) == {"tick-on", "nohz-full"}
@@ -178,8 +178,8 @@ def test_plan_abort_in_the_middle_puts_the_machine_back(mode):
     _check_put_back(view)
     assert "aborted" in view["final"]["plan_status"]
     bundle = _bundle_of(view)
-    assert bundle.sealed and bundle.manifest["boot_plan"]["state"] == "aborted"
-    assert [r["status"] for r in bundle.manifest["runs"]] == ["ok"]
+    assert bundle.sealed and bundle.manifest.boot_plan["state"] == "aborted"
+    assert [r.status for r in bundle.manifest.runs] == ["ok"]
 
 
 @pytest.mark.labhost
@@ -194,8 +194,8 @@ def test_a_kernel_image_gone_before_the_next_boot_fails_the_plan_and_puts_the_ma
     _check_put_back(view)
     assert "failed" in view["final"]["plan_status"]
     bundle = _bundle_of(view)
-    assert bundle.sealed and bundle.manifest["boot_plan"]["state"] == "failed"
-    statuses = {r["run"]: r["status"] for r in bundle.manifest["runs"]}
+    assert bundle.sealed and bundle.manifest.boot_plan["state"] == "failed"
+    statuses = {r.run: r.status for r in bundle.manifest.runs}
     assert statuses[failed[0]["name"]] == "failed"
 
 
@@ -237,8 +237,8 @@ def test_a_boot_the_kernel_refuses_ends_in_the_default_entry_and_fails_the_plan(
     assert refused[0]["state"] == "failed" and "/proc/cmdline" in refused[0]["why"]
     _check_put_back(view)
     bundle = _bundle_of(view)
-    assert bundle.sealed and bundle.manifest["boot_plan"]["state"] == "failed"
-    assert [r["status"] for r in bundle.manifest["runs"] if r["condition"] == "no-root"] == ["failed"]
+    assert bundle.sealed and bundle.manifest.boot_plan["state"] == "failed"
+    assert [r.status for r in bundle.manifest.runs if r.condition == "no-root"] == ["failed"]
 
 
 def test_the_timeline_names_each_boot_its_loader_and_the_plans_steps(tmp_path):

@@ -125,4 +125,4 @@ def test_an_ending_cut_short_still_records_the_failed_run(host, tmp_path):
     done = resume_in_a_new_process(root)
     assert done.returncode == 0, done.stderr
     sealed = load_bundle(bundle_of(tmp_path))
-    assert [r["run"] for r in sealed.manifest["runs"]] == [run.name]
+    assert [r.run for r in sealed.manifest.runs] == [run.name]

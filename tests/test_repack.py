@@ -96,7 +96,7 @@ def test_the_seal_leaves_no_plain_raw_file_of_64_kib_or_more_and_keeps_gapdets_n
             assert rawfile.read_bytes(path / relative) == data
             assert (path / relative).is_file() == (len(data) < COMPRESS_FROM_BYTES)
     bundle = load_bundle(path)
-    assert bundle.manifest["raw_files"]["compressed"] == 5 and bundle.manifest["raw_files"]["compacted"] == 4
+    assert bundle.manifest.raw_files["compressed"] == 5 and bundle.manifest.raw_files["compacted"] == 4
 
 
 def test_gapdets_text_that_its_numbers_would_not_give_back_stays_text(tmp_path):
@@ -208,24 +208,24 @@ def test_repack_re_seals_a_real_bundle_with_the_same_per_run_values_and_says_so(
     assert done is not None and done.bytes_after < done.bytes_before / 2
     bundle = load_bundle(path)
     assert plain_raw_files_from(path) == []
-    record = bundle.manifest["resealed"][-1]
+    record = bundle.manifest.resealed[-1]
     assert record["from_seal"] == old_seal and record["why"] == repack.WHY
-    assert set(record["files_replaced"]) == set(before["files"]) - set(bundle.manifest["files"])
+    assert set(record["files_replaced"]) == set(before.files) - set(bundle.manifest.files)
     assert {old: entry["sha256"] for old, entry in record["files_replaced"].items()} == {
-        old: before["files"][old] for old in record["files_replaced"]
+        old: before.files[old] for old in record["files_replaced"]
     }
-    assert all(entry["now"] in bundle.manifest["files"] for entry in record["files_replaced"].values())
-    numbers = [name for name in bundle.manifest["files"] if name.endswith("gaps.parquet.xz")]
+    assert all(entry["now"] in bundle.manifest.files for entry in record["files_replaced"].values())
+    numbers = [name for name in bundle.manifest.files if name.endswith("gaps.parquet.xz")]
     assert len(numbers) == 11
     texts = [old for old, entry in record["files_replaced"].items() if entry["now"] in numbers]
     assert sum((path / name).stat().st_size for name in numbers) < sum(
         len(lzma.compress((sealed_before / old).read_bytes())) for old in texts
     )  # smaller than the xz'd text
-    assert bundle.manifest["sealed"] == before["sealed"] and bundle.manifest["runs"] == before["runs"]
+    assert bundle.manifest.sealed == before.sealed and bundle.manifest.to_json()["runs"] == before.to_json()["runs"]
     assert not os.path.lexists(repack.work_path(path))
     assert any("per-run values are the same" in line for line in lines)
     assert repack.repack(path) is None  # nothing left to shrink: untouched
-    assert load_bundle(path).manifest == bundle.manifest
+    assert load_bundle(path).manifest.to_json() == bundle.manifest.to_json()
 
 
 def small_bundle(tmp_path: Path, claim: str = "hrtick") -> Path:
@@ -351,7 +351,7 @@ def test_a_kill_at_any_point_leaves_the_old_bundle_or_the_new_never_a_mix(tmp_pa
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     bundle = load_bundle(path)  # whole at its name, whichever it is
     if stop == "swapped":
-        assert bundle.manifest["resealed"] and plain_raw_files_from(path) == []
+        assert bundle.manifest.resealed and plain_raw_files_from(path) == []
         assert snapshot(repack.work_path(path)) == kept  # the old bundle, whole, beside it until removed
     else:
         assert snapshot(path) == kept

@@ -179,16 +179,16 @@ def test_the_lab_hosts_hz_plan_booted_each_runs_own_build_at_its_hz_and_its_star
     starved = table[table["check"].str.startswith("the busy CPU was not starved")]
     assert (starved["failed"] == starved["runs"]).all()
     for ref in refs:
-        runs = load_bundle(ref.path).manifest["runs"]
+        runs = load_bundle(ref.path).manifest.runs
         for run in runs:
-            boot = run["boot"]
-            want = "-ticklab-hz1000-" if run["condition"] == "hz1000" else "-ticklab-"
+            boot = run.boot
+            want = "-ticklab-hz1000-" if run.condition == "hz1000" else "-ticklab-"
             assert want in boot["release"] and boot["release"].startswith("6.12.")
             assert (
                 boot["kernel_build"]["build_log_matches"] is True and len(boot["kernel_build"]["config_sha256"]) == 64
             )
-        assert {r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz1000"} != {
-            r["boot"]["kernel_build"]["config_sha256"] for r in runs if r["condition"] == "hz250"
+        assert {r.boot["kernel_build"]["config_sha256"] for r in runs if r.condition == "hz1000"} != {
+            r.boot["kernel_build"]["config_sha256"] for r in runs if r.condition == "hz250"
         }
     runs, notes = measured_runs(refs, nohz.CHECKS, "nohz")
     assert runs.empty
@@ -209,13 +209,13 @@ def test_the_lab_hosts_hrtick_plan_booted_each_conditions_kernel_with_its_hrtick
     assert (table["passed"] == table["runs"]).all() and table.groupby("check")["runs"].sum().eq(12).all()
     for ref in refs:
         manifest = load_bundle(ref.path).manifest
-        assert manifest["status"] == "sealed" and len(manifest["runs"]) == 12
-        for run in manifest["runs"]:
-            series = run["condition"].split()[0]
-            assert run["status"] == "ok" and run["boot"]["release"].startswith(f"{series}.")
-            assert "-ticklab-" in run["boot"]["release"] and run["boot"]["kernel_build"]["build_log_matches"] is True
-            assert run["trace"]["backend"] == "tracefs" and run["trace"]["lost_events"] == 0
-        builds = {r["boot"]["release"]: r["boot"]["kernel_build"]["source_version"] for r in manifest["runs"]}
+        assert manifest.status == "sealed" and len(manifest.runs) == 12
+        for run in manifest.runs:
+            series = run.condition.split()[0]
+            assert run.status == "ok" and run.boot["release"].startswith(f"{series}.")
+            assert "-ticklab-" in run.boot["release"] and run.boot["kernel_build"]["build_log_matches"] is True
+            assert run.trace["backend"] == "tracefs" and run.trace["lost_events"] == 0
+        builds = {r.boot["release"]: r.boot["kernel_build"]["source_version"] for r in manifest.runs}
         assert sorted(builds.values()) == ["6.12.117", "7.2.13"]
     runs, _ = measured_runs(refs, hrtick.CHECKS, "hrtick")
     assert set(runs["condition"]) == {"6.12 hrtick-off", "6.12 hrtick-on", "7.2 hrtick-off", "7.2 hrtick-on"}

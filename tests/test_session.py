@@ -94,8 +94,8 @@ def test_a_session_makes_every_planned_run_in_order_then_the_per_condition_work(
     assert executor.made == [p.run for p in planned] and len(planned) == 2 * (3 + 1)
     assert executor.after == [["off", "on"]]
     manifest = load_bundle(writer.seal()).manifest
-    assert [o["run"] for o in manifest["order"]] == [r["run"] for r in manifest["runs"]] == executor.made
-    assert manifest["stopping"]["reason"] == "fixed run count (a test)"
+    assert [o["run"] for o in manifest.order] == [r.run for r in manifest.runs] == executor.made
+    assert manifest.stopping["reason"] == "fixed run count (a test)"
 
 
 def test_a_place_that_cannot_run_the_experiment_stops_the_session(tmp_path):
@@ -111,8 +111,8 @@ def test_an_interrupt_leaves_the_bundle_incomplete_with_the_runs_it_finished(tmp
     with pytest.raises(KeyboardInterrupt):
         made.run()
     bundle = load_bundle(writer.path, allow_incomplete=True)
-    assert bundle.manifest["status"] == "incomplete" and bundle.manifest["interrupted"].startswith("KeyboardInterrupt")
-    assert [r["run"] for r in bundle.manifest["runs"]] == ["run-001", "run-002", "run-003"]
+    assert bundle.manifest.status == "incomplete" and bundle.manifest.interrupted.startswith("KeyboardInterrupt")
+    assert [r.run for r in bundle.manifest.runs] == ["run-001", "run-002", "run-003"]
 
 
 def test_a_resumed_session_makes_only_the_runs_the_bundle_does_not_have(tmp_path):

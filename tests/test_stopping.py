@@ -11,7 +11,7 @@ import yaml
 from ticklab.analysis.captured import BundleRef, bundle_health
 from ticklab.analysis.comparisons import Comparison, measured_runs, verdicts
 from ticklab.analysis.verdicts import Margins, Target
-from ticklab.bundle import load_bundle
+from ticklab.bundle import Manifest, load_bundle
 from ticklab.capture.experiment import Condition, ExperimentError, load_experiment
 from ticklab.capture.runner import CaptureOptions, capture
 from ticklab.capture.stopping import MIN_RUNS, PrecisionGoal, StoppingRule, extra_round
@@ -149,7 +149,7 @@ def write(directory: Path, **overrides) -> Path:
     return path
 
 
-def run(path: Path, out: Path, **options) -> dict:
+def run(path: Path, out: Path, **options) -> Manifest:
     said = []
     options.setdefault("goals", precision_goals("hrtick", published_dir()))
     [bundle] = capture(
@@ -159,24 +159,24 @@ def run(path: Path, out: Path, **options) -> dict:
         log=said.append,
     )
     manifest = load_bundle(bundle).manifest
-    assert f"hrtick/fake-rounds: stopped — {manifest['stopping']['reason']}" in said
+    assert f"hrtick/fake-rounds: stopped — {manifest.stopping['reason']}" in said
     return manifest
 
 
 def test_a_capture_adds_rounds_until_precise_and_records_them(tmp_path):
     manifest = run(write(tmp_path), tmp_path / "traces")
-    stopping = manifest["stopping"]
+    stopping = manifest.stopping
     assert stopping["reason"].startswith("precision reached"), stopping["reason"]
-    measured = [r for r in manifest["runs"] if not r["warmup"]]
-    per_condition = pd.Series([r["condition"] for r in measured]).value_counts().to_dict()
+    measured = [r for r in manifest.runs if not r.warmup]
+    per_condition = pd.Series([r.condition for r in measured]).value_counts().to_dict()
     assert per_condition == stopping["checks"][-1]["runs_per_condition"]
     assert min(per_condition.values()) >= MIN_RUNS > 3, "the initial 3 runs were not enough: rounds were added"
-    rounds = [o for o in manifest["order"] if o.get("round")]
-    assert len(manifest["order"]) == len(manifest["runs"]) and rounds, "added runs are in the recorded order"
-    assert [o["run"] for o in manifest["order"]] == [r["run"] for r in manifest["runs"]]
+    rounds = [o for o in manifest.order if o.get("round")]
+    assert len(manifest.order) == len(manifest.runs) and rounds, "added runs are in the recorded order"
+    assert [o["run"] for o in manifest.order] == [r.run for r in manifest.runs]
     assert len(stopping["checks"]) == len({o["round"] for o in rounds}) + 1
     # every measured run is in a block of one run per condition, the added rounds too, blocks numbered on
-    blocks = pd.DataFrame([o for o in manifest["order"] if not o["warmup"]])
+    blocks = pd.DataFrame([o for o in manifest.order if not o["warmup"]])
     assert blocks.groupby("block")["condition"].apply(sorted).map(tuple).unique().tolist() == [
         ("hrtick-off", "hrtick-on")
     ]
@@ -202,8 +202,8 @@ def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path)
         ),
         tmp_path / "traces",
     )
-    assert manifest["stopping"]["reason"].startswith("run budget spent (9 runs per condition)")
-    assert {r["condition"] for r in manifest["runs"] if not r["warmup"]} == {"hrtick-off", "hrtick-on"}
+    assert manifest.stopping["reason"].startswith("run budget spent (9 runs per condition)")
+    assert {r.condition for r in manifest.runs if not r.warmup} == {"hrtick-off", "hrtick-on"}
     bundles = [BundleRef("fake", "hrtick", p) for p in (tmp_path / "traces" / "fake" / "hrtick").iterdir()]
     runs, _ = measured_runs(bundles)
     [verdict] = verdicts("hrtick", [ON_OFF], runs, n_boot=2000)
@@ -215,14 +215,14 @@ def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path)
 @pytest.mark.slow
 def test_fixed_counts_say_why(tmp_path):
     fixed = run(write(tmp_path), tmp_path / "a", runs=2)
-    assert fixed["stopping"]["reason"] == "fixed run count (set on the command line)"
-    assert len([r for r in fixed["runs"] if not r["warmup"]]) == 4
-    assert run(write(tmp_path), tmp_path / "b", budget_s=0)["stopping"]["reason"] == "fixed run count (time budget 0)"
+    assert fixed.stopping["reason"] == "fixed run count (set on the command line)"
+    assert len([r for r in fixed.runs if not r.warmup]) == 4
+    assert run(write(tmp_path), tmp_path / "b", budget_s=0).stopping["reason"] == "fixed run count (time budget 0)"
     unknown = run(write(tmp_path, conditions=[{"name": "a", "base": 1}, {"name": "b", "base": 2}]), tmp_path / "c")
-    assert unknown["stopping"]["reason"] == "fixed run count (no comparison of the claim has both its conditions here)"
-    json.dumps(unknown)  # the manifest stays plain JSON
+    assert unknown.stopping["reason"] == "fixed run count (no comparison of the claim has both its conditions here)"
+    json.dumps(unknown.to_json())  # the manifest stays plain JSON
     ungiven = run(write(tmp_path), tmp_path / "d", goals=None)
-    assert ungiven["stopping"]["reason"] == "fixed run count (no precision goals were given to the capture)"
+    assert ungiven.stopping["reason"] == "fixed run count (no precision goals were given to the capture)"
 
 
 def test_the_cli_hands_capture_the_claims_goals_from_its_published_dir(tmp_path):

@@ -297,9 +297,9 @@ def test_every_bundled_nohz_condition_has_its_own_label_and_colour():
     from ticklab.claims.nohz import CONDITION_COLORS, CONDITION_LABELS
 
     conditions = {
-        c["name"]
+        name
         for ref in find_bundles(paths.repo_root() / "traces", "nohz")
-        for c in ref.load().manifest.get("conditions", [])
+        for name in ref.load().manifest.conditions_by_name
     }
     assert conditions and conditions <= set(CONDITION_LABELS) and conditions <= set(CONDITION_COLORS)
     for setup_conditions in (("tick-on", "nohz-full"), ("hz1000", "hz250", "hz1000-nohz_full")):

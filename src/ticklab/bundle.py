@@ -27,7 +27,6 @@ import stat
 import weakref
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +44,10 @@ RESULT_COLUMNS = ["run", "condition", "metric", "value", "unit"]
 COMPRESS_FROM_BYTES = 64 * 1024
 XZ_PRESET = 6  # preset 9 packs a trace.dat 0.1 % tighter in 25 % more time
 REQUIRED_KEYS = ("schema_version", "status", "claim", "experiment", "definition", "host", "runs")
+
+
+def _or_empty(value, kind: type):
+    return value if isinstance(value, kind) else kind()
 
 
 @dataclass
@@ -73,6 +76,37 @@ class RunRecord:
         """The one definition of a measured run: not a warm-up, not failed. Only these reach any analysis."""
         return not self.warmup and not self.failed
 
+    # The records readers open most, each {} (or []) where the run has none (older bundles lack the later ones) or
+    # where it is not what ticklab writes (the schema leaves them free-form).
+    @property
+    def trace(self) -> dict:
+        """The trace the run recorded (``directory`` in raw/<run>/, ``lost_events``, ...)."""
+        return _or_empty(self.details.get("trace"), dict)
+
+    @property
+    def guest(self) -> dict:
+        """A lab run's guest, as it reported itself (``kernel``, ``nproc``, ...)."""
+        return _or_empty(self.details.get("guest"), dict)
+
+    @property
+    def boot(self) -> dict:
+        """The boot a lab or boot-plan run ran in (``kernel_release``, ``cmdline``, ...)."""
+        return _or_empty(self.details.get("boot"), dict)
+
+    @property
+    def interference(self) -> dict:
+        """What else the machine ran during the run (``busy`` and its measures)."""
+        return _or_empty(self.details.get("interference"), dict)
+
+    @property
+    def extras(self) -> list:
+        """The run's per-run cross-checks (each with its ``name``, ``status``, ``directory``)."""
+        return _or_empty(self.details.get("extras"), list)
+
+    def extra(self, name: str) -> dict | None:
+        """The run's first cross-check called ``name``."""
+        return next((e for e in self.extras if e.get("name") == name), None)
+
     @classmethod
     def from_json(cls, data: dict) -> RunRecord:
         typed = {k: data[k] for k in cls.TYPED if k in data}
@@ -87,16 +121,17 @@ class RunRecord:
         return {**typed, **self.details}
 
 
-def run_failed(record: dict | RunRecord) -> bool:
-    """Whether a run record (as in manifest.json, or typed) is failed: :attr:`RunRecord.failed`."""
-    return (record if isinstance(record, RunRecord) else RunRecord.from_json(record)).failed
+def run_failed(record: RunRecord) -> bool:
+    """Whether a run is failed: :attr:`RunRecord.failed`."""
+    return record.failed
 
 
 @dataclass
 class Manifest:
     """A bundle's manifest.json, typed (docs/ARCHITECTURE.md, "4. Bundles"). Optional keys are None when the
     manifest does not have them and are then left out of the JSON; keys this class does not name are kept as
-    written in ``details``. ``Manifest.from_json(m).to_json() == m`` for every manifest ticklab writes."""
+    written in ``details``. ``Manifest.from_json(m).to_json() == m`` for every manifest (an optional key written
+    as null stays null)."""
 
     claim: str
     experiment: str
@@ -124,10 +159,12 @@ class Manifest:
     not_testable: str | None = None
     interrupted: str | None = None
     lab: dict | None = None
+    boot_plan: dict | None = None  # a capture made through a boot plan: its id, mode and how it ended
     raw_files: dict | None = None
     files: dict | None = None
     resealed: list | None = None  # each re-seal (ticklab bundle repack): when, from which seal, what, why
     details: dict = field(default_factory=dict)
+    nulls: frozenset = field(default=frozenset(), repr=False, compare=False)  # optional keys written as null
 
     def measured_runs(self) -> list[RunRecord]:
         return [r for r in self.runs if r.measured]
@@ -135,9 +172,35 @@ class Manifest:
     def failed_runs(self) -> list[RunRecord]:
         return [r for r in self.runs if r.failed]
 
+    @property
+    def runs_by_name(self) -> dict[str, RunRecord]:
+        return {r.run: r for r in self.runs}
+
+    @property
+    def conditions_by_name(self) -> dict[str, dict]:
+        """Each condition's record (its ``name`` and its variables' values), in the experiment's order."""
+        return {c.get("name"): c for c in self.conditions or []}
+
+    @property
+    def blocks_by_run(self) -> dict[str, int | None]:
+        """The block each planned run was planned in (None for captures not planned in blocks)."""
+        return {entry["run"]: entry.get("block") for entry in self.order or []}
+
+    @property
+    def workload_tool(self) -> str | None:
+        return (self.definition.get("workload") or {}).get("tool")
+
+    def host_fact(self, name: str):
+        """One of the host facts (None where it is not recorded)."""
+        return _or_empty(self.host, dict).get(name)
+
+    def kernel_release(self, run: RunRecord) -> str:
+        """The kernel the run ran on: its guest's, else its boot's, else the host's ("" where none is recorded)."""
+        return str(run.guest.get("kernel") or run.boot.get("kernel_release") or self.host_fact("kernel_release") or "")
+
     @classmethod
     def _keys(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name != "details"]
+        return [f.name for f in fields(cls) if f.name not in ("details", "nulls")]
 
     @classmethod
     def from_json(cls, data: dict) -> Manifest:
@@ -147,26 +210,34 @@ class Manifest:
             **typed,
             runs=[RunRecord.from_json(r) for r in data.get("runs", [])],
             details={k: v for k, v in data.items() if k not in keys},
+            nulls=frozenset(k for k, v in typed.items() if v is None),
         )
 
     def to_json(self) -> dict:
-        data = {k: getattr(self, k) for k in self._keys() if k != "runs" and getattr(self, k) is not None}
+        data = {
+            k: getattr(self, k)
+            for k in self._keys()
+            if k != "runs" and (getattr(self, k) is not None or k in self.nulls)
+        }
         return {**data, "runs": [r.to_json() for r in self.runs], **self.details}
 
+    def file_bytes(self) -> bytes:
+        """manifest.json as ticklab writes it."""
+        return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode()
 
-def measured_results(manifest: dict | Manifest, results: pd.DataFrame) -> pd.DataFrame:
+
+def measured_results(manifest: Manifest, results: pd.DataFrame) -> pd.DataFrame:
     """results.csv rows of the runs that finished ok (failed runs and runs with a problem left out)."""
-    manifest = manifest if isinstance(manifest, Manifest) else Manifest.from_json(manifest)
     failed = {r.run for r in manifest.failed_runs()}
     return results[~results["run"].isin(failed)]
 
 
-def stopped_because(manifest: dict) -> str:
+def stopped_because(manifest: Manifest) -> str:
     """Why a bundle's capture stopped (its stopping record); bundles from before there was one ran a fixed count."""
-    reason = (manifest.get("stopping") or {}).get("reason")
+    reason = (manifest.stopping or {}).get("reason")
     if reason:
         return reason
-    if manifest.get("status") != "sealed":
+    if manifest.status != "sealed":
         return "interrupted before the stopping rule decided"
     return "fixed run count (the manifest has no stopping record)"
 
@@ -233,14 +304,13 @@ class BundleWriter:
         """An incomplete bundle, to append runs to (a capture that goes on in a new process, e.g. after a reboot).
         A sealed bundle is never reopened."""
         bundle = load_bundle(path, allow_incomplete=True)
-        if bundle.manifest["status"] != "incomplete":
+        if bundle.manifest.status != "incomplete":
             raise BundleError(
-                f"{Path(path) / MANIFEST}: status {bundle.manifest['status']!r}; only an incomplete "
-                "bundle takes more runs"
+                f"{Path(path) / MANIFEST}: status {bundle.manifest.status!r}; only an incomplete bundle takes more runs"
             )
         writer = cls.__new__(cls)
         writer.path = Path(path)
-        writer.manifest = bundle.typed
+        writer.manifest = bundle.manifest
         writer.files = writer._write(lambda: OwnedDir(path, create=False))
         weakref.finalize(writer, writer.files.close)
         return writer
@@ -253,7 +323,7 @@ class BundleWriter:
             raise BundleError(str(exc)) from None
 
     def flush(self) -> None:
-        data = (json.dumps(self.manifest.to_json(), indent=2, sort_keys=True) + "\n").encode()
+        data = self.manifest.file_bytes()
         self._write(lambda: self.files.write_atomic(MANIFEST, data))
 
     def discard(self) -> None:
@@ -422,17 +492,12 @@ def _csv_rows(rows: list[list]) -> bytes:
 @dataclass
 class Bundle:
     path: Path
-    manifest: dict
+    manifest: Manifest
     results: pd.DataFrame
 
     @property
     def sealed(self) -> bool:
-        return self.manifest["status"] == "sealed"
-
-    @cached_property
-    def typed(self) -> Manifest:
-        """The manifest as a :class:`Manifest` (``measured_runs()``, ``runs`` as :class:`RunRecord` s)."""
-        return Manifest.from_json(self.manifest)
+        return self.manifest.status == "sealed"
 
 
 MAX_MANIFEST_BYTES = 64 << 20
@@ -576,11 +641,11 @@ def _check_row_run(where: str, record: dict, by_run: dict[str, dict]) -> None:
         )
 
 
-def check_complete(path: Path, manifest: dict) -> None:
+def check_complete(path: Path, manifest: Manifest) -> None:
     """A BundleError unless the bundle finished (a reader that wants only complete bundles)."""
-    if manifest["status"] == "incomplete":
+    if manifest.status == "incomplete":
         raise BundleError(
-            f"{path / MANIFEST}: bundle is incomplete ({len(manifest['runs'])} run(s) finished); "
+            f"{path / MANIFEST}: bundle is incomplete ({len(manifest.runs)} run(s) finished); "
             "pass allow_incomplete to read what it has"
         )
 
@@ -619,14 +684,27 @@ def _load(path: Path, allow_incomplete: bool, require_seal: bool) -> Bundle:
     if manifest["status"] != "sealed" and os.path.lexists(path / SEAL):
         # a sealed bundle edited back to 'incomplete' would otherwise be read without any of its checks
         _check_seal(path, manifest_bytes)
+    typed = Manifest.from_json(manifest)
     if not allow_incomplete:
-        check_complete(path, manifest)
+        check_complete(path, typed)
     if manifest["status"] == "sealed":
         if require_seal:
             _check_seal(path, manifest_bytes)
         _check_files(path, manifest["files"])
     results = _read_results(path, manifest["runs"])
-    return Bundle(path=path, manifest=manifest, results=results)
+    return Bundle(path=path, manifest=typed, results=results)
+
+
+def sealed_files(manifest_bytes: bytes) -> dict | None:
+    """The ``files`` of a sealed manifest.json's bytes, or None where they are no sealed manifest (a reader that
+    trusts a seal it checked itself and verifies nothing else, such as the derived-data cache)."""
+    try:
+        manifest = json.loads(manifest_bytes.decode("utf-8"))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deeply
+        return None
+    if not isinstance(manifest, dict) or manifest.get("status") != "sealed":
+        return None
+    return manifest["files"] if isinstance(manifest.get("files"), dict) else None
 
 
 def add_manifest_seal(path: Path | str) -> Path:

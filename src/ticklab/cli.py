@@ -506,9 +506,9 @@ def _verify(args: argparse.Namespace) -> int:
     for manifest in manifests:
         try:
             bundle = load_bundle(manifest.parent)
-            count = len(bundle.manifest.get("files", {}))
+            count = len(bundle.manifest.files or {})
             print(
-                f"ok    {_line(manifest.parent)}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest['status']})"
+                f"ok    {_line(manifest.parent)}  ({count} file{'' if count == 1 else 's'}, {bundle.manifest.status})"
             )
         except BundleError as exc:
             failed += 1

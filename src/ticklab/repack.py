@@ -31,13 +31,12 @@ A kill at any moment leaves the bundle whole at its name, old or new, never a mi
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from .bundle import (
     RAW,
     SEAL,
     BundleError,
+    Manifest,
     file_sha256,
     load_bundle,
     pack_raw_file,
@@ -115,13 +115,13 @@ def repack(
     except BundleError as exc:
         raise RepackError(f"{exc}; not repacked") from None
     if not bundle.sealed:
-        raise RepackError(f"{path / MANIFEST}: status {bundle.manifest['status']!r}; only a sealed bundle is repacked")
-    say(f"{path}: verified ({len(bundle.manifest['files'])} files)")
-    listed = bundle.manifest["files"]
+        raise RepackError(f"{path / MANIFEST}: status {bundle.manifest.status!r}; only a sealed bundle is repacked")
+    listed = bundle.manifest.files
+    say(f"{path}: verified ({len(listed)} files)")
     if not any(packs(path / relative, relative, threshold) for relative in listed if relative.startswith(RAW + "/")):
         say(f"{path}: nothing to shrink")
         return None
-    claim = _claim_of(bundle.manifest["claim"], path)
+    claim = _claim_of(bundle.manifest.claim, path)
     before = _per_run_values(path, path, claim)
     say(f"{path}: per-run values computed ({', '.join(before)})")
 
@@ -188,13 +188,13 @@ def _claim_of(claim_id: str, path: Path):
     return get_claim(claim_id)
 
 
-def _write_copy(path: Path, work: Path, manifest: dict, why: str, threshold: int, step) -> Repacked:
+def _write_copy(path: Path, work: Path, manifest: Manifest, why: str, threshold: int, step) -> Repacked:
     """The new bundle at ``work`` (made empty by the caller): files copied or re-packed, the manifest with its
     ``resealed`` entry, sealed and read-only."""
     done = Repacked(path=path, bytes_before=_size(path))
-    files = dict(manifest["files"])
+    files = dict(manifest.files)
     with OwnedDir(work, create=False) as out:
-        for relative in sorted(manifest["files"]):
+        for relative in sorted(manifest.files):
             source = path / relative
             packed = pack_raw_file(source, relative, out, threshold) if relative.startswith(RAW + "/") else None
             if packed is None:
@@ -208,28 +208,30 @@ def _write_copy(path: Path, work: Path, manifest: dict, why: str, threshold: int
                 done.how[how] = done.how.get(how, 0) + 1
             step(f"wrote {relative}")
         names = list(files)
-        updated = dict(manifest)
-        updated["files"] = dict(sorted(files.items()))
-        updated["raw_files"] = raw_files_record(
-            sum(n.endswith(".xz") and Path(n).name != gapfile.COMPACT_NAME + ".xz" for n in names),
-            sum(Path(n).name == gapfile.COMPACT_NAME + ".xz" for n in names),
-            threshold,
-        )
         seal = read_bytes(path / SEAL, 4096).decode("ascii", errors="replace").split()
-        updated["resealed"] = [
-            *(manifest.get("resealed") or []),
-            {
-                "when": datetime.now(timezone.utc).isoformat(),
-                "from_seal": seal[0] if seal else "",
-                "files_replaced": {
-                    old: {"now": new, "sha256": manifest["files"][old]} for old, new in sorted(done.replaced.items())
+        updated = replace(
+            manifest,
+            files=dict(sorted(files.items())),
+            raw_files=raw_files_record(
+                sum(n.endswith(".xz") and Path(n).name != gapfile.COMPACT_NAME + ".xz" for n in names),
+                sum(Path(n).name == gapfile.COMPACT_NAME + ".xz" for n in names),
+                threshold,
+            ),
+            resealed=[
+                *(manifest.resealed or []),
+                {
+                    "when": datetime.now(timezone.utc).isoformat(),
+                    "from_seal": seal[0] if seal else "",
+                    "files_replaced": {
+                        old: {"now": new, "sha256": manifest.files[old]} for old, new in sorted(done.replaced.items())
+                    },
+                    "why": why,
+                    "ticklab_version": __version__,
+                    "raw_files_before": manifest.raw_files,
                 },
-                "why": why,
-                "ticklab_version": __version__,
-                "raw_files_before": manifest.get("raw_files"),
-            },
-        ]
-        out.write_new(MANIFEST, (json.dumps(updated, indent=2, sort_keys=True) + "\n").encode())
+            ],
+        )
+        out.write_new(MANIFEST, updated.file_bytes())
         seal_manifest(out, work, sorted(files))
     return done
 
@@ -243,7 +245,7 @@ class _Digest:
         return len(piece)
 
 
-def _check_copy(path: Path, work: Path, manifest: dict, replaced: dict[str, str]) -> None:
+def _check_copy(path: Path, work: Path, manifest: Manifest, replaced: dict[str, str]) -> None:
     """The copy verifies, and each replaced file reads back as the old one did."""
     from .capture.workloads import WorkloadOutputError, read_gapdet
 
@@ -268,7 +270,7 @@ def _check_copy(path: Path, work: Path, manifest: dict, replaced: dict[str, str]
         else:
             digest = _Digest()
             rawfile.copy_into(work / new, digest)
-            if digest.hash.hexdigest() != manifest["files"][old]:
+            if digest.hash.hexdigest() != manifest.files[old]:
                 raise RepackError(f"{work / new}: does not unpack to {old} as the manifest lists it; not repacked")
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bundle import Bundle, BundleError, check_complete, load_bundle
+from ..bundle import Bundle, BundleError, RunRecord, check_complete, load_bundle
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,10 @@ HEALTH_COLUMNS = [
 ]
 
 
-def busy_flag(runs: list[dict]) -> str:
+def busy_flag(runs: list[RunRecord]) -> str:
     """'N of M runs on a busy host: ...' for measured runs whose interference record says busy, or ''.
     Bundles captured before runs recorded their interference have nothing to flag."""
-    busy = [r["interference"] for r in runs if (r.get("interference") or {}).get("busy")]
+    busy = [r.interference for r in runs if r.interference.get("busy")]
     if not busy:
         return ""
 
@@ -144,14 +144,15 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
                     }
                 )
                 continue
-            runs = [r for r in bundle.manifest["runs"] if not r.get("warmup")]
+            manifest = bundle.manifest
+            runs = [r for r in manifest.runs if not r.warmup]
             failed = [r for r in runs if run_failed(r)]
-            lost = sum((r.get("trace") or {}).get("lost_events", 0) for r in bundle.manifest["runs"])
+            lost = sum(r.trace.get("lost_events", 0) for r in manifest.runs)
             flags = []
-            if bundle.manifest["status"] != "sealed":
+            if manifest.status != "sealed":
                 flags.append("incomplete: capture was interrupted")
-            if bundle.manifest.get("not_testable"):
-                flags.append("not testable: " + bundle.manifest["not_testable"])
+            if manifest.not_testable:
+                flags.append("not testable: " + manifest.not_testable)
             if failed:
                 flags.append(f"{len(failed)} run(s) failed")
             if lost:
@@ -162,13 +163,13 @@ def bundle_health(data_dir: Path | str, claims: list[str]) -> pd.DataFrame:
             rows.append(
                 {
                     **row,
-                    "status": bundle.manifest["status"],
+                    "status": manifest.status,
                     "measured_runs": len(runs),
                     "failed_runs": len(failed),
                     "lost_events": lost,
                     "flag": "; ".join(flags),
-                    "busy_runs": sum(bool((r.get("interference") or {}).get("busy")) for r in runs),
-                    "stopped": "" if bundle.manifest.get("not_testable") else stopped_because(bundle.manifest),
+                    "busy_runs": sum(bool(r.interference.get("busy")) for r in runs),
+                    "stopped": "" if manifest.not_testable else stopped_because(manifest),
                 }
             )
     return pd.DataFrame(rows, columns=HEALTH_COLUMNS)

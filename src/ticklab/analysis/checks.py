@@ -207,15 +207,15 @@ def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
             bundle = ref.load()
         except BundleError:
             continue
-        if bundle.manifest.get("not_testable"):
+        if bundle.manifest.not_testable:
             continue
         by_run = dict(tuple(bundle.results.groupby("run"))) if not bundle.results.empty else {}
-        for record in bundle.manifest["runs"]:
-            if record.get("warmup") or record.get("status", "ok") != "ok":
+        for record in bundle.manifest.runs:
+            if record.warmup or record.status != "ok":
                 continue  # failed runs are left out as failed, not as unchecked
-            results = by_run.get(record["run"], pd.DataFrame(columns=["metric", "value"]))
-            seen = {**record, BUNDLE_HOST: bundle.manifest.get("host") or {}}
-            raw = ref.path / "raw" / record["run"]
+            results = by_run.get(record.run, pd.DataFrame(columns=["metric", "value"]))
+            seen = {**record.to_json(), BUNDLE_HOST: bundle.manifest.host or {}}
+            raw = ref.path / "raw" / record.run
             for check in checks:
                 outcome = check.evaluate(seen, results, raw)
                 if outcome is None:
@@ -226,8 +226,8 @@ def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
                         "claim": claim,
                         "setup": ref.host_id,
                         "bundle": str(ref.path),
-                        "run": record["run"],
-                        "condition": record.get("condition", ""),
+                        "run": record.run,
+                        "condition": record.condition,
                         "check": check.name,
                         "expected": expected,
                         "observed": observed,

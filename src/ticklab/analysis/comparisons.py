@@ -94,16 +94,6 @@ class NegativeControl:
     split_by_order: bool = False  # treatment and baseline are the later and earlier halves of one condition's runs
 
 
-def _kernel_release(manifest: dict, record: dict) -> str:
-    guest = record.get("guest") or {}
-    return str(
-        guest.get("kernel")
-        or (record.get("boot") or {}).get("kernel_release")
-        or (manifest.get("host") or {}).get("kernel_release")
-        or ""
-    )
-
-
 def _kernel_version(release: str) -> tuple[int, int] | None:
     parts = release.split(".")
     try:
@@ -131,7 +121,7 @@ def usable_bundles(bundles: list[BundleRef]):
             bundle = ref.load()
         except BundleError:
             continue
-        if not bundle.manifest.get("not_testable"):
+        if not bundle.manifest.not_testable:
             yield ref, bundle
 
 
@@ -153,11 +143,12 @@ def measured_runs(
         except BundleError as exc:
             notes.append(f"{ref.host_id}/{ref.path.name}: left out ({exc})")
             continue
-        if bundle.manifest.get("not_testable"):
-            notes.append(f"{ref.host_id}/{ref.path.name}: not testable there ({bundle.manifest['not_testable']})")
+        manifest = bundle.manifest
+        if manifest.not_testable:
+            notes.append(f"{ref.host_id}/{ref.path.name}: not testable there ({manifest.not_testable})")
             continue
-        frame = measured_results(bundle.manifest, bundle.results).copy()
-        failed = sum(run_failed(r) for r in bundle.manifest["runs"])  # a failed run often wrote no results at all
+        frame = measured_results(manifest, bundle.results).copy()
+        failed = sum(run_failed(r) for r in manifest.runs)  # a failed run often wrote no results at all
         if failed:
             notes.append(f"{ref.host_id}/{ref.path.name}: {failed} failed run(s) left out")
         unchecked = sorted(run for path, run in gated if path == str(ref.path))
@@ -167,17 +158,16 @@ def measured_runs(
                 f"{ref.host_id}/{ref.path.name}: {len(unchecked)} run(s) left out because a condition check "
                 f"failed or could not be computed ({', '.join(unchecked)}; build/checks.csv)"
             )
-        kernels = {r["run"]: _kernel_release(bundle.manifest, r) for r in bundle.manifest["runs"]}
+        kernels = {r.run: manifest.kernel_release(r) for r in manifest.runs}
         frame["host_id"], frame["bundle"], frame["experiment"] = (
             ref.host_id,
             str(ref.path),
-            bundle.manifest["experiment"],
+            manifest.experiment,
         )
-        frame["stopped"] = stopped_because(bundle.manifest)
+        frame["stopped"] = stopped_because(manifest)
         frame["kernel"] = frame["run"].map(kernels).fillna("")
         # the block each measured run was planned in (captures planned in blocks; older bundles have none)
-        blocks = {entry["run"]: entry.get("block") for entry in bundle.manifest.get("order") or []}
-        frame["block"] = frame["run"].map(blocks).astype("Int64")
+        frame["block"] = frame["run"].map(manifest.blocks_by_run).astype("Int64")
         frames.append(frame)
     return (pd.concat(frames, ignore_index=True)[RUN_COLUMNS] if frames else pd.DataFrame(columns=RUN_COLUMNS)), notes
 
@@ -469,14 +459,14 @@ def _setup_reasons(
         except BundleError as exc:
             reasons.setdefault(ref.host_id, []).append(f"{ref.path.name} does not load ({exc})")
             continue
-        if manifest.get("not_testable"):
-            reasons.setdefault(ref.host_id, []).append(f"{manifest['experiment']}: {manifest['not_testable']}")
+        if manifest.not_testable:
+            reasons.setdefault(ref.host_id, []).append(f"{manifest.experiment}: {manifest.not_testable}")
             continue
         measured = sorted(runs.loc[runs["bundle"] == str(ref.path), "condition"].unique())
         left_out = {run: why for (path, run), why in gated.items() if path == str(ref.path)}
         if left_out and not measured:
             reasons.setdefault(ref.host_id, []).append(
-                f"{manifest['experiment']}: its condition did not take effect, or could not be shown to, in any run: "
+                f"{manifest.experiment}: its condition did not take effect, or could not be shown to, in any run: "
                 f"all {len(left_out)} measured runs are left out by the condition checks ({_why_summary(left_out)}; "
                 "build/checks.csv)"
             )
@@ -496,7 +486,7 @@ def _setup_reasons(
             else f"the comparisons need {', '.join(wanted)}"
         )
         reasons.setdefault(ref.host_id, []).append(
-            f"{manifest['experiment']} measured {', '.join(measured) or 'no usable runs'}; {missing}"
+            f"{manifest.experiment} measured {', '.join(measured) or 'no usable runs'}; {missing}"
         )
     return reasons
 

@@ -62,7 +62,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from ..bundle import MANIFEST, MAX_MANIFEST_BYTES, SEAL, BundleError, manifest_digest
+from ..bundle import MANIFEST, MAX_MANIFEST_BYTES, SEAL, BundleError, manifest_digest, sealed_files
 from ..paths import cache_dir
 from ..safefiles import OwnedDir, UnsafeFileError, open_regular, read_bytes
 from ..trace import rawfile
@@ -150,16 +150,10 @@ def _read_seal(bundle_dir: Path) -> tuple[str, dict] | None:
         words = seal.decode("ascii").split()
         if not words or words[0] != manifest_digest(manifest_bytes):
             return None
-        manifest = json.loads(manifest_bytes.decode("utf-8"))
-    except (UnsafeFileError, OSError, ValueError, RecursionError):  # a manifest nested too deeply: no cache either
+    except (UnsafeFileError, OSError, ValueError):
         return None
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("status") != "sealed"
-        or not isinstance(manifest.get("files"), dict)
-    ):
-        return None
-    return hashlib.sha256(seal).hexdigest(), manifest["files"]
+    files = sealed_files(manifest_bytes)
+    return None if files is None else (hashlib.sha256(seal).hexdigest(), files)
 
 
 def _file_sha256(path: Path) -> str | None:

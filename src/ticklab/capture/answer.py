@@ -117,29 +117,29 @@ def answer_lines(bundles: list[Path], context: AnswerContext) -> list[str]:
 def _bundle_lines(bundle: Bundle, context: AnswerContext) -> list[str]:
     manifest = bundle.manifest
     head = (
-        f"{manifest['claim']}/{manifest['experiment']} on this host ({manifest.get('host_id')}): what "
+        f"{manifest.claim}/{manifest.experiment} on this host ({manifest.host_id}): what "
         f"{context.source} names, read back from {bundle.path}"
     )
-    if manifest.get("not_testable"):
-        return [head, f"  not testable on this host, so no runs: {manifest['not_testable']}"]
-    results = measured_results(bundle.typed, bundle.results)
-    measured = bundle.typed.measured_runs()
+    if manifest.not_testable:
+        return [head, f"  not testable on this host, so no runs: {manifest.not_testable}"]
+    results = measured_results(manifest, bundle.results)
+    measured = manifest.measured_runs()
     if not measured:
         return [head, "  no measured run finished ok: see the lines above and the manifest's runs"]
-    entries = manifest["definition"].get("answer") or []
+    entries = manifest.definition.get("answer") or []
     lines = [head]
     if not entries:
         metrics = sorted(results["metric"].unique())
         lines.append(
-            f"  {manifest['experiment']} names no headline quantity (no answer section); it recorded "
+            f"  {manifest.experiment} names no headline quantity (no answer section); it recorded "
             f"{len(measured)} measured run(s) of {len({r.condition for r in measured})} condition(s) with "
             f"{len(metrics)} metric(s) in results.csv: {', '.join(metrics[:12])}"
             f"{' …' if len(metrics) > 12 else ''}"
         )
         return lines
-    order = [c["name"] for c in manifest.get("conditions") or []]
+    values_of = manifest.conditions_by_name
+    order = list(values_of)
     conditions = sorted({r.condition for r in measured}, key=lambda c: order.index(c) if c in order else len(order))
-    values_of = {c.get("name"): c for c in manifest.get("conditions") or []}
     for condition in conditions:
         runs = [r for r in measured if r.condition == condition]
         lines.append(f"  {condition}, {len(runs)} measured run{'s' if len(runs) != 1 else ''}:")
@@ -269,13 +269,13 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
     measured = {}  # condition -> experiments that measured it
     captured, not_testable = {}, {}
     for bundle in bundles:
-        name = bundle.manifest["experiment"]
+        name = bundle.manifest.experiment
         captured[name] = bundle
-        if bundle.manifest.get("not_testable"):
-            not_testable[name] = bundle.manifest["not_testable"]
-        for record in bundle.typed.measured_runs():
+        if bundle.manifest.not_testable:
+            not_testable[name] = bundle.manifest.not_testable
+        for record in bundle.manifest.measured_runs():
             measured.setdefault(record.condition, set()).add(name)
-    facts = (bundles[0].manifest.get("host") or {}) if bundles else {}  # a matrix's names as this host has them
+    facts = (bundles[0].manifest.host or {}) if bundles else {}  # a matrix's names as this host has them
     claim_experiments = _claim_experiments(context.claim)
     tested, by_command = [], {}
     for goal in context.goals:

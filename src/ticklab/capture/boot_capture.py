@@ -284,7 +284,7 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
     plan_id = plan_engine.new_plan_id()
     # the bundle is written for the last time in this process before the plan exists: from then on an abort may
     # seal it at any moment
-    writer.manifest.details["boot_plan"] = {"id": plan_id, "mode": mode}
+    writer.manifest.boot_plan = {"id": plan_id, "mode": mode}
     writer.flush()
     try:
         created = plan_engine.create(
@@ -476,8 +476,8 @@ class BootCapture(plan_engine.RunMaker):
                 "checks": [],
                 "reason": f"boot plan {plan.state}" + (f": {plan.ended_because}" if plan.ended_because else ""),
             }
-        writer.manifest.details["boot_plan"] = {
-            **writer.manifest.details.get("boot_plan", {}),
+        writer.manifest.boot_plan = {
+            **(writer.manifest.boot_plan or {}),
             "state": plan.state,
             "ended": datetime.now(timezone.utc).isoformat(),
         }

@@ -253,9 +253,8 @@ def next_round_runs(
     counts = {c.name: 0 for c in conditions}
     for record in manifest.measured_runs():
         counts[record.condition] = counts.get(record.condition, 0) + 1
-    blocks = {entry["run"]: entry.get("block") for entry in manifest.order}
     measured = measured_results(manifest, results)
-    measured = measured.assign(block=measured["run"].map(blocks).astype("Int64"))
+    measured = measured.assign(block=measured["run"].map(manifest.blocks_by_run).astype("Int64"))
     wanted = rule.next_round(measured, counts, seconds_per_run, conditions)
     if not wanted:
         return []

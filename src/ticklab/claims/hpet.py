@@ -315,8 +315,8 @@ def condition_values(bundles: list[BundleRef]) -> dict[tuple[str, str], dict]:
             manifest = ref.load(allow_incomplete=True).manifest
         except BundleError:  # measured_runs says why it is left out
             continue
-        for condition in manifest.get("conditions", []):
-            values[(ref.host_id, condition["name"])] = {k: v for k, v in condition.items() if k != "name"}
+        for name, condition in manifest.conditions_by_name.items():
+            values[(ref.host_id, name)] = {k: v for k, v in condition.items() if k != "name"}
     return values
 
 
@@ -457,7 +457,7 @@ def profile_shares(bundles: list[BundleRef]) -> pd.DataFrame:
     seed 000 quotes for read_hpet (4.99% → 1.41% on Haswell-EX)."""
     rows = []
     for ref, bundle in usable_bundles(bundles):
-        profiles = bundle.manifest.get("profiles")
+        profiles = bundle.manifest.profiles
         for profile in profiles if isinstance(profiles, list) else []:  # a string says why there are none
             report = ref.path / "raw" / profile["directory"] / "perf-report.txt"
             if profile.get("status") != "ok" or not rawfile.present(report):
@@ -517,14 +517,11 @@ def guest_profile_runs(bundles: list[BundleRef], checks=()) -> pd.DataFrame:
     gated = excluded_runs(run_checks("hpet", checks, bundles)) if checks else {}
     rows = []
     for ref, bundle in usable_bundles(bundles):
-        values = {c["name"]: c for c in bundle.manifest.get("conditions", [])}
-        records = {r["run"]: r for r in bundle.manifest["runs"]}
-        for run in bundle.typed.measured_runs():
+        values = bundle.manifest.conditions_by_name
+        for run in bundle.manifest.measured_runs():
             if (str(ref.path), run.run) in gated:
                 continue
-            extra = next(
-                (e for e in records[run.run].get("extras") or [] if e.get("name") == GUEST_PROFILE_EXTRA), None
-            )
+            extra = run.extra(GUEST_PROFILE_EXTRA)
             if extra is None or extra.get("status") != "ok":
                 continue
             directory = ref.path / "raw" / extra["directory"]

@@ -319,9 +319,9 @@ def fresh_ftq(bundles: list[BundleRef]) -> pd.DataFrame:
     """Every measured FTQ sample (warm-up quanta dropped) of every testable nohz bundle."""
     runs, numbers = [], []
     for ref, bundle in usable_bundles(bundles):
-        if bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
+        if bundle.manifest.workload_tool != "ftq":
             continue
-        records = bundle.typed.measured_runs()
+        records = bundle.manifest.measured_runs()
         if not records:
             continue
         condition = {record.run: record.condition for record in records}
@@ -665,14 +665,8 @@ def ftq_vs_osnoise(bundles: list[BundleRef]) -> pd.DataFrame:
     for ref, bundle in usable_bundles(bundles):
         results = bundle.results[bundle.results["metric"] == "ftq_noise_fraction"]
         rates = bundle.results[bundle.results["metric"] == "tick_rate_hz"].set_index("run")["value"]
-        measured = {r.run for r in bundle.typed.measured_runs()}
-        entries = [
-            (r["condition"], r["run"], e)
-            for r in bundle.manifest["runs"]
-            if r["run"] in measured
-            for e in r.get("extras") or []
-        ]
-        entries += [(e.get("condition"), None, e) for e in bundle.manifest.get("extras") or []]
+        entries = [(r.condition, r.run, e) for r in bundle.manifest.measured_runs() for e in r.extras]
+        entries += [(e.get("condition"), None, e) for e in bundle.manifest.extras or []]
         osnoise = pd.DataFrame(
             _osnoise_by_run(ref, entries),
             columns=["condition", "run", "noise_pct", "noise_us_per_irq", "irqs_per_s", "softirqs_per_s"],
@@ -739,7 +733,7 @@ SOFTIRQ_EVENT = "irq:softirq_entry"
 
 def _traced_events(bundles: list[BundleRef]) -> dict[str, set]:
     return {
-        str(ref.path): set((bundle.manifest.get("tracing") or {}).get("events") or [])
+        str(ref.path): set((bundle.manifest.tracing or {}).get("events") or [])
         for ref, bundle in usable_bundles(bundles)
     }
 
@@ -838,10 +832,6 @@ TICK_COST_COLUMNS = [
 NO_GAPDET_TRACE = "the gap detector was not traced in this run (bundles before the traced per-run extra)"
 
 
-def _gapdet_entry(record: dict) -> dict | None:
-    return next((e for e in record.get("extras") or [] if e.get("name") == "gapdet"), None)
-
-
 def _matched_gap_row(ref: BundleRef, entry: dict, header: dict, gaps: pd.DataFrame) -> dict:
     """The matched_* columns of tick_cost_runs for one gapdet extra: its gaps matched to the ticks of its own trace
     (tickcost.matched_gap_tick_cost), or the reason they cannot be."""
@@ -917,11 +907,10 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
         raise ValueError(f"tick_cost_runs needs runs with columns {sorted(needed)}, got {sorted(runs.columns)}")
     rows = []
     for ref, bundle in usable_bundles(bundles):
-        if bundle.manifest["definition"].get("workload", {}).get("tool") != "ftq":
+        if bundle.manifest.workload_tool != "ftq":
             continue
         mine = runs[runs["bundle"] == str(ref.path)]
-        records = {r["run"]: r for r in bundle.manifest["runs"]}
-        for record in bundle.typed.measured_runs():
+        for record in bundle.manifest.measured_runs():
             if record.run not in set(mine["run"]):
                 continue  # left out of ``runs`` (a condition check failed or could not be computed): not measured here
             metrics = mine[mine["run"] == record.run].set_index("metric")["value"]
@@ -948,7 +937,7 @@ def tick_cost_runs(runs: pd.DataFrame, bundles: list[BundleRef]) -> pd.DataFrame
                 )
             except (WorkloadOutputError, TickCostError) as exc:
                 row["ftq_reason"] = str(exc)
-            entry = _gapdet_entry(records.get(record.run, {}))
+            entry = record.extra("gapdet")
             if entry is None or entry.get("status") != "ok":
                 row["gap_reason"] = (
                     NO_GAPDET

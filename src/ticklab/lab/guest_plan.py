@@ -184,7 +184,7 @@ def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None,
             "qemu_outcome": outcome,
             "smp": smp,
         }
-        writer.manifest.details["boot_plan"] = {
+        writer.manifest.boot_plan = {
             "mode": "kexec",
             "state": played.get("state"),
             "original": played.get("original"),

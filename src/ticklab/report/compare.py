@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..analysis.stats import compare_table, format_compare_table
-from ..bundle import Bundle, load_bundle
+from ..bundle import Bundle, Manifest, load_bundle
 
 FORMATS = ("text", "csv", "md", "json")
 ALL_METRICS = "all"
@@ -96,23 +96,23 @@ def _field(mapping, key: str):
     return mapping.get(key) if isinstance(mapping, dict) else None
 
 
-def setup_kind(manifest: dict) -> str:
+def setup_kind(manifest: Manifest) -> str:
     """ "lab host" (a Debian system under QEMU booted through boot plans), "lab guest" (``ticklab lab run``) or "host"."""
-    host_id = str(manifest.get("host_id") or "")
+    host_id = str(manifest.host_id or "")
     if _LABHOST_ID.search(host_id):
         return "lab host"
-    return "lab guest" if manifest.get("lab") or host_id.startswith("guest-") else "host"
+    return "lab guest" if manifest.lab or host_id.startswith("guest-") else "host"
 
 
-def cpu_identity(manifest: dict) -> tuple[tuple[str, str], str]:
+def cpu_identity(manifest: Manifest) -> tuple[tuple[str, str], str]:
     """(what decides that two setups' CPUs are the same, the words for it): a host's CPU model; a lab setup's
     emulated CPU and the CPU of the machine it ran on, known by model where the lab recorded it and always by the
     CPU part of that machine's host id (a lab host's bundles carry only that)."""
-    cpu = str(_field(manifest.get("host"), "cpu_model") or "unknown CPU")
+    cpu = str(manifest.host_fact("cpu_model") or "unknown CPU")
     if setup_kind(manifest) == "host":
         return (cpu, ""), cpu
-    lab = manifest.get("lab")
-    found = _PHYSICAL_HOST_ID.search(str(manifest.get("host_id") or ""))
+    lab = manifest.lab
+    found = _PHYSICAL_HOST_ID.search(str(manifest.host_id or ""))
     physical_id = str(_field(lab, "physical_host_id") or (found["host"] if found else ""))
     physical_cpu = _HOST_ID_CPU.match(physical_id)
     slug = physical_cpu["cpu"] if physical_cpu else physical_id
@@ -123,11 +123,11 @@ def cpu_identity(manifest: dict) -> tuple[tuple[str, str], str]:
 def condition_kernels(bundle: Bundle, condition: str) -> str:
     """The kernel release(s) the condition's measured runs booted (a lab run records its boot), else the host's."""
     booted = {
-        str(_field(run.details.get("boot"), "kernel_release"))
-        for run in bundle.typed.measured_runs()
-        if run.condition == condition and _field(run.details.get("boot"), "kernel_release")
+        str(run.boot.get("kernel_release"))
+        for run in bundle.manifest.measured_runs()
+        if run.condition == condition and run.boot.get("kernel_release")
     }
-    return ", ".join(sorted(booted)) or str(_field(bundle.manifest.get("host"), "kernel_release") or "unknown kernel")
+    return ", ".join(sorted(booted)) or str(bundle.manifest.host_fact("kernel_release") or "unknown kernel")
 
 
 def setup_differences(bundles: list[Bundle], pairs: list[tuple[str, str]]) -> list[str]:
@@ -172,7 +172,7 @@ def claim_metrics(claim: str | None, available: list[str]) -> list[str]:
 def _conditions(bundle: Bundle) -> list[str]:
     """The conditions with results, in the order the experiment defines them."""
     measured = set(bundle.results["condition"])
-    defined = [c["name"] for c in bundle.manifest.get("conditions") or []]
+    defined = list(bundle.manifest.conditions_by_name)
     return [c for c in dict.fromkeys([*defined, *bundle.results["condition"]]) if c in measured]
 
 
@@ -258,9 +258,9 @@ def compare_bundles(
         )
     bundles = [load_bundle(p) for p in paths]
     for path, bundle in zip(paths, bundles):
-        if bundle.manifest.get("not_testable"):
+        if bundle.manifest.not_testable:
             raise CompareError(
-                f"{path}: nothing to compare, the experiment was not testable there ({bundle.manifest['not_testable']})"
+                f"{path}: nothing to compare, the experiment was not testable there ({bundle.manifest.not_testable})"
             )
     results = [b.results for b in bundles]
     conditions = [_conditions(b) for b in bundles]
@@ -268,7 +268,7 @@ def compare_bundles(
         paired = pair_conditions(pairs or [], paths, conditions)
     available = sorted(set.intersection(*(set(r["metric"]) for r in results)))
     chosen, note = _choose_metrics(
-        metrics, bundles[0].manifest.get("claim"), available, "both bundles" if len(paths) == 2 else "the bundle"
+        metrics, bundles[0].manifest.claim, available, "both bundles" if len(paths) == 2 else "the bundle"
     )
     labels = [_label(p) for p in paths]
     if len(labels) == 2 and labels[0] == labels[1]:  # two copies of one bundle: a column each

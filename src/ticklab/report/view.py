@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bundle import load_bundle
+from ..bundle import Bundle, RunRecord, load_bundle
 from ..claimids import claim_ids
 from ..claims import ViewPreset, get_claim
 from ..paths import cache_dir
@@ -68,15 +68,15 @@ def interesting_spot(preset: ViewPreset, trace: Trace, cpus: list[int], measured
     return spot
 
 
-def _measured_run(bundle, run: str | None) -> dict:
-    records = [r for r in bundle.manifest["runs"] if r.get("trace")]
+def _measured_run(bundle: Bundle, run: str | None) -> RunRecord:
+    records = [r for r in bundle.manifest.runs if r.trace]
     if not records:
         raise ViewError(f"{bundle.path}: no run of this bundle recorded a trace")
     if run is None:
-        return next((r for r in records if not r.get("warmup")), records[0])
-    found = next((r for r in records if r["run"] == run), None)
+        return next((r for r in records if not r.warmup), records[0])
+    found = next((r for r in records if r.run == run), None)
     if found is None:
-        raise ViewError(f"{bundle.path}: no traced run {run!r} (traced runs: {', '.join(r['run'] for r in records)})")
+        raise ViewError(f"{bundle.path}: no traced run {run!r} (traced runs: {', '.join(r.run for r in records)})")
     return found
 
 
@@ -140,12 +140,12 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
     run and condition it opened (KernelShark ignores keys it does not know)."""
     bundle = load_bundle(bundle_path)
     record = _measured_run(bundle, run)
-    path = trace_file(Path(bundle_path) / "raw" / record["run"] / record["trace"]["directory"])
+    path = trace_file(Path(bundle_path) / "raw" / record.run / record.trace["directory"])
     trace = read_trace_dat(path)
-    claim = bundle.manifest["claim"]
+    claim = bundle.manifest.claim
     preset = get_claim(claim).view if claim in claim_ids() else ViewPreset()
     cpus = sorted(int(c) for c in pd.concat([f["cpu"] for f in trace.events.values() if len(f)]).unique())
-    measured = (record.get("guest") or {}).get("nproc") or bundle.manifest.get("host", {}).get("nproc")
+    measured = record.guest.get("nproc") or bundle.manifest.host_fact("nproc")
     measured_cpu = int(measured) - 1 if measured else None
     spot = interesting_spot(preset, trace, cpus, measured_cpu)
     order = entry_order(trace)
@@ -192,7 +192,7 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
         "ViewTop": max(row_a - 2, 0),
         "ColorScheme": 0.75,
         "User Plugins": {"type": "kshark.config.plugins", "obj. files": []},
-        "ticklab": {"run": record["run"], "condition": record.get("condition", ""), "claim": claim},
+        "ticklab": {"run": record.run, "condition": record.condition, "claim": claim},
     }
     return path, session, spot
 
