@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, make_fake_host
 from ticklab.host import HostChangeError, plan_engine
-from ticklab.host.plan_engine import PlanError, PlannedRun
+from ticklab.host.plan_engine import BootRun, PlanError
 
 RELEASE = "6.12.57-ticklab"
 ORIGINAL = "BOOT_IMAGE=/boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro quiet"
@@ -64,13 +64,11 @@ def resume_in_a_new_process(root: Path, *argv: str) -> subprocess.CompletedProce
     )
 
 
-def two_conditions(rounds: int = 2) -> list[PlannedRun]:
+def two_conditions(rounds: int = 2) -> list[BootRun]:
     runs = []
     for i in range(rounds):
-        runs.append(PlannedRun(f"run-{2 * i + 1:03d}", "nohz_full=off", "running", "root=/dev/vda1 ro quiet"))
-        runs.append(
-            PlannedRun(f"run-{2 * i + 2:03d}", "nohz_full=on", "running", "root=/dev/vda1 ro quiet nohz_full=1")
-        )
+        runs.append(BootRun(f"run-{2 * i + 1:03d}", "nohz_full=off", "running", "root=/dev/vda1 ro quiet"))
+        runs.append(BootRun(f"run-{2 * i + 2:03d}", "nohz_full=on", "running", "root=/dev/vda1 ro quiet nohz_full=1"))
     return runs
 
 
@@ -122,8 +120,8 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     root, log = host
     (root / "boot/grub/custom.cfg").write_text("menuentry 'mine' { }\n")
     runs = [
-        PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
-        PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
+        BootRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
+        BootRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
     ]
     plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="g")
     plan_engine.advance("g", root=root, say=lambda _: None)
@@ -160,8 +158,8 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
 def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, tmp_path):
     root, log = host
     runs = [
-        PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
-        PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
+        BootRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
+        BootRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
     ]
     plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="bad")
     plan_engine.advance("bad", root=root, say=lambda _: None)
@@ -190,7 +188,7 @@ def test_a_cmdline_mismatch_and_no_reboot_are_named(host, tmp_path):
     assert "no reboot happened (boot_id boot-0 is the one before)" in done.stdout
     plan = plan_engine.load(root, "c")
     assert plan.state == "failed"
-    run = PlannedRun("r", "c", "running", "ro nohz_full=1", release=RELEASE, boot_id_before="x")
+    run = BootRun("r", "c", "running", "ro nohz_full=1", release=RELEASE, boot_id_before="x")
     why = plan_engine.verify_boot(
         plan, run, {"boot_id": "y", "release": RELEASE, "cmdline": "BOOT_IMAGE=/v initrd=\\i ro"}
     )
@@ -236,7 +234,7 @@ def test_state_in_a_directory_others_can_write_is_refused(host, tmp_path):
 
 def test_a_missing_kernel_is_refused_before_any_reboot(host, tmp_path):
     root, log = host
-    runs = [PlannedRun("run-001", "x", "6.99.0-nope", "ro")]
+    runs = [BootRun("run-001", "x", "6.99.0-nope", "ro")]
     with pytest.raises(PlanError, match=r"boot/vmlinuz-6\.99\.0-nope: missing, the kernel of run run-001 \(x\)"):
         plan_engine.create(runs, mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k")
     assert not calls(log)
@@ -336,7 +334,7 @@ def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_p
 
 def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
     root, log = host
-    runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
+    runs = [BootRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
     with pytest.raises(
         PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"
     ):
@@ -433,9 +431,7 @@ def test_abort_of_a_plan_that_does_not_exist_says_so_in_one_line(host, tmp_path)
 # issue 27, item 3: a command line holding a newline would add lines of its own to the grub menu entry
 def test_grub_mode_refuses_a_command_line_holding_a_newline_before_any_boot(host, tmp_path):
     root, log = host
-    runs = [
-        PlannedRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")
-    ]
+    runs = [BootRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")]
     with pytest.raises(PlanError, match=r"plans/nl: the command line of run run-001 holds the control character '\\n'"):
         plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="nl")
         plan_engine.advance("nl", root=root, say=lambda _: None)

@@ -197,9 +197,7 @@ def condition_words(experiment: Experiment, condition: Condition, fill: dict, so
     return words
 
 
-def boot_runs(
-    experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict
-) -> list[plan_engine.PlannedRun]:
+def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict) -> list[plan_engine.BootRun]:
     """The capture's planned runs as boots of this host (``host``: its facts): each condition's kernel and the
     command line it has now with the condition's words."""
     cpus = host.get("online_cpus") or facts.online_cpus(root)
@@ -213,7 +211,7 @@ def boot_runs(
         kernel = resolve_kernel(str(run.condition.values.get(kernel_var, "running")), root, source)
         words = condition_words(experiment, run.condition, fill, source)
         booted.append(
-            plan_engine.PlannedRun(
+            plan_engine.BootRun(
                 run.run, run.condition.name, kernel, plan_engine.condition_cmdline(original, words), warmup=run.warmup
             )
         )
@@ -229,7 +227,7 @@ def _conditions_here(experiment: Experiment, host: dict) -> list[Condition]:
 
 def planned_runs(
     experiment: Experiment, root: Path, *, runs: int | None = None, warmup: int | None = None, seed: int | None = None
-) -> list[plan_engine.PlannedRun]:
+) -> list[plan_engine.BootRun]:
     host = facts.collect(root)
     order = schedule(
         _conditions_here(experiment, host),
@@ -356,7 +354,7 @@ class BootCapture(plan_engine.RunMaker):
     def _conditions(writer: BundleWriter) -> list[Condition]:
         return [Condition(c["name"], {k: v for k, v in c.items() if k != "name"}) for c in writer.manifest.conditions]
 
-    def make_run(self, run: plan_engine.PlannedRun, boot: dict) -> dict:
+    def make_run(self, run: plan_engine.BootRun, boot: dict) -> dict:
 
         experiment, writer = self.experiment, self._writer()
         condition = {c.name: c for c in self._conditions(writer)}[run.condition]
@@ -405,7 +403,7 @@ class BootCapture(plan_engine.RunMaker):
             "build_log_matches": hashlib.sha256(text).hexdigest() == record.get("build_log_sha256"),
         }
 
-    def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
+    def failed_run(self, run: plan_engine.BootRun, boot: dict, why: str) -> None:
         writer = self._writer_unless_sealed()
         if writer is None:
             return
@@ -423,7 +421,7 @@ class BootCapture(plan_engine.RunMaker):
             [],
         )
 
-    def more_runs(self, plan: plan_engine.Plan) -> list[plan_engine.PlannedRun]:
+    def more_runs(self, plan: plan_engine.Plan) -> list[plan_engine.BootRun]:
         """A round of one more run per condition while the stopping rule asks for it ([] when it does not). A round
         already in the manifest's order but not in the plan (a process killed before the plan was saved) is that
         round: the rule is not asked twice."""
@@ -455,11 +453,11 @@ class BootCapture(plan_engine.RunMaker):
         return self._booted(plan, [(p.run, p.condition.name) for p in added])
 
     @staticmethod
-    def _booted(plan: plan_engine.Plan, runs: list[tuple[str, str]]) -> list[plan_engine.PlannedRun]:
+    def _booted(plan: plan_engine.Plan, runs: list[tuple[str, str]]) -> list[plan_engine.BootRun]:
         """Runs of a later round, each booted as its condition was first planned (kernel, command line)."""
         booted = {r.condition: r for r in plan.runs}
         return [
-            plan_engine.PlannedRun(
+            plan_engine.BootRun(
                 name,
                 condition,
                 booted[condition].kernel,

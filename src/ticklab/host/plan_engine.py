@@ -9,7 +9,7 @@ custom.cfg entry, the one-shot ``next_entry``, the loaded kexec kernel; all put 
 The lead's seam (the capture session wires these, see :func:`advance`, :func:`resume`):
 
 - ``create(runs, mode=..., bundle=..., root=...) -> Plan`` with ``runs`` the session's ordered list of
-  :class:`PlannedRun` (run name, condition name, kernel, command line);
+  :class:`BootRun` (run name, condition name, kernel, command line);
 - ``advance(plan_id, root=...)`` boots the next planned run (never returns in kexec/grub mode on a real host:
   the machine reboots; in tests the fake ``systemctl`` returns);
 - ``resume(plan_id, make_run, root=...)`` — what ``ticklab plan resume`` (the unit) runs after each boot: verifies
@@ -101,7 +101,7 @@ class CannotGoOn(PlanError):
 
 
 @dataclass
-class PlannedRun:
+class BootRun:
     name: str
     condition: str
     kernel: str  # "running", a kernel release (/boot/vmlinuz-<release>), or an image path
@@ -124,17 +124,17 @@ class Plan:
     mode: str
     bundle: str
     original: dict  # release, cmdline, boot_id when the plan was made
-    runs: list[PlannedRun]
+    runs: list[BootRun]
     state: str = "running"  # running | finished | failed | aborted
     created: str = ""
     log: list[str] = field(default_factory=list)
     capture: dict = field(default_factory=dict)  # what the capture that made the plan needs after each boot
     ended_because: str | None = None  # why a plan failed (the run and its reason), for the bundle's stopping reason
 
-    def current(self) -> PlannedRun | None:
+    def current(self) -> BootRun | None:
         return next((r for r in self.runs if r.state in ("booting", "booted")), None)
 
-    def next_planned(self) -> PlannedRun | None:
+    def next_planned(self) -> BootRun | None:
         return next((r for r in self.runs if r.state == "planned"), None)
 
 
@@ -255,7 +255,7 @@ def load(root: Path | str, plan_id: str) -> Plan:
     if problem:
         raise PlanError(f"{path}: {problem}; not a plan state ticklab wrote, refused")
     try:
-        runs = [PlannedRun(**r) for r in data.pop("runs")]
+        runs = [BootRun(**r) for r in data.pop("runs")]
         plan = Plan(runs=runs, **data)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise PlanError(f"{path}: unreadable plan ({shown(exc)})") from None
@@ -356,7 +356,7 @@ def refuse_if_running(root: Path | str) -> None:
 
 
 def create(
-    runs: list[PlannedRun],
+    runs: list[BootRun],
     *,
     mode: str,
     bundle: Path | str,
@@ -467,7 +467,7 @@ def kept_file(root: Path | str, plan_id: str, name: str) -> Path:
     return path
 
 
-def _kernel_files(root: Path, plan: Plan, run: PlannedRun, *, planned: bool = False) -> tuple[Path, Path | None]:
+def _kernel_files(root: Path, plan: Plan, run: BootRun, *, planned: bool = False) -> tuple[Path, Path | None]:
     """The run's kernel image and initrd; ``planned``: the plan was made with them (checked then), so a missing image
     was moved or removed since."""
     if "/" in run.kernel:
@@ -552,7 +552,7 @@ def _install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
         _run_tool(["systemctl", "daemon-reload"])
 
 
-def _grub_entry(root: Path, plan: Plan, run: PlannedRun, image: Path, initrd: Path | None) -> tuple[str, str]:
+def _grub_entry(root: Path, plan: Plan, run: BootRun, image: Path, initrd: Path | None) -> tuple[str, str]:
     """A menu entry in /boot/grub/custom.cfg (Debian's grub.cfg sources it via 41_custom; grub.cfg is not
     regenerated and its default is untouched) for this run's kernel and command line."""
     # whatever made the command line: a newline (or any control character) would end the linux line and start
@@ -612,13 +612,13 @@ class RunMaker(abc.ABC):
     stopped by a bad boot, or aborted)."""
 
     @abc.abstractmethod
-    def make_run(self, run: PlannedRun, boot: dict) -> dict:
+    def make_run(self, run: BootRun, boot: dict) -> dict:
         """The run record, after its boot was verified."""
 
-    def failed_run(self, run: PlannedRun, boot: dict, why: str) -> None:
+    def failed_run(self, run: BootRun, boot: dict, why: str) -> None:
         pass
 
-    def more_runs(self, plan: Plan) -> list[PlannedRun]:
+    def more_runs(self, plan: Plan) -> list[BootRun]:
         return []
 
     def finished(self, plan: Plan) -> None:
@@ -626,10 +626,10 @@ class RunMaker(abc.ABC):
 
 
 class _Only(RunMaker):
-    def __init__(self, make_run: Callable[[PlannedRun, dict], dict]):
+    def __init__(self, make_run: Callable[[BootRun, dict], dict]):
         self.make = make_run
 
-    def make_run(self, run: PlannedRun, boot: dict) -> dict:
+    def make_run(self, run: BootRun, boot: dict) -> dict:
         return self.make(run, boot)
 
 
@@ -687,7 +687,7 @@ def _end(
     say,
     maker: RunMaker | None,
     *,
-    failed: tuple[PlannedRun, dict, str] | None = None,
+    failed: tuple[BootRun, dict, str] | None = None,
     why: str | None = None,
 ) -> list[str]:
     """End a plan (``finished``, ``failed`` or ``aborted``): the state on disk first (and ``why``, which the bundle's
@@ -702,7 +702,7 @@ def _end(
 
 
 def _put_back_and_tell(
-    root: Path, plan: Plan, say, maker: RunMaker | None, failed: tuple[PlannedRun, dict, str] | None = None
+    root: Path, plan: Plan, say, maker: RunMaker | None, failed: tuple[BootRun, dict, str] | None = None
 ) -> list[str]:
     # The capture first (the bundle sealed), then the host: the unit running this resume is among the changes put
     # back, and once its file is gone and systemd reloaded, systemd fails its start job and starts what waits for it
@@ -743,7 +743,7 @@ def _raise_for(plan: Plan, problems: list[str]) -> None:
         raise PlanError(f"{plan.bundle}: {problems[0]}")
 
 
-def _tell(plan: Plan, say, maker: RunMaker | None, failed: tuple[PlannedRun, dict, str] | None) -> list[str]:
+def _tell(plan: Plan, say, maker: RunMaker | None, failed: tuple[BootRun, dict, str] | None) -> list[str]:
     """The capture hears that the plan ended (and which run failed); what it cannot do is said, not raised, so that
     every step of ending a plan is taken."""
     if maker is None:
@@ -759,7 +759,7 @@ def _tell(plan: Plan, say, maker: RunMaker | None, failed: tuple[PlannedRun, dic
     return problems
 
 
-def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
+def _boot(root: Path, plan: Plan, run: BootRun, say) -> str:
     image, initrd = _kernel_files(root, plan, run, planned=True)
     with _changes(root, plan, say) as host:
         _install_unit(host, root, plan)
@@ -813,7 +813,7 @@ def _boot(root: Path, plan: Plan, run: PlannedRun, say) -> str:
     return " ".join(reboot)
 
 
-def verify_boot(plan: Plan, run: PlannedRun, found: dict) -> str | None:
+def verify_boot(plan: Plan, run: BootRun, found: dict) -> str | None:
     """Why this boot is not the run's, or None."""
     if run.boot_id_before and found["boot_id"] == run.boot_id_before:
         return f"no reboot happened (boot_id {found['boot_id']} is the one before)"
@@ -826,7 +826,7 @@ def verify_boot(plan: Plan, run: PlannedRun, found: dict) -> str | None:
 
 def resume(
     plan_id: str,
-    make_run: RunMaker | Callable[[PlannedRun, dict], dict],
+    make_run: RunMaker | Callable[[BootRun, dict], dict],
     *,
     root: Path | str = "/",
     say: Callable[[str], None] = print,
@@ -855,7 +855,7 @@ def resume(
     return load(root, plan_id)
 
 
-def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool:
+def _make(root: Path, plan: Plan, run: BootRun, maker: RunMaker, say) -> bool:
     """Verify the boot and make its run; False when the plan ended. A run found ``booted`` was being made when its
     process ended (the machine crashed, lost power or was reset, or the process was killed): it is recorded failed,
     never made again in whatever boot came up (the default entry may have the condition's command line)."""
@@ -892,7 +892,7 @@ def _make(root: Path, plan: Plan, run: PlannedRun, maker: RunMaker, say) -> bool
     return True
 
 
-def _say_done(plan: Plan, run: PlannedRun, say) -> None:
+def _say_done(plan: Plan, run: BootRun, say) -> None:
     say(
         f"boot plan {plan.id}: run {run.name} ({run.condition}) {run.state}"
         + (f": {run.why}" if run.why else "")
@@ -900,7 +900,7 @@ def _say_done(plan: Plan, run: PlannedRun, say) -> None:
     )
 
 
-def _tell_failed(root: Path, plan: Plan, run: PlannedRun, boot: dict, maker: RunMaker, say) -> None:
+def _tell_failed(root: Path, plan: Plan, run: BootRun, boot: dict, maker: RunMaker, say) -> None:
     """The capture records the failed run; when it cannot (the bundle takes no record: no later run could be kept
     either), the plan ends, failed."""
     try:
@@ -912,7 +912,7 @@ def _tell_failed(root: Path, plan: Plan, run: PlannedRun, boot: dict, maker: Run
         ) from None
 
 
-def _cut_short(root: Path, plan: Plan, run: PlannedRun, found: dict, maker: RunMaker, say) -> bool:
+def _cut_short(root: Path, plan: Plan, run: BootRun, found: dict, maker: RunMaker, say) -> bool:
     """A run found ``booted`` at resume: its making had started (the plan's own boot into it was verified, its state
     saved) when its process ended. A new boot_id is a machine that rebooted during the run (a crash, a power loss, a
     watchdog reset): whatever came up is not a boot the plan asked for, so the run is recorded failed naming that
@@ -1201,7 +1201,7 @@ def status_text(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def record_boot_only(run: PlannedRun, boot: dict) -> dict:
+def record_boot_only(run: BootRun, boot: dict) -> dict:
     """The ``make_run`` of ``ticklab plan resume`` until the capture session is wired in: the boot it verified."""
     return {
         "run": run.name,

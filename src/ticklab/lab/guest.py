@@ -148,14 +148,14 @@ class GuestPlanRuns(plan_engine.RunMaker):
         (self.share / "runs").mkdir(exist_ok=True)
         return self.share / "runs" / f"{run}.json"
 
-    def make_run(self, run: plan_engine.PlannedRun, boot: dict) -> dict:
+    def make_run(self, run: plan_engine.BootRun, boot: dict) -> dict:
         job = {**self.jobs[run.name], "backend": self.plan_job.get("backend", "auto")}
         result = make_job_run(job, self.share, self._result_path(run.name), known={"boot": boot})
         if "error" in result:
             raise RuntimeError(result["error"].strip().splitlines()[-1])
         return {"run": run.name, "boot_id": boot["boot_id"]}
 
-    def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
+    def failed_run(self, run: plan_engine.BootRun, boot: dict, why: str) -> None:
         path = self._result_path(run.name)
         if not path.exists():
             path.write_text(json.dumps({"run": run.name, "error": why, "boot": boot}, indent=2) + "\n")
@@ -168,7 +168,7 @@ def plan_start(share: Path) -> None:
     release = collect()["kernel_release"]
     # each run's kernel: the one its condition names (share/bzImage-<release>), else the one this guest booted
     runs = [
-        plan_engine.PlannedRun(
+        plan_engine.BootRun(
             job["run"],
             job["condition"]["name"],
             str(share / job.get("kernel_file", "bzImage")),
