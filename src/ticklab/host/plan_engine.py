@@ -64,20 +64,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..safefiles import OwnedDir, UnsafeFileError, shown
+from ..schemas import problem as schema_problem
 from . import facts
-from .knobs import (
-    HostBusy,
-    HostChangeError,
-    HostChanges,
-    _open_private,
-    _run,
-    _write_plan_file,
-    host_lock,
-    private_dir,
-    read_plan_file,
-    read_private,
-    schema_problem,
-)
+from .change_kinds import read_plan_file, run_command, write_plan_file
+from .journal import HostBusy, HostChangeError, host_lock, open_private, private_dir, read_private
+from .knobs import HostChanges
 
 PLANS_DIR = "var/lib/ticklab/plans"
 UNIT_NAME = "ticklab-plan.service"
@@ -325,7 +316,7 @@ def list_lines(root: Path | str) -> list[str]:
 def _plan_lock(root: Path, plan_id: str):
     """One process acts on a plan at a time (the unit's resume and a user's abort)."""
     path = plan_dir(root, plan_id) / "plan.lock"
-    fd = _open_private(path, os.O_RDWR | os.O_CREAT)
+    fd = open_private(path, os.O_RDWR | os.O_CREAT)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -461,7 +452,7 @@ def kept_file(root: Path | str, plan_id: str, name: str) -> Path:
     directory = plan_dir(root, plan_id)
     path = directory / _kept_name(directory, name)
     try:
-        os.close(_open_private(path, os.O_RDONLY))
+        os.close(open_private(path, os.O_RDONLY))
     except HostChangeError as exc:
         raise PlanError(str(exc)) from None
     return path
@@ -533,7 +524,7 @@ def _systemd_running(root: Path) -> bool:
 def _run_tool(argv: list[str]) -> None:
     """A command that changes nothing ticklab journals (daemon-reload, the reboot itself), as knobs runs its own."""
     try:
-        _run(argv)
+        run_command(argv)
     except HostChangeError as exc:
         raise PlanError(str(exc)) from None
 
@@ -1047,7 +1038,7 @@ def _put_back_what_is_there(root: Path, plan: Plan, say) -> list[str]:
             end = len(text) if end < 0 else end + 3
             rest = text[:start] + text[end:]
             if rest.strip():
-                _write_plan_file(custom, rest)
+                write_plan_file(custom, rest)
             else:
                 custom.unlink()
             done.append(f"removed the menu entry {title} from {custom}")
@@ -1057,13 +1048,13 @@ def _put_back_what_is_there(root: Path, plan: Plan, say) -> list[str]:
     try:
         env = read_plan_file(grubenv)
         if env is not None and f"next_entry={title}" in env.splitlines():
-            _run(["grub-editenv", str(grubenv), "unset", "next_entry"])
+            run_command(["grub-editenv", str(grubenv), "unset", "next_entry"])
             done.append(f"unset next_entry={title} in {grubenv}")
     except HostChangeError as exc:
         problems.append(f"{_one_line(exc)} (next_entry={title} may be left in it)")
     if plan.mode == "kexec" and (facts.read_text(root / "sys/kernel/kexec_loaded") or "").strip() == "1":
         try:
-            _run(["kexec", "-u"])
+            run_command(["kexec", "-u"])
             done.append("unloaded the kexec kernel")
         except HostChangeError as exc:
             problems.append(f"a kexec kernel is still loaded: {_one_line(exc)}")
@@ -1159,7 +1150,7 @@ def _stop_unit(root: Path, plan: Plan, say) -> None:
         return
     for argv in (["systemctl", "--no-block", "stop", UNIT_NAME], ["systemctl", "reset-failed", UNIT_NAME]):
         try:
-            _run(argv)
+            run_command(argv)
         except HostChangeError as exc:  # the unit is removed all the same; systemd may list it failed
             say(f"boot plan {plan.id}: {_one_line(exc)}; systemd may report {UNIT_NAME} failed")
 

@@ -7,9 +7,9 @@ the measured CPU, a tracefs instance, a debugfs mount — until something puts i
 thing; ``ticklab restore`` does it now (:func:`restore`), and ``ticklab doctor`` says what a journal left behind lists
 and which command puts it back (:func:`left_behind`, :func:`summary`).
 
-There is one restore path: :func:`ticklab.host.knobs.recover`, the one the next capture runs (its checks of the
+There is one restore path: :func:`ticklab.host.journal.recover`, the one the next capture runs (its checks of the
 journal, its order, what a failure leaves listed). This module only finds the journals, takes the host lock and calls
-it. The journal's writer holds the host lock (:class:`~ticklab.host.knobs.HostLock`: an flock, which the kernel drops
+it. The journal's writer holds the host lock (:class:`~ticklab.host.journal.HostLock`: an flock, which the kernel drops
 when the process dies, however it dies) from before its first change until everything is put back; restore takes
 the lock without waiting, so it never acts while the capture that wrote the journal runs — that capture puts the host
 back itself when it ends. ``recover`` checks the journal's pid and start time as well.
@@ -25,17 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import facts
-from .knobs import (
+from .journal import (
     Change,
     HostBusy,
     HostChangeError,
-    _checked_journal,
-    _process_start,
+    checked_journal,
     default_journal,
     host_lock,
     journal_boot,
     lock_path,
     owner_running,
+    process_start,
     read_private,
     recover,
 )
@@ -136,7 +136,7 @@ def inspect(journal: Path, root: Path | str = "/") -> LeftBehind | None:
     left = LeftBehind(journal)
     try:
         left.written = _utc(os.lstat(journal).st_mtime)
-        data, left.changes = _checked_journal(journal, root)
+        data, left.changes = checked_journal(journal, root)
     except (HostChangeError, OSError) as exc:
         left.problem = str(exc)
         return left
@@ -180,9 +180,7 @@ def _what(change: Change) -> str:
     elif change.kind == "mount":
         text = f"{change.wanted} mounted at {change.path}"
     elif change.kind == "process":
-        text = f"pid {change.pid} started" + (
-            " (still running)" if _process_start(change.pid) == change.started else ""
-        )
+        text = f"pid {change.pid} started" + (" (still running)" if process_start(change.pid) == change.started else "")
     else:
         text = f"{change.kind} {change.path}"
     if change.after is None:
@@ -214,7 +212,7 @@ class RestoreRefused(HostChangeError):
 def restore(
     journal: Path | None = None, *, root: Path | str = "/", log: Callable[[str], None] = print
 ) -> list[Change] | None:
-    """Put back what the journals a killed capture (or doctor) left list — :func:`ticklab.host.knobs.recover`, the
+    """Put back what the journals a killed capture (or doctor) left list — :func:`ticklab.host.journal.recover`, the
     restore path the next capture runs — holding the host lock. None when there is no journal; the changes put back
     (``after``: what was read back) otherwise. One-line :class:`HostChangeError` when it cannot: the journal's writer
     still runs (:class:`RestoreRefused`), the journal is refused, or a change could not be put back (the journal
