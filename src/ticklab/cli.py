@@ -296,7 +296,7 @@ def _kernel(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .host import plan_engine
+    from . import plancli
 
     def maker_for(plan, root):
         """A plan made by 'capture --boot' makes its runs into its bundle; one made otherwise (a lab guest's test
@@ -307,7 +307,7 @@ def _plan(args: argparse.Namespace) -> int:
 
         return BootCapture(plan, root)
 
-    return plan_engine.command(args, maker_for=maker_for)
+    return plancli.command(args, maker_for=maker_for)
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
@@ -317,7 +317,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
-    from .host import HostChangeError, plan_engine
+    from .host import HostChangeError, plan_state
     from .hostkernel import HostKernelError
 
     try:
@@ -363,7 +363,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
         start(args.claim, options, args.experiment, args.boot)
     except (
         ExperimentError,
-        plan_engine.PlanError,
+        plan_state.PlanError,
         HostChangeError,
         BundleError,
         TracingError,
