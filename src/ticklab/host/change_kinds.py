@@ -107,6 +107,13 @@ def _set_affinity(tid: int, cpus: set[int]) -> str | None:
     return None
 
 
+def knob_left_behind(change: Change) -> str:
+    """A knob as a change left it: the value written (or that another tool changed it) and the one before."""
+    if change.wanted is None:
+        return f"{change.path}: changed by another tool, was {change.before!r}"
+    return f"{change.path}: {change.wanted!r}, was {change.before!r}"
+
+
 # -- the running kernel's knobs -----------------------------------------------------------------------------
 @registered
 class Write(ChangeKind):
@@ -130,6 +137,9 @@ class Write(ChangeKind):
             change.refused, change.error = True, str(exc).split(f"{path}: ", 1)[-1]
         change.during = read_knob(path)
 
+    def left_behind(self, change: Change) -> str:
+        return knob_left_behind(change)
+
     def undo(self, change: Change) -> str | None:
         path = Path(change.path)
         if change.refused:
@@ -147,6 +157,9 @@ class SchedFeature(ChangeKind):
 
     def describe(self, change: Change) -> str:
         return f"write {change.wanted!r} to {change.path} (now {change.before!r})"
+
+    def left_behind(self, change: Change) -> str:
+        return knob_left_behind(change)
 
     @staticmethod
     def apply(change: Change) -> None:
@@ -168,6 +181,9 @@ class TaskAffinity(ChangeKind):
 
     def describe(self, change: Change) -> str:
         return f"move {change.before} {change.wanted} (sched_setaffinity)"
+
+    def left_behind(self, change: Change) -> str:
+        return f"{len(change.tasks or {})} tasks' CPU lists without CPU {change.cpu} (sched_setaffinity)"
 
     def confined(self, change: Change, root: Path) -> bool:
         return (
@@ -276,6 +292,9 @@ class Mkdir(ChangeKind):
     def describe(self, change: Change) -> str:
         return f"mkdir {change.path}"
 
+    def left_behind(self, change: Change) -> str:
+        return f"{change.path} created"
+
     @staticmethod
     def apply(change: Change) -> None:
         path = Path(change.path)
@@ -300,6 +319,9 @@ class Mount(ChangeKind):
 
     def describe(self, change: Change) -> str:
         return f"mount -t {change.wanted} {change.wanted} {change.path}"
+
+    def left_behind(self, change: Change) -> str:
+        return f"{change.wanted} mounted at {change.path}"
 
     @staticmethod
     def apply(change: Change) -> None:
@@ -336,6 +358,9 @@ class Process(ChangeKind):
 
     def describe(self, change: Change) -> str:
         return f"start {change.label} (killed if left running)"
+
+    def left_behind(self, change: Change) -> str:
+        return f"pid {change.pid} started" + (" (still running)" if process_start(change.pid) == change.started else "")
 
     def confined(self, change: Change, root: Path) -> bool:
         return (

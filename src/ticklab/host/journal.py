@@ -235,6 +235,10 @@ class ChangeKind:
         """Put the change back; returns the value read afterwards."""
         raise NotImplementedError
 
+    def left_behind(self, change: Change) -> str:
+        """The change as it was made, for what ``ticklab doctor`` says a journal left behind lists."""
+        return f"{change.kind} {change.path}"
+
 
 KNOB_TREES = ("sys", "proc/sys", "proc/irq")
 KINDS: dict[str, ChangeKind] = {}

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import facts
 from .journal import (
+    KINDS,
     Change,
     HostBusy,
     HostChangeError,
@@ -35,7 +36,6 @@ from .journal import (
     journal_boot,
     lock_path,
     owner_running,
-    process_start,
     read_private,
     recover,
 )
@@ -167,22 +167,8 @@ def _group(change: Change) -> str:
 
 def _what(change: Change) -> str:
     """One change as it was made (or, once restored, what was read back)."""
-    if change.kind == "task_affinity":
-        text = f"{len(change.tasks or {})} tasks' CPU lists without CPU {change.cpu} (sched_setaffinity)"
-    elif change.kind in ("write", "sched_feature"):
-        text = (
-            f"{change.path}: {change.wanted!r}, was {change.before!r}"
-            if change.wanted is not None
-            else f"{change.path}: changed by another tool, was {change.before!r}"
-        )
-    elif change.kind == "mkdir":
-        text = f"{change.path} created"
-    elif change.kind == "mount":
-        text = f"{change.wanted} mounted at {change.path}"
-    elif change.kind == "process":
-        text = f"pid {change.pid} started" + (" (still running)" if process_start(change.pid) == change.started else "")
-    else:
-        text = f"{change.kind} {change.path}"
+    kind = KINDS.get(change.kind)
+    text = kind.left_behind(change) if kind else f"{change.kind} {change.path}"
     if change.after is None:
         return text
     return text + (
