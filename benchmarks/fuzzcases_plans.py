@@ -10,7 +10,7 @@ traceback.
 
 ``cmdline-words``: random ``boot_cmdline`` values (control characters, newlines, quotes, $, ;, braces, grub
 keywords, huge lengths) in a host-boot experiment, through the experiment loader, the plan's runs and the grub
-writer (``plan_engine.grub_menu_entries``, what ``create`` checks in grub mode). Accepted only if every menu entry has
+writer (``boot_loaders.grub_menu_entries``, what ``create`` checks in grub mode). Accepted only if every menu entry has
 exactly one ``linux`` line and at most one ``initrd`` line and its command line is the condition's words; a value
 holding a control character accepted is "wrong".
 """
@@ -461,7 +461,7 @@ class CmdlineWordsFamily:
         import yaml
 
         from ticklab.capture.boot_capture import boot_experiment, planned_runs
-        from ticklab.host import plan_engine
+        from ticklab.host import boot_loaders, plan_state
 
         def text() -> str:
             parts = [source.choice(PIECES) for _ in range(source.integer(1, 8))]
@@ -497,7 +497,7 @@ class CmdlineWordsFamily:
         def run():
             experiment = boot_experiment("nohz", path)
             runs = planned_runs(experiment, self.root, runs=1, warmup=0, seed=1)
-            plan = plan_engine.Plan(
+            plan = plan_state.Plan(
                 "words",
                 "grub",
                 str(work / "bundle"),
@@ -506,7 +506,7 @@ class CmdlineWordsFamily:
             )
             for planned in runs:
                 planned.release = planned.release or RELEASE
-            entries_made.extend(plan_engine.grub_menu_entries(plan, self.root))
+            entries_made.extend(boot_loaders.grub_menu_entries(plan, self.root))
             return runs
 
         def check(runs) -> str | None:
@@ -520,7 +520,7 @@ class CmdlineWordsFamily:
                     return f"linux line {linux[0][:200]!r} is not the run's command line {planned.cmdline[:200]!r}"
                 if planned.condition == changed:
                     filled = [w.replace("{last_cpu}", "1").replace("{nproc}", "2") for w in words]
-                    expected = plan_engine.condition_cmdline(ORIGINAL, filled)
+                    expected = plan_state.condition_cmdline(ORIGINAL, filled)
                     if planned.cmdline != expected:
                         return f"command line {planned.cmdline[:200]!r} is not the condition's words {expected[:200]!r}"
             return None

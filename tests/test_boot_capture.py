@@ -16,7 +16,7 @@ import pytest
 
 from test_plan_engine import ORIGINAL, RELEASE, calls, host, reboot, resume_in_a_new_process  # noqa: F401 (fixture)
 from ticklab.bundle import load_bundle
-from ticklab.host import plan_engine
+from ticklab.host import plan_engine, plan_state
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def start_capture(root, tmp_path, *extra, text=EXPERIMENT):
     done = capture_in_a_new_process(root, tmp_path, *extra, text=text)
     assert done.returncode == 0, done.stderr
     [plan_id] = [p.name for p in (root / "var/lib/ticklab/plans").iterdir()]
-    return plan_engine.load(root, plan_id)
+    return plan_state.load(root, plan_id)
 
 
 def planned_runs_made_short_of_a_goal(root, tmp_path):
@@ -133,7 +133,7 @@ def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host,
         reboot(root, f"boot-{number}", run.cmdline)
         done = resume_in_a_new_process(root)
         assert done.returncode == 0, done.stderr
-    final = plan_engine.load(root, plan.id)
+    final = plan_state.load(root, plan.id)
     assert final.state == "finished" and [r.state for r in final.runs] == ["made"] * 4
 
     bundle = load_bundle(bundle_path)
@@ -172,7 +172,7 @@ def test_a_wrong_boot_is_a_failed_run_and_the_bundle_keeps_the_runs_made(host, t
     assert resume_in_a_new_process(root).returncode == 0
     reboot(root, "boot-2", second.cmdline, release="6.1.0-21-amd64")  # the default kernel after a panic
     assert resume_in_a_new_process(root).returncode == 0
-    assert plan_engine.load(root, plan.id).state == "failed"
+    assert plan_state.load(root, plan.id).state == "failed"
 
     [bundle_path] = list((tmp_path / "traces" / "fake-boots" / "nohz").iterdir())
     bundle = load_bundle(bundle_path)
@@ -264,7 +264,7 @@ def test_the_plan_runs_the_experiment_kept_with_it_and_abort_needs_no_file(host,
     kept.unlink()  # even the plan's own copy gone: abort still ends the plan
     done = resume_in_a_new_process(root, "abort")
     assert done.returncode == 0, done.stderr
-    assert plan_engine.load(root, plan.id).state == "aborted"
+    assert plan_state.load(root, plan.id).state == "aborted"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     bundle = load_bundle(bundle_of(tmp_path))
     [made] = bundle.manifest.runs
@@ -281,7 +281,7 @@ def test_a_run_whose_experiment_is_gone_ends_the_plan_and_seals_the_runs_made(ho
     reboot(root, "boot-2", plan.runs[1].cmdline)
     done = resume_in_a_new_process(root)
     assert done.returncode == 2 and "plan failed: the plan's experiment:" in done.stderr
-    final = plan_engine.load(root, plan.id)
+    final = plan_state.load(root, plan.id)
     assert final.state == "failed" and [r.state for r in final.runs] == ["made", "failed", "planned", "planned"]
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     bundle = load_bundle(bundle_of(tmp_path))
@@ -299,7 +299,7 @@ def test_a_bundle_moved_mid_plan_ends_the_plan_with_the_host_put_back(host, tmp_
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("ticklab plan resume: ") and f"the plan's bundle: {plan.bundle}" in line
-    final = plan_engine.load(root, plan.id)
+    final = plan_state.load(root, plan.id)
     assert final.state == "failed" and final.runs[0].state == "failed"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     assert not (root / "var/lib/ticklab/plans" / plan.id / "host-changes.json").exists()
@@ -315,7 +315,7 @@ def test_a_wrong_boot_puts_the_host_back_even_when_the_bundle_is_gone(host, tmp_
     done = resume_in_a_new_process(root)
     assert done.returncode == 2 and "the plan's bundle:" in done.stderr
     assert f"run {plan.runs[0].name} failed: booted kernel 6.1.0-21-amd64" in done.stdout
-    assert plan_engine.load(root, plan.id).state == "failed"
+    assert plan_state.load(root, plan.id).state == "failed"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
 
 
@@ -359,7 +359,7 @@ def test_an_ending_cut_short_is_completed_by_the_next_resume(host, tmp_path):
     root, log = host
     plan = start_capture(root, tmp_path)
     plan.state, plan.ended_because = "failed", "run run-001: killed"
-    plan_engine._save(root, plan)
+    plan_state.save(root, plan)
     assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
     reboot(root, "boot-1", ORIGINAL)
     done = resume_in_a_new_process(root)
@@ -374,7 +374,7 @@ def test_a_plan_made_before_plans_kept_their_experiment_runs_the_users_file(host
     root, _ = host
     plan = start_capture(root, tmp_path)
     del plan.capture["experiment_file"]
-    plan_engine._save(root, plan)
+    plan_state.save(root, plan)
     reboot(root, "boot-1", plan.runs[0].cmdline)
     assert resume_in_a_new_process(root).returncode == 0
     [made] = load_bundle(bundle_of(tmp_path), allow_incomplete=True).manifest.runs

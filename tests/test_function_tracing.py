@@ -20,7 +20,7 @@ from ticklab.capture.tracing import (
     present_events,
 )
 from ticklab.host import HostChanges
-from ticklab.host.knobs import restorable
+from ticklab.host.change_kinds import restorable
 
 pytestmark = pytest.mark.xdist_group("machine")
 
@@ -116,20 +116,20 @@ def test_a_function_tracing_experiment_is_not_given_to_trace_cmd_and_the_reason_
 
 
 def test_the_instance_tracer_is_put_back_to_nop_before_its_filter_is_emptied(tmp_path, monkeypatch):
-    from ticklab.host import knobs
+    from ticklab.host import journal
 
     root = tmp_path / "root"
     instance = root / "sys/kernel/tracing/instances/ticklab-1"
     instance.mkdir(parents=True)
     (instance / "set_ftrace_filter").write_text("#### all functions enabled ####\n")
     (instance / "current_tracer").write_text("nop\n")
-    undone, undo = [], knobs._undo
+    undone, undo = [], journal.undo
 
     def recording_undo(change):
         undone.append((Path(change.path).name, (instance / "current_tracer").read_text().strip()))
         return undo(change)
 
-    monkeypatch.setattr(knobs, "_undo", recording_undo)
+    monkeypatch.setattr(journal, "undo", recording_undo)
     with HostChanges(tmp_path / "j.json", root=root, log=lambda _: None) as host:  # the order TracefsRecorder writes
         host.write("sys/kernel/tracing/instances/ticklab-1/set_ftrace_filter", "clockevents_program_event")
         host.write("sys/kernel/tracing/instances/ticklab-1/current_tracer", "function")

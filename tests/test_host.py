@@ -194,13 +194,13 @@ def _process_start(pid: int) -> str:
 
 def _journal_of_a_dead_owner(fake_host: Path, journal: Path, entries: list[dict]) -> None:
     from ticklab.host import facts
-    from ticklab.host.knobs import _write_journal
+    from ticklab.host.journal import write_journal
 
     owner = subprocess.Popen(["true"])
     owner_start = _process_start(owner.pid)
     owner.wait()  # gone: the journal's owner was killed
     journal.parent.mkdir(mode=0o700, exist_ok=True)
-    _write_journal(
+    write_journal(
         journal,
         {
             "pid": owner.pid,
@@ -360,13 +360,13 @@ def test_a_symlinked_journal_is_refused(fake_host, tmp_path):
 
 
 def test_the_default_journal_is_in_a_private_directory(monkeypatch, tmp_path):
-    from ticklab.host import knobs
+    from ticklab.host import journal
 
     monkeypatch.delenv("TICKLAB_STATE_DIR", raising=False)
     if os.geteuid() == 0:
-        assert knobs.default_journal() == Path("/run/ticklab/host-changes.json")
+        assert journal.default_journal() == Path("/run/ticklab/host-changes.json")
     monkeypatch.setenv("TICKLAB_STATE_DIR", str(tmp_path / "state"))
-    made = knobs.private_dir(knobs.default_journal().parent)
+    made = journal.private_dir(journal.default_journal().parent)
     assert made.stat().st_mode & 0o777 == 0o700
 
 
@@ -580,3 +580,18 @@ def test_tasks_started_during_the_run_get_the_cpu_back_and_a_list_set_meanwhile_
         for process in (parent, other):
             process.kill()
             process.wait()
+
+
+def test_every_kind_a_journal_may_list_is_registered_with_its_own_undo():
+    """recover() puts each entry back through its kind: a kind the journal's schema admits with no registered kind, or
+    one that has no undo of its own, would be journalled and never put back."""
+    from ticklab.host import journal
+
+    admitted = journal.JOURNAL_SCHEMA["properties"]["changes"]["items"]["properties"]["kind"]["enum"]
+    assert sorted(admitted) == sorted(journal.KINDS)
+    for name, kind in journal.KINDS.items():
+        assert kind.name == name
+        assert type(kind).undo is not journal.ChangeKind.undo, f"{name}: no undo of its own"
+        assert type(kind).describe is not journal.ChangeKind.describe, f"{name}: no dry-run line of its own"
+    with pytest.raises(HostChangeError, match="unknown change kind 'teleport' in journal"):
+        journal.undo(journal.Change("teleport", "/sys/x"))

@@ -61,14 +61,14 @@ sync
 
 MAKE_PLAN = """import os
 from ticklab.capture.experiment import Condition, schedule
-from ticklab.host import plan_engine
+from ticklab.host import plan_engine, plan_state
 base = open("/proc/cmdline").read().strip()
 words = {"tick": [], "nohz_full": ["nohz_full=1"]}
-runs = [plan_engine.PlannedRun(r.run, r.condition.name, "/mnt/share/bzImage", plan_engine.condition_cmdline(base, words[r.condition.name]),
+runs = [plan_state.BootRun(r.run, r.condition.name, "/mnt/share/bzImage", plan_state.condition_cmdline(base, words[r.condition.name]),
                                initrd="/mnt/share/initrd", release=os.uname().release)
         for r in schedule([Condition("tick", {}), Condition("nohz_full", {})], runs=2, warmup=0, seed=20261123)]
 # a forced bad boot: this kernel cannot be the release the run expects, as after a panic into the default kernel
-runs.append(plan_engine.PlannedRun("run-005", "tick", "/mnt/share/bzImage", base, initrd="/mnt/share/initrd",
+runs.append(plan_state.BootRun("run-005", "tick", "/mnt/share/bzImage", base, initrd="/mnt/share/initrd",
                                    release="0.0.0-forced-bad"))
 plan = plan_engine.create(runs, mode="kexec", bundle="/mnt/share/bundle", plan_id="lab")
 plan_engine.advance(plan.id)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_fake_host
-from ticklab.host import HostChangeError, plan_engine
-from ticklab.host.plan_engine import PlanError, PlannedRun
+from ticklab.host import HostChangeError, boot_loaders, plan_engine, plan_state
+from ticklab.host.plan_state import BootRun, PlanError
 
 RELEASE = "6.12.57-ticklab"
 ORIGINAL = "BOOT_IMAGE=/boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro quiet"
@@ -64,13 +64,11 @@ def resume_in_a_new_process(root: Path, *argv: str) -> subprocess.CompletedProce
     )
 
 
-def two_conditions(rounds: int = 2) -> list[PlannedRun]:
+def two_conditions(rounds: int = 2) -> list[BootRun]:
     runs = []
     for i in range(rounds):
-        runs.append(PlannedRun(f"run-{2 * i + 1:03d}", "nohz_full=off", "running", "root=/dev/vda1 ro quiet"))
-        runs.append(
-            PlannedRun(f"run-{2 * i + 2:03d}", "nohz_full=on", "running", "root=/dev/vda1 ro quiet nohz_full=1")
-        )
+        runs.append(BootRun(f"run-{2 * i + 1:03d}", "nohz_full=off", "running", "root=/dev/vda1 ro quiet"))
+        runs.append(BootRun(f"run-{2 * i + 2:03d}", "nohz_full=on", "running", "root=/dev/vda1 ro quiet nohz_full=1"))
     return runs
 
 
@@ -102,7 +100,7 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
         reboot(root, f"boot-{number}", run.cmdline)  # kexec keeps exactly the --append line: no BOOT_IMAGE
         done = resume_in_a_new_process(root)
         assert done.returncode == 0, done.stderr
-    final = plan_engine.load(root, "p1")
+    final = plan_state.load(root, "p1")
     assert final.state == "finished"
     assert [r.state for r in final.runs] == ["made"] * 4
     assert [r.boot_id_found for r in final.runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
@@ -122,8 +120,8 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     root, log = host
     (root / "boot/grub/custom.cfg").write_text("menuentry 'mine' { }\n")
     runs = [
-        PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
-        PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
+        BootRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=1"),
+        BootRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
     ]
     plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="g")
     plan_engine.advance("g", root=root, say=lambda _: None)
@@ -149,7 +147,7 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
     assert (root / "boot/grub/custom.cfg").read_text().count("menuentry 'ticklab-plan-g'") == 1
     reboot(root, "boot-2", "BOOT_IMAGE=/boot/vmlinuz-6.12.57-ticklab root=/dev/vda1 ro")
     assert resume_in_a_new_process(root).returncode == 0
-    plan = plan_engine.load(root, "g")
+    plan = plan_state.load(root, "g")
     assert plan.state == "finished" and [r.state for r in plan.runs] == ["made", "made"]
     assert (root / "boot/grub/custom.cfg").read_text() == "menuentry 'mine' { }\n"
     assert f"grub-editenv {root}/boot/grub/grubenv unset next_entry" in calls(log)
@@ -160,15 +158,15 @@ def test_grub_mode_writes_a_custom_entry_one_shot_and_puts_custom_cfg_back(host,
 def test_a_boot_into_the_default_kernel_fails_the_run_and_stops_the_plan(host, tmp_path):
     root, log = host
     runs = [
-        PlannedRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
-        PlannedRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
+        BootRun("run-001", "patched", "6.12.99-ticklab-abc", "root=/dev/vda1 ro hpet_read_share=0"),
+        BootRun("run-002", "stock", "running", "root=/dev/vda1 ro"),
     ]
     plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="bad")
     plan_engine.advance("bad", root=root, say=lambda _: None)
     reboot(root, "boot-after-panic", ORIGINAL)  # panic= reset: the default entry came up
     done = resume_in_a_new_process(root)
     assert done.returncode == 0
-    plan = plan_engine.load(root, "bad")
+    plan = plan_state.load(root, "bad")
     assert plan.state == "failed"
     assert plan.runs[0].state == "failed"
     assert plan.runs[0].why == (
@@ -188,9 +186,9 @@ def test_a_cmdline_mismatch_and_no_reboot_are_named(host, tmp_path):
     plan_engine.advance("c", root=root, say=lambda _: None)
     done = resume_in_a_new_process(root)  # the same boot: kexec did not happen
     assert "no reboot happened (boot_id boot-0 is the one before)" in done.stdout
-    plan = plan_engine.load(root, "c")
+    plan = plan_state.load(root, "c")
     assert plan.state == "failed"
-    run = PlannedRun("r", "c", "running", "ro nohz_full=1", release=RELEASE, boot_id_before="x")
+    run = BootRun("r", "c", "running", "ro nohz_full=1", release=RELEASE, boot_id_before="x")
     why = plan_engine.verify_boot(
         plan, run, {"boot_id": "y", "release": RELEASE, "cmdline": "BOOT_IMAGE=/v initrd=\\i ro"}
     )
@@ -219,7 +217,7 @@ def test_manual_mode_prints_what_to_boot_and_abort_undoes_the_unit(host, tmp_pat
     assert "aborted: unit removed" in done.stdout
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     assert not os.path.lexists(root / "etc/systemd/system/multi-user.target.wants/ticklab-plan.service")
-    assert plan_engine.load(root, "m").state == "aborted"
+    assert plan_state.load(root, "m").state == "aborted"
     assert calls(log)[-1] == "systemctl daemon-reload"
     # the run whose boot was under way is not shown as going on (the lab host's abort said "now: ... booting")
     status = resume_in_a_new_process(root, "status").stdout
@@ -236,7 +234,7 @@ def test_state_in_a_directory_others_can_write_is_refused(host, tmp_path):
 
 def test_a_missing_kernel_is_refused_before_any_reboot(host, tmp_path):
     root, log = host
-    runs = [PlannedRun("run-001", "x", "6.99.0-nope", "ro")]
+    runs = [BootRun("run-001", "x", "6.99.0-nope", "ro")]
     with pytest.raises(PlanError, match=r"boot/vmlinuz-6\.99\.0-nope: missing, the kernel of run run-001 \(x\)"):
         plan_engine.create(runs, mode="kexec", bundle=tmp_path / "b", root=root, plan_id="k")
     assert not calls(log)
@@ -244,12 +242,12 @@ def test_a_missing_kernel_is_refused_before_any_reboot(host, tmp_path):
 
 def test_condition_cmdline_replaces_and_removes_words():
     assert (
-        plan_engine.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
+        plan_state.condition_cmdline(ORIGINAL, ["nohz_full=1", "quiet=", "-ro"]) == "root=/dev/vda1 nohz_full=1 quiet="
     )
-    assert plan_engine.condition_cmdline("a=1 b c=3", ["a=2"]) == "b c=3 a=2"
+    assert plan_state.condition_cmdline("a=1 b c=3", ["a=2"]) == "b c=3 a=2"
     # words after "--" belong to init: kernel words go before them
     assert (
-        plan_engine.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"])
+        plan_state.condition_cmdline("ro quiet -- --init-flag x=1", ["nohz_full=1", "-x"])
         == "ro quiet nohz_full=1 -- --init-flag x=1"
     )
 
@@ -327,7 +325,7 @@ def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_p
     plan_engine.create(two_conditions(1), mode="kexec", bundle=tmp_path / "b", root=root, plan_id="lock")
     with pytest.raises(HostChangeError, match=r"kexec -l .*: exit 1: kexec_load failed: Operation not permitted"):
         plan_engine.advance("lock", root=root, say=lambda _: None)
-    plan = plan_engine.load(root, "lock")
+    plan = plan_state.load(root, "lock")
     assert plan.state == "failed" and plan.runs[0].state == "failed"
     assert plan.runs[0].why.startswith("could not boot: ") and "Operation not permitted" in plan.runs[0].why
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
@@ -336,7 +334,7 @@ def test_a_boot_that_cannot_start_fails_the_run_and_removes_the_unit(host, tmp_p
 
 def test_grub_mode_refuses_a_word_grub_would_interpret(host, tmp_path):
     root, log = host
-    runs = [PlannedRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
+    runs = [BootRun("run-001", "x", "running", "root=/dev/vda1 ro init=/bin/sh;reboot")]
     with pytest.raises(
         PlanError, match=r"custom\.cfg: command-line word 'init=/bin/sh;reboot' of run run-001 cannot go"
     ):
@@ -377,7 +375,7 @@ def test_an_abort_cannot_slip_in_between_a_run_and_the_next_boot(host, tmp_path)
         "plan; wait for it",
         "exit 2",
     ]
-    after = plan_engine.load(root, "race")
+    after = plan_state.load(root, "race")
     assert after.state == "running" and [r.state for r in after.runs] == ["made", "booting"]
     assert (root / "etc/systemd/system/ticklab-plan.service").is_file()
 
@@ -399,7 +397,7 @@ def test_a_seal_that_fails_still_puts_the_host_back_and_returns_to_the_original_
     reboot(root, "boot-2", plan.runs[1].cmdline)
     with pytest.raises(PlanError, match=r"/b: .*/b/manifest.json: Read-only file system$"):
         plan_engine.resume(plan.id, SealFails(), root=root, say=lambda _: None)
-    assert plan_engine.load(root, "seal").state == "finished"
+    assert plan_state.load(root, "seal").state == "finished"
     assert not (root / "etc/systemd/system/ticklab-plan.service").exists()
     assert calls(log)[-2:] == [
         f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
@@ -418,7 +416,7 @@ def test_a_plan_cut_short_between_a_run_and_the_next_boot_goes_on_at_the_next_re
     assert "'ticklab plan resume' boots the next run" in resume_in_a_new_process(root, "status").stdout
     done = resume_in_a_new_process(root)
     assert done.returncode == 0, done.stderr
-    assert [r.state for r in plan_engine.load(root, "cut").runs] == ["made", "booting"]
+    assert [r.state for r in plan_state.load(root, "cut").runs] == ["made", "booting"]
     assert calls(log)[-2].endswith("--append root=/dev/vda1 ro quiet nohz_full=1")
 
 
@@ -433,20 +431,18 @@ def test_abort_of_a_plan_that_does_not_exist_says_so_in_one_line(host, tmp_path)
 # issue 27, item 3: a command line holding a newline would add lines of its own to the grub menu entry
 def test_grub_mode_refuses_a_command_line_holding_a_newline_before_any_boot(host, tmp_path):
     root, log = host
-    runs = [
-        PlannedRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")
-    ]
+    runs = [BootRun("run-001", "x", "running", "root=/dev/vda1 quiet\n  initrd /tmp/evil\n  linux /tmp/evil init=/x")]
     with pytest.raises(PlanError, match=r"plans/nl: the command line of run run-001 holds the control character '\\n'"):
         plan_engine.create(runs, mode="grub", bundle=tmp_path / "b", root=root, plan_id="nl")
         plan_engine.advance("nl", root=root, say=lambda _: None)
     assert not (root / "boot/grub/custom.cfg").exists() and "grub-reboot" not in " ".join(calls(log))
     assert not (root / "var/lib/ticklab/plans/nl").exists()  # refused when made: no plan to abort
     # and the grub writer itself, whatever handed it the command line
-    plan = plan_engine.Plan("nl", "grub", "b", {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "x"}, runs)
+    plan = plan_state.Plan("nl", "grub", "b", {"release": RELEASE, "cmdline": ORIGINAL, "boot_id": "x"}, runs)
     with pytest.raises(
         PlanError, match=r"custom\.cfg: the command line of run run-001 holds the control character '\\n'"
     ):
-        plan_engine.grub_menu_entries(plan, root)
+        boot_loaders.grub_menu_entries(plan, root)
 
 
 def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key(tmp_path):
@@ -517,7 +513,7 @@ def test_grub_mode_refuses_a_host_whose_kexec_tools_take_over_reboots(host, tmp_
 def test_the_resume_unit_writes_its_lines_unbuffered(host):
     """systemd stops the unit for the reboot it queued: a buffered stdout would lose the run's lines (lab host)."""
     root, _ = host
-    assert "Environment=PYTHONUNBUFFERED=1\n" in plan_engine.unit_text(root, "p")
+    assert "Environment=PYTHONUNBUFFERED=1\n" in boot_loaders.unit_text(root, "p")
 
 
 def test_the_resume_unit_names_the_project_the_plan_was_made_with(host, tmp_path, monkeypatch):
@@ -529,12 +525,12 @@ def test_the_resume_unit_names_the_project_the_plan_was_made_with(host, tmp_path
     root, _ = host
     monkeypatch.setattr(paths, "_explicit", None)
     monkeypatch.setenv(paths.ENV, str(REPO))
-    text = plan_engine.unit_text(root, "p")
+    text = boot_loaders.unit_text(root, "p")
     [exec_start] = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert f"-m ticklab.cli --project {REPO} plan resume --id p" in exec_start
-    assert plan_engine._is_plan_unit(text, "p") and not plan_engine._is_plan_unit(text, "q")
+    assert boot_loaders.is_plan_unit(text, "p") and not boot_loaders.is_plan_unit(text, "q")
     monkeypatch.delenv(paths.ENV)  # the checkout it runs from needs no naming
-    assert "--project" not in plan_engine.unit_text(root, "p")
+    assert "--project" not in boot_loaders.unit_text(root, "p")
 
 
 def test_the_bundle_is_sealed_while_the_resume_unit_is_still_installed(host, tmp_path):
@@ -567,7 +563,7 @@ def test_a_kernel_image_gone_mid_plan_fails_the_next_boot_saying_it_was_there_wh
     reboot(root, "boot-1", "root=/dev/vda1 ro quiet")
     (root / f"boot/vmlinuz-{RELEASE}").unlink()
     done = resume_in_a_new_process(root)
-    plan = plan_engine.load(root, "g")
+    plan = plan_state.load(root, "g")
     assert plan.state == "failed" and plan.runs[0].state == "made", done.stdout + done.stderr
     assert plan.runs[1].why == (
         f"could not boot: {root}/boot/vmlinuz-{RELEASE}: missing, the kernel of run run-002 "
@@ -603,7 +599,7 @@ def test_a_machine_that_rebooted_during_a_run_fails_that_run_and_the_plan_goes_o
     reboot(root, "boot-1", plan.runs[0].cmdline)  # the plan's own kexec into run-001
     with pytest.raises(PowerLoss):
         plan_engine.resume(plan.id, Recorder(crash_in="run-001"), root=root, say=lambda _: None)
-    assert [r.state for r in plan_engine.load(root, "crash").runs] == ["booted", "planned"]
+    assert [r.state for r in plan_state.load(root, "crash").runs] == ["booted", "planned"]
     # the machine comes back through the default entry, whose command line is run-001's but for BOOT_IMAGE=
     reboot(root, "boot-2", ORIGINAL)
     maker, said = Recorder(), []
@@ -612,7 +608,7 @@ def test_a_machine_that_rebooted_during_a_run_fails_that_run_and_the_plan_goes_o
         f"the machine rebooted during the run: boot_id boot-2, release {RELEASE}, /proc/cmdline '{ORIGINAL}' came "
         "up; the run was being made in boot_id boot-1"
     )
-    after = plan_engine.load(root, "crash")
+    after = plan_state.load(root, "crash")
     assert after.state == "running" and [r.state for r in after.runs] == ["failed", "booting"]
     assert after.runs[0].why == why and after.runs[0].record is None
     assert (after.runs[0].boot_id_found, after.runs[0].cmdline_found) == ("boot-1", plan.runs[0].cmdline)
@@ -625,7 +621,7 @@ def test_a_machine_that_rebooted_during_a_run_fails_that_run_and_the_plan_goes_o
     ]
     reboot(root, "boot-3", plan.runs[1].cmdline)
     plan_engine.resume(plan.id, maker, root=root, say=lambda _: None)
-    final = plan_engine.load(root, "crash")
+    final = plan_state.load(root, "crash")
     assert final.state == "finished" and [r.state for r in final.runs] == ["failed", "made"]
     assert maker.made == [("run-002", "boot-3")]
     status = resume_in_a_new_process(root, "status", "--id", "crash").stdout
@@ -643,7 +639,7 @@ def test_a_run_whose_process_was_killed_in_its_boot_is_not_made_twice(host, tmp_
         plan_engine.resume(plan.id, Recorder(crash_in="run-001"), root=root, say=lambda _: None)
     done = resume_in_a_new_process(root, "resume", "--id", "kill")  # by hand, in the same boot
     assert done.returncode == 0, done.stderr
-    after = plan_engine.load(root, "kill")
+    after = plan_state.load(root, "kill")
     assert [r.state for r in after.runs] == ["failed", "booting"]
     assert after.runs[0].why == (
         "the run's process ended before the run was made (no reboot: boot_id boot-1 is the "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from test_plan_engine import calls, host, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
-from ticklab.host import plan_engine
+from ticklab.host import boot_loaders, plan_engine, plan_state
 
 UNIT = "etc/systemd/system/ticklab-plan.service"
 
@@ -65,7 +65,7 @@ def test_list_shows_every_plan_and_id_defaults_to_the_running_one_else_the_newes
     aborted = resume_in_a_new_process(root, "abort")
     assert aborted.returncode == 0, aborted.stderr
     assert aborted.stdout.splitlines()[-1].startswith("boot plan older aborted: unit removed")
-    assert plan_engine.load(root, "older").state == "aborted"
+    assert plan_state.load(root, "older").state == "aborted"
     status = resume_in_a_new_process(root, "status")  # none running: the newest
     assert status.stdout.startswith("plan newer (kexec), aborted: 0 made, 0 failed, 2 left of 2")
     assert resume_in_a_new_process(root, "list").stdout.splitlines()[1].endswith("(default for --id)")
@@ -150,7 +150,7 @@ def test_abort_leaves_another_plans_unit_and_its_start_job_alone(host, tmp_path)
     state = systemd_like_systemctl(tmp_path, root, log)
     plan_engine.create(two_conditions(1), mode="manual", bundle=tmp_path / "b", root=root, plan_id="mine")
     (root / UNIT).parent.mkdir(parents=True)
-    (root / UNIT).write_text(plan_engine.unit_text(root, "other"))
+    (root / UNIT).write_text(boot_loaders.unit_text(root, "other"))
     (state / "start-job").touch()
     before = len(calls(log))
     assert resume_in_a_new_process(root, "abort", "--id", "mine").returncode == 0

@@ -11,7 +11,7 @@ import pytest
 from test_boot_capture import bundle_of, capture_in_a_new_process, start_capture
 from test_plan_engine import ORIGINAL, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401
 from ticklab.bundle import load_bundle
-from ticklab.host import plan_engine
+from ticklab.host import plan_engine, plan_state
 
 
 # 1. create's rmtree removes a plan directory another process made (two captures in the same second share the
@@ -120,7 +120,7 @@ def test_an_ending_cut_short_still_records_the_failed_run(host, tmp_path):
     run = plan.runs[0]
     run.state, run.why = "failed", "booted kernel 6.1.0-21-amd64, expected x"
     plan.state, plan.ended_because = "failed", f"run {run.name}: {run.why}"
-    plan_engine._save(root, plan)  # killed right after _end saved the state
+    plan_state.save(root, plan)  # killed right after _end saved the state
     reboot(root, "boot-1", ORIGINAL, release="6.1.0-21-amd64")
     done = resume_in_a_new_process(root)
     assert done.returncode == 0, done.stderr

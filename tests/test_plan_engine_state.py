@@ -12,7 +12,7 @@ import pytest
 
 from test_boot_capture import start_capture
 from test_plan_engine import calls, host, reboot, resume_in_a_new_process, two_conditions  # noqa: F401 (fixture)
-from ticklab.host import plan_engine
+from ticklab.host import plan_engine, plan_state
 
 UNIT = "etc/systemd/system/ticklab-plan.service"
 LINK = "etc/systemd/system/multi-user.target.wants/ticklab-plan.service"
@@ -119,7 +119,7 @@ def test_a_huge_plan_json_is_refused_not_read_whole(host, tmp_path):
     root, _ = host
     directory = a_plan_booting(root, tmp_path)
     with open(directory / "plan.json", "r+b") as handle:
-        handle.truncate(plan_engine.MAX_PLAN_BYTES + 1)
+        handle.truncate(plan_state.MAX_PLAN_BYTES + 1)
     one_line_exit_2(resume_in_a_new_process(root, "status", "--id", "s"), "plan.json: larger than")
 
 

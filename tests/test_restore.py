@@ -14,7 +14,7 @@ from conftest import REPO, WAIT_BOUND_S, gone, wait_for
 from ticklab.capture.requirements import tools_bin
 from ticklab.doctor import render
 from ticklab.host import facts
-from ticklab.host.knobs import HostBusy, HostLock, _write_journal, lock_path
+from ticklab.host.journal import HostBusy, HostLock, lock_path, write_journal
 
 pytestmark = pytest.mark.xdist_group("machine")
 
@@ -198,7 +198,7 @@ def test_a_journal_of_another_boot_is_removed_without_writing_anything(isolating
     journal = tmp_path / "state" / "host-changes.json"
     journal.parent.mkdir(mode=0o700)
     pid, start = _dead_pid()
-    _write_journal(
+    write_journal(
         journal,
         {
             "pid": pid,
@@ -231,7 +231,7 @@ def test_a_change_that_cannot_be_put_back_is_one_line_naming_it(isolating_host, 
     journal = tmp_path / "state" / "host-changes.json"
     journal.parent.mkdir(mode=0o700)
     pid, start = _dead_pid()
-    _write_journal(
+    write_journal(
         journal,
         {
             "pid": pid,

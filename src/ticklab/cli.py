@@ -297,7 +297,7 @@ def _kernel(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .host import plan_engine
+    from . import plancli
 
     def maker_for(plan, root):
         """A plan made by 'capture --boot' makes its runs into its bundle; one made otherwise (a lab guest's test
@@ -308,7 +308,7 @@ def _plan(args: argparse.Namespace) -> int:
 
         return BootCapture(plan, root)
 
-    return plan_engine.command(args, maker_for=maker_for)
+    return plancli.command(args, maker_for=maker_for)
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
@@ -319,7 +319,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
     from .capture.hostkernel import HostKernelError
     from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
-    from .host import HostChangeError, plan_engine
+    from .host import HostChangeError, plan_state
 
     try:
         if args.dry_run and args.build_kernels:
@@ -364,7 +364,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
         start(args.claim, options, args.experiment, args.boot)
     except (
         ExperimentError,
-        plan_engine.PlanError,
+        plan_state.PlanError,
         HostChangeError,
         BundleError,
         TracingError,
@@ -723,7 +723,25 @@ def build_parser() -> argparse.ArgumentParser:
         f"${paths.ENV}, else the checkout this ticklab runs from or was installed from)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_report_parser(sub)
+    _add_verify_published_parser(sub)
+    _add_claims_parser(sub)
+    _add_doctor_parser(sub)
+    _add_restore_parser(sub)
+    _add_capture_parser(sub)
+    _add_kernel_parser(sub)
+    _add_plan_parser(sub)
+    _add_lab_parser(sub)
+    _add_compare_parser(sub)
+    _add_verify_parser(sub)
+    _add_bundle_parser(sub)
+    _add_seal_manifest_parser(sub)
+    _add_view_parser(sub)
+    _add_ingest_parser(sub)
+    return parser
 
+
+def _add_report_parser(sub) -> None:
     report = sub.add_parser("report", help="run every notebook with papermill and build the report")
     report.add_argument("--out", type=Path, default=_InProject("build"), help="output directory (default: build/)")
     report.add_argument(
@@ -753,6 +771,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(func=_report)
 
+
+def _add_verify_published_parser(sub) -> None:
     verify = sub.add_parser("verify-published", help="check the published layer against the source documents")
     verify.add_argument(
         "claims", nargs="*", metavar="CLAIM", help=f"claims to check (default: all of {', '.join(CLAIM_IDS)})"
@@ -768,18 +788,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=_verify_published)
 
+
+def _add_claims_parser(sub) -> None:
     claims = sub.add_parser("claims", help="list the claim ids (ticklab/claims/<id>.py), one a line")
     which = claims.add_mutually_exclusive_group()
     which.add_argument("--host", action="store_true", help="only claims with an experiment for 'ticklab capture'")
     which.add_argument("--lab", action="store_true", help="only claims with an experiment for 'ticklab lab run'")
     claims.set_defaults(func=_claims)
 
+
+def _add_doctor_parser(sub) -> None:
     doctor = sub.add_parser("doctor", help="what this host can run for each claim, and why not")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     doctor.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     doctor.set_defaults(func=_doctor)
 
+
+def _add_restore_parser(sub) -> None:
     restore = sub.add_parser(
         "restore",
         help="put back what a capture killed outright (kill -9, a crash) left changed on this host, from its journal",
@@ -788,6 +814,8 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     restore.set_defaults(func=_restore)
 
+
+def _add_capture_parser(sub) -> None:
     cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
     cap.add_argument("claim", choices=list(CLAIM_IDS))
     _run_count_arguments(cap)
@@ -825,6 +853,8 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--journal", type=Path, help=argparse.SUPPRESS)
     cap.set_defaults(func=_capture)
 
+
+def _add_kernel_parser(sub) -> None:
     kernel_cmd = sub.add_parser("kernel", help="kernels for this host: ticklab kernel build --host")
     kernel_sub = kernel_cmd.add_subparsers(dest="kernel_command", required=True, metavar="COMMAND")
     host_build = kernel_sub.add_parser(
@@ -880,6 +910,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     host_build.set_defaults(func=_kernel)
 
+
+def _add_plan_parser(sub) -> None:
     plan = sub.add_parser("plan", help="boot plans (capture --boot): list, status, resume after a reboot, abort")
     plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="COMMAND")
     for name, text in (
@@ -896,8 +928,18 @@ def build_parser() -> argparse.ArgumentParser:
         one.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
         one.set_defaults(func=_plan)
 
+
+def _add_lab_parser(sub) -> None:
     lab = sub.add_parser("lab", help="the guest lab: lab kernels, the guest image, experiments in QEMU guests")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True, metavar="COMMAND", parser_class=_LateEpilogParser)
+    _add_lab_build_kernel_parser(lab_sub)
+    _add_lab_build_image_parser(lab_sub)
+    _add_lab_build_host_parser(lab_sub)
+    _add_lab_host_plan_parser(lab_sub)
+    _add_lab_run_parser(lab_sub)
+
+
+def _add_lab_build_kernel_parser(lab_sub) -> None:
     kernel = lab_sub.add_parser(
         "build-kernel",
         help="build (or find cached) a lab kernel from a Debian linux-source",
@@ -918,6 +960,9 @@ def build_parser() -> argparse.ArgumentParser:
     kernel.add_argument("--force", action="store_true", help="rebuild even when cached")
     kernel.add_argument("--no-progress", action="store_true", help="no progress bar")
     kernel.set_defaults(func=_lab)
+
+
+def _add_lab_build_image_parser(lab_sub) -> None:
     image = lab_sub.add_parser("build-image", help="build (or find cached) the guest initramfs")
     image.add_argument("--force", action="store_true", help="rebuild even when cached")
     image.add_argument(
@@ -926,6 +971,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the Debian packages the image's programs come from (runners/vm/image.yaml) and exit",
     )
     image.set_defaults(func=_lab)
+
+
+def _add_lab_build_host_parser(lab_sub) -> None:
     build_host = lab_sub.add_parser(
         "build-host",
         help="build (or find cached) the lab host: a Debian 12 disk image "
@@ -933,6 +981,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build_host.add_argument("--force", action="store_true", help="rebuild even when cached")
     build_host.set_defaults(func=_lab)
+
+
+def _add_lab_host_plan_parser(lab_sub) -> None:
     host_plan = lab_sub.add_parser(
         "host-plan",
         help="run a boot plan (capture --boot) in the lab host, driven without "
@@ -991,6 +1042,9 @@ def build_parser() -> argparse.ArgumentParser:
         "kernel/fragments/hz1000.config; repeat for several)",
     )
     host_plan.set_defaults(func=_lab)
+
+
+def _add_lab_run_parser(lab_sub) -> None:
     lab_run = lab_sub.add_parser("run", help="run a claim's lab experiments in QEMU guests into sealed bundles")
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))
     lab_run.add_argument(
@@ -1020,6 +1074,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
     lab_run.set_defaults(func=_lab)
 
+
+def _add_compare_parser(sub) -> None:
     compare = sub.add_parser(
         "compare", help="mmtests-format compare table of one bundle's conditions or of two bundles"
     )
@@ -1044,10 +1100,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--format", choices=["text", "csv", "md", "json"], default="text")
     compare.set_defaults(func=_compare)
 
+
+def _add_verify_parser(sub) -> None:
     verify = sub.add_parser("verify", help="check bundles against their manifests (schema, every file's sha256)")
     verify.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
     verify.set_defaults(func=_verify)
 
+
+def _add_bundle_parser(sub) -> None:
     bundle_cmd = sub.add_parser("bundle", help="sealed bundles: ticklab bundle repack")
     bundle_sub = bundle_cmd.add_subparsers(dest="bundle_command", required=True, metavar="COMMAND")
     repack = bundle_sub.add_parser(
@@ -1060,6 +1120,8 @@ def build_parser() -> argparse.ArgumentParser:
     repack.add_argument("--why", help="what the resealed record says (default: the reason of issue 42 item 3)")
     repack.set_defaults(func=_repack)
 
+
+def _add_seal_manifest_parser(sub) -> None:
     seal = sub.add_parser(
         "seal-manifest",
         help="one-off: give a bundle sealed by an older ticklab its manifest.sha256 "
@@ -1068,6 +1130,8 @@ def build_parser() -> argparse.ArgumentParser:
     seal.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
     seal.set_defaults(func=_seal_manifest)
 
+
+def _add_view_parser(sub) -> None:
     view = sub.add_parser("view", help="open a run's trace.dat in KernelShark with a session preset for the claim")
     view.add_argument("bundle", type=Path, help="a bundle directory")
     view.add_argument("--run", help="the run (default: the first measured run with a trace)")
@@ -1075,11 +1139,12 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--session-only", action="store_true", help="write the session, do not start KernelShark")
     view.set_defaults(func=_view)
 
+
+def _add_ingest_parser(sub) -> None:
     ingest = sub.add_parser("ingest", help="trace.dat or a tracefs capture -> one Parquet table per event")
     ingest.add_argument("trace", type=Path, help="a trace.dat, or a bundle run's trace/ directory")
     ingest.add_argument("--out", type=Path, help="write <system>__<event>.parquet files here")
     ingest.set_defaults(func=_ingest)
-    return parser
 
 
 # An error line is at most this many characters of message (a value in it is bounded where it is quoted).

@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..bundle import BundleError, BundleWriter, load_bundle
-from ..host import HostChanges, facts, plan_engine
+from ..host import HostChanges, facts, plan_engine, plan_state
 from ..safefiles import shown
 from . import requirements, tracing
 from .experiment import (
@@ -197,9 +197,7 @@ def condition_words(experiment: Experiment, condition: Condition, fill: dict, so
     return words
 
 
-def boot_runs(
-    experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict
-) -> list[plan_engine.PlannedRun]:
+def boot_runs(experiment: Experiment, planned: list[PlannedRun], root: Path, host: dict) -> list[plan_state.BootRun]:
     """The capture's planned runs as boots of this host (``host``: its facts): each condition's kernel and the
     command line it has now with the condition's words."""
     cpus = host.get("online_cpus") or facts.online_cpus(root)
@@ -213,8 +211,8 @@ def boot_runs(
         kernel = resolve_kernel(str(run.condition.values.get(kernel_var, "running")), root, source)
         words = condition_words(experiment, run.condition, fill, source)
         booted.append(
-            plan_engine.PlannedRun(
-                run.run, run.condition.name, kernel, plan_engine.condition_cmdline(original, words), warmup=run.warmup
+            plan_state.BootRun(
+                run.run, run.condition.name, kernel, plan_state.condition_cmdline(original, words), warmup=run.warmup
             )
         )
     return booted
@@ -229,7 +227,7 @@ def _conditions_here(experiment: Experiment, host: dict) -> list[Condition]:
 
 def planned_runs(
     experiment: Experiment, root: Path, *, runs: int | None = None, warmup: int | None = None, seed: int | None = None
-) -> list[plan_engine.PlannedRun]:
+) -> list[plan_state.BootRun]:
     host = facts.collect(root)
     order = schedule(
         _conditions_here(experiment, host),
@@ -243,13 +241,13 @@ def planned_runs(
 KEPT_EXPERIMENT = "host-boot-experiment.yaml"  # the plan's copy (a boot experiment's file name, as the loader requires)
 
 
-def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> plan_engine.Plan | None:
+def start(claim: str, options, experiment_path: Path | None, mode: str, log=print) -> plan_state.Plan | None:
     """The bundle and the boot plan of a boot experiment, then the first boot (``options``: runner.CaptureOptions).
     A host that cannot run the experiment gets a sealed bundle saying why, and no plan."""
     check_counts(options)
     experiment = boot_experiment(claim, experiment_path)
     root = Path(options.root)
-    plan_engine.refuse_if_running(root)
+    plan_state.refuse_if_running(root)
     host = HostChanges(options.journal, root=root, log=log)
     with host:
         here, checked, failed = check_host(host, experiment, root)
@@ -281,7 +279,7 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         "seed": planned.counts[2],
         "goals": None if options.goals is None else [asdict(g) for g in options.goals],
     }
-    plan_id = plan_engine.new_plan_id()
+    plan_id = plan_state.new_plan_id()
     # the bundle is written for the last time in this process before the plan exists: from then on an abort may
     # seal it at any moment
     writer.manifest.boot_plan = {"id": plan_id, "mode": mode}
@@ -312,7 +310,7 @@ class BootCapture(plan_engine.RunMaker):
     experiment kept with the plan (the user's file may move or change mid-plan) and reads nothing until asked: an
     abort needs neither the experiment nor the bundle."""
 
-    def __init__(self, plan: plan_engine.Plan, root: Path | str = "/", log=print):
+    def __init__(self, plan: plan_state.Plan, root: Path | str = "/", log=print):
         self.plan, self.root, self.log = plan, Path(root), log
         self.context = plan.capture
         self._experiment: Experiment | None = None
@@ -323,7 +321,7 @@ class BootCapture(plan_engine.RunMaker):
             try:
                 kept = self.context.get("experiment_file")  # a plan made before plans kept it: the user's file
                 self._experiment = load_experiment(
-                    plan_engine.kept_file(self.root, self.plan.id, kept) if kept else self.context["experiment"]
+                    plan_state.kept_file(self.root, self.plan.id, kept) if kept else self.context["experiment"]
                 )
             except Exception as exc:  # no later run could be made either
                 raise plan_engine.CannotGoOn(f"the plan's experiment: {exc}") from None
@@ -350,7 +348,7 @@ class BootCapture(plan_engine.RunMaker):
     def _conditions(writer: BundleWriter) -> list[Condition]:
         return [Condition(c["name"], {k: v for k, v in c.items() if k != "name"}) for c in writer.manifest.conditions]
 
-    def make_run(self, run: plan_engine.PlannedRun, boot: dict) -> dict:
+    def make_run(self, run: plan_state.BootRun, boot: dict) -> dict:
 
         experiment, writer = self.experiment, self._writer()
         condition = {c.name: c for c in self._conditions(writer)}[run.condition]
@@ -399,7 +397,7 @@ class BootCapture(plan_engine.RunMaker):
             "build_log_matches": hashlib.sha256(text).hexdigest() == record.get("build_log_sha256"),
         }
 
-    def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
+    def failed_run(self, run: plan_state.BootRun, boot: dict, why: str) -> None:
         writer = self._writer_unless_sealed()
         if writer is None:
             return
@@ -417,7 +415,7 @@ class BootCapture(plan_engine.RunMaker):
             [],
         )
 
-    def more_runs(self, plan: plan_engine.Plan) -> list[plan_engine.PlannedRun]:
+    def more_runs(self, plan: plan_state.Plan) -> list[plan_state.BootRun]:
         """A round of one more run per condition while the stopping rule asks for it ([] when it does not). A round
         already in the manifest's order but not in the plan (a process killed before the plan was saved) is that
         round: the rule is not asked twice."""
@@ -449,11 +447,11 @@ class BootCapture(plan_engine.RunMaker):
         return self._booted(plan, [(p.run, p.condition.name) for p in added])
 
     @staticmethod
-    def _booted(plan: plan_engine.Plan, runs: list[tuple[str, str]]) -> list[plan_engine.PlannedRun]:
+    def _booted(plan: plan_state.Plan, runs: list[tuple[str, str]]) -> list[plan_state.BootRun]:
         """Runs of a later round, each booted as its condition was first planned (kernel, command line)."""
         booted = {r.condition: r for r in plan.runs}
         return [
-            plan_engine.PlannedRun(
+            plan_state.BootRun(
                 name,
                 condition,
                 booted[condition].kernel,
@@ -464,7 +462,7 @@ class BootCapture(plan_engine.RunMaker):
             for name, condition in runs
         ]
 
-    def finished(self, plan: plan_engine.Plan) -> None:
+    def finished(self, plan: plan_state.Plan) -> None:
         """The plan ended (made, stopped by a bad boot, or aborted): the bundle is sealed with every run it has."""
         writer = self._writer_unless_sealed()
         if writer is None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..host import HostChanges
-from ..host.knobs import HostChangeError
+from ..host.journal import HostChangeError
 from ..paths import repo_root
 from . import interference, requirements, tracing
 from .experiment import Condition, Experiment, PlannedRun, fill_argv, idle_states_to_disable

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..host import HostChanges
 from ..host import facts as host_facts
-from ..host.knobs import HostChangeError
+from ..host.journal import HostChangeError
 from ..paths import repo_root
 
 

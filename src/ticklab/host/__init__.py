@@ -1,7 +1,8 @@
 """The host: facts recorded in manifests, and the one place privileged writes are made and undone."""
 
 from .facts import collect, host_id
-from .knobs import Change, HostChangeError, HostChanges, Interrupted, interrupting_signals, recover
+from .journal import Change, HostChangeError, recover
+from .knobs import HostChanges, Interrupted, interrupting_signals
 
 __all__ = [
     "Change",

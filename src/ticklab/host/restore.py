@@ -7,9 +7,9 @@ the measured CPU, a tracefs instance, a debugfs mount — until something puts i
 thing; ``ticklab restore`` does it now (:func:`restore`), and ``ticklab doctor`` says what a journal left behind lists
 and which command puts it back (:func:`left_behind`, :func:`summary`).
 
-There is one restore path: :func:`ticklab.host.knobs.recover`, the one the next capture runs (its checks of the
+There is one restore path: :func:`ticklab.host.journal.recover`, the one the next capture runs (its checks of the
 journal, its order, what a failure leaves listed). This module only finds the journals, takes the host lock and calls
-it. The journal's writer holds the host lock (:class:`~ticklab.host.knobs.HostLock`: an flock, which the kernel drops
+it. The journal's writer holds the host lock (:class:`~ticklab.host.journal.HostLock`: an flock, which the kernel drops
 when the process dies, however it dies) from before its first change until everything is put back; restore takes
 the lock without waiting, so it never acts while the capture that wrote the journal runs — that capture puts the host
 back itself when it ends. ``recover`` checks the journal's pid and start time as well.
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import facts
-from .knobs import (
+from .journal import (
+    KINDS,
     Change,
     HostBusy,
     HostChangeError,
-    _checked_journal,
-    _process_start,
+    checked_journal,
     default_journal,
     host_lock,
     journal_boot,
@@ -136,7 +136,7 @@ def inspect(journal: Path, root: Path | str = "/") -> LeftBehind | None:
     left = LeftBehind(journal)
     try:
         left.written = _utc(os.lstat(journal).st_mtime)
-        data, left.changes = _checked_journal(journal, root)
+        data, left.changes = checked_journal(journal, root)
     except (HostChangeError, OSError) as exc:
         left.problem = str(exc)
         return left
@@ -167,24 +167,8 @@ def _group(change: Change) -> str:
 
 def _what(change: Change) -> str:
     """One change as it was made (or, once restored, what was read back)."""
-    if change.kind == "task_affinity":
-        text = f"{len(change.tasks or {})} tasks' CPU lists without CPU {change.cpu} (sched_setaffinity)"
-    elif change.kind in ("write", "sched_feature"):
-        text = (
-            f"{change.path}: {change.wanted!r}, was {change.before!r}"
-            if change.wanted is not None
-            else f"{change.path}: changed by another tool, was {change.before!r}"
-        )
-    elif change.kind == "mkdir":
-        text = f"{change.path} created"
-    elif change.kind == "mount":
-        text = f"{change.wanted} mounted at {change.path}"
-    elif change.kind == "process":
-        text = f"pid {change.pid} started" + (
-            " (still running)" if _process_start(change.pid) == change.started else ""
-        )
-    else:
-        text = f"{change.kind} {change.path}"
+    kind = KINDS.get(change.kind)
+    text = kind.left_behind(change) if kind else f"{change.kind} {change.path}"
     if change.after is None:
         return text
     return text + (
@@ -214,7 +198,7 @@ class RestoreRefused(HostChangeError):
 def restore(
     journal: Path | None = None, *, root: Path | str = "/", log: Callable[[str], None] = print
 ) -> list[Change] | None:
-    """Put back what the journals a killed capture (or doctor) left list — :func:`ticklab.host.knobs.recover`, the
+    """Put back what the journals a killed capture (or doctor) left list — :func:`ticklab.host.journal.recover`, the
     restore path the next capture runs — holding the host lock. None when there is no journal; the changes put back
     (``after``: what was read back) otherwise. One-line :class:`HostChangeError` when it cannot: the journal's writer
     still runs (:class:`RestoreRefused`), the journal is refused, or a change could not be put back (the journal

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..capture import requirements, tracing
 from ..capture.execute import execute_run, run_once
 from ..capture.experiment import Condition, PlannedRun, load_experiment
-from ..host import HostChanges, collect, plan_engine
+from ..host import HostChanges, collect, plan_engine, plan_state
 
 WORK = Path("/tmp/ticklab-run")
 # Our patches' boot switches and where the running kernel shows the value it took.
@@ -148,14 +148,14 @@ class GuestPlanRuns(plan_engine.RunMaker):
         (self.share / "runs").mkdir(exist_ok=True)
         return self.share / "runs" / f"{run}.json"
 
-    def make_run(self, run: plan_engine.PlannedRun, boot: dict) -> dict:
+    def make_run(self, run: plan_state.BootRun, boot: dict) -> dict:
         job = {**self.jobs[run.name], "backend": self.plan_job.get("backend", "auto")}
         result = make_job_run(job, self.share, self._result_path(run.name), known={"boot": boot})
         if "error" in result:
             raise RuntimeError(result["error"].strip().splitlines()[-1])
         return {"run": run.name, "boot_id": boot["boot_id"]}
 
-    def failed_run(self, run: plan_engine.PlannedRun, boot: dict, why: str) -> None:
+    def failed_run(self, run: plan_state.BootRun, boot: dict, why: str) -> None:
         path = self._result_path(run.name)
         if not path.exists():
             path.write_text(json.dumps({"run": run.name, "error": why, "boot": boot}, indent=2) + "\n")
@@ -168,11 +168,11 @@ def plan_start(share: Path) -> None:
     release = collect()["kernel_release"]
     # each run's kernel: the one its condition names (share/bzImage-<release>), else the one this guest booted
     runs = [
-        plan_engine.PlannedRun(
+        plan_state.BootRun(
             job["run"],
             job["condition"]["name"],
             str(share / job.get("kernel_file", "bzImage")),
-            plan_engine.condition_cmdline(original, job["words"]),
+            plan_state.condition_cmdline(original, job["words"]),
             initrd=str(share / "initrd"),
             release=job.get("release", release),
             warmup=job["warmup"],
@@ -186,7 +186,7 @@ def plan_start(share: Path) -> None:
 def plan_resume(share: Path) -> None:
     """Every later boot: the plan's next step, or nothing when it is over (this is the boot back to the original
     command line, and the guest powers off)."""
-    state = plan_engine.load(Path("/"), PLAN_ID).state
+    state = plan_state.load(Path("/"), PLAN_ID).state
     if state != "running":
         print(f"boot plan {PLAN_ID} is {state}: powering off")
         return

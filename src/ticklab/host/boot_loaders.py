@@ -1,0 +1,330 @@
+"""How a boot plan boots a run and how it is put back: the systemd unit that resumes the plan after each boot, grub's
+one-shot menu entry (custom.cfg and ``grub-reboot``), kexec, and the run's kernel files.
+
+Boot verification and the order of the steps are :mod:`ticklab.host.plan_engine`'s; what is installed is journalled
+through :class:`~ticklab.host.HostChanges` (``keep``), and :func:`put_back_what_is_there` removes what this plan
+installed that its journal no longer lists.
+
+An abort first cancels the unit's start job queued at this boot (``systemctl --no-block stop``) and resets a failed
+state (:func:`stop_unit`), so removing the unit leaves systemd no job to fail and no failed unit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from ..safefiles import shown
+from . import facts
+from .change_kinds import read_plan_file, run_command, write_plan_file
+from .journal import HostChangeError
+from .knobs import HostChanges
+from .plan_state import BootRun, Plan, PlanError, boot_facts, boot_words, one_line
+
+UNIT_NAME = "ticklab-plan.service"
+UNIT_PATH = f"etc/systemd/system/{UNIT_NAME}"
+UNIT_LINK = f"etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
+GRUB_CUSTOM = "boot/grub/custom.cfg"
+_GRUB_WORD = re.compile(r"[A-Za-z0-9_.,:=/+@%-]+")  # what grub's script parser reads as one plain word
+
+
+def kexec_takes_over_reboots(root: Path | str) -> str | None:
+    """The file that makes Debian's kexec-tools kexec at every reboot (``LOAD_KEXEC=true`` in /etc/default/kexec or a
+    snippet of /etc/default/kexec.d, as its init script reads them: the last assignment wins), or None."""
+    root = Path(root)
+    files = [root / "etc/default/kexec"] + sorted((root / "etc/default/kexec.d").glob("*"))
+    found = None
+    for path in files:
+        text = facts.read_text(path) or ""
+        for line in text.splitlines():
+            words = line.split("#", 1)[0].strip()
+            if words.startswith("LOAD_KEXEC="):
+                value = words[len("LOAD_KEXEC=") :].strip().strip("\"'")
+                found = path if value == "true" else None
+    return str(found) if found else None
+
+
+def kernel_files(root: Path, plan: Plan, run: BootRun, *, planned: bool = False) -> tuple[Path, Path | None]:
+    """The run's kernel image and initrd; ``planned``: the plan was made with them (checked then), so a missing image
+    was moved or removed since."""
+    if "/" in run.kernel:
+        image, initrd = Path(run.kernel), Path(run.initrd) if run.initrd else None
+    else:
+        release = plan.original["release"] if run.kernel == "running" else run.kernel
+        image = root / "boot" / f"vmlinuz-{release}"
+        initrd = root / "boot" / f"initrd.img-{release}"
+        initrd = initrd if initrd.is_file() else None
+    if not image.is_file() and planned:
+        raise PlanError(
+            f"{image}: missing, the kernel of run {run.name} ({run.condition}); it was there when the plan "
+            "was made, so it was moved or removed since"
+        )
+    if not image.is_file():
+        raise PlanError(
+            f"{image}: missing, the kernel of run {run.name} ({run.condition}); "
+            "build and install it first (ticklab kernel build --host)"
+        )
+    return image, initrd
+
+
+def _named_project() -> list[str]:
+    """``--project DIR`` when the plan's project was named (--project or $TICKLAB_PROJECT): the unit starts with
+    systemd's environment, where neither is, and a wheel installed elsewhere would find no project at boot."""
+    from ..paths import ProjectError, find_project
+
+    try:
+        directory, named_by = find_project()
+    except ProjectError:
+        return []
+    return ["--project", str(directory)] if named_by in ("--project", "TICKLAB_PROJECT") else []
+
+
+def unit_text(root: Path, plan_id: str) -> str:
+    argv = [sys.executable, "-m", "ticklab.cli", *_named_project(), "plan", "resume", "--id", plan_id]
+    if str(root) != "/":
+        argv += ["--root", str(root)]
+    # DefaultDependencies=no: multi-user.target would otherwise order itself after the units it wants,
+    # a cycle with After=multi-user.target
+    return (
+        "[Unit]\n"
+        f"Description=ticklab boot plan {plan_id}: verify this boot, make the next run\n"
+        "DefaultDependencies=no\n"
+        "Requires=sysinit.target\n"
+        "After=basic.target multi-user.target network-online.target\n"
+        "Conflicts=shutdown.target\nBefore=shutdown.target\n\n"
+        "[Service]\nType=oneshot\n"
+        f"ExecStart={shlex.join(argv)}\n"
+        "StandardOutput=journal+console\nStandardError=journal+console\n"
+        # the run's lines reach the journal before systemd stops this unit for the reboot it queued
+        "Environment=PYTHONUNBUFFERED=1\n"
+        "TimeoutStartSec=infinity\n\n"
+        "[Install]\nWantedBy=multi-user.target\n"
+    )
+
+
+def systemd_running(root: Path) -> bool:
+    return (root / "run/systemd/system").is_dir()
+
+
+def run_tool(argv: list[str]) -> None:
+    """A command that changes nothing ticklab journals (daemon-reload, the reboot itself), as knobs runs its own."""
+    try:
+        run_command(argv)
+    except HostChangeError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
+    if any(c.kind == "file" and c.path == str(root / UNIT_PATH) for c in host.changes):
+        return
+    if os.path.lexists(root / UNIT_PATH):
+        raise PlanError(
+            f"{root / UNIT_PATH}: exists already (another plan's, or left by hand); "
+            "'ticklab plan abort' for its plan, or remove it"
+        )
+    host.write_file(UNIT_PATH, unit_text(root, plan.id), label="boot plan resume unit")
+    host.symlink(UNIT_LINK, f"../{UNIT_NAME}", label="boot plan resume unit enabled")
+    if systemd_running(root):
+        run_tool(["systemctl", "daemon-reload"])
+
+
+def grub_entry(root: Path, plan: Plan, run: BootRun, image: Path, initrd: Path | None) -> tuple[str, str]:
+    """A menu entry in /boot/grub/custom.cfg (Debian's grub.cfg sources it via 41_custom; grub.cfg is not
+    regenerated and its default is untouched) for this run's kernel and command line."""
+    # whatever made the command line: a newline (or any control character) would end the linux line and start
+    # another (an initrd or linux of its own); grub's script parser would read quotes, $, ; and braces
+    control = next((c for c in run.cmdline if not c.isprintable()), None)
+    if control is not None:
+        raise PlanError(
+            f"{root / GRUB_CUSTOM}: the command line of run {run.name} holds the control character "
+            f"{control!r}; it cannot go into a grub menu entry (nor any command line)"
+        )
+    unsafe = [w for w in run.cmdline.split(" ") if w and not _GRUB_WORD.fullmatch(w)]
+    if unsafe:
+        raise PlanError(
+            f"{root / GRUB_CUSTOM}: command-line word '{shown(unsafe[0])}' of run {run.name} cannot go "
+            "into a grub menu entry as it is; use --boot kexec or manual"
+        )
+    separate_boot = str(root / "boot") in facts.mounts(root)
+
+    def on_disk(path: Path) -> str:
+        try:
+            text = "/" + str(path.relative_to(root))
+        except ValueError:
+            raise PlanError(
+                f"{root / GRUB_CUSTOM}: the kernel file {shown(path)} of run {run.name} is not under "
+                f"{root}; grub boots files of this root only"
+            ) from None
+        text = text[len("/boot") :] if separate_boot and text.startswith("/boot/") else text
+        if not _GRUB_WORD.fullmatch(text):
+            raise PlanError(
+                f"{root / GRUB_CUSTOM}: the kernel file '{shown(text)}' of run {run.name} cannot go into a "
+                "grub menu entry as it is; use --boot kexec or manual"
+            )
+        return text
+
+    title = f"ticklab-plan-{plan.id}"
+    lines = [
+        f"menuentry '{title}' --id '{title}' {{",
+        f"  search --no-floppy --file --set=root {on_disk(image)}",
+        f"  linux {on_disk(image)} {run.cmdline}",
+    ]
+    if initrd:
+        lines.append(f"  initrd {on_disk(initrd)}")
+    return "\n".join(lines + ["}"]) + "\n", title
+
+
+def grub_menu_entries(plan: Plan, root: Path | str = "/") -> list[str]:
+    """The custom.cfg menu entry each run of ``plan`` would boot with in grub mode (what :func:`create` checks before
+    the first boot); PlanError for a run no entry can be written for."""
+    root = Path(root)
+    return [grub_entry(root, plan, run, *kernel_files(root, plan, run))[0] for run in plan.runs]
+
+
+def is_plan_unit(text: str, plan_id: str | None = None) -> bool:
+    """Whether ``text`` is a unit :func:`unit_text` wrote (for ``plan_id``, or for any plan when None)."""
+    lines = text.splitlines()
+    described = [
+        line[len("Description=ticklab boot plan ") :].split(":", 1)[0]
+        for line in lines
+        if line.startswith("Description=ticklab boot plan ")
+    ]
+    started = []
+    for line in lines:
+        if line.startswith("ExecStart="):
+            try:
+                argv = shlex.split(line[len("ExecStart=") :])
+            except ValueError:
+                return False
+            if "--project" in argv[:-1]:  # the unit names the plan's project (_named_project)
+                at = argv.index("--project")
+                argv = argv[:at] + argv[at + 2 :]
+            marker = ["-m", "ticklab.cli", "plan", "resume", "--id"]
+            at = next((i for i in range(len(argv)) if argv[i : i + len(marker)] == marker), None)
+            if at is not None and at + len(marker) < len(argv):
+                started.append(argv[at + len(marker)])
+    if len(described) != 1 or started != described:
+        return False
+    return plan_id is None or described[0] == plan_id
+
+
+def put_back_what_is_there(root: Path, plan: Plan, say) -> list[str]:
+    """Remove what this plan installed and the journal no longer lists: its unit (recognised by its content) and the
+    link enabling it, its grub menu entry and one-shot next_entry, a kexec kernel loaded for it. Returns what could
+    not be put back, one phrase each; what belongs to someone else (another plan's unit) is left as it is."""
+    problems, done = [], []
+    unit, link = root / UNIT_PATH, root / UNIT_LINK
+    ours_gone = True
+    if os.path.lexists(unit):
+        try:
+            text = read_plan_file(unit) or ""
+        except HostChangeError as exc:
+            text = None
+            problems.append(f"{one_line(exc)}; not ticklab's unit of plan {plan.id}, left as it is")
+        if text is not None and is_plan_unit(text, plan.id):
+            try:
+                unit.unlink()
+                done.append(f"removed {unit}")
+            except OSError as exc:
+                problems.append(f"{unit}: cannot remove ({exc.strerror or exc})")
+                ours_gone = False
+        elif text is not None:  # another plan's or someone else's unit (and its link): not this plan's to remove
+            say(f"boot plan {plan.id}: {unit}: not ticklab's unit of plan {plan.id}; left as it is, with its link")
+            ours_gone = False
+    if ours_gone and os.path.lexists(link):
+        if os.path.islink(link) and os.readlink(link) == f"../{UNIT_NAME}":
+            try:
+                link.unlink()
+                done.append(f"removed {link}")
+            except OSError as exc:
+                problems.append(f"{link}: cannot remove ({exc.strerror or exc})")
+        else:
+            problems.append(f"{link}: not the link ticklab makes (-> ../{UNIT_NAME}); left as it is")
+    title = f"ticklab-plan-{plan.id}"
+    custom = root / GRUB_CUSTOM
+    try:
+        text = read_plan_file(custom)
+        opening = f"menuentry '{title}' --id '{title}' {{\n"
+        if text is not None and opening in text:
+            start = text.index(opening)
+            end = text.find("\n}\n", start)
+            end = len(text) if end < 0 else end + 3
+            rest = text[:start] + text[end:]
+            if rest.strip():
+                write_plan_file(custom, rest)
+            else:
+                custom.unlink()
+            done.append(f"removed the menu entry {title} from {custom}")
+    except (HostChangeError, OSError) as exc:
+        problems.append(f"{one_line(exc)} (the menu entry {title} may be left in it)")
+    grubenv = root / "boot/grub/grubenv"
+    try:
+        env = read_plan_file(grubenv)
+        if env is not None and f"next_entry={title}" in env.splitlines():
+            run_command(["grub-editenv", str(grubenv), "unset", "next_entry"])
+            done.append(f"unset next_entry={title} in {grubenv}")
+    except HostChangeError as exc:
+        problems.append(f"{one_line(exc)} (next_entry={title} may be left in it)")
+    if plan.mode == "kexec" and (facts.read_text(root / "sys/kernel/kexec_loaded") or "").strip() == "1":
+        try:
+            run_command(["kexec", "-u"])
+            done.append("unloaded the kexec kernel")
+        except HostChangeError as exc:
+            problems.append(f"a kexec kernel is still loaded: {one_line(exc)}")
+    if done:
+        say(f"boot plan {plan.id}: not in its journal, put back: {'; '.join(done)}")
+    return problems
+
+
+def return_to_original(root: Path, plan: Plan) -> str:
+    here = boot_facts(root)
+    same = here["release"] == plan.original["release"] and boot_words(here["cmdline"]) == boot_words(
+        plan.original["cmdline"]
+    )
+    if same:
+        return "finished; this boot is already the original kernel and command line"
+    if plan.mode == "kexec":
+        image = root / "boot" / f"vmlinuz-{plan.original['release']}"
+        initrd = root / "boot" / f"initrd.img-{plan.original['release']}"
+        if not image.is_file():
+            return f"finished; {image} missing: reboot to return to the default kernel"
+        argv = (
+            ["kexec", "-l", str(image)]
+            + (["--initrd", str(initrd)] if initrd.is_file() else [])
+            + ["--append", " ".join(boot_words(plan.original["cmdline"]))]
+        )
+        run_tool(argv)
+        run_tool(["systemctl", "--no-block", "kexec"] if systemd_running(root) else ["kexec", "-e"])
+        return f"finished; kexec back into {plan.original['release']} with the original command line"
+    if plan.mode == "grub":
+        run_tool(["systemctl", "--no-block", "reboot"])
+        return "finished; rebooting into the default entry (never changed)"
+    return (
+        f"finished; boot the default entry again (kernel {plan.original['release']}, "
+        f"command line '{plan.original['cmdline']}')"
+    )
+
+
+def stop_unit(root: Path, plan: Plan, say) -> None:
+    """Before an abort removes this plan's unit: its start job, queued at this boot (the unit starts after
+    multi-user.target), is cancelled by queueing a stop (``--no-block``: the cancel is done when the stop job is
+    queued, and nothing waits on the unit's ordering), and a failed state from an earlier resume of this boot is
+    reset. Otherwise systemd fails the queued job once the unit file is gone and reloaded ("Failed to start
+    ticklab-plan.service") and lists the unit failed. Never from the unit itself: only an abort, which the unit does
+    not run (a resume that ends its plan removes the unit it runs in)."""
+    if not systemd_running(root) or not os.path.lexists(root / UNIT_PATH):
+        return
+    try:
+        text = read_plan_file(root / UNIT_PATH) or ""
+    except HostChangeError:
+        return  # not a file ticklab wrote: the abort says so when putting things back
+    if not is_plan_unit(text, plan.id):
+        return
+    for argv in (["systemctl", "--no-block", "stop", UNIT_NAME], ["systemctl", "reset-failed", UNIT_NAME]):
+        try:
+            run_command(argv)
+        except HostChangeError as exc:  # the unit is removed all the same; systemd may list it failed
+            say(f"boot plan {plan.id}: {one_line(exc)}; systemd may report {UNIT_NAME} failed")

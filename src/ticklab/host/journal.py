@@ -1,0 +1,435 @@
+"""The journal of host changes and the host lock: what ``HostChanges`` writes before it changes anything, and
+:func:`recover`, the one path that puts back what a killed capture left changed.
+
+A journal lists, for each change, what it was and the value it replaced (:class:`Change`); what a kind of change
+means (how it is undone, which paths it may name, whether a reboot resets it) is its :class:`ChangeKind`, registered
+in :data:`KINDS` by :mod:`ticklab.host.change_kinds`.
+
+Root trusts only files only root can have written: the journal lives in a directory ticklab creates with mode 0700
+(/run/ticklab as root; see :func:`private_dir`), recovery refuses a journal whose directory or file another user
+could have written, and restores only knobs under the host's /sys or /proc/sys. One privileged capture at a time:
+:class:`HostLock` holds ``<root>/run/ticklab/host.lock`` (flock) for as long as a ``HostChanges`` block is open, and
+a second one fails naming the holder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ..safefiles import UnsafeFileError, kind_of, read_bytes, shown
+from ..schemas import problem as schema_problem
+from . import facts
+
+JOURNAL_NAME = "host-changes.json"
+MAX_JOURNAL_BYTES = 64 << 20  # a task_affinity entry takes ~50 bytes per thread moved: 100k threads fit
+
+
+class HostChangeError(RuntimeError):
+    """A knob could not be read, written or restored; the message names the file."""
+
+
+class HostBusy(HostChangeError):
+    """Another ticklab process holds the host (:class:`HostLock`): nothing was touched."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder  # what the lock file says of its holder: "pid N (command) since T"
+
+
+def state_dir() -> Path:
+    """Where the journal lives: $TICKLAB_STATE_DIR, else /run/ticklab as root (gone at reboot, like the
+    changes it lists), else the user's runtime directory."""
+    state = os.environ.get("TICKLAB_STATE_DIR")
+    if state:
+        return Path(state)
+    if os.geteuid() == 0:
+        return Path("/run/ticklab")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "ticklab" if runtime else Path.home() / ".cache" / "ticklab-state"
+
+
+def default_journal() -> Path:
+    return state_dir() / JOURNAL_NAME
+
+
+def _describe_mode(info: os.stat_result) -> str:
+    return f"owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
+def private_dir(path: Path | str) -> Path:
+    """A directory only this user can write, made with mode 0700 when missing. An existing one must be a
+    real directory (not a symlink) owned by us with no group or other access, and no directory above it
+    may be writable by another user unless sticky (as /tmp is): otherwise HostChangeError."""
+    path = Path(os.path.abspath(path))
+    me = os.geteuid()
+    for ancestor in reversed(path.parents):
+        try:
+            info = os.stat(ancestor)
+        except FileNotFoundError:
+            break
+        if info.st_uid not in (0, me) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+            raise HostChangeError(
+                f"{ancestor}: another user can replace what is under it ({_describe_mode(info)}); "
+                f"ticklab keeps host state only below directories root or you alone can write"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise HostChangeError(f"{path}: cannot create ({exc.strerror or exc})") from exc
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or info.st_mode & 0o077:
+        kind = (
+            "a symlink"
+            if stat.S_ISLNK(info.st_mode)
+            else "not a directory"
+            if not stat.S_ISDIR(info.st_mode)
+            else _describe_mode(info)
+        )
+        raise HostChangeError(
+            f"{path}: must be a directory of uid {me} with mode 0700 ({kind}); "
+            "ticklab does not trust host state another user could have written"
+        )
+    return path
+
+
+def open_private(path: Path, flags: int) -> int:
+    """Open a file in a private directory, never through a symlink; it must be ours and not writable by others."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)  # a FIFO cannot block
+    except OSError as exc:
+        raise HostChangeError(f"{path}: cannot open ({exc.strerror or exc}; a symlink is refused)") from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise HostChangeError(f"{path}: {kind_of(info.st_mode)}, not a regular file; refused")
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        raise HostChangeError(
+            f"{path}: not a regular file of uid {os.geteuid()} writable only by it ({_describe_mode(info)}); refused"
+        )
+    return fd
+
+
+def read_private(path: Path, limit: int) -> bytes:
+    """The whole of a file of ours in a private directory (host state: a journal, a plan), through
+    :mod:`ticklab.safefiles`: never through a link, never a FIFO or device, ours and writable only by us, at most
+    ``limit`` bytes; HostChangeError naming it otherwise."""
+    try:
+        return read_bytes(path, limit, owner=os.geteuid())
+    except UnsafeFileError as exc:
+        raise HostChangeError(str(exc)) from None
+
+
+def lock_path(root: Path | str) -> Path:
+    """The host-wide lock: /run/ticklab/host.lock (under a fake root in tests)."""
+    return Path(root) / "run" / "ticklab" / "host.lock"
+
+
+def host_lock(root: Path | str, journal: Path) -> HostLock:
+    """The lock a HostChanges on ``journal`` holds: the host's as root, else one beside the journal."""
+    return HostLock(lock_path(root) if os.geteuid() == 0 else private_dir(journal.parent) / "host.lock")
+
+
+class HostLock:
+    """One privileged capture at a time on a host: an flock on a file only root can write, naming its holder."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.fd: int | None = None
+
+    def acquire(self) -> HostLock:
+        private_dir(self.path.parent)
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process that has not said who it is"
+            os.close(fd)
+            raise HostBusy(
+                f"{self.path}: the host is held by {holder}; one privileged capture at a time: wait for it or stop it",
+                holder,
+            ) from None
+        command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:200]
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({command or 'python'}) since {since}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+@dataclass
+class Change:
+    kind: str  # write | sched_feature | mkdir | mount
+    path: str  # absolute path of the file, directory or mount point
+    before: str | None = None  # value (or state) found before the change
+    wanted: str | None = None  # value written (None: another tool writes it; we only put it back)
+    during: str | None = None  # read back after writing
+    after: str | None = None  # read back after restoring
+    feature: str | None = None
+    label: str | None = None
+    dry_run: bool = False
+    error: str | None = None  # why restoring failed (or, with refused, why the kernel refused the write)
+    refused: bool = False  # the kernel refused the write (a per-CPU or managed interrupt): nothing changed
+    tasks: dict | None = None  # kind task_affinity: {tid: [start time, cpu list before]} of the tasks moved
+    moved_at: int | None = None  # kind task_affinity: clock ticks since boot when they were moved (tasks started
+    # later inherited the narrowed list from a moved parent and get the CPU back)
+    cpu: int | None = None  # kind task_affinity: the CPU taken out
+    boot_id: str | None = None  # kinds task_affinity, process: the boot the ids belong to (none survive a reboot)
+    pid: int | None = None  # kind process: a process ticklab started (a workload, its server, an extra) ...
+    started: str | None = None  # ... and its start time (/proc/<pid>/stat field 22): the two identify it
+
+    def record(self) -> dict:
+        record = {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        if self.kind == "task_affinity":  # the manifest gets a count; the journal (record_full) every task
+            record["tasks"] = len(self.tasks or {})
+        return record
+
+    def record_full(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+
+
+def process_start(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat: with the pid, it identifies a process across pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return facts.stat_fields(stat)[19]
+
+
+class ChangeKind:
+    """What one kind of journalled change means to the journal: how it is put back, which paths an entry of it may
+    name, and whether a reboot resets it. Each kind is defined, with what makes it, in :mod:`.change_kinds`."""
+
+    name: ClassVar[str]
+    resets_at_reboot: ClassVar[bool] = True  # the running kernel's state; a boot plan's files outlive a reboot
+
+    def confined(self, change: Change, root: Path) -> bool:
+        """The entry names a kernel knob of this host (under <root>/sys, <root>/proc/sys or <root>/proc/irq)."""
+        path = os.path.normpath(change.path)
+        return path == change.path and any(path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
+
+    def describe(self, change: Change) -> str:
+        """What a dry run would do, after 'dry-run: would '."""
+        raise NotImplementedError
+
+    def undo(self, change: Change) -> str | None:
+        """Put the change back; returns the value read afterwards."""
+        raise NotImplementedError
+
+    def left_behind(self, change: Change) -> str:
+        """The change as it was made, for what ``ticklab doctor`` says a journal left behind lists."""
+        return f"{change.kind} {change.path}"
+
+
+KNOB_TREES = ("sys", "proc/sys", "proc/irq")
+KINDS: dict[str, ChangeKind] = {}
+
+
+def registered(kind: type[ChangeKind]) -> type[ChangeKind]:
+    """Class decorator: the journal knows the kind by its name."""
+    KINDS[kind.name] = kind()
+    return kind
+
+
+def undo(change: Change) -> str | None:
+    """Put one change back; returns the value read afterwards."""
+    kind = KINDS.get(change.kind)
+    if kind is None:
+        raise HostChangeError(f"{change.path}: unknown change kind {change.kind!r} in journal")
+    return kind.undo(change)
+
+
+def undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]:
+    failures = []
+    for change in reversed(changes):
+        try:
+            change.after = undo(change)
+        except (HostChangeError, OSError, ValueError) as exc:
+            change.error = str(exc)
+            failures.append(change)
+            log(f"{change.path}: could not restore {change.before!r}: {exc}")
+    return failures
+
+
+def confined(change: Change, root: Path) -> bool:
+    """A journal entry names a kernel knob of this host (under <root>/sys, <root>/proc/sys or <root>/proc/irq), or
+    is the task affinities it moved (their CPU lists, restored with sched_setaffinity), or a process it started (pid
+    and start time: killed if left running), or a file a boot plan installs, nothing else."""
+    kind = KINDS.get(change.kind)
+    return kind is not None and kind.confined(change, root)
+
+
+def write_journal(journal: Path, data: dict) -> None:
+    """Atomically, private to us, synced: a kill at any instant leaves the old journal or the new one."""
+    temporary = journal.with_name(journal.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    with os.fdopen(open_private(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
+        json.dump(data, handle, separators=(",", ":"))  # compact: one entry lists every task moved
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, journal)
+
+
+def read_journal(journal: Path, *, root: Path | str = "/") -> list[Change]:
+    """The changes a journal lists (a boot plan's, adopted by a later process), checked as :func:`recover` checks."""
+    journal, root = Path(journal), Path(root)
+    if not os.path.lexists(journal):
+        return []
+    return checked_journal(journal, root)[1]
+
+
+_TEXT_OR_NULL = {"type": ["string", "null"]}  # the journal's size is bounded (MAX_JOURNAL_BYTES), not each text
+JOURNAL_SCHEMA = {
+    "type": "object",
+    "required": ["changes"],
+    "properties": {
+        "pid": {"type": ["integer", "null"], "minimum": 0},
+        "pid_start": _TEXT_OR_NULL,
+        "boot_id": _TEXT_OR_NULL,
+        "root": {"type": "string"},
+        "changes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["kind", "path"],
+                "additionalProperties": False,
+                "properties": {
+                    "kind": {
+                        "enum": [
+                            "write",
+                            "sched_feature",
+                            "task_affinity",
+                            "mkdir",
+                            "mount",
+                            "file",
+                            "symlink",
+                            "grub_oneshot",
+                            "kexec_load",
+                            "process",
+                        ]
+                    },
+                    "path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                    **{
+                        key: _TEXT_OR_NULL
+                        for key in (
+                            "before",
+                            "wanted",
+                            "during",
+                            "after",
+                            "feature",
+                            "label",
+                            "error",
+                            "boot_id",
+                            "started",
+                        )
+                    },
+                    "pid": {"type": ["integer", "null"], "minimum": 0},
+                    "dry_run": {"type": "boolean"},
+                    "refused": {"type": "boolean"},
+                    "tasks": {"type": ["object", "null"]},
+                    "moved_at": {"type": ["integer", "null"], "minimum": 0},
+                    "cpu": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 20},
+                },
+            },
+        },
+    },
+}
+
+
+def checked_journal(journal: Path, root: Path) -> tuple[dict, list[Change]]:
+    private_dir(journal.parent)
+    raw = read_private(journal, MAX_JOURNAL_BYTES)
+    try:
+        data = json.loads(raw)
+        problem = schema_problem(data, JOURNAL_SCHEMA)
+        if problem:
+            raise ValueError(problem)
+        changes = [Change(**entry) for entry in data["changes"]]
+        if not all(isinstance(c.path, str) and isinstance(c.kind, str) for c in changes):
+            raise TypeError("a change without a path")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise HostChangeError(
+            f"{journal}: unreadable journal of host changes ({shown(exc, 300)}); "
+            "check the knobs it names by hand, then delete it"
+        ) from None
+    if str(data.get("root", "/")) != str(root):
+        raise HostChangeError(f"{journal}: written for root {data.get('root')!r}, not {str(root)!r}; refused")
+    outside = [c.path for c in changes if not confined(c, root)]
+    if outside:
+        raise HostChangeError(
+            f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'}, "
+            f"{root / 'proc/sys'} or {root / 'proc/irq'}; refused (check it by hand, then delete it)"
+        )
+    return data, changes
+
+
+def reset_by_reboot(change: Change) -> bool:
+    """What a reboot puts back by itself: the running kernel's state. (A boot plan's files and grub's one-shot entry
+    outlive a reboot; a boot plan's journal is put back by its own engine, never by recover.)"""
+    return KINDS[change.kind].resets_at_reboot
+
+
+def journal_boot(data: dict, changes: list[Change]) -> str | None:
+    """The boot a journal was written in (its own field, else what its task or process entries say), or None."""
+    return data.get("boot_id") or next((c.boot_id for c in changes if c.boot_id), None)
+
+
+def owner_running(data: dict) -> bool:
+    """The process that wrote a journal still runs (its pid has the start time the journal records, in this boot):
+    what it lists is its own to put back."""
+    pid = data.get("pid")
+    return bool(pid and pid != os.getpid() and data.get("pid_start") and process_start(pid) == data["pid_start"])
+
+
+def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None] = print) -> list[Change]:
+    """Restore what a killed capture left changed, as listed in its journal. The journal must sit in a
+    private directory (mode 0700, ours) and be our own file; it may only name knobs under /sys or /proc/sys.
+    A journal of another boot (a state directory on disk) lists kernel state the reboot reset: none of it is
+    written back (the previous boot's interrupt numbers and values mean nothing now)."""
+    journal, root = Path(journal), Path(root)
+    if not os.path.lexists(journal):
+        return []
+    data, changes = checked_journal(journal, root)
+    pid = data.get("pid")
+    boot = journal_boot(data, changes)
+    pending = changes
+    if boot and boot != facts.boot_id():
+        pending = [c for c in changes if not reset_by_reboot(c)]
+        for change in changes:
+            if reset_by_reboot(change):
+                change.after = "another boot: reset by the reboot"
+        log(f"{journal}: written in another boot (pid {pid}); the reboot reset the kernel state it lists")
+    elif owner_running(data):
+        raise HostChangeError(f"{journal}: held by a running ticklab process (pid {pid}); wait for it or stop it")
+    if pending:
+        log(f"{journal}: restoring {len(pending)} host change(s) left by an interrupted capture (pid {pid})")
+    failures = undo_all(pending, log)
+    if failures:
+        # only what is still to be put back stays listed: the rest is not written again at every later start
+        write_journal(journal, {**data, "changes": [c.record_full() for c in failures]})
+        raise HostChangeError(
+            f"{journal}: could not restore "
+            + "; ".join(f"{c.path} ({c.error})" for c in failures)
+            + f"; set these by hand, then delete {journal}"
+        )
+    journal.unlink()
+    return changes
