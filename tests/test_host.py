@@ -586,9 +586,13 @@ def test_every_kind_a_journal_may_list_is_registered_with_its_own_undo():
     """recover() puts each entry back through its kind: a kind the journal's schema admits with no registered kind, or
     one that has no undo of its own, would be journalled and never put back."""
     from ticklab.host import journal
+    from ticklab.schemas import problem
 
-    admitted = journal.JOURNAL_SCHEMA["properties"]["changes"]["items"]["properties"]["kind"]["enum"]
-    assert sorted(admitted) == sorted(journal.KINDS)
+    admitted = journal.journal_schema()["properties"]["changes"]["items"]["properties"]["kind"]["enum"]
+    assert admitted == list(journal.KINDS) and len(admitted) == 10
+    assert problem({"changes": [{"kind": "teleport", "path": "/x"}]}, journal.journal_schema()).startswith(
+        "changes[0].kind: 'teleport' is not one of ['write', 'sched_feature'"
+    )
     for name, kind in journal.KINDS.items():
         assert kind.name == name
         assert type(kind).undo is not journal.ChangeKind.undo, f"{name}: no undo of its own"

@@ -14,7 +14,9 @@ a second one fails naming the holder.
 
 from __future__ import annotations
 
+import copy
 import fcntl
+import functools
 import json
 import os
 import stat
@@ -313,20 +315,7 @@ JOURNAL_SCHEMA = {
                 "required": ["kind", "path"],
                 "additionalProperties": False,
                 "properties": {
-                    "kind": {
-                        "enum": [
-                            "write",
-                            "sched_feature",
-                            "task_affinity",
-                            "mkdir",
-                            "mount",
-                            "file",
-                            "symlink",
-                            "grub_oneshot",
-                            "kexec_load",
-                            "process",
-                        ]
-                    },
+                    "kind": {"type": "string"},  # journal_schema(): one of KINDS
                     "path": {"type": "string", "minLength": 1, "maxLength": 4096},
                     **{
                         key: _TEXT_OR_NULL
@@ -355,12 +344,25 @@ JOURNAL_SCHEMA = {
 }
 
 
+def journal_schema() -> dict:
+    """JOURNAL_SCHEMA with ``kind`` one of the registered kinds (change_kinds registers each when host/ is imported):
+    the registry is the one list of kinds a journal may name."""
+    return _journal_schema(tuple(KINDS))
+
+
+@functools.cache
+def _journal_schema(kinds: tuple[str, ...]) -> dict:
+    schema = copy.deepcopy(JOURNAL_SCHEMA)
+    schema["properties"]["changes"]["items"]["properties"]["kind"] = {"enum": list(kinds)}
+    return schema
+
+
 def checked_journal(journal: Path, root: Path) -> tuple[dict, list[Change]]:
     private_dir(journal.parent)
     raw = read_private(journal, MAX_JOURNAL_BYTES)
     try:
         data = json.loads(raw)
-        problem = schema_problem(data, JOURNAL_SCHEMA)
+        problem = schema_problem(data, journal_schema())
         if problem:
             raise ValueError(problem)
         changes = [Change(**entry) for entry in data["changes"]]
