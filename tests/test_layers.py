@@ -15,7 +15,7 @@ PACKAGE = Path(ticklab.__file__).parent
 REPO = PACKAGE.parent.parent
 
 # the floor every layer stands on: standard library and the package's own files, schemas and paths
-SHARED = ("safefiles", "paths", "importcost", "claimids", "lockfile", "yamlsafe", "schemas")
+SHARED = ("safefiles", "paths", "importcost", "claimids", "lockfile", "yamlsafe", "schemas", "registry")
 # each top-level module or folder -> what of the package it may import, besides itself and the package's __init__
 MAY_IMPORT = {
     "safefiles": (),
@@ -23,6 +23,7 @@ MAY_IMPORT = {
     "importcost": (),
     "claimids": (),
     "lockfile": (),
+    "registry": (),
     "yamlsafe": ("safefiles",),
     "schemas": ("safefiles", "importcost"),
     "trace": SHARED,

@@ -6,10 +6,11 @@ import pytest
 import yaml
 
 from conftest import REPO
+from ticklab import registry
 from ticklab.capture import session, tracing
 from ticklab.capture.experiment import ExperimentError, load_experiment
 from ticklab.cli import build_parser
-from ticklab.trace import registry, tracemetrics
+from ticklab.trace import tracemetrics
 
 FTQ = REPO / "runners/nohz/ftq.yaml"
 
@@ -70,6 +71,28 @@ def test_a_tracing_backend_added_to_the_registry_is_accepted_by_the_schema_and_t
 def test_each_backend_named_is_a_recorder_of_that_name():
     assert list(tracing.RECORDERS) == list(registry.TRACING_BACKENDS)
     assert all(cls.backend == name for name, cls in tracing.RECORDERS.items())
+
+
+def test_boot_modes_and_accelerators_are_the_registrys_in_the_cli_plans_and_schema(tmp_path, monkeypatch, capsys):
+    from ticklab.host import plan_state
+
+    assert plan_state.MODES == registry.BOOT_MODES
+    assert plan_state.PLAN_SCHEMA["properties"]["mode"]["enum"] == list(registry.BOOT_MODES)
+    monkeypatch.setattr(registry, "BOOT_MODES", (*registry.BOOT_MODES, "pxe"))
+    monkeypatch.setattr(registry, "ACCELERATORS", (*registry.ACCELERATORS, "hvf"))
+    assert build_parser().parse_args(["capture", "nohz", "--boot", "pxe"]).boot == "pxe"
+    assert build_parser().parse_args(["lab", "run", "nohz", "--accel", "hvf"]).accel == "hvf"
+    data = yaml.safe_load(FTQ.read_text())
+    data["lab"] = {"accel": "hvf"}
+    path = tmp_path / "accel.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_experiment(path).lab["accel"] == "hvf"
+    monkeypatch.undo()
+    with pytest.raises(ExperimentError, match=r"lab.accel: 'hvf' is not one of \['any', 'auto', 'kvm', 'tcg'\]"):
+        load_experiment(path)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["lab", "run", "nohz", "--accel", "hvf"])
+    assert "invalid choice: 'hvf' (choose from 'auto', 'kvm', 'tcg')" in capsys.readouterr().err
 
 
 def _ran(tmp_path, monkeypatch, metric_sets: dict, named):

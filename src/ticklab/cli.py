@@ -8,11 +8,10 @@ import re
 import sys
 from pathlib import Path
 
-from . import __version__, paths
+from . import __version__, paths, registry
 from .claimids import CLAIM_IDS
 from .paths import ProjectError, seeds_dir
 from .safefiles import shown
-from .trace import registry
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -831,7 +830,7 @@ def _add_capture_parser(sub) -> None:
     cap.add_argument("--dry-run", action="store_true", help="print every privileged write, change nothing, run nothing")
     cap.add_argument(
         "--boot",
-        choices=["kexec", "grub", "manual"],
+        choices=registry.BOOT_MODES,
         help="kernel conditions (a kernel, a command line): one boot per run in the seeded order, "
         "resumed by a systemd unit after each reboot: kexec (default choice), grub (one-shot "
         "grub-reboot, where kexec is locked down) or manual (you boot what it says); the default "
@@ -990,7 +989,7 @@ def _add_lab_host_plan_parser(lab_sub) -> None:
         "interaction, and check the machine from outside afterwards",
     )
     host_plan.add_argument("claim", choices=list(CLAIM_IDS))
-    host_plan.add_argument("--boot", choices=["kexec", "grub"], required=True)
+    host_plan.add_argument("--boot", choices=registry.LAB_HOST_BOOT_MODES, required=True)
     host_plan.add_argument(
         "--runs", type=_whole(1, 1000), help="measured runs per condition (default: the experiment's)"
     )
@@ -1018,7 +1017,9 @@ def _add_lab_host_plan_parser(lab_sub) -> None:
         type=Path,
         help="copy the plan's bundle here, under the lab host's host-id (default: kept in the run's directory only)",
     )
-    host_plan.add_argument("--accel", choices=["tcg", "kvm"], default="tcg", help="QEMU accelerator (default tcg)")
+    host_plan.add_argument(
+        "--accel", choices=registry.ACCELERATORS, default="tcg", help="QEMU accelerator (default tcg)"
+    )
     host_plan.add_argument("--keep-disk", action="store_true", help="keep the run's disk image")
     host_plan.add_argument(
         "--kernel",
@@ -1049,7 +1050,7 @@ def _add_lab_run_parser(lab_sub) -> None:
     lab_run.add_argument("claim", choices=list(CLAIM_IDS))
     lab_run.add_argument(
         "--accel",
-        choices=["auto", "kvm", "tcg"],
+        choices=registry.accel_choices(),
         default="auto",
         help="KVM only if a test guest boots with it (auto, the default), or force one",
     )
@@ -1067,7 +1068,7 @@ def _add_lab_run_parser(lab_sub) -> None:
     lab_run.add_argument("--no-build", action="store_true", help="fail instead of building a missing lab kernel")
     lab_run.add_argument(
         "--boot",
-        choices=["kexec"],
+        choices=registry.GUEST_BOOT_MODES,
         help="play a real host: one guest runs a boot experiment's plan (runners/<claim>/host-boot-*.yaml), "
         "kexecing into each run's command line, as 'ticklab capture --boot kexec' does on a host",
     )

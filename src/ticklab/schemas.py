@@ -170,10 +170,10 @@ REQUIREMENT = {
 }
 
 
-def experiment_schema(*, metric_sets, backends) -> dict:
+def experiment_schema(*, metric_sets, backends, accels) -> dict:
     """The schema of a runners/<claim>/*.yaml experiment. The names that have a registry elsewhere come from it
-    (capture/experiment.py passes them): ``metric_sets`` trace/registry.METRIC_SET_NAMES, ``backends``
-    trace/registry.backend_choices()."""
+    (capture/experiment.py passes them, from ticklab/registry.py): ``metric_sets`` METRIC_SET_NAMES, ``backends``
+    backend_choices(), ``accels`` lab_accel_choices()."""
     metric_set = {"type": "string", "enum": list(metric_sets)}
     return {
         "type": "object",
@@ -293,7 +293,7 @@ def experiment_schema(*, metric_sets, backends) -> dict:
                     "smp": {"type": "integer", "minimum": 1, "maximum": 256},
                     "memory_mb": {"type": "integer", "minimum": 64, "maximum": 1 << 20},
                     "cmdline": {"type": "string"},
-                    "accel": {"enum": ["any", "kvm", "tcg", "auto"]},
+                    "accel": {"enum": list(accels)},
                     "boot_timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
                     "pin_vcpus": {"type": "boolean"},
                     # the tracing backend inside the guest when the command line leaves it at auto

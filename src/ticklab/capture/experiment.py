@@ -36,10 +36,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import schemas, yamlsafe
+from .. import registry, schemas, yamlsafe
 from ..paths import repo_root
 from ..safefiles import UnsafeFileError, read_bytes, shown
-from ..trace import registry
 from ..yamlsafe import preview
 
 REQUIRED = ("claim", "name", "description", "conditions", "workload")
@@ -215,12 +214,12 @@ WORKLOAD_TOOLS = ("ftq", "clockbench", "timejobs", "hackbench", "tbench", "kbuil
 def experiment_schema() -> dict:
     """schemas.experiment_schema with the names of today's registries (read at each call, so the schema follows
     them; built once per set of names)."""
-    return _experiment_schema(registry.METRIC_SET_NAMES, registry.backend_choices())
+    return _experiment_schema(registry.METRIC_SET_NAMES, registry.backend_choices(), registry.lab_accel_choices())
 
 
 @functools.cache
-def _experiment_schema(metric_sets: tuple[str, ...], backends: tuple[str, ...]) -> dict:
-    return schemas.experiment_schema(metric_sets=metric_sets, backends=backends)
+def _experiment_schema(metric_sets: tuple[str, ...], backends: tuple[str, ...], accels: tuple[str, ...]) -> dict:
+    return schemas.experiment_schema(metric_sets=metric_sets, backends=backends, accels=accels)
 
 
 def load_experiment(path: Path | str) -> Experiment:

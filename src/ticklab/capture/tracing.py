@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..host import HostChanges, facts
+from ..registry import TRACING_BACKENDS
 from ..safefiles import OwnedDir, UnsafeFileError
-from ..trace.registry import TRACING_BACKENDS
 from ..trace.tracefs_stats import stats_lost_count
 from .process import spawn
 
@@ -670,7 +670,7 @@ class TraceCmdRecorder:
 # recorder: a backend named there without a recorder here fails when this module is imported
 RECORDERS = {cls.backend: cls for cls in (TraceCmdRecorder, TracefsRecorder) if cls.backend in TRACING_BACKENDS}
 if list(RECORDERS) != list(TRACING_BACKENDS):
-    raise ImportError(f"capture/tracing.py: recorders for {list(RECORDERS)}; trace/registry.py: {TRACING_BACKENDS}")
+    raise ImportError(f"capture/tracing.py: recorders for {list(RECORDERS)}; registry.py: {TRACING_BACKENDS}")
 
 
 def recorder(

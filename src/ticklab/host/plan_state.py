@@ -25,13 +25,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..registry import BOOT_MODES
 from ..safefiles import OwnedDir, UnsafeFileError, shown
 from ..schemas import problem as schema_problem
 from . import facts
 from .journal import HostChangeError, open_private, private_dir, read_private
 
 PLANS_DIR = "var/lib/ticklab/plans"
-MODES = ("kexec", "grub", "manual")
+MODES = BOOT_MODES  # registry.py: the CLI's --boot choices are the same list
 ADDED_BY_BOOT = ("BOOT_IMAGE=", "initrd=")  # words a boot loader or EFI stub adds to /proc/cmdline on its own
 RUN_STATES = ("planned", "booting", "booted", "made", "failed")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

@@ -31,6 +31,7 @@ from ..capture.session import CapturePlan
 from ..capture.stopping import StoppingRule
 from ..host import collect, host_id
 from ..paths import cache_dir
+from ..registry import GUEST_BOOT_MODES
 from . import image as guest_image
 from . import kernel as lab_kernel
 from . import qemu
@@ -94,7 +95,7 @@ def plan_kernels(experiment: Experiment, conditions: list[Condition], first) -> 
 
 def lab_boot_plan(claim: str, options: LabOptions, experiment_path: Path | None, mode: str = "kexec", log=say) -> Path:
     """Run a boot experiment's plan in one lab guest; the sealed bundle."""
-    if mode != "kexec":
+    if mode not in GUEST_BOOT_MODES:
         raise LabError(f"--boot {mode}: a lab guest has no boot loader to drive; it plays a host with --boot kexec")
     experiment = boot_experiment(claim, experiment_path)
     smp = options.smp or 2

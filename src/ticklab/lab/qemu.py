@@ -22,12 +22,12 @@ from pathlib import Path
 from ..capture.process import spawn, wait_or_kill
 from ..host import facts
 from ..paths import cache_dir
+from ..registry import accel_choices
 from .cache import LabError
 
 QEMU = "qemu-system-x86_64"
 SHARE_TAG = "ticklab"
 BASE_CMDLINE = ["console=ttyS0", "panic=-1", "rdinit=/init"]
-ACCELERATORS = ("auto", "kvm", "tcg")
 KVM_PROBE_TIMEOUT_S = 30  # a lab guest boots in about 4 s under TCG
 
 
@@ -231,8 +231,8 @@ def probe_kvm(kernel: Path, initrd: Path, say=print) -> tuple[bool, str]:
 
 def choose_accelerator(preference: str, kernel: Path, initrd: Path, say=print) -> tuple[str, str]:
     """(accelerator, why) for ``--accel auto|kvm|tcg``; says what the KVM probe found."""
-    if preference not in ACCELERATORS:
-        raise LabError(f"--accel {preference!r}: choose one of {', '.join(ACCELERATORS)}")
+    if preference not in accel_choices():
+        raise LabError(f"--accel {preference!r}: choose one of {', '.join(accel_choices())}")
     if preference == "tcg":
         return "tcg", "TCG requested"
     ok, why = probe_kvm(kernel, initrd, say)

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..registry import METRIC_SET_NAMES
 from .ingest import Trace
-from .registry import METRIC_SET_NAMES
 
 TIMER_ENTRY = "irq_vectors:local_timer_entry"
 TIMER_EXIT = "irq_vectors:local_timer_exit"
