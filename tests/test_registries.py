@@ -95,6 +95,28 @@ def test_boot_modes_and_accelerators_are_the_registrys_in_the_cli_plans_and_sche
     assert "invalid choice: 'hvf' (choose from 'auto', 'kvm', 'tcg')" in capsys.readouterr().err
 
 
+def test_a_tick_rate_is_a_lab_kernel_variant_and_an_unknown_one_is_one_line(capsys):
+    from ticklab.cli import main
+
+    assert main(["lab", "build-kernel", "--hz", "300", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert err == (
+        "ticklab lab build-kernel: kernel/configs/hz300.config: no such lab kernel variant (have: hz1000, hz250)\n"
+    )
+
+
+def test_compare_formats_are_the_registrys_in_the_cli_and_the_writer(monkeypatch, capsys):
+    from ticklab.report.compare import CompareError, render
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compare", "a", "b", "--format", "html"])
+    assert "invalid choice: 'html' (choose from 'text', 'csv', 'md', 'json')" in capsys.readouterr().err
+    with pytest.raises(CompareError, match=r"^--format 'html': choose one of text, csv, md, json$"):
+        render(None, "html")
+    monkeypatch.setattr(registry, "COMPARE_FORMATS", (*registry.COMPARE_FORMATS, "html"))
+    assert build_parser().parse_args(["compare", "a", "b", "--format", "html"]).format == "html"
+
+
 def _ran(tmp_path, monkeypatch, metric_sets: dict, named):
     """run_results of one finished run whose workload gave one row, its trace read by each named set."""
     monkeypatch.setattr(session, "METRIC_SETS", metric_sets)

@@ -948,7 +948,9 @@ def _add_lab_build_kernel_parser(lab_sub) -> None:
         "cache), kernel/patches/<series>/ and kernel/configs/.",
     )
     kernel.late_epilog = _kernel_sources_epilog
-    kernel.add_argument("--hz", type=int, choices=[1000, 250], default=1000, help="tick rate (default 1000)")
+    kernel.add_argument(
+        "--hz", type=int, default=1000, help="tick rate: the variant hz<N> of kernel/configs/ (default 1000)"
+    )
     kernel.add_argument(
         "--variant",
         nargs="+",
@@ -1098,7 +1100,7 @@ def _add_compare_parser(sub) -> None:
         help="with two bundles: compare condition A of the first with condition B of the second "
         "(repeatable; conditions no map names pair by name)",
     )
-    compare.add_argument("--format", choices=["text", "csv", "md", "json"], default="text")
+    compare.add_argument("--format", choices=registry.COMPARE_FORMATS, default="text")
     compare.set_defaults(func=_compare)
 
 

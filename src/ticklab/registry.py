@@ -8,7 +8,8 @@ import no capture or host code, and every layer may read it.
   the ``capture/tracing.py`` recorder class whose ``backend`` is that name (``tracing.RECORDERS`` is built from this
   list). An experiment's ``lab.backend`` and ``--backend`` take ``backend_choices()``.
 - ``BOOT_MODES``: how a boot plan reaches each run's kernel (``capture --boot``, a plan's ``mode``).
-- ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``)."""
+- ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``).
+- ``COMPARE_FORMATS``: what ``ticklab compare --format`` writes (``report/compare.py`` writes each)."""
 
 METRIC_SET_NAMES = ("tick", "hrtimer")
 TRACING_BACKENDS = ("trace-cmd", "tracefs")
@@ -16,6 +17,7 @@ BOOT_MODES = ("kexec", "grub", "manual")
 LAB_HOST_BOOT_MODES = ("kexec", "grub")  # the lab host's plans run unattended: nobody is there to boot by hand
 GUEST_BOOT_MODES = ("kexec",)  # a lab guest playing a host has no boot loader to drive
 ACCELERATORS = ("kvm", "tcg")
+COMPARE_FORMATS = ("text", "csv", "md", "json")  # ticklab compare --format
 
 
 def backend_choices() -> tuple[str, ...]:

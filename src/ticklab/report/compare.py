@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import registry
 from ..analysis.stats import compare_table, format_compare_table
 from ..bundle import Bundle, Manifest, load_bundle
 
-FORMATS = ("text", "csv", "md", "json")
 ALL_METRICS = "all"
 CSV_COLUMNS = [
     "metric",
@@ -381,8 +381,8 @@ def csv_rows(comparison: Comparison) -> pd.DataFrame:
 
 
 def render(comparison: Comparison, fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise CompareError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if fmt not in registry.COMPARE_FORMATS:
+        raise CompareError(f"--format {fmt!r}: choose one of {', '.join(registry.COMPARE_FORMATS)}")
     if fmt == "json":
         return json.dumps(
             {
