@@ -34,7 +34,7 @@ test: $(STAMP) tools  ## the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder </dev/null
 
 # make check: the same workers and groups, without the tests marked slow (tests/test_make_check.py keeps it so).
-check: $(STAMP) tools lint  ## the fast lane for the edit-test loop: ruff, then every test not marked slow (2 workers; 48-56 s wall on 2 quiet cores, 2026-11-28)
+check: $(STAMP) tools lint  ## the fast lane for the edit-test loop: ruff, then every test not marked slow (2 workers; 42-53 s wall on 2 quiet cores, 2026-11-28)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder -m "not slow" --durations=5 </dev/null
 
 lint: $(STAMP)  ## ruff: the linter and the formatter's check (pyproject.toml's [tool.ruff]; 'ruff format .' formats)
