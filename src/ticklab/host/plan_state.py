@@ -35,6 +35,7 @@ PLANS_DIR = "var/lib/ticklab/plans"
 MODES = BOOT_MODES  # registry.py: the CLI's --boot choices are the same list
 ADDED_BY_BOOT = ("BOOT_IMAGE=", "initrd=")  # words a boot loader or EFI stub adds to /proc/cmdline on its own
 RUN_STATES = ("planned", "booting", "booted", "made", "failed")
+PLAN_STATES = ("running", "finished", "failed", "aborted")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -120,7 +121,7 @@ PLAN_SCHEMA = {
             },
         },
         "runs": {"type": "array", "minItems": 1, "maxItems": 100_000, "items": _RUN_SCHEMA},
-        "state": {"enum": ["running", "finished", "failed", "aborted"]},
+        "state": {"enum": list(PLAN_STATES)},
         "created": _LINE,
         "log": {"type": "array", "items": {"type": "string", "maxLength": 1 << 16}},
         "capture": {"type": "object"},
