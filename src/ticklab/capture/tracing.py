@@ -668,7 +668,7 @@ class TraceCmdRecorder:
 
 # each tracing backend trace/registry.py names (the experiment schema and the CLI take the names from there), its
 # recorder: a backend named there without a recorder here fails when this module is imported
-RECORDERS = {cls.backend: cls for cls in (TraceCmdRecorder, TracefsRecorder) if cls.backend in TRACING_BACKENDS}
+RECORDERS = {cls.backend: cls for cls in (TraceCmdRecorder, TracefsRecorder)}
 if list(RECORDERS) != list(TRACING_BACKENDS):
     raise ImportError(f"capture/tracing.py: recorders for {list(RECORDERS)}; registry.py: {TRACING_BACKENDS}")
 

@@ -14,6 +14,7 @@ a second one fails naming the holder.
 
 from __future__ import annotations
 
+import abc
 import copy
 import fcntl
 import functools
@@ -217,7 +218,7 @@ def process_start(pid: int) -> str | None:
     return facts.stat_fields(stat)[19]
 
 
-class ChangeKind:
+class ChangeKind(abc.ABC):
     """What one kind of journalled change means to the journal: how it is put back, which paths an entry of it may
     name, and whether a reboot resets it. Each kind is defined, with what makes it, in :mod:`.change_kinds`."""
 
@@ -229,13 +230,13 @@ class ChangeKind:
         path = os.path.normpath(change.path)
         return path == change.path and any(path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
 
+    @abc.abstractmethod
     def describe(self, change: Change) -> str:
         """What a dry run would do, after 'dry-run: would '."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def undo(self, change: Change) -> str | None:
         """Put the change back; returns the value read afterwards."""
-        raise NotImplementedError
 
     def left_behind(self, change: Change) -> str:
         """The change as it was made, for what ``ticklab doctor`` says a journal left behind lists."""
