@@ -103,6 +103,12 @@ WORDS = {
     "smaller: no change not excluded": _word(
         "smaller than the target", "no change is not excluded", "size inconsistent"
     ),
+    # the whole CI short of the band, clear of no change but reaching into the declared no-effect margin
+    "smaller: within the no-effect margin": _word(
+        "smaller than the target", "reaches into the declared no-effect margin", "size inconsistent"
+    ),
+    # the whole CI short of the band with the estimate at or past no change
+    "target excluded": _word("target excluded", "", "size inconsistent"),
     # the whole CI beyond the band
     "larger than the target": _word("larger than the target", "", "size inconsistent", "same side"),
     # the whole CI on the other side of no change
@@ -112,6 +118,8 @@ WORDS = {
     # the CI holds no change and the target (or the direction)
     "inconclusive": _word("inconclusive", "the CI holds no change and sizes"),
     "inconclusive: direction target": _word("inconclusive", "the CI holds no change and the source's direction"),
+    # a direction target: the CI clears no change but not the declared no-effect margin
+    "inconclusive: direction within the margin": _word("inconclusive", "excludes no change but reaches into"),
     # comparisons.verdicts: fewer than 2 runs of a condition (never here: n >= 3)
     "inconclusive: too few runs": _word("inconclusive", "too few runs"),
     # comparisons.verdicts: outside the comparison's kernel range (never here: the synthetic runs have no kernel)

@@ -311,3 +311,13 @@ def test_capture_reads_its_targets_from_the_published_dir_it_is_given(tmp_path, 
         )
         == 0
     ), "a fixed run count needs no targets"
+
+
+def test_precision_note_never_says_met_and_not_met_at_once():
+    from ticklab.analysis.stats import precision_note
+
+    # issue 52: the Intel guest's FTQ rows read "precision target ≤ 0.014 not met; capture stopped: precision reached"
+    note = precision_note(1.0, 1.047, 0.014, ["precision reached: all 3 comparison(s) met their target after 10 runs"])
+    assert "not met" not in note
+    assert "wider than the precision target ≤ 0.014" in note
+    assert "the capture's own check found its CI narrow enough when it stopped" in note

@@ -50,7 +50,8 @@ def test_reproduced_for_a_direction_target_the_whole_ci_on_the_sources_side():
     verdict, reason = decide(DIRECTION, ci(1.10, 1.05, 1.15), 0.001, M)
     assert (
         verdict == "reproduced"
-        and "the whole CI lies on the source's side of no change, which is all the source states" in reason
+        and "the whole CI lies on the source's side of no change and clear of the declared no-effect margin ×0.98..×1.02, "
+        "which is all the source states" in reason
     )
 
 
@@ -183,3 +184,53 @@ def test_band_overlap_states_share_estimate_side_and_width_in_any_geometry():
     assert band_overlap(1.0, 2.005, 1.5, *band).startswith("under 1% of the CI")
     # the band's ends may come in either order; a level (a share, not a ratio) works the same way
     assert band_overlap(0.22, 0.27, 0.24, 0.3125, 0.2) == band_overlap(0.22, 0.27, 0.24, 0.2, 0.3125)
+
+
+# Issue 52 item 2: words that say no more than the CI shows.
+def test_target_excluded_a_ci_short_of_the_band_with_its_estimate_past_no_change():
+    # hrtick's reprograms/s row on the busy Intel guest: ×1.02 [0.54, 1.87] against the printed ×0.04 (fewer)
+    target = Target(0.04, -1, "derived: a test's", "2500/s -> 100/s", ())
+    verdict, reason = decide(target, ci(1.02, 0.54, 1.87), 0.9, Margins(no_effect=0.10))
+    assert verdict == "target excluded"
+    assert "the target's size is excluded" in reason
+    assert "no effect in the source's direction is shown" in reason
+    assert "smaller" not in reason
+
+
+def test_target_excluded_when_the_estimate_is_exactly_no_change():
+    verdict, _ = decide(UP, ci(1.0, 0.9, 1.1), 0.9, M)
+    assert verdict == "target excluded"
+
+
+def test_smaller_than_the_target_needs_the_estimate_on_the_sources_side():
+    # the series row on the busy Intel guest: ×1.45 [0.752, 3.27] against ×0.573 (faster): the estimate is slower
+    target = Target(0.573, -1, "derived: a test's", "0.840 s -> 0.481 s", ())
+    verdict, reason = decide(target, ci(1.45, 0.752, 3.27), 0.9, Margins(no_effect=0.05))
+    assert verdict != "smaller than the target"
+    verdict, reason = decide(UP, ci(1.03, 0.99, 1.08), 0.2, M)
+    assert verdict == "smaller than the target" and "no change is not excluded" in reason
+
+
+def test_an_effect_in_the_sources_direction_never_when_the_ci_reaches_into_the_no_effect_margin():
+    # the HZ=250 FTQ row on the Intel guest: low end ×1.002 inside the declared ±1 %
+    target = Target(1.065, 1, "derived: a test's", "80 µs per tick", ())
+    verdict, reason = decide(target, ci(1.03, 1.002, 1.05), 0.01, Margins(no_effect=0.01))
+    assert verdict == "smaller than the target"
+    assert "an effect in the source's direction" not in reason
+    assert "reaches into the declared no-effect margin ×0.99..×1.01" in reason
+    verdict, reason = decide(target, ci(1.03, 1.015, 1.045), 0.01, Margins(no_effect=0.01))
+    assert verdict == "smaller than the target" and "an effect in the source's direction" in reason
+
+
+def test_a_direction_target_is_not_reproduced_by_a_ci_reaching_into_the_margin():
+    verdict, reason = decide(DIRECTION, ci(1.05, 1.01, 1.10), 0.01, M)
+    assert verdict == "inconclusive"
+    assert "excludes no change but reaches into the declared no-effect margin" in reason
+
+
+def test_consistent_not_pinned_says_when_its_low_end_is_negligible():
+    verdict, reason = decide(UP, ci(1.15, 1.01, 1.3), 0.01, M)
+    assert verdict == "consistent, not pinned"
+    assert "a negligible effect is not excluded" in reason
+    verdict, reason = decide(UP, ci(1.2, 1.1, 1.3), 0.01, M)
+    assert verdict == "consistent, not pinned" and "negligible" not in reason

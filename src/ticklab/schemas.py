@@ -271,6 +271,13 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
                 },
             },
             "notes": {"type": ["string", "null"]},
+            # what the machine must be for a run to count (analysis/checks.py: a run on another clocksource is left
+            # out); not for an experiment whose condition is the clocksource
+            "assumes": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"clocksource": {"type": "string", "pattern": "^[a-z0-9_-]{1,32}$"}},
+            },
             "kernel_builds": {
                 "type": "array",
                 "items": {

@@ -92,6 +92,7 @@ class FactCheck:
 
 
 BUNDLE_HOST = "_bundle_host"  # run_checks adds the bundle's host facts to each record under this key
+BUNDLE_DEFINITION = "_bundle_definition"  # and the experiment as the bundle loaded it
 
 
 def run_hz(record: Mapping):
@@ -196,11 +197,165 @@ class MetricBound:
         return bound, f"{value:.4g}", value <= self.at_most
 
 
+# -- whether a run ran as intended: checked for every claim, whatever its own checks (issue 52) ---------------------
+TICK_ON_SHARE = 0.5  # declared: a tick-on run's CPU took at least half of HZ's ticks a second, else it was starved
+
+
+@dataclass(frozen=True)
+class NotBusyCheck:
+    """The run's interference record (capture/interference.py) does not flag it busy: neither this machine's view
+    nor, for a lab run, the guest's own. A run captured before ticklab recorded interference is not checked (no
+    row): nothing says it was busy."""
+
+    name: str = "the machine was not busy during the run (interference record)"
+
+    def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
+        lab = isinstance(record.get("guest_interference"), Mapping)
+        views = [
+            (label, record.get(key))
+            for label, key in (
+                ("the physical host" if lab else "the host", "interference"),
+                ("the guest", "guest_interference"),
+            )
+        ]
+        views = [(label, view) for label, view in views if isinstance(view, Mapping) and "busy" in view]
+        if not views:
+            return None
+        busy = [f"{label} busy: {view.get('why') or 'flagged busy'}" for label, view in views if view.get("busy")]
+        return "not busy", "; ".join(busy) if busy else "not busy", not busy
+
+
+def _metric_sets(record: Mapping, results: pd.DataFrame) -> list[str]:
+    """The trace metric sets the run's experiment named; for bundles that said only ``metrics: true`` (before the
+    sets had names), the set whose metrics the run has."""
+    metrics = ((record.get(BUNDLE_DEFINITION) or {}).get("trace") or {}).get("metrics") or []
+    if isinstance(metrics, str):
+        return [metrics]
+    if isinstance(metrics, list):
+        return [str(m) for m in metrics]
+    have = set(results["metric"]) if "metric" in results else set()
+    return ["hrtimer"] if "hrtimer_start_rate_hz" in have else ["tick"] if "local_timer_irq_rate_hz" in have else []
+
+
+def _booted_cmdline(record: Mapping) -> str:
+    for path in ("guest.cmdline", "boot.cmdline"):
+        value = fact(record, path)
+        if value is not MISSING and value:
+            return str(value)
+    return str((record.get(BUNDLE_HOST) or {}).get("cmdline") or "")
+
+
+def _run_cpus(record: Mapping):
+    for path in ("guest.nproc", "boot.nproc"):
+        value = fact(record, path)
+        if value is not MISSING and value:
+            return int(value)
+    value = (record.get(BUNDLE_HOST) or {}).get("nproc")
+    return int(value) if value else None
+
+
+@dataclass(frozen=True)
+class TickRateCheck:
+    """A tick-on run (no ``nohz_full=`` on its kernel's command line) of an experiment that traces the tick ticked at
+    ≥ TICK_ON_SHARE × HZ per CPU: below that its CPU was not running (a starved vCPU), whatever the condition. The
+    tick metric set gives the measured CPU's own rate (``tick_rate_hz``, else its local timer interrupts); the
+    hrtimer set counts every CPU's local timer interrupts, so its rate is divided by the run's CPUs (an upper bound
+    on the tick: the other timer interrupts are counted too)."""
+
+    name: str = f"the tick ran (local timer interrupts ≥ {TICK_ON_SHARE:g} × HZ a second per CPU: not starved)"
+
+    def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
+        sets = _metric_sets(record, results)
+        if "nohz_full=" in _booted_cmdline(record):
+            return None
+        if "tick" in sets:
+            metric, value = _metric_value(results, ("tick_rate_hz", "local_timer_irq_rate_hz"))
+            cpus, scope = 1, "on the measured CPU"
+        elif "hrtimer" in sets:
+            metric, value = _metric_value(results, ("local_timer_irq_rate_hz",))
+            cpus, scope = _run_cpus(record), "per CPU (all CPUs' local timer interrupts / CPUs)"
+        else:
+            return None
+        hz = run_hz(record)
+        bound = f"≥ {TICK_ON_SHARE:g} × HZ {scope}"
+        if hz is MISSING:
+            return bound, "not recorded: the run's HZ", None
+        if metric is None or not cpus:
+            return bound, "not recorded: the run has no local timer interrupt rate", None
+        per_cpu = value / cpus
+        limit = TICK_ON_SHARE * float(hz)
+        return f"{bound} = {limit:g}/s", f"{per_cpu:.4g}/s at HZ={hz}", per_cpu >= limit
+
+
+def assumed_clocksource(definition: Mapping) -> str | None:
+    """The clocksource an experiment assumes (its ``assumes.clocksource``): a run on another one measured another
+    machine. None where the experiment's condition is the clocksource itself (hpet) or it declares none."""
+    value = (definition.get("assumes") or {}).get("clocksource") if isinstance(definition, Mapping) else None
+    return str(value) if value else None
+
+
+ASSUMED_LATER = "_assumes_declared_later"  # where a bundle's definition predates ``assumes``, the file that declares it
+
+
+def with_assumptions(claim: str, experiment: str, definition: Mapping) -> dict:
+    """The bundle's experiment definition; where it was sealed before experiments declared ``assumes`` (2026-11-29),
+    with the ``assumes`` of the experiment of that name in runners/<claim>/ as it is now (said in checks.csv), so that
+    an older bundle's runs are held to what the experiment is known to assume."""
+    found = dict(definition)
+    if "assumes" in found or not claim or not experiment:
+        return found
+    try:
+        from ..paths import ProjectError, repo_root
+        from ..safefiles import read_text
+        from ..yamlsafe import load
+
+        path = repo_root() / "runners" / claim / f"{experiment}.yaml"
+        declared = load(read_text(path, limit=1 << 20)) if path.is_file() else None
+    except (OSError, ValueError, ProjectError):
+        return found
+    if isinstance(declared, Mapping) and isinstance(declared.get("assumes"), Mapping):
+        found["assumes"] = dict(declared["assumes"])
+        found[ASSUMED_LATER] = f"runners/{claim}/{experiment}.yaml"
+    return found
+
+
+@dataclass(frozen=True)
+class ClocksourceCheck:
+    """The run's clocksource is the one its experiment assumes (``assumes.clocksource``): a lab guest's own, else the
+    booted kernel's at a boot plan's run, else the host's when the bundle was opened."""
+
+    name: str = "the clocksource the experiment assumes"
+
+    def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
+        definition = record.get(BUNDLE_DEFINITION) or {}
+        wanted = assumed_clocksource(definition)
+        if wanted is None:
+            return None
+        later = definition.get(ASSUMED_LATER)
+        shown = f"{wanted} (as {later} assumes; the bundle predates the declaration)" if later else wanted
+        seen = next(
+            (
+                v
+                for v in (fact(record, p) for p in ("guest.clocksource", "boot.clocksource"))
+                if v not in (MISSING, None)
+            ),
+            ((record.get(BUNDLE_HOST) or {}).get("clocksources") or {}).get("current"),
+        )
+        if not seen:
+            return shown, "not recorded: the run's clocksource", None
+        return shown, str(seen), str(seen) == wanted
+
+
+VALIDITY_CHECKS = (NotBusyCheck(), TickRateCheck(), ClocksourceCheck())
+
+
 def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
     """One row per bundle, run and applicable check: setup, bundle, run, condition, check, expected, observed, passed
-    (None where the check could not be computed: the run is unchecked)."""
+    (None where the check could not be computed: the run is unchecked). The run-validity checks (VALIDITY_CHECKS:
+    not busy, not starved, the assumed clocksource) come first, for every claim."""
     from ..bundle import BundleError
 
+    checks = (*VALIDITY_CHECKS, *checks)
     rows = []
     for ref in bundles:
         try:
@@ -210,11 +365,16 @@ def run_checks(claim: str, checks, bundles) -> pd.DataFrame:
         if bundle.manifest.not_testable:
             continue
         by_run = dict(tuple(bundle.results.groupby("run"))) if not bundle.results.empty else {}
+        definition = with_assumptions(claim, bundle.manifest.experiment, bundle.manifest.definition or {})
         for record in bundle.manifest.runs:
             if record.warmup or record.status != "ok":
                 continue  # failed runs are left out as failed, not as unchecked
             results = by_run.get(record.run, pd.DataFrame(columns=["metric", "value"]))
-            seen = {**record.to_json(), BUNDLE_HOST: bundle.manifest.host or {}}
+            seen = {
+                **record.to_json(),
+                BUNDLE_HOST: bundle.manifest.host or {},
+                BUNDLE_DEFINITION: definition,
+            }
             raw = ref.path / "raw" / record.run
             for check in checks:
                 outcome = check.evaluate(seen, results, raw)

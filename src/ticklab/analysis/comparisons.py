@@ -37,6 +37,7 @@ from .stats import (
     holm,
     mann_whitney,
     precision_note,
+    rank_shift_rank,
     ratio_by_blocks,
     ratio_interval,
     wilcoxon_blocks,
@@ -126,7 +127,7 @@ def usable_bundles(bundles: list[BundleRef]):
 
 
 def _gated(claim: str, checks, bundles: list[BundleRef]) -> dict:
-    return excluded_runs(run_checks(claim, checks, bundles)) if checks else {}
+    return excluded_runs(run_checks(claim, checks, bundles))
 
 
 def measured_runs(
@@ -170,6 +171,41 @@ def measured_runs(
         frame["block"] = frame["run"].map(manifest.blocks_by_run).astype("Int64")
         frames.append(frame)
     return (pd.concat(frames, ignore_index=True)[RUN_COLUMNS] if frames else pd.DataFrame(columns=RUN_COLUMNS)), notes
+
+
+LEFT_OUT_COLUMNS = ["host_id", "bundle", "experiment", "run", "condition", "why"]
+
+
+def left_out_runs(bundles: list[BundleRef], gated: dict) -> pd.DataFrame:
+    """One row per measured run the checks left out (``gated``: ``checks.excluded_runs``), with the checks that failed
+    or could not be computed for it: what a comparison says when too few runs are left to test."""
+    rows = []
+    for ref, bundle in usable_bundles(bundles):
+        for record in bundle.manifest.measured_runs():
+            found = gated.get((str(ref.path), record.run))
+            if found:
+                rows.append(
+                    {
+                        "host_id": ref.host_id,
+                        "bundle": str(ref.path),
+                        "experiment": bundle.manifest.experiment,
+                        "run": record.run,
+                        "condition": record.condition,
+                        "why": found,
+                    }
+                )
+    return pd.DataFrame(rows, columns=LEFT_OUT_COLUMNS)
+
+
+def _left_out_words(left: pd.DataFrame, total: int) -> str:
+    """ "N of M runs left out (check failed in n, e.g. ...; ...)": the runs of a comparison's conditions the checks
+    left out, each check named with how many runs it left out and what one of them showed."""
+    counts: dict[str, list] = {}
+    for found in left["why"]:
+        for check, status, seen in found:
+            counts.setdefault(f"{check} {status}", [0, seen])[0] += 1
+    why = "; ".join(f"{name} in {n} (e.g. {seen})" for name, (n, seen) in counts.items())
+    return f"{len(left)} of {total} runs left out ({why}; build/checks.csv)"
 
 
 def _chosen(runs: pd.DataFrame, metric: str, condition: str, experiments: tuple[str, ...]) -> pd.DataFrame:
@@ -226,24 +262,46 @@ def verdicts(
     n_boot: int = 10_000,
     seed: int = 0,
     untestable: dict | None = None,
+    left_out: pd.DataFrame | None = None,
 ) -> list[Verdict]:
     """One verdict per setup and comparison it measured; setups that measured none of a claim's comparisons get
     none (``claim_verdicts`` gives them their row). ``untestable``: {(setup, comparison words): reason} the claim
-    knows before any test (they leave the family)."""
+    knows before any test (they leave the family). ``left_out``: the runs the checks left out (``left_out_runs``);
+    where a comparison lost runs to them and what is left cannot give a bounded CI, it is "not testable here" with
+    how many runs were left out and why, never a verdict from the rest."""
     untestable = untestable or {}
+    left_out = pd.DataFrame(columns=LEFT_OUT_COLUMNS) if left_out is None else left_out
     families: dict[str, list[_Tested]] = {}
     rows: list[Verdict] = []
     if "stopped" not in runs:
         runs = runs.assign(stopped="fixed run count (no stopping record)")
     if "kernel" not in runs:
         runs = runs.assign(kernel="")
-    for setup in sorted(runs["host_id"].unique()):
+    for setup in sorted(set(runs["host_id"]) | set(left_out["host_id"])):
         on_setup = runs[runs["host_id"] == setup]
+        lost_here = left_out[left_out["host_id"] == setup]
         for comparison in comparisons:
-            picked = {
-                name: _chosen(on_setup, comparison.metric, name, comparison.experiments)
-                for name in (comparison.treatment, comparison.baseline)
-            }
+            names = (comparison.treatment, comparison.baseline)
+            picked = {name: _chosen(on_setup, comparison.metric, name, comparison.experiments) for name in names}
+            lost = lost_here[lost_here["condition"].isin(names)]
+            if comparison.experiments:
+                lost = lost[lost["experiment"].isin(comparison.experiments)]
+            had = {name: len(picked[name]) + int((lost["condition"] == name).sum()) for name in names}
+            if any(frame.empty for frame in picked.values()) and not (lost.empty or 0 in had.values()):
+                # every run of a condition was left out: the comparison was measured here, and cannot be tested
+                rows.append(
+                    Verdict(
+                        claim=claim,
+                        setup=setup,
+                        comparison=comparison.comparison,
+                        verdict="not testable here",
+                        n_per_condition=" vs ".join(str(len(picked[name])) for name in names),
+                        reason=f"{_left_out_words(lost, sum(had.values()))}: no run of "
+                        f"{' or '.join(n for n in names if picked[n].empty)} is left to compare",
+                        **_target_columns(comparison),
+                    )
+                )
+                continue
             if any(frame.empty for frame in picked.values()):
                 continue  # left to the setups that measured both conditions
             in_range = {
@@ -278,6 +336,24 @@ def verdicts(
                         verdict="not testable here",
                         n_per_condition=n,
                         reason=f"{why}; left out of the multiple-comparison family",
+                        **_target_columns(comparison),
+                    )
+                )
+                continue
+            if not lost.empty and (
+                len(treatment) < 2
+                or len(baseline) < 2
+                or rank_shift_rank(len(treatment), len(baseline), 1 - alpha)[0] == 0
+            ):
+                rows.append(
+                    Verdict(
+                        claim=claim,
+                        setup=setup,
+                        comparison=comparison.comparison,
+                        verdict="not testable here",
+                        n_per_condition=n,
+                        reason=f"{_left_out_words(lost, len(treatment) + len(baseline) + len(lost))}: the {n} runs "
+                        f"left cannot give a bounded {1 - alpha:.0%} CI",
                         **_target_columns(comparison),
                     )
                 )
@@ -466,8 +542,8 @@ def _setup_reasons(
         left_out = {run: why for (path, run), why in gated.items() if path == str(ref.path)}
         if left_out and not measured:
             reasons.setdefault(ref.host_id, []).append(
-                f"{manifest.experiment}: its condition did not take effect, or could not be shown to, in any run: "
-                f"all {len(left_out)} measured runs are left out by the condition checks ({_why_summary(left_out)}; "
+                f"{manifest.experiment}: {len(left_out)} of {len(manifest.measured_runs())} measured runs left out "
+                f"by the checks of how the run ran and whether its condition took effect ({_why_summary(left_out)}; "
                 "build/checks.csv)"
             )
             continue
@@ -510,9 +586,10 @@ def claim_verdicts(
     gated = _gated(claim, checks, bundles)  # the checks read the runs' raw files: once
     runs, _ = measured_runs(bundles, checks, claim, gated=gated)
     left_out = untestable(runs, comparisons) if untestable and not runs.empty else {}
+    lost = left_out_runs(bundles, gated)
     found = (
-        verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed, untestable=left_out)
-        if not runs.empty
+        verdicts(claim, comparisons, runs, alpha=alpha, n_boot=n_boot, seed=seed, untestable=left_out, left_out=lost)
+        if not (runs.empty and lost.empty)
         else []
     )
     covered = {v.setup for v in found}

@@ -8,9 +8,13 @@ comparison's declared no-effect margin ±e (in the quantity's own terms, never d
 - ``no effect shown``: the whole CI lies within ±e (equivalence at the CI's level: two one-sided tests).
 - ``opposite effect``: the whole CI lies on the other side of no change.
 - ``reproduced``: the whole CI lies on the source's side of no change and inside the band; for a target that
-  states only a direction, on the source's side.
-- ``smaller than the target`` / ``larger than the target``: the whole CI lies below / above the band (the reason
-  says whether it also excludes no change).
+  states only a direction, on the source's side and clear of the declared no-effect margin.
+- ``smaller than the target`` / ``larger than the target``: the whole CI lies below / above the band, and (for
+  "smaller") the estimate lies on the source's side of no change; the reason says whether the CI also clears no
+  change and the declared no-effect margin (only then does it say "an effect in the source's direction").
+- ``target excluded``: the whole CI lies short of the band but the estimate lies at or past no change: the target's
+  size is ruled out and no effect in the source's direction is shown (nor, unless the CI is wholly past no change,
+  which is ``opposite effect``, an opposite one).
 - ``consistent, not pinned``: the CI lies on the source's side of no change and reaches into the band without
   lying wholly inside it: it may be wider than the band, or narrower and straddle one of its edges. The size is
   consistent with the target and not yet pinned to it; the reason (:func:`band_overlap`) says how much of the CI
@@ -39,6 +43,7 @@ VERDICTS = (
     "reproduced",
     "consistent, not pinned",
     "smaller than the target",
+    "target excluded",
     "larger than the target",
     "opposite effect",
     "no effect shown",
@@ -257,11 +262,18 @@ def decide(
         )
     if high < 0:
         return "opposite effect", f"the whole CI lies on the other side of no change from the source's effect: {ci}"
+    margin = f"×{1 / (1 + margins.no_effect):.3g}..×{1 + margins.no_effect:.3g}"
     if target.ratio is None:
-        if low > 0:
+        if low > no_effect:
             return (
                 "reproduced",
-                f"the whole CI lies on the source's side of no change, which is all the source states: {ci}",
+                f"the whole CI lies on the source's side of no change and clear of the declared no-effect margin "
+                f"{margin}, which is all the source states: {ci}",
+            )
+        if low > 0:
+            return "inconclusive", (
+                f"the CI excludes no change but reaches into the declared no-effect margin {margin}: an effect in "
+                f"the source's direction is not shown to exceed a negligible one: {ci}"
             )
         return "inconclusive", f"the CI holds no change and the source's direction: {ci}"
     band_low, band_high = consistent_band(target, margins.size_tolerance)
@@ -269,11 +281,21 @@ def decide(
     size_low, size_high = sorted(abs(_log(x)) for x in (band_low, band_high))
     comparable = f"; {sizes_comparable}" if sizes_comparable else ""
     if high < size_low:
-        shown = (
-            "an effect in the source's direction, smaller than the target's"
-            if low > 0
-            else "no change is not excluded (nor is an effect short of the band)"
-        )
+        estimate = _log(fresh.estimate) * target.direction
+        if estimate <= 0:
+            return "target excluded", (
+                f"the whole CI falls short of the {band}: {ci}; the target's size is excluded, but the estimate "
+                f"lies at or past no change, so no effect in the source's direction is shown{comparable}"
+            )
+        if low > no_effect:
+            shown = "an effect in the source's direction, smaller than the target's"
+        elif low > 0:
+            shown = (
+                f"no change is excluded, but the CI reaches into the declared no-effect margin {margin}: "
+                "the effect may be negligible"
+            )
+        else:
+            shown = "no change is not excluded (nor is an effect short of the band)"
         return "smaller than the target", f"the whole CI falls short of the {band}: {ci}; {shown}{comparable}"
     if low > size_high:
         return "larger than the target", (
@@ -283,10 +305,15 @@ def decide(
     if low > 0:
         if size_low <= low and high <= size_high:
             return "reproduced", f"the whole CI lies on the source's side of no change and inside the {band}: {ci}"
+        negligible = (
+            f"; its low end lies within the declared no-effect margin {margin}: a negligible effect is not excluded"
+            if low <= no_effect
+            else ""
+        )
         return "consistent, not pinned", (
             f"the CI lies on the source's side of no change and reaches into the {band} "
             f"without lying wholly inside it: {ci}; "
-            f"{band_overlap(fresh.low, fresh.high, fresh.estimate, band_low, band_high)}"
+            f"{band_overlap(fresh.low, fresh.high, fresh.estimate, band_low, band_high)}{negligible}"
         )
     return "inconclusive", f"the CI holds no change and sizes consistent with the target {target.text}: {ci}"
 

@@ -59,6 +59,7 @@ KNOWN = {
     "isolate",
     "answer",
     "kernel_builds",
+    "assumes",
 }
 BUDGET_KEYS = {"time_s", "max_runs"}
 # host_kernel: the kernel a boot plan boots for the condition ("running" or a release pattern; capture --boot)
@@ -108,6 +109,8 @@ class Experiment:
     # a boot experiment's kernels that `ticklab kernel build --host` makes: {kernel: <host_kernel pattern>,
     # series: "X.Y", localmodconfig: bool}; a missing kernel's error names the command (capture/boot_capture.py)
     kernel_builds: list[dict] = field(default_factory=list)
+    # what the machine must be for a run to count ({clocksource: tsc}); the analysis leaves other runs out
+    assumes: dict = field(default_factory=dict)
 
     def all_requires(self) -> list[str]:
         """What the experiment and its extras require, each once, in order."""

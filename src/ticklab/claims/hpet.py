@@ -514,7 +514,7 @@ def guest_profile_runs(bundles: list[BundleRef], checks=()) -> pd.DataFrame:
     (%; 0 where the report does not list it, i.e. it was under the report's --percent-limit, said in
     ``read_hpet_listed``), the clock-reading functions' share (CLOCK_READ_SYMBOL), the samples perf recorded, and
     the report it came from. Failed runs and runs a condition check failed for or could not check are left out."""
-    gated = excluded_runs(run_checks("hpet", checks, bundles)) if checks else {}
+    gated = excluded_runs(run_checks("hpet", checks, bundles))
     rows = []
     for ref, bundle in usable_bundles(bundles):
         values = bundle.manifest.conditions_by_name

@@ -38,7 +38,7 @@ _HOST = re.compile(r"^(?P<cpu>.+?)-(?P<cores>\d+)c-(?P<release>\d+\.\d+\S*?)(?P<
 _ACRONYMS = {"epyc": "EPYC", "amd": "AMD", "arm": "Arm", "ibm": "IBM", "hp": "HP"}
 _VENDORS = {"intel", "amd", "arm", "ibm", "apple", "ampere", "qualcomm", "hygon"}
 # The forest plots' markers, as characters, so a badge says its word three ways (word, marker, colour).
-_GLYPHS = {"o": "●", "h": "⬢", "<": "◀", ">": "▶", "X": "✖", "D": "◆", "s": "■", ".": "·"}
+_GLYPHS = {"o": "●", "h": "⬢", "<": "◀", "v": "▼", ">": "▶", "X": "✖", "D": "◆", "s": "■", ".": "·"}
 
 
 def _kernel_versions(kernels: str) -> list[str]:
@@ -121,7 +121,9 @@ MEANINGS = {
     "consistent, not pinned": "on the source's side, reaching into the band without lying wholly inside it (the reason "
     "says how much of the CI lies inside, where the estimate lies and whether the CI is wider "
     "than the band)",
-    "smaller than the target": "the whole CI short of the band",
+    "smaller than the target": "the whole CI short of the band, the estimate on the source's side of no change",
+    "target excluded": "the whole CI short of the band, the estimate at or past no change: the target's size is "
+    "ruled out, no effect in the source's direction shown",
     "larger than the target": "the whole CI beyond the band",
     "opposite effect": "the whole CI on the other side of no change",
     "no effect shown": "the whole CI inside the comparison's declared no-effect margin",
