@@ -205,7 +205,8 @@ def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path)
     assert manifest.stopping["reason"].startswith("run budget spent (9 runs per condition)")
     assert {r.condition for r in manifest.runs if not r.warmup} == {"hrtick-off", "hrtick-on"}
     bundles = [BundleRef("fake", "hrtick", p) for p in (tmp_path / "traces" / "fake" / "hrtick").iterdir()]
-    runs, _ = measured_runs(bundles)
+    # the stopping rule's words, whatever this machine's load did to the runs' validity (issue 52's checks)
+    runs, _ = measured_runs(bundles, gated={})
     [verdict] = verdicts("hrtick", [ON_OFF], runs, n_boot=2000)
     assert "capture stopped: run budget spent (9 runs per condition)" in verdict.reason
     health = bundle_health(tmp_path / "traces", ["hrtick"])

@@ -197,7 +197,7 @@ def left_out_runs(bundles: list[BundleRef], gated: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=LEFT_OUT_COLUMNS)
 
 
-def _left_out_words(left: pd.DataFrame, total: int) -> str:
+def left_out_words(left: pd.DataFrame, total: int) -> str:
     """ "N of M runs left out (check failed in n, e.g. ...; ...)": the runs of a comparison's conditions the checks
     left out, each check named with how many runs it left out and what one of them showed."""
     counts: dict[str, list] = {}
@@ -296,7 +296,7 @@ def verdicts(
                         comparison=comparison.comparison,
                         verdict="not testable here",
                         n_per_condition=" vs ".join(str(len(picked[name])) for name in names),
-                        reason=f"{_left_out_words(lost, sum(had.values()))}: no run of "
+                        reason=f"{left_out_words(lost, sum(had.values()))}: no run of "
                         f"{' or '.join(n for n in names if picked[n].empty)} is left to compare",
                         **_target_columns(comparison),
                     )
@@ -352,7 +352,7 @@ def verdicts(
                         comparison=comparison.comparison,
                         verdict="not testable here",
                         n_per_condition=n,
-                        reason=f"{_left_out_words(lost, len(treatment) + len(baseline) + len(lost))}: the {n} runs "
+                        reason=f"{left_out_words(lost, len(treatment) + len(baseline) + len(lost))}: the {n} runs "
                         f"left cannot give a bounded {1 - alpha:.0%} CI",
                         **_target_columns(comparison),
                     )

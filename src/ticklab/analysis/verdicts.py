@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .stats import Interval
+from .stats import Interval, median_ci
 
 VERDICTS = (
     "reproduced",
@@ -385,4 +385,40 @@ def _no_worse(target: Target, low: float, high: float, ci: str) -> tuple[str, st
         )
     return "inconclusive", (
         f"cannot tell whether it is no worse than ×{target.no_worse_than:.3g}: the CI reaches past the bound ({ci})"
+    )
+
+
+def level_verdict(
+    values, printed: float, tolerance: float, alpha: float, printed_as: str, describe=lambda x: f"{x:.3g}"
+) -> tuple[str, str, Interval]:
+    """A level (one quantity of one setup's runs, no second condition) against a printed value: the median of the
+    per-run values with its order-statistics CI (stats.median_ci, distribution-free); ``reproduced`` when the whole CI
+    lies in the declared band ×1/tolerance..×tolerance around the printed value, ``smaller than the target`` /
+    ``larger than the target`` when it lies wholly below / above it, ``consistent, not pinned`` when it reaches into
+    the band without lying wholly inside it (how much of it does: band_overlap). ``printed_as``: the printed value as the
+    reason shows it; ``describe(x)`` formats the others.
+    (verdict, reason, interval)"""
+    interval = median_ci(values, 1 - alpha)
+    low, high = printed / tolerance, printed * tolerance
+    shown = (
+        f"median {describe(interval.estimate)} [{describe(interval.low)}, {describe(interval.high)}] over "
+        f"{len(values)} runs; consistent with about {printed_as}: {describe(low)}..{describe(high)}"
+    )
+    if math.isnan(interval.low):
+        return (
+            "inconclusive",
+            f"too few runs for a {1 - alpha:.0%} CI of the median ({interval.method}); {shown}",
+            interval,
+        )
+    if low <= interval.low and interval.high <= high:
+        return "reproduced", f"the whole CI lies in the band: {shown}", interval
+    if interval.high < low:
+        return "smaller than the target", f"the whole CI lies below the band: {shown}", interval
+    if interval.low > high:
+        return "larger than the target", f"the whole CI lies above the band: {shown}", interval
+    return (
+        "consistent, not pinned",
+        f"the CI reaches into the band without lying wholly inside it: {shown}; "
+        f"{band_overlap(interval.low, interval.high, interval.estimate, low, high)}",
+        interval,
     )

@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import palette
-from ..analysis.checks import FactCheck
-from ..analysis.comparisons import Comparison, kernel_in_range, measured_runs
+from ..analysis.checks import FactCheck, excluded_runs, run_checks
+from ..analysis.comparisons import Comparison, kernel_in_range, left_out_runs, left_out_words, measured_runs
 from ..analysis.published import PublishedClaim, check_derived
 from ..analysis.stats import median_ci
-from ..analysis.verdicts import Margins, Target, Verdict, band_overlap
+from ..analysis.verdicts import Margins, Target, Verdict, level_verdict
 from ..trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..trace.tracespots import first_spurious_interrupt
 from . import Claim, Headline, ViewPreset
@@ -489,58 +489,51 @@ SPURIOUS_TOLERANCE = 1.25  # declared: "about 25 %" is consistent within ×1/1.2
 
 def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, str, object]:
     """The spurious hrtimer interrupt ratio of one setup's runs (7.2, HRTICK on) against the printed ~25 %: a level,
-    not a ratio of conditions. The median of the per-run ratios with its order-statistics CI (stats.median_ci,
-    distribution-free); ``reproduced`` when the whole CI lies in the declared band around the printed value, ``smaller
-    than the target`` / ``larger than the target`` when it lies wholly below / above it, ``consistent, not pinned``
-    when it reaches into the band without lying wholly inside it (how much of it does: verdicts.band_overlap).
-    (verdict, reason, interval)"""
-    interval = median_ci(values, 1 - alpha)
-    low, high = printed / SPURIOUS_TOLERANCE, printed * SPURIOUS_TOLERANCE
-    shown = (
-        f"median {interval.estimate:.3g} [{interval.low:.3g}, {interval.high:.3g}] over {len(values)} runs; "
-        f"consistent with about {printed:.0%}: {low:.3g}..{high:.3g}"
-    )
-    if np.isnan(interval.low):
-        return (
-            "inconclusive",
-            f"too few runs for a {1 - alpha:.0%} CI of the median ({interval.method}); {shown}",
-            interval,
-        )
-    if low <= interval.low and interval.high <= high:
-        return "reproduced", f"the whole CI lies in the band: {shown}", interval
-    if interval.high < low:
-        return "smaller than the target", f"the whole CI lies below the band: {shown}", interval
-    if interval.low > high:
-        return "larger than the target", f"the whole CI lies above the band: {shown}", interval
-    return (
-        "consistent, not pinned",
-        (
-            f"the CI reaches into the band without lying wholly inside it: {shown}; "
-            f"{band_overlap(interval.low, interval.high, interval.estimate, low, high)}"
-        ),
-        interval,
-    )
+    not a ratio of conditions (verdicts.level_verdict: the median with its order-statistics CI against the declared
+    band). (verdict, reason, interval)"""
+    return level_verdict(values, printed, SPURIOUS_TOLERANCE, alpha, f"{printed:.0%}")
 
 
 def spurious_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
     """Seed 002's spurious hrtimer interrupt ratio (~25 %, after the series, HRTICK on) beside each setup's 7.2 HRTICK-on
     runs: one more row per setup that ran them (see spurious_level; the ratio's definition is
     tracemetrics.spurious_interrupts)."""
-    runs, _ = measured_runs(ctx.bundles, CHECKS, "hrtick")
-    if runs.empty:
+    gated = excluded_runs(run_checks("hrtick", CHECKS, ctx.bundles))
+    runs, _ = measured_runs(ctx.bundles, CHECKS, "hrtick", gated=gated)
+    condition = f"{AFTER} hrtick-on"
+    lost = left_out_runs(ctx.bundles, gated)
+    lost = lost[lost["condition"] == condition]
+    if runs.empty and lost.empty:
         return found
     row = ctx.published.row("clockevents", "spurious_ratio_after")
     printed = float(row["value"]) / 100
-    chosen = runs[(runs["metric"] == SPURIOUS) & (runs["condition"] == f"{AFTER} hrtick-on")]
-    chosen = chosen[chosen["kernel"].map(lambda k: kernel_in_range(k, SERIES))]
-    for setup, frame in chosen.groupby("host_id"):
-        verdict, reason, interval = spurious_level(frame["value"].to_numpy(), printed, alpha)
+    comparison = f"spurious hrtimer interrupt ratio on {AFTER} with HRTICK on (a level, beside ~25 %)"
+    chosen = runs[(runs["metric"] == SPURIOUS) & (runs["condition"] == condition)]
+    chosen = chosen[chosen["kernel"].map(lambda k: kernel_in_range(k, SERIES)).astype(bool)]
+    for setup in sorted(set(chosen["host_id"]) | set(lost["host_id"])):
+        frame, gone = chosen[chosen["host_id"] == setup], lost[lost["host_id"] == setup]
+        values = frame["value"].to_numpy()
+        if not gone.empty and (len(values) == 0 or np.isnan(median_ci(values, 1 - alpha).low)):
+            # too few runs left for a CI of the median: say what was left out, not a verdict from the rest
+            found.append(
+                Verdict(
+                    claim="hrtick",
+                    setup=setup,
+                    comparison=comparison,
+                    verdict="not testable here",
+                    reason=f"{left_out_words(gone, len(frame) + len(gone))}: the {len(frame)} {condition} run(s) "
+                    f"left cannot give a {1 - alpha:.0%} CI of the median",
+                    n_per_condition=str(len(frame)),
+                )
+            )
+            continue
+        verdict, reason, interval = spurious_level(values, printed, alpha)
         found.append(
             Verdict(
                 claim="hrtick",
                 setup=setup,
                 role="claim",
-                comparison=f"spurious hrtimer interrupt ratio on {AFTER} with HRTICK on (a level, beside ~25 %)",
+                comparison=comparison,
                 verdict=verdict,
                 reason=reason,
                 printed_in_source=ctx.published.printed("clockevents", "spurious_ratio_after"),
