@@ -83,7 +83,7 @@ def test_an_older_bundle_is_held_to_what_its_experiment_now_declares():
 
 
 BUSY_HRTICK = "guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-intel-xeon-2c-6.18.44-fc-v657-vm"
-LABHOST_HRTICK = "guest-tcg-2vcpu-6.1.0-50-amd64-on-intel-xeon-2c-6.18.44-fc-v657-vm-labhost-kexec"
+LABHOST_HRTICK = "guest-tcg-2vcpu-6.12.117-ticklab-7971d723-7.2.13-ticklab-3761e1f1-on-intel-xeon-2c-6.18.44-fc-v657-vm-labhost-kexec"
 
 
 @pytest.mark.slow
@@ -166,3 +166,80 @@ def test_the_hosts_own_cost_per_tick_is_decided_against_the_printed_80_us():
     assert amd.ci_high < 64 and intel.ci_high < 64 and amd.n_per_condition == intel.n_per_condition == "10"
     assert amd.target_provenance == "printed" and amd.target_ratio == 80
     assert "the gap detector run after each" in amd.reason
+
+
+def test_a_lab_host_setup_is_named_by_the_kernels_its_runs_booted():
+    """Issue 52 item 3: the hrtick plan booted 6.12.117-ticklab-… and 7.2.13-ticklab-…, never the image's 6.1."""
+    setups = {b.host_id for b in find_bundles(paths.traces_dir(), "hrtick") if "labhost" in b.host_id}
+    assert setups == {LABHOST_HRTICK}
+    [hpet_setup] = {b.host_id for b in find_bundles(paths.traces_dir(), "hpet") if "labhost" in b.host_id}
+    assert hpet_setup.startswith("guest-tcg-2vcpu-6.12.117-ticklab-7971d723-on-")
+
+
+def test_a_comparison_whose_metric_the_runs_cannot_give_says_why():
+    """Issue 52 item 3: the AMD hrtick bundle traced no hrtimer_cancel, so its reprograms cannot be attributed."""
+    from types import SimpleNamespace
+
+    from ticklab.claims import hrtick
+
+    ctx = SimpleNamespace(
+        published=hrtick.CLAIM.published(paths.published_dir()),
+        bundles=[b for b in find_bundles(paths.traces_dir(), "hrtick") if "amd-epyc" in b.host_id],
+        data_dir=paths.traces_dir(),
+    )
+    rows = [r for r in hrtick.CLAIM.verdicts(ctx, n_boot=200) if "attributed to the timer" in r.comparison]
+    assert len(rows) == 2 and {r.verdict for r in rows} == {"not testable here"}
+    assert all("record no hrtick_reprograms_per" in r.reason and "hrtimer_cancel" in r.reason for r in rows)
+
+
+def test_sharing_is_not_testable_where_the_vcpus_take_turns_in_one_thread():
+    comparison = Comparison(
+        "sharing on vs off",
+        "reads",
+        "on",
+        "off",
+        Target(None, 1, "derived: a test's", "higher", ()),
+        margins=Margins(0.02),
+        needs_concurrency="sharing needs two readers at once",
+    )
+    rows = [
+        {
+            "host_id": "h",
+            "bundle": "b",
+            "experiment": "e",
+            "run": f"r{i}",
+            "condition": c,
+            "metric": "reads",
+            "value": 1.0 + i,
+            "unit": "1/s",
+            "vcpu_threads": threads,
+        }
+        for i, c in enumerate(["on", "off"] * 6)
+        for threads in ["single"]
+    ]
+    [row] = verdicts("x", [comparison], pd.DataFrame(rows), n_boot=100)
+    assert row.verdict == "not testable here" and "take turns in one host thread" in row.reason
+    assert "sharing needs two readers at once" in row.reason
+    [row] = verdicts("x", [comparison], pd.DataFrame(rows).assign(vcpu_threads=""), n_boot=100)
+    assert row.verdict != "not testable here"
+
+
+def test_the_machine_declares_only_what_root_wrote_and_ticklab_knows(tmp_path):
+    import json
+    import os
+
+    from ticklab.host.facts import DECLARED_FACTS, declared
+
+    path = tmp_path / DECLARED_FACTS
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"vcpu_threads": "single"}))
+    path.chmod(0o644)
+    expected = {"vcpu_threads": "single"} if os.getuid() == 0 else {}
+    assert declared(tmp_path) == expected  # a file not owned by root declares nothing
+    path.chmod(0o666)
+    assert declared(tmp_path) == {}  # another user could have written it
+    path.chmod(0o644)
+    path.write_text(json.dumps({"vcpu_threads": "single", "hz": 1000}))
+    assert declared(tmp_path) == {}
+    path.unlink()
+    assert declared(tmp_path) == {}

@@ -3,14 +3,17 @@ analysis: finding them, loading each once, and their health for the report."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
 
-from ..bundle import Bundle, BundleError, RunRecord, check_complete, load_bundle
+from ..bundle import MAX_MANIFEST_BYTES, Bundle, BundleError, RunRecord, check_complete, load_bundle
+from ..safefiles import read_bytes
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,34 @@ class BundleRef:
             return exc
 
 
+_LABHOST_DIR = re.compile(r"^(?P<head>guest-[a-z0-9]+-[0-9-]+vcpu)-(?P<kernels>.+?)-on-(?P<tail>.+-labhost-[a-z]+)$")
+
+
+def _release_key(release: str) -> tuple:
+    return tuple(int(part) if part.isdigit() else 0 for part in re.split(r"[.-]", release)[:3]), release
+
+
+def setup_of(host_dir: str, bundle: Path) -> str:
+    """The setup a bundle's runs measured: its host-id, but for the lab host, whose directory is named after the
+    image's own kernel (``…-6.1.0-50-amd64-on-…-labhost-kexec``), the kernels its runs booted instead (the releases a
+    boot plan's runs recorded, oldest version first), so a plan on ticklab's 6.12 and 7.2 kernels is not shown
+    as a 6.1 setup. The host-id as it is where the manifest cannot be read or records no boot."""
+    found = _LABHOST_DIR.match(host_dir)
+    if found is None:
+        return host_dir
+    try:
+        manifest = json.loads(read_bytes(bundle / "manifest.json", MAX_MANIFEST_BYTES))
+        releases = [
+            str(run["boot"]["release"])
+            for run in manifest.get("runs") or []
+            if isinstance(run, dict) and isinstance(run.get("boot"), dict) and run["boot"].get("release")
+        ]
+    except (OSError, ValueError, TypeError, KeyError):
+        return host_dir
+    booted = "-".join(sorted(set(releases), key=_release_key))
+    return f"{found['head']}-{booted}-on-{found['tail']}" if booted else host_dir
+
+
 def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
     """Every bundle directory of ``claim`` (``<host-id>/<claim>/<bundle>/``); the published layer is skipped. A
     directory there without a regular manifest.json is listed too, so that loading it says what is wrong
@@ -55,7 +86,7 @@ def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
             if entry.name.startswith("."):
                 continue
             if entry.is_dir() or os.path.lexists(entry / "manifest.json"):
-                refs.append(BundleRef(host_id=host_dir.name, claim=claim, path=entry))
+                refs.append(BundleRef(host_id=setup_of(host_dir.name, entry), claim=claim, path=entry))
     return refs
 
 
@@ -64,7 +95,9 @@ def all_setups(data_dir: Path | str) -> list[str]:
     root = Path(data_dir)
     if not root.is_dir():
         return []
-    return sorted({m.parent.parent.parent.name for m in root.glob("*/*/*/manifest.json")} - {"published"})
+    return sorted(
+        {setup_of(m.parent.parent.parent.name, m.parent) for m in root.glob("*/*/*/manifest.json")} - {"published"}
+    )
 
 
 def describe(bundles: list[BundleRef], data_dir: Path | str, claim: str) -> str:

@@ -56,6 +56,7 @@ RUN_COLUMNS = [
     "value",
     "unit",
     "block",
+    "vcpu_threads",
 ]
 
 
@@ -73,6 +74,12 @@ class Comparison:
     sizes_comparable: str = ""  # whether the target's size can be expected on lab setups, and why
     kernels: str = ""  # "<7.1" / ">=7.1": the kernel releases the comparison is about (empty: any)
     kernels_why: str = ""  # what those kernels have that others do not
+    # what a run needs to give the metric (e.g. events a trace must hold): where a setup ran both conditions and no run
+    # gives it, the comparison is "not testable here" with this reason instead of vanishing from the table
+    metric_needs: str = ""
+    # why the effect needs vCPUs that run at once (HPET read sharing, pvspinlock): a setup whose vCPUs take turns in
+    # one host thread (QEMU TCG thread=single) cannot test it
+    needs_concurrency: str = ""
 
     def __post_init__(self):
         if not isinstance(self.margins, Margins):
@@ -169,6 +176,8 @@ def measured_runs(
         frame["kernel"] = frame["run"].map(kernels).fillna("")
         # the block each measured run was planned in (captures planned in blocks; older bundles have none)
         frame["block"] = frame["run"].map(manifest.blocks_by_run).astype("Int64")
+        # "single" where the machine's vCPUs take turns in one host thread (declared: host.facts.DECLARED_FACTS)
+        frame["vcpu_threads"] = ((manifest.host or {}).get("declared") or {}).get("vcpu_threads") or ""
         frames.append(frame)
     return (pd.concat(frames, ignore_index=True)[RUN_COLUMNS] if frames else pd.DataFrame(columns=RUN_COLUMNS)), notes
 
@@ -303,6 +312,22 @@ def verdicts(
                 )
                 continue
             if any(frame.empty for frame in picked.values()):
+                ran = on_setup[on_setup["condition"].isin(names)]
+                if comparison.experiments:
+                    ran = ran[ran["experiment"].isin(comparison.experiments)]
+                if comparison.metric_needs and set(ran["condition"]) == set(names):
+                    rows.append(
+                        Verdict(
+                            claim=claim,
+                            setup=setup,
+                            comparison=comparison.comparison,
+                            verdict="not testable here",
+                            n_per_condition=" vs ".join(str(len(picked[name])) for name in names),
+                            reason=f"its runs of {' and '.join(names)} record no {comparison.metric}: "
+                            f"{comparison.metric_needs}",
+                            **_target_columns(comparison),
+                        )
+                    )
                 continue  # left to the setups that measured both conditions
             in_range = {
                 name: frame[frame["kernel"].map(lambda k: kernel_in_range(k, comparison.kernels))]
@@ -326,6 +351,24 @@ def verdicts(
                 continue
             treatment, baseline = in_range[comparison.treatment], in_range[comparison.baseline]
             n = f"{len(treatment)} vs {len(baseline)}"
+            one_thread = comparison.needs_concurrency and any(
+                (frame.get("vcpu_threads", pd.Series(dtype=str)) == "single").any() for frame in (treatment, baseline)
+            )
+            if one_thread:
+                rows.append(
+                    Verdict(
+                        claim=claim,
+                        setup=setup,
+                        comparison=comparison.comparison,
+                        verdict="not testable here",
+                        n_per_condition=n,
+                        reason="this setup's vCPUs take turns in one host thread (QEMU TCG thread=single, as the "
+                        f"machine declares), so no two run at once: {comparison.needs_concurrency}; left out of "
+                        "the multiple-comparison family",
+                        **_target_columns(comparison),
+                    )
+                )
+                continue
             why = untestable.get((setup, comparison.comparison))
             if why:
                 rows.append(

@@ -213,6 +213,30 @@ def mounts(root: Path) -> dict[str, str]:
     return found
 
 
+DECLARED_FACTS = "etc/ticklab/machine.json"
+# What a machine's owner (root) may declare of it that no file under /proc or /sys shows, and the values each takes:
+# vcpu_threads "single" where the hypervisor runs every vCPU in one host thread, taking turns (QEMU TCG thread=single:
+# the lab host), so nothing two CPUs do at once can happen there.
+DECLARABLE = {"vcpu_threads": ("single", "own")}
+
+
+def declared(root: Path | str = "/") -> dict:
+    """The facts ``/etc/ticklab/machine.json`` declares (root-owned, a JSON object of DECLARABLE keys); {} where
+    there is none. A file another user can write, or one that declares anything else, is refused: nothing of it is
+    recorded."""
+    path = Path(root) / DECLARED_FACTS
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022 or info.st_size > 4096:
+            return {}
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict) or any(found.get(k) not in DECLARABLE.get(k, ()) for k in found):
+        return {}
+    return found
+
+
 def collect(root: Path | str = "/") -> dict:
     """Host facts recorded in every manifest. No hostname, by design."""
     root = Path(root)
@@ -237,6 +261,7 @@ def collect(root: Path | str = "/") -> dict:
         "kernel_build": kernel_build(root, release),
         "tracefs": str(tracefs) if tracefs else None,
         "tracers": (read_text(tracefs / "available_tracers") or "").split() if tracefs else [],
+        "declared": declared(root),
     }
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from .. import yamlsafe
 from ..capture.process import spawn, wait_or_kill
+from ..host.facts import DECLARED_FACTS
 from ..paths import cache_dir, repo_root
 from .cache import LabError, content_key
 from .qemu import QEMU, require_qemu
@@ -523,6 +524,9 @@ def prepare_run(
             built.append(install_host_kernel(root, Path(source), image.info["kernel"], modules, say, fragment))
         (root / "etc/ticklab-lab").mkdir(exist_ok=True)
         (root / "etc/ticklab-lab/job.json").write_text(json.dumps(job, indent=2) + "\n")
+        # what the capture inside cannot see of itself: how QEMU runs its vCPUs (the recipe's tcg_thread)
+        (root / "etc/ticklab").mkdir(exist_ok=True)
+        (root / DECLARED_FACTS).write_text(json.dumps(job.get("declared") or {}) + "\n")
         driver = root / "usr/local/sbin/ticklab-lab-job"
         shutil.copyfile(repo_root() / JOB_DRIVER, driver)
         driver.chmod(0o755)
@@ -609,6 +613,11 @@ def _said(line: str) -> str | None:
         if at >= 0 and (marker != "run-" or line[at - 4 : at] == "run "):
             return line[at - 4 if marker == "run-" else at :]
     return None
+
+
+def declared_facts(data: dict, accel: str) -> dict:
+    """What the lab host declares of itself (host.facts.DECLARED_FACTS): its vCPUs' threads under TCG."""
+    return {"vcpu_threads": "single"} if accel == "tcg" and data.get("tcg_thread") == "single" else {}
 
 
 def _accel_option(accel: str, data: dict) -> str:
@@ -807,6 +816,7 @@ def plan_run(
         "abort_when_made": abort_when_made,
         "hide_kernel_when_made": hide_kernel_when_made,
         "max_boots": 60,
+        "declared": declared_facts(data, accel),
     }
     runs_dir().mkdir(parents=True, exist_ok=True)
     run_dir = Path(
