@@ -83,7 +83,10 @@ def test_an_older_bundle_is_held_to_what_its_experiment_now_declares():
 
 
 BUSY_HRTICK = "guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-intel-xeon-2c-6.18.44-fc-v657-vm"
-LABHOST_HRTICK = "guest-tcg-2vcpu-6.12.117-ticklab-7971d723-7.2.13-ticklab-3761e1f1-on-intel-xeon-2c-6.18.44-fc-v657-vm-labhost-kexec"
+LABHOST_HRTICK = (
+    "guest-tcg-2vcpu-6.12.117-ticklab-7971d723-7.2.13-ticklab-3761e1f1-on-intel-xeon-2c-6.18.44-fc-v657-vm-"
+    "labhost-kexec"
+)
 
 
 @pytest.mark.slow

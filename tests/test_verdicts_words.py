@@ -50,8 +50,9 @@ def test_reproduced_for_a_direction_target_the_whole_ci_on_the_sources_side():
     verdict, reason = decide(DIRECTION, ci(1.10, 1.05, 1.15), 0.001, M)
     assert (
         verdict == "reproduced"
-        and "the whole CI lies on the source's side of no change and clear of the declared no-effect margin ×0.98..×1.02, "
-        "which is all the source states" in reason
+        and "the whole CI lies on the source's side of no change and clear of the declared no-effect margin "
+        "×0.98..×1.02, which is all the source states"
+        in reason
     )
 
 
