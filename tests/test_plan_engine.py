@@ -279,9 +279,13 @@ def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(ho
     assert done.returncode == 0, done.stderr
     lines = [l for l in done.stdout.splitlines() if l.startswith("  run-")]
     assert len(lines) == 8  # 2 warm-ups then 3 measured runs of each of the 2 conditions, shuffled by the seed
-    assert lines[0].startswith("  run-001 tick-on (warm-up): kernel running, command line 'root=/dev/vda1 ro quiet'")
+    # the clocksource pinned as the experiment assumes it (issue 52)
+    assert lines[0].startswith(
+        "  run-001 tick-on (warm-up): kernel running, command line 'root=/dev/vda1 ro quiet clocksource=tsc'"
+    )
     assert lines[1].startswith(
-        "  run-002 nohz-full (warm-up): kernel running, command line 'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1'"
+        "  run-002 nohz-full (warm-up): kernel running, command line "
+        "'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1 clocksource=tsc'"
     )  # the fake host has 2 CPUs
     measured = [l.split()[1].rstrip(":") for l in lines[2:]]
     assert sorted(measured) == ["nohz-full"] * 3 + ["tick-on"] * 3
@@ -450,7 +454,8 @@ def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key
 
     text = (REPO / "runners/nohz/host-boot-ftq.yaml").read_text()
     bad = text.replace(
-        'boot: "-nohz_full -rcu_nocbs"', 'boot: "quiet\\n  initrd /tmp/evil\\n  linux /tmp/evil init=/x"'
+        'boot: "-nohz_full -rcu_nocbs clocksource=tsc"',
+        'boot: "quiet\\n  initrd /tmp/evil\\n  linux /tmp/evil init=/x"',
     )
     assert bad != text
     (tmp_path / "host-boot-ftq.yaml").write_text(bad)
@@ -465,14 +470,16 @@ def test_an_experiment_whose_boot_words_hold_a_newline_is_refused_naming_the_key
         ("null", "conditions[0].boot"),
         ("{x: 1}", "conditions[0].boot"),
     ):
-        (tmp_path / "host-boot-ftq.yaml").write_text(text.replace('"-nohz_full -rcu_nocbs"', value))
+        (tmp_path / "host-boot-ftq.yaml").write_text(text.replace('"-nohz_full -rcu_nocbs clocksource=tsc"', value))
         if key is None:
             load_experiment(tmp_path / "host-boot-ftq.yaml")  # numbers are words
             continue
         with pytest.raises(ExperimentError, match=rf"host-boot-ftq\.yaml: {re.escape(key)}: "):
             load_experiment(tmp_path / "host-boot-ftq.yaml")
     guest = (REPO / "runners/nohz/guest-ftq.yaml").read_text()
-    (tmp_path / "guest-ftq.yaml").write_text(guest.replace("lab:", 'lab:\n  cmdline: "a\\rb"', 1))
+    (tmp_path / "guest-ftq.yaml").write_text(
+        guest.replace('cmdline: "clocksource=tsc tsc=reliable"', 'cmdline: "a\\rb"', 1)
+    )
     with pytest.raises(ExperimentError, match=r"guest-ftq\.yaml: lab\.cmdline: 'a\\rb' holds the control character"):
         load_experiment(tmp_path / "guest-ftq.yaml")
 

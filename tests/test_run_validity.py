@@ -246,3 +246,20 @@ def test_the_machine_declares_only_what_root_wrote_and_ticklab_knows(tmp_path):
     assert declared(tmp_path) == {}
     path.unlink()
     assert declared(tmp_path) == {}
+
+
+def test_a_boot_plans_hpet_run_is_checked_on_the_switch_its_kernel_took(tmp_path):
+    """Issue 52 item 4: the running hpet_read_share (its /sys/module parameter), not only a word of /proc/cmdline."""
+    from ticklab.claims import hpet
+    from ticklab.host.facts import lab_switches
+
+    parameters = tmp_path / "sys/module/kernel/parameters"
+    parameters.mkdir(parents=True)
+    (parameters / "hpet_read_share").write_text("N\n")
+    assert lab_switches(tmp_path)["hpet_read_share"] == "N"
+    [check] = [c for c in hpet.CHECKS if c.path == "boot.switches.hpet_read_share"]
+    record = {"condition": "hpet-share-on", "boot": {"switches": lab_switches(tmp_path)}}
+    assert check.evaluate(record, NO_RESULTS)[1:] == ("N", False)
+    assert check.evaluate({**record, "condition": "hpet-share-off"}, NO_RESULTS)[2] is True
+    # a run recorded before the switch was: unchecked, so left out
+    assert check.evaluate({"condition": "hpet-share-on", "boot": {}}, NO_RESULTS)[2] is None

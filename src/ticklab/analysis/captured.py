@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bundle import MAX_MANIFEST_BYTES, Bundle, BundleError, RunRecord, check_complete, load_bundle
+from ..bundle import MAX_MANIFEST_BYTES, Bundle, BundleError, Manifest, RunRecord, check_complete, load_bundle
 from ..safefiles import read_bytes
 
 
@@ -56,13 +56,9 @@ def setup_of(host_dir: str, bundle: Path) -> str:
     if found is None:
         return host_dir
     try:
-        manifest = json.loads(read_bytes(bundle / "manifest.json", MAX_MANIFEST_BYTES))
-        releases = [
-            str(run["boot"]["release"])
-            for run in manifest.get("runs") or []
-            if isinstance(run, dict) and isinstance(run.get("boot"), dict) and run["boot"].get("release")
-        ]
-    except (OSError, ValueError, TypeError, KeyError):
+        manifest = Manifest.from_json(json.loads(read_bytes(bundle / "manifest.json", MAX_MANIFEST_BYTES)))
+        releases = [str(run.boot["release"]) for run in manifest.runs if run.boot.get("release")]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return host_dir
     booted = "-".join(sorted(set(releases), key=_release_key))
     return f"{found['head']}-{booted}-on-{found['tail']}" if booted else host_dir

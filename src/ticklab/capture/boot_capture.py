@@ -374,6 +374,8 @@ class BootCapture(plan_engine.RunMaker):
             "kernel_release": boot["release"],
             "hz": here["kernel_config"]["hz"],
             "clocksource": here["clocksources"]["current"],
+            # the lab switches as the booted kernel took them (hpet's checks compare them with the condition)
+            "switches": facts.lab_switches(self.root),
             "kernel_build": self._kernel_build(writer, run.name, here.get("kernel_build")),
         }
         writer.flush()

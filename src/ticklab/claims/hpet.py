@@ -306,6 +306,13 @@ CHECKS = [
         "guest.switches.hpet_read_share",
         {"hpet-sharing*": "Y", "hpet-no-sharing*": "N"},
     ),
+    # a boot plan's run: the switch as the booted kernel took it (/sys/module/kernel/parameters/hpet_read_share,
+    # recorded from 2026-11-29; an older run cannot show it and is left out)
+    FactCheck(
+        "HPET read sharing switch as the booted kernel took it",
+        "boot.switches.hpet_read_share",
+        {"hpet-share-on": "Y", "hpet-share-off": "N"},
+    ),
     # a boot plan's run (runners/hpet/host-boot-clock-read.yaml): the command line its boot was verified to have
     FactCheck(
         "HPET read sharing on the booted command line",

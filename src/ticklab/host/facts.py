@@ -213,6 +213,19 @@ def mounts(root: Path) -> dict[str, str]:
     return found
 
 
+# ticklab's lab patches' boot switches (kernel/patches) and where the running kernel shows the value it took
+LAB_SWITCHES = {
+    "hpet_read_share": "sys/module/kernel/parameters/hpet_read_share",
+    "pv_kick_ahead": "sys/module/kernel/parameters/pv_kick_ahead",
+    "processor.dummy_wait": "sys/module/processor/parameters/dummy_wait",
+}
+
+
+def lab_switches(root: Path | str = "/") -> dict[str, str | None]:
+    """Each lab switch as the running kernel reports it (None where this kernel lacks it)."""
+    return {name: read_text(Path(root) / relative) for name, relative in LAB_SWITCHES.items()}
+
+
 DECLARED_FACTS = "etc/ticklab/machine.json"
 # What a machine's owner (root) may declare of it that no file under /proc or /sys shows, and the values each takes:
 # vcpu_threads "single" where the hypervisor runs every vCPU in one host thread, taking turns (QEMU TCG thread=single:

@@ -19,25 +19,16 @@ from ..capture import requirements, tracing
 from ..capture.execute import execute_run, run_once
 from ..capture.experiment import Condition, PlannedRun, load_experiment
 from ..host import HostChanges, collect, plan_engine, plan_state
+from ..host.facts import LAB_SWITCHES, lab_switches
 
 WORK = Path("/tmp/ticklab-run")
-# Our patches' boot switches and where the running kernel shows the value it took.
-SWITCHES = {
-    "hpet_read_share": "sys/module/kernel/parameters/hpet_read_share",
-    "pv_kick_ahead": "sys/module/kernel/parameters/pv_kick_ahead",
-    "processor.dummy_wait": "sys/module/processor/parameters/dummy_wait",
-}
+# Our patches' boot switches and where the running kernel shows the value it took (host.facts.LAB_SWITCHES).
+SWITCHES = LAB_SWITCHES
 
 
 def switch_values(root: Path = Path("/")) -> dict[str, str | None]:
     """Each lab switch as the running kernel reports it (None where this kernel lacks it)."""
-    values = {}
-    for name, relative in SWITCHES.items():
-        try:
-            values[name] = (root / relative).read_text().strip()
-        except OSError:
-            values[name] = None
-    return values
+    return lab_switches(root)
 
 
 def _normal(value: str) -> str:
