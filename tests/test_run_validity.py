@@ -263,3 +263,19 @@ def test_a_boot_plans_hpet_run_is_checked_on_the_switch_its_kernel_took(tmp_path
     assert check.evaluate({**record, "condition": "hpet-share-off"}, NO_RESULTS)[2] is True
     # a run recorded before the switch was: unchecked, so left out
     assert check.evaluate({"condition": "hpet-share-on", "boot": {}}, NO_RESULTS)[2] is None
+
+
+def test_a_level_shows_as_the_level_not_as_a_ratio_on_the_first_screen():
+    from ticklab.report.firstscreen import effect_text
+
+    level = {"fresh_effect": 26.8, "ci_low": 24.8, "ci_high": 27.8, "p_holm": float("nan"), "n_per_condition": "10"}
+    assert effect_text(level) == "26.8 [24.8, 27.8]"
+    ratio = {
+        **level,
+        "fresh_effect": 1.03,
+        "ci_low": 1.0,
+        "ci_high": 1.05,
+        "p_holm": 0.01,
+        "n_per_condition": "10 vs 10",
+    }
+    assert effect_text(ratio) == "×1.03 [1, 1.05]"

@@ -19,7 +19,7 @@ from collections import Counter
 
 import pandas as pd
 
-from ..analysis.forest import VERDICT_COLOURS, VERDICT_MARKERS, is_collapsed
+from ..analysis.forest import VERDICT_COLOURS, VERDICT_MARKERS, is_collapsed, is_level
 from ..analysis.verdicts import format_p
 
 HEADLINE_RULE = (
@@ -149,7 +149,9 @@ def _sig(value) -> str:
 
 
 def effect_text(row) -> str:
-    return f"×{_sig(row['fresh_effect'])} [{_sig(row['ci_low'])}, {_sig(row['ci_high'])}]"
+    """A ratio as ×r [low, high]; a level (nohz's µs per tick, hrtick's spurious share) as the level itself."""
+    prefix = "" if is_level(row) else "×"
+    return f"{prefix}{_sig(row['fresh_effect'])} [{_sig(row['ci_low'])}, {_sig(row['ci_high'])}]"
 
 
 def _setups(row) -> list[str]:
@@ -322,7 +324,11 @@ def verdict_table(verdicts: pd.DataFrame, names: dict[str, str]) -> list[dict]:
     for _, row in verdicts.iterrows():
         tested = pd.notna(row["fresh_effect"])
         provenance = row["target_provenance"] if isinstance(row["target_provenance"], str) else ""
-        target = "direction" if pd.isna(row["target_ratio"]) else f"×{_sig(row['target_ratio'])}"
+        target = (
+            "direction"
+            if pd.isna(row["target_ratio"])
+            else f"{'' if is_level(row) else '×'}{_sig(row['target_ratio'])}"
+        )
         source, _, how = provenance.partition(": ")
         entry = {
             **_entry(row, names),
