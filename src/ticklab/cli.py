@@ -14,9 +14,19 @@ from .paths import ProjectError, seeds_dir
 from .safefiles import shown
 
 
+def report_out(data_dir: Path) -> Path:
+    """``ticklab report``'s default output: build/ for the project's own traces/, else beside the data it reads
+    (``<data-dir>/report``), so a report of one capture never lands on the bundled data's report."""
+    if data_dir.resolve() == _InProject("traces").resolve().resolve():
+        return _InProject("build").resolve()
+    return data_dir / "report"
+
+
 def _report(args: argparse.Namespace) -> int:
     from .report import kernelfork
 
+    if args.out is None:
+        args.out = report_out(args.data_dir)
     # the kernels' fork server first: its imports run beside this process's own (report/kernelfork.py)
     with kernelfork.started() as kernel_server:
         from .report.build import run_report
@@ -30,6 +40,7 @@ def _report(args: argparse.Namespace) -> int:
             notebook_timeout=args.notebook_timeout,
             jobs=args.jobs,
             kernel_server=kernel_server,
+            replace_other=args.replace,
         )
 
 
@@ -133,9 +144,10 @@ def _goals_of(found, published) -> list:
     ]
 
 
-def answer_context(claim: str, published_dir: Path, out: Path):
+def answer_context(claim: str, published_dir: Path, out: Path, root: Path | None = None):
     """What a capture's answer needs of the claim (capture/answer.py), as plain data, as the stopping rule's goals
-    are: every row of its published layer, all its comparisons, its notebook, and where the bundles go."""
+    are: every row of its published layer, all its comparisons, its notebook, and where the bundles go; with
+    ``root``, doctor's check of what this host lacks for each command the answer may suggest."""
     import math
 
     from .capture.answer import AnswerContext, PrintedValue
@@ -178,7 +190,14 @@ def answer_context(claim: str, published_dir: Path, out: Path):
         out,
         pass_out=out.resolve() != default_out.resolve(),
         published_dir=None if published_dir.resolve() == default_published.resolve() else published_dir,
+        missing_here=_suggestion_check(root) if root is not None else None,
     )
+
+
+def _suggestion_check(root: Path):
+    from .doctor import suggestion_check
+
+    return suggestion_check(root)
 
 
 def _goals(args: argparse.Namespace) -> list | None:
@@ -225,7 +244,7 @@ def _capture(args: argparse.Namespace) -> int:
             print(f"ticklab capture: {gap}", file=sys.stderr)
             return 2
         # the answer's context before the first run, so that a published row it cannot name stops the capture there
-        answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out)
+        answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out, args.root)
         goals = None if args.runs is not None else list(answer.goals) if answer else _goals(args)
         progress = _progress(args)
         options = CaptureOptions(
@@ -737,12 +756,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_seal_manifest_parser(sub)
     _add_view_parser(sub)
     _add_ingest_parser(sub)
+    _project_after_command(parser)
     return parser
+
+
+def _project_after_command(parser: argparse.ArgumentParser) -> None:
+    """``--project DIR`` after the command too (``ticklab report --project DIR``): every subcommand's parser takes
+    it, with no default of its own, so the one given before the command stands unless one is given after it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if any("--project" in a.option_strings for a in child._actions):
+                    continue
+                child.add_argument(
+                    "--project", type=Path, metavar="DIR", default=argparse.SUPPRESS, help="as before the command"
+                )
+                _project_after_command(child)
 
 
 def _add_report_parser(sub) -> None:
     report = sub.add_parser("report", help="run every notebook with papermill and build the report")
-    report.add_argument("--out", type=Path, default=_InProject("build"), help="output directory (default: build/)")
+    report.add_argument(
+        "--out",
+        type=Path,
+        help="output directory (default: build/ for the project's traces/, else DATA_DIR/report: a report of other "
+        "data is never replaced by default)",
+    )
+    report.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the report in --out even when it is of other data (--data-dir, --published-dir)",
+    )
     report.add_argument(
         "--data-dir", type=Path, default=_InProject("traces"), help="where captured bundles live (default: traces/)"
     )

@@ -1,0 +1,120 @@
+"""Issue 56 item 1, "a new user's second hour": a suggested or default `ticklab report` never replaces another data
+set's report (it writes beside the data it reads; `--out` onto a report of other data is refused unless --replace),
+and every command a capture's answer suggests is checked against what doctor knows of this host."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from ticklab import cli, paths
+from ticklab.capture.answer import AnswerContext, answer_lines
+from ticklab.doctor import suggestion_check
+from ticklab.report import outdir
+
+BUNDLE = REPO / "traces/amd-epyc-2c-6.18.44-fc-v595-vm/nohz/20261126T195227Z-ftq"
+QEMU_MISSING = "qemu: qemu-system-x86_64 is not installed"
+BOOT_REFUSED = "/boot: no vmlinuz-6.18.44 (refused: this machine does not boot from /boot)"
+
+
+def nohz_context(data_dir: Path, missing_here=None) -> AnswerContext:
+    context = cli.answer_context("nohz", paths.published_dir(), data_dir)
+    return AnswerContext(**{**context.__dict__, "missing_here": missing_here})
+
+
+def lacks_qemu_and_boot(experiment):
+    if experiment.lab is not None:
+        return QEMU_MISSING
+    return BOOT_REFUSED if "boot" in experiment.path.name else None
+
+
+def test_a_suggestion_that_cannot_run_here_names_what_is_missing_and_is_no_command_to_paste():
+    lines = answer_lines([BUNDLE], nohz_context(paths.traces_dir(), lacks_qemu_and_boot))
+    lab = [line for line in lines if "ticklab lab run nohz" in line]
+    boot = [line for line in lines if "ticklab capture nohz --boot kexec" in line]
+    assert set(lab) == {
+        f"    not on this host: ticklab lab run nohz cannot run here ({QEMU_MISSING}; 'ticklab doctor' says more): "
+        "runners/nohz/guest-ftq.yaml on a host that has it"
+    }
+    assert boot and all(line.lstrip(" or:").startswith("not on this host: ") and BOOT_REFUSED in line for line in boot)
+    # the comparisons are still listed under it
+    assert lines[lines.index(lab[0]) + 1] == "      nohz_full vs HZ=1000: FTQ work per quantum"
+
+
+def test_a_suggestion_that_runs_here_is_the_command():
+    lines = answer_lines([BUNDLE], nohz_context(paths.traces_dir(), lambda experiment: None))
+    assert "    ticklab lab run nohz   (QEMU guests: runners/nohz/guest-ftq.yaml)" in lines
+    assert not [line for line in lines if "not on this host" in line]
+
+
+def test_the_suggested_report_goes_beside_the_data_never_into_build(tmp_path):
+    mine = tmp_path / "this-host"
+    [line] = [line for line in answer_lines([BUNDLE], nohz_context(mine)) if line.startswith("  verdicts:")]
+    assert line == f"  verdicts: ticklab report --data-dir {mine} --out {mine / 'report'} --only 05-nohz"
+    # into the project's own traces/: the report of that capture goes to build/<host-id>, not over build/
+    [line] = [line for line in answer_lines([BUNDLE], nohz_context(paths.traces_dir())) if "verdicts:" in line]
+    assert f"--out {REPO / 'build' / 'amd-epyc-2c-6.18.44-fc-v595-vm'} " in line
+
+
+def test_reports_default_output_is_beside_the_data_it_reads(tmp_path):
+    assert cli.report_out(paths.traces_dir()) == REPO / "build"
+    assert cli.report_out(tmp_path / "mine") == tmp_path / "mine" / "report"
+    args = cli.build_parser().parse_args(["report", "--data-dir", str(tmp_path), "--only", "05-nohz"])
+    assert args.out is None and not args.replace
+
+
+def test_project_is_accepted_after_the_command_too(tmp_path):
+    parser = cli.build_parser()
+    assert parser.parse_args(["report", "--project", str(tmp_path)]).project == tmp_path
+    assert parser.parse_args(["--project", str(tmp_path), "report"]).project == tmp_path
+    assert parser.parse_args(["lab", "run", "nohz", "--project", str(tmp_path)]).project == tmp_path
+    assert parser.parse_args(["doctor"]).project is None
+
+
+def finished_report(directory: Path, data_dir: Path) -> None:
+    read = outdir.data_record(data_dir, paths.published_dir())
+    foreign = outdir.claim(directory, replace=True, data=read)
+    (directory / "verdicts.csv").write_text("38 rows of the bundled data\n")
+    outdir.record(directory, foreign, read)
+
+
+def test_a_report_onto_a_report_of_other_data_is_refused_and_leaves_it(tmp_path):
+    build = tmp_path / "build"
+    finished_report(build, paths.traces_dir())
+    mine = outdir.data_record(tmp_path / "this-host", paths.published_dir())
+    with pytest.raises(outdir.OutputDirError) as refused:
+        outdir.claim(build, replace=False, data=mine)
+    assert str(refused.value) == (
+        f"{build}: holds the report of --data-dir {paths.traces_dir()}, not of {tmp_path / 'this-host'}; give "
+        "another --out (--data-dir DIR writes DIR/report by default) or --replace to replace it"
+    )
+    assert (build / "verdicts.csv").read_text() == "38 rows of the bundled data\n"
+    assert json.loads((build / outdir.MARKER).read_text())["data"]["data_dir"] == str(paths.traces_dir())
+    # the same data: a partial run goes ahead (it updates its claim)
+    outdir.claim(build, replace=False, data=outdir.data_record(paths.traces_dir(), paths.published_dir()))
+    assert (build / "verdicts.csv").is_file()
+
+
+def test_replace_removes_a_report_of_other_data_whole_even_for_a_partial_run(tmp_path):
+    build = tmp_path / "build"
+    finished_report(build, paths.traces_dir())
+    mine = outdir.data_record(tmp_path / "this-host", paths.published_dir())
+    outdir.claim(build, replace=False, data=mine, replace_other=True)
+    assert not (build / "verdicts.csv").exists()
+    assert json.loads((build / outdir.MARKER).read_text())["data"] == mine
+
+
+def test_doctors_check_of_a_suggestion_names_what_is_missing(tmp_path, monkeypatch, fake_host):
+    from ticklab.capture.experiment import boot_experiment_paths, experiment_paths, load_experiment
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    missing = suggestion_check(fake_host)
+    [lab] = [load_experiment(p) for p in experiment_paths("nohz") if load_experiment(p).lab is not None]
+    assert missing(lab).startswith("qemu: qemu-system-x86_64 is not installed"), missing(lab)
+    boot = load_experiment(boot_experiment_paths("nohz")[0])
+    assert missing(boot) == "tracefs: no tracefs (kernel without CONFIG_TRACING?)"  # the fake host has none
+    assert shutil.which("qemu-system-x86_64") is None
