@@ -56,7 +56,7 @@ capture: $(STAMP) tools  ## every claim's host experiments (root; minutes; CLAIM
 
 # The guest lab (root; a kernel build takes about 6 minutes on 2 cores, each guest boot a few seconds under
 # TCG): lab kernels from linux-source-6.12 + kernel/patches, the guest image, then every claim's lab
-# experiments in QEMU guests. LAB_CLAIMS=... to choose, LAB_ARGS="--runs 3" to pass options to 'lab run'.
+# experiments in QEMU guests. LAB_CLAIMS=... to choose, LAB_ARGS="--runs 8" to pass options to 'lab run'.
 LAB_VARIANTS ?= hz1000 hz250
 LAB_CLAIMS ?= $(shell $(BIN)/ticklab claims --lab 2>/dev/null)
 LAB_ARGS ?=

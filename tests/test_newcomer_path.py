@@ -2,15 +2,22 @@
 set's report (it writes beside the data it reads; `--out` onto a report of other data is refused unless --replace),
 and every command a capture's answer suggests is checked against what doctor knows of this host."""
 
+import argparse
 import json
+import os
+import re
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, WAIT_BOUND_S
 from ticklab import cli, paths
 from ticklab.capture.answer import AnswerContext, answer_lines
+from ticklab.capture.requirements import tools_bin
 from ticklab.doctor import suggestion_check
 from ticklab.report import outdir
 
@@ -118,3 +125,99 @@ def test_doctors_check_of_a_suggestion_names_what_is_missing(tmp_path, monkeypat
     boot = load_experiment(boot_experiment_paths("nohz")[0])
     assert missing(boot) == "tracefs: no tracefs (kernel without CONFIG_TRACING?)"  # the fake host has none
     assert shutil.which("qemu-system-x86_64") is None
+
+
+def files_of(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def ticklab(*words: str, timeout: float = WAIT_BOUND_S) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", *words], capture_output=True, text=True, cwd=REPO, timeout=timeout
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("machine")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/kernel/tracing").is_dir() or not (tools_bin() / "ftq").exists(),
+    reason="a real capture needs root, tracefs and 'make tools'",
+)
+def test_the_newcomer_path_leaves_the_bundled_report_intact(tmp_path):
+    """README's path: the bundled data's report, doctor, a capture, then the report line the capture suggests, run as
+    printed; the bundled report is the same file for file. Then that report's data onto it: refused, still intact."""
+    build = tmp_path / "build"
+    made = ticklab("report", "--out", str(build), "--only", "05-nohz")
+    assert made.returncode == 0, made.stderr + made.stdout
+    bundled = files_of(build)
+    assert (build / "verdicts.csv").is_file() and (build / "report/index.html").is_file()
+    doctor = ticklab("doctor")
+    assert doctor.returncode == 0, doctor.stderr
+    mine = tmp_path / "this-host"
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    captured = ticklab(
+        "capture", "nohz", "--runs", "2", "--warmup", "0", "--out", str(mine), "--journal", str(state / "j.json")
+    )
+    if "the host is held by" in captured.stderr:
+        pytest.skip(f"another capture holds the host: {captured.stderr.strip()}")
+    assert captured.returncode == 0, captured.stderr
+    [line] = [line for line in captured.stdout.splitlines() if line.startswith("  verdicts: ")]
+    words = shlex.split(line.removeprefix("  verdicts: "))
+    assert words[:2] == ["ticklab", "report"] and str(mine / "report") in words, words
+    suggested = ticklab(*words[1:])
+    assert suggested.returncode == 0, suggested.stderr + suggested.stdout
+    assert (mine / "report/report/index.html").is_file() and (mine / "report/verdicts.csv").is_file()
+    assert files_of(build) == bundled
+    # the same data told to write over the bundled report: refused in one line, nothing changed
+    onto = ticklab("report", "--data-dir", str(mine), "--only", "05-nohz", "--out", str(build))
+    assert onto.returncode == 2
+    assert f"{build}: holds the report of --data-dir {paths.traces_dir()}, not of {mine}" in onto.stdout + onto.stderr
+    assert files_of(build) == bundled
+
+
+# Issue 56 item 7: capture --help describes itself and its claim; --runs too small to decide is warned with the number
+
+
+def test_capture_help_describes_the_command_and_its_claim_argument():
+    [capture] = [
+        choice
+        for action in cli.build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, choice in action.choices.items()
+        if name == "capture"
+    ]
+    text = capture.format_help()
+    assert capture.description and capture.description.startswith("Run a claim's experiments")
+    [claim] = [a for a in capture._actions if a.dest == "claim"]
+    assert claim.help.startswith("the claim whose experiments to run: one of acpi-idle, hpet, hrtick, nohz")
+    assert "below 4 no 95% CI is bounded" in " ".join(text.split())
+
+
+def test_the_fewest_runs_that_can_decide_is_the_analysis_own():
+    from ticklab.analysis.power import smallest_testable_n
+
+    assert cli.smallest_deciding_runs() == smallest_testable_n(0.05) == 4
+    assert cli.smallest_deciding_runs(0.99) == smallest_testable_n(0.01)
+
+
+def test_runs_below_what_a_95_percent_ci_needs_is_warned_with_the_numbers(capsys):
+    assert cli.runs_warning(4) is None and cli.runs_warning(None) is None
+    assert cli.runs_warning(3).startswith(
+        "warning: --runs 3 is below the 4 runs per condition an exact 95% CI needs to be bounded (3 vs 3 runs: the "
+        "smallest two-sided Mann-Whitney p is 0.1)"
+    )
+    # through main: a refused claim still exits 2, after the warning
+    assert cli.main(["capture", "nohz", "--runs", "2", "--experiment", "/nonexistent.yaml", "--dry-run"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("ticklab capture: warning: --runs 2 is below the 4 runs") and "p is 0.333" in err[0]
+
+
+def test_readme_examples_use_run_counts_that_can_decide():
+    """Every `--runs N` README tells a user to run is at least 4, but the lab-host commands that made the committed
+    bundles, which README says are inconclusive by design."""
+    text = (REPO / "README.md").read_text()
+    commands = [line for line in text.splitlines() if line.startswith("    ")]
+    small = [line for line in commands if (m := re.search(r"--runs (\d+)", line)) and int(m[1]) < 4]
+    assert small and all("lab host-plan" in line for line in small), small
+    assert "These `--runs 3` are the commands that made the committed lab-host bundles" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -665,13 +666,39 @@ def _seconds(text: str) -> float:
     return value
 
 
+def smallest_deciding_runs(confidence: float = 0.95) -> int:
+    """The fewest runs per condition (equal groups) whose exact two-sided CI at ``confidence`` is bounded: the
+    verdicts' ratio CI inverts the exact Mann-Whitney test (analysis/stats.ratio_by_ranks), whose smallest two-sided
+    p with n runs a side is 2 / C(2n, n). Standard library only (the CLI checks --runs before importing the analysis);
+    tests/test_newcomer_path.py holds it to ``analysis.power.smallest_testable_n``."""
+    n = 2
+    while (1 - confidence) * math.comb(2 * n, n) < 2:
+        n += 1
+    return n
+
+
+def runs_warning(runs: int | None) -> str | None:
+    """What to say of a --runs too small for any comparison to be decided (None when it can be)."""
+    needed = smallest_deciding_runs()
+    if runs is None or runs >= needed:
+        return None
+    smallest_p = 2 / math.comb(2 * runs, runs)
+    return (
+        f"warning: --runs {runs} is below the {needed} runs per condition an exact 95% CI needs to be bounded "
+        f"({runs} vs {runs} runs: the smallest two-sided Mann-Whitney p is {smallest_p:.3g}), so no comparison can be "
+        f"decided from these runs (inconclusive); a claim's simultaneous CI over several comparisons needs more: "
+        f"the report's runs_needed says how many"
+    )
+
+
 def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     """How many runs a capture makes: the same options for host captures and lab runs."""
     parser.add_argument(
         "--runs",
         type=_whole(1, 10000),
         help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
-        "rounds until the precision target or its budget)",
+        f"rounds until the precision target or its budget); below {smallest_deciding_runs()} no 95%% CI is bounded "
+        "and ticklab warns",
     )
     parser.add_argument("--warmup", type=_whole(0, 1000), help="warm-up runs per condition (default: the experiment's)")
     parser.add_argument("--seed", type=_whole(0, 2**63 - 1), help="seed of the run order (default: the experiment's)")
@@ -859,8 +886,22 @@ def _add_restore_parser(sub) -> None:
 
 
 def _add_capture_parser(sub) -> None:
-    cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
-    cap.add_argument("claim", choices=list(CLAIM_IDS))
+    cap = sub.add_parser(
+        "capture",
+        help="run a claim's experiments on this host into sealed bundles",
+        description="Run a claim's experiments (runners/<claim>/*.yaml) on this host: warm-ups, then blocks of one "
+        "run of every condition in a seeded order, each host change put back after its run, into sealed bundles "
+        "under --out; it ends with the claim's headline numbers as measured here beside the source's, the "
+        "comparisons it could not test with the command that would, and the report line for the verdicts. Root. "
+        "'ticklab doctor' says first what this host can run.",
+    )
+    cap.add_argument(
+        "claim",
+        choices=list(CLAIM_IDS),
+        metavar="claim",
+        help=f"the claim whose experiments to run: one of {', '.join(CLAIM_IDS)} ('ticklab claims --host' lists "
+        "those with a host experiment)",
+    )
     _run_count_arguments(cap)
     cap.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
@@ -1231,6 +1272,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _resolve_project(args)
+        warning = runs_warning(getattr(args, "runs", None))
+        if warning:
+            print(f"{name}: {warning}", file=sys.stderr)
         return args.func(args)
     except ProjectError as exc:  # what is missing is the same for every command: one line, no command name
         print(f"ticklab: {_line(exc)}", file=sys.stderr)
