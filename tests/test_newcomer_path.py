@@ -221,3 +221,40 @@ def test_readme_examples_use_run_counts_that_can_decide():
     small = [line for line in commands if (m := re.search(r"--runs (\d+)", line)) and int(m[1]) < 4]
     assert small and all("lab host-plan" in line for line in small), small
     assert "These `--runs 3` are the commands that made the committed lab-host bundles" in text
+
+
+# Issue 56 item 6: a refused experiment is refused before the capture or the analysis is imported (its time is in
+# benchmarks/startup.py, not here)
+
+HEAVY = (
+    "pandas",
+    "scipy",
+    "numpy",
+    "matplotlib",
+    "pyarrow",
+    "ticklab.analysis",
+    "ticklab.claims",
+    "ticklab.capture.runner",
+)
+
+
+def imported_after(*words: str) -> tuple[int, list[str]]:
+    script = (
+        "import sys\nfrom ticklab import cli\n"
+        f"code = cli.main({list(words)!r})\n"
+        f"heavy = {HEAVY!r}\n"
+        "print(code, *sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in heavy)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=WAIT_BOUND_S
+    )
+    code, *modules = done.stdout.split()
+    return int(code), modules
+
+
+@pytest.mark.parametrize("boot", [False, True], ids=["host", "boot"])
+def test_a_refused_experiment_imports_no_analysis_pandas_or_scipy(tmp_path, boot):
+    anchored = tmp_path / "anchored.yaml"
+    anchored.write_text("claim: nohz\nname: &x a\ndescription: *x\n")
+    words = ["capture", "nohz", "--experiment", str(anchored), "--dry-run"] + (["--boot", "kexec"] if boot else [])
+    assert imported_after(*words) == (2, [])

@@ -223,7 +223,28 @@ def no_host_experiment(claim: str) -> str | None:
     return f"{claim} has no host experiment (runners/{claim}/ holds {held}); run {' or '.join(instead)} instead"
 
 
+def _refused_experiment(args: argparse.Namespace) -> str | None:
+    """The first experiment file this capture would run that does not load (its one-line error), checked before
+    anything of the capture or the analysis is imported: a refusal costs the YAML and the schema, not pandas."""
+    from .capture.experiment import ExperimentError, boot_experiment_paths, experiment_paths, load_experiment
+
+    try:
+        if args.experiment:
+            found = [args.experiment]
+        else:
+            found = boot_experiment_paths(args.claim) if args.boot else experiment_paths(args.claim)
+        for path in found:
+            load_experiment(path)
+    except ExperimentError as exc:
+        return _one_line(exc)
+    return None
+
+
 def _capture(args: argparse.Namespace) -> int:
+    refused = _refused_experiment(args)
+    if refused:
+        print(f"ticklab capture: {refused}", file=sys.stderr)
+        return 2
     if args.boot:
         return _capture_boot(args)
     if args.build_kernels:
@@ -232,7 +253,8 @@ def _capture(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from .analysis.published import PublishedDataError
+    # the published layer's errors (analysis.published.PublishedDataError) are ticklab's own: main() prints them in the
+    # same one line, so the analysis is not imported here for a name to catch
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions, capture
@@ -266,7 +288,7 @@ def _capture(args: argparse.Namespace) -> int:
         )
         # flushed line by line: a log or a pipe shows each run as it ends, not all of them at exit
         capture(args.claim, options, experiment_path=args.experiment, log=lambda line: print(line, flush=True))
-    except (ExperimentError, BundleError, HostChangeError, TracingError, PublishedDataError) as exc:
+    except (ExperimentError, BundleError, HostChangeError, TracingError) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
