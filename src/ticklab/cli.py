@@ -18,8 +18,9 @@ from .safefiles import shown
 def report_out(data_dir: Path) -> Path:
     """``ticklab report``'s default output: build/ for the project's own traces/, else beside the data it reads
     (``<data-dir>/report``), so a report of one capture never lands on the bundled data's report."""
-    if data_dir.resolve() == _InProject("traces").resolve().resolve():
-        return _InProject("build").resolve()
+    defaults = {_InProject("traces").resolve().resolve(), _InProject("traces", writes=True).resolve().resolve()}
+    if data_dir.resolve() in defaults:
+        return _InProject("build", writes=True).resolve()
     return data_dir / "report"
 
 
@@ -181,7 +182,8 @@ def answer_context(claim: str, published_dir: Path, out: Path, root: Path | None
                 text("unit"),
                 context,
             )
-    default_out, default_published = _InProject("traces").resolve(), _InProject("traces", "published").resolve()
+    default_out = _InProject("traces", writes=True).resolve()
+    default_published = _InProject("traces", "published").resolve()
     return AnswerContext(
         claim,
         f"seed {found.seed}",
@@ -741,12 +743,20 @@ def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
 
 class _InProject:
     """A default path inside the project directory, resolved only once the command line is read (``--project``
-    comes first), and only for a command that has it: ``--help`` and commands that need no project never look."""
+    comes first), and only for a command that has it: ``--help`` and commands that need no project never look.
+    ``writes``: a default ticklab writes to (build/, traces/ for bundles), inside ``paths.work_dir()`` (the project
+    for a checkout; ``~/ticklab`` for the project files a wheel carries, never written). ``data``: the captured
+    data, the work directory's traces/ where it has one, else the project's."""
 
-    def __init__(self, *parts: str):
+    def __init__(self, *parts: str, writes: bool = False, data: bool = False):
         self.parts = parts
+        self.writes = writes
+        self.data = data
 
     def resolve(self) -> Path:
+        mine = paths.work_dir().joinpath(*self.parts)
+        if self.writes or (self.data and mine.is_dir()):
+            return mine
         return paths.repo_root().joinpath(*self.parts)
 
     def __repr__(self) -> str:
@@ -837,7 +847,10 @@ def _add_report_parser(sub) -> None:
         help="replace the report in --out even when it is of other data (--data-dir, --published-dir)",
     )
     report.add_argument(
-        "--data-dir", type=Path, default=_InProject("traces"), help="where captured bundles live (default: traces/)"
+        "--data-dir",
+        type=Path,
+        default=_InProject("traces", data=True),
+        help="where captured bundles live (default: traces/)",
     )
     report.add_argument(
         "--published-dir",
@@ -925,7 +938,9 @@ def _add_capture_parser(sub) -> None:
         "those with a host experiment)",
     )
     _run_count_arguments(cap)
-    cap.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
+    cap.add_argument(
+        "--out", type=Path, default=_InProject("traces", writes=True), help="where bundles go (default: traces/)"
+    )
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
     cap.add_argument("--experiment", type=Path, help="one experiment file instead of every runners/<claim>/*.yaml")
     cap.add_argument(
@@ -1166,7 +1181,9 @@ def _add_lab_run_parser(lab_sub) -> None:
     lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
-    lab_run.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
+    lab_run.add_argument(
+        "--out", type=Path, default=_InProject("traces", writes=True), help="where bundles go (default: traces/)"
+    )
     lab_run.add_argument("--experiment", type=Path, help="one lab experiment file instead of all of the claim's")
     lab_run.add_argument(
         "--backend",

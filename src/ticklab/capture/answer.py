@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bundle import Bundle, load_bundle, measured_results
-from ..paths import repo_root
+from ..paths import repo_root, work_dir
 from .experiment import (
     Experiment,
     ExperimentError,
@@ -138,9 +138,8 @@ def answer_lines(bundles: list[Path], context: AnswerContext) -> list[str]:
 def report_out(data_dir: Path, host_id: str) -> Path:
     """Where the suggested report goes: beside the data (``<data-dir>/report``, ``ticklab report``'s own default for a
     --data-dir), or ``build/<host-id>`` when the data is the project's traces/, whose report is build/ itself."""
-    traces = repo_root() / "traces"
-    if Path(data_dir).resolve() == traces.resolve():
-        return repo_root() / "build" / host_id
+    if Path(data_dir).resolve() in {(repo_root() / "traces").resolve(), (work_dir() / "traces").resolve()}:
+        return work_dir() / "build" / host_id
     return Path(data_dir) / "report"
 
 
