@@ -635,6 +635,8 @@ def _view(args: argparse.Namespace) -> int:
             f"{opened['claim']}: run {opened['run']}, condition {opened['condition']}\n{trace}\n  session {out}\n"
             f"  markers A/B: {spot.what}"
         )
+        if opened.get("note"):
+            print(f"  note: {opened['note']}")
         if not args.session_only:
             open_in_kernelshark(out).wait()
     except (ViewError, BundleError, KeyError, ValueError) as exc:
