@@ -258,3 +258,21 @@ def test_a_refused_experiment_imports_no_analysis_pandas_or_scipy(tmp_path, boot
     anchored.write_text("claim: nohz\nname: &x a\ndescription: *x\n")
     words = ["capture", "nohz", "--experiment", str(anchored), "--dry-run"] + (["--boot", "kexec"] if boot else [])
     assert imported_after(*words) == (2, [])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("machine")  # a dry run on the real root takes the host lock
+def test_a_dry_run_with_a_fixed_count_imports_no_scipy_and_no_claim():
+    """The stopping rule imports the analysis' stats only when it checks a CI, which a dry run never does."""
+    script = (
+        "import sys\nfrom ticklab import cli\n"
+        "code = cli.main(['capture', 'nohz', '--dry-run', '--runs', '5'])\n"
+        "print('exit', code, *sorted(m for m in ('scipy', 'matplotlib', 'ticklab.analysis.stats', 'ticklab.claims')"
+        " if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=WAIT_BOUND_S
+    )
+    if "the host is held by" in done.stderr:
+        pytest.skip(f"another capture holds the host: {done.stderr.strip()}")
+    assert done.stdout.splitlines()[-1] == "exit 0", done.stdout[-2000:] + done.stderr[-2000:]
