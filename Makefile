@@ -56,7 +56,7 @@ capture: $(STAMP) tools  ## every claim's host experiments (root; minutes; CLAIM
 
 # The guest lab (root; a kernel build takes about 6 minutes on 2 cores, each guest boot a few seconds under
 # TCG): lab kernels from linux-source-6.12 + kernel/patches, the guest image, then every claim's lab
-# experiments in QEMU guests. LAB_CLAIMS=... to choose, LAB_ARGS="--runs 3" to pass options to 'lab run'.
+# experiments in QEMU guests. LAB_CLAIMS=... to choose, LAB_ARGS="--runs 8" to pass options to 'lab run'.
 LAB_VARIANTS ?= hz1000 hz250
 LAB_CLAIMS ?= $(shell $(BIN)/ticklab claims --lab 2>/dev/null)
 LAB_ARGS ?=
@@ -132,9 +132,11 @@ $(STAMP): requirements.lock pyproject.toml setup.py src/ticklab/trace/_ringbuf.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# uv installs the lock's pins in parallel, bytecode compiled as pip does: 30 s where pip took 62 s on 2 cores
 	@# (2026-11-28, the same pins either way); pip alone where uv cannot be had
+	@# the venv's bytecode in the venv: PYTHONPYCACHEPREFIX (above) would divert --compile-bytecode into the prefix,
+	@# leaving .venv/bin/ticklab, run outside make, to compile every module on each start where bytecode is not written
 	if $(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION); then \
-	  $(BIN)/python -m uv pip install --quiet --python $(BIN)/python --compile-bytecode -r requirements.lock; \
-	else $(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock; fi
+	  env -u PYTHONPYCACHEPREFIX $(BIN)/python -m uv pip install --quiet --python $(BIN)/python --compile-bytecode -r requirements.lock; \
+	else env -u PYTHONPYCACHEPREFIX $(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock; fi
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 

@@ -181,12 +181,13 @@ def test_a_piped_capture_says_each_run_and_ends_with_the_bundles_numbers_and_wha
     lines = done.stdout.splitlines()
     lab = lines.index(f"    ticklab lab run nohz --out {out}   (QEMU guests: runners/nohz/guest-ftq.yaml)")
     assert lines[lab + 1] == "      nohz_full vs HZ=1000: FTQ work per quantum"
+    # the fake host has no tracefs, so doctor says the boot plan cannot run here (issue 56): no command to paste
     boot = lines.index(
-        f"    ticklab capture nohz --boot kexec --out {out}   (one boot of this host per run: "
-        "runners/nohz/host-boot-ftq.yaml)"
+        "    not on this host: ticklab capture nohz --boot kexec cannot run here (tracefs: no tracefs (kernel without "
+        "CONFIG_TRACING?); 'ticklab doctor' says more): runners/nohz/host-boot-ftq.yaml on a host that has it"
     )
     assert lines[boot + 1] == "      nohz_full vs tick on, this kernel's HZ: FTQ work per quantum (a boot each)"
-    assert lines[-1] == f"  verdicts: ticklab report --data-dir {out} --only 05-nohz"
+    assert lines[-1] == f"  verdicts: ticklab report --data-dir {out} --out {out}/report --only 05-nohz"
 
 
 @pytest.mark.slow
@@ -355,6 +356,17 @@ def test_a_real_nohz_capture_ends_with_the_tick_cost_the_bundle_holds_beside_see
     rate = statistics.median(measured(bundle, "tick-on", "tick_rate_hz"))
     assert derived and three_digits_of(derived["value"], 80e-6 * rate * 100), derived_line
     lines = done.stdout.splitlines()
-    assert any(line.startswith(f"    ticklab capture nohz --boot kexec --out {out}") for line in lines)
-    assert any(line.startswith(f"    ticklab lab run nohz --out {out}") for line in lines)
-    assert lines[-1] == f"  verdicts: ticklab report --data-dir {out} --only 05-nohz"
+    # each suggestion as doctor says of this host: the command, or what is missing here
+    from ticklab.capture.experiment import boot_experiment_paths, experiment_paths, load_experiment
+    from ticklab.doctor import suggestion_check
+
+    missing = suggestion_check("/")
+    boot = missing(load_experiment(boot_experiment_paths("nohz")[0]))
+    [lab] = [missing(load_experiment(p)) for p in experiment_paths("nohz") if load_experiment(p).lab is not None]
+    for words, lacks in (("ticklab capture nohz --boot kexec", boot), ("ticklab lab run nohz", lab)):
+        shown = [line.strip().removeprefix("or: ") for line in lines if words in line]
+        if lacks:
+            assert any(line.startswith(f"not on this host: {words}") and f"({lacks};" in line for line in shown)
+        else:
+            assert any(line.startswith(f"{words} --out {out}") for line in shown), (words, shown)
+    assert lines[-1] == f"  verdicts: ticklab report --data-dir {out} --out {out}/report --only 05-nohz"

@@ -353,6 +353,7 @@ def test_csv_is_one_table_with_a_number_in_each_cell_and_plain_headers(tmp_path)
         "relative_change_pct",
         "p_holm",
         "significant",
+        "setup_warning",
     ]
     for column in ("a", "b", "difference", "relative_change_pct", "p_holm"):
         assert pd.api.types.is_float_dtype(table[column]), column

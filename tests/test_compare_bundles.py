@@ -91,3 +91,32 @@ def test_a_host_tick_on_bundle_maps_onto_a_guest_condition(capsys):
     code, out, err = run_cli(capsys, host, guest, "--map", "tick-on=hz100")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "'hz100'" in err and "hz1000, hz250, hz1000-nohz_full" in err
+
+
+@pytest.mark.parametrize("fmt", ["text", "md", "csv", "json"])
+def test_the_cross_machine_warning_is_in_every_format_written_to_a_file(capsys, fmt):
+    """Issue 56 item 3: `ticklab compare A B > file` keeps the warning that the CPUs and kernels differ."""
+    code, out, err = run_cli(
+        capsys, NOHZ["intel host"], NOHZ["amd host"], "--format", fmt, "--metric", "ftq_count_mean"
+    )
+    assert code == 0
+    warned = [line.removeprefix("ticklab compare: warning: ") for line in err.splitlines() if "warning:" in line]
+    assert len(warned) == 2 and warned[0].startswith("the CPUs differ") and warned[1].startswith("the kernels differ")
+    if fmt == "text":
+        assert out.splitlines()[:2] == [f"warning: {w}" for w in warned]
+    elif fmt == "md":
+        assert out.splitlines()[:3] == [f"> **warning:** {warned[0]}", ">", f"> **warning:** {warned[1]}"]
+    elif fmt == "csv":
+        table = pd.read_csv(io.StringIO(out))
+        assert list(table.columns)[-1] == "setup_warning" and len(table) > 0
+        assert set(table["setup_warning"]) == {"; ".join(warned)}
+    else:
+        assert json.loads(out)["warnings"] == warned
+
+
+def test_one_bundles_conditions_have_no_warning_line_and_an_empty_csv_column(capsys):
+    code, out, err = run_cli(capsys, NOHZ["intel guest"], "--metric", "ftq_count_mean")
+    assert code == 0 and "Median" in out and "warning" not in out + err
+    code, out, err = run_cli(capsys, NOHZ["intel guest"], "--format", "csv", "--metric", "ftq_count_mean")
+    table = pd.read_csv(io.StringIO(out))
+    assert len(table) > 0 and table["setup_warning"].isna().all()

@@ -7,8 +7,10 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -533,6 +535,133 @@ def rendered(page, extra: str = "", window: str | None = None) -> dict:
     found = re.search(r'<pre id="ticklab-check">([^<]*)</pre>', result.stdout)
     assert found, f"{page}: the page never finished loading in Chromium: {result.stderr[-400:]}"
     return json.loads(found.group(1).replace("&quot;", '"'))
+
+
+# Issue 56 item 2: words split across lines (each word's own client rects, by a Range over the text), badges drawn in
+# more than one piece or past their cell or the window, and where the grid, its cards and the legend sit.
+# Run inside a frame of the page at the width asked (headless Chromium keeps its window at least 500 px wide, and a
+# phone has no scrollbar taking width): ``doc`` and ``win`` are the page's.
+PHONE_CHECK = """
+  const view = doc.documentElement.clientWidth;
+  const split = [];
+  for (const root of [doc.getElementById("glance-table"), doc.getElementById("verdict-legend")]) {
+    const walker = doc.createTreeWalker(root, 4);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (!node.parentElement.offsetParent || node.parentElement.closest("details:not([open]) > :not(summary)")) continue;
+      for (const m of node.textContent.matchAll(/[^\\s-]+/g)) {  // a break after a hyphen is no break in a word
+        const range = doc.createRange();
+        range.setStart(node, m.index); range.setEnd(node, m.index + m[0].length);
+        const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0).map(r => Math.round(r.top)));
+        if (tops.size > 1) split.push(m[0]);
+      }
+    }
+  }
+  const badges = Array.from(doc.querySelectorAll("#glance-table .badge, #verdict-legend .badge"))
+    .filter(b => b.offsetParent !== null && !b.closest("details:not([open])"));
+  const cut = badges.filter(b => {
+    const r = b.getBoundingClientRect(), cell = (b.closest("td") || doc.body).getBoundingClientRect();
+    return b.getClientRects().length > 1 || r.right > cell.right + 0.5 || r.right > view + 0.5 || r.left < -0.5;
+  }).map(b => b.textContent.trim());
+  const rows = Array.from(doc.querySelectorAll("#glance-table tr.claim-row"));
+  const cells = Array.from(doc.querySelectorAll("#glance-table td.cell"));
+  return {
+    viewport: view, scroll_width: doc.documentElement.scrollWidth, split_words: split, cut_badges: cut,
+    badges: badges.length, legend_words: doc.querySelectorAll("#verdict-legend .badge").length,
+    legend_bottom: doc.getElementById("verdict-legend").getBoundingClientRect().bottom,
+    stacked: rows.every(r => {
+      const own = Array.from(r.querySelectorAll("td.cell")).map(c => c.getBoundingClientRect());
+      return own.every((c, i) => i === 0 || c.top >= own[i - 1].bottom - 0.5);
+    }),
+    cards_full_width: cells.every(c => c.getBoundingClientRect().width >= view * 0.8),
+    family_labels: cells.filter(c => win.getComputedStyle(c, "::before").content.includes(c.dataset.family)).length,
+    cells: cells.length, glance_bottom: doc.getElementById("glance-table").getBoundingClientRect().bottom,
+    also: Array.from(doc.querySelectorAll("#glance-table .also")).map(a => a.closest("tr").dataset.claim + ": " +
+      Array.from(a.querySelectorAll(".badge")).map(b => b.textContent.trim()).join(", "))};
+"""
+
+
+def framed(page: Path, width: int, height: int, check: str) -> dict:
+    """``check`` (a function body of ``doc``, ``win`` returning what it measured) run on ``page`` laid out in a
+    width × height frame without a scrollbar, in headless Chromium."""
+    probe = page.with_name(page.stem + f".frame-{width}.html")
+    probe.write_text(
+        f'<!DOCTYPE html><html><body style="margin:0"><iframe id="f" src="{page.name}" scrolling="no" '
+        f'style="width:{width}px;height:{height}px;border:0"></iframe><script>\n'
+        'const frame = document.getElementById("f");\n'
+        "frame.addEventListener('load', () => {\n"
+        "  const doc = frame.contentDocument, win = frame.contentWindow;\n"
+        f"  const seen = (() => {{ {check} }})();\n"
+        '  const out = document.createElement("pre"); out.id = "ticklab-check";\n'
+        "  out.textContent = JSON.stringify(seen); document.body.appendChild(out);\n"
+        "});\n</script></body></html>\n"
+    )
+    try:
+        result = subprocess.run(
+            [
+                BROWSER,
+                *OFFLINE_CHROMIUM,
+                "--allow-file-access-from-files",
+                f"--window-size={max(width, 500) + 20},{height + 50}",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                probe.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        probe.unlink()
+    found = re.search(r'<pre id="ticklab-check">([^<]*)</pre>', result.stdout)
+    assert found, f"{page}: the framed page never finished loading in Chromium: {result.stderr[-400:]}"
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def screenshot(page: Path, width: int, height: int, shot: Path) -> np.ndarray:
+    """Headless Chromium's screenshot of ``page`` at width × height, read back as pixels (RGB, 0..1)."""
+    import matplotlib.image
+
+    subprocess.run(
+        [BROWSER, *OFFLINE_CHROMIUM, f"--window-size={width},{height}", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    return matplotlib.image.imread(shot)[:, :, :3]
+
+
+def colour_pixels(image: np.ndarray, colour: str) -> int:
+    rgb = np.array([int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int((np.abs(image - rgb).max(axis=2) < 0.02).sum())
+
+
+@pytest.mark.skipif(BROWSER is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_first_screen_at_phone_width_and_on_a_1400x900_screen(build, tmp_path):
+    from ticklab.report.firstscreen import legend
+
+    index = build / "report/index.html"
+    phone = framed(index, 390, 844, PHONE_CHECK)
+    # cards: each family of a claim under the one before it, as wide as the phone, labelled with its family
+    assert phone["viewport"] == 390 and phone["scroll_width"] <= 390, phone
+    assert phone["stacked"] and phone["cards_full_width"] and phone["family_labels"] == phone["cells"] > 0, phone
+    assert phone["split_words"] == [] and phone["cut_badges"] == [] and phone["badges"] > 20, phone
+    desk = framed(index, 1400, 900, PHONE_CHECK)
+    assert desk["split_words"] == [] and desk["cut_badges"] == [] and not desk["stacked"], desk
+    # the verdict words' legend, every word of it, above the fold, and above the grid
+    assert desk["legend_words"] == len(legend()) and desk["legend_bottom"] < 900 * 0.3, desk
+    # a cell whose family holds other decided words says so: C1's lab guests, whose headline is inconclusive
+    assert any(a.startswith("hpet: ") and "opposite effect" in a for a in desk["also"]), desk["also"]
+    # the screenshots, compared by their pixels: every verdict colour of the legend is drawn in the first screen at
+    # 1400 x 900; at 390 px the page is 390 px wide and the first card's badges are drawn within it
+    where = REPO / "test-artifacts"  # not under build/: that is the report's (for the closing note)
+    where.mkdir(parents=True, exist_ok=True)
+    wide = screenshot(index, 1400, 900, where / "report-1400x900.png")
+    assert wide.shape[:2] == (900, 1400)
+    missing = [b["verdict"] for b in legend() if colour_pixels(wide, b["colour"]) < 20]
+    assert missing == [], missing
+    narrow = screenshot(index, 390, 844, where / "report-390x844.png")
+    assert narrow.shape[:2] == (844, 390)
+    assert sum(colour_pixels(narrow, b["colour"]) >= 20 for b in legend()) == len(legend())
 
 
 @pytest.mark.skipif(BROWSER is None, reason="chromium is not installed (apt-get install chromium)")

@@ -1,6 +1,7 @@
 """`ticklab view`: KernelShark sessions preset for a claim, checked against the trace and, where
 KernelShark and Xvfb exist, loaded by KernelShark itself (its saved session must hold our markers)."""
 
+import ctypes
 import json
 import os
 import shutil
@@ -148,3 +149,97 @@ def test_kernelshark_loads_the_session_under_xvfb(tmp_path):
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+# Issue 56 item 4: every event of a session as KernelShark's own resolver finds it, and the markers on its rows
+
+
+class KsharkEntry(ctypes.Structure):
+    """libkshark 2.x's struct kshark_entry (libkshark.h), as kshark_load_entries returns them."""
+
+    _fields_ = [
+        ("next", ctypes.c_void_p),
+        ("visible", ctypes.c_uint16),
+        ("stream_id", ctypes.c_int16),
+        ("event_id", ctypes.c_int16),
+        ("cpu", ctypes.c_int16),
+        ("pid", ctypes.c_int32),
+        ("offset", ctypes.c_int64),
+        ("ts", ctypes.c_int64),
+    ]
+
+
+def libkshark():
+    try:
+        lib = ctypes.CDLL("libkshark.so.2")
+    except OSError:
+        pytest.skip("libkshark 2 is not installed (apt-get install kernelshark)")
+    lib.kshark_instance.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.kshark_instance.restype = ctypes.c_bool
+    lib.kshark_open.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.kshark_get_data_stream.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.kshark_get_data_stream.restype = ctypes.c_void_p
+    lib.kshark_find_event_id.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.kshark_event_from_id.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.kshark_event_from_id.restype = ctypes.c_void_p
+    lib.kshark_load_entries.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.POINTER(ctypes.POINTER(KsharkEntry))),
+    ]
+    lib.kshark_load_entries.restype = ctypes.c_ssize_t
+    return lib
+
+
+@pytest.mark.parametrize("claim", ["hrtick", "nohz"])
+def test_kernelshark_resolves_every_event_of_the_session_and_the_markers_rows(claim, tmp_path, monkeypatch):
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path))
+    lib = libkshark()
+    path, session, spot = build_session(guest_bundle(claim))
+    context = ctypes.c_void_p()
+    assert lib.kshark_instance(ctypes.byref(context))
+    stream_id = lib.kshark_open(context, str(path).encode())
+    assert stream_id >= 0
+    stream = lib.kshark_get_data_stream(context, stream_id)
+    shown = session["data streams"][0]["filters"]["show event filter"]
+    assert TIMER_ENTRY.replace(":", "/") in shown and TIMER_EXIT.replace(":", "/") in shown
+    for event in shown:
+        assert lib.kshark_find_event_id(stream, event.encode()) >= 0, f"KernelShark skips {event!r}"
+    # what the sessions held before: KernelShark's resolver finds no event so named
+    assert lib.kshark_find_event_id(stream, TIMER_ENTRY.encode()) < 0
+    rows = ctypes.POINTER(ctypes.POINTER(KsharkEntry))()
+    assert lib.kshark_load_entries(context, stream_id, ctypes.byref(rows)) > 0
+    for mark, (event, timestamp) in (
+        ("markA", (spot.first_event, spot.first_ns)),
+        ("markB", (spot.last_event, spot.last_ns)),
+    ):
+        entry = rows[session["Markers"][mark]["row"]].contents
+        name = ctypes.string_at(lib.kshark_event_from_id(stream_id, entry.event_id)).decode()
+        assert (name, entry.ts) == (event.replace(":", "/"), timestamp), mark
+        if spot.cpu is not None:
+            assert entry.cpu == spot.cpu
+
+
+def test_view_of_a_capture_without_saved_task_names_says_so(tmp_path, monkeypatch, capsys):
+    from ticklab.cli import main
+
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path))
+    refs = [r for r in find_bundles(REPO / "traces", "nohz") if r.host_id == "amd-epyc-2c-6.18.44-fc-v595-vm"]
+    if not refs:
+        pytest.skip("no tracefs host nohz bundle in traces/")
+    _, session, _ = build_session(refs[0].path)
+    run = session["ticklab"]["run"]
+    assert session["ticklab"]["note"] == (
+        f"{refs[0].path / 'raw' / run / 'trace'}: captured before ticklab kept the kernel's saved_cmdlines, so the "
+        "trace names no task: KernelShark shows <...> for the tasks it cannot name (recapture to have them)"
+    )
+    capsys.readouterr()
+    assert main(["view", str(refs[0].path), "--session-only", "--session", str(tmp_path / "s.json")]) == 0
+    assert f"  note: {session['ticklab']['note']}" in capsys.readouterr().out.splitlines()
+    # a capture that kept them: no note
+    kept = REPO / (
+        "traces/guest-tcg-2vcpu-6.1.0-50-amd64-on-intel-xeon-2c-6.18.44-fc-v657-vm-labhost-kexec/hrtick/"
+        "20261128T042717Z-host-boot-kernels"
+    )
+    if kept.is_dir():
+        assert build_session(kept, "run-001")[1]["ticklab"]["note"] is None

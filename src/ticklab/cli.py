@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -14,9 +15,20 @@ from .paths import ProjectError, seeds_dir
 from .safefiles import shown
 
 
+def report_out(data_dir: Path) -> Path:
+    """``ticklab report``'s default output: build/ for the project's own traces/, else beside the data it reads
+    (``<data-dir>/report``), so a report of one capture never lands on the bundled data's report."""
+    defaults = {_InProject("traces").resolve().resolve(), _InProject("traces", writes=True).resolve().resolve()}
+    if data_dir.resolve() in defaults:
+        return _InProject("build", writes=True).resolve()
+    return data_dir / "report"
+
+
 def _report(args: argparse.Namespace) -> int:
     from .report import kernelfork
 
+    if args.out is None:
+        args.out = report_out(args.data_dir)
     # the kernels' fork server first: its imports run beside this process's own (report/kernelfork.py)
     with kernelfork.started() as kernel_server:
         from .report.build import run_report
@@ -30,6 +42,7 @@ def _report(args: argparse.Namespace) -> int:
             notebook_timeout=args.notebook_timeout,
             jobs=args.jobs,
             kernel_server=kernel_server,
+            replace_other=args.replace,
         )
 
 
@@ -133,9 +146,10 @@ def _goals_of(found, published) -> list:
     ]
 
 
-def answer_context(claim: str, published_dir: Path, out: Path):
+def answer_context(claim: str, published_dir: Path, out: Path, root: Path | None = None):
     """What a capture's answer needs of the claim (capture/answer.py), as plain data, as the stopping rule's goals
-    are: every row of its published layer, all its comparisons, its notebook, and where the bundles go."""
+    are: every row of its published layer, all its comparisons, its notebook, and where the bundles go; with
+    ``root``, doctor's check of what this host lacks for each command the answer may suggest."""
     import math
 
     from .capture.answer import AnswerContext, PrintedValue
@@ -168,7 +182,8 @@ def answer_context(claim: str, published_dir: Path, out: Path):
                 text("unit"),
                 context,
             )
-    default_out, default_published = _InProject("traces").resolve(), _InProject("traces", "published").resolve()
+    default_out = _InProject("traces", writes=True).resolve()
+    default_published = _InProject("traces", "published").resolve()
     return AnswerContext(
         claim,
         f"seed {found.seed}",
@@ -178,7 +193,14 @@ def answer_context(claim: str, published_dir: Path, out: Path):
         out,
         pass_out=out.resolve() != default_out.resolve(),
         published_dir=None if published_dir.resolve() == default_published.resolve() else published_dir,
+        missing_here=_suggestion_check(root) if root is not None else None,
     )
+
+
+def _suggestion_check(root: Path):
+    from .doctor import suggestion_check
+
+    return suggestion_check(root)
 
 
 def _goals(args: argparse.Namespace) -> list | None:
@@ -203,7 +225,28 @@ def no_host_experiment(claim: str) -> str | None:
     return f"{claim} has no host experiment (runners/{claim}/ holds {held}); run {' or '.join(instead)} instead"
 
 
+def _refused_experiment(args: argparse.Namespace) -> str | None:
+    """The first experiment file this capture would run that does not load (its one-line error), checked before
+    anything of the capture or the analysis is imported: a refusal costs the YAML and the schema, not pandas."""
+    from .capture.experiment import ExperimentError, boot_experiment_paths, experiment_paths, load_experiment
+
+    try:
+        if args.experiment:
+            found = [args.experiment]
+        else:
+            found = boot_experiment_paths(args.claim) if args.boot else experiment_paths(args.claim)
+        for path in found:
+            load_experiment(path)
+    except ExperimentError as exc:
+        return _one_line(exc)
+    return None
+
+
 def _capture(args: argparse.Namespace) -> int:
+    refused = _refused_experiment(args)
+    if refused:
+        print(f"ticklab capture: {refused}", file=sys.stderr)
+        return 2
     if args.boot:
         return _capture_boot(args)
     if args.build_kernels:
@@ -212,7 +255,8 @@ def _capture(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from .analysis.published import PublishedDataError
+    # the published layer's errors (analysis.published.PublishedDataError) are ticklab's own: main() prints them in the
+    # same one line, so the analysis is not imported here for a name to catch
     from .bundle import BundleError
     from .capture.experiment import ExperimentError
     from .capture.runner import CaptureOptions, capture
@@ -225,7 +269,7 @@ def _capture(args: argparse.Namespace) -> int:
             print(f"ticklab capture: {gap}", file=sys.stderr)
             return 2
         # the answer's context before the first run, so that a published row it cannot name stops the capture there
-        answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out)
+        answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out, args.root)
         goals = None if args.runs is not None else list(answer.goals) if answer else _goals(args)
         progress = _progress(args)
         options = CaptureOptions(
@@ -246,7 +290,7 @@ def _capture(args: argparse.Namespace) -> int:
         )
         # flushed line by line: a log or a pipe shows each run as it ends, not all of them at exit
         capture(args.claim, options, experiment_path=args.experiment, log=lambda line: print(line, flush=True))
-    except (ExperimentError, BundleError, HostChangeError, TracingError, PublishedDataError) as exc:
+    except (ExperimentError, BundleError, HostChangeError, TracingError) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
@@ -591,6 +635,8 @@ def _view(args: argparse.Namespace) -> int:
             f"{opened['claim']}: run {opened['run']}, condition {opened['condition']}\n{trace}\n  session {out}\n"
             f"  markers A/B: {spot.what}"
         )
+        if opened.get("note"):
+            print(f"  note: {opened['note']}")
         if not args.session_only:
             open_in_kernelshark(out).wait()
     except (ViewError, BundleError, KeyError, ValueError) as exc:
@@ -646,13 +692,39 @@ def _seconds(text: str) -> float:
     return value
 
 
+def smallest_deciding_runs(confidence: float = 0.95) -> int:
+    """The fewest runs per condition (equal groups) whose exact two-sided CI at ``confidence`` is bounded: the
+    verdicts' ratio CI inverts the exact Mann-Whitney test (analysis/stats.ratio_by_ranks), whose smallest two-sided
+    p with n runs a side is 2 / C(2n, n). Standard library only (the CLI checks --runs before importing the analysis);
+    tests/test_newcomer_path.py holds it to ``analysis.power.smallest_testable_n``."""
+    n = 2
+    while (1 - confidence) * math.comb(2 * n, n) < 2:
+        n += 1
+    return n
+
+
+def runs_warning(runs: int | None) -> str | None:
+    """What to say of a --runs too small for any comparison to be decided (None when it can be)."""
+    needed = smallest_deciding_runs()
+    if runs is None or runs >= needed:
+        return None
+    smallest_p = 2 / math.comb(2 * runs, runs)
+    return (
+        f"warning: --runs {runs} is below the {needed} runs per condition an exact 95% CI needs to be bounded "
+        f"({runs} vs {runs} runs: the smallest two-sided Mann-Whitney p is {smallest_p:.3g}), so no comparison can be "
+        f"decided from these runs (inconclusive); a claim's simultaneous CI over several comparisons needs more: "
+        f"the report's runs_needed says how many"
+    )
+
+
 def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     """How many runs a capture makes: the same options for host captures and lab runs."""
     parser.add_argument(
         "--runs",
         type=_whole(1, 10000),
         help="measured runs per condition, fixed: no rounds added (default: the experiment's, then "
-        "rounds until the precision target or its budget)",
+        f"rounds until the precision target or its budget); below {smallest_deciding_runs()} no 95%% CI is bounded "
+        "and ticklab warns",
     )
     parser.add_argument("--warmup", type=_whole(0, 1000), help="warm-up runs per condition (default: the experiment's)")
     parser.add_argument("--seed", type=_whole(0, 2**63 - 1), help="seed of the run order (default: the experiment's)")
@@ -673,12 +745,20 @@ def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
 
 class _InProject:
     """A default path inside the project directory, resolved only once the command line is read (``--project``
-    comes first), and only for a command that has it: ``--help`` and commands that need no project never look."""
+    comes first), and only for a command that has it: ``--help`` and commands that need no project never look.
+    ``writes``: a default ticklab writes to (build/, traces/ for bundles), inside ``paths.work_dir()`` (the project
+    for a checkout; ``~/ticklab`` for the project files a wheel carries, never written). ``data``: the captured
+    data, the work directory's traces/ where it has one, else the project's."""
 
-    def __init__(self, *parts: str):
+    def __init__(self, *parts: str, writes: bool = False, data: bool = False):
         self.parts = parts
+        self.writes = writes
+        self.data = data
 
     def resolve(self) -> Path:
+        mine = paths.work_dir().joinpath(*self.parts)
+        if self.writes or (self.data and mine.is_dir()):
+            return mine
         return paths.repo_root().joinpath(*self.parts)
 
     def __repr__(self) -> str:
@@ -737,14 +817,42 @@ def build_parser() -> argparse.ArgumentParser:
     _add_seal_manifest_parser(sub)
     _add_view_parser(sub)
     _add_ingest_parser(sub)
+    _project_after_command(parser)
     return parser
+
+
+def _project_after_command(parser: argparse.ArgumentParser) -> None:
+    """``--project DIR`` after the command too (``ticklab report --project DIR``): every subcommand's parser takes
+    it, with no default of its own, so the one given before the command stands unless one is given after it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if any("--project" in a.option_strings for a in child._actions):
+                    continue
+                child.add_argument(
+                    "--project", type=Path, metavar="DIR", default=argparse.SUPPRESS, help="as before the command"
+                )
+                _project_after_command(child)
 
 
 def _add_report_parser(sub) -> None:
     report = sub.add_parser("report", help="run every notebook with papermill and build the report")
-    report.add_argument("--out", type=Path, default=_InProject("build"), help="output directory (default: build/)")
     report.add_argument(
-        "--data-dir", type=Path, default=_InProject("traces"), help="where captured bundles live (default: traces/)"
+        "--out",
+        type=Path,
+        help="output directory (default: build/ for the project's traces/, else DATA_DIR/report: a report of other "
+        "data is never replaced by default)",
+    )
+    report.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the report in --out even when it is of other data (--data-dir, --published-dir)",
+    )
+    report.add_argument(
+        "--data-dir",
+        type=Path,
+        default=_InProject("traces", data=True),
+        help="where captured bundles live (default: traces/)",
     )
     report.add_argument(
         "--published-dir",
@@ -815,10 +923,26 @@ def _add_restore_parser(sub) -> None:
 
 
 def _add_capture_parser(sub) -> None:
-    cap = sub.add_parser("capture", help="run a claim's experiments on this host into sealed bundles")
-    cap.add_argument("claim", choices=list(CLAIM_IDS))
+    cap = sub.add_parser(
+        "capture",
+        help="run a claim's experiments on this host into sealed bundles",
+        description="Run a claim's experiments (runners/<claim>/*.yaml) on this host: warm-ups, then blocks of one "
+        "run of every condition in a seeded order, each host change put back after its run, into sealed bundles "
+        "under --out; it ends with the claim's headline numbers as measured here beside the source's, the "
+        "comparisons it could not test with the command that would, and the report line for the verdicts. Root. "
+        "'ticklab doctor' says first what this host can run.",
+    )
+    cap.add_argument(
+        "claim",
+        choices=list(CLAIM_IDS),
+        metavar="claim",
+        help=f"the claim whose experiments to run: one of {', '.join(CLAIM_IDS)} ('ticklab claims --host' lists "
+        "those with a host experiment)",
+    )
     _run_count_arguments(cap)
-    cap.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
+    cap.add_argument(
+        "--out", type=Path, default=_InProject("traces", writes=True), help="where bundles go (default: traces/)"
+    )
     cap.add_argument("--host-id", help="the <host-id> directory (default: a slug of CPU, cores, kernel, virt)")
     cap.add_argument("--experiment", type=Path, help="one experiment file instead of every runners/<claim>/*.yaml")
     cap.add_argument(
@@ -1059,7 +1183,9 @@ def _add_lab_run_parser(lab_sub) -> None:
     lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
-    lab_run.add_argument("--out", type=Path, default=_InProject("traces"), help="where bundles go (default: traces/)")
+    lab_run.add_argument(
+        "--out", type=Path, default=_InProject("traces", writes=True), help="where bundles go (default: traces/)"
+    )
     lab_run.add_argument("--experiment", type=Path, help="one lab experiment file instead of all of the claim's")
     lab_run.add_argument(
         "--backend",
@@ -1187,6 +1313,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _resolve_project(args)
+        warning = runs_warning(getattr(args, "runs", None))
+        if warning:
+            print(f"{name}: {warning}", file=sys.stderr)
         return args.func(args)
     except ProjectError as exc:  # what is missing is the same for every command: one line, no command name
         print(f"ticklab: {_line(exc)}", file=sys.stderr)

@@ -25,6 +25,7 @@ from .capture.experiment import (
     boot_experiment_paths,
     expand_conditions,
     experiment_paths,
+    is_boot_experiment,
     load_experiment,
 )
 from .claimids import claim_ids
@@ -250,6 +251,40 @@ def boot_plan_steps(experiment, host, facts: dict, root: Path) -> dict:
     )
     steps.append(f"ticklab capture {experiment.claim} --boot kexec --experiment {relative}")
     return {"runs": True, "why": "; then ".join(steps)}
+
+
+def suggestion_check(root: Path | str = "/"):
+    """For a capture's answer (capture/answer.py): a function telling, of an experiment the answer would suggest
+    running, what this host lacks to run it (doctor's own checks, in its words), or None when it can run here. Lab
+    experiments: ``lab_experiment``'s checks (QEMU, kernel sources, KVM); boot experiments: ``boot_plan_steps``
+    (requirements, a /boot that boots this machine, clocksources); host experiments: their requirements. Nothing is
+    changed: the checks run on a dry-run HostChanges, so they take no host lock."""
+    root = Path(root)
+    cache: dict = {}
+
+    def lab() -> dict:
+        if "lab" not in cache:
+            checks = lab_checks()
+            checks[KVM_DEVICE] = kvm_device()
+            checks[KVM_GUESTS] = kvm_guests(checks[KVM_DEVICE])
+            cache["lab"] = checks
+        return cache["lab"]
+
+    def missing(experiment) -> str | None:
+        if experiment.lab is not None:
+            answer = lab_experiment(experiment, lab())
+            return None if answer["runs"] else answer["why"]
+        with HostChanges(root=root, dry_run=True, log=lambda _: None) as host:
+            facts = cache.setdefault("facts", collect(root))
+            if is_boot_experiment(experiment):
+                answer = boot_plan_steps(experiment, host, facts, root)
+                return None if answer["runs"] else answer["why"]
+            try:
+                return requirements.missing(experiment.requires, host, facts) or None
+            except (tracing.TracingError, HostChangeError) as exc:
+                return str(exc)
+
+    return missing
 
 
 def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:

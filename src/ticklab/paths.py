@@ -4,9 +4,15 @@ its bundled data, and the source documents.
 The project directory is, in this order: the one ``--project DIR`` named (:func:`set_project`, which also sets
 ``TICKLAB_PROJECT`` so the processes ticklab starts agree), ``$TICKLAB_PROJECT``, the checkout this package runs
 from (an editable or in-tree install: the package's source tree is ``<checkout>/src/ticklab``; the lab guest's
-``/opt/ticklab`` is one too), the checkout ``pip install DIR`` installed it from (PEP 610's direct_url.json). Never
-the working directory: a wheel installed elsewhere, with none of these, has no project directory, and asking for
-one raises :class:`ProjectError` (one line saying what to pass). Standard library only: the lab guest imports it.
+``/opt/ticklab`` is one too), the checkout ``pip install DIR`` installed it from (PEP 610's direct_url.json), and
+last the project files a wheel carries (``ticklab/project/``: notebooks, runners/, kernel/, traces/published/, the
+tools' sources; setup.py), so a wheel installed anywhere runs ``doctor``, ``capture`` and ``report`` on the user's own
+data. Never the working directory. Without any of these, asking for one raises :class:`ProjectError` (one line
+saying what to pass). Standard library only: the lab guest imports it.
+
+What ticklab writes by default (``report``'s build/, ``capture``'s traces/<host-id>/, relative notebook outputs) goes
+into :func:`work_dir`: the project itself for a checkout, and for the project a wheel carries (inside site-packages,
+never written) ``$TICKLAB_HOME``, else ``~/ticklab``.
 """
 
 from __future__ import annotations
@@ -78,6 +84,11 @@ def _installed_from() -> Path | None:
     return directory if is_project(directory) else None
 
 
+CARRIED_PROJECT = PACKAGE_DIR / "project"  # what a wheel carries (setup.py); absent in a checkout
+HOME_ENV = "TICKLAB_HOME"
+CARRIED = "the project files this wheel carries"
+
+
 def find_project() -> tuple[Path, str]:
     """(the project directory, what named it); ProjectError when there is none."""
     if _explicit is not None:
@@ -90,7 +101,25 @@ def find_project() -> tuple[Path, str]:
     found = _installed_from()
     if found is not None:
         return found, "the checkout this package was installed from"
+    if is_project(CARRIED_PROJECT):
+        return CARRIED_PROJECT, CARRIED
     raise ProjectError(NO_PROJECT)
+
+
+def work_dir() -> Path:
+    """Where ticklab's default outputs go (build/, traces/<host-id>/): the project directory, but for the project a
+    wheel carries, which is never written: ``$TICKLAB_HOME``, else ``~/ticklab``."""
+    root, named_by = find_project()
+    if named_by != CARRIED:
+        return root
+    return Path(os.environ.get(HOME_ENV) or Path.home() / "ticklab").expanduser()
+
+
+def in_project(relative: str | Path) -> Path:
+    """A relative path as ticklab resolves its defaults and notebook parameters: inside the project where it is
+    there (traces/published/, the traces a checkout holds), else inside :func:`work_dir` (a wheel's build/)."""
+    found = repo_root() / relative
+    return found if found.exists() or work_dir() == repo_root() else work_dir() / relative
 
 
 def repo_root() -> Path:

@@ -13,17 +13,24 @@ The numbers are read back through ``bundle.load_bundle`` (every file checked aga
 memory: what is printed is what the bundle holds. Capture imports no analysis, so the published rows and the
 claim's comparisons come as plain data from the CLI (:class:`PrintedValue`, ``stopping.PrecisionGoal``) in an
 :class:`AnswerContext`, made before the first run so that a wrong row name stops the capture before it starts.
+
+Every command the answer suggests is one that can run here: the CLI hands over doctor's check of an experiment
+(``doctor.suggestion_check``: QEMU and kernel sources for a lab run, a /boot that boots this machine for a boot plan,
+the requirements) as ``AnswerContext.missing_here``; a command that cannot run here is printed with what is missing,
+as what would run it elsewhere. The report line writes beside the data (``<data-dir>/report``), or, for the
+project's own traces/, into ``build/<host-id>``: never over the bundled data's report in build/.
 """
 
 from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bundle import Bundle, load_bundle, measured_results
-from ..paths import repo_root
+from ..paths import repo_root, work_dir
 from .experiment import (
     Experiment,
     ExperimentError,
@@ -35,6 +42,7 @@ from .experiment import (
     load_experiment,
 )
 
+NOT_HERE = "not on this host: "
 SECONDS_PER = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
@@ -63,6 +71,8 @@ class AnswerContext:
     data_dir: Path | None = None  # where the bundles went (capture --out)
     pass_out: bool = False  # the commands printed pass --out on (it was not the default)
     published_dir: Path | None = None  # passed on to the report when it was not the default
+    # what this host lacks to run an experiment (doctor's words), None when it runs here; None: not checked
+    missing_here: Callable[[Experiment], str | None] | None = None
 
 
 def check_refs(experiment: Experiment, context: AnswerContext) -> None:
@@ -107,11 +117,30 @@ def answer_lines(bundles: list[Path], context: AnswerContext) -> list[str]:
         lines += _bundle_lines(bundle, context)
     lines += _untested_lines(loaded, context)
     if context.notebook and context.data_dir is not None:
-        words = ["ticklab", "report", "--data-dir", str(context.data_dir), "--only", context.notebook]
+        host_id = loaded[0].manifest.host_id if loaded else "this-host"
+        out = report_out(context.data_dir, host_id)
+        words = [
+            "ticklab",
+            "report",
+            "--data-dir",
+            str(context.data_dir),
+            "--out",
+            str(out),
+            "--only",
+            context.notebook,
+        ]
         if context.published_dir is not None:
             words += ["--published-dir", str(context.published_dir)]
         lines.append(f"  verdicts: {shlex.join(words)}")
     return lines
+
+
+def report_out(data_dir: Path, host_id: str) -> Path:
+    """Where the suggested report goes: beside the data (``<data-dir>/report``, ``ticklab report``'s own default for a
+    --data-dir), or ``build/<host-id>`` when the data is the project's traces/, whose report is build/ itself."""
+    if Path(data_dir).resolve() in {(repo_root() / "traces").resolve(), (work_dir() / "traces").resolve()}:
+        return work_dir() / "build" / host_id
+    return Path(data_dir) / "report"
 
 
 def _bundle_lines(bundle: Bundle, context: AnswerContext) -> list[str]:
@@ -250,6 +279,7 @@ def _command(experiment: Experiment, claim_experiments: list[Experiment], contex
         )
     else:
         kind, words, what = "host", ["ticklab", "capture", context.claim], "this host"
+    lacks = context.missing_here(experiment) if context.missing_here is not None else None
     same_kind = [
         e
         for e in claim_experiments
@@ -259,6 +289,11 @@ def _command(experiment: Experiment, claim_experiments: list[Experiment], contex
     default = default_boot_experiment(same_kind) if kind == "boot" else None
     if len(same_kind) > 1 and (default is None or default.path != experiment.path):
         words += ["--experiment", _shown(experiment.path)]
+    if lacks:
+        return (
+            f"{NOT_HERE}{shlex.join(words)} cannot run here ({lacks}; 'ticklab doctor' says more): "
+            f"{_shown(experiment.path)} on a host that has it"
+        )
     return f"{shlex.join(words + out)}   ({what}: {_shown(experiment.path)})"
 
 
@@ -303,6 +338,7 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
                 )
             else:
                 commands.append(_command(experiment, claim_experiments, context))
+        commands.sort(key=lambda command: command.startswith(NOT_HERE))  # a command that runs here first
         key = tuple(commands) or ("no experiment of the claim has both conditions",)
         by_command.setdefault(key, []).append(goal.comparison)
     lines = []

@@ -9,11 +9,20 @@ from pathlib import Path
 from ..host import HostChanges
 from ..host import facts as host_facts
 from ..host.journal import HostChangeError
-from ..paths import repo_root
+from ..paths import repo_root, work_dir
 
 
 def tools_bin() -> Path:
-    return repo_root() / "tools" / "bin"
+    """Our measurement programs: tools/bin of the checkout, or, for the project files a wheel carries (their sources in
+    site-packages, never written), of ``paths.work_dir()``."""
+    return work_dir() / "tools" / "bin"
+
+
+def build_tools_command() -> str:
+    """How to build tools_bin(): 'make tools' in a checkout, else make on the carried sources into the work dir."""
+    if work_dir() == repo_root():
+        return "make tools"
+    return f"make -C {repo_root() / 'tools'} BIN={tools_bin()}"
 
 
 def check_root(host: HostChanges, facts: dict) -> tuple[bool, str]:
@@ -85,7 +94,7 @@ def check_program(name: str) -> tuple[bool, str]:
 
 def check_tool(name: str) -> tuple[bool, str]:
     path = tools_bin() / name
-    return (True, str(path)) if os.access(path, os.X_OK) else (False, f"{path} missing: run 'make tools'")
+    return (True, str(path)) if os.access(path, os.X_OK) else (False, f"{path} missing: run '{build_tools_command()}'")
 
 
 def check(requirement: str, host: HostChanges, facts: dict) -> tuple[bool, str]:

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 from tqdm import tqdm
 
-from ..analysis.stats import block_pairs, blocks_bound, log_half_width, ratio_by_blocks, ratio_interval
 from ..bundle import measured_results
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
 
@@ -122,6 +121,9 @@ class StoppingRule:
         self.started = time.monotonic()
 
     def _check(self, results: pd.DataFrame) -> list[dict]:
+        # scipy through the analysis' stats only once a CI is checked: a dry run or a refused file never needs it
+        from ..analysis.stats import blocks_bound, log_half_width, ratio_by_blocks, ratio_interval
+
         entries = []
         for goal in self.goals:
             values = {
@@ -222,6 +224,8 @@ def _block_pairs(results: pd.DataFrame, goal: PrecisionGoal):
     chosen = chosen[chosen["condition"].isin([goal.treatment, goal.baseline])]
     if chosen["block"].isna().any():
         return None
+    from ..analysis.stats import block_pairs
+
     return block_pairs(
         *(chosen[chosen["condition"] == name].set_index("block")["value"] for name in (goal.treatment, goal.baseline))
     )

@@ -361,9 +361,11 @@ def run_report(
     jobs: int | None = None,
     log=print,
     kernel_server: str | None = None,
+    replace_other: bool = False,
 ) -> int:
     """Run the notebooks and assemble the report. Returns the process exit code (0: all good). ``kernel_server``: the
-    socket of a kernel fork server already started (kernelfork.started); else the run starts its own."""
+    socket of a kernel fork server already started (kernelfork.started); else the run starts its own.
+    ``replace_other``: replace a report of other data in ``output_dir`` (else it is refused, outdir.py)."""
     output_dir = Path(output_dir).resolve()
     order = [c.notebook for c in all_claims()] + [SUMMARY_NOTEBOOK]
     claim_of = {c.notebook: c.id for c in all_claims()} | {SUMMARY_NOTEBOOK: SUMMARY}
@@ -383,7 +385,8 @@ def run_report(
     # report wrote are removed (outdir.py), and a directory of someone else's is refused.
     last_durations = _last_durations(output_dir)  # read before a full run clears what the last one wrote
     try:
-        foreign = outdir.claim(output_dir, replace=not only)
+        read = outdir.data_record(data_dir, published_dir)
+        foreign = outdir.claim(output_dir, replace=not only, data=read, replace_other=replace_other)
     except outdir.OutputDirError as exc:
         log(f"error: {exc}")
         return 2
@@ -404,13 +407,13 @@ def run_report(
             log=log,
             last_durations=last_durations,
             kernel_server=kernel_server,
-            progress=lambda: outdir.progress(output_dir, foreign),
+            progress=lambda: outdir.progress(output_dir, foreign, read),
         )
     except (UnsafeFileError, outdir.OutputDirError) as exc:  # a file it would not write through: one line
         log(f"error: {exc}")
     finally:
         try:
-            outdir.record(output_dir, foreign)
+            outdir.record(output_dir, foreign, read)
         except outdir.OutputDirError as exc:
             log(f"error: {exc}")
             code = 2

@@ -7,7 +7,10 @@ with a lab guest's hz1000). One table per metric and condition pair; ``--metric`
 
 Two bundles from different machines differ by more than their conditions: where the CPU model, the kernel
 release the compared runs booted or the kind of setup (a host, a lab guest, the lab host) differ, the comparison
-carries one warning each, so a significance star is not read as the condition's alone.
+carries one warning each, so a significance star is not read as the condition's alone. The warnings go to stderr and
+into the output itself, in every format: lines above the tables in text ("warning: ...") and md (a quote block), the
+``warnings`` list in json, and a ``setup_warning`` column on every csv row (empty when the setups match), so a table
+redirected to a file still says it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ CSV_COLUMNS = [
     "relative_change_pct",
     "p_holm",
     "significant",
+    "setup_warning",
 ]
 # a lab host's bundles carry the id `ticklab lab host-plan` gives them (lab/labhost.py: labhost_id)
 _LABHOST_ID = re.compile(r"-labhost(?:-|$)")
@@ -373,6 +377,7 @@ def csv_rows(comparison: Comparison) -> pd.DataFrame:
                         "relative_change_pct": row["pct_diff"],
                         "p_holm": row["p_holm"],
                         "significant": "*" if pd.notna(row["significant"]) and row["significant"] else "",
+                        "setup_warning": "; ".join(comparison.warnings),
                     }
                 )
     return pd.DataFrame(rows, columns=CSV_COLUMNS).astype(
@@ -408,7 +413,12 @@ def render(comparison: Comparison, fmt: str) -> str:
         )
     if fmt == "csv":
         return csv_rows(comparison).to_csv(index=False).rstrip("\n")
-    parts = []
+    # the setups' differences head the table itself, so a redirected table carries them (issue 56 item 3)
+    if fmt == "md":
+        parts = [f"> **warning:** {warning}" for warning in comparison.warnings]
+        parts = ["\n>\n".join(parts)] if parts else []
+    else:
+        parts = ["\n".join(f"warning: {warning}" for warning in comparison.warnings)] if comparison.warnings else []
     for table in comparison.tables:
         shown = format_compare_table(table.frame, number=by_magnitude)
         if fmt == "md":

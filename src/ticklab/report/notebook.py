@@ -12,7 +12,7 @@ from ..analysis.checks import check_table, run_checks
 from ..analysis.outputs import Outputs
 from ..analysis.published import PublishedClaim, load_published
 from ..claims import get_claim
-from ..paths import repo_root
+from ..paths import in_project
 
 
 class ParameterError(ValueError):
@@ -29,9 +29,10 @@ def check_parameters(values: dict, source: str = "notebook parameters") -> None:
 
 
 def resolve(path: str | Path) -> Path:
-    """Notebook parameters are resolved against the repository root when relative."""
+    """Notebook parameters are resolved against the repository root when relative (``paths.in_project``: for the
+    project files a wheel carries, a path not among them, such as the default output_dir build/, in ~/ticklab)."""
     path = Path(path)
-    return path if path.is_absolute() else repo_root() / path
+    return path if path.is_absolute() else in_project(path)
 
 
 @dataclass

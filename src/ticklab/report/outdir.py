@@ -22,6 +22,10 @@ directory's descriptor, never opened for writing in place. What is at a name the
 or anything under REPORT_PLACES) must be a regular file with one link or a directory: a hard link (a file whose
 other name is elsewhere), a FIFO, a socket or a device there is refused before any notebook runs, with one line
 naming it, without being opened.
+
+The marker also records which data the report read (``data``: the data directory and the published directory,
+resolved). A run onto a report of other data is refused, saying whose it is, unless the caller says to replace it
+(``ticklab report --replace``): a report over one capture never takes the place of the bundled data's report.
 """
 
 from __future__ import annotations
@@ -179,9 +183,30 @@ def _remove(root: Path, relative: set[str]) -> None:
             parent = parent.parent
 
 
-def claim(output_dir: Path, *, replace: bool) -> set[str]:
-    """Make ``output_dir`` ready for a report run; ``replace``: remove the previous run's files first.
-    Returns the files present before this run (not to be claimed as ours afterwards)."""
+def data_record(data_dir: Path | str, published_dir: Path | str) -> dict:
+    """What the marker says a report read: its data and published directories, resolved."""
+    return {"data_dir": str(Path(data_dir).resolve()), "published_dir": str(Path(published_dir).resolve())}
+
+
+def _other_data(output_dir: Path, recorded, data: dict) -> str | None:
+    """Why the report in ``output_dir`` is of other data than ``data`` (one clause), or None when it is the same or
+    the marker does not say (a report written before the marker recorded it)."""
+    if not isinstance(recorded, dict):
+        return None
+    for key, what in (("data_dir", "--data-dir"), ("published_dir", "--published-dir")):
+        if key in recorded and str(recorded[key]) != data[key]:
+            return (
+                f"{output_dir}: holds the report of {what} {shown(recorded[key])}, not of {data[key]}; "
+                f"give another --out (--data-dir DIR writes DIR/report by default) or --replace to replace it"
+            )
+    return None
+
+
+def claim(output_dir: Path, *, replace: bool, data: dict | None = None, replace_other: bool = False) -> set[str]:
+    """Make ``output_dir`` ready for a report run; ``replace``: remove the previous run's files first. ``data``
+    (:func:`data_record`): what this run reads; a report there of other data is refused unless ``replace_other``,
+    and then removed whole as a full run's would be. Returns the files present before this run (not to be claimed as
+    ours afterwards)."""
     if output_dir.exists() and not output_dir.is_dir():
         raise OutputDirError(f"{output_dir}: exists and is not a directory")
     _check_parents(output_dir)
@@ -195,9 +220,12 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
         )
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        data = _read_marker(output_dir) if marked else {"files": []}
-        owned = _owned(output_dir, data)
-        if replace:
+        data_was = _read_marker(output_dir) if marked else {"files": []}
+        other = _other_data(output_dir, data_was.get("data"), data) if data is not None else None
+        if other and not replace_other:
+            raise OutputDirError(other)
+        owned = _owned(output_dir, data_was)
+        if replace or other:
             _remove(output_dir, owned)
             owned = set()
         links = _links(output_dir)
@@ -214,19 +242,27 @@ def claim(output_dir: Path, *, replace: bool) -> set[str]:
                 "replaces only regular files of its own (remove it or choose another --out)"
             )
         before = _files(output_dir)
-        _write_marker(output_dir, {"writing": True, "files": sorted(owned), "foreign": sorted(before - owned)})
+        _write_marker(
+            output_dir,
+            {"writing": True, "files": sorted(owned), "foreign": sorted(before - owned)} | _with_data(data),
+        )
     except OSError as exc:
         raise OutputDirError(f"{output_dir}: cannot write there ({exc.strerror or exc})") from None
     return before - owned
 
 
-def progress(output_dir: Path, foreign: set[str]) -> None:
+def _with_data(data: dict | None) -> dict:
+    return {"data": data} if data is not None else {}
+
+
+def progress(output_dir: Path, foreign: set[str], data: dict | None = None) -> None:
     """During the run (after each notebook): the marker lists what has been written so far."""
     _write_marker(
-        output_dir, {"writing": True, "files": sorted(_files(output_dir) - foreign), "foreign": sorted(foreign)}
+        output_dir,
+        {"writing": True, "files": sorted(_files(output_dir) - foreign), "foreign": sorted(foreign)} | _with_data(data),
     )
 
 
-def record(output_dir: Path, foreign: set[str]) -> None:
-    """After the run: the marker lists every file this directory holds that was not there before."""
-    _write_marker(output_dir, {"writing": False, "files": sorted(_files(output_dir) - foreign)})
+def record(output_dir: Path, foreign: set[str], data: dict | None = None) -> None:
+    """After the run: the marker lists every file this directory holds that was not there before, and the data."""
+    _write_marker(output_dir, {"writing": False, "files": sorted(_files(output_dir) - foreign)} | _with_data(data))

@@ -59,10 +59,24 @@ class EncryptedKernelManager(KernelManager):
         return TicklabKernelSpecs(data_dir=self.data_dir)
 
 
+def project_error(nb) -> str | None:
+    """The one line of a cell that stopped on ticklab's ProjectError (no project directory, or one that is not a
+    checkout), or None: a missing project is the user's setting, not a bug, so it is said without the traceback."""
+    for number, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error" and output.get("ename") == "ProjectError":
+                return f"ticklab: {output.get('evalue', '')} (cell {number})"
+    return None
+
+
 class TicklabEngine(NBClientEngine):
     @classmethod
     def execute_managed_notebook(cls, nb_man, kernel_name, **kwargs):
         # a kernel manager class, not an instance: nbclient then owns the kernel and shuts it down
-        return super().execute_managed_notebook(
+        done = super().execute_managed_notebook(
             nb_man, kernel_name, kernel_manager_class=EncryptedKernelManager, **kwargs
         )
+        missing = project_error(nb_man.nb)
+        if missing:  # papermill would end in a 40-line PapermillExecutionError; the notebook is saved already
+            raise SystemExit(missing)
+        return done

@@ -135,6 +135,30 @@ def trace_file(directory: Path) -> Path:
     return _cached(target, lambda: rawfile.read_bytes(packed))
 
 
+def kernelshark_event_name(event: str) -> str:
+    """An event as KernelShark's session loader resolves it: ``system/name``. Its tep resolver
+    (``tepdata_find_event_id``, what ``kshark_find_event_id`` calls for a trace.dat) splits the name at the first
+    "/" and skips a name it cannot find, so ``irq_vectors:local_timer_entry``, ticklab's own spelling (trace-cmd's
+    ``-e system:name``), would drop out of the filter; tests/test_view.py asks libkshark itself."""
+    system, sep, name = event.replace(":", "/", 1).partition("/")
+    if not sep or not system or not name:
+        raise ViewError(f"{event!r}: not an event as system:name or system/name")
+    return f"{system}/{name}"
+
+
+def task_names_note(directory: Path) -> str | None:
+    """Why KernelShark will show ``<...>`` for most tasks of a run, or None: a tracefs capture made before ticklab kept
+    the kernel's saved_cmdlines beside it (issue 41 item 6) has no pid -> command list to name them from."""
+    if (directory / "trace.dat").is_file() or (directory / "trace.dat.xz").is_file():
+        return None  # trace-cmd's own file carries its command lines
+    if (directory / "saved_cmdlines").is_file() or (directory / "saved_cmdlines.xz").is_file():
+        return None
+    return (
+        f"{directory}: captured before ticklab kept the kernel's saved_cmdlines, so the trace names no task: "
+        "KernelShark shows <...> for the tasks it cannot name (recapture to have them)"
+    )
+
+
 def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path, dict, Spot]:
     """(trace.dat, session document, the spot it marks) for a run of a bundle; ``session["ticklab"]`` names the
     run and condition it opened (KernelShark ignores keys it does not know)."""
@@ -155,7 +179,7 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
     shown_cpus = [measured_cpu] if preset.measured_cpu_only and measured_cpu in cpus else cpus
     filters = {"type": "kshark.config.filter", "filter mask": 7}
     if preset.events:
-        filters["show event filter"] = list(preset.events)
+        filters["show event filter"] = [kernelshark_event_name(event) for event in preset.events]
     session = {
         "type": "kshark.config.session",
         "MainWindow": [1200, 800],
@@ -192,7 +216,12 @@ def build_session(bundle_path: Path | str, run: str | None = None) -> tuple[Path
         "ViewTop": max(row_a - 2, 0),
         "ColorScheme": 0.75,
         "User Plugins": {"type": "kshark.config.plugins", "obj. files": []},
-        "ticklab": {"run": record.run, "condition": record.condition, "claim": claim},
+        "ticklab": {
+            "run": record.run,
+            "condition": record.condition,
+            "claim": claim,
+            "note": task_names_note(Path(bundle_path) / "raw" / record.run / record.trace["directory"]),
+        },
     }
     return path, session, spot
 
