@@ -19,6 +19,9 @@ from collections import Counter
 
 import pandas as pd
 
+from ..analysis.captured import GUEST_ID as _GUEST
+from ..analysis.captured import kernel_versions as _kernel_versions
+from ..analysis.captured import setup_family
 from ..analysis.forest import VERDICT_COLOURS, VERDICT_MARKERS, is_collapsed
 from ..analysis.verdicts import format_p
 
@@ -30,29 +33,11 @@ HEADLINE_RULE = (
     "click away in the cell."
 )
 
-_GUEST = re.compile(
-    r"^guest-(?P<accel>[a-z0-9]+)-(?P<vcpus>[0-9-]+)vcpu-(?P<kernels>.+?)-on-(?P<host>.+?)"
-    r"(?P<labhost>-labhost)?(?:-(?P<mode>kexec|grub))?$"
-)
 _HOST = re.compile(r"^(?P<cpu>.+?)-(?P<cores>\d+)c-(?P<release>\d+\.\d+\S*?)(?P<vm>-vm)?$")
 _ACRONYMS = {"epyc": "EPYC", "amd": "AMD", "arm": "Arm", "ibm": "IBM", "hp": "HP"}
 _VENDORS = {"intel", "amd", "arm", "ibm", "apple", "ampere", "qualcomm", "hygon"}
 # The forest plots' markers, as characters, so a badge says its word three ways (word, marker, colour).
 _GLYPHS = {"o": "●", "h": "⬢", "<": "◀", ">": "▶", "X": "✖", "D": "◆", "s": "■", ".": "·"}
-
-
-def _kernel_versions(kernels: str) -> list[str]:
-    return list(dict.fromkeys(re.findall(r"(?<![\d.])(\d+\.\d+)(?:\.\d+)?", kernels)))
-
-
-def setup_family(setup: str) -> str:
-    """The grid column a setup belongs to."""
-    guest = _GUEST.match(setup)
-    if guest is None:
-        return "host"
-    if guest["labhost"]:
-        return "lab host"
-    return "lab guest " + " and ".join(_kernel_versions(guest["kernels"]) or ["?"])
 
 
 FAMILY_NOTES = {
