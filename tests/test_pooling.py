@@ -206,3 +206,31 @@ def test_the_two_bundled_nohz_hosts_and_a_synthetic_third_pool_nothing_as_the_bu
     collapsed = next(r for r in rows if r.verdict == "not testable here" and ", " in r.setup)
     for bundle in NOHZ_HOSTS:
         assert f"{bundle.parent.parent.name}: ftq measured tick-on" in collapsed.reason
+
+
+def test_the_forest_plot_draws_each_pool_as_a_diamond_with_its_prediction_interval_under_the_setups(tmp_path):
+    from matplotlib.patches import Polygon
+
+    from ticklab.analysis.forest import save_forest
+
+    fleet, out = tmp_path / "fleet", tmp_path / "out"
+    rng = np.random.default_rng(11)
+    for host, effect in (("host-a", 1.06), ("host-b", 1.10), ("host-c", 1.14), ("host-d", 1.10)):
+        host_bundle(fleet, host, effect, 0.01, 8, rng)
+    rows = claim_verdicts("nohz", [COMPARISON], find_bundles(fleet, "nohz"), fleet, summary="b vs a", n_boot=300)
+    Outputs(out, "nohz").verdicts(rows + pooled_verdicts("nohz", rows, [COMPARISON], sources=[str(fleet)]))
+    fig = save_forest(pd.read_csv(out / "verdicts/nohz.csv"), out, fleet)
+    [ax] = [a for a in fig.axes if any(t.get_text() == "host-a" for t in a.get_yticklabels())]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[:4] == ["host-a", "host-b", "host-c", "host-d"] and labels[4].startswith("pooled host\n(4 setups)")
+    [diamond] = [p for p in ax.patches if isinstance(p, Polygon)]
+    pooled = pd.read_csv(out / "tables/nohz/pooled.csv").iloc[0]
+    xs = sorted(diamond.get_xy()[:, 0])
+    assert xs[0] == pytest.approx(pooled["ci_low"]) and xs[-1] == pytest.approx(pooled["ci_high"])
+    assert any(t.get_text().startswith(f"{pooled['verdict']} (pooled)") for t in ax.texts)
+    table = pd.read_csv(out / "tables/nohz/forest.csv")
+    line = table[table["role"] == "pooled"].iloc[0]
+    assert line["setup"] == "pooled host" and f"×{pooled['pi_low']:.3g}..×{pooled['pi_high']:.3g}" in line["shown"]
+    sources = json.loads((out / "figures/nohz/forest.json").read_text())["sources"]
+    assert any(s.endswith("tables/nohz/pooled.csv") for s in sources)
+    fig.savefig(tmp_path / "forest.png")
