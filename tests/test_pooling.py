@@ -234,3 +234,24 @@ def test_the_forest_plot_draws_each_pool_as_a_diamond_with_its_prediction_interv
     sources = json.loads((out / "figures/nohz/forest.json").read_text())["sources"]
     assert any(s.endswith("tables/nohz/pooled.csv") for s in sources)
     fig.savefig(tmp_path / "forest.png")
+
+
+def test_the_first_screen_cell_gains_the_pooled_word_and_never_takes_a_pool_for_a_setup():
+    from ticklab.report.firstscreen import claim_grid, verdict_table
+
+    rows = [
+        row("intel-xeon-2c-6.18.44-fc-v669-vm", 1.02, 1.01, 1.03, "smaller than the target"),
+        row("amd-epyc-2c-6.18.44-fc-v595-vm", 1.10, 1.09, 1.11),
+        row("intel-xeon-4c-6.18.44-fc-v700-vm", 1.25, 1.24, 1.26, "larger than the target"),
+    ]
+    rows = [r for r in rows] + pooled_verdicts("nohz", rows, [COMPARISON])
+    frame = pd.DataFrame([r.as_row() for r in rows], columns=VERDICT_COLUMNS)
+    grid = claim_grid(frame, {"nohz": "nohz"}, {"nohz": [COMPARISON.comparison]})
+    assert [f["name"] for f in grid["families"]] == ["host"] and "pooled host" not in grid["names"]
+    [cell] = grid["rows"][0]["cells"]
+    assert cell["headline"]["setup_ids"] != "pooled host"
+    [pooled] = cell["pooled"]
+    assert pooled["verdict"] == rows[-1].verdict and pooled["k"] == "3 setups" and pooled["differ"]
+    assert pooled["effect"].startswith(f"×{rows[-1].fresh_effect:.3g} [")
+    shown = verdict_table(frame, grid["names"])
+    assert shown[-1]["setup"] == "pooled host" and shown[-1]["role"] == "pooled"
