@@ -199,8 +199,8 @@ def pooled_verdicts(
     groups: dict[tuple[str, str], _Group] = {}
     for row in rows:
         comparison = by_name.get(row.comparison)
-        if comparison is None or is_pooled(row) or row.fresh_effect is None and row.ci_low is None:
-            continue  # the collapsed not-testable row, a claim's own level row, or a row that tested nothing
+        if comparison is None or is_pooled(row) or row.verdict == "not testable here":
+            continue  # the collapsed not-testable row, a claim's own level row, or a setup that could not test it
         if ", " in row.setup:
             continue
         group = groups.setdefault(
