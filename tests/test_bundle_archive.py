@@ -139,3 +139,13 @@ def test_export_refuses_an_unsealed_bundle_and_an_existing_out(tmp_path, two_hos
     with pytest.raises(ArchiveError, match="exists already"):
         export([two_hosts], tmp_path / "there.tar")
     assert (tmp_path / "there.tar").read_bytes() == b"mine"
+
+
+def test_an_archive_tar_made_by_hand_from_the_data_directory_imports_too(tmp_path, two_hosts):
+    """`tar cf` of host directories: their <host-id>/ and <host-id>/<claim>/ directory members are taken as they are."""
+    archive = tmp_path / "by-hand.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(two_hosts / "host-a", arcname="host-a")
+    done = import_archive(archive, tmp_path / "theirs")
+    assert [p.parent.parent.name for p in done.added] == ["host-a"]
+    assert files_of(tmp_path / "theirs") == {k: v for k, v in files_of(two_hosts).items() if k.startswith("host-a/")}

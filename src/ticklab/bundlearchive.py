@@ -164,7 +164,8 @@ def _checked_name(archive: Path, member: tarfile.TarInfo) -> tuple[str, ...]:
     parts = tuple(p for p in name.split("/") if p)
     if any(p in ("..", ".") for p in name.split("/")) or not parts:
         raise ArchiveError(f"{where}: a '..' or '.' component; refused")
-    if len(parts) < 3 or not all(_NAME.match(p) for p in parts[:3]) or parts[0] == "published":
+    short = member.isdir() and len(parts) < 3  # a host's or a claim's directory, as tar cf writes them
+    if (len(parts) < 3 and not short) or not all(_NAME.match(p) for p in parts[:3]) or parts[0] == "published":
         raise ArchiveError(
             f"{where}: not <host-id>/<claim>/<bundle>/… (the layout ticklab bundle export writes); refused"
         )
@@ -229,6 +230,8 @@ def import_archive(archive: Path | str, into: Path | str) -> Imported:
                                 "refused"
                             )
                         parts = _checked_name(archive, member)
+                        if len(parts) < 3:
+                            continue  # a <host-id>/ or <host-id>/<claim>/ directory: made with its bundles
                         prefix = parts[:3]
                         if prefix not in staged:
                             staged[prefix] = _staging(prefix)
