@@ -14,7 +14,7 @@ UV_VERSION := 0.13.8
 export PYTHONPYCACHEPREFIX ?= $(HOME)/.cache/ticklab/pycache
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: help reproduce test check lint env lock clean tools capture doctor bench fuzz verdict-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
+.PHONY: help reproduce test check lint env lock clean tools capture doctor bench fuzz verdict-characteristics pooled-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
         jupyter kernelspec
 
 help:  ## list the targets
@@ -123,6 +123,12 @@ fuzz: $(STAMP)  ## the bad-input campaign: >= 10,000 generated inputs per loader
 VC_ARGS ?=
 verdict-characteristics: $(STAMP)  ## P(word | truth) of the verdict words on synthetic runs (issue 31; about an hour)
 	$(BIN)/python benchmarks/verdict_characteristics.py $(VC_ARGS)
+
+# writes bench-out/pooled-characteristics/: P(pooled word | truth) on synthetic fleets (issue 57). PC_ARGS="--quick" for
+# 20 fleets a cell, "--comparison", "--machines", "--spread", "--runs", "--truth" for part of the grid, "--out DIR".
+PC_ARGS ?=
+pooled-characteristics: $(STAMP)  ## P(word | truth) of the pooled word on synthetic fleets of known truth (issue 57)
+	$(BIN)/python benchmarks/pooled_characteristics.py $(PC_ARGS)
 
 env: $(STAMP)  ## create or update .venv from requirements.lock
 

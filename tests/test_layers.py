@@ -37,6 +37,8 @@ MAY_IMPORT = {
     "claims": (*SHARED, "trace", "bundle", "analysis", "capture.workloads"),
     "report": (*SHARED, "trace", "bundle", "analysis", "claims"),
     "repack": (*SHARED, "trace", "bundle", "analysis", "claims", "capture.workloads"),
+    # 'ticklab bundle export / import': sealed bundles in and out of one archive, each verified by bundle.load_bundle
+    "bundlearchive": (*SHARED, "bundle"),
     "doctor": (*SHARED, "trace", "host", "bundle", "capture", "lab"),
     # 'ticklab plan': the run maker comes from the CLI, so the plan command needs only the host's engine
     "plancli": (*SHARED, "host"),

@@ -608,6 +608,40 @@ def _repack(args: argparse.Namespace) -> int:
     return main(args.paths, args.why or WHY)
 
 
+def _bundle_export(args: argparse.Namespace) -> int:
+    from .bundle import BundleError
+    from .bundlearchive import ArchiveError, export
+    from .safefiles import UnsafeFileError
+
+    try:
+        prefixes = export(args.bundles, args.out)
+    except (ArchiveError, BundleError, UnsafeFileError, OSError) as exc:
+        print(f"ticklab bundle export: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    print(f"exported {len(prefixes)} sealed bundle(s) to {args.out}")
+    return 0
+
+
+def _bundle_import(args: argparse.Namespace) -> int:
+    from .bundle import BundleError
+    from .bundlearchive import ArchiveError, import_archive
+    from .safefiles import UnsafeFileError
+
+    try:
+        done = import_archive(args.archive, args.into)
+    except (ArchiveError, BundleError, UnsafeFileError, OSError) as exc:
+        print(f"ticklab bundle import: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    for path in done.added:
+        print(f"imported {path}")
+    for path, there in done.skipped:
+        print(f"skipped {path}: the same sealed bundle (seal digest) is already at {there}")
+    print(
+        f"{len(done.added)} imported, {len(done.skipped)} already there; ticklab report --data-dir {args.into} pools them"
+    )
+    return 0
+
+
 def _seal_manifest(args: argparse.Namespace) -> int:
     from .bundle import BundleError, add_manifest_seal
 
@@ -1237,7 +1271,7 @@ def _add_verify_parser(sub) -> None:
 
 
 def _add_bundle_parser(sub) -> None:
-    bundle_cmd = sub.add_parser("bundle", help="sealed bundles: ticklab bundle repack")
+    bundle_cmd = sub.add_parser("bundle", help="sealed bundles: ticklab bundle repack, export, import")
     bundle_sub = bundle_cmd.add_subparsers(dest="bundle_command", required=True, metavar="COMMAND")
     repack = bundle_sub.add_parser(
         "repack",
@@ -1248,6 +1282,26 @@ def _add_bundle_parser(sub) -> None:
     repack.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="bundles, or directories holding bundles")
     repack.add_argument("--why", help="what the resealed record says (default: the reason of issue 42 item 3)")
     repack.set_defaults(func=_repack)
+    exporting = bundle_sub.add_parser(
+        "export",
+        help="write sealed bundles, each verified first, into one archive to send (a tar of "
+        "<host-id>/<claim>/<bundle>/ as they are)",
+    )
+    exporting.add_argument(
+        "bundles", nargs="+", type=Path, metavar="BUNDLE", help="bundles, or directories holding bundles"
+    )
+    exporting.add_argument("--out", type=Path, required=True, metavar="FILE", help="the archive (must not exist)")
+    exporting.set_defaults(func=_bundle_export)
+    importing = bundle_sub.add_parser(
+        "import",
+        help="take the bundles of an archive into a data directory: every seal verified, a tampered or partial "
+        "bundle refused, a bundle already there skipped, nothing written outside DIR",
+    )
+    importing.add_argument("archive", type=Path, metavar="FILE", help="an archive ticklab bundle export wrote")
+    importing.add_argument(
+        "--into", type=Path, required=True, metavar="DIR", help="the data directory (e.g. traces/fleet)"
+    )
+    importing.set_defaults(func=_bundle_import)
 
 
 def _add_seal_manifest_parser(sub) -> None:

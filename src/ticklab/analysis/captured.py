@@ -64,6 +64,39 @@ def setup_of(host_dir: str, bundle: Path) -> str:
     return f"{found['head']}-{booted}-on-{found['tail']}" if booted else host_dir
 
 
+# A lab setup's host-id (capture/lab): guest-<accelerator>-<vCPUs>vcpu-<kernels>-on-<physical host>, with -labhost for
+# the lab host's Debian system and -kexec / -grub for a boot plan's runs.
+GUEST_ID = re.compile(
+    r"^guest-(?P<accel>[a-z0-9]+)-(?P<vcpus>[0-9-]+)vcpu-(?P<kernels>.+?)-on-(?P<host>.+?)"
+    r"(?P<labhost>-labhost)?(?:-(?P<mode>kexec|grub))?$"
+)
+
+
+def kernel_versions(kernels: str) -> list[str]:
+    """The X.Y series a guest id's kernels part names ("6.12.117-ticklab-7.2.13-ticklab" -> ["6.12", "7.2"])."""
+    return list(dict.fromkeys(re.findall(r"(?<![\d.])(\d+\.\d+)(?:\.\d+)?", kernels)))
+
+
+def setup_family(setup: str) -> str:
+    """The kind of setup a host-id names, as the report's first screen heads its columns: "host" (a capture on the
+    machine itself), "lab host" (the Debian system under QEMU booted by plans) or "lab guest <kernels>"."""
+    guest = GUEST_ID.match(setup)
+    if guest is None:
+        return "host"
+    if guest["labhost"]:
+        return "lab host"
+    return "lab guest " + " and ".join(kernel_versions(guest["kernels"]) or ["?"])
+
+
+def pool_kind(setup: str) -> str:
+    """The setups a random-effects pool may combine (analysis/pooling.py): the first screen's kind, and for a QEMU
+    setup its accelerator too unless it is TCG, so an emulated CPU is never pooled with one that runs on the hardware
+    (hosts are only ever pooled with hosts)."""
+    guest = GUEST_ID.match(setup)
+    family = setup_family(setup)
+    return family if guest is None or guest["accel"] == "tcg" else f"{family} ({guest['accel']})"
+
+
 def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
     """Every bundle directory of ``claim`` (``<host-id>/<claim>/<bundle>/``); the published layer is skipped. A
     directory there without a regular manifest.json is listed too, so that loading it says what is wrong

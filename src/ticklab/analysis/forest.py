@@ -126,16 +126,21 @@ def _panels(rows: pd.DataFrame) -> list[dict]:
     those without (verdict, reason)."""
     panels = []
     specific = rows[~rows.apply(is_collapsed, axis=1)] if not rows.empty else rows
+    pooled = specific[specific["role"] == "pooled"] if not rows.empty else rows
     for role in ("claim", "premise"):
         chosen = specific[specific["role"].fillna("claim") == role]
         for comparison in dict.fromkeys(chosen["comparison"]):
             group = chosen[chosen["comparison"] == comparison]
             with_ci = group[group.apply(_has_ci, axis=1)]
+            mine = pooled[pooled["comparison"] == comparison]
             panels.append(
                 {
                     "role": role,
                     "comparison": comparison,
                     "rows": with_ci,
+                    # the random-effects pools of this comparison's setups (analysis/pooling.py): a diamond each,
+                    # under the setups' lines
+                    "pooled": mine[mine.apply(_has_ci, axis=1)] if len(mine) else mine,
                     "level": bool(len(with_ci)) and bool(with_ci.apply(is_level, axis=1).all()),
                     "missing": [
                         (r["setup"], r["verdict"], str(r["reason"])) for _, r in group.iterrows() if not _has_ci(r)
@@ -180,6 +185,24 @@ def forest_table(rows: pd.DataFrame) -> pd.DataFrame:
                     "why not plotted": "",
                 }
             )
+        for _, row in panel["pooled"].iterrows():
+            table.append(
+                {
+                    "role": "pooled",
+                    "comparison": panel["comparison"],
+                    "setup": row["setup"],
+                    "shown": f"diamond (pooled CI); {_pi_words(row)}",
+                    "fresh_effect": row["fresh_effect"],
+                    "ci_low": row["ci_low"],
+                    "ci_high": row["ci_high"],
+                    "ci_level": row["ci_level"],
+                    "target": target_words(row),
+                    "target_provenance": row["target_provenance"],
+                    "n_per_condition": row["n_per_condition"],
+                    "verdict": row["verdict"],
+                    "why not plotted": "",
+                }
+            )
         for setup, verdict, reason in panel["missing"]:
             first = panel["first"]
             table.append(
@@ -206,6 +229,13 @@ def forest_table(rows: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(table, columns=TABLE_COLUMNS)
+
+
+def _pi_words(row) -> str:
+    low, high = _number(row.get("pi_low")), _number(row.get("pi_high"))
+    if low is None or high is None:
+        return "prediction interval not known"
+    return f"prediction interval for a new machine ×{low:.3g}..×{high:.3g}"
 
 
 def _setup_label(setup: str) -> str:
@@ -241,8 +271,10 @@ def _tick_label(value: float, level: bool) -> str:
 
 
 def _limits(panel: dict) -> tuple[float, float, bool]:
-    rows, first = panel["rows"], panel["first"]
+    rows, first, pooled = panel["rows"], panel["first"], panel.get("pooled")
     values = [rows["fresh_effect"], rows["ci_low"], rows["ci_high"]]
+    if pooled is not None and len(pooled):
+        values += [pooled[c] for c in ("fresh_effect", "ci_low", "ci_high", "pi_low", "pi_high") if c in pooled]
     found = [float(v) for series in values for v in series if pd.notna(v) and 0 < float(v) < math.inf]
     for name in ("target_ratio", "band_low", "band_high", "no_worse_than"):
         value = _number(first.get(name))
@@ -265,7 +297,9 @@ def _draw_panel(ax, panel: dict) -> set[str]:
     low, high, _ = _limits(panel)
     ax.set_xscale("log")
     ax.set_xlim(low, high)
-    n = len(rows)
+    pooled = panel.get("pooled")
+    pooled = pooled.reset_index(drop=True) if pooled is not None else pd.DataFrame()
+    n = len(rows) + len(pooled)
     ax.set_ylim(n - 0.4, -0.6)
     margin = _number(first.get("no_effect_margin"))
     if not level:
@@ -347,7 +381,11 @@ def _draw_panel(ax, panel: dict) -> set[str]:
             transform=ax.get_yaxis_transform(),
             clip_on=False,
         )
-    ax.set_yticks(range(n), [_setup_label(s) for s in rows["setup"]], fontsize=8)
+    for index, row in pooled.iterrows():
+        used |= _draw_pool(ax, len(rows) + index, row, low, high)
+    labels = [_setup_label(s) for s in rows["setup"]]
+    labels += [f"{row['setup']}\n({row['n_per_condition']})" for _, row in pooled.iterrows()]
+    ax.set_yticks(range(n), labels, fontsize=8)
     ticks = _nice_ticks(low, high, ([] if level else [1.0]) + ([target] if target is not None else []))
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.set_xticklabels([_tick_label(t, level) for t in ticks], fontsize=8.5)
@@ -363,6 +401,44 @@ def _draw_panel(ax, panel: dict) -> set[str]:
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+    return used
+
+
+def _draw_pool(ax, y: float, row, low: float, high: float) -> set[str]:
+    """A pooled row: its CI as a diamond (widest at the estimate), its prediction interval for a new machine as a thin
+    line with end ticks through it, and at the right its word, numbers and the PI."""
+    verdict = row["verdict"]
+    colour = VERDICT_COLOURS.get(verdict, "#000000")
+    estimate, ci_low, ci_high = float(row["fresh_effect"]), float(row["ci_low"]), float(row["ci_high"])
+    used = {verdict, "pooled"}
+    pi_low, pi_high = _number(row.get("pi_low")), _number(row.get("pi_high"))
+    if pi_low is not None and pi_high is not None:
+        ax.hlines(y, max(pi_low, low), min(pi_high, high), color="#333333", linewidth=1.1, zorder=3)
+        for end in (pi_low, pi_high):
+            if low <= end <= high:
+                ax.vlines(end, y - 0.18, y + 0.18, color="#333333", linewidth=1.1, zorder=3)
+        used.add("prediction")
+    ax.fill(
+        [ci_low, estimate, ci_high, estimate],
+        [y, y - 0.32, y, y + 0.32],
+        facecolor=colour,
+        edgecolor="black",
+        linewidth=0.8,
+        zorder=4,
+    )
+    ax.text(
+        1.024,
+        y,
+        f"{verdict} (pooled)\n{_numbers(row)}, {_pi_words(row).replace('prediction interval for a new machine', 'PI')}",
+        transform=ax.get_yaxis_transform(),
+        va="center",
+        ha="left",
+        fontsize=8.5,
+        linespacing=1.25,
+        fontweight="bold",
+        color="black",
+    )
+    ax.axhline(y - 0.5, color="#bbbbbb", linewidth=0.6, zorder=1)
     return used
 
 
@@ -400,6 +476,14 @@ _LEGEND = {
     "no effect": (Patch(color=NO_EFFECT_COLOUR, alpha=0.28), "declared no-effect margin around ×1"),
     "no change": (Line2D([], [], color="#444444", linewidth=0.9, linestyle=":"), "no change (×1)"),
     "bound": (Line2D([], [], color=BOUND_COLOUR, linewidth=1.6, linestyle="-."), "non-inferiority bound (declared)"),
+    "pooled": (
+        Patch(facecolor="#bbbbbb", edgecolor="black"),
+        "pooled over the setups of one kind: diamond = its CI (random effects)",
+    ),
+    "prediction": (
+        Line2D([], [], color="#333333", linewidth=1.1, marker="|", markersize=8),
+        "prediction interval for a new machine of that kind",
+    ),
     "unbounded": (
         Line2D([], [], color="#555555", linewidth=2.6, marker=">", markersize=7),
         "CI unbounded: too few runs (arrow to the edge)",
@@ -423,6 +507,8 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
         "band_high",
         "no_effect_margin",
         "no_worse_than",
+        "pi_low",
+        "pi_high",
     ):
         if column in rows:
             rows[column] = pd.to_numeric(rows[column], errors="coerce")
@@ -446,7 +532,8 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
                         "panel",
                         _PANEL_EXTRA
                         + title_lines * 0.17
-                        + _LINE * len(panel["rows"])
+                        + _LINE * (len(panel["rows"]) + len(panel["pooled"]))
+                        + 0.12 * len(panel["pooled"])
                         + 0.12 * panel["rows"]["setup"].map(lambda s: "\n" in _setup_label(s)).sum(),
                         panel,
                     )
@@ -582,6 +669,21 @@ def has_lines(rows: pd.DataFrame) -> bool:
     return bool(len(rows)) and bool(rows.apply(_has_ci, axis=1).any())
 
 
+def with_prediction(rows: pd.DataFrame, pooled_csv) -> pd.DataFrame:
+    """The verdict rows with each pooled row's prediction interval (``pi_low``, ``pi_high``) from the claim's pooled
+    table (analysis/pooling.py writes it beside the verdicts), matched by comparison and setup kind; the rows as they
+    are where no row is pooled or the table is not there."""
+    from pathlib import Path
+
+    from .pooling import POOLED_PREFIX
+
+    if rows.empty or "role" not in rows or not (rows["role"] == "pooled").any() or not Path(pooled_csv).is_file():
+        return rows
+    table = pd.read_csv(pooled_csv)
+    table["setup"] = POOLED_PREFIX + table["setup_kind"].astype(str)
+    return rows.merge(table[["comparison", "setup", "pi_low", "pi_high"]], on=["comparison", "setup"], how="left")
+
+
 def save_forest(rows: pd.DataFrame, output_dir, data_dir=None):
     """Write one claim's forest plot and its table beside it (figures/<claim>/forest, tables/<claim>/forest), with
     the claim's verdict CSV and the manifests of the bundles behind it as sources. Returns the figure."""
@@ -599,17 +701,21 @@ def save_forest(rows: pd.DataFrame, output_dir, data_dir=None):
             if (ref.path / "manifest.json").is_file()
         ]
     sources = [s for s in sources if Path(s).is_file()]
+    rows = with_prediction(rows, Path(output_dir) / "tables" / claim / "pooled.csv")
+    if "pi_low" in rows:
+        sources.append(Path(output_dir) / "tables" / claim / "pooled.csv")
     fig = forest_figure(rows)
     out = Outputs(output_dir, claim)
-    setups = rows[rows.apply(_has_ci, axis=1)]["setup"].nunique()
+    setups = rows[rows.apply(_has_ci, axis=1) & (rows["role"] != "pooled")]["setup"].nunique()
     out.figure(
         FOREST,
         fig,
         caption=(
             f"Forest plot: per comparison, the fresh ratio and its simultaneous CI on each of {setups} setup(s) with a CI "
             "(log axis), the target (solid: printed in the source; dashed: derived by ticklab) with its consistent-size "
-            "band, the declared no-effect margin around ×1, and the verdict with the numbers and n; setups without a CI are "
-            "listed under the plot with why"
+            "band, the declared no-effect margin around ×1, and the verdict with the numbers and n; where 3 or more "
+            "setups of one kind tested a comparison, their random-effects pool under them (diamond: its CI; thin line: "
+            "the prediction interval for a new machine); setups without a CI are listed under the plot with why"
         ),
         sources=sources,
     )

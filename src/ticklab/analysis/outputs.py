@@ -15,6 +15,7 @@ import pandas as pd
 from ..paths import repo_root
 from ..safefiles import OwnedDir
 from .checks import CHECK_COLUMNS
+from .pooling import POOLED, PooledVerdict, pooled_table
 from .verdicts import VERDICT_COLUMNS, Verdict
 
 
@@ -133,6 +134,17 @@ class Outputs:
             raise ValueError(f"{self.claim}: every claim notebook must state at least one verdict")
         frame = pd.DataFrame([v.as_row() for v in verdicts], columns=VERDICT_COLUMNS)
         self._write(f"verdicts/{self.claim}.csv", self._csv(frame, index=False))
+        pooled = [v for v in verdicts if isinstance(v, PooledVerdict)]
+        if pooled:  # tables/<claim>/pooled.csv only where a kind of setup had enough setups to pool
+            sources = sorted({s for v in pooled for s in v.sources}) or [self.root / "verdicts" / f"{self.claim}.csv"]
+            self.table(
+                POOLED,
+                pooled_table(pooled),
+                caption="Pooled across machines: per comparison and kind of setup with at least 3 setups, the "
+                "random-effects pool of their log ratios (modified Hartung-Knapp CI, prediction interval for a new "
+                "machine, τ², I²) and its word",
+                sources=sources,
+            )
         return frame
 
     def checks(self, frame: pd.DataFrame) -> pd.DataFrame:

@@ -50,7 +50,7 @@ VERDICTS = (
     "inconclusive",
     "not testable here",
 )
-ROLES = ("claim", "premise")
+ROLES = ("claim", "premise", "pooled")  # pooled: a random-effects pool of setups of one kind (analysis/pooling.py)
 
 VERDICT_COLUMNS = [
     "claim",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,7 +104,19 @@ class Claim:
             seed=seed,
             untestable=self.untestable,
         )
-        return self.revise_verdicts(ctx, rows, alpha=alpha) if self.revise_verdicts else rows
+        rows = self.revise_verdicts(ctx, rows, alpha=alpha) if self.revise_verdicts else rows
+        return rows + self.pooled(ctx, rows, alpha=alpha)
+
+    def pooled(self, ctx, rows: list[Verdict], alpha: float = 0.05) -> list[Verdict]:
+        """The pooled rows (analysis/pooling.py): per comparison and setup kind with at least 3 setups, one
+        random-effects pool of their rows; none where no kind has 3."""
+        from ..analysis.pooling import pooled_verdicts
+
+        comparisons = self.comparisons(ctx.published)
+        pooled = pooled_verdicts(self.id, rows, comparisons, alpha=alpha)
+        setups = {setup for row in pooled for setup in row.setups}
+        sources = sorted(str(ref.path / "results.csv") for ref in ctx.bundles if ref.host_id in setups)
+        return [replace(row, sources=tuple(sources)) for row in pooled]
 
 
 def _load(claim_id: str) -> Claim:

@@ -19,7 +19,11 @@ from collections import Counter
 
 import pandas as pd
 
+from ..analysis.captured import GUEST_ID as _GUEST
+from ..analysis.captured import kernel_versions as _kernel_versions
+from ..analysis.captured import setup_family
 from ..analysis.forest import VERDICT_COLOURS, VERDICT_MARKERS, is_collapsed, is_level
+from ..analysis.pooling import pooled_kind
 from ..analysis.verdicts import format_p
 
 HEADLINE_RULE = (
@@ -30,29 +34,11 @@ HEADLINE_RULE = (
     "click away in the cell."
 )
 
-_GUEST = re.compile(
-    r"^guest-(?P<accel>[a-z0-9]+)-(?P<vcpus>[0-9-]+)vcpu-(?P<kernels>.+?)-on-(?P<host>.+?)"
-    r"(?P<labhost>-labhost)?(?:-(?P<mode>kexec|grub))?$"
-)
 _HOST = re.compile(r"^(?P<cpu>.+?)-(?P<cores>\d+)c-(?P<release>\d+\.\d+\S*?)(?P<vm>-vm)?$")
 _ACRONYMS = {"epyc": "EPYC", "amd": "AMD", "arm": "Arm", "ibm": "IBM", "hp": "HP"}
 _VENDORS = {"intel", "amd", "arm", "ibm", "apple", "ampere", "qualcomm", "hygon"}
 # The forest plots' markers, as characters, so a badge says its word three ways (word, marker, colour).
 _GLYPHS = {"o": "●", "h": "⬢", "<": "◀", "v": "▼", ">": "▶", "X": "✖", "D": "◆", "s": "■", ".": "·"}
-
-
-def _kernel_versions(kernels: str) -> list[str]:
-    return list(dict.fromkeys(re.findall(r"(?<![\d.])(\d+\.\d+)(?:\.\d+)?", kernels)))
-
-
-def setup_family(setup: str) -> str:
-    """The grid column a setup belongs to."""
-    guest = _GUEST.match(setup)
-    if guest is None:
-        return "host"
-    if guest["labhost"]:
-        return "lab host"
-    return "lab guest " + " and ".join(_kernel_versions(guest["kernels"]) or ["?"])
 
 
 FAMILY_NOTES = {
@@ -251,6 +237,8 @@ def _entry(row, names: dict[str, str]) -> dict:
 def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[str, list[str]]) -> dict:
     """The first screen: {"families": [...], "rows": one per claim with a cell per family}. ``titles`` gives each
     claim's title in report order; ``declared`` each claim's comparisons in the order the claim declares them."""
+    pools = verdicts[verdicts["role"] == "pooled"]  # analysis/pooling.py: a kind's pool, not a setup
+    verdicts = verdicts[verdicts["role"] != "pooled"]
     names = short_setup_names(s for cell in verdicts["setup"] for s in str(cell).split(", ") if s != "none analysed")
     families = family_order(setup_family(s) for s in names)
     rows = []
@@ -276,6 +264,7 @@ def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[st
                 if setup_family(s) == family
             }
             groups = grouped_reasons(untestable, names)
+            pooled = _pooled_entries(pools[pools["claim"] == claim], family, rank)
             if candidates:
                 headline = candidates[0]
                 others = sorted(
@@ -288,6 +277,7 @@ def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[st
                         "headline": _entry(headline, names),
                         "others": [_entry(r, names) for r in others],
                         "untestable": groups,
+                        "pooled": pooled,
                     }
                 )
             elif listed:  # rows of this family that could not be tested (too few runs, a kernel without the series)
@@ -299,6 +289,7 @@ def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[st
                         "headline": _entry(first[0], names),
                         "others": [_entry(r, names) for r in first[1:]],
                         "untestable": groups,
+                        "pooled": pooled,
                     }
                 )
             else:
@@ -314,6 +305,23 @@ def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[st
             }
         )
     return {"families": [{"name": f, "note": family_note(f)} for f in families], "rows": rows, "names": names}
+
+
+def _pooled_entries(pools: pd.DataFrame, family: str, rank) -> list[dict]:
+    """The pooled words of a family's cell (analysis/pooling.py: one per comparison pooled over the family's setups,
+    in the claim's order), each with its pooled ratio [CI], k, and whether the machines differ."""
+    mine = [row for _, row in pools.iterrows() if pooled_kind(row["setup"]).split(" (")[0] == family]
+    return [
+        {
+            **badge(row["verdict"]),
+            "comparison": row["comparison"],
+            "effect": effect_text(row) if pd.notna(row["fresh_effect"]) else "",
+            "k": row["n_per_condition"],
+            "differ": str(row["reason"]).startswith("machines differ"),
+            "brief": short_reason(row["reason"])[0],
+        }
+        for row in sorted(mine, key=rank)
+    ]
 
 
 def verdict_table(verdicts: pd.DataFrame, names: dict[str, str]) -> list[dict]:
