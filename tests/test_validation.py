@@ -123,7 +123,7 @@ def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
     [
         ("/dev/zero", "a device, not a regular file"),
         ("/tmp", "a directory, not a regular file"),
-        ("/proc/self/status", "not valid YAML"),
+        ("/proc/self/status", "line 1, column 6: not valid YAML"),
     ],
 )
 def test_an_experiment_that_is_no_yaml_file_is_refused_in_bounded_memory(path, message):
