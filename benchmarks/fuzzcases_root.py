@@ -18,6 +18,7 @@ fork-frames    frames sent to a real report fork server (kernelfork.started): de
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -246,6 +247,7 @@ class ForkFramesFamily:
 
             self._context = kernelfork.started()
             self.server = self._context.__enter__()
+            atexit.register(self._context.__exit__, None, None, None)  # ended before the interpreter's teardown
             if self.server is not None:  # serving once its imports are done (it then ends an empty connection)
                 probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 probe.connect(self.server)
