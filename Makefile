@@ -11,8 +11,19 @@ UV_VERSION := 0.13.8
 # Python's bytecode (and pytest's rewritten tests) kept in ~/.cache/ticklab/pycache, never in the tree, and kept even
 # where PYTHONDONTWRITEBYTECODE is set (a sandbox's default): compiled anew each time, the sources and the tests cost
 # every make check worker 6 s before its first test, and every report's fork server 1 s.
-export PYTHONPYCACHEPREFIX ?= $(HOME)/.cache/ticklab/pycache
+# Only in a directory no other user can write (issue 55 item 3): where root keeps another user's HOME (sudo -E, sudoers
+# env_keep) a .pyc that user planted there would run as root. The prefix (HOME's, or one set in the environment) is
+# used when every directory of its real path that exists belongs to root or the user running make and is writable by
+# no one else unless sticky (as /tmp is); else none, and no bytecode written.
+PYCACHE_WANTED := $(if $(filter environment,$(origin PYTHONPYCACHEPREFIX)),$(PYTHONPYCACHEPREFIX),$(HOME)/.cache/ticklab/pycache)
+PYCACHE_SAFE := $(shell sh $(dir $(abspath $(firstword $(MAKEFILE_LIST))))tools/safe-pycache-prefix '$(subst ','\'',$(PYCACHE_WANTED))')
+ifneq ($(PYCACHE_SAFE),)
+export PYTHONPYCACHEPREFIX := $(PYCACHE_SAFE)
 export PYTHONDONTWRITEBYTECODE :=
+else
+unexport PYTHONPYCACHEPREFIX
+export PYTHONDONTWRITEBYTECODE := 1
+endif
 
 .PHONY: help reproduce test check lint env lock clean tools capture doctor bench fuzz verdict-characteristics pooled-characteristics lab lab-kernels lab-host lab-host-bundles lab-host-test \
         jupyter kernelspec

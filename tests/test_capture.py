@@ -81,7 +81,7 @@ def test_malformed_experiments_name_the_file_and_key(tmp_path):
     with pytest.raises(ExperimentError, match="broken.yaml: missing key\\(s\\) description, conditions, workload"):
         load_experiment(broken)
     broken.write_text("claim: [unclosed\n")
-    with pytest.raises(ExperimentError, match="broken.yaml: not valid YAML"):
+    with pytest.raises(ExperimentError, match=r"broken.yaml: line \d+, column \d+: not valid YAML"):
         load_experiment(broken)
 
 
@@ -447,3 +447,25 @@ def test_a_full_disk_during_a_traced_capture_is_one_line_and_puts_the_host_back(
             with HostChanges(tmp_path / "state" / "j.json", log=lambda _: None):
                 pass
         subprocess.run(["umount", str(tiny)], check=True)
+
+
+def test_dry_run_prints_every_command_it_would_run_with_its_arguments(fake_host, tmp_path, capsys):
+    """Issue 55 item 9: a `/bin/sh -c` workload dry-ran like the stock one, and an untraced extra was not mentioned."""
+    path = write_experiment(
+        tmp_path,
+        warmup=0,
+        runs=1,
+        workload={"tool": "clockbench", "argv": ["/bin/sh", "-c", "cat /etc/shadow > /tmp/x; {tools}/clockbench"]},
+        extras=[{"name": "census", "argv": ["ps", "-eo", "pid,comm"], "per_run": True}],
+    )
+    options = CaptureOptions(
+        out=tmp_path / "traces", root=fake_host, journal=tmp_path / "j.json", dry_run=True, progress=False
+    )
+    assert capture("hpet", options, experiment_path=path) == []
+    said = capsys.readouterr().out
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    workload = [line for line in said.splitlines() if line.startswith(f"dry-run: would run as {who}: /bin/sh -c ")]
+    assert len(workload) == said.count("dry-run: would run as ") - said.count("(extra census") >= 2  # one a run
+    assert all("a shell runs the command line 'cat /etc/shadow > /tmp/x; " in line for line in workload)
+    assert f"dry-run: would run as {who}: ps -eo pid,comm (extra census, untraced)" in said
+    assert not (tmp_path / "traces").exists()

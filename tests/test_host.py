@@ -192,18 +192,26 @@ def _process_start(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
 
 
-def _journal_of_a_dead_owner(fake_host: Path, journal: Path, entries: list[dict]) -> None:
-    from ticklab.host import facts
-    from ticklab.host.journal import write_journal
-
+def _dead_owner() -> tuple[int, str]:
+    """A capture that ran and was killed: its pid and start time (what a process it started follows)."""
     owner = subprocess.Popen(["true"])
     owner_start = _process_start(owner.pid)
     owner.wait()  # gone: the journal's owner was killed
+    return owner.pid, owner_start
+
+
+def _journal_of_a_dead_owner(
+    fake_host: Path, journal: Path, entries: list[dict], owner: tuple[int, str] | None = None
+) -> None:
+    from ticklab.host import facts
+    from ticklab.host.journal import write_journal
+
+    owner_pid, owner_start = owner or _dead_owner()
     journal.parent.mkdir(mode=0o700, exist_ok=True)
     write_journal(
         journal,
         {
-            "pid": owner.pid,
+            "pid": owner_pid,
             "pid_start": owner_start,
             "root": str(fake_host),
             "changes": [
@@ -222,6 +230,7 @@ def _journal_of_a_dead_owner(fake_host: Path, journal: Path, entries: list[dict]
 
 
 def test_recovery_kills_a_workload_a_killed_capture_left_running(fake_host, tmp_path):
+    owner = _dead_owner()  # the capture started before its workload
     # the workload and a child it forked (which does not inherit the parent-death signal), in a session of its own
     # (echo is the shell's own: no third process of the session may be about when recovery counts them)
     workload = subprocess.Popen(
@@ -234,7 +243,9 @@ def test_recovery_kills_a_workload_a_killed_capture_left_running(fake_host, tmp_
             time.sleep(0.01)
         child_pid = int(child.read_text())
         journal = tmp_path / "state" / "j.json"
-        _journal_of_a_dead_owner(fake_host, journal, [{"pid": workload.pid, "started": _process_start(workload.pid)}])
+        _journal_of_a_dead_owner(
+            fake_host, journal, [{"pid": workload.pid, "started": _process_start(workload.pid)}], owner
+        )
         with HostChanges(journal, root=fake_host, log=lambda _: None) as host:
             assert [c.kind for c in host.recovered] == ["process"]
             assert host.recovered[0].after == "killed 2 process(es)"
@@ -254,12 +265,13 @@ def test_recovery_kills_a_workload_a_killed_capture_left_running(fake_host, tmp_
 
 
 def test_recovery_never_kills_a_process_that_got_a_recorded_pid_again(fake_host, tmp_path):
+    owner = _dead_owner()
     stranger = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         journal = tmp_path / "state" / "j.json"
         # the journal's workload had this pid but started at another time: the pid was recycled
-        recycled = str(int(_process_start(stranger.pid)) - 1)
-        _journal_of_a_dead_owner(fake_host, journal, [{"pid": stranger.pid, "started": recycled}])
+        recycled = str(int(_process_start(stranger.pid)) + 1)
+        _journal_of_a_dead_owner(fake_host, journal, [{"pid": stranger.pid, "started": recycled}], owner)
         with HostChanges(journal, root=fake_host, log=lambda _: None) as host:
             assert host.recovered[0].after.startswith("gone")
         assert stranger.poll() is None
@@ -506,7 +518,7 @@ def test_a_recovery_that_fails_in_part_keeps_only_what_is_left(fake_host, tmp_pa
     state.mkdir(mode=0o700)
     journal = state / "j.json"
     (fake_host / CLOCK).write_text("hpet\n")
-    stuck = fake_host / "sys/kernel/stuck"
+    stuck = fake_host / "sys/devices/system/cpu/cpu7/cpuidle/state9/disable"
     stuck.mkdir(parents=True)  # a directory: cannot be read or written as a knob
     changes = [
         {"kind": "write", "path": str(fake_host / CLOCK), "before": "tsc", "wanted": "hpet"},

@@ -344,7 +344,8 @@ def _server_of(socket_path: str) -> int:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                if (entry / "cmdline").read_text().split("\0")[-2:-1] == [directory]:
+                arguments = (entry / "cmdline").read_text().split("\0")
+                if "serve" in arguments and directory in arguments:  # serve DIRECTORY FD
                     return int(entry.name)
     raise AssertionError(f"no fork server for {socket_path}")
 

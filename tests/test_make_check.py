@@ -75,3 +75,48 @@ def test_the_slow_and_group_marks_are_marks_not_name_lists():
     for name_list in ("SLOW_TESTS", "SLOW_MODULES", "MACHINE_MODULES", "MACHINE_TESTS", "GUEST_MODULES"):
         assert name_list not in conftest_source
     assert "--strict-markers" in (REPO / "pyproject.toml").read_text()  # a mistyped mark fails collection
+
+
+def make_bytecode_settings(home, **environment) -> tuple[str, str]:
+    """PYTHONPYCACHEPREFIX and PYTHONDONTWRITEBYTECODE as the Makefile exports them to its recipes, run with
+    ``home`` as HOME."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("PYTHONPYCACHEPREFIX", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }
+    env.update(HOME=str(home), **environment)
+    done = subprocess.run(
+        ["make", "-s", "--no-print-directory", "-C", str(REPO), "--eval",
+         'show-pycache: ; @echo "$$PYTHONPYCACHEPREFIX|$$PYTHONDONTWRITEBYTECODE"', "show-pycache"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    prefix, _, dont_write = done.stdout.strip().partition("|")
+    return prefix, dont_write
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_bytecode_for_root_never_comes_from_a_directory_another_user_can_write(tmp_path):
+    """Issue 55 item 3: with another user's HOME kept (sudo -E), root took its bytecode from that user's
+    ~/.cache/ticklab/pycache, where a planted .pyc ran as uid 0."""
+    tmp_path.chmod(0o755)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    assert make_bytecode_settings(mine) == (f"{mine}/.cache/ticklab/pycache", "")
+
+    theirs = tmp_path / "theirs"
+    (theirs / ".cache/ticklab/pycache").mkdir(parents=True)
+    for directory in (theirs, theirs / ".cache", theirs / ".cache/ticklab", theirs / ".cache/ticklab/pycache"):
+        os.chown(directory, 65534, 65534)
+    assert make_bytecode_settings(theirs) == ("", "1")
+
+    shared = mine / ".cache"  # HOME ours, but a directory of the prefix writable by others
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert make_bytecode_settings(mine) == ("", "1")
+    # a prefix inherited from the environment is held to the same rule
+    assert make_bytecode_settings(mine, PYTHONPYCACHEPREFIX=str(theirs / "p")) == ("", "1")
+    assert make_bytecode_settings(theirs, PYTHONPYCACHEPREFIX=str(mine / "own")) == (f"{mine}/own", "")

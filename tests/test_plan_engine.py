@@ -652,3 +652,20 @@ def test_a_run_whose_process_was_killed_in_its_boot_is_not_made_twice(host, tmp_
         "the run's process ended before the run was made (no reboot: boot_id boot-1 is the "
         "run's boot); it is not made again"
     )
+
+
+@pytest.mark.slow
+def test_capture_boot_grub_dry_run_refuses_the_boot_words_the_real_plan_refuses(host, tmp_path):
+    """Issue 55 item 9: a grub dry run accepted boot words that the real plan then refused."""
+    root, log = host
+    (root / "proc/cmdline").write_text("root=/dev/vda1 ro quiet init=$evil;x\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ticklab.cli", "capture", "nohz", "--boot", "grub", "--dry-run", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout
+    [line] = done.stderr.splitlines()
+    assert "command-line word 'init=$evil;x' of run run-001 cannot go into a grub menu entry" in line
+    assert not (root / "var/lib/ticklab").exists() and not calls(log)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ticklab import paths, repack
+from ticklab import paths, repack, safefiles
 from ticklab.analysis.captured import find_bundles
 from ticklab.bundle import COMPRESS_FROM_BYTES, BundleWriter, load_bundle, manifest_digest
 from ticklab.capture.workloads import read_gapdet
@@ -362,3 +362,88 @@ def test_a_kill_at_any_point_leaves_the_old_bundle_or_the_new_never_a_mix(tmp_pa
         repack.repack(path)
     shutil.rmtree(leftover)
     assert (repack.repack(path) is None) == (stop == "swapped")
+
+
+def test_a_link_swapped_in_for_the_copy_is_never_written_through(tmp_path, monkeypatch):
+    """Issue 55 item 1: the copy's directory was made, closed and opened again by its name, so another user who can
+    write the bundle's parent swapped it for a link and root wrote the whole copy where it pointed. The hook plants
+    that link when the copy's directory is first closed (at once, in the code before the fix)."""
+    path = small_bundle(tmp_path)
+    kept = snapshot(path)
+    victim = tmp_path / "root-only"
+    victim.mkdir(mode=0o700)
+    work = repack.work_path(path)
+    real_close = repack.OwnedDir.close
+    planted = []
+
+    def close(self):
+        real_close(self)
+        if self.root == work and not planted and not os.path.islink(work):
+            os.rename(work, work.with_name(".moved-away"))
+            os.symlink(victim, work)
+            planted.append(work)
+
+    monkeypatch.setattr(repack.OwnedDir, "close", close)
+    try:
+        repack.repack(path)
+    except repack.RepackError as exc:
+        assert "\n" not in str(exc)
+    assert planted and os.listdir(victim) == []
+    bundle = load_bundle(path)  # whole at its name, old or new
+    if not bundle.manifest.resealed:
+        assert snapshot(path) == kept
+    assert os.path.islink(work)  # what was planted is left as it is
+
+
+def swap_at(name: str, path: Path, other: Path):
+    """A step that exchanges the bundle with the sealed bundle ``other`` when the repack reaches ``name``."""
+
+    def step(reached):
+        if reached == name:
+            os.rename(path, path.with_name("mine"))
+            os.rename(other, path)
+
+    return step
+
+
+def test_another_bundle_swapped_in_before_the_swap_is_not_deleted(tmp_path):
+    """Issue 55 item 2: exchanging the bundle with another sealed bundle while repack checked its copy made repack
+    delete that other bundle and say "repacked"."""
+    path = small_bundle(tmp_path)
+    other = small_bundle(tmp_path / "second")
+    theirs, mine = snapshot(other), snapshot(path)
+    with pytest.raises(repack.RepackError, match=r"another directory than the bundle verified .*not repacked"):
+        repack.repack(path, step=swap_at("checked", path, other))
+    assert snapshot(path) == theirs and snapshot(path.with_name("mine")) == mine
+    assert not os.path.lexists(repack.work_path(path))
+
+
+def test_another_bundle_swapped_in_between_the_check_and_the_swap_is_swapped_back(tmp_path, monkeypatch):
+    path = small_bundle(tmp_path)
+    other = small_bundle(tmp_path / "second")
+    theirs, mine = snapshot(other), snapshot(path)
+    work = repack.work_path(path)
+
+    def plant(target):
+        if Path(target) == path:
+            os.rename(path, path.with_name("mine"))
+            os.rename(other, path)
+
+    monkeypatch.setattr(safefiles, "between_check_and_write", plant)
+    with pytest.raises(repack.RepackError, match=r"while ticklab swapped them; swapped back, nothing removed"):
+        repack.repack(path)
+    assert snapshot(path) == theirs and snapshot(path.with_name("mine")) == mine
+    assert not os.path.lexists(work)
+
+
+def test_a_file_added_after_verification_is_not_dropped(tmp_path):
+    path = small_bundle(tmp_path)
+
+    def add(reached):
+        if reached == "checked":
+            (path / "raw" / "late.txt").write_text("added after verification\n")
+
+    with pytest.raises(repack.RepackError, match=r"raw/late\.txt: not listed in the manifest .*not repacked"):
+        repack.repack(path, step=add)
+    assert (path / "raw" / "late.txt").read_text() == "added after verification\n"
+    assert not os.path.lexists(repack.work_path(path))

@@ -225,7 +225,7 @@ def test_a_journal_of_another_boot_is_removed_without_writing_anything(isolating
 @pytest.mark.slow
 def test_a_change_that_cannot_be_put_back_is_one_line_naming_it(isolating_host, tmp_path):
     root = isolating_host
-    stuck = root / "sys/kernel/stuck"
+    stuck = root / "sys/devices/system/cpu/cpu7/cpuidle/state9/disable"
     stuck.mkdir(parents=True)  # a directory: cannot be written as a knob
     (root / RT_RUNTIME).write_text("-1\n")
     journal = tmp_path / "state" / "host-changes.json"
@@ -377,3 +377,74 @@ def test_kill_9_of_a_real_capture_then_restore_puts_this_host_back(tmp_path):
         if task in after["tasks"] and after["tasks"][task] != cpus
     }
     assert not changed, f"{len(changed)} tasks kept another CPU list, e.g. {list(changed.items())[:5]}"
+
+
+def test_restore_puts_back_every_valid_entry_and_names_each_refused_one(isolating_host, tmp_path):
+    """Issue 55 items 6-7: a hand-edited journal made restore write core_pattern (a later crash ran the helper as root),
+    write the boot plan's unit with any content and kill another user's process; and an event name with '..' in it
+    made restore refuse the whole journal, leaving the tracefs instance and saved_cmdlines_size changed. Each entry is
+    now checked against what its kind may touch: the valid ones are put back, each refused one named."""
+    root = isolating_host
+    stranger = subprocess.Popen(["sleep", "600"], start_new_session=True)  # started before the capture
+    try:
+        stranger_start = int(facts.stat_fields(Path(f"/proc/{stranger.pid}/stat").read_text())[19])
+        pid, start = _dead_pid()
+        while int(start) <= stranger_start:  # a clock tick later (start times count ticks)
+            pid, start = _dead_pid()
+        (root / RT_RUNTIME).write_text("-1\n")
+        core = root / "proc/sys/kernel/core_pattern"
+        core.write_text("core\n")
+        unit = root / "etc/systemd/system/ticklab-plan.service"
+        saved = root / "sys/kernel/tracing/saved_cmdlines_size"
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text("32768\n")
+        outside = tmp_path / "outside"
+        (outside / "x").mkdir(parents=True)
+        escaped = root / "sys/kernel/tracing/instances/ticklab-1/events/irq/../../../../../../outside/x/enable"
+        journal = tmp_path / "state" / "host-changes.json"
+        journal.parent.mkdir(mode=0o700)
+        write_journal(
+            journal,
+            {
+                "pid": pid,
+                "pid_start": start,
+                "boot_id": facts.boot_id(),
+                "root": str(root),
+                "changes": [
+                    {"kind": "write", "path": str(root / RT_RUNTIME), "before": "950000", "wanted": "-1"},
+                    {"kind": "write", "path": str(saved), "before": "128", "wanted": "32768"},
+                    {"kind": "write", "path": str(core), "before": "|/tmp/helper", "wanted": "core"},
+                    {"kind": "write", "path": str(escaped), "before": "0", "wanted": "1"},
+                    {"kind": "file", "path": str(unit), "before": "[Service]\nExecStart=/tmp/evil\n"},
+                    {"kind": "mount", "path": str(root / "home"), "before": "unmounted", "wanted": "tracefs"},
+                    {
+                        "kind": "process",
+                        "path": str(root / "proc"),
+                        "pid": stranger.pid,
+                        "started": facts.stat_fields(Path(f"/proc/{stranger.pid}/stat").read_text())[19],
+                        "boot_id": facts.boot_id(),
+                    },
+                ],
+            },
+        )
+        failed = ticklab("restore", "--root", str(root), "--journal", str(journal))
+        assert stranger.poll() is None  # not killed: started before the capture that wrote the journal
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert failed.returncode == 2
+    assert value(root, RT_RUNTIME) == "950000" and value(root, "sys/kernel/tracing/saved_cmdlines_size") == "128"
+    assert value(root, "proc/sys/kernel/core_pattern") == "core" and not unit.exists()
+    assert not (outside / "x/enable").exists()
+    err = failed.stderr
+    assert "Traceback" not in err
+    for named in (
+        "core_pattern",
+        "outside/x/enable",
+        "ticklab-plan.service",
+        str(root / "home"),
+        f"pid {stranger.pid}",
+    ):
+        assert named in err
+    left = json.loads(journal.read_text())["changes"]
+    assert len(left) == 5 and {c["kind"] for c in left} == {"write", "file", "mount", "process"}

@@ -58,6 +58,19 @@ def _experiment(tmp_path, **changes):
         ({"timeout_s": float("nan")}, "timeout_s: nan is not a finite number"),
         ({"lab": {"boot_timeout_s": float("inf")}}, "lab.boot_timeout_s: inf is not a finite number"),
         ({"budget": {"time_s": float("-inf")}}, "budget.time_s: -inf is not a finite number"),
+        # kernel names become tracefs paths: a real capture wrote '1' to <outside>/x/enable (issue 55 item 6)
+        (
+            {"trace__events": ["irq:../../../../tmp/x"]},
+            "trace.events[0]: 'irq:../../../../tmp/x' is not of the allowed",
+        ),
+        (
+            {"trace__events": ["irq/irq_handler_entry"]},
+            "trace.events[0]: 'irq/irq_handler_entry' is not of the allowed",
+        ),
+        ({"trace__events": ["..:enable"]}, "trace.events[0]: '..:enable' is not of the allowed form"),
+        ({"trace__optional_events": ["timer:a b"]}, "trace.optional_events[0]: 'timer:a b' is not of the allowed"),
+        ({"trace__functions": ["tick..x"]}, "trace.functions[0]: 'tick..x' is not of the allowed form"),
+        ({"trace__symbols": ["tick_sched_timer", "a/b"]}, "trace.symbols[1]: 'a/b' is not of the allowed form"),
     ],
 )
 def test_a_bad_experiment_names_the_file_and_field(tmp_path, changes, message):
@@ -110,7 +123,7 @@ def test_unreadable_experiment_yaml_is_one_line(tmp_path, content):
     [
         ("/dev/zero", "a device, not a regular file"),
         ("/tmp", "a directory, not a regular file"),
-        ("/proc/self/status", "not valid YAML"),
+        ("/proc/self/status", "line 1, column 6: not valid YAML"),
     ],
 )
 def test_an_experiment_that_is_no_yaml_file_is_refused_in_bounded_memory(path, message):

@@ -384,9 +384,13 @@ def _capture_boot(args: argparse.Namespace) -> int:
             runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
             print(f"boot plan ({args.boot}) of {experiment.path.name}: {len(runs)} boots, one run each, in this order:")
             for run in runs:
+                if args.boot == "grub":  # refused here as the real plan refuses it (issue 55 item 9)
+                    from .host.boot_loaders import check_grub_words
+
+                    check_grub_words(args.root, run.name, run.cmdline)
                 print(
                     f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
-                    f"command line '{run.cmdline}'"
+                    f"command line '{shown(run.cmdline, 4000)}'"
                 )
             print("dry run: no plan written, nothing booted")
             return 0

@@ -20,8 +20,11 @@ A sealed bundle never changes but through this one path, and only in how its raw
    out), ``run_checks`` (what each condition check observed) and the claim's ``derived_from_raw`` tables — are the
    same, exactly, where they name the bundle's files aside. Anything different, or anything that cannot be computed:
    refused, the copy removed, the bundle untouched.
-5. **swap**: ``OwnedDir.exchange`` puts the copy at the bundle's name and the bundle at the copy's in one step; the
-   old bundle is then removed.
+5. **swap**: the bundle's name must still hold the directory verified (device and inode, through the descriptor
+   opened before ``load_bundle``), with the same seal and no file its manifest does not list; ``OwnedDir.exchange``
+   then puts the copy at the bundle's name and the bundle at the copy's in one step, checking both names against
+   the descriptors held (a directory put there meanwhile is swapped back, nothing removed); the old bundle's listed
+   files are then removed through its own descriptor, and anything else is kept and named (issue 55 items 1-2).
 
 A kill at any moment leaves the bundle whole at its name, old or new, never a mix; what it leaves at
 ``.<bundle>.repack`` (the copy, or the old bundle after the swap) is never counted by the analysis
@@ -51,14 +54,13 @@ from .bundle import (
     SEAL,
     BundleError,
     Manifest,
-    file_sha256,
     load_bundle,
     pack_raw_file,
     packs,
     raw_files_record,
     seal_manifest,
 )
-from .safefiles import OwnedDir, UnsafeFileError, open_regular, read_bytes, shown
+from .safefiles import OwnedDir, UnsafeFileError, open_regular, shown
 from .trace import gapfile, rawfile
 
 WHY = (
@@ -88,10 +90,6 @@ def work_path(bundle: Path) -> Path:
     return bundle.parent / f".{bundle.name}{WORK_SUFFIX}"
 
 
-def _size(path: Path) -> int:
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 def repack(
     path: Path | str,
     *,
@@ -102,7 +100,11 @@ def repack(
 ) -> Repacked | None:
     """Re-pack the sealed bundle at ``path`` (see the module's docstring); None where nothing shrinks. ``say`` gets
     one line per step; ``step`` is called with the name of each point passed ("wrote <file>", "sealed the copy",
-    "checked", "swapped"; tests stop there). RepackError (one line) where it is refused: the bundle is untouched."""
+    "checked", "swapped"; tests stop there). RepackError (one line) where it is refused: the bundle is untouched.
+
+    Everything it writes or removes goes through descriptors opened once (issue 55 item 1): the bundle's parent, the
+    bundle (``O_NOFOLLOW``) and the copy it makes there; nothing is opened again by path after a check, so a link or
+    another directory put at either name meanwhile is never written through or removed."""
     path = Path(path)
     work = work_path(path)
     if os.path.lexists(work):
@@ -111,12 +113,28 @@ def repack(
             "remove it and run again"
         )
     try:
+        parent = OwnedDir(path.parent, create=False)
+        original = parent.open_dir(path.name)
+    except UnsafeFileError as exc:
+        if "parent" in locals():
+            parent.close()
+        raise RepackError(f"{exc}; not repacked") from None
+    with parent, original:
+        return _repack(path, work, parent, original, why, say, step, threshold)
+
+
+def _repack(path, work, parent: OwnedDir, original: OwnedDir, why, say, step, threshold) -> Repacked | None:
+    verified = original.identity()
+    try:
         bundle = load_bundle(path)
-    except BundleError as exc:
+        seal = original.read_bytes(SEAL, 4096)
+    except (BundleError, UnsafeFileError) as exc:
         raise RepackError(f"{exc}; not repacked") from None
     if not bundle.sealed:
         raise RepackError(f"{path / MANIFEST}: status {bundle.manifest.status!r}; only a sealed bundle is repacked")
     listed = bundle.manifest.files
+    ours = {*listed, MANIFEST, SEAL}
+    _still_the_bundle(path, parent, original, verified, seal, ours)  # what load_bundle read by path was this one
     say(f"{path}: verified ({len(listed)} files)")
     if not any(packs(path / relative, relative, threshold) for relative in listed if relative.startswith(RAW + "/")):
         say(f"{path}: nothing to shrink")
@@ -126,54 +144,127 @@ def repack(
     say(f"{path}: per-run values computed ({', '.join(before)})")
 
     try:
-        with OwnedDir(path.parent, create=False) as parent:
-            parent.subdir(work.name, new=True).close()
+        copy = parent.subdir(work.name, new=True)
     except UnsafeFileError as exc:
         raise RepackError(f"{exc}; not repacked") from None
+    made = copy.identity()
     swapped = False
-    try:
-        done = _write_copy(path, work, bundle.manifest, why, threshold, step)
-        if not done.replaced:  # gapdet text its numbers would not give back, and small: it stays as it is
-            _remove(work)
-            say(f"{path}: nothing to shrink")
-            return None
+    with copy:
+        try:
+            done = _write_copy(path, work, copy, bundle.manifest, seal, why, threshold, step)
+            if not done.replaced:  # gapdet text its numbers would not give back, and small: it stays as it is
+                _remove_copy(parent, copy, work)
+                say(f"{path}: nothing to shrink")
+                return None
+            say(
+                f"{path}: copy sealed at {work.name}: {done.how.get('xz', 0)} raw files xz'd, "
+                f"{done.how.get('gapdet', 0)} gap detector outputs kept as their numbers"
+            )
+            step("sealed the copy")
+            _check_copy(path, work, bundle.manifest, done.replaced)
+            after = _per_run_values(work, path, claim)
+            for name, value in before.items():
+                difference = _difference(value, after.get(name))
+                if difference:
+                    raise RepackError(f"{path}: {name} differs once repacked ({difference}); not repacked")
+            say(
+                f"{path}: checked: the copy verifies, every replaced file reads back as it was, the per-run values "
+                "are the same"
+            )
+            step("checked")
+            _still_the_bundle(path, parent, original, verified, seal, ours)
+            parent.exchange(path.name, work.name, expect=(verified, made))
+            swapped = True
+            step("swapped")
+        except UnsafeFileError as exc:
+            if not swapped:
+                _remove_copy(parent, copy, work)
+            raise RepackError(f"{exc}; not repacked") from None
+        except BaseException:
+            if not swapped:
+                _remove_copy(parent, copy, work)
+            raise
+        done.path, done.bytes_after = path, _size(copy)
+    # the old bundle, now at the copy's name: only the files its manifest lists go, through its own descriptor
+    left = original.empty(keep=lambda relative: relative not in ours)
+    if left or not parent.remove_empty_dir(work.name, verified):
         say(
-            f"{path}: copy sealed at {work.name}: {done.how.get('xz', 0)} raw files xz'd, {done.how.get('gapdet', 0)} "
-            "gap detector outputs kept as their numbers"
+            f"{shown(work)}: kept, holding what the old bundle's manifest does not list "
+            f"({shown(', '.join(left) or 'the directory itself')}); remove it by hand"
         )
-        step("sealed the copy")
-        _check_copy(path, work, bundle.manifest, done.replaced)
-        after = _per_run_values(work, path, claim)
-        for name, value in before.items():
-            difference = _difference(value, after.get(name))
-            if difference:
-                raise RepackError(f"{path}: {name} differs once repacked ({difference}); not repacked")
-        say(
-            f"{path}: checked: the copy verifies, every replaced file reads back as it was, the per-run values are "
-            "the same"
-        )
-        step("checked")
-        with OwnedDir(path.parent, create=False) as parent:
-            parent.exchange(path.name, work.name)
-        swapped = True
-        step("swapped")
-    except UnsafeFileError as exc:
-        _remove(work)
-        raise RepackError(f"{exc}; not repacked") from None
-    except BaseException:
-        if not swapped:
-            _remove(work)
-        raise
-    _remove(work)  # the old bundle now
-    done.path, done.bytes_after = path, _size(path)
     say(f"{path}: repacked, {done.bytes_before / 1e6:.1f} MB -> {done.bytes_after / 1e6:.1f} MB")
     return done
 
 
-def _remove(work: Path) -> None:
-    """The copy (or, after the swap, the old bundle): its files are read-only, its directories ours to empty."""
-    if os.path.lexists(work):
-        shutil.rmtree(work)
+def _still_the_bundle(path: Path, parent: OwnedDir, original: OwnedDir, verified, seal: bytes, ours: set[str]) -> None:
+    """What is at the bundle's name is the directory verified (device and inode), with the same seal and no file its
+    manifest does not list: anything else (another bundle swapped in, a file added) stops the repack, nothing
+    deleted."""
+    found = parent.entry(path.name)
+    if found is None or (found.st_dev, found.st_ino) != (verified.st_dev, verified.st_ino):
+        raise RepackError(
+            f"{path}: another directory than the bundle verified is at its name now (put there since); "
+            "nothing swapped or removed; not repacked"
+        )
+    try:
+        now = original.read_bytes(SEAL, 4096)
+    except UnsafeFileError as exc:
+        raise RepackError(f"{exc}; not repacked") from None
+    if now != seal:
+        raise RepackError(f"{path / SEAL}: changed since the bundle was verified; not repacked")
+    unlisted = [relative for relative in _files_below(original) if relative not in ours]
+    if unlisted:
+        raise RepackError(
+            f"{path / unlisted[0]}: not listed in the manifest (added since the bundle was verified); "
+            f"{len(unlisted)} such file(s); not repacked"
+        )
+
+
+def _files_below(directory: OwnedDir) -> list[str]:
+    """Every non-directory below ``directory``, walked through descriptors without following a link."""
+    found: list[str] = []
+
+    def walk(fd: int, prefix: str) -> None:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                relative = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    child = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    try:
+                        walk(child, relative + "/")
+                    finally:
+                        os.close(child)
+                else:
+                    found.append(relative)
+
+    walk(directory.fd, "")
+    return sorted(found)
+
+
+def _remove_copy(parent: OwnedDir, copy: OwnedDir, work: Path) -> None:
+    """The copy (never swapped in): emptied through its descriptor, then its name removed if it is still the copy."""
+    copy.empty()
+    parent.remove_empty_dir(work.name, copy.identity())
+
+
+def _size(directory: OwnedDir) -> int:
+    total = 0
+
+    def walk(fd: int) -> None:
+        nonlocal total
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    child = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    try:
+                        walk(child)
+                    finally:
+                        os.close(child)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+
+    walk(directory.fd)
+    return total
 
 
 def _claim_of(claim_id: str, path: Path):
@@ -188,52 +279,76 @@ def _claim_of(claim_id: str, path: Path):
     return get_claim(claim_id)
 
 
-def _write_copy(path: Path, work: Path, manifest: Manifest, why: str, threshold: int, step) -> Repacked:
-    """The new bundle at ``work`` (made empty by the caller): files copied or re-packed, the manifest with its
-    ``resealed`` entry, sealed and read-only."""
-    done = Repacked(path=path, bytes_before=_size(path))
+def _write_copy(
+    path: Path, work: Path, out: OwnedDir, manifest: Manifest, old_seal: bytes, why: str, threshold: int, step
+) -> Repacked:
+    """The new bundle at ``work``, written through ``out`` (the descriptor of the empty directory the caller made
+    there, never opened again by its name): files copied or re-packed, the manifest with its ``resealed`` entry,
+    sealed and read-only."""
+    done = Repacked(
+        path=path, bytes_before=sum(_entry_size(path / relative) for relative in [*manifest.files, MANIFEST, SEAL])
+    )
     files = dict(manifest.files)
-    with OwnedDir(work, create=False) as out:
-        for relative in sorted(manifest.files):
-            source = path / relative
-            packed = pack_raw_file(source, relative, out, threshold) if relative.startswith(RAW + "/") else None
-            if packed is None:
-                with open_regular(source) as handle, out.create(relative, exclusive=True) as copy:
-                    shutil.copyfileobj(handle, copy)
-            else:
-                new, how = packed
-                done.replaced[relative] = new
-                del files[relative]
-                files[new] = file_sha256(work / new)
-                done.how[how] = done.how.get(how, 0) + 1
-            step(f"wrote {relative}")
-        names = list(files)
-        seal = read_bytes(path / SEAL, 4096).decode("ascii", errors="replace").split()
-        updated = replace(
-            manifest,
-            files=dict(sorted(files.items())),
-            raw_files=raw_files_record(
-                sum(n.endswith(".xz") and Path(n).name != gapfile.COMPACT_NAME + ".xz" for n in names),
-                sum(Path(n).name == gapfile.COMPACT_NAME + ".xz" for n in names),
-                threshold,
-            ),
-            resealed=[
-                *(manifest.resealed or []),
-                {
-                    "when": datetime.now(timezone.utc).isoformat(),
-                    "from_seal": seal[0] if seal else "",
-                    "files_replaced": {
-                        old: {"now": new, "sha256": manifest.files[old]} for old, new in sorted(done.replaced.items())
-                    },
-                    "why": why,
-                    "ticklab_version": __version__,
-                    "raw_files_before": manifest.raw_files,
+    for relative in sorted(manifest.files):
+        source = path / relative
+        packed = pack_raw_file(source, relative, out, threshold) if relative.startswith(RAW + "/") else None
+        if packed is None:
+            with open_regular(source) as handle, out.create(relative, exclusive=True) as copy:
+                shutil.copyfileobj(handle, copy)
+        else:
+            new, how = packed
+            done.replaced[relative] = new
+            del files[relative]
+            files[new] = _sha256_in(out, new)
+            done.how[how] = done.how.get(how, 0) + 1
+        step(f"wrote {relative}")
+    names = list(files)
+    seal = old_seal.decode("ascii", errors="replace").split()
+    updated = replace(
+        manifest,
+        files=dict(sorted(files.items())),
+        raw_files=raw_files_record(
+            sum(n.endswith(".xz") and Path(n).name != gapfile.COMPACT_NAME + ".xz" for n in names),
+            sum(Path(n).name == gapfile.COMPACT_NAME + ".xz" for n in names),
+            threshold,
+        ),
+        resealed=[
+            *(manifest.resealed or []),
+            {
+                "when": datetime.now(timezone.utc).isoformat(),
+                "from_seal": seal[0] if seal else "",
+                "files_replaced": {
+                    old: {"now": new, "sha256": manifest.files[old]} for old, new in sorted(done.replaced.items())
                 },
-            ],
-        )
-        out.write_new(MANIFEST, updated.file_bytes())
-        seal_manifest(out, work, sorted(files))
+                "why": why,
+                "ticklab_version": __version__,
+                "raw_files_before": manifest.raw_files,
+            },
+        ],
+    )
+    out.write_new(MANIFEST, updated.file_bytes())
+    seal_manifest(out, work, sorted(files))
     return done
+
+
+def _entry_size(path: Path) -> int:
+    try:
+        return path.lstat().st_size
+    except OSError:
+        return 0
+
+
+def _sha256_in(directory: OwnedDir, relative: str) -> str:
+    digest = hashlib.sha256()
+    parts = Path(relative).parts
+    parent = directory._dir_fd(list(parts[:-1]), create=False, doing="read")
+    try:
+        with open_regular(parts[-1], dir_fd=parent, shown_as=directory.root / relative) as handle:
+            for piece in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(piece)
+    finally:
+        os.close(parent)
+    return digest.hexdigest()
 
 
 class _Digest:

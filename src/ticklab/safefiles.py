@@ -288,6 +288,48 @@ def _abandon(temporary: str, parent: int, target: Path, exc: BaseException) -> U
     return _failed(target, exc, "write") if isinstance(exc, OSError) else None
 
 
+def _empty_below(fd: int, prefix: str, keep: Callable[[str], bool]) -> list[str]:
+    """``OwnedDir.empty`` of the directory ``fd`` (whose path below the root is ``prefix``): what is left."""
+    left = []
+    with os.scandir(fd) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        relative = f"{prefix}{name}"
+        found = _lstat(name, fd, relative)
+        if found is None:
+            continue
+        if stat.S_ISDIR(found.st_mode):
+            try:
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                left.append(relative)
+                continue
+            try:
+                if not _same(os.fstat(child), found):
+                    left.append(relative)
+                    continue
+                below = _empty_below(child, relative + "/", keep)
+            finally:
+                os.close(child)
+            if below:
+                left += below
+                continue
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError:
+                left.append(relative)
+        elif keep(relative):
+            left.append(relative)
+        else:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left.append(relative)
+    return left
+
+
 class OwnedDir:
     """A directory ticklab writes below: ``root`` as given; every component under it is made or opened without
     following a link. Use as a context manager or call ``close``."""
@@ -630,12 +672,15 @@ class OwnedDir:
         finally:
             os.close(parent)
 
-    def exchange(self, one: str, other: str) -> None:
+    def exchange(self, one: str, other: str, *, expect: tuple[os.stat_result, os.stat_result] | None = None) -> None:
         """Swap two directories of root, ``one`` and ``other``, in one step (``renameat2`` ``RENAME_EXCHANGE``): a
         reader, or a kill at any moment, finds one or the other at each name, never neither (a bundle replaced whole,
         ``ticklab bundle repack``). Anything but a real directory at either name is refused; so is a file system
-        that cannot swap in one step (UnsafeFileError, one line)."""
-        for name in (one, other):
+        that cannot swap in one step (UnsafeFileError, one line). ``expect``: what must be at ``one`` and ``other``
+        (device and inode, as ``fstat`` of descriptors the caller holds gave them), checked before the swap and
+        again after it; a directory put at either name meanwhile is refused and, where the swap was made, swapped
+        back, so nothing but the two expected directories ever changes names."""
+        for index, name in enumerate((one, other)):
             if len(self._parts(name)) != 1:
                 raise UnsafeFileError(f"{shown(self.root / name)}: not a name in {shown(self.root)}; nothing swapped")
             found = _lstat(name, self.fd, self.root / name)
@@ -648,6 +693,12 @@ class OwnedDir:
                     else kind_of(found.st_mode)
                 )
                 raise UnsafeFileError(f"{shown(self.root / name)}: {what}, not a directory; nothing swapped")
+            if expect is not None and not _same(found, expect[index]):
+                raise UnsafeFileError(
+                    f"{shown(self.root / name)}: another directory than the one ticklab checked (put there since); "
+                    "nothing swapped"
+                )
+        between_check_and_write(self.root / one)
         try:
             _renameat2(one, other, self.fd, _RENAME_EXCHANGE)
         except OSError as exc:
@@ -657,6 +708,50 @@ class OwnedDir:
                     "(renameat2 RENAME_EXCHANGE); nothing swapped"
                 ) from None
             raise _failed(self.root / one, exc, "swap") from None
+        if expect is None:
+            return
+        now_one, now_other = _lstat(one, self.fd, self.root / one), _lstat(other, self.fd, self.root / other)
+        if _same(now_one, expect[1]) and _same(now_other, expect[0]):
+            return
+        try:  # a directory swapped in between the check and the swap: put the names back as they were
+            _renameat2(one, other, self.fd, _RENAME_EXCHANGE)
+        except OSError as exc:
+            raise _failed(self.root / one, exc, "swap back") from None
+        raise UnsafeFileError(
+            f"{shown(self.root / one)}: another directory was put at {shown(one)} or {shown(other)} while ticklab "
+            "swapped them; swapped back, nothing removed"
+        )
+
+    def identity(self) -> os.stat_result:
+        """``fstat`` of the directory this holds open (its device and inode stay its own whatever its name)."""
+        return os.fstat(self.fd)
+
+    def open_dir(self, name: str) -> OwnedDir:
+        """The existing directory root/name (one component, not a link) as an ``OwnedDir``, opened by descriptor."""
+        parts = self._parts(name)
+        fd = self._dir_fd(parts, create=False, doing="read")
+        owned = OwnedDir.__new__(OwnedDir)
+        owned.root, owned.fd = self.root / name, fd
+        return owned
+
+    def empty(self, keep: Callable[[str], bool] = lambda relative: False) -> list[str]:
+        """Remove what this directory holds, through its descriptor and those of the directories below it (opened
+        ``O_NOFOLLOW``, so whatever is put at a name meanwhile, nothing outside is touched): every entry but those
+        ``keep`` (given the path relative to root) says to leave, and then each directory left empty. The relative
+        paths left, sorted."""
+        return sorted(_empty_below(self.fd, "", keep))
+
+    def remove_empty_dir(self, name: str, identity: os.stat_result) -> bool:
+        """rmdir root/name when it is the directory ``identity`` (``fstat`` of a descriptor the caller holds) and
+        empty; False, and nothing removed, otherwise (another directory put at the name is left as it is)."""
+        found = _lstat(name, self.fd, self.root / name)
+        if found is None or not stat.S_ISDIR(found.st_mode) or not _same(found, identity):
+            return False
+        try:
+            os.rmdir(name, dir_fd=self.fd)
+        except OSError:
+            return False
+        return True
 
     def read_bytes(self, relative: Path | str, limit: int) -> bytes:
         """A regular file below root, no component a link, at most ``limit`` bytes."""

@@ -38,6 +38,12 @@ RAW_DIRECTORY = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(/[A-Za-z0-9][A-Za-z0-9._-]{0,
 MAX_RUNS = 10000  # measured runs per condition a capture may be asked for (--runs, runs:, budget.max_runs)
 # A relative path inside a bundle: no leading '/', no '.' or '..' part, no empty part, no backslash.
 BUNDLE_FILE = r"^(?!.*(^|/)\.\.?(/|$))[^/\\\x00]+(/[^/\\\x00]+)*$"
+# Kernel names an experiment gives (issue 55 item 6): they become tracefs paths and filter lines, so never a '/', a
+# '..' or a character the kernel does not put in a name. A trace event is system:event (tracefs'
+# events/<system>/<event>; a system may start with a digit, 9p), a function or symbol a C identifier with
+# '.'-suffixes (foo.isra.0, as kallsyms has them).
+TRACE_EVENT = r"^[A-Za-z0-9_]{1,64}:[A-Za-z_][A-Za-z0-9_]{0,127}$"
+KERNEL_SYMBOL = r"^[A-Za-z_][A-Za-z0-9_]{0,255}(\.[A-Za-z0-9_]{1,64}){0,4}$"
 # A number as results.csv writes it: finite (no nan, inf), plain or exponent form.
 FINITE_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 TEXT = {"type": "string", "minLength": 1, "maxLength": 1000}
@@ -229,14 +235,14 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
                 "type": ["object", "null"],
                 "required": ["events"],
                 "properties": {
-                    "events": {"type": "array", "items": {"type": "string"}},
+                    "events": {"type": "array", "items": {"type": "string", "pattern": TRACE_EVENT}},
                     # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
                     # lists those it lacked (absent_events)
-                    "optional_events": {"type": "array", "items": {"type": "string"}},
-                    "symbols": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
+                    "optional_events": {"type": "array", "items": {"type": "string", "pattern": TRACE_EVENT}},
+                    "symbols": {"type": "array", "items": {"type": "string", "pattern": KERNEL_SYMBOL}},
                     "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
                     # kernel functions whose every call the function tracer records (a C identifier each)
-                    "functions": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$"}},
+                    "functions": {"type": "array", "items": {"type": "string", "pattern": KERNEL_SYMBOL}},
                     # which per-run metrics its trace gives results.csv: a set of registry.METRIC_SET_NAMES, or a
                     # list of them
                     "metrics": {

@@ -50,9 +50,13 @@ class _Loader(yaml.SafeLoader):
 
 
 def load(text: str):
-    """The one YAML document in ``text`` as Python data (None for an empty document); YamlError otherwise."""
-    loader = _Loader(text)
+    """The one YAML document in ``text`` as Python data (None for an empty document); YamlError otherwise, always
+    one line starting with the line it is about (``line N: ...``) where the text has lines."""
+    loader = None
     try:
+        # built inside the try: the reader checks every character when it is made, and a control character is its
+        # ReaderError (issue 55 item 8: it escaped as an internal error)
+        loader = _Loader(text)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -62,12 +66,24 @@ def load(text: str):
         raise
     except RecursionError:
         raise YamlError("nested too deeply") from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1 if isinstance(text, str) else 1
+        character = f"#x{exc.character:04x}" if isinstance(exc.character, int) else shown(repr(exc.character), 20)
+        raise YamlError(
+            f"line {line}: character {character} is not allowed in YAML ({shown(exc.reason, 80)})"
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise YamlError(f"{where}not valid YAML ({shown(' '.join(what.split()), 200)})") from None
     except yaml.YAMLError as exc:
         raise YamlError(f"not valid YAML ({shown(' '.join(str(exc).split()))})") from None
     except _BUILD_ERRORS as exc:  # raised by a constructor outside PyYAML's own errors
         raise YamlError(f"not valid YAML ({_problem(exc)})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _where(path: tuple) -> str:
@@ -90,7 +106,7 @@ def _build_scalars(loader: _Loader, root: yaml.Node) -> None:
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, (*path, index), False) for index, item in reversed(list(enumerate(node.value))))
         elif isinstance(node, yaml.ScalarNode) and node.tag not in KEY_ONLY:
-            where = f"{_where(path)}: {'a key: ' if is_key else ''}"
+            where = f"line {node.start_mark.line + 1}: {_where(path)}: {'a key: ' if is_key else ''}"
             kind = TYPED.get(node.tag)
             if kind and not node.value.strip():
                 raise YamlError(f"{where}empty !!{kind} value")

@@ -9,7 +9,9 @@ If the host cannot run the experiment, the bundle records that, with the reason,
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from pathlib import Path
 from ..bundle import BundleError, BundleWriter
 from ..claimids import CLAIM_IDS
 from ..host import HostChanges, collect, host_id
+from ..safefiles import shown
 from . import requirements, tracing
 from .answer import AnswerContext, answer_lines, check_refs
 from .execute import apply_knobs, execute_run, run_once, workload_values
@@ -28,6 +31,7 @@ from .experiment import (
     PlannedRun,
     expand_conditions,
     experiment_paths,
+    fill_argv,
     is_boot_experiment,
     load_experiment,
 )
@@ -143,8 +147,20 @@ class Capture:
             )
             return None
         self.log(f"stopping: {describe(rule)}")
+        if experiment.trace:
+            self.log(f"dry-run: would trace with the {backend} backend")
         for planned in planned_runs:
             self.log(f"{planned.run} {planned.condition.name}{' (warm-up)' if planned.warmup else ''}:")
+            values = workload_values(experiment, planned.condition, facts)
+            if experiment.workload.get("server"):
+                self._would_run(experiment.workload["server"], values, "workload.server", "the workload's server")
+            self._would_run(experiment.workload["argv"], values, "workload.argv", f"the workload, in {planned.run}")
+            for extra in experiment.extras:
+                if extra.get("per_run"):
+                    traced = "traced" if extra.get("traced") else "untraced"
+                    self._would_run(
+                        extra["argv"], values, f"extras.{extra['name']}.argv", f"extra {extra['name']}, {traced}"
+                    )
             with host.scope():
                 apply_knobs(host, experiment, planned.condition, facts)
                 settings = experiment.trace_settings()
@@ -160,7 +176,39 @@ class Capture:
                                 f"dry-run: would run extra {extra['name']} after the workload, traced the same way "
                                 f"into {planned.run}/{extra['name']}/trace (the same writes, a new instance)"
                             )
+        conditions = list(dict.fromkeys(planned.condition.name for planned in planned_runs))
+        by_name = {planned.condition.name: planned.condition for planned in planned_runs}
+        for name in conditions:
+            values = workload_values(experiment, by_name[name], facts)
+            for extra in experiment.extras_per_condition():
+                self._would_run(
+                    extra["argv"], values, f"extras.{extra['name']}.argv", f"extra {extra['name']}, once for {name}"
+                )
+            when = (experiment.profile or {}).get("when") or {}
+            if experiment.profile and all(by_name[name].values.get(k) == v for k, v in when.items()):
+                self._would_run(
+                    ["perf", "record", "-g", "-o", "perf.data", "--", *experiment.workload["argv"]],
+                    values,
+                    "workload.argv",
+                    f"a perf profile, once for {name}",
+                )
         return None
+
+    def _would_run(self, argv: list, values: dict, key: str, what: str) -> None:
+        """A dry run's line for a command the capture would run (issue 55 item 9): its arguments as they would be,
+        whose user it runs as, and a shell command line named as one."""
+        filled = fill_argv(argv, values, f"{self.experiment.path}: {key}")
+        uid = os.geteuid()
+        who = "root" if uid == 0 else f"uid {uid}"
+        line = f"dry-run: would run as {who}: {shown(shlex.join(str(a) for a in filled), 2000)} ({what})"
+        program = os.path.basename(str(filled[0])) if filled else ""
+        if program in SHELLS and "-c" in filled[1:]:
+            script = filled[filled.index("-c", 1) + 1] if filled.index("-c", 1) + 1 < len(filled) else ""
+            line += f"; a shell runs the command line {shown(repr(str(script)), 400)}"
+        self.log(line)
+
+
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "fish", "csh", "tcsh"})
 
 
 class HostExecutor:

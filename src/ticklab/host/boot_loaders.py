@@ -131,23 +131,29 @@ def install_unit(host: HostChanges, root: Path, plan: Plan) -> None:
         run_tool(["systemctl", "daemon-reload"])
 
 
+def check_grub_words(root: Path, run_name: str, cmdline: str) -> None:
+    """PlanError where ``cmdline`` cannot go into a grub menu entry as it is (``grub_entry`` and ``capture --boot
+    grub --dry-run`` check it alike, so a dry run refuses what the real plan refuses)."""
+    # whatever made the command line: a newline (or any control character) would end the linux line and start
+    # another (an initrd or linux of its own); grub's script parser would read quotes, $, ; and braces
+    control = next((c for c in cmdline if not c.isprintable()), None)
+    if control is not None:
+        raise PlanError(
+            f"{root / GRUB_CUSTOM}: the command line of run {run_name} holds the control character "
+            f"{control!r}; it cannot go into a grub menu entry (nor any command line)"
+        )
+    unsafe = [w for w in cmdline.split(" ") if w and not _GRUB_WORD.fullmatch(w)]
+    if unsafe:
+        raise PlanError(
+            f"{root / GRUB_CUSTOM}: command-line word '{shown(unsafe[0])}' of run {run_name} cannot go "
+            "into a grub menu entry as it is; use --boot kexec or manual"
+        )
+
+
 def grub_entry(root: Path, plan: Plan, run: BootRun, image: Path, initrd: Path | None) -> tuple[str, str]:
     """A menu entry in /boot/grub/custom.cfg (Debian's grub.cfg sources it via 41_custom; grub.cfg is not
     regenerated and its default is untouched) for this run's kernel and command line."""
-    # whatever made the command line: a newline (or any control character) would end the linux line and start
-    # another (an initrd or linux of its own); grub's script parser would read quotes, $, ; and braces
-    control = next((c for c in run.cmdline if not c.isprintable()), None)
-    if control is not None:
-        raise PlanError(
-            f"{root / GRUB_CUSTOM}: the command line of run {run.name} holds the control character "
-            f"{control!r}; it cannot go into a grub menu entry (nor any command line)"
-        )
-    unsafe = [w for w in run.cmdline.split(" ") if w and not _GRUB_WORD.fullmatch(w)]
-    if unsafe:
-        raise PlanError(
-            f"{root / GRUB_CUSTOM}: command-line word '{shown(unsafe[0])}' of run {run.name} cannot go "
-            "into a grub menu entry as it is; use --boot kexec or manual"
-        )
+    check_grub_words(root, run.name, run.cmdline)
     separate_boot = str(root / "boot") in facts.mounts(root)
 
     def on_disk(path: Path) -> str:

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from ..safefiles import OwnedDir, UnsafeFileError, read_text
 from . import facts
-from .journal import Change, ChangeKind, HostChangeError, process_start, registered
+from .journal import KNOB_PATTERNS, TRACEFS, Change, ChangeKind, HostChangeError, process_start, registered
 
 
 def feature_token(features_text: str, feature: str) -> str | None:
@@ -120,6 +120,7 @@ class Write(ChangeKind):
     """A knob file written, or guarded (``wanted`` None: another tool writes it, and it is put back all the same)."""
 
     name = "write"
+    patterns = KNOB_PATTERNS
 
     def describe(self, change: Change) -> str:
         if change.wanted is None:
@@ -154,6 +155,14 @@ class Write(ChangeKind):
 @registered
 class SchedFeature(ChangeKind):
     name = "sched_feature"
+    patterns = facts.SCHED_FEATURES
+
+    def confined(self, change: Change, root: Path) -> bool:
+        """The sched features file, and tokens only (a feature, NO_ and a feature): what is written back is one."""
+        return super().confined(change, root) and all(
+            isinstance(value, str) and re.fullmatch(r"(?:NO_)?[A-Z][A-Z0-9_]{0,63}", value)
+            for value in (change.before, change.feature)
+        )
 
     def describe(self, change: Change) -> str:
         return f"write {change.wanted!r} to {change.path} (now {change.before!r})"
@@ -184,6 +193,9 @@ class TaskAffinity(ChangeKind):
 
     def left_behind(self, change: Change) -> str:
         return f"{len(change.tasks or {})} tasks' CPU lists without CPU {change.cpu} (sched_setaffinity)"
+
+    def refusal(self, change: Change, root: Path) -> str:
+        return f"{change.path!r}: not a list of thread ids and CPU lists under {root / 'proc'}"
 
     def confined(self, change: Change, root: Path) -> bool:
         return (
@@ -288,6 +300,7 @@ class Mkdir(ChangeKind):
     """A directory the kernel backs (a tracefs instance), removed again."""
 
     name = "mkdir"
+    patterns = (rf"{TRACEFS}/instances/ticklab-\d+",)
 
     def describe(self, change: Change) -> str:
         return f"mkdir {change.path}"
@@ -316,6 +329,12 @@ class Mount(ChangeKind):
     """A filesystem mounted, by us or by another tool we watched (trace-cmd mounts debugfs), unmounted again."""
 
     name = "mount"
+    patterns = ("sys/kernel/tracing", "sys/kernel/debug", "sys/kernel/debug/tracing")
+
+    def confined(self, change: Change, root: Path) -> bool:
+        """tracefs or debugfs at the mount points a capture (or trace-cmd) mounts them on: nothing else is
+        unmounted."""
+        return super().confined(change, root) and change.wanted in ("tracefs", "debugfs")
 
     def describe(self, change: Change) -> str:
         return f"mount -t {change.wanted} {change.wanted} {change.path}"
@@ -362,6 +381,9 @@ class Process(ChangeKind):
     def left_behind(self, change: Change) -> str:
         return f"pid {change.pid} started" + (" (still running)" if process_start(change.pid) == change.started else "")
 
+    def refusal(self, change: Change, root: Path) -> str:
+        return f"{change.path!r}: not a process (pid and start time) under {root / 'proc'}"
+
     def confined(self, change: Change, root: Path) -> bool:
         return (
             change.path == str(root / "proc")
@@ -405,6 +427,9 @@ class BootPlanKind(ChangeKind):
     def confined(self, change: Change, root: Path) -> bool:
         path = os.path.normpath(change.path)
         return path == change.path and path in {str(root / p) for p in self.paths}
+
+    def refusal(self, change: Change, root: Path) -> str:
+        return f"{change.path!r}, not a file a boot plan's {self.name} entry may name"
 
 
 @registered

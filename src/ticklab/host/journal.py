@@ -20,6 +20,7 @@ import fcntl
 import functools
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -225,10 +226,19 @@ class ChangeKind(abc.ABC):
     name: ClassVar[str]
     resets_at_reboot: ClassVar[bool] = True  # the running kernel's state; a boot plan's files outlive a reboot
 
+    # what an entry of this kind may name, relative to the root (issue 55 item 7): each a regular expression the whole
+    # path must match; a kind with its own rule overrides ``confined``
+    patterns: ClassVar[tuple[str, ...]] = ()
+
     def confined(self, change: Change, root: Path) -> bool:
-        """The entry names a kernel knob of this host (under <root>/sys, <root>/proc/sys or <root>/proc/irq)."""
-        path = os.path.normpath(change.path)
-        return path == change.path and any(path.startswith(str(root / tree) + os.sep) for tree in KNOB_TREES)
+        """The entry names only what this kind changes: a path (normalised as written, no '..') that one of its
+        ``patterns`` matches below ``root``."""
+        return _path_matches(change.path, root, self.patterns)
+
+    def refusal(self, change: Change, root: Path) -> str:
+        """Why an entry of this kind is not put back (it names something this kind never changes)."""
+        trees = f"{root / 'sys'}, {root / 'proc/sys'} or {root / 'proc/irq'}"
+        return f"{change.path!r}, not a knob under {trees} that a {self.name} entry may name"
 
     @abc.abstractmethod
     def describe(self, change: Change) -> str:
@@ -244,6 +254,29 @@ class ChangeKind(abc.ABC):
 
 
 KNOB_TREES = ("sys", "proc/sys", "proc/irq")
+# the tracefs files a capture writes or lets trace-cmd change (the top level, or its own instance ticklab-<pid>)
+TRACEFS = r"sys/kernel/(?:debug/)?tracing"
+TRACEFS_FILES = (
+    r"tracing_on|buffer_size_kb|trace_clock|current_tracer|set_ftrace_filter|saved_cmdlines_size|options/record-cmd"
+    r"|events/[A-Za-z0-9_]{1,64}/[A-Za-z_][A-Za-z0-9_]{0,127}/enable"
+)
+KNOB_PATTERNS = (
+    r"sys/devices/system/clocksource/clocksource\d+/current_clocksource",
+    r"sys/devices/system/cpu/cpu\d+/cpuidle/state\d+/disable",
+    r"proc/irq/default_smp_affinity",
+    r"proc/irq/\d+/smp_affinity(?:_list)?",
+    r"proc/sys/kernel/sched_rt_runtime_us",
+    rf"{TRACEFS}(?:/instances/ticklab-\d+)?/(?:{TRACEFS_FILES})",
+)
+
+
+def _path_matches(path: str, root: Path, patterns: tuple[str, ...]) -> bool:
+    if not isinstance(path, str) or os.path.normpath(path) != path:
+        return False
+    prefix = str(root).rstrip(os.sep) + os.sep
+    return path.startswith(prefix) and any(re.fullmatch(p, path[len(prefix) :]) for p in patterns)
+
+
 KINDS: dict[str, ChangeKind] = {}
 
 
@@ -274,11 +307,36 @@ def undo_all(changes: list[Change], log: Callable[[str], None]) -> list[Change]:
 
 
 def confined(change: Change, root: Path) -> bool:
-    """A journal entry names a kernel knob of this host (under <root>/sys, <root>/proc/sys or <root>/proc/irq), or
-    is the task affinities it moved (their CPU lists, restored with sched_setaffinity), or a process it started (pid
-    and start time: killed if left running), or a file a boot plan installs, nothing else."""
+    """A journal entry names only what its kind changes (issue 55 item 7): a knob kind the kernel knobs ticklab writes
+    (KNOB_PATTERNS, the sched features file, its tracefs instance, tracefs/debugfs mount points), the task affinities
+    it moved (their CPU lists, restored with sched_setaffinity), a process it started (pid and start time: killed if
+    left running), or a file a boot plan installs, nothing else."""
     kind = KINDS.get(change.kind)
     return kind is not None and kind.confined(change, root)
+
+
+def refusals(data: dict, changes: list[Change], root: Path, *, boot_plan: bool) -> dict[int, str]:
+    """The entries of a journal not put back, by index, each with why: an entry its kind may not name; a boot plan's
+    kind in a capture's journal (a boot plan's journal is put back by its own engine); in a capture's journal, a
+    process not started by the capture that wrote it (started before it)."""
+    refused = {}
+    started = data.get("pid_start")
+    for index, change in enumerate(changes):
+        kind = KINDS[change.kind]
+        if not kind.confined(change, root):
+            refused[index] = kind.refusal(change, root)
+        elif not boot_plan and not kind.resets_at_reboot:
+            refused[index] = f"{change.path!r}: a boot plan's {change.kind} entry in a capture's journal"
+        elif (
+            not boot_plan
+            and change.kind == "process"
+            and not (isinstance(started, str) and started.isdigit() and int(change.started) >= int(started))
+        ):
+            refused[index] = (
+                f"pid {change.pid}: started before the capture that wrote the journal (start {change.started}, "
+                f"capture {started}), so not one it started"
+            )
+    return refused
 
 
 def write_journal(journal: Path, data: dict) -> None:
@@ -293,11 +351,18 @@ def write_journal(journal: Path, data: dict) -> None:
 
 
 def read_journal(journal: Path, *, root: Path | str = "/") -> list[Change]:
-    """The changes a journal lists (a boot plan's, adopted by a later process), checked as :func:`recover` checks."""
+    """The changes a journal lists (a boot plan's, adopted by a later process), checked as :func:`recover` checks:
+    an entry its kind may not name refuses the whole journal here (the plan's engine acts on all of it)."""
     journal, root = Path(journal), Path(root)
     if not os.path.lexists(journal):
         return []
-    return checked_journal(journal, root)[1]
+    data, changes = checked_journal(journal, root)
+    refused = refusals(data, changes, root, boot_plan=True)
+    if refused:
+        raise HostChangeError(
+            f"{journal}: names {next(iter(refused.values()))}; refused (check it by hand, then delete it)"
+        )
+    return changes
 
 
 _TEXT_OR_NULL = {"type": ["string", "null"]}  # the journal's size is bounded (MAX_JOURNAL_BYTES), not each text
@@ -376,12 +441,6 @@ def checked_journal(journal: Path, root: Path) -> tuple[dict, list[Change]]:
         ) from None
     if str(data.get("root", "/")) != str(root):
         raise HostChangeError(f"{journal}: written for root {data.get('root')!r}, not {str(root)!r}; refused")
-    outside = [c.path for c in changes if not confined(c, root)]
-    if outside:
-        raise HostChangeError(
-            f"{journal}: names {outside[0]!r}, not a knob under {root / 'sys'}, "
-            f"{root / 'proc/sys'} or {root / 'proc/irq'}; refused (check it by hand, then delete it)"
-        )
     return data, changes
 
 
@@ -411,7 +470,13 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
     journal, root = Path(journal), Path(root)
     if not os.path.lexists(journal):
         return []
-    data, changes = checked_journal(journal, root)
+    data, listed = checked_journal(journal, root)
+    refused_at = refusals(data, listed, root, boot_plan=False)
+    refused = [listed[index] for index in sorted(refused_at)]
+    for index in sorted(refused_at):  # each named; every other entry is still put back (issue 55 item 7)
+        log(f"{journal}: refused, left as it is: {refused_at[index]}")
+        listed[index].error = "refused: " + refused_at[index]
+    changes = [change for index, change in enumerate(listed) if index not in refused_at]
     pid = data.get("pid")
     boot = journal_boot(data, changes)
     pending = changes
@@ -426,12 +491,16 @@ def recover(journal: Path, *, root: Path | str = "/", log: Callable[[str], None]
     if pending:
         log(f"{journal}: restoring {len(pending)} host change(s) left by an interrupted capture (pid {pid})")
     failures = undo_all(pending, log)
-    if failures:
-        # only what is still to be put back stays listed: the rest is not written again at every later start
-        write_journal(journal, {**data, "changes": [c.record_full() for c in failures]})
+    if failures or refused:
+        # only what is still to be put back (or was refused) stays listed: the rest is not written again at every
+        # later start
+        write_journal(journal, {**data, "changes": [c.record_full() for c in [*refused, *failures]]})
+        problems = [f"could not restore {c.path} ({c.error})" for c in failures]
+        problems += [f"refused {refused_at[index]}" for index in sorted(refused_at)]
         raise HostChangeError(
-            f"{journal}: could not restore "
-            + "; ".join(f"{c.path} ({c.error})" for c in failures)
+            f"{journal}: "
+            + "; ".join(problems)
+            + (f"; put back the {len(pending) - len(failures)} other change(s)" if pending else "")
             + f"; set these by hand, then delete {journal}"
         )
     journal.unlink()

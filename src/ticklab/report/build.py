@@ -146,7 +146,10 @@ def run_notebook(
     )
     start = time.monotonic()
     try:
-        environment = {**os.environ, kernelfork.SOCKET_ENV: kernel_server} if kernel_server else None
+        # the report's own server, or none: an address inherited from the report's environment is never passed on
+        environment = {k: v for k, v in os.environ.items() if k != kernelfork.SOCKET_ENV}
+        if kernel_server:
+            environment[kernelfork.SOCKET_ENV] = kernel_server
         proc = subprocess.run(command, capture_output=True, text=True, timeout=notebook_timeout, env=environment)
     except subprocess.TimeoutExpired:
         return NotebookResult(

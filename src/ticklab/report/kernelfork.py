@@ -32,9 +32,12 @@ import os
 import select
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 SOCKET_ENV = "TICKLAB_KERNEL_FORKSERVER"
 SOCKET_NAME = "kernels.sock"
@@ -56,8 +59,10 @@ PREIMPORTS = (
     "ticklab.analysis.comparisons",
     "ticklab.analysis.verdicts",
 )  # then every claim's module (_preimport: from claimids, so a new claim needs no line here)
-_MAX_REQUEST = 1 << 20
-REQUEST_TIMEOUT_S = 10
+_MAX_REQUEST = 1 << 20  # a frame's size limit: a request (arguments, environment) is a few KB
+MAX_DEPTH = 4  # a frame's nesting limit: a request is {"env": {name: value}, "arguments": [...]}, depth 2
+REQUEST_TIMEOUT_S = 10  # a request's read deadline, whole: a byte every few seconds does not hold the server longer
+DIRECTORY_PREFIX = "ticklab-kernels-"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STARTUP_PREFIXES = ("PYTHON", "MPL", "OMP_", "OPENBLAS_", "MKL_", "LC_")
 STARTUP_NAMES = {"LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV"}
@@ -67,6 +72,48 @@ FALLBACK = {KERNEL: ["-m", "ipykernel_launcher"], DRIVER: ["-m", "ticklab.report
 
 def _send(connection: socket.socket, message: dict) -> None:
     connection.sendall(json.dumps(message).encode() + b"\n")
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED: the kernel's word, not the peer's)."""
+    _pid, uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return uid
+
+
+def _depth(frame: bytes) -> int:
+    """How deeply the JSON in ``frame`` nests (brackets outside strings): a frame nested past MAX_DEPTH is refused
+    before json.loads, whose recursion would end the server."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in frame:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def read_frame(frame: bytes) -> dict:
+    """One line of the protocol as a JSON object; ValueError (saying why) for one over the size or depth limits or
+    that is not an object."""
+    if len(frame) > _MAX_REQUEST:
+        raise ValueError(f"a frame of {len(frame)} bytes (at most {_MAX_REQUEST})")
+    if _depth(frame) > MAX_DEPTH:
+        raise ValueError(f"a frame nested deeper than {MAX_DEPTH}")
+    message = json.loads(frame)
+    if not isinstance(message, dict):
+        raise ValueError("a frame that is not a JSON object")
+    return message
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -91,6 +138,10 @@ def client(socket_path: str, arguments: list[str], role: str = KERNEL) -> int:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(socket_path)
+        # the server must be our own user's (SO_PEERCRED) before it gets our environment, arguments and streams: a
+        # socket another user put at this name (a directory swapped where TMPDIR is shared) is never answered
+        if peer_uid(connection) != os.getuid():
+            raise ValueError("the fork server's socket belongs to another user")
         request = {"role": role, "arguments": arguments, "cwd": os.getcwd(), "env": dict(os.environ)}
         socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         replies = connection.makefile("rb")
@@ -126,16 +177,32 @@ def client(socket_path: str, arguments: list[str], role: str = KERNEL) -> int:
 
 
 # -- the server ---------------------------------------------------------------------------------------------------------
-def serve(directory: str) -> None:
+def _log(line: str) -> None:
+    """A line in the report's log (the report's standard error, kept as fd 3 by serve)."""
+    try:
+        os.write(_LOG_FD, f"ticklab report: kernel fork server: {line}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
+_LOG_FD = 2
+
+
+def serve(directory: str, directory_fd: int | None = None) -> None:
     """Listen at ``directory``/kernels.sock, import the notebooks' modules, and fork a kernel for each request, until
-    standard input closes."""
+    standard input closes. ``directory_fd``: the directory as ``started`` made and checked it, bound through its
+    descriptor (no second lookup of its name)."""
+    global _LOG_FD
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ended by the report: its kernels killed and reaped first
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(os.path.join(directory, SOCKET_NAME))
+    where = directory if directory_fd is None else f"/proc/self/fd/{directory_fd}"
+    listener.bind(os.path.join(where, SOCKET_NAME))
     listener.listen(16)  # bound before the imports: a client that comes early waits in the backlog
     print("listening", flush=True)  # what started() waits for; then nothing more is written there
+    _LOG_FD = os.dup(2)  # the report's log; what the imports print goes nowhere
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     os.close(devnull)
     settings = _startup_settings(os.environ)
     path_head = sys.path[0] if sys.path else None  # python -m puts its working directory first
@@ -163,15 +230,29 @@ def serve(directory: str) -> None:
                     _end(kernels.pop(connection))
                     connection.close()
                     continue
-                for line in said.splitlines():  # a signal the client got, for its kernel (still unreaped here)
-                    try:
-                        signum = json.loads(line).get("signal")
-                    except (ValueError, AttributeError):
-                        continue
-                    if signum in FORWARDED:
+                try:
+                    for line in said.splitlines():  # a signal the client got, for its kernel (still unreaped here)
+                        signum = read_frame(line).get("signal")
+                        if type(signum) is not int or signum not in FORWARDED:
+                            raise ValueError(f"not a signal it forwards: {signum!r:.40}")
                         os.kill(kernels[connection], signum)
+                except (ValueError, RecursionError, OSError) as exc:  # a bad frame ends this connection only
+                    _log(f"a bad frame from the client of kernel {kernels[connection]} ({exc}); its connection ended")
+                    _end(kernels.pop(connection))
+                    connection.close()
             if listener in readable:
-                connection, _ = listener.accept()
+                try:
+                    connection, _ = listener.accept()
+                except OSError:
+                    continue
+                try:
+                    uid = peer_uid(connection)
+                except OSError:
+                    uid = -1
+                if uid != os.getuid():  # only the user running the report may ask it for a kernel
+                    _log(f"a connection from uid {uid}, not {os.getuid()}: refused")
+                    connection.close()
+                    continue
                 connection.settimeout(REQUEST_TIMEOUT_S)  # a client that says nothing holds up no one for long
                 stop = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
                 signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # no kernel forked and then lost to a signal
@@ -219,15 +300,20 @@ def _startup_settings(env) -> dict:
 def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_close: list) -> int | None:
     """Fork a kernel for the request on ``connection``; None (the client then starts an ordinary kernel) for a request
     that cannot be read or whose start-up settings differ from the server's."""
-    received = []
+    received, message = [], b""
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
     try:
         message, received, _, _ = socket.recv_fds(connection, _MAX_REQUEST, 3)
-        while not message.endswith(b"\n") and len(message) < _MAX_REQUEST:
+        while not message.endswith(b"\n") and len(message) <= _MAX_REQUEST:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ValueError(f"a request not read within {REQUEST_TIMEOUT_S} s")
+            connection.settimeout(left)
             more = connection.recv(_MAX_REQUEST)
             if not more:
                 break
             message += more
-        request = json.loads(message)
+        request = read_frame(message)
         arguments, cwd, env = list(request["arguments"]), str(request["cwd"]), dict(request["env"])
         role = request.get("role", KERNEL)
         if (
@@ -239,7 +325,9 @@ def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_cl
             raise ValueError("malformed request")
         if _startup_settings(env) != settings:
             raise ValueError("start-up settings differ from the server's")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        if received or message.strip():  # not a client that connected and closed without asking
+            _log(f"a request refused ({' '.join(str(exc).split())[:200] or type(exc).__name__}); its connection ended")
         for fd in received:
             os.close(fd)
         return None
@@ -345,15 +433,86 @@ def _end(pid: int) -> None:
         pass
 
 
+def _safe_parent(path: str) -> int | None:
+    """A descriptor on the directory ``path`` when no other user can put or swap a name in it: it belongs to root or
+    to us and is writable by no one else unless sticky (as /tmp is); None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if info.st_uid in (0, os.getuid()) and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX):
+        return fd
+    os.close(fd)
+    return None
+
+
+@contextlib.contextmanager
+def _private_directory():
+    """(path, descriptor) of a new directory of ours, mode 0700, made exclusively (mkdir) under a parent no other user
+    can swap it in (TMPDIR's, else /tmp), opened O_NOFOLLOW through the parent's descriptor and checked by it; removed
+    through the descriptors at the end. (None, None) where there is no such parent."""
+    parent = None
+    for candidate in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
+        parent = _safe_parent(candidate)
+        if parent is not None:
+            break
+    if parent is None:
+        yield None, None
+        return
+    name = DIRECTORY_PREFIX + os.urandom(8).hex()
+    fd = None
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent)  # exclusive: an existing name is an error, never reused
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            raise OSError(f"{name}: not a private directory of ours")
+    except OSError:
+        if fd is not None:
+            os.close(fd)
+        os.close(parent)
+        yield None, None
+        return
+    try:
+        yield os.path.join(candidate, name), fd
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(SOCKET_NAME, dir_fd=fd)
+        with contextlib.suppress(OSError):
+            found = os.lstat(name, dir_fd=parent)
+            if (found.st_dev, found.st_ino) == (info.st_dev, info.st_ino):
+                os.rmdir(name, dir_fd=parent)
+        os.close(fd)
+        os.close(parent)
+
+
+def trusted_address(socket_path: str | None) -> str | None:
+    """``socket_path`` where it is a socket of ours in a directory of ours that no one else can enter (what
+    ``started`` makes); None otherwise (an address inherited from elsewhere is not used)."""
+    if not socket_path:
+        return None
+    try:
+        directory, socket_info = os.lstat(os.path.dirname(socket_path)), os.lstat(socket_path)
+    except (OSError, ValueError):
+        return None
+    ours = directory.st_uid == os.getuid() and socket_info.st_uid == os.getuid()
+    private = stat.S_ISDIR(directory.st_mode) and not stat.S_IMODE(directory.st_mode) & 0o077
+    return socket_path if ours and private and stat.S_ISSOCK(socket_info.st_mode) else None
+
+
 @contextlib.contextmanager
 def started():
-    """A fork server for this report's kernels, ended with the block: yields its socket's path."""
-    with tempfile.TemporaryDirectory(prefix="ticklab-kernels-") as directory:  # mkdtemp: mode 0700, a name of ours
+    """A fork server for this report's kernels, ended with the block: yields its socket's path (None: no server)."""
+    with _private_directory() as (directory, directory_fd):
+        if directory is None:
+            yield None
+            return
         server = subprocess.Popen(
-            [sys.executable, "-m", "ticklab.report.kernelfork", "serve", directory],
+            [sys.executable, "-m", "ticklab.report.kernelfork", "serve", directory, str(directory_fd)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            pass_fds=(directory_fd,),
         )
         try:
             # its socket bound (a fraction of a second): a kernel asked for after this line waits for the server's
@@ -400,15 +559,15 @@ if __name__ == "__main__":
         sys.exit(client(sys.argv[2], sys.argv[3:]))
     if len(sys.argv) >= 3 and sys.argv[1] == DRIVER:
         sys.exit(client(sys.argv[2], sys.argv[3:], DRIVER))
-    if len(sys.argv) == 3 and sys.argv[1] == "serve":
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "serve":
         try:
-            serve(sys.argv[2])
+            serve(sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else None)
         finally:
             # its kernels were ended in serve(); an interpreter's teardown of everything it imported took 0.5 s of
             # every report's wall time, and nothing in this process needs it
             os._exit(0)
     print(
-        "usage: kernelfork.py serve DIRECTORY | client SOCKET ARGUMENT... | papermill SOCKET ARGUMENT...",
+        "usage: kernelfork.py serve DIRECTORY [FD] | client SOCKET ARGUMENT... | papermill SOCKET ARGUMENT...",
         file=sys.stderr,
     )
     sys.exit(2)

@@ -50,8 +50,11 @@ class EncryptedKernelManager(KernelManager):
 
     def format_kernel_cmd(self, extra_arguments=None):
         # under ticklab report: a kernel forked from the report's fork server, imports done (report/kernelfork.py)
+        # an address inherited from elsewhere is not used: only a socket of ours in a private directory of ours
+        # (kernelfork.started's), and the client checks the server's uid again before it hands it anything
         return kernelfork.kernel_command(
-            super().format_kernel_cmd(extra_arguments), os.environ.get(kernelfork.SOCKET_ENV)
+            super().format_kernel_cmd(extra_arguments),
+            kernelfork.trusted_address(os.environ.get(kernelfork.SOCKET_ENV)),
         )
 
     @default("kernel_spec_manager")
