@@ -195,6 +195,13 @@ def test_a_lab_run_whose_ioport_path_did_not_run_as_its_condition_says_is_left_o
     [row] = rows
     assert row.comparison.startswith(acpi_idle.LAB_LABEL) and row.n_per_condition == "5 vs 5"
     assert row.fresh_effect == pytest.approx(1.2, rel=0.02) and "lab analogue" in row.comparison
+    idle = acpi_idle.lab_idle_table(bundles).set_index("condition")
+    assert idle.loc[on, "runs"] == 6 and idle.loc[on, "I/O-port entries per run"] == "40000 [0–40000]"
+    assert idle.loc[on, "dummy waits per run"] == "40000 [0–40000]" and idle.loc[on, "µs per I/O-port entry"] == (
+        "3.00 [0.00–3.00]"
+    )
+    # run-013 booted with the switch on under the off condition: its waits show here, and the checks leave it out
+    assert idle.loc[off, "dummy waits per run"] == "0 [0–80000]" and idle.loc[off, "runs"] == 6
 
 
 def test_host_runs_of_the_same_claim_are_not_gated_by_the_lab_checks():

@@ -282,6 +282,60 @@ class DummyWaits:
         return expected, observed, str(seen) == switch and (total > 0 if wanted == "taken" else True)
 
 
+def lab_idle_table(bundles) -> pd.DataFrame:
+    """The lab analogue's idle path per setup, experiment and condition (runners/acpi-idle/guest-*.yaml): measured
+    runs, and per run (median [min–max]) the I/O-port C-state entries, the dummy waits they took (processor.dummy_wait
+    =1: one per entry) and the time an entry took, from the cpuidle counters each guest recorded before and after."""
+    from ..bundle import BundleError
+
+    rows = []
+    for ref in bundles:
+        try:
+            bundle = ref.load()
+        except BundleError:
+            continue
+        experiment = bundle.manifest.experiment
+        if experiment not in (LAB_TBENCH, LAB_WAKEUPS):
+            continue
+        per_condition: dict[str, list[tuple[int, int, float]]] = {}
+        for record in bundle.manifest.measured_runs():
+            seen = record.to_json()
+            entries = [_rise(state, "usage") for state in ioport_states(seen)]
+            spent = [_rise(state, "time_us") for state in ioport_states(seen)]
+            if not entries or None in entries or None in spent:
+                continue
+            switch = str(record.guest.get("switches", {}).get("processor.dummy_wait"))
+            total = sum(entries)
+            waits = total if switch == "1" else 0
+            per_condition.setdefault(record.condition, []).append((total, waits, sum(spent) / total if total else 0.0))
+        for condition, values in sorted(per_condition.items()):
+            shown = {}
+            for column, index, form in (
+                ("I/O-port entries per run", 0, "{:.0f}"),
+                ("dummy waits per run", 1, "{:.0f}"),
+                ("µs per I/O-port entry", 2, "{:.2f}"),
+            ):
+                series = pd.Series([v[index] for v in values])
+                shown[column] = (
+                    f"{form.format(series.median())} [{form.format(series.min())}–{form.format(series.max())}]"
+                )
+            rows.append(
+                {"setup": ref.host_id, "experiment": experiment, "condition": condition, "runs": len(values), **shown}
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "setup",
+            "experiment",
+            "condition",
+            "runs",
+            "I/O-port entries per run",
+            "dummy waits per run",
+            "µs per I/O-port entry",
+        ],
+    )
+
+
 LAB_CHECKS = (
     FactCheck("cpuidle driver is acpi_idle (lab analogue)", "cpuidle.driver", {"lab-dummy-wait-*": "acpi_idle"}),
     IoportEntries("I/O-port C-state entered during the run (lab analogue)", ("lab-dummy-wait-*",)),
