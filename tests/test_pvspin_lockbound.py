@@ -74,10 +74,10 @@ def test_the_lock_bound_experiment_overcommits_shortens_the_spin_and_runs_the_lo
     assert {c["name"] for c in experiment.definition["conditions"]} == {
         pvspinlock.lockbound_condition(k, level) for k in (0, 4) for level in pvspinlock.LOCKBOUND_LEVELS
     }
-    assert "--lock-threads" in experiment.workload["argv"] and "tool:lockhammer" in experiment.requires
+    assert "--lock-threads-per-cpu" in experiment.workload["argv"] and "tool:lockhammer" in experiment.requires
 
 
-def _bundle(tmp_path: Path, kicks_on: list[float], spins: str = "64") -> None:
+def _bundle(tmp_path: Path, kicks_on: list[float], spins: str = "16") -> None:
     setup = "guest-tcg-4vcpu-6.12.117-ticklab-on-test"
     writer = BundleWriter(
         tmp_path, setup, "pvspinlock", pvspinlock.LOCKBOUND_EXPERIMENT, definition={}, host={}, when=WHEN

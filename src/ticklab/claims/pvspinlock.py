@@ -165,7 +165,7 @@ def condition_name(kick_ahead: int, level: str) -> str:
 # halting after LOCKBOUND_SPINS spins (the lab knob lab_pvspin_spins= of patch 0004; upstream spins 1 << 15 times).
 LOCKBOUND_EXPERIMENT = "guest-kbuild-lockbound"
 LOCKBOUND_LEVELS = ("2x",)
-LOCKBOUND_SPINS = 64
+LOCKBOUND_SPINS = 16
 
 
 def lockbound_condition(kick_ahead: int, level: str) -> str:
@@ -209,7 +209,7 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     for level in LOCKBOUND_LEVELS:
         found.append(
             Comparison(
-                f"{LAB_LABEL}: pv_kick_ahead=4 vs 0, time of a synthetic tcc build (240 files) beside a lock-bound "
+                f"{LAB_LABEL}: pv_kick_ahead=4 vs 0, time of a synthetic tcc build (160 files) beside a lock-bound "
                 f"load (threads on one futex bucket spinlock), waiters halting after {LOCKBOUND_SPINS} spins "
                 f"(lab knob lab_pvspin_spins), vCPUs = {level} host CPUs",
                 METRIC,

@@ -223,10 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lock-threads", type=int, default=0, help="threads of the lock-bound load beside the build (0: none)"
     )
+    parser.add_argument(
+        "--lock-threads-per-cpu",
+        type=int,
+        default=0,
+        help="threads of the lock-bound load per CPU of this machine (instead of --lock-threads)",
+    )
     parser.add_argument("--lockhammer", help="the lock-bound load's program (tools/bin/lockhammer)")
     args = parser.parse_args(argv)
-    if min(args.files, args.jobs, args.functions) < 1 or args.lock_threads < 0:
-        parser.error("--files, --jobs and --functions must be at least 1, --lock-threads at least 0")
+    if min(args.files, args.jobs, args.functions) < 1 or min(args.lock_threads, args.lock_threads_per_cpu) < 0:
+        parser.error("--files, --jobs and --functions must be at least 1, --lock-threads[-per-cpu] at least 0")
+    if args.lock_threads_per_cpu:
+        args.lock_threads = args.lock_threads_per_cpu * (os.cpu_count() or 1)
     try:
         done = build(
             args.files,
