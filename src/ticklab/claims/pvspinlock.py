@@ -168,6 +168,10 @@ LOCKBOUND_LEVELS = ("2x",)
 LOCKBOUND_SPINS = 16
 
 
+# The lab experiments whose lock event counters the notebook's counter and kick-ahead tables show.
+LAB_EXPERIMENTS = (EXPERIMENT, LOCKBOUND_EXPERIMENT)
+
+
 def lockbound_condition(kick_ahead: int, level: str) -> str:
     return f"lockbound kick-ahead-{kick_ahead} {level}"
 
@@ -316,8 +320,9 @@ def _vcpus(runs: pd.DataFrame, setup: str, condition: str) -> int | None:
 
 
 def counter_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Median count of each lock event during one build, per setup and condition (lockevent_* metrics)."""
-    chosen = runs[(runs["experiment"] == EXPERIMENT) & runs["metric"].isin([f"lockevent_{c}" for c in COUNTERS])]
+    """Median count of each lock event during one build, per setup and condition (lockevent_* metrics), of both lab
+    experiments (guest-kbuild, guest-kbuild-lockbound)."""
+    chosen = runs[runs["experiment"].isin(LAB_EXPERIMENTS) & runs["metric"].isin([f"lockevent_{c}" for c in COUNTERS])]
     if chosen.empty:
         return pd.DataFrame()
     table = chosen.pivot_table(index=["host_id", "condition"], columns="metric", values="value", aggfunc="median")
@@ -329,7 +334,7 @@ def kick_ahead_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per setup and condition: how many builds kicked ahead at all, and the range of kick-aheads per build.
     Not a check (a build whose queue never held a waiter behind the head cannot kick ahead), but the measure
     of how much of the build the kick-ahead path could have touched."""
-    chosen = runs[(runs["experiment"] == EXPERIMENT) & (runs["metric"] == "lockevent_pv_kick_ahead")]
+    chosen = runs[runs["experiment"].isin(LAB_EXPERIMENTS) & (runs["metric"] == "lockevent_pv_kick_ahead")]
     if chosen.empty:
         return pd.DataFrame()
     rows = []
