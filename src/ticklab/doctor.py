@@ -136,6 +136,9 @@ def lab_checks() -> dict[str, tuple[bool, str]]:
         checks["kernel sources"] = (False, str(exc))
     for program in ("busybox", "cpio"):
         checks[program] = requirements.check_program(program)
+    # the ACPI tables a lab experiment gives its guests (lab.acpi_tables: acpi-idle's SSDT) are compiled with it
+    found, where = requirements.check_program("iasl")
+    checks["iasl"] = (found, where if found else "iasl is not installed: apt-get install acpica-tools")
     return checks
 
 
@@ -150,6 +153,9 @@ def lab_experiment(experiment, checks: dict) -> dict:
                 missing.append(f"{source_check(series)}: {why}")
     except (LabError, ExperimentError) as exc:
         missing.append(str(exc))
+    iasl = checks.get("iasl", (False, "iasl not checked"))
+    if (experiment.lab or {}).get("acpi_tables") and not iasl[0]:
+        missing.append(f"its ACPI tables need iasl: {iasl[1]}")
     if (experiment.lab or {}).get("accel") == "kvm" and not checks[KVM_GUESTS][0]:
         missing.append(f"needs KVM: {checks[KVM_GUESTS][1]}")
     return {

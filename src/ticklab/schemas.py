@@ -311,6 +311,15 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
                     "pin_vcpus": {"type": "boolean"},
                     # the tracing backend inside the guest when the command line leaves it at auto
                     "backend": {"enum": list(backends)},
+                    # extra ACPI tables for the guest (QEMU -acpitable): ASL sources in the checkout, compiled with
+                    # iasl by `ticklab lab run` (lab/qemu.compile_acpi_table), e.g. acpi-idle's SSDT with _CST
+                    "acpi_tables": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 4,
+                        "uniqueItems": True,
+                        "items": {"type": "string", "pattern": r"^runners/[a-z0-9-]+/[a-z0-9][a-z0-9-]*\.asl$"},
+                    },
                 },
             },
             "budget": {

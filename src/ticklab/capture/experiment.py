@@ -65,7 +65,7 @@ BUDGET_KEYS = {"time_s", "max_runs"}
 # host_kernel: the kernel a boot plan boots for the condition ("running" or a release pattern; capture --boot)
 KNOB_KINDS = ("clocksource", "idle_config", "boot_cmdline", "lab_kernel", "lab_smp", "host_kernel")
 MAX_EXPERIMENT_BYTES = 1 << 20
-LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s", "pin_vcpus", "backend"}
+LAB_KEYS = {"kernel", "smp", "memory_mb", "cmdline", "accel", "boot_timeout_s", "pin_vcpus", "backend", "acpi_tables"}
 
 
 class ExperimentError(ValueError):

@@ -218,6 +218,7 @@ LAB_SWITCHES = {
     "hpet_read_share": "sys/module/kernel/parameters/hpet_read_share",
     "pv_kick_ahead": "sys/module/kernel/parameters/pv_kick_ahead",
     "processor.dummy_wait": "sys/module/processor/parameters/dummy_wait",
+    "lab_pvspin_spins": "sys/module/kernel/parameters/lab_pvspin_spins",
 }
 
 

@@ -31,6 +31,54 @@ def switch_values(root: Path = Path("/")) -> dict[str, str | None]:
     return lab_switches(root)
 
 
+CPU_SYSFS = Path("sys/devices/system/cpu")
+
+
+def _sysfs_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cpuidle_counters(root: Path = Path("/")) -> dict:
+    """The cpuidle driver and, per state (by index), its name, description and usage and time (µs) summed over the
+    online CPUs: read before and after a run, so the record shows which idle states the run entered, how often."""
+    cpus = root / CPU_SYSFS
+    states: dict[str, dict] = {}
+    for cpu in sorted(cpus.glob("cpu[0-9]*"), key=lambda path: int(path.name[3:])):
+        for state in sorted((cpu / "cpuidle").glob("state[0-9]*")):
+            usage, time_us = _sysfs_text(state / "usage"), _sysfs_text(state / "time")
+            if usage is None or time_us is None or not usage.isdigit() or not time_us.isdigit():
+                continue
+            entry = states.setdefault(
+                state.name,
+                {"name": _sysfs_text(state / "name"), "desc": _sysfs_text(state / "desc"), "usage": 0, "time_us": 0},
+            )
+            entry["usage"] += int(usage)
+            entry["time_us"] += int(time_us)
+    return {"driver": _sysfs_text(cpus / "cpuidle" / "current_driver"), "states": states}
+
+
+def cpuidle_record(before: dict, after: dict) -> dict:
+    """What a run record keeps of the idle states: the driver, and per state its counters before and after."""
+    return {
+        "driver": after.get("driver"),
+        "states": [
+            {
+                "state": index,
+                "name": state["name"],
+                "desc": state["desc"],
+                "usage_before": before["states"].get(index, {}).get("usage"),
+                "usage_after": state["usage"],
+                "time_us_before": before["states"].get(index, {}).get("time_us"),
+                "time_us_after": state["time_us"],
+            }
+            for index, state in sorted(after["states"].items(), key=lambda item: int(item[0][5:]))
+        ],
+    }
+
+
 def _normal(value: str) -> str:
     return {"y": "1", "yes": "1", "on": "1", "true": "1", "n": "0", "no": "0", "off": "0", "false": "0"}.get(
         value.lower(), value
@@ -97,7 +145,9 @@ def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK, k
                 else (None, None)
             )
             result["tracing"] = {"backend": backend, "why": why}
+            idle_before = cpuidle_counters()
             record = execute_run(experiment, planned, host, facts, backend, run_dir)
+            record["cpuidle"] = cpuidle_record(idle_before, cpuidle_counters())
             record["boot_mismatch"] = mismatch
             result["record"] = record
         result["knobs"] = host.records()

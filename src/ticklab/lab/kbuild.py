@@ -9,6 +9,10 @@ kernel's locks (runqueues, page allocator, dcache, tmpfs inodes). The tree is ge
 clock starts, in a directory of its own that is removed afterwards, so only the build is timed and
 only its output stays in the run directory.
 
+With ``--lock-threads N --lockhammer PATH`` (tools/bin/lockhammer) a lock-bound load runs beside the build, from
+just before its clock starts until the build ends: N threads on one kernel spinlock (a futex hash bucket's), so
+waiters queue on one lock while the build's processes take the host CPUs from under the vCPUs that hold it.
+
 Around the build it reads the lock event counters (CONFIG_LOCK_EVENT_COUNTS, debugfs
 lock_event_counts/) and prints the build's share of each (after minus before), so every run shows
 which spinlock path ran: the pv slow path's waits and kicks, the kick-aheads of pv_kick_ahead=, and
@@ -139,6 +143,30 @@ def compiler_version() -> str:
     return (result.stdout or result.stderr).strip().splitlines()[0] if (result.stdout or result.stderr) else "tcc"
 
 
+def start_hammer(lockhammer: str, threads: int) -> subprocess.Popen:
+    """tools/bin/lockhammer with ``threads`` threads, once it says they are running."""
+    try:
+        process = subprocess.Popen([lockhammer, str(threads)], stdout=subprocess.PIPE, text=True)
+    except OSError as exc:
+        raise KbuildError(f"{lockhammer}: cannot start ({exc.strerror or exc}); run 'make tools'") from None
+    first = process.stdout.readline()
+    if not first.startswith("# lockhammer: started"):
+        process.kill()
+        process.wait()
+        raise KbuildError(f"{lockhammer} {threads}: did not start its threads ({first.strip() or 'no output'})")
+    return process
+
+
+def stop_hammer(process: subprocess.Popen) -> int:
+    """Stop the lock-bound load; the futex calls it made."""
+    process.terminate()
+    out, _ = process.communicate()
+    for line in out.splitlines():
+        if line.startswith("# futex_calls: "):
+            return int(line.split(": ", 1)[1])
+    raise KbuildError(f"lockhammer exited {process.returncode} without its count")
+
+
 def build(
     files: int,
     jobs: int,
@@ -146,21 +174,30 @@ def build(
     workdir: Path | None = None,
     counters: Path = LOCK_EVENTS,
     functions: int = FUNCTIONS_PER_FILE,
+    lock_threads: int = 0,
+    lockhammer: str | None = None,
 ) -> dict:
-    """Generate, then time ``make -j<jobs>``; the seconds and each lock event's count during the build."""
+    """Generate, then time ``make -j<jobs>`` (with ``lock_threads`` > 0, beside the lock-bound load); the seconds,
+    each lock event's count during the build and the lock-bound load's futex calls."""
     for program in ("make", "tcc"):
         if shutil.which(program) is None:
             raise KbuildError(f"{program} is not installed (the guest image carries it: runners/vm/image.yaml)")
+    if lock_threads and not lockhammer:
+        raise KbuildError("--lock-threads needs --lockhammer (tools/bin/lockhammer)")
     with tempfile.TemporaryDirectory(prefix="kbuild-", dir=workdir) as tree:
         tree = Path(tree)
         generate(tree, files, seed, functions)
-        before = lock_event_counts(counters)
-        started = time.monotonic()
-        result = subprocess.run(
-            ["make", "-s", f"-j{jobs}", "-C", str(tree)], capture_output=True, text=True, check=False
-        )
-        seconds = time.monotonic() - started
-        after = lock_event_counts(counters)
+        hammer = start_hammer(lockhammer, lock_threads) if lock_threads else None
+        try:
+            before = lock_event_counts(counters)
+            started = time.monotonic()
+            result = subprocess.run(
+                ["make", "-s", f"-j{jobs}", "-C", str(tree)], capture_output=True, text=True, check=False
+            )
+            seconds = time.monotonic() - started
+            after = lock_event_counts(counters)
+        finally:
+            futex_calls = stop_hammer(hammer) if hammer else None
         if result.returncode != 0:
             raise KbuildError(
                 f"make -j{jobs} failed (exit {result.returncode}): {(result.stdout + result.stderr)[-500:]}"
@@ -168,7 +205,11 @@ def build(
         objects = len(list((tree / "src").glob("*.o")))
         if objects != files or not (tree / "built-in.o").is_file():
             raise KbuildError(f"make built {objects} of {files} objects")
-    return {"seconds": seconds, "events": {name: after[name] - before.get(name, 0) for name in after}}
+    return {
+        "seconds": seconds,
+        "events": {name: after[name] - before.get(name, 0) for name in after},
+        "futex_calls": futex_calls,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,11 +220,30 @@ def main(argv: list[str] | None = None) -> int:
         "--functions", type=int, default=FUNCTIONS_PER_FILE, help="functions per C file (compile length)"
     )
     parser.add_argument("--seed", type=int, default=1, help="seeds which headers each file includes")
+    parser.add_argument(
+        "--lock-threads", type=int, default=0, help="threads of the lock-bound load beside the build (0: none)"
+    )
+    parser.add_argument(
+        "--lock-threads-per-cpu",
+        type=int,
+        default=0,
+        help="threads of the lock-bound load per CPU of this machine (instead of --lock-threads)",
+    )
+    parser.add_argument("--lockhammer", help="the lock-bound load's program (tools/bin/lockhammer)")
     args = parser.parse_args(argv)
-    if min(args.files, args.jobs, args.functions) < 1:
-        parser.error("--files, --jobs and --functions must be at least 1")
+    if min(args.files, args.jobs, args.functions) < 1 or min(args.lock_threads, args.lock_threads_per_cpu) < 0:
+        parser.error("--files, --jobs and --functions must be at least 1, --lock-threads[-per-cpu] at least 0")
+    if args.lock_threads_per_cpu:
+        args.lock_threads = args.lock_threads_per_cpu * (os.cpu_count() or 1)
     try:
-        done = build(args.files, args.jobs, args.seed, functions=args.functions)
+        done = build(
+            args.files,
+            args.jobs,
+            args.seed,
+            functions=args.functions,
+            lock_threads=args.lock_threads,
+            lockhammer=args.lockhammer,
+        )
     except KbuildError as exc:
         print(f"kbuild: {exc}", file=sys.stderr)
         return 1
@@ -194,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# cpus: {os.cpu_count()}")
     print(f"# compiler: {compiler_version()}")
     print(f"# build_seconds: {done['seconds']:.3f}")
+    if args.lock_threads:
+        print(f"# lock_threads: {args.lock_threads}")
+        print(f"# lock_futex_calls: {done['futex_calls']}")
     for name, count in done["events"].items():
         print(f"# lock_event {name}: {count}")
     return 0

@@ -6,12 +6,18 @@ has a real emulated HPET and runs our kernel and tracing unchanged. The probe's 
 per host boot and QEMU version. QEMU is started by ``capture.process.spawn``: in its own session, killed with
 anything it started when its time is up or the caller is interrupted, and killed by the kernel when ticklab dies
 (PR_SET_PDEATHSIG; a ``kill -9`` included), so no QEMU process outlives a boot.
+
+Extra ACPI tables (a lab experiment's ``lab.acpi_tables``: ASL sources in the checkout, e.g. acpi-idle's SSDT with
+I/O-port C-states) are compiled here with iasl (Debian's acpica-tools) into the cache, keyed by the source's sha256
+and the compiler's version, and handed to QEMU with ``-acpitable file=``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,9 +27,10 @@ from pathlib import Path
 
 from ..capture.process import spawn, wait_or_kill
 from ..host import facts
-from ..paths import cache_dir
+from ..paths import cache_dir, repo_root
 from ..registry import accel_choices
-from .cache import LabError
+from ..safefiles import OwnedDir, UnsafeFileError, read_bytes
+from .cache import LabError, content_key
 
 QEMU = "qemu-system-x86_64"
 SHARE_TAG = "ticklab"
@@ -43,12 +50,13 @@ class Boot:
     memory_mb: int = 1024
     timeout_s: float = 600
     pin_vcpus: bool = False  # each vCPU thread on its own host CPU, where the host has one for each
+    acpi_tables: tuple[Path, ...] = ()  # compiled tables (AcpiTable.aml) QEMU adds to the guest's ACPI tables
 
     def full_cmdline(self) -> str:
         return " ".join([*BASE_CMDLINE, *self.cmdline])
 
     def argv(self) -> list[str]:
-        for path in (self.kernel, self.initrd, self.share, self.console):
+        for path in (self.kernel, self.initrd, self.share, self.console, *self.acpi_tables):
             if "," in str(path):
                 raise LabError(f"{path}: QEMU options cannot take a path with a comma")
         # debug-threads names each vCPU thread "CPU <n>/TCG" (or /KVM), which is how pin_vcpus finds them
@@ -83,7 +91,99 @@ class Boot:
             f"file:{self.console}",
             "-virtfs",
             f"local,path={self.share},mount_tag={SHARE_TAG},security_model=none,id=share",
+            *[word for table in self.acpi_tables for word in ("-acpitable", f"file={table}")],
         ]
+
+
+IASL = "iasl"
+
+
+@dataclass(frozen=True)
+class AcpiTable:
+    """An extra ACPI table for lab guests: its ASL source in the checkout and the AML iasl compiled from it."""
+
+    source: str  # path relative to the repository, as the experiment names it
+    aml: Path
+    source_sha256: str
+    aml_sha256: str
+    signature: str  # the table's, as iasl wrote it (e.g. "SSDT")
+    iasl: str  # the compiler's version line
+
+    def record(self) -> dict:
+        """What the manifest keeps of it (no local paths)."""
+        return {
+            "source": self.source,
+            "source_sha256": self.source_sha256,
+            "aml_sha256": self.aml_sha256,
+            "signature": self.signature,
+            "iasl": self.iasl,
+        }
+
+
+def iasl_version() -> str:
+    """iasl's version line; a LabError naming the package when it is not installed."""
+    if shutil.which(IASL) is None:
+        raise LabError(f"{IASL} is not installed (a lab experiment lists ACPI tables): apt-get install acpica-tools")
+    result = subprocess.run([IASL, "-v"], capture_output=True, text=True, check=False)
+    return next((line.strip() for line in result.stdout.splitlines() if "version" in line.lower()), "iasl (unknown)")
+
+
+def compile_acpi_table(source: str, root: Path | None = None) -> AcpiTable:
+    """The AML of ``source`` (an .asl under the checkout), compiled once per source content and iasl version into
+    <cache>/acpi/<stem>-<key>.aml; a compile error or a table iasl wrote under another signature than the source's is a
+    LabError naming the file."""
+    root = root or repo_root()
+    path = root / source
+    try:
+        text = read_bytes(path, limit=1 << 20)
+    except (OSError, UnsafeFileError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).rsplit(": ", 1)[-1]
+        raise LabError(f"{source}: cannot read the ACPI table source ({why})") from None
+    version = iasl_version()
+    digest = hashlib.sha256(text).hexdigest()
+    key = content_key([("source", text), ("iasl", version.encode())])
+    name = f"{path.stem}-{key}.aml"
+    target = cache_dir() / "acpi" / name
+    if not target.is_file():
+        with tempfile.TemporaryDirectory(prefix="ticklab-iasl-") as work:
+            (Path(work) / path.name).write_bytes(text)
+            try:
+                outcome = subprocess.run(
+                    [IASL, "-p", str(Path(work) / "table"), str(Path(work) / path.name)],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    cwd=work,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise LabError(f"{source}: iasl did not finish in 120 s") from None
+            compiled = Path(work) / "table.aml"
+            if outcome.returncode != 0 or not compiled.is_file():
+                said = " ".join((outcome.stdout + outcome.stderr).split())[-400:]
+                raise LabError(f"{source}: iasl could not compile it: {said}")
+            aml = compiled.read_bytes()
+            # Debian 12's iasl writes the signature "XXXX" (and unresolved names) when the DefinitionBlock's first
+            # argument is not empty: a table Linux ignores without a word
+            wanted = _definition_signature(text)
+            if aml[:4] != wanted:
+                raise LabError(
+                    f"{source}: iasl wrote a table with the signature {aml[:4].decode('ascii', 'replace')!r}, not "
+                    f"{wanted.decode('ascii', 'replace')!r}; leave the DefinitionBlock's first argument (the output "
+                    "file name) empty"
+                )
+            with OwnedDir(cache_dir() / "acpi") as store:
+                store.write_atomic(name, aml)
+    aml = read_bytes(target, limit=1 << 20)
+    return AcpiTable(
+        source, target, digest, hashlib.sha256(aml).hexdigest(), aml[:4].decode("ascii", "replace"), version
+    )
+
+
+def _definition_signature(text: bytes) -> bytes:
+    """The table signature a DefinitionBlock names (its second argument), e.g. b"SSDT"."""
+    found = re.search(rb'DefinitionBlock\s*\(\s*"[^"]*"\s*,\s*"([A-Z0-9_]{4})"', text)
+    return found.group(1) if found else b"SSDT"
 
 
 def qemu_version() -> str | None:

@@ -54,6 +54,7 @@ DEFAULT_LAB = {
     "boot_timeout_s": 300,
     "pin_vcpus": False,
     "backend": "auto",
+    "acpi_tables": [],
 }
 
 
@@ -147,9 +148,12 @@ def planning_facts(smp: int) -> dict:
     }
 
 
-def guest_host_id(accel: str, smp_values: set[int], release: str, physical: dict) -> str:
+def guest_host_id(accel: str, smp_values: set[int], release: str, physical: dict, tables: list[str] = ()) -> str:
+    """guest-<accel>-<vCPUs>vcpu-<kernels>[-<extra ACPI tables>]-on-<physical host id>: a guest given extra ACPI
+    tables (acpi-idle's SSDT with I/O-port C-states) is another setup, and its name says so."""
     vcpus = "-".join(str(n) for n in sorted(smp_values))
-    identity = f"guest-{accel}-{vcpus}vcpu-{release}-on-{host_id(physical)}".lower()
+    tagged = "".join(f"-{Path(table).stem}" for table in tables)
+    identity = f"guest-{accel}-{vcpus}vcpu-{release}{tagged}-on-{host_id(physical)}".lower()
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in identity)[:100].rstrip("-.")
 
 
@@ -182,6 +186,10 @@ class LabRun:
             variant: build(variant, progress=options.progress, say=self.log, announce=False) for variant in variants
         }
         self.image = guest_image.build_image(say=self.log)
+        tables = list(lab_settings(self.experiment)["acpi_tables"])
+        self.acpi_tables = [qemu.compile_acpi_table(table) for table in tables]
+        if tables:
+            self.log(f"ACPI tables for the guests: {', '.join(tables)} (iasl; -acpitable)")
         first = next(iter(self.kernels.values()))
         self.accel, self.accel_why = qemu.choose_accelerator(
             options.accel, first.image, self.image.initramfs, say=self.log
@@ -198,7 +206,9 @@ class LabRun:
         kernels, image, accel, accel_why = self.kernels, self.image, self.accel, self.accel_why
         physical = collect()
         releases = sorted({k.info["release"] for k in kernels.values()})
-        identity = guest_host_id(accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical)
+        identity = guest_host_id(
+            accel, {s["smp"] for s in settings.values()}, "+".join(releases), physical, lab["acpi_tables"]
+        )
         rule = planned.stopping_rule(options)
         # the guest's facts, requirements and tracing come with its first boot (LabExecutor.make_run)
         writer = self.writer = planned.open_bundle(options.out or traces_dir(), identity, {})
@@ -212,6 +222,7 @@ class LabRun:
             "kernels": {v: k.record() for v, k in kernels.items()},
             "image": image.record(),
             "boot": settings,
+            **({"acpi_tables": [table.record() for table in self.acpi_tables]} if self.acpi_tables else {}),
         }
         if lab["accel"] == "kvm" and accel != "kvm":
             manifest.not_testable = f"needs KVM (a guest that really boots under it): {accel_why}"
@@ -225,6 +236,7 @@ class LabRun:
                 f"warm-up, one guest each (more if the stopping rule asks)"
             )
         executor = LabExecutor(experiment, options, kernels, image, accel, settings, self.log)
+        executor.acpi_tables = tuple(table.aml for table in self.acpi_tables)
         with interrupting_signals():
             planned.session(
                 executor,
@@ -247,6 +259,7 @@ class LabExecutor:
     capture code; after the runs, each once-per-condition cross-check in a boot of its own."""
 
     unit = "boot"
+    acpi_tables: tuple[Path, ...] = ()  # compiled tables every boot gets (the experiment's lab.acpi_tables)
 
     def __init__(
         self, experiment: Experiment, options: LabOptions, kernels: dict, image, accel: str, settings: dict, log=say
@@ -291,6 +304,7 @@ class LabExecutor:
                 memory_mb=setting["memory_mb"],
                 timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
                 pin_vcpus=bool(lab["pin_vcpus"]),
+                acpi_tables=self.acpi_tables,
             )
             # the physical host's load while the guest runs: a TCG guest's vCPUs compete with every host task
             with interference.Sampler() as host_load:
