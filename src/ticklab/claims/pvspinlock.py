@@ -176,6 +176,12 @@ def lockbound_condition(kick_ahead: int, level: str) -> str:
     return f"lockbound kick-ahead-{kick_ahead} {level}"
 
 
+KICK_AHEAD_NEEDS_CONCURRENCY = (
+    "kick-ahead wakes halted waiters so that they are running by the time the lock reaches them, which needs the "
+    "lock holder and the woken waiters to run at once"
+)
+
+
 def comparisons(published: PublishedClaim) -> list[Comparison]:
     """pv_kick_ahead=4 against upstream (0) per vCPU level, in TCG guests with the lab pv-spinlock backend:
     time of the synthetic tcc build (LAB_BUILD; not a kernel build), held against seed 001's Westmere-EX ratio at the matching guest
@@ -207,6 +213,7 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
                 (EXPERIMENT,),
                 margins=margins,
                 sizes_comparable=SIZES_COMPARABLE,
+                needs_concurrency=KICK_AHEAD_NEEDS_CONCURRENCY,
             )
         )
     westmere = published.ratio_target("kernel_build_time", "westmere_48_after", "westmere_48_before")
@@ -230,6 +237,7 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
                 (LOCKBOUND_EXPERIMENT,),
                 margins=Margins(no_effect=BUILD_NO_EFFECT),
                 sizes_comparable=SIZES_COMPARABLE,
+                needs_concurrency=KICK_AHEAD_NEEDS_CONCURRENCY,
             )
         )
     return found
