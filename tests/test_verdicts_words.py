@@ -235,3 +235,13 @@ def test_consistent_not_pinned_says_when_its_low_end_is_negligible():
     assert "a negligible effect is not excluded" in reason
     verdict, reason = decide(UP, ci(1.2, 1.1, 1.3), 0.01, M)
     assert verdict == "consistent, not pinned" and "negligible" not in reason
+
+
+def test_an_opposite_effect_says_when_it_may_be_negligible():
+    # the acpi-idle lab analogue: ×1.03 [1.0003, 1.07] against a faster runtime, declared ±2 %
+    verdict, reason = decide(
+        DIRECTION.__class__(None, -1, "derived: a test's", "faster", ()), ci(1.03, 1.0003, 1.07), 0.05, M
+    )
+    assert verdict == "opposite effect" and "the opposite effect may be negligible" in reason
+    verdict, reason = decide(UP, ci(0.8, 0.7, 0.9), 0.01, M)
+    assert verdict == "opposite effect" and "negligible" not in reason

@@ -261,7 +261,16 @@ def decide(
             f"×{1 / (1 + margins.no_effect):.3g}..×{1 + margins.no_effect:.3g} ({ci})"
         )
     if high < 0:
-        return "opposite effect", f"the whole CI lies on the other side of no change from the source's effect: {ci}"
+        negligible = (
+            f"; its end nearest no change lies within the declared no-effect margin ×{1 / (1 + margins.no_effect):.3g}"
+            f"..×{1 + margins.no_effect:.3g}: the opposite effect may be negligible"
+            if high >= -no_effect
+            else ""
+        )
+        return (
+            "opposite effect",
+            f"the whole CI lies on the other side of no change from the source's effect: {ci}{negligible}",
+        )
     margin = f"×{1 / (1 + margins.no_effect):.3g}..×{1 + margins.no_effect:.3g}"
     if target.ratio is None:
         if low > no_effect:
