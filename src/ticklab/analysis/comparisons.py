@@ -262,6 +262,19 @@ def _block_pairs(treatment: pd.DataFrame, baseline: pd.DataFrame):
     return block_pairs(*(frame.set_index(["bundle", "block"])["value"] for frame in (treatment, baseline)))
 
 
+def _not_testable(claim: str, setup: str, comparison: Comparison, *, reason: str, n_per_condition: str = "") -> Verdict:
+    """A comparison that was measured on a setup and cannot be tested there, with why."""
+    return Verdict(
+        claim=claim,
+        setup=setup,
+        comparison=comparison.comparison,
+        verdict="not testable here",
+        n_per_condition=n_per_condition,
+        reason=reason,
+        **_target_columns(comparison),
+    )
+
+
 def verdicts(
     claim: str,
     comparisons: list[Comparison],
@@ -299,15 +312,13 @@ def verdicts(
             if any(frame.empty for frame in picked.values()) and not (lost.empty or 0 in had.values()):
                 # every run of a condition was left out: the comparison was measured here, and cannot be tested
                 rows.append(
-                    Verdict(
-                        claim=claim,
-                        setup=setup,
-                        comparison=comparison.comparison,
-                        verdict="not testable here",
+                    _not_testable(
+                        claim,
+                        setup,
+                        comparison,
                         n_per_condition=" vs ".join(str(len(picked[name])) for name in names),
                         reason=f"{left_out_words(lost, sum(had.values()))}: no run of "
                         f"{' or '.join(n for n in names if picked[n].empty)} is left to compare",
-                        **_target_columns(comparison),
                     )
                 )
                 continue
@@ -317,15 +328,13 @@ def verdicts(
                     ran = ran[ran["experiment"].isin(comparison.experiments)]
                 if comparison.metric_needs and set(ran["condition"]) == set(names):
                     rows.append(
-                        Verdict(
-                            claim=claim,
-                            setup=setup,
-                            comparison=comparison.comparison,
-                            verdict="not testable here",
+                        _not_testable(
+                            claim,
+                            setup,
+                            comparison,
                             n_per_condition=" vs ".join(str(len(picked[name])) for name in names),
                             reason=f"its runs of {' and '.join(names)} record no {comparison.metric}: "
                             f"{comparison.metric_needs}",
-                            **_target_columns(comparison),
                         )
                     )
                 continue  # left to the setups that measured both conditions
@@ -338,14 +347,12 @@ def verdicts(
                     sorted(set(picked[comparison.baseline]["kernel"]) | set(picked[comparison.treatment]["kernel"]))
                 )
                 rows.append(
-                    Verdict(
-                        claim=claim,
-                        setup=setup,
-                        comparison=comparison.comparison,
-                        verdict="not testable here",
+                    _not_testable(
+                        claim,
+                        setup,
+                        comparison,
                         reason=f"needs a kernel {comparison.kernels} ({comparison.kernels_why}); this setup ran "
                         f"{releases or 'an unrecorded kernel'}",
-                        **_target_columns(comparison),
                     )
                 )
                 continue
@@ -356,30 +363,26 @@ def verdicts(
             )
             if one_thread:
                 rows.append(
-                    Verdict(
-                        claim=claim,
-                        setup=setup,
-                        comparison=comparison.comparison,
-                        verdict="not testable here",
+                    _not_testable(
+                        claim,
+                        setup,
+                        comparison,
                         n_per_condition=n,
                         reason="this setup's vCPUs take turns in one host thread (QEMU TCG thread=single, as the "
                         f"machine declares), so no two run at once: {comparison.needs_concurrency}; left out of "
                         "the multiple-comparison family",
-                        **_target_columns(comparison),
                     )
                 )
                 continue
             why = untestable.get((setup, comparison.comparison))
             if why:
                 rows.append(
-                    Verdict(
-                        claim=claim,
-                        setup=setup,
-                        comparison=comparison.comparison,
-                        verdict="not testable here",
+                    _not_testable(
+                        claim,
+                        setup,
+                        comparison,
                         n_per_condition=n,
                         reason=f"{why}; left out of the multiple-comparison family",
-                        **_target_columns(comparison),
                     )
                 )
                 continue
@@ -389,15 +392,13 @@ def verdicts(
                 or rank_shift_rank(len(treatment), len(baseline), 1 - alpha)[0] == 0
             ):
                 rows.append(
-                    Verdict(
-                        claim=claim,
-                        setup=setup,
-                        comparison=comparison.comparison,
-                        verdict="not testable here",
+                    _not_testable(
+                        claim,
+                        setup,
+                        comparison,
                         n_per_condition=n,
                         reason=f"{left_out_words(lost, len(treatment) + len(baseline) + len(lost))}: the {n} runs "
                         f"left cannot give a bounded {1 - alpha:.0%} CI",
-                        **_target_columns(comparison),
                     )
                 )
                 continue

@@ -431,3 +431,43 @@ def level_verdict(
         f"{band_overlap(interval.low, interval.high, interval.estimate, low, high)}",
         interval,
     )
+
+
+def level_row(
+    claim: str,
+    setup: str,
+    comparison: str,
+    found: tuple[str, str, Interval],
+    *,
+    printed: float,
+    tolerance: float,
+    alpha: float,
+    n: int,
+    published_as: tuple[str, str],
+    measured: str,
+) -> Verdict:
+    """The verdict row of a level (``found``: level_verdict's verdict, reason and interval) against a printed value
+    (``published_as``: its printed text and quote id); ``measured`` names the per-run quantity whose median it is."""
+    verdict, reason, interval = found
+    return Verdict(
+        claim=claim,
+        setup=setup,
+        role="claim",
+        comparison=comparison,
+        verdict=verdict,
+        reason=reason,
+        printed_in_source=published_as[0],
+        source_quotes=published_as[1],
+        target_ratio=printed,
+        target_provenance="printed",
+        fresh_effect=interval.estimate,
+        ci_low=interval.low,
+        ci_high=interval.high,
+        ci_level=f"{1 - alpha:.0%}",
+        n_per_condition=str(n),
+        margins=f"consistent: ×{1 / tolerance:.3g}..×{tolerance:.3g} of the printed level (declared)",
+        band_low=printed / tolerance,
+        band_high=printed * tolerance,
+        test=f"median of per-run {measured}, {interval.method}; a level against the printed value: no test of a "
+        "difference, so no p",
+    )

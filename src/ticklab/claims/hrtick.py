@@ -11,7 +11,7 @@ from ..analysis.checks import FactCheck, excluded_runs, run_checks
 from ..analysis.comparisons import Comparison, kernel_in_range, left_out_runs, left_out_words, measured_runs
 from ..analysis.published import PublishedClaim, check_derived
 from ..analysis.stats import median_ci
-from ..analysis.verdicts import Margins, Target, Verdict, level_verdict
+from ..analysis.verdicts import Margins, Target, Verdict, level_row, level_verdict
 from ..trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..trace.tracespots import first_spurious_interrupt
 from . import Claim, Headline, ViewPreset
@@ -558,31 +558,21 @@ def spurious_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
                 )
             )
             continue
-        verdict, reason, interval = spurious_level(values, printed, alpha)
         found.append(
-            Verdict(
-                claim="hrtick",
-                setup=setup,
-                role="claim",
-                comparison=comparison,
-                verdict=verdict,
-                reason=reason,
-                printed_in_source=ctx.published.printed("clockevents", "spurious_ratio_after"),
-                source_quotes=ctx.published.quote_id("clockevents", "spurious_ratio_after"),
-                target_ratio=printed,
-                target_provenance="printed",
-                fresh_effect=interval.estimate,
-                ci_low=interval.low,
-                ci_high=interval.high,
-                ci_level=f"{1 - alpha:.0%}",
-                n_per_condition=str(len(frame)),
-                margins=f"consistent: ×{1 / SPURIOUS_TOLERANCE:.3g}..×{SPURIOUS_TOLERANCE:.3g} of the printed level (declared)",
-                band_low=printed / SPURIOUS_TOLERANCE,
-                band_high=printed * SPURIOUS_TOLERANCE,
-                test=(
-                    f"median of per-run {SPURIOUS} ({SPURIOUS_COUNTED_SHORT}), {interval.method}; a level against the printed "
-                    "value: no test of a difference, so no p"
+            level_row(
+                "hrtick",
+                setup,
+                comparison,
+                spurious_level(values, printed, alpha),
+                printed=printed,
+                tolerance=SPURIOUS_TOLERANCE,
+                alpha=alpha,
+                n=len(frame),
+                published_as=(
+                    ctx.published.printed("clockevents", "spurious_ratio_after"),
+                    ctx.published.quote_id("clockevents", "spurious_ratio_after"),
                 ),
+                measured=f"{SPURIOUS} ({SPURIOUS_COUNTED_SHORT})",
             )
         )
     return found

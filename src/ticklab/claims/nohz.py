@@ -1251,7 +1251,7 @@ def tick_cost_level_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
     order-statistics CI against the printed value (verdicts.level_verdict); the gap detector's reading of the same
     runs beside it in the reason. Hosts only: in a TCG guest the cost is the emulator's."""
     from ..analysis.comparisons import measured_runs
-    from ..analysis.verdicts import Verdict, level_verdict
+    from ..analysis.verdicts import level_row, level_verdict
 
     runs, _ = measured_runs(ctx.bundles, CHECKS, "nohz")
     hosts = runs[runs["host_id"].map(_is_host)] if not runs.empty else runs
@@ -1275,28 +1275,20 @@ def tick_cost_level_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
             else "no gap detector reading in these runs"
         )
         found.append(
-            Verdict(
-                claim="nohz",
-                setup=setup,
-                role="claim",
-                comparison=TICK_COST_LEVEL,
-                verdict=verdict,
-                reason=f"{reason}; {beside}",
-                printed_in_source=ctx.published.printed("tick_cost", "tick_duration"),
-                source_quotes=ctx.published.quote_id("tick_cost", "tick_duration"),
-                target_ratio=printed,
-                target_provenance="printed",
-                fresh_effect=interval.estimate,
-                ci_low=interval.low,
-                ci_high=interval.high,
-                ci_level=f"{1 - alpha:.0%}",
-                n_per_condition=str(len(values)),
-                margins=f"consistent: ×{1 / TICK_COST_TOLERANCE:.3g}..×{TICK_COST_TOLERANCE:.3g} of the printed "
-                "level (declared)",
-                band_low=printed / TICK_COST_TOLERANCE,
-                band_high=printed * TICK_COST_TOLERANCE,
-                test="median of per-run ftq_tick_us_median (tickcost.ftq_tick_cost), "
-                f"{interval.method}; a level against the printed value: no test of a difference, so no p",
+            level_row(
+                "nohz",
+                setup,
+                TICK_COST_LEVEL,
+                (verdict, f"{reason}; {beside}", interval),
+                printed=printed,
+                tolerance=TICK_COST_TOLERANCE,
+                alpha=alpha,
+                n=len(values),
+                published_as=(
+                    ctx.published.printed("tick_cost", "tick_duration"),
+                    ctx.published.quote_id("tick_cost", "tick_duration"),
+                ),
+                measured="ftq_tick_us_median (tickcost.ftq_tick_cost)",
             )
         )
     return found
