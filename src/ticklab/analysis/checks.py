@@ -302,6 +302,7 @@ def with_assumptions(claim: str, experiment: str, definition: Mapping) -> dict:
     with the ``assumes`` of the experiment of that name in runners/<claim>/ as it is now (said in checks.csv), so that
     an older bundle's runs are held to what the experiment is known to assume."""
     found = dict(definition)
+    claim = claim if isinstance(claim, str) else str(getattr(claim, "id", ""))
     if "assumes" in found or not claim or not experiment:
         return found
     try:
