@@ -113,6 +113,10 @@ def test_an_interrupt_reaches_the_forked_kernel_and_it_goes_on(tmp_path, monkeyp
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = client.get_shell_msg(timeout=GENEROUS_S)
         after, printed = run_cell(client, "print(6 * 7)")
+        if after["status"] == "aborted":
+            # ipykernel aborts what reached it while it was still stopping on the interrupted cell's error (a loaded
+            # machine delays that): the kernel going on is what is tested, so the cell is sent again
+            after, printed = run_cell(client, "print(6 * 7)")
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     assert after["status"] == "ok" and printed == "42\n"
 
