@@ -40,6 +40,7 @@ from .stats import (
     rank_shift_rank,
     ratio_by_blocks,
     ratio_interval,
+    simultaneous_level,
     wilcoxon_blocks,
 )
 from .verdicts import Margins, Target, Verdict, consistent_band, decide
@@ -217,11 +218,13 @@ def left_out_words(left: pd.DataFrame, total: int) -> str:
     return f"{len(left)} of {total} runs left out ({why}; build/checks.csv)"
 
 
+def _of_experiments(frame: pd.DataFrame, experiments: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of these experiments (all rows when none is named)."""
+    return frame[frame["experiment"].isin(experiments)] if experiments else frame
+
+
 def _chosen(runs: pd.DataFrame, metric: str, condition: str, experiments: tuple[str, ...]) -> pd.DataFrame:
-    chosen = runs[(runs["metric"] == metric) & (runs["condition"] == condition)]
-    if experiments:
-        chosen = chosen[chosen["experiment"].isin(experiments)]
-    return chosen
+    return _of_experiments(runs[(runs["metric"] == metric) & (runs["condition"] == condition)], experiments)
 
 
 def _target_columns(comparison: Comparison) -> dict:
@@ -305,39 +308,25 @@ def verdicts(
         for comparison in comparisons:
             names = (comparison.treatment, comparison.baseline)
             picked = {name: _chosen(on_setup, comparison.metric, name, comparison.experiments) for name in names}
-            lost = lost_here[lost_here["condition"].isin(names)]
-            if comparison.experiments:
-                lost = lost[lost["experiment"].isin(comparison.experiments)]
+            lost = _of_experiments(lost_here[lost_here["condition"].isin(names)], comparison.experiments)
             had = {name: len(picked[name]) + int((lost["condition"] == name).sum()) for name in names}
-            if any(frame.empty for frame in picked.values()) and not (lost.empty or 0 in had.values()):
-                # every run of a condition was left out: the comparison was measured here, and cannot be tested
-                rows.append(
-                    _not_testable(
-                        claim,
-                        setup,
-                        comparison,
-                        n_per_condition=" vs ".join(str(len(picked[name])) for name in names),
-                        reason=f"{left_out_words(lost, sum(had.values()))}: no run of "
-                        f"{' or '.join(n for n in names if picked[n].empty)} is left to compare",
-                    )
-                )
-                continue
             if any(frame.empty for frame in picked.values()):
-                ran = on_setup[on_setup["condition"].isin(names)]
-                if comparison.experiments:
-                    ran = ran[ran["experiment"].isin(comparison.experiments)]
-                if comparison.metric_needs and set(ran["condition"]) == set(names):
-                    rows.append(
-                        _not_testable(
-                            claim,
-                            setup,
-                            comparison,
-                            n_per_condition=" vs ".join(str(len(picked[name])) for name in names),
-                            reason=f"its runs of {' and '.join(names)} record no {comparison.metric}: "
-                            f"{comparison.metric_needs}",
-                        )
+                counts = " vs ".join(str(len(picked[name])) for name in names)
+                ran = _of_experiments(on_setup[on_setup["condition"].isin(names)], comparison.experiments)
+                if not (lost.empty or 0 in had.values()):
+                    # every run of a condition was left out: the comparison was measured here, and cannot be tested
+                    reason = (
+                        f"{left_out_words(lost, sum(had.values()))}: no run of "
+                        f"{' or '.join(n for n in names if picked[n].empty)} is left to compare"
                     )
-                continue  # left to the setups that measured both conditions
+                elif comparison.metric_needs and set(ran["condition"]) == set(names):
+                    reason = (
+                        f"its runs of {' and '.join(names)} record no {comparison.metric}: {comparison.metric_needs}"
+                    )
+                else:
+                    continue  # left to the setups that measured both conditions
+                rows.append(_not_testable(claim, setup, comparison, n_per_condition=counts, reason=reason))
+                continue
             in_range = {
                 name: frame[frame["kernel"].map(lambda k: kernel_in_range(k, comparison.kernels))]
                 for name, frame in picked.items()
@@ -457,11 +446,7 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
     m = len(distinct)
     confidence = 1 - alpha / m
     tests = f"{m} distinct test{'s' if m != 1 else ''}"
-    level = (
-        f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over this setup's {tests}: Bonferroni)"
-        if m > 1
-        else f"{confidence:.0%}"
-    )
+    level = simultaneous_level(confidence, alpha, m, f"this setup's {tests}")
     for item in tested:
         # blocks are used where the design has them and enough of them for a bounded CI at the family's level (a
         # choice made from the run count alone, never from the values)

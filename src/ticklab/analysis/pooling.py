@@ -39,7 +39,7 @@ import pandas as pd
 from scipy import stats
 
 from .captured import pool_kind
-from .stats import Interval, holm
+from .stats import Interval, holm, simultaneous_level
 from .verdicts import Margins, Target, Verdict, decide
 
 MIN_SETUPS = 3  # a pool needs at least this many setups of one kind with a bounded CI (k - 2 >= 1 for the PI)
@@ -276,11 +276,7 @@ def _row(claim: str, group: _Group, alpha: float, sources: Sequence[str]) -> Poo
     else:
         reason += f"; heterogeneity {spread}, a new {group.kind} setup predicted in {pi} ({1 - alpha:.0%} PI)"
     reason += f"; per machine: {machines}" + (f" ({n - k} not pooled: no bounded CI)" if n > k else "")
-    level = (
-        f"{pool.confidence:.4g} (simultaneous {1 - alpha:.0%} over this kind's {m} pooled tests: Bonferroni)"
-        if m > 1
-        else f"{pool.confidence:.0%}"
-    )
+    level = simultaneous_level(pool.confidence, alpha, m, f"this kind's {m} pooled tests")
     return PooledVerdict(
         verdict=verdict,
         reason=reason,

@@ -500,3 +500,8 @@ def format_compare_table(
     cells.attrs["legend"] = legend
     cells.index.name = "statistic"
     return cells
+
+
+def simultaneous_level(confidence: float, alpha: float, m: int, over: str) -> str:
+    """A CI's level as the verdict tables print it: "95%" alone, or Bonferroni's 1 − alpha/m "over" a family."""
+    return f"{confidence:.4g} (simultaneous {1 - alpha:.0%} over {over}: Bonferroni)" if m > 1 else f"{confidence:.0%}"

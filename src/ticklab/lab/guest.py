@@ -26,11 +26,6 @@ WORK = Path("/tmp/ticklab-run")
 SWITCHES = LAB_SWITCHES
 
 
-def switch_values(root: Path = Path("/")) -> dict[str, str | None]:
-    """Each lab switch as the running kernel reports it (None where this kernel lacks it)."""
-    return lab_switches(root)
-
-
 CPU_SYSFS = Path("sys/devices/system/cpu")
 
 
@@ -128,7 +123,7 @@ def make_job_run(job: dict, share: Path, result_path: Path, work: Path = WORK, k
             if experiment.trace:
                 tracing.ensure_tracefs(host)
             facts = collect()
-            facts["lab_switches"] = switch_values()
+            facts["lab_switches"] = lab_switches()
             result["facts"] = facts
             result["requirements"], failed = requirements.check_all(experiment.requires, host, facts)
             if failed:
