@@ -13,6 +13,7 @@ import pytest
 
 from ticklab import paths
 from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.checks import run_checks
 from ticklab.analysis.comparisons import measured_runs
 from ticklab.bundle import BundleWriter
 from ticklab.capture.experiment import load_experiment
@@ -123,11 +124,26 @@ def test_lock_bound_builds_that_kicked_ahead_100_times_get_a_tested_row(tmp_path
     assert "lab_pvspin_spins" in row.comparison and row.target_provenance.startswith("derived: direction only")
 
 
-def test_lock_bound_builds_below_100_kick_aheads_say_not_testable_with_the_counts(tmp_path):
+def test_lock_bound_builds_below_100_kick_aheads_are_left_out_and_the_row_says_so_with_a_count(tmp_path):
     _bundle(tmp_path, [12.0, 30.0, 8.0, 50.0, 20.0, 15.0])
     row = _lockbound_row(tmp_path)
     assert row.verdict == "not testable here"
-    assert row.reason.startswith("kick-ahead barely ran: 135 kick-aheads in 6 builds with pv_kick_ahead=4 on 4 vCPUs")
+    assert row.reason.startswith(
+        "6 of 12 runs left out (kick-ahead acted in the build (the path under test ran) failed in 6 (e.g. 12)"
+    )
+
+
+def test_a_lock_bound_build_where_kick_ahead_acted_fewer_than_100_times_is_left_out_and_named(tmp_path):
+    _bundle(tmp_path, [150.0, 180.0, 99.0, 210.0, 160.0, 40.0])
+    runs, _ = measured_runs(find_bundles(tmp_path, "pvspinlock"), pvspinlock.CHECKS, "pvspinlock")
+    kept = runs[(runs["metric"] == "lockevent_pv_kick_ahead") & (runs["condition"].str.contains("kick-ahead-4"))]
+    assert sorted(kept["value"]) == [150.0, 160.0, 180.0, 210.0]
+    checks = run_checks("pvspinlock", pvspinlock.CHECKS, find_bundles(tmp_path, "pvspinlock"))
+    failed = checks[(checks["check"] == "kick-ahead acted in the build (the path under test ran)") & ~checks["passed"]]
+    assert sorted(failed["observed"]) == ["40", "99"]
+    assert set(failed["expected"]) == {"lockevent_pv_kick_ahead ≥ 100"}
+    row = _lockbound_row(tmp_path)
+    assert row.n_per_condition == "4 vs 6"
 
 
 def test_a_lock_bound_run_whose_kernel_ignored_the_spin_knob_is_left_out(tmp_path):

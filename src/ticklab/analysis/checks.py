@@ -179,22 +179,24 @@ class RawCheck:
 
 @dataclass(frozen=True)
 class MetricBound:
-    """A run's metric stays at or below a fixed bound (e.g. no kick-aheads where kick-ahead is off)."""
+    """A run's metric stays within a fixed bound: at most (no kick-aheads where kick-ahead is off) or, with
+    ``at_least``, at least (the path under test ran: kick-ahead acted in a build where it is on)."""
 
     name: str
     metric: str
     conditions: tuple[str, ...]  # condition patterns it applies to
-    at_most: float
+    bound: float
+    at_least: bool = False
 
     def evaluate(self, record: Mapping, results: pd.DataFrame, raw: Path | None = None):
         if not any(fnmatch.fnmatchcase(record.get("condition", ""), p) for p in self.conditions):
             return None
         values = results.loc[results["metric"] == self.metric, "value"]
-        bound = f"{self.metric} ≤ {self.at_most:g}"
+        shown = f"{self.metric} {'≥' if self.at_least else '≤'} {self.bound:g}"
         if values.empty:
-            return bound, f"not recorded: the run has no {self.metric}", None
+            return shown, f"not recorded: the run has no {self.metric}", None
         value = float(values.iloc[0])
-        return bound, f"{value:.4g}", value <= self.at_most
+        return shown, f"{value:.4g}", value >= self.bound if self.at_least else value <= self.bound
 
 
 # -- whether a run ran as intended: checked for every claim, whatever its own checks (issue 52) ---------------------

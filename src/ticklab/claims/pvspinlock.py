@@ -381,6 +381,12 @@ def kick_ahead_sentence(table: pd.DataFrame) -> str:
     )
 
 
+# Fewer kick-aheads than this per build (median over the pv_kick_ahead=4 builds) cannot be what moves a build by the
+# target's 9-18 %: each kick-ahead saves at most one halted vCPU's wake-up, assumed here to be a few milliseconds under
+# TCG, so 100 a build add up to ~0.3 s, 1 % of a 30 s build. Below it the build-time ratio says nothing of kick-ahead.
+MIN_KICK_AHEADS_PER_BUILD = 100
+
+
 CHECKS = [
     FactCheck(
         "pv_kick_ahead as the condition says",
@@ -396,7 +402,19 @@ CHECKS = [
         "no kick-aheads with pv_kick_ahead=0",
         "lockevent_pv_kick_ahead",
         ("kick-ahead-0 *", "lockbound kick-ahead-0 *"),
-        at_most=0,
+        0,
+    ),
+    # issue 54: the lock-bound analogue exists to make kick-ahead act, so a pv_kick_ahead=4 build in which it acted
+    # fewer than MIN_KICK_AHEADS_PER_BUILD times did not run the path under test and is left out (named in
+    # checks.csv with its count). The comparison is then conditional on the mechanism having acted; the runs left
+    # out are counted in the row, and if too few remain it is "not testable here". guest-kbuild's builds, where
+    # kick-ahead rarely acts at all, keep the median rule of kick_ahead_barely_ran, which says so with the counts.
+    MetricBound(
+        "kick-ahead acted in the build (the path under test ran)",
+        "lockevent_pv_kick_ahead",
+        ("lockbound kick-ahead-4 *",),
+        MIN_KICK_AHEADS_PER_BUILD,
+        at_least=True,
     ),
     FactCheck(
         "waiters halt after the lab knob's spins (lab_pvspin_spins)",
@@ -404,12 +422,6 @@ CHECKS = [
         {"lockbound *": str(LOCKBOUND_SPINS)},
     ),
 ]
-
-
-# Fewer kick-aheads than this per build (median over the pv_kick_ahead=4 builds) cannot be what moves a build by the
-# target's 9-18 %: each kick-ahead saves at most one halted vCPU's wake-up, assumed here to be a few milliseconds under
-# TCG, so 100 a build add up to ~0.3 s, 1 % of a 30 s build. Below it the build-time ratio says nothing of kick-ahead.
-MIN_KICK_AHEADS_PER_BUILD = 100
 
 
 def kick_ahead_barely_ran(runs: pd.DataFrame, found: list[Comparison]) -> dict[tuple[str, str], str]:
