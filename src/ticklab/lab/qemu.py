@@ -49,6 +49,10 @@ class Boot:
     smp: int = 2
     memory_mb: int = 1024
     timeout_s: float = 600
+    # the guest must reach its job (JOB_STARTED on the console) within this, else the boot is stopped there: a guest
+    # hung in its kernel's boot (seen with the lab pv-spinlock backend's 16-spin waiters, ACPI init) costs this, not
+    # the whole timeout_s
+    boot_timeout_s: float | None = None
     pin_vcpus: bool = False  # each vCPU thread on its own host CPU, where the host has one for each
     acpi_tables: tuple[Path, ...] = ()  # compiled tables (AcpiTable.aml) QEMU adds to the guest's ACPI tables
 
@@ -200,17 +204,57 @@ def require_qemu() -> str:
     return version
 
 
+JOB_STARTED = b"ticklab-guest: running job"  # runners/vm/init's line once the guest's kernel has booted
+_CONSOLE_POLL_S = 0.5
+
+
+def _job_started(console: Path, offset: int) -> tuple[bool, int]:
+    """Whether the console says JOB_STARTED in what was written from ``offset`` on (re-reading a line's worth before
+    it, so a line split between two reads is found), and where the next read starts."""
+    start = max(0, offset - len(JOB_STARTED))
+    try:
+        with console.open("rb") as stream:
+            stream.seek(start)
+            chunk = stream.read()
+    except OSError:
+        return False, offset
+    return JOB_STARTED in chunk, start + len(chunk)
+
+
+def _wait_for_job(process: subprocess.Popen, boot: Boot, started: float) -> str | None:
+    """Wait until the guest's job started (None) or QEMU ended (None), or 'boot-timeout' when boot_timeout_s
+    passed without either."""
+    offset = 0
+    deadline = started + boot.boot_timeout_s
+    while process.poll() is None:
+        seen, offset = _job_started(boot.console, offset)
+        if seen:
+            return None
+        if time.monotonic() >= deadline:
+            return "boot-timeout"
+        time.sleep(_CONSOLE_POLL_S)
+    return None
+
+
 def run_boot(boot: Boot) -> dict:
-    """Boot once and wait for the guest to power off; {status: ok|timeout|failed, exit, seconds}."""
+    """Boot once and wait for the guest to power off; {status: ok|timeout|failed, exit, seconds}; with
+    ``boot.boot_timeout_s``, a guest that has not started its job by then is stopped (status timeout, ``stage``
+    boot)."""
     started = time.monotonic()
+    stage = None
     with (boot.console.with_suffix(".qemu.txt")).open("w") as qemu_log:
         process = spawn(boot.argv(), label="qemu", stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=subprocess.STDOUT)
         try:
             pinning = pin_vcpu_threads(process, boot.smp) if boot.pin_vcpus else None
-        except BaseException:  # interrupted while pinning: no QEMU outlives its boot
+            if boot.boot_timeout_s is not None:
+                stage = _wait_for_job(process, boot, started)
+        except BaseException:  # interrupted while pinning or waiting: no QEMU outlives its boot
             wait_or_kill(process, 0)
             raise
-        status = wait_or_kill(process, max(1.0, boot.timeout_s - (time.monotonic() - started)))
+        remaining = 0 if stage else max(1.0, boot.timeout_s - (time.monotonic() - started))
+        status = wait_or_kill(process, remaining)
+        if stage:
+            status = "timeout"
     outcome = {
         "status": status,
         "exit": process.returncode,
@@ -220,6 +264,9 @@ def run_boot(boot: Boot) -> dict:
         "memory_mb": boot.memory_mb,
         "cmdline": boot.full_cmdline(),
     }
+    if stage:
+        outcome["stage"] = "boot"
+        outcome["why"] = f"the guest had not started its job {boot.boot_timeout_s:g} s after QEMU started (boot hung)"
     return {**outcome, "vcpu_pinning": pinning} if pinning is not None else outcome
 
 

@@ -303,6 +303,7 @@ class LabExecutor:
                 smp=setting["smp"],
                 memory_mb=setting["memory_mb"],
                 timeout_s=float(lab["boot_timeout_s"]) + experiment.timeout_s,
+                boot_timeout_s=float(lab["boot_timeout_s"]),
                 pin_vcpus=bool(lab["pin_vcpus"]),
                 acpi_tables=self.acpi_tables,
             )
@@ -444,6 +445,7 @@ def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
     crash = guest_crash(run_dir / "console.log")
     return result.get("error") or (
         f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}"
+        + (f"; {outcome['why']}" if outcome.get("why") else "")
         + (f"; its kernel crashed: {crash}" if crash else "")
         + f"; see {run_dir / 'console.log'})"
     )
