@@ -163,6 +163,7 @@ class Manifest:
     raw_files: dict | None = None
     files: dict | None = None
     resealed: list | None = None  # each re-seal (ticklab bundle repack): when, from which seal, what, why
+    supersedes: list | None = None  # the bundles this recapture replaces (--supersedes): each one's path and seal
     details: dict = field(default_factory=dict)
     nulls: frozenset = field(default=frozenset(), repr=False, compare=False)  # optional keys written as null
 
@@ -731,3 +732,25 @@ def add_manifest_seal(path: Path | str) -> Path:
             raise BundleError(str(exc)) from None
     load_bundle(path)
     return seal
+
+
+def superseded_record(old: Path | str, claim: str, experiment: str) -> dict:
+    """What a recapture records of a bundle it replaces (``--supersedes OLD``): OLD's place under its data directory
+    (``<host-id>/<claim>/<bundle>``), its seal (the sha256 of its manifest.sha256, as bundle export names it), when
+    it was sealed and how many runs it measured. OLD must be a sealed bundle whose every file verifies, of the same
+    claim and experiment: a recapture replaces a capture of the same experiment. BundleError naming OLD otherwise."""
+    old = Path(old)
+    bundle = load_bundle(old)
+    manifest = bundle.manifest
+    if (manifest.claim, manifest.experiment) != (claim, experiment):
+        raise BundleError(
+            f"{old}: --supersedes names a bundle of {manifest.claim}/{manifest.experiment}, not {claim}/{experiment}: "
+            "a recapture replaces a capture of the same experiment"
+        )
+    resolved = old.resolve()
+    return {
+        "bundle": "/".join(resolved.parts[-3:]),
+        "seal": hashlib.sha256(read_bytes(old / SEAL, 4096)).hexdigest(),
+        "sealed": manifest.sealed,
+        "measured_runs": len(manifest.measured_runs()),
+    }

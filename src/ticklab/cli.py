@@ -287,9 +287,11 @@ def _capture(args: argparse.Namespace) -> int:
             goals=goals,
             answer=answer,
             run_lines=not progress or not sys.stdout.isatty(),
+            supersedes=tuple(args.supersedes),
         )
         # flushed line by line: a log or a pipe shows each run as it ends, not all of them at exit
         capture(args.claim, options, experiment_path=args.experiment, log=lambda line: print(line, flush=True))
+        _say_superseded(args)
     except (ExperimentError, BundleError, HostChangeError, TracingError) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -407,6 +409,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
             budget_s=args.budget_s,
             goals=_goals(args),
             build_kernels=args.build_kernels,
+            supersedes=tuple(args.supersedes),
         )
         start(args.claim, options, args.experiment, args.boot)
     except (
@@ -482,6 +485,7 @@ def _lab(args: argparse.Namespace) -> int:
                 cmdline=args.cmdline or "",
                 backend=args.backend,
                 progress=False,
+                supersedes=tuple(args.supersedes),
             )
             print(f"{lab_boot_plan(args.claim, options, args.experiment, args.boot)}: sealed", file=sys.stderr)
         else:
@@ -500,8 +504,10 @@ def _lab(args: argparse.Namespace) -> int:
                 progress=_progress(args),
                 build=not args.no_build,
                 goals=_goals(args),
+                supersedes=tuple(args.supersedes),
             )
             lab_run(args.claim, options, experiment_path=args.experiment)
+            _say_superseded(args)
     except (LabError, ExperimentError, BundleError, PublishedDataError) as exc:
         print(f"ticklab lab {args.lab_command}: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -755,6 +761,31 @@ def runs_warning(runs: int | None) -> str | None:
     )
 
 
+def _say_superseded(args: argparse.Namespace) -> None:
+    if getattr(args, "dry_run", False):
+        return
+    for old in args.supersedes:
+        print(
+            f"{old}: superseded (its path and seal are in the new bundle's manifest; the analysis leaves it out while "
+            "both are in the data); nothing deleted: remove it to free its space",
+            file=sys.stderr,
+        )
+
+
+def _supersedes_argument(parser: argparse.ArgumentParser) -> None:
+    """--supersedes: a recapture names the bundles it replaces; their paths and seals go into its manifest."""
+    parser.add_argument(
+        "--supersedes",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="BUNDLE",
+        help="a sealed bundle of the same experiment this capture replaces (repeatable): its path and seal are "
+        "recorded in the new manifest and the analysis leaves it out while both are in the data; ticklab deletes "
+        "nothing (remove it yourself to free its space)",
+    )
+
+
 def _run_count_arguments(parser: argparse.ArgumentParser) -> None:
     """How many runs a capture makes: the same options for host captures and lab runs."""
     parser.add_argument(
@@ -978,6 +1009,7 @@ def _add_capture_parser(sub) -> None:
         "those with a host experiment)",
     )
     _run_count_arguments(cap)
+    _supersedes_argument(cap)
     cap.add_argument(
         "--out", type=Path, default=_InProject("traces", writes=True), help="where bundles go (default: traces/)"
     )
@@ -1221,6 +1253,7 @@ def _add_lab_run_parser(lab_sub) -> None:
     lab_run.add_argument("--smp", type=_whole(1, 256), help="vCPUs (default: the experiment's)")
     lab_run.add_argument("--cmdline", help="extra kernel command-line words for every boot")
     _run_count_arguments(lab_run)
+    _supersedes_argument(lab_run)
     lab_run.add_argument(
         "--out", type=Path, default=_InProject("traces", writes=True), help="where bundles go (default: traces/)"
     )

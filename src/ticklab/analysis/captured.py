@@ -3,6 +3,7 @@ analysis: finding them, loading each once, and their health for the report."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -12,7 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..bundle import MAX_MANIFEST_BYTES, Bundle, BundleError, Manifest, RunRecord, check_complete, load_bundle
+from ..bundle import (
+    MAX_MANIFEST_BYTES,
+    SEAL,
+    Bundle,
+    BundleError,
+    Manifest,
+    RunRecord,
+    check_complete,
+    load_bundle,
+)
 from ..safefiles import read_bytes
 
 
@@ -116,7 +126,39 @@ def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:
                 continue
             if entry.is_dir() or os.path.lexists(entry / "manifest.json"):
                 refs.append(BundleRef(host_id=setup_of(host_dir.name, entry), claim=claim, path=entry))
-    return refs
+    replaced = superseded_bundles(refs)
+    return [ref for ref in refs if _place(ref.path) not in replaced]
+
+
+def _place(bundle: Path) -> str:
+    return "/".join(bundle.parts[-3:])
+
+
+def superseded_bundles(refs: list[BundleRef]) -> set[str]:
+    """The bundles (``<host-id>/<claim>/<bundle>``) that a recapture among ``refs`` says it replaces (its manifest's
+    ``supersedes``, written by ``--supersedes``) and that are still the bundle it recorded (the same seal): the
+    analysis counts each measurement once, the recapture's. A manifest that cannot be read supersedes nothing."""
+    replaced = set()
+    for ref in refs:
+        try:
+            manifest = json.loads(read_bytes(ref.path / "manifest.json", MAX_MANIFEST_BYTES))
+        except (OSError, ValueError):
+            continue
+        for record in manifest.get("supersedes") or [] if isinstance(manifest, dict) else []:
+            if not isinstance(record, dict) or not isinstance(record.get("bundle"), str):
+                continue
+            place = record["bundle"]
+            old = next((other for other in refs if _place(other.path) == place and other is not ref), None)
+            if old is not None and _seal_of(old.path) == record.get("seal"):
+                replaced.add(place)
+    return replaced
+
+
+def _seal_of(bundle: Path) -> str | None:
+    try:
+        return hashlib.sha256(read_bytes(bundle / SEAL, 4096)).hexdigest()
+    except OSError:
+        return None
 
 
 def all_setups(data_dir: Path | str) -> list[str]:

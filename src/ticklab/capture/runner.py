@@ -58,6 +58,7 @@ class CaptureOptions:
     answer: AnswerContext | None = None  # what the answer printed once the bundles are sealed needs (None: no answer)
     run_lines: bool = False  # one line per run (a log: no progress bar is seen)
     build_kernels: bool = False  # capture --boot: build and install the conditions' missing kernels first
+    supersedes: tuple[Path, ...] = ()  # bundles this recapture replaces (recorded in its manifest; see CapturePlan)
 
 
 def check_host(host: HostChanges, experiment: Experiment, root: Path | str) -> tuple[dict, dict, dict]:

@@ -44,12 +44,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from .. import __version__
-from ..bundle import BundleError, BundleWriter
+from ..bundle import BundleError, BundleWriter, superseded_record
 from ..paths import repo_root
 from ..schemas import MAX_RUNS
 from ..trace.ingest import read_trace
@@ -158,13 +158,18 @@ class CapturePlan:
     conditions: list[Condition]
     counts: tuple[int, int, int]
     runs: list[PlannedRun]
+    supersedes: list[dict] = field(default_factory=list)  # bundle.superseded_record of each --supersedes bundle
 
     @classmethod
     def of(cls, experiment: Experiment, conditions: list[Condition], options, *, runnable: bool = True) -> CapturePlan:
         """The plan of ``options`` (--runs, --warmup, --seed over the experiment's); no runs when not ``runnable``
-        (the host cannot test it: its bundle says why and holds none)."""
+        (the host cannot test it: its bundle says why and holds none). Each bundle ``options.supersedes`` names is
+        verified here, before the first run (BundleError naming it)."""
         counts = plan_counts(experiment, options)
-        return cls(experiment, conditions, counts, plan(conditions, counts) if runnable else [])
+        replaced = [
+            superseded_record(old, experiment.claim, experiment.name) for old in getattr(options, "supersedes", ())
+        ]
+        return cls(experiment, conditions, counts, plan(conditions, counts) if runnable else [], replaced)
 
     def stopping_rule(self, options) -> StoppingRule:
         """The rule the command line asks for: a fixed count with --runs, else the claim's goals within a budget."""
@@ -177,7 +182,9 @@ class CapturePlan:
         )
 
     def open_bundle(self, out: Path, identity: str, host: dict) -> BundleWriter:
-        return open_bundle(out, identity, self.experiment, host, self.conditions, self.counts, self.runs)
+        writer = open_bundle(out, identity, self.experiment, host, self.conditions, self.counts, self.runs)
+        writer.manifest.supersedes = self.supersedes or None
+        return writer
 
     def session(self, executor: Executor, writer: BundleWriter, rule: StoppingRule, **how) -> Session:
         """The session making these runs into ``writer`` (``how``: Session's what, desc, progress, log, run_lines)."""

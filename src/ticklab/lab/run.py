@@ -72,6 +72,7 @@ class LabOptions:
     progress: bool = True
     build: bool = True
     goals: list | None = None  # the claim's stopping.PrecisionGoal s (None: none given, a fixed run count)
+    supersedes: tuple[Path, ...] = ()  # bundles this recapture replaces (recorded in its manifest; see CapturePlan)
 
 
 def lab_settings(experiment: Experiment) -> dict:
