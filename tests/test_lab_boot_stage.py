@@ -57,3 +57,26 @@ def test_a_hung_boot_is_stopped_at_the_boot_deadline_with_the_stage_said(tmp_pat
     assert outcome["status"] == "timeout" and outcome["stage"] == "boot"
     assert outcome["why"] == "the guest had not started its job 0.5 s after QEMU started (boot hung)"
     assert outcome["seconds"] < 3600
+
+
+def test_a_guest_stuck_in_boot_says_stalled_not_crashed_with_the_stuck_cpus_place(tmp_path):
+    """An RCU stall's NMI backtrace prints a RIP (here the lab pv-spinlock backend's HLT, a lost kick): the run's
+    problem says the kernel stalled there, not that it crashed."""
+    from ticklab.lab.run import _no_result, guest_crash
+
+    console = tmp_path / "console.log"
+    console.write_text(
+        "[    0.482169] thermal_sys: Registered thermal governor 'user_space'\n"
+        "[   57.873007] rcu: INFO: rcu_sched detected stalls on CPUs/tasks:\n"
+        "[   57.873774] Sending NMI from CPU 0 to CPUs 3:\n[    1.425776] NMI backtrace for cpu 3\n"
+        "[    1.425776] RIP: 0010:lab_halt+0x13/0x30\n"
+    )
+    assert guest_crash(console) == (
+        "stalled, not crashed: rcu: INFO: rcu_sched detected stalls on CPUs/tasks (RIP: 0010:lab_halt+0x13/0x30)"
+    )
+    outcome = {"status": "timeout", "exit": -9, "why": "the guest had not started its job 90 s after QEMU started"}
+    assert _no_result({}, outcome, tmp_path) == (
+        "the guest wrote no result (boot timeout, exit -9; the guest had not started its job 90 s after QEMU started; "
+        "its kernel stalled, not crashed: rcu: INFO: rcu_sched detected stalls on CPUs/tasks (RIP: "
+        f"0010:lab_halt+0x13/0x30); see {console})"
+    )

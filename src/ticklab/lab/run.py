@@ -447,25 +447,43 @@ def _no_result(result: dict, outcome: dict, run_dir: Path) -> str:
     return result.get("error") or (
         f"the guest wrote no result (boot {outcome['status']}, exit {outcome['exit']}"
         + (f"; {outcome['why']}" if outcome.get("why") else "")
-        + (f"; its kernel crashed: {crash}" if crash else "")
+        + (
+            f"; its kernel {crash}"
+            if crash.startswith("stalled")
+            else f"; its kernel crashed: {crash}"
+            if crash
+            else ""
+        )
         + f"; see {run_dir / 'console.log'})"
     )
 
 
 _CRASH = re.compile(r"\]\s+((?:Oops|BUG|Kernel panic)\b.*|RIP: \S+)$")
+# the kernel's stall detectors print a RIP too, in an NMI backtrace of a CPU that is stuck, not crashed
+_STALL = re.compile(
+    r"\]\s+(rcu: INFO: \S+ detected stalls on CPUs/tasks|watchdog: BUG: soft lockup\b.*|"
+    r"INFO: task \S+ blocked for more than \d+ seconds)"
+)
 
 
 def guest_crash(console: Path) -> str:
-    """The guest kernel's own words when it crashed (its Oops/BUG line, the RIP, the panic), from the console log."""
+    """The guest kernel's own words when it crashed (its Oops/BUG line, the RIP, the panic), from the console log;
+    when a stall detector printed the RIP (an NMI backtrace of a stuck CPU), "stalled" with the detector's line."""
     try:
         text = console.read_text(errors="replace")[-200_000:]
     except OSError:
         return ""
     found = []
+    stall = None
     for line in text.splitlines():
+        stalled = _STALL.search(line.strip())
+        if stalled and stall is None:
+            stall = stalled.group(1)
         match = _CRASH.search(line.strip())
         if match and match.group(1) not in found:
             found.append(match.group(1))
+    if stall is not None and not any(not f.startswith("RIP: ") for f in found):
+        return f"stalled, not crashed: {stall}" + (f" ({'; '.join(found[:2])})" if found else "")
     return "; ".join(found[:3])[:300]
 
 
