@@ -317,6 +317,14 @@ def test_every_figure_and_table_names_existing_sources(build):
             assert (REPO / source).is_file(), (sidecar, source)
 
 
+def test_a_first_screen_cell_counts_only_what_it_folds(build):
+    """A cell whose folded list holds only not-testable setups says how many, not "0 more" (acpi-idle's lab guest
+    cell: its one tested row is the headline)."""
+    page = (build / "report" / "index.html").read_text()
+    assert "<summary>0 more" not in page
+    assert re.search(r"<summary>\d+ not testable</summary>", page)
+
+
 def test_report_reads_offline_and_its_images_exist(build):
     pages = [build / "report/index.html", *sorted((build / "report/notebooks").glob("*.html"))]
     assert len(pages) == 7
