@@ -82,7 +82,7 @@ lab: lab-kernels  ## every claim's lab experiments in QEMU guests (root; long)
 # The lab host (issue 28): a Debian 12 disk image booted by BIOS, grub and systemd, where boot plans run as on a
 # user's machine (root; about 10 min to build, cached by content hash). lab-host-bundles: the lab host's five plans
 # whose bundles are committed, a target each below; lab-host-test: the plans' end-to-end tests (abort, a refused boot,
-# a missing kernel image, a stop and resume; a few hours of TCG boots).
+# a missing kernel image, a stop and resume; about an hour and a half of TCG boots).
 # Sized to decide (issue 53): each plan makes its experiment's own runs (runs: 10 a condition) with its stopping rule
 # across boots, no --runs override. Each comment gives the family's m (the distinct tests the claim makes on the
 # plan's conditions on the lab host, whose CIs are Bonferroni's at 1 - 0.05/m) and the fewest runs a condition whose
@@ -133,7 +133,7 @@ lab-host-hrtick: lab-host
 	$(BIN)/ticklab lab host-plan hrtick --boot kexec --warmup 0 --out traces \
 	  --experiment runners/hrtick/host-boot-kernels.yaml --kernel $(KERNEL_612) --kernel $(KERNEL_72) $(LAB_HOST_ARGS)
 
-lab-host-test: lab-host  ## the lab host's end-to-end plan tests (root; about an hour)
+lab-host-test: lab-host  ## the lab host's end-to-end plan tests (root; about an hour and a half)
 	TICKLAB_LAB_HOST_TESTS=1 $(BIN)/python -m pytest -q -n 1 -m labhost tests/test_labhost.py </dev/null
 
 # JupyterLab on the repository with the environment registered as the "ticklab" kernel, the kernelspec every notebook
