@@ -113,7 +113,8 @@ lab-host-nohz-grub: lab-host
 
 # hpet on the patched 6.12 (host-boot-clock-read): m = 1 (read sharing on vs off needs vCPUs that run at once, which
 # the lab host's single TCG thread has not: not testable here, out of the family; HPET without sharing vs TSC is
-# tested), bounded from 4 runs a condition; 10 runs a condition, 30 boots at 2.0 min: about 1.2 h.
+# tested), bounded from 4 runs a condition; 10 runs a condition, 30 boots at 1.9 min and 9 s more for its 10 s runs:
+# about 1.2 h.
 lab-host-hpet: lab-host
 	$(BIN)/ticklab lab host-plan hpet --boot kexec --warmup 0 --out traces \
 	  --experiment runners/hpet/host-boot-clock-read.yaml --kernel $(KERNEL_612) $(LAB_HOST_ARGS)
