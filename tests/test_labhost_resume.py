@@ -278,3 +278,21 @@ def test_after_a_resume_nothing_is_booted_again_unless_a_run_was_cut_off_mid_boo
         "-l",
         "/boot/vmlinuz-6.1.0-50-amd64",
     ]
+
+
+def test_the_run_cut_off_is_booted_again_by_the_jobs_commands_and_the_plans_unit_held_back(monkeypatch, capsys):
+    driver = job_driver()
+    ran, slept = [], []
+    monkeypatch.setattr(driver, "run", lambda argv, cwd=None: ran.append(argv) or 0)
+    monkeypatch.setattr(driver.time, "sleep", slept.append)
+    plan = a_plan("kexec")
+    commands = driver.resumed_boot({"resumes": 1}, {}, plan, *DEFAULT_BOOT)
+    assert driver.boot_again(commands, plan, limit_s=0) == 0
+    assert ran == commands
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "ticklab-lab-job: resumed by the host: run run-002 (b) was booting when QEMU stopped; booting it again"
+    )
+    # a command that fails leaves the boot to the plan's resume (which ends the plan: a wrong boot)
+    monkeypatch.setattr(driver, "run", lambda argv, cwd=None: ran.append(argv) or 1)
+    assert driver.boot_again(commands, plan, limit_s=3600) == 0 and not slept
+    assert "failed: the plan's resume will judge this boot" in capsys.readouterr().out

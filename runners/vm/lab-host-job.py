@@ -167,8 +167,8 @@ def resumed_boot(job, state, plan, release, cmdline):
 def boot_again(commands, plan, limit_s=600):
     """Run the commands that boot the cut-off run again, then hold this unit (ordered before the plan's) until the
     reboot takes the machine down, so the plan's resume never sees this boot."""
-    run = next(r for r in plan["runs"] if r["state"] == "booting")
-    say(f"resumed by the host: run {run['name']} ({run['condition']}) was booting when QEMU stopped; booting it again")
+    cut = next(r for r in plan["runs"] if r["state"] == "booting")
+    say(f"resumed by the host: run {cut['name']} ({cut['condition']}) was booting when QEMU stopped; booting it again")
     for argv in commands:
         if run(argv) != 0:
             say(f"{' '.join(argv)} failed: the plan's resume will judge this boot")
