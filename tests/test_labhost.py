@@ -199,6 +199,39 @@ def test_a_kernel_image_gone_before_the_next_boot_fails_the_plan_and_puts_the_ma
     assert statuses[failed[0]["name"]] == "failed"
 
 
+@pytest.mark.labhost
+@pytest.mark.timeout(3 * 3600)  # minutes of TCG boots each; pytest's 600 s would kill QEMU mid-plan
+def test_a_plan_stopped_mid_boot_and_resumed_makes_every_run_and_puts_the_machine_back():
+    """Issue 53: QEMU stopped as Ctrl-C stops it, at the third boot (the second run's kexec'd kernel, before the plan's
+    unit verified it), then ``--resume``: the plan goes on from the same disk, the run cut off is booted again, and
+    nothing made before the stop is lost."""
+    _image_or_skip()
+
+    def stop_at_the_third_boot(text: str) -> None:
+        if "ticklab-lab-job: before boot 3 " in text:
+            raise KeyboardInterrupt
+
+    with pytest.raises(labhost.HostPlanInterrupted) as caught:
+        labhost.plan_run("nohz", "kexec", runs=2, warmup=0, say=stop_at_the_third_boot)
+    run_dir = caught.value.run_dir
+    assert (run_dir / "disk.raw").is_file() and f"--resume {run_dir}" in caught.value.resume
+    said = []
+    view = labhost.plan_run("nohz", "kexec", runs=2, warmup=0, resume="newest", say=said.append)
+    assert view["run_dir"] == str(run_dir)
+    plan = view["plan"]
+    assert plan["state"] == "finished", plan
+    states = [r["state"] for r in plan["runs"]]
+    assert len(states) == 4 and states[0] == "made" and set(states) <= {"made", "failed"}
+    # a run is failed only when it was being made as QEMU stopped ("the machine rebooted during the run")
+    assert all("rebooted during the run" in r["why"] for r in plan["runs"] if r["state"] == "failed")
+    if plan["runs"][1]["state"] == "made":  # it was still booting: the job booted it again
+        assert any("booting it again" in line for line in said), said
+    _check_put_back(view)
+    bundle = _bundle_of(view)
+    assert bundle.sealed and bundle.manifest.boot_plan["state"] == "finished"
+    assert sum(r.status == "ok" for r in bundle.manifest.runs) == states.count("made")
+
+
 REFUSED = """claim: nohz
 name: host-boot-refused
 description: a boot plan whose second condition names a root file system that does not exist (ticklab's lab host test)

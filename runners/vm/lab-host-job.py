@@ -11,6 +11,15 @@ reboot), and once the plan has ended: the hidden kernel image put back, then a r
 the firmware and grub's default entry — whose boot is the check: what the machine came up with, written to
 ``final.json``, then power off.
 
+A job the host resumed (``ticklab lab host-plan --resume``: QEMU was stopped, and the same disk booted again;
+``resumes`` in the job counts them): at the first boot after each resume, ``before`` looks at the plan's run. A run
+that was booting when QEMU stopped did not come up (the kexec load is gone with the machine's memory; grub may have
+spent its one-shot): this boot is the firmware's default, which the plan's resume would take for a boot gone wrong
+and end the plan. The driver does what the user who cut the power does: boots the run's kernel and command line
+again as the plan set them (kexec: the run's image, initrd and command line loaded and kexec'd; grub: the plan's
+entry, still in custom.cfg, as the one-shot) before the plan's unit starts, and the plan's resume verifies that
+boot as any other. A run that was being made is left to the plan (it records it failed, cut short, and goes on).
+
 A ``record_only`` job does nothing but the first boot's records and powers off. The first boot's /proc/modules is
 kept as ``proc-modules.txt`` (the modules a kernel built for this system keeps: ``kernel build --host --modules``).
 
@@ -124,11 +133,58 @@ def main(phase):
         subprocess.run(["systemctl", "poweroff"], check=False)
         return 1
     if phase == "before":
-        return before(job, state, plan, made)
+        return before(job, state, plan, made, release, cmdline)
     return after(job, state, plan, cmdline, release)
 
 
-def before(job, state, plan, made):
+def resumed_boot(job, state, plan, release, cmdline):
+    """The commands that boot again the run a stopped QEMU cut off mid-boot, at the first boot after a resume ([]
+    otherwise); ``state`` records that this resume was looked at."""
+    if int(job.get("resumes", 0)) <= int(state.get("resumes_seen", 0)):
+        return []
+    state["resumes_seen"] = int(job["resumes"])
+    if not plan or plan["state"] != "running" or state.get("done"):
+        return []
+    run = next((r for r in plan["runs"] if r["state"] == "booting"), None)
+    if run is None:
+        return []
+    wanted = plan["original"]["release"] if run["kernel"] == "running" else run.get("release") or run["kernel"]
+    if release == wanted and boot_words(cmdline) == boot_words(run["cmdline"]):
+        return []  # the run's own boot came up (grub's one-shot was still set)
+    if plan["mode"] == "kexec":
+        if "/" in run["kernel"]:
+            image, initrd = run["kernel"], run.get("initrd")
+        else:
+            image, initrd = f"/boot/vmlinuz-{wanted}", f"/boot/initrd.img-{wanted}"
+            initrd = initrd if os.path.isfile(initrd) else None
+        load = ["kexec", "-l", image] + (["--initrd", initrd] if initrd else []) + ["--append", run["cmdline"]]
+        return [load, ["systemctl", "--no-block", "kexec"]]
+    if plan["mode"] == "grub":
+        return [["grub-reboot", f"ticklab-plan-{plan['id']}"], ["systemctl", "--no-block", "reboot"]]
+    return []
+
+
+def boot_again(commands, plan, limit_s=600):
+    """Run the commands that boot the cut-off run again, then hold this unit (ordered before the plan's) until the
+    reboot takes the machine down, so the plan's resume never sees this boot."""
+    cut = next(r for r in plan["runs"] if r["state"] == "booting")
+    say(f"resumed by the host: run {cut['name']} ({cut['condition']}) was booting when QEMU stopped; booting it again")
+    for argv in commands:
+        if run(argv) != 0:
+            say(f"{' '.join(argv)} failed: the plan's resume will judge this boot")
+            return 0
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        time.sleep(2)
+    say(f"no reboot after {limit_s} s: the plan's resume will judge this boot")
+    return 0
+
+
+def before(job, state, plan, made, release="", cmdline=""):
+    again = resumed_boot(job, state, plan, release, cmdline)
+    save_json(f"{STATE}/state.json", state)
+    if again:
+        return boot_again(again, plan)
     if not plan or plan["state"] != "running" or state.get("done"):
         return 0
     if job.get("abort_when_made") is not None and made >= job["abort_when_made"] and not state.get("aborted"):
@@ -151,7 +207,10 @@ def before(job, state, plan, made):
 def after(job, state, plan, cmdline, release):
     if state.get("done"):
         return check(job, state, cmdline, release)
-    if not state.get("started"):
+    cut_off = plan is None and state.get("started") and "start_exit" not in state and int(job.get("resumes", 0))
+    if cut_off:
+        say("resumed by the host: the command was stopped before it made its plan; starting it again")
+    if not state.get("started") or cut_off:
         state["started"] = True
         save_json(f"{STATE}/state.json", state)
         say("starting: " + " ".join(job["argv"]))

@@ -453,23 +453,35 @@ def _lab(args: argparse.Namespace) -> int:
             image = build_host(force=args.force, say=lambda text: print(text, file=sys.stderr, flush=True))
             print(f"lab host {image.key}: {image.disk}")
         elif args.lab_command == "host-plan":
-            from .lab.labhost import plan_run, summary_lines
+            from .host.knobs import interrupting_signals
+            from .lab.labhost import HostPlanInterrupted, plan_run, summary_lines
 
-            view = plan_run(
-                args.claim,
-                args.boot,
-                runs=args.runs,
-                warmup=args.warmup,
-                experiment=args.experiment,
-                abort_when_made=args.abort_after_runs,
-                hide_kernel_when_made=args.hide_kernel_after_runs,
-                out=args.out,
-                accel=args.accel,
-                keep_disk=args.keep_disk,
-                kernels=tuple((_kernel_source(source), None) for source in args.kernel)
-                + tuple((_kernel_source(source), Path(fragment)) for source, fragment in args.kernel_fragment),
-                say=lambda text: print(text, file=sys.stderr, flush=True),
-            )
+            try:
+                with interrupting_signals():  # SIGTERM and SIGHUP stop QEMU and keep the disk, as Ctrl-C does
+                    view = plan_run(
+                        args.claim,
+                        args.boot,
+                        runs=args.runs,
+                        warmup=args.warmup,
+                        experiment=args.experiment,
+                        budget_s=args.budget_s,
+                        abort_when_made=args.abort_after_runs,
+                        hide_kernel_when_made=args.hide_kernel_after_runs,
+                        out=args.out,
+                        accel=args.accel,
+                        keep_disk=args.keep_disk,
+                        kernels=tuple((_kernel_source(source), None) for source in args.kernel)
+                        + tuple((_kernel_source(source), Path(fragment)) for source, fragment in args.kernel_fragment),
+                        resume=args.resume,
+                        say=lambda text: print(text, file=sys.stderr, flush=True),
+                    )
+            except HostPlanInterrupted as exc:
+                print(
+                    f"ticklab lab host-plan: interrupted ({exc.why}); QEMU stopped, the runs made are on the run's "
+                    f"disk, kept in {exc.run_dir}; resume with: {exc.resume}",
+                    file=sys.stderr,
+                )
+                return 130
             print("\n".join(summary_lines(view)))
         elif args.boot:
             from .lab.guest_plan import lab_boot_plan
@@ -1187,7 +1199,10 @@ def _add_lab_host_plan_parser(lab_sub) -> None:
     host_plan.add_argument("claim", choices=list(CLAIM_IDS))
     host_plan.add_argument("--boot", choices=registry.LAB_HOST_BOOT_MODES, required=True)
     host_plan.add_argument(
-        "--runs", type=_whole(1, 1000), help="measured runs per condition (default: the experiment's)"
+        "--runs",
+        type=_whole(1, 1000),
+        help="measured runs per condition, fixed (default: the experiment's, then the rounds its stopping rule adds "
+        "across boots)",
     )
     host_plan.add_argument(
         "--warmup", type=_whole(0, 100), help="warm-up runs per condition (default: the experiment's)"
@@ -1216,7 +1231,24 @@ def _add_lab_host_plan_parser(lab_sub) -> None:
     host_plan.add_argument(
         "--accel", choices=registry.ACCELERATORS, default="tcg", help="QEMU accelerator (default tcg)"
     )
-    host_plan.add_argument("--keep-disk", action="store_true", help="keep the run's disk image")
+    host_plan.add_argument(
+        "--budget-s",
+        type=_seconds,
+        help="seconds the plan's stopping rule may spend adding rounds (default: the experiment's budget.time_s)",
+    )
+    host_plan.add_argument(
+        "--keep-disk",
+        action="store_true",
+        help="keep the run's disk image (a run that is interrupted or reaches its deadline keeps it anyway)",
+    )
+    host_plan.add_argument(
+        "--resume",
+        nargs="?",
+        const="newest",
+        metavar="RUN_DIR",
+        help="boot a kept run's disk again (default: the newest kept run of this claim, --boot and --experiment): "
+        "its plan goes on where it stopped, and its bundle is copied out; a plan that had ended is only copied out",
+    )
     host_plan.add_argument(
         "--kernel",
         action="append",

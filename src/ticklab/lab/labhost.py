@@ -23,15 +23,24 @@ a loop device at its offset, installs this checkout the way README says (its fil
 unmounts. ``boot_host`` boots the copy from its disk (no ``-kernel``: every
 boot goes through the firmware and grub; a reboot is a real reset) until the guest powers off. ``collect`` mounts
 the copy again and copies out what the guest left (the job's log, the plan's directory, the bundles).
+
+A run stopped once its disk is prepared (Ctrl-C, SIGTERM or SIGHUP, QEMU's deadline, this machine going down) keeps
+its disk and ``host-run.json`` (what plan it is); ``host-plan --resume`` (``plan_run(resume=...)``) checks a kept
+run against the command's claim, boot mode and experiment, tells the job in the disk that it was resumed, and boots
+the disk again: the plan inside goes on where it stopped (its unit resumes it after each boot; a run the stop cut off
+mid-boot is booted again by the job, one that was being made is recorded cut short), and the bundle is copied out.
+A disk whose plan had ended and been checked is not booted again: its bundle is copied out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -44,6 +53,7 @@ from .. import yamlsafe
 from ..capture.process import spawn, wait_or_kill
 from ..host.facts import DECLARED_FACTS
 from ..paths import cache_dir, repo_root
+from ..safefiles import OwnedDir
 from .cache import LabError, content_key
 from .qemu import QEMU, require_qemu
 
@@ -775,6 +785,159 @@ def labhost_id(mode: str, accel: str, smp: int, release: str) -> str:
     return f"{guest_host_id(accel, {smp}, release, host_facts())[:85].rstrip('-.')}-labhost-{mode}"
 
 
+# what a run of the lab host is (its plan's claim, boot mode, experiment and options), beside its disk: what
+# ``host-plan --resume`` checks a kept disk against
+RUN_RECORD = "host-run.json"
+RUN_LOCK = "host-run.lock"
+IDENTITY = ("claim", "mode", "experiment", "runs", "warmup", "budget_s", "accel", "kernels")
+# the QEMU run's deadline, per boot the job allows: the slowest boot-to-boot seen in a plan was 8 min (hrtick, TCG)
+SECONDS_PER_BOOT = 15 * 60
+
+
+class HostPlanInterrupted(KeyboardInterrupt):
+    """A lab host run stopped (Ctrl-C, SIGTERM, SIGHUP) once its disk was prepared: QEMU is stopped and the disk is
+    kept, and ``resume`` is the command that goes on with it."""
+
+    def __init__(self, why: str, resume: str, run_dir: Path):
+        super().__init__(why)
+        self.why, self.resume, self.run_dir = why, resume, run_dir
+
+
+def resume_command(what: dict, run_dir: Path, out: Path | None) -> str:
+    """The one command that goes on with a kept run: its claim, boot mode and experiment, and the run's directory."""
+    argv = ["ticklab", "lab", "host-plan", what["claim"], "--boot", what["mode"]]
+    argv += ["--experiment", what["experiment"]] if what.get("experiment") else []
+    argv += ["--out", str(out)] if out is not None else []
+    return shlex.join([*argv, "--resume", str(run_dir)])
+
+
+def max_boots(what: dict) -> int:
+    """The job's limit on boots (a guard against a plan that reboots for ever): every run the plan may make, warm-ups
+    and a stopping rule's rounds up to its max_runs included, with the boot that starts the plan, the check boot, and
+    room for resumes."""
+    from ..capture.boot_capture import boot_experiment
+    from ..capture.experiment import ExperimentError, parse_budget
+
+    try:
+        experiment = boot_experiment(
+            what["claim"], repo_root() / what["experiment"] if what.get("experiment") else None
+        )
+        budget = None if what.get("runs") is not None else parse_budget(experiment.definition, experiment.path)
+    except ExperimentError:
+        return 60  # the capture inside refuses it and says why, on its first boot
+    runs = what["runs"] if what.get("runs") is not None else experiment.runs
+    per_condition = (budget.max_runs if budget else runs) + (
+        experiment.warmup if what.get("warmup") is None else what["warmup"]
+    )
+    return max(60, len(experiment.definition.get("conditions") or []) * per_condition + 12)
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path):
+    """The run's directory held by this process (a resume of it meanwhile is refused)."""
+    fd = os.open(run_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LabError(f"{run_dir}: in use by another 'ticklab lab host-plan'; nothing done") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_record(run_dir: Path, record: dict) -> None:
+    with OwnedDir(run_dir, create=False) as directory:
+        directory.write_atomic(RUN_RECORD, (json.dumps(record, indent=2) + "\n").encode(), mode=0o600)
+
+
+def _read_record(run_dir: Path) -> dict | None:
+    try:
+        record = json.loads((run_dir / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and all(k in record for k in IDENTITY) else None
+
+
+def _what_differs(record: dict, what: dict) -> list[str]:
+    """The options given on the command line (claim, boot mode and experiment always) that are not the kept run's."""
+    given = {k: v for k, v in what.items() if k in ("claim", "mode", "experiment") or v not in (None, [])}
+    return [f"{key} {record.get(key)!r}, not {value!r}" for key, value in given.items() if record.get(key) != value]
+
+
+def kept_run(resume: Path | str, what: dict) -> Path:
+    """The kept run ``--resume`` goes on with: ``resume`` is its directory, or ``newest`` for the newest kept run of
+    this claim, boot mode and experiment; LabError (one line) when there is none, its disk is gone, or it is another
+    plan's."""
+    plan = f"{what['claim']} --boot {what['mode']}" + (
+        f" --experiment {what['experiment']}" if what["experiment"] else ""
+    )
+    if resume == "newest":
+        found = []
+        for record_path in sorted(runs_dir().glob(f"*/{RUN_RECORD}")) if runs_dir().is_dir() else []:
+            record = _read_record(record_path.parent)
+            if record and (record_path.parent / "disk.raw").is_file() and not _what_differs(record, what):
+                found.append(record_path.parent)
+        if not found:
+            raise LabError(
+                f"{runs_dir()}: no kept lab host run of {plan} to resume (a run keeps its disk when it is "
+                "interrupted, or with --keep-disk); nothing done"
+            )
+        return found[-1]  # the directories' names start with their UTC start time
+    run_dir = Path(resume)
+    record = _read_record(run_dir)
+    if record is None:
+        raise LabError(f"{run_dir}: not a lab host run ticklab kept (no readable {RUN_RECORD}); nothing done")
+    if not (run_dir / "disk.raw").is_file():
+        raise LabError(f"{run_dir}: its disk.raw is gone (the run ended, or it was removed); nothing to resume")
+    differs = _what_differs(record, what)
+    if differs:
+        raise LabError(f"{run_dir}: another plan's run ({'; '.join(differs)}); nothing done")
+    return run_dir
+
+
+def guest_progress(run_dir: Path) -> dict:
+    """What the stopped disk holds of the plan: the newest plan's state and runs, and whether the job's check boot
+    (after the plan's end) was made."""
+    with mounted_disk(run_dir / "disk.raw", run_dir / "mnt", read_only=True) as root:
+        plans = sorted((root / "var/lib/ticklab/plans").glob("*/plan.json"))
+        try:
+            plan = json.loads(plans[-1].read_text()) if plans else None
+        except (OSError, ValueError):
+            plan = None
+        checked = (root / GUEST_STATE / "final.json").is_file()
+    return {"plan": plan, "checked": checked}
+
+
+def progress_words(progress: dict) -> str:
+    plan = progress["plan"]
+    if plan is None:
+        return "no plan made yet (the capture starts it at the next boot)"
+    runs = plan.get("runs", [])
+    count = {state: sum(r.get("state") == state for r in runs) for state in ("made", "failed", "planned")}
+    words = f"plan {plan.get('id')} {plan.get('state')}: {count['made']} made, {count['failed']} failed, "
+    words += f"{count['planned']} left"
+    current = next((r for r in runs if r.get("state") in ("booting", "booted")), None)
+    if current and plan.get("state") == "running":
+        words += f"; run {current['name']} ({current['condition']}) was " + (
+            "booting: the job boots it again"
+            if current["state"] == "booting"
+            else "being made: the plan records it failed (cut short) and goes on"
+        )
+    return words
+
+
+def _mark_resume(run_dir: Path, what: dict) -> None:
+    """Tell the job in the disk that the host resumed it: its first boot then boots a run the stop cut off mid-boot
+    again (runners/vm/lab-host-job.py), with room for the boots a resume adds."""
+    with mounted_disk(run_dir / "disk.raw", run_dir / "mnt") as root:
+        path = root / "etc/ticklab-lab/job.json"
+        job = json.loads(path.read_text())
+        job["resumes"] = int(job.get("resumes", 0)) + 1
+        job["max_boots"] = max(int(job.get("max_boots", 60)), max_boots(what)) + 4 * job["resumes"]
+        path.write_text(json.dumps(job, indent=2) + "\n")
+
+
 def plan_run(
     claim: str,
     mode: str,
@@ -782,22 +945,41 @@ def plan_run(
     runs: int | None = None,
     warmup: int | None = None,
     experiment: str | None = None,
+    budget_s: float | None = None,
     abort_when_made: int | None = None,
     hide_kernel_when_made: int | None = None,
     out: Path | None = None,
     accel: str = "tcg",
-    timeout_s: float = 4 * 3600,
+    timeout_s: float | None = None,
     keep_disk: bool = False,
     extra_files: dict[str, bytes] | None = None,
     kernels: tuple[tuple[Path, Path | None], ...] = (),
+    resume: Path | str | None = None,
     say=print,
 ) -> dict:
     """One boot plan in the lab host, driven without interaction: the capture started at its first boot, the user's
     abort or a hidden kernel image on cue, a check boot at the end; what was found (``host-view.json``), and the
     bundle copied into ``out`` (when given) under the lab host's host-id. ``extra_files``: files put into the
-    installed checkout beside this one's (a test's own experiment)."""
+    installed checkout beside this one's (a test's own experiment).
+
+    Stopped once its disk is prepared (Ctrl-C, SIGTERM, SIGHUP: :class:`HostPlanInterrupted`; a QEMU deadline; the
+    machine going down), the run keeps its disk; ``resume`` (its directory, or ``newest``) boots that disk again, the
+    plan inside goes on where it stopped (its own ``ticklab plan resume`` runs after each boot), and the bundle is
+    copied out as usual; a disk whose plan had ended and been checked is not booted again."""
     if mode not in ("kexec", "grub"):
         raise LabError(f"--boot {mode}: the lab host plays kexec or grub plans")
+    what = {
+        "claim": claim,
+        "mode": mode,
+        "experiment": experiment,
+        "runs": runs,
+        "warmup": warmup,
+        "budget_s": budget_s,
+        "accel": accel,
+        "kernels": [[str(source), None if fragment is None else str(fragment)] for source, fragment in kernels],
+    }
+    if resume is not None:
+        return _resume(kept_run(resume, what), what, out, keep_disk, timeout_s, say)
     image = cached_host()
     if image is None:
         raise LabError(f"no lab host image for this recipe (key {host_key()}): ticklab lab build-host (make lab-host)")
@@ -808,6 +990,7 @@ def plan_run(
     argv = [ticklab, "capture", claim, "--boot", mode, "--no-progress", "--host-id", hid]
     argv += ["--runs", str(runs)] if runs is not None else []
     argv += ["--warmup", str(warmup)] if warmup is not None else []
+    argv += ["--budget-s", f"{budget_s:g}"] if budget_s is not None else []
     argv += ["--experiment", experiment] if experiment else []
     job = {
         "argv": argv,
@@ -815,7 +998,7 @@ def plan_run(
         "ticklab": ticklab,
         "abort_when_made": abort_when_made,
         "hide_kernel_when_made": hide_kernel_when_made,
-        "max_boots": 60,
+        "max_boots": max_boots(what),
         "declared": declared_facts(data, accel),
     }
     runs_dir().mkdir(parents=True, exist_ok=True)
@@ -823,34 +1006,101 @@ def plan_run(
         tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{claim}-{mode}-", dir=runs_dir())
     )
     modules = modules_record(image, say, accel) if kernels else None
+    record = None
+    with _run_lock(run_dir):
+        try:
+            built = prepare_run(image, run_dir, job, say, extra_files, kernels=tuple(kernels), modules=modules)
+            record = {**what, "job": job, "host_id": hid, "image": image.key, "kernels_built": built}
+            _write_record(run_dir, record)  # from here on the disk can be resumed
+            say(f"lab host run: booting {run_dir / 'disk.raw'} ({accel}); console {run_dir / 'console.log'}")
+            outcome = boot_host(run_dir, data, timeout_s or SECONDS_PER_BOOT * job["max_boots"], accel, say)
+            view = collect(run_dir)
+        except KeyboardInterrupt as exc:
+            if record is not None:
+                raise HostPlanInterrupted(str(exc) or "SIGINT", resume_command(what, run_dir, out), run_dir) from None
+            _drop_disk(run_dir, keep_disk)  # nothing booted yet: nothing to resume
+            raise
+        except LabError as exc:
+            if record is not None:
+                raise LabError(f"{exc}; the run's disk is kept: {resume_command(what, run_dir, out)}") from None
+            _drop_disk(run_dir, keep_disk)
+            raise
+        except BaseException:
+            _drop_disk(run_dir, keep_disk)
+            raise
+        return _finish(run_dir, record, outcome, view, what, out, keep_disk, say)
+
+
+def _sealed_on_disk(bundle: Path) -> bool:
     try:
-        built = prepare_run(image, run_dir, job, say, extra_files, kernels=tuple(kernels), modules=modules)
-        say(f"lab host run: booting {run_dir / 'disk.raw'} ({accel}); console {run_dir / 'console.log'}")
-        outcome = boot_host(run_dir, data, timeout_s, accel, say)
-        view = collect(run_dir)
-    except BaseException:
-        if not keep_disk:  # a copy of the image, gigabytes: what the run left is in its console and logs
-            (run_dir / "disk.raw").unlink(missing_ok=True)
-        raise
+        return json.loads((bundle / "manifest.json").read_text()).get("status") == "sealed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _drop_disk(run_dir: Path, keep_disk: bool) -> None:
+    """The run's copy of the image removed (gigabytes; what the run left is in its console and logs) unless kept."""
+    if not keep_disk:
+        (run_dir / "disk.raw").unlink(missing_ok=True)
+
+
+def _resume(run_dir: Path, what: dict, out: Path | None, keep_disk: bool, timeout_s: float | None, say) -> dict:
+    """Boot a kept run's disk again until the job powers it off (not at all when its plan had ended and been checked),
+    then what :func:`plan_run` does after a boot."""
+    record = _read_record(run_dir)
+    with _run_lock(run_dir):
+        try:
+            progress = guest_progress(run_dir)
+            say(f"lab host run: resuming {run_dir}: {progress_words(progress)}")
+            if progress["checked"]:
+                say("lab host run: the plan had ended and the check boot was made: copying out what it left")
+                outcome = {"status": "not booted again (the plan had ended and its check boot was made)"}
+            else:
+                _mark_resume(run_dir, {**record, **{k: v for k, v in what.items() if v not in (None, [])}})
+                say(f"lab host run: booting {run_dir / 'disk.raw'} again ({record['accel']})")
+                deadline = timeout_s or SECONDS_PER_BOOT * int(record["job"].get("max_boots", 60))
+                outcome = boot_host(run_dir, recipe(), deadline, record["accel"], say)
+            view = collect(run_dir)
+        except KeyboardInterrupt as exc:
+            raise HostPlanInterrupted(str(exc) or "SIGINT", resume_command(record, run_dir, out), run_dir) from None
+        except LabError as exc:
+            raise LabError(f"{exc}; the run's disk is kept: {resume_command(record, run_dir, out)}") from None
+        return _finish(run_dir, record, outcome, view, record, out, keep_disk, say)
+
+
+def _finish(
+    run_dir: Path, record: dict, outcome: dict, view: dict, what: dict, out: Path | None, keep_disk: bool, say
+) -> dict:
+    """The run's view completed and saved, the bundles copied into ``out``, the disk removed (unless kept: asked
+    for, or QEMU stopped at its deadline, so the run can be resumed)."""
     view.update(
         {
             "qemu": outcome,
-            "job": job,
-            "host_id": hid,
-            "image": image.key,
+            "job": record["job"],
+            "host_id": record["host_id"],
+            "image": record["image"],
             "run_dir": str(run_dir),
-            "kernels_built": built,
+            "kernels_built": record["kernels_built"],
         }
     )
     (run_dir / "host-view.json").write_text(json.dumps(view, indent=2) + "\n")
     if out is not None:
         for bundle in view["bundles"]:
             target = Path(out) / bundle
+            if not _sealed_on_disk(run_dir / "guest" / "traces" / bundle):
+                # a capture stopped before it made its plan, started again on a resume: its first bundle holds no run
+                say(f"lab host run: {bundle} was never sealed; not copied (it stays in {run_dir / 'guest/traces'})")
+                continue
             if target.exists():
                 raise LabError(f"{target}: exists already; the lab host's bundle stays in {run_dir / 'guest/traces'}")
             shutil.copytree(run_dir / "guest" / "traces" / bundle, target)
             say(f"lab host run: bundle {target}")
-    if not keep_disk:
+    if outcome.get("status") == "timeout":
+        say(
+            f"lab host run: QEMU stopped at its deadline ({outcome.get('seconds')} s); the disk is kept: "
+            f"{resume_command(what, run_dir, out)} goes on with it"
+        )
+    elif not keep_disk:
         (run_dir / "disk.raw").unlink(missing_ok=True)
     return view
 
