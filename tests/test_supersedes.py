@@ -24,8 +24,10 @@ WHEN = datetime(2026, 11, 29, 6, 0, 0, tzinfo=timezone.utc)
 EXPERIMENT = "guest-kbuild-lockbound"
 
 
-def _sealed(data: Path, when: datetime, experiment: str = EXPERIMENT, supersedes=None, value: float = 40.0) -> Path:
-    writer = BundleWriter(data, "guest-tcg-4vcpu-test", "pvspinlock", experiment, definition={}, host={}, when=when)
+def _sealed(
+    data: Path, when: datetime, experiment: str = EXPERIMENT, supersedes=None, value: float = 40.0, claim="pvspinlock"
+) -> Path:
+    writer = BundleWriter(data, "guest-tcg-4vcpu-test", claim, experiment, definition={}, host={}, when=when)
     writer.manifest.supersedes = supersedes
     writer.add_run(
         {"run": "run-001", "condition": "lockbound kick-ahead-0 2x", "warmup": False, "status": "ok"},
@@ -76,3 +78,21 @@ def test_capture_refuses_a_supersedes_that_is_no_bundle_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("ticklab capture: ") and "nothing" in line
+
+
+def test_a_lab_host_plan_verifies_here_what_it_supersedes_and_hands_the_records_to_its_capture(tmp_path):
+    """The plan's capture runs inside the lab host; the bundle it replaces is outside: its record is made (and a wrong
+    bundle refused) before anything boots, then passed as --supersedes-record and kept in the new manifest."""
+    from ticklab.lab.cache import LabError
+    from ticklab.lab.labhost import superseded_records
+
+    plan = "runners/hrtick/host-boot-kernels.yaml"
+    guest = _sealed(tmp_path, WHEN, experiment="guest-hackbench", claim="hrtick")
+    with pytest.raises(LabError, match="--supersedes names a bundle of hrtick/guest-hackbench, not hrtick/host-boot"):
+        superseded_records("hrtick", plan, [guest])
+    old = _sealed(tmp_path, WHEN.replace(hour=8), experiment="host-boot-kernels", claim="hrtick")
+    [record] = superseded_records("hrtick", plan, [old])
+    assert record["bundle"].endswith(f"/hrtick/{old.name}")
+    experiment = load_experiment(REPO / plan)
+    options = SimpleNamespace(runs=None, warmup=None, seed=None, supersedes=(), supersedes_records=(record,))
+    assert CapturePlan.of(experiment, [], options).supersedes == [record]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -410,6 +411,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
             goals=_goals(args),
             build_kernels=args.build_kernels,
             supersedes=tuple(args.supersedes),
+            supersedes_records=tuple(args.supersedes_record),
         )
         start(args.claim, options, args.experiment, args.boot)
     except (
@@ -473,6 +475,7 @@ def _lab(args: argparse.Namespace) -> int:
                         kernels=tuple((_kernel_source(source), None) for source in args.kernel)
                         + tuple((_kernel_source(source), Path(fragment)) for source, fragment in args.kernel_fragment),
                         resume=args.resume,
+                        supersedes=tuple(args.supersedes),
                         say=lambda text: print(text, file=sys.stderr, flush=True),
                     )
             except HostPlanInterrupted as exc:
@@ -483,6 +486,7 @@ def _lab(args: argparse.Namespace) -> int:
                 )
                 return 130
             print("\n".join(summary_lines(view)))
+            _say_superseded(args)
         elif args.boot:
             from .lab.guest_plan import lab_boot_plan
             from .lab.run import LabOptions
@@ -784,8 +788,30 @@ def _say_superseded(args: argparse.Namespace) -> None:
         )
 
 
-def _supersedes_argument(parser: argparse.ArgumentParser) -> None:
+def _superseded_record(text: str) -> dict:
+    """--supersedes-record: a record bundle.superseded_record made where the old bundle is (a lab host plan's
+    capture runs inside the lab host, the bundle it replaces outside)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not JSON") from None
+    if not (
+        isinstance(record, dict)
+        and isinstance(record.get("bundle"), str)
+        and len(record["bundle"].split("/")) == 3
+        and isinstance(record.get("seal"), str)
+        and re.fullmatch(r"[0-9a-f]{64}", record["seal"])
+    ):
+        raise argparse.ArgumentTypeError("a record of a bundle ('bundle': <host-id>/<claim>/<bundle>, 'seal': sha256)")
+    return record
+
+
+def _supersedes_argument(parser: argparse.ArgumentParser, records: bool = False) -> None:
     """--supersedes: a recapture names the bundles it replaces; their paths and seals go into its manifest."""
+    if records:
+        parser.add_argument(
+            "--supersedes-record", type=_superseded_record, action="append", default=[], help=argparse.SUPPRESS
+        )
     parser.add_argument(
         "--supersedes",
         type=Path,
@@ -1021,7 +1047,7 @@ def _add_capture_parser(sub) -> None:
         "those with a host experiment)",
     )
     _run_count_arguments(cap)
-    _supersedes_argument(cap)
+    _supersedes_argument(cap, records=True)
     cap.add_argument(
         "--out", type=Path, default=_InProject("traces", writes=True), help="where bundles go (default: traces/)"
     )
@@ -1198,6 +1224,7 @@ def _add_lab_host_plan_parser(lab_sub) -> None:
     )
     host_plan.add_argument("claim", choices=list(CLAIM_IDS))
     host_plan.add_argument("--boot", choices=registry.LAB_HOST_BOOT_MODES, required=True)
+    _supersedes_argument(host_plan)
     host_plan.add_argument(
         "--runs",
         type=_whole(1, 1000),

@@ -59,6 +59,7 @@ class CaptureOptions:
     run_lines: bool = False  # one line per run (a log: no progress bar is seen)
     build_kernels: bool = False  # capture --boot: build and install the conditions' missing kernels first
     supersedes: tuple[Path, ...] = ()  # bundles this recapture replaces (recorded in its manifest; see CapturePlan)
+    supersedes_records: tuple[dict, ...] = ()  # their records made elsewhere (a lab host plan: the bundles are outside)
 
 
 def check_host(host: HostChanges, experiment: Experiment, root: Path | str) -> tuple[dict, dict, dict]:

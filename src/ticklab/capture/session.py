@@ -168,7 +168,7 @@ class CapturePlan:
         counts = plan_counts(experiment, options)
         replaced = [
             superseded_record(old, experiment.claim, experiment.name) for old in getattr(options, "supersedes", ())
-        ]
+        ] + list(getattr(options, "supersedes_records", ()))
         return cls(experiment, conditions, counts, plan(conditions, counts) if runnable else [], replaced)
 
     def stopping_rule(self, options) -> StoppingRule:

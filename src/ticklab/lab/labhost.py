@@ -955,6 +955,7 @@ def plan_run(
     extra_files: dict[str, bytes] | None = None,
     kernels: tuple[tuple[Path, Path | None], ...] = (),
     resume: Path | str | None = None,
+    supersedes: tuple[Path, ...] = (),
     say=print,
 ) -> dict:
     """One boot plan in the lab host, driven without interaction: the capture started at its first boot, the user's
@@ -980,6 +981,7 @@ def plan_run(
     }
     if resume is not None:
         return _resume(kept_run(resume, what), what, out, keep_disk, timeout_s, say)
+    replaced = superseded_records(claim, experiment, supersedes)
     image = cached_host()
     if image is None:
         raise LabError(f"no lab host image for this recipe (key {host_key()}): ticklab lab build-host (make lab-host)")
@@ -992,6 +994,8 @@ def plan_run(
     argv += ["--warmup", str(warmup)] if warmup is not None else []
     argv += ["--budget-s", f"{budget_s:g}"] if budget_s is not None else []
     argv += ["--experiment", experiment] if experiment else []
+    # the bundles this plan replaces are here, not in the lab host: verified here, their records handed to the capture
+    argv += [arg for record in replaced for arg in ("--supersedes-record", json.dumps(record, sort_keys=True))]
     job = {
         "argv": argv,
         "cwd": f"/{GUEST_TICKLAB}",
@@ -1029,6 +1033,23 @@ def plan_run(
             _drop_disk(run_dir, keep_disk)
             raise
         return _finish(run_dir, record, outcome, view, what, out, keep_disk, say)
+
+
+def superseded_records(claim: str, experiment: str | None, supersedes) -> list[dict]:
+    """The records of the bundles a plan replaces (``--supersedes``), made here where they are and handed to the
+    capture inside the lab host (``capture --supersedes-record``); LabError naming a bundle that is not a sealed
+    capture of the plan's experiment."""
+    if not supersedes:
+        return []
+    from ..bundle import BundleError, superseded_record
+    from ..capture.boot_capture import boot_experiment
+    from ..capture.experiment import ExperimentError
+
+    try:
+        name = boot_experiment(claim, repo_root() / experiment if experiment else None).name
+        return [superseded_record(old, claim, name) for old in supersedes]
+    except (BundleError, ExperimentError) as exc:
+        raise LabError(str(exc)) from None
 
 
 def _sealed_on_disk(bundle: Path) -> bool:
