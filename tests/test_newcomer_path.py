@@ -326,6 +326,29 @@ def test_an_experiment_the_capture_does_not_run_is_refused_before_the_analysis_i
     assert modules == []
 
 
+@pytest.mark.parametrize(
+    "experiment, said",
+    [
+        (
+            "anchored",
+            "line 2: anchor &x: YAML anchors and aliases are not accepted (write the value out where it is used)",
+        ),
+        ("runners/nohz/ftq.yaml", "not a lab experiment (no 'lab:' section); run it with 'ticklab capture nohz'"),
+        ("runners/hpet/guest-clock-read.yaml", "claim is 'hpet', not 'nohz'"),
+    ],
+    ids=["anchor", "not-lab", "another-claims"],
+)
+def test_an_experiment_lab_run_does_not_run_is_refused_before_the_analysis_is_imported(tmp_path, experiment, said):
+    if experiment == "anchored":
+        experiment = tmp_path / "anchored.yaml"
+        experiment.write_text("claim: nohz\nname: &x a\ndescription: *x\n")
+    code, modules, out, err = run_and_list_imports(
+        "lab", "run", "nohz", "--experiment", str(experiment), "--no-progress", heavy=NOT_FOR_A_DRY_RUN
+    )
+    assert (code, err) == (2, f"ticklab lab run: {experiment}: {said}\n")
+    assert modules == []
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("machine")  # a dry run on the real root takes the host lock
 def test_a_dry_run_with_a_fixed_count_imports_no_scipy_and_no_claim():

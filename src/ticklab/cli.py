@@ -463,9 +463,10 @@ def _capture_boot(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace) -> int:
-    from .analysis.published import PublishedDataError
+    # the published layer's errors (analysis.published.PublishedDataError) are ticklab's own: main() prints them in the
+    # same one line, so no lab command imports the analysis for a name to catch
     from .bundle import BundleError
-    from .capture.experiment import ExperimentError
+    from .capture.experiment import ExperimentError, load_experiment
     from .lab.cache import LabError
 
     try:
@@ -524,8 +525,10 @@ def _lab(args: argparse.Namespace) -> int:
             )
             print(f"{lab_boot_plan(args.claim, options, args.experiment, args.boot)}: sealed", file=sys.stderr)
         else:
-            from .lab.run import LabOptions, lab_run
+            from .lab.run import LabOptions, check_lab_experiment, lab_run
 
+            if args.experiment:  # a file lab run does not run: refused before the claim's analysis makes the goals
+                check_lab_experiment(load_experiment(args.experiment), args.claim)
             options = LabOptions(
                 runs=args.runs,
                 warmup=args.warmup,
@@ -541,7 +544,7 @@ def _lab(args: argparse.Namespace) -> int:
                 goals=_goals(args),
             )
             lab_run(args.claim, options, experiment_path=args.experiment)
-    except (LabError, ExperimentError, BundleError, PublishedDataError) as exc:
+    except (LabError, ExperimentError, BundleError) as exc:
         print(f"ticklab lab {args.lab_command}: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
