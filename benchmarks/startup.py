@@ -5,10 +5,10 @@
 Issue 56 item 6: `capture <claim> --experiment X --dry-run` refusing a YAML anchor took 4.4 s with bytecode cached and
 10.6 s where PYTHONDONTWRITEBYTECODE is set, because it imported scipy, pandas and the claim's analysis before reading
 the file; `capture nohz --dry-run --runs 5` took 2.7 s (pandas through the bundle module and the trace readers) and
-without --runs 1.9-2.4 s at load average 4 on 2 cores (the claim's analysis too, for precision goals its stopping rule never
-looks at: nohz's experiment sets no budget). `capture hpet --dry-run` is the other kind: its
-experiment sets a budget, so the dry run's stopping line counts the claim's comparisons, which needs the claim's
-analysis imported. Each command is run --runs times, interleaved, as a fresh process of the venv's `ticklab` script
+without --runs 1.9-2.4 s at load average 4 on 2 cores (the claim's analysis too, for precision goals its stopping
+rule never looks at: nohz's experiment sets no budget). `capture hpet --dry-run` is the other kind: its experiment
+sets a budget, so the dry run's stopping line counts the claim's comparisons, which needs the claim's analysis
+imported. Each command is run --runs times, interleaved, as a fresh process of the venv's `ticklab` script
 (`python -m ticklab.cli` where there is none), two ways, both with PYTHONDONTWRITEBYTECODE=1 (as a sandbox sets it):
   cached    PYTHONPYCACHEPREFIX in a private temporary directory, filled by one run of each command (bytecode
             written) before the rounds (as an installed ticklab that has run once, or `make`'s prefix),
