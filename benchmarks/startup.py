@@ -40,6 +40,8 @@ def commands(scratch: Path) -> dict[str, list[str]]:
     anchored.write_text("claim: nohz\nname: &x a\ndescription: *x\n")
     return {
         "refused experiment (YAML anchor)": [*TICKLAB, "capture", "nohz", "--experiment", str(anchored), "--dry-run"],
+        # a real capture (no --dry-run) of a file it does not run: refused, never run
+        "refused experiment (a lab one)": [*TICKLAB, "capture", "nohz", "--experiment", "runners/nohz/guest-ftq.yaml"],
         "capture nohz --dry-run": [*TICKLAB, "capture", "nohz", "--dry-run"],
         "capture nohz --dry-run --runs 5": [*TICKLAB, "capture", "nohz", "--dry-run", "--runs", "5"],
         "capture hpet --dry-run (budgeted)": [*TICKLAB, "capture", "hpet", "--dry-run"],
