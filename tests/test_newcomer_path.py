@@ -239,18 +239,26 @@ HEAVY = (
 )
 
 
-def imported_after(*words: str) -> tuple[int, list[str]]:
+def imported_after(*words: str, heavy: tuple[str, ...] = HEAVY) -> tuple[int, list[str]]:
+    return run_and_list_imports(*words, heavy=heavy)[:2]
+
+
+def run_and_list_imports(*words: str, heavy: tuple[str, ...] = HEAVY) -> tuple[int, list[str], str, str]:
+    """``ticklab WORDS`` in a fresh interpreter: its exit code, which of ``heavy`` (or their submodules) it imported,
+    and what it printed (stdout before the last line, stderr)."""
     script = (
         "import sys\nfrom ticklab import cli\n"
         f"code = cli.main({list(words)!r})\n"
-        f"heavy = {HEAVY!r}\n"
+        f"heavy = {heavy!r}\n"
+        "sys.stdout.flush()\n"
         "print(code, *sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in heavy)))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=WAIT_BOUND_S
     )
-    code, *modules = done.stdout.split()
-    return int(code), modules
+    *printed, last = done.stdout.splitlines() or [""]
+    code, *modules = last.split() or ["-1"]
+    return int(code), modules, "\n".join(printed), done.stderr
 
 
 @pytest.mark.parametrize("boot", [False, True], ids=["host", "boot"])
@@ -259,6 +267,87 @@ def test_a_refused_experiment_imports_no_analysis_pandas_or_scipy(tmp_path, boot
     anchored.write_text("claim: nohz\nname: &x a\ndescription: *x\n")
     words = ["capture", "nohz", "--experiment", str(anchored), "--dry-run"] + (["--boot", "kexec"] if boot else [])
     assert imported_after(*words) == (2, [])
+
+
+# what a dry run of a capture on this host has no need of: the analysis, the claims, and the numeric libraries (the
+# capture itself it imports: it is what plans the runs)
+NOT_FOR_A_DRY_RUN = tuple(h for h in HEAVY if h != "ticklab.capture.runner")
+
+
+@pytest.mark.xdist_group("machine")  # a dry run on the real root takes the host lock
+@pytest.mark.parametrize("boot", [False, True], ids=["host", "boot"])
+def test_a_dry_run_imports_no_analysis_claim_pandas_numpy_or_scipy(boot):
+    """`ticklab capture nohz --dry-run` as README shows it: nohz's host experiment sets no budget, so its stopping
+    rule needs none of the claim's precision goals, nor the bundle's pandas, nor the trace readers' numpy (it took
+    2.7 s for them; benchmarks/startup.py times it)."""
+    words = ["capture", "nohz", "--dry-run"] + (["--boot", "kexec"] if boot else [])
+    code, modules, out, err = run_and_list_imports(*words, heavy=NOT_FOR_A_DRY_RUN)
+    if "the host is held by" in err:
+        pytest.skip(f"another capture holds the host: {err.strip()}")
+    if boot:  # a host that cannot boot a plan refuses it in one line, having imported no more
+        assert (code == 0 and out.endswith("dry run: no plan written, nothing booted")) or (
+            code == 2 and err.startswith("ticklab capture: ") and len(err.splitlines()) == 1
+        ), out[-2000:] + err[-2000:]
+    else:
+        assert code == 0, out[-2000:] + err[-2000:]
+        assert "stopping: fixed run count (the experiment sets no budget)" in out.splitlines() or (
+            "not testable on this host" in out
+        ), out[-2000:]
+    assert modules == []
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "capture"])
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["--experiment", "runners/hpet/clock-read.yaml"], "runners/hpet/clock-read.yaml: claim is 'hpet', not 'nohz'"),
+        (
+            ["--experiment", "runners/nohz/guest-ftq.yaml"],
+            "runners/nohz/guest-ftq.yaml: a lab (guest) experiment; run it with 'ticklab lab run nohz'",
+        ),
+        (
+            ["--experiment", "runners/nohz/host-boot-ftq.yaml"],
+            "runners/nohz/host-boot-ftq.yaml: a boot experiment (a host_kernel knob); run it with 'ticklab capture "
+            "nohz --boot kexec|grub|manual --experiment runners/nohz/host-boot-ftq.yaml'",
+        ),
+        (
+            ["--boot", "kexec", "--experiment", "runners/nohz/ftq.yaml"],
+            "runners/nohz/ftq.yaml: no boot experiment (one with a host_kernel knob); --boot runs those only",
+        ),
+    ],
+    ids=["another-claims", "lab", "boot", "not-boot"],
+)
+def test_an_experiment_the_capture_does_not_run_is_refused_before_the_analysis_is_imported(words, said, dry_run):
+    """A capture (or its dry run) of a file it does not run refuses it before the claim's analysis is imported for
+    the answer or the precision goals (issue 56 item 6: every refusal of an experiment within a second)."""
+    code, modules, out, err = run_and_list_imports(
+        "capture", "nohz", *words, *(["--dry-run"] if dry_run else []), heavy=NOT_FOR_A_DRY_RUN
+    )
+    assert (code, err) == (2, f"ticklab capture: {said}\n")
+    assert modules == []
+
+
+@pytest.mark.parametrize(
+    "experiment, said",
+    [
+        (
+            "anchored",
+            "line 2: anchor &x: YAML anchors and aliases are not accepted (write the value out where it is used)",
+        ),
+        ("runners/nohz/ftq.yaml", "not a lab experiment (no 'lab:' section); run it with 'ticklab capture nohz'"),
+        ("runners/hpet/guest-clock-read.yaml", "claim is 'hpet', not 'nohz'"),
+    ],
+    ids=["anchor", "not-lab", "another-claims"],
+)
+def test_an_experiment_lab_run_does_not_run_is_refused_before_the_analysis_is_imported(tmp_path, experiment, said):
+    if experiment == "anchored":
+        experiment = tmp_path / "anchored.yaml"
+        experiment.write_text("claim: nohz\nname: &x a\ndescription: *x\n")
+    code, modules, out, err = run_and_list_imports(
+        "lab", "run", "nohz", "--experiment", str(experiment), "--no-progress", heavy=NOT_FOR_A_DRY_RUN
+    )
+    assert (code, err) == (2, f"ticklab lab run: {experiment}: {said}\n")
+    assert modules == []
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from ticklab import registry
 from ticklab.capture import session, tracing
 from ticklab.capture.experiment import ExperimentError, load_experiment
 from ticklab.cli import build_parser
-from ticklab.trace import tracemetrics
+from ticklab.trace import ingest, tracemetrics
 
 FTQ = REPO / "runners/nohz/ftq.yaml"
 
@@ -119,8 +119,8 @@ def test_compare_formats_are_the_registrys_in_the_cli_and_the_writer(monkeypatch
 
 def _ran(tmp_path, monkeypatch, metric_sets: dict, named):
     """run_results of one finished run whose workload gave one row, its trace read by each named set."""
-    monkeypatch.setattr(session, "METRIC_SETS", metric_sets)
-    monkeypatch.setattr(session, "read_trace", lambda directory: f"trace at {directory.name}")
+    monkeypatch.setattr(tracemetrics, "METRIC_SETS", metric_sets)  # run_results imports both when it is called
+    monkeypatch.setattr(ingest, "read_trace", lambda directory: f"trace at {directory.name}")
     monkeypatch.setitem(session.PARSERS, "ftq", lambda run_dir: [{"metric": "ftq_work", "value": 1, "unit": "count"}])
     experiment = load_experiment(FTQ)
     monkeypatch.setattr(experiment, "trace", {**experiment.trace, "metrics": named})

@@ -267,6 +267,30 @@ def test_a_dry_run_says_how_the_capture_will_stop(tmp_path):
     )
 
 
+def test_a_dry_run_from_the_command_line_counts_the_claims_comparisons_only_where_they_can_stop_it(tmp_path, capsys):
+    """The CLI makes the precision goals of a dry run (which need the claim's analysis imported) only where the rule
+    may add rounds; where the experiment sets no budget it says so without them, in the same words."""
+    from ticklab.cli import main
+
+    def stopping_line(path: Path, *words: str) -> str:
+        argv = ["capture", "hrtick", "--experiment", str(path), "--dry-run", "--no-progress"]
+        assert main([*argv, "--journal", str(tmp_path / "j.json"), *words]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("stopping: "))
+
+    budgeted = write(tmp_path)
+    assert stopping_line(budgeted).endswith("for 3 comparison(s), within 300 s and 9 runs per condition")
+    unbudgeted = tmp_path / "unbudgeted" / "fake-rounds.yaml"
+    unbudgeted.parent.mkdir()
+    definition = yaml.safe_load(budgeted.read_text())
+    del definition["budget"]
+    unbudgeted.write_text(yaml.safe_dump(definition, sort_keys=False))
+    assert stopping_line(unbudgeted) == "stopping: fixed run count (the experiment sets no budget)"
+    assert stopping_line(unbudgeted, "--budget-s", "60").endswith(
+        "for 3 comparison(s), within 60 s and 30 runs per condition"
+    )
+    assert stopping_line(budgeted, "--runs", "5") == "stopping: fixed run count (set on the command line)"
+
+
 def test_capture_reads_its_targets_from_the_published_dir_it_is_given(tmp_path, capsys):
     """--published-dir reaches the stopping rule (it once read traces/published whatever the option said)."""
     from ticklab.cli import main

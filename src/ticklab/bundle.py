@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import lzma
+import math
 import os
 import re
 import shutil
@@ -28,13 +29,14 @@ import weakref
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from . import __version__, schemas
 from .safefiles import OwnedDir, UnsafeFileError, is_regular, kind_of, open_fd, open_regular, read_bytes, shown
 from .trace import gapfile, rawfile
+
+if TYPE_CHECKING:  # pandas is imported where results are read, not by a capture's dry run or a refusal (issue 56)
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -370,6 +372,8 @@ class BundleWriter:
 
     def results(self) -> pd.DataFrame:
         """results.csv as written so far."""
+        import pandas as pd
+
         return pd.read_csv(self.path / RESULTS)
 
     def compress_raw(self, threshold: int = COMPRESS_FROM_BYTES) -> None:
@@ -593,6 +597,8 @@ def _check_files(path: Path, listed: dict) -> None:
 def _read_results(path: Path, runs: list[dict]) -> pd.DataFrame:
     """results.csv, every row checked against its schema (five fields, a finite number in ``value``) and against
     the manifest's ``runs`` (:func:`_check_row_run`)."""
+    import pandas as pd
+
     file = path / RESULTS
     if not os.path.lexists(file):
         return pd.DataFrame(columns=RESULT_COLUMNS)
@@ -612,7 +618,7 @@ def _read_results(path: Path, runs: list[dict]) -> pd.DataFrame:
         record = dict(zip(RESULT_COLUMNS, row))
         schemas.check(record, schemas.RESULT_ROW, f"{file}: row {number}", BundleError)
         value = float(record["value"])
-        if not np.isfinite(value):
+        if not math.isfinite(value):
             raise BundleError(f"{file}: row {number}: value: {shown(repr(record['value']))} is not a finite number")
         _check_row_run(f"{file}: row {number}", record, by_run)
         key = (record["run"], record["metric"])

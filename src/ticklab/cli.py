@@ -209,6 +209,42 @@ def _goals(args: argparse.Namespace) -> list | None:
     return None if args.runs is not None else precision_goals(args.claim, args.published_dir)
 
 
+def _dry_run_goals(args: argparse.Namespace) -> list | None:
+    """The precision goals a host capture's dry run describes its stopping rule with: none where the rule cannot look
+    at them (--runs given, or no experiment it would run may add rounds: no budget, no --budget-s), unless
+    --published-dir names a published layer of the user's, which the dry run reads as the capture would. The rule's
+    words are the same either way ("fixed run count ..."); the claim's analysis (pandas, scipy, matplotlib) is then
+    not imported for nothing (issue 56)."""
+    default_published = _InProject("traces", "published").resolve()
+    if args.runs is not None or (
+        not _may_add_rounds(args) and args.published_dir.resolve() == default_published.resolve()
+    ):
+        return None
+    return precision_goals(args.claim, args.published_dir)
+
+
+def _may_add_rounds(args: argparse.Namespace) -> bool:
+    """Whether the stopping rule of an experiment ``ticklab capture`` (on this host, not --boot) would run may add
+    rounds: --budget-s given, or one of them sets a budget (not the lab experiments it leaves to ``lab run``, nor one
+    it refuses)."""
+    from .capture.experiment import ExperimentError, experiment_paths, load_experiment
+    from .capture.runner import runs_on_this_host
+    from .capture.stopping import budget_of
+
+    if args.budget_s is not None:
+        return True
+    for path in [args.experiment] if args.experiment else experiment_paths(args.claim):
+        experiment = load_experiment(path)
+        try:
+            if not runs_on_this_host(experiment, args.claim, given=args.experiment is not None):
+                continue
+        except ExperimentError:
+            continue  # the capture refuses it when it comes to it
+        if budget_of(experiment) is not None:
+            return True
+    return False
+
+
 def no_host_experiment(claim: str) -> str | None:
     """Why ``ticklab capture <claim>`` has nothing to run on this host, and what to run instead (one line), or None
     when the claim has a host experiment (or none at all: capture says so itself)."""
@@ -259,8 +295,8 @@ def _capture(args: argparse.Namespace) -> int:
     # the published layer's errors (analysis.published.PublishedDataError) are ticklab's own: main() prints them in the
     # same one line, so the analysis is not imported here for a name to catch
     from .bundle import BundleError
-    from .capture.experiment import ExperimentError
-    from .capture.runner import CaptureOptions, capture
+    from .capture.experiment import ExperimentError, load_experiment
+    from .capture.runner import CaptureOptions, capture, runs_on_this_host
     from .capture.tracing import TracingError
     from .host import HostChangeError
 
@@ -269,9 +305,11 @@ def _capture(args: argparse.Namespace) -> int:
         if gap:
             print(f"ticklab capture: {gap}", file=sys.stderr)
             return 2
+        if args.experiment:  # another claim's, a lab or a boot experiment: refused before the claim's analysis is read
+            runs_on_this_host(load_experiment(args.experiment), args.claim, given=True)
         # the answer's context before the first run, so that a published row it cannot name stops the capture there
         answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out, args.root)
-        goals = None if args.runs is not None else list(answer.goals) if answer else _goals(args)
+        goals = None if args.runs is not None else list(answer.goals) if answer else _dry_run_goals(args)
         progress = _progress(args)
         options = CaptureOptions(
             runs=args.runs,
@@ -358,7 +396,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _capture_boot(args: argparse.Namespace) -> int:
-    from .analysis.published import PublishedDataError
+    # the published layer's errors (analysis.published.PublishedDataError) are ticklab's own: main() prints them in the
+    # same one line, so a dry run imports no analysis for a name to catch
     from .bundle import BundleError
     from .capture.boot_capture import boot_experiment, planned_runs, start
     from .capture.experiment import ExperimentError
@@ -397,6 +436,7 @@ def _capture_boot(args: argparse.Namespace) -> int:
                 )
             print("dry run: no plan written, nothing booted")
             return 0
+        boot_experiment(args.claim, args.experiment)  # a file --boot does not run: refused before the goals are made
         options = CaptureOptions(
             runs=args.runs,
             warmup=args.warmup,
@@ -420,7 +460,6 @@ def _capture_boot(args: argparse.Namespace) -> int:
         HostChangeError,
         BundleError,
         TracingError,
-        PublishedDataError,
         HostKernelError,
     ) as exc:
         print(f"ticklab capture: {_one_line(exc)}", file=sys.stderr)
@@ -429,9 +468,10 @@ def _capture_boot(args: argparse.Namespace) -> int:
 
 
 def _lab(args: argparse.Namespace) -> int:
-    from .analysis.published import PublishedDataError
+    # the published layer's errors (analysis.published.PublishedDataError) are ticklab's own: main() prints them in the
+    # same one line, so no lab command imports the analysis for a name to catch
     from .bundle import BundleError
-    from .capture.experiment import ExperimentError
+    from .capture.experiment import ExperimentError, load_experiment
     from .lab.cache import LabError
 
     try:
@@ -505,8 +545,10 @@ def _lab(args: argparse.Namespace) -> int:
             )
             print(f"{lab_boot_plan(args.claim, options, args.experiment, args.boot)}: sealed", file=sys.stderr)
         else:
-            from .lab.run import LabOptions, lab_run
+            from .lab.run import LabOptions, check_lab_experiment, lab_run
 
+            if args.experiment:  # a file lab run does not run: refused before the claim's analysis makes the goals
+                check_lab_experiment(load_experiment(args.experiment), args.claim)
             options = LabOptions(
                 runs=args.runs,
                 warmup=args.warmup,
@@ -524,7 +566,7 @@ def _lab(args: argparse.Namespace) -> int:
             )
             lab_run(args.claim, options, experiment_path=args.experiment)
             _say_superseded(args)
-    except (LabError, ExperimentError, BundleError, PublishedDataError) as exc:
+    except (LabError, ExperimentError, BundleError) as exc:
         print(f"ticklab lab {args.lab_command}: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

@@ -307,6 +307,25 @@ class HostExecutor:
         writer.manifest.profiles = profiles
 
 
+def runs_on_this_host(experiment: Experiment, claim: str, given: bool) -> bool:
+    """Whether ``ticklab capture <claim>`` runs ``experiment`` (False: a lab experiment of the claim's, left to
+    ``lab run``); ExperimentError where it refuses it: another claim's, a lab experiment ``given`` with --experiment,
+    a boot experiment."""
+    path = experiment.path
+    if experiment.claim != claim:
+        raise ExperimentError(f"{path}: claim is {experiment.claim!r}, not {claim!r}")
+    if experiment.lab is not None:
+        if given:
+            raise ExperimentError(f"{path}: a lab (guest) experiment; run it with 'ticklab lab run {claim}'")
+        return False
+    if is_boot_experiment(experiment):  # its conditions are kernels and command lines: one boot per run
+        raise ExperimentError(
+            f"{path}: a boot experiment (a host_kernel knob); run it with "
+            f"'ticklab capture {claim} --boot kexec|grub|manual --experiment {path}'"
+        )
+    return True
+
+
 def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = None, log=print) -> list[Path]:
     """Run one experiment (the given file) or every experiment of the claim; the bundles written. With
     ``options.answer``, the capture ends with its answer (capture/answer.py), read back from the sealed bundles."""
@@ -322,17 +341,8 @@ def capture(claim: str, options: CaptureOptions, experiment_path: Path | None = 
     bundles = []
     for path in paths:
         experiment = load_experiment(path)
-        if experiment.claim != claim:
-            raise ExperimentError(f"{path}: claim is {experiment.claim!r}, not {claim!r}")
-        if experiment.lab is not None:
-            if experiment_path:
-                raise ExperimentError(f"{path}: a lab (guest) experiment; run it with 'ticklab lab run {claim}'")
+        if not runs_on_this_host(experiment, claim, given=experiment_path is not None):
             continue
-        if is_boot_experiment(experiment):  # its conditions are kernels and command lines: one boot per run
-            raise ExperimentError(
-                f"{path}: a boot experiment (a host_kernel knob); run it with "
-                f"'ticklab capture {claim} --boot kexec|grub|manual --experiment {path}'"
-            )
         bundle = Capture(experiment, options, log=log).run()
         if bundle:
             log(f"{bundle}: sealed")

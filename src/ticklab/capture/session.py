@@ -52,8 +52,6 @@ from .. import __version__
 from ..bundle import BundleError, BundleWriter, superseded_record
 from ..paths import repo_root
 from ..schemas import MAX_RUNS
-from ..trace.ingest import read_trace
-from ..trace.tracemetrics import METRIC_SETS
 from .experiment import Condition, Experiment, ExperimentError, PlannedRun, schedule
 from .process import WorkloadOutputError
 from .stopping import Rounds, StoppingRule
@@ -289,6 +287,10 @@ def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dic
     """The metric rows of a finished run (workload output, then trace metrics), or why there are none."""
     if record["status"] != "ok":
         return [], None
+    # the trace reader and metric sets (numpy, pandas) here, where a run's results are made: a dry run imports neither
+    from ..trace.ingest import read_trace
+    from ..trace.tracemetrics import METRIC_SETS
+
     try:
         results = PARSERS[experiment.workload["tool"]](run_dir)
         if record.get("trace") and experiment.trace.get("metrics"):

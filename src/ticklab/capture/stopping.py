@@ -26,12 +26,13 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-
-import pandas as pd
-from tqdm import tqdm
+from typing import TYPE_CHECKING
 
 from ..bundle import measured_results
 from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedRun, parse_budget
+
+if TYPE_CHECKING:  # the results a rule checks are pandas' frames, made by the bundle; a dry run imports none (issue 56)
+    import pandas as pd
 
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
 MIN_RUNS = 5
@@ -295,6 +296,8 @@ class Rounds:
 
     def shown(self, desc: str, unit: str, enabled: bool = True):
         """The same runs, with a progress bar on stderr whose total grows with the rounds."""
+        from tqdm import tqdm
+
         with tqdm(
             total=len(self.plan),
             desc=desc,

@@ -10,13 +10,17 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..trace import gapfile, rawfile
 from .experiment import WORKLOAD_TOOLS
 from .process import WorkloadOutputError
+
+# numpy and pandas are imported by the readers that need them: capture/session.py imports PARSERS, and a capture's dry
+# run is not to wait for them (issue 56)
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 
 def _header(path: Path) -> tuple[dict, list[str]]:
@@ -42,6 +46,8 @@ _ROW_PATTERNS = {width: re.compile(r"\s*" + r"\s+".join([r"[0-9]{1,18}"] * width
 def _whole_number_rows(path: Path, lines: list[str], width: int, what: str, form: str) -> np.ndarray:
     """``lines`` as an array of rows of ``width`` whole numbers below 10^18, or the error naming the first line that
     is not. (One pattern match a line: a 5,000-sample ftq.dat is read in milliseconds, not tenths of a second.)"""
+    import numpy as np
+
     pattern = _ROW_PATTERNS[width]
     if not all(pattern.fullmatch(line) for line in lines):
         for number, row in enumerate((line.split() for line in lines), 1):
@@ -62,6 +68,8 @@ def _header_count(header: dict, key: str, path: Path) -> int:
 
 def read_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
     """ftq's header and samples (index, end_ns, count, warmup)."""
+    import pandas as pd
+
     header, lines = _header(path)
     if header.get("ftq") != "1":
         raise WorkloadOutputError(f"{path}: not ftq output (no '# ftq: 1' header)")
@@ -98,6 +106,8 @@ def read_gapdet(path: Path) -> tuple[dict, pd.DataFrame]:
     """gapdet's header (its counts as ints) and gaps (start_ns, gap_ns): what tools/gapdet.c wrote, read from its text
     (``path``, or its .xz) or, where a bundle keeps only its compact form beside it (gaps.parquet.xz,
     ticklab.trace.gapfile), from that: the same header and numbers either way."""
+    import pandas as pd
+
     compact = gapfile.compact_path(path)
     if compact is not None:
         try:
@@ -132,6 +142,8 @@ CLOCKBENCH_COLUMNS = ("reads", "reads_per_s", "cost_mean_ns", "cost_p50_ns", "co
 
 
 def read_clockbench(path: Path) -> tuple[dict, pd.DataFrame]:
+    import pandas as pd
+
     header, lines = _header(path)
     if header.get("clockbench") != "1" or not lines:
         raise WorkloadOutputError(f"{path}: not clockbench output (no '# clockbench: 1' header or no rows)")

@@ -539,6 +539,18 @@ def _cached_kernel(variant: str, progress: bool = True, say=say, announce: bool 
     return kernel
 
 
+def check_lab_experiment(experiment: Experiment, claim: str) -> None:
+    """ExperimentError where ``ticklab lab run <claim>`` refuses ``experiment``: not a lab experiment, another
+    claim's."""
+    path = experiment.path
+    if experiment.lab is None:
+        raise ExperimentError(
+            f"{path}: not a lab experiment (no 'lab:' section); run it with 'ticklab capture {claim}'"
+        )
+    if experiment.claim != claim:
+        raise ExperimentError(f"{path}: claim is {experiment.claim!r}, not {claim!r}")
+
+
 def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None, log=say) -> list[Path]:
     check_counts(options)
     paths = [experiment_path] if experiment_path else lab_experiments(claim)
@@ -547,12 +559,7 @@ def lab_run(claim: str, options: LabOptions, experiment_path: Path | None = None
     bundles = []
     for path in paths:
         experiment = load_experiment(path)
-        if experiment.lab is None:
-            raise ExperimentError(
-                f"{path}: not a lab experiment (no 'lab:' section); run it with 'ticklab capture {claim}'"
-            )
-        if experiment.claim != claim:
-            raise ExperimentError(f"{path}: claim is {experiment.claim!r}, not {claim!r}")
+        check_lab_experiment(experiment, claim)
         bundle = LabRun(experiment, options, log=log).run()
         log(f"{bundle}: sealed")
         bundles.append(bundle)

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from ..safefiles import shown
 from . import rawfile
+
+# numpy, pandas and pyarrow are imported in the functions that pack or read gaps: the bundle module imports this one,
+# and a capture's dry run or a refused experiment is not to wait for them (issue 56)
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 TEXT_NAME = "stdout.txt"  # where a run's extra keeps what gapdet printed
 COMPACT_NAME = "gaps.parquet"  # its compact form, stored xz'd (gaps.parquet.xz)
@@ -49,6 +51,8 @@ def is_gapdet_text(data: bytes) -> bool:
 def _parse(data: bytes) -> tuple[list[tuple[str, str]], np.ndarray] | None:
     """The header's (key, value) pairs and the (n, 2) int64 rows of gapdet's text, or None where it is not gapdet's
     text in its own layout (``text`` then gives it back byte for byte)."""
+    import numpy as np
+
     if not is_gapdet_text(data):
         return None
     try:
@@ -89,6 +93,10 @@ def compact(data: bytes) -> bytes | None:
     parsed = _parse(data)
     if parsed is None:
         return None
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     pairs, rows = parsed
     if dict(pairs).get("gaps_kept") != str(len(rows)) or text(pairs, rows) != data:
         return None
@@ -105,6 +113,11 @@ def compact(data: bytes) -> bytes | None:
 def read_compact(path: Path | str) -> tuple[list[tuple[str, str]], pd.DataFrame]:
     """The header's (key, value) pairs and the gaps (start_ns, gap_ns, int64) of a compact gap file (``gaps.parquet``
     or its .xz); GapFileError (or rawfile.RawFileError) naming the file where it is not one."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = rawfile.locate(path)
     data = rawfile.read_bytes(path)
     try:
