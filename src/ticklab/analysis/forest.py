@@ -15,13 +15,10 @@ from __future__ import annotations
 import math
 import textwrap
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
+from .lazy import plt
 from .palette import GREY
 from .verdicts import VERDICTS
 
@@ -387,6 +384,8 @@ def _draw_panel(ax, panel: dict) -> set[str]:
     labels += [f"{row['setup']}\n({row['n_per_condition']})" for _, row in pooled.iterrows()]
     ax.set_yticks(range(n), labels, fontsize=8)
     ticks = _nice_ticks(low, high, ([] if level else [1.0]) + ([target] if target is not None else []))
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.set_xticklabels([_tick_label(t, level) for t in ticks], fontsize=8.5)
     ax.xaxis.set_minor_locator(NullLocator())
@@ -469,31 +468,41 @@ def _grouped_lines(untested: list[tuple[str, str]], limit: int = 260) -> list[st
     return lines
 
 
-_LEGEND = {
-    "printed": (Line2D([], [], color="black", linewidth=1.6), "target printed in the source"),
-    "derived": (Line2D([], [], color="black", linewidth=1.6, linestyle="--"), "target derived by ticklab"),
-    "band": (Patch(color=BAND_COLOUR, alpha=0.16), "consistent-size band around the target"),
-    "no effect": (Patch(color=NO_EFFECT_COLOUR, alpha=0.28), "declared no-effect margin around ×1"),
-    "no change": (Line2D([], [], color="#444444", linewidth=0.9, linestyle=":"), "no change (×1)"),
-    "bound": (Line2D([], [], color=BOUND_COLOUR, linewidth=1.6, linestyle="-."), "non-inferiority bound (declared)"),
-    "pooled": (
-        Patch(facecolor="#bbbbbb", edgecolor="black"),
-        "pooled over the setups of one kind: diamond = its CI (random effects)",
-    ),
-    "prediction": (
-        Line2D([], [], color="#333333", linewidth=1.1, marker="|", markersize=8),
-        "prediction interval for a new machine of that kind",
-    ),
-    "unbounded": (
-        Line2D([], [], color="#555555", linewidth=2.6, marker=">", markersize=7),
-        "CI unbounded: too few runs (arrow to the edge)",
-    ),
-}
+def _legend() -> dict:
+    """The legend's entries (artists made when a figure is drawn: matplotlib is imported then, analysis/pyplot.py)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    return {
+        "printed": (Line2D([], [], color="black", linewidth=1.6), "target printed in the source"),
+        "derived": (Line2D([], [], color="black", linewidth=1.6, linestyle="--"), "target derived by ticklab"),
+        "band": (Patch(color=BAND_COLOUR, alpha=0.16), "consistent-size band around the target"),
+        "no effect": (Patch(color=NO_EFFECT_COLOUR, alpha=0.28), "declared no-effect margin around ×1"),
+        "no change": (Line2D([], [], color="#444444", linewidth=0.9, linestyle=":"), "no change (×1)"),
+        "bound": (
+            Line2D([], [], color=BOUND_COLOUR, linewidth=1.6, linestyle="-."),
+            "non-inferiority bound (declared)",
+        ),
+        "pooled": (
+            Patch(facecolor="#bbbbbb", edgecolor="black"),
+            "pooled over the setups of one kind: diamond = its CI (random effects)",
+        ),
+        "prediction": (
+            Line2D([], [], color="#333333", linewidth=1.1, marker="|", markersize=8),
+            "prediction interval for a new machine of that kind",
+        ),
+        "unbounded": (
+            Line2D([], [], color="#555555", linewidth=2.6, marker=">", markersize=7),
+            "CI unbounded: too few runs (arrow to the edge)",
+        ),
+    }
 
 
 def forest_figure(rows: pd.DataFrame, title: str | None = None):
     """One claim's verdict rows as a forest plot (see the module's docstring). ``rows``: VERDICT_COLUMNS rows of one
     claim, e.g. from several setups or fleet hosts."""
+    from matplotlib.lines import Line2D
+
     if rows.empty:
         raise ValueError("a forest plot needs verdict rows")
     rows = rows.reset_index(drop=True)
@@ -641,7 +650,8 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
         for v in VERDICTS
         if v in used
     ]
-    handles += [_LEGEND[key] for key in _LEGEND if key in used]
+    legend = _legend()
+    handles += [legend[key] for key in legend if key in used]
     if legend_ax is not None and handles:
         legend_ax.legend(
             [h for h, _ in handles],

@@ -12,7 +12,6 @@ The check (``deuteranopia_delta_e``): both colours as a deuteranope sees them, b
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.colors import to_rgb
 
 ORANGE = "#E69F00"
 SKY_BLUE = "#56B4E9"
@@ -66,6 +65,8 @@ def _cielab(linear_rgb: np.ndarray) -> np.ndarray:
 def deuteranope_lab(colour) -> np.ndarray:
     """CIELAB (D65) of ``colour`` (any matplotlib colour) as a deuteranope sees it; the simulated colour is clipped
     to what a screen can show."""
+    from matplotlib.colors import to_rgb
+
     simulated = DEUTERANOPIA_MACHADO_2009 @ _linear(np.array(to_rgb(colour)))
     return _cielab(np.clip(simulated, 0.0, 1.0))
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
+from .lazy import stats
 from .stats import rank_shift_rank, signed_rank_rank, smallest_bounded_n
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from .lazy import stats
 
 COMPARE_STATISTICS = ("Min", "Max", "Median", "AMean", "Stddev", "CoefVar")
 

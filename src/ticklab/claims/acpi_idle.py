@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..analysis import palette
 from ..analysis.checks import FactCheck
 from ..analysis.comparisons import Comparison
+from ..analysis.lazy import plt
 from ..analysis.published import PublishedClaim, check_derived
 from ..analysis.stats import (
     COMPARE_STATISTICS,

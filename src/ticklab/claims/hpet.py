@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..analysis import palette
 from ..analysis.captured import BundleRef
 from ..analysis.checks import FactCheck, excluded_runs, run_checks
 from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
+from ..analysis.lazy import plt
 from ..analysis.published import PublishedClaim, PublishedDataError
 from ..analysis.verdicts import Margins, Target
 from ..bundle import BundleError

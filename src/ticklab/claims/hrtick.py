@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from ..analysis import palette
 from ..analysis.checks import FactCheck, excluded_runs, run_checks
 from ..analysis.comparisons import Comparison, kernel_in_range, left_out_runs, left_out_words, measured_runs
+from ..analysis.lazy import plt
 from ..analysis.published import PublishedClaim, check_derived
 from ..analysis.stats import median_ci
 from ..analysis.verdicts import Margins, Target, Verdict, level_row, level_verdict

@@ -7,7 +7,6 @@ import functools
 import re
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from scipy import signal
@@ -16,6 +15,7 @@ from ..analysis import derived, palette
 from ..analysis.captured import BundleRef
 from ..analysis.checks import RUN_HZ, FactCheck, MetricCheck, RawCheck
 from ..analysis.comparisons import Comparison, NegativeControl, usable_bundles
+from ..analysis.lazy import plt
 from ..analysis.published import PublishedClaim, check_derived
 from ..analysis.verdicts import Margins, Target
 from ..capture.workloads import WorkloadOutputError, read_ftq, read_gapdet

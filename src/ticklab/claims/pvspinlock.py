@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..analysis import palette
 from ..analysis.checks import FactCheck, MetricBound
 from ..analysis.comparisons import Comparison
+from ..analysis.lazy import plt
 from ..analysis.published import PublishedClaim
 from ..analysis.verdicts import Margins, Target
 from . import Claim, Headline
