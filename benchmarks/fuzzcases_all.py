@@ -9,7 +9,7 @@ from fuzzcases_accounting import CompressedBombFamily, TraceFieldsFamily
 from fuzzcases_ingest import IngestOutLinksFamily, TraceCountsFamily, TraceSpecialsFamily
 from fuzzcases_outputs import OutputPlacesFamily
 from fuzzcases_plans import CmdlineWordsFamily, PlanStateFamily
-from fuzzcases_root import ForkFramesFamily, JournalsFamily, KernelNamesFamily
+from fuzzcases_root import ForkFramesFamily, JournalsFamily, KernelNamesFamily, KernelRootFamily
 from fuzzcases_special import SpecialFilesFamily
 from fuzzcases_yaml import YamlAliasFamily, YamlEmptyTypedFamily
 
@@ -32,5 +32,6 @@ FAMILIES = [
     OutputPlacesFamily(),
     KernelNamesFamily(),
     JournalsFamily(),
+    KernelRootFamily(),
     ForkFramesFamily(),
 ]

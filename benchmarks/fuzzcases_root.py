@@ -11,6 +11,14 @@ journals       a hand-edited host-changes journal on a fake root, each entry dra
                sleeping process), a task list with a bad CPU list. `recover` must put back every valid entry and
                refuse the rest in one line; wrong: a file outside the knobs written, the unit written, the sleeper
                killed (an escape), or a valid entry not put back (a silent loss).
+kernel-root    `kernel build --host --root DIR` against DIR's owner (issue 55 item 5), each input in a private mount
+               namespace of its own (`unshare -m`): a mount point planted as a link (to a victim directory outside
+               DIR, or to /), a file, a FIFO, missing, not empty or a mount already; swapped at the window between its
+               check and the mount (link, directory, file, gone); during the chroot step ticklab's mount moved away
+               and a link to another mount put in its place, or replaced by another mount, or taken down; or files
+               planted at DIR/proc (osrelease, modules, version). Wrong: anything mounted outside DIR, a mount
+               ticklab did not make unmounted, one of its own left in DIR, the chroot without its mounts, a refusal
+               not naming the mount point, or a plan that takes DIR for the running system.
 fork-frames    frames sent to a real report fork server (kernelfork.started): deep nesting, floats and other types
                where a request has strings, huge frames, bytes that are not JSON, partial frames then a close. Each
                must end that connection only: wrong is a server that no longer accepts, or a kernel forked for it.
@@ -317,5 +325,227 @@ class ForkFramesFamily:
         return Outcome("error", "connection ended, server still serving", True)
 
 
+def _private_mounts() -> bool:
+    if os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+class KernelRootFamily:
+    name = "kernel build --root DIR: planted and swapped mount points, /proc files"
+    key = "kernel-root"
+    POINTS = ("proc", "sys", "dev")
+    PLANTS = ("link-victim", "link-root", "file", "fifo", "missing", "not-empty", "mounted")
+    SWAPS = ("link-victim", "directory", "file", "missing")
+    ATTACKS = ("relink", "replace", "unmount")
+    RELEASE = "6.1.0-50-amd64"
+
+    def prepare(self, seeds: Path) -> None:
+        import ticklab.capture.hostkernel  # noqa: F401
+
+        self.mounts = _private_mounts()  # without root or unshare: the plan's /proc inputs only
+        self.devfs = subprocess.run(["stat", "-f", "-c", "%T", "/dev"], capture_output=True, text=True).stdout.strip()
+
+    def _tree(self, base: Path, attack: str) -> tuple[Path, Path]:
+        root = base / "image"
+        for relative in ("proc", "sys", "dev", "boot/grub", "usr/src"):
+            (root / relative).mkdir(parents=True)
+        (root / f"boot/vmlinuz-{self.RELEASE}").write_bytes(b"debian kernel")
+        (root / f"boot/config-{self.RELEASE}").write_text("CONFIG_64BIT=y\n")
+        (root / "boot/grub/grub.cfg").write_text("set default=0\n")
+        tree = base / "tree"
+        (tree / "arch/x86/boot").mkdir(parents=True)
+        (tree / "Makefile").write_text("VERSION = 6\nPATCHLEVEL = 12\nSUBLEVEL = 5\n")
+        (tree / "arch/x86/boot/bzImage").write_bytes(b"kernel")
+        (tree / "System.map").write_text("map")
+        (tree / ".config").write_text("CONFIG_64BIT=y\n")
+        for victim in ("victim", "victim-mount"):
+            (base / victim).mkdir()
+        (base / "victim/keep").write_text("host file\n")
+        bin_dir, log = base / "bin", base / "argv.log"
+        bin_dir.mkdir()
+        for name in ("make", "update-initramfs"):
+            (bin_dir / name).write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n')
+        (bin_dir / "chroot").write_text(
+            '#!/bin/sh\nwhere="$1"; shift; W=$(readlink -f "$where")\n'
+            f'echo chroot "$W" "$@" proc=$(stat -f -c %T "$where/proc") sys=$(stat -f -c %T "$where/sys") '
+            f'dev=$(stat -f -c %T "$where/dev") >> {log}\n{attack}\n'
+        )
+        for tool in bin_dir.iterdir():
+            tool.chmod(0o755)
+        return root, log
+
+    def case(self, source, work: Path) -> Outcome:
+        base = work / "kernel-root"
+        cases.remove_tree(base)
+        shape = source.integer(0, 4) if self.mounts else 4
+        point = source.choice(self.POINTS)
+        spec = {"base": str(base), "point": point, "plant": None, "swap": None, "attack": None, "plan_only": shape == 4}
+        known_bad = False
+        attack = ""
+        if shape == 3:
+            spec["attack"] = source.choice(self.ATTACKS)
+            attack = {
+                "relink": f'unshare -m --propagation private sh -c "umount -l $W/{point} && mv $W/{point} '
+                f'$W/{point}.away && ln -s {base}/victim-mount $W/{point}"',
+                "replace": f'umount -l "$W/{point}" && mount -t tmpfs other "$W/{point}"',
+                "unmount": f'umount -l "$W/{point}"',
+            }[spec["attack"]]
+        root, log = self._tree(base, attack)
+        target = root / point
+        if shape == 1:
+            plant = spec["plant"] = source.choice(self.PLANTS)
+            known_bad = not (plant == "not-empty" and point == "dev")  # /dev may hold debootstrap's nodes
+            if plant in ("link-victim", "link-root", "file", "fifo", "missing"):
+                target.rmdir()
+            if plant == "link-victim":
+                target.symlink_to(base / "victim")
+            elif plant == "link-root":
+                target.symlink_to("/")
+            elif plant == "file":
+                target.write_text("")
+            elif plant == "fifo":
+                os.mkfifo(target)
+            elif plant == "not-empty":
+                (target / "left").write_text("x")
+        elif shape == 2:
+            spec["swap"] = source.choice(self.SWAPS)
+            known_bad = True
+        elif shape == 4:
+            release = source.choice(["6.18.44-fc-v857", self.RELEASE, "9.9.9-evil", "x" * source.integer(1, 80)])
+            planted = {"sys/kernel/osrelease": release + "\n", "modules": "evil 4096 0 - Live 0x0\n",
+                       "version": "Linux version 9.9.9 Debian 9.9.9-1\n"}  # fmt: skip
+            for relative, text in planted.items():
+                if source.integer(0, 3):
+                    (root / "proc" / relative).parent.mkdir(parents=True, exist_ok=True)
+                    (root / "proc" / relative).write_text(text)
+        (base / "spec.json").write_text(json.dumps(spec))
+        argv = [sys.executable, str(Path(__file__).resolve()), "kernel-root-child", str(base / "spec.json")]
+        done = subprocess.run(
+            (["unshare", "-m", "--propagation", "private"] if self.mounts else []) + argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO / "src")])),
+            },
+        )
+        try:
+            result = json.loads(done.stdout.splitlines()[-1])
+        except (IndexError, ValueError):
+            return Outcome("traceback", f"the child exited {done.returncode}: {done.stderr.strip()[-300:]}", known_bad)
+        return self._judge(result, spec, root, base, log, known_bad)
+
+    def _judge(self, result: dict, spec: dict, root: Path, base: Path, log: Path, known_bad: bool) -> Outcome:
+        if result.get("traceback"):
+            return Outcome("traceback", result["traceback"], known_bad)
+        if "live" not in result:  # nothing planted reaches the plan: a refusal there read a planted file
+            return Outcome("wrong", f"the plan refused: {result['error']}", known_bad)
+        if result["live"] or result["initramfs"][0] != "chroot" or result["release"] != self.RELEASE:
+            return Outcome("wrong", f"DIR taken for the running system: {result['initramfs']}", known_bad)
+        if spec["plan_only"]:
+            return Outcome("accepted", "", known_bad)
+        escaped = []
+        allowed = {str(base / "victim-mount")}
+        if spec["plant"] == "mounted" or spec["attack"] == "replace":
+            allowed.add(str(root / spec["point"]))
+        if str(base / "victim-mount") not in result["mounts"]:
+            escaped.append("a mount ticklab never made was unmounted")
+        if not result["victim_kept"]:
+            escaped.append("the other mount's file is gone")
+        outside = [m for m in result["mounts"] if m not in allowed and not m.startswith(f"{root}/")]
+        left = [m for m in result["mounts"] if m not in allowed and m.startswith(f"{root}/")]
+        if outside:
+            escaped.append(f"mounted outside DIR: {outside[0]}")
+        if sorted(p.name for p in (base / "victim").iterdir()) != ["keep"]:
+            escaped.append("the victim directory changed")
+        if escaped:
+            return Outcome("wrong", "escape: " + ", ".join(escaped), known_bad)
+        if left:
+            return Outcome("wrong", f"ticklab's mount left in DIR: {left[0]}", known_bad)
+        error = result["error"]
+        if error is not None:
+            if "\n" in error or str(root / spec["point"]) not in error:
+                return Outcome("wrong", f"a refusal not naming {spec['point']} in one line: {error[:200]}", known_bad)
+            return Outcome("error", error[:300], known_bad)
+        if known_bad:
+            return Outcome("wrong", f"accepted: {spec}", known_bad)
+        chroot = [line for line in log.read_text().splitlines() if line.startswith("chroot")]
+        if chroot != [line for line in chroot if line.endswith(f"proc=proc sys=sysfs dev={self.devfs}")] or not chroot:
+            return Outcome("wrong", f"the chroot step without its mounts: {chroot}", known_bad)
+        if spec["attack"] in ("replace", "unmount") and not any("left as it is" in line for line in result["said"]):
+            return Outcome("wrong", "a mount no longer ticklab's passed without a line", known_bad)
+        return Outcome("accepted", "", known_bad)
+
+
+def kernel_root_child(spec_path: str) -> None:
+    """One kernel-root input, in the private mount namespace its parent made: the plan and (unless plan_only) the
+    install with fake tools, the victim mount made first; prints what happened as one JSON line."""
+    spec = json.loads(Path(spec_path).read_text())
+    base = Path(spec["base"])
+    root, target = base / "image", base / "image" / spec["point"]
+    os.environ["PATH"] = f"{base / 'bin'}:{os.environ['PATH']}"
+    from ticklab.capture import hostkernel
+    from ticklab.capture.hostkernel import HostKernelError, build_and_install, is_live, plan_host_kernel
+
+    try:
+        from ticklab.host import chrootmounts
+    except ImportError:  # the code before issue 55 item 5 (to show what the family finds there): no hook
+        chrootmounts = None
+
+    if not spec["plan_only"]:
+        subprocess.run(["mount", "-t", "tmpfs", "victim", str(base / "victim-mount")], check=True)
+        (base / "victim-mount/keep").write_text("kept\n")
+        if spec["plant"] == "mounted":
+            subprocess.run(["mount", "-t", "tmpfs", "planted", str(target)], check=True)
+
+    def swap(checked: Path) -> None:
+        if checked != target:
+            return
+        checked.rename(checked.with_name(checked.name + ".away"))
+        if spec["swap"] == "link-victim":
+            checked.symlink_to(base / "victim")
+        elif spec["swap"] == "directory":
+            checked.mkdir()
+        elif spec["swap"] == "file":
+            checked.write_text("")
+
+    if spec["swap"] and chrootmounts is not None:
+        chrootmounts.between_check_and_mount = swap
+    elif spec["swap"]:  # before: the window is after the check _system_mounts makes (the second), before its mounts
+        checks, check = [], hostkernel._check_mount_points
+
+        def check_then_swap(checked_root: Path) -> None:
+            check(checked_root)
+            checks.append(checked_root)
+            if len(checks) == 2:
+                swap(target)
+
+        hostkernel._check_mount_points = check_then_swap
+    result = {"error": None, "traceback": None, "said": []}
+    try:
+        plan = plan_host_kernel(root, source=base / "tree", work=base / "work")
+        result.update(live=is_live(root), release=plan.running_release, initramfs=plan.install_steps[-1])
+        if not spec["plan_only"]:
+            plan.build_steps = []
+            build_and_install(plan, root, say=result["said"].append)
+    except HostKernelError as exc:
+        result["error"] = str(exc)
+    except Exception as exc:  # noqa: BLE001 - the campaign reports it
+        result["traceback"] = f"{type(exc).__module__}.{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    with open("/proc/self/mountinfo") as info:
+        result["mounts"] = sorted(line.split()[4] for line in info if line.split()[4].startswith(str(base)))
+    try:
+        result["victim_kept"] = spec["plan_only"] or (base / "victim-mount/keep").read_text() == "kept\n"
+    except OSError:
+        result["victim_kept"] = False
+    print(json.dumps(result))
+
+
 if __name__ == "__main__":
-    sys.exit("run through benchmarks/fuzz.py --family kernel-names|journals|fork-frames")
+    if sys.argv[1:2] == ["kernel-root-child"]:
+        kernel_root_child(sys.argv[2])
+    else:
+        sys.exit("run through benchmarks/fuzz.py --family kernel-names|journals|kernel-root|fork-frames")

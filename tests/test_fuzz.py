@@ -99,7 +99,7 @@ def _other_families():
 
 
 # the families whose campaign takes over a second of CPU: make test runs them, make check leaves them out
-SLOW_FAMILIES = {"bombs", "trace-counts", "plan-state", "output-places", "journals", "fork-frames"}
+SLOW_FAMILIES = {"bombs", "trace-counts", "plan-state", "output-places", "journals", "fork-frames", "kernel-root"}
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """`ticklab kernel build --host`: planning and --dry-run on a fake root (nothing written), installing into a fake
 root with fake build tools, the guard on the default boot entry. A real host kernel build is not run here (> 1 h)."""
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from conftest import make_fake_host
+from ticklab import cli
+from ticklab.capture import hostkernel
 from ticklab.capture.hostkernel import HostKernelError, build_and_install, plan_host_kernel
-from ticklab.host import facts
+from ticklab.host import chrootmounts, facts
 
 pytestmark = pytest.mark.xdist_group("guests")
 
@@ -49,6 +52,13 @@ def host_root(tmp_path):
     (root / "proc/modules").write_text("kvm_intel 401408 0 - Live 0x0\nkvm 1404928 1 kvm_intel, Live 0x0\n")
     fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
     return root
+
+
+@pytest.fixture
+def running(monkeypatch):
+    """The fake host stands for the running system (its own /proc files read as the kernel's): what only a real
+    procfs or this process's / makes true (hostkernel.is_live; tests/test_chroot_mounts.py tests that)."""
+    monkeypatch.setattr(hostkernel, "is_live", lambda root: True)
 
 
 def run_cli(*argv, env=None):
@@ -103,7 +113,7 @@ def test_config_falls_back_to_proc_config_gz_and_says_what_to_install(tmp_path):
         plan_host_kernel(root)
 
 
-def test_localversion_follows_the_config_and_localmodconfig_counts_modules(host_root, tmp_path):
+def test_localversion_follows_the_config_and_localmodconfig_counts_modules(host_root, tmp_path, running):
     first = plan_host_kernel(host_root, localmodconfig=True, jobs=2, work=tmp_path / "w")
     assert first.module_count == 2 and "localmodconfig keeps about 2 modules" in first.estimate()
     assert any("localmodconfig" in step for step in first.build_steps)
@@ -134,15 +144,35 @@ def fake_tools(bin_dir: Path, log: Path, grub_cfg: Path | None = None) -> None:
         tool.chmod(0o755)
 
 
+def recorded_chroot(bin_dir: Path, log: Path, monkeypatch) -> None:
+    """chroot recorded, not run, with the directory it was given as a path (it is given DIR's descriptor,
+    /proc/self/fd/N, which readlink follows in the child), and the chroot's mounts recorded, not made: the real ones
+    need root and a private mount namespace (tests/test_chroot_mounts.py makes them there)."""
+    tool = bin_dir / "chroot"
+    tool.write_text(f'#!/bin/sh\nwhere=$(readlink -f "$1"); shift\necho chroot "$where" "$@" >> {log}\n')
+    tool.chmod(0o755)
+
+    @contextlib.contextmanager
+    def mounts(root, say, warn, mounts=chrootmounts.CHROOT_MOUNTS):
+        chrootmounts.check_mount_points(root, mounts)
+        with log.open("a") as out:
+            out.writelines(f"mount {m.source} on {root / m.point}\n" for m in mounts)
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield chrootmounts.ChrootMounts(root, fd)
+        finally:
+            os.close(fd)
+            with log.open("a") as out:
+                out.writelines(f"umount {root / m.point}\n" for m in reversed(mounts))
+
+    monkeypatch.setattr(chrootmounts, "chroot_mounts", mounts)
+
+
 def fake_system_tools(tmp_path: Path, monkeypatch) -> Path:
-    """fake_tools, and chroot, mount and umount recorded, not run (the real ones need root and a real system), first
-    on PATH; the log of every call."""
+    """fake_tools and recorded_chroot, first on PATH; the log of every call."""
     log = tmp_path / "argv.log"
     fake_tools(tmp_path / "bin", log)
-    for name in ("chroot", "mount", "umount"):
-        tool = tmp_path / "bin" / name
-        tool.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n')
-        tool.chmod(0o755)
+    recorded_chroot(tmp_path / "bin", log, monkeypatch)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     return log
 
@@ -158,7 +188,7 @@ def fake_tree(tmp_path: Path) -> Path:
     return tree
 
 
-def test_install_into_a_fake_root_leaves_the_default_boot_entry(host_root, tmp_path, monkeypatch):
+def test_install_into_a_fake_root_leaves_the_default_boot_entry(host_root, tmp_path, monkeypatch, running):
     log = tmp_path / "argv.log"
     fake_tools(tmp_path / "bin", log)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
@@ -177,7 +207,7 @@ def test_install_into_a_fake_root_leaves_the_default_boot_entry(host_root, tmp_p
         build_and_install(plan, host_root, say=lambda _: None)
 
 
-def test_a_hook_that_changes_grub_cfg_is_an_error_naming_it(host_root, tmp_path, monkeypatch):
+def test_a_hook_that_changes_grub_cfg_is_an_error_naming_it(host_root, tmp_path, monkeypatch, running):
     (host_root / "boot/grub").mkdir()
     grub_cfg = host_root / "boot/grub/grub.cfg"
     grub_cfg.write_text("set default=0\n")
@@ -241,7 +271,7 @@ def test_an_older_source_is_said_first_with_what_olddefconfig_drops(host_root, t
     ]
 
 
-def test_a_source_as_new_as_the_running_kernel_warns_nothing(host_root, tmp_path):
+def test_a_source_as_new_as_the_running_kernel_warns_nothing(host_root, tmp_path, running):
     assert plan_host_kernel(host_root, work=tmp_path / "w").warnings == []  # 6.12.99 against 6.12.57
     (host_root / "proc/version").write_text(
         "Linux version 6.12.0-1-amd64 (debian-kernel@lists.debian.org) #1 SMP "
@@ -269,8 +299,11 @@ def test_a_source_as_new_as_the_running_kernel_warns_nothing(host_root, tmp_path
         ),
     ],
 )
-def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(tmp_path, boot, expected):
-    """4f: a VM whose kernel the VMM supplies (Firecracker): a kernel installed in /boot would never be booted."""
+def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(
+    tmp_path, boot, expected, running, capsys, monkeypatch
+):
+    """4f: a VM whose kernel the VMM supplies (Firecracker): a kernel installed in /boot would never be booted. (The
+    command in this process: the fake host stands for the running system.)"""
     root = make_fake_host(tmp_path / "root")
     fake_tarball(root / "usr/src/linux-source-6.12.tar.xz")
     (root / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_64BIT=y\n"))
@@ -279,12 +312,14 @@ def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(tmp_path,
         for name, data in boot.items():
             (root / "boot" / name).write_bytes(data)
     before = tree_snapshot(root)
+    monkeypatch.setenv("TICKLAB_CACHE", str(tmp_path / "c"))
+    outcomes = []
     for argv in (["--dry-run"], []):
-        done = run_cli(
-            "kernel", "build", "--host", *argv, "--root", str(root), env={"TICKLAB_CACHE": str(tmp_path / "c")}
-        )
-        assert (done.returncode, done.stdout) == (2, "")
-        assert done.stderr == (
+        code = cli.main(["kernel", "build", "--host", *argv, "--root", str(root)])
+        outcomes.append((code, *capsys.readouterr()))
+    for code, stdout, stderr in outcomes:
+        assert (code, stdout) == (2, "")
+        assert stderr == (
             f"ticklab kernel build: {root}/{expected} (its kernel is supplied from outside, as a "
             "Firecracker VM's by the VMM) and a kernel installed there would never be booted; "
             "refused\n"
@@ -358,15 +393,16 @@ def test_installing_into_a_root_at_rest_mounts_for_its_chroot_and_unmounts_and_r
     release = build_and_install(plan, image_root, say=said.append)
     calls = log.read_text().splitlines()
     assert calls[0] == "make -C tree bzImage" and calls[1].endswith(f"modules_install INSTALL_MOD_PATH={image_root}")
-    assert calls[2:] == [
-        f"mount -t proc proc {image_root}/proc",
-        f"mount -t sysfs sysfs {image_root}/sys",
-        f"mount --bind /dev {image_root}/dev",
+    assert calls[2:] == [  # the chroot's mounts recorded (made for real in tests/test_chroot_mounts.py)
+        f"mount proc on {image_root}/proc",
+        f"mount sysfs on {image_root}/sys",
+        f"mount /dev on {image_root}/dev",
         f"chroot {image_root} update-initramfs -c -k {release}",
         f"umount {image_root}/dev",
         f"umount {image_root}/sys",
         f"umount {image_root}/proc",
     ], calls
+    assert f"chroot {image_root} update-initramfs" in (tmp_path / "work/build.log").read_text()  # the log shows DIR
     assert (image_root / f"boot/vmlinuz-{release}").read_bytes() == b"kernel"
     assert (image_root / "boot/grub/grub.cfg").read_text() == "set default=0\n"
     # beside its modules, what made the kernel: a capture on it records this (facts.kernel_build)
@@ -435,10 +471,9 @@ def test_an_interrupted_compile_resumes_and_a_build_cut_before_its_config_is_ref
     config was made is refused, naming it."""
     log = tmp_path / "argv.log"
     fake_tools(tmp_path / "bin", log)
-    for name in ("chroot", "mount", "umount", "tar"):
-        tool = tmp_path / "bin" / name
-        tool.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n')
-        tool.chmod(0o755)
+    (tmp_path / "bin/tar").write_text(f'#!/bin/sh\necho tar "$@" >> {log}\n')
+    (tmp_path / "bin/tar").chmod(0o755)
+    recorded_chroot(tmp_path / "bin", log, monkeypatch)
     (tmp_path / "bin/make").write_text(
         f'#!/bin/sh\necho make "$@" >> {log}\ncase "$*" in *bzImage*) [ -e {tmp_path}/compiled ] || exit 2;; esac\n'
     )

@@ -30,9 +30,11 @@ the same steps: its release is ``--release`` or its only ``/boot/vmlinuz-*`` (ne
 config ``DIR/boot/config-<release>``, the modules ``--localmodconfig`` keeps come from ``--modules FILE`` (its
 /proc/modules recorded at a boot of it; they enter the localversion hash, so other modules make another release),
 and its initramfs is made by its own ``update-initramfs`` in a chroot, with /proc, /sys and /dev mounted on its
-empty mount points for that step only and unmounted after it. The work directory is named by the release, i.e. by
-the config, patches and modules: a build that finished there (the ``built`` marker) is installed again without
-compiling, into another copy of the image.
+empty mount points for that step only and unmounted after it — by descriptor, never by a name below DIR, which its
+owner may change meanwhile (``host/chrootmounts.py``, issue 55 item 5). DIR is the running system only where it is
+this process's ``/`` or its ``proc`` is a real procfs (:func:`is_live`), never because of a file in it. The work
+directory is named by the release, i.e. by the config, patches and modules: a build that finished there (the
+``built`` marker) is installed again without compiling, into another copy of the image.
 
 Installing never changes which kernel the machine boots by default. Debian's ``make install`` runs
 installkernel, whose ``/etc/kernel/postinst.d/zz-update-grub`` regenerates grub.cfg; with ``GRUB_DEFAULT=0`` a
@@ -62,6 +64,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..bundle import file_sha256
+from ..host import chrootmounts
 from ..host.facts import KERNEL_BUILD_LOG, KERNEL_BUILD_RECORD
 from ..paths import cache_dir, repo_root
 from ..safefiles import OwnedDir
@@ -156,7 +159,14 @@ class HostKernelPlan:
             "build steps:",
         ] + [f"  {shown(step)}" for step in self.build_steps]
         lines += ["install steps (the default boot entry is not changed: no 'make install', no update-grub):"]
-        lines += [f"  {shown(step)}" for step in self.install_steps]
+        for step in self.install_steps:
+            lines.append(f"  {shown(step)}")
+            if step[0] == "chroot":
+                lines.append(
+                    "    (for it only: "
+                    + ", ".join(f"{m.source} mounted on {Path(step[1]) / m.point}" for m in chrootmounts.CHROOT_MOUNTS)
+                    + ", each onto the directory checked and unmounted after by its mount id)"
+                )
         return "\n".join(lines)
 
 
@@ -165,9 +175,11 @@ def shown(argv: list[str]) -> str:
 
 
 def is_live(root: Path) -> bool:
-    """Whether ``root`` is a running system (``/``, or a tree that carries its own /proc, as the tests' fake hosts),
-    not a system at rest such as a disk image's mounted root."""
-    return str(root) == "/" or (root / "proc/sys/kernel/osrelease").is_file()
+    """Whether ``root`` is the running system (this process's ``/`` by device and inode, or a tree whose ``proc`` is
+    a real procfs mount), not a system at rest such as a disk image's mounted root. A regular file at
+    ``root/proc/sys/kernel/osrelease`` does not make it one (issue 55 item 5: the dry run then planned the host's
+    own update-initramfs)."""
+    return chrootmounts.is_running_system(root)
 
 
 def running_release(root: Path, given: str | None = None) -> str:
@@ -175,13 +187,11 @@ def running_release(root: Path, given: str | None = None) -> str:
     (a disk image's root) the only ``/boot/vmlinuz-*`` it has, never this machine's kernel."""
     if given:
         return given
-    osrelease = root / "proc/sys/kernel/osrelease"
-    try:
-        return osrelease.read_text().strip()
-    except OSError:
-        pass
-    if str(root) == "/":
-        return os.uname().release
+    if is_live(root):  # a system at rest has no /proc of its own: a file there says nothing about its kernel
+        try:
+            return (root / "proc/sys/kernel/osrelease").read_text().strip()
+        except OSError:
+            return os.uname().release
     images = sorted(p.name[len("vmlinuz-") :] for p in (root / "boot").glob("vmlinuz-*"))
     if len(images) == 1:
         return images[0]
@@ -219,7 +229,7 @@ def running_version(root: Path, release: str) -> str:
     """X.Y.Z of the running kernel: Debian's upstream version from /proc/version (``... Debian 6.1.90-1 ...``) where
     the release names only the ABI (``6.1.0-21-amd64``), else the release's leading numbers."""
     try:
-        text = (root / "proc/version").read_text(errors="replace")[:4096]
+        text = (root / "proc/version").read_text(errors="replace")[:4096] if is_live(root) else ""
     except OSError:
         text = ""
     debian = re.search(r"\bDebian (\d+\.\d+\.\d+)", text)
@@ -627,39 +637,36 @@ def _is_compile(argv: list[str]) -> bool:
     return argv[:1] == ["make"] and "bzImage" in argv
 
 
-# what the system's own update-initramfs needs mounted in a chroot (its hooks read /proc, /sys and /dev)
-CHROOT_MOUNTS = (("proc", "proc", ["-t", "proc"]), ("sysfs", "sys", ["-t", "sysfs"]), ("/dev", "dev", ["--bind"]))
-
-
 def _check_mount_points(root: Path) -> None:
-    """Every mount point :func:`_system_mounts` uses, checked before any is mounted (and before anything is
-    installed: a refusal there leaves no half-installed kernel)."""
-    for _source, relative, _options in CHROOT_MOUNTS:
-        target = root / relative
-        if target.is_symlink() or not target.is_dir():
-            raise HostKernelError(f"{target}: not a directory to mount {relative} on for the chroot")
-        if relative != "dev" and any(target.iterdir()):
-            raise HostKernelError(f"{target}: not an empty directory to mount {relative} on for the chroot")
+    """Every mount point the chroot step uses, checked (by descriptor, as it is when mounted: host/chrootmounts.py)
+    before any is mounted and before anything is installed: a refusal there leaves no half-installed kernel."""
+    try:
+        chrootmounts.check_mount_points(root)
+    except chrootmounts.ChrootMountError as exc:
+        raise HostKernelError(str(exc)) from None
 
 
 @contextlib.contextmanager
-def _system_mounts(root: Path, log):
-    """/proc, /sys and /dev inside a system at rest for its update-initramfs, unmounted again whatever happens (in
-    reverse order; a running system needs none). /proc and /sys must be empty directories of that root; /dev must be a
-    directory, and may hold the static nodes debootstrap makes (null, zero, console…), which a booted system's
-    devtmpfs covers too: the bind mount hides them only for the step, and nothing under them is written."""
-    mounted = []
+def _system_mounts(root: Path, log, say):
+    """/proc, /sys and /dev inside a system at rest for its update-initramfs (the plan's chroot step; a running
+    system needs none), unmounted again whatever happens, in reverse order. /proc and /sys must be empty directories
+    of that root; /dev must be a directory, and may hold the static nodes debootstrap makes (null, zero, console…),
+    which a booted system's devtmpfs covers too: the bind mount hides them only for the step, and nothing under them
+    is written. Yields the mounts (DIR's descriptor, for the chroot)."""
+
+    def logged(line: str) -> None:
+        log.write(line + "\n")
+        log.flush()
+
+    def warned(line: str) -> None:
+        logged(line)
+        say(line)
+
     try:
-        if not is_live(root):
-            _check_mount_points(root)
-            for source, relative, options in CHROOT_MOUNTS:
-                target = root / relative
-                _step(["mount", *options, source, str(target)], log, dies_with_ticklab=False)
-                mounted.append(target)
-        yield
-    finally:
-        for target in reversed(mounted):
-            subprocess.run(["umount", str(target)], stdout=log, stderr=subprocess.STDOUT, check=False)
+        with chrootmounts.chroot_mounts(root, logged, warned) as mounts:
+            yield mounts
+    except chrootmounts.ChrootMountError as exc:
+        raise HostKernelError(str(exc)) from None
 
 
 def _boot_digests(root: Path) -> dict[str, str | None]:
@@ -670,11 +677,12 @@ def _boot_digests(root: Path) -> dict[str, str | None]:
     return digests
 
 
-def _step(argv: list[str], log, *, dies_with_ticklab: bool) -> None:
+def _step(argv: list[str], log, *, dies_with_ticklab: bool, run_as: list[str] | None = None, pass_fds=()) -> None:
     """One build or install command. A build step (``dies_with_ticklab``) runs as a process group that ends with
     ticklab, a kill -9 included (capture.process.spawn), so no compile goes on burning the CPUs of a machine whose
     ticklab is gone; an install step runs to its end even then: a kernel half-installed into /boot and
-    /lib/modules is worse than one installed."""
+    /lib/modules is worse than one installed. ``run_as``: the argv run, where it reaches a path by descriptor
+    (``pass_fds``) instead of the name ``argv`` shows."""
     log.write(f"$ {shown(argv)}\n")
     log.flush()
     if dies_with_ticklab:
@@ -684,7 +692,9 @@ def _step(argv: list[str], log, *, dies_with_ticklab: bool) -> None:
         finally:
             kill_group(process)  # interrupted: the build's whole group
     else:
-        returncode = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        returncode = subprocess.run(
+            run_as or argv, stdout=log, stderr=subprocess.STDOUT, check=False, pass_fds=pass_fds
+        ).returncode
     if returncode != 0:
         raise HostKernelError(f"{log.name}: '{shown(argv)[:120]}' exited {returncode}")
 
@@ -740,7 +750,7 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
         raise HostKernelError(
             f"{work / 'linux'}: left by a build interrupted before its config was made; remove it to build again"
         )
-    if not is_live(root) and any(argv[0] == "chroot" for argv in plan.install_steps):
+    if any(argv[0] == "chroot" for argv in plan.install_steps):
         _check_mount_points(root)  # before an hour of compiling, not after it
     work.mkdir(parents=True, exist_ok=True)
     before = _boot_digests(root)
@@ -776,8 +786,12 @@ def build_and_install(plan: HostKernelPlan, root: Path | str = "/", say=print) -
                 )
         say(f"installing {plan.release} into {root} (modules, /boot files, initramfs); the default boot entry stays")
         for argv in plan.install_steps:
-            with _system_mounts(root, log) if argv[0] == "chroot" else contextlib.nullcontext():
+            if argv[0] != "chroot":
                 _step(argv, log, dies_with_ticklab=False)
+                continue
+            with _system_mounts(root, log, say) as mounts:  # entered by DIR's descriptor, never its name again
+                _step(argv, log, dies_with_ticklab=False, run_as=["chroot", mounts.chroot_path, *argv[2:]],
+                      pass_fds=(mounts.root_fd,))  # fmt: skip
     write_build_record(plan, root, log_path)
     changed = [path for path, digest in _boot_digests(root).items() if digest != before[path]]
     if changed:
