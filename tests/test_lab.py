@@ -371,7 +371,7 @@ needs_lab = pytest.mark.skipif(
 
 
 def _why_no_hrtick_kernels() -> str:
-    missing = [name for name in ("hz1000", "7.2-hz1000") if not _cached_kernel(name)]
+    missing = [name for name in ("hz250", "7.2-hz250") if not _cached_kernel(name)]
     if not (has_qemu and os.geteuid() == 0):
         return "needs root and qemu-system-x86"
     return (
@@ -401,7 +401,7 @@ def test_a_tcg_hrtick_run_boots_both_kernels_and_counts_rearms_only_where_the_ke
     bundle = load_bundle(bundles[0])
     runs = {r.condition: r.to_json() for r in bundle.manifest.runs}  # each run's record as written
     assert set(runs) == {"6.12 hrtick-on", "7.2 hrtick-on"}
-    assert set(bundle.manifest.lab["kernels"]) == {"hz1000", "7.2-hz1000"}
+    assert set(bundle.manifest.lab["kernels"]) == {"hz250", "7.2-hz250"}
     for condition, record in runs.items():
         series = condition.split()[0]
         assert record["status"] == "ok" and not record["problem"], record

@@ -209,15 +209,15 @@ def test_the_cli_names_the_sources_and_refuses_an_unknown_series_in_one_line(cap
 @pytest.mark.slow
 def test_the_kernel_is_a_condition_interleaved_in_the_seeded_order():
     experiment = load_experiment(REPO / "runners" / "hrtick" / "guest-hackbench.yaml")
-    assert experiment_kernels(experiment) == ["7.2-hz1000", "hz1000"]
+    assert experiment_kernels(experiment) == ["7.2-hz250", "hz250"]
     conditions = expand_conditions(experiment, planning_facts(2))
     planned = schedule(conditions, 3, 1, experiment.seed)
     kernels = {c.name: boot_settings(experiment, c, LabOptions())["kernel"] for c in conditions}
     assert kernels == {
-        "6.12 hrtick-off": "hz1000",
-        "6.12 hrtick-on": "hz1000",
-        "7.2 hrtick-off": "7.2-hz1000",
-        "7.2 hrtick-on": "7.2-hz1000",
+        "6.12 hrtick-off": "hz250",
+        "6.12 hrtick-on": "hz250",
+        "7.2 hrtick-off": "7.2-hz250",
+        "7.2 hrtick-on": "7.2-hz250",
     }
     assert [p.condition.name for p in planned[:4]] == list(kernels) and all(p.warmup for p in planned[:4])
     measured = [p.condition.name for p in planned[4:]]
@@ -225,7 +225,7 @@ def test_the_kernel_is_a_condition_interleaved_in_the_seeded_order():
     # the seeded shuffle (random.Random(seed).shuffle), not kernel by kernel: both kernels boot in each half
     assert measured == [p.condition.name for p in schedule(conditions, 3, 1, experiment.seed)[4:]]
     halves = [{kernels[name] for name in measured[:6]}, {kernels[name] for name in measured[6:]}]
-    assert halves == [{"hz1000", "7.2-hz1000"}] * 2
+    assert halves == [{"hz250", "7.2-hz250"}] * 2
     switches = sum(kernels[a] != kernels[b] for a, b in zip(measured, measured[1:]))
     assert switches >= 3, measured
 

@@ -141,10 +141,10 @@ def superseded_bundles(refs: list[BundleRef]) -> set[str]:
     replaced = set()
     for ref in refs:
         try:
-            manifest = json.loads(read_bytes(ref.path / "manifest.json", MAX_MANIFEST_BYTES))
-        except (OSError, ValueError):
+            manifest = Manifest.from_json(json.loads(read_bytes(ref.path / "manifest.json", MAX_MANIFEST_BYTES)))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
-        for record in manifest.get("supersedes") or [] if isinstance(manifest, dict) else []:
+        for record in manifest.supersedes if isinstance(manifest.supersedes, list) else []:
             if not isinstance(record, dict) or not isinstance(record.get("bundle"), str):
                 continue
             place = record["bundle"]
