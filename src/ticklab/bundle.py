@@ -740,6 +740,11 @@ def add_manifest_seal(path: Path | str) -> Path:
     return seal
 
 
+def seal_digest(bundle: Path) -> str:
+    """A sealed bundle's identity across copies: the sha256 of its manifest.sha256."""
+    return hashlib.sha256(read_bytes(bundle / SEAL, 4096)).hexdigest()
+
+
 def superseded_record(old: Path | str, claim: str, experiment: str) -> dict:
     """What a recapture records of a bundle it replaces (``--supersedes OLD``): OLD's place under its data directory
     (``<host-id>/<claim>/<bundle>``), its seal (the sha256 of its manifest.sha256, as bundle export names it), when
@@ -756,7 +761,7 @@ def superseded_record(old: Path | str, claim: str, experiment: str) -> dict:
     resolved = old.resolve()
     return {
         "bundle": "/".join(resolved.parts[-3:]),
-        "seal": hashlib.sha256(read_bytes(old / SEAL, 4096)).hexdigest(),
+        "seal": seal_digest(old),
         "sealed": manifest.sealed,
         "measured_runs": len(manifest.measured_runs()),
     }

@@ -21,7 +21,6 @@ is skipped, saying where; a different bundle at the same name is refused. Nothin
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -30,8 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bundle import MANIFEST, SEAL, BundleError, load_bundle
-from .safefiles import OwnedDir, UnsafeFileError, open_regular, read_bytes, shown
+from .bundle import MANIFEST, SEAL, BundleError, load_bundle, seal_digest
+from .safefiles import OwnedDir, UnsafeFileError, open_regular, shown
 
 MEMBER_LIMIT = 4 << 30  # one file of a bundle (a trace's CPU data is at most 2 GiB before xz)
 TOTAL_LIMIT = 64 << 30  # the whole archive's contents
@@ -42,11 +41,6 @@ _COPY_CHUNK = 1 << 20
 
 class ArchiveError(ValueError):
     """An archive or bundle ticklab refuses; the message is one line naming the file."""
-
-
-def seal_digest(bundle: Path) -> str:
-    """A sealed bundle's identity across copies: the sha256 of its manifest.sha256."""
-    return hashlib.sha256(read_bytes(bundle / SEAL, 4096)).hexdigest()
 
 
 def bundles_under(paths: Iterable[Path | str]) -> list[Path]:

@@ -3,7 +3,6 @@ analysis: finding them, loading each once, and their health for the report."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -15,13 +14,13 @@ import pandas as pd
 
 from ..bundle import (
     MAX_MANIFEST_BYTES,
-    SEAL,
     Bundle,
     BundleError,
     Manifest,
     RunRecord,
     check_complete,
     load_bundle,
+    seal_digest,
 )
 from ..safefiles import read_bytes
 
@@ -156,7 +155,7 @@ def superseded_bundles(refs: list[BundleRef]) -> set[str]:
 
 def _seal_of(bundle: Path) -> str | None:
     try:
-        return hashlib.sha256(read_bytes(bundle / SEAL, 4096)).hexdigest()
+        return seal_digest(bundle)
     except OSError:
         return None
 

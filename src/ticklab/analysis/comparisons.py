@@ -350,46 +350,26 @@ def verdicts(
             one_thread = comparison.needs_concurrency and any(
                 (frame.get("vcpu_threads", pd.Series(dtype=str)) == "single").any() for frame in (treatment, baseline)
             )
-            if one_thread:
-                rows.append(
-                    _not_testable(
-                        claim,
-                        setup,
-                        comparison,
-                        n_per_condition=n,
-                        reason="this setup's vCPUs take turns in one host thread (QEMU TCG thread=single, as the "
-                        f"machine declares), so no two run at once: {comparison.needs_concurrency}; left out of "
-                        "the multiple-comparison family",
-                    )
-                )
-                continue
             why = untestable.get((setup, comparison.comparison))
-            if why:
-                rows.append(
-                    _not_testable(
-                        claim,
-                        setup,
-                        comparison,
-                        n_per_condition=n,
-                        reason=f"{why}; left out of the multiple-comparison family",
-                    )
+            if one_thread:
+                why = (
+                    "this setup's vCPUs take turns in one host thread (QEMU TCG thread=single, as the machine "
+                    f"declares), so no two run at once: {comparison.needs_concurrency}; left out of the "
+                    "multiple-comparison family"
                 )
-                continue
-            if not lost.empty and (
+            elif why:
+                why = f"{why}; left out of the multiple-comparison family"
+            elif not lost.empty and (
                 len(treatment) < 2
                 or len(baseline) < 2
                 or rank_shift_rank(len(treatment), len(baseline), 1 - alpha)[0] == 0
             ):
-                rows.append(
-                    _not_testable(
-                        claim,
-                        setup,
-                        comparison,
-                        n_per_condition=n,
-                        reason=f"{left_out_words(lost, len(treatment) + len(baseline) + len(lost))}: the {n} runs "
-                        f"left cannot give a bounded {1 - alpha:.0%} CI",
-                    )
+                why = (
+                    f"{left_out_words(lost, len(treatment) + len(baseline) + len(lost))}: the {n} runs "
+                    f"left cannot give a bounded {1 - alpha:.0%} CI"
                 )
+            if why:
+                rows.append(_not_testable(claim, setup, comparison, n_per_condition=n, reason=why))
                 continue
             if len(treatment) < 2 or len(baseline) < 2:
                 rows.append(

@@ -159,47 +159,35 @@ def untested_setups(rows: pd.DataFrame) -> list[tuple[str, str]]:
     return listed
 
 
+def _plotted(row, role: str, comparison: str, shown: str) -> dict:
+    """One plotted row of the forest's table: how it is drawn, beside its verdict columns."""
+    return {
+        "role": role,
+        "comparison": comparison,
+        "setup": row["setup"],
+        "shown": shown,
+        "fresh_effect": row["fresh_effect"],
+        "ci_low": row["ci_low"],
+        "ci_high": row["ci_high"],
+        "ci_level": row["ci_level"],
+        "target": target_words(row),
+        "target_provenance": row["target_provenance"],
+        "n_per_condition": row["n_per_condition"],
+        "verdict": row["verdict"],
+        "why not plotted": "",
+    }
+
+
 def forest_table(rows: pd.DataFrame) -> pd.DataFrame:
     """The numbers the forest plot shows, one row per panel line, then every setup listed under a panel or under the
     plot with why it has no line."""
     table = []
     for panel in _panels(rows):
         for _, row in panel["rows"].iterrows():
-            table.append(
-                {
-                    "role": panel["role"],
-                    "comparison": panel["comparison"],
-                    "setup": row["setup"],
-                    "shown": "line (a level)" if is_level(row) else "line",
-                    "fresh_effect": row["fresh_effect"],
-                    "ci_low": row["ci_low"],
-                    "ci_high": row["ci_high"],
-                    "ci_level": row["ci_level"],
-                    "target": target_words(row),
-                    "target_provenance": row["target_provenance"],
-                    "n_per_condition": row["n_per_condition"],
-                    "verdict": row["verdict"],
-                    "why not plotted": "",
-                }
-            )
+            shown = "line (a level)" if is_level(row) else "line"
+            table.append(_plotted(row, panel["role"], panel["comparison"], shown))
         for _, row in panel["pooled"].iterrows():
-            table.append(
-                {
-                    "role": "pooled",
-                    "comparison": panel["comparison"],
-                    "setup": row["setup"],
-                    "shown": f"diamond (pooled CI); {_pi_words(row)}",
-                    "fresh_effect": row["fresh_effect"],
-                    "ci_low": row["ci_low"],
-                    "ci_high": row["ci_high"],
-                    "ci_level": row["ci_level"],
-                    "target": target_words(row),
-                    "target_provenance": row["target_provenance"],
-                    "n_per_condition": row["n_per_condition"],
-                    "verdict": row["verdict"],
-                    "why not plotted": "",
-                }
-            )
+            table.append(_plotted(row, "pooled", panel["comparison"], f"diamond (pooled CI); {_pi_words(row)}"))
         for setup, verdict, reason in panel["missing"]:
             first = panel["first"]
             table.append(
