@@ -366,3 +366,30 @@ def test_a_notebook_past_its_timeout_leaves_neither_its_papermill_nor_its_kernel
         left = _children(server)
     assert ran.status == "timeout"
     assert not left  # the server killed the papermill it forked; the kernel's client died with it, so its kernel too
+
+
+def test_a_kernel_shut_down_is_not_interrupted_first(tmp_path):
+    """jupyter_client interrupts a kernel before it shuts it down; on a loaded machine that SIGINT can land inside a
+    message handler and the kernel logs "KeyboardInterrupt caught in kernel." on papermill's stderr. ticklab's
+    manager shuts down without the interrupt, and an interrupt asked for still reaches the kernel."""
+    interrupted = tmp_path / "interrupted"
+    manager, client = started_kernel(tmp_path)
+    try:
+        # the handler the kernel restores after this cell (ipykernel's post_handler_hook): it records each SIGINT
+        run_cell(
+            client,
+            "import pathlib\n"
+            f"mark = pathlib.Path({str(interrupted)!r})\n"
+            "get_ipython().kernel.saved_sigint_handler = lambda *_: mark.write_text(mark.read_text() + 'x' "
+            "if mark.exists() else 'x')",
+        )
+        manager.interrupt_kernel()
+        deadline = time.monotonic() + GENEROUS_S
+        while not interrupted.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert interrupted.read_text() == "x"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+    assert ended(manager)
+    assert interrupted.read_text() == "x", "the shutdown sent the kernel a SIGINT"

@@ -57,6 +57,16 @@ class EncryptedKernelManager(KernelManager):
             kernelfork.trusted_address(os.environ.get(kernelfork.SOCKET_ENV)),
         )
 
+    async def _async_interrupt_kernel(self) -> None:
+        # jupyter_client 8 interrupts a kernel before it asks it to shut down. papermill shuts a kernel down once its
+        # last cell has replied, so the interrupt has nothing to stop, but on a loaded machine it can land while the
+        # kernel is still inside a message handler (its SIGINT handler is Python's then), and the kernel logs
+        # "KeyboardInterrupt caught in kernel." on stderr. The shutdown request alone ends an idle kernel; a kernel
+        # stuck in a cell is ended by the manager's own terminate and kill after shutdown_wait_time.
+        if self.shutting_down:
+            return
+        await super()._async_interrupt_kernel()
+
     @default("kernel_spec_manager")
     def _ticklab_kernel_specs(self) -> KernelSpecManager:
         return TicklabKernelSpecs(data_dir=self.data_dir)
