@@ -393,3 +393,30 @@ def test_a_kernel_shut_down_is_not_interrupted_first(tmp_path):
         manager.shutdown_kernel(now=False)
     assert ended(manager)
     assert interrupted.read_text() == "x", "the shutdown sent the kernel a SIGINT"
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_the_fork_server_can_be_turned_off(how, monkeypatch):
+    """--no-kernel-fork or TICKLAB_KERNEL_FORK=0: no server is started, and the report runs its kernels as before."""
+    started_processes = []
+    monkeypatch.setattr(kernelfork.subprocess, "Popen", lambda *a, **k: started_processes.append(a))
+    monkeypatch.delenv(kernelfork.OFF_ENV, raising=False)
+    if how == "environment":
+        monkeypatch.setenv(kernelfork.OFF_ENV, "0")
+    with kernelfork.started(how != "option") as socket_path:
+        assert socket_path is None
+    assert started_processes == []
+
+
+def test_report_no_kernel_fork_reaches_the_run(monkeypatch, tmp_path):
+    """`ticklab report --no-kernel-fork` starts no server and tells the run not to start one of its own."""
+    from ticklab import cli
+    from ticklab.report import build
+
+    monkeypatch.delenv(kernelfork.OFF_ENV, raising=False)
+    asked = {}
+    monkeypatch.setattr(kernelfork.subprocess, "Popen", lambda *a, **k: pytest.fail("a fork server was started"))
+    monkeypatch.setattr(build, "run_report", lambda out, **kwargs: asked.update(kwargs) or 0)
+    assert cli.main(["report", "--no-kernel-fork", "--out", str(tmp_path / "report")]) == 0
+    assert asked["kernel_fork"] is False
+    assert asked["kernel_server"] is None

@@ -794,3 +794,32 @@ def test_papermill_with_the_ticklab_engine_prints_no_kernel_warning(tmp_path):
     ]
     assert lines == [], proc.stderr
     assert nbformat.read(tmp_path / "out.ipynb", 4).cells[0].outputs[0]["text"] == "42\n"
+
+
+def test_a_run_without_the_kernel_fork_server_runs_its_notebooks(tmp_path, monkeypatch):
+    """run_report(kernel_fork=False) (ticklab report --no-kernel-fork) starts no fork server; its notebooks still run,
+    each kernel an ordinary one."""
+    from ticklab.report import kernelfork
+
+    monkeypatch.setattr(kernelfork, "_private_directory", lambda: pytest.fail("a fork server was started"))
+    hollow = nbformat.v4.new_notebook()
+    hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    hollow.cells = [
+        nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(f"import os\nprint(os.environ.get({kernelfork.SOCKET_ENV!r}, 'no server'))"),
+    ]
+    notebook_dir = tmp_path / "notebooks"
+    notebook_dir.mkdir()
+    nbformat.write(hollow, notebook_dir / "03-hrtick.ipynb")
+    code = run_report(
+        tmp_path / "out",
+        data_dir=paths.traces_dir(),
+        published_dir=paths.published_dir(),
+        only=["03-hrtick"],
+        notebook_dir=notebook_dir,
+        log=[].append,
+        kernel_fork=False,
+    )
+    assert code == 1  # ran, and wrote none of the claim's outputs
+    ran = nbformat.read(tmp_path / "out/notebooks/03-hrtick.ipynb", 4)
+    assert ran.cells[-1].outputs[0]["text"] == "no server\n"

@@ -31,7 +31,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = report_out(args.data_dir)
     # the kernels' fork server first: its imports run beside this process's own (report/kernelfork.py)
-    with kernelfork.started() as kernel_server:
+    with kernelfork.started(not args.no_kernel_fork) as kernel_server:
         from .report.build import run_report
 
         return run_report(
@@ -44,6 +44,7 @@ def _report(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             kernel_server=kernel_server,
             replace_other=args.replace,
+            kernel_fork=not args.no_kernel_fork,
         )
 
 
@@ -1024,6 +1025,12 @@ def _add_report_parser(sub) -> None:
         type=_whole(1, 64),
         default=None,
         help="claims' notebooks run at once (default: one per CPU this process may use)",
+    )
+    report.add_argument(
+        "--no-kernel-fork",
+        action="store_true",
+        help="start every notebook's kernel and papermill as an ordinary process, not forked from one that imported "
+        "what they import (also TICKLAB_KERNEL_FORK=0)",
     )
     report.set_defaults(func=_report)
 

@@ -365,9 +365,11 @@ def run_report(
     log=print,
     kernel_server: str | None = None,
     replace_other: bool = False,
+    kernel_fork: bool = True,
 ) -> int:
     """Run the notebooks and assemble the report. Returns the process exit code (0: all good). ``kernel_server``: the
-    socket of a kernel fork server already started (kernelfork.started); else the run starts its own.
+    socket of a kernel fork server already started (kernelfork.started); else the run starts its own, unless
+    ``kernel_fork`` is False or the environment turns it off (kernelfork.enabled)
     ``replace_other``: replace a report of other data in ``output_dir`` (else it is refused, outdir.py)."""
     output_dir = Path(output_dir).resolve()
     order = [c.notebook for c in all_claims()] + [SUMMARY_NOTEBOOK]
@@ -410,6 +412,7 @@ def run_report(
             log=log,
             last_durations=last_durations,
             kernel_server=kernel_server,
+            kernel_fork=kernel_fork,
             progress=lambda: outdir.progress(output_dir, foreign, read),
         )
     except (UnsafeFileError, outdir.OutputDirError) as exc:  # a file it would not write through: one line
@@ -439,6 +442,7 @@ def _run_notebooks(
     jobs=None,
     last_durations=None,
     kernel_server=None,
+    kernel_fork: bool = True,
     progress=lambda: None,
 ) -> int:
     with OwnedDir(output_dir) as owned:
@@ -499,7 +503,7 @@ def _run_notebooks(
         log(f"running {len(claim_notebooks)} notebook(s), {workers} at a time: {', '.join(claim_notebooks)}")
     by_name: dict[str, NotebookResult] = {}
     # each notebook's kernel forked from one process that imported what they import (kernelfork)
-    server = contextlib.nullcontext(kernel_server) if kernel_server else kernelfork.started()
+    server = contextlib.nullcontext(kernel_server) if kernel_server else kernelfork.started(kernel_fork)
     with server as kernel_server, concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         pending = {pool.submit(run, name): name for name in claim_notebooks}
         for done in concurrent.futures.as_completed(pending):

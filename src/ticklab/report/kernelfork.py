@@ -7,9 +7,16 @@ kernel asked of it forks a child that becomes that kernel (``ipykernel.kernelapp
 kernel's own arguments, working directory and environment). A fork starts with the imports done; each notebook still
 has a kernel and a user namespace of its own, and nothing it does reaches another.
 
-The server only forks from its one thread, and before anything starts a thread of its own (as multiprocessing's
-forkserver does). It listens on a socket in a private directory (mode 0700) the report made; it ends, killing any
+The server forks from its main thread, its only Python thread (no lock a Python thread holds is copied held into a
+kernel). The imports start three native threads (measured: 4 tasks in /proc/self/task after them): the OpenBLAS
+worker pools of numpy and of scipy, and pyarrow's jemalloc background thread. A child has none of them (fork copies
+the calling thread only), and their libraries keep their own state consistent across a fork with pthread_atfork
+handlers (OpenBLAS shuts its pool down before the fork and starts it again when next used), as under
+multiprocessing's fork start method. It listens on a socket in a private directory (mode 0700) the report made; it ends, killing any
 kernel still running, when its standard input closes (the report ended, however it ended).
+
+Off switch: ``ticklab report --no-kernel-fork``, or ``TICKLAB_KERNEL_FORK=0`` in the environment (``make
+reproduce`` inherits it), starts no server: every kernel and papermill process then starts as an ordinary one.
 
 papermill asks for a kernel as always (``papermill_engine``); where ``TICKLAB_KERNEL_FORKSERVER`` names the
 server's socket, the kernel command it runs is this file as a script (``client``: standard library only, ``-I -S``,
@@ -40,6 +47,7 @@ import tempfile
 import time
 
 SOCKET_ENV = "TICKLAB_KERNEL_FORKSERVER"
+OFF_ENV = "TICKLAB_KERNEL_FORK"  # "0": no server (the off switch); the report option is --no-kernel-fork
 SOCKET_NAME = "kernels.sock"
 # what the notebooks import, in the order their first cells do (importing more is harmless, missing one costs its time)
 PREIMPORTS = (
@@ -501,9 +509,18 @@ def trusted_address(socket_path: str | None) -> str | None:
     return socket_path if ours and private and stat.S_ISSOCK(socket_info.st_mode) else None
 
 
+def enabled(asked: bool = True) -> bool:
+    """Whether a report starts a fork server: asked for (not --no-kernel-fork) and not turned off in the environment."""
+    return asked and os.environ.get(OFF_ENV, "").strip() != "0"
+
+
 @contextlib.contextmanager
-def started():
-    """A fork server for this report's kernels, ended with the block: yields its socket's path (None: no server)."""
+def started(asked: bool = True):
+    """A fork server for this report's kernels, ended with the block: yields its socket's path (None: no server,
+    also where it is turned off: ``enabled``)."""
+    if not enabled(asked):
+        yield None
+        return
     with _private_directory() as (directory, directory_fd):
         if directory is None:
             yield None
