@@ -2,6 +2,8 @@
 owns them, so adding to a registry is the whole change. Each test adds a name to a registry and sees the experiment
 schema and the CLI accept it, and refuse it before."""
 
+import re
+
 import pytest
 import yaml
 
@@ -149,3 +151,36 @@ def test_two_sets_giving_one_metric_leave_the_run_without_results_and_say_which(
     rows, problem = _ran(tmp_path, monkeypatch, sets, ["x", "y"])
     assert rows == []
     assert problem == f"{tmp_path / 'r1'}: metric(s) rate_hz given twice (the workload's and trace.metrics' sets)"
+
+
+# a choice made by comparing a boot mode's name (mode == "kexec", mode in ("kexec", ...), case "grub":)
+_MODE_SWITCH = re.compile(
+    r"""(?:==|!=)\s*['"](?:kexec|grub|manual)['"]|\bin\s*[(\[{]\s*['"](?:kexec|grub|manual)['"]|"""
+    r"""\bcase\s+['"](?:kexec|grub|manual)['"]"""
+)
+
+
+def test_no_choice_is_made_on_a_boot_modes_name_outside_the_boot_mode_objects():
+    package = REPO / "src/ticklab"
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if _MODE_SWITCH.search(line.split("#", 1)[0])
+    ]
+    assert found == []
+
+
+def test_each_boot_mode_is_one_object_and_an_unknown_one_is_refused_by_name(tmp_path):
+    from ticklab.host import boot_loaders, plan_engine
+    from ticklab.host.plan_state import BootRun, PlanError
+
+    assert list(boot_loaders.BOOT_MODES) == list(registry.BOOT_MODES)
+    assert all(isinstance(mode, boot_loaders.BootMode) for mode in boot_loaders.BOOT_MODES.values())
+    assert {name: mode.name for name, mode in boot_loaders.BOOT_MODES.items()} == {n: n for n in registry.BOOT_MODES}
+    with pytest.raises(PlanError, match=r"^--boot pxe: one of kexec, grub, manual$"):
+        boot_loaders.boot_mode("pxe")
+    with pytest.raises(PlanError, match=r"^--boot pxe: one of kexec, grub, manual$"):
+        plan_engine.create([BootRun("run-001", "a", "running", "ro")], mode="pxe", bundle=tmp_path, root=tmp_path)
+    assert not (tmp_path / "var").exists()  # refused before anything was looked at or made
+

@@ -425,11 +425,10 @@ def _capture_boot(args: argparse.Namespace) -> int:
             experiment = boot_experiment(args.claim, args.experiment)
             runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
             print(f"boot plan ({args.boot}) of {experiment.path.name}: {len(runs)} boots, one run each, in this order:")
-            for run in runs:
-                if args.boot == "grub":  # refused here as the real plan refuses it (issue 55 item 9)
-                    from .host.boot_loaders import check_grub_words
+            from .host.boot_loaders import boot_mode
 
-                    check_grub_words(args.root, run.name, run.cmdline)
+            for run in runs:
+                boot_mode(args.boot).check_run(args.root, run.name, run.cmdline)  # as the real plan refuses it
                 print(
                     f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
                     f"command line '{shown(run.cmdline, 4000)}'"

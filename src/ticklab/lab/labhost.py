@@ -53,6 +53,7 @@ from .. import yamlsafe
 from ..capture.process import spawn, wait_or_kill
 from ..host.facts import DECLARED_FACTS
 from ..paths import cache_dir, repo_root
+from ..registry import LAB_HOST_BOOT_MODES
 from ..safefiles import OwnedDir
 from .cache import LabError, content_key
 from .qemu import QEMU, require_qemu
@@ -967,8 +968,8 @@ def plan_run(
     machine going down), the run keeps its disk; ``resume`` (its directory, or ``newest``) boots that disk again, the
     plan inside goes on where it stopped (its own ``ticklab plan resume`` runs after each boot), and the bundle is
     copied out as usual; a disk whose plan had ended and been checked is not booted again."""
-    if mode not in ("kexec", "grub"):
-        raise LabError(f"--boot {mode}: the lab host plays kexec or grub plans")
+    if mode not in LAB_HOST_BOOT_MODES:
+        raise LabError(f"--boot {mode}: the lab host plays {' or '.join(LAB_HOST_BOOT_MODES)} plans")
     what = {
         "claim": claim,
         "mode": mode,
