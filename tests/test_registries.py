@@ -184,3 +184,18 @@ def test_each_boot_mode_is_one_object_and_an_unknown_one_is_refused_by_name(tmp_
         plan_engine.create([BootRun("run-001", "a", "running", "ro")], mode="pxe", bundle=tmp_path, root=tmp_path)
     assert not (tmp_path / "var").exists()  # refused before anything was looked at or made
 
+
+def test_the_accelerators_are_known_in_the_registry_alone():
+    package = REPO / "src/ticklab"
+    named = re.compile(r"""['"](?:kvm|tcg)['"]""")
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "registry.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if named.search(line.split("#", 1)[0])
+    ]
+    assert found == []
+    assert [registry.accelerator(name).cpu for name in registry.ACCELERATORS] == ["host", "max"]
+    with pytest.raises(ValueError, match=r"^--accel 'hvf': choose one of kvm, tcg$"):
+        registry.accelerator("hvf")

@@ -1297,7 +1297,7 @@ def _add_lab_host_plan_parser(lab_sub) -> None:
         help="copy the plan's bundle here, under the lab host's host-id (default: kept in the run's directory only)",
     )
     host_plan.add_argument(
-        "--accel", choices=registry.ACCELERATORS, default="tcg", help="QEMU accelerator (default tcg)"
+        "--accel", choices=registry.ACCELERATORS, default=registry.TCG.name, help="QEMU accelerator (default tcg)"
     )
     host_plan.add_argument(
         "--budget-s",

@@ -8,15 +8,42 @@ import no capture or host code, and every layer may read it.
   the ``capture/tracing.py`` recorder class whose ``backend`` is that name (``tracing.RECORDERS`` is built from this
   list). An experiment's ``lab.backend`` and ``--backend`` take ``backend_choices()``.
 - ``BOOT_MODES``: how a boot plan reaches each run's kernel (``capture --boot``, a plan's ``mode``).
-- ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``).
+- ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``), each an
+  :class:`Accelerator` (``KVM``, ``TCG``) holding what differs between them; :func:`accelerator` finds one by name.
 - ``COMPARE_FORMATS``: what ``ticklab compare --format`` writes (``report/compare.py`` writes each)."""
+
+from dataclasses import dataclass
 
 METRIC_SET_NAMES = ("tick", "hrtimer")
 TRACING_BACKENDS = ("trace-cmd", "tracefs")
 BOOT_MODES = ("kexec", "grub", "manual")
 LAB_HOST_BOOT_MODES = ("kexec", "grub")  # the lab host's plans run unattended: nobody is there to boot by hand
 GUEST_BOOT_MODES = ("kexec",)  # a lab guest playing a host has no boot loader to drive
-ACCELERATORS = ("kvm", "tcg")
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """How QEMU runs a lab guest's vCPUs, and what that changes in the guest's command line and record."""
+
+    name: str  # QEMU's -accel name
+    cpu: str  # QEMU's -cpu model: the host's own CPU (KVM), or every feature the emulator has (TCG)
+    threaded: bool  # its -accel takes thread=single|multi: all vCPUs in one host thread, or one thread each
+
+
+KVM = Accelerator("kvm", cpu="host", threaded=False)  # hardware: used only where a test guest boots with it
+TCG = Accelerator("tcg", cpu="max", threaded=True)  # software emulation: slower, always there (the default)
+ACCELERATORS = tuple(a.name for a in (KVM, TCG))
+_ACCELERATORS = {a.name: a for a in (KVM, TCG)}
+
+
+def accelerator(name: str) -> Accelerator:
+    """The accelerator named ``name``; ValueError naming the choices for one there is none of."""
+    try:
+        return _ACCELERATORS[name]
+    except KeyError:
+        raise ValueError(f"--accel {name!r}: choose one of {', '.join(_ACCELERATORS)}") from None
+
+
 COMPARE_FORMATS = ("text", "csv", "md", "json")  # ticklab compare --format
 
 
