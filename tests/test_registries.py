@@ -199,3 +199,20 @@ def test_the_accelerators_are_known_in_the_registry_alone():
     assert [registry.accelerator(name).cpu for name in registry.ACCELERATORS] == ["host", "max"]
     with pytest.raises(ValueError, match=r"^--accel 'hvf': choose one of kvm, tcg$"):
         registry.accelerator("hvf")
+
+
+def test_parsers_and_metric_sets_are_registered_by_decorator_each_under_a_name_of_its_list():
+    from ticklab.capture import workloads
+    from ticklab.capture.experiment import WORKLOAD_TOOLS
+
+    package = REPO / "src/ticklab"
+    assert [str(p.relative_to(package)) for p in sorted(package.rglob("*.py")) if "globals()[" in p.read_text()] == []
+    assert list(workloads.PARSERS) == list(WORKLOAD_TOOLS)
+    assert list(tracemetrics.METRIC_SETS) == list(registry.METRIC_SET_NAMES)
+    with pytest.raises(ImportError, match=r"metric set 'softirq': not in the registry, or a second one"):
+        tracemetrics.metric_set("softirq")(lambda trace, values: [])
+    with pytest.raises(ImportError, match=r"metric set 'tick': not in the registry, or a second one"):
+        tracemetrics.metric_set("tick")(lambda trace, values: [])
+    with pytest.raises(ImportError, match=r"parser for 'perf': not in WORKLOAD_TOOLS, or a second one"):
+        workloads.parses("perf")(lambda directory: [])
+    assert tracemetrics.METRIC_SETS["tick"] is tracemetrics.tick_metrics and "softirq" not in tracemetrics.METRIC_SETS
