@@ -32,12 +32,13 @@ def test_a_metric_set_added_to_the_registry_is_one_an_experiment_may_name(tmp_pa
     path = _experiment(tmp_path, trace_metrics="softirq")
     with pytest.raises(ExperimentError, match=r"trace.metrics: 'softirq' is not one of \['tick', 'hrtimer'\]$"):
         load_experiment(path)
-    monkeypatch.setattr(registry, "METRIC_SET_NAMES", (*registry.METRIC_SET_NAMES, "softirq"))
+    monkeypatch.setitem(registry.METRIC_SET_EVENTS, "softirq", ("irq:softirq_raise", "irq:softirq_exit"))
     assert load_experiment(path).trace["metrics"] == "softirq"
+    assert load_experiment(path).trace["events"] == ["irq:softirq_raise", "irq:softirq_exit"]  # the set's
 
 
 def test_the_metric_sets_a_run_can_get_are_the_named_ones_each_its_function():
-    assert list(tracemetrics.METRIC_SETS) == list(registry.METRIC_SET_NAMES)
+    assert list(tracemetrics.METRIC_SETS) == list(registry.METRIC_SET_EVENTS)
     assert all(f.__name__ == f"{name}_metrics" for name, f in tracemetrics.METRIC_SETS.items())
 
 
@@ -208,7 +209,7 @@ def test_parsers_and_metric_sets_are_registered_by_decorator_each_under_a_name_o
     package = REPO / "src/ticklab"
     assert [str(p.relative_to(package)) for p in sorted(package.rglob("*.py")) if "globals()[" in p.read_text()] == []
     assert list(workloads.PARSERS) == list(WORKLOAD_TOOLS)
-    assert list(tracemetrics.METRIC_SETS) == list(registry.METRIC_SET_NAMES)
+    assert list(tracemetrics.METRIC_SETS) == list(registry.METRIC_SET_EVENTS)
     with pytest.raises(ImportError, match=r"metric set 'softirq': not in the registry, or a second one"):
         tracemetrics.metric_set("softirq")(lambda trace, values: [])
     with pytest.raises(ImportError, match=r"metric set 'tick': not in the registry, or a second one"):
@@ -216,3 +217,54 @@ def test_parsers_and_metric_sets_are_registered_by_decorator_each_under_a_name_o
     with pytest.raises(ImportError, match=r"parser for 'perf': not in WORKLOAD_TOOLS, or a second one"):
         workloads.parses("perf")(lambda directory: [])
     assert tracemetrics.METRIC_SETS["tick"] is tracemetrics.tick_metrics and "softirq" not in tracemetrics.METRIC_SETS
+
+
+_TICK = [
+    "irq_vectors:local_timer_entry",
+    "irq_vectors:local_timer_exit",
+    "timer:hrtimer_expire_entry",
+    "timer:tick_stop",
+    "irq:softirq_raise",
+    "irq:softirq_entry",
+    "irq:softirq_exit",
+]
+_HRTIMER = [*_TICK[:3], "timer:hrtimer_start", "timer:hrtimer_cancel"]
+# what each experiment traced when it listed its trace.events itself (before the metric sets declared theirs)
+_TRACED_BEFORE = {
+    **{f"nohz/{name}.yaml": _TICK for name in ("ftq", "guest-ftq", "host-boot-ftq", "host-boot-hz")},
+    **{f"hrtick/{name}.yaml": _HRTIMER for name in ("guest-hackbench", "hackbench", "host-boot-kernels")},
+}
+
+
+def test_every_experiment_traces_the_events_it_traced_before_and_its_definition_says_so():
+    experiments = sorted(p for p in (REPO / "runners").glob("*/*.yaml") if p.parent.name != "vm")
+    traced = {}
+    for path in experiments:
+        experiment = load_experiment(path)
+        settings = experiment.trace_settings()
+        if settings is not None:
+            traced[str(path.relative_to(REPO / "runners"))] = settings.events
+            # the definition a bundle's manifest records, and what a capture records of its tracing
+            assert experiment.definition["trace"]["events"] == experiment.trace["events"] == settings.events
+    assert traced == _TRACED_BEFORE
+
+
+def test_an_experiment_listing_events_without_those_its_metric_set_reads_is_refused_in_one_line(tmp_path):
+    data = yaml.safe_load(FTQ.read_text())
+    data["trace"]["events"] = ["irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit", "sched:sched_switch"]
+    path = tmp_path / "few.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ExperimentError) as refused:
+        load_experiment(path)
+    assert str(refused.value) == (
+        f"{path}: trace.events leaves out timer:hrtimer_expire_entry, timer:tick_stop, irq:softirq_raise, "
+        "irq:softirq_entry, irq:softirq_exit, read by trace.metrics tick; list them, or leave trace.events out to "
+        "trace what the metric sets read"
+    )
+    data["trace"]["events"] = [*_TICK, "sched:sched_switch"]  # every one the set reads, and one more: as listed
+    path.write_text(yaml.safe_dump(data))
+    assert load_experiment(path).trace_settings().events == [*_TICK, "sched:sched_switch"]
+    del data["trace"]["metrics"], data["trace"]["events"]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ExperimentError, match=r"few.yaml: trace: 'events' is missing$"):
+        load_experiment(path)

@@ -2,8 +2,10 @@
 only, at the shared floor: a lab guest loads experiments without numpy, ``ticklab --help`` and ``ticklab ingest``
 import no capture or host code, and every layer may read it.
 
-- ``METRIC_SET_NAMES``: the per-run trace metric sets an experiment's ``trace.metrics`` may name; each ``<set>`` is
-  the function ``trace/tracemetrics.<set>_metrics`` (``tracemetrics.METRIC_SETS`` is built from this list).
+- ``METRIC_SET_EVENTS``: the per-run trace metric sets an experiment's ``trace.metrics`` may name, each with the
+  tracepoints it reads (an experiment naming it traces them: capture/experiment.py checks or fills its
+  ``trace.events``); each ``<set>`` is the function registered as ``@metric_set("<set>")`` in
+  ``trace/tracemetrics.py`` (its ``METRIC_SETS``, checked against this table at import).
 - ``TRACING_BACKENDS``: the recorders that write a run's trace, each a format ``trace.ingest`` reads back; each is
   the ``capture/tracing.py`` recorder class whose ``backend`` is that name (``tracing.RECORDERS`` is built from this
   list). An experiment's ``lab.backend`` and ``--backend`` take ``backend_choices()``.
@@ -14,7 +16,14 @@ import no capture or host code, and every layer may read it.
 
 from dataclasses import dataclass
 
-METRIC_SET_NAMES = ("tick", "hrtimer")
+_TIMER_INTERRUPTS = ("irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit", "timer:hrtimer_expire_entry")
+METRIC_SET_EVENTS = {
+    # the tick's interrupts, its stops and the softirqs it raised (tracemetrics.tick_rows)
+    "tick": (*_TIMER_INTERRUPTS, "timer:tick_stop", "irq:softirq_raise", "irq:softirq_entry", "irq:softirq_exit"),
+    # hrtimer starts and cancels beside the expiries and interrupts: what tracemetrics.reprogram_causes needs to
+    # attribute each reprogram to the timer that caused it
+    "hrtimer": (*_TIMER_INTERRUPTS, "timer:hrtimer_start", "timer:hrtimer_cancel"),
+}
 TRACING_BACKENDS = ("trace-cmd", "tracefs")
 BOOT_MODES = ("kexec", "grub", "manual")
 LAB_HOST_BOOT_MODES = ("kexec", "grub")  # the lab host's plans run unattended: nobody is there to boot by hand

@@ -178,8 +178,8 @@ REQUIREMENT = {
 
 def experiment_schema(*, metric_sets, backends, accels) -> dict:
     """The schema of a runners/<claim>/*.yaml experiment. The names that have a registry elsewhere come from it
-    (capture/experiment.py passes them, from ticklab/registry.py): ``metric_sets`` METRIC_SET_NAMES, ``backends``
-    backend_choices(), ``accels`` lab_accel_choices()."""
+    (capture/experiment.py passes them, from ticklab/registry.py): ``metric_sets`` METRIC_SET_EVENTS' names,
+    ``backends`` backend_choices(), ``accels`` lab_accel_choices()."""
     metric_set = {"type": "string", "enum": list(metric_sets)}
     return {
         "type": "object",
@@ -230,10 +230,12 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
             "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},  # as --seed
             "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
             "requires": {"type": "array", "items": REQUIREMENT},
-            # a trace records its events: a trace section without them has nothing to record
+            # a trace records its events: a trace section with neither them nor a metric set (whose events
+            # capture/experiment.py traces when the list is left out) has nothing to record
             "trace": {
                 "type": ["object", "null"],
-                "required": ["events"],
+                "if": {"not": {"required": ["metrics"]}},
+                "then": {"required": ["events"]},
                 "properties": {
                     "events": {"type": "array", "items": {"type": "string", "pattern": TRACE_EVENT}},
                     # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
@@ -243,7 +245,7 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
                     "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
                     # kernel functions whose every call the function tracer records (a C identifier each)
                     "functions": {"type": "array", "items": {"type": "string", "pattern": KERNEL_SYMBOL}},
-                    # which per-run metrics its trace gives results.csv: a set of registry.METRIC_SET_NAMES, or a
+                    # which per-run metrics its trace gives results.csv: a set of registry.METRIC_SET_EVENTS, or a
                     # list of them
                     "metrics": {
                         "anyOf": [

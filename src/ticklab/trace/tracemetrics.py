@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..registry import METRIC_SET_NAMES
+from ..registry import METRIC_SET_EVENTS
 from .ingest import Trace
 
 TIMER_ENTRY = "irq_vectors:local_timer_entry"
@@ -666,15 +666,16 @@ def hackbench_messages(argv: list[str]) -> float | None:
 
 # -- what a run's trace gives its results.csv (an experiment's ``trace.metrics`` names the sets) ------------------
 MetricSet = Callable[[Trace, dict], list[dict]]
-# registry.METRIC_SET_NAMES' sets -> their functions, each registered by @metric_set (all of them: checked below)
+# registry.METRIC_SET_EVENTS' sets -> their functions, each registered by @metric_set (all of them: checked below)
 METRIC_SETS: dict[str, MetricSet] = {}
 
 
 def metric_set(name: str) -> Callable[[MetricSet], MetricSet]:
-    """Register the decorated function as the metric set ``name`` (one of registry.METRIC_SET_NAMES)."""
+    """Register the decorated function as the metric set ``name`` (one of registry.METRIC_SET_EVENTS, where the
+    tracepoints it reads are declared)."""
 
     def register(function: MetricSet) -> MetricSet:
-        if name not in METRIC_SET_NAMES or name in METRIC_SETS:
+        if name not in METRIC_SET_EVENTS or name in METRIC_SETS:
             raise ImportError(f"trace/tracemetrics.py: metric set {name!r}: not in the registry, or a second one")
         METRIC_SETS[name] = function
         return function
@@ -726,5 +727,5 @@ def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
     ]
 
 
-if list(METRIC_SETS) != list(METRIC_SET_NAMES):
-    raise ImportError(f"trace/tracemetrics.py: metric sets {list(METRIC_SETS)}; registry.py: {METRIC_SET_NAMES}")
+if list(METRIC_SETS) != list(METRIC_SET_EVENTS):
+    raise ImportError(f"trace/tracemetrics.py: metric sets {list(METRIC_SETS)}; registry.py: {list(METRIC_SET_EVENTS)}")
