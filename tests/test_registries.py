@@ -247,6 +247,7 @@ def test_every_experiment_traces_the_events_it_traced_before_and_its_definition_
             # the definition a bundle's manifest records, and what a capture records of its tracing
             assert experiment.definition["trace"]["events"] == experiment.trace["events"] == settings.events
     assert traced == _TRACED_BEFORE
+    assert all("events" not in yaml.safe_load(path.read_text()).get("trace", {}) for path in experiments)
 
 
 def test_an_experiment_listing_events_without_those_its_metric_set_reads_is_refused_in_one_line(tmp_path):
