@@ -269,3 +269,40 @@ def test_an_experiment_listing_events_without_those_its_metric_set_reads_is_refu
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ExperimentError, match=r"few.yaml: trace: 'events' is missing$"):
         load_experiment(path)
+
+
+def test_the_requirement_kinds_are_one_table_the_schema_and_the_checks_follow(tmp_path, monkeypatch):
+    from ticklab import schemas
+    from ticklab.capture import requirements
+    from ticklab.capture.experiment import experiment_schema
+
+    assert list(requirements.CHECKS) == [kind.name for kind in registry.REQUIREMENT_KINDS]
+    # the form schemas.py listed apart until the table (issue 58): the same requirements accepted and refused
+    before = re.compile(
+        r"^(root|tracefs|cpuidle_states|cpuidle_driver:[a-z0-9_]+|sched_feature(:[A-Z_]+)?|"
+        r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$"
+    )
+    now = re.compile(schemas.requirement_schema(registry.REQUIREMENT_KINDS)["pattern"])
+    said = [
+        *("root", "tracefs", "cpuidle_states", "cpuidle_driver:acpi_idle", "sched_feature", "sched_feature:HRTICK_DL"),
+        *("program:rtla", "tool:gapdet", "tracer:function", "program:g++-12", "root:x", "tracefs:", "cpuidle_driver"),
+        *("sched_feature:hrtick", "program", "tool:", "tracer:Function", "gpu", "gpu:x", "rootx", "program:a b"),
+    ]
+    assert [bool(now.match(s)) for s in said] == [bool(before.match(s)) for s in said]
+    assert sum(bool(now.match(s)) for s in said) == 10
+    item = experiment_schema()["properties"]["requires"]["items"]
+    assert item == experiment_schema()["properties"]["extras"]["items"]["properties"]["requires"]["items"]
+    with pytest.raises(ImportError, match=r"check of 'gpu': not in the registry, or a second one"):
+        requirements.checks("gpu")(lambda host, facts, argument: (True, ""))
+    data = yaml.safe_load(FTQ.read_text())
+    data["requires"] = ["root", "gpu:a100"]
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ExperimentError, match=r"gpu.yaml: requires\[1\]: 'gpu:a100' is not of the allowed form$"):
+        load_experiment(path)
+    kinds = (*registry.REQUIREMENT_KINDS, registry.RequirementKind("gpu", "[a-z0-9]+"))
+    monkeypatch.setattr(registry, "REQUIREMENT_KINDS", kinds)
+    assert load_experiment(path).requires == ["root", "gpu:a100"]
+    tracers = {"tracers": ["nop", "function"]}
+    assert requirements.check("tracer:function", None, tracers) == (True, "function tracer available")
+    assert requirements.check("tracer:osnoise", None, tracers) == (False, "no osnoise tracer in this kernel")

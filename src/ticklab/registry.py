@@ -12,6 +12,9 @@ import no capture or host code, and every layer may read it.
 - ``BOOT_MODES``: how a boot plan reaches each run's kernel (``capture --boot``, a plan's ``mode``).
 - ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``), each an
   :class:`Accelerator` (``KVM``, ``TCG``) holding what differs between them; :func:`accelerator` finds one by name.
+- ``REQUIREMENT_KINDS``: what an experiment's ``requires`` may name (``kind`` or ``kind:argument``), each with the form
+  of its argument; each kind is checked by the function registered as ``@checks("<kind>")`` in
+  ``capture/requirements.py`` (its ``CHECKS``, checked against this table at import).
 - ``COMPARE_FORMATS``: what ``ticklab compare --format`` writes (``report/compare.py`` writes each)."""
 
 from dataclasses import dataclass
@@ -52,6 +55,26 @@ def accelerator(name: str) -> Accelerator:
     except KeyError:
         raise ValueError(f"--accel {name!r}: choose one of {', '.join(_ACCELERATORS)}") from None
 
+
+@dataclass(frozen=True)
+class RequirementKind:
+    """A kind of requirement: ``name`` alone, or ``name:<argument>``."""
+
+    name: str
+    argument: str | None = None  # the argument's form, a regular expression; None: the kind takes no argument
+    default: str | None = None  # what a kind whose argument may be left out checks then; None: it must be given
+
+
+REQUIREMENT_KINDS = (
+    RequirementKind("root"),
+    RequirementKind("tracefs"),
+    RequirementKind("cpuidle_states"),  # a cpuidle driver with two or more states to compare
+    RequirementKind("cpuidle_driver", "[a-z0-9_]+"),  # the driver in charge is this one
+    RequirementKind("sched_feature", "[A-Z_]+", default="HRTICK"),  # a sched feature that can be read and written
+    RequirementKind("program", "[A-Za-z0-9_.+-]+"),  # a program on PATH
+    RequirementKind("tool", "[A-Za-z0-9_.+-]+"),  # one of ticklab's tools (tools/bin), built
+    RequirementKind("tracer", "[a-z_]+"),  # a tracer of this kernel (available_tracers)
+)
 
 COMPARE_FORMATS = ("text", "csv", "md", "json")  # ticklab compare --format
 

@@ -5,6 +5,7 @@ error type with one line naming the file and the field (``runs[3].status: ...``)
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .safefiles import shown
@@ -168,19 +169,26 @@ CONDITION_VALUE = {
 # a row of a claim's published layer, as an experiment's answer names it: <table>/<row id>
 PUBLISHED_ROW = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"}
 
-# what capture/requirements.check knows how to check
-REQUIREMENT = {
-    "type": "string",
-    "pattern": r"^(root|tracefs|cpuidle_states|cpuidle_driver:[a-z0-9_]+|sched_feature(:[A-Z_]+)?|"
-    r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$",
-}
+
+def requirement_schema(kinds) -> dict:
+    """A requirement of one of ``kinds`` (registry.REQUIREMENT_KINDS): its name, then ``:`` and an argument of its form
+    where it takes one (optionally where it has a default)."""
+    forms = [
+        re.escape(kind.name)
+        if kind.argument is None
+        else f"{re.escape(kind.name)}(:{kind.argument})" + ("?" if kind.default is not None else "")
+        for kind in kinds
+    ]
+    return {"type": "string", "pattern": f"^({'|'.join(forms)})$"}
 
 
-def experiment_schema(*, metric_sets, backends, accels) -> dict:
+def experiment_schema(*, metric_sets, backends, accels, requirement_kinds) -> dict:
     """The schema of a runners/<claim>/*.yaml experiment. The names that have a registry elsewhere come from it
     (capture/experiment.py passes them, from ticklab/registry.py): ``metric_sets`` METRIC_SET_EVENTS' names,
-    ``backends`` backend_choices(), ``accels`` lab_accel_choices()."""
+    ``backends`` backend_choices(), ``accels`` lab_accel_choices(), ``requirement_kinds`` REQUIREMENT_KINDS (what
+    capture/requirements.check knows how to check)."""
     metric_set = {"type": "string", "enum": list(metric_sets)}
+    requirement = requirement_schema(requirement_kinds)
     return {
         "type": "object",
         "required": ["claim", "name", "description", "conditions", "workload"],
@@ -229,7 +237,7 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
             "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
             "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},  # as --seed
             "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
-            "requires": {"type": "array", "items": REQUIREMENT},
+            "requires": {"type": "array", "items": requirement},
             # a trace records its events: a trace section with neither them nor a metric set (whose events
             # capture/experiment.py traces when the list is left out) has nothing to record
             "trace": {
@@ -270,7 +278,7 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
                     "properties": {
                         "name": {"type": "string", "pattern": RUN_NAME},
                         "argv": {"type": "array"},
-                        "requires": {"type": "array", "items": REQUIREMENT},
+                        "requires": {"type": "array", "items": requirement},
                         "per_run": {"type": "boolean"},
                         # recorded with the experiment's trace into
                         # raw/<run>/<name>/trace (per_run extras only)

@@ -218,12 +218,21 @@ def experiment_schema() -> dict:
     """schemas.experiment_schema with the names of today's registries (read at each call, so the schema follows
     them; built once per set of names)."""
     metric_sets = tuple(registry.METRIC_SET_EVENTS)
-    return _experiment_schema(metric_sets, registry.backend_choices(), registry.lab_accel_choices())
+    return _experiment_schema(
+        metric_sets, registry.backend_choices(), registry.lab_accel_choices(), registry.REQUIREMENT_KINDS
+    )
 
 
 @functools.cache
-def _experiment_schema(metric_sets: tuple[str, ...], backends: tuple[str, ...], accels: tuple[str, ...]) -> dict:
-    return schemas.experiment_schema(metric_sets=metric_sets, backends=backends, accels=accels)
+def _experiment_schema(
+    metric_sets: tuple[str, ...],
+    backends: tuple[str, ...],
+    accels: tuple[str, ...],
+    requirement_kinds: tuple[registry.RequirementKind, ...],
+) -> dict:
+    return schemas.experiment_schema(
+        metric_sets=metric_sets, backends=backends, accels=accels, requirement_kinds=requirement_kinds
+    )
 
 
 def load_experiment(path: Path | str) -> Experiment:
