@@ -3,6 +3,7 @@ owns them, so adding to a registry is the whole change. Each test adds a name to
 schema and the CLI accept it, and refuse it before."""
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -74,6 +75,14 @@ def test_a_tracing_backend_added_to_the_registry_is_accepted_by_the_schema_and_t
 def test_each_backend_named_is_a_recorder_of_that_name():
     assert list(tracing.RECORDERS) == list(registry.TRACING_BACKENDS)
     assert all(cls.backend == name for name, cls in tracing.RECORDERS.items())
+    for name in registry.TRACING_BACKENDS:  # each holds what it is given as the others do (their base, Recorder)
+        made = tracing.recorder(
+            name, None, ["a:b"], "d", buffer_kb=8, symbols=["s"], functions=["f"], optional_events=["o:p"], clock="mono"
+        )
+        assert isinstance(made, tracing.Recorder) and made.backend == name
+        held = (made.events, made.directory, made.buffer_kb, made.symbols, made.functions, made.optional_events)
+        assert held == (["a:b"], Path("d"), 8, ["s"], ["f"], ["o:p"])
+        assert (made.absent_events, made.clock, made.result) == ([], "mono", None)
 
 
 def test_boot_modes_and_accelerators_are_the_registrys_in_the_cli_plans_and_schema(tmp_path, monkeypatch, capsys):
