@@ -9,7 +9,8 @@ import no capture or host code, and every layer may read it.
 - ``TRACING_BACKENDS``: the recorders that write a run's trace, each a format ``trace.ingest`` reads back; each is
   the ``capture/tracing.py`` recorder class whose ``backend`` is that name (``tracing.RECORDERS`` is built from this
   list). An experiment's ``lab.backend`` and ``--backend`` take ``backend_choices()``.
-- ``BOOT_MODES``: how a boot plan reaches each run's kernel (``capture --boot``, a plan's ``mode``).
+- ``BOOT_MODES``: how a boot plan reaches each run's kernel (``capture --boot``, a plan's ``mode``); each is the
+  ``host/boot_loaders.py`` object registered under that name (``boot_loaders.BOOT_MODES``, checked at import).
 - ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``), each an
   :class:`Accelerator` (``KVM``, ``TCG``) holding what differs between them; :func:`accelerator` finds one by name.
 - ``REQUIREMENT_KINDS``: what an experiment's ``requires`` may name (``kind`` or ``kind:argument``), each with the form

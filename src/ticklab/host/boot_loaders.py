@@ -1,5 +1,6 @@
 """How a boot plan boots a run and how it is put back: the systemd unit that resumes the plan after each boot, grub's
-one-shot menu entry (custom.cfg and ``grub-reboot``), kexec, and the run's kernel files.
+one-shot menu entry (custom.cfg and ``grub-reboot``), kexec, and the run's kernel files. What differs between the
+modes is each mode's :class:`BootMode` object (:class:`Kexec`, :class:`Grub`, :class:`Manual`, in ``BOOT_MODES``).
 
 Boot verification and the order of the steps are :mod:`ticklab.host.plan_engine`'s; what is installed is journalled
 through :class:`~ticklab.host.HostChanges` (``keep``), and :func:`put_back_what_is_there` removes what this plan
