@@ -470,3 +470,24 @@ def test_dry_run_prints_every_command_it_would_run_with_its_arguments(fake_host,
     assert all("a shell runs the command line 'cat /etc/shadow > /tmp/x; " in line for line in workload)
     assert f"dry-run: would run as {who}: ps -eo pid,comm (extra census, untraced)" in said
     assert not (tmp_path / "traces").exists()
+
+
+def test_capture_and_capture_boot_read_the_same_options_from_the_command_line(tmp_path, monkeypatch):
+    from ticklab.capture import boot_capture, runner
+    from ticklab.cli import main
+
+    given = []
+    monkeypatch.setattr(runner, "capture", lambda claim, options, **kw: given.append(options))
+    monkeypatch.setattr(boot_capture, "start", lambda claim, options, experiment, mode: given.append(options))
+    common = ["--runs", "3", "--warmup", "0", "--seed", "7", "--no-progress", "--out", tmp_path / "out"]
+    common += ["--host-id", "h1", "--backend", "tracefs", "--root", tmp_path, "--journal", tmp_path / "j.json"]
+    common += ["--budget-s", "0", "--supersedes", tmp_path / "old"]
+    assert main(["capture", "nohz", *map(str, common), "--dry-run"]) == 0
+    assert main(["capture", "nohz", "--boot", "kexec", *map(str, common)]) == 0
+    # as each of the two built them before they shared one reading (issue 58)
+    same = dict(runs=3, warmup=0, out=tmp_path / "out", host_id="h1", backend="tracefs", root=tmp_path, seed=7)
+    same.update(journal=tmp_path / "j.json", budget_s=0.0, supersedes=(tmp_path / "old",), progress=False)
+    assert given == [
+        CaptureOptions(**same, dry_run=True, goals=None, answer=None, run_lines=True),
+        CaptureOptions(**same, goals=None, build_kernels=False, supersedes_records=()),
+    ]

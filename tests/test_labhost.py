@@ -17,7 +17,7 @@ import pytest
 
 from ticklab import paths
 from ticklab.bundle import load_bundle
-from ticklab.lab import labhost
+from ticklab.lab import labhost, qemu
 
 TRACES = paths.traces_dir()
 
@@ -86,12 +86,62 @@ def test_only_kexec_and_grub_plans_are_played():
         labhost.plan_run("nohz", "manual")
 
 
-def test_the_recipes_vcpus_take_turns_in_one_tcg_thread():
+class _Started(Exception):
+    pass
+
+
+def _boot_host_argv(tmp_path, monkeypatch, data: dict, accel: str) -> list[str]:
+    """The argv boot_host starts QEMU with (nothing started)."""
+    seen = []
+
+    def spawn(argv, **_):
+        seen.append(argv)
+        raise _Started
+
+    monkeypatch.setattr(labhost, "spawn", spawn)
+    with pytest.raises(_Started):
+        labhost.boot_host(tmp_path, data, 10, accel, say=lambda _: None)
+    return seen[0]
+
+
+def test_the_recipes_vcpus_take_turns_in_one_tcg_thread(tmp_path, monkeypatch):
     # a thread per vCPU oopsed while the hrtick plan enabled its tracing (code patched through int3): see the recipe
-    assert labhost._accel_option("tcg", labhost.recipe()) == "tcg,thread=single"
-    assert labhost._accel_option("tcg", {}) == "tcg" and labhost._accel_option("kvm", {"tcg_thread": "single"}) == "kvm"
+    def accel_option(data: dict, accel: str) -> str:
+        argv = _boot_host_argv(tmp_path, monkeypatch, data, accel)
+        return argv[argv.index("-accel") + 1]
+
+    assert accel_option(labhost.recipe(), "tcg") == "tcg,thread=single"
+    assert accel_option({}, "tcg") == "tcg" and accel_option({"tcg_thread": "single"}, "kvm") == "kvm"
+    assert labhost.declared_facts(labhost.recipe(), "tcg") == {"vcpu_threads": "single"}
+    assert labhost.declared_facts(labhost.recipe(), "kvm") == labhost.declared_facts({}, "tcg") == {}
     with pytest.raises(labhost.LabError, match=r"lab-host.yaml: tcg_thread 'two': use single or multi"):
-        labhost._accel_option("tcg", {"tcg_thread": "two"})
+        accel_option({"tcg_thread": "two"}, "tcg")
+
+
+def test_every_lab_machine_starts_qemu_with_the_one_prefix_as_each_did_before(tmp_path, monkeypatch):
+    # the argvs as lab/labhost.py and lab/qemu.py each built them before they shared qemu.machine_argv (issue 58); the
+    # lab host's is recorded in its run's outcome
+    common = ["-nodefaults", "-no-user-config", "-display", "none"]
+    assert qemu.machine_argv("tcg", 2, 1024) == [
+        "qemu-system-x86_64",
+        *common,
+        *("-no-reboot", "-monitor", "none", "-machine", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2"),
+        *("-m", "1024M"),
+    ]
+    assert _boot_host_argv(tmp_path, monkeypatch, {"tcg_thread": "single", "smp": 3, "memory_mb": 512}, "kvm") == [
+        *("qemu-system-x86_64", "-name", "ticklab-lab-host", *common, "-monitor", "none", "-machine", "pc"),
+        *("-accel", "kvm", "-cpu", "host", "-smp", "3", "-m", "512M"),
+        *("-drive", f"file={tmp_path / 'disk.raw'},format=raw,if=virtio", "-nic", "none"),
+        *("-serial", f"file:{tmp_path / 'console.log'}"),
+    ]
+    boot = qemu.Boot(tmp_path / "k", tmp_path / "i", tmp_path, tmp_path / "c.log", accel="kvm", smp=1, memory_mb=256)
+    assert boot.argv() == [
+        *("qemu-system-x86_64", "-name", "ticklab,debug-threads=on", *common, "-no-reboot", "-monitor", "none"),
+        *("-machine", "pc", "-accel", "kvm", "-cpu", "host", "-smp", "1", "-m", "256M"),
+        *("-kernel", str(tmp_path / "k"), "-initrd", str(tmp_path / "i"), "-append", boot.full_cmdline()),
+        *("-serial", f"file:{tmp_path / 'c.log'}"),
+        *("-virtfs", f"local,path={tmp_path},mount_tag=ticklab,security_model=none,id=share"),
+    ]
 
 
 def test_a_boot_line_a_guest_crash_cut_off_is_kept_as_unreadable_and_the_later_boots_read():

@@ -280,6 +280,28 @@ def _refused_experiment(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _capture_options(args: argparse.Namespace, **how):
+    """The CaptureOptions of ``ticklab capture`` (on this host or ``--boot``: the same options, read once), with
+    ``how`` what the two ways set apart (progress, goals, the answer, run lines, superseded records)."""
+    from .capture.runner import CaptureOptions
+
+    return CaptureOptions(
+        runs=args.runs,
+        warmup=args.warmup,
+        out=args.out,
+        host_id=args.host_id,
+        dry_run=args.dry_run,  # --boot --dry-run returns before its options are made
+        backend=args.backend,
+        root=args.root,
+        journal=args.journal,
+        seed=args.seed,
+        budget_s=args.budget_s,
+        build_kernels=args.build_kernels,  # refused without --boot before the options are made
+        supersedes=tuple(args.supersedes),
+        **how,
+    )
+
+
 def _capture(args: argparse.Namespace) -> int:
     refused = _refused_experiment(args)
     if refused:
@@ -297,7 +319,7 @@ def _capture(args: argparse.Namespace) -> int:
     # same one line, so the analysis is not imported here for a name to catch
     from .bundle import BundleError
     from .capture.experiment import ExperimentError, load_experiment
-    from .capture.runner import CaptureOptions, capture, runs_on_this_host
+    from .capture.runner import capture, runs_on_this_host
     from .capture.tracing import TracingError
     from .host import HostChangeError
 
@@ -312,22 +334,8 @@ def _capture(args: argparse.Namespace) -> int:
         answer = None if args.dry_run else answer_context(args.claim, args.published_dir, args.out, args.root)
         goals = None if args.runs is not None else list(answer.goals) if answer else _dry_run_goals(args)
         progress = _progress(args)
-        options = CaptureOptions(
-            runs=args.runs,
-            warmup=args.warmup,
-            out=args.out,
-            host_id=args.host_id,
-            dry_run=args.dry_run,
-            backend=args.backend,
-            root=args.root,
-            journal=args.journal,
-            progress=progress,
-            seed=args.seed,
-            budget_s=args.budget_s,
-            goals=goals,
-            answer=answer,
-            run_lines=not progress or not sys.stdout.isatty(),
-            supersedes=tuple(args.supersedes),
+        options = _capture_options(
+            args, progress=progress, goals=goals, answer=answer, run_lines=not progress or not sys.stdout.isatty()
         )
         # flushed line by line: a log or a pipe shows each run as it ends, not all of them at exit
         capture(args.claim, options, experiment_path=args.experiment, log=lambda line: print(line, flush=True))
@@ -403,7 +411,6 @@ def _capture_boot(args: argparse.Namespace) -> int:
     from .capture.boot_capture import boot_experiment, planned_runs, start
     from .capture.experiment import ExperimentError
     from .capture.hostkernel import HostKernelError
-    from .capture.runner import CaptureOptions
     from .capture.tracing import TracingError
     from .host import HostChangeError, plan_state
 
@@ -426,11 +433,10 @@ def _capture_boot(args: argparse.Namespace) -> int:
             experiment = boot_experiment(args.claim, args.experiment)
             runs = planned_runs(experiment, args.root, runs=args.runs, warmup=args.warmup, seed=args.seed)
             print(f"boot plan ({args.boot}) of {experiment.path.name}: {len(runs)} boots, one run each, in this order:")
-            for run in runs:
-                if args.boot == "grub":  # refused here as the real plan refuses it (issue 55 item 9)
-                    from .host.boot_loaders import check_grub_words
+            from .host.boot_loaders import boot_mode
 
-                    check_grub_words(args.root, run.name, run.cmdline)
+            for run in runs:
+                boot_mode(args.boot).check_run(args.root, run.name, run.cmdline)  # as the real plan refuses it
                 print(
                     f"  {run.name} {run.condition}{' (warm-up)' if run.warmup else ''}: kernel {run.kernel}, "
                     f"command line '{shown(run.cmdline, 4000)}'"
@@ -438,21 +444,8 @@ def _capture_boot(args: argparse.Namespace) -> int:
             print("dry run: no plan written, nothing booted")
             return 0
         boot_experiment(args.claim, args.experiment)  # a file --boot does not run: refused before the goals are made
-        options = CaptureOptions(
-            runs=args.runs,
-            warmup=args.warmup,
-            out=args.out,
-            host_id=args.host_id,
-            backend=args.backend,
-            root=args.root,
-            journal=args.journal,
-            progress=False,
-            seed=args.seed,
-            budget_s=args.budget_s,
-            goals=_goals(args),
-            build_kernels=args.build_kernels,
-            supersedes=tuple(args.supersedes),
-            supersedes_records=tuple(args.supersedes_record),
+        options = _capture_options(
+            args, progress=False, goals=_goals(args), supersedes_records=tuple(args.supersedes_record)
         )
         start(args.claim, options, args.experiment, args.boot)
     except (
@@ -1305,7 +1298,7 @@ def _add_lab_host_plan_parser(lab_sub) -> None:
         help="copy the plan's bundle here, under the lab host's host-id (default: kept in the run's directory only)",
     )
     host_plan.add_argument(
-        "--accel", choices=registry.ACCELERATORS, default="tcg", help="QEMU accelerator (default tcg)"
+        "--accel", choices=registry.ACCELERATORS, default=registry.TCG.name, help="QEMU accelerator (default tcg)"
     )
     host_plan.add_argument(
         "--budget-s",

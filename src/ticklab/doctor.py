@@ -36,6 +36,7 @@ from .lab import qemu
 from .lab import sources as lab_sources
 from .lab.cache import LabError
 from .lab.run import experiment_kernels
+from .registry import KVM
 
 KVM_GET_API_VERSION = 0xAE00
 
@@ -156,7 +157,7 @@ def lab_experiment(experiment, checks: dict) -> dict:
     iasl = checks.get("iasl", (False, "iasl not checked"))
     if (experiment.lab or {}).get("acpi_tables") and not iasl[0]:
         missing.append(f"its ACPI tables need iasl: {iasl[1]}")
-    if (experiment.lab or {}).get("accel") == "kvm" and not checks[KVM_GUESTS][0]:
+    if (experiment.lab or {}).get("accel") == KVM.name and not checks[KVM_GUESTS][0]:
         missing.append(f"needs KVM: {checks[KVM_GUESTS][1]}")
     return {
         "runs": not missing,

@@ -2,21 +2,81 @@
 only, at the shared floor: a lab guest loads experiments without numpy, ``ticklab --help`` and ``ticklab ingest``
 import no capture or host code, and every layer may read it.
 
-- ``METRIC_SET_NAMES``: the per-run trace metric sets an experiment's ``trace.metrics`` may name; each ``<set>`` is
-  the function ``trace/tracemetrics.<set>_metrics`` (``tracemetrics.METRIC_SETS`` is built from this list).
+- ``METRIC_SET_EVENTS``: the per-run trace metric sets an experiment's ``trace.metrics`` may name, each with the
+  tracepoints it reads (an experiment naming it traces them: capture/experiment.py checks or fills its
+  ``trace.events``); each ``<set>`` is the function registered as ``@metric_set("<set>")`` in
+  ``trace/tracemetrics.py`` (its ``METRIC_SETS``, checked against this table at import).
 - ``TRACING_BACKENDS``: the recorders that write a run's trace, each a format ``trace.ingest`` reads back; each is
   the ``capture/tracing.py`` recorder class whose ``backend`` is that name (``tracing.RECORDERS`` is built from this
   list). An experiment's ``lab.backend`` and ``--backend`` take ``backend_choices()``.
-- ``BOOT_MODES``: how a boot plan reaches each run's kernel (``capture --boot``, a plan's ``mode``).
-- ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``).
+- ``BOOT_MODES``: how a boot plan reaches each run's kernel (``capture --boot``, a plan's ``mode``); each is the
+  ``host/boot_loaders.py`` object registered under that name (``boot_loaders.BOOT_MODES``, checked at import).
+- ``ACCELERATORS``: what QEMU boots a lab guest with (``--accel``, an experiment's ``lab.accel``), each an
+  :class:`Accelerator` (``KVM``, ``TCG``) holding what differs between them; :func:`accelerator` finds one by name.
+- ``REQUIREMENT_KINDS``: what an experiment's ``requires`` may name (``kind`` or ``kind:argument``), each with the form
+  of its argument; each kind is checked by the function registered as ``@checks("<kind>")`` in
+  ``capture/requirements.py`` (its ``CHECKS``, checked against this table at import).
 - ``COMPARE_FORMATS``: what ``ticklab compare --format`` writes (``report/compare.py`` writes each)."""
 
-METRIC_SET_NAMES = ("tick", "hrtimer")
+from dataclasses import dataclass
+
+_TIMER_INTERRUPTS = ("irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit", "timer:hrtimer_expire_entry")
+METRIC_SET_EVENTS = {
+    # the tick's interrupts, its stops and the softirqs it raised (tracemetrics.tick_rows)
+    "tick": (*_TIMER_INTERRUPTS, "timer:tick_stop", "irq:softirq_raise", "irq:softirq_entry", "irq:softirq_exit"),
+    # hrtimer starts and cancels beside the expiries and interrupts: what tracemetrics.reprogram_causes needs to
+    # attribute each reprogram to the timer that caused it
+    "hrtimer": (*_TIMER_INTERRUPTS, "timer:hrtimer_start", "timer:hrtimer_cancel"),
+}
 TRACING_BACKENDS = ("trace-cmd", "tracefs")
 BOOT_MODES = ("kexec", "grub", "manual")
 LAB_HOST_BOOT_MODES = ("kexec", "grub")  # the lab host's plans run unattended: nobody is there to boot by hand
 GUEST_BOOT_MODES = ("kexec",)  # a lab guest playing a host has no boot loader to drive
-ACCELERATORS = ("kvm", "tcg")
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """How QEMU runs a lab guest's vCPUs, and what that changes in the guest's command line and record."""
+
+    name: str  # QEMU's -accel name
+    cpu: str  # QEMU's -cpu model: the host's own CPU (KVM), or every feature the emulator has (TCG)
+    threaded: bool  # its -accel takes thread=single|multi: all vCPUs in one host thread, or one thread each
+
+
+KVM = Accelerator("kvm", cpu="host", threaded=False)  # hardware: used only where a test guest boots with it
+TCG = Accelerator("tcg", cpu="max", threaded=True)  # software emulation: slower, always there (the default)
+ACCELERATORS = tuple(a.name for a in (KVM, TCG))
+_ACCELERATORS = {a.name: a for a in (KVM, TCG)}
+
+
+def accelerator(name: str) -> Accelerator:
+    """The accelerator named ``name``; ValueError naming the choices for one there is none of."""
+    try:
+        return _ACCELERATORS[name]
+    except KeyError:
+        raise ValueError(f"--accel {name!r}: choose one of {', '.join(_ACCELERATORS)}") from None
+
+
+@dataclass(frozen=True)
+class RequirementKind:
+    """A kind of requirement: ``name`` alone, or ``name:<argument>``."""
+
+    name: str
+    argument: str | None = None  # the argument's form, a regular expression; None: the kind takes no argument
+    default: str | None = None  # what a kind whose argument may be left out checks then; None: it must be given
+
+
+REQUIREMENT_KINDS = (
+    RequirementKind("root"),
+    RequirementKind("tracefs"),
+    RequirementKind("cpuidle_states"),  # a cpuidle driver with two or more states to compare
+    RequirementKind("cpuidle_driver", "[a-z0-9_]+"),  # the driver in charge is this one
+    RequirementKind("sched_feature", "[A-Z_]+", default="HRTICK"),  # a sched feature that can be read and written
+    RequirementKind("program", "[A-Za-z0-9_.+-]+"),  # a program on PATH
+    RequirementKind("tool", "[A-Za-z0-9_.+-]+"),  # one of ticklab's tools (tools/bin), built
+    RequirementKind("tracer", "[a-z_]+"),  # a tracer of this kernel (available_tracers)
+)
+
 COMPARE_FORMATS = ("text", "csv", "md", "json")  # ticklab compare --format
 
 

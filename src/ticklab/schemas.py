@@ -5,6 +5,7 @@ error type with one line naming the file and the field (``runs[3].status: ...``)
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .safefiles import shown
@@ -168,19 +169,26 @@ CONDITION_VALUE = {
 # a row of a claim's published layer, as an experiment's answer names it: <table>/<row id>
 PUBLISHED_ROW = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$"}
 
-# what capture/requirements.check knows how to check
-REQUIREMENT = {
-    "type": "string",
-    "pattern": r"^(root|tracefs|cpuidle_states|cpuidle_driver:[a-z0-9_]+|sched_feature(:[A-Z_]+)?|"
-    r"(program|tool):[A-Za-z0-9_.+-]+|tracer:[a-z_]+)$",
-}
+
+def requirement_schema(kinds) -> dict:
+    """A requirement of one of ``kinds`` (registry.REQUIREMENT_KINDS): its name, then ``:`` and an argument of its form
+    where it takes one (optionally where it has a default)."""
+    forms = [
+        re.escape(kind.name)
+        if kind.argument is None
+        else f"{re.escape(kind.name)}(:{kind.argument})" + ("?" if kind.default is not None else "")
+        for kind in kinds
+    ]
+    return {"type": "string", "pattern": f"^({'|'.join(forms)})$"}
 
 
-def experiment_schema(*, metric_sets, backends, accels) -> dict:
+def experiment_schema(*, metric_sets, backends, accels, requirement_kinds) -> dict:
     """The schema of a runners/<claim>/*.yaml experiment. The names that have a registry elsewhere come from it
-    (capture/experiment.py passes them, from ticklab/registry.py): ``metric_sets`` METRIC_SET_NAMES, ``backends``
-    backend_choices(), ``accels`` lab_accel_choices()."""
+    (capture/experiment.py passes them, from ticklab/registry.py): ``metric_sets`` METRIC_SET_EVENTS' names,
+    ``backends`` backend_choices(), ``accels`` lab_accel_choices(), ``requirement_kinds`` REQUIREMENT_KINDS (what
+    capture/requirements.check knows how to check)."""
     metric_set = {"type": "string", "enum": list(metric_sets)}
+    requirement = requirement_schema(requirement_kinds)
     return {
         "type": "object",
         "required": ["claim", "name", "description", "conditions", "workload"],
@@ -229,11 +237,13 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
             "warmup": {"type": "integer", "minimum": 0, "maximum": 1000},
             "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},  # as --seed
             "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 7 * 86400},
-            "requires": {"type": "array", "items": REQUIREMENT},
-            # a trace records its events: a trace section without them has nothing to record
+            "requires": {"type": "array", "items": requirement},
+            # a trace records its events: a trace section with neither them nor a metric set (whose events
+            # capture/experiment.py traces when the list is left out) has nothing to record
             "trace": {
                 "type": ["object", "null"],
-                "required": ["events"],
+                "if": {"not": {"required": ["metrics"]}},
+                "then": {"required": ["events"]},
                 "properties": {
                     "events": {"type": "array", "items": {"type": "string", "pattern": TRACE_EVENT}},
                     # traced where the running kernel has them (e.g. timer:hrtimer_rearm, 7.1+); the run's trace record
@@ -243,7 +253,7 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
                     "buffer_kb": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
                     # kernel functions whose every call the function tracer records (a C identifier each)
                     "functions": {"type": "array", "items": {"type": "string", "pattern": KERNEL_SYMBOL}},
-                    # which per-run metrics its trace gives results.csv: a set of registry.METRIC_SET_NAMES, or a
+                    # which per-run metrics its trace gives results.csv: a set of registry.METRIC_SET_EVENTS, or a
                     # list of them
                     "metrics": {
                         "anyOf": [
@@ -268,7 +278,7 @@ def experiment_schema(*, metric_sets, backends, accels) -> dict:
                     "properties": {
                         "name": {"type": "string", "pattern": RUN_NAME},
                         "argv": {"type": "array"},
-                        "requires": {"type": "array", "items": REQUIREMENT},
+                        "requires": {"type": "array", "items": requirement},
                         "per_run": {"type": "boolean"},
                         # recorded with the experiment's trace into
                         # raw/<run>/<name>/trace (per_run extras only)

@@ -22,6 +22,7 @@ from ..bundle import (
     load_bundle,
     seal_digest,
 )
+from ..registry import TCG
 from ..safefiles import read_bytes
 
 
@@ -103,7 +104,7 @@ def pool_kind(setup: str) -> str:
     (hosts are only ever pooled with hosts)."""
     guest = GUEST_ID.match(setup)
     family = setup_family(setup)
-    return family if guest is None or guest["accel"] == "tcg" else f"{family} ({guest['accel']})"
+    return family if guest is None or guest["accel"] == TCG.name else f"{family} ({guest['accel']})"
 
 
 def find_bundles(data_dir: Path | str, claim: str) -> list[BundleRef]:

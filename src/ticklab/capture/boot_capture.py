@@ -45,6 +45,7 @@ from .experiment import (
     is_boot_experiment,
     load_experiment,
     schedule,
+    traced_definition,
 )
 from .runner import HostExecutor, check_host, checked_host_id
 from .session import CapturePlan, check_counts
@@ -265,7 +266,7 @@ def start(claim: str, options, experiment_path: Path | None, mode: str, log=prin
         build_missing_kernels(experiment, conditions, root, log)
     runs = boot_runs(experiment, planned.runs, root, here)  # every condition's kernel must exist before the bundle
     kept = experiment.path.read_bytes()  # the plan runs this copy: the user's file may move or change mid-plan
-    if yaml.safe_load(kept) != experiment.definition:
+    if traced_definition(yaml.safe_load(kept)) != experiment.definition:
         raise ExperimentError(f"{experiment.path}: changed while the capture started; start it again")
     writer = planned.open_bundle(options.out, identity, here)
     writer.manifest.requirements = checked

@@ -217,12 +217,22 @@ WORKLOAD_TOOLS = ("ftq", "clockbench", "timejobs", "hackbench", "tbench", "kbuil
 def experiment_schema() -> dict:
     """schemas.experiment_schema with the names of today's registries (read at each call, so the schema follows
     them; built once per set of names)."""
-    return _experiment_schema(registry.METRIC_SET_NAMES, registry.backend_choices(), registry.lab_accel_choices())
+    metric_sets = tuple(registry.METRIC_SET_EVENTS)
+    return _experiment_schema(
+        metric_sets, registry.backend_choices(), registry.lab_accel_choices(), registry.REQUIREMENT_KINDS
+    )
 
 
 @functools.cache
-def _experiment_schema(metric_sets: tuple[str, ...], backends: tuple[str, ...], accels: tuple[str, ...]) -> dict:
-    return schemas.experiment_schema(metric_sets=metric_sets, backends=backends, accels=accels)
+def _experiment_schema(
+    metric_sets: tuple[str, ...],
+    backends: tuple[str, ...],
+    accels: tuple[str, ...],
+    requirement_kinds: tuple[registry.RequirementKind, ...],
+) -> dict:
+    return schemas.experiment_schema(
+        metric_sets=metric_sets, backends=backends, accels=accels, requirement_kinds=requirement_kinds
+    )
 
 
 def load_experiment(path: Path | str) -> Experiment:
@@ -278,8 +288,47 @@ def load_experiment(path: Path | str) -> Experiment:
     parse_budget(data, path)
     check_idle_configs(data, path)
     check_cmdline_words(data, path)
+    check_trace_events(data, path)
+    data = traced_definition(data)
     fields = {k: v for k, v in data.items() if k in KNOWN}
     return Experiment(path=path, definition=data, **fields)
+
+
+def metric_set_names(named: str | list[str]) -> list[str]:
+    """An experiment's trace.metrics: one set's name or a list of them."""
+    return [named] if isinstance(named, str) else list(named)
+
+
+def metric_set_events(trace: dict) -> list[str]:
+    """The tracepoints the metric sets ``trace.metrics`` names read (registry.METRIC_SET_EVENTS), each once, in
+    order."""
+    names = metric_set_names(trace.get("metrics") or [])
+    return list(dict.fromkeys(event for name in names for event in registry.METRIC_SET_EVENTS[name]))
+
+
+def check_trace_events(data: dict, path: Path) -> None:
+    """An experiment that lists trace.events traces every event its metric sets read (an experiment that leaves the
+    list out traces just those: :func:`traced_definition`)."""
+    trace = data.get("trace") or {}
+    if "events" not in trace:
+        return
+    missing = [event for event in metric_set_events(trace) if event not in trace["events"]]
+    if missing:
+        raise ExperimentError(
+            f"{path}: trace.events leaves out {', '.join(missing)}, read by trace.metrics "
+            f"{', '.join(metric_set_names(trace['metrics']))}; list them, or leave trace.events out to trace what the "
+            "metric sets read"
+        )
+
+
+def traced_definition(data):
+    """The experiment ``data`` (a YAML file's, as loaded) with the events it traces: a trace section that names metric
+    sets and lists no events traces the sets' events (registry.METRIC_SET_EVENTS), and its definition, as a bundle's
+    manifest records it, says so; anything else as it is."""
+    trace = data.get("trace") if isinstance(data, dict) else None
+    if not isinstance(trace, dict) or "events" in trace or not trace.get("metrics"):
+        return data
+    return {**data, "trace": {"events": metric_set_events(trace), **trace}}
 
 
 def _read_yaml(path: Path):

@@ -1,15 +1,35 @@
-"""What a host offers an experiment: each requirement is checked by trying, and answers (ok, why)."""
+"""What a host offers an experiment: each requirement is checked by trying, and answers (ok, why). Each kind of
+registry.REQUIREMENT_KINDS is checked by the function registered for it (``@checks``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from ..host import HostChanges
 from ..host import facts as host_facts
 from ..host.journal import HostChangeError
 from ..paths import repo_root, work_dir
+from ..registry import REQUIREMENT_KINDS
+
+Check = Callable[[HostChanges, dict, str], tuple[bool, str]]
+CHECKS: dict[str, Check] = {}  # each kind of registry.REQUIREMENT_KINDS -> its check (all of them: checked below)
+_KINDS = {kind.name: kind for kind in REQUIREMENT_KINDS}
+
+
+def checks(kind: str) -> Callable[[Check], Check]:
+    """Register the decorated function as the check of the requirement ``kind`` (a name of REQUIREMENT_KINDS),
+    called with the host, its facts and the requirement's argument (the kind's default where it is left out)."""
+
+    def register(function: Check) -> Check:
+        if kind not in _KINDS or kind in CHECKS:
+            raise ImportError(f"capture/requirements.py: check of {kind!r}: not in the registry, or a second one")
+        CHECKS[kind] = function
+        return function
+
+    return register
 
 
 def tools_bin() -> Path:
@@ -97,30 +117,57 @@ def check_tool(name: str) -> tuple[bool, str]:
     return (True, str(path)) if os.access(path, os.X_OK) else (False, f"{path} missing: run '{build_tools_command()}'")
 
 
+@checks("root")
+def _root(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    return check_root(host, facts)
+
+
+@checks("tracefs")
+def _tracefs(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    return check_tracefs(host, facts)
+
+
+@checks("cpuidle_states")
+def _cpuidle_states(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    return check_cpuidle(host, facts)
+
+
+@checks("cpuidle_driver")
+def _cpuidle_driver(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    return check_cpuidle_driver(host, facts, argument)
+
+
+@checks("sched_feature")
+def _sched_feature(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    return check_sched_features(host, facts, argument)
+
+
+@checks("program")
+def _program(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    return check_program(argument)
+
+
+@checks("tool")
+def _tool(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    return check_tool(argument)
+
+
+@checks("tracer")
+def _tracer(host: HostChanges, facts: dict, argument: str) -> tuple[bool, str]:
+    if argument in (facts.get("tracers") or []):
+        return True, f"{argument} tracer available"
+    return False, f"no {argument} tracer in this kernel"
+
+
+if list(CHECKS) != list(_KINDS):
+    raise ImportError(f"capture/requirements.py: checks of {list(CHECKS)}; registry.py: {list(_KINDS)}")
+
+
 def check(requirement: str, host: HostChanges, facts: dict) -> tuple[bool, str]:
     kind, _, argument = requirement.partition(":")
-    if kind == "root":
-        return check_root(host, facts)
-    if kind == "tracefs":
-        return check_tracefs(host, facts)
-    if kind == "sched_feature":
-        return check_sched_features(host, facts, argument or "HRTICK")
-    if kind == "cpuidle_states":
-        return check_cpuidle(host, facts)
-    if kind == "cpuidle_driver":
-        return check_cpuidle_driver(host, facts, argument)
-    if kind == "program":
-        return check_program(argument)
-    if kind == "tool":
-        return check_tool(argument)
-    if kind == "tracer":
-        tracers = facts.get("tracers") or []
-        return (
-            (True, f"{argument} tracer available")
-            if argument in tracers
-            else (False, f"no {argument} tracer in this kernel")
-        )
-    raise ValueError(f"unknown requirement {requirement!r}")
+    if kind not in CHECKS:
+        raise ValueError(f"unknown requirement {requirement!r}")
+    return CHECKS[kind](host, facts, argument or _KINDS[kind].default or "")
 
 
 def check_all(requires: list[str], host: HostChanges, facts: dict) -> tuple[dict, dict]:

@@ -52,7 +52,7 @@ from .. import __version__
 from ..bundle import BundleError, BundleWriter, superseded_record
 from ..paths import repo_root
 from ..schemas import MAX_RUNS
-from .experiment import Condition, Experiment, ExperimentError, PlannedRun, schedule
+from .experiment import Condition, Experiment, ExperimentError, PlannedRun, metric_set_names, schedule
 from .process import WorkloadOutputError
 from .stopping import Rounds, StoppingRule
 from .workloads import PARSERS
@@ -276,11 +276,6 @@ def shown_path(path: Path) -> str:
         return str(path.resolve().relative_to(repo_root()))
     except ValueError:
         return path.name
-
-
-def metric_set_names(named: str | list[str]) -> list[str]:
-    """An experiment's trace.metrics: one set's name or a list of them."""
-    return [named] if isinstance(named, str) else list(named)
 
 
 def run_results(experiment: Experiment, run_dir: Path, record: dict, values: dict) -> tuple[list[dict], str | None]:

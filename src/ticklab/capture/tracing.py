@@ -321,8 +321,11 @@ def planned_tracefs_writes(
     ]
 
 
-class TracefsRecorder:
-    backend = "tracefs"
+class Recorder:
+    """What every tracing backend's recorder is given (see :func:`recorder`) and checks first; each subclass is the
+    recorder of its ``backend`` (a name of registry.TRACING_BACKENDS), used as a context manager around the run."""
+
+    backend: str
 
     def __init__(
         self,
@@ -338,21 +341,35 @@ class TracefsRecorder:
     ):
         self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
         self.optional_events, self.absent_events = list(optional_events), []
-        self.symbols, self.clock = list(symbols), clock
-        self._symbols_found: dict[str, str] | None = None
-        self.functions = list(functions)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._files: dict[int, tuple[int, object, Path]] = {}
-        self._error: str | None = None  # the first write that failed (a full disk), for the main thread to raise
+        self.symbols, self.functions, self.clock = list(symbols), list(functions), clock
+        # what went wrong in a helper thread, for the main thread to raise (tracefs: the first write that failed, a full
+        # disk; trace-cmd: trace-cmd.log could not be written)
+        self._error: str | None = None
         self.result: TraceResult | None = None
 
-    def __enter__(self) -> TracefsRecorder:
+    def _check_events(self) -> Path:
+        """The mounted tracefs, once the events and functions are known to this kernel and the optional events it
+        has are added to those recorded (the others listed in ``absent_events``)."""
         tracefs = ensure_tracefs(self.host)
         check_events(tracefs, self.events)
         present, self.absent_events = present_events(tracefs, self.optional_events)
         self.events += present
         check_functions(tracefs, self.functions)
+        return tracefs
+
+
+class TracefsRecorder(Recorder):
+    backend = "tracefs"
+
+    def __init__(self, *args, **kwargs):  # as Recorder's
+        super().__init__(*args, **kwargs)
+        self._symbols_found: dict[str, str] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._files: dict[int, tuple[int, object, Path]] = {}
+
+    def __enter__(self) -> TracefsRecorder:
+        tracefs = self._check_events()
         self._scope = self.host.scope()
         try:
             self._start(tracefs)
@@ -535,35 +552,17 @@ class TracefsRecorder:
             raise TracingError(self._error)
 
 
-class TraceCmdRecorder:
+class TraceCmdRecorder(Recorder):
+    """trace-cmd writes the whole of /proc/kallsyms into trace.dat: ``symbols`` needs no extra step here."""
+
     backend = "trace-cmd"
 
-    def __init__(
-        self,
-        host: HostChanges,
-        events: list[str],
-        directory: Path,
-        *,
-        buffer_kb: int = 4096,
-        symbols: list[str] = (),
-        functions: list[str] = (),
-        optional_events: list[str] = (),
-        clock: str | None = None,
-    ):
-        # trace-cmd writes the whole of /proc/kallsyms into trace.dat: ``symbols`` needs no extra step here
-        self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
-        self.optional_events, self.absent_events = list(optional_events), []
-        self.functions, self.clock = list(functions), clock
+    def __init__(self, *args, **kwargs):  # as Recorder's
+        super().__init__(*args, **kwargs)
         self.process: subprocess.Popen | None = None
-        self._error: str | None = None  # trace-cmd.log could not be written (the copier thread's error, raised here)
-        self.result: TraceResult | None = None
 
     def __enter__(self) -> TraceCmdRecorder:
-        tracefs = ensure_tracefs(self.host)
-        check_events(tracefs, self.events)
-        present, self.absent_events = present_events(tracefs, self.optional_events)
-        self.events += present
-        check_functions(tracefs, self.functions)
+        tracefs = self._check_events()
         if self.clock:
             check_clock(tracefs, self.clock)
         self._scope = self.host.scope()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,23 @@ from .process import WorkloadOutputError
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
+
+Parser = Callable[[Path], list[dict]]
+# one parser per workload an experiment may name (experiment.WORKLOAD_TOOLS, checked when it is loaded), each
+# registered by @parses; every tool of the list has one (checked at the end of this module)
+PARSERS: dict[str, Parser] = {}
+
+
+def parses(tool: str) -> Callable[[Parser], Parser]:
+    """Register the decorated function as the parser of ``tool``'s output (a name of experiment.WORKLOAD_TOOLS)."""
+
+    def register(function: Parser) -> Parser:
+        if tool not in WORKLOAD_TOOLS or tool in PARSERS:
+            raise ImportError(f"capture/workloads.py: parser for {tool!r}: not in WORKLOAD_TOOLS, or a second one")
+        PARSERS[tool] = function
+        return function
+
+    return register
 
 
 def _header(path: Path) -> tuple[dict, list[str]]:
@@ -84,6 +102,7 @@ def read_ftq(path: Path) -> tuple[dict, pd.DataFrame]:
     return header, samples
 
 
+@parses("ftq")
 def parse_ftq(directory: Path) -> list[dict]:
     _, samples = read_ftq(directory / "ftq.dat")
     counts = samples.loc[~samples["warmup"], "count"].to_numpy(dtype=float)
@@ -172,6 +191,7 @@ def read_clockbench(path: Path) -> tuple[dict, pd.DataFrame]:
     return header, rows
 
 
+@parses("clockbench")
 def parse_clockbench(directory: Path) -> list[dict]:
     _, rows = read_clockbench(directory / "stdout.txt")
     return [
@@ -187,6 +207,7 @@ def parse_clockbench(directory: Path) -> list[dict]:
     ]
 
 
+@parses("timejobs")
 def parse_timejobs(directory: Path) -> list[dict]:
     """timejobs: total jobs/min over all threads (the AIM7-compute stand-in of the hpet guest experiment)."""
     path = directory / "stdout.txt"
@@ -232,10 +253,12 @@ def _one_number(directory: Path, pattern: str, expected: str, metric: str, unit:
     return [{"metric": metric, "value": _finite(found.group(1), path, expected), "unit": unit}]
 
 
+@parses("hackbench")
 def parse_hackbench(directory: Path) -> list[dict]:
     return _one_number(directory, r"^Time:\s*(\S+)\s*$", "Time: <seconds>", "runtime_s", "s")
 
 
+@parses("tbench")
 def parse_tbench(directory: Path) -> list[dict]:
     rows = _one_number(
         directory, r"^Throughput\s+([\d.]+)\s+MB/sec", "Throughput <n> MB/sec", "throughput_mb_s", "MB/s"
@@ -248,6 +271,7 @@ def parse_tbench(directory: Path) -> list[dict]:
     return rows
 
 
+@parses("kbuild")
 def parse_kbuild(directory: Path) -> list[dict]:
     """kbuild (ticklab.lab.kbuild): the build's wall time and each lock event counted during it."""
     path = directory / "stdout.txt"
@@ -263,5 +287,5 @@ def parse_kbuild(directory: Path) -> list[dict]:
     return rows
 
 
-# one parser per workload an experiment may name (experiment.WORKLOAD_TOOLS, checked when it is loaded)
-PARSERS = {tool: globals()[f"parse_{tool}"] for tool in WORKLOAD_TOOLS}
+if list(PARSERS) != list(WORKLOAD_TOOLS):
+    raise ImportError(f"capture/workloads.py: parsers for {list(PARSERS)}; experiment.WORKLOAD_TOOLS: {WORKLOAD_TOOLS}")

@@ -1,5 +1,6 @@
 """How a boot plan boots a run and how it is put back: the systemd unit that resumes the plan after each boot, grub's
-one-shot menu entry (custom.cfg and ``grub-reboot``), kexec, and the run's kernel files.
+one-shot menu entry (custom.cfg and ``grub-reboot``), kexec, and the run's kernel files. What differs between the
+modes is each mode's :class:`BootMode` object (:class:`Kexec`, :class:`Grub`, :class:`Manual`, in ``BOOT_MODES``).
 
 Boot verification and the order of the steps are :mod:`ticklab.host.plan_engine`'s; what is installed is journalled
 through :class:`~ticklab.host.HostChanges` (``keep``), and :func:`put_back_what_is_there` removes what this plan
@@ -11,12 +12,14 @@ state (:func:`stop_unit`), so removing the unit leaves systemd no job to fail an
 
 from __future__ import annotations
 
+import abc
 import os
 import re
 import shlex
 import sys
 from pathlib import Path
 
+from ..registry import BOOT_MODES as BOOT_MODE_NAMES
 from ..safefiles import shown
 from . import facts
 from .change_kinds import read_plan_file, run_command, write_plan_file
@@ -274,12 +277,9 @@ def put_back_what_is_there(root: Path, plan: Plan, say) -> list[str]:
             done.append(f"unset next_entry={title} in {grubenv}")
     except HostChangeError as exc:
         problems.append(f"{one_line(exc)} (next_entry={title} may be left in it)")
-    if plan.mode == "kexec" and (facts.read_text(root / "sys/kernel/kexec_loaded") or "").strip() == "1":
-        try:
-            run_command(["kexec", "-u"])
-            done.append("unloaded the kexec kernel")
-        except HostChangeError as exc:
-            problems.append(f"a kexec kernel is still loaded: {one_line(exc)}")
+    mode_done, mode_problems = boot_mode(plan.mode).put_back(root)
+    done += mode_done
+    problems += mode_problems
     if done:
         say(f"boot plan {plan.id}: not in its journal, put back: {'; '.join(done)}")
     return problems
@@ -292,7 +292,93 @@ def return_to_original(root: Path, plan: Plan) -> str:
     )
     if same:
         return "finished; this boot is already the original kernel and command line"
-    if plan.mode == "kexec":
+    return boot_mode(plan.mode).return_to_original(root, plan)
+
+
+class BootMode(abc.ABC):
+    """What differs between the ways a boot plan reaches a run's kernel (``capture --boot``, a plan's ``mode``): one
+    object per name of ``registry.BOOT_MODES``, registered by :func:`boot_mode_named`; the engine
+    (:mod:`ticklab.host.plan_engine`) asks the plan's object, never its name."""
+
+    name: str
+
+    def check_run(self, root: Path, run_name: str, cmdline: str) -> None:
+        """PlanError where this mode cannot boot a run with ``cmdline`` (what ``capture --boot --dry-run`` checks of
+        each run, as the plan would)."""
+        return None
+
+    def check_plan(self, root: Path, plan: Plan) -> None:
+        """PlanError for what this mode cannot boot, before the plan is made (its kernels exist by then)."""
+        return None
+
+    def load(self, host: HostChanges, root: Path, plan: Plan, run: BootRun, image: Path, initrd: Path | None) -> None:
+        """Make the machine's next boot the run's, every change through ``host`` (its journal puts it back)."""
+        return None
+
+    @abc.abstractmethod
+    def boot(self, root: Path, run: BootRun, image: Path, initrd: Path | None, say) -> str:
+        """Start the run's boot (on a real host kexec and reboot do not return), or say how to; what was done."""
+
+    def put_back(self, root: Path) -> tuple[list[str], list[str]]:
+        """What this mode left that no journal lists, put back: (what was done, what could not be), one phrase each."""
+        return [], []
+
+    @abc.abstractmethod
+    def return_to_original(self, root: Path, plan: Plan) -> str:
+        """The plan is finished and this boot is not the original kernel and command line: go back (or say how)."""
+
+
+BOOT_MODES: dict[str, BootMode] = {}  # registry.BOOT_MODES' names -> their objects (checked below the classes)
+
+
+def boot_mode_named(cls: type[BootMode]) -> type[BootMode]:
+    """Register a boot mode's class: its one object is what a plan of its ``name`` boots with."""
+    BOOT_MODES[cls.name] = cls()
+    return cls
+
+
+def boot_mode(name: str) -> BootMode:
+    """The boot mode ``--boot name`` (a plan's ``mode``) is; PlanError naming the choices for one there is none of."""
+    try:
+        return BOOT_MODES[name]
+    except KeyError:
+        raise PlanError(f"--boot {name}: one of {', '.join(BOOT_MODES)}") from None
+
+
+def _reboot(root: Path, run: BootRun, image: Path, how: str, argv: list[str], say) -> str:
+    # --no-block: the unit running this waits for nothing; systemd stops it and goes on to kexec/reboot
+    say(f"run {run.name} ({run.condition}): {how} into {image} with '{run.cmdline}'")
+    run_tool(argv)
+    return " ".join(argv)
+
+
+def _kexec_now(root: Path) -> list[str]:
+    return ["systemctl", "--no-block", "kexec"] if systemd_running(root) else ["kexec", "-e"]
+
+
+@boot_mode_named
+class Kexec(BootMode):
+    """``kexec -l`` the run's kernel and command line, then ``systemctl kexec`` (``kexec -e`` without systemd); at the
+    end, kexec back into the original kernel and command line."""
+
+    name = "kexec"
+
+    def load(self, host: HostChanges, root: Path, plan: Plan, run: BootRun, image: Path, initrd: Path | None) -> None:
+        host.kexec_load(str(image), str(initrd) if initrd else None, run.cmdline)
+
+    def boot(self, root: Path, run: BootRun, image: Path, initrd: Path | None, say) -> str:
+        return _reboot(root, run, image, "kexec", _kexec_now(root), say)
+
+    def put_back(self, root: Path) -> tuple[list[str], list[str]]:
+        if (facts.read_text(root / "sys/kernel/kexec_loaded") or "").strip() != "1":
+            return [], []
+        try:
+            run_command(["kexec", "-u"])
+        except HostChangeError as exc:
+            return [], [f"a kexec kernel is still loaded: {one_line(exc)}"]
+        return ["unloaded the kexec kernel"], []
+
+    def return_to_original(self, root: Path, plan: Plan) -> str:
         image = root / "boot" / f"vmlinuz-{plan.original['release']}"
         initrd = root / "boot" / f"initrd.img-{plan.original['release']}"
         if not image.is_file():
@@ -303,15 +389,79 @@ def return_to_original(root: Path, plan: Plan) -> str:
             + ["--append", " ".join(boot_words(plan.original["cmdline"]))]
         )
         run_tool(argv)
-        run_tool(["systemctl", "--no-block", "kexec"] if systemd_running(root) else ["kexec", "-e"])
+        run_tool(_kexec_now(root))
         return f"finished; kexec back into {plan.original['release']} with the original command line"
-    if plan.mode == "grub":
+
+
+@boot_mode_named
+class Grub(BootMode):
+    """A one-shot menu entry in custom.cfg (``grub-reboot``), then ``systemctl reboot``; at the end, a reboot into the
+    default entry (never changed)."""
+
+    name = "grub"
+
+    def check_run(self, root: Path, run_name: str, cmdline: str) -> None:
+        check_grub_words(root, run_name, cmdline)
+
+    def check_plan(self, root: Path, plan: Plan) -> None:
+        grub_menu_entries(plan, root)  # every menu entry one grub can take as it is
+        takes_over = kexec_takes_over_reboots(root)
+        if takes_over:
+            raise PlanError(
+                f"{takes_over}: kexec-tools turns every reboot into a kexec of the default kernel with this "
+                "boot's command line, so no reboot would reach grub's one-shot entry; set LOAD_KEXEC=false "
+                "(dpkg-reconfigure kexec-tools) or use --boot kexec"
+            )
+
+    def load(self, host: HostChanges, root: Path, plan: Plan, run: BootRun, image: Path, initrd: Path | None) -> None:
+        grub_cfg = read_plan_file(root / "boot/grub/grub.cfg") or ""
+        if "custom.cfg" not in grub_cfg:
+            raise PlanError(
+                f"{root / 'boot/grub/grub.cfg'}: does not source custom.cfg (Debian's /etc/grub.d/41_custom); "
+                "--boot grub needs it, or use --boot kexec|manual"
+            )
+        user_custom = read_plan_file(root / GRUB_CUSTOM) or ""
+        entry, title = grub_entry(root, plan, run, image, initrd)
+        host.write_file(
+            GRUB_CUSTOM,
+            user_custom + ("\n" if user_custom and not user_custom.endswith("\n") else "") + entry,
+            label="boot plan grub entry",
+        )
+        host.grub_reboot(title)
+
+    def boot(self, root: Path, run: BootRun, image: Path, initrd: Path | None, say) -> str:
+        return _reboot(root, run, image, "reboot", ["systemctl", "--no-block", "reboot"], say)
+
+    def return_to_original(self, root: Path, plan: Plan) -> str:
         run_tool(["systemctl", "--no-block", "reboot"])
         return "finished; rebooting into the default entry (never changed)"
-    return (
-        f"finished; boot the default entry again (kernel {plan.original['release']}, "
-        f"command line '{plan.original['cmdline']}')"
-    )
+
+
+@boot_mode_named
+class Manual(BootMode):
+    """Nothing loaded: the run's kernel and command line are printed for someone to boot by hand."""
+
+    name = "manual"
+
+    def boot(self, root: Path, run: BootRun, image: Path, initrd: Path | None, say) -> str:
+        text = (
+            f"boot run {run.name} ({run.condition}): kernel {image}"
+            + (f", initrd {initrd}" if initrd else "")
+            + f", command line: {run.cmdline}\n"
+            "then ticklab-plan.service resumes the plan (or run 'ticklab plan resume'); the default entry is unchanged"
+        )
+        say(text)
+        return text
+
+    def return_to_original(self, root: Path, plan: Plan) -> str:
+        return (
+            f"finished; boot the default entry again (kernel {plan.original['release']}, "
+            f"command line '{plan.original['cmdline']}')"
+        )
+
+
+if tuple(BOOT_MODES) != BOOT_MODE_NAMES:
+    raise ImportError(f"host/boot_loaders.py: boot modes {list(BOOT_MODES)}; registry.py: {list(BOOT_MODE_NAMES)}")
 
 
 def stop_unit(root: Path, plan: Plan, say) -> None:

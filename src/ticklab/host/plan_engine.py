@@ -51,22 +51,18 @@ from ..schemas import problem as schema_problem
 from .boot_loaders import (
     GRUB_CUSTOM,
     UNIT_PATH,
-    grub_entry,
-    grub_menu_entries,
+    boot_mode,
     install_unit,
     kernel_files,
-    kexec_takes_over_reboots,
     put_back_what_is_there,
     return_to_original,
     run_tool,
     stop_unit,
     systemd_running,
 )
-from .change_kinds import read_plan_file
 from .journal import HostBusy, HostChangeError, host_lock, private_dir
 from .knobs import HostChanges
 from .plan_state import (
-    MODES,
     PLAN_SCHEMA,
     BootRun,
     Plan,
@@ -107,8 +103,7 @@ def create(
     """A new plan on disk; ``keep``: files kept with it (the experiment it runs: moving or editing the user's copy
     mid-plan changes nothing), read back with :func:`kept_file`."""
     root = Path(root)
-    if mode not in MODES:
-        raise PlanError(f"--boot {mode}: one of {', '.join(MODES)}")
+    booting = boot_mode(mode)
     if not runs:
         raise PlanError("a boot plan needs at least one run")
     refuse_if_running(root)
@@ -142,15 +137,7 @@ def create(
         raise PlanError(f"{plans_dir(root) / plan_id}: {problem}; no plan made")
     for run in runs:
         kernel_files(root, plan, run)  # every kernel must exist before the first reboot
-    if mode == "grub":
-        grub_menu_entries(plan, root)  # and every menu entry be one grub can take as it is
-        takes_over = kexec_takes_over_reboots(root)
-        if takes_over:
-            raise PlanError(
-                f"{takes_over}: kexec-tools turns every reboot into a kexec of the default kernel with this "
-                "boot's command line, so no reboot would reach grub's one-shot entry; set LOAD_KEXEC=false "
-                "(dpkg-reconfigure kexec-tools) or use --boot kexec"
-            )
+    booting.check_plan(root, plan)
     try:
         private_dir(plans_dir(root))
         os.mkdir(directory, 0o700)  # exclusively: a plan of the same id made meanwhile is never taken over
@@ -328,6 +315,7 @@ def _tell(plan: Plan, say, maker: RunMaker | None, failed: tuple[BootRun, dict, 
 
 def _boot(root: Path, plan: Plan, run: BootRun, say) -> str:
     image, initrd = kernel_files(root, plan, run, planned=True)
+    booting = boot_mode(plan.mode)
     with _changes(root, plan, say) as host:
         install_unit(host, root, plan)
         custom = root / GRUB_CUSTOM
@@ -337,47 +325,11 @@ def _boot(root: Path, plan: Plan, run: BootRun, say) -> str:
             if c.after is None and (c.kind in ("kexec_load", "grub_oneshot") or c.path == str(custom))
         ]:
             host.undo([stale])  # the previous run's one-shot and menu entry are spent: do not stack them
-        if plan.mode == "kexec":
-            host.kexec_load(str(image), str(initrd) if initrd else None, run.cmdline)
-        elif plan.mode == "grub":
-            grub_cfg = read_plan_file(root / "boot/grub/grub.cfg") or ""
-            if "custom.cfg" not in grub_cfg:
-                raise PlanError(
-                    f"{root / 'boot/grub/grub.cfg'}: does not source custom.cfg (Debian's /etc/grub.d/41_custom); "
-                    "--boot grub needs it, or use --boot kexec|manual"
-                )
-            user_custom = read_plan_file(custom) or ""
-            entry, title = grub_entry(root, plan, run, image, initrd)
-            host.write_file(
-                GRUB_CUSTOM,
-                user_custom + ("\n" if user_custom and not user_custom.endswith("\n") else "") + entry,
-                label="boot plan grub entry",
-            )
-            host.grub_reboot(title)
+        booting.load(host, root, plan, run, image, initrd)
         run.state = "booting"
         run.boot_id_before = boot_facts(root)["boot_id"]
         save(root, plan)
-    if plan.mode == "manual":
-        text = (
-            f"boot run {run.name} ({run.condition}): kernel {image}"
-            + (f", initrd {initrd}" if initrd else "")
-            + f", command line: {run.cmdline}\n"
-            "then ticklab-plan.service resumes the plan (or run 'ticklab plan resume'); the default entry is unchanged"
-        )
-        say(text)
-        return text
-    # --no-block: the unit running this waits for nothing; systemd stops it and goes on to kexec/reboot
-    reboot = (
-        (["systemctl", "--no-block", "kexec"] if systemd_running(root) else ["kexec", "-e"])
-        if plan.mode == "kexec"
-        else ["systemctl", "--no-block", "reboot"]
-    )
-    say(
-        f"run {run.name} ({run.condition}): {'kexec' if plan.mode == 'kexec' else 'reboot'} into {image} "
-        f"with '{run.cmdline}'"
-    )
-    run_tool(reboot)
-    return " ".join(reboot)
+    return booting.boot(root, run, image, initrd, say)
 
 
 def verify_boot(plan: Plan, run: BootRun, found: dict) -> str | None:

@@ -53,9 +53,10 @@ from .. import yamlsafe
 from ..capture.process import spawn, wait_or_kill
 from ..host.facts import DECLARED_FACTS
 from ..paths import cache_dir, repo_root
+from ..registry import LAB_HOST_BOOT_MODES, TCG, accelerator
 from ..safefiles import OwnedDir
 from .cache import LabError, content_key
-from .qemu import QEMU, require_qemu
+from .qemu import QEMU, machine_argv, require_qemu
 
 RECIPE = Path("runners/vm/lab-host.yaml")
 INSTALLER = Path("runners/vm/lab-host-install")
@@ -396,24 +397,7 @@ def _build_into(work: Path, data: dict, key: str, log: Path, say) -> dict:
     say("lab host: installing grub to the disk (one boot of its kernel)")
     console = work / "install-console.log"
     argv = [
-        QEMU,
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-        "-monitor",
-        "none",
-        "-machine",
-        "pc",
-        "-accel",
-        "tcg",
-        "-cpu",
-        "max",
-        "-smp",
-        "2",
-        "-m",
-        "1024M",
+        *machine_argv(TCG.name, 2, 1024),
         "-kernel",
         str(root / "boot" / f"vmlinuz-{release}"),
         "-initrd",
@@ -589,7 +573,7 @@ def install_host_kernel(
     }
 
 
-def modules_record(image: HostImage, say=print, accel: str = "tcg") -> Path:
+def modules_record(image: HostImage, say=print, accel: str = TCG.name) -> Path:
     """The /proc/modules of a boot of this image (the job driver's proc-modules.txt), recorded once per image and
     kept beside the runs: what a kernel built for it keeps with localmodconfig."""
     recorded = runs_dir() / "modules" / f"{image.key}.txt"
@@ -627,43 +611,33 @@ def _said(line: str) -> str | None:
 
 def declared_facts(data: dict, accel: str) -> dict:
     """What the lab host declares of itself (host.facts.DECLARED_FACTS): its vCPUs' threads under TCG."""
-    return {"vcpu_threads": "single"} if accel == "tcg" and data.get("tcg_thread") == "single" else {}
+    return {"vcpu_threads": "single"} if _accel_thread(accel, data) == "single" else {}
 
 
-def _accel_option(accel: str, data: dict) -> str:
-    """QEMU's -accel value: TCG with the recipe's ``tcg_thread`` (single: the vCPUs take turns in one thread)."""
+def _accel_thread(accel: str, data: dict) -> str | None:
+    """The recipe's ``tcg_thread`` for QEMU's -accel (single: the vCPUs take turns in one thread), where ``accel``
+    takes one."""
     thread = data.get("tcg_thread")
-    if accel != "tcg" or thread is None:
-        return accel
+    if not accelerator(accel).threaded or thread is None:
+        return None
     if thread not in ("single", "multi"):
         raise LabError(f"{repo_root() / RECIPE}: tcg_thread {thread!r}: use single or multi")
-    return f"tcg,thread={thread}"
+    return thread
 
 
-def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = "tcg", say=print) -> dict:
+def boot_host(run_dir: Path, data: dict, timeout_s: float, accel: str = TCG.name, say=print) -> dict:
     """Boot the run's disk through the firmware until the guest powers off; every console line is stamped with the
     seconds since QEMU started (console.timeline.tsv), and the driver's and plan's lines are said."""
     console = run_dir / "console.log"
     argv = [
-        QEMU,
-        "-name",
-        "ticklab-lab-host",
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-monitor",
-        "none",
-        "-machine",
-        "pc",
-        "-accel",
-        _accel_option(accel, data),
-        "-cpu",
-        "host" if accel == "kvm" else "max",
-        "-smp",
-        str(data.get("smp", 2)),
-        "-m",
-        f"{data.get('memory_mb', 2048)}M",
+        *machine_argv(
+            accel,
+            data.get("smp", 2),
+            data.get("memory_mb", 2048),
+            name="ticklab-lab-host",
+            reboot=True,
+            thread=_accel_thread(accel, data),
+        ),
         "-drive",
         f"file={run_dir / 'disk.raw'},format=raw,if=virtio",
         "-nic",
@@ -949,7 +923,7 @@ def plan_run(
     abort_when_made: int | None = None,
     hide_kernel_when_made: int | None = None,
     out: Path | None = None,
-    accel: str = "tcg",
+    accel: str = TCG.name,
     timeout_s: float | None = None,
     keep_disk: bool = False,
     extra_files: dict[str, bytes] | None = None,
@@ -967,8 +941,8 @@ def plan_run(
     machine going down), the run keeps its disk; ``resume`` (its directory, or ``newest``) boots that disk again, the
     plan inside goes on where it stopped (its own ``ticklab plan resume`` runs after each boot), and the bundle is
     copied out as usual; a disk whose plan had ended and been checked is not booted again."""
-    if mode not in ("kexec", "grub"):
-        raise LabError(f"--boot {mode}: the lab host plays kexec or grub plans")
+    if mode not in LAB_HOST_BOOT_MODES:
+        raise LabError(f"--boot {mode}: the lab host plays {' or '.join(LAB_HOST_BOOT_MODES)} plans")
     what = {
         "claim": claim,
         "mode": mode,

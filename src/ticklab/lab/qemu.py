@@ -28,7 +28,7 @@ from pathlib import Path
 from ..capture.process import spawn, wait_or_kill
 from ..host import facts
 from ..paths import cache_dir, repo_root
-from ..registry import accel_choices
+from ..registry import KVM, TCG, accel_choices, accelerator
 from ..safefiles import OwnedDir, UnsafeFileError, read_bytes
 from .cache import LabError, content_key
 
@@ -38,6 +38,36 @@ BASE_CMDLINE = ["console=ttyS0", "panic=-1", "rdinit=/init"]
 KVM_PROBE_TIMEOUT_S = 30  # a lab guest boots in about 4 s under TCG
 
 
+def machine_argv(
+    accel: str, smp: int, memory_mb: int, *, name: str | None = None, reboot: bool = False, thread: str | None = None
+) -> list[str]:
+    """QEMU's command line up to the guest's kernel, disks and consoles: every lab machine's (a lab guest, the lab
+    host, the lab host's install boot) — no defaults, no display or monitor, a pc with ``smp`` vCPUs under ``accel``
+    (``thread``: its thread=single|multi, for an accelerator that takes one); ``reboot``: a guest's reboot restarts
+    it (the lab host's boot plans) rather than ending QEMU."""
+    return [
+        QEMU,
+        *(["-name", name] if name else []),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        *([] if reboot else ["-no-reboot"]),
+        "-monitor",
+        "none",
+        "-machine",
+        "pc",
+        "-accel",
+        accel if thread is None else f"{accel},thread={thread}",
+        "-cpu",
+        accelerator(accel).cpu,
+        "-smp",
+        str(smp),
+        "-m",
+        f"{memory_mb}M",
+    ]
+
+
 @dataclass
 class Boot:
     kernel: Path
@@ -45,7 +75,7 @@ class Boot:
     share: Path
     console: Path
     cmdline: list[str] = field(default_factory=list)
-    accel: str = "tcg"
+    accel: str = TCG.name
     smp: int = 2
     memory_mb: int = 1024
     timeout_s: float = 600
@@ -65,26 +95,7 @@ class Boot:
                 raise LabError(f"{path}: QEMU options cannot take a path with a comma")
         # debug-threads names each vCPU thread "CPU <n>/TCG" (or /KVM), which is how pin_vcpus finds them
         return [
-            QEMU,
-            "-name",
-            "ticklab,debug-threads=on",
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-            "-monitor",
-            "none",
-            "-machine",
-            "pc",
-            "-accel",
-            self.accel,
-            "-cpu",
-            "host" if self.accel == "kvm" else "max",
-            "-smp",
-            str(self.smp),
-            "-m",
-            f"{self.memory_mb}M",
+            *machine_argv(self.accel, self.smp, self.memory_mb, name="ticklab,debug-threads=on"),
             "-kernel",
             str(self.kernel),
             "-initrd",
@@ -353,7 +364,7 @@ def probe_kvm(kernel: Path, initrd: Path, say=print) -> tuple[bool, str]:
             initrd,
             share,
             share / "console.log",
-            accel="kvm",
+            accel=KVM.name,
             smp=1,
             memory_mb=512,
             timeout_s=KVM_PROBE_TIMEOUT_S,
@@ -380,14 +391,14 @@ def choose_accelerator(preference: str, kernel: Path, initrd: Path, say=print) -
     """(accelerator, why) for ``--accel auto|kvm|tcg``; says what the KVM probe found."""
     if preference not in accel_choices():
         raise LabError(f"--accel {preference!r}: choose one of {', '.join(accel_choices())}")
-    if preference == "tcg":
-        return "tcg", "TCG requested"
+    if preference == TCG.name:
+        return TCG.name, "TCG requested"
     ok, why = probe_kvm(kernel, initrd, say)
     if ok:
         say(f"KVM usable: {why}")
-        return "kvm", why
-    if preference == "kvm":
-        raise LabError(f"--accel kvm: {why}")
+        return KVM.name, why
+    if preference == KVM.name:
+        raise LabError(f"--accel {KVM.name}: {why}")
     reason = " ".join(why.split()).removesuffix("; using TCG")
     say(f"KVM not usable: {reason}; falling back to TCG (software emulation: slower, but runs the same kernel)")
-    return "tcg", why
+    return TCG.name, why

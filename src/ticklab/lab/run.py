@@ -40,6 +40,7 @@ from ..capture.experiment import (
 from ..capture.session import CapturePlan, add_run, check_counts
 from ..host import collect, host_id, interrupting_signals
 from ..paths import cache_dir, traces_dir
+from ..registry import KVM
 from . import image as guest_image
 from . import kernel as lab_kernel
 from . import qemu
@@ -225,7 +226,7 @@ class LabRun:
             "boot": settings,
             **({"acpi_tables": [table.record() for table in self.acpi_tables]} if self.acpi_tables else {}),
         }
-        if lab["accel"] == "kvm" and accel != "kvm":
+        if lab["accel"] == KVM.name and accel != KVM.name:
             manifest.not_testable = f"needs KVM (a guest that really boots under it): {accel_why}"
             self.log(f"{experiment.claim}/{experiment.name}: not testable on this host — {manifest.not_testable}")
             return writer.seal()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..registry import METRIC_SET_NAMES
+from ..registry import METRIC_SET_EVENTS
 from .ingest import Trace
 
 TIMER_ENTRY = "irq_vectors:local_timer_entry"
@@ -664,6 +665,25 @@ def hackbench_messages(argv: list[str]) -> float | None:
 
 
 # -- what a run's trace gives its results.csv (an experiment's ``trace.metrics`` names the sets) ------------------
+MetricSet = Callable[[Trace, dict], list[dict]]
+# registry.METRIC_SET_EVENTS' sets -> their functions, each registered by @metric_set (all of them: checked below)
+METRIC_SETS: dict[str, MetricSet] = {}
+
+
+def metric_set(name: str) -> Callable[[MetricSet], MetricSet]:
+    """Register the decorated function as the metric set ``name`` (one of registry.METRIC_SET_EVENTS, where the
+    tracepoints it reads are declared)."""
+
+    def register(function: MetricSet) -> MetricSet:
+        if name not in METRIC_SET_EVENTS or name in METRIC_SETS:
+            raise ImportError(f"trace/tracemetrics.py: metric set {name!r}: not in the registry, or a second one")
+        METRIC_SETS[name] = function
+        return function
+
+    return register
+
+
+@metric_set("tick")
 def tick_metrics(trace: Trace, values: dict) -> list[dict]:
     """Per-run metrics from the trace of an ftq run: the tick as the busy CPU saw it — every local timer interrupt,
     then the tick (its hrtimer callback's expiries) and the other timer interrupts apart, each with the softirqs
@@ -677,6 +697,7 @@ def tick_metrics(trace: Trace, values: dict) -> list[dict]:
     ]
 
 
+@metric_set("hrtimer")
 def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
     """Per-run metrics from a hackbench trace: counted clockevent reprograms (and on 7.1+ the hrtimer rearms the
     tracepoint counts, with whether the two agree), hrtimer arming, timer interrupts and spurious hrtimer
@@ -706,4 +727,5 @@ def hrtimer_metrics(trace: Trace, values: dict) -> list[dict]:
     ]
 
 
-METRIC_SETS = {name: globals()[f"{name}_metrics"] for name in METRIC_SET_NAMES}
+if list(METRIC_SETS) != list(METRIC_SET_EVENTS):
+    raise ImportError(f"trace/tracemetrics.py: metric sets {list(METRIC_SETS)}; registry.py: {list(METRIC_SET_EVENTS)}")
