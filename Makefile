@@ -126,8 +126,8 @@ lab-host-nohz-hz: lab-host
 	  --experiment runners/nohz/host-boot-hz.yaml --kernel $(KERNEL_612) --kernel-fragment $(KERNEL_612) kernel/fragments/hz1000.config $(LAB_HOST_ARGS)
 
 # hrtick on 6.12 and 7.2, HRTICK on and off (host-boot-kernels): m = 5 (runtime on 6.12 and on 7.2; the HRTICK timer's
-# reprograms per second, per 1000 messages, and the share of its starts that reprogram), bounded from 5 runs a
-# condition; 10 runs a condition, 40 boots at 4.4 min: about 3.1 h. Its stopping rule's budget (3600 s of runs, up to
+# reprograms per second, per 1000 messages, and the share of its starts that reprogram), and the spurious interrupt
+# ratio's level row (a 95% CI of 7.2 HRTICK-on's median), bounded from 6 runs a condition; 10 runs a condition, 40 boots at 4.4 min: about 3.1 h. Its stopping rule's budget (3600 s of runs, up to
 # 30 a condition) is spent by those boots under TCG, so it stops at 10 and says so; LAB_HOST_ARGS="--budget-s 21600"
 # lets it add rounds.
 lab-host-hrtick: lab-host

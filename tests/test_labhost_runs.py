@@ -1,7 +1,8 @@
 """The lab host's plans are sized to decide (issue 53 item 2): each plan `make lab-host-bundles` runs makes at least
 the runs per condition an exact rank CI needs to be bounded at its claim's family level on the lab host, the family
 counted by the verdict path itself (``analysis.comparisons.verdicts`` on stand-in runs of the plan's conditions: its
-m distinct tests, Bonferroni's 0.05/m), and the Makefile says that number and m beside each plan.
+m distinct tests, Bonferroni's 0.05/m) and the claim's level rows (a 95% CI of one condition's median), and the
+Makefile says that number and m beside each plan.
 
 Capture and the lab never import the analysis: the plan's count is data (the experiment's ``runs:``, or a ``--runs``
 in the Makefile), and this test holds it to what the analysis needs."""
@@ -100,6 +101,19 @@ def family(claim: str, experiment, n: int, vcpu_threads: str) -> tuple[int, list
     return counts.pop(), tested
 
 
+def level_rows_need(claim: str) -> int:
+    """The fewest runs of one condition a claim's level rows (one quantity against a printed value, outside the
+    comparisons' family: hrtick's spurious interrupt ratio on 7.2 with HRTICK on) need for a bounded 95% CI of the
+    median, by the verdict path's own level verdict; 0 for a claim without one."""
+    if claim != "hrtick":
+        return 0
+    from ticklab.claims.hrtick import spurious_level
+
+    return next(
+        n for n in range(2, 50) if spurious_level([0.25 + 0.001 * i for i in range(n)], 0.25)[0] != "inconclusive"
+    )
+
+
 PLANS = makefile_plans()
 
 
@@ -123,13 +137,13 @@ def test_each_lab_host_plan_makes_the_runs_its_familys_exact_ci_needs(comment, a
     runs = int(option(argv, "--runs") or experiment.runs)
     declared = labhost.declared_facts(labhost.recipe(), option(argv, "--accel") or "tcg").get("vcpu_threads", "")
     m, tested = family(claim, experiment, runs, declared)
-    needed = smallest_testable_n(ALPHA / m)
+    needed = max(smallest_testable_n(ALPHA / m), level_rows_need(claim))
     assert runs >= needed, f"{experiment.name}: {runs} runs a condition; its {m} distinct tests need {needed}"
     # at the plan's count every comparison of the family has a bounded CI, as the verdict computes it
     assert tested and all(math.isfinite(r.ci_high) and r.ci_low > 0 for r in tested)
-    # one run fewer than the number needed gives none: the number is the least
+    # one run fewer than the number needed leaves a row without a bounded CI: the number is the least
     _, short = family(claim, experiment, needed - 1, declared)
-    assert all(not np.isfinite(r.ci_high) or r.ci_low == 0 for r in short)
+    assert level_rows_need(claim) == needed or all(not np.isfinite(r.ci_high) or r.ci_low == 0 for r in short)
     # the Makefile says the number, the family and the runs made
     assert f"m = {m}" in comment and f"bounded from {needed} runs a condition" in comment, comment
     assert f"{runs} runs a condition" in comment, comment
@@ -141,3 +155,10 @@ def test_the_hpet_plans_family_on_the_lab_host_leaves_out_the_sharing_row_its_si
     # on a machine whose CPUs run at once the sharing row is tested too: two tests, 5 runs a condition
     m, _ = family("hpet", experiment, 10, "")
     assert (m, smallest_testable_n(ALPHA / m)) == (2, 5)
+
+
+def test_hricks_spurious_level_row_needs_six_runs_of_its_condition():
+    """The spurious interrupt ratio is judged by the median of 7.2 HRTICK-on's runs with its order-statistics CI: 5 runs
+    cannot give 95% (2 x 0.5^5 = 0.0625), 6 can (0.031), so the hrtick plan is bounded from 6 runs a condition, not
+    the comparisons' 5 (a 5-run plan left that row "too few runs", 2026-11-29)."""
+    assert level_rows_need("hrtick") == 6

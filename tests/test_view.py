@@ -238,8 +238,8 @@ def test_view_of_a_capture_without_saved_task_names_says_so(tmp_path, monkeypatc
     assert f"  note: {session['ticklab']['note']}" in capsys.readouterr().out.splitlines()
     # a capture that kept them: no note
     kept = REPO / (
-        "traces/guest-tcg-2vcpu-6.1.0-50-amd64-on-intel-xeon-2c-6.18.44-fc-v657-vm-labhost-kexec/hrtick/"
-        "20261128T042717Z-host-boot-kernels"
+        "traces/guest-tcg-2vcpu-6.1.0-50-amd64-on-amd-epyc-2c-6.18.44-fc-v857-vm-labhost-kexec/hrtick/"
+        "20261129T093027Z-host-boot-kernels"
     )
     if kept.is_dir():
         assert build_session(kept, "run-001")[1]["ticklab"]["note"] is None
