@@ -611,7 +611,8 @@ def _read_results(path: Path, runs: list[dict]) -> pd.DataFrame:
         raise BundleError(f"{file}: not a readable CSV ({exc})") from None
     if not rows or rows[0] != RESULT_COLUMNS:
         raise BundleError(f"{file}: not a readable CSV: columns {rows[0] if rows else []}, expected {RESULT_COLUMNS}")
-    records, by_run, first_row = [], {r["run"]: r for r in runs}, {}
+    records, by_run = [], {r["run"]: r for r in runs}
+    first_row: dict[tuple[str, str], int] = {}
     for number, row in enumerate(rows[1:], 2):
         if len(row) != len(RESULT_COLUMNS):
             raise BundleError(f"{file}: row {number}: {len(row)} field(s), expected {len(RESULT_COLUMNS)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -512,7 +513,7 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
     claim = str(rows["claim"].iloc[0])
     panels = _panels(rows)
     untested = untested_setups(rows)
-    blocks = []  # (kind, height in inches, payload)
+    blocks: list[tuple[str, float, Any]] = []  # (kind, height in inches, payload)
     blocks.append(("legend", 0.75, None))
     roles = {p["role"] for p in panels}
     for role in ("claim", "premise"):

@@ -33,6 +33,7 @@ from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedR
 
 if TYPE_CHECKING:  # the results a rule checks are pandas' frames, made by the bundle; a dry run imports none (issue 56)
     import pandas as pd
+    from tqdm import tqdm
 
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
 MIN_RUNS = 5
@@ -291,7 +292,7 @@ class Rounds:
     def __init__(self, plan: list[PlannedRun], rule: StoppingRule, conditions: list[Condition], seed: int, writer):
         self.plan, self.rule, self.conditions, self.seed = plan, rule, conditions, seed
         self.writer = writer
-        self.progress = None
+        self.progress: tqdm | None = None
         self.durations: list[float] = []
 
     def shown(self, desc: str, unit: str, enabled: bool = True):

@@ -41,7 +41,7 @@ def printed_labels(published: PublishedClaim) -> dict[str, str]:
     """statistic -> the row label seed 003 prints for it, from the quoted line (the text before its colon):
     "Min (MB/s)" … "AMean (MB/s)", and "AMean Stddev" / "AMean CoefVar", never shortened to ticklab's keys."""
     frame = published.table("tbench_mmtests")
-    labels = {}
+    labels: dict[str, str] = {}
     for row in frame.itertuples():
         label = " ".join(row.quote.partition(":")[0].split())
         if labels.setdefault(row.statistic, label) != label:

@@ -10,7 +10,7 @@ from ..analysis.checks import FactCheck, excluded_runs, run_checks
 from ..analysis.comparisons import Comparison, kernel_in_range, left_out_runs, left_out_words, measured_runs
 from ..analysis.lazy import plt
 from ..analysis.published import PublishedClaim, check_derived
-from ..analysis.stats import median_ci
+from ..analysis.stats import Interval, median_ci
 from ..analysis.verdicts import Margins, Target, Verdict, level_row, level_verdict
 from ..trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..trace.tracespots import first_spurious_interrupt
@@ -518,7 +518,7 @@ SPURIOUS = "spurious_hrtimer_interrupt_ratio"
 SPURIOUS_TOLERANCE = 1.25  # declared: "about 25 %" is consistent within ×1/1.25..×1.25 of it (20 % to 31.25 %)
 
 
-def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, str, object]:
+def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, str, Interval]:
     """The spurious hrtimer interrupt ratio of one setup's runs (7.2, HRTICK on) against the printed ~25 %: a level,
     not a ratio of conditions (verdicts.level_verdict: the median with its order-statistics CI against the declared
     band). (verdict, reason, interval)"""

@@ -442,7 +442,7 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
     for scale. The window width is ticklab's reading of the source's "~20 iterations", not a printed threshold."""
     row = lambda row_id: published.row("ftq_observations", row_id)  # noqa: E731
     share, spread = row("shelf_fraction"), row("shelf_width")
-    rows = [
+    rows: list[dict] = [
         {
             "measured by": "seed 004 (its statement, qualitative; n = 1)",
             "setup": "ThinkPad T60p (x86_32)",
@@ -867,7 +867,7 @@ def _gap_columns(ref: BundleRef, run: str, entry: dict, period_ns: int | None) -
     (analysis/derived.py)."""
 
     def compute() -> dict:
-        columns = {}
+        columns: dict = {}
         try:
             header, gaps = read_gapdet(ref.path / "raw" / entry["directory"] / "stdout.txt")
             gap = gap_tick_cost(gaps, header, period_ns)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from ..analysis import palette
@@ -299,7 +301,8 @@ def fresh_build_time_figure(runs: pd.DataFrame, setup: str):
     """The lab analogue's build times on one setup: per condition (pv_kick_ahead 0 and 4 at each vCPU level) every
     measured run as a point and its median as a bar, the median written above the data (_points)."""
     chosen = runs[(runs["host_id"] == setup) & (runs["experiment"] == EXPERIMENT) & (runs["metric"] == METRIC)]
-    groups, ticks = [], []
+    groups: list[tuple[float, Sequence[float], str]] = []
+    ticks: list[str] = []
     for level in LEVELS:
         for kick_ahead in KICK_AHEAD:
             condition = condition_name(kick_ahead, level)

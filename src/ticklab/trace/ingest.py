@@ -1004,7 +1004,8 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.take(reader.u32())  # printk formats
     reader.take(reader.u64())  # saved cmdlines
     cpus = reader.u32()
-    stats, clock = {}, None
+    stats: dict[int, str] = {}
+    clock = None
     marker = reader.take(10)
     if marker == b"options  \0":
         while (option := reader.u16()) != OPTION_DONE:
@@ -1098,7 +1099,8 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.string()  # compression version
     inflate = None if compression == "none" else _decompressor(compression, source)
     next_options = reader.u64()
-    header_page, stats, clock, kallsyms = None, {}, None, b""
+    header_page, clock, kallsyms = None, None, b""
+    stats: dict[int, str] = {}
     cpu_data: list[tuple[int, int, int, bool]] = []
     top_level, instances = False, []
     inflated = 0  # bytes the compressed sections decompressed to, so far
