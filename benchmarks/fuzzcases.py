@@ -141,7 +141,7 @@ class BundleFamily:
     key = "bundle"
 
     def prepare(self, seeds: Path) -> None:
-        from datetime import datetime, timezone
+        from datetime import UTC, datetime
 
         from ticklab.bundle import BundleWriter
 
@@ -155,7 +155,7 @@ class BundleFamily:
             "ftq",
             definition={"runs": 3},
             host={"nproc": 2},
-            when=datetime(2026, 11, 22, tzinfo=timezone.utc),
+            when=datetime(2026, 11, 22, tzinfo=UTC),
         )
         writer.manifest.conditions = [{"name": "hz1000"}, {"name": "hz250"}]
         run = 0

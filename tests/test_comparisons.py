@@ -2,7 +2,7 @@
 analyses that feed them (FTQ samples, spectrum, osnoise rows)."""
 
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from ticklab.claims import nohz
 
 pytestmark = pytest.mark.xdist_group("machine")
 
-WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=UTC)
 TWO_PERCENT = Margins(no_effect=0.02)
 FASTER = Comparison(
     "b vs a", "work", "b", "a", Target(1.10, 1, "derived: a test's", "+10% work", ("nohz/t/r",)), margins=TWO_PERCENT

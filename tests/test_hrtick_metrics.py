@@ -297,7 +297,7 @@ RELEASES = {"6.12": "6.12.117-ticklab", "7.2": "7.2.13-ticklab"}
 def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
     """A guest-hackbench bundle with the four kernel x HRTICK conditions, each run's guest kernel recorded, and the
     metrics drawn log-normally around ``truth`` (condition -> {metric: median})."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     import numpy as np
 
@@ -311,7 +311,7 @@ def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
         "guest-hackbench",
         definition={},
         host={},
-        when=datetime(2026, 11, 24, tzinfo=timezone.utc),
+        when=datetime(2026, 11, 24, tzinfo=UTC),
     )
     order = [condition for _ in range(runs) for condition in truth]
     for index, condition in enumerate(order):

@@ -13,7 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from ticklab.bundle import COMPRESS_FROM_BYTES, BundleWriter, load_bundle, manif
 from ticklab.capture.workloads import read_gapdet
 from ticklab.trace import gapfile, rawfile
 
-WHEN = datetime(2026, 11, 27, 12, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
 # a real bundle whose gap detector ran under its own trace in every run (11 runs, tracefs captures)
 NOHZ_GAPDET = Path("amd-epyc-2c-6.18.44-fc-v595-vm/nohz/20261126T195227Z-ftq")
 
