@@ -93,7 +93,7 @@ def classify(call, *, known_bad: bool, check=None, bounded: bool = False) -> Out
             result = call()
     except SystemExit as exc:  # argparse: a usage error is a clear error
         return Outcome("error" if exc.code == 2 else "accepted", f"exit {exc.code}", known_bad)
-    except Exception as exc:  # noqa: BLE001 - classifying every exception is the point
+    except Exception as exc:  # classifying every exception is the point
         text = str(exc)
         if _is_ours(exc) and text and "\n" not in text.strip():
             if bounded and len(text) > MAX_ERROR_CHARS:

@@ -358,7 +358,7 @@ def paired(times: dict[tuple[str, str], list[float]], label: str, name: str) -> 
     changed between rounds cancels out): the median ratio [min-max]; > 1 is faster than trace-cmd."""
     ratios = [
         theirs / ours
-        for theirs, ours in zip(times[(label, "trace-cmd")], times[(label, name)])
+        for theirs, ours in zip(times[(label, "trace-cmd")], times[(label, name)], strict=False)
         if ours > 0 and theirs > 0
     ]
     if not ratios:  # GNU time counts CPU time in hundredths of a second: a small file's run can read 0

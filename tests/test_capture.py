@@ -315,7 +315,7 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
             # the tick counted from its own hrtimer's expiries: other hrtimers' interrupts (sleepers' wakeups) are
             # not ticks, and counting every local timer interrupt gave 279-349/s at HZ=250 on a fresh machine
             assert run["trace"].get("symbols") or run["trace"]["backend"] == "trace-cmd", run["trace"]
-            results = dict(zip(bundle.results["metric"], bundle.results["value"]))
+            results = dict(zip(bundle.results["metric"], bundle.results["value"], strict=True))
             hz = collect("/")["kernel_config"]["hz"]
             if hz and "nohz_full" not in (collect("/")["cmdline"] or ""):  # a busy CPU takes the periodic tick at HZ
                 assert abs(results["tick_rate_hz"] - hz) / hz < 0.1, results["tick_rate_hz"]

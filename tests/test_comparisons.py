@@ -170,7 +170,7 @@ def test_negative_controls_use_the_verdicts_estimator_and_ci():
 OSNOISE = """duration:   0 00:00:05 | time is in us
 CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single          HW          NMI          IRQ      Softirq       Thread
   1 #5           5004789       776728    84.48030      210715         9609        9412            0         4528           93            5
-"""
+"""  # noqa: E501 (osnoise's own lines)
 
 
 def test_osnoise_rows_parse_rtla_top_output():

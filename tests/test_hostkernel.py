@@ -294,8 +294,8 @@ def test_a_source_as_new_as_the_running_kernel_warns_nothing(host_root, tmp_path
         (None, "boot: no such directory, so /boot is not what boots this machine"),
         (
             {"vmlinuz-6.1.0-21-amd64": b"k", "config-6.12.57-ticklab": b"CONFIG_64BIT=y\n"},
-            "boot: no vmlinuz-6.12.57-ticklab, the running kernel's image (has vmlinuz-6.1.0-21-amd64), so /boot is not what "
-            "boots this machine",
+            "boot: no vmlinuz-6.12.57-ticklab, the running kernel's image (has vmlinuz-6.1.0-21-amd64), "
+            "so /boot is not what boots this machine",
         ),
     ],
 )

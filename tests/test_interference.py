@@ -1,4 +1,5 @@
-"""Interference records: /proc sampled on a fake root, summarised exactly; recorded per run; flagged in bundle health."""
+"""Interference records: /proc sampled on a fake root, summarised exactly; recorded per run; flagged in bundle
+health."""
 
 from datetime import UTC, datetime
 from pathlib import Path

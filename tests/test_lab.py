@@ -468,7 +468,9 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
         labels = [k["label"] for k in record["knobs"]]
         assert "tasks moved off the measured CPU" in labels and any(label.startswith("IRQ ") for label in labels)
         if len(os.sched_getaffinity(0)) >= 2:
-            assert record["boot"]["vcpu_pinning"]["pinned"] == dict(zip("01", sorted(os.sched_getaffinity(0))[:2]))
+            assert record["boot"]["vcpu_pinning"]["pinned"] == dict(
+                zip("01", sorted(os.sched_getaffinity(0))[:2], strict=True)
+            )
     metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
     assert {"ftq_count_mean", "ftq_noise_fraction", "local_timer_irqs", "tick_stop_events"} <= set(metrics.columns)
     # the busy vCPU sees the HZ=1000 tick with the tick on; nohz_full stops most of it. On a loaded 2-core host

@@ -106,7 +106,8 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     assert [r.boot_id_found for r in final.runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
     assert [r.record["cmdline"] for r in final.runs] == [r.cmdline for r in plan.runs]
     assert calls(log)[-1] == "systemctl --no-block kexec" and calls(log)[-2] == (
-        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} --append root=/dev/vda1 ro quiet"
+        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+        "--append root=/dev/vda1 ro quiet"
     )
     assert "kexec -u" in calls(log)  # the journalled load was undone before the next one and at the end
     assert not unit.exists() and not os.path.lexists(

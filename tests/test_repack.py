@@ -48,7 +48,7 @@ def gapdet_text(gaps: int, seed: int = 1) -> bytes:
         "# policy: SCHED_FIFO\n# priority: 99\n# kernel: 6.1.0-50-amd64\n# clocksource: hpet\n"
         "# clock: CLOCK_MONOTONIC\n# columns: start_ns gap_ns\n"
     )
-    return (header + "".join(f"{s} {g}\n" for s, g in zip(starts, lengths))).encode()
+    return (header + "".join(f"{s} {g}\n" for s, g in zip(starts, lengths, strict=True))).encode()
 
 
 def plain_raw_files_from(path: Path, size: int = COMPRESS_FROM_BYTES) -> list[str]:

@@ -616,7 +616,7 @@ def _read_results(path: Path, runs: list[dict]) -> pd.DataFrame:
     for number, row in enumerate(rows[1:], 2):
         if len(row) != len(RESULT_COLUMNS):
             raise BundleError(f"{file}: row {number}: {len(row)} field(s), expected {len(RESULT_COLUMNS)}")
-        record = dict(zip(RESULT_COLUMNS, row))
+        record = dict(zip(RESULT_COLUMNS, row, strict=True))
         schemas.check(record, schemas.RESULT_ROW, f"{file}: row {number}", BundleError)
         value = float(record["value"])
         if not math.isfinite(value):

@@ -116,7 +116,8 @@ def lab_checks() -> dict[str, tuple[bool, str]]:
                     False,
                     f"{spec.package} not here; "
                     + (
-                        f"the first 'ticklab lab build-kernel --variant {lab_sources.canonical_name(series, 'hz1000')}' "
+                        "the first 'ticklab lab build-kernel --variant "
+                        f"{lab_sources.canonical_name(series, 'hz1000')}' "
                         f"fetches it from Debian {spec.suite}"
                         if spec.suite
                         else f"apt-get install {spec.package}"

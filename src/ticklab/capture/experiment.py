@@ -468,7 +468,10 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
             return []
         combos = itertools.product(*axes.values())
         return [
-            Condition(" ".join(f"{k}={v}" for k, v in zip(axes, combo)), dict(zip(axes, combo))) for combo in combos
+            Condition(
+                " ".join(f"{k}={v}" for k, v in zip(axes, combo, strict=True)), dict(zip(axes, combo, strict=True))
+            )
+            for combo in combos
         ]
     if isinstance(spec, list):
         conditions = []

@@ -114,7 +114,8 @@ def derived_sentence(checks: pd.DataFrame) -> str:
     """How many derived numbers match as printed, and what the ones that do not tell us."""
     odd = checks[checks["finding"] != "matches (rounded)"]
     text = f"{len(checks) - len(odd)} of {len(checks)} derived numbers match as printed. " + " ".join(
-        f"**{r.quantity}**: printed {r.printed}, recomputed {r.recomputed:.4f} (at least {r.recomputed_low:.4f}) — {r.finding}."
+        f"**{r.quantity}**: printed {r.printed}, recomputed {r.recomputed:.4f} "
+        f"(at least {r.recomputed_low:.4f}) — {r.finding}."
         for r in odd.itertuples()
     )
     if len(odd):

@@ -451,7 +451,9 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
             "runs": "not in the text",
             "median count per quantum (iterations)": "hundreds of thousands (as printed)",
             "shelf window (iterations)": f"within {spread['value_as_printed']} of each other (as printed)",
-            "largest shelf (% of quanta, median over runs)": f"{share['qualifier']} {share['value_as_printed']} (as printed)",
+            "largest shelf (% of quanta, median over runs)": (
+                f"{share['qualifier']} {share['value_as_printed']} (as printed)"
+            ),
             "largest shelf, range over runs": "—",
             "runs with more than half in one shelf": "—",
             "window / median count (%)": "—",
@@ -461,7 +463,7 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
     runs = samples.groupby(["host_id", "condition", "bundle", "run"], sort=True)
     per_run = {
         key: (largest_shelf(counts.to_numpy(), width), quantum)
-        for (key, counts), quantum in zip(runs["count"], runs["quantum_ns"].first())
+        for (key, counts), quantum in zip(runs["count"], runs["quantum_ns"].first(), strict=False)
     }
     by_condition: dict[tuple, list] = {}
     for (setup, condition, _, _), shelf_and_quantum in per_run.items():

@@ -379,7 +379,10 @@ class Trace:
 
     def counts(self) -> dict[str, int]:
         return dict(
-            sorted((self.formats[t].key, n) for t, n in zip(self._type_ids.tolist(), self._type_counts.tolist()))
+            sorted(
+                (self.formats[t].key, n)
+                for t, n in zip(self._type_ids.tolist(), self._type_counts.tolist(), strict=True)
+            )
         )
 
     def _format_of(self, key: str) -> EventFormat:
@@ -504,7 +507,7 @@ def _gathered(buffer, starts: np.ndarray, width: int, cuts: list[int]) -> np.nda
         _release(buffer)
         return raw
     raw = np.empty(len(starts) * width, dtype=np.uint8)
-    for first, last in zip(cuts, cuts[1:]):
+    for first, last in zip(cuts, cuts[1:], strict=False):
         raw[first * width : last * width] = np.frombuffer(ringbuf.gather(buffer, starts[first:last], width), np.uint8)
         _release(buffer)
     return raw
@@ -519,7 +522,7 @@ def _strings(buffer, starts: np.ndarray, limits: np.ndarray, cuts: list[int] | N
     limits = np.ascontiguousarray(limits, dtype=np.int64)
     offset_parts, data_parts, size = [np.zeros(1, np.int32)], [], 0
     cuts = cuts or [0, len(starts)]
-    for first, last in zip(cuts, cuts[1:]):
+    for first, last in zip(cuts, cuts[1:], strict=False):
         offsets, data = ringbuf.cstrings(buffer, starts[first:last], limits[first:last])
         _release(buffer)
         offset_parts.append(np.frombuffer(offsets, dtype=np.int32)[1:] + size)
@@ -1398,6 +1401,6 @@ def _unstorable_column(table) -> str | None:
     for index, field in enumerate(table.schema):
         try:
             pq.write_table(table.select([index]).slice(0, 1), io.BytesIO())
-        except Exception:  # noqa: BLE001 - whichever error Parquet raises names the column
+        except Exception:  # whichever error Parquet raises names the column
             return f"{shown(field.name, 80)} ({field.type})"
     return None
