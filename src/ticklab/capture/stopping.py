@@ -184,6 +184,7 @@ class StoppingRule:
         if self.fixed_why:
             self.reason = self.fixed_why
             return []
+        assert self.budget is not None  # for_capture gives a budget wherever the run count is not fixed
         checks = self._check(results)
         self.checks.append({"runs_per_condition": dict(runs_per_condition), "comparisons": checks})
         short = [c for c in checks if not c["met"]]
@@ -347,6 +348,7 @@ def describe(rule: StoppingRule) -> str:
     """What the rule will do, in words (dry runs, logs)."""
     if rule.fixed_why:
         return rule.fixed_why
+    assert rule.budget is not None  # for_capture gives a budget wherever the run count is not fixed
     return (
         f"after the initial runs, add rounds until {RULE}, for {len(rule.goals)} comparison(s), "
         f"within {rule.budget.time_s:.0f} s and {rule.budget.max_runs} runs per condition"
