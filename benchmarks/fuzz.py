@@ -146,7 +146,7 @@ def _campaign(seeds: Path, keys: list[str], inputs: int, seed: int, timeout: flo
             f"{counts['wrong']:,} | {counts['accepted']:,} | {seconds:.0f} |"
         )
     bad = 0
-    for family, counts, _ in rows:
+    for family, _counts, _ in rows:
         for kind, cases in examples[family.key].items():
             bad += len(cases)
             kinds = Counter(detail.split(":", 1)[0] for _, detail in cases)

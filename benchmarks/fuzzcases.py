@@ -586,9 +586,9 @@ class WorkloadFamily:
                 key = {"ftq": "# samples:", "clockbench": "# threads:", "timejobs": "# threads:"}[tool]
                 lines = [
                     f"{key} {source.choice(['0', '-1', 'x', '99999999999999999999999', '7'])}"
-                    if l.startswith(key)
-                    else l
-                    for l in lines
+                    if line.startswith(key)
+                    else line
+                    for line in lines
                 ]
                 text = "\n".join(lines) + "\n"
             else:

@@ -451,7 +451,7 @@ def main() -> int:
                             memory.setdefault((label, name), []).append(peak)
                 loads.append(os.getloadavg()[0])
         rows = []
-        for label, (events, size) in sizes.items():
+        for label, (events, _size) in sizes.items():
             theirs = statistics.median(times[(label, "trace-cmd")])
             their_memory = statistics.median(memory[(label, "trace-cmd")])
             for name in ("ticklab CLI", "API arrow", "API pandas", "reference", "trace-cmd"):

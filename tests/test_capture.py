@@ -231,7 +231,10 @@ def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Pope
         "--no-progress",
     ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    started = lambda: list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+
+    def started():
+        return list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+
     wait_for(started, "the capture never started its workload", process)
     assert (fake_host / CLOCK).read_text().strip() == "hpet"
     return process, int(started()[0].read_text())

@@ -562,7 +562,7 @@ def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_a
     )
     bundle = load_bundle(bundles[0])
     runs = {r.condition: r.to_json() for r in bundle.manifest.runs}  # each run's record as written
-    for condition, record in runs.items():
+    for record in runs.values():
         assert record["status"] == "ok" and not record["problem"], record
         assert record["guest"]["nproc"] == 16 and "lab_pvspin=1" in record["guest"]["cmdline"].split()
         console = rawfile.read_text(bundles[0] / "raw" / record["run"] / "console.log")

@@ -278,7 +278,7 @@ def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(ho
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    lines = [l for l in done.stdout.splitlines() if l.startswith("  run-")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("  run-")]
     assert len(lines) == 8  # 2 warm-ups then 3 measured runs of each of the 2 conditions, shuffled by the seed
     # the clocksource pinned as the experiment assumes it (issue 52)
     assert lines[0].startswith(
@@ -288,7 +288,7 @@ def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(ho
         "  run-002 nohz-full (warm-up): kernel running, command line "
         "'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1 clocksource=tsc'"
     )  # the fake host has 2 CPUs
-    measured = [l.split()[1].rstrip(":") for l in lines[2:]]
+    measured = [line.split()[1].rstrip(":") for line in lines[2:]]
     assert sorted(measured) == ["nohz-full"] * 3 + ["tick-on"] * 3
     assert not (root / "var/lib/ticklab").exists() and not calls(log)
 

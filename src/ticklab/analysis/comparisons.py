@@ -394,7 +394,7 @@ def verdicts(
                     _block_pairs(treatment, baseline) if comparison.statistic == "median" else None,
                 )
             )
-    for setup, tested in families.items():
+    for tested in families.values():
         rows += _family_verdicts(claim, tested, alpha, n_boot, seed)
     order = {(c.comparison): i for i, c in enumerate(comparisons)}
     return sorted(rows, key=lambda row: (row.setup, order.get(row.comparison, len(order))))

@@ -1194,7 +1194,7 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
 def _inflated_size(reader: _Reader, cpu_data) -> int:
     """What the CPU data decompresses to, from the chunk headers alone."""
     total = 0
-    for cpu, offset, size, compressed in cpu_data:
+    for _cpu, offset, size, compressed in cpu_data:
         if not compressed:
             total += size
             continue
