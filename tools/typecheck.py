@@ -9,6 +9,7 @@ found), so that a fixed error cannot come back unseen. The baseline only shrinks
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import subprocess
 import sys
@@ -72,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--update", action="store_true", help="lower the baseline to the counts found")
     args = parser.parse_args(argv)
-    status, output = run_mypy()
-    if status not in (0, 1):  # 2: mypy itself failed (a bad config, a crash), not errors in the code
-        print(output, end="", file=sys.stderr)
-        print(f"tools/typecheck.py: mypy exited {status}", file=sys.stderr)
+    if importlib.util.find_spec("mypy") is None:
+        print("tools/typecheck.py: mypy is not installed (make env installs it from the lock)", file=sys.stderr)
         return 2
+    status, output = run_mypy()
     counts = error_counts(output)
+    # 2: mypy itself failed (a bad config, a crash); 1 without an error line is no type check either
+    if status not in (0, 1) or (status == 1) != bool(counts):
+        print(output, end="", file=sys.stderr)
+        print(f"tools/typecheck.py: mypy exited {status} with {sum(counts.values())} error lines", file=sys.stderr)
+        return 2
     try:
         baseline = read_baseline(BASELINE.read_text())
     except (OSError, ValueError) as exc:
