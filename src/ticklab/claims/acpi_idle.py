@@ -210,7 +210,7 @@ LAB_SIZES = (
 IOPORT_DESC = "ACPI IOPORT"
 
 
-def ioport_states(record: Mapping) -> list[dict]:
+def ioport_states(record: Mapping) -> list[Mapping]:
     """The run record's I/O-port C-states (cpuidle.states whose desc is acpi_idle's "ACPI IOPORT 0x…")."""
     states = (record.get("cpuidle") or {}).get("states") or []
     return [s for s in states if isinstance(s, Mapping) and str(s.get("desc") or "").startswith(IOPORT_DESC)]

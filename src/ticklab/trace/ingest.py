@@ -1102,7 +1102,8 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.string()  # compression version
     inflate = None if compression == "none" else _decompressor(compression, source)
     next_options = reader.u64()
-    header_page, clock, kallsyms = None, None, b""
+    header_page, clock = None, None
+    kallsyms: bytes | Callable[[], bytes] = b""
     stats: dict[int, str] = {}
     cpu_data: list[tuple[int, int, int, bool]] = []
     top_level, instances = False, []
