@@ -46,12 +46,13 @@ test: $(STAMP) tools  ## the whole test suite (what CI runs)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder </dev/null
 
 # make check: the same workers and groups, without the tests marked slow (tests/test_make_check.py keeps it so).
-check: $(STAMP) tools lint  ## the fast lane for the edit-test loop: ruff, then every test not marked slow (2 workers; 42-53 s wall on 2 quiet cores, 2026-11-28)
+check: $(STAMP) tools lint  ## the fast lane for the edit-test loop: make lint, then every test not marked slow (2 workers; its time: README.md)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder -m "not slow" --durations=5 </dev/null
 
-lint: $(STAMP)  ## ruff: the linter and the formatter's check (pyproject.toml's [tool.ruff]; 'ruff format .' formats)
+lint: $(STAMP)  ## ruff (the linter, the formatter's check) and mypy within its per-module baseline (tools/typecheck.py)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python tools/typecheck.py
 
 # Our C measurement programs (tools/bin/ftq, tools/bin/clockbench).
 tools:  ## build our C measurement programs (tools/bin)

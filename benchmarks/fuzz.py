@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fuzzcases import RandomSource  # noqa: E402
-from fuzzcases_all import FAMILIES  # noqa: E402
+from fuzzcases import RandomSource
+from fuzzcases_all import FAMILIES
 
 BY_KEY = {family.key: family for family in FAMILIES}
 
@@ -51,7 +51,7 @@ def _worker(connection, keys: list[str], seeds: str, seed: int, memory_gb: float
         try:
             outcome = BY_KEY[key].case(source_for(key, seed, index), work)
             connection.send((outcome.kind, outcome.detail, outcome.known_bad))
-        except BaseException as exc:  # noqa: BLE001 - the campaign machinery itself failed on this input
+        except BaseException as exc:  # the campaign machinery itself failed on this input
             connection.send(("traceback", f"fuzz harness: {type(exc).__name__}: {exc}", False))
 
 
@@ -135,7 +135,8 @@ def _campaign(seeds: Path, keys: list[str], inputs: int, seed: int, timeout: flo
         rows.append((family, counts, time.monotonic() - started))
         examples[key] = samples
     print(
-        "| campaign | inputs | clear error | traceback | hang | silently accepted or wrong | accepted (valid or undetectable) | seconds |"
+        "| campaign | inputs | clear error | traceback | hang | silently accepted or wrong "
+        "| accepted (valid or undetectable) | seconds |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for family, counts, seconds in rows:
@@ -145,7 +146,7 @@ def _campaign(seeds: Path, keys: list[str], inputs: int, seed: int, timeout: flo
             f"{counts['wrong']:,} | {counts['accepted']:,} | {seconds:.0f} |"
         )
     bad = 0
-    for family, counts, _ in rows:
+    for family, _counts, _ in rows:
         for kind, cases in examples[family.key].items():
             bad += len(cases)
             kinds = Counter(detail.split(":", 1)[0] for _, detail in cases)
@@ -175,7 +176,7 @@ def replay(spec: str, seed: int) -> int:
         finally:
             try:
                 call()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 traceback.print_exc()
 
     # every family module's classify: those that imported the name as well as those that call fuzzcases.classify

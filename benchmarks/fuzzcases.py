@@ -93,7 +93,7 @@ def classify(call, *, known_bad: bool, check=None, bounded: bool = False) -> Out
             result = call()
     except SystemExit as exc:  # argparse: a usage error is a clear error
         return Outcome("error" if exc.code == 2 else "accepted", f"exit {exc.code}", known_bad)
-    except Exception as exc:  # noqa: BLE001 - classifying every exception is the point
+    except Exception as exc:  # classifying every exception is the point
         text = str(exc)
         if _is_ours(exc) and text and "\n" not in text.strip():
             if bounded and len(text) > MAX_ERROR_CHARS:
@@ -141,7 +141,7 @@ class BundleFamily:
     key = "bundle"
 
     def prepare(self, seeds: Path) -> None:
-        from datetime import datetime, timezone
+        from datetime import UTC, datetime
 
         from ticklab.bundle import BundleWriter
 
@@ -155,7 +155,7 @@ class BundleFamily:
             "ftq",
             definition={"runs": 3},
             host={"nproc": 2},
-            when=datetime(2026, 11, 22, tzinfo=timezone.utc),
+            when=datetime(2026, 11, 22, tzinfo=UTC),
         )
         writer.manifest.conditions = [{"name": "hz1000"}, {"name": "hz250"}]
         run = 0
@@ -586,9 +586,9 @@ class WorkloadFamily:
                 key = {"ftq": "# samples:", "clockbench": "# threads:", "timejobs": "# threads:"}[tool]
                 lines = [
                     f"{key} {source.choice(['0', '-1', 'x', '99999999999999999999999', '7'])}"
-                    if l.startswith(key)
-                    else l
-                    for l in lines
+                    if line.startswith(key)
+                    else line
+                    for line in lines
                 ]
                 text = "\n".join(lines) + "\n"
             else:

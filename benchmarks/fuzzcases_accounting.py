@@ -292,7 +292,9 @@ class CompressedBombFamily:
             if order == 1:
                 pieces.reverse()
             elif order == 2:
-                pieces = [p for pair in zip(pieces[::2], pieces[1::2]) for p in pair] + pieces[len(pieces) // 2 * 2 :]
+                pieces = [p for pair in zip(pieces[::2], pieces[1::2], strict=False) for p in pair] + pieces[
+                    len(pieces) // 2 * 2 :
+                ]
             if kind == "tracefs xz":
                 target = writable_copy(self.tracefs, work / "bomb-tracefs")
                 cpu = source.choice(self.cpus)

@@ -387,10 +387,8 @@ class TraceCountsFamily:
             return None
 
         outcome = classify(lambda: read_trace(path), known_bad=False, check=check, bounded=True)
-        outcome.detail = (
-            f"{kind} {mutation} cpu {cpu} ({'trace-cmd ' + str(sum(reference.values())) if reference is not None else 'trace-cmd refuses or absent'}): "
-            f"{outcome.detail}"
-        )
+        counted = f"trace-cmd {sum(reference.values())}" if reference is not None else "trace-cmd refuses or absent"
+        outcome.detail = f"{kind} {mutation} cpu {cpu} ({counted}): {outcome.detail}"
         return outcome
 
 

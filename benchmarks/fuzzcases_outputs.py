@@ -720,7 +720,7 @@ class OutputPlacesFamily:
         elif outcome.kind == "accepted":
             try:
                 problem = place.check(name, kind)
-            except Exception as exc:  # noqa: BLE001 - what it wrote cannot even be read back
+            except Exception as exc:  # what it wrote cannot even be read back
                 problem = f"what it wrote cannot be read back: {type(exc).__name__}: {exc}"
             if problem:
                 outcome = Outcome("wrong", problem, known_bad)

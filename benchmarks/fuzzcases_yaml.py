@@ -35,7 +35,7 @@ class _Targets:
     def prepare(self, seeds: Path) -> None:
         # the loaders imported here, before the worker says it is ready: pandas' import alone can take seconds on a
         # loaded machine, which the first input would otherwise pay inside its deadline
-        import ticklab.analysis.published  # noqa: F401
+        import ticklab.analysis.published
         import ticklab.capture.experiment  # noqa: F401
         from ticklab.paths import published_dir
 

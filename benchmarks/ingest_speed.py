@@ -358,7 +358,7 @@ def paired(times: dict[tuple[str, str], list[float]], label: str, name: str) -> 
     changed between rounds cancels out): the median ratio [min-max]; > 1 is faster than trace-cmd."""
     ratios = [
         theirs / ours
-        for theirs, ours in zip(times[(label, "trace-cmd")], times[(label, name)])
+        for theirs, ours in zip(times[(label, "trace-cmd")], times[(label, name)], strict=False)
         if ours > 0 and theirs > 0
     ]
     if not ratios:  # GNU time counts CPU time in hundredths of a second: a small file's run can read 0
@@ -451,7 +451,7 @@ def main() -> int:
                             memory.setdefault((label, name), []).append(peak)
                 loads.append(os.getloadavg()[0])
         rows = []
-        for label, (events, size) in sizes.items():
+        for label, (events, _size) in sizes.items():
             theirs = statistics.median(times[(label, "trace-cmd")])
             their_memory = statistics.median(memory[(label, "trace-cmd")])
             for name in ("ticklab CLI", "API arrow", "API pandas", "reference", "trace-cmd"):

@@ -32,10 +32,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import verdict_characteristics as single  # noqa: E402  (the per-setup benchmark beside this file)
-from ticklab.analysis.pooling import pooled_verdicts  # noqa: E402
-from ticklab.analysis.stats import ratio_interval  # noqa: E402
-from ticklab.analysis.verdicts import Verdict, decide  # noqa: E402
+import verdict_characteristics as single  # the per-setup benchmark beside this file
+from ticklab.analysis.pooling import pooled_verdicts
+from ticklab.analysis.stats import ratio_interval
+from ticklab.analysis.verdicts import Verdict, decide
 
 # comparison key (verdict_characteristics.COMPARISONS) -> the run-to-run CV it is tested at
 COMPARISONS = {"nohz-full-ftq": 0.02, "hz250-timer-share": 0.10, "hrtick-series": 0.10}

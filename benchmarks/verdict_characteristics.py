@@ -3,8 +3,9 @@
 Every replicate draws runs of two conditions and hands them to the project's own verdict path,
 ``ticklab.analysis.comparisons.verdicts`` (Mann-Whitney p, Holm over the family, the Bonferroni-simultaneous percentile
 bootstrap CI of the ratio of medians with the report's 10,000 resamples and seed, power, then
-``ticklab.analysis.verdicts.decide``), for the real comparisons and targets of the claims (from their ``comparisons()`` on
-traces/published). Nothing of the verdict is re-implemented here: the words are read back from its rows.
+``ticklab.analysis.verdicts.decide``), for the real comparisons and targets of the claims (from their
+``comparisons()`` on traces/published). Nothing of the verdict is re-implemented here: the words are read back from
+its rows.
 
 - Truths: the treatment's median is the baseline's times exp(k × the target's log-effect), k = 1 (equal to the
   target), 0.5 (half), 0.4, 2, 0 (none) and -1 (opposite).
@@ -423,7 +424,7 @@ def acceptance(table: pd.DataFrame) -> pd.DataFrame:
             rows.append(
                 {
                     "check": check.key,
-                    **dict(zip(cells, cell)),
+                    **dict(zip(cells, cell, strict=True)),
                     "hits": hits,
                     "replicates": replicates,
                     "rate": hits / replicates,
@@ -571,7 +572,8 @@ def main(argv=None) -> int:
     header = (
         f"{replicates} replicates per cell, seed {args.seed}, family m = {args.family}, {args.n_boot} bootstrap "
         f"resamples; drift: none or a linear fall of {args.drift_sigmas:g} log-scale sigmas over the run order; "
-        f"verdict path ticklab.analysis.comparisons.verdicts at alpha {ALPHA} without blocks (independent) and with them (blocks)"
+        f"verdict path ticklab.analysis.comparisons.verdicts at alpha {ALPHA} without blocks (independent) "
+        "and with them (blocks)"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "characteristics.csv", index=False)

@@ -96,8 +96,8 @@ def fake_host(tmp_path: Path) -> Path:
 
 
 # `make check` (the fast lane) leaves out the tests marked slow (@pytest.mark.slow, or a module's pytestmark: whole
-# modules that boot guests, run notebooks or start servers, and single tests measured at >= 0.7 s on the 2-core
-# reference machine); `make test` runs everything.
+# modules that boot guests, run notebooks or start servers, and single tests over the CPU time pyproject.toml's slow
+# marker states); `make test` runs everything.
 #
 # `make test` runs on two workers (pytest-xdist): the tests of one xdist_group mark run on one worker, one at a time,
 # in file order. Tests that change this machine itself are in the group "machine" (the host lock is taken without

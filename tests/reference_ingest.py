@@ -231,7 +231,7 @@ def _dtype(fmt: EventFormat, width: int) -> np.dtype:
 def _decode_dynamic(data: np.ndarray, starts: np.ndarray, locs: np.ndarray, f: Field) -> list[str]:
     values = []
     field_end = f.offset + f.size
-    for start, loc in zip(starts.tolist(), locs.tolist()):
+    for start, loc in zip(starts.tolist(), locs.tolist(), strict=False):
         offset, length = loc & 0xFFFF, loc >> 16
         if f.dynamic == "__rel_loc":
             offset += field_end

@@ -4,7 +4,7 @@ and the checks that leave out every run whose I/O-port C-state path did not run 
 from __future__ import annotations
 
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +24,7 @@ from ticklab.lab.run import guest_host_id
 
 REPO = paths.repo_root()
 SSDT = "runners/acpi-idle/ssdt-cst.asl"
-WHEN = datetime(2026, 11, 29, 3, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 29, 3, 0, 0, tzinfo=UTC)
 needs_iasl = pytest.mark.skipif(shutil.which("iasl") is None, reason="iasl (acpica-tools) is not installed")
 
 

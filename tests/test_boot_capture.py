@@ -142,7 +142,7 @@ def test_a_boot_plan_makes_each_run_in_its_own_boot_into_one_sealed_bundle(host,
     assert [r.run for r in runs] == [o["run"] for o in bundle.manifest.order]
     assert sorted(r.condition for r in runs) == ["nohz-full", "nohz-full", "tick-on", "tick-on"]
     assert [r.boot["boot_id"] for r in runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
-    for record, planned in zip(runs, plan.runs):
+    for record, planned in zip(runs, plan.runs, strict=False):
         assert record.boot["cmdline"] == planned.cmdline and record.status == "ok"
         assert ("nohz_full=1" in record.boot["cmdline"].split()) == (record.condition == "nohz-full")
         assert record.boot["kernel_release"] == RELEASE

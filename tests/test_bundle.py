@@ -1,7 +1,7 @@
 import ast
 import json
 import stat
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -10,7 +10,7 @@ from ticklab.analysis.captured import find_bundles
 from ticklab.bundle import BundleError, BundleWriter, load_bundle
 from ticklab.trace import rawfile
 
-WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=UTC)
 
 
 def make_bundle(traces, *, runs=2, seal=True):

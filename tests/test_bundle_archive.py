@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 import tarfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,7 @@ from ticklab import cli
 from ticklab.bundle import BundleWriter
 from ticklab.bundlearchive import ArchiveError, export, import_archive
 
-WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=UTC)
 
 
 def make_bundle(root: Path, host: str, seed: int, runs: int = 4) -> Path:

@@ -231,7 +231,10 @@ def start_slow_capture(fake_host: Path, tmp_path: Path) -> tuple[subprocess.Pope
         "--no-progress",
     ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    started = lambda: list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+
+    def started():
+        return list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+
     wait_for(started, "the capture never started its workload", process)
     assert (fake_host / CLOCK).read_text().strip() == "hpet"
     return process, int(started()[0].read_text())
@@ -315,7 +318,7 @@ def test_a_real_capture_on_this_host_seals_and_puts_the_host_back(claim, tmp_pat
             # the tick counted from its own hrtimer's expiries: other hrtimers' interrupts (sleepers' wakeups) are
             # not ticks, and counting every local timer interrupt gave 279-349/s at HZ=250 on a fresh machine
             assert run["trace"].get("symbols") or run["trace"]["backend"] == "trace-cmd", run["trace"]
-            results = dict(zip(bundle.results["metric"], bundle.results["value"]))
+            results = dict(zip(bundle.results["metric"], bundle.results["value"], strict=True))
             hz = collect("/")["kernel_config"]["hz"]
             if hz and "nohz_full" not in (collect("/")["cmdline"] or ""):  # a busy CPU takes the periodic tick at HZ
                 assert abs(results["tick_rate_hz"] - hz) / hz < 0.1, results["tick_rate_hz"]

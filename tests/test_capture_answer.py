@@ -85,7 +85,7 @@ def assert_one_line_per_run(stdout: str, bundle) -> None:
     runs = bundle.manifest.runs
     assert [m["run"] for m in lines] == [r.run for r in runs], stdout
     metric = bundle.manifest.definition["answer"][0]["metric"]
-    for number, (match, record) in enumerate(zip(lines, runs), start=1):
+    for number, (match, record) in enumerate(zip(lines, runs, strict=True), start=1):
         assert match["condition"] == record.condition and bool(match["warmup"]) == record.warmup, match.string
         assert int(match["made"]) == number and int(match["planned"]) == len(bundle.manifest.order)
         if record.warmup:

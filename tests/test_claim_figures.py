@@ -6,14 +6,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
 
-from ticklab import paths  # noqa: E402
-from ticklab.analysis.outputs import markdown_table, plain_number  # noqa: E402
-from ticklab.analysis.published import load_published  # noqa: E402
+from ticklab import paths
+from ticklab.analysis.outputs import markdown_table, plain_number
+from ticklab.analysis.published import load_published
 
 
 def published(claim: str):

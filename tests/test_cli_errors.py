@@ -1,4 +1,5 @@
-"""Every command: bad input is one line on stderr naming the file, exit 2, never a traceback (issue 14, deliverable 4)."""
+"""Every command: bad input is one line on stderr naming the file, exit 2, never a traceback (issue 14,
+deliverable 4)."""
 
 import os
 import subprocess

@@ -4,14 +4,14 @@ import json
 import re
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
 from ticklab.bundle import BundleWriter
 from ticklab.report.compare import CompareError, compare_bundles, render
 
-WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=UTC)
 
 
 def bundle(

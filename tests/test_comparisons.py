@@ -2,7 +2,7 @@
 analyses that feed them (FTQ samples, spectrum, osnoise rows)."""
 
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from ticklab.claims import nohz
 
 pytestmark = pytest.mark.xdist_group("machine")
 
-WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=UTC)
 TWO_PERCENT = Margins(no_effect=0.02)
 FASTER = Comparison(
     "b vs a", "work", "b", "a", Target(1.10, 1, "derived: a test's", "+10% work", ("nohz/t/r",)), margins=TWO_PERCENT
@@ -170,7 +170,7 @@ def test_negative_controls_use_the_verdicts_estimator_and_ci():
 OSNOISE = """duration:   0 00:00:05 | time is in us
 CPU Period       Runtime        Noise  % CPU Aval   Max Noise   Max Single          HW          NMI          IRQ      Softirq       Thread
   1 #5           5004789       776728    84.48030      210715         9609        9412            0         4528           93            5
-"""
+"""  # noqa: E501 (osnoise's own lines)
 
 
 def test_osnoise_rows_parse_rtla_top_output():

@@ -143,5 +143,6 @@ def test_doctor_lists_each_boot_plans_steps_here_or_why_it_cannot_run(tmp_path):
     assert steps["runs"] and steps["why"] == (
         "ticklab kernel build --host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig; then "
         "ticklab kernel build --host --source /usr/src/linux-source-6.12.tar.xz --localmodconfig --fragment "
-        "kernel/fragments/hz1000.config; then ticklab capture nohz --boot kexec --experiment runners/nohz/host-boot-hz.yaml"
+        "kernel/fragments/hz1000.config; then ticklab capture nohz --boot kexec "
+        "--experiment runners/nohz/host-boot-hz.yaml"
     )

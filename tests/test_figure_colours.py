@@ -11,20 +11,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.colors import to_hex, to_rgba  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.colors import to_hex, to_rgba
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
-from ticklab import paths  # noqa: E402
-from ticklab.analysis import palette  # noqa: E402
-from ticklab.analysis.captured import find_bundles  # noqa: E402
-from ticklab.analysis.comparisons import measured_runs  # noqa: E402
-from ticklab.analysis.published import load_published  # noqa: E402
-from ticklab.claims import acpi_idle, hpet, hrtick, nohz, pvspinlock  # noqa: E402
-from ticklab.report import summary  # noqa: E402
+from ticklab import paths
+from ticklab.analysis import palette
+from ticklab.analysis.captured import find_bundles
+from ticklab.analysis.comparisons import measured_runs
+from ticklab.analysis.published import load_published
+from ticklab.claims import acpi_idle, hpet, hrtick, nohz, pvspinlock
+from ticklab.report import summary
 
 SEABORN_RED, SEABORN_GREEN = "#c44e52", "#55a868"  # the pair the figures drew "worse" and "better" in before
 
@@ -167,7 +167,7 @@ def test_each_effect_bar_runs_from_x1_to_its_ratio_so_halving_and_doubling_look_
     assert len(bars) == len(effects)
     fig.canvas.draw()
     per_log_unit = []
-    for bar, ratio in zip(bars, effects["ratio"]):
+    for bar, ratio in zip(bars, effects["ratio"], strict=True):
         ends = sorted((bar.get_x(), bar.get_x() + bar.get_width()))
         assert ends == pytest.approx(sorted((1.0, ratio))), (ends, ratio)
         left, right = (ax.transData.transform((x, bar.get_y()))[0] for x in ends)
@@ -180,7 +180,10 @@ def test_the_effects_figure_says_better_or_worse_without_colour():
     effects, fig, ax, bars = _effects_bars()
     better = [(r.ratio > 1) == (r.better == "higher") for r in effects.itertuples()]
     assert set(better) == {True, False}  # the bundled data has both, so the test sees both cues
-    hatches = {b: {bar.get_hatch() for bar, is_better in zip(bars, better) if is_better == b} for b in (True, False)}
+    hatches = {
+        b: {bar.get_hatch() for bar, is_better in zip(bars, better, strict=True) if is_better == b}
+        for b in (True, False)
+    }
     assert len(hatches[True]) == len(hatches[False]) == 1 and hatches[True] != hatches[False]
     words = [t.get_text() for t in ax.texts]
     assert sum("better" in w for w in words) == better.count(True)

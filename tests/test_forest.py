@@ -3,7 +3,7 @@ line style, unbounded CIs as arrows, premise and level rows apart, and every set
 
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import matplotlib
 import numpy as np
@@ -180,7 +180,7 @@ def test_the_table_gives_the_plotted_numbers_and_every_listed_setup():
     assert table.loc[table["comparison"] == "a level, beside ~25 %", "target"].item() == "0.25 (printed)"
 
 
-WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=UTC)
 
 
 def test_fleet_bundles_of_three_hosts_give_one_line_per_host_and_list_the_host_that_could_not(tmp_path):

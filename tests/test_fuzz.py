@@ -24,7 +24,7 @@ from fuzzcases import (
     CliYamlFamily,
     DrawSource,
     PublishedFamily,
-    TraceFamily,  # noqa: E402
+    TraceFamily,
     WorkloadFamily,
 )
 

@@ -294,8 +294,8 @@ def test_a_source_as_new_as_the_running_kernel_warns_nothing(host_root, tmp_path
         (None, "boot: no such directory, so /boot is not what boots this machine"),
         (
             {"vmlinuz-6.1.0-21-amd64": b"k", "config-6.12.57-ticklab": b"CONFIG_64BIT=y\n"},
-            "boot: no vmlinuz-6.12.57-ticklab, the running kernel's image (has vmlinuz-6.1.0-21-amd64), so /boot is not what "
-            "boots this machine",
+            "boot: no vmlinuz-6.12.57-ticklab, the running kernel's image (has vmlinuz-6.1.0-21-amd64), "
+            "so /boot is not what boots this machine",
         ),
     ],
 )
@@ -531,7 +531,7 @@ def test_a_fragment_is_set_after_localmodconfig_names_the_release_and_is_checked
     assert plan.build_steps.index(config_steps[-1]) == olddefconfig - 1
     assert "fragment: " + str(HZ1000) in plan.describe()
 
-    log = fake_system_tools(tmp_path, monkeypatch)
+    fake_system_tools(tmp_path, monkeypatch)
     plan.build_steps = []  # the fake tree's .config is what "olddefconfig" left: HZ 250
     (tmp_path / "b/tree/.config").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n")
     with pytest.raises(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from ticklab.trace import rawfile
 pytestmark = pytest.mark.xdist_group("guests")
 
 DATA = Path(__file__).parent / "data" / "hpet"
-WHEN = datetime(2026, 11, 27, 3, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 27, 3, 0, 0, tzinfo=UTC)
 EXPERIMENT = REPO / "runners" / "hpet" / "guest-clock-profile.yaml"
 
 

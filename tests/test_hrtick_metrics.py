@@ -297,7 +297,7 @@ RELEASES = {"6.12": "6.12.117-ticklab", "7.2": "7.2.13-ticklab"}
 def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
     """A guest-hackbench bundle with the four kernel x HRTICK conditions, each run's guest kernel recorded, and the
     metrics drawn log-normally around ``truth`` (condition -> {metric: median})."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     import numpy as np
 
@@ -311,7 +311,7 @@ def kernel_bundle(root, truth: dict, runs: int, sigma: float, seed: int):
         "guest-hackbench",
         definition={},
         host={},
-        when=datetime(2026, 11, 24, tzinfo=timezone.utc),
+        when=datetime(2026, 11, 24, tzinfo=UTC),
     )
     order = [condition for _ in range(runs) for condition in truth]
     for index, condition in enumerate(order):
@@ -497,9 +497,10 @@ CANCEL = "timer:hrtimer_cancel"
 EVENTS[CANCEL] = (461, "\tfield:void * hrtimer;\toffset:8;\tsize:8;\tsigned:0;\n", "<Q")
 
 # CPU 0: the HRTICK timer started as the first timer (reprograms), started again later (moved later: nothing), then
-# cancelled while first (reprograms; the cancel is traced after its reprogram, at the same time here); a tick interrupt whose end reprograms (the tick restarted from its callback
-# reprograms nothing inside it); an interrupt where the HRTICK timer expired; an interrupt where both did; a sleep's
-# start that reprograms; a call after nothing attributable (the tick's nohz code).
+# cancelled while first (reprograms; the cancel is traced after its reprogram, at the same time here); a tick
+# interrupt whose end reprograms (the tick restarted from its callback reprograms nothing inside it); an interrupt
+# where the HRTICK timer expired; an interrupt where both did; a sleep's start that reprograms; a call after nothing
+# attributable (the tick's nohz code).
 # CPU 1: the HRTICK timer started twice without reprogramming; a 7.2-style start, rearm, call; a deferred rearm after
 # a tick interrupt whose own end did not reprogram.
 CAUSES = {
@@ -552,7 +553,7 @@ def causes_trace(tmp_path, with_symbols=True):
 def test_each_reprogram_is_attributed_to_the_timer_that_caused_it(tmp_path):
     causes = tracemetrics.reprogram_causes(causes_trace(tmp_path))
     on0 = causes[causes["cpu"] == 0]
-    assert list(zip(on0["cause"], on0["via"])) == [
+    assert list(zip(on0["cause"], on0["via"], strict=True)) == [
         ("hrtick", "start"),
         ("hrtick", "cancel"),
         ("tick", "interrupt"),
@@ -562,7 +563,7 @@ def test_each_reprogram_is_attributed_to_the_timer_that_caused_it(tmp_path):
         ("unattributed", "none"),
     ]
     on1 = causes[causes["cpu"] == 1]
-    assert list(zip(on1["cause"], on1["via"])) == [("hrtick", "start"), ("tick", "deferred rearm")]
+    assert list(zip(on1["cause"], on1["via"], strict=True)) == [("hrtick", "start"), ("tick", "deferred rearm")]
 
 
 def test_the_attributed_rows_count_per_second_per_message_and_the_share_of_hrtick_starts_that_reprogrammed(tmp_path):
@@ -660,7 +661,7 @@ def test_a_spurious_interrupt_on_72_is_the_timer_the_device_was_armed_for(tmp_pa
     directory = write_trace(tmp_path / "trace", timeline)
     (directory / "kallsyms").write_text(f"{HRTICK_FN:016x} t hrtick\n{TICK_FN:016x} t tick_nohz_handler\n")
     causes = tracemetrics.reprogram_causes(read_trace(directory))
-    assert list(zip(causes["cause"], causes["via"])) == [("hrtick", "start"), ("hrtick", "deferred rearm")]
+    assert list(zip(causes["cause"], causes["via"], strict=True)) == [("hrtick", "start"), ("hrtick", "deferred rearm")]
     # without the rearm's next_event (6.12, which reprograms inside the interrupt) the same spurious interrupt's
     # reprogram cannot be attributed
     timeline[0] = [e for e in timeline[0] if e[1] != rearm and e[0] != 9_003] + [(9_000, CALL)]
@@ -668,4 +669,7 @@ def test_a_spurious_interrupt_on_72_is_the_timer_the_device_was_armed_for(tmp_pa
     directory = write_trace(tmp_path / "trace612", timeline)
     (directory / "kallsyms").write_text(f"{HRTICK_FN:016x} t hrtick\n")
     causes = tracemetrics.reprogram_causes(read_trace(directory))
-    assert list(zip(causes["cause"], causes["via"])) == [("hrtick", "start"), ("unattributed", "spurious interrupt")]
+    assert list(zip(causes["cause"], causes["via"], strict=True)) == [
+        ("hrtick", "start"),
+        ("unattributed", "spurious interrupt"),
+    ]

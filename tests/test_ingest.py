@@ -171,9 +171,10 @@ def test_a_real_tracefs_capture_matches_trace_cmd_report(tmp_path):
         from ticklab.capture.tracing import ensure_tracefs
 
         ensure_tracefs(host)
-        trace_cmd = lambda *argv: subprocess.run(
-            ["trace-cmd", *map(str, argv)], check=True, capture_output=True, text=True
-        )
+
+        def trace_cmd(*argv):
+            return subprocess.run(["trace-cmd", *map(str, argv)], check=True, capture_output=True, text=True)
+
         trace_cmd("restore", "-c", "-o", tmp_path / "head.dat")
         trace_cmd("restore", "-i", tmp_path / "head.dat", "-o", tmp_path / "trace.dat", *cpus)
         report = trace_cmd("report", "-i", tmp_path / "trace.dat").stdout

@@ -1,7 +1,7 @@
 """`ticklab ingest --out` in bounded memory (issue 42 item 5: 150 MB against trace-cmd report's 58 MB on a
 582,000-event trace.dat): a read trace holds 14 bytes a record, tables are gathered in pieces that map at most a few
-2 MiB regions of the trace, released between them, and Arrow allocates from malloc. Peak memory is the child's own VmHWM (ru_maxrss would carry
-the pytest worker's across vfork and exec)."""
+2 MiB regions of the trace, released between them, and Arrow allocates from malloc. Peak memory is the child's own
+VmHWM (ru_maxrss would carry the pytest worker's across vfork and exec)."""
 
 import os
 import struct
@@ -96,8 +96,8 @@ def test_rows_far_apart_in_the_file_are_gathered_a_few_regions_at_a_time(tmp_pat
         sparse = np.where(cpus == 0, np.arange(40) * region, 200 * region + np.arange(40) * 64)  # CPU 1: one region
         cuts = ingest._cuts(mapped, sparse, cpus)
         assert cuts[0] == 0 and cuts[-1] == 40 and len(cuts) - 1 == -(-21 // ingest.RELEASE_REGIONS)
-        for first, last in zip(cuts, cuts[1:]):
-            entered = {(int(c), int(at) // region) for c, at in zip(cpus[first:last], sparse[first:last])}
+        for first, last in zip(cuts, cuts[1:], strict=False):
+            entered = {(int(c), int(at) // region) for c, at in zip(cpus[first:last], sparse[first:last], strict=True)}
             assert len(entered) <= ingest.RELEASE_REGIONS + 2  # plus the region each CPU was in
         dense = 100 * region + np.arange(40) * 64
         assert ingest._cuts(mapped, dense, cpus) == [0, 40]

@@ -1,6 +1,7 @@
-"""Interference records: /proc sampled on a fake root, summarised exactly; recorded per run; flagged in bundle health."""
+"""Interference records: /proc sampled on a fake root, summarised exactly; recorded per run; flagged in bundle
+health."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from ticklab.capture.interference import Sample, read_sample, summarise
 from ticklab.capture.runner import CaptureOptions, capture
 
 OWN = 100  # the capturing process in the fake /proc
-WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def put(root: Path, relative: str, text: str) -> None:

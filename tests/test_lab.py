@@ -468,7 +468,9 @@ def test_a_tcg_guest_run_brings_back_a_sealed_bundle_with_guest_traces(tmp_path,
         labels = [k["label"] for k in record["knobs"]]
         assert "tasks moved off the measured CPU" in labels and any(label.startswith("IRQ ") for label in labels)
         if len(os.sched_getaffinity(0)) >= 2:
-            assert record["boot"]["vcpu_pinning"]["pinned"] == dict(zip("01", sorted(os.sched_getaffinity(0))[:2]))
+            assert record["boot"]["vcpu_pinning"]["pinned"] == dict(
+                zip("01", sorted(os.sched_getaffinity(0))[:2], strict=True)
+            )
     metrics = bundle.results.pivot_table(index="condition", columns="metric", values="value")
     assert {"ftq_count_mean", "ftq_noise_fraction", "local_timer_irqs", "tick_stop_events"} <= set(metrics.columns)
     # the busy vCPU sees the HZ=1000 tick with the tick on; nohz_full stops most of it. On a loaded 2-core host
@@ -560,7 +562,7 @@ def test_a_tcg_guest_with_the_lab_pvspin_backend_builds_and_counts_waits_kicks_a
     )
     bundle = load_bundle(bundles[0])
     runs = {r.condition: r.to_json() for r in bundle.manifest.runs}  # each run's record as written
-    for condition, record in runs.items():
+    for record in runs.values():
         assert record["status"] == "ok" and not record["problem"], record
         assert record["guest"]["nproc"] == 16 and "lab_pvspin=1" in record["guest"]["cmdline"].split()
         console = rawfile.read_text(bundles[0] / "raw" / record["run"] / "console.log")

@@ -185,7 +185,7 @@ def test_the_lab_host_bundle_has_one_verified_boot_per_run_interleaved(mode):
     assert set(bundle.results["condition"]) == {"tick-on", "nohz-full"}
 
 
-# -- the plans, end to end in the lab host (make lab-host-test) ----------------------------------------------------------
+# -- the plans, end to end in the lab host (make lab-host-test) -------------------------------------------------------
 def _image_or_skip():
     if os.environ.get("TICKLAB_LAB_HOST_TESTS") != "1":
         pytest.skip("the lab host's plans take minutes of TCG boots each: make lab-host-test runs them")
@@ -329,9 +329,11 @@ def test_the_timeline_names_each_boot_its_loader_and_the_plans_steps(tmp_path):
         "10.5\t[   30.1] python3[2]: ticklab-lab-job: before boot 1 (6.1.0-50-amd64, up 30.1 s): "
         "'BOOT_IMAGE=/boot/vmlinuz-6.1.0-50-amd64 root=UUID=1 ro'; plan None, 0 made\n"
         "11.0\t         Starting ticklab-lab-job-b…b (before the boot plan's unit)...\n"
-        "12.0\t[   31.0] python3[3]: ticklab-lab-job: after boot 1 (6.1.0-50-amd64, up 31.0 s): 'x'; plan None, 0 made\n"
+        "12.0\t[   31.0] python3[3]: ticklab-lab-job: after boot 1 (6.1.0-50-amd64, up 31.0 s): 'x'; "
+        "plan None, 0 made\n"
         "90.0\t[   80.0] python[9]: boot plan P: run run-001 (tick-on) made; 1 left\n"
-        "91.0\t[   81.0] python[9]: run run-002 (nohz-full): kexec into /boot/vmlinuz-6.1.0-50-amd64 with 'ro nohz_full=1'\n"
+        "91.0\t[   81.0] python[9]: run run-002 (nohz-full): kexec into /boot/vmlinuz-6.1.0-50-amd64 "
+        "with 'ro nohz_full=1'\n"
         "150.2\t[   33.0] python3[2]: ticklab-lab-job: before boot 2 (6.1.0-50-amd64, up 33.0 s): "
         "'root=UUID=1 ro nohz_full=1 rcu_nocbs=1'; plan running, 1 made\n"
     )

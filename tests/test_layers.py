@@ -251,17 +251,18 @@ def test_the_check_finds_planted_upward_imports_however_they_are_written(tmp_pat
     package = plant(
         tmp_path,
         {
-            "capture/fine.py": "from ..bundle import BundleWriter\nfrom . import experiment\nfrom ..trace import ingest\n"
-            "from ..analysis.stats import log_half_width\nimport papermill.cli\nfrom .. import __version__\n",
+            "capture/fine.py": "from ..bundle import BundleWriter\nfrom . import experiment\n"
+            "from ..trace import ingest\nfrom ..analysis.stats import log_half_width\nimport papermill.cli\n"
+            "from .. import __version__\n",
             "capture/bad.py": "def later():\n    from ..claims import get_claim\n    return get_claim\n",
-            "lab/worse.py": "import ticklab.analysis.comparisons\nfrom .. import report\nfrom ..analysis import stats, verdicts\n"
-            "from ..capture import session\n",
+            "lab/worse.py": "import ticklab.analysis.comparisons\nfrom .. import report\n"
+            "from ..analysis import stats, verdicts\nfrom ..capture import session\n",
             "trace/ingest.py": "from ..safefiles import read_bytes\nfrom ..analysis import stats\n",
             "trace/rawfile.py": "def later():\n    from ticklab.capture.workloads import PARSERS\n",
             "analysis/verdicts.py": "from .stats import ratio_interval\nfrom ..trace import tracemetrics\n"
             "from ..report.notebook import open_claim\n",
-            "claims/hpet.py": "from ..analysis.comparisons import Comparison\nfrom ..capture.workloads import read_ftq\n"
-            "from ..capture.session import add_run\n",
+            "claims/hpet.py": "from ..analysis.comparisons import Comparison\n"
+            "from ..capture.workloads import read_ftq\nfrom ..capture.session import add_run\n",
             "host/knobs.py": "from ..safefiles import OwnedDir\nfrom ..bundle import BundleWriter\n",
             "safefiles.py": "from . import paths\n",
             "bundle.py": "from .trace import rawfile\n",

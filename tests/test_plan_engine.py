@@ -106,7 +106,8 @@ def test_kexec_mode_loads_each_condition_and_survives_reboots(host, tmp_path):
     assert [r.boot_id_found for r in final.runs] == ["boot-1", "boot-2", "boot-3", "boot-4"]
     assert [r.record["cmdline"] for r in final.runs] == [r.cmdline for r in plan.runs]
     assert calls(log)[-1] == "systemctl --no-block kexec" and calls(log)[-2] == (
-        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} --append root=/dev/vda1 ro quiet"
+        f"kexec -l {root}/boot/vmlinuz-{RELEASE} --initrd {root}/boot/initrd.img-{RELEASE} "
+        "--append root=/dev/vda1 ro quiet"
     )
     assert "kexec -u" in calls(log)  # the journalled load was undone before the next one and at the end
     assert not unit.exists() and not os.path.lexists(
@@ -277,7 +278,7 @@ def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(ho
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    lines = [l for l in done.stdout.splitlines() if l.startswith("  run-")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("  run-")]
     assert len(lines) == 8  # 2 warm-ups then 3 measured runs of each of the 2 conditions, shuffled by the seed
     # the clocksource pinned as the experiment assumes it (issue 52)
     assert lines[0].startswith(
@@ -287,7 +288,7 @@ def test_capture_boot_dry_run_plans_the_interleaved_order_from_the_experiment(ho
         "  run-002 nohz-full (warm-up): kernel running, command line "
         "'root=/dev/vda1 ro quiet nohz_full=1 rcu_nocbs=1 clocksource=tsc'"
     )  # the fake host has 2 CPUs
-    measured = [l.split()[1].rstrip(":") for l in lines[2:]]
+    measured = [line.split()[1].rstrip(":") for line in lines[2:]]
     assert sorted(measured) == ["nohz-full"] * 3 + ["tick-on"] * 3
     assert not (root / "var/lib/ticklab").exists() and not calls(log)
 

@@ -13,8 +13,8 @@ from ticklab.analysis.comparisons import verdicts
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import pooled_characteristics as pc  # noqa: E402
-import verdict_characteristics as vc  # noqa: E402
+import pooled_characteristics as pc
+import verdict_characteristics as vc
 
 
 def test_a_machines_row_is_the_one_the_verdict_path_gives_a_one_comparison_family():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,7 +30,7 @@ from ticklab.analysis.verdicts import VERDICT_COLUMNS, VERDICTS, Margins, Target
 from ticklab.bundle import BundleWriter
 from ticklab.claims import get_claim
 
-WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 21, 18, 0, 0, tzinfo=UTC)
 TARGET = Target(1.1, 1, "derived: a ratio of two printed values", "+10 %", ("x/t/2",))
 COMPARISON = Comparison("b vs a: work", "work", "b", "a", TARGET, margins=Margins(no_effect=0.02))
 GUEST = "guest-tcg-2vcpu-6.12.117-ticklab-on-intel-xeon-2c-6.18.44-fc-v669-vm"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +23,7 @@ from ticklab.lab import kbuild
 from ticklab.lab.guest import SWITCHES, boot_mismatches
 
 REPO = paths.repo_root()
-WHEN = datetime(2026, 11, 29, 3, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 29, 3, 0, 0, tzinfo=UTC)
 LOCKHAMMER = tools_bin() / "lockhammer"
 
 

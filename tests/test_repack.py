@@ -13,7 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from ticklab.bundle import COMPRESS_FROM_BYTES, BundleWriter, load_bundle, manif
 from ticklab.capture.workloads import read_gapdet
 from ticklab.trace import gapfile, rawfile
 
-WHEN = datetime(2026, 11, 27, 12, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
 # a real bundle whose gap detector ran under its own trace in every run (11 runs, tracefs captures)
 NOHZ_GAPDET = Path("amd-epyc-2c-6.18.44-fc-v595-vm/nohz/20261126T195227Z-ftq")
 
@@ -48,7 +48,7 @@ def gapdet_text(gaps: int, seed: int = 1) -> bytes:
         "# policy: SCHED_FIFO\n# priority: 99\n# kernel: 6.1.0-50-amd64\n# clocksource: hpet\n"
         "# clock: CLOCK_MONOTONIC\n# columns: start_ns gap_ns\n"
     )
-    return (header + "".join(f"{s} {g}\n" for s, g in zip(starts, lengths))).encode()
+    return (header + "".join(f"{s} {g}\n" for s, g in zip(starts, lengths, strict=True))).encode()
 
 
 def plain_raw_files_from(path: Path, size: int = COMPRESS_FROM_BYTES) -> list[str]:

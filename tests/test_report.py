@@ -176,7 +176,8 @@ def test_the_bundled_data_gives_the_verdicts_the_evidence_supports(build):
     rest = on_labhost.drop(index=premise)
     assert len(rest) == 6 and (rest["verdict"] == "not testable here").all()
     assert rest["reason"].str.contains("runs left out \\(the clocksource the experiment assumes failed").all()
-    # the Intel recapture ran on a busy host whose vCPUs ticked at under half of HZ: every run left out, each row says so
+    # the Intel recapture ran on a busy host whose vCPUs ticked at under half of HZ: every run left out, each row
+    # says so
     busy = verdicts[
         on_guests & verdicts["setup"].str.contains("-on-intel-xeon-") & ~verdicts["setup"].str.contains("-labhost-")
     ]
@@ -496,7 +497,8 @@ def test_a_partial_run_without_the_summary_succeeds(tmp_path):
     index = (tmp_path / "report" / "index.html").read_text()
     assert "by the notebooks 01-hpet.ipynb only" in index and "<code>traces</code>" in index
     # runs made on a busy machine are flagged in the bundle table (busy-host runs and the flag), which is no failure:
-    # hpet's guest-clock-profile bundle has them (13 of 20 runs; other jobs shared the 2-CPU machine). Nothing else is bad.
+    # hpet's guest-clock-profile bundle has them (13 of 20 runs; other jobs shared the 2-CPU machine). Nothing else is
+    # bad.
     unflagged = re.sub(
         r'<td class="bad">(\d+)</td><td>[^<]*</td>\s*<td class="bad">\1 of \d+ measured run\(s\) on a busy '
         r"host:[^<]*</td>",
@@ -542,7 +544,7 @@ window.addEventListener("load", () => {
                                     empty_tables: tables.filter(t => t.rows.length < 2).length});
   document.body.appendChild(out);
 });
-</script>"""
+</script>"""  # noqa: E501 (JavaScript run in the page, as written)
 
 
 LAYOUT_CHECK = """<script>
@@ -631,7 +633,7 @@ PHONE_CHECK = """
     cells: cells.length, glance_bottom: doc.getElementById("glance-table").getBoundingClientRect().bottom,
     also: Array.from(doc.querySelectorAll("#glance-table .also")).map(a => a.closest("tr").dataset.claim + ": " +
       Array.from(a.querySelectorAll(".badge")).map(b => b.textContent.trim()).join(", "))};
-"""
+"""  # noqa: E501 (JavaScript run in the page, as written)
 
 
 def framed(page: Path, width: int, height: int, check: str) -> dict:

@@ -106,7 +106,10 @@ def start_isolating_capture(root: Path, tmp_path: Path) -> tuple[subprocess.Pope
         text=True,
         cwd=REPO,
     )
-    started = lambda: list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+
+    def started():
+        return list((tmp_path / "traces").glob("*/hpet/*/raw/*/workload.pid"))
+
     wait_for(started, "the capture never started its workload", process)
     return process, int(started()[0].read_text()), journal
 

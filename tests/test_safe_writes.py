@@ -32,8 +32,8 @@ from ticklab.report.build import run_report
 from ticklab.report.view import ViewError, trace_file, write_session
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import fuzzcases_outputs  # noqa: E402
-import ingest_speed  # noqa: E402
+import fuzzcases_outputs
+import ingest_speed
 
 KINDS = ["symlink", "dangling symlink", "hard link", "fifo", "device"]
 RACES = ["symlink", "dangling symlink", "hard link"]  # links planted between the check and the write

@@ -194,7 +194,8 @@ def test_a_noisy_capture_spends_its_run_budget_and_the_verdict_says_so(tmp_path)
                 "argv": [
                     "sh",
                     "-c",
-                    'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); echo "Time: $(( {base} + (n * 7919) % {spread} ))"',
+                    'n=$(basename "$PWD" | tr -dc 0-9 | sed "s/^0*//"); '
+                    'echo "Time: $(( {base} + (n * 7919) % {spread} ))"',
                 ],
                 "params": {"spread": 200},
             },
@@ -314,8 +315,8 @@ def test_capture_reads_its_targets_from_the_published_dir_it_is_given(tmp_path, 
         == 2
     )
     assert (
-        capsys.readouterr().err.strip()
-        == f"ticklab capture: {tmp_path / 'nowhere' / 'hrtick' / 'provenance.yaml'}: missing (no published data for claim 'hrtick')"
+        capsys.readouterr().err.strip() == f"ticklab capture: {tmp_path / 'nowhere' / 'hrtick' / 'provenance.yaml'}: "
+        "missing (no published data for claim 'hrtick')"
     )
     assert (
         main(

@@ -8,7 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +20,7 @@ from ticklab.bundle import SEAL, BundleError, BundleWriter, superseded_record
 from ticklab.capture.experiment import load_experiment
 from ticklab.capture.session import CapturePlan
 
-WHEN = datetime(2026, 11, 29, 6, 0, 0, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 29, 6, 0, 0, tzinfo=UTC)
 EXPERIMENT = "guest-kbuild-lockbound"
 
 

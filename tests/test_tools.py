@@ -55,7 +55,7 @@ def test_clockbench_reports_every_thread(tmp_path):
     header, rows = read_clockbench(tmp_path / "stdout.txt")
     assert header["threads"] == "2" and len(rows) == 2 and (rows["reads"] > 0).all()
     histogram = (tmp_path / "h.txt").read_text().splitlines()
-    assert histogram[0] == "cost_ns count" and sum(int(l.split()[1]) for l in histogram[1:]) > 0
+    assert histogram[0] == "cost_ns count" and sum(int(row.split()[1]) for row in histogram[1:]) > 0
     metrics = {r["metric"] for r in parse_clockbench(tmp_path)}
     assert {"reads_per_s_total", "read_cost_p50_ns", "read_cost_p99_ns"} <= metrics
 

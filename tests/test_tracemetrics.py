@@ -1,5 +1,6 @@
 """The tick's whole cost from traces whose answer is known: ticks with and without softirqs, a softirq another
-interrupt raised, a timer interrupt nested in a softirq, non-tick hrtimer and empty interrupts; and a real guest trace."""
+interrupt raised, a timer interrupt nested in a softirq, non-tick hrtimer and empty interrupts; and a real guest
+trace."""
 
 import struct
 from pathlib import Path

@@ -174,7 +174,10 @@ def test_an_unwritable_out_is_one_line(tmp_path):
 
 
 def _clockbench(tmp_path, rows):
-    header = "# clockbench: 1\n# threads: 2\nthread cpu reads elapsed_ns reads_per_s cost_mean_ns cost_p50_ns cost_p90_ns cost_p99_ns cost_max_ns\n"
+    header = (
+        "# clockbench: 1\n# threads: 2\n"
+        "thread cpu reads elapsed_ns reads_per_s cost_mean_ns cost_p50_ns cost_p90_ns cost_p99_ns cost_max_ns\n"
+    )
     (tmp_path / "stdout.txt").write_text(header + "\n".join(rows) + "\n")
 
 
@@ -329,8 +332,8 @@ ACPI_IDLE = REPO / "runners/acpi-idle/tbench.yaml"
         # PyYAML's int() raises ValueError (over 4300 digits) outside the YAML error handler
         (
             lambda t: t.replace("seed: 20261121", "seed: " + "1" * 5000),
-            "seed: !!int value '1111111111111111111111111111111111111111… (5000 characters)' cannot be read (a number of "
-            "thousands of digits)",
+            "seed: !!int value '1111111111111111111111111111111111111111… (5000 characters)' cannot be read "
+            "(a number of thousands of digits)",
         ),
         # in hex it loads (no digit limit for base 16): refused by size, and the message does not try to print it
         (

@@ -17,7 +17,7 @@ from ticklab.analysis.verdicts import Margins, Target, Verdict, decide
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import verdict_characteristics as vc  # noqa: E402
+import verdict_characteristics as vc
 
 # 2,000 bootstrap resamples instead of the report's 10,000 keep these tests small; at CV 2% the CI's Monte Carlo
 # error is far inside the margins the cells below are judged by.
@@ -128,7 +128,7 @@ def test_a_cell_is_seeded_by_its_own_parameters(comparisons):
     )
     for analysis in vc.ANALYSES:
         mine = table[table["analysis"] == analysis]
-        assert dict(zip(mine["word"], mine["count"])) == {word: first[analysis][word] for word in vc.WORDS}
+        assert dict(zip(mine["word"], mine["count"], strict=True)) == {word: first[analysis][word] for word in vc.WORDS}
     accepted = vc.acceptance(table)
     independent = accepted[accepted["analysis"] == "independent"]
     assert sorted(independent["check"]) == ["no-effect", "size"]

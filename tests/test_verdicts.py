@@ -3,7 +3,7 @@ with known truth (the layout and run records of a real bundle, the values drawn 
 
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import numpy as np
@@ -174,7 +174,7 @@ def synthetic_bundle(root, ratio: float, sigma: float, runs: int, seed: int):
         manifest["experiment"],
         definition=manifest["definition"],
         host=manifest["host"],
-        when=datetime(2026, 11, 22, tzinfo=timezone.utc),
+        when=datetime(2026, 11, 22, tzinfo=UTC),
     )
     order = [condition for _ in range(runs) for condition in medians]
     for index, condition in enumerate(order):
@@ -246,7 +246,7 @@ def test_a_run_whose_condition_check_failed_is_left_out(tmp_path):
 def test_setups_that_tested_nothing_collapse_into_one_row(tmp_path):
     for host in ("host-a", "guest-tcg-x"):
         writer = BundleWriter(
-            tmp_path, host, "hpet", "e", definition={}, host={}, when=datetime(2026, 11, 22, tzinfo=timezone.utc)
+            tmp_path, host, "hpet", "e", definition={}, host={}, when=datetime(2026, 11, 22, tzinfo=UTC)
         )
         writer.manifest.not_testable = f"nothing to run with on {host}"
         writer.seal()

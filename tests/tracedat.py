@@ -70,14 +70,14 @@ def write_v6(path: Path, cpu_pages: dict[int, bytes], stats: dict[int, str] | No
     head = MAGIC + b"6\0" + bytes([0, 8]) + _u32(PAGE) + _header_info() + _u32(0) + _event_formats()
     head += _u32(0) + _u32(0) + _u64(0) + _u32(len(cpu_pages))
     head += b"options  \0"
-    for cpu, text in sorted((stats or {}).items()):
+    for _cpu, text in sorted((stats or {}).items()):
         head += _u16(2) + _u32(len(text) + 1) + text.encode() + b"\0"
     head += _u16(0) + b"flyrecord\0"
     table_size = 16 * len(cpu_pages)
     offset = len(head) + table_size
     offset += -offset % PAGE
     table, data = b"", b""
-    for cpu, blob in sorted(cpu_pages.items()):
+    for _cpu, blob in sorted(cpu_pages.items()):
         table += _u64(offset + len(data)) + _u64(len(blob))
         data += blob
     path.write_bytes(_align(head + table) + data)
@@ -135,7 +135,7 @@ def write_v7(
         out += data
         cpus.append((cpu, at, len(data)))
     options = _u16(16) + _u32(8) + _u64(header_at) + _u16(18) + _u32(8) + _u64(formats_at)
-    for cpu, text in sorted((stats or {}).items()):
+    for _cpu, text in sorted((stats or {}).items()):
         options += _u16(2) + _u32(len(text) + 1) + text.encode() + b"\0"
     buffer = _u64(flyrecord_at) + b"\0" + b"local\0" + _u32(PAGE) + _u32(len(cpus))
     buffer += b"".join(_u32(cpu) + _u64(at) + _u64(size) for cpu, at, size in cpus)

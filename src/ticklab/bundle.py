@@ -27,7 +27,7 @@ import shutil
 import stat
 import weakref
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -250,7 +250,7 @@ class BundleError(ValueError):
 
 
 def bundle_name(experiment: str, when: datetime) -> str:
-    return f"{when.astimezone(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{experiment}"
+    return f"{when.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}-{experiment}"
 
 
 class BundleWriter:
@@ -266,7 +266,7 @@ class BundleWriter:
         tools: dict | None = None,
         when: datetime | None = None,
     ):
-        when = when or datetime.now(timezone.utc)
+        when = when or datetime.now(UTC)
         for what, name in (("host id", host_id), ("claim", claim), ("experiment", experiment)):
             if not isinstance(name, str) or not re.match(schemas.RUN_NAME, name):
                 raise BundleError(
@@ -294,7 +294,7 @@ class BundleWriter:
                 host=host,
                 tools=tools or {},
                 ticklab_version=__version__,
-                started=when.astimezone(timezone.utc).isoformat(),
+                started=when.astimezone(UTC).isoformat(),
             )
             self.flush()
             self._write(lambda: self.files.append(RESULTS, _csv_rows([RESULT_COLUMNS])))
@@ -399,7 +399,7 @@ class BundleWriter:
         relatives = sorted(_bundle_files(self.path))
         self.manifest.files = {relative: _hash_regular(self.path / relative) for relative in relatives}
         self.manifest.status = "sealed"
-        self.manifest.sealed = datetime.now(timezone.utc).isoformat()
+        self.manifest.sealed = datetime.now(UTC).isoformat()
         self.flush()
         self._write(lambda: seal_manifest(self.files, self.path, relatives))
         self.files.close()
@@ -611,11 +611,12 @@ def _read_results(path: Path, runs: list[dict]) -> pd.DataFrame:
         raise BundleError(f"{file}: not a readable CSV ({exc})") from None
     if not rows or rows[0] != RESULT_COLUMNS:
         raise BundleError(f"{file}: not a readable CSV: columns {rows[0] if rows else []}, expected {RESULT_COLUMNS}")
-    records, by_run, first_row = [], {r["run"]: r for r in runs}, {}
+    records, by_run = [], {r["run"]: r for r in runs}
+    first_row: dict[tuple[str, str], int] = {}
     for number, row in enumerate(rows[1:], 2):
         if len(row) != len(RESULT_COLUMNS):
             raise BundleError(f"{file}: row {number}: {len(row)} field(s), expected {len(RESULT_COLUMNS)}")
-        record = dict(zip(RESULT_COLUMNS, row))
+        record = dict(zip(RESULT_COLUMNS, row, strict=True))
         schemas.check(record, schemas.RESULT_ROW, f"{file}: row {number}", BundleError)
         value = float(record["value"])
         if not math.isfinite(value):

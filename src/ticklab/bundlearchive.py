@@ -178,7 +178,7 @@ def _staging(prefix: tuple[str, ...]) -> str:
 
 def _present(into: Path) -> dict[str, Path]:
     """Seal digest -> bundle, for every sealed bundle already under the data directory."""
-    found = {}
+    found: dict[str, Path] = {}
     for seal in sorted(into.glob(f"*/*/*/{SEAL}")):
         bundle = seal.parent
         if any(part.startswith(".") for part in bundle.relative_to(into).parts):

@@ -117,7 +117,8 @@ def lab_checks() -> dict[str, tuple[bool, str]]:
                     False,
                     f"{spec.package} not here; "
                     + (
-                        f"the first 'ticklab lab build-kernel --variant {lab_sources.canonical_name(series, 'hz1000')}' "
+                        "the first 'ticklab lab build-kernel --variant "
+                        f"{lab_sources.canonical_name(series, 'hz1000')}' "
                         f"fetches it from Debian {spec.suite}"
                         if spec.suite
                         else f"apt-get install {spec.package}"
@@ -127,10 +128,10 @@ def lab_checks() -> dict[str, tuple[bool, str]]:
             for name in lab_kernel.kernel_names():
                 if lab_sources.split_name(name)[0] != series:
                     continue
-                found = lab_kernel.cached_kernel(name)
+                built = lab_kernel.cached_kernel(name)
                 checks[f"lab kernel {name}"] = (
-                    (True, f"built: {found.directory}")
-                    if found
+                    (True, f"built: {built.directory}")
+                    if built
                     else (False, f"not built yet: ticklab lab build-kernel --variant {name}")
                 )
     except LabError as exc:
@@ -345,7 +346,7 @@ def diagnose(root: Path | str = "/", journal: Path | None = None) -> dict:
                     "why": "no host experiment; this claim needs the guest lab (ticklab lab)",
                 }
             claims[claim] = experiments
-        boot_plans = {}
+        boot_plans: dict[str, dict] = {}
         for claim in claim_ids():
             for path in boot_experiment_paths(claim):
                 try:

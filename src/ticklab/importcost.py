@@ -20,7 +20,7 @@ def import_jsonschema():
     if "jsonschema" not in sys.modules and BLOCKED not in sys.modules:
         sys.modules[BLOCKED] = None  # its import raises ImportError, which jsonschema's _format suppresses
         try:
-            import jsonschema  # noqa: F401
+            import jsonschema
         finally:
             if BLOCKED in sys.modules and sys.modules[BLOCKED] is None:
                 del sys.modules[BLOCKED]

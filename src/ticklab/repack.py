@@ -40,7 +40,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -315,7 +315,7 @@ def _write_copy(
         resealed=[
             *(manifest.resealed or []),
             {
-                "when": datetime.now(timezone.utc).isoformat(),
+                "when": datetime.now(UTC).isoformat(),
                 "from_seal": seal[0] if seal else "",
                 "files_replaced": {
                     old: {"now": new, "sha256": manifest.files[old]} for old, new in sorted(done.replaced.items())

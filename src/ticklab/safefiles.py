@@ -129,6 +129,7 @@ def _lstat(name: str, dir_fd: int, target: object) -> os.stat_result | None:
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP)
+_renameat2_call: Callable[..., int] | None
 try:
     _renameat2_call = ctypes.CDLL(None, use_errno=True).renameat2
     _renameat2_call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]

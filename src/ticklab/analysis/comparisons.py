@@ -394,7 +394,7 @@ def verdicts(
                     _block_pairs(treatment, baseline) if comparison.statistic == "median" else None,
                 )
             )
-    for setup, tested in families.items():
+    for tested in families.values():
         rows += _family_verdicts(claim, tested, alpha, n_boot, seed)
     order = {(c.comparison): i for i, c in enumerate(comparisons)}
     return sorted(rows, key=lambda row: (row.setup, order.get(row.comparison, len(order))))
@@ -438,15 +438,15 @@ def _family_verdicts(claim: str, tested: list[_Tested], alpha: float, n_boot: in
             rank = mann_whitney(item.treatment, item.baseline)
             item.pvalue, item.test = rank.pvalue, rank.test
     first: dict[tuple, _Tested] = {}
-    for key, item in zip(keys, tested):
+    for key, item in zip(keys, tested, strict=True):
         first.setdefault(key, item)
-    adjusted = dict(zip(distinct, holm([first[key].pvalue for key in distinct])))
-    for item, key in zip(tested, keys):
+    adjusted = dict(zip(distinct, holm([first[key].pvalue for key in distinct]), strict=True))
+    for item, key in zip(tested, keys, strict=True):
         p = adjusted[key]
         comparison, target = item.comparison, item.comparison.target
         same = [
             other.comparison.comparison
-            for other, other_key in zip(tested, keys)
+            for other, other_key in zip(tested, keys, strict=True)
             if other_key == key and other is not item
         ]
         shared = f" (the same test as {'; '.join(same)}: counted once)" if same else ""

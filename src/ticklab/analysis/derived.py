@@ -286,7 +286,7 @@ def _same(one, other) -> bool:
     if isinstance(one, (dict,)):
         return list(one) == list(other) and all(_same(one[k], other[k]) for k in one)
     if isinstance(one, (list, tuple)):
-        return len(one) == len(other) and all(_same(a, b) for a, b in zip(one, other))
+        return len(one) == len(other) and all(_same(a, b) for a, b in zip(one, other, strict=True))
     if isinstance(one, (float, np.floating)):
         return (math.isnan(one) and math.isnan(other)) or (
             one == other and math.copysign(1, one) == math.copysign(1, other)
@@ -410,7 +410,7 @@ def per_run(
     key, relative = _entry(seal, kind, run, params, modules, frame)
     try:
         return _read(relative, key, frame)
-    except Exception:  # noqa: BLE001 — anything unreadable, foreign or corrupt is a miss, recomputed and replaced
+    except Exception:  # anything unreadable, foreign or corrupt is a miss, recomputed and replaced
         pass
     value = compute()
     _write(relative, key, value, frame)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,8 +24,8 @@ from .palette import GREY
 from .verdicts import VERDICTS
 
 # Okabe-Ito (colour-blind safe; "not testable here" the palette's dark grey: a light one is 7 ΔE from the reddish
-# purple for a deuteranope), one colour and one marker per word, the same in every figure and the report's badges; the marker and the
-# word at the right of each line say it again, so nothing rests on colour alone.
+# purple for a deuteranope), one colour and one marker per word, the same in every figure and the report's badges;
+# the marker and the word at the right of each line say it again, so nothing rests on colour alone.
 VERDICT_COLOURS = {
     "reproduced": "#009E73",
     "consistent, not pinned": "#56B4E9",
@@ -512,7 +513,7 @@ def forest_figure(rows: pd.DataFrame, title: str | None = None):
     claim = str(rows["claim"].iloc[0])
     panels = _panels(rows)
     untested = untested_setups(rows)
-    blocks = []  # (kind, height in inches, payload)
+    blocks: list[tuple[str, float, Any]] = []  # (kind, height in inches, payload)
     blocks.append(("legend", 0.75, None))
     roles = {p["role"] for p in panels}
     for role in ("claim", "premise"):
@@ -709,8 +710,9 @@ def save_forest(rows: pd.DataFrame, output_dir, data_dir=None):
         FOREST,
         fig,
         caption=(
-            f"Forest plot: per comparison, the fresh ratio and its simultaneous CI on each of {setups} setup(s) with a CI "
-            "(log axis), the target (solid: printed in the source; dashed: derived by ticklab) with its consistent-size "
+            f"Forest plot: per comparison, the fresh ratio and its simultaneous CI on each of {setups} setup(s) "
+            "with a CI (log axis), the target (solid: printed in the source; dashed: derived by ticklab) with its "
+            "consistent-size "
             "band, the declared no-effect margin around ×1, and the verdict with the numbers and n; where 3 or more "
             "setups of one kind tested a comparison, their random-effects pool under them (diamond: its CI; thin line: "
             "the prediction interval for a new machine); setups without a CI are listed under the plot with why"

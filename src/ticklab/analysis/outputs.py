@@ -148,8 +148,8 @@ class Outputs:
         return frame
 
     def checks(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """The claim's condition checks (ticklab.analysis.checks.check_table); written even when empty, so the report can
-        tell "nothing to check" from "not run"."""
+        """The claim's condition checks (ticklab.analysis.checks.check_table); written even when empty, so the report
+        can tell "nothing to check" from "not run"."""
         frame = frame[CHECK_COLUMNS]
         self._write(f"checks/{self.claim}.csv", self._csv(frame, index=False))
         return frame

@@ -33,6 +33,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,9 @@ from scipy import stats
 from .captured import pool_kind
 from .stats import Interval, holm, simultaneous_level
 from .verdicts import Margins, Target, Verdict, decide
+
+if TYPE_CHECKING:
+    from .comparisons import Comparison
 
 MIN_SETUPS = 3  # a pool needs at least this many setups of one kind with a bounded CI (k - 2 >= 1 for the PI)
 LARGE_I2 = 0.5  # I² from which heterogeneity is "large" (Higgins et al. 2003: 50% and more is substantial)
@@ -122,11 +126,16 @@ def pool_logs(effects: Sequence[float], ses: Sequence[float], confidence: float 
     Hartung-Knapp CI at ``confidence`` and the prediction interval for a new setup at ``pi_level``."""
     from statsmodels.stats.meta_analysis import combine_effects
 
-    effects, ses = np.asarray(effects, dtype=float), np.asarray(ses, dtype=float)
-    k = effects.size
-    if k < MIN_SETUPS or ses.size != k or not np.all(np.isfinite(effects)) or not np.all(ses > 0):
+    log_ratios, standard_errors = np.asarray(effects, dtype=float), np.asarray(ses, dtype=float)
+    k = log_ratios.size
+    if (
+        k < MIN_SETUPS
+        or standard_errors.size != k
+        or not np.all(np.isfinite(log_ratios))
+        or not np.all(standard_errors > 0)
+    ):
         raise ValueError(f"a pool needs at least {MIN_SETUPS} finite effects with positive standard errors")
-    result = combine_effects(effects, ses**2, method_re="iterated")
+    result = combine_effects(log_ratios, standard_errors**2, method_re="iterated")
     mean, tau2 = float(result.mean_effect_re), max(0.0, float(result.tau2))
     variance = max(float(result.var_eff_w_re), float(result.var_hksj_re))  # modified Hartung-Knapp
     se = math.sqrt(variance)
@@ -180,7 +189,7 @@ def _target_fields(row: Verdict) -> dict:
 
 @dataclass
 class _Group:
-    comparison: object  # analysis.comparisons.Comparison
+    comparison: Comparison
     kind: str
     rows: list[Verdict]
     bounded: list[tuple[Verdict, float, float]]  # (row, log ratio, its standard error)

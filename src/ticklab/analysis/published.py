@@ -340,7 +340,7 @@ def derived_range(func: Callable[..., float], printed_inputs: Mapping[str, str])
     names = list(printed_inputs)
     point = func(**{n: parse_printed(printed_inputs[n]) for n in names})
     corners = [
-        func(**dict(zip(names, combo)))
+        func(**dict(zip(names, combo, strict=True)))
         for combo in itertools.product(*(rounding_bucket(printed_inputs[n]) for n in names))
     ]
     return point, min(corners), max(corners)

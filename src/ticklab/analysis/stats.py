@@ -464,7 +464,7 @@ def compare_table(samples: Mapping[str, Sequence[float]], baseline: str, *, alph
     # a rank test needs at least two runs a side; with fewer there is no p-value to give
     others = [c for c in samples if c != baseline and len(samples[c]) > 1 and len(samples[baseline]) > 1]
     raw = [mann_whitney(samples[c], samples[baseline]).pvalue for c in others]
-    adjusted = dict(zip(others, holm(raw))) if others else {}
+    adjusted = dict(zip(others, holm(raw), strict=True)) if others else {}
     table["p_holm"] = table["condition"].map(adjusted)
     table["significant"] = table["p_holm"].map(lambda p: None if pd.isna(p) else bool(p < alpha))
     table.attrs["test"] = f"two-sided Mann-Whitney U vs {baseline}, Holm-adjusted across conditions, alpha = {alpha}"

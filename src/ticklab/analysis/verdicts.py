@@ -175,7 +175,10 @@ class Margins:
     def describe(self, target: Target) -> str:
         if target.no_worse_than is not None:
             return f"non-inferiority: the CI must stay on the good side of ×{target.no_worse_than:.3g} (declared)"
-        text = f"no effect: ratio within ×{1 / (1 + self.no_effect):.3g}..×{1 + self.no_effect:.3g} (declared ±{self.no_effect:.3g})"
+        text = (
+            f"no effect: ratio within ×{1 / (1 + self.no_effect):.3g}..×{1 + self.no_effect:.3g} "
+            f"(declared ±{self.no_effect:.3g})"
+        )
         if target.ratio is not None:
             low, high = consistent_band(target, self.size_tolerance)
             text += (
@@ -404,8 +407,8 @@ def level_verdict(
     per-run values with its order-statistics CI (stats.median_ci, distribution-free); ``reproduced`` when the whole CI
     lies in the declared band ×1/tolerance..×tolerance around the printed value, ``smaller than the target`` /
     ``larger than the target`` when it lies wholly below / above it, ``consistent, not pinned`` when it reaches into
-    the band without lying wholly inside it (how much of it does: band_overlap). ``printed_as``: the printed value as the
-    reason shows it; ``describe(x)`` formats the others.
+    the band without lying wholly inside it (how much of it does: band_overlap). ``printed_as``: the printed value as
+    the reason shows it; ``describe(x)`` formats the others.
     (verdict, reason, interval)"""
     interval = median_ci(values, 1 - alpha)
     low, high = printed / tolerance, printed * tolerance

@@ -301,7 +301,7 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
     """The claim's comparisons this capture did not measure both conditions of, under the command that would."""
     if not context.goals:
         return []
-    measured = {}  # condition -> experiments that measured it
+    measured: dict[str, set[str]] = {}  # condition -> experiments that measured it
     captured, not_testable = {}, {}
     for bundle in bundles:
         name = bundle.manifest.experiment
@@ -312,7 +312,8 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
             measured.setdefault(record.condition, set()).add(name)
     facts = (bundles[0].manifest.host or {}) if bundles else {}  # a matrix's names as this host has them
     claim_experiments = _claim_experiments(context.claim)
-    tested, by_command = [], {}
+    tested: list[str] = []
+    by_command: dict[tuple[str, ...], list[str]] = {}
     for goal in context.goals:
         both = measured.get(goal.treatment, set()) & measured.get(goal.baseline, set())
         if goal.experiments:
@@ -350,8 +351,8 @@ def _untested_lines(bundles: list[Bundle], context: AnswerContext) -> list[str]:
             "  not tested by this capture: the claim's comparisons whose two conditions it did not measure, "
             "under the command that would"
         )
-        for commands, comparisons in by_command.items():
-            lines.append(f"    {commands[0]}")
-            lines += [f"    or: {command}" for command in commands[1:]]
+        for alternatives, comparisons in by_command.items():
+            lines.append(f"    {alternatives[0]}")
+            lines += [f"    or: {command}" for command in alternatives[1:]]
             lines += [f"      {comparison}" for comparison in dict.fromkeys(comparisons)]
     return lines

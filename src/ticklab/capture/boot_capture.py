@@ -25,7 +25,7 @@ import lzma
 import re
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -480,7 +480,7 @@ class BootCapture(plan_engine.RunMaker):
         writer.manifest.boot_plan = {
             **(writer.manifest.boot_plan or {}),
             "state": plan.state,
-            "ended": datetime.now(timezone.utc).isoformat(),
+            "ended": datetime.now(UTC).isoformat(),
         }
         path = writer.seal()
         self.log(f"{path}: sealed")

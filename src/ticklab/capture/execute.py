@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..host import HostChanges
@@ -175,7 +176,7 @@ def run_once(
     argv: list,
     source: str,
     directory: Path,
-    wrap: list[str] = (),
+    wrap: Sequence[str] = (),
 ) -> dict:
     """``argv`` once under ``condition``'s knobs, in ``directory`` (profiles and cross-checks)."""
     filled = fill_argv(argv, workload_values(experiment, condition, facts), source)

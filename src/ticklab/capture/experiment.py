@@ -517,7 +517,10 @@ def expand_conditions(experiment: Experiment, host: dict) -> list[Condition]:
             return []
         combos = itertools.product(*axes.values())
         return [
-            Condition(" ".join(f"{k}={v}" for k, v in zip(axes, combo)), dict(zip(axes, combo))) for combo in combos
+            Condition(
+                " ".join(f"{k}={v}" for k, v in zip(axes, combo, strict=True)), dict(zip(axes, combo, strict=True))
+            )
+            for combo in combos
         ]
     if isinstance(spec, list):
         conditions = []
@@ -548,7 +551,7 @@ def schedule(conditions: list[Condition], runs: int, warmup: int, seed: int) -> 
     random order: the k-th runs of all conditions share block k, so a verdict can pair them and let drift between
     blocks cancel (comparisons: the blocked analysis)."""
     rng = random.Random(seed)
-    planned = [(c, True, None) for _ in range(warmup) for c in conditions]
+    planned: list[tuple[Condition, bool, int | None]] = [(c, True, None) for _ in range(warmup) for c in conditions]
     for block in range(1, runs + 1):
         chosen = list(conditions)
         rng.shuffle(chosen)

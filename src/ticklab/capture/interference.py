@@ -90,7 +90,7 @@ def _stat(root: Path) -> tuple[int | None, int | None, int | None]:
 
 def _threads(root: Path) -> list[tuple[int, int, str]]:
     """(pid, parent pid, state) of every thread under root/proc; threads that end while being read are skipped."""
-    found = []
+    found: list[tuple[int, int, str]] = []
     proc = root / "proc"
     try:
         pids = [name for name in os.listdir(proc) if name.isdigit()]

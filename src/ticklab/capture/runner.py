@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,7 +244,7 @@ class HostExecutor:
         prefix: str,
         argv: list,
         source: str,
-        wrap: list[str] = (),
+        wrap: Sequence[str] = (),
     ) -> list[dict]:
         """Run ``argv`` once for each condition, with its knobs, in raw/<prefix>-NNN; outside results.csv."""
         done = []

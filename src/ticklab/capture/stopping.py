@@ -33,6 +33,7 @@ from .experiment import Budget, Condition, Experiment, ExperimentError, PlannedR
 
 if TYPE_CHECKING:  # the results a rule checks are pandas' frames, made by the bundle; a dry run imports none (issue 56)
     import pandas as pd
+    from tqdm import tqdm
 
 # A CI from fewer runs than this is too coarse to call precise, however narrow it comes out.
 MIN_RUNS = 5
@@ -183,6 +184,7 @@ class StoppingRule:
         if self.fixed_why:
             self.reason = self.fixed_why
             return []
+        assert self.budget is not None  # for_capture gives a budget wherever the run count is not fixed
         checks = self._check(results)
         self.checks.append({"runs_per_condition": dict(runs_per_condition), "comparisons": checks})
         short = [c for c in checks if not c["met"]]
@@ -291,7 +293,7 @@ class Rounds:
     def __init__(self, plan: list[PlannedRun], rule: StoppingRule, conditions: list[Condition], seed: int, writer):
         self.plan, self.rule, self.conditions, self.seed = plan, rule, conditions, seed
         self.writer = writer
-        self.progress = None
+        self.progress: tqdm | None = None
         self.durations: list[float] = []
 
     def shown(self, desc: str, unit: str, enabled: bool = True):
@@ -346,6 +348,7 @@ def describe(rule: StoppingRule) -> str:
     """What the rule will do, in words (dry runs, logs)."""
     if rule.fixed_why:
         return rule.fixed_why
+    assert rule.budget is not None  # for_capture gives a budget wherever the run count is not fixed
     return (
         f"after the initial runs, add rounds until {RULE}, for {len(rule.goals)} comparison(s), "
         f"within {rule.budget.time_s:.0f} s and {rule.budget.max_runs} runs per condition"

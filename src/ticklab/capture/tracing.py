@@ -33,9 +33,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from ..host import HostChanges, facts
 from ..registry import TRACING_BACKENDS
@@ -221,7 +222,7 @@ def check_functions(tracefs: Path, functions: list[str]) -> None:
         raise TracingError(f"{listed}: the function tracer cannot trace {', '.join(missing)} in this kernel")
 
 
-def guard_tracefs(host: HostChanges, tracefs: Path, label: str, functions: list[str] = ()) -> None:
+def guard_tracefs(host: HostChanges, tracefs: Path, label: str, functions: Sequence[str] = ()) -> None:
     """The global tracefs files trace-cmd changes, recorded so that they are put back."""
     for name in (*GUARDED, *(("set_ftrace_filter",) if functions else ())):
         host.guard(f"{tracefs.relative_to(host.root)}/{name}", label=f"{label} {name}")
@@ -278,7 +279,7 @@ FUNCTIONS_NOT_TRACE_CMD = (
 )
 
 
-def choose_backend(host: HostChanges, preference: str = "auto", functions: list[str] = ()) -> tuple[str, str]:
+def choose_backend(host: HostChanges, preference: str = "auto", functions: Sequence[str] = ()) -> tuple[str, str]:
     """(backend, why): trace-cmd if asked for or if it works (and the experiment traces no function), else
     tracefs."""
     if preference == "tracefs":
@@ -294,7 +295,7 @@ def choose_backend(host: HostChanges, preference: str = "auto", functions: list[
 
 
 def planned_tracefs_writes(
-    root: Path, events: list[str], buffer_kb: int, functions: list[str] = (), clock: str | None = None
+    root: Path, events: list[str], buffer_kb: int, functions: Sequence[str] = (), clock: str | None = None
 ) -> list[str]:
     """What TracefsRecorder writes, in order, for a dry run (trace-cmd, when used, writes the same kind of files)."""
     tracefs = root / TRACEFS_RELATIVE
@@ -334,13 +335,14 @@ class Recorder:
         directory: Path,
         *,
         buffer_kb: int = 4096,
-        symbols: list[str] = (),
-        functions: list[str] = (),
-        optional_events: list[str] = (),
+        symbols: Sequence[str] = (),
+        functions: Sequence[str] = (),
+        optional_events: Sequence[str] = (),
         clock: str | None = None,
     ):
         self.host, self.events, self.directory, self.buffer_kb = host, list(events), Path(directory), buffer_kb
-        self.optional_events, self.absent_events = list(optional_events), []
+        self.optional_events = list(optional_events)
+        self.absent_events: list[str] = []
         self.symbols, self.functions, self.clock = list(symbols), list(functions), clock
         # what went wrong in a helper thread, for the main thread to raise (tracefs: the first write that failed, a full
         # disk; trace-cmd: trace-cmd.log could not be written)
@@ -366,7 +368,7 @@ class TracefsRecorder(Recorder):
         self._symbols_found: dict[str, str] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._files: dict[int, tuple[int, object, Path]] = {}
+        self._files: dict[int, tuple[int, BinaryIO, Path]] = {}
 
     def __enter__(self) -> TracefsRecorder:
         tracefs = self._check_events()
@@ -659,6 +661,7 @@ class TraceCmdRecorder(Recorder):
             self.result = TraceResult(
                 self.backend, self.directory, lost, functions=self.functions, absent_events=self.absent_events
             )
+            assert self.process is not None  # started by __enter__
             if self.process.returncode not in (0, -signal.SIGINT) and exc_info[0] is None:
                 raise TracingError(f"{self.log_path}: trace-cmd record exited {self.process.returncode}")
         finally:
@@ -679,9 +682,9 @@ def recorder(
     directory: Path,
     *,
     buffer_kb: int = 4096,
-    symbols: list[str] = (),
-    functions: list[str] = (),
-    optional_events: list[str] = (),
+    symbols: Sequence[str] = (),
+    functions: Sequence[str] = (),
+    optional_events: Sequence[str] = (),
     clock: str | None = None,
 ):
     """A recorder of ``events``, of those ``optional_events`` the running kernel has (the others go into the

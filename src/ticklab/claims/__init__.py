@@ -88,7 +88,8 @@ class Claim:
         return load_published(published_dir, self.id)
 
     def verdicts(self, ctx, alpha: float = 0.05, n_boot: int = 10_000, seed: int = 0) -> list[Verdict]:
-        """Every verdict row of the claim on the bundles of a notebook context (ticklab.report.notebook.ClaimContext)."""
+        """Every verdict row of the claim on the bundles of a notebook context
+        (ticklab.report.notebook.ClaimContext)."""
         from ..analysis.comparisons import claim_verdicts
 
         rows = claim_verdicts(

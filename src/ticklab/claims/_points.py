@@ -32,14 +32,14 @@ def runs_and_medians(
     """Draw each (x, values, color) group's runs as points and its median as a bar; write each median above the
     data. ``also``: other y values drawn on the axes (reference lines) that the labels must clear too.
     ``from_zero``: the y axis starts at 0. Returns x -> median."""
-    medians = {}
+    medians: dict[float, float] = {}
     everything = [float(v) for _, values, _ in groups for v in values] + [float(v) for v in also]
     if not everything:
         return medians
     low, high = (0.0 if from_zero else min(everything)), max(everything)
     span = (high - low) or abs(high) or 1.0
-    for x, values, color in groups:
-        values = np.asarray(values, dtype=float)
+    for x, group_values, color in groups:
+        values = np.asarray(group_values, dtype=float)
         if values.size == 0:
             continue
         jitter = np.linspace(-0.12, 0.12, values.size) if values.size > 1 else np.zeros(1)

@@ -41,7 +41,7 @@ def printed_labels(published: PublishedClaim) -> dict[str, str]:
     """statistic -> the row label seed 003 prints for it, from the quoted line (the text before its colon):
     "Min (MB/s)" … "AMean (MB/s)", and "AMean Stddev" / "AMean CoefVar", never shortened to ticklab's keys."""
     frame = published.table("tbench_mmtests")
-    labels = {}
+    labels: dict[str, str] = {}
     for row in frame.itertuples():
         label = " ".join(row.quote.partition(":")[0].split())
         if labels.setdefault(row.statistic, label) != label:
@@ -114,7 +114,8 @@ def derived_sentence(checks: pd.DataFrame) -> str:
     """How many derived numbers match as printed, and what the ones that do not tell us."""
     odd = checks[checks["finding"] != "matches (rounded)"]
     text = f"{len(checks) - len(odd)} of {len(checks)} derived numbers match as printed. " + " ".join(
-        f"**{r.quantity}**: printed {r.printed}, recomputed {r.recomputed:.4f} (at least {r.recomputed_low:.4f}) — {r.finding}."
+        f"**{r.quantity}**: printed {r.printed}, recomputed {r.recomputed:.4f} "
+        f"(at least {r.recomputed_low:.4f}) — {r.finding}."
         for r in odd.itertuples()
     )
     if len(odd):
@@ -209,7 +210,7 @@ LAB_SIZES = (
 IOPORT_DESC = "ACPI IOPORT"
 
 
-def ioport_states(record: Mapping) -> list[dict]:
+def ioport_states(record: Mapping) -> list[Mapping]:
     """The run record's I/O-port C-states (cpuidle.states whose desc is acpi_idle's "ACPI IOPORT 0x…")."""
     states = (record.get("cpuidle") or {}).get("states") or []
     return [s for s in states if isinstance(s, Mapping) and str(s.get("desc") or "").startswith(IOPORT_DESC)]

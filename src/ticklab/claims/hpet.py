@@ -71,7 +71,7 @@ def throughput_figure(published: PublishedClaim):
     # TSC the reference, the patch the change; each also hatched its own way, so the bars read without colour
     colors = [palette.THIRD, palette.BASELINE, palette.CHANGED]
     hatches = [palette.THIRD_HATCH, None, palette.CHANGED_HATCH]
-    for i, (system, label) in enumerate(SYSTEM_LABELS.items()):
+    for i, system in enumerate(SYSTEM_LABELS):
         tsc = _cell(frame, system, "tsc", "n/a")["value"]
         for j, (cs, patch, name) in enumerate(CONDITIONS):
             row = _cell(frame, system, cs, patch)

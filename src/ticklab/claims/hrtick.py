@@ -10,7 +10,7 @@ from ..analysis.checks import FactCheck, excluded_runs, run_checks
 from ..analysis.comparisons import Comparison, kernel_in_range, left_out_runs, left_out_words, measured_runs
 from ..analysis.lazy import plt
 from ..analysis.published import PublishedClaim, check_derived
-from ..analysis.stats import median_ci
+from ..analysis.stats import Interval, median_ci
 from ..analysis.verdicts import Margins, Target, Verdict, level_row, level_verdict
 from ..trace.tracemetrics import TIMER_ENTRY, TIMER_EXIT
 from ..trace.tracespots import first_spurious_interrupt
@@ -58,7 +58,8 @@ def derived_sentence(checks: pd.DataFrame) -> str:
     return (
         f"The inputs give **{row.recomputed:.2f}%** (between {row.recomputed_low:.2f}% and "
         f'{row.recomputed_high:.2f}% given their printed precision). The article prints "~{row.printed}": '
-        f'{row.finding}. Rounded to a whole percent the change is {round(row.recomputed)}%; the "~" covers the difference.'
+        f"{row.finding}. Rounded to a whole percent the change is {round(row.recomputed)}%; "
+        'the "~" covers the difference.'
     )
 
 
@@ -136,7 +137,8 @@ def comparisons(published: PublishedClaim) -> list[Comparison]:
     non-inferiority test against a declared 5 % bound). Where the kernel is a condition (the guest experiment), the
     reprogramming the HRTICK timer causes with HRTICK on (tracemetrics.reprogram_causes: the periodic tick's own
     reprograms are not the seed's quantity, whose ~100/s after the series is below any HZ's tick rate), 7.2 over
-    6.12, against the printed ~2500/s -> ~100/s, per second and per 1000 hackbench messages. The host experiment's conditions are "hrtick-on"/"hrtick-off" on whatever kernel the host runs."""
+    6.12, against the printed ~2500/s -> ~100/s, per second and per 1000 hackbench messages. The host experiment's
+    conditions are "hrtick-on"/"hrtick-off" on whatever kernel the host runs."""
     premise = Target(
         None,
         1,
@@ -384,8 +386,9 @@ def reprogram_notes(runs: pd.DataFrame) -> list[str]:
 
 def fresh_figure(runs: pd.DataFrame, setup: str, published: PublishedClaim | None = None):
     """hackbench runtime and the HRTICK timer's clockevent reprograms per second (where the bundle attributed them; else
-    all counted reprograms, the tick's included, labelled so; else hrtimer starts), HRTICK off vs on: every run and the median, each median written above the data (_points), and seed 002's
-    HRTICK-on rates as lines labelled outside the axes, so no label covers a run."""
+    all counted reprograms, the tick's included, labelled so; else hrtimer starts), HRTICK off vs on: every run and
+    the median, each median written above the data (_points), and seed 002's HRTICK-on rates as lines labelled
+    outside the axes, so no label covers a run."""
     on_setup = runs[runs["host_id"] == setup]
     attributed = (on_setup["metric"] == HRTICK_REPROGRAMS).any()
     counted = attributed or (on_setup["metric"] == REPROGRAMS).any()
@@ -518,7 +521,7 @@ SPURIOUS = "spurious_hrtimer_interrupt_ratio"
 SPURIOUS_TOLERANCE = 1.25  # declared: "about 25 %" is consistent within ×1/1.25..×1.25 of it (20 % to 31.25 %)
 
 
-def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, str, object]:
+def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, str, Interval]:
     """The spurious hrtimer interrupt ratio of one setup's runs (7.2, HRTICK on) against the printed ~25 %: a level,
     not a ratio of conditions (verdicts.level_verdict: the median with its order-statistics CI against the declared
     band). (verdict, reason, interval)"""
@@ -526,8 +529,8 @@ def spurious_level(values, printed: float, alpha: float = 0.05) -> tuple[str, st
 
 
 def spurious_verdicts(ctx, found: list, alpha: float = 0.05) -> list:
-    """Seed 002's spurious hrtimer interrupt ratio (~25 %, after the series, HRTICK on) beside each setup's 7.2 HRTICK-on
-    runs: one more row per setup that ran them (see spurious_level; the ratio's definition is
+    """Seed 002's spurious hrtimer interrupt ratio (~25 %, after the series, HRTICK on) beside each setup's 7.2
+    HRTICK-on runs: one more row per setup that ran them (see spurious_level; the ratio's definition is
     tracemetrics.spurious_interrupts)."""
     gated = excluded_runs(run_checks("hrtick", CHECKS, ctx.bundles))
     runs, _ = measured_runs(ctx.bundles, CHECKS, "hrtick", gated=gated)

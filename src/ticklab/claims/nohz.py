@@ -442,7 +442,7 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
     for scale. The window width is ticklab's reading of the source's "~20 iterations", not a printed threshold."""
     row = lambda row_id: published.row("ftq_observations", row_id)  # noqa: E731
     share, spread = row("shelf_fraction"), row("shelf_width")
-    rows = [
+    rows: list[dict] = [
         {
             "measured by": "seed 004 (its statement, qualitative; n = 1)",
             "setup": "ThinkPad T60p (x86_32)",
@@ -451,7 +451,9 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
             "runs": "not in the text",
             "median count per quantum (iterations)": "hundreds of thousands (as printed)",
             "shelf window (iterations)": f"within {spread['value_as_printed']} of each other (as printed)",
-            "largest shelf (% of quanta, median over runs)": f"{share['qualifier']} {share['value_as_printed']} (as printed)",
+            "largest shelf (% of quanta, median over runs)": (
+                f"{share['qualifier']} {share['value_as_printed']} (as printed)"
+            ),
             "largest shelf, range over runs": "—",
             "runs with more than half in one shelf": "—",
             "window / median count (%)": "—",
@@ -461,7 +463,7 @@ def ftq_shelf_table(samples: pd.DataFrame, published: PublishedClaim, width: int
     runs = samples.groupby(["host_id", "condition", "bundle", "run"], sort=True)
     per_run = {
         key: (largest_shelf(counts.to_numpy(), width), quantum)
-        for (key, counts), quantum in zip(runs["count"], runs["quantum_ns"].first())
+        for (key, counts), quantum in zip(runs["count"], runs["quantum_ns"].first(), strict=False)
     }
     by_condition: dict[tuple, list] = {}
     for (setup, condition, _, _), shelf_and_quantum in per_run.items():
@@ -867,7 +869,7 @@ def _gap_columns(ref: BundleRef, run: str, entry: dict, period_ns: int | None) -
     (analysis/derived.py)."""
 
     def compute() -> dict:
-        columns = {}
+        columns: dict = {}
         try:
             header, gaps = read_gapdet(ref.path / "raw" / entry["directory"] / "stdout.txt")
             gap = gap_tick_cost(gaps, header, period_ns)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from ..analysis import palette
@@ -72,7 +74,7 @@ def build_time_figure(published: PublishedClaim):
         label="after patch (kick-ahead)",
     )
     tallest = max(table["before (s)"].max(), table["after (s)"].max())
-    for x, (_, row) in zip(xs, table.iterrows()):
+    for x, (_, row) in zip(xs, table.iterrows(), strict=True):
         # the times as printed above each bar, level (short bars are too narrow to hold them inside)
         for offset, column in ((-width / 2, "before"), (width / 2, "after")):
             ax.text(
@@ -184,9 +186,9 @@ KICK_AHEAD_NEEDS_CONCURRENCY = (
 
 def comparisons(published: PublishedClaim) -> list[Comparison]:
     """pv_kick_ahead=4 against upstream (0) per vCPU level, in TCG guests with the lab pv-spinlock backend:
-    time of the synthetic tcc build (LAB_BUILD; not a kernel build), held against seed 001's Westmere-EX ratio at the matching guest
-    size ("quite substantially on Westmere"). The source ran no guest of twice its CPUs: that level is held
-    against the direction only, with a declared no-effect margin."""
+    time of the synthetic tcc build (LAB_BUILD; not a kernel build), held against seed 001's Westmere-EX ratio at the
+    matching guest size ("quite substantially on Westmere"). The source ran no guest of twice its CPUs: that level is
+    held against the direction only, with a declared no-effect margin."""
     found = []
     for level, vcpus in LEVELS.items():
         if vcpus is None:
@@ -299,7 +301,8 @@ def fresh_build_time_figure(runs: pd.DataFrame, setup: str):
     """The lab analogue's build times on one setup: per condition (pv_kick_ahead 0 and 4 at each vCPU level) every
     measured run as a point and its median as a bar, the median written above the data (_points)."""
     chosen = runs[(runs["host_id"] == setup) & (runs["experiment"] == EXPERIMENT) & (runs["metric"] == METRIC)]
-    groups, ticks = [], []
+    groups: list[tuple[float, Sequence[float], str]] = []
+    ticks: list[str] = []
     for level in LEVELS:
         for kick_ahead in KICK_AHEAD:
             condition = condition_name(kick_ahead, level)
@@ -447,7 +450,8 @@ def kick_ahead_barely_ran(runs: pd.DataFrame, found: list[Comparison]) -> dict[t
                 if name in medians
             )
             untestable[(setup, comparison.comparison)] = (
-                f"kick-ahead barely ran: {per_build.sum():g} kick-aheads in {len(per_build)} builds with pv_kick_ahead=4"
+                f"kick-ahead barely ran: {per_build.sum():g} kick-aheads in {len(per_build)} builds "
+                "with pv_kick_ahead=4"
                 + (f" on {vcpus} vCPUs" if vcpus else "")
                 + f" (median {per_build.median():g} a build, below the declared minimum {MIN_KICK_AHEADS_PER_BUILD}: "
                 "it needs a halted waiter queued behind the queue head), so the build-time ratio says nothing of "

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from ..safefiles import OwnedDir, UnsafeFileError, read_text
 from . import facts
-from .journal import KNOB_PATTERNS, TRACEFS, Change, ChangeKind, HostChangeError, process_start, registered
+from .journal import KNOB_PATTERNS, TRACEFS, Change, ChangeKind, HostChangeError, Making, process_start, registered
 
 
 def feature_token(features_text: str, feature: str) -> str | None:
@@ -128,12 +128,13 @@ class Write(ChangeKind):
         return f"write {change.wanted!r} to {change.path} (now {change.before!r})"
 
     @staticmethod
-    def apply(change: Change, *, may_refuse: bool) -> None:
+    def apply(change: Change, making: Making) -> None:
+        assert change.wanted is not None  # a guarded file (wanted None) is not written
         path = Path(change.path)
         try:
             write_knob(path, change.wanted)
         except HostChangeError as exc:
-            if not may_refuse:
+            if not making.may_refuse:
                 raise
             change.refused, change.error = True, str(exc).split(f"{path}: ", 1)[-1]
         change.during = read_knob(path)
@@ -171,7 +172,8 @@ class SchedFeature(ChangeKind):
         return knob_left_behind(change)
 
     @staticmethod
-    def apply(change: Change) -> None:
+    def apply(change: Change, making: Making) -> None:
+        assert change.wanted is not None  # the token written (set_sched_feature)
         path = Path(change.path)
         write_knob(path, change.wanted)
         change.during = feature_token(read_knob(path), change.feature)
@@ -242,8 +244,9 @@ class TaskAffinity(ChangeKind):
         )
 
     @staticmethod
-    def apply(change: Change) -> None:
+    def apply(change: Change, making: Making) -> None:
         tasks, cpu = change.tasks, change.cpu
+        assert tasks is not None  # planned() lists them
         moved = {}
         for tid, entry in tasks.items():
             try:
@@ -309,7 +312,7 @@ class Mkdir(ChangeKind):
         return f"{change.path} created"
 
     @staticmethod
-    def apply(change: Change) -> None:
+    def apply(change: Change, making: Making) -> None:
         path = Path(change.path)
         try:
             path.mkdir()
@@ -343,7 +346,8 @@ class Mount(ChangeKind):
         return f"{change.wanted} mounted at {change.path}"
 
     @staticmethod
-    def apply(change: Change) -> None:
+    def apply(change: Change, making: Making) -> None:
+        assert change.wanted is not None  # the filesystem type
         run_command(["mount", "-t", change.wanted, change.wanted, change.path])
         change.during = "mounted"
 
@@ -392,6 +396,11 @@ class Process(ChangeKind):
             and isinstance(change.started, str)
             and change.started.isdigit()
         )
+
+    @staticmethod
+    def apply(change: Change, making: Making) -> None:
+        """Nothing to make: the process is running already (the entry is what lets a recovery kill it)."""
+        change.during = "running"
 
     def undo(self, change: Change) -> str:
         """Kill what is left of a process ticklab started (a capture killed outright leaves its workload running): the
@@ -443,8 +452,9 @@ class File(BootPlanKind):
         return f"write {change.path} ({'new' if change.before is None else 'replacing its content'})"
 
     @staticmethod
-    def apply(change: Change, *, mode: int) -> None:
-        write_plan_file(Path(change.path), change.wanted, mode)
+    def apply(change: Change, making: Making) -> None:
+        assert change.wanted is not None  # the text written
+        write_plan_file(Path(change.path), change.wanted, making.mode)
         change.during = "written"
 
     def undo(self, change: Change) -> str | None:
@@ -466,7 +476,8 @@ class Symlink(BootPlanKind):
         return f"symlink {change.path} -> {change.wanted}"
 
     @staticmethod
-    def apply(change: Change) -> None:
+    def apply(change: Change, making: Making) -> None:
+        assert change.wanted is not None  # the link's target
         path = Path(change.path)
         path.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(change.wanted, path)
@@ -500,7 +511,9 @@ class GrubOneshot(BootPlanKind):
         return f"grub-reboot {change.wanted!r} (one boot)"
 
     @staticmethod
-    def apply(change: Change, root: Path) -> None:
+    def apply(change: Change, making: Making) -> None:
+        assert change.wanted is not None  # the entry
+        root = making.root
         boot_directory = [f"--boot-directory={root / 'boot'}"] if str(root) != "/" else []
         run_refusable(change, ["grub-reboot", *boot_directory, change.wanted])
         change.during = "set"
@@ -524,8 +537,8 @@ class KexecLoad(BootPlanKind):
         return f"kexec -l {change.wanted}"
 
     @staticmethod
-    def apply(change: Change, argv: list[str]) -> None:
-        run_refusable(change, argv)
+    def apply(change: Change, making: Making) -> None:
+        run_refusable(change, list(making.argv))
         change.during = "loaded"
 
     def undo(self, change: Change) -> str | None:

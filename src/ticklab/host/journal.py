@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from ..safefiles import UnsafeFileError, kind_of, read_bytes, shown
 from ..schemas import problem as schema_problem
@@ -219,6 +219,18 @@ def process_start(pid: int) -> str | None:
     return facts.stat_fields(stat)[19]
 
 
+@dataclass(frozen=True)
+class Making:
+    """What making a change needs beyond its journal entry: the root it is made under (grub-reboot), whether a knob
+    the kernel refuses is recorded instead of raised (write), the mode of a file written (file), the command that
+    loads a kernel (kexec_load)."""
+
+    root: Path = Path("/")
+    may_refuse: bool = False
+    mode: int = 0o644
+    argv: tuple[str, ...] = ()
+
+
 class ChangeKind(abc.ABC):
     """What one kind of journalled change means to the journal: how it is put back, which paths an entry of it may
     name, and whether a reboot resets it. Each kind is defined, with what makes it, in :mod:`.change_kinds`."""
@@ -239,6 +251,12 @@ class ChangeKind(abc.ABC):
         """Why an entry of this kind is not put back (it names something this kind never changes)."""
         trees = f"{root / 'sys'}, {root / 'proc/sys'} or {root / 'proc/irq'}"
         return f"{change.path!r}, not a knob under {trees} that a {self.name} entry may name"
+
+    @staticmethod
+    @abc.abstractmethod
+    def apply(change: Change, making: Making) -> None:
+        """Make the change (called by ``HostChanges`` once it is journalled), recording what it reads back in
+        ``change.during``; ``making`` holds what a kind needs beyond the entry (each kind reads only its own)."""
 
     @abc.abstractmethod
     def describe(self, change: Change) -> str:
@@ -278,9 +296,10 @@ def _path_matches(path: str, root: Path, patterns: tuple[str, ...]) -> bool:
 
 
 KINDS: dict[str, ChangeKind] = {}
+KindT = TypeVar("KindT", bound=ChangeKind)
 
 
-def registered(kind: type[ChangeKind]) -> type[ChangeKind]:
+def registered(kind: type[KindT]) -> type[KindT]:
     """Class decorator: the journal knows the kind by its name."""
     KINDS[kind.name] = kind()
     return kind
@@ -366,7 +385,7 @@ def read_journal(journal: Path, *, root: Path | str = "/") -> list[Change]:
 
 
 _TEXT_OR_NULL = {"type": ["string", "null"]}  # the journal's size is bounded (MAX_JOURNAL_BYTES), not each text
-JOURNAL_SCHEMA = {
+JOURNAL_SCHEMA: dict = {
     "type": "object",
     "required": ["changes"],
     "properties": {

@@ -31,6 +31,7 @@ from .change_kinds import (
     KexecLoad,
     Mkdir,
     Mount,
+    Process,
     SchedFeature,
     Symlink,
     TaskAffinity,
@@ -45,6 +46,7 @@ from .journal import (
     KINDS,
     Change,
     HostChangeError,
+    Making,
     default_journal,
     host_lock,
     private_dir,
@@ -189,7 +191,7 @@ class HostChanges:
         if change.started is None:  # ended already (and not yet reaped it would still have a start time)
             change.started = str(ticks_since_boot())
         if self._begin(change):
-            change.during = "running"
+            Process.apply(change, Making())
         return change
 
     # -- knobs -----------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ class HostChanges:
         path = self.root / relative
         change = Change("write", str(path), restorable(path, read_knob(path)), str(value), label=label)
         if self._begin(change):
-            Write.apply(change, may_refuse=may_refuse)
+            Write.apply(change, Making(may_refuse=may_refuse))
         return change
 
     def move_tasks_off(
@@ -210,7 +212,7 @@ class HostChanges:
         their CPU (per-CPU kernel threads) stay. One journal entry holds every task moved with its CPU list."""
         change = TaskAffinity.planned(self.root, cpu, label=label, only=only)
         if self._begin(change):
-            TaskAffinity.apply(change)
+            TaskAffinity.apply(change, Making())
             self._save_journal()
         return change
 
@@ -272,7 +274,7 @@ class HostChanges:
         wanted = feature if enabled else f"NO_{feature}"
         change = Change("sched_feature", str(path), before, wanted, feature=feature, label=f"sched_feature {feature}")
         if self._begin(change):
-            SchedFeature.apply(change)
+            SchedFeature.apply(change, Making())
         return change
 
     def set_cpuidle_state(self, state: str, disabled: bool, cpus: list[int] | None = None) -> list[Change]:
@@ -324,14 +326,14 @@ class HostChanges:
             raise HostChangeError(f"{path}: exists already; another capture may be using it")
         change = Change("mkdir", str(path), "absent", "present", label=label)
         if self._begin(change):
-            Mkdir.apply(change)
+            Mkdir.apply(change, Making())
         return change
 
     def mount(self, fstype: str, relative: str) -> Change:
         path = self.root / relative
         change = Change("mount", str(path), "unmounted", fstype, label=f"mount {fstype}")
         if self._begin(change):
-            Mount.apply(change)
+            Mount.apply(change, Making())
         return change
 
     # -- boot plans (kept across reboots, see ``keep``) -------------------------------------------------
@@ -341,7 +343,7 @@ class HostChanges:
         before = read_plan_file(path)
         change = Change("file", str(path), before, text, label=label)
         if self._begin(change):
-            File.apply(change, mode=mode)
+            File.apply(change, Making(mode=mode))
         return change
 
     def symlink(self, relative: str, target: str, *, label: str) -> Change:
@@ -350,7 +352,7 @@ class HostChanges:
             raise HostChangeError(f"{path}: exists already; another boot plan may be installed")
         change = Change("symlink", str(path), None, target, label=label)
         if self._begin(change):
-            Symlink.apply(change)
+            Symlink.apply(change, Making())
         return change
 
     def grub_reboot(self, entry: str, *, label: str = "grub one-shot boot entry") -> Change:
@@ -358,7 +360,7 @@ class HostChanges:
         grubenv = self.root / "boot/grub/grubenv"
         change = Change("grub_oneshot", str(grubenv), None, entry, label=label)
         if self._begin(change):
-            self._refusable(lambda: GrubOneshot.apply(change, self.root))
+            self._refusable(lambda: GrubOneshot.apply(change, Making(root=self.root)))
         return change
 
     def _refusable(self, apply: Callable[[], None]) -> None:
@@ -374,7 +376,7 @@ class HostChanges:
         argv = ["kexec", "-l", image] + (["--initrd", initrd] if initrd else []) + ["--append", cmdline]
         change = Change("kexec_load", str(self.root / "sys/kernel/kexec_loaded"), None, " ".join(argv[2:]), label=label)
         if self._begin(change):
-            self._refusable(lambda: KexecLoad.apply(change, argv))
+            self._refusable(lambda: KexecLoad.apply(change, Making(argv=tuple(argv))))
         return change
 
     # -- restore ---------------------------------------------------------------------------------

@@ -252,7 +252,7 @@ def build_image(say=print, force: bool = False) -> GuestImage:
             out.write(archive)
         shutil.rmtree(staging)
         image = work / "initramfs.cpio.gz"
-        info = {
+        info: dict = {
             "key": key,
             "bytes": image.stat().st_size,
             "uncompressed_bytes": len(archive),

@@ -184,8 +184,8 @@ def build(
             raise KbuildError(f"{program} is not installed (the guest image carries it: runners/vm/image.yaml)")
     if lock_threads and not lockhammer:
         raise KbuildError("--lock-threads needs --lockhammer (tools/bin/lockhammer)")
-    with tempfile.TemporaryDirectory(prefix="kbuild-", dir=workdir) as tree:
-        tree = Path(tree)
+    with tempfile.TemporaryDirectory(prefix="kbuild-", dir=workdir) as tree_name:
+        tree = Path(tree_name)
         generate(tree, files, seed, functions)
         hammer = start_hammer(lockhammer, lock_threads) if lock_threads else None
         try:

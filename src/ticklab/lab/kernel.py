@@ -351,7 +351,8 @@ def build_kernel(
         shutil.rmtree(objects, ignore_errors=True)  # keep build.log in the .tmp directory for a look, not the objects
         raise
     say(
-        f"lab kernel {variant} ({release} from {source.package} {version}, HZ={info['hz']}) built in {info['build_seconds']:.0f} s: {final}"
+        f"lab kernel {variant} ({release} from {source.package} {version}, HZ={info['hz']}) "
+        f"built in {info['build_seconds']:.0f} s: {final}"
     )
     return LabKernel(variant, key, final)
 

@@ -20,6 +20,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def planning_facts(smp: int) -> dict:
     }
 
 
-def guest_host_id(accel: str, smp_values: set[int], release: str, physical: dict, tables: list[str] = ()) -> str:
+def guest_host_id(accel: str, smp_values: set[int], release: str, physical: dict, tables: Sequence[str] = ()) -> str:
     """guest-<accel>-<vCPUs>vcpu-<kernels>[-<extra ACPI tables>]-on-<physical host id>: a guest given extra ACPI
     tables (acpi-idle's SSDT with I/O-port C-states) is another setup, and its name says so."""
     vcpus = "-".join(str(n) for n in sorted(smp_values))
@@ -280,8 +281,8 @@ class LabExecutor:
         """One guest boot running ``job``; (QEMU outcome, the guest's result.json, raw/<directory> in the bundle)."""
         experiment = self.experiment
         lab = lab_settings(experiment)
-        with tempfile.TemporaryDirectory(prefix="ticklab-lab-") as share:
-            share = Path(share)
+        with tempfile.TemporaryDirectory(prefix="ticklab-lab-") as share_name:
+            share = Path(share_name)
             (share / "raw").mkdir()
             shutil.copyfile(experiment.path, share / "experiment.yaml")
             kernel = self.kernels[setting["kernel"]]
@@ -503,7 +504,7 @@ def _open_regular(path: Path) -> int | None:
 def copy_from_share(source: Path, target: Path) -> list[str]:
     """Copy a file or a directory tree the guest wrote into the 9p share, never following a symlink: the
     guest is not trusted with the host's files. Symlinks and special files are skipped and returned."""
-    skipped = []
+    skipped: list[str] = []
     if not os.path.lexists(source):
         return skipped
     if os.path.isdir(source) and not os.path.islink(source):

@@ -1,5 +1,6 @@
 """`make reproduce` / `ticklab report`: run every notebook with papermill, each in its own process (the claims'
-notebooks side by side, one per CPU by default, then the summary, which reads what they wrote), then check and assemble the output contract (docs/ARCHITECTURE.md, "6. Report output contract"):
+notebooks side by side, one per CPU by default, then the summary, which reads what they wrote), then check and
+assemble the output contract (docs/ARCHITECTURE.md, "6. Report output contract"):
 
     <out>/notebooks/*.ipynb            executed notebooks
     <out>/report/index.html            offline report (+ report/notebooks/*.html)
@@ -33,15 +34,15 @@ import jinja2  # noqa: E402
 import nbformat  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ..analysis.captured import bundle_health
-from ..analysis.forest import FOREST
-from ..claims import SUMMARY_NOTEBOOK, all_claims, get_claim
-from ..paths import notebooks_dir
-from ..safefiles import OwnedDir, UnsafeFileError
-from . import kernelfork, outdir
-from .firstscreen import HEADLINE_RULE, badge, claim_grid, legend, verdict_table
-from .notebook import ParameterError, check_parameters
-from .summary import SUMMARY, collect_checks, collect_verdicts
+from ..analysis.captured import bundle_health  # noqa: E402
+from ..analysis.forest import FOREST  # noqa: E402
+from ..claims import SUMMARY_NOTEBOOK, all_claims, get_claim  # noqa: E402
+from ..paths import notebooks_dir  # noqa: E402
+from ..safefiles import OwnedDir, UnsafeFileError  # noqa: E402
+from . import kernelfork, outdir  # noqa: E402
+from .firstscreen import HEADLINE_RULE, badge, claim_grid, legend, verdict_table  # noqa: E402
+from .notebook import ParameterError, check_parameters  # noqa: E402
+from .summary import SUMMARY, collect_checks, collect_verdicts  # noqa: E402
 
 
 @dataclass

@@ -101,7 +101,8 @@ def _field(mapping, key: str):
 
 
 def setup_kind(manifest: Manifest) -> str:
-    """ "lab host" (a Debian system under QEMU booted through boot plans), "lab guest" (``ticklab lab run``) or "host"."""
+    """ "lab host" (a Debian system under QEMU booted through boot plans), "lab guest" (``ticklab lab run``) or
+    "host"."""
     host_id = str(manifest.host_id or "")
     if _LABHOST_ID.search(host_id):
         return "lab host"
@@ -261,7 +262,7 @@ def compare_bundles(
             "(--map A=B pairs conditions)"
         )
     bundles = [load_bundle(p) for p in paths]
-    for path, bundle in zip(paths, bundles):
+    for path, bundle in zip(paths, bundles, strict=True):
         if bundle.manifest.not_testable:
             raise CompareError(
                 f"{path}: nothing to compare, the experiment was not testable there ({bundle.manifest.not_testable})"
@@ -333,7 +334,7 @@ def _bundle_tables(
         for pair in pairs:
             samples = {
                 label: frame.loc[(frame["metric"] == metric) & (frame["condition"] == condition), "value"].tolist()
-                for label, frame, condition in zip(labels, results, pair)
+                for label, frame, condition in zip(labels, results, pair, strict=True)
             }
             if all(samples.values()):
                 named = pair[0] if pair[0] == pair[1] else f"{pair[0]} vs {pair[1]}"
@@ -342,7 +343,7 @@ def _bundle_tables(
                         f"{metric}, condition {named} — baseline {labels[0]}",
                         metric,
                         _unit(results[0], metric),
-                        {label: Side(label, c) for label, c in zip(labels, pair)},
+                        {label: Side(label, c) for label, c in zip(labels, pair, strict=True)},
                         labels[0],
                         compare_table(samples, labels[0]),
                     )

@@ -84,7 +84,8 @@ def short_setup_name(setup: str) -> str:
 
 def short_setup_names(setups) -> dict[str, str]:
     """Every setup's short name, unique (a repeated one gets #2, #3 …)."""
-    names, seen = {}, Counter()
+    names: dict[str, str] = {}
+    seen: Counter[str] = Counter()
     for setup in sorted(set(setups)):
         name = short_setup_name(setup)
         seen[name] += 1
@@ -247,7 +248,7 @@ def claim_grid(verdicts: pd.DataFrame, titles: dict[str, str], declared: dict[st
         if mine.empty:
             continue
         rank = _declared_rank(declared.get(claim, []))
-        cells = []
+        cells: list[dict] = []
         for family in families:
             in_family = [row for _, row in mine.iterrows() if any(setup_family(s) == family for s in _setups(row))]
             if not in_family:

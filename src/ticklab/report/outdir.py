@@ -145,7 +145,7 @@ def _not_replaceable(root: Path) -> list[tuple[str, str]]:
     """(relative path, what it is) of everything at a name the report writes (the marker, REPORT_PLACES) that it
     would not replace: a hard-linked file, a FIFO, a socket, a device. Found by lstat; nothing is opened."""
     found = []
-    for directory, dirs, files in os.walk(root):
+    for directory, _dirs, files in os.walk(root):
         for name in files:
             path = os.path.join(directory, name)
             relative = os.path.relpath(path, root)

@@ -62,10 +62,10 @@ def effects_figure(effects: pd.DataFrame):
         linewidth=0.5,
         color=[palette.CLAIMED_DIRECTION if b else palette.OPPOSITE_DIRECTION for b in better],
     )
-    for bar, is_better in zip(bars, better):
+    for bar, is_better in zip(bars, better, strict=True):
         bar.set_hatch(None if is_better else palette.OPPOSITE_HATCH)
     ax.axvline(1, color=palette.BLACK, linewidth=0.8)
-    for i, (r, is_better) in enumerate(zip(effects.itertuples(), better)):
+    for i, (r, is_better) in enumerate(zip(effects.itertuples(), better, strict=True)):
         # beyond the bar's outer end, so no label sits on the bar or on the ×1 line
         outward = r.ratio >= 1
         ax.text(

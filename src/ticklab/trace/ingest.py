@@ -379,7 +379,10 @@ class Trace:
 
     def counts(self) -> dict[str, int]:
         return dict(
-            sorted((self.formats[t].key, n) for t, n in zip(self._type_ids.tolist(), self._type_counts.tolist()))
+            sorted(
+                (self.formats[t].key, n)
+                for t, n in zip(self._type_ids.tolist(), self._type_counts.tolist(), strict=True)
+            )
         )
 
     def _format_of(self, key: str) -> EventFormat:
@@ -504,7 +507,7 @@ def _gathered(buffer, starts: np.ndarray, width: int, cuts: list[int]) -> np.nda
         _release(buffer)
         return raw
     raw = np.empty(len(starts) * width, dtype=np.uint8)
-    for first, last in zip(cuts, cuts[1:]):
+    for first, last in zip(cuts, cuts[1:], strict=False):
         raw[first * width : last * width] = np.frombuffer(ringbuf.gather(buffer, starts[first:last], width), np.uint8)
         _release(buffer)
     return raw
@@ -519,7 +522,7 @@ def _strings(buffer, starts: np.ndarray, limits: np.ndarray, cuts: list[int] | N
     limits = np.ascontiguousarray(limits, dtype=np.int64)
     offset_parts, data_parts, size = [np.zeros(1, np.int32)], [], 0
     cuts = cuts or [0, len(starts)]
-    for first, last in zip(cuts, cuts[1:]):
+    for first, last in zip(cuts, cuts[1:], strict=False):
         offsets, data = ringbuf.cstrings(buffer, starts[first:last], limits[first:last])
         _release(buffer)
         offset_parts.append(np.frombuffer(offsets, dtype=np.int32)[1:] + size)
@@ -1004,7 +1007,8 @@ def _read_v6(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.take(reader.u32())  # printk formats
     reader.take(reader.u64())  # saved cmdlines
     cpus = reader.u32()
-    stats, clock = {}, None
+    stats: dict[int, str] = {}
+    clock = None
     marker = reader.take(10)
     if marker == b"options  \0":
         while (option := reader.u16()) != OPTION_DONE:
@@ -1098,7 +1102,9 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
     reader.string()  # compression version
     inflate = None if compression == "none" else _decompressor(compression, source)
     next_options = reader.u64()
-    header_page, stats, clock, kallsyms = None, {}, None, b""
+    header_page, clock = None, None
+    kallsyms: bytes | Callable[[], bytes] = b""
+    stats: dict[int, str] = {}
     cpu_data: list[tuple[int, int, int, bool]] = []
     top_level, instances = False, []
     inflated = 0  # bytes the compressed sections decompressed to, so far
@@ -1189,7 +1195,7 @@ def _read_v7(reader: _Reader, formats: EventFormats, page_size: int, source: str
 def _inflated_size(reader: _Reader, cpu_data) -> int:
     """What the CPU data decompresses to, from the chunk headers alone."""
     total = 0
-    for cpu, offset, size, compressed in cpu_data:
+    for _cpu, offset, size, compressed in cpu_data:
         if not compressed:
             total += size
             continue
@@ -1396,6 +1402,6 @@ def _unstorable_column(table) -> str | None:
     for index, field in enumerate(table.schema):
         try:
             pq.write_table(table.select([index]).slice(0, 1), io.BytesIO())
-        except Exception:  # noqa: BLE001 - whichever error Parquet raises names the column
+        except Exception:  # whichever error Parquet raises names the column
             return f"{shown(field.name, 80)} ({field.type})"
     return None

@@ -90,7 +90,7 @@ def py_cstrings(buffer, starts, limits) -> tuple[bytes, bytes]:
     data = bytes(buffer) if not isinstance(buffer, bytes) else buffer
     pieces, offsets, total = [], [0], 0
     for start, limit in zip(
-        np.frombuffer(starts, dtype=np.int64).tolist(), np.frombuffer(limits, dtype=np.int64).tolist()
+        np.frombuffer(starts, dtype=np.int64).tolist(), np.frombuffer(limits, dtype=np.int64).tolist(), strict=False
     ):
         piece = data[max(start, 0) : max(start + max(limit, 0), 0)].split(b"\0", 1)[0]
         pieces.append(piece)
@@ -100,7 +100,7 @@ def py_cstrings(buffer, starts, limits) -> tuple[bytes, bytes]:
 
 
 try:
-    from ._ringbuf import cstrings, gather, walk  # noqa: F401
+    from ._ringbuf import cstrings, gather, walk
 
     COMPILED = True
 except ImportError:  # not built (a source checkout used without `pip install`): the same, slower

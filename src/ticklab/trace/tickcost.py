@@ -95,7 +95,7 @@ def traced_tick_loss(counts, end_ns, quantum_ns: int, tick_ns) -> dict:
     first = np.searchsorted(end, ticks - GUARD_NS, side="right")  # first quantum ending after the window opens
     last = np.searchsorted(start, ticks + SPILL_NS, side="left") - 1  # last quantum starting before it closes
     touched = np.zeros(len(counts), dtype=bool)
-    for a, b in zip(first, last):
+    for a, b in zip(first, last, strict=True):
         touched[a : b + 1] = True
     free = counts[~touched]
     if len(free) < MIN_REFERENCE or len(ticks) < MIN_REFERENCE + 2:
@@ -134,15 +134,17 @@ def folded_tick_loss(counts, end_ns, quantum_ns: int, period_ns: int) -> dict:
     of every period for as long as its phase holds. Per block of FOLD_SEGMENT_PERIODS periods: the slot whose
     median work is lowest holds the tick; a neighbouring slot whose median lost more than SPILL_SHARE of that
     slot's loss holds the rest of a tick that straddles a quantum's end (:func:`_tick_slots`); the other slots are
-    the reference (their median). Each tick's loss is the reference minus the work of its period's tick slots, summed. The phase is
-    chosen once per block from slot medians over hundreds of quanta, not tick by tick, so its choice follows the
-    tick and not the noise of single quanta (the estimator is tested unbiased within 5 % on synthetic runs)."""
+    the reference (their median). Each tick's loss is the reference minus the work of its period's tick slots,
+    summed. The phase is chosen once per block from slot medians over hundreds of quanta, not tick by tick, so its
+    choice follows the tick and not the noise of single quanta (the estimator is tested unbiased within 5 % on
+    synthetic runs)."""
     counts = np.asarray(counts, dtype=float)
     end = np.asarray(end_ns, dtype=np.int64)
     slots = int(round(period_ns / quantum_ns))
     if slots < 2 or abs(slots * quantum_ns - period_ns) > quantum_ns // 1000:
         return {
-            "reason": f"the tick period ({period_ns / 1e3:g} µs) is not a whole number (≥ 2) of {quantum_ns / 1e3:g} µs "
+            "reason": f"the tick period ({period_ns / 1e3:g} µs) is not a whole number (≥ 2) of "
+            f"{quantum_ns / 1e3:g} µs "
             "quanta: the ticks were not traced and a fold cannot place them"
         }
     index = np.rint(end / quantum_ns).astype(np.int64) - 1  # the quantum's position since ftq's t0
