@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 
 # file x rule entries of the ratchet; lower it when an entry leaves, never raise it
-RATCHET_ENTRIES = 18
+RATCHET_ENTRIES = 11
 # per-file-ignores that are policy, not the ratchet
 NOT_THE_RATCHET = {"tests/**": ["F811"]}  # pytest fixtures imported from a helper module and named as parameters
 

@@ -1,4 +1,5 @@
-"""ticklab: reproduce five published Linux timekeeping, idle and locking performance claims, and test them on your own hardware."""
+"""ticklab: reproduce five published Linux timekeeping, idle and locking performance claims, and test them on your own
+hardware."""
 
 from __future__ import annotations
 
@@ -71,9 +72,10 @@ def _verify_published(args: argparse.Namespace) -> int:
         problems = verify_against_source(published, seeds)
         for problem in problems:
             print(f"{claim}: {_line(problem)}")
-        print(
-            f"{claim}: {rows} rows, {'all quotes verbatim in ' + published.source['file'] if not problems else str(len(problems)) + ' problem(s)'}"
+        verdict = (
+            f"all quotes verbatim in {published.source['file']}" if not problems else f"{len(problems)} problem(s)"
         )
+        print(f"{claim}: {rows} rows, {verdict}")
         status |= bool(problems)
     return status
 
@@ -699,7 +701,8 @@ def _bundle_import(args: argparse.Namespace) -> int:
     for path, there in done.skipped:
         print(f"skipped {path}: the same sealed bundle (seal digest) is already at {there}")
     print(
-        f"{len(done.added)} imported, {len(done.skipped)} already there; ticklab report --data-dir {args.into} pools them"
+        f"{len(done.added)} imported, {len(done.skipped)} already there; "
+        f"ticklab report --data-dir {args.into} pools them"
     )
     return 0
 

@@ -489,8 +489,9 @@ def prepare_run(
     install_checkout: bool = True,
 ) -> list[dict]:
     """A copy of the image for one run, with this checkout installed (make env tools), the kernels built from
-    ``kernels`` ((source, config fragment or None) pairs) installed as a user would (``kernel build --host`` against the copy's root, the modules its
-    recorded boot loaded kept: ``modules``), and the job in place. Returns what each kernel is."""
+    ``kernels`` ((source, config fragment or None) pairs) installed as a user would (``kernel build --host`` against
+    the copy's root, the modules its recorded boot loaded kept: ``modules``), and the job in place. Returns what each
+    kernel is."""
     run_dir.mkdir(parents=True, exist_ok=True)
     disk = run_dir / "disk.raw"
     say(f"lab host run: copying the image to {disk}")
@@ -543,8 +544,8 @@ def install_host_kernel(
     root: Path, source: Path, release: str, modules: Path | None, say=print, fragment: Path | None = None
 ) -> dict:
     """``ticklab kernel build --host --root <the copy's root> --release <its kernel> --source <source>
-    --localmodconfig --modules <its recorded boot's>``: the user's command, by the same code (capture/hostkernel.py), built once
-    per config, patches, modules and source (cached in its work directory) and installed into this copy."""
+    --localmodconfig --modules <its recorded boot's>``: the user's command, by the same code (capture/hostkernel.py),
+    built once per config, patches, modules and source (cached in its work directory) and installed into this copy."""
     from ..capture.hostkernel import HostKernelError, build_and_install, plan_host_kernel
 
     try:

@@ -355,7 +355,8 @@ def probe_kvm(kernel: Path, initrd: Path, say=print) -> tuple[bool, str]:
     if cached is not None:
         return cached
     say(
-        f"probing KVM: booting a test guest under it (up to {KVM_PROBE_TIMEOUT_S} s; the answer is kept until the host reboots)"
+        f"probing KVM: booting a test guest under it (up to {KVM_PROBE_TIMEOUT_S} s; "
+        "the answer is kept until the host reboots)"
     )
     with tempfile.TemporaryDirectory(prefix="ticklab-kvm-probe-") as share:
         share = Path(share)

@@ -12,8 +12,8 @@ kernel). The imports start three native threads (measured: 4 tasks in /proc/self
 worker pools of numpy and of scipy, and pyarrow's jemalloc background thread. A child has none of them (fork copies
 the calling thread only), and their libraries keep their own state consistent across a fork with pthread_atfork
 handlers (OpenBLAS shuts its pool down before the fork and starts it again when next used), as under
-multiprocessing's fork start method. It listens on a socket in a private directory (mode 0700) the report made; it ends, killing any
-kernel still running, when its standard input closes (the report ended, however it ended).
+multiprocessing's fork start method. It listens on a socket in a private directory (mode 0700) the report made; it
+ends, killing any kernel still running, when its standard input closes (the report ended, however it ended).
 
 Off switch: ``ticklab report --no-kernel-fork``, or ``TICKLAB_KERNEL_FORK=0`` in the environment (``make
 reproduce`` inherits it), starts no server: every kernel and papermill process then starts as an ordinary one.
@@ -184,7 +184,7 @@ def client(socket_path: str, arguments: list[str], role: str = KERNEL) -> int:
             return status
 
 
-# -- the server ---------------------------------------------------------------------------------------------------------
+# -- the server --------------------------------------------------------------------------------------------------------
 def _log(line: str) -> None:
     """A line in the report's log (the report's standard error, kept as fd 3 by serve)."""
     try:
@@ -402,7 +402,7 @@ def _become(role, server, arguments, cwd, env, fds, path_head, sockets, fds_to_c
         status = 0
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 (a kernel that failed to start: say why where papermill reads its stderr)
+    except BaseException:  # a kernel that failed to start: say why where papermill reads its stderr
         import traceback
 
         traceback.print_exc()

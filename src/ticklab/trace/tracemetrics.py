@@ -443,9 +443,10 @@ def rearm_rows(trace: Trace, span_s: float) -> list[dict]:
 # So, per CPU, in time order: a call inside a local timer interrupt is that interrupt's (the timers that expired in
 # it); outside one, a call right after an hrtimer_start (only an hrtimer_rearm between them) is that timer's, a call
 # right after a deferred rearm is the last interrupt's, a call right before an hrtimer_cancel is the cancelled
-# timer's (where a start comes right before and a cancel right after, the nearer in time); any other call (the tick's own nohz code calls tick_program_event directly, 6.12 tick-sched.c:857, 1074,
-# 1494, 1604) is "unattributed". A timer is the HRTICK timer when its function is at ``hrtick``'s address, the tick
-# when at one of TICK_CALLBACKS' (their addresses come from the capture's kallsyms lines: ``trace.symbols``). An
+# timer's (where a start comes right before and a cancel right after, the nearer in time); any other call (the tick's
+# own nohz code calls tick_program_event directly, 6.12 tick-sched.c:857, 1074, 1494, 1604) is "unattributed". A timer
+# is the HRTICK timer when its function is at ``hrtick``'s address, the tick when at one of TICK_CALLBACKS' (their
+# addresses come from the capture's kallsyms lines: ``trace.symbols``). An
 # interrupt where both expired is counted as "tick and hrtick", not as the HRTICK timer's: with HRTICK off the tick
 # would have raised that interrupt and its reprogram anyway, so it is not reprogramming HRTICK adds. An interrupt that
 # found nothing expired (spurious: on 7.2 mostly the lazily moved HRTICK timer's old expiry) is the timer's the device
@@ -461,8 +462,8 @@ CANCEL_TRACED_WITHIN_NS = 100_000
 
 def reprogram_causes(trace: Trace) -> pd.DataFrame | None:
     """Every counted clockevent reprogram (timestamp, cpu) with ``cause`` (one of REPROGRAM_CAUSES) and ``via``
-    (start, cancel, interrupt, spurious interrupt, deferred rearm, none), or None where the trace cannot attribute them: no
-    function-tracer calls of clockevents_program_event, no hrtimer_cancel events, or no address for ``hrtick``."""
+    (start, cancel, interrupt, spurious interrupt, deferred rearm, none), or None where the trace cannot attribute them:
+    no function-tracer calls of clockevents_program_event, no hrtimer_cancel events, or no address for ``hrtick``."""
     calls = clockevent_reprograms(trace)
     addresses = trace.symbol_addresses((HRTICK_CALLBACK, *TICK_CALLBACKS))
     if calls is None or not _recorded(trace, HRTIMER_CANCEL) or HRTICK_CALLBACK not in addresses:
@@ -655,7 +656,7 @@ def hackbench_messages(argv: list[str]) -> float | None:
     if not argv or Path(str(argv[0])).name != "hackbench":
         return None
     values = {"-g": 10, "-f": 20, "-l": 100}  # hackbench's defaults (rt-tests)
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in zip(argv, argv[1:], strict=False):
         if flag in values:
             try:
                 values[flag] = int(value)
