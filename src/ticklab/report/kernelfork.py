@@ -308,7 +308,8 @@ def _startup_settings(env) -> dict:
 def _fork_kernel(connection, settings: dict, path_head, sockets: list, fds_to_close: list) -> int | None:
     """Fork a kernel for the request on ``connection``; None (the client then starts an ordinary kernel) for a request
     that cannot be read or whose start-up settings differ from the server's."""
-    received, message = [], b""
+    received: list[int] = []
+    message = b""
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
     try:
         message, received, _, _ = socket.recv_fds(connection, _MAX_REQUEST, 3)
@@ -531,6 +532,7 @@ def started(asked: bool = True):
             stdout=subprocess.PIPE,
             pass_fds=(directory_fd,),
         )
+        assert server.stdin is not None and server.stdout is not None  # both PIPE
         try:
             # its socket bound (a fraction of a second): a kernel asked for after this line waits for the server's
             # imports, not for nothing; a server that failed to start says nothing, and kernels start as before
