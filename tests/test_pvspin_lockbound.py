@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,10 +40,21 @@ def test_patch_0004_adds_the_spin_threshold_knob_and_the_guest_checks_it():
     ]
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, all its threads, in clock ticks (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 @pytest.mark.skipif(not LOCKHAMMER.exists(), reason="tools/bin/lockhammer not built: run 'make tools'")
 def test_lockhammer_runs_its_threads_until_told_to_stop_and_counts_its_calls():
     process = subprocess.Popen([str(LOCKHAMMER), "3"], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "# lockhammer: started 3 threads"
+    # stopped once its threads have run (a clock tick of CPU between them, thousands of futex calls), not at once: on
+    # a loaded machine a SIGTERM right after the line could land before any thread was scheduled
+    deadline = time.monotonic() + 300  # a bound for a loaded machine, never a timing
+    while _cpu_ticks(process.pid) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     process.terminate()
     out, _ = process.communicate()
     header = dict(line[2:].split(": ", 1) for line in out.splitlines() if ": " in line)
