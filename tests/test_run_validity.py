@@ -84,8 +84,7 @@ def test_an_older_bundle_is_held_to_what_its_experiment_now_declares():
 
 BUSY_HRTICK = "guest-tcg-2vcpu-6.12.117-ticklab-7.2.13-ticklab-on-intel-xeon-2c-6.18.44-fc-v657-vm"
 LABHOST_HRTICK = (
-    "guest-tcg-2vcpu-6.12.117-ticklab-7971d723-7.2.13-ticklab-3761e1f1-on-intel-xeon-2c-6.18.44-fc-v657-vm-"
-    "labhost-kexec"
+    "guest-tcg-2vcpu-6.12.117-ticklab-4b2c24b0-7.2.13-ticklab-3761e1f1-on-amd-epyc-2c-6.18.44-fc-v857-vm-labhost-kexec"
 )
 
 
@@ -95,7 +94,8 @@ LABHOST_HRTICK = (
     [
         (BUSY_HRTICK, "the machine was not busy during the run (interference record)", 40),
         (BUSY_HRTICK, "the tick ran (local timer interrupts ≥ 0.5 × HZ a second per CPU: not starved)", 40),
-        (LABHOST_HRTICK, "the clocksource the experiment assumes", 5),
+        # the recapture pinned the clocksource on every boot (the 2026-11-28 plan lost 5 runs to hpet): none left out
+        (LABHOST_HRTICK, "the clocksource the experiment assumes", 0),
     ],
 )
 def test_the_bundled_runs_that_did_not_run_as_intended_are_listed_and_left_out(setup, check, left):
@@ -176,7 +176,7 @@ def test_a_lab_host_setup_is_named_by_the_kernels_its_runs_booted():
     setups = {b.host_id for b in find_bundles(paths.traces_dir(), "hrtick") if "labhost" in b.host_id}
     assert setups == {LABHOST_HRTICK}
     [hpet_setup] = {b.host_id for b in find_bundles(paths.traces_dir(), "hpet") if "labhost" in b.host_id}
-    assert hpet_setup.startswith("guest-tcg-2vcpu-6.12.117-ticklab-7971d723-on-")
+    assert hpet_setup.startswith("guest-tcg-2vcpu-6.12.117-ticklab-4b2c24b0-on-")
 
 
 def test_a_comparison_whose_metric_the_runs_cannot_give_says_why():
@@ -190,7 +190,7 @@ def test_a_comparison_whose_metric_the_runs_cannot_give_says_why():
         bundles=[
             b
             for b in find_bundles(paths.traces_dir(), "hrtick")
-            if "amd-epyc" in b.host_id and "hz250" not in b.host_id
+            if "amd-epyc" in b.host_id and "hz250" not in b.host_id and "-labhost-" not in b.host_id
         ],
         data_dir=paths.traces_dir(),
     )
