@@ -18,7 +18,29 @@ import no capture or host code, and every layer may read it.
   ``capture/requirements.py`` (its ``CHECKS``, checked against this table at import).
 - ``COMPARE_FORMATS``: what ``ticklab compare --format`` writes (``report/compare.py`` writes each)."""
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TypeVar
+
+_Registered = TypeVar("_Registered", bound=Callable)
+
+
+def registrar(table: dict, names: Collection[str], refusal: str) -> Callable[[str], Callable]:
+    """The decorator that registers a function in ``table`` under one of ``names``, once: ``@parses``, ``@checks`` and
+    ``@metric_set`` are each one of these. A name not in ``names``, or registered twice, raises ImportError with
+    ``refusal`` (formatted with the name's repr as ``{name}``), so a slip stops the import, not a later capture."""
+
+    def register_as(name: str) -> Callable[[_Registered], _Registered]:
+        def register(function: _Registered) -> _Registered:
+            if name not in names or name in table:
+                raise ImportError(refusal.format(name=repr(name)))
+            table[name] = function
+            return function
+
+        return register
+
+    return register_as
+
 
 _TIMER_INTERRUPTS = ("irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit", "timer:hrtimer_expire_entry")
 METRIC_SET_EVENTS = {

@@ -12,24 +12,16 @@ from ..host import HostChanges
 from ..host import facts as host_facts
 from ..host.journal import HostChangeError
 from ..paths import repo_root, work_dir
-from ..registry import REQUIREMENT_KINDS
+from ..registry import REQUIREMENT_KINDS, registrar
 
 Check = Callable[[HostChanges, dict, str], tuple[bool, str]]
 CHECKS: dict[str, Check] = {}  # each kind of registry.REQUIREMENT_KINDS -> its check (all of them: checked below)
 _KINDS = {kind.name: kind for kind in REQUIREMENT_KINDS}
 
 
-def checks(kind: str) -> Callable[[Check], Check]:
-    """Register the decorated function as the check of the requirement ``kind`` (a name of REQUIREMENT_KINDS),
-    called with the host, its facts and the requirement's argument (the kind's default where it is left out)."""
-
-    def register(function: Check) -> Check:
-        if kind not in _KINDS or kind in CHECKS:
-            raise ImportError(f"capture/requirements.py: check of {kind!r}: not in the registry, or a second one")
-        CHECKS[kind] = function
-        return function
-
-    return register
+# @checks("<kind>"): the decorated function is the check of the requirement kind (a name of REQUIREMENT_KINDS),
+# called with the host, its facts and the requirement's argument (the kind's default where it is left out)
+checks = registrar(CHECKS, _KINDS, "capture/requirements.py: check of {name}: not in the registry, or a second one")
 
 
 def tools_bin() -> Path:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..registry import registrar
 from ..trace import gapfile, rawfile
 from .experiment import WORKLOAD_TOOLS
 from .process import WorkloadOutputError
@@ -29,16 +30,10 @@ Parser = Callable[[Path], list[dict]]
 PARSERS: dict[str, Parser] = {}
 
 
-def parses(tool: str) -> Callable[[Parser], Parser]:
-    """Register the decorated function as the parser of ``tool``'s output (a name of experiment.WORKLOAD_TOOLS)."""
-
-    def register(function: Parser) -> Parser:
-        if tool not in WORKLOAD_TOOLS or tool in PARSERS:
-            raise ImportError(f"capture/workloads.py: parser for {tool!r}: not in WORKLOAD_TOOLS, or a second one")
-        PARSERS[tool] = function
-        return function
-
-    return register
+# @parses("<tool>"): the decorated function is the parser of the tool's output (a name of experiment.WORKLOAD_TOOLS)
+parses = registrar(
+    PARSERS, WORKLOAD_TOOLS, "capture/workloads.py: parser for {name}: not in WORKLOAD_TOOLS, or a second one"
+)
 
 
 def _header(path: Path) -> tuple[dict, list[str]]:

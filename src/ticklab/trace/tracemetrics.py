@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..registry import METRIC_SET_EVENTS
+from ..registry import METRIC_SET_EVENTS, registrar
 from .ingest import Trace
 
 TIMER_ENTRY = "irq_vectors:local_timer_entry"
@@ -671,17 +671,11 @@ MetricSet = Callable[[Trace, dict], list[dict]]
 METRIC_SETS: dict[str, MetricSet] = {}
 
 
-def metric_set(name: str) -> Callable[[MetricSet], MetricSet]:
-    """Register the decorated function as the metric set ``name`` (one of registry.METRIC_SET_EVENTS, where the
-    tracepoints it reads are declared)."""
-
-    def register(function: MetricSet) -> MetricSet:
-        if name not in METRIC_SET_EVENTS or name in METRIC_SETS:
-            raise ImportError(f"trace/tracemetrics.py: metric set {name!r}: not in the registry, or a second one")
-        METRIC_SETS[name] = function
-        return function
-
-    return register
+# @metric_set("<name>"): the decorated function is that metric set (one of registry.METRIC_SET_EVENTS, where the
+# tracepoints it reads are declared)
+metric_set = registrar(
+    METRIC_SETS, METRIC_SET_EVENTS, "trace/tracemetrics.py: metric set {name}: not in the registry, or a second one"
+)
 
 
 @metric_set("tick")
