@@ -52,6 +52,18 @@ def published_copy(tmp_path: Path) -> Path:
     return target
 
 
+def debian_image_root(base: Path) -> Path:
+    """A Debian root as a disk image holds it, at ``base``/image: /boot with its 6.1 kernel, config and grub.cfg, no
+    /proc contents, empty mount points."""
+    root = base / "image"
+    for relative in ("proc", "sys", "dev", "boot/grub", "usr/src"):
+        (root / relative).mkdir(parents=True)
+    (root / "boot/vmlinuz-6.1.0-50-amd64").write_bytes(b"debian kernel")
+    (root / "boot/config-6.1.0-50-amd64").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\n")
+    (root / "boot/grub/grub.cfg").write_text("set default=0\n")
+    return root
+
+
 def make_fake_host(
     root: Path,
     *,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import debian_image_root
 from ticklab.capture import hostkernel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,13 +34,8 @@ needs_private_mounts = pytest.mark.skipif(_private_mounts_missing() is not None,
 
 
 def image(tmp_path: Path) -> Path:
-    """A Debian root as a disk image holds it (tests/test_hostkernel.py's image_root)."""
-    root = tmp_path / "image"
-    for relative in ("proc", "sys", "dev", "boot/grub", "usr/src"):
-        (root / relative).mkdir(parents=True)
-    (root / "boot/vmlinuz-6.1.0-50-amd64").write_bytes(b"debian kernel")
-    (root / "boot/config-6.1.0-50-amd64").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\n")
-    (root / "boot/grub/grub.cfg").write_text("set default=0\n")
+    """A Debian root as a disk image holds it (conftest.debian_image_root), and a built kernel tree beside it."""
+    root = debian_image_root(tmp_path)
     tree = tmp_path / "tree"
     (tree / "arch/x86/boot").mkdir(parents=True)
     (tree / "Makefile").write_text("VERSION = 6\nPATCHLEVEL = 12\nSUBLEVEL = 5\n")

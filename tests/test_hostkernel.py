@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_fake_host
+from conftest import debian_image_root, make_fake_host
 from ticklab import cli
 from ticklab.capture import hostkernel
 from ticklab.capture.hostkernel import HostKernelError, build_and_install, plan_host_kernel
@@ -330,14 +330,7 @@ def test_a_machine_that_does_not_boot_from_boot_is_refused_in_one_line(
 # issue 39 item 1: a kernel for a system at rest (a disk image's mounted root), by the same code path
 @pytest.fixture
 def image_root(tmp_path):
-    """A Debian root as a disk image holds it: /boot with its kernel, no /proc contents, empty mount points."""
-    root = tmp_path / "image"
-    for relative in ("proc", "sys", "dev", "boot/grub", "usr/src"):
-        (root / relative).mkdir(parents=True)
-    (root / "boot/vmlinuz-6.1.0-50-amd64").write_bytes(b"debian kernel")
-    (root / "boot/config-6.1.0-50-amd64").write_text("CONFIG_64BIT=y\nCONFIG_HZ_250=y\n")
-    (root / "boot/grub/grub.cfg").write_text("set default=0\n")
-    return root
+    return debian_image_root(tmp_path)
 
 
 def test_a_root_at_rest_builds_from_its_own_kernel_never_this_machines(image_root, tmp_path):

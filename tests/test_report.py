@@ -380,16 +380,23 @@ def test_a_failing_notebook_fails_the_run_and_names_the_cell(tmp_path, published
     assert any(line.startswith("FAILED 01-hpet.ipynb") for line in log)
 
 
-def test_empty_success_is_a_failure(tmp_path):
+def hollow_hrtick_notebook(tmp_path, code: str):
+    """A notebook directory whose 03-hrtick runs only ``code`` after its parameters (writing none of the claim's
+    outputs)."""
     hollow = nbformat.v4.new_notebook()
     hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     hollow.cells = [
         nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("print('did nothing')"),
+        nbformat.v4.new_code_cell(code),
     ]
     notebook_dir = tmp_path / "notebooks"
     notebook_dir.mkdir()
     nbformat.write(hollow, notebook_dir / "03-hrtick.ipynb")
+    return notebook_dir
+
+
+def test_empty_success_is_a_failure(tmp_path):
+    notebook_dir = hollow_hrtick_notebook(tmp_path, "print('did nothing')")
     log = []
     code = run_report(
         tmp_path / "out",
@@ -813,15 +820,9 @@ def test_a_run_without_the_kernel_fork_server_runs_its_notebooks(tmp_path, monke
     from ticklab.report import kernelfork
 
     monkeypatch.setattr(kernelfork, "_private_directory", lambda: pytest.fail("a fork server was started"))
-    hollow = nbformat.v4.new_notebook()
-    hollow.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    hollow.cells = [
-        nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell(f"import os\nprint(os.environ.get({kernelfork.SOCKET_ENV!r}, 'no server'))"),
-    ]
-    notebook_dir = tmp_path / "notebooks"
-    notebook_dir.mkdir()
-    nbformat.write(hollow, notebook_dir / "03-hrtick.ipynb")
+    notebook_dir = hollow_hrtick_notebook(
+        tmp_path, f"import os\nprint(os.environ.get({kernelfork.SOCKET_ENV!r}, 'no server'))"
+    )
     code = run_report(
         tmp_path / "out",
         data_dir=paths.traces_dir(),
